@@ -1,0 +1,198 @@
+/* kvlm.h: the public C API of libkvlm, an LLM inference engine built around
+ * its KV cache. Everything the `kvlm` command uses goes through this header. */
+#ifndef KVLM_H
+#define KVLM_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+enum {
+    KVLM_OK = 0,
+    KVLM_EIO,          /* a file could not be opened/read/written */
+    KVLM_EFORMAT,      /* a file or input is malformed */
+    KVLM_EINVAL,       /* a bad argument */
+    KVLM_ENOMEM,       /* an allocation failed */
+    KVLM_ERANGE,       /* e.g. a prompt longer than the context */
+    KVLM_EUNSUPPORTED, /* an architecture, type or feature kvlm lacks */
+    KVLM_EFULL,        /* the KV cache has no room */
+};
+typedef struct kvlm_error {
+    int code;
+    char msg[512];
+} kvlm_error;
+const char *kvlm_status_name(int code);
+
+/* ---- models ------------------------------------------------------------ */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1 } kvlm_arch;
+
+typedef struct kvlm_config {
+    kvlm_arch arch;
+    int dim;            /* embedding width */
+    int hidden_dim;     /* FFN width */
+    int n_layers;
+    int n_heads;        /* query heads */
+    int n_kv_heads;     /* key/value heads (n_heads / n_kv_heads queries share one) */
+    int head_dim;
+    int vocab_size;
+    int n_ctx_train;    /* trained context length */
+    int rope_dim;       /* dimensions of each head that RoPE rotates */
+    float rope_base;
+    bool rope_neox;     /* rotate (i, i + rope_dim/2) instead of (2i, 2i+1) */
+    float norm_eps;
+    int weight_type;    /* type of most weights (GGUF type id) */
+} kvlm_config;
+
+typedef struct kvlm_model kvlm_model;
+
+typedef struct kvlm_model_params {
+    const char *tokenizer_path; /* llama2.c .bin only; NULL: tokenizer.bin beside the model */
+    bool vocab_only;            /* load only the tokenizer (vocabulary-only GGUF files) */
+    bool metadata_only;         /* open and validate the file, read nothing model-specific (inspect) */
+} kvlm_model_params;
+
+/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents. */
+kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err);
+void kvlm_model_free(kvlm_model *model);
+const kvlm_config *kvlm_model_config(const kvlm_model *model);
+/* Bytes of weights (as stored). */
+size_t kvlm_model_weight_bytes(const kvlm_model *model);
+/* A one-line description ("llama, 5 layers, dim 64, ... f32"). */
+void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
+
+/* Writes the model (weights, hyper-parameters, tokenizer) as GGUF v3.
+ * type: a GGUF type id for the 2-D weights, or -1 to keep each tensor's type.
+ * Norms and biases stay F32. */
+int kvlm_model_save_gguf(const kvlm_model *model, const char *path, int type, kvlm_error *err);
+/* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", or -1. */
+int kvlm_type_from_name(const char *name);
+const char *kvlm_type_name(int type);
+
+/* Random-weight models of any shape, written as GGUF with a small
+ * SentencePiece-style vocabulary: they cost exactly what a real model of the
+ * same shape costs to run, for tests and benchmarks. */
+typedef struct kvlm_synth_params {
+    kvlm_arch arch;
+    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, n_ctx;
+    int head_dim;       /* 0: dim / n_heads */
+    float rope_base;    /* 0: 10000 */
+    int type;           /* GGUF type id of the 2-D weights */
+    bool tied_output;
+    uint64_t seed;
+} kvlm_synth_params;
+int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
+
+/* Listing a model file (for `kvlm inspect`). */
+typedef struct kvlm_tensor_info {
+    const char *name;
+    int type;
+    int n_dims;
+    int64_t ne[4];
+    uint64_t offset;
+    size_t nbytes;
+} kvlm_tensor_info;
+int kvlm_model_n_meta(const kvlm_model *model);
+/* Key and printable value of metadata entry i; false if out of range. */
+bool kvlm_model_meta(const kvlm_model *model, int i, char *key, size_t key_cap, char *val, size_t val_cap);
+int kvlm_model_n_tensors(const kvlm_model *model);
+bool kvlm_model_tensor(const kvlm_model *model, int i, kvlm_tensor_info *info);
+
+/* ---- tokens ------------------------------------------------------------ */
+int kvlm_vocab_size(const kvlm_model *model);
+int32_t kvlm_token_bos(const kvlm_model *model); /* -1 if none */
+int32_t kvlm_token_eos(const kvlm_model *model); /* -1 if none */
+bool kvlm_token_is_eog(const kvlm_model *model, int32_t token);
+/* Whether the model's metadata asks for BOS at the start of a prompt. */
+bool kvlm_add_bos(const kvlm_model *model);
+/* Encodes text. Returns the number of tokens (which may exceed max_tokens:
+ * then only the first max_tokens are written), or -1 with err filled.
+ * parse_special: recognise special tokens such as "<|im_start|>" in text. */
+int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool add_bos,
+                  bool parse_special, int32_t *tokens, int max_tokens, kvlm_error *err);
+/* Text of one token (spaces and byte tokens decoded; control tokens give "").
+ * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
+int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+
+/* Streaming detokenizer: emits only whole UTF-8 sequences, and drops the
+ * leading space SentencePiece adds to the first word. */
+typedef struct kvlm_detok {
+    const kvlm_model *model;
+    char pending[8];
+    int n_pending;
+    int32_t prev;
+} kvlm_detok;
+void kvlm_detok_init(kvlm_detok *d, const kvlm_model *model);
+/* Appends the text of token to out (NUL-terminated); returns bytes written. */
+int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap);
+/* Flushes a dangling partial sequence as U+FFFD. */
+int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap);
+
+/* ---- contexts: the KV cache and the forward pass ----------------------- */
+typedef struct kvlm_ctx kvlm_ctx;
+
+typedef struct kvlm_ctx_params {
+    int n_ctx;          /* tokens per sequence; 0: the model's trained context */
+    int n_threads;      /* 0: one per core */
+    bool no_kv_cache;   /* recompute the whole sequence for every token (reference/baseline) */
+    int n_batch;        /* most tokens per forward call; 0: n_ctx */
+} kvlm_ctx_params;
+
+kvlm_ctx_params kvlm_ctx_default_params(void);
+kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err);
+void kvlm_ctx_free(kvlm_ctx *ctx);
+int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
+
+/* A batch of tokens for one forward pass. Token i sits at position pos[i]
+ * (pos NULL: continue after the tokens already in the cache). logits[i]
+ * asks for the logits after token i (logits NULL: the last token only). */
+typedef struct kvlm_batch {
+    int n_tokens;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int8_t *logits;
+} kvlm_batch;
+
+/* Runs the tokens through the model, appending their keys and values to the
+ * cache. Returns KVLM_OK, or a status with err filled (nothing is appended). */
+int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *batch, kvlm_error *err);
+/* Logits after the i-th token of the last batch that asked for them
+ * (i counts only the tokens that asked; -1: the last one). NULL if none. */
+const float *kvlm_get_logits(kvlm_ctx *ctx, int i);
+/* Tokens in the cache (the sequence length so far). */
+int kvlm_ctx_n_past(const kvlm_ctx *ctx);
+/* Empties the cache (start of a new request). */
+void kvlm_ctx_reset(kvlm_ctx *ctx);
+/* Bytes the KV cache holds for its current tokens:
+ * 2 x layers x KV heads x head dim x bytes per element x tokens. */
+size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx);
+/* Bytes reserved for the cache (at its capacity). */
+size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx);
+
+/* ---- sampling ---------------------------------------------------------- */
+typedef struct kvlm_sampler_params {
+    float temperature;    /* <= 0: greedy */
+    int top_k;            /* <= 0: off */
+    float top_p;          /* >= 1: off */
+    float min_p;          /* <= 0: off */
+    float repeat_penalty; /* 1: off */
+    int repeat_last_n;    /* how many recent tokens the penalty looks at */
+    uint64_t seed;
+} kvlm_sampler_params;
+
+typedef struct kvlm_sampler kvlm_sampler;
+kvlm_sampler_params kvlm_sampler_default_params(void);
+kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_size);
+void kvlm_sampler_free(kvlm_sampler *s);
+/* Picks the next token from logits (not modified); records it for the penalty. */
+int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
+/* Records a token (e.g. of the prompt) for the repetition penalty. */
+void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,485 @@
+#!/usr/bin/python3
+"""llama_ref: an independent, slow, float64 reference of the llama / qwen2
+forward pass, tokenizer and greedy decoding, used to cross-check kvlm.
+
+Reads GGUF v2/v3 (F32, F16, Q8_0 tensors) and llama2.c version-0 checkpoints
+(.bin, with a tokenizer.bin). Depends on numpy only. No KV cache: every
+step recomputes the whole sequence, which is what makes it a reference.
+
+Usage:
+  llama_ref.py MODEL [--tokenizer TOK.bin] (--prompt TEXT | --ids "1 2 3")
+               [--n N] [--logits]
+    --n N      greedy-generate N tokens (argmax) and print prompt + generation,
+               like `kvlm run -p TEXT -n N --temp 0`
+    --logits   print, per input position, the next-token logits (%.6g)
+    --compare FILE [--tol X]
+               instead of printing logits, compare them with FILE (another
+               engine's --logits output) and exit 1 if the error exceeds X.
+               Error of a row = max_i |file_i - ref_i| / max(max_i |ref_i|, 1e-2):
+               float32 rounding in a dot product is proportional to the size
+               of the terms summed, not to the result, so a logit near zero
+               carries the same absolute error as the row's largest one; a
+               per-element relative error would be meaningless there.
+"""
+import argparse
+import struct
+import sys
+
+import numpy as np
+
+# --------------------------------------------------------------------------
+# GGUF reader
+
+GGUF_MAGIC = b"GGUF"
+# value type id -> struct format for the scalar types
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i",
+                 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+Q8_0_BLOCK = 32  # values per block; a block is fp16 d + 32 int8
+
+
+class Reader:
+    """Little-endian cursor over a bytes object."""
+
+    def __init__(self, buf, pos=0):
+        self.buf, self.pos = buf, pos
+
+    def take(self, fmt):
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def bytes(self, n):
+        if self.pos + n > len(self.buf):
+            raise ValueError("truncated file")
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def gguf_str(self):
+        return self.bytes(self.take("<Q"))
+
+    def gguf_value(self, vtype):
+        if vtype in _GGUF_SCALARS:
+            return self.take(_GGUF_SCALARS[vtype])
+        if vtype == GGUF_STRING:
+            return self.gguf_str().decode("utf-8", errors="surrogateescape")
+        if vtype == GGUF_ARRAY:
+            etype = self.take("<I")
+            n = self.take("<Q")
+            if etype in _GGUF_SCALARS:  # numeric arrays: read in one go
+                fmt = _GGUF_SCALARS[etype]
+                size = struct.calcsize(fmt)
+                arr = np.frombuffer(self.bytes(n * size), dtype=np.dtype(fmt))
+                return arr.tolist()
+            return [self.gguf_value(etype) for _ in range(n)]
+        raise ValueError("unknown GGUF value type %d" % vtype)
+
+
+def read_gguf(path):
+    """Returns (metadata dict, {name: float64 numpy array}, {name: GGML type}).
+
+    A tensor with dims ne = [ne0, ne1, ...] (ne0 = row length, innermost)
+    becomes an array of shape (..., ne1, ne0)."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    r = Reader(buf)
+    if r.bytes(4) != GGUF_MAGIC:
+        raise ValueError("%s: not a GGUF file" % path)
+    version = r.take("<I")
+    if version not in (2, 3):
+        raise ValueError("%s: GGUF version %d not supported" % (path, version))
+    n_tensors = r.take("<Q")
+    n_kv = r.take("<Q")
+    meta = {}
+    for _ in range(n_kv):
+        key = r.gguf_str().decode("utf-8")
+        meta[key] = r.gguf_value(r.take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = r.gguf_str().decode("utf-8")
+        n_dims = r.take("<I")
+        ne = [r.take("<Q") for _ in range(n_dims)]
+        ttype = r.take("<I")
+        offset = r.take("<Q")
+        infos.append((name, ne, ttype, offset))
+    align = int(meta.get("general.alignment", 32))
+    data_start = (r.pos + align - 1) // align * align
+    tensors, types = {}, {}
+    for name, ne, ttype, offset in infos:
+        types[name] = ttype
+        n = int(np.prod(ne)) if ne else 1
+        start = data_start + offset
+        if ttype == GGML_F32:
+            a = np.frombuffer(buf, dtype="<f4", count=n, offset=start)
+        elif ttype == GGML_F16:
+            a = np.frombuffer(buf, dtype="<f2", count=n, offset=start)
+        elif ttype == GGML_Q8_0:
+            if n % Q8_0_BLOCK:
+                raise ValueError("%s: Q8_0 size %d not a multiple of 32" % (name, n))
+            blk = np.dtype([("d", "<f2"), ("q", "i1", (Q8_0_BLOCK,))])
+            b = np.frombuffer(buf, dtype=blk, count=n // Q8_0_BLOCK, offset=start)
+            a = (b["d"].astype(np.float64)[:, None] * b["q"].astype(np.float64))
+        else:
+            raise ValueError("%s: tensor type %d not supported" % (name, ttype))
+        tensors[name] = a.astype(np.float64).reshape(list(reversed(ne)))
+    return meta, tensors, types
+
+
+# --------------------------------------------------------------------------
+# Model: hyper-parameters + weights in one plain structure
+
+class Model:
+    arch = "llama"      # "llama" (RoPE on consecutive pairs) or "qwen2" (NeoX)
+    dim = hidden = n_layers = n_heads = n_kv_heads = vocab = ctx = 0
+    head_dim = rope_dim = 0
+    eps = 1e-5
+    rope_base = 10000.0
+    bos, eos = 1, 2
+    # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
+    # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
+    #         ffn_norm, w1, w2, w3 (matrices as [out, in])
+    tok_emb = out_norm = out = None
+    out_type = GGML_F32
+    layers = ()  # each layer's "types": {weight: GGML type} (absent = F32)
+    act_q8 = False  # emulate kvlm's rounding of activations for Q8_0 weights
+
+
+def load_gguf(path):
+    meta, t, types = read_gguf(path)
+    m = Model()
+    m.arch = meta.get("general.architecture", "llama")
+    if m.arch not in ("llama", "qwen2"):
+        raise ValueError("architecture %r not supported" % m.arch)
+    a = m.arch
+    m.dim = int(meta[a + ".embedding_length"])
+    m.n_layers = int(meta[a + ".block_count"])
+    m.hidden = int(meta[a + ".feed_forward_length"])
+    m.n_heads = int(meta[a + ".attention.head_count"])
+    m.n_kv_heads = int(meta.get(a + ".attention.head_count_kv", m.n_heads))
+    m.eps = float(meta.get(a + ".attention.layer_norm_rms_epsilon", 1e-5))
+    m.rope_base = float(meta.get(a + ".rope.freq_base", 10000.0))
+    m.head_dim = int(meta.get(a + ".attention.key_length", m.dim // m.n_heads))
+    m.rope_dim = int(meta.get(a + ".rope.dimension_count", m.head_dim))
+    m.ctx = int(meta.get(a + ".context_length", 2048))
+    m.tok_emb = t["token_embd.weight"]
+    m.vocab = m.tok_emb.shape[0]
+    m.out_norm = t["output_norm.weight"]
+    out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
+    m.out, m.out_type = t[out_name], types[out_name]  # absent: tied embeddings
+    m.layers = []
+    for i in range(m.n_layers):
+        p = "blk.%d." % i
+        L = {"attn_norm": t[p + "attn_norm.weight"],
+             "wq": t[p + "attn_q.weight"], "wk": t[p + "attn_k.weight"],
+             "wv": t[p + "attn_v.weight"], "wo": t[p + "attn_output.weight"],
+             "ffn_norm": t[p + "ffn_norm.weight"],
+             "w1": t[p + "ffn_gate.weight"], "w2": t[p + "ffn_down.weight"],
+             "w3": t[p + "ffn_up.weight"]}
+        for b in ("q", "k", "v"):
+            L["b" + b] = t.get(p + "attn_%s.bias" % b)
+        L["types"] = {k: types[p + n] for k, n in (
+            ("wq", "attn_q.weight"), ("wk", "attn_k.weight"), ("wv", "attn_v.weight"),
+            ("wo", "attn_output.weight"), ("w1", "ffn_gate.weight"),
+            ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"))}
+        m.layers.append(L)
+    m.bos = int(meta.get("tokenizer.ggml.bos_token_id", 1))
+    m.eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
+    tok = None
+    if "tokenizer.ggml.tokens" in meta:
+        tok = Tokenizer([s.encode("utf-8", errors="surrogateescape")
+                         for s in meta["tokenizer.ggml.tokens"]],
+                        meta.get("tokenizer.ggml.scores"),
+                        space="\u2581".encode("utf-8"), bos=m.bos, eos=m.eos)
+    return m, tok
+
+
+def load_llama2c(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len = \
+        struct.unpack_from("<7i", buf, 0)
+    shared = vocab > 0
+    vocab = abs(vocab)
+    m = Model()
+    m.dim, m.hidden, m.n_layers = dim, hidden, n_layers
+    m.n_heads, m.n_kv_heads, m.vocab, m.ctx = n_heads, n_kv_heads, vocab, seq_len
+    m.head_dim = m.rope_dim = dim // n_heads
+    kv_dim = n_kv_heads * m.head_dim
+    w = np.frombuffer(buf, dtype="<f4", offset=7 * 4).astype(np.float64)
+    pos = [0]
+
+    def take(*shape):
+        n = int(np.prod(shape))
+        a = w[pos[0]:pos[0] + n]
+        if a.size != n:
+            raise ValueError("%s: truncated checkpoint" % path)
+        pos[0] += n
+        return a.reshape(shape)
+
+    m.tok_emb = take(vocab, dim)
+    rms_att = take(n_layers, dim)
+    wq = take(n_layers, dim, dim)
+    wk = take(n_layers, kv_dim, dim)
+    wv = take(n_layers, kv_dim, dim)
+    wo = take(n_layers, dim, dim)
+    rms_ffn = take(n_layers, dim)
+    w1 = take(n_layers, hidden, dim)
+    w2 = take(n_layers, dim, hidden)
+    w3 = take(n_layers, hidden, dim)
+    m.out_norm = take(dim)
+    take(seq_len * m.head_dim // 2)  # freq_cis_real (unused)
+    take(seq_len * m.head_dim // 2)  # freq_cis_imag (unused)
+    m.out = m.tok_emb if shared else take(vocab, dim)
+    m.layers = [{"attn_norm": rms_att[i], "wq": wq[i], "wk": wk[i], "wv": wv[i],
+                 "wo": wo[i], "ffn_norm": rms_ffn[i], "w1": w1[i], "w2": w2[i],
+                 "w3": w3[i], "bq": None, "bk": None, "bv": None, "types": {}}
+                for i in range(n_layers)]
+    return m
+
+
+def load_llama2c_tokenizer(path, vocab):
+    with open(path, "rb") as f:
+        r = Reader(f.read())
+    r.take("<i")  # max token length
+    pieces, scores = [], []
+    for _ in range(vocab):
+        scores.append(r.take("<f"))
+        pieces.append(r.bytes(r.take("<i")))
+    return Tokenizer(pieces, scores, space=b" ", bos=1, eos=2)
+
+
+# --------------------------------------------------------------------------
+# Forward pass (float64, full recompute)
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, rope_dim, base, neox):
+    """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head."""
+    half = rope_dim // 2
+    theta = positions[:, None] * base ** (-2.0 * np.arange(half) / rope_dim)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x = x.copy()
+    if neox:  # pairs (i, i + rope_dim/2)
+        a, b = x[..., :half].copy(), x[..., half:rope_dim].copy()
+        x[..., :half] = a * cos - b * sin
+        x[..., half:rope_dim] = a * sin + b * cos
+    else:     # pairs (2i, 2i+1)
+        a, b = x[..., 0:rope_dim:2].copy(), x[..., 1:rope_dim:2].copy()
+        x[..., 0:rope_dim:2] = a * cos - b * sin
+        x[..., 1:rope_dim:2] = a * sin + b * cos
+    return x
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def quantize_act_q8(x):
+    """kvlm multiplies Q8_0 weights by activations rounded to blocks of 32
+    int8 with a float scale d = amax/127, q = round-half-even(x * 127/amax).
+    This is that rounding, for the optional emulation (--act-q8)."""
+    b = x.reshape(-1, Q8_0_BLOCK).astype(np.float32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0)
+    q = np.round(b * inv.astype(np.float32))  # numpy rounds half to even
+    return ((amax / np.float32(127)).astype(np.float64) * q).reshape(x.shape)
+
+
+def matmul(m, x, w, wtype):
+    """x @ w^T, w stored [out, in]."""
+    if m.act_q8 and wtype == GGML_Q8_0:
+        x = quantize_act_q8(x)
+    return x @ w.T
+
+
+def forward(m, ids):
+    """Returns logits [T, vocab] for the token sequence ids (positions 0..T-1)."""
+    T = len(ids)
+    hd = m.head_dim
+    group = m.n_heads // m.n_kv_heads
+    pos = np.arange(T, dtype=np.float64)
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    x = m.tok_emb[np.asarray(ids)]
+    for L in m.layers:
+        h = rmsnorm(x, L["attn_norm"], m.eps)
+        ty = L["types"]
+        q = matmul(m, h, L["wq"], ty.get("wq"))
+        k = matmul(m, h, L["wk"], ty.get("wk"))
+        v = matmul(m, h, L["wv"], ty.get("wv"))
+        if L["bq"] is not None:
+            q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        q = q.reshape(T, m.n_heads, hd)
+        k = k.reshape(T, m.n_kv_heads, hd)
+        v = v.reshape(T, m.n_kv_heads, hd)
+        neox = m.arch == "qwen2"
+        q = rope(q, pos, m.rope_dim, m.rope_base, neox)
+        k = rope(k, pos, m.rope_dim, m.rope_base, neox)
+        att = np.empty((T, m.n_heads, hd))
+        for hh in range(m.n_heads):
+            kh = hh // group
+            s = q[:, hh, :] @ k[:, kh, :].T / np.sqrt(hd) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            att[:, hh, :] = s @ v[:, kh, :]
+        x = x + matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
+        h = rmsnorm(x, L["ffn_norm"], m.eps)
+        g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
+        x = x + matmul(m, g, L["w2"], ty.get("w2"))
+    return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type)
+
+
+# --------------------------------------------------------------------------
+# SentencePiece-style tokenizer (scores, greedy best-pair merging)
+
+class Tokenizer:
+    """pieces: list of bytes; space: how the vocabulary spells ' '
+    (U+2581 in GGUF, ' ' in llama2.c's tokenizer.bin)."""
+
+    def __init__(self, pieces, scores, space, bos, eos):
+        self.pieces = pieces
+        self.scores = list(scores) if scores is not None else [0.0] * len(pieces)
+        self.space, self.bos, self.eos = space, bos, eos
+        self.ids = {}
+        for i, p in enumerate(pieces):
+            self.ids.setdefault(p, i)  # first occurrence wins on duplicates
+
+    def encode(self, text, bos=True):
+        out = [self.bos] if bos else []
+        if not text:
+            return out
+        text = (" " + text).replace(" ", self.space.decode("utf-8"))
+        # look up each UTF-8 character; the bytes of an absent one fall
+        # back to <0xHH> tokens
+        syms = []
+        for ch in text:
+            b = ch.encode("utf-8")
+            if b in self.ids:
+                syms.append(self.ids[b])
+            else:
+                syms.extend(self.ids.get(b"<0x%02X>" % byte, 0) for byte in b)
+        while True:
+            best, best_i = None, -1
+            for i in range(len(syms) - 1):
+                j = self.ids.get(self.pieces[syms[i]] + self.pieces[syms[i + 1]])
+                if j is not None and (best is None or self.scores[j] > self.scores[best]):
+                    best, best_i = j, i
+            if best is None:
+                break
+            syms[best_i:best_i + 2] = [best]
+        return out + syms
+
+    def piece_bytes(self, prev, tok):
+        p = self.pieces[tok]
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):
+            try:
+                return bytes([int(p[3:5], 16)])
+            except ValueError:
+                pass
+        p = p.replace(self.space, b" ")
+        if prev == self.bos and p.startswith(b" "):
+            p = p[1:]
+        return p
+
+    def decode(self, ids):
+        out, prev = b"", None
+        for t in ids:
+            if t != self.bos:
+                out += self.piece_bytes(prev, t)
+            prev = t
+        return out
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+def compare_logits(ref, path, tol):
+    """Prints one summary line; returns the process exit status."""
+    try:
+        with open(path) as f:
+            rows = [np.array([float(v) for v in line.split()]) for line in f
+                    if line.strip()]
+    except (OSError, ValueError) as e:
+        print("FAIL: cannot read logits from %s: %s" % (path, e))
+        return 1
+    if len(rows) != ref.shape[0] or any(r.shape != (ref.shape[1],) for r in rows):
+        print("FAIL: shape %d x %s, expected %d x %d" % (
+            len(rows), sorted({r.size for r in rows}), ref.shape[0], ref.shape[1]))
+        return 1
+    got = np.stack(rows)
+    if not np.all(np.isfinite(got)):
+        print("FAIL: non-finite logits")
+        return 1
+    scale = np.maximum(np.abs(ref).max(axis=1), 1e-2)
+    err = (np.abs(got - ref).max(axis=1) / scale)
+    worst = int(np.argmax(err))
+    agree = int(np.sum(got.argmax(axis=1) == ref.argmax(axis=1)))
+    ok = err[worst] <= tol
+    print("%s: max error %.3g (row %d, bound %.3g), argmax agrees %d/%d, |logit| <= %.3g" % (
+        "ok" if ok else "FAIL", err[worst], worst, tol, agree, len(rows), scale.max()))
+    return 0 if ok else 1
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--tokenizer", help="llama2.c tokenizer.bin (for .bin models)")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt")
+    g.add_argument("--ids", help='token ids, e.g. "1 403 407"')
+    ap.add_argument("--n", type=int, help="greedy-generate N tokens")
+    ap.add_argument("--logits", action="store_true", help="print next-token logits")
+    ap.add_argument("--act-q8", action="store_true",
+                    help="round activations to Q8_0 blocks before products with "
+                         "Q8_0 weights, as kvlm's integer kernels do")
+    ap.add_argument("--compare", metavar="FILE", help="compare FILE's logits with ours")
+    ap.add_argument("--tol", type=float, default=1e-4, help="bound for --compare")
+    args = ap.parse_args(argv)
+
+    with open(args.model, "rb") as f:
+        is_gguf = f.read(4) == GGUF_MAGIC
+    if is_gguf:
+        m, tok = load_gguf(args.model)
+    else:
+        m = load_llama2c(args.model)
+        tok = load_llama2c_tokenizer(args.tokenizer, m.vocab) if args.tokenizer else None
+    m.act_q8 = args.act_q8
+    if args.tokenizer and is_gguf:
+        tok = load_llama2c_tokenizer(args.tokenizer, m.vocab)
+    if args.prompt is not None:
+        if tok is None:
+            sys.exit("llama_ref: --prompt needs a tokenizer (--tokenizer for .bin)")
+        ids = tok.encode(args.prompt)
+    else:
+        ids = [int(s) for s in args.ids.replace(",", " ").split()]
+    if any(not 0 <= t < m.vocab for t in ids):
+        sys.exit("llama_ref: token id out of range (vocab %d)" % m.vocab)
+
+    out = sys.stdout.buffer
+    if args.compare:
+        return compare_logits(forward(m, ids), args.compare, args.tol)
+    if args.logits:
+        for row in forward(m, ids):
+            out.write((" ".join("%.6g" % v for v in row) + "\n").encode())
+    if args.n is not None:
+        if tok is None:
+            sys.exit("llama_ref: --n needs a tokenizer to print text")
+        text = args.prompt.encode("utf-8") if args.prompt is not None else tok.decode(ids)
+        seq = list(ids)
+        for _ in range(args.n):
+            if len(seq) >= m.ctx:
+                break
+            nxt = int(np.argmax(forward(m, seq)[-1]))
+            if nxt == m.eos:
+                break
+            text += tok.piece_bytes(seq[-1], nxt)
+            seq.append(nxt)
+        out.write(text + b"\n")
+    out.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+/* cli/cmd_convert: `kvlm convert` (any model -> GGUF, optionally quantized)
+ * and `kvlm synth` (a random-weight GGUF model of any shape). */
+#include <stdio.h>
+#include <string.h>
+#include "cli/cli.h"
+
+int cmd_convert(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *type_name = NULL, *tok_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) {
+            printf("usage: kvlm convert IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer FILE]\n\n"
+                   "Writes IN (GGUF or llama2.c .bin with its tokenizer.bin) as a GGUF v3 file with\n"
+                   "its hyper-parameters and tokenizer. --type converts the 2-D weights (norms stay\n"
+                   "f32; a tensor whose rows do not fit the type's block falls back to a smaller block\n"
+                   "type, as llama.cpp's quantizer does). Default: keep each tensor's type.\n");
+            return 0;
+        } else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
+        else if (argv[i][0] == '-') return cli_fail("convert", "unknown option '%s'", argv[i]);
+        else if (!in) in = argv[i];
+        else if (!out) out = argv[i];
+        else return cli_fail("convert", "too many arguments");
+        if (bad) return 1;
+    }
+    if (!in || !out) return cli_fail("convert", "usage: kvlm convert IN OUT.gguf [--type T]");
+    int type = -1;
+    if (type_name && (type = kvlm_type_from_name(type_name)) < 0)
+        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k)", type_name);
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    kvlm_model *m = kvlm_model_load(in, &mp, &err);
+    if (!m) return cli_fail("convert", "%s", err.msg);
+    int rc = kvlm_model_save_gguf(m, out, type, &err);
+    kvlm_model_free(m);
+    if (rc) return cli_fail("convert", "%s", err.msg);
+    fprintf(stderr, "kvlm convert: wrote %s\n", out);
+    return 0;
+}
+
+int cmd_synth(int argc, char **argv) {
+    kvlm_synth_params p = {0};
+    p.arch = KVLM_ARCH_LLAMA;
+    p.dim = 64; p.hidden_dim = 160; p.n_layers = 2; p.n_heads = 8; p.n_kv_heads = 0;
+    p.vocab_size = 512; p.n_ctx = 2048; p.type = 0; p.seed = 1;
+    const char *out = NULL, *arch = NULL, *type_name = NULL;
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) {
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2] [--dim D] [--hidden F] [--layers L]\n"
+                   "       [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C] [--rope-base B]\n"
+                   "       [--type T] [--tied] [--seed S]\n\n"
+                   "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
+                   "the same cost to run as a real model of that shape. Defaults: llama, dim 64,\n"
+                   "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n");
+            return 0;
+        } else if (cli_opt_str(argc, argv, &i, NULL, "--arch", &arch, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--dim", &p.dim, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--hidden", &p.hidden_dim, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--layers", &p.n_layers, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--heads", &p.n_heads, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-heads", &p.n_kv_heads, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--head-dim", &p.head_dim, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--vocab", &p.vocab_size, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--ctx", &p.n_ctx, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--rope-base", &p.rope_base, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
+        else if (cli_opt_u64(argc, argv, &i, NULL, "--seed", &p.seed, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
+        else if (argv[i][0] == '-') return cli_fail("synth", "unknown option '%s'", argv[i]);
+        else if (!out) out = argv[i];
+        else return cli_fail("synth", "too many arguments");
+        if (bad) return 1;
+    }
+    if (!out) return cli_fail("synth", "no output file given");
+    if (arch) {
+        if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
+        else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2)", arch);
+    }
+    if (type_name && (p.type = kvlm_type_from_name(type_name)) < 0)
+        return cli_fail("synth", "unknown type '%s'", type_name);
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&p, out, &err)) return cli_fail("synth", "%s", err.msg);
+    return 0;
+}

@@ -1,0 +1,154 @@
+/* cli/cmd_run: `kvlm run`: prefill a prompt, then decode and stream text,
+ * ending with one line of figures on stderr. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "cli/cli.h"
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvlm run -m MODEL [-p PROMPT | -f FILE] [-n N] [options]\n\n"
+            "Streams the prompt and then the generated text to stdout; prints prompt tokens,\n"
+            "prefill and decode tokens/s and KV cache bytes on stderr at the end.\n\n"
+            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
+            "  -p, --prompt TEXT       prompt (default: empty, i.e. BOS only)\n"
+            "  -f, --file FILE         read the prompt from a file\n"
+            "  -n, --n-predict N       tokens to generate (default 256; stops early at end of text)\n"
+            "  -c, --ctx N             context length (default: the model's trained context)\n"
+            "  -t, --threads N         threads (default: one per core)\n"
+            "      --temp T            temperature; 0 = greedy (default 0.8)\n"
+            "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n"
+            "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n"
+            "      --min-p P           drop tokens below P x the top probability (default 0.05; 0 = off)\n"
+            "      --repeat-penalty R  penalise recent tokens (default 1.0 = off)\n"
+            "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n"
+            "      --seed S            random seed (default: time-based); the same seed gives the same text\n"
+            "      --special           recognise special tokens (e.g. <|im_start|>) in the prompt\n"
+            "      --no-bos            do not add BOS before the prompt\n"
+            "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
+            "  -h, --help              this help\n");
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL;
+    int n_predict = 256;
+    bool special = false, no_bos = false, seed_set = false;
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    kvlm_sampler_params sp = kvlm_sampler_default_params();
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) { run_usage(stdout); return 0; }
+        else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, "-f", "--file", &prompt_file, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &sp.top_k, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--top-p", &sp.top_p, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--min-p", &sp.min_p, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--repeat-penalty", &sp.repeat_penalty, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--repeat-last-n", &sp.repeat_last_n, &bad)) {}
+        else if (cli_opt_u64(argc, argv, &i, NULL, "--seed", &sp.seed, &bad)) { seed_set = true; }
+        else if (cli_is(argv[i], NULL, "--special")) special = true;
+        else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
+        else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
+        else { fprintf(stderr, "kvlm run: unknown option '%s'\n", argv[i]); run_usage(stderr); return 1; }
+        if (bad) return 1;
+    }
+    if (!model_path) { fprintf(stderr, "kvlm run: no model given (-m FILE)\n"); run_usage(stderr); return 1; }
+    if (prompt && prompt_file) return cli_fail("run", "give either -p or -f, not both");
+    if (cp.n_ctx < 0 || cp.n_threads < 0) return cli_fail("run", "--ctx and --threads must be >= 0");
+    if (!seed_set) sp.seed = (uint64_t)time(NULL);
+
+    char *file_text = NULL;
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
+    if (prompt_file) {
+        file_text = cli_read_file("run", prompt_file, &prompt_len);
+        if (!file_text) return 1;
+        prompt = file_text;
+    }
+    if (!prompt) prompt = "";
+
+    int rc = 1;
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    kvlm_model *model = NULL;
+    kvlm_ctx *ctx = NULL;
+    kvlm_sampler *smp = NULL;
+    int32_t *toks = NULL;
+    model = kvlm_model_load(model_path, &mp, &err);
+    if (!model) { cli_fail("run", "%s", err.msg); goto done; }
+    ctx = kvlm_ctx_create(model, &cp, &err);
+    if (!ctx) { cli_fail("run", "%s", err.msg); goto done; }
+    int n_ctx = kvlm_ctx_n_ctx(ctx);
+    bool add_bos = !no_bos && kvlm_add_bos(model);
+    int n_prompt = kvlm_tokenize(model, prompt, prompt_len, add_bos, special, NULL, 0, &err);
+    if (n_prompt < 0) { cli_fail("run", "%s", err.msg); goto done; }
+    if (n_prompt == 0) { cli_fail("run", "the prompt is empty and the model has no BOS token to start from"); goto done; }
+    if (n_prompt > n_ctx) {
+        cli_fail("run", "the prompt is %d tokens, longer than the context of %d (raise --ctx)", n_prompt, n_ctx);
+        goto done;
+    }
+    toks = malloc((size_t)n_prompt * sizeof *toks);
+    if (!toks) { cli_fail("run", "out of memory"); goto done; }
+    kvlm_tokenize(model, prompt, prompt_len, add_bos, special, toks, n_prompt, &err);
+    smp = kvlm_sampler_create(&sp, kvlm_vocab_size(model));
+    if (!smp) { cli_fail("run", "out of memory"); goto done; }
+
+    kvlm_detok dt;
+    kvlm_detok_init(&dt, model);
+    char text[1024];
+    for (int i = 0; i < n_prompt; i++) {
+        kvlm_sampler_accept(smp, toks[i]);
+        if (kvlm_detok_push(&dt, toks[i], text, sizeof text)) fputs(text, stdout);
+    }
+    fflush(stdout);
+
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kvlm_batch b = {n_prompt, toks, NULL, NULL};
+    if (kvlm_decode(ctx, &b, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int n_gen = 0, n_decoded = 0;
+    const char *stop = NULL;
+    while (n_gen < n_predict) {
+        int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
+        n_gen++;
+        if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
+        if (kvlm_detok_push(&dt, next, text, sizeof text)) {
+            fputs(text, stdout);
+            fflush(stdout);
+        }
+        if (n_gen >= n_predict) break;
+        if (kvlm_ctx_n_past(ctx) >= n_ctx) { stop = "context full"; break; }
+        kvlm_batch one = {1, &next, NULL, NULL};
+        if (kvlm_decode(ctx, &one, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
+        n_decoded++;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    if (kvlm_detok_flush(&dt, text, sizeof text)) fputs(text, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    double prefill_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double decode_s = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+    size_t kv = kvlm_ctx_kv_bytes(ctx);
+    fprintf(stderr,
+            "prompt tokens: %d | prefill: %.1f tokens/s | decode: %.1f tokens/s (%d tokens) | KV cache: %zu bytes "
+            "(%.2f MiB)%s%s\n",
+            n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? n_decoded / decode_s : 0.0,
+            n_decoded, kv, (double)kv / (1 << 20), stop ? " | stopped: " : "", stop ? stop : "");
+    rc = 0;
+done:
+    free(toks);
+    free(file_text);
+    kvlm_sampler_free(smp);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(model);
+    return rc;
+}

@@ -1,0 +1,96 @@
+/* cli/common: option parsing and error printing shared by the subcommands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/cli.h"
+
+bool cli_is(const char *arg, const char *s, const char *l) {
+    return (s && !strcmp(arg, s)) || (l && !strcmp(arg, l));
+}
+
+int cli_fail(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "kvlm %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 1;
+}
+
+bool cli_opt_str(int argc, char **argv, int *i, const char *s, const char *l, const char **out, bool *bad) {
+    if (!cli_is(argv[*i], s, l)) return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvlm: option %s needs a value\n", argv[*i]);
+        *bad = true;
+        return true;
+    }
+    *out = argv[++*i];
+    return true;
+}
+
+bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, int *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, s, l, &v, bad)) return false;
+    if (*bad) return true;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < -2147483647L || x > 2147483647L) {
+        fprintf(stderr, "kvlm: option %s: '%s' is not an integer\n", argv[*i - 1], v);
+        *bad = true;
+    } else *out = (int)x;
+    return true;
+}
+
+bool cli_opt_u64(int argc, char **argv, int *i, const char *s, const char *l, uint64_t *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, s, l, &v, bad)) return false;
+    if (*bad) return true;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || end == v || v[0] == '-') {
+        fprintf(stderr, "kvlm: option %s: '%s' is not a non-negative integer\n", argv[*i - 1], v);
+        *bad = true;
+    } else *out = x;
+    return true;
+}
+
+bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, float *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, s, l, &v, bad)) return false;
+    if (*bad) return true;
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || *end || end == v || x != x) {
+        fprintf(stderr, "kvlm: option %s: '%s' is not a number\n", argv[*i - 1], v);
+        *bad = true;
+    } else *out = x;
+    return true;
+}
+
+char *cli_read_file(const char *cmd, const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { cli_fail(cmd, "cannot open %s: %s", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (n + 1 < cap) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) { free(buf); buf = NULL; break; }
+        buf = nb;
+        cap *= 2;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err) { free(buf); cli_fail(cmd, "cannot read %s", path); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}

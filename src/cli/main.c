@@ -1,0 +1,38 @@
+/* cli/main: the `kvlm` command: dispatches to its subcommands. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "kvlm: LLM inference on the CPU, built around its KV cache\n\n"
+            "usage: kvlm COMMAND [options]   (kvlm COMMAND --help for each)\n\n"
+            "commands:\n"
+            "  run        generate text from a prompt\n"
+            "  inspect    list a model file's metadata and tensors\n"
+            "  tokenize   print the token ids of a text\n"
+            "  convert    write a model (GGUF or llama2.c) as GGUF, optionally quantized\n"
+            "  synth      write a random-weight model of any shape (for tests and benchmarks)\n"
+            "  logits     print the next-token logits after each token of a prompt\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"run", cmd_run}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize},
+        {"convert", cmd_convert}, {"synth", cmd_synth}, {"logits", cmd_logits},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvlm: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 1;
+}

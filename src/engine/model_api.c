@@ -1,0 +1,218 @@
+/* engine/model_api: the public model and token API: loading (weights from
+ * model/, tokenizer from tok/), listing, converting, and streaming text out. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "model/model.h"
+#include "tok/tok.h"
+#include "util/error.h"
+
+kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {
+    if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
+    kvlm_model *m = malloc(sizeof *m);
+    if (!m) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    if (model_load(m, path, params, err)) { free(m); return NULL; }
+    if (m->vocab.n_tokens > 0) {
+        m->tok = tok_create(&m->vocab, err);
+        if (!m->tok) {
+            util_err_prefix(err, "%s", path);
+            model_unload(m);
+            free(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+void kvlm_model_free(kvlm_model *m) {
+    if (!m) return;
+    tok_free(m->tok);
+    model_unload(m);
+    free(m);
+}
+
+const kvlm_config *kvlm_model_config(const kvlm_model *m) { return &m->cfg; }
+size_t kvlm_model_weight_bytes(const kvlm_model *m) { return m->weight_bytes; }
+
+void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
+    const kvlm_config *c = &m->cfg;
+    snprintf(buf, cap,
+             "%s: %d layers, dim %d, %d heads (%d KV heads, head dim %d), FFN %d, vocab %d, context %d, "
+             "weights %s, %.1f MiB",
+             m->arch_name, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim,
+             c->vocab_size, c->n_ctx_train, kvlm_type_name(c->weight_type), (double)m->weight_bytes / (1 << 20));
+}
+
+int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {
+    if (!m->layers) return util_err_set(err, KVLM_EINVAL, "the model has no weights to save");
+    return model_save_gguf(m, path, type, err);
+}
+
+int kvlm_model_synth(const kvlm_synth_params *p, const char *path, kvlm_error *err) {
+    return model_synth_write(p, path, err);
+}
+
+int kvlm_type_from_name(const char *name) {
+    int t = dt_from_name(name);
+    return t == DT_Q8_K ? -1 : t;
+}
+const char *kvlm_type_name(int type) {
+    const dt_traits *tr = dt_info(type);
+    return tr ? tr->name : "?";
+}
+
+/* ---- listing --------------------------------------------------------------- */
+
+int kvlm_model_n_meta(const kvlm_model *m) {
+    if (m->gguf) return (int)m->gguf->n_kv;
+    return m->map ? 7 : 0;
+}
+
+bool kvlm_model_meta(const kvlm_model *m, int i, char *key, size_t kcap, char *val, size_t vcap) {
+    if (i < 0 || i >= kvlm_model_n_meta(m)) return false;
+    if (m->gguf) {
+        const gguf_kv *kv = &m->gguf->kv[i];
+        snprintf(key, kcap, "%.*s", (int)(kv->key.len < 1000 ? kv->key.len : 1000), kv->key.data);
+        gguf_kv_format(kv, val, vcap);
+        return true;
+    }
+    static const char *names[7] = {"llama2c.dim", "llama2c.hidden_dim", "llama2c.n_layers", "llama2c.n_heads",
+                                   "llama2c.n_kv_heads", "llama2c.vocab_size", "llama2c.seq_len"};
+    int32_t h[7];
+    memcpy(h, m->map, sizeof h);
+    snprintf(key, kcap, "%s", names[i]);
+    snprintf(val, vcap, "%d", h[i]);
+    return true;
+}
+
+int kvlm_model_n_tensors(const kvlm_model *m) {
+    if (m->gguf) return (int)m->gguf->n_tensors;
+    return m->layers ? 3 + 9 * m->cfg.n_layers - (m->output.data == m->tok_embd.data) : 0;
+}
+
+bool kvlm_model_tensor(const kvlm_model *m, int i, kvlm_tensor_info *info) {
+    if (i < 0 || i >= kvlm_model_n_tensors(m)) return false;
+    memset(info, 0, sizeof *info);
+    if (m->gguf) {
+        const gguf_tensor *t = &m->gguf->tensors[i];
+        info->name = t->cname;
+        info->type = t->type;
+        info->n_dims = t->n_dims;
+        memcpy(info->ne, t->ne, sizeof info->ne);
+        info->offset = t->offset;
+        info->nbytes = t->nbytes;
+        return true;
+    }
+    const model_tensor *t;
+    if (i < 2) t = i == 0 ? &m->tok_embd : &m->output_norm;
+    else if (i - 2 < 9 * m->cfg.n_layers) {
+        const model_layer *L = &m->layers[(i - 2) % m->cfg.n_layers];
+        const model_tensor *per[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                      &L->ffn_norm, &L->w_gate, &L->w_down, &L->w_up};
+        t = per[(i - 2) / m->cfg.n_layers];
+    } else t = &m->output;
+    info->name = t->name;
+    info->type = t->type;
+    info->n_dims = t->n_out > 1 ? 2 : 1;
+    info->ne[0] = t->n_in;
+    info->ne[1] = t->n_out;
+    info->ne[2] = info->ne[3] = 1;
+    info->offset = (uint64_t)((const char *)t->data - (const char *)m->map);
+    info->nbytes = (size_t)(t->n_in * t->n_out) * 4;
+    return true;
+}
+
+/* ---- tokens ---------------------------------------------------------------- */
+
+int kvlm_vocab_size(const kvlm_model *m) { return m->vocab.n_tokens; }
+int32_t kvlm_token_bos(const kvlm_model *m) { return m->vocab.bos; }
+int32_t kvlm_token_eos(const kvlm_model *m) { return m->vocab.eos; }
+bool kvlm_add_bos(const kvlm_model *m) { return m->vocab.add_bos && m->vocab.bos >= 0; }
+bool kvlm_token_is_eog(const kvlm_model *m, int32_t t) { return m->tok && tok_is_eog(m->tok, t); }
+
+int kvlm_tokenize(const kvlm_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
+                  int32_t *tokens, int max_tokens, kvlm_error *err) {
+    if (!m->tok) return util_err_set(err, KVLM_EINVAL, "%s has no tokenizer", m->path), -1;
+    return tok_encode(m->tok, text, len, add_bos, parse_special, tokens, max_tokens, err);
+}
+
+int kvlm_token_to_text(const kvlm_model *m, int32_t token, char *buf, size_t cap) {
+    if (!m->tok) return -1;
+    return tok_token_to_bytes(m->tok, token, false, buf, cap);
+}
+
+void kvlm_detok_init(kvlm_detok *d, const kvlm_model *m) {
+    memset(d, 0, sizeof *d);
+    d->model = m;
+    d->prev = -1;
+}
+
+/* Length of the UTF-8 sequence a lead byte starts (0: not a lead byte). */
+static int utf8_len(unsigned char c) {
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) return 2;
+    if (c >= 0xe0 && c <= 0xef) return 3;
+    if (c >= 0xf0 && c <= 0xf4) return 4;
+    return 0;
+}
+
+static int put(char *out, size_t cap, size_t *n, const char *s, size_t len) {
+    if (*n + len + 1 > cap) return -1;
+    memcpy(out + *n, s, len);
+    *n += len;
+    out[*n] = 0;
+    return 0;
+}
+
+/* Emits the whole UTF-8 sequences of pending + buf, keeping an unfinished
+ * tail in d->pending; invalid bytes become U+FFFD. */
+static size_t emit_utf8(kvlm_detok *d, const char *buf, size_t len, char *out, size_t cap) {
+    char tmp[sizeof d->pending + 256];
+    size_t all = (size_t)d->n_pending, n = 0, j = 0;
+    if (len > 256) len = 256;
+    memcpy(tmp, d->pending, all);
+    memcpy(tmp + all, buf, len);
+    all += len;
+    d->n_pending = 0;
+    while (j < all) {
+        int l = utf8_len((unsigned char)tmp[j]);
+        bool ok = l > 0;
+        int have = l;
+        if (ok && j + (size_t)l > all) have = (int)(all - j);
+        for (int q = 1; ok && q < have; q++) ok = ((unsigned char)tmp[j + q] & 0xc0) == 0x80;
+        if (ok && have < l) { /* a valid but unfinished sequence: wait for more */
+            memcpy(d->pending, tmp + j, (size_t)have);
+            d->n_pending = have;
+            break;
+        }
+        if (!ok) { put(out, cap, &n, "\xef\xbf\xbd", 3); j++; continue; }
+        put(out, cap, &n, tmp + j, (size_t)l);
+        j += (size_t)l;
+    }
+    return n;
+}
+
+int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap) {
+    char buf[256];
+    if (cap) out[0] = 0;
+    int len = kvlm_token_to_text(d->model, token, buf, sizeof buf);
+    int32_t prev = d->prev;
+    d->prev = token;
+    if (len <= 0) return 0;
+    const char *s = buf;
+    /* SentencePiece adds a space before the first word; drop it after BOS. */
+    if (prev == d->model->vocab.bos && d->model->tok && tok_is_spm(d->model->tok) && s[0] == ' ') {
+        s++;
+        len--;
+    }
+    return (int)emit_utf8(d, s, (size_t)len, out, cap);
+}
+
+int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap) {
+    size_t n = 0;
+    if (cap) out[0] = 0;
+    if (d->n_pending) put(out, cap, &n, "\xef\xbf\xbd", 3);
+    d->n_pending = 0;
+    return (int)n;
+}

@@ -1,0 +1,148 @@
+/* engine/sampler: choosing the next token from logits: repetition penalty,
+ * then greedy, or top-k -> temperature -> top-p -> min-p -> a seeded draw. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvlm.h"
+
+typedef struct { float logit; int32_t id; } cand;
+
+struct kvlm_sampler {
+    kvlm_sampler_params p;
+    int vocab;
+    uint64_t rng;
+    cand *c;
+    int32_t *recent;   /* ring of the last repeat_last_n tokens */
+    int n_recent, recent_pos;
+};
+
+kvlm_sampler_params kvlm_sampler_default_params(void) {
+    kvlm_sampler_params p = {0};
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.seed = 0x5eed;
+    return p;
+}
+
+kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *p, int vocab) {
+    if (vocab <= 0) return NULL;
+    kvlm_sampler *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->p = p ? *p : kvlm_sampler_default_params();
+    if (s->p.repeat_last_n < 0) s->p.repeat_last_n = 0;
+    s->vocab = vocab;
+    s->rng = s->p.seed ^ 0x9e3779b97f4a7c15ull;
+    if (!s->rng) s->rng = 1;
+    s->c = malloc((size_t)vocab * sizeof *s->c);
+    s->recent = malloc(((size_t)s->p.repeat_last_n + 1) * sizeof(int32_t));
+    if (!s->c || !s->recent) { kvlm_sampler_free(s); return NULL; }
+    return s;
+}
+
+void kvlm_sampler_free(kvlm_sampler *s) {
+    if (!s) return;
+    free(s->c);
+    free(s->recent);
+    free(s);
+}
+
+void kvlm_sampler_accept(kvlm_sampler *s, int32_t token) {
+    if (s->p.repeat_last_n == 0) return;
+    s->recent[s->recent_pos] = token;
+    s->recent_pos = (s->recent_pos + 1) % s->p.repeat_last_n;
+    if (s->n_recent < s->p.repeat_last_n) s->n_recent++;
+}
+
+static uint64_t next_u64(kvlm_sampler *s) { /* xorshift64* */
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return s->rng * 2685821657736338717ull;
+}
+
+static int by_logit_desc(const void *a, const void *b) {
+    float x = ((const cand *)a)->logit, y = ((const cand *)b)->logit;
+    if (x != y) return x < y ? 1 : -1;
+    return ((const cand *)a)->id - ((const cand *)b)->id;
+}
+
+/* Moves the k largest to the front, sorted (k small: selection by heap-free
+ * partial quickselect then qsort of the head). */
+static void top_k_sort(cand *c, int n, int k) {
+    if (k >= n) { qsort(c, (size_t)n, sizeof *c, by_logit_desc); return; }
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand pivot = c[(lo + hi) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (by_logit_desc(&c[i], &pivot) < 0) i++;
+            while (by_logit_desc(&c[j], &pivot) > 0) j--;
+            if (i <= j) { cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+    qsort(c, (size_t)k, sizeof *c, by_logit_desc);
+}
+
+int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
+    int n = s->vocab;
+    for (int i = 0; i < n; i++) { s->c[i].logit = logits[i]; s->c[i].id = i; }
+    if (s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0) {
+        /* Penalise each distinct recent token once (as llama.cpp does). */
+        for (int r = 0; r < s->n_recent; r++) {
+            int32_t t = s->recent[r];
+            if (t < 0 || t >= n) continue;
+            bool seen = false;
+            for (int q = 0; q < r && !seen; q++) seen = s->recent[q] == t;
+            if (seen) continue;
+            float *l = &s->c[t].logit;
+            *l = *l > 0 ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
+        }
+    }
+    int32_t pick;
+    if (s->p.temperature <= 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (s->c[i].logit > s->c[best].logit) best = i;
+        pick = s->c[best].id;
+    } else {
+        int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+        top_k_sort(s->c, n, k);
+        n = k;
+        float maxl = s->c[0].logit, sum = 0;
+        for (int i = 0; i < n; i++) {
+            s->c[i].logit = expf((s->c[i].logit - maxl) / s->p.temperature);
+            sum += s->c[i].logit;
+        }
+        for (int i = 0; i < n; i++) s->c[i].logit /= sum;   /* now probabilities, descending */
+        if (s->p.top_p < 1.0f && s->p.top_p > 0) {
+            float cum = 0;
+            for (int i = 0; i < n; i++) {
+                cum += s->c[i].logit;
+                if (cum >= s->p.top_p) { n = i + 1; break; }
+            }
+        }
+        if (s->p.min_p > 0) {
+            float floor = s->p.min_p * s->c[0].logit;
+            int keep = 1;
+            while (keep < n && s->c[keep].logit >= floor) keep++;
+            n = keep;
+        }
+        float total = 0;
+        for (int i = 0; i < n; i++) total += s->c[i].logit;
+        double r = (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0) * total, cum = 0;
+        pick = s->c[n - 1].id;
+        for (int i = 0; i < n; i++) {
+            cum += s->c[i].logit;
+            if (r < cum) { pick = s->c[i].id; break; }
+        }
+    }
+    kvlm_sampler_accept(s, pick);
+    return pick;
+}

@@ -1,0 +1,140 @@
+/* model/dtype: the tensor element types of GGUF (ids as in the file format),
+ * their block layouts, half-precision conversions, and the scalar reference
+ * quantizers/dequantizers that every fast kernel is tested against. */
+#ifndef KVLM_MODEL_DTYPE_H
+#define KVLM_MODEL_DTYPE_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* GGUF / ggml type ids. Only the ones with a name in dt_info are supported. */
+typedef enum {
+    DT_F32 = 0,
+    DT_F16 = 1,
+    DT_Q4_0 = 2,
+    DT_Q4_1 = 3,
+    DT_Q5_0 = 6,
+    DT_Q5_1 = 7,
+    DT_Q8_0 = 8,
+    DT_Q8_1 = 9,
+    DT_Q2_K = 10,
+    DT_Q3_K = 11,
+    DT_Q4_K = 12,
+    DT_Q5_K = 13,
+    DT_Q6_K = 14,
+    DT_Q8_K = 15,
+    DT_BF16 = 30,
+    DT_COUNT = 40
+} dt_type;
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+typedef uint16_t dt_f16;  /* IEEE half, stored as bits */
+typedef uint16_t dt_bf16; /* bfloat16, stored as bits */
+
+/* Block layouts, byte-for-byte those of GGUF files. */
+typedef struct { dt_f16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;           /* 18 bytes */
+typedef struct { dt_f16 d; int8_t qs[QK8_0]; } block_q8_0;                /* 34 bytes */
+typedef struct {
+    dt_f16 d;                       /* super-block scale for the 6-bit scales */
+    dt_f16 dmin;                    /* super-block scale for the 6-bit mins */
+    uint8_t scales[K_SCALE_SIZE];   /* 8 scales + 8 mins, 6 bits each, packed */
+    uint8_t qs[QK_K / 2];           /* 4-bit quants */
+} block_q4_K;                       /* 144 bytes */
+typedef struct {
+    uint8_t ql[QK_K / 2];           /* low 4 bits */
+    uint8_t qh[QK_K / 4];           /* high 2 bits */
+    int8_t scales[QK_K / 16];       /* 16 8-bit scales */
+    dt_f16 d;                       /* super-block scale */
+} block_q6_K;                       /* 210 bytes */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;                       /* activation type for K-quant dot products */
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
+_Static_assert(sizeof(block_q8_K) == 292, "q8_K layout");
+
+typedef struct {
+    const char *name;    /* "f32", "q8_0", ...; NULL = unsupported id */
+    int block_size;      /* elements per block */
+    size_t type_size;    /* bytes per block */
+} dt_traits;
+
+/* Traits of a type id; NULL if the id is unknown or unsupported. */
+const dt_traits *dt_info(int type);
+/* Name of a type id ("q4_K"); also names the ggml types kvlm cannot compute
+ * with ("q5_K", "iq2_xxs", ...); "unknown" for ids that are no ggml type. */
+const char *dt_name(int type);
+/* Block layout of any ggml type id, supported or not (so that a GGUF file
+ * holding e.g. q5_K tensors can still be opened and listed); NULL for ids
+ * that are no ggml type. Computing code must use dt_info instead. */
+const dt_traits *dt_layout(int type);
+/* Type id for a name ("q8_0", "Q8_0", "f16", ...), or -1. */
+int dt_from_name(const char *name);
+/* Bytes for n elements (n must be a multiple of the block size; 0 if not). */
+size_t dt_row_size(int type, int64_t n);
+
+/* Scalar reference conversions. n must be a multiple of the block size. */
+void dt_dequantize_row(int type, const void *src, float *dst, int64_t n);
+/* Returns 0, or -1 if the type has no quantizer. */
+int dt_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* Half-precision conversions (round to nearest even). */
+static inline float dt_f16_to_f32(dt_f16 h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) bits = sign;
+        else { /* subnormal: normalise */
+            int e = -1;
+            do { e++; mant <<= 1; } while (!(mant & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (mant << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline dt_f16 dt_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (dt_f16)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (dt_f16)(sign | 0x7c00); /* overflow -> inf */
+    if (ax < 0x38800000u) { /* subnormal or zero in half */
+        if (ax < 0x33000000u) return (dt_f16)sign;
+        uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (dt_f16)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000u) >> 13);
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (dt_f16)(sign | r);
+}
+static inline float dt_bf16_to_f32(dt_bf16 h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline dt_bf16 dt_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (dt_bf16)((x >> 16) | 0x40); /* quiet NaN */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (dt_bf16)(x >> 16);
+}
+#endif

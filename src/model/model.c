@@ -1,0 +1,299 @@
+/* model/model: builds a kvlm_model (config + tensor views) from a GGUF file
+ * or a llama2.c version-0 checkpoint, checking every shape it relies on. */
+#include "model/model.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "model/dtype.h"
+#include "util/error.h"
+
+/* ---- GGUF ---------------------------------------------------------------- */
+
+static bool arch_int(const gguf_file *f, const char *arch, const char *key, int64_t *out) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    return gguf_get_int(f, full, out);
+}
+
+static bool arch_float(const gguf_file *f, const char *arch, const char *key, double *out) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    return gguf_get_float(f, full, out);
+}
+
+/* Finds a tensor and checks its shape (n_in x n_out; n_out 0 for 1-D). */
+static int take_tensor(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in,
+                       int64_t n_out, bool optional, kvlm_error *err) {
+    const gguf_tensor *gt = gguf_find_tensor(m->gguf, name);
+    memset(t, 0, sizeof *t);
+    if (!gt) {
+        if (optional) return KVLM_OK;
+        return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor %s", m->path, name);
+    }
+    bool is_1d = n_out == 0;
+    int64_t got_in = gt->ne[0], got_out = gt->n_dims >= 2 ? gt->ne[1] : 1;
+    bool ok = got_in == n_in && (is_1d ? gt->n_dims == 1 || got_out == 1 : got_out == n_out) &&
+              (gt->n_dims <= 2 || (gt->ne[2] == 1 && gt->ne[3] == 1));
+    if (!ok) {
+        if (is_1d)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape %lldx%lld, expected %lld", m->path,
+                                name, (long long)got_in, (long long)got_out, (long long)n_in);
+        return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape %lldx%lld, expected %lldx%lld", m->path,
+                            name, (long long)got_in, (long long)got_out, (long long)n_in, (long long)n_out);
+    }
+    if (is_1d && gt->type != DT_F32)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: type %s, expected f32 for a norm or bias",
+                            m->path, name, dt_info(gt->type) ? dt_info(gt->type)->name : "?");
+    if (!is_1d) {
+        const dt_traits *tr = dt_info(gt->type);
+        if (!tr || gt->type == DT_Q8_K)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: type id %d is not supported for weights",
+                                m->path, name, gt->type);
+    }
+    t->data = gt->data;
+    t->type = gt->type;
+    t->n_in = n_in;
+    t->n_out = is_1d ? 1 : n_out;
+    t->name = gt->cname;
+    return KVLM_OK;
+}
+
+static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
+    const gguf_file *f = m->gguf;
+    kvlm_config *c = &m->cfg;
+    if (!gguf_get_str(f, "general.architecture", m->arch_name, sizeof m->arch_name))
+        return util_err_set(err, KVLM_EFORMAT, "%s: no general.architecture key", m->path);
+    const char *arch = m->arch_name;
+    if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
+    else
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2)",
+                            m->path, arch);
+    int64_t v;
+    struct { const char *key; int *dst; } req[] = {
+        {"embedding_length", &c->dim}, {"block_count", &c->n_layers},
+        {"feed_forward_length", &c->hidden_dim}, {"attention.head_count", &c->n_heads},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
+        if (!arch_int(f, arch, req[i].key, &v))
+            return util_err_set(err, KVLM_EFORMAT, "%s: missing key %s.%s", m->path, arch, req[i].key);
+        if (v <= 0 || v > (1 << 20))
+            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.%s = %lld is out of range", m->path, arch,
+                                req[i].key, (long long)v);
+        *req[i].dst = (int)v;
+    }
+    c->n_kv_heads = c->n_heads;
+    if (arch_int(f, arch, "attention.head_count_kv", &v)) c->n_kv_heads = (int)v;
+    if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
+        return util_err_set(err, KVLM_EFORMAT, "%s: %d KV heads do not divide %d query heads", m->path,
+                            c->n_kv_heads, c->n_heads);
+    c->head_dim = c->dim / c->n_heads;
+    if (arch_int(f, arch, "attention.key_length", &v)) c->head_dim = (int)v;
+    if (c->head_dim <= 0 || c->head_dim > 1024 || (c->head_dim & 1))
+        return util_err_set(err, KVLM_EFORMAT, "%s: head dimension %d is not supported", m->path, c->head_dim);
+    c->n_ctx_train = 2048;
+    if (arch_int(f, arch, "context_length", &v) && v > 0) c->n_ctx_train = v > (1 << 24) ? (1 << 24) : (int)v;
+    c->rope_dim = c->head_dim;
+    if (arch_int(f, arch, "rope.dimension_count", &v)) c->rope_dim = (int)v;
+    if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || (c->rope_dim & 1))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope dimension %d does not fit head dimension %d", m->path,
+                            c->rope_dim, c->head_dim);
+    double d;
+    c->rope_base = 10000.0f;
+    if (arch_float(f, arch, "rope.freq_base", &d)) c->rope_base = (float)d;
+    c->norm_eps = 1e-5f;
+    if (arch_float(f, arch, "attention.layer_norm_rms_epsilon", &d)) c->norm_eps = (float)d;
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2;
+
+    const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb) return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor token_embd.weight", m->path);
+    c->vocab_size = emb->n_dims >= 2 ? (int)emb->ne[1] : 0;
+    if (c->vocab_size <= 0) return util_err_set(err, KVLM_EFORMAT, "%s: token_embd.weight has no rows", m->path);
+    if (m->vocab.n_tokens && m->vocab.n_tokens != c->vocab_size)
+        return util_err_set(err, KVLM_EFORMAT, "%s: tokenizer has %d tokens but token_embd.weight has %d rows",
+                            m->path, m->vocab.n_tokens, c->vocab_size);
+
+    int rc;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    if ((rc = take_tensor(m, &m->tok_embd, "token_embd.weight", c->dim, c->vocab_size, false, err))) return rc;
+    if ((rc = take_tensor(m, &m->output_norm, "output_norm.weight", c->dim, 0, false, err))) return rc;
+    if ((rc = take_tensor(m, &m->output, "output.weight", c->dim, c->vocab_size, true, err))) return rc;
+    if (!m->output.data) m->output = m->tok_embd; /* tied classifier */
+    c->weight_type = m->output.type;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    bool bias = c->arch == KVLM_ARCH_QWEN2;
+    for (int l = 0; l < c->n_layers; l++) {
+        model_layer *L = &m->layers[l];
+        char n[96];
+#define TAKE(field, suffix, nin, nout, opt)                                         \
+    snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                  \
+    if ((rc = take_tensor(m, &L->field, n, nin, nout, opt, err))) return rc;
+        TAKE(attn_norm, "attn_norm.weight", c->dim, 0, false);
+        TAKE(wq, "attn_q.weight", c->dim, q_dim, false);
+        TAKE(wk, "attn_k.weight", c->dim, kv_dim, false);
+        TAKE(wv, "attn_v.weight", c->dim, kv_dim, false);
+        TAKE(wo, "attn_output.weight", q_dim, c->dim, false);
+        TAKE(bq, "attn_q.bias", q_dim, 0, !bias);
+        TAKE(bk, "attn_k.bias", kv_dim, 0, !bias);
+        TAKE(bv, "attn_v.bias", kv_dim, 0, !bias);
+        TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false);
+        TAKE(w_gate, "ffn_gate.weight", c->dim, c->hidden_dim, false);
+        TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false);
+        TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
+#undef TAKE
+        if (l == 0) c->weight_type = L->wq.type;
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++) m->weight_bytes += f->tensors[i].nbytes;
+    return KVLM_OK;
+}
+
+/* ---- llama2.c ------------------------------------------------------------ */
+
+static void set_view(model_tensor *t, const float **p, int64_t n_in, int64_t n_out, const char *name) {
+    t->data = *p;
+    t->type = DT_F32;
+    t->n_in = n_in;
+    t->n_out = n_out;
+    t->name = name;
+    *p += n_in * n_out;
+}
+
+static int load_llama2c(struct kvlm_model *m, const char *tokenizer_path, bool vocab_only, kvlm_error *err) {
+    int fd = open(m->path, O_RDONLY);
+    if (fd < 0) return util_err_set(err, KVLM_EIO, "%s: %s", m->path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) { close(fd); return util_err_set(err, KVLM_EIO, "%s: %s", m->path, strerror(errno)); }
+    size_t size = (size_t)st.st_size;
+    if (size < 28) {
+        close(fd);
+        return util_err_set(err, KVLM_EFORMAT, "%s: %zu bytes is too short for a GGUF or llama2.c model", m->path, size);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return util_err_set(err, KVLM_EIO, "%s: mmap: %s", m->path, strerror(errno));
+    m->map = map;
+    m->map_size = size;
+    int32_t h[7];
+    memcpy(h, map, sizeof h);
+    kvlm_config *c = &m->cfg;
+    c->arch = KVLM_ARCH_LLAMA;
+    snprintf(m->arch_name, sizeof m->arch_name, "llama");
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    bool shared = h[5] > 0;
+    c->vocab_size = h[5] < 0 ? -h[5] : h[5];
+    c->n_ctx_train = h[6];
+    if (c->dim <= 0 || c->dim > 65536 || c->hidden_dim <= 0 || c->hidden_dim > 1 << 20 || c->n_layers <= 0 ||
+        c->n_layers > 1024 || c->n_heads <= 0 || c->n_heads > c->dim || c->dim % c->n_heads || c->n_kv_heads <= 0 ||
+        c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads || c->vocab_size <= 0 ||
+        c->vocab_size > 1 << 22 || c->n_ctx_train <= 0 || c->n_ctx_train > 1 << 22 || ((c->dim / c->n_heads) & 1))
+        return util_err_set(err, KVLM_EFORMAT,
+                            "%s: not a GGUF file, and its header is not a valid llama2.c checkpoint "
+                            "(dim %d, hidden %d, layers %d, heads %d, kv heads %d, vocab %d, seq_len %d)",
+                            m->path, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+    c->head_dim = c->dim / c->n_heads;
+    c->rope_dim = c->head_dim;
+    c->rope_base = 10000.0f;
+    c->rope_neox = false;
+    c->norm_eps = 1e-5f;
+    c->weight_type = DT_F32;
+    int64_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
+    int64_t KV = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t n_floats = V * D + L * (D + D * D + 2 * KV * D + D * D + D + 3 * F * D) + D +
+                       (int64_t)c->n_ctx_train * c->head_dim + (shared ? 0 : V * D);
+    if ((size - 28) / 4 < (size_t)n_floats)
+        return util_err_set(err, KVLM_EFORMAT, "%s: truncated llama2.c checkpoint: %zu bytes, the header needs %lld",
+                            m->path, size, (long long)(28 + 4 * n_floats));
+    if (!vocab_only) {
+        m->layers = calloc((size_t)L, sizeof *m->layers);
+        if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        const float *p = (const float *)((const char *)map + 28);
+        set_view(&m->tok_embd, &p, D, V, "token_embedding");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].attn_norm, &p, D, 1, "rms_att");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].wq, &p, D, D, "wq");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].wk, &p, D, KV, "wk");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].wv, &p, D, KV, "wv");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].wo, &p, D, D, "wo");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].ffn_norm, &p, D, 1, "rms_ffn");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].w_gate, &p, D, F, "w1");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].w_down, &p, F, D, "w2");
+        for (int l = 0; l < L; l++) set_view(&m->layers[l].w_up, &p, D, F, "w3");
+        set_view(&m->output_norm, &p, D, 1, "rms_final");
+        p += (int64_t)c->n_ctx_train * c->head_dim; /* legacy freq_cis_real + imag */
+        if (shared) m->output = m->tok_embd;
+        else set_view(&m->output, &p, D, V, "wcls");
+        m->weight_bytes = (size_t)n_floats * 4;
+    }
+    char tpath[1100];
+    if (!tokenizer_path) {
+        const char *slash = strrchr(m->path, '/');
+        int dirlen = slash ? (int)(slash - m->path + 1) : 0;
+        snprintf(tpath, sizeof tpath, "%.*stokenizer.bin", dirlen, m->path);
+        tokenizer_path = tpath;
+    }
+    int rc = vocab_from_llama2c(tokenizer_path, c->vocab_size, &m->vocab, err);
+    if (rc) util_err_prefix(err, "tokenizer for %s (give it with --tokenizer FILE)", m->path);
+    return rc;
+}
+
+/* ---- entry points -------------------------------------------------------- */
+
+int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *params, kvlm_error *err) {
+    kvlm_model_params defaults = {0};
+    if (!params) params = &defaults;
+    bool vocab_only = params->vocab_only;
+    memset(m, 0, sizeof *m);
+    m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = -1;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return util_err_set(err, KVLM_EIO, "cannot open %s: %s", path, strerror(errno));
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, fp);
+    fclose(fp);
+    int rc;
+    if (got == 4 && !memcmp(magic, "GGUF", 4)) {
+        m->gguf = gguf_open(path, err);
+        if (!m->gguf) return err ? err->code : KVLM_EFORMAT;
+        if (params->metadata_only) return KVLM_OK;
+        if (gguf_find(m->gguf, "tokenizer.ggml.model")) {
+            if ((rc = vocab_from_gguf(m->gguf, &m->vocab, err))) { util_err_prefix(err, "%s", path); goto fail; }
+        } else if (vocab_only) {
+            rc = util_err_set(err, KVLM_EFORMAT, "%s: no tokenizer in this file", path);
+            goto fail;
+        }
+        if (vocab_only) {
+            m->cfg.vocab_size = m->vocab.n_tokens;
+            return KVLM_OK;
+        }
+        if ((rc = load_gguf_weights(m, err))) goto fail;
+        if (!m->vocab.n_tokens) {
+            rc = util_err_set(err, KVLM_EFORMAT, "%s: no tokenizer in this file (tokenizer.ggml.model missing)", path);
+            goto fail;
+        }
+        return KVLM_OK;
+    }
+    if ((rc = load_llama2c(m, params->tokenizer_path, vocab_only || params->metadata_only, err))) goto fail;
+    return KVLM_OK;
+fail:
+    model_unload(m);
+    return rc;
+}
+
+void model_unload(struct kvlm_model *m) {
+    free(m->layers);
+    m->layers = NULL;
+    vocab_free(&m->vocab);
+    if (m->gguf) gguf_close(m->gguf);
+    m->gguf = NULL;
+    if (m->map) munmap(m->map, m->map_size);
+    m->map = NULL;
+}

@@ -1,0 +1,49 @@
+/* model/model: one kvlm_model (config, tensor views over the mapped file,
+ * vocabulary) from a GGUF file or a llama2.c checkpoint. No compute here. */
+#ifndef KVLM_MODEL_MODEL_H
+#define KVLM_MODEL_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
+#include "kvlm.h"
+#include "model/gguf.h"
+#include "model/vocab.h"
+
+/* A 2-D (or 1-D) weight: rows of n_in elements in `type`, n_out rows. */
+typedef struct {
+    const void *data;   /* NULL if absent (optional tensors) */
+    int type;
+    int64_t n_in, n_out;
+    const char *name;
+} model_tensor;
+
+typedef struct {
+    model_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv;
+    model_tensor ffn_norm, w_gate, w_down, w_up;
+} model_layer;
+
+struct tok_tokenizer;
+
+struct kvlm_model {
+    kvlm_config cfg;
+    model_tensor tok_embd, output_norm, output;
+    model_layer *layers;
+    model_vocab vocab;
+    struct tok_tokenizer *tok;   /* built by the engine layer from vocab */
+    char arch_name[32];
+    char path[1024];
+    /* Backing storage: a GGUF map, or a llama2.c checkpoint map. */
+    gguf_file *gguf;
+    void *map;
+    size_t map_size;
+    size_t weight_bytes;
+};
+
+/* Loads weights and vocabulary (params may be NULL: defaults). */
+int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *params, kvlm_error *err);
+void model_unload(struct kvlm_model *m);
+
+/* Synthetic random-weight models (kvlm_synth_params in kvlm.h). */
+int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err);
+/* Writes m as GGUF v3; type = -1 keeps each tensor's type. */
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err);
+#endif

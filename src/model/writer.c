@@ -1,0 +1,263 @@
+/* model/writer: writing models as GGUF v3 — conversion of a loaded model
+ * (`kvlm convert`) and synthetic random-weight models for tests/benchmarks. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "model/model.h"
+#include "util/error.h"
+
+typedef struct {
+    char name[64];
+    model_tensor t;
+} named_tensor;
+
+/* Every tensor of m under its GGUF name; returns the count (n <= cap). */
+static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) {
+    int n = 0;
+#define ADD(fmt, l, tensor)                                                  \
+    if ((tensor).data && n < cap) {                                          \
+        snprintf(out[n].name, sizeof out[n].name, fmt, l);                   \
+        out[n++].t = (tensor);                                               \
+    }
+    ADD("token_embd.weight%.0d", 0, m->tok_embd);
+    ADD("output_norm.weight%.0d", 0, m->output_norm);
+    if (m->output.data != m->tok_embd.data) ADD("output.weight%.0d", 0, m->output);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        ADD("blk.%d.attn_norm.weight", l, L->attn_norm);
+        ADD("blk.%d.attn_q.weight", l, L->wq);
+        ADD("blk.%d.attn_k.weight", l, L->wk);
+        ADD("blk.%d.attn_v.weight", l, L->wv);
+        ADD("blk.%d.attn_output.weight", l, L->wo);
+        ADD("blk.%d.attn_q.bias", l, L->bq);
+        ADD("blk.%d.attn_k.bias", l, L->bk);
+        ADD("blk.%d.attn_v.bias", l, L->bv);
+        ADD("blk.%d.ffn_norm.weight", l, L->ffn_norm);
+        ADD("blk.%d.ffn_gate.weight", l, L->w_gate);
+        ADD("blk.%d.ffn_down.weight", l, L->w_down);
+        ADD("blk.%d.ffn_up.weight", l, L->w_up);
+    }
+#undef ADD
+    return n;
+}
+
+static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name) {
+    const char *arch = c->arch == KVLM_ARCH_QWEN2 ? "qwen2" : "llama";
+    char k[128];
+    gguf_writer_set_str(w, "general.architecture", arch);
+    gguf_writer_set_str(w, "general.name", name);
+    gguf_writer_set_u32(w, "general.alignment", 32);
+#define KEY(s) (snprintf(k, sizeof k, "%s.%s", arch, s), k)
+    gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)c->n_ctx_train);
+    gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)c->dim);
+    gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)c->n_layers);
+    gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->hidden_dim);
+    gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads);
+    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
+    if (c->head_dim != c->dim / c->n_heads) {
+        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
+        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
+    }
+    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
+    gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_base);
+    gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)c->rope_dim);
+#undef KEY
+}
+
+/* The type a 2-D weight of row length n_in gets when `want` is asked for:
+ * block sizes must divide the row, so fall back as llama.cpp's quantizer does. */
+static int fit_type(int want, int64_t n_in) {
+    const dt_traits *tr = dt_info(want);
+    if (tr && n_in % tr->block_size == 0) return want;
+    if ((want == DT_Q4_K || want == DT_Q6_K) && n_in % 32 == 0) return want == DT_Q4_K ? DT_Q4_0 : DT_Q8_0;
+    return DT_F16;
+}
+
+/* Converts rows of `src` to type `dst_type`; returns malloc'd data or NULL. */
+static void *convert_rows(const model_tensor *src, int dst_type) {
+    size_t out_row = dt_row_size(dst_type, src->n_in), in_row = dt_row_size(src->type, src->n_in);
+    char *out = malloc(out_row * (size_t)src->n_out);
+    float *tmp = malloc(sizeof(float) * (size_t)src->n_in);
+    if (!out || !tmp) { free(out); free(tmp); return NULL; }
+    for (int64_t r = 0; r < src->n_out; r++) {
+        dt_dequantize_row(src->type, (const char *)src->data + r * in_row, tmp, src->n_in);
+        dt_quantize_row(dst_type, tmp, out + r * out_row, src->n_in);
+    }
+    free(tmp);
+    return out;
+}
+
+/* Adds every tensor, converting 2-D weights to `type` (-1: keep). Converted
+ * data is malloc'd into owned[i]; the writer reads it at write time. */
+static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void **owned, kvlm_error *err) {
+    for (int i = 0; i < n; i++) {
+        model_tensor *t = &ts[i].t;
+        bool is_1d = t->n_out == 1; /* norms and biases stay f32 */
+        int dst = is_1d || type < 0 ? t->type : fit_type(type, t->n_in);
+        const void *data = t->data;
+        if (dst != t->type) {
+            data = owned[i] = convert_rows(t, dst);
+            if (!data) return util_err_set(err, KVLM_ENOMEM, "out of memory converting %s", ts[i].name);
+        }
+        int64_t ne[2] = {t->n_in, t->n_out};
+        int rc = gguf_writer_add_tensor(w, ts[i].name, dst, is_1d ? 1 : 2, ne, data, err);
+        if (rc) return rc;
+    }
+    return KVLM_OK;
+}
+
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
+    if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
+        return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
+    int cap = 3 + 12 * m->cfg.n_layers;
+    named_tensor *ts = calloc((size_t)cap, sizeof *ts);
+    void **owned = calloc((size_t)cap, sizeof *owned);
+    gguf_writer *w = gguf_writer_create();
+    int rc;
+    if (!ts || !owned || !w) {
+        rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
+        goto done;
+    }
+    const char *base = strrchr(m->path, '/');
+    write_hparams(w, &m->cfg, base ? base + 1 : m->path);
+    vocab_to_gguf(&m->vocab, w);
+    int n = list_tensors(m, ts, cap);
+    rc = write_tensors(w, ts, n, type, owned, err);
+    if (!rc) rc = gguf_writer_write(w, path, err);
+done:
+    if (owned)
+        for (int i = 0; i < cap; i++) free(owned[i]);
+    free(owned);
+    gguf_writer_free(w);
+    free(ts);
+    return rc;
+}
+
+/* ---- synthetic models ---------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+static float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+/* A SentencePiece-style vocabulary: <unk> <s> </s>, byte tokens when there
+ * is room, then distinct letter pieces with and without a leading space. */
+static int synth_vocab(model_vocab *v, int n) {
+    memset(v, 0, sizeof *v);
+    snprintf(v->model, sizeof v->model, "llama");
+    snprintf(v->pre, sizeof v->pre, "default");
+    v->n_tokens = n;
+    v->tokens = calloc((size_t)n, sizeof *v->tokens);
+    v->lens = calloc((size_t)n, sizeof *v->lens);
+    v->scores = calloc((size_t)n, sizeof *v->scores);
+    v->types = calloc((size_t)n, sizeof *v->types);
+    if (!v->tokens || !v->lens || !v->scores || !v->types) return -1;
+    v->unk = 0; v->bos = 1; v->eos = 2; v->pad = v->eot = -1;
+    v->add_bos = true; v->add_space_prefix = true;
+    int nbytes = n >= 3 + 256 + 16 ? 256 : 0;
+    for (int i = 0; i < n; i++) {
+        char buf[64];
+        int type = VOCAB_T_NORMAL;
+        if (i < 3) {
+            snprintf(buf, sizeof buf, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+            type = i == 0 ? VOCAB_T_UNKNOWN : VOCAB_T_CONTROL;
+        } else if (i < 3 + nbytes) {
+            snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+            type = VOCAB_T_BYTE;
+        } else {
+            int k = i - 3 - nbytes, pos = 0;
+            if (k & 1) pos += snprintf(buf, sizeof buf, "\xe2\x96\x81");
+            for (int x = k / 2 + 1; x > 0 && pos < 60; x = (x - 1) / 26) buf[pos++] = (char)('a' + (x - 1) % 26);
+            buf[pos] = 0;
+        }
+        v->tokens[i] = strdup(buf);
+        if (!v->tokens[i]) return -1;
+        v->lens[i] = (uint32_t)strlen(buf);
+        v->types[i] = type;
+        v->scores[i] = type == VOCAB_T_NORMAL ? -(float)i : 0.0f;
+    }
+    return 0;
+}
+
+int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err) {
+    kvlm_config c = {0};
+    c.arch = p->arch;
+    c.dim = p->dim;
+    c.hidden_dim = p->hidden_dim;
+    c.n_layers = p->n_layers;
+    c.n_heads = p->n_heads;
+    c.n_kv_heads = p->n_kv_heads > 0 ? p->n_kv_heads : p->n_heads;
+    c.head_dim = p->head_dim > 0 ? p->head_dim : (p->n_heads > 0 ? p->dim / p->n_heads : 0);
+    c.vocab_size = p->vocab_size;
+    c.n_ctx_train = p->n_ctx > 0 ? p->n_ctx : 2048;
+    c.rope_dim = c.head_dim;
+    c.rope_base = p->rope_base > 0 ? p->rope_base : 10000.0f;
+    c.norm_eps = 1e-5f;
+    if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
+        (c.head_dim & 1) || c.n_heads % c.n_kv_heads || c.vocab_size < 3)
+        return util_err_set(err, KVLM_EINVAL,
+                            "bad synthetic shape: dim %d, hidden %d, layers %d, heads %d, kv heads %d, head dim %d, vocab %d",
+                            c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size);
+    const dt_traits *tr = dt_info(p->type);
+    if (!tr || p->type == DT_Q8_K) return util_err_set(err, KVLM_EINVAL, "bad weight type id %d", p->type);
+
+    struct kvlm_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = c;
+    snprintf(m.path, sizeof m.path, "synthetic-%s-d%d-l%d", c.arch == KVLM_ARCH_QWEN2 ? "qwen2" : "llama", c.dim,
+             c.n_layers);
+    int rc = KVLM_OK;
+    if (synth_vocab(&m.vocab, c.vocab_size)) { vocab_free(&m.vocab); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
+    m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
+    int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
+    /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
+    int max_tensors = 3 + 12 * c.n_layers, n_alloc = 0;
+    float **bufs = calloc((size_t)max_tensors, sizeof *bufs);
+    uint64_t s = p->seed * 2654435761u + 0x9e3779b97f4a7c15ull;
+    if (!m.layers || !bufs) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+#define MAKE(t, nin, nout, kind)                                                                 \
+    do {                                                                                         \
+        size_t cnt = (size_t)(nin) * (size_t)(nout);                                             \
+        float *b = malloc(cnt * sizeof(float));                                                  \
+        if (!b) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }             \
+        bufs[n_alloc++] = b;                                                                     \
+        float a = (kind) == 0 ? 1.0f / sqrtf((float)(nin)) : 0.2f;                               \
+        for (size_t i = 0; i < cnt; i++)                                                         \
+            b[i] = (kind) == 1 ? 1.0f + 0.1f * rng_uniform(&s) : a * 1.7f * rng_uniform(&s);     \
+        (t).data = b; (t).type = DT_F32; (t).n_in = (nin); (t).n_out = (nout);                   \
+    } while (0)
+    MAKE(m.tok_embd, c.dim, c.vocab_size, 2);
+    MAKE(m.output_norm, c.dim, 1, 1);
+    if (p->tied_output) m.output = m.tok_embd;
+    else MAKE(m.output, c.dim, c.vocab_size, 0);
+    for (int l = 0; l < c.n_layers; l++) {
+        model_layer *L = &m.layers[l];
+        MAKE(L->attn_norm, c.dim, 1, 1);
+        MAKE(L->wq, c.dim, q_dim, 0);
+        MAKE(L->wk, c.dim, kv_dim, 0);
+        MAKE(L->wv, c.dim, kv_dim, 0);
+        MAKE(L->wo, q_dim, c.dim, 0);
+        if (c.arch == KVLM_ARCH_QWEN2) {
+            MAKE(L->bq, q_dim, 1, 2);
+            MAKE(L->bk, kv_dim, 1, 2);
+            MAKE(L->bv, kv_dim, 1, 2);
+        }
+        MAKE(L->ffn_norm, c.dim, 1, 1);
+        MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
+        MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+        MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+    }
+#undef MAKE
+    rc = model_save_gguf(&m, path, p->type, err);
+done:
+    for (int i = 0; i < n_alloc; i++) free(bufs[i]);
+    free(bufs);
+    free(m.layers);
+    vocab_free(&m.vocab);
+    return rc;
+}

@@ -1,0 +1,77 @@
+/* ops/ops: the compute kernels of the forward pass. Each has a scalar
+ * reference (suffix _ref) that the fast path (AVX2/FMA, chosen at run time)
+ * is tested against. Kernels never allocate: callers pass scratch memory. */
+#ifndef KVLM_OPS_OPS_H
+#define KVLM_OPS_OPS_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "util/pool.h"
+
+/* ---- matrix multiplication ----------------------------------------------
+ * Y[t][o] = sum_i X[t][i] * W[o][i]  for t < T, o < n_out.
+ * W: n_out rows of n_in elements in GGUF type wtype (rows are
+ * dt_row_size(wtype, n_in) bytes apart). X, Y: f32, row-major, dense.
+ * wtype: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.
+ * Quantized types quantize X once per call into `work` (Q8_0 blocks for
+ * Q8_0/Q4_0, Q8_K for the K types) and use integer dot products. */
+size_t op_matmul_work_size(int wtype, int T, int n_in);
+void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype,
+               int T, int n_in, int n_out, void *work);
+/* Reference: dequantizes each row of W with dt_dequantize_row and accumulates
+ * in double. Single-threaded, allocates. For tests. */
+void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out);
+/* Notes: n_in must be a multiple of the type's block size (32 for Q8_0/Q4_0,
+ * 256 for Q4_K/Q6_K; any for the float types); unsupported types leave Y
+ * untouched. work must be op_matmul_work_size bytes (may be NULL when that is
+ * 0) and must not overlap X or Y. Results do not depend on the thread count. */
+/* Sustained read bandwidth of the machine in bytes/s: every pool thread sums
+ * its slice of a `bytes` buffer with the widest loads; best of 5 passes.
+ * Allocates the buffer (a measurement, not a kernel); 0 on failure. */
+double op_measure_read_bandwidth(util_pool *pool, size_t bytes);
+/* Whether the running CPU has the fast paths (AVX2 + FMA + F16C). */
+bool op_cpu_has_avx2(void);
+/* Tests set this to force the scalar paths (0) or auto (1). */
+void op_set_simd(bool enabled);
+
+/* ---- elementwise ---------------------------------------------------------- */
+/* out[i] = x[i] / rms(x) * w[i]; out may equal x. */
+void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void op_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps);
+/* Rotates rope_dim dims of each of n_heads heads (head_dim apart) of one
+ * token at position pos. neox: pairs (i, i + rope_dim/2); else (2i, 2i+1).
+ * theta_i = pos * base^(-2i/rope_dim). */
+void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
+void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
+/* In place, numerically stable. */
+void op_softmax(float *x, int n);
+void op_softmax_ref(float *x, int n);
+/* gate[i] = silu(gate[i]) * up[i] */
+void op_swiglu(float *gate, const float *up, int n);
+void op_swiglu_ref(float *gate, const float *up, int n);
+/* y[i] += x[i] */
+void op_add(float *y, const float *x, int n);
+
+/* ---- attention -------------------------------------------------------------
+ * Causal attention of T query tokens of one sequence over its cached keys and
+ * values. Query token t sits at position q_pos0 + t and sees cache positions
+ * 0..q_pos0+t. q: [T][n_heads][head_dim]; out: same shape.
+ * Cache (f32): key of KV head h at position p is at
+ *   k + h * kv_head_stride + p * head_dim   (likewise v).
+ * Query head i uses KV head i / (n_heads / n_kv_heads).
+ * scale multiplies q.k (normally 1/sqrt(head_dim)).
+ * The fast version tiles queries and streams keys with an online softmax,
+ * never materialising the T x n_kv score matrix, parallel over heads and
+ * query tiles; scratch: op_attention_work_size bytes. */
+typedef struct {
+    int T, q_pos0;
+    int n_heads, n_kv_heads, head_dim;
+    const float *k, *v;
+    size_t kv_head_stride;  /* floats between KV heads */
+    float scale;
+} op_attn_args;
+size_t op_attention_work_size(int n_threads, int head_dim);
+void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
+/* Reference: materialises each query's full score row, softmax, weighted sum. */
+void op_attention_ref(float *out, const float *q, const op_attn_args *a);
+#endif

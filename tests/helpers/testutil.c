@@ -1,0 +1,82 @@
+/* tests/helpers/testutil: shared helpers for the test binaries. */
+#include "helpers/testutil.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *find_in(const char *env, const char *env_default, const char *name) {
+    static char path[4096];
+    const char *dir = getenv(env);
+    if (!dir || !*dir) dir = getenv(env_default);
+    if (!dir || !*dir) dir = "../shared/models";
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "SKIP: %s not found (set %s to the folder that holds it)\n", path, env);
+        return NULL;
+    }
+    return path;
+}
+
+const char *tu_model_path(const char *name) { return find_in("KVLM_MODELS", "KVLM_MODELS_DEFAULT", name); }
+const char *tu_corpus_path(const char *name) { return find_in("KVLM_CORPORA", "KVLM_CORPORA_DEFAULT", name); }
+
+static char tmp_paths[64][256];
+static int n_tmp;
+static void tu_cleanup(void) {
+    for (int i = 0; i < n_tmp; i++) unlink(tmp_paths[i]);
+}
+
+const char *tu_tmp_path(const char *suffix) {
+    static int counter;
+    if (n_tmp == 0) atexit(tu_cleanup);
+    int slot = n_tmp < 64 ? n_tmp++ : 63;
+    const char *tmpdir = getenv("TMPDIR");
+    if (!tmpdir) tmpdir = "/tmp";
+    snprintf(tmp_paths[slot], sizeof tmp_paths[slot], "%s/kvlm-test-%d-%d%s", tmpdir, (int)getpid(),
+             counter++, suffix ? suffix : "");
+    return tmp_paths[slot];
+}
+
+char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) { buf[n] = 0; if (len) *len = (size_t)n; }
+    return buf;
+}
+
+int tu_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, len, f);
+    fclose(f);
+    return w == len ? 0 : -1;
+}
+
+bool tu_quick(void) { return getenv("KVLM_TEST_QUICK") != NULL; }
+
+double tu_max_rel_diff(const float *a, const float *b, int n, double floor) {
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        double s = fabs((double)b[i]);
+        if (s < floor) s = floor;
+        if (d / s > m) m = d / s;
+    }
+    return m;
+}
+
+void tu_fill_random(float *x, size_t n, uint64_t *state, float scale) {
+    for (size_t i = 0; i < n; i++) {
+        *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t r = (uint32_t)(*state >> 33);
+        x[i] = scale * (2.0f * ((float)r / 2147483648.0f) - 1.0f);
+    }
+}

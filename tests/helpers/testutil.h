@@ -1,0 +1,31 @@
+/* tests/helpers/testutil: finding shared models and corpora, temp files, and
+ * loud skips, for every test binary (cmocka). */
+#ifndef KVLM_TESTUTIL_H
+#define KVLM_TESTUTIL_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdbool.h>
+
+/* Path of a file in the models folder ($KVLM_MODELS, else the build's
+ * default ../shared/models). Returns NULL (and prints a loud SKIP line) if the
+ * file is absent. The string is static: copy it if you need two. */
+const char *tu_model_path(const char *name);
+const char *tu_corpus_path(const char *name);
+/* Skips the current cmocka test with a message naming what is missing. */
+#define TU_REQUIRE(path) do { if (!(path)) { skip(); } } while (0)
+/* A fresh temporary file path (unique per call, removed at exit). */
+const char *tu_tmp_path(const char *suffix);
+/* Reads a whole file; NULL if unreadable. *len gets the size. Caller frees. */
+char *tu_read_file(const char *path, size_t *len);
+/* Writes bytes to path; returns 0 on success. */
+int tu_write_file(const char *path, const void *data, size_t len);
+/* True when KVLM_TEST_QUICK is set (sanitizer builds): tests shrink loops. */
+bool tu_quick(void);
+/* Max relative difference |a-b| / max(|b|, floor) over n floats. */
+double tu_max_rel_diff(const float *a, const float *b, int n, double floor);
+/* Deterministic random floats in [-scale, scale]. */
+void tu_fill_random(float *x, size_t n, uint64_t *state, float scale);
+#endif

@@ -1,0 +1,366 @@
+/* tests/test_engine: the whole pipeline on real and synthetic models: the
+ * published golden text, GGUF == llama2.c, KV-cache decode == full recompute
+ * for many shapes, conversion round trips, sampling and bad input. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "helpers/testutil.h"
+#include "kvlm.h"
+
+static const char *GOLDEN =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+    "One day, she saw a big, red ball. She wanted to play with it, but it was too high.";
+
+static kvlm_model *load(const char *path, const char *tok) {
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok;
+    kvlm_model *m = kvlm_model_load(path, &mp, &err);
+    if (!m) fail_msg("loading %s: %s", path, err.msg);
+    return m;
+}
+
+/* Greedy generation of n tokens after the prompt; returns the text (malloc). */
+static char *generate(kvlm_model *m, const char *prompt, int n, bool no_cache) {
+    kvlm_error err = {0};
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.no_kv_cache = no_cache;
+    cp.n_threads = 2;
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    int32_t toks[512];
+    int np = kvlm_tokenize(m, prompt, strlen(prompt), true, false, toks, 512, &err);
+    assert_true(np > 0 && np < 512);
+    char *out = calloc(1, 1 << 16);
+    size_t len = 0;
+    kvlm_detok d;
+    kvlm_detok_init(&d, m);
+    for (int i = 0; i < np; i++) len += (size_t)kvlm_detok_push(&d, toks[i], out + len, (1 << 16) - len);
+    kvlm_batch b = {np, toks, NULL, NULL};
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    kvlm_sampler_params sp = kvlm_sampler_default_params();
+    sp.temperature = 0;
+    kvlm_sampler *s = kvlm_sampler_create(&sp, kvlm_vocab_size(m));
+    for (int i = 0; i < n; i++) {
+        int32_t t = kvlm_sampler_sample(s, kvlm_get_logits(ctx, -1));
+        if (kvlm_token_is_eog(m, t)) break;
+        len += (size_t)kvlm_detok_push(&d, t, out + len, (1 << 16) - len);
+        kvlm_batch one = {1, &t, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
+    }
+    kvlm_sampler_free(s);
+    kvlm_ctx_free(ctx);
+    return out;
+}
+
+static void test_golden_gguf(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(p);
+    kvlm_model *m = load(p, NULL);
+    char *text = generate(m, "Once upon a time", 60, false);
+    if (strncmp(text, GOLDEN, strlen(GOLDEN)) != 0) fail_msg("got: %s", text);
+    free(text);
+    kvlm_model_free(m);
+}
+
+static void test_golden_llama2c(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.bin");
+    TU_REQUIRE(p);
+    char bin[4096];
+    snprintf(bin, sizeof bin, "%s", p);
+    const char *t = tu_model_path("tok512.bin");
+    TU_REQUIRE(t);
+    kvlm_model *m = load(bin, t);
+    char *text = generate(m, "Once upon a time", 60, false);
+    if (strncmp(text, GOLDEN, strlen(GOLDEN)) != 0) fail_msg("got: %s", text);
+    free(text);
+    kvlm_model_free(m);
+}
+
+/* All-position logits of ids: one prefill, or one token per call. */
+static float *logits_of(kvlm_model *m, const int32_t *ids, int n, bool one_by_one, bool no_cache, int threads) {
+    kvlm_error err = {0};
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.no_kv_cache = no_cache;
+    cp.n_threads = threads;
+    cp.n_ctx = 256;
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    int V = kvlm_model_config(m)->vocab_size;
+    float *out = malloc(sizeof(float) * (size_t)V * n);
+    int8_t want[256];
+    memset(want, 1, sizeof want);
+    for (int i = 0; i < n; i += one_by_one ? 1 : n) {
+        kvlm_batch b = {one_by_one ? 1 : n, ids + i, NULL, want};
+        if (kvlm_decode(ctx, &b, &err)) fail_msg("decode: %s", err.msg);
+        for (int r = 0; r < b.n_tokens; r++) memcpy(out + (size_t)(i + r) * V, kvlm_get_logits(ctx, r), sizeof(float) * V);
+    }
+    kvlm_ctx_free(ctx);
+    return out;
+}
+
+static void check_cache_equals_recompute(kvlm_model *m, const char *what) {
+    int V = kvlm_model_config(m)->vocab_size, n = 24;
+    int32_t ids[24];
+    uint64_t s = 7;
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ULL + 1;
+        ids[i] = (int32_t)((s >> 33) % (uint64_t)V);
+    }
+    ids[0] = 1;
+    float *prefill = logits_of(m, ids, n, false, false, 2);
+    float *decode = logits_of(m, ids, n, true, false, 2);
+    float *naive = logits_of(m, ids, n, true, true, 1);
+    /* Relative to the row's largest logit: elementwise relative error is
+     * meaningless for logits that cross zero. */
+    double worst_dec = 0, worst_naive = 0;
+    for (int t = 0; t < n; t++) {
+        double scale = 1e-3;
+        for (int v = 0; v < V; v++) scale = fmax(scale, fabs(naive[(size_t)t * V + v]));
+        for (int v = 0; v < V; v++) {
+            size_t i = (size_t)t * V + v;
+            worst_dec = fmax(worst_dec, fabs(decode[i] - naive[i]) / scale);
+            worst_naive = fmax(worst_naive, fabs(prefill[i] - naive[i]) / scale);
+        }
+    }
+    printf("  %-40s decode vs recompute %.2e, prefill vs recompute %.2e\n", what, worst_dec, worst_naive);
+    assert_true(worst_dec < 1e-4);
+    assert_true(worst_naive < 1e-4);
+    free(prefill);
+    free(decode);
+    free(naive);
+}
+
+static void test_cache_equals_recompute_stories(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(p);
+    kvlm_model *m = load(p, NULL);
+    check_cache_equals_recompute(m, "stories260K.gguf");
+    kvlm_model_free(m);
+}
+
+static void test_cache_equals_recompute_shapes(void **state) {
+    (void)state;
+    struct { kvlm_arch arch; int dim, heads, kv, head_dim; const char *type; const char *name; } shapes[] = {
+        {KVLM_ARCH_LLAMA, 64, 8, 8, 0, "f32", "multi-head 8:8, head dim 8"},
+        {KVLM_ARCH_LLAMA, 128, 8, 2, 0, "f32", "grouped 8:2, head dim 16"},
+        {KVLM_ARCH_LLAMA, 256, 8, 1, 0, "f32", "multi-query 8:1, head dim 32"},
+        {KVLM_ARCH_QWEN2, 128, 8, 2, 0, "f32", "qwen2 8:2 with biases, head dim 16"},
+        {KVLM_ARCH_LLAMA, 256, 4, 2, 0, "f32", "grouped 4:2, head dim 64"},
+        {KVLM_ARCH_LLAMA, 128, 4, 4, 64, "f32", "head dim 64 != dim/heads"},
+        {KVLM_ARCH_LLAMA, 256, 8, 2, 0, "q8_0", "q8_0 weights 8:2"},
+        {KVLM_ARCH_QWEN2, 256, 8, 4, 0, "q4_k", "qwen2 q4_k weights 8:4"},
+        {KVLM_ARCH_LLAMA, 256, 8, 8, 0, "f16", "f16 weights"},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        kvlm_synth_params sp = {0};
+        sp.arch = shapes[i].arch;
+        sp.dim = shapes[i].dim;
+        sp.hidden_dim = 2 * shapes[i].dim + 32;
+        sp.n_layers = 2;
+        sp.n_heads = shapes[i].heads;
+        sp.n_kv_heads = shapes[i].kv;
+        sp.head_dim = shapes[i].head_dim;
+        sp.vocab_size = 300;
+        sp.n_ctx = 256;
+        sp.type = kvlm_type_from_name(shapes[i].type);
+        sp.seed = 100 + i;
+        const char *path = tu_tmp_path(".gguf");
+        kvlm_error err = {0};
+        if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth %s: %s", shapes[i].name, err.msg);
+        kvlm_model *m = load(path, NULL);
+        check_cache_equals_recompute(m, shapes[i].name);
+        kvlm_model_free(m);
+    }
+}
+
+/* The two files of stories260K hold the same weights: same logits. */
+static void test_gguf_equals_llama2c(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(p);
+    char gguf[4096], bin[4096];
+    snprintf(gguf, sizeof gguf, "%s", p);
+    p = tu_model_path("stories260K.bin");
+    TU_REQUIRE(p);
+    snprintf(bin, sizeof bin, "%s", p);
+    const char *t = tu_model_path("tok512.bin");
+    TU_REQUIRE(t);
+    kvlm_model *a = load(gguf, NULL), *b = load(bin, t);
+    int32_t ids[16] = {1, 403, 407, 261, 378, 273, 400, 333, 260, 270, 280, 300, 310, 320, 330, 340};
+    float *la = logits_of(a, ids, 16, false, false, 2), *lb = logits_of(b, ids, 16, false, false, 2);
+    assert_true(tu_max_rel_diff(la, lb, 16 * 512, 1e-2) < 1e-5);
+    free(la);
+    free(lb);
+    kvlm_model_free(a);
+    kvlm_model_free(b);
+}
+
+/* convert: llama2.c -> GGUF f32 gives identical logits; quantized types stay
+ * within their tolerance of f32. */
+static void test_convert(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.bin");
+    TU_REQUIRE(p);
+    char bin[4096];
+    snprintf(bin, sizeof bin, "%s", p);
+    const char *t = tu_model_path("tok512.bin");
+    TU_REQUIRE(t);
+    kvlm_model *src = load(bin, t);
+    int32_t ids[12] = {1, 403, 407, 261, 378, 273, 400, 333, 260, 270, 280, 300};
+    float *ref = logits_of(src, ids, 12, false, false, 1);
+    struct { const char *type; double tol; } types[] = {
+        {"f32", 1e-6}, {"f16", 2e-2}, {"bf16", 6e-2}, {"q8_0", 5e-2}, {"q4_0", 0.35},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const char *out = tu_tmp_path(".gguf");
+        kvlm_error err = {0};
+        if (kvlm_model_save_gguf(src, out, kvlm_type_from_name(types[i].type), &err))
+            fail_msg("convert to %s: %s", types[i].type, err.msg);
+        kvlm_model *m = load(out, NULL);
+        float *got = logits_of(m, ids, 12, false, false, 1);
+        /* Error relative to the largest logit of the whole set. */
+        double scale = 0, worst = 0;
+        for (int k = 0; k < 12 * 512; k++) scale = fmax(scale, fabs(ref[k]));
+        for (int k = 0; k < 12 * 512; k++) worst = fmax(worst, fabs(got[k] - ref[k]) / scale);
+        printf("  convert to %-5s max error %.2e of the largest logit\n", types[i].type, worst);
+        assert_true(worst <= types[i].tol);
+        char *text = generate(m, "Once upon a time", 30, false);
+        assert_true(strncmp(text, "Once upon a time", 16) == 0);
+        if (!strcmp(types[i].type, "f32")) assert_true(strncmp(text, GOLDEN, 60) == 0);
+        free(text);
+        free(got);
+        kvlm_model_free(m);
+    }
+    free(ref);
+    kvlm_model_free(src);
+}
+
+static void test_sampler(void **state) {
+    (void)state;
+    float logits[100];
+    for (int i = 0; i < 100; i++) logits[i] = (float)((i * 37) % 100) / 10.0f;
+    kvlm_sampler_params p = kvlm_sampler_default_params();
+    p.seed = 42;
+    p.temperature = 1.0f;
+    p.top_k = 0; p.top_p = 1.0f; p.min_p = 0;
+    kvlm_sampler *a = kvlm_sampler_create(&p, 100), *b = kvlm_sampler_create(&p, 100);
+    int hist[100] = {0};
+    for (int i = 0; i < 2000; i++) {
+        int32_t x = kvlm_sampler_sample(a, logits), y = kvlm_sampler_sample(b, logits);
+        assert_int_equal(x, y); /* same seed, same draws */
+        hist[x]++;
+    }
+    /* The most likely token (logit 9.9 at i where 37i%100 == 99 -> i = 27) is drawn most. */
+    int best = 0;
+    for (int i = 1; i < 100; i++) if (hist[i] > hist[best]) best = i;
+    assert_int_equal(best, 27);
+    kvlm_sampler_free(a);
+    kvlm_sampler_free(b);
+    /* top_k = 1 is greedy; min_p = 1 keeps only the top token too. */
+    p.top_k = 1;
+    a = kvlm_sampler_create(&p, 100);
+    for (int i = 0; i < 50; i++) assert_int_equal(kvlm_sampler_sample(a, logits), 27);
+    kvlm_sampler_free(a);
+    p.top_k = 0; p.min_p = 1.0f;
+    a = kvlm_sampler_create(&p, 100);
+    for (int i = 0; i < 50; i++) assert_int_equal(kvlm_sampler_sample(a, logits), 27);
+    kvlm_sampler_free(a);
+    /* top_p small: only the top few tokens appear. */
+    p.min_p = 0; p.top_p = 0.5f;
+    a = kvlm_sampler_create(&p, 100);
+    for (int i = 0; i < 500; i++) assert_true(logits[kvlm_sampler_sample(a, logits)] >= 9.0f);
+    kvlm_sampler_free(a);
+    /* A strong repetition penalty moves greedy off a repeated token. */
+    p.temperature = 0; p.repeat_penalty = 100.0f; p.repeat_last_n = 8;
+    a = kvlm_sampler_create(&p, 100);
+    assert_int_equal(kvlm_sampler_sample(a, logits), 27);
+    assert_true(kvlm_sampler_sample(a, logits) != 27);
+    kvlm_sampler_free(a);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    assert_null(kvlm_model_load("/nonexistent/model.gguf", NULL, &err));
+    assert_int_equal(err.code, KVLM_EIO);
+    assert_non_null(strstr(err.msg, "/nonexistent/model.gguf"));
+    /* A truncated llama2.c checkpoint. */
+    const char *p = tu_model_path("stories260K.bin");
+    TU_REQUIRE(p);
+    size_t len;
+    char *data = tu_read_file(p, &len);
+    assert_non_null(data);
+    const char *trunc = tu_tmp_path(".bin");
+    assert_int_equal(tu_write_file(trunc, data, len / 2), 0);
+    free(data);
+    err.code = 0;
+    assert_null(kvlm_model_load(trunc, NULL, &err));
+    assert_int_equal(err.code, KVLM_EFORMAT);
+    assert_non_null(strstr(err.msg, "truncated"));
+    /* Context overflow and bad token ids are refused without side effects. */
+    const char *g = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(g);
+    kvlm_model *m = load(g, NULL);
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_ctx = 8;
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvlm_batch b = {9, ids, NULL, NULL};
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_ERANGE);
+    assert_int_equal(kvlm_ctx_n_past(ctx), 0);
+    int32_t bad = 512;
+    kvlm_batch b2 = {1, &bad, NULL, NULL};
+    assert_int_equal(kvlm_decode(ctx, &b2, &err), KVLM_EINVAL);
+    kvlm_batch b3 = {8, ids, NULL, NULL};
+    assert_int_equal(kvlm_decode(ctx, &b3, &err), KVLM_OK);
+    assert_int_equal(kvlm_ctx_n_past(ctx), 8);
+    /* 2 x layers x KV heads x head dim x 4 bytes x tokens */
+    assert_int_equal(kvlm_ctx_kv_bytes(ctx), (size_t)2 * 5 * 4 * 8 * 4 * 8);
+    kvlm_ctx_reset(ctx);
+    assert_int_equal(kvlm_ctx_kv_bytes(ctx), 0);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
+static void test_detok_utf8(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(p);
+    kvlm_model *m = load(p, NULL);
+    /* "é" is not in the 512-token vocabulary: it becomes two byte tokens.
+     * The first alone must emit nothing; the second completes it. */
+    int32_t ids[16];
+    kvlm_error err = {0};
+    int n = kvlm_tokenize(m, "\xc3\xa9", 2, false, false, ids, 16, &err);
+    assert_true(n >= 2);
+    kvlm_detok d;
+    kvlm_detok_init(&d, m);
+    char out[64], all[64] = "";
+    for (int i = 0; i < n; i++) {
+        kvlm_detok_push(&d, ids[i], out, sizeof out);
+        if (i == n - 2) assert_int_equal(strlen(out), 0);
+        strcat(all, out);
+    }
+    assert_non_null(strstr(all, "\xc3\xa9"));
+    kvlm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_gguf),
+        cmocka_unit_test(test_golden_llama2c),
+        cmocka_unit_test(test_gguf_equals_llama2c),
+        cmocka_unit_test(test_cache_equals_recompute_stories),
+        cmocka_unit_test(test_cache_equals_recompute_shapes),
+        cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_detok_utf8),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
