@@ -16,13 +16,23 @@ int util_err_set(kvlm_error *err, int code, const char *fmt, ...) {
 
 void util_err_prefix(kvlm_error *err, const char *fmt, ...) {
     if (!err) return;
-    char pre[256], old[sizeof err->msg];
+    char buf[sizeof err->msg * 2];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(pre, sizeof pre, fmt, ap);
+    int n = vsnprintf(buf, sizeof err->msg, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", pre, old);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof err->msg) n = (int)sizeof err->msg - 1;
+    /* Prefix, ": ", old message; the result is cut to fit msg. */
+    size_t len = (size_t)n;
+    memcpy(buf + len, ": ", 2);
+    len += 2;
+    size_t old = strnlen(err->msg, sizeof err->msg - 1);
+    memcpy(buf + len, err->msg, old);
+    len += old;
+    if (len >= sizeof err->msg) len = sizeof err->msg - 1;
+    memcpy(err->msg, buf, len);
+    err->msg[len] = 0;
 }
 
 void util_err_clear(kvlm_error *err) {

@@ -1,0 +1,415 @@
+/* model/dtype: type traits and the scalar reference quantizers/dequantizers for
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K and Q8_K (block layouts as in GGUF). */
+#include "model/dtype.h"
+#include <math.h>
+#include <strings.h>
+
+/* Every ggml type id with its block layout. `supported` marks the ones kvlm
+ * computes with; the others are listed so GGUF files holding them can still be
+ * opened, checked and described. */
+typedef struct {
+    dt_traits t;
+    int supported;
+} dt_entry;
+
+static const dt_entry k_types[DT_COUNT] = {
+    [DT_F32] = {{"f32", 1, 4}, 1},
+    [DT_F16] = {{"f16", 1, 2}, 1},
+    [DT_Q4_0] = {{"q4_0", QK4_0, sizeof(block_q4_0)}, 1},
+    [DT_Q4_1] = {{"q4_1", 32, 20}, 0},
+    [DT_Q5_0] = {{"q5_0", 32, 22}, 0},
+    [DT_Q5_1] = {{"q5_1", 32, 24}, 0},
+    [DT_Q8_0] = {{"q8_0", QK8_0, sizeof(block_q8_0)}, 1},
+    [DT_Q8_1] = {{"q8_1", 32, 36}, 0},
+    [DT_Q2_K] = {{"q2_K", QK_K, 84}, 0},
+    [DT_Q3_K] = {{"q3_K", QK_K, 110}, 0},
+    [DT_Q4_K] = {{"q4_K", QK_K, sizeof(block_q4_K)}, 1},
+    [DT_Q5_K] = {{"q5_K", QK_K, 176}, 0},
+    [DT_Q6_K] = {{"q6_K", QK_K, sizeof(block_q6_K)}, 1},
+    [DT_Q8_K] = {{"q8_K", QK_K, sizeof(block_q8_K)}, 1},
+    [16] = {{"iq2_xxs", QK_K, 66}, 0},
+    [17] = {{"iq2_xs", QK_K, 74}, 0},
+    [18] = {{"iq3_xxs", QK_K, 98}, 0},
+    [19] = {{"iq1_s", QK_K, 50}, 0},
+    [20] = {{"iq4_nl", 32, 18}, 0},
+    [21] = {{"iq3_s", QK_K, 110}, 0},
+    [22] = {{"iq2_s", QK_K, 82}, 0},
+    [23] = {{"iq4_xs", QK_K, 136}, 0},
+    [24] = {{"i8", 1, 1}, 0},
+    [25] = {{"i16", 1, 2}, 0},
+    [26] = {{"i32", 1, 4}, 0},
+    [27] = {{"i64", 1, 8}, 0},
+    [28] = {{"f64", 1, 8}, 0},
+    [29] = {{"iq1_m", QK_K, 56}, 0},
+    [DT_BF16] = {{"bf16", 1, 2}, 1},
+    [34] = {{"tq1_0", QK_K, 54}, 0},
+    [35] = {{"tq2_0", QK_K, 66}, 0},
+    [39] = {{"mxfp4", 32, 17}, 0},
+};
+
+const dt_traits *dt_layout(int type) {
+    if (type < 0 || type >= DT_COUNT || !k_types[type].t.name) return NULL;
+    return &k_types[type].t;
+}
+
+const dt_traits *dt_info(int type) {
+    const dt_traits *t = dt_layout(type);
+    return t && k_types[type].supported ? t : NULL;
+}
+
+const char *dt_name(int type) {
+    const dt_traits *t = dt_layout(type);
+    return t ? t->name : "unknown";
+}
+
+int dt_from_name(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < DT_COUNT; i++)
+        if (k_types[i].supported && strcasecmp(name, k_types[i].t.name) == 0) return i;
+    return -1;
+}
+
+size_t dt_row_size(int type, int64_t n) {
+    const dt_traits *t = dt_layout(type);
+    if (!t || n < 0 || n % t->block_size) return 0;
+    return (size_t)(n / t->block_size) * t->type_size;
+}
+
+/* ---- small helpers --------------------------------------------------------- */
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+/* Round to nearest (ties to even: the current rounding mode), one instruction
+ * where roundf would be a library call. Inputs must be finite. */
+static inline int round_int(float x) { return (int)lrintf(x); }
+
+/* ---- dequantizers ------------------------------------------------------------ */
+
+static void deq_q4_0(const block_q4_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = (float)((b[i].qs[j] & 0xf) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void deq_q8_0(const block_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+/* Scale and min of sub-block j (0..7) from the 12 packed bytes: the first four
+ * sub-blocks keep their 6 bits in the low bits of bytes 0..3 (scales) and
+ * 4..7 (mins); the last four split into a nibble in bytes 8..11 and two high
+ * bits in the top of bytes 0..7. */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static void deq_q4_K(const block_q4_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = dt_f16_to_f32(b[i].d), dmin = dt_f16_to_f32(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        /* Each 64-element chunk uses 32 bytes: low nibbles are its first 32
+         * elements (sub-block 2c), high nibbles the next 32 (sub-block 2c+1). */
+        for (int c = 0; c < 4; c++, q += 32) {
+            int sc, m;
+            q4k_scale_min(b[i].scales, 2 * c, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            q4k_scale_min(b[i].scales, 2 * c + 1, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xf) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* Q6_K element p (0..127) of half h: ql byte (p & 63) of the half, low nibble
+ * for p < 64 else high; 2 high bits at bit 2*(p/32) of qh byte (p & 31). */
+static void deq_q6_K(const block_q6_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int h = 0; h < 2; h++, y += 128) {
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            const int8_t *sc = b[i].scales + 8 * h;
+            for (int p = 0; p < 128; p++) {
+                int lo = p < 64 ? (ql[p & 63] & 0xf) : (ql[p & 63] >> 4);
+                int hi = (qh[p & 31] >> (2 * (p / 32))) & 3;
+                int q = (lo | (hi << 4)) - 32;
+                y[p] = d * (float)sc[p / 16] * (float)q;
+            }
+        }
+    }
+}
+
+static void deq_q8_K(const block_q8_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K)
+        for (int j = 0; j < QK_K; j++) y[j] = b[i].d * (float)b[i].qs[j];
+}
+
+void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
+    const dt_traits *t = dt_info(type);
+    if (!t || n <= 0 || n % t->block_size) return;
+    int64_t nb = n / t->block_size;
+    switch (type) {
+    case DT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case DT_F16: {
+        const dt_f16 *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(h[i]);
+        break;
+    }
+    case DT_BF16: {
+        const dt_bf16 *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(h[i]);
+        break;
+    }
+    case DT_Q4_0: deq_q4_0(src, dst, nb); break;
+    case DT_Q8_0: deq_q8_0(src, dst, nb); break;
+    case DT_Q4_K: deq_q4_K(src, dst, nb); break;
+    case DT_Q6_K: deq_q6_K(src, dst, nb); break;
+    case DT_Q8_K: deq_q8_K(src, dst, nb); break;
+    default: break;
+    }
+}
+
+/* ---- quantizers ---------------------------------------------------------------- */
+
+/* Q4_0: the element of largest magnitude maps exactly to -8 (the end of the
+ * range with one more step), so its sign decides the sign of d. */
+static void q_q4_0(const float *x, block_q4_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK4_0) {
+        float amax = 0, vmax = 0;
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); vmax = x[j]; }
+        float d = vmax / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            /* +8.5 then truncation: round to nearest into 0..15. */
+            int a = clampi((int)(x[j] * id + 8.5f), 0, 15);
+            int c = clampi((int)(x[j + QK4_0 / 2] * id + 8.5f), 0, 15);
+            b[i].qs[j] = (uint8_t)(a | (c << 4));
+        }
+    }
+}
+
+static void q_q8_0(const float *x, block_q8_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        float amax = 0;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        for (int j = 0; j < QK8_0; j++) b[i].qs[j] = (int8_t)clampi(round_int(x[j] * id), -127, 127);
+    }
+}
+
+/* Least-squares fit of x ~ s*q + b from the sums over a sub-block (n
+ * elements, codes q): the error is computed from the same sums, so each
+ * candidate costs one pass. b <= 0 is forced, since Q4_K stores the offset
+ * as an unsigned "min" that is subtracted. Returns the squared error. */
+typedef struct { double n, sx, sx2, sq, sq2, sxq; } ls_sums;
+
+static double fit_affine(const ls_sums *m, float *s, float *b) {
+    double det = m->n * m->sq2 - m->sq * m->sq, ss, bb;
+    if (det > 0) {
+        ss = (m->n * m->sxq - m->sq * m->sx) / det;
+        bb = (m->sx - ss * m->sq) / m->n;
+    } else {
+        ss = 0;
+        bb = m->sx / m->n;
+    }
+    if (bb > 0 || ss < 0) { /* offset must not be positive: refit the scale alone */
+        bb = bb > 0 ? 0 : bb;
+        ss = m->sq2 > 0 ? (m->sxq - bb * m->sq) / m->sq2 : 0;
+        if (ss < 0) ss = 0;
+    }
+    *s = (float)ss;
+    *b = (float)bb;
+    return m->sx2 + ss * ss * m->sq2 + m->n * bb * bb - 2 * ss * m->sxq - 2 * bb * m->sx + 2 * ss * bb * m->sq;
+}
+
+/* Scale s >= 0 and min m >= 0 for one Q4_K sub-block (value = s*q - m, q in
+ * 0..15): tries a range of step sizes around (max-min)/15, assigns codes for
+ * each, refits s and m by least squares, keeps the best. */
+static void q4k_sub_block(const float *x, int n, float *s_out, float *m_out) {
+    float lo = x[0], hi = x[0];
+    double sx = 0, sx2 = 0;
+    for (int i = 0; i < n; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+        sx += x[i];
+        sx2 += (double)x[i] * x[i];
+    }
+    if (lo > 0) lo = 0;
+    if (hi <= lo) { *s_out = 0; *m_out = -lo; return; }
+    float best_s = (hi - lo) / 15.0f, best_b = lo;
+    double best_err = INFINITY;
+    for (int step = -10; step <= 10; step++) {
+        float iscale = (15.0f + 0.1f * (float)step) / (hi - lo);
+        float sq = 0, sq2 = 0, sxq = 0; /* exact enough: 32 small integers */
+        for (int i = 0; i < n; i++) {
+            /* the argument is >= 0, so +0.5 and truncation round to nearest */
+            int q = (int)(iscale * (x[i] - lo) + 0.5f);
+            q = q > 15 ? 15 : q;
+            sq += (float)q;
+            sq2 += (float)(q * q);
+            sxq += x[i] * (float)q;
+        }
+        ls_sums m = {n, sx, sx2, sq, sq2, sxq};
+        float s, b;
+        double err = fit_affine(&m, &s, &b);
+        if (err < best_err) { best_err = err; best_s = s; best_b = b; }
+    }
+    *s_out = best_s;
+    *m_out = -best_b;
+}
+
+static void q_q4_K(const float *x, block_q4_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float s[8], m[8], smax = 0, mmax = 0;
+        for (int j = 0; j < 8; j++) {
+            q4k_sub_block(x + 32 * j, 32, &s[j], &m[j]);
+            smax = fmaxf(smax, s[j]);
+            mmax = fmaxf(mmax, m[j]);
+        }
+        /* The 8 scales and mins are themselves 6-bit codes of two f16
+         * super-block scales. */
+        float d = dt_f16_to_f32(dt_f32_to_f16(smax / 63.0f));
+        float dmin = dt_f16_to_f32(dt_f32_to_f16(mmax / 63.0f));
+        b[i].d = dt_f32_to_f16(d);
+        b[i].dmin = dt_f32_to_f16(dmin);
+        int ls[8], lm[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = d > 0 ? clampi(round_int(s[j] / d), 0, 63) : 0;
+            lm[j] = dmin > 0 ? clampi(round_int(m[j] / dmin), 0, 63) : 0;
+        }
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        for (int j = 0; j < 4; j++) {
+            b[i].scales[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+            b[i].scales[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+            b[i].scales[j + 8] = (uint8_t)((ls[j + 4] & 0xf) | ((lm[j + 4] & 0xf) << 4));
+        }
+        /* Codes against the scales as stored, so rounding of the scales does
+         * not add a systematic error. */
+        uint8_t codes[QK_K];
+        for (int j = 0; j < 8; j++) {
+            float sj = d * (float)ls[j], mj = dmin * (float)lm[j];
+            for (int l = 0; l < 32; l++)
+                codes[32 * j + l] = (uint8_t)(sj > 0 ? clampi(round_int((x[32 * j + l] + mj) / sj), 0, 15) : 0);
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                b[i].qs[32 * c + l] = (uint8_t)(codes[64 * c + l] | (codes[64 * c + 32 + l] << 4));
+    }
+}
+
+/* Signed scale for one Q6_K sub-block (value = s*q, q in -32..31): the
+ * largest-magnitude element maps near -32 (the longer side of the range);
+ * several step sizes are tried with a least-squares refit of s. */
+static float q6k_sub_block(const float *x, int n) {
+    float amax = 0, vmax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); vmax = x[i]; }
+    if (amax < 1e-30f) return 0;
+    /* With the least-squares scale s = sum(xq)/sum(q^2) the error is
+     * sum(x^2) - sum(xq)^2/sum(q^2): the best candidate maximises the ratio. */
+    float best_s = vmax / -32.0f, best_gain = -1;
+    for (int step = -10; step <= 10; step++) {
+        float iscale = -(32.0f + 0.1f * (float)step) / vmax;
+        float sxq = 0, sq2 = 0;
+        for (int i = 0; i < n; i++) {
+            int q = clampi(round_int(iscale * x[i]), -32, 31);
+            sxq += x[i] * (float)q;
+            sq2 += (float)(q * q);
+        }
+        if (sq2 <= 0) continue;
+        float gain = sxq * sxq / sq2;
+        if (gain > best_gain) { best_gain = gain; best_s = sxq / sq2; }
+    }
+    return best_s;
+}
+
+static void q_q6_K(const float *x, block_q6_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float s[16], smax = 0, vmax = 0;
+        for (int j = 0; j < 16; j++) {
+            s[j] = q6k_sub_block(x + 16 * j, 16);
+            if (fabsf(s[j]) > smax) { smax = fabsf(s[j]); vmax = s[j]; }
+        }
+        memset(b[i].ql, 0, sizeof b[i].ql);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        /* int8 scales: the largest maps to -128 (so d may be negative). */
+        float d = vmax != 0 ? dt_f16_to_f32(dt_f32_to_f16(vmax / -128.0f)) : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        int codes[QK_K];
+        for (int j = 0; j < 16; j++) {
+            int sc = d != 0 ? clampi(round_int(s[j] / d), -128, 127) : 0;
+            b[i].scales[j] = (int8_t)sc;
+            float sj = d * (float)sc;
+            for (int l = 0; l < 16; l++)
+                codes[16 * j + l] = sj != 0 ? clampi(round_int(x[16 * j + l] / sj), -32, 31) + 32 : 32;
+        }
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            const int *c = codes + 128 * h;
+            for (int p = 0; p < 128; p++) {
+                ql[p & 63] |= (uint8_t)((c[p] & 0xf) << (p < 64 ? 0 : 4));
+                qh[p & 31] |= (uint8_t)((c[p] >> 4) << (2 * (p / 32)));
+            }
+        }
+    }
+}
+
+/* Q8_K: activations for the K-type dot products; bsums lets a kernel fold the
+ * Q4_K "min" term into 16 multiplications per super-block. */
+static void q_q8_K(const float *x, block_q8_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float amax = 0;
+        for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+        if (amax == 0) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        float iscale = 127.0f / amax;
+        b[i].d = 1.0f / iscale;
+        for (int j = 0; j < QK_K; j++) b[i].qs[j] = (int8_t)clampi(round_int(iscale * x[j]), -127, 127);
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += b[i].qs[16 * j + l];
+            b[i].bsums[j] = (int16_t)sum;
+        }
+    }
+}
+
+int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
+    const dt_traits *t = dt_info(type);
+    if (!t || n < 0 || n % t->block_size) return -1;
+    int64_t nb = n / t->block_size;
+    switch (type) {
+    case DT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return 0;
+    case DT_F16: {
+        dt_f16 *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = dt_f32_to_f16(src[i]);
+        return 0;
+    }
+    case DT_BF16: {
+        dt_bf16 *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = dt_f32_to_bf16(src[i]);
+        return 0;
+    }
+    case DT_Q4_0: q_q4_0(src, dst, nb); return 0;
+    case DT_Q8_0: q_q8_0(src, dst, nb); return 0;
+    case DT_Q4_K: q_q4_K(src, dst, nb); return 0;
+    case DT_Q6_K: q_q6_K(src, dst, nb); return 0;
+    case DT_Q8_K: q_q8_K(src, dst, nb); return 0;
+    default: return -1;
+    }
+}

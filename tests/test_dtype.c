@@ -1,0 +1,343 @@
+/* tests/test_dtype: element types: traits, half-precision conversions, exact
+ * dequantization of hand-built blocks, and quantize round-trip error bounds. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "helpers/testutil.h"
+#include "model/dtype.h"
+
+static float bits_f32(uint32_t b) {
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+static uint32_t f32_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return b;
+}
+
+static void test_traits(void **state) {
+    (void)state;
+    const int ok[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_Q8_K};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        const dt_traits *t = dt_info(ok[i]);
+        assert_non_null(t);
+        assert_int_equal(dt_from_name(t->name), ok[i]);
+        assert_string_equal(dt_name(ok[i]), t->name);
+    }
+    assert_int_equal(dt_info(DT_Q4_0)->type_size, 18);
+    assert_int_equal(dt_info(DT_Q4_K)->type_size, 144);
+    assert_int_equal(dt_info(DT_Q6_K)->type_size, 210);
+    assert_int_equal(dt_info(DT_Q8_K)->type_size, 292);
+    assert_int_equal(dt_info(DT_Q8_K)->block_size, 256);
+    /* ggml types kvlm does not compute with: known layout, no traits */
+    assert_null(dt_info(DT_Q4_1));
+    assert_null(dt_info(DT_Q5_K));
+    assert_non_null(dt_layout(DT_Q5_K));
+    assert_int_equal(dt_layout(DT_Q5_K)->type_size, 176);
+    assert_string_equal(dt_name(DT_Q5_K), "q5_K");
+    assert_null(dt_info(-1));
+    assert_null(dt_info(4));
+    assert_null(dt_layout(4));
+    assert_null(dt_info(DT_COUNT));
+    assert_null(dt_info(1000));
+    assert_string_equal(dt_name(4), "unknown");
+    assert_int_equal(dt_from_name("Q4_K"), DT_Q4_K);
+    assert_int_equal(dt_from_name("q4_k"), DT_Q4_K);
+    assert_int_equal(dt_from_name("Q6_k"), DT_Q6_K);
+    assert_int_equal(dt_from_name("BF16"), DT_BF16);
+    assert_int_equal(dt_from_name("q8_k"), DT_Q8_K);
+    assert_int_equal(dt_from_name("q5_k"), -1); /* not supported */
+    assert_int_equal(dt_from_name("nope"), -1);
+    assert_int_equal(dt_from_name(NULL), -1);
+    assert_int_equal(dt_row_size(DT_F32, 7), 28);
+    assert_int_equal(dt_row_size(DT_Q8_0, 64), 68);
+    assert_int_equal(dt_row_size(DT_Q4_K, 512), 288);
+    assert_int_equal(dt_row_size(DT_Q4_K, 100), 0);
+    assert_int_equal(dt_row_size(99, 32), 0);
+    float x[32] = {0};
+    uint8_t out[64];
+    assert_int_equal(dt_quantize_row(DT_Q5_K, x, out, 256), -1);
+    assert_int_equal(dt_quantize_row(DT_Q8_0, x, out, 31), -1);
+}
+
+static void test_f16(void **state) {
+    (void)state;
+    assert_int_equal(dt_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(dt_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(dt_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(dt_f32_to_f16(65519.0f), 0x7bff); /* below the halfway point to 65536 */
+    assert_int_equal(dt_f32_to_f16(65520.0f), 0x7c00); /* halfway: rounds to even = overflow */
+    assert_int_equal(dt_f32_to_f16(1e10f), 0x7c00);
+    assert_int_equal(dt_f32_to_f16(-INFINITY), 0xfc00);
+    assert_int_equal(dt_f32_to_f16(INFINITY), 0x7c00);
+    assert_int_equal(dt_f32_to_f16(-0.0f), 0x8000);
+    uint16_t hn = dt_f32_to_f16(NAN);
+    assert_int_equal(hn & 0x7c00, 0x7c00);
+    assert_true(hn & 0x3ff);
+    assert_true(isnan(dt_f16_to_f32(hn)));
+    /* round to nearest even at the 11th bit */
+    assert_int_equal(dt_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00);     /* tie -> even (down) */
+    assert_int_equal(dt_f32_to_f16(1.0f + 3 * ldexpf(1, -11)), 0x3c02); /* tie -> even (up) */
+    assert_int_equal(dt_f32_to_f16(1.0f + ldexpf(1, -11) + ldexpf(1, -20)), 0x3c01);
+    /* subnormals: smallest 2^-24, largest normal boundary 2^-14 */
+    assert_int_equal(dt_f32_to_f16(ldexpf(1, -24)), 0x0001);
+    assert_int_equal(dt_f32_to_f16(ldexpf(1, -25)), 0x0000);                 /* tie -> even 0 */
+    assert_int_equal(dt_f32_to_f16(ldexpf(3, -26)), 0x0001);                 /* 0.75 ulp -> 1 */
+    assert_int_equal(dt_f32_to_f16(ldexpf(3, -25)), 0x0002);                 /* 1.5 ulp tie -> 2 */
+    assert_int_equal(dt_f32_to_f16(ldexpf(1, -14)), 0x0400);
+    assert_int_equal(dt_f32_to_f16(ldexpf(1023, -24)), 0x03ff);
+    assert_int_equal(dt_f32_to_f16(ldexpf(2047, -25)), 0x0400);              /* rounds up into normals */
+    assert_int_equal(dt_f32_to_f16(-ldexpf(5, -24)), 0x8005);
+    assert_true(dt_f16_to_f32(0x0001) == ldexpf(1, -24));
+    assert_true(dt_f16_to_f32(0x03ff) == ldexpf(1023, -24));
+    assert_true(dt_f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(isinf(dt_f16_to_f32(0x7c00)));
+    /* every half survives f16 -> f32 -> f16 (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dt_f16_to_f32((dt_f16)h);
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
+            assert_true(isnan(f));
+            continue;
+        }
+        assert_int_equal(dt_f32_to_f16(f), h);
+    }
+#ifdef __FLT16_MAX__
+    /* the compiler's own conversion (round to nearest even) as a second opinion */
+    uint64_t s = 12345;
+    for (int i = 0; i < 200000; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t b = (uint32_t)(s >> 32);
+        /* keep to magnitudes around the half range, including subnormals */
+        b = (b & 0x807fffffu) | ((uint32_t)(100 + (s >> 20) % 50) << 23);
+        float f = bits_f32(b);
+        _Float16 h = (_Float16)f;
+        uint16_t hb;
+        memcpy(&hb, &h, 2);
+        assert_int_equal(dt_f32_to_f16(f), hb);
+    }
+#endif
+}
+
+static void test_bf16(void **state) {
+    (void)state;
+    assert_int_equal(dt_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x3f808000u)), 0x3f80); /* tie -> even */
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x3f818000u)), 0x3f82); /* tie -> even */
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x3f808001u)), 0x3f81);
+    assert_int_equal(dt_f32_to_bf16(INFINITY), 0x7f80);
+    assert_int_equal(dt_f32_to_bf16(-INFINITY), 0xff80);
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x7f7fffffu)), 0x7f80); /* FLT_MAX rounds to inf */
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x00000001u)), 0x0000); /* tiny subnormal */
+    assert_int_equal(dt_f32_to_bf16(bits_f32(0x00018000u)), 0x0002); /* subnormal tie -> even */
+    assert_true(isnan(dt_bf16_to_f32(dt_f32_to_bf16(NAN))));
+    assert_true(isnan(dt_bf16_to_f32(dt_f32_to_bf16(bits_f32(0x7f800001u))))); /* NaN must not become inf */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = dt_bf16_to_f32((dt_bf16)h);
+        assert_int_equal(f32_bits(f), h << 16);
+        if (!isnan(f)) assert_int_equal(dt_f32_to_bf16(f), h);
+    }
+}
+
+/* ---- dequantizers on hand-built blocks ---- */
+
+static void test_deq_q4_0_q8_0(void **state) {
+    (void)state;
+    block_q4_0 b4;
+    b4.d = 0x3800; /* 0.5 */
+    for (int j = 0; j < 16; j++) b4.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    float y[32];
+    dt_dequantize_row(DT_Q4_0, &b4, y, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == (float)(j - 8) * 0.5f);
+        assert_true(y[16 + j] == (float)(7 - j) * 0.5f);
+    }
+    block_q8_0 b8;
+    b8.d = 0x3400; /* 0.25 */
+    for (int j = 0; j < 32; j++) b8.qs[j] = (int8_t)(j * 8 - 128);
+    dt_dequantize_row(DT_Q8_0, &b8, y, 32);
+    for (int j = 0; j < 32; j++) assert_true(y[j] == (float)(j * 8 - 128) * 0.25f);
+}
+
+static void test_deq_q4_K(void **state) {
+    (void)state;
+    block_q4_K b;
+    b.d = 0x3c00;    /* 1.0 */
+    b.dmin = 0x3800; /* 0.5 */
+    /* Packed by hand: bytes 0-3 scales 0-3 (+2 high bits of scales 4-7),
+     * bytes 4-7 mins 0-3 (+2 high bits of mins 4-7), bytes 8-11 low nibbles
+     * of scales 4-7 and (high nibble) mins 4-7. */
+    const uint8_t packed[12] = {0x41, 0x02, 0x83, 0xC4, 0x45, 0x06, 0x07, 0xC8, 0x21, 0x43, 0x65, 0x87};
+    const int sc[8] = {1, 2, 3, 4, 17, 3, 37, 55};
+    const int mn[8] = {5, 6, 7, 8, 18, 4, 6, 56};
+    memcpy(b.scales, packed, 12);
+    for (int k = 0; k < 128; k++) b.qs[k] = (uint8_t)((k & 15) | (((k * 7) & 15) << 4));
+    float y[256];
+    dt_dequantize_row(DT_Q4_K, &b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int c = e / 64, p = e % 64, sub = 2 * c + (p >= 32);
+        uint8_t byte = b.qs[32 * c + p % 32];
+        int q = p < 32 ? (byte & 15) : (byte >> 4);
+        float want = 1.0f * (float)sc[sub] * (float)q - 0.5f * (float)mn[sub];
+        assert_true(y[e] == want);
+    }
+    /* a few worked by hand */
+    assert_true(y[0] == -2.5f);  /* q 0, min 5 */
+    assert_true(y[33] == 11.0f); /* q 7 * scale 2 - 0.5 * 6 */
+    assert_true(y[200] == 293.0f); /* q 8 * 37 - 0.5 * 6 */
+    assert_true(y[255] == 467.0f); /* q 9 * 55 - 0.5 * 56 */
+}
+
+static void test_deq_q6_K_q8_K(void **state) {
+    (void)state;
+    block_q6_K b;
+    b.d = 0x3800; /* 0.5 */
+    for (int k = 0; k < 128; k++) b.ql[k] = (uint8_t)k;
+    for (int k = 0; k < 64; k++) b.qh[k] = (uint8_t)(k * 37);
+    for (int k = 0; k < 16; k++) b.scales[k] = (int8_t)(k - 8);
+    float y[256];
+    dt_dequantize_row(DT_Q6_K, &b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, p = e % 128;
+        uint8_t l = b.ql[64 * h + (p & 63)];
+        int lo = p < 64 ? (l & 15) : (l >> 4);
+        int hi = (b.qh[32 * h + (p & 31)] >> (2 * (p / 32))) & 3;
+        float want = 0.5f * (float)b.scales[e / 16] * (float)((lo | (hi << 4)) - 32);
+        assert_true(y[e] == want);
+    }
+    assert_true(y[0] == 128.0f);  /* q -32, scale -8 */
+    assert_true(y[200] == -56.0f); /* lo 4 (high nibble of ql[72]), hi 0, scale 4 */
+
+    block_q8_K k8;
+    memset(&k8, 0, sizeof k8);
+    k8.d = 0.125f;
+    for (int j = 0; j < 256; j++) k8.qs[j] = (int8_t)(j - 128);
+    dt_dequantize_row(DT_Q8_K, &k8, y, 256);
+    for (int j = 0; j < 256; j++) assert_true(y[j] == (float)(j - 128) * 0.125f);
+}
+
+/* ---- quantize -> dequantize ---- */
+
+static double rel_rms_err(int type, const float *x, int n) {
+    const dt_traits *t = dt_info(type);
+    void *q = malloc(dt_row_size(type, n));
+    float *y = malloc((size_t)n * sizeof *y);
+    assert_non_null(q);
+    assert_non_null(y);
+    assert_int_equal(dt_quantize_row(type, x, q, n), 0);
+    dt_dequantize_row(type, q, y, n);
+    double se = 0, sx = 0;
+    for (int i = 0; i < n; i++) {
+        se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        sx += (double)x[i] * x[i];
+    }
+    (void)t;
+    free(q);
+    free(y);
+    return sqrt(se / sx);
+}
+
+static void fill_gauss(float *x, int n, uint64_t *s) {
+    for (int i = 0; i < n; i += 2) {
+        float u[2];
+        tu_fill_random(u, 2, s, 1.0f);
+        double a = (u[0] + 1.0) / 2.0 * 0.999999 + 1e-7, b = (u[1] + 1.0) * M_PI;
+        double r = sqrt(-2 * log(a));
+        x[i] = (float)(r * cos(b));
+        if (i + 1 < n) x[i + 1] = (float)(r * sin(b));
+    }
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    enum { N = 256 * 64 };
+    float *x = malloc(N * sizeof *x);
+    assert_non_null(x);
+    /* Bounds on RMS error relative to the signal's RMS; the theory for a
+     * uniform quantizer with step D is D/sqrt(12):
+     *   uniform data in [-1,1]: q8_0 ~0.4%, q6_K ~1.5%, q4_K/q4_0 ~6-7%. */
+    const struct { int type; double bound_u, bound_g; } cases[] = {
+        {DT_F16, 0.0005, 0.0005}, {DT_BF16, 0.004, 0.004}, {DT_Q8_0, 0.006, 0.008}, {DT_Q8_K, 0.006, 0.012},
+        {DT_Q6_K, 0.02, 0.03},    {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
+    };
+    uint64_t s = 42;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tu_fill_random(x, N, &s, 1.0f);
+        double eu = rel_rms_err(cases[c].type, x, N);
+        fill_gauss(x, N, &s);
+        double eg = rel_rms_err(cases[c].type, x, N);
+        /* large magnitudes and an offset (all-positive blocks exercise the
+         * unsigned Q4_K min) */
+        for (int i = 0; i < N; i++) x[i] = x[i] * 300.0f + 1000.0f;
+        double eo = rel_rms_err(cases[c].type, x, N);
+        print_message("  %-5s relative RMS error: uniform %.5f  gaussian %.5f  offset %.5f\n",
+                      dt_name(cases[c].type), eu, eg, eo);
+        assert_true(eu < cases[c].bound_u);
+        assert_true(eg < cases[c].bound_g);
+        assert_true(eo < cases[c].bound_g);
+    }
+    free(x);
+}
+
+static void test_quantize_special(void **state) {
+    (void)state;
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_Q8_K};
+    float x[512], y[512];
+    uint8_t q[2048];
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        /* zeros stay zeros */
+        memset(x, 0, sizeof x);
+        assert_int_equal(dt_quantize_row(types[t], x, q, 512), 0);
+        dt_dequantize_row(types[t], q, y, 512);
+        for (int i = 0; i < 512; i++) assert_true(y[i] == 0.0f);
+        /* a block with one nonzero value, and constant negative blocks */
+        x[7] = 3.0f;
+        for (int i = 256; i < 512; i++) x[i] = -0.75f;
+        assert_int_equal(dt_quantize_row(types[t], x, q, 512), 0);
+        dt_dequantize_row(types[t], q, y, 512);
+        for (int i = 0; i < 512; i++) assert_true(fabsf(y[i] - x[i]) <= 0.02f * 3.0f);
+    }
+    /* q8_0 is exact for values on its grid: amax 31.75 gives d = 0.25 */
+    x[0] = -31.75f;
+    for (int i = 1; i < 32; i++) x[i] = (float)(i * 8 - 127) * 0.25f;
+    assert_int_equal(dt_quantize_row(DT_Q8_0, x, q, 32), 0);
+    dt_dequantize_row(DT_Q8_0, q, y, 32);
+    for (int i = 0; i < 32; i++) assert_true(y[i] == x[i]);
+    /* q8_K bsums are the sums of each 16 quants */
+    uint64_t s = 7;
+    tu_fill_random(x, 256, &s, 2.0f);
+    block_q8_K k8;
+    assert_int_equal(dt_quantize_row(DT_Q8_K, x, &k8, 256), 0);
+    for (int j = 0; j < 16; j++) {
+        int sum = 0;
+        for (int l = 0; l < 16; l++) sum += k8.qs[16 * j + l];
+        assert_int_equal(k8.bsums[j], sum);
+    }
+    /* q4_K scales and mins stay within 6 bits and dequantize consistently:
+     * re-quantizing a dequantized row changes it only by rounding noise */
+    tu_fill_random(x, 512, &s, 1.0f);
+    assert_int_equal(dt_quantize_row(DT_Q4_K, x, q, 512), 0);
+    dt_dequantize_row(DT_Q4_K, q, y, 512);
+    float z[512];
+    uint8_t q2[2048];
+    assert_int_equal(dt_quantize_row(DT_Q4_K, y, q2, 512), 0);
+    dt_dequantize_row(DT_Q4_K, q2, z, 512);
+    double se = 0, sx = 0;
+    for (int i = 0; i < 512; i++) {
+        se += (double)(z[i] - y[i]) * (z[i] - y[i]);
+        sx += (double)y[i] * y[i];
+    }
+    assert_true(sqrt(se / sx) < 0.05);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_traits),         cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_bf16),           cmocka_unit_test(test_deq_q4_0_q8_0),
+        cmocka_unit_test(test_deq_q4_K),       cmocka_unit_test(test_deq_q6_K_q8_K),
+        cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
