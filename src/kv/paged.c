@@ -1,0 +1,375 @@
+/* kv/paged: block pool, block tables, copy-on-write and the prefix index.
+ * A block is in exactly one state: referenced (ref > 0), cached (ref == 0,
+ * indexed, on the LRU list: reusable by a later prompt until the pool needs
+ * it) or free (ref == 0, not indexed, on the free stack). */
+#include "kv/paged.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "util/error.h"
+
+typedef struct {
+    int32_t ref;
+    bool indexed;
+    uint64_t hash, parent;      /* chained hash of this block and of its parent */
+    int32_t lru_prev, lru_next; /* LRU links while cached */
+    int32_t hnext;              /* next block in the same index bucket */
+} block_meta;
+
+typedef struct {
+    int32_t *blocks;
+    int n_blocks, cap_blocks;
+    int32_t *tokens;
+    uint64_t *hashes;           /* chained hash of each full block */
+    int len;                    /* tokens committed */
+} kv_seq;
+
+struct kv_cache {
+    kv_params p;
+    size_t block_floats;
+    float *data;
+    block_meta *meta;
+    int32_t *block_tokens;      /* tokens of each indexed block, for exact matches */
+    int32_t *free_stack;
+    int n_free;
+    int32_t lru_head, lru_tail;
+    int n_cached;
+    int32_t *buckets;
+    uint32_t n_buckets;
+    kv_seq *seqs;
+    uint64_t hits, misses, evictions;
+};
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = mix64(parent ^ 0x6b766c6d);
+    for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+    return h;
+}
+
+kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
+    if (p->n_layers <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->block_size <= 0 || p->n_blocks <= 0 ||
+        p->max_seqs <= 0 || p->max_seq_tokens <= 0) {
+        util_err_set(err, KVLM_EINVAL, "bad KV cache parameters");
+        return NULL;
+    }
+    kv_cache *c = calloc(1, sizeof *c);
+    if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    c->p = *p;
+    c->block_floats = 2 * (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
+    size_t nb = (size_t)p->n_blocks;
+    c->data = malloc(nb * c->block_floats * sizeof(float));
+    c->meta = calloc(nb, sizeof *c->meta);
+    c->block_tokens = malloc(nb * (size_t)p->block_size * sizeof(int32_t));
+    c->free_stack = malloc(nb * sizeof(int32_t));
+    c->n_buckets = 1;
+    while (c->n_buckets < 2 * nb) c->n_buckets <<= 1;
+    c->buckets = malloc(c->n_buckets * sizeof(int32_t));
+    c->seqs = calloc((size_t)p->max_seqs, sizeof *c->seqs);
+    if (!c->data || !c->meta || !c->block_tokens || !c->free_stack || !c->buckets || !c->seqs) {
+        util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV cache of %d blocks (%zu bytes)", p->n_blocks,
+                     nb * c->block_floats * sizeof(float));
+        kv_free(c);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < c->n_buckets; i++) c->buckets[i] = -1;
+    /* Pop order: block 0 first. */
+    for (int i = 0; i < p->n_blocks; i++) c->free_stack[i] = p->n_blocks - 1 - i;
+    c->n_free = p->n_blocks;
+    c->lru_head = c->lru_tail = -1;
+    return c;
+}
+
+void kv_free(kv_cache *c) {
+    if (!c) return;
+    if (c->seqs)
+        for (int s = 0; s < c->p.max_seqs; s++) {
+            free(c->seqs[s].blocks);
+            free(c->seqs[s].tokens);
+            free(c->seqs[s].hashes);
+        }
+    free(c->seqs);
+    free(c->data);
+    free(c->meta);
+    free(c->block_tokens);
+    free(c->free_stack);
+    free(c->buckets);
+    free(c);
+}
+
+const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
+size_t kv_block_bytes(const kv_cache *c) { return c->block_floats * sizeof(float); }
+
+float *kv_block_k(const kv_cache *c, int32_t block, int layer, int head) {
+    size_t per = (size_t)c->p.block_size * c->p.head_dim;
+    return c->data + (size_t)block * c->block_floats + ((size_t)layer * c->p.n_kv_heads + head) * 2 * per;
+}
+float *kv_block_v(const kv_cache *c, int32_t block, int layer, int head) {
+    return kv_block_k(c, block, layer, head) + (size_t)c->p.block_size * c->p.head_dim;
+}
+
+/* ---- LRU and index ---------------------------------------------------------- */
+
+static void lru_remove(kv_cache *c, int32_t b) {
+    block_meta *m = &c->meta[b];
+    if (m->lru_prev >= 0) c->meta[m->lru_prev].lru_next = m->lru_next; else c->lru_head = m->lru_next;
+    if (m->lru_next >= 0) c->meta[m->lru_next].lru_prev = m->lru_prev; else c->lru_tail = m->lru_prev;
+    m->lru_prev = m->lru_next = -1;
+    c->n_cached--;
+}
+
+static void lru_push_tail(kv_cache *c, int32_t b) {
+    block_meta *m = &c->meta[b];
+    m->lru_prev = c->lru_tail;
+    m->lru_next = -1;
+    if (c->lru_tail >= 0) c->meta[c->lru_tail].lru_next = b; else c->lru_head = b;
+    c->lru_tail = b;
+    c->n_cached++;
+}
+
+static void index_remove(kv_cache *c, int32_t b) {
+    int32_t *pp = &c->buckets[c->meta[b].hash & (c->n_buckets - 1)];
+    while (*pp >= 0 && *pp != b) pp = &c->meta[*pp].hnext;
+    if (*pp == b) *pp = c->meta[b].hnext;
+    c->meta[b].indexed = false;
+    c->meta[b].hnext = -1;
+}
+
+/* The indexed block with this chain position and exactly these tokens. */
+static int32_t index_find(const kv_cache *c, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    int bs = c->p.block_size;
+    for (int32_t b = c->buckets[hash & (c->n_buckets - 1)]; b >= 0; b = c->meta[b].hnext)
+        if (c->meta[b].hash == hash && c->meta[b].parent == parent &&
+            !memcmp(c->block_tokens + (size_t)b * bs, tokens, (size_t)bs * sizeof(int32_t)))
+            return b;
+    return -1;
+}
+
+static void index_insert(kv_cache *c, int32_t b, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    block_meta *m = &c->meta[b];
+    m->hash = hash;
+    m->parent = parent;
+    m->indexed = true;
+    memcpy(c->block_tokens + (size_t)b * c->p.block_size, tokens, (size_t)c->p.block_size * sizeof(int32_t));
+    uint32_t slot = hash & (c->n_buckets - 1);
+    m->hnext = c->buckets[slot];
+    c->buckets[slot] = b;
+}
+
+/* ---- blocks ------------------------------------------------------------------ */
+
+static int available(const kv_cache *c) { return c->n_free + c->n_cached; }
+
+static int32_t block_alloc(kv_cache *c) {
+    int32_t b;
+    if (c->n_free > 0) b = c->free_stack[--c->n_free];
+    else if (c->lru_head >= 0) { /* reuse the least recently used cached block */
+        b = c->lru_head;
+        lru_remove(c, b);
+        index_remove(c, b);
+        c->evictions++;
+    } else return -1;
+    c->meta[b].ref = 1;
+    c->meta[b].indexed = false;
+    c->meta[b].lru_prev = c->meta[b].lru_next = c->meta[b].hnext = -1;
+    return b;
+}
+
+static void block_unref(kv_cache *c, int32_t b) {
+    if (--c->meta[b].ref > 0) return;
+    if (c->meta[b].indexed) lru_push_tail(c, b);
+    else c->free_stack[c->n_free++] = b;
+}
+
+static void block_ref(kv_cache *c, int32_t b) {
+    if (c->meta[b].ref++ == 0 && c->meta[b].indexed) lru_remove(c, b);
+}
+
+/* ---- sequences ------------------------------------------------------------- */
+
+bool kv_seq_valid(const kv_cache *c, int seq) { return seq >= 0 && seq < c->p.max_seqs; }
+int kv_seq_len(const kv_cache *c, int seq) { return c->seqs[seq].len; }
+const int32_t *kv_seq_tokens(const kv_cache *c, int seq) { return c->seqs[seq].tokens; }
+const int32_t *kv_seq_blocks(const kv_cache *c, int seq, int *n) {
+    if (n) *n = c->seqs[seq].n_blocks;
+    return c->seqs[seq].blocks;
+}
+
+/* Grows the per-sequence arrays to hold n_tokens tokens. */
+static int seq_grow(kv_cache *c, kv_seq *s, int n_tokens) {
+    int bs = c->p.block_size, need_blocks = (n_tokens + bs - 1) / bs;
+    if (need_blocks <= s->cap_blocks) return 0;
+    int cap = s->cap_blocks ? s->cap_blocks : 4;
+    while (cap < need_blocks) cap *= 2;
+    int max_blocks = (c->p.max_seq_tokens + bs - 1) / bs;
+    if (cap > max_blocks) cap = max_blocks;
+    int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof(int32_t));
+    if (!nb) return -1;
+    s->blocks = nb;
+    int32_t *nt = realloc(s->tokens, (size_t)cap * bs * sizeof(int32_t));
+    if (!nt) return -1;
+    s->tokens = nt;
+    uint64_t *nh = realloc(s->hashes, (size_t)cap * sizeof(uint64_t));
+    if (!nh) return -1;
+    s->hashes = nh;
+    s->cap_blocks = cap;
+    return 0;
+}
+
+int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, need_tokens = s->len + n_new;
+    if (need_tokens > c->p.max_seq_tokens)
+        return util_err_set(err, KVLM_ERANGE, "sequence %d would hold %d tokens, more than the context of %d", seq,
+                            need_tokens, c->p.max_seq_tokens);
+    int need_blocks = (need_tokens + bs - 1) / bs;
+    bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks && c->meta[s->blocks[s->len / bs]].ref > 1;
+    int extra = need_blocks - s->n_blocks + (cow ? 1 : 0);
+    if (extra > available(c))
+        return util_err_set(err, KVLM_EFULL, "the KV cache is full: sequence %d needs %d more blocks, %d are free", seq,
+                            extra, available(c));
+    if (seq_grow(c, s, need_tokens)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    if (cow) { /* first write into a shared, partly filled block: copy it */
+        int32_t old = s->blocks[s->len / bs], nb = block_alloc(c);
+        memcpy(c->data + (size_t)nb * c->block_floats, c->data + (size_t)old * c->block_floats,
+               c->block_floats * sizeof(float));
+        block_unref(c, old);
+        s->blocks[s->len / bs] = nb;
+    }
+    while (s->n_blocks < need_blocks) s->blocks[s->n_blocks++] = block_alloc(c);
+    return KVLM_OK;
+}
+
+void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, keep = (n_keep + bs - 1) / bs;
+    while (s->n_blocks > keep) block_unref(c, s->blocks[--s->n_blocks]);
+    if (s->len > n_keep) s->len = n_keep;
+}
+
+void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, old = s->len;
+    memcpy(s->tokens + old, tokens, (size_t)n * sizeof(int32_t));
+    s->len += n;
+    for (int i = old / bs; i < s->len / bs; i++) {
+        uint64_t parent = i == 0 ? c->p.salt : s->hashes[i - 1];
+        const int32_t *bt = s->tokens + (size_t)i * bs;
+        s->hashes[i] = block_hash(parent, bt, bs);
+        int32_t b = s->blocks[i];
+        /* Index it unless an identical block already is (e.g. two requests
+         * computed the same prefix at once): then this copy stays private. */
+        if (c->p.prefix_cache && !c->meta[b].indexed && index_find(c, s->hashes[i], parent, bt) < 0)
+            index_insert(c, b, s->hashes[i], parent, bt);
+    }
+}
+
+void kv_seq_release(kv_cache *c, int seq) {
+    kv_seq *s = &c->seqs[seq];
+    /* Release back to front so a prefix's first blocks are the last evicted. */
+    while (s->n_blocks > 0) block_unref(c, s->blocks[--s->n_blocks]);
+    s->len = 0;
+}
+
+int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
+    if (src == dst) return KVLM_OK;
+    kv_seq *a = &c->seqs[src], *b = &c->seqs[dst];
+    kv_seq_release(c, dst);
+    if (seq_grow(c, b, a->len > 0 ? a->len : 1)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int i = 0; i < a->n_blocks; i++) {
+        b->blocks[i] = a->blocks[i];
+        block_ref(c, a->blocks[i]);
+    }
+    b->n_blocks = a->n_blocks;
+    memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
+    memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
+    b->len = a->len;
+    return KVLM_OK;
+}
+
+int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size;
+    if (!c->p.prefix_cache || s->len != 0 || s->n_blocks != 0) return s->len;
+    int eligible = (n - 1) / bs; /* full blocks, leaving one token to compute */
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    if (eligible <= 0 || seq_grow(c, s, eligible * bs)) return 0;
+    uint64_t parent = c->p.salt;
+    int i = 0;
+    for (; i < eligible; i++) {
+        const int32_t *bt = tokens + (size_t)i * bs;
+        uint64_t h = block_hash(parent, bt, bs);
+        int32_t b = index_find(c, h, parent, bt);
+        if (b < 0) break;
+        block_ref(c, b);
+        s->blocks[s->n_blocks++] = b;
+        s->hashes[i] = h;
+        parent = h;
+    }
+    c->hits += (uint64_t)i;
+    c->misses += (uint64_t)(eligible - i);
+    memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
+    s->len = i * bs;
+    return s->len;
+}
+
+void kv_get_stats(const kv_cache *c, kv_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->n_blocks = c->p.n_blocks;
+    st->free = c->n_free;
+    st->cached = c->n_cached;
+    st->used = c->p.n_blocks - c->n_free - c->n_cached;
+    for (int b = 0; b < c->p.n_blocks; b++) st->shared += c->meta[b].ref > 1;
+    st->hits = c->hits;
+    st->misses = c->misses;
+    st->evictions = c->evictions;
+}
+
+const char *kv_check(const kv_cache *c) {
+    static char msg[256];
+    int nb = c->p.n_blocks;
+    int32_t *refs = calloc((size_t)nb, sizeof(int32_t));
+    char *state = calloc((size_t)nb, 1);
+    const char *bad = NULL;
+    if (!refs || !state) { free(refs); free(state); return "out of memory in kv_check"; }
+    for (int s = 0; s < c->p.max_seqs && !bad; s++) {
+        const kv_seq *q = &c->seqs[s];
+        int bs = c->p.block_size;
+        if (q->len > q->n_blocks * bs) { snprintf(msg, sizeof msg, "seq %d: %d tokens in %d blocks", s, q->len, q->n_blocks); bad = msg; }
+        for (int i = 0; i < q->n_blocks; i++) refs[q->blocks[i]]++;
+    }
+    for (int b = 0; b < nb && !bad; b++)
+        if (refs[b] != c->meta[b].ref) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->meta[b].ref, refs[b]); bad = msg; }
+    for (int i = 0; i < c->n_free && !bad; i++) {
+        int32_t b = c->free_stack[i];
+        if (state[b]++ || c->meta[b].ref || c->meta[b].indexed) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
+    }
+    int n_lru = 0;
+    for (int32_t b = c->lru_head; b >= 0 && !bad; b = c->meta[b].lru_next, n_lru++)
+        if (state[b]++ || c->meta[b].ref || !c->meta[b].indexed || n_lru > nb) { snprintf(msg, sizeof msg, "cached block %d is in use, unindexed or listed twice", b); bad = msg; }
+    if (!bad && n_lru != c->n_cached) { snprintf(msg, sizeof msg, "LRU holds %d blocks, counted %d", n_lru, c->n_cached); bad = msg; }
+    for (int b = 0; b < nb && !bad; b++)
+        if (!state[b] && c->meta[b].ref == 0) { snprintf(msg, sizeof msg, "block %d is lost (unreferenced, not free, not cached)", b); bad = msg; }
+    int n_indexed = 0, n_in_buckets = 0;
+    for (int b = 0; b < nb; b++) n_indexed += c->meta[b].indexed;
+    for (uint32_t i = 0; i < c->n_buckets && !bad; i++)
+        for (int32_t b = c->buckets[i]; b >= 0; b = c->meta[b].hnext) {
+            if (!c->meta[b].indexed || (c->meta[b].hash & (c->n_buckets - 1)) != i || ++n_in_buckets > nb) {
+                snprintf(msg, sizeof msg, "index bucket %u holds block %d wrongly", i, b);
+                bad = msg;
+                break;
+            }
+        }
+    if (!bad && n_in_buckets != n_indexed) { snprintf(msg, sizeof msg, "index holds %d blocks, %d are marked indexed", n_in_buckets, n_indexed); bad = msg; }
+    free(refs);
+    free(state);
+    return bad;
+}
