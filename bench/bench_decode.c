@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
             double t0 = 0;
             for (int i = 0; i < warm + n; i++) {
                 if (i == warm) t0 = util_now_s();
-                kvlm_batch b = {1, &tok, NULL, NULL};
+                kvlm_batch b = {1, &tok, NULL, NULL, NULL};
                 if (kvlm_decode(ctx, &b, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
                 tok = 1 + (i * 7919) % 31000;
             }

@@ -20,7 +20,7 @@ static double time_generate(kvlm_model *m, bool no_cache, int n, int threads) {
     int V = kvlm_model_config(m)->vocab_size;
     double t0 = util_now_s();
     for (int i = 0; i < n; i++) {
-        kvlm_batch b = {1, &tok, NULL, NULL};
+        kvlm_batch b = {1, &tok, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &b, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
         const float *l = kvlm_get_logits(ctx, -1);
         int best = 0;

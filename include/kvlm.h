@@ -135,10 +135,16 @@ int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap);
 typedef struct kvlm_ctx kvlm_ctx;
 
 typedef struct kvlm_ctx_params {
-    int n_ctx;          /* tokens per sequence; 0: the model's trained context */
+    int n_ctx;          /* most tokens one sequence may hold; 0: the model's trained context */
     int n_threads;      /* 0: one per core */
-    bool no_kv_cache;   /* recompute the whole sequence for every token (reference/baseline) */
-    int n_batch;        /* most tokens per forward call; 0: n_ctx */
+    bool no_kv_cache;   /* recompute the whole sequence for every token (reference/baseline;
+                           batches must then hold one sequence) */
+    int n_batch;        /* most tokens per internal forward chunk; 0: min(n_ctx, 512) */
+    int n_seq_max;      /* sequences held at once (ids 0..n_seq_max-1); 0: 1 */
+    int block_size;     /* tokens per KV block; 0: 16. block_size = n_ctx is the contiguous layout */
+    size_t kv_mem;      /* KV cache budget in bytes; 0: room for n_seq_max full contexts */
+    int kv_blocks;      /* or an exact block count (overrides kv_mem) */
+    bool no_prefix_cache; /* do not index full blocks for reuse by later sequences */
 } kvlm_ctx_params;
 
 kvlm_ctx_params kvlm_ctx_default_params(void);
@@ -146,14 +152,17 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
 void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
 
-/* A batch of tokens for one forward pass. Token i sits at position pos[i]
- * (pos NULL: continue after the tokens already in the cache). logits[i]
- * asks for the logits after token i (logits NULL: the last token only). */
+/* A batch of tokens for one forward pass, possibly of several sequences.
+ * Token i belongs to sequence seq[i] (seq NULL: all sequence 0) at position
+ * pos[i] (pos NULL: the positions continue each sequence; if given they must
+ * equal that). logits[i] asks for the logits after token i (logits NULL: the
+ * last token of the batch only). */
 typedef struct kvlm_batch {
     int n_tokens;
     const int32_t *tokens;
     const int32_t *pos;
     const int8_t *logits;
+    const int32_t *seq;
 } kvlm_batch;
 
 /* Runs the tokens through the model, appending their keys and values to the
@@ -162,15 +171,56 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *batch, kvlm_error *err);
 /* Logits after the i-th token of the last batch that asked for them
  * (i counts only the tokens that asked; -1: the last one). NULL if none. */
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i);
-/* Tokens in the cache (the sequence length so far). */
+/* Tokens in the cache of sequence 0 (kvlm_seq_n_past for others). */
 int kvlm_ctx_n_past(const kvlm_ctx *ctx);
-/* Empties the cache (start of a new request). */
+/* Ends every sequence (start afresh); cached prefix blocks stay reusable. */
 void kvlm_ctx_reset(kvlm_ctx *ctx);
-/* Bytes the KV cache holds for its current tokens:
+/* Bytes of keys and values the sequences hold:
  * 2 x layers x KV heads x head dim x bytes per element x tokens. */
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx);
-/* Bytes reserved for the cache (at its capacity). */
+/* Bytes of the whole block pool. */
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx);
+
+/* ---- sequences in the paged KV cache ---------------------------------------- */
+int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq);
+/* Ends a sequence: its blocks return to the pool (full ones stay indexed,
+ * reusable by a later prompt, until the pool needs them). */
+void kvlm_seq_free(kvlm_ctx *ctx, int seq);
+/* dst becomes a copy of src sharing all its blocks (copy-on-write). */
+int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err);
+/* For an empty sequence about to be given `tokens` as its prompt: takes the
+ * longest run of cached full blocks that match, so prefill starts after
+ * them. Returns how many leading tokens are now in the cache (< n). */
+int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n);
+
+typedef struct kvlm_kv_stats {
+    int block_size, n_blocks;
+    int used, cached, free;  /* used: held by sequences; cached: kept for prefix reuse */
+    int shared;              /* blocks held by more than one sequence */
+    uint64_t prefix_hits, prefix_misses, evictions; /* per block */
+    size_t block_bytes, bytes_per_token;
+    uint64_t tokens_computed; /* tokens run through the model (prefix reuse skips some) */
+} kvlm_kv_stats;
+void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
+
+/* ---- memory planning ---------------------------------------------------------- */
+typedef struct kvlm_plan_params {
+    int n_ctx;          /* context per sequence; 0: the model's */
+    int n_seq;          /* sequences at once; 0: 1 */
+    size_t kv_mem;      /* budget for the KV cache; 0: n_seq full contexts */
+    int block_size;     /* 0: 16 */
+    int avg_tokens;     /* tokens a sequence holds on average; 0: n_ctx / 2 */
+    double elem_bytes;  /* bytes per cached element; 0: 4 (f32) */
+} kvlm_plan_params;
+typedef struct kvlm_plan {
+    int n_ctx, n_seq, block_size, avg_tokens, blocks_per_seq;
+    size_t weight_bytes, bytes_per_token, bytes_per_seq, bytes_total, block_bytes, kv_mem;
+    long fit_contiguous;      /* sequences of n_ctx that fit kv_mem, reserved contiguously */
+    long fit_paged_full;      /* the same in blocks (sequences at full context) */
+    long fit_contiguous_avg;  /* sequences holding avg_tokens: contiguous still reserves n_ctx */
+    long fit_paged_avg;       /* ... paged takes only the blocks they fill */
+} kvlm_plan;
+void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 
 /* ---- sampling ---------------------------------------------------------- */
 typedef struct kvlm_sampler_params {

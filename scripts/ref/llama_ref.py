@@ -8,13 +8,17 @@ step recomputes the whole sequence, which is what makes it a reference.
 
 Usage:
   llama_ref.py MODEL [--tokenizer TOK.bin] (--prompt TEXT | --ids "1 2 3")
-               [--n N] [--logits]
+               [--n N] [--logits] [--act-q8] [--compare FILE... [--tol X]]
     --n N      greedy-generate N tokens (argmax) and print prompt + generation,
-               like `kvlm run -p TEXT -n N --temp 0`
+               like `kvlm run -p TEXT -n N --temp 0` (stops at EOS; invalid
+               UTF-8 from byte tokens is printed as U+FFFD)
     --logits   print, per input position, the next-token logits (%.6g)
-    --compare FILE [--tol X]
-               instead of printing logits, compare them with FILE (another
-               engine's --logits output) and exit 1 if the error exceeds X.
+    --act-q8   round activations to Q8_0 blocks before each product with a
+               Q8_0 weight, as kvlm's integer kernels do (off by default: the
+               plain reference is the exact product of the stored weights)
+    --compare FILE... [--tol X]
+               instead of printing logits, compare them with each FILE (another
+               engine's --logits output) and exit 1 if an error exceeds X.
                Error of a row = max_i |file_i - ref_i| / max(max_i |ref_i|, 1e-2):
                float32 rounding in a dot product is proportional to the size
                of the terms summed, not to the result, so a logit near zero
@@ -352,25 +356,27 @@ class Tokenizer:
         if not text:
             return out
         text = (" " + text).replace(" ", self.space.decode("utf-8"))
-        # look up each UTF-8 character; the bytes of an absent one fall
-        # back to <0xHH> tokens
-        syms = []
-        for ch in text:
-            b = ch.encode("utf-8")
-            if b in self.ids:
-                syms.append(self.ids[b])
-            else:
-                syms.extend(self.ids.get(b"<0x%02X>" % byte, 0) for byte in b)
+        # Symbols are spans of text, one UTF-8 character each to start with.
+        # Merging works on the text (as SentencePiece does), so a character
+        # that is no token alone can still be part of a merged one ("\u2581h"
+        # in a vocabulary without a bare "\u2581").
+        syms = [ch.encode("utf-8") for ch in text]
         while True:
             best, best_i = None, -1
             for i in range(len(syms) - 1):
-                j = self.ids.get(self.pieces[syms[i]] + self.pieces[syms[i + 1]])
+                j = self.ids.get(syms[i] + syms[i + 1])
                 if j is not None and (best is None or self.scores[j] > self.scores[best]):
                     best, best_i = j, i
             if best is None:
                 break
-            syms[best_i:best_i + 2] = [best]
-        return out + syms
+            syms[best_i:best_i + 2] = [syms[best_i] + syms[best_i + 1]]
+        # What is still no token falls back to <0xHH> byte tokens (or <unk>).
+        for sym in syms:
+            if sym in self.ids:
+                out.append(self.ids[sym])
+            else:
+                out.extend(self.ids.get(b"<0x%02X>" % byte, 0) for byte in sym)
+        return out
 
     def piece_bytes(self, prev, tok):
         p = self.pieces[tok]
@@ -397,7 +403,8 @@ class Tokenizer:
 # CLI
 
 def compare_logits(ref, path, tol):
-    """Prints one summary line; returns the process exit status."""
+    """Prints one line "PATH: ok: ..." or "PATH: FAIL: ..."; returns 0 if ok."""
+    print("%s: " % path, end="")
     try:
         with open(path) as f:
             rows = [np.array([float(v) for v in line.split()]) for line in f
@@ -435,7 +442,8 @@ def main(argv):
     ap.add_argument("--act-q8", action="store_true",
                     help="round activations to Q8_0 blocks before products with "
                          "Q8_0 weights, as kvlm's integer kernels do")
-    ap.add_argument("--compare", metavar="FILE", help="compare FILE's logits with ours")
+    ap.add_argument("--compare", metavar="FILE", nargs="+",
+                    help="compare each FILE's logits with ours")
     ap.add_argument("--tol", type=float, default=1e-4, help="bound for --compare")
     args = ap.parse_args(argv)
 
@@ -460,7 +468,8 @@ def main(argv):
 
     out = sys.stdout.buffer
     if args.compare:
-        return compare_logits(forward(m, ids), args.compare, args.tol)
+        ref = forward(m, ids)
+        return max(compare_logits(ref, f, args.tol) for f in args.compare)
     if args.logits:
         for row in forward(m, ids):
             out.write((" ".join("%.6g" % v for v in row) + "\n").encode())
@@ -470,14 +479,15 @@ def main(argv):
         text = args.prompt.encode("utf-8") if args.prompt is not None else tok.decode(ids)
         seq = list(ids)
         for _ in range(args.n):
-            if len(seq) >= m.ctx:
+            if len(seq) > m.ctx:  # the logits of at most ctx tokens
                 break
             nxt = int(np.argmax(forward(m, seq)[-1]))
             if nxt == m.eos:
                 break
             text += tok.piece_bytes(seq[-1], nxt)
             seq.append(nxt)
-        out.write(text + b"\n")
+        # byte tokens can leave invalid UTF-8: shown as U+FFFD, as kvlm does
+        out.write(text.decode("utf-8", errors="replace").encode("utf-8") + b"\n")
     out.flush()
 
 

@@ -12,6 +12,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Option parsing: each returns true when argv[*i] is the named option and
  * consumes its value (argv[++*i]); on a missing/bad value it prints an error
@@ -23,6 +24,8 @@ bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, 
 bool cli_is(const char *arg, const char *s, const char *l);
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */
+int cli_parse_size(const char *s, size_t *out);
 /* Reads a whole file as text (NUL-terminated); NULL with a message on error. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
 #endif

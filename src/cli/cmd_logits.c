@@ -70,7 +70,7 @@ int cmd_logits(int argc, char **argv) {
     if (!want) goto done;
     memset(want, 1, (size_t)n);
     for (int i = 0; i < n; i += one_by_one ? 1 : n) {
-        kvlm_batch b = {one_by_one ? 1 : n, ids + i, NULL, want};
+        kvlm_batch b = {one_by_one ? 1 : n, ids + i, NULL, want, NULL};
         if (kvlm_decode(ctx, &b, &err)) { cli_fail("logits", "%s", err.msg); goto done; }
         for (int r = 0; r < b.n_tokens; r++) {
             const float *l = kvlm_get_logits(ctx, r);

@@ -106,13 +106,14 @@ int cmd_run(int argc, char **argv) {
     char text[1024];
     for (int i = 0; i < n_prompt; i++) {
         kvlm_sampler_accept(smp, toks[i]);
-        if (kvlm_detok_push(&dt, toks[i], text, sizeof text)) fputs(text, stdout);
+        int len = kvlm_detok_push(&dt, toks[i], text, sizeof text);
+        fwrite(text, 1, (size_t)len, stdout); /* text may hold NUL bytes */
     }
     fflush(stdout);
 
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    kvlm_batch b = {n_prompt, toks, NULL, NULL};
+    kvlm_batch b = {n_prompt, toks, NULL, NULL, NULL};
     if (kvlm_decode(ctx, &b, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int n_gen = 0, n_decoded = 0;
@@ -121,18 +122,19 @@ int cmd_run(int argc, char **argv) {
         int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
         n_gen++;
         if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
-        if (kvlm_detok_push(&dt, next, text, sizeof text)) {
-            fputs(text, stdout);
+        int len = kvlm_detok_push(&dt, next, text, sizeof text);
+        if (len > 0) {
+            fwrite(text, 1, (size_t)len, stdout);
             fflush(stdout);
         }
         if (n_gen >= n_predict) break;
         if (kvlm_ctx_n_past(ctx) >= n_ctx) { stop = "context full"; break; }
-        kvlm_batch one = {1, &next, NULL, NULL};
+        kvlm_batch one = {1, &next, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &one, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
         n_decoded++;
     }
     clock_gettime(CLOCK_MONOTONIC, &t2);
-    if (kvlm_detok_flush(&dt, text, sizeof text)) fputs(text, stdout);
+    fwrite(text, 1, (size_t)kvlm_detok_flush(&dt, text, sizeof text), stdout);
     fputc('\n', stdout);
     fflush(stdout);
     double prefill_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

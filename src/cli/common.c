@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "cli/cli.h"
 
 bool cli_is(const char *arg, const char *s, const char *l) {
@@ -93,4 +94,24 @@ char *cli_read_file(const char *cmd, const char *path, size_t *len) {
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+int cli_parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mul = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "kb")) mul = 1e3;
+    else if (!strcasecmp(end, "mb")) mul = 1e6;
+    else if (!strcasecmp(end, "gb")) mul = 1e9;
+    else return -1;
+    double bytes = v * mul;
+    if (bytes > 1e18) return -1;
+    *out = (size_t)bytes;
+    return 0;
 }

@@ -1,10 +1,11 @@
-/* engine/forward: the kvlm_ctx (KV cache, scratch, threads) and the forward
- * pass: a batch of tokens through every layer, prefill as matrix-matrix
- * products, keys and values appended to the cache, logits on request. */
+/* engine/forward: the kvlm_ctx (paged KV cache, scratch, threads) and the
+ * forward pass: a batch of tokens of one or many sequences through every
+ * layer, each weight matrix read once for all of them (matrix-matrix), keys
+ * and values written into each sequence's blocks, logits on request. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kv/cache.h"
+#include "kv/paged.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -20,13 +21,13 @@ struct kvlm_ctx {
     /* Scratch for n_batch tokens. */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     void *mm_work, *attn_work;
+    const float **block_ptrs;  /* one sequence's blocks for attention */
+    int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
     /* Logits of the tokens that asked for them in the last call. */
     float *logits;
     int n_logits, logits_cap;
-    float *out_rows;       /* normalised final states of those tokens */
-    /* --no-kv-cache: every token seen, recomputed on each call. */
-    int32_t *history;
-    int n_history;
+    float *out_rows;
+    uint64_t tokens_computed;
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -48,6 +49,33 @@ static size_t max_mm_work(const kvlm_model *m, int T) {
     return w;
 }
 
+static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
+    const kvlm_config *c = &ctx->model->cfg;
+    kv_params kp = {0};
+    kp.n_layers = c->n_layers;
+    kp.n_kv_heads = c->n_kv_heads;
+    kp.head_dim = c->head_dim;
+    kp.block_size = ctx->p.block_size;
+    kp.max_seqs = ctx->p.n_seq_max;
+    kp.max_seq_tokens = ctx->p.n_ctx;
+    kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
+    /* Prefix hashes are only compared within this pool; the salt keeps
+     * element types apart once the cache has several. */
+    kp.salt = 0x6b766c6d00000000ull | (uint64_t)DT_F32;
+    size_t block_bytes = 2 * (size_t)c->n_layers * c->n_kv_heads * kp.block_size * c->head_dim * sizeof(float);
+    int per_seq = (ctx->p.n_ctx + kp.block_size - 1) / kp.block_size;
+    if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
+    else if (ctx->p.kv_mem > 0) {
+        size_t nb = ctx->p.kv_mem / block_bytes;
+        if (nb < 1)
+            return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes holds no block (one block is %zu bytes)",
+                                ctx->p.kv_mem, block_bytes);
+        kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
+    } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
+    ctx->kv = kv_create(&kp, err);
+    return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+}
+
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
     if (!model || !model->layers) {
         util_err_set(err, KVLM_EINVAL, "the model has no weights (vocabulary-only file?)");
@@ -58,14 +86,16 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     if (!ctx) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     ctx->model = model;
     ctx->p = params ? *params : kvlm_ctx_default_params();
-    if (ctx->p.n_ctx <= 0) ctx->p.n_ctx = c->n_ctx_train;
-    if (ctx->p.n_ctx > (1 << 22)) ctx->p.n_ctx = 1 << 22;
-    ctx->n_batch = ctx->p.n_batch > 0 ? ctx->p.n_batch : (ctx->p.n_ctx < 512 ? ctx->p.n_ctx : 512);
-    if (ctx->n_batch > ctx->p.n_ctx) ctx->n_batch = ctx->p.n_ctx;
-    ctx->pool = util_pool_create(ctx->p.n_threads);
-    kv_cache_params kp = {c->n_layers, c->n_kv_heads, c->head_dim, ctx->p.n_ctx};
-    ctx->kv = kv_cache_create(&kp, err);
-    if (!ctx->pool || !ctx->kv) goto fail;
+    kvlm_ctx_params *p = &ctx->p;
+    if (p->n_ctx <= 0) p->n_ctx = c->n_ctx_train;
+    if (p->n_ctx > (1 << 22)) p->n_ctx = 1 << 22;
+    if (p->n_seq_max <= 0) p->n_seq_max = 1;
+    if (p->block_size <= 0) p->block_size = 16;
+    if (p->block_size > p->n_ctx) p->block_size = p->n_ctx;
+    ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
+    ctx->pool = util_pool_create(p->n_threads);
+    if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
+    if (make_cache(ctx, err)) goto fail;
     size_t T = (size_t)ctx->n_batch, q_dim = (size_t)c->n_heads * c->head_dim,
            kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t wide = q_dim > (size_t)c->dim ? q_dim : (size_t)c->dim;
@@ -80,15 +110,14 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->out_rows = malloc(T * c->dim * sizeof(float));
     ctx->mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
     ctx->attn_work = malloc(op_attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
-    if (ctx->p.no_kv_cache) ctx->history = malloc((size_t)ctx->p.n_ctx * sizeof(int32_t));
+    ctx->block_ptrs = malloc(((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     if (!ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
-        !ctx->out_rows || !ctx->mm_work || !ctx->attn_work || (ctx->p.no_kv_cache && !ctx->history)) {
+        !ctx->out_rows || !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
     return ctx;
 fail:
-    if (err && err->code == KVLM_OK) util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool");
     kvlm_ctx_free(ctx);
     return NULL;
 }
@@ -96,27 +125,73 @@ fail:
 void kvlm_ctx_free(kvlm_ctx *ctx) {
     if (!ctx) return;
     util_pool_free(ctx->pool);
-    kv_cache_free(ctx->kv);
+    kv_free(ctx->kv);
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
-    free(ctx->logits); free(ctx->history);
+    free(ctx->block_ptrs); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
     free(ctx);
 }
 
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx) { return ctx->p.n_ctx; }
-int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return ctx->p.no_kv_cache ? ctx->n_history : kv_cache_len(ctx->kv); }
+int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
+    return kv_seq_valid(ctx->kv, seq) ? kv_seq_len(ctx->kv, seq) : 0;
+}
+int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, 0); }
+
+void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
+    if (kv_seq_valid(ctx->kv, seq)) kv_seq_release(ctx->kv, seq);
+}
+
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
-    kv_cache_reset(ctx->kv);
-    ctx->n_history = 0;
+    for (int s = 0; s < ctx->p.n_seq_max; s++) kv_seq_release(ctx->kv, s);
     ctx->n_logits = 0;
 }
+
+int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
+    if (!kv_seq_valid(ctx->kv, src) || !kv_seq_valid(ctx->kv, dst))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    return kv_seq_fork(ctx->kv, src, dst, err);
+}
+
+int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) {
+    if (!kv_seq_valid(ctx->kv, seq) || n <= 0) return 0;
+    return kv_seq_match_prefix(ctx->kv, seq, tokens, n);
+}
+
+static size_t bytes_per_token(const kvlm_ctx *ctx) {
+    const kvlm_config *c = &ctx->model->cfg;
+    return 2 * (size_t)c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+}
+
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
-    if (ctx->p.no_kv_cache) return 0;
-    return kv_cache_bytes_per_token(ctx->kv) * (size_t)kv_cache_len(ctx->kv);
+    size_t tokens = 0;
+    for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_seq_len(ctx->kv, s);
+    return tokens * bytes_per_token(ctx);
 }
+
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
-    return kv_cache_bytes_per_token(ctx->kv) * (size_t)kv_cache_capacity(ctx->kv);
+    return kv_block_bytes(ctx->kv) * (size_t)kv_get_params(ctx->kv)->n_blocks;
 }
+
+void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
+    kv_stats s;
+    kv_get_stats(ctx->kv, &s);
+    memset(st, 0, sizeof *st);
+    st->block_size = kv_get_params(ctx->kv)->block_size;
+    st->n_blocks = s.n_blocks;
+    st->used = s.used;
+    st->cached = s.cached;
+    st->free = s.free;
+    st->shared = s.shared;
+    st->prefix_hits = s.hits;
+    st->prefix_misses = s.misses;
+    st->evictions = s.evictions;
+    st->block_bytes = kv_block_bytes(ctx->kv);
+    st->bytes_per_token = bytes_per_token(ctx);
+    st->tokens_computed = ctx->tokens_computed;
+}
+
+/* ---- the forward pass --------------------------------------------------------- */
 
 static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *w, int T) {
     op_matmul(ctx->pool, y, x, w->data, w->type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
@@ -127,9 +202,55 @@ static void add_bias(float *y, const model_tensor *b, int T) {
     for (int t = 0; t < T; t++) op_add(y + (size_t)t * b->n_in, (const float *)b->data, (int)b->n_in);
 }
 
-/* One chunk of at most n_batch tokens at consecutive positions pos0...
- * want[t] marks tokens whose logits are wanted; they go to ctx->logits. */
-static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, int T, int pos0, const int8_t *want) {
+/* Writes the new keys and values of tokens [0, T) into their sequences' blocks. */
+static void write_kv(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
+    const kvlm_config *c = &ctx->model->cfg;
+    int HD = c->head_dim, bs = kv_get_params(ctx->kv)->block_size;
+    size_t row = (size_t)HD * sizeof(float);
+    for (int t = 0; t < T; t++) {
+        const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t], NULL);
+        int32_t b = blocks[pos[t] / bs];
+        size_t slot = (size_t)(pos[t] % bs) * HD;
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            memcpy(kv_block_k(ctx->kv, b, layer, h) + slot, ctx->k + ((size_t)t * c->n_kv_heads + h) * HD, row);
+            memcpy(kv_block_v(ctx->kv, b, layer, h) + slot, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD, row);
+        }
+    }
+}
+
+/* Attention for tokens [0, T): each run of consecutive positions of one
+ * sequence is one call over that sequence's blocks. */
+static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
+    const kvlm_config *c = &ctx->model->cfg;
+    const kv_params *kp = kv_get_params(ctx->kv);
+    int HD = c->head_dim, QD = c->n_heads * HD;
+    for (int t0 = 0; t0 < T;) {
+        int t1 = t0 + 1;
+        while (t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
+        int n_blocks;
+        const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t0], &n_blocks);
+        int need = pos[t1 - 1] / kp->block_size + 1;
+        for (int i = 0; i < need; i++) ctx->block_ptrs[i] = kv_block_k(ctx->kv, blocks[i], layer, 0);
+        op_attn_args a = {0};
+        a.T = t1 - t0;
+        a.q_pos0 = pos[t0];
+        a.n_heads = c->n_heads;
+        a.n_kv_heads = c->n_kv_heads;
+        a.head_dim = HD;
+        a.blocks = ctx->block_ptrs;
+        a.block_size = kp->block_size;
+        a.head_stride = 2 * (size_t)kp->block_size * HD; /* kv/paged's block layout */
+        a.v_offset = (size_t)kp->block_size * HD;
+        a.scale = 1.0f / sqrtf((float)HD);
+        op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
+        t0 = t1;
+    }
+}
+
+/* One chunk of at most n_batch tokens; want[t] marks tokens whose logits
+ * go to ctx->logits. */
+static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int T,
+                          const int8_t *want) {
     const kvlm_model *m = ctx->model;
     const kvlm_config *c = &m->cfg;
     int D = c->dim, HD = c->head_dim, QD = c->n_heads * HD, KVD = c->n_kv_heads * HD, F = c->hidden_dim;
@@ -148,14 +269,11 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, int T, int pos0,
         add_bias(ctx->k, &L->bk, T);
         add_bias(ctx->v, &L->bv, T);
         for (int t = 0; t < T; t++) {
-            op_rope(ctx->q + (size_t)t * QD, c->n_heads, HD, c->rope_dim, pos0 + t, c->rope_base, c->rope_neox);
-            op_rope(ctx->k + (size_t)t * KVD, c->n_kv_heads, HD, c->rope_dim, pos0 + t, c->rope_base, c->rope_neox);
+            op_rope(ctx->q + (size_t)t * QD, c->n_heads, HD, c->rope_dim, pos[t], c->rope_base, c->rope_neox);
+            op_rope(ctx->k + (size_t)t * KVD, c->n_kv_heads, HD, c->rope_dim, pos[t], c->rope_base, c->rope_neox);
         }
-        kv_cache_write(ctx->kv, l, pos0, T, ctx->k, ctx->v);
-        kv_view view = kv_cache_view(ctx->kv, l);
-        op_attn_args a = {T, pos0, c->n_heads, c->n_kv_heads, HD, view.k, view.v, view.head_stride,
-                          1.0f / sqrtf((float)HD)};
-        op_attention(ctx->pool, ctx->att, ctx->q, &a, ctx->attn_work);
+        write_kv(ctx, l, seq, pos, T);
+        attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         op_add(ctx->x, ctx->xb, T * D);
         for (int t = 0; t < T; t++)
@@ -175,59 +293,128 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, int T, int pos0,
         matmul(ctx, ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->out_rows, &m->output, n_out);
         ctx->n_logits += n_out;
     }
+    ctx->tokens_computed += (uint64_t)T;
 }
 
-/* Runs tokens at consecutive positions from pos0 in chunks of n_batch. */
-static void forward(kvlm_ctx *ctx, const int32_t *tokens, int n, int pos0, const int8_t *want) {
+static void forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
+                    const int8_t *want) {
     for (int i = 0; i < n; i += ctx->n_batch) {
         int T = n - i < ctx->n_batch ? n - i : ctx->n_batch;
-        forward_chunk(ctx, tokens + i, T, pos0 + i, want + i);
+        forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i);
     }
-    kv_cache_set_len(ctx->kv, pos0 + n);
+}
+
+static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
+    if (n_want > ctx->logits_cap) {
+        float *nl = realloc(ctx->logits, (size_t)n_want * ctx->model->cfg.vocab_size * sizeof(float));
+        if (!nl) return -1;
+        ctx->logits = nl;
+        ctx->logits_cap = n_want;
+    }
+    int32_t *a = realloc(ctx->tok_seq, (size_t)n * sizeof(int32_t));
+    if (!a) return -1;
+    ctx->tok_seq = a;
+    int32_t *b = realloc(ctx->tok_pos, (size_t)n * sizeof(int32_t));
+    if (!b) return -1;
+    ctx->tok_pos = b;
+    return 0;
+}
+
+/* --no-kv-cache: forget the sequence's keys and values and recompute the
+ * whole sequence from its first token. */
+static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_error *err) {
+    int past = kv_seq_len(ctx->kv, seq), n = past + b->n_tokens;
+    int32_t *all = malloc((size_t)n * sizeof(int32_t));
+    int8_t *want = calloc((size_t)n, 1);
+    int rc = KVLM_OK;
+    if (!all || !want || grow_batch_arrays(ctx, n, n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (past) memcpy(all, kv_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
+    memcpy(all + past, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
+    for (int i = 0; i < b->n_tokens; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
+    kv_seq_release(ctx->kv, seq);
+    if ((rc = kv_seq_reserve(ctx->kv, seq, n, err))) goto done;
+    for (int i = 0; i < n; i++) { ctx->tok_seq[i] = seq; ctx->tok_pos[i] = i; }
+    forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want);
+    kv_seq_commit(ctx->kv, seq, all, n);
+done:
+    free(all);
+    free(want);
+    return rc;
 }
 
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
-    int n = b->n_tokens, past = kvlm_ctx_n_past(ctx);
-    for (int i = 0; i < n; i++) {
-        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
-            return util_err_set(err, KVLM_EINVAL, "token %d at batch index %d is outside the vocabulary (0..%d)",
-                                b->tokens[i], i, c->vocab_size - 1);
-        /* One sequence per context: positions must continue the sequence. */
-        if (b->pos && b->pos[i] != past + i)
-            return util_err_set(err, KVLM_EINVAL, "batch index %d has position %d, expected %d", i, b->pos[i],
-                                past + i);
-    }
-    if (past + n > ctx->p.n_ctx)
-        return util_err_set(err, KVLM_ERANGE, "%d tokens do not fit in the context of %d (%d already used)", n,
-                            ctx->p.n_ctx, past);
-    int n_want = 0;
-    for (int i = 0; i < n; i++) n_want += b->logits ? b->logits[i] != 0 : i == n - 1;
-    if (n_want > ctx->logits_cap) {
-        float *nl = realloc(ctx->logits, (size_t)n_want * c->vocab_size * sizeof(float));
-        if (!nl) return util_err_set(err, KVLM_ENOMEM, "out of memory for %d rows of logits", n_want);
-        ctx->logits = nl;
-        ctx->logits_cap = n_want;
-    }
-    int8_t *want = malloc((size_t)(ctx->p.no_kv_cache ? past + n : n));
-    if (!want) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int n = b->n_tokens, n_seq = ctx->p.n_seq_max;
     ctx->n_logits = 0;
-    if (!ctx->p.no_kv_cache) {
-        for (int i = 0; i < n; i++) want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
-        forward(ctx, b->tokens, n, past, want);
-    } else {
-        /* The naive loop: forget every key and value, recompute the whole
-         * sequence from its first token. */
-        memcpy(ctx->history + past, b->tokens, (size_t)n * sizeof(int32_t));
-        ctx->n_history = past + n;
-        memset(want, 0, (size_t)past);
-        for (int i = 0; i < n; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == n - 1;
-        kv_cache_reset(ctx->kv);
-        forward(ctx, ctx->history, past + n, 0, want);
+    int *count = calloc((size_t)n_seq, sizeof(int));
+    int *order = malloc((size_t)n_seq * sizeof(int)); /* sequences in order of first appearance */
+    int n_order = 0, rc = KVLM_OK, n_want = 0;
+    if (!count || !order) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++) {
+        int s = b->seq ? b->seq[i] : 0;
+        if (s < 0 || s >= n_seq) {
+            rc = util_err_set(err, KVLM_EINVAL, "batch index %d: sequence %d is outside 0..%d", i, s, n_seq - 1);
+            goto done;
+        }
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size) {
+            rc = util_err_set(err, KVLM_EINVAL, "token %d at batch index %d is outside the vocabulary (0..%d)",
+                              b->tokens[i], i, c->vocab_size - 1);
+            goto done;
+        }
+        int expect = kv_seq_len(ctx->kv, s) + count[s];
+        if (b->pos && b->pos[i] != expect) {
+            rc = util_err_set(err, KVLM_EINVAL, "batch index %d: position %d, expected %d for sequence %d", i,
+                              b->pos[i], expect, s);
+            goto done;
+        }
+        if (count[s]++ == 0) order[n_order++] = s;
+        n_want += b->logits ? b->logits[i] != 0 : i == n - 1;
     }
+    for (int k = 0; k < n_order; k++) {
+        int s = order[k];
+        if (kv_seq_len(ctx->kv, s) + count[s] > ctx->p.n_ctx) {
+            rc = util_err_set(err, KVLM_ERANGE, "sequence %d: %d tokens do not fit in the context of %d (%d already used)",
+                              s, count[s], ctx->p.n_ctx, kv_seq_len(ctx->kv, s));
+            goto done;
+        }
+    }
+    if (ctx->p.no_kv_cache) {
+        if (n_order != 1) { rc = util_err_set(err, KVLM_EINVAL, "--no-kv-cache runs one sequence per batch"); goto done; }
+        rc = decode_recompute(ctx, b, order[0], err);
+        goto done;
+    }
+    if (grow_batch_arrays(ctx, n, n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    /* Reserve every sequence's slots first: all or nothing. */
+    for (int k = 0; k < n_order; k++) {
+        if ((rc = kv_seq_reserve(ctx->kv, order[k], count[order[k]], err))) {
+            for (int j = 0; j < k; j++) kv_seq_trim(ctx->kv, order[j], kv_seq_len(ctx->kv, order[j]));
+            goto done;
+        }
+    }
+    memset(count, 0, (size_t)n_seq * sizeof(int));
+    int8_t *want = malloc((size_t)n);
+    if (!want) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++) {
+        int s = b->seq ? b->seq[i] : 0;
+        ctx->tok_seq[i] = s;
+        ctx->tok_pos[i] = kv_seq_len(ctx->kv, s) + count[s]++;
+        want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
+    }
+    forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want);
     free(want);
-    return KVLM_OK;
+    /* Commit each sequence's tokens in order (indexes blocks that filled). */
+    for (int k = 0; k < n_order; k++) {
+        int s = order[k], m = 0;
+        int32_t *toks = ctx->tok_pos; /* reuse as scratch: positions are no longer needed */
+        for (int i = 0; i < n; i++)
+            if (ctx->tok_seq[i] == s) toks[m++] = b->tokens[i];
+        kv_seq_commit(ctx->kv, s, toks, m);
+    }
+done:
+    free(count);
+    free(order);
+    return rc;
 }
 
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kv/planner.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "tok/tok.h"
@@ -215,4 +216,8 @@ int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap) {
     if (d->n_pending) put(out, cap, &n, "\xef\xbf\xbd", 3);
     d->n_pending = 0;
     return (int)n;
+}
+
+void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan *out) {
+    kv_plan(&m->cfg, m->weight_bytes, p, out);
 }

@@ -1,0 +1,73 @@
+/* cli/cmd_plan: `kvlm plan`: KV cache memory for a context and batch, and how
+ * many sequences fit a budget, contiguous against paged. */
+#include <stdio.h>
+#include "cli/cli.h"
+
+static void mib(char *buf, size_t cap, size_t bytes) {
+    if (bytes >= ((size_t)1 << 30)) snprintf(buf, cap, "%.2f GiB", (double)bytes / (1 << 30));
+    else if (bytes >= ((size_t)1 << 20)) snprintf(buf, cap, "%.2f MiB", (double)bytes / (1 << 20));
+    else snprintf(buf, cap, "%.2f KiB", (double)bytes / 1024);
+}
+
+int cmd_plan(int argc, char **argv) {
+    const char *model_path = NULL, *mem = NULL, *tok_path = NULL;
+    kvlm_plan_params pp = {0};
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) {
+            printf("usage: kvlm plan -m MODEL [--ctx N] [--batch B] [--kv-mem SIZE] [--block-size S] [--avg-tokens A]\n\n"
+                   "Prints KV cache bytes per token, per sequence and for B sequences of N tokens\n"
+                   "(2 x layers x KV heads x head dim x bytes per element x tokens x batch), next to the\n"
+                   "weights, and how many sequences fit SIZE (default: B full contexts) when the cache\n"
+                   "is reserved contiguously per sequence and when it is paged (blocks of S tokens,\n"
+                   "default 16), at full context and at an average of A tokens (default N/2).\n"
+                   "SIZE: bytes, or with a unit: 512MiB, 2GiB, 1.5GB.\n");
+            return 0;
+        } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &pp.n_ctx, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-b", "--batch", &pp.n_seq, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &mem, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &pp.block_size, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--avg-tokens", &pp.avg_tokens, &bad)) {}
+        else return cli_fail("plan", "unknown option '%s'", argv[i]);
+        if (bad) return 1;
+    }
+    if (!model_path) return cli_fail("plan", "no model given (-m FILE)");
+    if (pp.n_ctx < 0 || pp.n_seq < 0 || pp.block_size < 0 || pp.avg_tokens < 0)
+        return cli_fail("plan", "sizes must be positive");
+    if (mem && cli_parse_size(mem, &pp.kv_mem)) return cli_fail("plan", "bad size '%s' (e.g. 512MiB, 2GiB)", mem);
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
+    if (!m) return cli_fail("plan", "%s", err.msg);
+    kvlm_plan p;
+    kvlm_plan_memory(m, &pp, &p);
+    const kvlm_config *c = kvlm_model_config(m);
+    char a[32], b[32], d[32], e[32], f[32];
+    char desc[512];
+    kvlm_model_describe(m, desc, sizeof desc);
+    printf("model: %s\n  %s\n", model_path, desc);
+    mib(a, sizeof a, p.weight_bytes);
+    printf("weights:              %s\n", a);
+    printf("KV per token:         %zu bytes  (2 x %d layers x %d KV heads x %d head dim x 4 bytes, f32)\n",
+           p.bytes_per_token, c->n_layers, c->n_kv_heads, c->head_dim);
+    mib(a, sizeof a, p.bytes_per_seq);
+    mib(b, sizeof b, p.bytes_total);
+    mib(d, sizeof d, p.bytes_total + p.weight_bytes);
+    printf("KV per sequence:      %s at %d tokens\n", a, p.n_ctx);
+    printf("KV for %d sequences:  %s   (weights + KV: %s)\n", p.n_seq, b, d);
+    mib(e, sizeof e, p.kv_mem);
+    mib(f, sizeof f, p.block_bytes);
+    printf("budget %s, blocks of %d tokens (%s each), %d blocks per full sequence:\n", e, p.block_size, f,
+           p.blocks_per_seq);
+    printf("  %-34s %12s %12s\n", "sequences that fit", "contiguous", "paged");
+    printf("  %-34s %12ld %12ld\n", "at full context", p.fit_contiguous, p.fit_paged_full);
+    char lbl[64];
+    snprintf(lbl, sizeof lbl, "holding %d tokens on average", p.avg_tokens);
+    printf("  %-34s %12ld %12ld   (%.1fx)\n", lbl, p.fit_contiguous_avg, p.fit_paged_avg,
+           p.fit_contiguous_avg > 0 ? (double)p.fit_paged_avg / (double)p.fit_contiguous_avg : 0.0);
+    kvlm_model_free(m);
+    return 0;
+}

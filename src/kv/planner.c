@@ -1,0 +1,30 @@
+/* kv/planner: KV cache memory arithmetic for `kvlm plan` and the library.
+ * Contiguous caches reserve the whole context per sequence; paged caches
+ * take blocks as tokens arrive, so their cost follows the tokens held. */
+#include "kv/planner.h"
+
+void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *p, kvlm_plan *o) {
+    int bs = p->block_size > 0 ? p->block_size : 16;
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
+    int n_seq = p->n_seq > 0 ? p->n_seq : 1;
+    int avg = p->avg_tokens > 0 ? p->avg_tokens : (n_ctx + 1) / 2;
+    if (avg > n_ctx) avg = n_ctx;
+    double elem = p->elem_bytes > 0 ? p->elem_bytes : 4.0;
+    o->n_ctx = n_ctx;
+    o->n_seq = n_seq;
+    o->block_size = bs;
+    o->avg_tokens = avg;
+    o->weight_bytes = weight_bytes;
+    o->bytes_per_token = (size_t)(2.0 * c->n_layers * c->n_kv_heads * c->head_dim * elem + 0.5);
+    o->bytes_per_seq = o->bytes_per_token * (size_t)n_ctx;
+    o->bytes_total = o->bytes_per_seq * (size_t)n_seq;
+    o->block_bytes = o->bytes_per_token * (size_t)bs;
+    o->blocks_per_seq = (n_ctx + bs - 1) / bs;
+    o->kv_mem = p->kv_mem > 0 ? p->kv_mem : o->bytes_total;
+    o->fit_contiguous = (long)(o->kv_mem / o->bytes_per_seq);
+    size_t n_blocks = o->kv_mem / o->block_bytes;
+    o->fit_paged_full = (long)(n_blocks / (size_t)o->blocks_per_seq);
+    /* A sequence holding avg tokens needs ceil(avg / bs) blocks. */
+    o->fit_paged_avg = (long)(n_blocks / (size_t)((avg + bs - 1) / bs));
+    o->fit_contiguous_avg = o->fit_contiguous;
+}
