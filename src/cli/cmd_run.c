@@ -27,12 +27,14 @@ static void run_usage(FILE *f) {
             "      --seed S            random seed (default: time-based); the same seed gives the same text\n"
             "      --special           recognise special tokens (e.g. <|im_start|>) in the prompt\n"
             "      --no-bos            do not add BOS before the prompt\n"
+            "      --kv-mem SIZE       KV cache budget (e.g. 512MiB; default: one full context)\n"
+            "      --block-size N      tokens per KV cache block (default 16)\n"
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL;
     int n_predict = 256;
     bool special = false, no_bos = false, seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -57,12 +59,16 @@ int cmd_run(int argc, char **argv) {
         else if (cli_is(argv[i], NULL, "--special")) special = true;
         else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
         else { fprintf(stderr, "kvlm run: unknown option '%s'\n", argv[i]); run_usage(stderr); return 1; }
         if (bad) return 1;
     }
     if (!model_path) { fprintf(stderr, "kvlm run: no model given (-m FILE)\n"); run_usage(stderr); return 1; }
     if (prompt && prompt_file) return cli_fail("run", "give either -p or -f, not both");
-    if (cp.n_ctx < 0 || cp.n_threads < 0) return cli_fail("run", "--ctx and --threads must be >= 0");
+    if (cp.n_ctx < 0 || cp.n_threads < 0 || cp.block_size < 0)
+        return cli_fail("run", "--ctx, --threads and --block-size must be >= 0");
+    if (kv_mem && cli_parse_size(kv_mem, &cp.kv_mem)) return cli_fail("run", "bad size '%s' (e.g. 512MiB)", kv_mem);
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
 
     char *file_text = NULL;
@@ -130,7 +136,12 @@ int cmd_run(int argc, char **argv) {
         if (n_gen >= n_predict) break;
         if (kvlm_ctx_n_past(ctx) >= n_ctx) { stop = "context full"; break; }
         kvlm_batch one = {1, &next, NULL, NULL, NULL};
-        if (kvlm_decode(ctx, &one, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
+        if (kvlm_decode(ctx, &one, &err)) {
+            if (err.code == KVLM_EFULL) { stop = "KV cache budget full (raise --kv-mem)"; break; }
+            fputc('\n', stdout);
+            cli_fail("run", "%s", err.msg);
+            goto done;
+        }
         n_decoded++;
     }
     clock_gettime(CLOCK_MONOTONIC, &t2);

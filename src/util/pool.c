@@ -2,6 +2,7 @@
  * (decode issues thousands of small jobs a second) and then sleep on a condvar. */
 #include "util/pool.h"
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -31,7 +32,7 @@ static void *worker_main(void *p) {
         int spins = 0;
         while ((g = atomic_load_explicit(&pool->gen, memory_order_acquire)) == seen &&
                !atomic_load(&pool->stop)) {
-            if (++spins < 20000) {
+            if (++spins < 4000) {
 #if defined(__x86_64__)
                 __builtin_ia32_pause();
 #endif
@@ -106,9 +107,13 @@ void util_pool_run(util_pool *pool, util_pool_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool->cv);
     pthread_mutex_unlock(&pool->mu);
     fn(ctx, 0, pool->n);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) {
+    /* Spin briefly, then yield: when the machine is oversubscribed (tests
+     * running side by side) a descheduled worker must get the core back. */
+    for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < 2000) {
 #if defined(__x86_64__)
-        __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
+        } else sched_yield();
     }
 }
