@@ -151,6 +151,7 @@ kvlm_ctx_params kvlm_ctx_default_params(void);
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err);
 void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
+const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
 /* A batch of tokens for one forward pass, possibly of several sequences.
  * Token i belongs to sequence seq[i] (seq NULL: all sequence 0) at position
@@ -202,6 +203,21 @@ typedef struct kvlm_kv_stats {
     uint64_t tokens_computed; /* tokens run through the model (prefix reuse skips some) */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
+
+/* ---- perplexity ---------------------------------------------------------------- */
+/* As llama.cpp's perplexity tool computes it, so figures compare: the tokens
+ * (of the whole text, BOS first where the model adds one) are cut into
+ * consecutive chunks of n_ctx; each chunk's first token becomes BOS; each
+ * token in the second half of a chunk is scored given everything before it
+ * in the chunk. */
+typedef struct kvlm_ppl_result {
+    double ppl, ppl_stderr;   /* exp(mean NLL) and its standard error */
+    int n_chunks, n_scored;
+} kvlm_ppl_result;
+/* on_chunk (may be NULL) is called after each chunk with the running PPL. */
+int kvlm_perplexity(kvlm_ctx *ctx, const int32_t *tokens, int n_tokens, int n_chunks,
+                    void (*on_chunk)(void *user, int chunk, double ppl), void *user, kvlm_ppl_result *out,
+                    kvlm_error *err);
 
 /* ---- memory planning ---------------------------------------------------------- */
 typedef struct kvlm_plan_params {

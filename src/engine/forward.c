@@ -133,6 +133,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
 }
 
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx) { return ctx->p.n_ctx; }
+const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx) { return ctx->model; }
 int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
     return kv_seq_valid(ctx->kv, seq) ? kv_seq_len(ctx->kv, seq) : 0;
 }
