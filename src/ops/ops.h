@@ -26,7 +26,8 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * untouched. work must be op_matmul_work_size bytes (may be NULL when that is
  * 0) and must not overlap X or Y. Results do not depend on the thread count. */
 /* Sustained read bandwidth of the machine in bytes/s: every pool thread sums
- * its slice of a `bytes` buffer with the widest loads; best of 5 passes.
+ * its slice of a `bytes` buffer with the widest loads, with and without
+ * software prefetch; best of 10 passes.
  * Allocates the buffer (a measurement, not a kernel); 0 on failure. */
 double op_measure_read_bandwidth(util_pool *pool, size_t bytes);
 /* Whether the running CPU has the fast paths (AVX2 + FMA + F16C). */
@@ -69,7 +70,18 @@ typedef struct {
     const float *k, *v;
     size_t kv_head_stride;  /* floats between KV heads */
     float scale;
+    /* Paged cache, used instead of k, v, kv_head_stride when blocks != NULL:
+     * position p lives in blocks[p / block_size]; its key for KV head h is at
+     *   blocks[p / block_size] + h * head_stride + (p % block_size) * head_dim
+     * and its value v_offset floats after that key. Results are bit-identical
+     * to the contiguous layout whatever the block size. */
+    const float *const *blocks;
+    int block_size;
+    size_t head_stride;     /* floats between KV heads within a block */
+    size_t v_offset;        /* floats from a key to its value */
 } op_attn_args;
+/* n_threads: the pool's size (util_pool_size); work must not be shared by
+ * concurrent calls. */
 size_t op_attention_work_size(int n_threads, int head_dim);
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
 /* Reference: materialises each query's full score row, softmax, weighted sum. */

@@ -1,0 +1,149 @@
+/* bench/bench_matmul: matmul speed against the machine's read bandwidth,
+ * measured in the same run: decode (T=1) GB/s of weights per type as a
+ * fraction of bandwidth, and prefill (T=64) per-token time against T=1.
+ * Usage: bench_matmul [threads (default 2)] [--quick] [--scalar] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "ops/ops.h"
+#include "util/pool.h"
+#include "util/timing.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static float frand(void) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+/* Weights: `copies` back-to-back copies of an n_out x n_in matrix so that
+ * cycling through them reads every byte from memory, not from the cache.
+ * 64 distinct random rows are quantized once and tiled (quantizing millions of
+ * rows with the reference quantizers would take minutes). */
+static uint8_t *make_weights(int type, int n_in, int n_out, int copies, size_t *mat_bytes) {
+    size_t rs = dt_row_size(type, n_in);
+    *mat_bytes = rs * (size_t)n_out;
+    uint8_t *w = aligned_alloc(64, (*mat_bytes * (size_t)copies + 63) & ~(size_t)63);
+    if (!w) return NULL;
+    float *row = malloc((size_t)n_in * sizeof(float));
+    uint8_t *proto = malloc(rs * 64);
+    for (int r = 0; r < 64; r++) {
+        for (int i = 0; i < n_in; i++) row[i] = frand() * 0.05f;
+        dt_quantize_row(type, row, proto + (size_t)r * rs, n_in);
+    }
+    size_t total = (size_t)n_out * (size_t)copies;
+    for (size_t r = 0; r < total; r++) memcpy(w + r * rs, proto + (r % 64) * rs, rs);
+    free(row);
+    free(proto);
+    return w;
+}
+
+typedef struct { int n_out, n_in; } shape;
+
+/* Average seconds per call over passes through all copies; best of 5 passes
+ * (the machine may be shared, so the best pass is the least disturbed one). */
+static double time_calls(util_pool *pool, float *Y, const float *X, const uint8_t *W, size_t mat_bytes,
+                         int copies, int type, int T, int n_in, int n_out, void *work, int min_calls) {
+    int calls = copies > min_calls ? copies : min_calls;
+    double best = 1e30;
+    for (int pass = 0; pass < 5; pass++) {
+        double t0 = util_now_s();
+        for (int c = 0; c < calls; c++)
+            op_matmul(pool, Y, X, W + (size_t)(c % copies) * mat_bytes, type, T, n_in, n_out, work);
+        double dt = (util_now_s() - t0) / calls;
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int nth = 2, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--scalar")) op_set_simd(false);
+        else nth = atoi(argv[i]);
+    }
+    if (nth < 1) nth = 1;
+    util_pool *pool = util_pool_create(nth);
+    if (!pool) { fprintf(stderr, "cannot create pool\n"); return 1; }
+    size_t footprint = quick ? (256u << 20) : (1u << 30);
+    /* The machine may be shared: bandwidth is measured at the start and again
+     * next to every matrix, and fractions use the best bandwidth seen in the
+     * whole run (the conservative choice). */
+    double bw = op_measure_read_bandwidth(pool, footprint);
+    printf("threads %d, simd %s\n", nth, op_cpu_has_avx2() ? "avx2" : "scalar");
+    printf("read bandwidth (%zu MiB buffer, %d threads, best of 10, plain and prefetching loads): %.2f GB/s\n\n", footprint >> 20, nth, bw / 1e9);
+
+    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K};
+    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"};
+    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0};
+    const shape shapes[] = {{5632, 2048}, {32000, 2048}, {2048, 5632}};
+    enum { NT = 7, NS = 3, TP = 64 };
+    const int n_shapes = quick ? 1 : NS;
+
+    printf("decode (T=1) matrix-vector; weights cycled through >= %zu MiB so they come from memory\n",
+           footprint >> 20);
+    printf("%-6s %-12s %8s %9s %9s %9s\n", "type", "n_out x n_in", "MiB", "us/call", "GB/s", "bw now");
+    float *X = malloc(sizeof(float) * (size_t)TP * 5632);
+    float *Y = malloc(sizeof(float) * (size_t)TP * 32000);
+    for (int i = 0; i < TP * 5632; i++) X[i] = frand();
+    double gbs[NT][NS] = {{0}}, pre[NT][2] = {{0}};
+    const char *only = getenv("BENCH_TYPES");
+    for (int ti = 0; ti < NT; ti++) {
+        if (only && !strstr(only, names[ti])) continue;
+        for (int si = 0; si < n_shapes; si++) {
+            shape s = shapes[si];
+            size_t mat = dt_row_size(types[ti], s.n_in) * (size_t)s.n_out;
+            int copies = (int)((footprint + mat - 1) / mat);
+            if (copies < 2) copies = 2;
+            uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
+            size_t ws = op_matmul_work_size(types[ti], TP, s.n_in);
+            void *work = ws ? malloc(ws) : NULL;
+            if (!W || (ws && !work)) { fprintf(stderr, "out of memory\n"); return 1; }
+            time_calls(pool, Y, X, W, mat, copies, types[ti], 1, s.n_in, s.n_out, work, 4); /* warm up */
+            double t1 = time_calls(pool, Y, X, W, mat, copies, types[ti], 1, s.n_in, s.n_out, work, 16);
+            double bw_now = op_measure_read_bandwidth(pool, 256u << 20);
+            if (bw_now > bw) bw = bw_now;
+            gbs[ti][si] = (double)mat / t1;
+            printf("%-6s %5dx%-6d %8.1f %9.1f %9.2f %9.2f\n", names[ti], s.n_out, s.n_in, (double)mat / (1 << 20),
+                   t1 * 1e6, gbs[ti][si] / 1e9, bw_now / 1e9);
+            if (si == 0) {
+                double tp = time_calls(pool, Y, X, W, mat, copies, types[ti], TP, s.n_in, s.n_out, work, 4);
+                pre[ti][0] = t1;
+                pre[ti][1] = tp / TP;
+            }
+            free(work);
+            free(W);
+        }
+    }
+
+    printf("\nsummary: decode GB/s as a fraction of the best read bandwidth seen (%.2f GB/s)\n", bw / 1e9);
+    printf("%-6s", "type");
+    for (int si = 0; si < n_shapes; si++) printf("   %5dx%-5d", shapes[si].n_out, shapes[si].n_in);
+    printf("   target\n");
+    for (int ti = 0; ti < NT; ti++) {
+        if (gbs[ti][0] == 0) continue;
+        printf("%-6s", names[ti]);
+        int ok = 1;
+        for (int si = 0; si < n_shapes; si++) {
+            printf("   %10.1f%%", 100 * gbs[ti][si] / bw);
+            if (gbs[ti][si] / bw < target[ti]) ok = 0;
+        }
+        if (target[ti] > 0) printf("   >= %.0f%% %s\n", 100 * target[ti], ok ? "met" : "NOT MET");
+        else printf("   -\n");
+    }
+
+    printf("\nprefill: T=%d in one call vs T=1, per token, %dx%d weights from memory\n", TP, shapes[0].n_out,
+           shapes[0].n_in);
+    printf("%-6s %12s %14s %9s %10s\n", "type", "T=1 us/tok", "T=64 us/tok", "speedup", "GFLOP/s");
+    for (int ti = 0; ti < NT; ti++) {
+        if (pre[ti][0] == 0) continue;
+        double flops = 2.0 * shapes[0].n_out * shapes[0].n_in;
+        printf("%-6s %12.1f %14.2f %8.1fx %10.1f\n", names[ti], pre[ti][0] * 1e6, pre[ti][1] * 1e6,
+               pre[ti][0] / pre[ti][1], flops / pre[ti][1] / 1e9);
+    }
+    free(X);
+    free(Y);
+    util_pool_free(pool);
+    return 0;
+}

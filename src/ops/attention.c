@@ -1,0 +1,406 @@
+/* ops/attention: causal attention of a sequence's query tokens over its
+ * cached keys/values. The reference materialises each score row; the fast
+ * kernel is FlashAttention-style: work items of (KV head, query heads sharing
+ * it, query tile), keys streamed in blocks with an online softmax (running max
+ * and sum), memory linear in T, scratch per thread from `work`. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/ops_internal.h"
+
+/* Rows (query token x query head) per work item, keys per block, and the most
+ * partial results kept when keys are split among threads. */
+#define ATT_RMAX 64
+#define ATT_BK 64
+#define ATT_MAX_PARTS 4
+
+/* Key (value) of KV head h at position p, in either cache layout; keys of one
+ * block (or of the whole contiguous cache) are head_dim floats apart. */
+static inline const float *key_at(const op_attn_args *a, int h, int p) {
+    if (a->blocks)
+        return a->blocks[p / a->block_size] + (size_t)h * a->head_stride + (size_t)(p % a->block_size) * a->head_dim;
+    return a->k + (size_t)h * a->kv_head_stride + (size_t)p * a->head_dim;
+}
+static inline const float *value_at(const op_attn_args *a, int h, int p) {
+    if (a->blocks) return key_at(a, h, p) + a->v_offset;
+    return a->v + (size_t)h * a->kv_head_stride + (size_t)p * a->head_dim;
+}
+/* How many positions from p on are contiguous in memory. */
+static inline int run_from(const op_attn_args *a, int p, int n) {
+    if (!a->blocks) return n;
+    int left = a->block_size - p % a->block_size;
+    return left < n ? left : n;
+}
+
+/* ---- reference ---------------------------------------------------------------- */
+void op_attention_ref(float *out, const float *q, const op_attn_args *a) {
+    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    int n_max = a->q_pos0 + a->T;
+    double *s = malloc((size_t)n_max * sizeof(double));
+    double *o = malloc((size_t)hd * sizeof(double));
+    if (!s || !o) { free(s); free(o); return; }
+    for (int t = 0; t < a->T; t++) {
+        int n = a->q_pos0 + t + 1; /* visible keys */
+        for (int hq = 0; hq < a->n_heads; hq++) {
+            const float *qr = q + ((size_t)t * a->n_heads + hq) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int p = 0; p < n; p++) {
+                const float *kp = key_at(a, hq / G, p);
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qr[i] * kp[i];
+                s[p] = d * a->scale;
+                if (s[p] > mx) mx = s[p];
+            }
+            for (int p = 0; p < n; p++) sum += (s[p] = exp(s[p] - mx));
+            for (int i = 0; i < hd; i++) o[i] = 0;
+            for (int p = 0; p < n; p++) {
+                const float *vp = value_at(a, hq / G, p);
+                for (int i = 0; i < hd; i++) o[i] += s[p] * vp[i];
+            }
+            float *dst = out + ((size_t)t * a->n_heads + hq) * hd;
+            for (int i = 0; i < hd; i++) dst[i] = (float)(o[i] / sum);
+        }
+    }
+    free(s);
+    free(o);
+}
+
+/* ---- tiling plan ------------------------------------------------------------------ */
+typedef struct {
+    int G;         /* query heads per KV head */
+    int hc, n_hc;  /* query heads per item, chunks of the group */
+    int tq, n_tt;  /* query tokens per item, tiles */
+    int n_items, n_split;
+} att_plan;
+
+static att_plan make_plan(const op_attn_args *a) {
+    att_plan p;
+    p.G = a->n_heads / a->n_kv_heads;
+    p.hc = p.G < ATT_RMAX ? p.G : ATT_RMAX;
+    p.n_hc = (p.G + p.hc - 1) / p.hc;
+    p.tq = ATT_RMAX / p.hc;
+    if (p.tq > a->T) p.tq = a->T;
+    p.n_tt = (a->T + p.tq - 1) / p.tq;
+    p.n_items = a->n_kv_heads * p.n_hc * p.n_tt;
+    /* Too few items to occupy the threads (decode with few KV heads): split
+     * the keys too, into a number of parts fixed by the shape alone, so the
+     * result does not depend on the thread count. */
+    p.n_split = 1;
+    int max_keys = a->q_pos0 + a->T;
+    if (p.n_items < ATT_MAX_PARTS && max_keys >= 512) {
+        p.n_split = ATT_MAX_PARTS / p.n_items;
+        if (p.n_split > max_keys / 256) p.n_split = max_keys / 256;
+        if (p.n_split < 1) p.n_split = 1;
+    }
+    return p;
+}
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static size_t per_thread_bytes(int hd) {
+    return round64(sizeof(float) * ATT_RMAX * ATT_BK) + round64(sizeof(float) * ATT_RMAX * (size_t)hd) +
+           2 * round64(sizeof(float) * ATT_RMAX);
+}
+
+static size_t part_floats(int hd) { return (size_t)ATT_RMAX * (size_t)(hd + 2); }
+
+size_t op_attention_work_size(int n_threads, int head_dim) {
+    if (n_threads < 1) n_threads = 1;
+    return (size_t)n_threads * per_thread_bytes(head_dim) +
+           round64(sizeof(float) * ATT_MAX_PARTS * part_floats(head_dim)) + 64;
+}
+
+/* ---- the row kernels: scores of a key block, and P.V accumulation ---------- */
+/* s[j] = scale * q . k_j for j < nk (keys hd floats apart) */
+static void scores_scalar(float *s, const float *q, const float *k, int nk, int hd, float scale) {
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * hd;
+        float d = 0;
+        for (int i = 0; i < hd; i++) d += q[i] * kj[i];
+        s[j] = d * scale;
+    }
+}
+
+/* o[i] += sum_j p[j] * v_j[i] */
+static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) {
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * hd;
+        float pj = p[j];
+        if (pj == 0.0f) continue;
+        for (int i = 0; i < hd; i++) o[i] += pj * vj[i];
+    }
+}
+
+/* exp(s[j] - m) for j < n, returns the sum; s[j] = -inf gives 0 */
+static float exp_sum_scalar(float *s, int n, float m) {
+    float sum = 0;
+    for (int j = 0; j < n; j++) sum += (s[j] = expf(s[j] - m));
+    return sum;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "ops/simd_math.h"
+
+static void scores_avx2(float *s, const float *q, const float *k, int nk, int hd, float scale) {
+    const int h8 = hd & ~7;
+    int j = 0;
+    /* four keys at a time: one q load serves four FMAs, and one hadd tree
+     * reduces the four dot products together */
+    for (; j + 4 <= nk; j += 4) {
+        const float *k0 = k + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < h8; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+        }
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 d = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        float dd[4];
+        _mm_storeu_ps(dd, d);
+        for (int i = h8; i < hd; i++) {
+            dd[0] += q[i] * k0[i];
+            dd[1] += q[i] * k1[i];
+            dd[2] += q[i] * k2[i];
+            dd[3] += q[i] * k3[i];
+        }
+        for (int x = 0; x < 4; x++) s[j + x] = dd[x] * scale;
+    }
+    for (; j < nk; j++) {
+        const float *kj = k + (size_t)j * hd;
+        __m256 a = _mm256_setzero_ps();
+        for (int i = 0; i < h8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a);
+        /* the same reduction order as the 4-key path, so a key's score does
+         * not depend on which path (or cache block boundary) it fell in */
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
+        float d = _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+        for (int i = h8; i < hd; i++) d += q[i] * kj[i];
+        s[j] = d * scale;
+    }
+}
+
+static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
+    int i = 0;
+    /* 32 output dims stay in registers while all nk keys pass */
+    for (; i + 32 <= hd; i += 32) {
+        __m256 o0 = _mm256_loadu_ps(o + i), o1 = _mm256_loadu_ps(o + i + 8);
+        __m256 o2 = _mm256_loadu_ps(o + i + 16), o3 = _mm256_loadu_ps(o + i + 24);
+        for (int j = 0; j < nk; j++) {
+            const float *vj = v + (size_t)j * hd + i;
+            __m256 pj = _mm256_broadcast_ss(p + j);
+            o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), o0);
+            o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), o1);
+            o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), o2);
+            o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), o3);
+        }
+        _mm256_storeu_ps(o + i, o0);
+        _mm256_storeu_ps(o + i + 8, o1);
+        _mm256_storeu_ps(o + i + 16, o2);
+        _mm256_storeu_ps(o + i + 24, o3);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 o0 = _mm256_loadu_ps(o + i);
+        for (int j = 0; j < nk; j++)
+            o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + (size_t)j * hd + i), o0);
+        _mm256_storeu_ps(o + i, o0);
+    }
+    for (; i < hd; i++) {
+        float acc = o[i];
+        for (int j = 0; j < nk; j++) acc += p[j] * v[(size_t)j * hd + i];
+        o[i] = acc;
+    }
+}
+
+/* n is padded to a multiple of 8 with -inf entries, which give 0 */
+static float exp_sum_avx2(float *s, int n, float m) {
+    __m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) {
+        __m256 e = op_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return op_hsum256(sum);
+}
+#pragma GCC pop_options
+#define HAVE_AVX2_PATHS 1
+#endif
+
+/* ---- one work item: rows x a key range, online softmax ---------------------- */
+typedef struct {
+    const op_attn_args *a;
+    const float *q;
+    float *out;
+    att_plan p;
+    uint8_t *scratch;
+    size_t per_thread;
+    float *parts;
+    int simd;
+    int n_tasks;
+    atomic_int next;
+} att_job;
+
+static void run_task(const att_job *j, int task, uint8_t *scr) {
+    const op_attn_args *a = j->a;
+    const att_plan *p = &j->p;
+    const int hd = a->head_dim;
+    int item = task / p->n_split, split = task % p->n_split;
+    /* the last query tiles see the most keys: hand them out first */
+    int tt = p->n_tt - 1 - item % p->n_tt;
+    int rest = item / p->n_tt;
+    int hci = rest % p->n_hc, h = rest / p->n_hc;
+    int t0 = tt * p->tq, t1 = t0 + p->tq < a->T ? t0 + p->tq : a->T;
+    int g0 = hci * p->hc, g1 = g0 + p->hc < p->G ? g0 + p->hc : p->G;
+    int nt = t1 - t0, ng = g1 - g0, R = nt * ng;
+
+    float *S = (float *)scr;
+    float *O = (float *)(scr + round64(sizeof(float) * ATT_RMAX * ATT_BK));
+    float *M = (float *)((uint8_t *)O + round64(sizeof(float) * ATT_RMAX * (size_t)hd));
+    float *L = (float *)((uint8_t *)M + round64(sizeof(float) * ATT_RMAX));
+
+    int n_keys = a->q_pos0 + t1;
+    int k0 = 0, k1 = n_keys;
+    if (p->n_split > 1) {
+        int per = (n_keys + p->n_split - 1) / p->n_split;
+        per = (per + ATT_BK - 1) / ATT_BK * ATT_BK;
+        k0 = split * per < n_keys ? split * per : n_keys;
+        k1 = k0 + per < n_keys ? k0 + per : n_keys;
+    }
+    for (int r = 0; r < R; r++) { M[r] = -INFINITY; L[r] = 0; }
+    memset(O, 0, sizeof(float) * (size_t)R * hd);
+
+    for (int kb = k0; kb < k1; kb += ATT_BK) {
+        int nk = k1 - kb < ATT_BK ? k1 - kb : ATT_BK;
+        for (int ti = 0; ti < nt; ti++) {
+            /* keys kb .. kb+vis-1 are at or before this token's position */
+            int vis = a->q_pos0 + t0 + ti - kb + 1;
+            if (vis > nk) vis = nk;
+            if (vis <= 0) continue;
+            int vpad = (vis + 7) & ~7;
+            for (int gi = 0; gi < ng; gi++) {
+                int r = ti * ng + gi;
+                const float *qr = j->q + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
+                float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
+                float mx = -INFINITY, sum;
+                /* key block in runs that are contiguous in the cache */
+                for (int x = 0, len; x < vis; x += len) {
+                    len = run_from(a, kb + x, vis - x);
+#ifdef HAVE_AVX2_PATHS
+                    if (j->simd) scores_avx2(s + x, qr, key_at(a, h, kb + x), len, hd, a->scale);
+                    else
+#endif
+                        scores_scalar(s + x, qr, key_at(a, h, kb + x), len, hd, a->scale);
+                }
+                for (int x = 0; x < vis; x++) mx = s[x] > mx ? s[x] : mx;
+                for (int x = vis; x < vpad; x++) s[x] = -INFINITY;
+                float m_new = M[r] > mx ? M[r] : mx;
+#ifdef HAVE_AVX2_PATHS
+                if (j->simd) sum = exp_sum_avx2(s, vpad, m_new);
+                else
+#endif
+                    sum = exp_sum_scalar(s, vis, m_new);
+                if (M[r] != m_new && L[r] > 0) { /* rescale what was summed under the old max */
+                    float alpha = expf(M[r] - m_new);
+                    L[r] *= alpha;
+                    for (int i = 0; i < hd; i++) o[i] *= alpha;
+                }
+                L[r] += sum;
+                M[r] = m_new;
+                for (int x = 0, len; x < vis; x += len) {
+                    len = run_from(a, kb + x, vis - x);
+#ifdef HAVE_AVX2_PATHS
+                    if (j->simd) pv_avx2(o, s + x, value_at(a, h, kb + x), len, hd);
+                    else
+#endif
+                        pv_scalar(o, s + x, value_at(a, h, kb + x), len, hd);
+                }
+            }
+        }
+    }
+
+    for (int ti = 0; ti < nt; ti++)
+        for (int gi = 0; gi < ng; gi++) {
+            int r = ti * ng + gi;
+            if (p->n_split == 1) {
+                float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
+                float inv = 1.0f / L[r];
+                for (int i = 0; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
+            } else {
+                float *part = j->parts + (size_t)task * part_floats(hd);
+                part[r] = M[r];
+                part[ATT_RMAX + r] = L[r];
+                memcpy(part + 2 * ATT_RMAX + (size_t)r * hd, O + (size_t)r * hd, sizeof(float) * hd);
+            }
+        }
+}
+
+static void att_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    att_job *j = ctx;
+    uint8_t *scr = j->scratch + (size_t)ith * j->per_thread;
+    for (;;) {
+        int task = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (task >= j->n_tasks) break;
+        run_task(j, task, scr);
+    }
+}
+
+/* Combines the key-split parts of each item: weights e^(m_s - max m). */
+static void merge_parts(const att_job *j) {
+    const op_attn_args *a = j->a;
+    const att_plan *p = &j->p;
+    const int hd = a->head_dim;
+    for (int item = 0; item < p->n_items; item++) {
+        int tt = p->n_tt - 1 - item % p->n_tt;
+        int rest = item / p->n_tt;
+        int hci = rest % p->n_hc, h = rest / p->n_hc;
+        int t0 = tt * p->tq, t1 = t0 + p->tq < a->T ? t0 + p->tq : a->T;
+        int g0 = hci * p->hc, g1 = g0 + p->hc < p->G ? g0 + p->hc : p->G;
+        int ng = g1 - g0;
+        const float *parts = j->parts + (size_t)item * p->n_split * part_floats(hd);
+        for (int ti = 0; ti < t1 - t0; ti++)
+            for (int gi = 0; gi < ng; gi++) {
+                int r = ti * ng + gi;
+                float mx = -INFINITY, l = 0;
+                for (int s = 0; s < p->n_split; s++) {
+                    float ms = parts[s * part_floats(hd) + r];
+                    mx = ms > mx ? ms : mx;
+                }
+                float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
+                for (int i = 0; i < hd; i++) dst[i] = 0;
+                for (int s = 0; s < p->n_split; s++) {
+                    const float *ps = parts + s * part_floats(hd);
+                    if (ps[ATT_RMAX + r] == 0.0f) continue; /* no visible key in this part */
+                    float w = expf(ps[r] - mx);
+                    l += ps[ATT_RMAX + r] * w;
+                    const float *o = ps + 2 * ATT_RMAX + (size_t)r * hd;
+                    for (int i = 0; i < hd; i++) dst[i] += o[i] * w;
+                }
+                float inv = 1.0f / l;
+                for (int i = 0; i < hd; i++) dst[i] *= inv;
+            }
+    }
+}
+
+void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
+    if (a->T <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 ||
+        a->n_heads % a->n_kv_heads != 0 || (a->blocks && a->block_size <= 0))
+        return;
+    att_job j;
+    j.a = a;
+    j.q = q;
+    j.out = out;
+    j.p = make_plan(a);
+    j.per_thread = per_thread_bytes(a->head_dim);
+    j.scratch = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    j.parts = (float *)(j.scratch + (size_t)util_pool_size(pool) * j.per_thread);
+    j.simd = op_simd_level() >= OP_SIMD_AVX2;
+    j.n_tasks = j.p.n_items * j.p.n_split;
+    atomic_init(&j.next, 0);
+    util_pool_run(pool, att_worker, &j);
+    if (j.p.n_split > 1) merge_parts(&j);
+}

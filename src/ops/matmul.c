@@ -1,0 +1,237 @@
+/* ops/matmul: matmul entry points: picks the tile kernel for the weight type
+ * and CPU, quantizes the activations, hands row chunks to the threads; also the
+ * double-precision reference and the memory read-bandwidth probe. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "ops/ops_internal.h"
+#include "util/timing.h"
+
+int op_matmul_act_kind(int wtype) {
+    switch (wtype) {
+    case DT_F32: case DT_F16: case DT_BF16: return 0;
+    case DT_Q8_0: case DT_Q4_0: return 1;
+    case DT_Q4_K: case DT_Q6_K: return 2;
+    default: return -1;
+    }
+}
+
+op_mm_tile_fn op_mm_tile(int wtype) {
+    int level = op_simd_level();
+    if (level >= OP_SIMD_VNNI) return op_mm_tile_vnni(wtype);
+    if (level >= OP_SIMD_AVX2) return op_mm_tile_avx2(wtype);
+    return op_mm_tile_scalar(wtype);
+}
+
+static size_t act_row_size(int kind, int n_in) {
+    return kind == 1 ? op_q8a_row_size(n_in) : kind == 2 ? op_q8k_row_size(n_in) : 0;
+}
+
+size_t op_matmul_work_size(int wtype, int T, int n_in) {
+    int kind = op_matmul_act_kind(wtype);
+    if (kind <= 0 || T <= 0 || n_in <= 0) return 0;
+    return (size_t)T * act_row_size(kind, n_in) + 64; /* + room to align */
+}
+
+/* ---- activation quantization job ------------------------------------------ */
+typedef struct {
+    const float *X;
+    uint8_t *xq;
+    size_t xs;
+    int T, n_in, kind;
+} quant_job;
+
+static void quant_worker(void *p, int ith, int nth) {
+    quant_job *j = p;
+    long lo, hi;
+    util_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        const float *x = j->X + (size_t)t * j->n_in;
+        if (j->kind == 1) op_quantize_q8a(x, j->xq + (size_t)t * j->xs, j->n_in);
+        else op_quantize_q8k(x, j->xq + (size_t)t * j->xs, j->n_in);
+    }
+}
+
+/* ---- the matmul job ------------------------------------------------------------
+ * Rows are cut into chunks; each thread owns a contiguous home range of chunks
+ * and takes them from its front, so its reads form one stream (which the
+ * kernels' prefetch of the next rows follows). A thread that finishes early
+ * steals chunks from the back of the others' ranges, so a thread that was
+ * descheduled does not hold up the call. Which thread computes a chunk never
+ * changes its result. */
+#define MM_MAX_RANGES 64
+typedef struct {
+    _Atomic uint64_t fb; /* front (low 32 bits) and back (high 32 bits) */
+    char pad[64 - sizeof(uint64_t)];
+} mm_range;
+
+typedef struct {
+    op_mm_tile_fn fn;
+    const uint8_t *W, *X;
+    size_t ws, xs;
+    float *Y;
+    int T, n_in, n_out;
+    int chunk_rows, n_chunks, tb, n_ranges;
+    mm_range *ranges;
+} mm_job;
+
+static int take_chunk(mm_range *r, int from_back) {
+    uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return -1;
+        uint64_t nv = from_back ? ((uint64_t)(b - 1) << 32 | f) : v + 1;
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return (int)(from_back ? b - 1 : f);
+    }
+}
+
+static void mm_chunk(const mm_job *j, int ci) {
+    int r0 = ci * j->chunk_rows;
+    int nr = j->n_out - r0 < j->chunk_rows ? j->n_out - r0 : j->chunk_rows;
+    /* the chunk's rows stay in cache while every token block passes */
+    for (int t0 = 0; t0 < j->T; t0 += j->tb) {
+        int nt = j->T - t0 < j->tb ? j->T - t0 : j->tb;
+        j->fn(j->n_in, j->W + (size_t)r0 * j->ws, j->ws, j->X + (size_t)t0 * j->xs, j->xs,
+              j->Y + (size_t)t0 * j->n_out + r0, (size_t)j->n_out, nr, nt);
+    }
+}
+
+static void mm_worker(void *p, int ith, int nth) {
+    (void)nth;
+    mm_job *j = p;
+    int home = ith % j->n_ranges, ci;
+    while ((ci = take_chunk(&j->ranges[home], 0)) >= 0) mm_chunk(j, ci);
+    for (int k = 1; k < j->n_ranges; k++) {
+        mm_range *r = &j->ranges[(home + k) % j->n_ranges];
+        while ((ci = take_chunk(r, 1)) >= 0) mm_chunk(j, ci);
+    }
+}
+
+void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype, int T, int n_in,
+               int n_out, void *work) {
+    if (T <= 0 || n_out <= 0 || n_in <= 0) return;
+    int kind = op_matmul_act_kind(wtype);
+    op_mm_tile_fn fn = op_mm_tile(wtype);
+    size_t row_bytes = dt_row_size(wtype, n_in); /* 0 if n_in is not whole blocks */
+    if (kind < 0 || !fn || row_bytes == 0) return;
+    int nth = util_pool_size(pool);
+
+    const uint8_t *xa = (const uint8_t *)X;
+    size_t xs = (size_t)n_in * sizeof(float);
+    if (kind > 0) {
+        uint8_t *xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+        quant_job qj = {X, xq, act_row_size(kind, n_in), T, n_in, kind};
+        if (T >= 2 * nth && nth > 1) util_pool_run(pool, quant_worker, &qj);
+        else quant_worker(&qj, 0, 1);
+        xa = xq;
+        xs = qj.xs;
+    }
+
+    mm_job j;
+    j.fn = fn;
+    j.W = W;
+    j.X = xa;
+    j.ws = row_bytes;
+    j.xs = xs;
+    j.Y = Y;
+    j.T = T;
+    j.n_in = n_in;
+    j.n_out = n_out;
+    /* Decode streams the weights once: chunks of ~32 KiB keep the hand-out
+     * cheap and the threads balanced. Prefill reuses each chunk for all tokens,
+     * so it is sized to sit in L2 (~128 KiB) next to a block of activations. */
+    size_t target = T == 1 ? (32u << 10) : (128u << 10);
+    long cr = (long)(target / (row_bytes ? row_bytes : 1));
+    long min_chunks = 4L * nth;
+    if ((long)n_out / min_chunks < cr) cr = (long)n_out / min_chunks;
+    cr = cr < 4 ? 4 : (cr + 3) & ~3L;  /* multiple of the largest register tile */
+    j.chunk_rows = (int)cr;
+    j.n_chunks = (int)((n_out + cr - 1) / cr);
+    j.tb = 64;
+    mm_range ranges[MM_MAX_RANGES];
+    j.n_ranges = nth < MM_MAX_RANGES ? nth : MM_MAX_RANGES;
+    j.ranges = ranges;
+    for (int i = 0; i < j.n_ranges; i++) {
+        long lo, hi;
+        util_split(j.n_chunks, i, j.n_ranges, &lo, &hi);
+        atomic_init(&ranges[i].fb, (uint64_t)hi << 32 | (uint64_t)lo);
+    }
+    util_pool_run(pool, mm_worker, &j);
+}
+
+void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out) {
+    float *row = malloc((size_t)n_in * sizeof(float));
+    if (!row) return;
+    size_t rs = dt_row_size(wtype, n_in);
+    for (int o = 0; o < n_out; o++) {
+        dt_dequantize_row(wtype, (const uint8_t *)W + (size_t)o * rs, row, n_in);
+        for (int t = 0; t < T; t++) {
+            const float *x = X + (size_t)t * n_in;
+            double s = 0;
+            for (int i = 0; i < n_in; i++) s += (double)row[i] * (double)x[i];
+            Y[(size_t)t * n_out + o] = (float)s;
+        }
+    }
+    free(row);
+}
+
+/* ---- read bandwidth ----------------------------------------------------------- */
+typedef struct {
+    float *buf;
+    size_t n;
+    int fill, prefetch;
+    double sums[64];
+} bw_job;
+
+static void bw_worker(void *p, int ith, int nth) {
+    bw_job *j = p;
+    long lo, hi;
+    /* split in 32-float units so every slice stays 32-byte aligned */
+    util_split((long)(j->n / 32), ith, nth, &lo, &hi);
+    float *s = j->buf + lo * 32;
+    size_t cnt = (size_t)(hi - lo) * 32;
+    if (j->fill) {
+        for (size_t i = 0; i < cnt; i++) s[i] = (float)(i & 7);
+        return;
+    }
+    double r;
+    if (op_simd_level() >= OP_SIMD_AVX2) r = op_read_sum_avx2(s, cnt, j->prefetch);
+    else {
+        float a[8] = {0};
+        for (size_t i = 0; i < cnt; i += 8)
+            for (int k = 0; k < 8; k++) a[k] += s[i + k];
+        r = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    }
+    j->sums[ith & 63] += r;
+}
+
+double op_measure_read_bandwidth(util_pool *pool, size_t bytes) {
+    size_t n = bytes / sizeof(float) / 256 * 256;
+    if (n == 0) return 0;
+    bw_job j;
+    memset(&j, 0, sizeof j);
+    j.buf = aligned_alloc(64, n * sizeof(float));
+    if (!j.buf) return 0;
+    j.n = n;
+    j.fill = 1;
+    util_pool_run(pool, bw_worker, &j); /* each thread first-touches its slice */
+    j.fill = 0;
+    double best = 1e30;
+    /* plain loads and loads with software prefetch: the machine's bandwidth
+     * is the better of the two */
+    for (int rep = 0; rep < 10; rep++) {
+        j.prefetch = rep & 1;
+        double t0 = util_now_s();
+        util_pool_run(pool, bw_worker, &j);
+        double dt = util_now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    /* keep the sums alive so the reads are not optimised away */
+    volatile double sink = 0;
+    for (int i = 0; i < 64; i++) sink += j.sums[i];
+    (void)sink;
+    free(j.buf);
+    return (double)(n * sizeof(float)) / best;
+}

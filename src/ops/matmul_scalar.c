@@ -1,0 +1,137 @@
+/* ops/matmul_scalar: portable matmul tile kernels for every weight type; the
+ * fallback on CPUs without AVX2 and the baseline the SIMD kernels are tested
+ * against (same quantized activations, integer dot products per block). */
+#include "model/dtype.h"
+#include "ops/matmul_kq.h"
+#include "ops/ops_internal.h"
+
+typedef float (*dot_fn)(int n, const uint8_t *w, const uint8_t *x);
+
+static float dot_f32(int n, const uint8_t *w, const uint8_t *x) {
+    const float *a = (const float *)w, *b = (const float *)x;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static float dot_f16(int n, const uint8_t *w, const uint8_t *x) {
+    const dt_f16 *a = (const dt_f16 *)w;
+    const float *b = (const float *)x;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += dt_f16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+static float dot_bf16(int n, const uint8_t *w, const uint8_t *x) {
+    const dt_bf16 *a = (const dt_bf16 *)w;
+    const float *b = (const float *)x;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += dt_bf16_to_f32(a[i]) * b[i];
+    return s;
+}
+
+static float dot_q8_0(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q8_0 *wb = (const block_q8_0 *)w;
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        int isum = 0;
+        for (int i = 0; i < 32; i++) isum += wb[b].qs[i] * xq[b * 32 + i];
+        s += (float)isum * (dt_f16_to_f32(wb[b].d) * xd[b]);
+    }
+    return s;
+}
+
+static float dot_q4_0(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q4_0 *wb = (const block_q4_0 *)w;
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const int8_t *xb = xq + b * 32;
+        int isum = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += ((wb[b].qs[i] & 0x0f) - 8) * xb[i];
+            isum += ((wb[b].qs[i] >> 4) - 8) * xb[i + 16];
+        }
+        s += (float)isum * (dt_f16_to_f32(wb[b].d) * xd[b]);
+    }
+    return s;
+}
+
+static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q4_K *wb = (const block_q4_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        uint8_t sc[8], mn[8];
+        op_q4k_scales(wb[b].scales, sc, mn);
+        const uint8_t *q = wb[b].qs;
+        const int8_t *a = xb[b].qs;
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < QK_K / 64; j++) {
+            int lo = 0, hi = 0;
+            for (int l = 0; l < 32; l++) {
+                lo += (q[l] & 0x0f) * a[l];
+                hi += (q[l] >> 4) * a[l + 32];
+            }
+            sumi += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+            q += 32;
+            a += 64;
+        }
+        for (int j = 0; j < 8; j++) summ += mn[j] * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
+        s += xb[b].d * (dt_f16_to_f32(wb[b].d) * (float)sumi - dt_f16_to_f32(wb[b].dmin) * (float)summ);
+    }
+    return s;
+}
+
+static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q6_K *wb = (const block_q6_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int8_t q[QK_K];
+        op_q6k_unpack(&wb[b], q);
+        int sumi = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int isum = 0;
+            for (int i = 0; i < 16; i++) isum += q[g * 16 + i] * xb[b].qs[g * 16 + i];
+            sumi += wb[b].scales[g] * isum;
+        }
+        s += dt_f16_to_f32(wb[b].d) * xb[b].d * (float)sumi;
+    }
+    return s;
+}
+
+static inline void tile(dot_fn f, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                        float *y, size_t ys, int nr, int nc) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + r] = f(n, w + (size_t)r * ws, x + (size_t)c * xs);
+}
+
+#define TILE(name)                                                                              \
+    static void tile_##name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,    \
+                            float *y, size_t ys, int nr, int nc) {                              \
+        tile(dot_##name, n, w, ws, x, xs, y, ys, nr, nc);                                       \
+    }
+TILE(f32)
+TILE(f16)
+TILE(bf16)
+TILE(q8_0)
+TILE(q4_0)
+TILE(q4_K)
+TILE(q6_K)
+
+op_mm_tile_fn op_mm_tile_scalar(int wtype) {
+    switch (wtype) {
+    case DT_F32: return tile_f32;
+    case DT_F16: return tile_f16;
+    case DT_BF16: return tile_bf16;
+    case DT_Q8_0: return tile_q8_0;
+    case DT_Q4_0: return tile_q4_0;
+    case DT_Q4_K: return tile_q4_K;
+    case DT_Q6_K: return tile_q6_K;
+    default: return NULL;
+    }
+}

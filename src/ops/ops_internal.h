@@ -1,0 +1,76 @@
+/* ops/ops_internal: what the kernel files share with each other and with
+ * tests/test_ops.c: the SIMD level switch, activation-quantization layouts,
+ * the per-type matmul tile kernels and the vector math helpers. */
+#ifndef KVLM_OPS_OPS_INTERNAL_H
+#define KVLM_OPS_OPS_INTERNAL_H
+#include <stddef.h>
+#include <stdint.h>
+#include "ops/ops.h"
+
+/* ---- SIMD level ------------------------------------------------------------ */
+enum { OP_SIMD_SCALAR = 0, OP_SIMD_AVX2 = 1, OP_SIMD_VNNI = 2 };
+/* The level the kernels use now: the CPU's best, capped by op_set_simd and by
+ * op_set_simd_level. */
+int op_simd_level(void);
+/* Best level the CPU supports (VNNI = AVX512 F, BW, VL and VNNI on top of AVX2). */
+int op_cpu_simd_level(void);
+/* Caps the level (tests use it to compare the AVX2 and VNNI paths);
+ * a negative value removes the cap. */
+void op_set_simd_level(int level);
+
+/* ---- quantized activations --------------------------------------------------
+ * Q8_0-style rows (for Q8_0 and Q4_0 weights), one per token, laid out as
+ *   int8_t  qs[n_in]        quants, 32 per block
+ *   float   d[nb]           block scales (amax / 127)
+ *   float   dc[nb]          d * (-8 * sum of the block's quants): the Q4_0
+ *                           offset term, so kernels can keep nibbles unsigned
+ *   32 zero bytes           so 8-wide loads of d and dc past the last block
+ *                           read zeros
+ * Q8_K rows (for Q4_K and Q6_K) are arrays of block_q8_K (model/dtype.h) with
+ * d = amax / 127 and bsums = sums of 16 quants.
+ * Both quantizers round to nearest even and are bit-identical in their scalar
+ * and SIMD versions, so the fast matmul can be checked against a reference
+ * that uses exactly the same activations. */
+size_t op_q8a_row_size(int n_in);
+size_t op_q8k_row_size(int n_in);
+void op_quantize_q8a(const float *x, void *row, int n_in);
+void op_quantize_q8k(const float *x, void *row, int n_in);
+/* Back to floats (value = d * q), for tests. */
+void op_dequantize_q8a(const void *row, float *x, int n_in);
+void op_dequantize_q8k(const void *row, float *x, int n_in);
+static inline const int8_t *op_q8a_qs(const void *row) { return (const int8_t *)row; }
+static inline const float *op_q8a_d(const void *row, int n_in) {
+    return (const float *)((const uint8_t *)row + n_in);
+}
+static inline const float *op_q8a_dc(const void *row, int n_in) {
+    return op_q8a_d(row, n_in) + n_in / 32;
+}
+/* Activation format a weight type's kernel wants: 0 = f32 rows, 1 = Q8_0-style,
+ * 2 = Q8_K; -1 = unsupported weight type. */
+int op_matmul_act_kind(int wtype);
+
+/* ---- matmul tiles -------------------------------------------------------------
+ * Computes y[c * y_stride + r] = dot(W row r, X row c) for r < nr, c < nc.
+ * w: first weight row, w_stride bytes apart; x: first activation row (f32 or
+ * quantized as op_matmul_act_kind says), x_stride bytes apart. n = n_in.
+ * Every output element is computed by the same instruction sequence whatever
+ * nr, nc and the tile it falls in, so results do not depend on how rows are
+ * split among threads. */
+typedef void (*op_mm_tile_fn)(int n, const uint8_t *w, size_t w_stride, const uint8_t *x,
+                              size_t x_stride, float *y, size_t y_stride, int nr, int nc);
+/* Kernel for a weight type at a SIMD level (falls back to a lower level when a
+ * type has no kernel at the requested one); NULL for unsupported types. */
+op_mm_tile_fn op_mm_tile_scalar(int wtype);
+op_mm_tile_fn op_mm_tile_avx2(int wtype);
+op_mm_tile_fn op_mm_tile_vnni(int wtype);
+/* The kernel op_matmul uses now for a weight type (op_simd_level picks). */
+op_mm_tile_fn op_mm_tile(int wtype);
+
+/* AVX2 activation quantizers (same results as the scalar ones). */
+void op_quantize_q8a_avx2(const float *x, void *row, int n_in);
+void op_quantize_q8k_avx2(const float *x, void *row, int n_in);
+
+/* Sum of n floats (32-byte aligned) with AVX2 loads, with or without
+ * software prefetch: the bandwidth probe. */
+double op_read_sum_avx2(const float *p, size_t n_floats, int prefetch);
+#endif

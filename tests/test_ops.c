@@ -1,0 +1,527 @@
+/* tests/test_ops: every kernel's fast path against its scalar reference:
+ * matmul for each weight type (against a double reference on the same
+ * quantized activations, and against the pure-float one with a bound from the
+ * activation rounding), activation quantizers, rmsnorm, rope, softmax, swiglu,
+ * add and attention (tiled/online softmax vs materialised rows), plus
+ * thread-count determinism. */
+#include "helpers/testutil.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "ops/ops.h"
+#include "ops/ops_internal.h"
+#include "util/pool.h"
+
+static uint64_t seed = 12345;
+
+static float *rand_floats(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float));
+    assert_non_null(x);
+    tu_fill_random(x, n, &seed, scale);
+    return x;
+}
+
+/* Levels to compare: scalar, then each SIMD level the CPU has. */
+static int n_levels(void) { return op_cpu_simd_level() + 1; }
+
+/* ---- activation quantizers ----------------------------------------------------- */
+static void test_quant_act_simd_equals_scalar(void **state) {
+    (void)state;
+    const int sizes[] = {256, 512, 2048, 4096};
+    for (int si = 0; si < 4; si++) {
+        int n = sizes[si];
+        float *x = rand_floats((size_t)n, 3.0f);
+        x[5] = 0.0f;
+        for (int i = 32; i < 64; i++) x[i] = 0.0f; /* an all-zero block: d = 0 */
+        x[70] = 1e-30f;
+        size_t ra = op_q8a_row_size(n), rk = op_q8k_row_size(n);
+        uint8_t *a0 = calloc(1, ra), *a1 = calloc(1, ra), *k0 = calloc(1, rk), *k1 = calloc(1, rk);
+        op_set_simd(false);
+        op_quantize_q8a(x, a0, n);
+        op_quantize_q8k(x, k0, n);
+        op_set_simd(true);
+        op_quantize_q8a(x, a1, n);
+        op_quantize_q8k(x, k1, n);
+        assert_memory_equal(a0, a1, ra);
+        assert_memory_equal(k0, k1, rk);
+        /* dequantized values are within half a step of the input */
+        float *y = malloc(sizeof(float) * (size_t)n);
+        op_dequantize_q8a(a0, y, n);
+        for (int i = 0; i < n; i++) assert_true(fabsf(y[i] - x[i]) <= 0.5f * op_q8a_d(a0, n)[i / 32] * 1.0001f + 1e-30f);
+        op_dequantize_q8k(k0, y, n);
+        const block_q8_K *kb = (const block_q8_K *)k0;
+        for (int i = 0; i < n; i++) assert_true(fabsf(y[i] - x[i]) <= 0.5f * kb[i / QK_K].d * 1.0001f + 1e-30f);
+        for (int b = 0; b < n / QK_K; b++)
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += kb[b].qs[16 * j + i];
+                assert_int_equal(s, kb[b].bsums[j]);
+            }
+        free(y);
+        free(a0); free(a1); free(k0); free(k1); free(x);
+    }
+}
+
+/* ---- matmul ------------------------------------------------------------------------ */
+typedef struct {
+    int type;
+    const char *name;
+} wtype;
+static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
+                                {DT_Q4_0, "q4_0"}, {DT_Q4_K, "q4_K"}, {DT_Q6_K, "q6_K"}};
+#define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
+
+static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
+    size_t rs = dt_row_size(type, n_in);
+    assert_true(rs > 0);
+    uint8_t *w = malloc(rs * (size_t)n_out);
+    float *wf = rand_floats((size_t)n_in * n_out, 0.5f);
+    for (int o = 0; o < n_out; o++) assert_int_equal(dt_quantize_row(type, wf + (size_t)o * n_in, w + rs * o, n_in), 0);
+    /* the weights the kernels see are the dequantized ones */
+    for (int o = 0; o < n_out; o++) dt_dequantize_row(type, w + rs * o, wf + (size_t)o * n_in, n_in);
+    *wf_out = wf;
+    return w;
+}
+
+static void run_matmul(util_pool *pool, float *Y, const float *X, const void *W, int type, int T, int n_in,
+                       int n_out) {
+    size_t ws = op_matmul_work_size(type, T, n_in);
+    /* exact size, misaligned by one byte: ASan sees any overrun, and the
+     * kernel must align the scratch itself */
+    uint8_t *buf = ws ? malloc(ws + 1) : NULL;
+    op_matmul(pool, Y, X, W, type, T, n_in, n_out, ws ? buf + 1 : NULL);
+    free(buf);
+}
+
+/* Checks one shape for one type at every SIMD level and thread count. */
+static void check_matmul(int type, const char *name, int T, int n_in, int n_out, util_pool *p2, util_pool *p3) {
+    float *wf;
+    void *W = make_weights(type, n_in, n_out, &wf);
+    float *X = rand_floats((size_t)T * n_in, 2.0f);
+    X[0] = 40.0f; /* an outlier: its block gets a coarse scale */
+    size_t ny = (size_t)T * n_out;
+    float *Y = malloc(ny * sizeof(float)), *Yt = malloc(ny * sizeof(float));
+    float *Yref = malloc(ny * sizeof(float));
+    op_matmul_ref(Yref, X, W, type, T, n_in, n_out);
+
+    /* The activations exactly as the kernels quantize them (the quantizers are
+     * bit-identical at every level, tested above). */
+    int kind = op_matmul_act_kind(type);
+    float *Xq = malloc((size_t)T * n_in * sizeof(float));
+    float *half_step = malloc((size_t)T * n_in * sizeof(float)); /* bound on |x - xq| */
+    for (int t = 0; t < T; t++) {
+        const float *x = X + (size_t)t * n_in;
+        float *xq = Xq + (size_t)t * n_in, *hs = half_step + (size_t)t * n_in;
+        if (kind == 0) {
+            memcpy(xq, x, sizeof(float) * n_in);
+            for (int i = 0; i < n_in; i++) hs[i] = 0;
+        } else {
+            size_t rs = kind == 1 ? op_q8a_row_size(n_in) : op_q8k_row_size(n_in);
+            uint8_t *row = malloc(rs);
+            if (kind == 1) {
+                op_quantize_q8a(x, row, n_in);
+                op_dequantize_q8a(row, xq, n_in);
+                for (int i = 0; i < n_in; i++) hs[i] = 0.5f * op_q8a_d(row, n_in)[i / 32];
+            } else {
+                op_quantize_q8k(x, row, n_in);
+                op_dequantize_q8k(row, xq, n_in);
+                for (int i = 0; i < n_in; i++) hs[i] = 0.5f * ((const block_q8_K *)row)[i / QK_K].d;
+            }
+            free(row);
+        }
+    }
+
+    for (int level = 0; level < n_levels(); level++) {
+        op_set_simd_level(level);
+        run_matmul(NULL, Y, X, W, type, T, n_in, n_out);
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < n_out; o++) {
+                const float *w = wf + (size_t)o * n_in;
+                const float *xq = Xq + (size_t)t * n_in, *hs = half_step + (size_t)t * n_in;
+                double exact = 0, mag = 0, qerr = 0;
+                for (int i = 0; i < n_in; i++) {
+                    exact += (double)w[i] * xq[i];
+                    mag += fabs((double)w[i] * xq[i]);
+                    qerr += fabs((double)w[i]) * hs[i];
+                }
+                double y = Y[(size_t)t * n_out + o];
+                /* Same activations: integer block sums are exact, so the only
+                 * error is float rounding of the block scales and the running
+                 * sum: at most ~(n_in/8 + 8) roundings of 2^-24 relative to
+                 * sum |w x| for the float types, fewer for the block types. */
+                double tol = (n_in / 8 + 16) * 6e-8 * mag + 1e-30;
+                if (fabs(y - exact) > tol) {
+                    fprintf(stderr, "%s level %d T=%d n_in=%d row %d tok %d: %.9g vs %.9g (tol %.3g)\n", name,
+                            level, T, n_in, o, t, y, exact, tol);
+                    fail();
+                }
+                /* Pure-float reference: additionally the activation rounding,
+                 * |sum w (x - xq)| <= sum |w| * half a quantization step. */
+                double yr = Yref[(size_t)t * n_out + o];
+                if (fabs(y - yr) > qerr * 1.0001 + tol + 1e-6 * fabs(yr)) {
+                    fprintf(stderr, "%s level %d vs float ref: %.9g vs %.9g (bound %.3g)\n", name, level, y, yr,
+                            qerr + tol);
+                    fail();
+                }
+            }
+        /* threads: same bits */
+        run_matmul(p2, Yt, X, W, type, T, n_in, n_out);
+        assert_memory_equal(Y, Yt, ny * sizeof(float));
+        run_matmul(p3, Yt, X, W, type, T, n_in, n_out);
+        assert_memory_equal(Y, Yt, ny * sizeof(float));
+    }
+    op_set_simd_level(-1);
+    free(Xq); free(half_step);
+    free(Y); free(Yt); free(Yref); free(X); free(W); free(wf);
+}
+
+static void test_matmul_all_types(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int Ts[] = {1, 3, 17, 64};
+    const int n_ins[] = {256, 512, 768};
+    const int n_outs[] = {67, 5};
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 3; b++)
+                for (int c = 0; c < 2; c++) {
+                    if (tu_quick() && (b == 2 || (a == 3 && c == 1))) continue;
+                    check_matmul(k_types[ti].type, k_types[ti].name, Ts[a], n_ins[b], n_outs[c], p2, p3);
+                }
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
+/* Float types take any n_in; Q8_0/Q4_0 any multiple of 32 (partial groups of
+ * 8 blocks in the SIMD kernels). */
+static void test_matmul_odd_sizes(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int f_ins[] = {1, 7, 8, 13, 100};
+    for (int i = 0; i < 5; i++)
+        for (int t = 0; t < 3; t++) check_matmul(k_types[t].type, k_types[t].name, 3, f_ins[i], 9, p2, p3);
+    const int q_ins[] = {32, 96, 224, 288};
+    for (int i = 0; i < 4; i++) {
+        check_matmul(DT_Q8_0, "q8_0", 1, q_ins[i], 13, p2, p3);
+        check_matmul(DT_Q4_0, "q4_0", 5, q_ins[i], 13, p2, p3);
+    }
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
+/* VNNI and AVX2 kernels for Q8_0/Q4_0 compute the same exact integer block
+ * sums and the same float ops, so they agree bit for bit. */
+static void test_matmul_vnni_equals_avx2(void **state) {
+    (void)state;
+    if (op_cpu_simd_level() < OP_SIMD_VNNI) { fprintf(stderr, "SKIP: no AVX512-VNNI\n"); skip(); }
+    const int types[] = {DT_Q8_0, DT_Q4_0};
+    for (int ti = 0; ti < 2; ti++)
+        for (int T = 1; T <= 9; T += 4) {
+            float *wf;
+            int n_in = 512, n_out = 37;
+            void *W = make_weights(types[ti], n_in, n_out, &wf);
+            float *X = rand_floats((size_t)T * n_in, 1.0f);
+            float *Y1 = malloc(sizeof(float) * T * n_out), *Y2 = malloc(sizeof(float) * T * n_out);
+            op_set_simd_level(OP_SIMD_AVX2);
+            run_matmul(NULL, Y1, X, W, types[ti], T, n_in, n_out);
+            op_set_simd_level(OP_SIMD_VNNI);
+            run_matmul(NULL, Y2, X, W, types[ti], T, n_in, n_out);
+            op_set_simd_level(-1);
+            assert_memory_equal(Y1, Y2, sizeof(float) * T * n_out);
+            free(W); free(wf); free(X); free(Y1); free(Y2);
+        }
+}
+
+static void test_matmul_work_size(void **state) {
+    (void)state;
+    assert_int_equal(op_matmul_work_size(DT_F32, 8, 256), 0);
+    assert_int_equal(op_matmul_work_size(DT_F16, 8, 256), 0);
+    assert_true(op_matmul_work_size(DT_Q4_0, 8, 256) >= 8 * op_q8a_row_size(256));
+    assert_true(op_matmul_work_size(DT_Q6_K, 8, 256) >= 8 * op_q8k_row_size(256));
+    /* an unsupported type leaves Y alone */
+    float y = 7.0f, x[32] = {0};
+    uint8_t w[64] = {0};
+    op_matmul(NULL, &y, x, w, DT_Q5_0, 1, 32, 1, NULL);
+    assert_true(y == 7.0f);
+}
+
+static void test_read_bandwidth(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2);
+    double bw = op_measure_read_bandwidth(p2, 8u << 20);
+    assert_true(bw > 1e8); /* any machine reads faster than 100 MB/s */
+    util_pool_free(p2);
+}
+
+/* ---- elementwise ---------------------------------------------------------------- */
+static void test_rmsnorm(void **state) {
+    (void)state;
+    const int ns[] = {1, 7, 64, 4096, 4097};
+    for (int k = 0; k < 5; k++) {
+        int n = ns[k];
+        float *x = rand_floats((size_t)n, 5.0f), *w = rand_floats((size_t)n, 1.0f);
+        float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        op_rmsnorm_ref(b, x, w, n, 1e-5f);
+        for (int level = 0; level < n_levels(); level++) {
+            op_set_simd_level(level);
+            op_rmsnorm(a, x, w, n, 1e-5f);
+            /* the sum of squares in float lanes: ~n * 2^-24 relative at worst,
+             * but its square root halves it; outputs are x * inv * w */
+            assert_true(tu_max_rel_diff(a, b, n, 1e-3) < 2e-6);
+            memcpy(a, x, sizeof(float) * n); /* in place */
+            op_rmsnorm(a, a, w, n, 1e-5f);
+            assert_true(tu_max_rel_diff(a, b, n, 1e-3) < 2e-6);
+        }
+        op_set_simd_level(-1);
+        free(x); free(w); free(a); free(b);
+    }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    const int pos[] = {0, 1, 17, 1000, 4095, 32767, 100000};
+    const int dims[][3] = {{64, 64, 4}, {128, 128, 2}, {64, 32, 3}, {80, 80, 2}, {8, 8, 5}, {6, 4, 3}, {256, 200, 1}};
+    for (int d = 0; d < 7; d++)
+        for (int neox = 0; neox < 2; neox++)
+            for (int pi = 0; pi < 7; pi++) {
+                int hd = dims[d][0], rd = dims[d][1], nh = dims[d][2], n = hd * nh;
+                float *x = rand_floats((size_t)n, 2.0f);
+                float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+                memcpy(b, x, sizeof(float) * n);
+                op_rope_ref(b, nh, hd, rd, pos[pi], 10000.0f, neox);
+                for (int level = 0; level < n_levels(); level++) {
+                    op_set_simd_level(level);
+                    memcpy(a, x, sizeof(float) * n);
+                    op_rope(a, nh, hd, rd, pos[pi], 10000.0f, neox);
+                    /* same cos/sin (computed in double) and same float ops */
+                    assert_true(tu_max_rel_diff(a, b, n, 1.0) < 1e-6);
+                }
+                op_set_simd_level(-1);
+                for (int h = 0; h < nh; h++)
+                    for (int i = rd; i < hd; i++) assert_true(a[h * hd + i] == x[h * hd + i]); /* untouched */
+                if (pos[pi] == 0) assert_memory_equal(a, x, sizeof(float) * n); /* identity */
+                /* a rotation: each pair keeps its length */
+                for (int h = 0; h < nh; h++)
+                    for (int i = 0; i < rd / 2; i++) {
+                        int i0 = neox ? i : 2 * i, i1 = neox ? i + rd / 2 : 2 * i + 1;
+                        float *v = x + h * hd, *r = a + h * hd;
+                        double l0 = hypot(v[i0], v[i1]), l1 = hypot(r[i0], r[i1]);
+                        assert_true(fabs(l0 - l1) <= 1e-6 * (l0 + 1));
+                    }
+                free(x); free(a); free(b);
+            }
+    /* an independent check of the angle at a large position: pair 1 of 8 dims,
+     * theta = pos * 10000^(-2/8) */
+    float v[8] = {0, 0, 1, 0, 0, 0, 0, 0};
+    op_rope(v, 1, 8, 8, 30000, 10000.0f, false);
+    double th = 30000.0 * pow(10000.0, -0.25);
+    assert_true(fabs(v[2] - cos(th)) < 1e-6 && fabs(v[3] - sin(th)) < 1e-6);
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    const int ns[] = {1, 5, 8, 33, 1000, 32000};
+    for (int k = 0; k < 6; k++) {
+        int n = ns[k];
+        float *x = rand_floats((size_t)n, 30.0f);
+        for (int i = 0; i < n; i++) x[i] += 1000.0f; /* large values: exp would overflow without the max */
+        if (n > 4) { x[1] = -INFINITY; x[3] = -1e30f; }
+        float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        memcpy(b, x, sizeof(float) * n);
+        op_softmax_ref(b, n);
+        for (int level = 0; level < n_levels(); level++) {
+            op_set_simd_level(level);
+            memcpy(a, x, sizeof(float) * n);
+            op_softmax(a, n);
+            /* exp to ~1e-7 relative, sums of up to 32000 terms in float lanes */
+            double sum = 0;
+            for (int i = 0; i < n; i++) {
+                if (!(fabsf(a[i] - b[i]) <= 2e-6f * b[i] + 1e-12f))
+                    fprintf(stderr, "softmax n=%d level %d [%d]: %.9g vs %.9g\n", n, level, i, a[i], b[i]);
+                assert_true(fabsf(a[i] - b[i]) <= 2e-6f * b[i] + 1e-12f);
+                sum += a[i];
+            }
+            assert_true(fabs(sum - 1.0) < 1e-5);
+            if (n > 4) assert_true(a[1] == 0.0f && a[3] == 0.0f);
+        }
+        op_set_simd_level(-1);
+        free(x); free(a); free(b);
+    }
+}
+
+static void test_swiglu_add(void **state) {
+    (void)state;
+    const int n = 1031;
+    float *g = rand_floats(n, 12.0f), *u = rand_floats(n, 3.0f);
+    g[0] = -100.0f; g[1] = 100.0f; g[2] = 0.0f; g[3] = -89.0f; g[4] = 89.0f;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    memcpy(b, g, sizeof(float) * n);
+    op_swiglu_ref(b, u, n);
+    for (int level = 0; level < n_levels(); level++) {
+        op_set_simd_level(level);
+        memcpy(a, g, sizeof(float) * n);
+        op_swiglu(a, u, n);
+        /* exp ~1e-7, one division and two products */
+        assert_true(tu_max_rel_diff(a, b, n, 1e-6) < 2e-6);
+        memcpy(a, g, sizeof(float) * n);
+        op_add(a, u, n);
+        for (int i = 0; i < n; i++) assert_true(a[i] == g[i] + u[i]);
+    }
+    op_set_simd_level(-1);
+    free(g); free(u); free(a); free(b);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+typedef struct {
+    int T, q_pos0, n_heads, n_kv_heads, head_dim;
+} att_case;
+
+static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
+    int n_pos = c.q_pos0 + c.T, hd = c.head_dim;
+    size_t stride = (size_t)(n_pos + 3) * hd; /* cache capacity beyond what is used */
+    float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
+    size_t nq = (size_t)c.T * c.n_heads * hd;
+    float *q = rand_floats(nq, 1.0f);
+    /* a few sharp score peaks so the online max changes between key blocks */
+    for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
+    op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
+                      NULL, 0, 0, 0};
+    float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+    op_attention_ref(ref, q, &a);
+    for (int level = 0; level < n_levels() && level <= OP_SIMD_AVX2; level++) {
+        op_set_simd_level(level);
+        size_t ws = op_attention_work_size(3, hd);
+        uint8_t *work = malloc(ws);
+        op_attention(NULL, o, q, &a, work);
+        /* outputs are convex combinations of V rows (|v| <= 1): absolute
+         * error from float scores (~hd * 2^-24), exp (~1e-7) and the running
+         * sums over up to a few thousand keys */
+        double md = 0;
+        for (size_t i = 0; i < nq; i++) md = fmax(md, fabs((double)o[i] - ref[i]));
+        if (md > 2e-5) {
+            fprintf(stderr, "attention T=%d pos0=%d heads %d/%d hd=%d level %d: max diff %.3g\n", c.T, c.q_pos0,
+                    c.n_heads, c.n_kv_heads, hd, level, md);
+            fail();
+        }
+        op_attention(p2, o2, q, &a, work);
+        assert_memory_equal(o, o2, nq * sizeof(float));
+        op_attention(p3, o2, q, &a, work);
+        assert_memory_equal(o, o2, nq * sizeof(float));
+        free(work);
+    }
+    op_set_simd_level(-1);
+    free(k); free(v); free(q); free(ref); free(o); free(o2);
+}
+
+static void test_attention_shapes(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int hds[] = {8, 16, 64, 128, 80, 6};
+    const int kv[][2] = {{4, 4}, {4, 2}, {8, 2}, {8, 1}, {16, 2}, {3, 1}};
+    for (int h = 0; h < 6; h++)
+        for (int g = 0; g < 6; g++) {
+            check_attention((att_case){1, 0, kv[g][0], kv[g][1], hds[h]}, p2, p3);   /* first token */
+            check_attention((att_case){1, 37, kv[g][0], kv[g][1], hds[h]}, p2, p3);  /* decode */
+            check_attention((att_case){19, 5, kv[g][0], kv[g][1], hds[h]}, p2, p3);  /* prefill chunk */
+        }
+    /* longer prefills, with and without earlier context */
+    check_attention((att_case){300, 0, 8, 2, 64}, p2, p3);
+    check_attention((att_case){300, 123, 4, 4, 128}, p2, p3);
+    check_attention((att_case){129, 70, 8, 1, 16}, p2, p3);
+    check_attention((att_case){65, 1, 128, 1, 8}, p2, p3); /* group larger than a tile's rows */
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
+/* The paged layout gives the same bits as the contiguous one, for block sizes
+ * that do and do not divide the kernel's key tiles; blocks are scattered in a
+ * pool in shuffled order, keys and values interleaved per block. */
+static void test_attention_paged(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2);
+    const int bss[] = {1, 7, 16, 64, 100};
+    const att_case cases[] = {{1, 200, 8, 2, 64}, {37, 90, 4, 4, 16}, {1, 700, 8, 1, 128}, {5, 3, 6, 3, 8}};
+    for (int ci = 0; ci < 4; ci++)
+        for (int bi = 0; bi < 5; bi++) {
+            att_case c = cases[ci];
+            int bs = bss[bi], hd = c.head_dim, n_pos = c.q_pos0 + c.T;
+            int nb = (n_pos + bs - 1) / bs;
+            size_t stride = (size_t)n_pos * hd;
+            float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
+            size_t nq = (size_t)c.T * c.n_heads * hd;
+            float *q = rand_floats(nq, 1.0f);
+            /* block layout: [head][pos in block][dim] keys, then the same for values */
+            size_t head_stride = (size_t)bs * hd, v_off = (size_t)c.n_kv_heads * head_stride;
+            size_t blk = 2 * v_off;
+            float *pool = calloc((size_t)nb * blk, sizeof(float));
+            const float **blocks = malloc(sizeof(float *) * nb);
+            for (int b = 0; b < nb; b++) {
+                int slot = (b * 7 + 3) % nb; /* shuffled; 7 is coprime with most nb */
+                if ((nb % 7) == 0) slot = nb - 1 - b;
+                blocks[b] = pool + (size_t)slot * blk;
+                for (int h = 0; h < c.n_kv_heads; h++)
+                    for (int i = 0; i < bs && b * bs + i < n_pos; i++) {
+                        int p = b * bs + i;
+                        memcpy((float *)blocks[b] + h * head_stride + (size_t)i * hd, k + h * stride + (size_t)p * hd, sizeof(float) * hd);
+                        memcpy((float *)blocks[b] + v_off + h * head_stride + (size_t)i * hd, v + h * stride + (size_t)p * hd, sizeof(float) * hd);
+                    }
+            }
+            op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
+                              NULL, 0, 0, 0};
+            op_attn_args ap = a;
+            ap.k = ap.v = NULL;
+            ap.blocks = blocks;
+            ap.block_size = bs;
+            ap.head_stride = head_stride;
+            ap.v_offset = v_off;
+            float *o1 = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+            uint8_t *work = malloc(op_attention_work_size(2, hd));
+            for (int level = 0; level < n_levels() && level <= OP_SIMD_AVX2; level++) {
+                op_set_simd_level(level);
+                op_attention(NULL, o1, q, &a, work);
+                op_attention(p2, o2, q, &ap, work);
+                assert_memory_equal(o1, o2, nq * sizeof(float));
+            }
+            op_set_simd_level(-1);
+            op_attention_ref(o1, q, &a);
+            op_attention_ref(o2, q, &ap);
+            assert_memory_equal(o1, o2, nq * sizeof(float));
+            free(work); free(o1); free(o2); free(pool); free(blocks); free(k); free(v); free(q);
+        }
+    util_pool_free(p2);
+}
+
+static void test_attention_long(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    int n = tu_quick() ? 1200 : 5000;
+    /* decode at a long position: few items, so keys are split among threads */
+    check_attention((att_case){1, n, 8, 1, 64}, p2, p3);
+    check_attention((att_case){1, n, 8, 2, 128}, p2, p3);
+    check_attention((att_case){2, n, 4, 4, 64}, p2, p3);
+    /* a prefill chunk late in a long sequence */
+    check_attention((att_case){tu_quick() ? 40 : 96, n, 8, 2, 64}, p2, p3);
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quant_act_simd_equals_scalar),
+        cmocka_unit_test(test_matmul_all_types),
+        cmocka_unit_test(test_matmul_odd_sizes),
+        cmocka_unit_test(test_matmul_vnni_equals_avx2),
+        cmocka_unit_test(test_matmul_work_size),
+        cmocka_unit_test(test_read_bandwidth),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_attention_paged),
+        cmocka_unit_test(test_attention_long),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
