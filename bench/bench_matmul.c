@@ -1,10 +1,12 @@
 /* bench/bench_matmul: matmul speed against the machine's read bandwidth,
  * measured in the same run: decode (T=1) GB/s of weights per type as a
  * fraction of bandwidth, and prefill (T=64) per-token time against T=1.
- * Usage: bench_matmul [threads (default 2)] [--quick] [--scalar] */
+ * Usage: bench_matmul [threads (default 2)] [--quick: one shape] [--scalar]
+ * Env BENCH_TYPES=q4_0,f16 limits the types. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/dtype.h"
 #include "ops/ops.h"
 #include "util/pool.h"
@@ -66,7 +68,8 @@ int main(int argc, char **argv) {
     if (nth < 1) nth = 1;
     util_pool *pool = util_pool_create(nth);
     if (!pool) { fprintf(stderr, "cannot create pool\n"); return 1; }
-    size_t footprint = quick ? (256u << 20) : (1u << 30);
+    /* beyond the last-level cache (260 MiB on the reference machine) by far */
+    size_t footprint = 1u << 30;
     /* The machine may be shared: bandwidth is measured at the start and again
      * next to every matrix, and fractions use the best bandwidth seen in the
      * whole run (the conservative choice). */
@@ -87,7 +90,7 @@ int main(int argc, char **argv) {
     float *X = malloc(sizeof(float) * (size_t)TP * 5632);
     float *Y = malloc(sizeof(float) * (size_t)TP * 32000);
     for (int i = 0; i < TP * 5632; i++) X[i] = frand();
-    double gbs[NT][NS] = {{0}}, pre[NT][2] = {{0}};
+    double gbs[NT][NS] = {{0}}, bwn[NT][NS] = {{0}}, pre[NT][2] = {{0}};
     const char *only = getenv("BENCH_TYPES");
     for (int ti = 0; ti < NT; ti++) {
         if (only && !strstr(only, names[ti])) continue;
@@ -101,10 +104,19 @@ int main(int argc, char **argv) {
             void *work = ws ? malloc(ws) : NULL;
             if (!W || (ws && !work)) { fprintf(stderr, "out of memory\n"); return 1; }
             time_calls(pool, Y, X, W, mat, copies, types[ti], 1, s.n_in, s.n_out, work, 4); /* warm up */
-            double t1 = time_calls(pool, Y, X, W, mat, copies, types[ti], 1, s.n_in, s.n_out, work, 16);
-            double bw_now = op_measure_read_bandwidth(pool, 256u << 20);
-            if (bw_now > bw) bw = bw_now;
+            /* If the bandwidth right after the timing is well below the best
+             * seen, something else was using the machine: measure again. */
+            double t1 = 1e30, bw_now = 0;
+            for (int attempt = 0; attempt < 10; attempt++) {
+                if (attempt) sleep(1); /* let the other load pass */
+                double t = time_calls(pool, Y, X, W, mat, copies, types[ti], 1, s.n_in, s.n_out, work, 16);
+                if (t < t1) t1 = t;
+                bw_now = op_measure_read_bandwidth(pool, 256u << 20);
+                if (bw_now > bw) bw = bw_now;
+                if (bw_now >= 0.9 * bw) break;
+            }
             gbs[ti][si] = (double)mat / t1;
+            bwn[ti][si] = bw_now;
             printf("%-6s %5dx%-6d %8.1f %9.1f %9.2f %9.2f\n", names[ti], s.n_out, s.n_in, (double)mat / (1 << 20),
                    t1 * 1e6, gbs[ti][si] / 1e9, bw_now / 1e9);
             if (si == 0) {
@@ -117,16 +129,18 @@ int main(int argc, char **argv) {
         }
     }
 
-    printf("\nsummary: decode GB/s as a fraction of the best read bandwidth seen (%.2f GB/s)\n", bw / 1e9);
+    printf("\nsummary: decode GB/s as a fraction of the best read bandwidth seen (%.2f GB/s);\n"
+           "'?' marks a figure taken while the machine was busy (bandwidth then < 90%% of best)\n", bw / 1e9);
     printf("%-6s", "type");
     for (int si = 0; si < n_shapes; si++) printf("   %5dx%-5d", shapes[si].n_out, shapes[si].n_in);
-    printf("   target\n");
+    printf("    target\n");
     for (int ti = 0; ti < NT; ti++) {
         if (gbs[ti][0] == 0) continue;
         printf("%-6s", names[ti]);
         int ok = 1;
         for (int si = 0; si < n_shapes; si++) {
-            printf("   %10.1f%%", 100 * gbs[ti][si] / bw);
+            /* '?': the machine was busy with something else even on retry */
+            printf("   %10.1f%%%c", 100 * gbs[ti][si] / bw, bwn[ti][si] < 0.9 * bw ? '?' : ' ');
             if (gbs[ti][si] / bw < target[ti]) ok = 0;
         }
         if (target[ti] > 0) printf("   >= %.0f%% %s\n", 100 * target[ti], ok ? "met" : "NOT MET");
