@@ -145,7 +145,32 @@ typedef struct kvlm_ctx_params {
     size_t kv_mem;      /* KV cache budget in bytes; 0: room for n_seq_max full contexts */
     int kv_blocks;      /* or an exact block count (overrides kv_mem) */
     bool no_prefix_cache; /* do not index full blocks for reuse by later sequences */
+    int cache_type_k;   /* element type of cached keys (KVLM_CACHE_*; 0: f32) */
+    int cache_type_v;   /* ... and of values (any but q4_kc) */
 } kvlm_ctx_params;
+
+/* KV cache element types. The per-token ones quantize each token's row per
+ * KV head: q8_0 / q4_0 in groups of 32 (GGUF's blocks) when head_dim is a
+ * multiple of 32, else one group (one f16 scale) per row. q4_kc (keys only,
+ * KIVI-style): 4-bit codes per channel over each block's tokens, with an f16
+ * scale and min per channel and block; the block still filling stays in f16
+ * (one staging block per sequence) until it is full. */
+enum {
+    KVLM_CACHE_F32 = 0,
+    KVLM_CACHE_F16 = 1,
+    KVLM_CACHE_Q4_0 = 2,
+    KVLM_CACHE_Q8_0 = 8,
+    KVLM_CACHE_BF16 = 30,
+    KVLM_CACHE_Q4_KC = 64,
+};
+/* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_kc", or -1. */
+int kvlm_cache_type_from_name(const char *name);
+/* Name of a cache type id, or NULL if it is none. */
+const char *kvlm_cache_type_name(int type);
+/* Bytes one cached element takes, exactly, for a head dimension and block
+ * size (e.g. q8_0 at head_dim 64: 34/32; at head_dim 8: 10/8); 0 if the type
+ * is unknown. */
+double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size);
 
 kvlm_ctx_params kvlm_ctx_default_params(void);
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err);
@@ -177,9 +202,10 @@ int kvlm_ctx_n_past(const kvlm_ctx *ctx);
 /* Ends every sequence (start afresh); cached prefix blocks stay reusable. */
 void kvlm_ctx_reset(kvlm_ctx *ctx);
 /* Bytes of keys and values the sequences hold:
- * 2 x layers x KV heads x head dim x bytes per element x tokens. */
+ * layers x KV heads x head dim x (K + V bytes per element) x tokens
+ * (with one type for both: 2 x layers x KV heads x head dim x bytes x tokens). */
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx);
-/* Bytes of the whole block pool. */
+/* Bytes of the whole block pool, plus q4_kc's per-sequence f16 staging. */
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx);
 
 /* ---- sequences in the paged KV cache ---------------------------------------- */
@@ -201,6 +227,8 @@ typedef struct kvlm_kv_stats {
     uint64_t prefix_hits, prefix_misses, evictions; /* per block */
     size_t block_bytes, bytes_per_token;
     uint64_t tokens_computed; /* tokens run through the model (prefix reuse skips some) */
+    int type_k, type_v;      /* element types (KVLM_CACHE_*) */
+    size_t stage_bytes;      /* q4_kc keys: f16 staging of each sequence's filling block, all sequences */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
 
@@ -226,7 +254,8 @@ typedef struct kvlm_plan_params {
     size_t kv_mem;      /* budget for the KV cache; 0: n_seq full contexts */
     int block_size;     /* 0: 16 */
     int avg_tokens;     /* tokens a sequence holds on average; 0: n_ctx / 2 */
-    double elem_bytes;  /* bytes per cached element; 0: 4 (f32) */
+    double elem_bytes;  /* bytes per cached element, K and V averaged; 0: 4 (f32)
+                           (kvlm_cache_type_elem_bytes gives it for a type) */
 } kvlm_plan_params;
 typedef struct kvlm_plan {
     int n_ctx, n_seq, block_size, avg_tokens, blocks_per_seq;

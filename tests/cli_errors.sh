@@ -61,6 +61,12 @@ if [ -f "$MODELS/stories260K.gguf" ]; then
   expect_ok "run no-kv-cache" "$KVLM" run -m "$G" -p "Once upon a time" -n 20 --temp 0 --no-kv-cache
   grep -q "^Once upon a time, there was a little girl named Lily" "$tmp/out" && pass=$((pass + 1)) ||
     { fail=$((fail + 1)); echo "FAIL no-kv-cache output"; }
+  # Quantized KV caches: names checked, q4_kc only for keys, text still sensible.
+  expect_error "unknown cache type" "unknown cache type 'q3_x'" "$KVLM" run -m "$G" --cache-type-k q3_x
+  expect_error "q4_kc for values" "keys only" "$KVLM" perplexity -m "$G" -f "$G" --cache-type-v q4_kc
+  expect_ok "run q4_kc/q4_0 cache" "$KVLM" run -m "$G" -p "Once upon a time" -n 20 --temp 0 --cache-type-k q4_kc --cache-type-v q4_0
+  grep -q "KV cache: 5760 bytes" "$tmp/err" && pass=$((pass + 1)) ||
+    { fail=$((fail + 1)); echo "FAIL q4_kc/q4_0 KV bytes (24 tokens x 240): $(cat "$tmp/err")"; }
   # Same seed, same text.
   "$KVLM" run -m "$G" -p "Once" -n 40 --temp 1 --seed 7 >"$tmp/a" 2>/dev/null
   "$KVLM" run -m "$G" -p "Once" -n 40 --temp 1 --seed 7 >"$tmp/b" 2>/dev/null

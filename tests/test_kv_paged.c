@@ -9,7 +9,7 @@
 #include "kv/paged.h"
 
 static kv_cache *make(int n_blocks, int bs, int max_seqs, bool prefix) {
-    kv_params p = {2, 2, 4, bs, n_blocks, max_seqs, 4096, 1234, prefix};
+    kv_params p = {2, 2, 4, bs, n_blocks, max_seqs, 4096, 1234, prefix, KVLM_CACHE_F32, KVLM_CACHE_F32};
     kvlm_error err = {0};
     kv_cache *c = kv_create(&p, &err);
     assert_non_null(c);
@@ -25,8 +25,8 @@ static void write_tokens(kv_cache *c, int seq, const int32_t *toks, int n) {
         int pos = len + i;
         for (int l = 0; l < p->n_layers; l++)
             for (int h = 0; h < p->n_kv_heads; h++) {
-                float *k = kv_block_k(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
-                float *v = kv_block_v(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
+                float *k = (float *)kv_block_k(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
+                float *v = (float *)kv_block_v(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
                 for (int d = 0; d < p->head_dim; d++) {
                     k[d] = (float)toks[i] + 0.25f * l + 0.0625f * h;
                     v[d] = -k[d];
@@ -46,8 +46,8 @@ static void check_contents(kv_cache *c, int max_seqs) {
             for (int l = 0; l < p->n_layers; l++)
                 for (int h = 0; h < p->n_kv_heads; h++) {
                     float want = (float)toks[pos] + 0.25f * l + 0.0625f * h;
-                    float *k = kv_block_k(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
-                    float *v = kv_block_v(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
+                    float *k = (float *)kv_block_k(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
+                    float *v = (float *)kv_block_v(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * p->head_dim;
                     if (k[0] != want || v[p->head_dim - 1] != -want)
                         fail_msg("seq %d pos %d layer %d head %d: read %g, wrote %g", s, pos, l, h, k[0], want);
                 }
@@ -120,7 +120,7 @@ static void test_prefix_reuse(void **state) {
     assert_null(kv_check(c));
     /* A different salt (another model or element type) never matches. */
     kv_free(c);
-    kv_params p = {2, 2, 4, 4, 32, 4, 4096, 999, true};
+    kv_params p = {2, 2, 4, 4, 32, 4, 4096, 999, true, KVLM_CACHE_F32, KVLM_CACHE_F32};
     c = kv_create(&p, &err);
     assert_int_equal(kv_seq_match_prefix(c, 0, a, 13), 0);
     kv_free(c);

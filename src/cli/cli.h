@@ -23,6 +23,9 @@ bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, in
 bool cli_opt_u64(int argc, char **argv, int *i, const char *s, const char *l, uint64_t *out, bool *bad);
 bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, float *out, bool *bad);
 bool cli_is(const char *arg, const char *s, const char *l);
+/* --cache-type-k / --cache-type-v NAME: a KV cache element type by name
+ * (values: not q4_kc), with a clear error for anything else. */
+bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool values, int *out, bool *bad);
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

@@ -19,12 +19,15 @@ int cmd_perplexity(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [-t THREADS]\n\n"
+            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [-t THREADS]\n"
+                   "                        [--cache-type-k T] [--cache-type-v T]\n\n"
                    "Tokenizes TEXT once (BOS first where the model adds one), cuts it into consecutive\n"
                    "chunks of N tokens (default 512; the first K chunks, default all), puts BOS first in\n"
                    "each chunk, and scores each token of a chunk's second half given everything before it\n"
                    "in the chunk, as llama.cpp's perplexity tool does. Ends with\n"
-                   "  Final estimate: PPL = <ppl> +/- <standard error>\n");
+                   "  Final estimate: PPL = <ppl> +/- <standard error>\n"
+                   "--cache-type-k/-v: KV cache element types (f32 default, f16, bf16, q8_0, q4_0;\n"
+                   "q4_kc for keys only).\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
@@ -32,6 +35,8 @@ int cmd_perplexity(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--chunks", &n_chunks, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else return cli_fail("perplexity", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
@@ -55,7 +60,10 @@ int cmd_perplexity(int argc, char **argv) {
     kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, toks, n, &err);
     ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    fprintf(stderr, "perplexity: %d tokens, chunks of %d\n", n, cp.n_ctx);
+    kvlm_kv_stats ks;
+    kvlm_kv_stats_get(ctx, &ks);
+    fprintf(stderr, "perplexity: %d tokens, chunks of %d, KV cache %s/%s, %zu bytes per token\n", n, cp.n_ctx,
+            kvlm_cache_type_name(cp.cache_type_k), kvlm_cache_type_name(cp.cache_type_v), ks.bytes_per_token);
     kvlm_ppl_result r;
     if (kvlm_perplexity(ctx, toks, n, n_chunks, progress, NULL, &r, &err)) {
         printf("\n");

@@ -12,10 +12,12 @@ static void mib(char *buf, size_t cap, size_t bytes) {
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL, *mem = NULL, *tok_path = NULL;
     kvlm_plan_params pp = {0};
+    int tk = KVLM_CACHE_F32, tv = KVLM_CACHE_F32;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm plan -m MODEL [--ctx N] [--batch B] [--kv-mem SIZE] [--block-size S] [--avg-tokens A]\n\n"
+            printf("usage: kvlm plan -m MODEL [--ctx N] [--batch B] [--kv-mem SIZE] [--block-size S] [--avg-tokens A]\n"
+                   "                 [--cache-type-k T] [--cache-type-v T]\n\n"
                    "Prints KV cache bytes per token, per sequence and for B sequences of N tokens\n"
                    "(2 x layers x KV heads x head dim x bytes per element x tokens x batch), next to the\n"
                    "weights, and how many sequences fit SIZE (default: B full contexts) when the cache\n"
@@ -30,6 +32,8 @@ int cmd_plan(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &pp.block_size, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--avg-tokens", &pp.avg_tokens, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &tk, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &tv, &bad)) {}
         else return cli_fail("plan", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
@@ -42,17 +46,22 @@ int cmd_plan(int argc, char **argv) {
     mp.tokenizer_path = tok_path;
     kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
     if (!m) return cli_fail("plan", "%s", err.msg);
+    const kvlm_config *c = kvlm_model_config(m);
+    /* K and V bytes per element averaged: the planner's 2 x ... x elem_bytes */
+    double ek = kvlm_cache_type_elem_bytes(tk, c->head_dim, pp.block_size),
+           ev = kvlm_cache_type_elem_bytes(tv, c->head_dim, pp.block_size);
+    pp.elem_bytes = (ek + ev) / 2;
     kvlm_plan p;
     kvlm_plan_memory(m, &pp, &p);
-    const kvlm_config *c = kvlm_model_config(m);
     char a[32], b[32], d[32], e[32], f[32];
     char desc[512];
     kvlm_model_describe(m, desc, sizeof desc);
     printf("model: %s\n  %s\n", model_path, desc);
     mib(a, sizeof a, p.weight_bytes);
     printf("weights:              %s\n", a);
-    printf("KV per token:         %zu bytes  (2 x %d layers x %d KV heads x %d head dim x 4 bytes, f32)\n",
-           p.bytes_per_token, c->n_layers, c->n_kv_heads, c->head_dim);
+    printf("KV per token:         %zu bytes  (%d layers x %d KV heads x %d head dim x (%.4g + %.4g) bytes, %s/%s)\n",
+           p.bytes_per_token, c->n_layers, c->n_kv_heads, c->head_dim, ek, ev, kvlm_cache_type_name(tk),
+           kvlm_cache_type_name(tv));
     mib(a, sizeof a, p.bytes_per_seq);
     mib(b, sizeof b, p.bytes_total);
     mib(d, sizeof d, p.bytes_total + p.weight_bytes);

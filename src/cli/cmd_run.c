@@ -29,6 +29,9 @@ static void run_usage(FILE *f) {
             "      --no-bos            do not add BOS before the prompt\n"
             "      --kv-mem SIZE       KV cache budget (e.g. 512MiB; default: one full context)\n"
             "      --block-size N      tokens per KV cache block (default 16)\n"
+            "      --cache-type-k T    element type of cached keys: f32 (default), f16, bf16, q8_0, q4_0,\n"
+            "                          q4_kc (4-bit per channel over each block, KIVI-style)\n"
+            "      --cache-type-v T    element type of cached values: f32 (default), f16, bf16, q8_0, q4_0\n"
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
             "  -h, --help              this help\n");
 }
@@ -61,6 +64,8 @@ int cmd_run(int argc, char **argv) {
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else { fprintf(stderr, "kvlm run: unknown option '%s'\n", argv[i]); run_usage(stderr); return 1; }
         if (bad) return 1;
     }

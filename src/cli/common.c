@@ -32,6 +32,23 @@ bool cli_opt_str(int argc, char **argv, int *i, const char *s, const char *l, co
     return true;
 }
 
+bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool values, int *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, NULL, l, &v, bad)) return false;
+    if (*bad) return true;
+    int t = kvlm_cache_type_from_name(v);
+    if (t < 0) {
+        fprintf(stderr, "kvlm: option %s: unknown cache type '%s' (f32, f16, bf16, q8_0, q4_0%s)\n", l, v,
+                values ? "" : ", q4_kc");
+        *bad = true;
+    } else if (values && t == KVLM_CACHE_Q4_KC) {
+        fprintf(stderr, "kvlm: option %s: q4_kc quantizes keys per channel and is for keys only "
+                        "(--cache-type-k); use q4_0 or q8_0 for values\n", l);
+        *bad = true;
+    } else *out = t;
+    return true;
+}
+
 bool cli_opt_int(int argc, char **argv, int *i, const char *s, const char *l, int *out, bool *bad) {
     const char *v;
     if (!cli_opt_str(argc, argv, i, s, l, &v, bad)) return false;

@@ -8,6 +8,7 @@
 #include "kv/paged.h"
 #include "model/dtype.h"
 #include "model/model.h"
+#include "ops/kvtype.h"
 #include "ops/ops.h"
 #include "util/error.h"
 #include "util/pool.h"
@@ -22,6 +23,7 @@ struct kvlm_ctx {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     void *mm_work, *attn_work;
     const float **block_ptrs;  /* one sequence's blocks for attention */
+    int *stage_block;          /* per sequence: q4_kc keys' block still filling, -1: none */
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
     /* Logits of the tokens that asked for them in the last call. */
     float *logits;
@@ -33,6 +35,30 @@ struct kvlm_ctx {
 kvlm_ctx_params kvlm_ctx_default_params(void) {
     kvlm_ctx_params p = {0};
     return p;
+}
+
+static const struct { const char *name; int id; } k_cache_types[] = {
+    {"f32", KVLM_CACHE_F32}, {"f16", KVLM_CACHE_F16}, {"bf16", KVLM_CACHE_BF16},
+    {"q8_0", KVLM_CACHE_Q8_0}, {"q4_0", KVLM_CACHE_Q4_0}, {"q4_kc", KVLM_CACHE_Q4_KC},
+};
+
+int kvlm_cache_type_from_name(const char *name) {
+    if (!name) return -1;
+    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
+        if (!strcmp(name, k_cache_types[i].name)) return k_cache_types[i].id;
+    return -1;
+}
+
+const char *kvlm_cache_type_name(int type) {
+    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
+        if (type == k_cache_types[i].id) return k_cache_types[i].name;
+    return NULL;
+}
+
+double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
+    if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
+    if (block_size <= 0) block_size = 16;
+    return (double)op_kv_region_bytes(type, head_dim, block_size) / ((double)head_dim * block_size);
 }
 
 static size_t max_mm_work(const kvlm_model *m, int T) {
@@ -59,10 +85,14 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     kp.max_seqs = ctx->p.n_seq_max;
     kp.max_seq_tokens = ctx->p.n_ctx;
     kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
-    /* Prefix hashes are only compared within this pool; the salt keeps
-     * element types apart once the cache has several. */
-    kp.salt = 0x6b766c6d00000000ull | (uint64_t)DT_F32;
-    size_t block_bytes = 2 * (size_t)c->n_layers * c->n_kv_heads * kp.block_size * c->head_dim * sizeof(float);
+    kp.k_type = ctx->p.cache_type_k;
+    kp.v_type = ctx->p.cache_type_v;
+    /* Prefix hashes are only compared within this pool; kv/paged mixes both
+     * element types into the salt. */
+    kp.salt = 0x6b766c6d00000000ull;
+    size_t block_bytes = (size_t)c->n_layers * c->n_kv_heads *
+                         (((op_kv_region_bytes(kp.k_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3) +
+                          ((op_kv_region_bytes(kp.v_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3));
     int per_seq = (ctx->p.n_ctx + kp.block_size - 1) / kp.block_size;
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
     else if (ctx->p.kv_mem > 0) {
@@ -92,6 +122,17 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     if (p->n_seq_max <= 0) p->n_seq_max = 1;
     if (p->block_size <= 0) p->block_size = 16;
     if (p->block_size > p->n_ctx) p->block_size = p->n_ctx;
+    if (!op_kv_type_valid(p->cache_type_k, false)) {
+        util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for keys", p->cache_type_k);
+        goto fail;
+    }
+    if (!op_kv_type_valid(p->cache_type_v, true)) {
+        if (p->cache_type_v == KVLM_CACHE_Q4_KC)
+            util_err_set(err, KVLM_EINVAL, "q4_kc quantizes keys per channel; it is not a type for values "
+                                           "(use q4_0 or q8_0 for values)");
+        else util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for values", p->cache_type_v);
+        goto fail;
+    }
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
@@ -111,7 +152,8 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
     ctx->attn_work = malloc(op_attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
     ctx->block_ptrs = malloc(((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
-    if (!ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
+    ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
+    if (!ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
         !ctx->out_rows || !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
@@ -128,7 +170,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     kv_free(ctx->kv);
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
-    free(ctx->block_ptrs); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
+    free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
     free(ctx);
 }
 
@@ -159,19 +201,19 @@ int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) 
     return kv_seq_match_prefix(ctx->kv, seq, tokens, n);
 }
 
-static size_t bytes_per_token(const kvlm_ctx *ctx) {
-    const kvlm_config *c = &ctx->model->cfg;
-    return 2 * (size_t)c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
-}
+/* layers x KV heads x (K + V bytes of a block) / block size: the types' real
+ * bytes per element (q8_0 at head_dim 64: 34/32) times the elements. */
+static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_token_bytes(ctx->kv); }
 
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
     size_t tokens = 0;
     for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_seq_len(ctx->kv, s);
-    return tokens * bytes_per_token(ctx);
+    /* from the block bytes, so q4_kc's per-block figures stay exact */
+    return tokens * kv_block_bytes(ctx->kv) / (size_t)kv_get_params(ctx->kv)->block_size;
 }
 
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
-    return kv_block_bytes(ctx->kv) * (size_t)kv_get_params(ctx->kv)->n_blocks;
+    return kv_block_bytes(ctx->kv) * (size_t)kv_get_params(ctx->kv)->n_blocks + kv_stage_bytes(ctx->kv);
 }
 
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
@@ -190,6 +232,9 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     st->block_bytes = kv_block_bytes(ctx->kv);
     st->bytes_per_token = bytes_per_token(ctx);
     st->tokens_computed = ctx->tokens_computed;
+    st->type_k = kv_get_params(ctx->kv)->k_type;
+    st->type_v = kv_get_params(ctx->kv)->v_type;
+    st->stage_bytes = kv_stage_bytes(ctx->kv);
 }
 
 /* ---- the forward pass --------------------------------------------------------- */
@@ -203,19 +248,32 @@ static void add_bias(float *y, const model_tensor *b, int T) {
     for (int t = 0; t < T; t++) op_add(y + (size_t)t * b->n_in, (const float *)b->data, (int)b->n_in);
 }
 
-/* Writes the new keys and values of tokens [0, T) into their sequences' blocks. */
+/* Writes the new keys and values of tokens [0, T) into their sequences'
+ * blocks, each row quantized into its slot. q4_kc keys go to the sequence's
+ * f16 staging; the block is quantized per channel when its last slot fills
+ * (tokens arrive in position order, so the staging then holds all of them). */
 static void write_kv(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
     const kvlm_config *c = &ctx->model->cfg;
-    int HD = c->head_dim, bs = kv_get_params(ctx->kv)->block_size;
-    size_t row = (size_t)HD * sizeof(float);
+    const kv_params *kp = kv_get_params(ctx->kv);
+    int HD = c->head_dim, bs = kp->block_size;
+    size_t krow = op_kv_row_bytes(kp->k_type, HD), vrow = op_kv_row_bytes(kp->v_type, HD);
+    bool kc = kp->k_type == KVLM_CACHE_Q4_KC;
     for (int t = 0; t < T; t++) {
         const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t], NULL);
         int32_t b = blocks[pos[t] / bs];
-        size_t slot = (size_t)(pos[t] % bs) * HD;
+        int slot = pos[t] % bs;
+        bool full = slot == bs - 1;
         for (int h = 0; h < c->n_kv_heads; h++) {
-            memcpy(kv_block_k(ctx->kv, b, layer, h) + slot, ctx->k + ((size_t)t * c->n_kv_heads + h) * HD, row);
-            memcpy(kv_block_v(ctx->kv, b, layer, h) + slot, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD, row);
+            const float *k = ctx->k + ((size_t)t * c->n_kv_heads + h) * HD;
+            if (kc) {
+                uint16_t *st = kv_seq_stage(ctx->kv, seq[t], layer, h);
+                for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
+                if (full) op_kv_quantize_kc(st, kv_block_k(ctx->kv, b, layer, h), HD, bs, bs);
+            } else op_kv_quantize_row(kp->k_type, k, kv_block_k(ctx->kv, b, layer, h) + slot * krow, HD);
+            op_kv_quantize_row(kp->v_type, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD,
+                               kv_block_v(ctx->kv, b, layer, h) + slot * vrow, HD);
         }
+        ctx->stage_block[seq[t]] = kc && !full ? pos[t] / bs : -1;
     }
 }
 
@@ -231,7 +289,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         int n_blocks;
         const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t0], &n_blocks);
         int need = pos[t1 - 1] / kp->block_size + 1;
-        for (int i = 0; i < need; i++) ctx->block_ptrs[i] = kv_block_k(ctx->kv, blocks[i], layer, 0);
+        for (int i = 0; i < need; i++) ctx->block_ptrs[i] = (const float *)kv_block_k(ctx->kv, blocks[i], layer, 0);
         op_attn_args a = {0};
         a.T = t1 - t0;
         a.q_pos0 = pos[t0];
@@ -240,8 +298,15 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a.head_dim = HD;
         a.blocks = ctx->block_ptrs;
         a.block_size = kp->block_size;
-        a.head_stride = 2 * (size_t)kp->block_size * HD; /* kv/paged's block layout */
-        a.v_offset = (size_t)kp->block_size * HD;
+        a.k_type = kp->k_type; /* kv/paged's block layout */
+        a.v_type = kp->v_type;
+        a.head_bytes = kv_head_bytes(ctx->kv);
+        a.v_bytes = kv_v_offset_bytes(ctx->kv);
+        a.k_stage = kv_seq_stage(ctx->kv, seq[t0], layer, 0);
+        /* the sequence's newest block holds keys in staging only while it
+         * fills; blocks before it were quantized when they filled */
+        a.stage_block = a.k_stage ? ctx->stage_block[seq[t0]] : -1;
+        if (a.stage_block >= need) a.stage_block = -1;
         a.scale = 1.0f / sqrtf((float)HD);
         op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
         t0 = t1;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ops/kvtype.h"
 #include "util/error.h"
 
 typedef struct {
@@ -26,8 +27,10 @@ typedef struct {
 
 struct kv_cache {
     kv_params p;
-    size_t block_floats;
-    float *data;
+    size_t block_bytes, k_bytes, v_bytes; /* a block; one (layer, head)'s K and V regions */
+    uint8_t *data;
+    uint16_t *stage;            /* q4_kc: per sequence, layers x heads x block_size x head_dim f16 */
+    size_t stage_per_seq;       /* elements */
     block_meta *meta;
     int32_t *block_tokens;      /* tokens of each indexed block, for exact matches */
     int32_t *free_stack;
@@ -61,12 +64,27 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
         util_err_set(err, KVLM_EINVAL, "bad KV cache parameters");
         return NULL;
     }
+    if (!op_kv_type_valid(p->k_type, false) || !op_kv_type_valid(p->v_type, true)) {
+        util_err_set(err, KVLM_EINVAL, "bad KV cache element types (keys %d, values %d)", p->k_type, p->v_type);
+        return NULL;
+    }
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     c->p = *p;
-    c->block_floats = 2 * (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
+    /* Both types go into the salt: blocks of another layout never match. */
+    c->p.salt = mix64(p->salt ^ ((uint64_t)(uint32_t)p->k_type << 32 | (uint32_t)p->v_type));
+    /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this
+     * pads only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an
+     * odd byte count), and the padding counts in every bytes figure. */
+    c->k_bytes = (op_kv_region_bytes(p->k_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
+    c->v_bytes = (op_kv_region_bytes(p->v_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
+    c->block_bytes = (size_t)p->n_layers * p->n_kv_heads * (c->k_bytes + c->v_bytes);
     size_t nb = (size_t)p->n_blocks;
-    c->data = malloc(nb * c->block_floats * sizeof(float));
+    c->data = malloc(nb * c->block_bytes);
+    if (p->k_type == KVLM_CACHE_Q4_KC) {
+        c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
+        c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
+    }
     c->meta = calloc(nb, sizeof *c->meta);
     c->block_tokens = malloc(nb * (size_t)p->block_size * sizeof(int32_t));
     c->free_stack = malloc(nb * sizeof(int32_t));
@@ -74,9 +92,10 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     while (c->n_buckets < 2 * nb) c->n_buckets <<= 1;
     c->buckets = malloc(c->n_buckets * sizeof(int32_t));
     c->seqs = calloc((size_t)p->max_seqs, sizeof *c->seqs);
-    if (!c->data || !c->meta || !c->block_tokens || !c->free_stack || !c->buckets || !c->seqs) {
+    if (!c->data || !c->meta || !c->block_tokens || !c->free_stack || !c->buckets || !c->seqs ||
+        (c->stage_per_seq && !c->stage)) {
         util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV cache of %d blocks (%zu bytes)", p->n_blocks,
-                     nb * c->block_floats * sizeof(float));
+                     nb * c->block_bytes);
         kv_free(c);
         return NULL;
     }
@@ -98,6 +117,7 @@ void kv_free(kv_cache *c) {
         }
     free(c->seqs);
     free(c->data);
+    free(c->stage);
     free(c->meta);
     free(c->block_tokens);
     free(c->free_stack);
@@ -106,14 +126,22 @@ void kv_free(kv_cache *c) {
 }
 
 const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
-size_t kv_block_bytes(const kv_cache *c) { return c->block_floats * sizeof(float); }
+size_t kv_block_bytes(const kv_cache *c) { return c->block_bytes; }
+size_t kv_head_bytes(const kv_cache *c) { return c->k_bytes + c->v_bytes; }
+size_t kv_v_offset_bytes(const kv_cache *c) { return c->k_bytes; }
+size_t kv_token_bytes(const kv_cache *c) { return c->block_bytes / (size_t)c->p.block_size; }
+size_t kv_stage_bytes(const kv_cache *c) { return c->stage_per_seq * (size_t)c->p.max_seqs * sizeof(uint16_t); }
 
-float *kv_block_k(const kv_cache *c, int32_t block, int layer, int head) {
-    size_t per = (size_t)c->p.block_size * c->p.head_dim;
-    return c->data + (size_t)block * c->block_floats + ((size_t)layer * c->p.n_kv_heads + head) * 2 * per;
+uint8_t *kv_block_k(const kv_cache *c, int32_t block, int layer, int head) {
+    return c->data + (size_t)block * c->block_bytes + ((size_t)layer * c->p.n_kv_heads + head) * (c->k_bytes + c->v_bytes);
 }
-float *kv_block_v(const kv_cache *c, int32_t block, int layer, int head) {
-    return kv_block_k(c, block, layer, head) + (size_t)c->p.block_size * c->p.head_dim;
+uint8_t *kv_block_v(const kv_cache *c, int32_t block, int layer, int head) {
+    return kv_block_k(c, block, layer, head) + c->k_bytes;
+}
+uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head) {
+    if (!c->stage) return NULL;
+    return c->stage + (size_t)seq * c->stage_per_seq +
+           ((size_t)layer * c->p.n_kv_heads + head) * (size_t)c->p.block_size * c->p.head_dim;
 }
 
 /* ---- LRU and index ---------------------------------------------------------- */
@@ -239,8 +267,9 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
     if (seq_grow(c, s, need_tokens)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (cow) { /* first write into a shared, partly filled block: copy it */
         int32_t old = s->blocks[s->len / bs], nb = block_alloc(c);
-        memcpy(c->data + (size_t)nb * c->block_floats, c->data + (size_t)old * c->block_floats,
-               c->block_floats * sizeof(float));
+        /* raw bytes: a q4_kc block still filling has no valid K here yet
+         * (its keys are in the sequence's staging), which copies harmlessly */
+        memcpy(c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
         block_unref(c, old);
         s->blocks[s->len / bs] = nb;
     }
@@ -292,6 +321,9 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
     memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
     b->len = a->len;
+    if (c->stage) /* the shared partial block's keys are in src's staging */
+        memcpy(c->stage + (size_t)dst * c->stage_per_seq, c->stage + (size_t)src * c->stage_per_seq,
+               c->stage_per_seq * sizeof(uint16_t));
     return KVLM_OK;
 }
 

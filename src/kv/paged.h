@@ -1,7 +1,8 @@
 /* kv/paged: the paged KV cache: one pool of fixed-size blocks shared by all
  * sequences, a block table per sequence (shared by all layers), reference
- * counts with copy-on-write, and a prefix index (chained hashes of full
- * blocks) with an LRU of cached blocks that finished sequences left behind. */
+ * counts with copy-on-write, a prefix index (chained hashes of full blocks)
+ * with an LRU of cached blocks that finished sequences left behind, and the
+ * byte layout of keys and values of any element type (ops/kvtype.h). */
 #ifndef KVLM_KV_PAGED_H
 #define KVLM_KV_PAGED_H
 #include <stdbool.h>
@@ -17,20 +18,38 @@ typedef struct {
     int n_blocks;         /* blocks in the pool */
     int max_seqs;         /* sequence ids are 0..max_seqs-1 */
     int max_seq_tokens;   /* the context: most tokens one sequence may hold */
-    uint64_t salt;        /* identifies model + element type in prefix hashes */
+    uint64_t salt;        /* identifies the model in prefix hashes (the types are mixed in) */
     bool prefix_cache;    /* index full blocks for reuse by later sequences */
+    int k_type, v_type;   /* element types (KVLM_CACHE_*; 0 = f32) */
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);
 void kv_free(kv_cache *c);
 const kv_params *kv_get_params(const kv_cache *c);
 
-/* Bytes of one block: 2 x layers x KV heads x block_size x head dim x 4. */
+/* A block holds, for each (layer, KV head) in turn, [K region][V region],
+ * each op_kv_region_bytes(type, head_dim, block_size) bytes: for per-token
+ * types block_size rows of op_kv_row_bytes; for q4_kc keys the per-channel
+ * block; each region is padded to a multiple of 4 bytes (no padding when
+ * block_size is a multiple of 4 and head_dim even). Bytes of one block: layers x KV heads x (K + V region). */
 size_t kv_block_bytes(const kv_cache *c);
-/* Keys of (layer, KV head) in a block: block_size rows of head_dim floats;
- * the values follow at kv_v_offset() floats after the keys. */
-float *kv_block_k(const kv_cache *c, int32_t block, int layer, int head);
-float *kv_block_v(const kv_cache *c, int32_t block, int layer, int head);
+/* Bytes from one (layer, head)'s K region to the next, and K to V. */
+size_t kv_head_bytes(const kv_cache *c);
+size_t kv_v_offset_bytes(const kv_cache *c);
+/* Bytes of K and V of one token (block bytes / block size; exact for
+ * per-token types, and for q4_kc when block_size divides 4 x head_dim). */
+size_t kv_token_bytes(const kv_cache *c);
+/* K (V) region of (layer, KV head) in a block. */
+uint8_t *kv_block_k(const kv_cache *c, int32_t block, int layer, int head);
+uint8_t *kv_block_v(const kv_cache *c, int32_t block, int layer, int head);
+/* q4_kc keys only (NULL otherwise): the f16 keys of the sequence's block that
+ * is still filling, block_size rows of head_dim for (layer, KV head). Kept per
+ * sequence rather than in every block: only one block per sequence is ever
+ * partial, so this costs layers x KV heads x block_size x head_dim x 2 bytes
+ * per sequence instead of doubling every block. Forks copy it. */
+uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head);
+/* Bytes of the staging of all sequences (0 unless keys are q4_kc). */
+size_t kv_stage_bytes(const kv_cache *c);
 
 /* ---- sequences ---- */
 int kv_seq_len(const kv_cache *c, int seq);

@@ -7,6 +7,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/dtype.h"
+#include "ops/kvtype.h"
 #include "ops/ops_internal.h"
 
 /* Rows (query token x query head) per work item, keys per block, and the most
@@ -15,14 +17,19 @@
 #define ATT_BK 64
 #define ATT_MAX_PARTS 4
 
-/* Key (value) of KV head h at position p, in either cache layout; keys of one
- * block (or of the whole contiguous cache) are head_dim floats apart. */
+/* Key (value) of KV head h at position p of an f32 cache, in either layout;
+ * keys of one block (or of the whole contiguous cache) are head_dim floats
+ * apart. */
 static inline const float *key_at(const op_attn_args *a, int h, int p) {
+    if (a->blocks && a->head_bytes)
+        return (const float *)((const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes +
+                               (size_t)(p % a->block_size) * a->head_dim * sizeof(float));
     if (a->blocks)
         return a->blocks[p / a->block_size] + (size_t)h * a->head_stride + (size_t)(p % a->block_size) * a->head_dim;
     return a->k + (size_t)h * a->kv_head_stride + (size_t)p * a->head_dim;
 }
 static inline const float *value_at(const op_attn_args *a, int h, int p) {
+    if (a->blocks && a->head_bytes) return (const float *)((const uint8_t *)key_at(a, h, p) + a->v_bytes);
     if (a->blocks) return key_at(a, h, p) + a->v_offset;
     return a->v + (size_t)h * a->kv_head_stride + (size_t)p * a->head_dim;
 }
@@ -32,9 +39,43 @@ static inline int run_from(const op_attn_args *a, int p, int n) {
     int left = a->block_size - p % a->block_size;
     return left < n ? left : n;
 }
+/* Whether keys or values need dequantizing (only the paged layout is typed). */
+static inline bool is_typed(const op_attn_args *a) {
+    return a->blocks && a->head_bytes && (a->k_type != KVLM_CACHE_F32 || a->v_type != KVLM_CACHE_F32);
+}
+
+/* ---- typed caches: tiles of dequantized rows ---------------------------------- */
+typedef void (*deq_rows_fn)(int type, const uint8_t *src, float *y, int n_rows, int hd);
+typedef void (*deq_f16_fn)(const uint16_t *x, float *y, size_t n);
+
+static void deq_rows_scalar(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+    size_t rb = op_kv_row_bytes(type, hd);
+    for (int i = 0; i < n_rows; i++) op_kv_dequantize_row(type, src + (size_t)i * rb, y + (size_t)i * hd, hd);
+}
+
+static void f16_to_f32_scalar(const uint16_t *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = dt_f16_to_f32(x[i]);
+}
+
+/* Keys (is_key) or values of KV head h, positions p0..p0+n-1, into n rows of
+ * head_dim floats at y: the same floats the reference dequantizers give. */
+static void load_tile(const op_attn_args *a, bool is_key, int h, int p0, int n, float *y, deq_rows_fn deq,
+                      deq_f16_fn f16) {
+    const int hd = a->head_dim, bs = a->block_size, type = is_key ? a->k_type : a->v_type;
+    for (int x = 0, len; x < n; x += len) {
+        int p = p0 + x, b = p / bs, slot = p % bs;
+        len = run_from(a, p, n - x);
+        const uint8_t *region = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + (is_key ? 0 : a->v_bytes);
+        float *dst = y + (size_t)x * hd;
+        if (type != KVLM_CACHE_Q4_KC) deq(type, region + (size_t)slot * op_kv_row_bytes(type, hd), dst, len, hd);
+        else if (b == a->stage_block)
+            f16(a->k_stage + ((size_t)h * bs + slot) * hd, dst, (size_t)len * hd);
+        else op_kv_dequantize_kc(region, dst, hd, bs, slot, len);
+    }
+}
 
 /* ---- reference ---------------------------------------------------------------- */
-void op_attention_ref(float *out, const float *q, const op_attn_args *a) {
+static void attention_ref_f32(float *out, const float *q, const op_attn_args *a) {
     int hd = a->head_dim, G = a->n_heads / a->n_kv_heads;
     int n_max = a->q_pos0 + a->T;
     double *s = malloc((size_t)n_max * sizeof(double));
@@ -64,6 +105,29 @@ void op_attention_ref(float *out, const float *q, const op_attn_args *a) {
     }
     free(s);
     free(o);
+}
+
+/* Typed caches: dequantize every visible key and value with the reference
+ * dequantizers into a contiguous f32 cache, then the f32 reference. */
+void op_attention_ref(float *out, const float *q, const op_attn_args *a) {
+    if (!is_typed(a)) { attention_ref_f32(out, q, a); return; }
+    int n_max = a->q_pos0 + a->T, hd = a->head_dim;
+    size_t stride = (size_t)n_max * hd;
+    float *k = malloc(stride * a->n_kv_heads * sizeof(float)), *v = malloc(stride * a->n_kv_heads * sizeof(float));
+    if (k && v) {
+        for (int h = 0; h < a->n_kv_heads; h++) {
+            load_tile(a, true, h, 0, n_max, k + (size_t)h * stride, deq_rows_scalar, f16_to_f32_scalar);
+            load_tile(a, false, h, 0, n_max, v + (size_t)h * stride, deq_rows_scalar, f16_to_f32_scalar);
+        }
+        op_attn_args c = *a;
+        c.blocks = NULL;
+        c.k = k;
+        c.v = v;
+        c.kv_head_stride = stride;
+        attention_ref_f32(out, q, &c);
+    }
+    free(k);
+    free(v);
 }
 
 /* ---- tiling plan ------------------------------------------------------------------ */
@@ -98,9 +162,10 @@ static att_plan make_plan(const op_attn_args *a) {
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* scores, outputs, max and sum per row, then the K and V tiles of typed caches */
 static size_t per_thread_bytes(int hd) {
     return round64(sizeof(float) * ATT_RMAX * ATT_BK) + round64(sizeof(float) * ATT_RMAX * (size_t)hd) +
-           2 * round64(sizeof(float) * ATT_RMAX);
+           2 * round64(sizeof(float) * ATT_RMAX) + 2 * round64(sizeof(float) * ATT_BK * (size_t)hd);
 }
 
 static size_t part_floats(int hd) { return (size_t)ATT_RMAX * (size_t)(hd + 2); }
@@ -216,6 +281,61 @@ static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
     }
 }
 
+/* Typed-cache tiles: the same floats as the scalar dequantizers (integer
+ * codes convert exactly, then one rounding in the multiply by the scale). */
+static void f16_to_f32_avx2(const uint16_t *x, float *y, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = dt_f16_to_f32(x[i]);
+}
+
+static void deq_rows_avx2(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+    size_t rb = op_kv_row_bytes(type, hd);
+    int g = op_kv_group(type, hd);
+    if (type == KVLM_CACHE_F16) { f16_to_f32_avx2((const uint16_t *)src, y, (size_t)n_rows * hd); return; }
+    if (type == KVLM_CACHE_BF16) {
+        size_t n = (size_t)n_rows * hd, i = 0;
+        const uint16_t *x = (const uint16_t *)src;
+        for (; i + 8 <= n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+            _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+        for (; i < n; i++) y[i] = dt_bf16_to_f32(x[i]);
+        return;
+    }
+    if ((type != KVLM_CACHE_Q8_0 && type != KVLM_CACHE_Q4_0) || g % 16 != 0) {
+        deq_rows_scalar(type, src, y, n_rows, hd);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *b = src + (size_t)r * rb;
+        float *yr = y + (size_t)r * hd;
+        for (int i = 0; i < hd; i += g) {
+            dt_f16 h;
+            memcpy(&h, b, 2);
+            __m256 d = _mm256_set1_ps(dt_f16_to_f32(h));
+            if (type == KVLM_CACHE_Q8_0) {
+                for (int j = 0; j < g; j += 8) {
+                    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + j)));
+                    _mm256_storeu_ps(yr + i + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+                }
+                b += 2 + g;
+            } else {
+                int half = g / 2;
+                const __m256i eight = _mm256_set1_epi32(8), m4 = _mm256_set1_epi32(0xf);
+                for (int j = 0; j < half; j += 8) {
+                    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + j)));
+                    __m256i lo = _mm256_sub_epi32(_mm256_and_si256(w, m4), eight);
+                    __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(w, 4), eight);
+                    _mm256_storeu_ps(yr + i + j, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d));
+                    _mm256_storeu_ps(yr + i + half + j, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d));
+                }
+                b += 2 + half;
+            }
+        }
+    }
+}
+
 /* n is padded to a multiple of 8 with -inf entries, which give 0 */
 static float exp_sum_avx2(float *s, int n, float m) {
     __m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
@@ -273,8 +393,25 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     for (int r = 0; r < R; r++) { M[r] = -INFINITY; L[r] = 0; }
     memset(O, 0, sizeof(float) * (size_t)R * hd);
 
+    const bool typed = is_typed(a);
+    float *Kt = (float *)((uint8_t *)L + round64(sizeof(float) * ATT_RMAX));
+    float *Vt = (float *)((uint8_t *)Kt + round64(sizeof(float) * ATT_BK * (size_t)hd));
+    deq_rows_fn deq = deq_rows_scalar;
+    deq_f16_fn f16 = f16_to_f32_scalar;
+#ifdef HAVE_AVX2_PATHS
+    if (j->simd) { deq = deq_rows_avx2; f16 = f16_to_f32_avx2; }
+#endif
+
     for (int kb = k0; kb < k1; kb += ATT_BK) {
         int nk = k1 - kb < ATT_BK ? k1 - kb : ATT_BK;
+        if (typed) {
+            /* Dequantize the keys and values this tile's last query sees,
+             * once for all its rows: then the f32 kernels run on the tile. */
+            int n_tile = a->q_pos0 + t1 - kb < nk ? a->q_pos0 + t1 - kb : nk;
+            if (n_tile <= 0) continue;
+            load_tile(a, true, h, kb, n_tile, Kt, deq, f16);
+            load_tile(a, false, h, kb, n_tile, Vt, deq, f16);
+        }
         for (int ti = 0; ti < nt; ti++) {
             /* keys kb .. kb+vis-1 are at or before this token's position */
             int vis = a->q_pos0 + t0 + ti - kb + 1;
@@ -288,12 +425,13 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 float mx = -INFINITY, sum;
                 /* key block in runs that are contiguous in the cache */
                 for (int x = 0, len; x < vis; x += len) {
-                    len = run_from(a, kb + x, vis - x);
+                    len = typed ? vis : run_from(a, kb + x, vis - x);
+                    const float *kx = typed ? Kt : key_at(a, h, kb + x);
 #ifdef HAVE_AVX2_PATHS
-                    if (j->simd) scores_avx2(s + x, qr, key_at(a, h, kb + x), len, hd, a->scale);
+                    if (j->simd) scores_avx2(s + x, qr, kx, len, hd, a->scale);
                     else
 #endif
-                        scores_scalar(s + x, qr, key_at(a, h, kb + x), len, hd, a->scale);
+                        scores_scalar(s + x, qr, kx, len, hd, a->scale);
                 }
                 for (int x = 0; x < vis; x++) mx = s[x] > mx ? s[x] : mx;
                 for (int x = vis; x < vpad; x++) s[x] = -INFINITY;
@@ -311,12 +449,13 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 L[r] += sum;
                 M[r] = m_new;
                 for (int x = 0, len; x < vis; x += len) {
-                    len = run_from(a, kb + x, vis - x);
+                    len = typed ? vis : run_from(a, kb + x, vis - x);
+                    const float *vx = typed ? Vt : value_at(a, h, kb + x);
 #ifdef HAVE_AVX2_PATHS
-                    if (j->simd) pv_avx2(o, s + x, value_at(a, h, kb + x), len, hd);
+                    if (j->simd) pv_avx2(o, s + x, vx, len, hd);
                     else
 #endif
-                        pv_scalar(o, s + x, value_at(a, h, kb + x), len, hd);
+                        pv_scalar(o, s + x, vx, len, hd);
                 }
             }
         }

@@ -79,11 +79,27 @@ typedef struct {
     int block_size;
     size_t head_stride;     /* floats between KV heads within a block */
     size_t v_offset;        /* floats from a key to its value */
+    /* Typed paged cache (ops/kvtype.h): keys of type k_type, values of type
+     * v_type (KVLM_CACHE_*; 0 = f32). When head_bytes != 0 it replaces the two
+     * float strides above: KV head h's K region in a block starts at
+     *   (const uint8_t *)blocks[b] + h * head_bytes,
+     * its V region v_bytes after that; a per-token type's row of slot i is
+     * i * op_kv_row_bytes(type, head_dim) into its region. The kernels
+     * dequantize a tile of keys/values at a time into per-thread scratch,
+     * never a copy of the cache; f32 reads the cache directly as before. */
+    int k_type, v_type;
+    size_t head_bytes, v_bytes;
+    /* q4_kc keys: the block still filling (index stage_block into blocks, -1:
+     * none) has its keys in f16 at k_stage + h * block_size * head_dim +
+     * slot * head_dim, not in its K region. */
+    const uint16_t *k_stage;
+    int stage_block;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
 size_t op_attention_work_size(int n_threads, int head_dim);
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
-/* Reference: materialises each query's full score row, softmax, weighted sum. */
+/* Reference: materialises each query's full score row, softmax, weighted sum;
+ * with a typed cache it first dequantizes all visible K/V (allocates). */
 void op_attention_ref(float *out, const float *q, const op_attn_args *a);
 #endif
