@@ -12,6 +12,8 @@
 #include "ops/ops.h"
 #include "util/error.h"
 #include "util/pool.h"
+#include "util/timing.h"
+#include "engine/engine.h"
 
 struct kvlm_ctx {
     const kvlm_model *model;
@@ -30,6 +32,8 @@ struct kvlm_ctx {
     int n_logits, logits_cap;
     float *out_rows;
     uint64_t tokens_computed;
+    bool naive_attention;      /* engine.h: reference attention, the baseline */
+    double attn_seconds;
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -308,7 +312,10 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a.stage_block = a.k_stage ? ctx->stage_block[seq[t0]] : -1;
         if (a.stage_block >= need) a.stage_block = -1;
         a.scale = 1.0f / sqrtf((float)HD);
-        op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
+        double t_start = util_now_s();
+        if (ctx->naive_attention) op_attention_ref(ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a);
+        else op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
+        ctx->attn_seconds += util_now_s() - t_start;
         t0 = t1;
     }
 }
@@ -487,4 +494,38 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
     if (i < 0) i = ctx->n_logits - 1;
     if (i < 0 || i >= ctx->n_logits) return NULL;
     return ctx->logits + (size_t)i * ctx->model->cfg.vocab_size;
+}
+
+/* ---- engine.h hooks ------------------------------------------------------------ */
+
+void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
+double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+
+int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err) {
+    const kvlm_config *c = &ctx->model->cfg;
+    if (!kv_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
+    if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int rc = kv_seq_reserve(ctx->kv, seq, n, err);
+    if (rc) return rc;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    uint64_t s = seed * 2654435761u + 1;
+    for (int done = 0; done < n;) {
+        int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_seq_len(ctx->kv, seq);
+        for (int t = 0; t < T; t++) {
+            ctx->tok_seq[t] = seq;
+            ctx->tok_pos[t] = past + t;
+        }
+        for (int l = 0; l < c->n_layers; l++) {
+            for (size_t i = 0; i < (size_t)T * kv_dim; i++) {
+                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+                ctx->k[i] = (float)((s >> 40) * (2.0 / 16777216.0)) - 1.0f;
+                ctx->v[i] = (float)(((s >> 16) & 0xffffff) * (2.0 / 16777216.0)) - 1.0f;
+            }
+            write_kv(ctx, l, ctx->tok_seq, ctx->tok_pos, T);
+        }
+        for (int t = 0; t < T; t++) ctx->tok_pos[t] = 3 + (past + t) % (c->vocab_size - 3);
+        kv_seq_commit(ctx->kv, seq, ctx->tok_pos, T);
+        done += T;
+    }
+    return KVLM_OK;
 }

@@ -1,0 +1,19 @@
+/* engine/engine: internal hooks of the forward pass for benchmarks and tests
+ * (not part of the public API). */
+#ifndef KVLM_ENGINE_ENGINE_H
+#define KVLM_ENGINE_ENGINE_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvlm.h"
+
+/* Appends n positions of random keys and values to a sequence through the
+ * normal write path (quantized to the cache's types), as a long prefill
+ * would leave them, without running the model: decode speed does not depend
+ * on the values. */
+int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err);
+/* Uses the reference attention (dequantize everything, materialise each
+ * query's full softmax) instead of the kernels: the naive baseline. */
+void engine_set_naive_attention(kvlm_ctx *ctx, bool naive);
+/* Seconds spent in attention since the context was created. */
+double engine_attention_seconds(const kvlm_ctx *ctx);
+#endif
