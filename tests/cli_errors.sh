@@ -31,7 +31,7 @@ expect_error "unknown command" "unknown command" "$KVLM" frobnicate
 expect_error "missing model" "cannot open .*nope.gguf" "$KVLM" run -m "$tmp/nope.gguf" -p hi
 expect_error "bad option value" "not an integer" "$KVLM" run -m x -n abc
 expect_error "unknown option" "unknown option" "$KVLM" run --bogus
-for sub in run inspect tokenize convert synth logits; do
+for sub in run inspect tokenize convert synth logits plan perplexity; do
   expect_ok "$sub --help" "$KVLM" "$sub" --help
 done
 printf 'GGUF' >"$tmp/short.gguf"
