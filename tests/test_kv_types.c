@@ -218,8 +218,10 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
     for (int level = 0; level <= op_cpu_simd_level() && level <= OP_SIMD_AVX2; level++) {
         op_set_simd_level(level);
         op_attention(NULL, o, q, &tc.a, work);
-        /* both read the same dequantized floats: only float summation order
-         * differs, as for f32 (|v| <= ~1: the bound test_ops uses) */
+        /* both read the same dequantized floats (q4_kc keys: the kernel folds
+         * the channel scales into q and reads the codes, the same values in
+         * another rounding): only float summation order differs, as for f32
+         * (|v| <= ~1: the bound test_ops uses) */
         double md = 0;
         for (size_t i = 0; i < nq; i++) md = fmax(md, fabs((double)o[i] - ref[i]));
         if (md > 2e-5)
@@ -263,6 +265,11 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, n, 8, 2, 64, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){1, n + 5, 8, 1, 128, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q4_0, p2, p3);
     check_typed((acase){3, n, 4, 4, 8, 7}, KVLM_CACHE_Q4_0, KVLM_CACHE_BF16, p2, p3);
+    /* flash-decoding (keys split into parts, merged by log-sum-exp) with one
+     * and two KV heads at 2000+ keys: the same bits on 1, 2 and 3 threads */
+    check_typed((acase){1, 2100, 8, 1, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){1, 2501, 4, 2, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){1, 2049, 8, 2, 128, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
 }

@@ -2,7 +2,11 @@
  * cached keys/values. The reference materialises each score row; the fast
  * kernel is FlashAttention-style: work items of (KV head, query heads sharing
  * it, query tile), keys streamed in blocks with an online softmax (running max
- * and sum), memory linear in T, scratch per thread from `work`. */
+ * and sum), memory linear in T, scratch per thread from `work`. When those
+ * items are too few to occupy the threads (decoding with few KV heads at long
+ * context), the keys are split into parts too (flash-decoding): each part
+ * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
+ * combines. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -11,11 +15,19 @@
 #include "ops/kvtype.h"
 #include "ops/ops_internal.h"
 
-/* Rows (query token x query head) per work item, keys per block, and the most
- * partial results kept when keys are split among threads. */
+/* Rows (query token x query head) per work item, and keys per block. */
 #define ATT_RMAX 64
 #define ATT_BK 64
-#define ATT_MAX_PARTS 4
+/* Flash-decoding: with fewer items than this (a few KV heads decoding; twice
+ * the threads of a 16-thread pool) the keys are split into parts too, aiming
+ * at ATT_TARGET_TASKS tasks of at least ATT_MIN_CHUNK keys, with at most
+ * ATT_PART_ROWS rows of partial results in all (the scratch holds that many).
+ * The split depends on the shape alone, never on the thread count, so results
+ * are the same bits on any pool. */
+#define ATT_SPLIT_ITEMS 32
+#define ATT_TARGET_TASKS 64
+#define ATT_MIN_CHUNK 512
+#define ATT_PART_ROWS 1024
 
 /* Key (value) of KV head h at position p of an f32 cache, in either layout;
  * keys of one block (or of the whole contiguous cache) are head_dim floats
@@ -135,6 +147,7 @@ typedef struct {
     int G;         /* query heads per KV head */
     int hc, n_hc;  /* query heads per item, chunks of the group */
     int tq, n_tt;  /* query tokens per item, tiles */
+    int rows;      /* the most rows of an item: tq * hc */
     int n_items, n_split;
 } att_plan;
 
@@ -146,34 +159,38 @@ static att_plan make_plan(const op_attn_args *a) {
     p.tq = ATT_RMAX / p.hc;
     if (p.tq > a->T) p.tq = a->T;
     p.n_tt = (a->T + p.tq - 1) / p.tq;
+    p.rows = p.tq * p.hc;
     p.n_items = a->n_kv_heads * p.n_hc * p.n_tt;
-    /* Too few items to occupy the threads (decode with few KV heads): split
-     * the keys too, into a number of parts fixed by the shape alone, so the
-     * result does not depend on the thread count. */
     p.n_split = 1;
-    int max_keys = a->q_pos0 + a->T;
-    if (p.n_items < ATT_MAX_PARTS && max_keys >= 512) {
-        p.n_split = ATT_MAX_PARTS / p.n_items;
-        if (p.n_split > max_keys / 256) p.n_split = max_keys / 256;
-        if (p.n_split < 1) p.n_split = 1;
+    if (p.n_items < ATT_SPLIT_ITEMS) {
+        int s = (ATT_TARGET_TASKS + p.n_items - 1) / p.n_items;
+        int by_len = (a->q_pos0 + a->T) / ATT_MIN_CHUNK;
+        int by_mem = ATT_PART_ROWS / (p.n_items * p.rows);
+        if (s > by_len) s = by_len;
+        if (s > by_mem) s = by_mem;
+        p.n_split = s > 1 ? s : 1;
     }
     return p;
 }
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* scores, outputs, max and sum per row, then the K and V tiles of typed caches */
+/* scores, outputs, max and sum per row, then the K and V tiles of typed caches
+ * and the q4_kc folded query */
 static size_t per_thread_bytes(int hd) {
     return round64(sizeof(float) * ATT_RMAX * ATT_BK) + round64(sizeof(float) * ATT_RMAX * (size_t)hd) +
-           2 * round64(sizeof(float) * ATT_RMAX) + 2 * round64(sizeof(float) * ATT_BK * (size_t)hd);
+           2 * round64(sizeof(float) * ATT_RMAX) + 2 * round64(sizeof(float) * ATT_BK * (size_t)hd) +
+           round64(sizeof(float) * (size_t)hd);
 }
 
-static size_t part_floats(int hd) { return (size_t)ATT_RMAX * (size_t)(hd + 2); }
+/* A task's partial result: max and sum of each of its rows, then the rows'
+ * unnormalised outputs. */
+static size_t part_floats(const att_plan *p, int hd) { return (size_t)p->rows * (size_t)(hd + 2); }
 
 size_t op_attention_work_size(int n_threads, int head_dim) {
     if (n_threads < 1) n_threads = 1;
     return (size_t)n_threads * per_thread_bytes(head_dim) +
-           round64(sizeof(float) * ATT_MAX_PARTS * part_floats(head_dim)) + 64;
+           round64(sizeof(float) * ATT_PART_ROWS * (size_t)(head_dim + 2)) + 64;
 }
 
 /* ---- the row kernels: scores of a key block, and P.V accumulation ---------- */
@@ -202,6 +219,33 @@ static float exp_sum_scalar(float *s, int n, float m) {
     float sum = 0;
     for (int j = 0; j < n; j++) sum += (s[j] = expf(s[j] - m));
     return sum;
+}
+
+/* q4_kc keys, scored from their codes without dequantizing: key t's channel
+ * c is code_{c,t} * s_c + m_c, so
+ *   q . k_t = sum_c (q_c s_c) code_{c,t} + sum_c q_c m_c,
+ * the channel scales folded into the query (qs, hd floats of scratch) and the
+ * mins into one bias, once per (region, query row). s[i] = scale * q . k_t for
+ * the n tokens t = t0 + i of the region. */
+static void kc_scores_scalar(float *s, const float *q, const uint8_t *region, int hd, int bs, int t0, int n,
+                             float scale, float *qs) {
+    const size_t nb = (size_t)(bs + 1) / 2;
+    const uint8_t *codes = region + 4 * (size_t)hd;
+    float bias = 0;
+    for (int c = 0; c < hd; c++) {
+        dt_f16 hs, hm;
+        memcpy(&hs, region + 2 * (size_t)c, 2);
+        memcpy(&hm, region + 2 * ((size_t)hd + c), 2);
+        qs[c] = q[c] * dt_f16_to_f32(hs);
+        bias += q[c] * dt_f16_to_f32(hm);
+    }
+    for (int i = 0; i < n; i++) {
+        int t = t0 + i, sh = 4 * (t & 1);
+        const uint8_t *cc = codes + t / 2;
+        float acc = 0;
+        for (int c = 0; c < hd; c++) acc += qs[c] * (float)((cc[(size_t)c * nb] >> sh) & 0xf);
+        s[i] = (acc + bias) * scale;
+    }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -336,6 +380,80 @@ static void deq_rows_avx2(int type, const uint8_t *src, float *y, int n_rows, in
     }
 }
 
+/* kc_scores_scalar with the same sums in another order: 16 tokens at a time
+ * from 8 code bytes per channel (even tokens in the low nibbles, odd in the
+ * high), the channel loop split in two accumulator pairs to hide FMA latency;
+ * tokens whose 8 bytes would run past the channel's codes go one at a time. */
+static void kc_scores_avx2(float *s, const float *q, const uint8_t *region, int hd, int bs, int t0, int n,
+                           float scale, float *qs) {
+    const int nb = (bs + 1) / 2;
+    const uint8_t *codes = region + 4 * (size_t)hd;
+    const int h8 = hd & ~7;
+    __m256 vb = _mm256_setzero_ps();
+    for (int c = 0; c < h8; c += 8) {
+        __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(region + 2 * (size_t)c)));
+        __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(region + 2 * ((size_t)hd + c))));
+        __m256 qv = _mm256_loadu_ps(q + c);
+        _mm256_storeu_ps(qs + c, _mm256_mul_ps(qv, sc));
+        vb = _mm256_fmadd_ps(qv, mn, vb);
+    }
+    float bias = op_hsum256(vb);
+    for (int c = h8; c < hd; c++) {
+        dt_f16 hs, hm;
+        memcpy(&hs, region + 2 * (size_t)c, 2);
+        memcpy(&hm, region + 2 * ((size_t)hd + c), 2);
+        qs[c] = q[c] * dt_f16_to_f32(hs);
+        bias += q[c] * dt_f16_to_f32(hm);
+    }
+    const __m256i m4 = _mm256_set1_epi32(0xf);
+    const __m256 vbias = _mm256_set1_ps(bias), vscale = _mm256_set1_ps(scale);
+    int i = 0;
+    while (i < n) {
+        int t = t0 + i;
+        if (!(t & 1) && t / 2 + 8 <= nb) {
+            const uint8_t *cc = codes + t / 2;
+            __m256 e0 = _mm256_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
+            int c = 0;
+            for (; c + 2 <= hd; c += 2) {
+                __m256i w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cc + (size_t)c * nb)));
+                __m256i w1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cc + (size_t)(c + 1) * nb)));
+                __m256 q0 = _mm256_broadcast_ss(qs + c), q1 = _mm256_broadcast_ss(qs + c + 1);
+                e0 = _mm256_fmadd_ps(q0, _mm256_cvtepi32_ps(_mm256_and_si256(w0, m4)), e0);
+                o0 = _mm256_fmadd_ps(q0, _mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), o0);
+                e1 = _mm256_fmadd_ps(q1, _mm256_cvtepi32_ps(_mm256_and_si256(w1, m4)), e1);
+                o1 = _mm256_fmadd_ps(q1, _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)), o1);
+            }
+            for (; c < hd; c++) {
+                __m256i w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cc + (size_t)c * nb)));
+                __m256 q0 = _mm256_broadcast_ss(qs + c);
+                e0 = _mm256_fmadd_ps(q0, _mm256_cvtepi32_ps(_mm256_and_si256(w0, m4)), e0);
+                o0 = _mm256_fmadd_ps(q0, _mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), o0);
+            }
+            __m256 ev = _mm256_add_ps(e0, e1), od = _mm256_add_ps(o0, o1);
+            /* lanes hold even tokens 0,2,..,14 and odd 1,3,..,15: interleave */
+            __m256 lo = _mm256_unpacklo_ps(ev, od), hi = _mm256_unpackhi_ps(ev, od);
+            float r[16];
+            _mm256_storeu_ps(r, _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), vbias), vscale));
+            _mm256_storeu_ps(r + 8, _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x31), vbias), vscale));
+            int m = n - i < 16 ? n - i : 16;
+            memcpy(s + i, r, sizeof(float) * (size_t)m);
+            i += m;
+        } else {
+            int sh = 4 * (t & 1);
+            const uint8_t *cc = codes + t / 2;
+            float acc = 0;
+            for (int c = 0; c < hd; c++) acc += qs[c] * (float)((cc[(size_t)c * nb] >> sh) & 0xf);
+            s[i] = (acc + bias) * scale;
+            i++;
+        }
+    }
+}
+
+/* q8_0 / q4_0 keys scored straight from their rows, dequantized in registers:
+ * for decode (one or two rows per item) there is no tile of rows to spread a
+ * dequantization over, and the tile's store and reload cost as much as the
+ * dot products. Per group: the codes' dot product with q, then times the
+ * group's scale. g % 16 == 0; nk rows rb bytes apart. */
 /* n is padded to a multiple of 8 with -inf entries, which give 0 */
 static float exp_sum_avx2(float *s, int n, float m) {
     __m256 vm = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
@@ -396,6 +514,8 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     const bool typed = is_typed(a);
     float *Kt = (float *)((uint8_t *)L + round64(sizeof(float) * ATT_RMAX));
     float *Vt = (float *)((uint8_t *)Kt + round64(sizeof(float) * ATT_BK * (size_t)hd));
+    float *QS = (float *)((uint8_t *)Vt + round64(sizeof(float) * ATT_BK * (size_t)hd));
+    const bool kc = typed && a->k_type == KVLM_CACHE_Q4_KC;
     deq_rows_fn deq = deq_rows_scalar;
     deq_f16_fn f16 = f16_to_f32_scalar;
 #ifdef HAVE_AVX2_PATHS
@@ -409,7 +529,15 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
              * once for all its rows: then the f32 kernels run on the tile. */
             int n_tile = a->q_pos0 + t1 - kb < nk ? a->q_pos0 + t1 - kb : nk;
             if (n_tile <= 0) continue;
-            load_tile(a, true, h, kb, n_tile, Kt, deq, f16);
+            if (!kc) load_tile(a, true, h, kb, n_tile, Kt, deq, f16);
+            else /* quantized q4_kc keys are scored from their codes;
+                          * only the staged (f16) block's keys are converted */
+                for (int x = 0, len; x < n_tile; x += len) {
+                    len = run_from(a, kb + x, n_tile - x);
+                    if ((kb + x) / a->block_size == a->stage_block)
+                        f16(a->k_stage + ((size_t)h * a->block_size + (kb + x) % a->block_size) * hd, Kt + (size_t)x * hd,
+                            (size_t)len * hd);
+                }
             load_tile(a, false, h, kb, n_tile, Vt, deq, f16);
         }
         for (int ti = 0; ti < nt; ti++) {
@@ -425,8 +553,19 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 float mx = -INFINITY, sum;
                 /* key block in runs that are contiguous in the cache */
                 for (int x = 0, len; x < vis; x += len) {
-                    len = typed ? vis : run_from(a, kb + x, vis - x);
-                    const float *kx = typed ? Kt : key_at(a, h, kb + x);
+                    len = typed && !kc ? vis : run_from(a, kb + x, vis - x);
+                    int b = kc ? (kb + x) / a->block_size : -1;
+                    if (kc && b != a->stage_block) {
+                        const uint8_t *region = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes;
+                        int slot = (kb + x) % a->block_size;
+#ifdef HAVE_AVX2_PATHS
+                        if (j->simd) kc_scores_avx2(s + x, qr, region, hd, a->block_size, slot, len, a->scale, QS);
+                        else
+#endif
+                            kc_scores_scalar(s + x, qr, region, hd, a->block_size, slot, len, a->scale, QS);
+                        continue;
+                    }
+                    const float *kx = typed ? Kt + (size_t)x * hd : key_at(a, h, kb + x);
 #ifdef HAVE_AVX2_PATHS
                     if (j->simd) scores_avx2(s + x, qr, kx, len, hd, a->scale);
                     else
@@ -469,10 +608,10 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 float inv = 1.0f / L[r];
                 for (int i = 0; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
             } else {
-                float *part = j->parts + (size_t)task * part_floats(hd);
+                float *part = j->parts + (size_t)task * part_floats(p, hd);
                 part[r] = M[r];
-                part[ATT_RMAX + r] = L[r];
-                memcpy(part + 2 * ATT_RMAX + (size_t)r * hd, O + (size_t)r * hd, sizeof(float) * hd);
+                part[p->rows + r] = L[r];
+                memcpy(part + 2 * (size_t)p->rows + (size_t)r * hd, O + (size_t)r * hd, sizeof(float) * hd);
             }
         }
 }
@@ -488,11 +627,13 @@ static void att_worker(void *ctx, int ith, int nth) {
     }
 }
 
-/* Combines the key-split parts of each item: weights e^(m_s - max m). */
+/* Combines the key-split parts of each item in a fixed order: weights
+ * e^(m_s - max m), the log-sum-exp merge of the parts' softmaxes. */
 static void merge_parts(const att_job *j) {
     const op_attn_args *a = j->a;
     const att_plan *p = &j->p;
-    const int hd = a->head_dim;
+    const int hd = a->head_dim, R = p->rows;
+    const size_t pf = part_floats(p, hd);
     for (int item = 0; item < p->n_items; item++) {
         int tt = p->n_tt - 1 - item % p->n_tt;
         int rest = item / p->n_tt;
@@ -500,23 +641,23 @@ static void merge_parts(const att_job *j) {
         int t0 = tt * p->tq, t1 = t0 + p->tq < a->T ? t0 + p->tq : a->T;
         int g0 = hci * p->hc, g1 = g0 + p->hc < p->G ? g0 + p->hc : p->G;
         int ng = g1 - g0;
-        const float *parts = j->parts + (size_t)item * p->n_split * part_floats(hd);
+        const float *parts = j->parts + (size_t)item * p->n_split * pf;
         for (int ti = 0; ti < t1 - t0; ti++)
             for (int gi = 0; gi < ng; gi++) {
                 int r = ti * ng + gi;
                 float mx = -INFINITY, l = 0;
                 for (int s = 0; s < p->n_split; s++) {
-                    float ms = parts[s * part_floats(hd) + r];
+                    float ms = parts[s * pf + r];
                     mx = ms > mx ? ms : mx;
                 }
                 float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
                 for (int i = 0; i < hd; i++) dst[i] = 0;
                 for (int s = 0; s < p->n_split; s++) {
-                    const float *ps = parts + s * part_floats(hd);
-                    if (ps[ATT_RMAX + r] == 0.0f) continue; /* no visible key in this part */
+                    const float *ps = parts + s * pf;
+                    if (ps[R + r] == 0.0f) continue; /* no visible key in this part */
                     float w = expf(ps[r] - mx);
-                    l += ps[ATT_RMAX + r] * w;
-                    const float *o = ps + 2 * ATT_RMAX + (size_t)r * hd;
+                    l += ps[R + r] * w;
+                    const float *o = ps + 2 * (size_t)R + (size_t)r * hd;
                     for (int i = 0; i < hd; i++) dst[i] += o[i] * w;
                 }
                 float inv = 1.0f / l;
