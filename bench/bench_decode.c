@@ -5,31 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include "bench_common.h"
 #include "kvlm.h"
 #include "ops/ops.h"
 #include "util/pool.h"
 #include "util/timing.h"
-
-typedef struct { const char *name; int dim, hidden, layers, heads, kv, vocab; } shape;
-
-static const char *model_file(const shape *s, const char *type, char *buf, size_t cap) {
-    const char *dir = getenv("KVLM_BENCH_DIR") ? getenv("KVLM_BENCH_DIR") : "/tmp/kvlm-bench";
-    mkdir(dir, 0755);
-    snprintf(buf, cap, "%s/%s-%s.gguf", dir, s->name, type);
-    struct stat st;
-    if (stat(buf, &st) == 0) return buf;
-    kvlm_synth_params p = {0};
-    p.arch = KVLM_ARCH_LLAMA;
-    p.dim = s->dim; p.hidden_dim = s->hidden; p.n_layers = s->layers;
-    p.n_heads = s->heads; p.n_kv_heads = s->kv; p.vocab_size = s->vocab; p.n_ctx = 2048;
-    p.type = kvlm_type_from_name(type);
-    p.seed = 1;
-    kvlm_error err = {0};
-    fprintf(stderr, "  (writing %s ...)\n", buf);
-    if (kvlm_model_synth(&p, buf, &err)) { fprintf(stderr, "synth: %s\n", err.msg); exit(1); }
-    return buf;
-}
 
 /* Bytes the decode of one token streams: every weight except the embedding
  * table (only one row of it is read) unless the classifier is tied to it. */
@@ -49,9 +29,9 @@ static double streamed_bytes(kvlm_model *m) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     bool big = !(argc > 2 && !strcmp(argv[2], "--small"));
-    shape shapes[] = {
-        {"stories15M", 288, 768, 6, 6, 6, 32000},
-        {"tinyllama-1.1B", 2048, 5632, 22, 32, 4, 32000},
+    bench_shape shapes[] = {
+        {"stories15M", 288, 768, 6, 6, 6, 32000, 2048},
+        {"tinyllama-1.1B", 2048, 5632, 22, 32, 4, 32000, 2048},
     };
     const char *types[] = {"f32", "f16", "q8_0", "q4_0"};
     util_pool *pool = util_pool_create(threads);
@@ -62,10 +42,8 @@ int main(int argc, char **argv) {
     for (int si = 0; si < (big ? 2 : 1); si++)
         for (int ti = 0; ti < 4; ti++) {
             char path[4096];
-            model_file(&shapes[si], types[ti], path, sizeof path);
+            kvlm_model *m = bench_load(bench_model_path(&shapes[si], types[ti], path, sizeof path));
             kvlm_error err = {0};
-            kvlm_model *m = kvlm_model_load(path, NULL, &err);
-            if (!m) { fprintf(stderr, "%s\n", err.msg); return 1; }
             kvlm_ctx_params cp = kvlm_ctx_default_params();
             cp.n_threads = threads;
             cp.n_ctx = 256;

@@ -7,33 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include "bench_common.h"
 #include "engine/engine.h"
 #include "kvlm.h"
 #include "util/timing.h"
 
-typedef struct { const char *name; int dim, hidden, layers, heads, kv, vocab; } shape;
-
-static kvlm_model *load_shape(const shape *s, const char *wtype) {
+static kvlm_model *load_shape(const bench_shape *s, const char *wtype) {
     char path[512];
-    const char *dir = getenv("KVLM_BENCH_DIR") ? getenv("KVLM_BENCH_DIR") : "/tmp/kvlm-bench";
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, s->name, wtype);
-    struct stat st;
-    kvlm_error err = {0};
-    if (stat(path, &st) != 0) {
-        kvlm_synth_params p = {0};
-        p.arch = KVLM_ARCH_LLAMA;
-        p.dim = s->dim; p.hidden_dim = s->hidden; p.n_layers = s->layers;
-        p.n_heads = s->heads; p.n_kv_heads = s->kv; p.vocab_size = s->vocab; p.n_ctx = 32768;
-        p.type = kvlm_type_from_name(wtype);
-        p.seed = 1;
-        fprintf(stderr, "  (writing %s ...)\n", path);
-        if (kvlm_model_synth(&p, path, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    }
-    kvlm_model *m = kvlm_model_load(path, NULL, &err);
-    if (!m) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    return m;
+    return bench_load(bench_model_path(s, wtype, path, sizeof path));
 }
 
 /* Decode tokens/s at context n (mean over `steps` tokens) and the share of
@@ -69,7 +50,7 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int max_ctx = argc > 2 ? atoi(argv[2]) : 16384;
     const char *caches[] = {"f16", "q8_0", "q4_0"};
-    shape smol = {"smollm2-135M", 576, 1536, 30, 9, 3, 49152};
+    bench_shape smol = {"smollm2-135M", 576, 1536, 30, 9, 3, 49152, 32768};
     kvlm_model *m = load_shape(&smol, "q8_0");
     char desc[512];
     kvlm_model_describe(m, desc, sizeof desc);
@@ -90,7 +71,7 @@ int main(int argc, char **argv) {
     kvlm_model_free(m);
 
     /* The target: stories110M's shape in Q8_0 with a q8_0 cache, 4096 vs 128. */
-    shape s110 = {"stories110M", 768, 2048, 12, 12, 12, 32000};
+    bench_shape s110 = {"stories110M", 768, 2048, 12, 12, 12, 32000, 32768};
     m = load_shape(&s110, "q8_0");
     kvlm_ctx *ctx = make_ctx(m, 4096 + 64, "q8_0", threads);
     double s128, s4k, tps128 = decode_at(ctx, 128, 24, false, &s128), tps4k = decode_at(ctx, 4096, 24, false, &s4k);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bench_common.h"
 #include "kv/paged.h"
 #include "kvlm.h"
 #include "util/timing.h"
@@ -148,17 +149,9 @@ static void ttft(const char *model_path, int threads) {
 int main(int argc, char **argv) {
     memory_and_capacity();
     const char *path = argc > 1 ? argv[1] : NULL;
-    char tmp[256];
-    if (!path) { /* stories15M's shape with random weights, context 2048 */
-        snprintf(tmp, sizeof tmp, "/tmp/kvlm-bench-paged-stories15M.gguf");
-        kvlm_synth_params sp = {0};
-        sp.arch = KVLM_ARCH_LLAMA;
-        sp.dim = 288; sp.hidden_dim = 768; sp.n_layers = 6; sp.n_heads = 6; sp.n_kv_heads = 6;
-        sp.vocab_size = 32000; sp.n_ctx = 2048; sp.type = 0; sp.seed = 3;
-        kvlm_error err = {0};
-        if (kvlm_model_synth(&sp, tmp, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
-        path = tmp;
-    }
+    char tmp[512];
+    bench_shape s15 = {"stories15M", 288, 768, 6, 6, 6, 32000, 2048}; /* random weights, real shape */
+    if (!path) path = bench_model_path(&s15, "f32", tmp, sizeof tmp);
     ttft(path, argc > 2 ? atoi(argv[2]) : 0);
     return 0;
 }
