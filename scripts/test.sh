@@ -13,4 +13,4 @@ echo "== sanitizer build (ASan + UBSan) =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLM_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-   KVLM_TEST_QUICK=1 ctest --output-on-failure -j"$jobs" -LE slow)
+   KVLM_TEST_QUICK=1 ctest --output-on-failure -j"$jobs")
