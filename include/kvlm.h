@@ -147,7 +147,34 @@ typedef struct kvlm_ctx_params {
     bool no_prefix_cache; /* do not index full blocks for reuse by later sequences */
     int cache_type_k;   /* element type of cached keys (KVLM_CACHE_*; 0: f32) */
     int cache_type_v;   /* ... and of values (any but q4_kc) */
+    /* Bounded caches (see KVLM_EVICT_*): a sequence keeps at most kv_budget
+     * tokens; when the next batch would exceed it, kv_evict picks what goes. */
+    int kv_budget;      /* 0: n_ctx; at most n_ctx */
+    int kv_evict;       /* KVLM_EVICT_*; 0: none (a batch past the budget fails with KVLM_ERANGE) */
+    int kv_sinks;       /* sinks: first tokens always kept; 0: 4 */
+    int h2o_recent;     /* h2o: most recent tokens kept; 0: the budget less the heavy hitters */
+    float h2o_heavy;    /* h2o: share of the kept tokens chosen by accumulated attention
+                           (when h2o_recent is 0); 0: 0.5 */
 } kvlm_ctx_params;
+
+/* Eviction policies. Evicting keeps tokens in order and compacts them: a
+ * token's RoPE position is its place in the cache, not in the text
+ * (StreamingLLM), so a stream can run past the trained context; moved keys are
+ * re-rotated. The cache is cut by at least a block (block_size tokens) at a
+ * time so the cost is amortised: it then holds between budget - block_size and
+ * budget tokens (or budget - n_new when a batch brings more).
+ *   window: the most recent tokens;
+ *   sinks:  the first kv_sinks tokens (attention sinks) and the most recent;
+ *   h2o:    the most recent and the heavy hitters: tokens with the largest
+ *           attention accumulated over steps, layers and query heads (the
+ *           attention kernel then also computes those weights).
+ * Blocks shared with other sequences are copied, never changed in place; an
+ * evicted sequence's blocks are no longer offered for prefix reuse. Under a
+ * policy other than none, kvlm_batch.pos must be NULL. */
+enum { KVLM_EVICT_NONE = 0, KVLM_EVICT_WINDOW = 1, KVLM_EVICT_SINKS = 2, KVLM_EVICT_H2O = 3 };
+/* Policy id for "none", "window", "sinks", "h2o", or -1; and back (NULL if none). */
+int kvlm_evict_from_name(const char *name);
+const char *kvlm_evict_name(int policy);
 
 /* KV cache element types. The per-token ones quantize each token's row per
  * KV head: q8_0 / q4_0 in groups of 32 (GGUF's blocks) when head_dim is a
@@ -176,6 +203,8 @@ kvlm_ctx_params kvlm_ctx_default_params(void);
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err);
 void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
+/* The most tokens a sequence keeps (kv_budget, or n_ctx). */
+int kvlm_ctx_kv_budget(const kvlm_ctx *ctx);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
 /* A batch of tokens for one forward pass, possibly of several sequences.
@@ -210,6 +239,9 @@ size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx);
 
 /* ---- sequences in the paged KV cache ---------------------------------------- */
 int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq);
+/* Tokens evicted from the sequence's cache since it started (n_past + this =
+ * tokens it has been fed). */
+long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq);
 /* Ends a sequence: its blocks return to the pool (full ones stay indexed,
  * reusable by a later prompt, until the pool needs them). */
 void kvlm_seq_free(kvlm_ctx *ctx, int seq);
@@ -246,6 +278,16 @@ typedef struct kvlm_ppl_result {
 int kvlm_perplexity(kvlm_ctx *ctx, const int32_t *tokens, int n_tokens, int n_chunks,
                     void (*on_chunk)(void *user, int chunk, double ppl), void *user, kvlm_ppl_result *out,
                     kvlm_error *err);
+
+/* Streaming perplexity through a bounded cache: the tokens are fed one at a
+ * time to sequence 0 (after a reset), each scored given what the cache holds
+ * (under the context's eviction policy), and the NLL is averaged over
+ * stretches of `stride` text positions: stretch_ppl[k] is the perplexity of
+ * the tokens at positions [k * stride, (k + 1) * stride) (the first token is
+ * not scored), (n_tokens + stride - 1) / stride entries. out->ppl covers all
+ * scored tokens. With kv_evict none the context must hold the whole text. */
+int kvlm_perplexity_stream(kvlm_ctx *ctx, const int32_t *tokens, int n_tokens, int stride, double *stretch_ppl,
+                           kvlm_ppl_result *out, kvlm_error *err);
 
 /* ---- memory planning ---------------------------------------------------------- */
 typedef struct kvlm_plan_params {

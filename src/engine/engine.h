@@ -14,6 +14,9 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
 /* Uses the reference attention (dequantize everything, materialise each
  * query's full softmax) instead of the kernels: the naive baseline. */
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive);
+/* The token ids the sequence's cache holds, in cache order (after eviction:
+ * the kept ones); *n gets their count. */
+const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n);
 /* Seconds spent in attention since the context was created. */
 double engine_attention_seconds(const kvlm_ctx *ctx);
 #endif

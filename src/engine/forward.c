@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kv/evict.h"
 #include "kv/paged.h"
 #include "model/dtype.h"
 #include "model/model.h"
@@ -33,6 +34,12 @@ struct kvlm_ctx {
     float *out_rows;
     uint64_t tokens_computed;
     bool naive_attention;      /* engine.h: reference attention, the baseline */
+    /* Eviction (kvlm.h KVLM_EVICT_*). */
+    int budget;
+    kv_evict_params ev;
+    float *h2o;                /* h2o: accumulated attention per sequence and cache slot (n_ctx apart) */
+    int32_t *keep;             /* n_ctx: the tokens a policy keeps */
+    long *n_evicted;           /* per sequence */
     double attn_seconds;
 };
 
@@ -58,6 +65,16 @@ const char *kvlm_cache_type_name(int type) {
         if (type == k_cache_types[i].id) return k_cache_types[i].name;
     return NULL;
 }
+
+static const char *const k_evict_names[] = {"none", "window", "sinks", "h2o"};
+
+int kvlm_evict_from_name(const char *name) {
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, k_evict_names[i])) return i;
+    return -1;
+}
+
+const char *kvlm_evict_name(int policy) { return policy >= 0 && policy < 4 ? k_evict_names[policy] : NULL; }
 
 double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
     if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
@@ -97,7 +114,8 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     size_t block_bytes = (size_t)c->n_layers * c->n_kv_heads *
                          (((op_kv_region_bytes(kp.k_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3) +
                           ((op_kv_region_bytes(kp.v_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3));
-    int per_seq = (ctx->p.n_ctx + kp.block_size - 1) / kp.block_size;
+    /* a sequence holds at most budget tokens; evicting may copy one shared block */
+    int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
     else if (ctx->p.kv_mem > 0) {
         size_t nb = ctx->p.kv_mem / block_bytes;
@@ -137,6 +155,28 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
         else util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for values", p->cache_type_v);
         goto fail;
     }
+    ctx->budget = p->kv_budget > 0 ? p->kv_budget : p->n_ctx;
+    if (p->kv_budget < 0 || p->kv_budget > p->n_ctx) {
+        util_err_set(err, KVLM_EINVAL, "a KV budget of %d tokens must be within the context of %d (raise n_ctx)",
+                     p->kv_budget, p->n_ctx);
+        goto fail;
+    }
+    if (!kvlm_evict_name(p->kv_evict)) {
+        util_err_set(err, KVLM_EINVAL, "unknown eviction policy %d (none, window, sinks, h2o)", p->kv_evict);
+        goto fail;
+    }
+    ctx->ev.policy = p->kv_evict;
+    ctx->ev.sinks = p->kv_sinks > 0 ? p->kv_sinks : 4;
+    ctx->ev.h2o_recent = p->h2o_recent;
+    ctx->ev.h2o_heavy = p->h2o_heavy > 0 ? p->h2o_heavy : 0.5f;
+    if (p->kv_evict && (p->no_kv_cache || p->kv_sinks < 0 || p->h2o_recent < 0 || p->h2o_recent >= ctx->budget ||
+                        !(ctx->ev.h2o_heavy <= 1) ||
+                        (p->kv_evict == KVLM_EVICT_SINKS && ctx->ev.sinks >= ctx->budget))) {
+        util_err_set(err, KVLM_EINVAL, "eviction needs the KV cache, sinks and h2o_recent below the budget of %d "
+                     "tokens and h2o_heavy in 0..1 (sinks %d, h2o_recent %d, h2o_heavy %g)", ctx->budget,
+                     ctx->ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
+        goto fail;
+    }
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
@@ -157,7 +197,10 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->attn_work = malloc(op_attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
     ctx->block_ptrs = malloc(((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
-    if (!ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
+    ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
+    ctx->keep = malloc((size_t)p->n_ctx * sizeof(int32_t));
+    if (p->kv_evict == KVLM_EVICT_H2O) ctx->h2o = calloc((size_t)p->n_seq_max * p->n_ctx, sizeof(float));
+    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && !ctx->h2o) || !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
         !ctx->out_rows || !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
@@ -175,6 +218,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
     free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
+    free(ctx->h2o); free(ctx->keep); free(ctx->n_evicted);
     free(ctx);
 }
 
@@ -184,20 +228,35 @@ int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
     return kv_seq_valid(ctx->kv, seq) ? kv_seq_len(ctx->kv, seq) : 0;
 }
 int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, 0); }
+int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->budget; }
+long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
+    return kv_seq_valid(ctx->kv, seq) ? ctx->n_evicted[seq] : 0;
+}
+
+static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
+    return ctx->h2o ? ctx->h2o + (size_t)seq * ctx->p.n_ctx : NULL;
+}
 
 void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
-    if (kv_seq_valid(ctx->kv, seq)) kv_seq_release(ctx->kv, seq);
+    if (!kv_seq_valid(ctx->kv, seq)) return;
+    kv_seq_release(ctx->kv, seq);
+    ctx->n_evicted[seq] = 0;
+    if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->p.n_ctx * sizeof(float));
 }
 
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
-    for (int s = 0; s < ctx->p.n_seq_max; s++) kv_seq_release(ctx->kv, s);
+    for (int s = 0; s < ctx->p.n_seq_max; s++) kvlm_seq_free(ctx, s);
     ctx->n_logits = 0;
 }
 
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
     if (!kv_seq_valid(ctx->kv, src) || !kv_seq_valid(ctx->kv, dst))
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
-    return kv_seq_fork(ctx->kv, src, dst, err);
+    int rc = kv_seq_fork(ctx->kv, src, dst, err);
+    if (rc || src == dst) return rc;
+    ctx->n_evicted[dst] = ctx->n_evicted[src];
+    if (ctx->h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->p.n_ctx * sizeof(float));
+    return KVLM_OK;
 }
 
 int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) {
@@ -312,6 +371,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a.stage_block = a.k_stage ? ctx->stage_block[seq[t0]] : -1;
         if (a.stage_block >= need) a.stage_block = -1;
         a.scale = 1.0f / sqrtf((float)HD);
+        a.key_weights = h2o_scores(ctx, seq[t0]);
         double t_start = util_now_s();
         if (ctx->naive_attention) op_attention_ref(ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a);
         else op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
@@ -393,6 +453,41 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
     return 0;
 }
 
+/* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
+static void rekey(void *user, float *key, int shift) {
+    const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
+    op_rope(key, 1, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
+}
+
+/* Makes room for n_new tokens of sequence s within the budget: evicts by the
+ * context's policy down to budget - max(n_new, block_size) tokens (amortised:
+ * a compaction every block_size tokens), or fails under none. */
+static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
+    int len = kv_seq_len(ctx->kv, s), budget = ctx->budget, bs = kv_get_params(ctx->kv)->block_size;
+    if (len + n_new <= budget) return KVLM_OK;
+    if (ctx->ev.policy == KVLM_EVICT_NONE)
+        return util_err_set(err, KVLM_ERANGE, "sequence %d: %d more tokens exceed the KV budget of %d tokens (%d held; "
+                            "--kv-evict none stops there: use window, sinks or h2o to go on)", s, n_new, budget, len);
+    int min_keep = ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0;
+    if (n_new > budget - min_keep)
+        return util_err_set(err, KVLM_ERANGE, "sequence %d: a batch of %d tokens cannot fit a KV budget of %d under "
+                            "--kv-evict %s (feed at most %d at a time)", s, n_new, budget,
+                            kvlm_evict_name(ctx->ev.policy), budget - min_keep);
+    int target = budget - (n_new > bs ? n_new : bs);
+    if (target < min_keep) target = budget - n_new;
+    float *sc = h2o_scores(ctx, s);
+    if (kv_evict_select(&ctx->ev, len, target, sc, ctx->keep) != target)
+        return util_err_set(err, KVLM_ENOMEM, "out of memory choosing tokens to evict");
+    int rc = kv_seq_compact(ctx->kv, s, ctx->keep, target, rekey, ctx, err);
+    if (rc) return rc;
+    if (sc) {
+        for (int i = 0; i < target; i++) sc[i] = sc[ctx->keep[i]];
+        memset(sc + target, 0, (size_t)(len - target) * sizeof(float));
+    }
+    ctx->n_evicted[s] += len - target;
+    return KVLM_OK;
+}
+
 /* --no-kv-cache: forget the sequence's keys and values and recompute the
  * whole sequence from its first token. */
 static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_error *err) {
@@ -436,6 +531,10 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
             goto done;
         }
         int expect = kv_seq_len(ctx->kv, s) + count[s];
+        if (b->pos && ctx->ev.policy != KVLM_EVICT_NONE) {
+            rc = util_err_set(err, KVLM_EINVAL, "under an eviction policy the cache assigns positions: pass pos NULL");
+            goto done;
+        }
         if (b->pos && b->pos[i] != expect) {
             rc = util_err_set(err, KVLM_EINVAL, "batch index %d: position %d, expected %d for sequence %d", i,
                               b->pos[i], expect, s);
@@ -446,6 +545,8 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     }
     for (int k = 0; k < n_order; k++) {
         int s = order[k];
+        if ((ctx->ev.policy != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx) && (rc = evict_for(ctx, s, count[s], err)))
+            goto done;
         if (kv_seq_len(ctx->kv, s) + count[s] > ctx->p.n_ctx) {
             rc = util_err_set(err, KVLM_ERANGE, "sequence %d: %d tokens do not fit in the context of %d (%d already used)",
                               s, count[s], ctx->p.n_ctx, kv_seq_len(ctx->kv, s));
@@ -500,6 +601,10 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
+    *n = kvlm_seq_n_past(ctx, seq);
+    return kv_seq_valid(ctx->kv, seq) ? kv_seq_tokens(ctx->kv, seq) : NULL;
+}
 
 int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;

@@ -23,6 +23,7 @@ typedef struct {
     int32_t *tokens;
     uint64_t *hashes;           /* chained hash of each full block */
     int len;                    /* tokens committed */
+    bool compacted;             /* evicted: its tokens no longer match the text, do not index */
 } kv_seq;
 
 struct kv_cache {
@@ -296,7 +297,7 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
         int32_t b = s->blocks[i];
         /* Index it unless an identical block already is (e.g. two requests
          * computed the same prefix at once): then this copy stays private. */
-        if (c->p.prefix_cache && !c->meta[b].indexed && index_find(c, s->hashes[i], parent, bt) < 0)
+        if (c->p.prefix_cache && !s->compacted && !c->meta[b].indexed && index_find(c, s->hashes[i], parent, bt) < 0)
             index_insert(c, b, s->hashes[i], parent, bt);
     }
 }
@@ -306,6 +307,7 @@ void kv_seq_release(kv_cache *c, int seq) {
     /* Release back to front so a prefix's first blocks are the last evicted. */
     while (s->n_blocks > 0) block_unref(c, s->blocks[--s->n_blocks]);
     s->len = 0;
+    s->compacted = false;
 }
 
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
@@ -321,6 +323,7 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
     memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
     b->len = a->len;
+    b->compacted = a->compacted;
     if (c->stage) /* the shared partial block's keys are in src's staging */
         memcpy(c->stage + (size_t)dst * c->stage_per_seq, c->stage + (size_t)src * c->stage_per_seq,
                c->stage_per_seq * sizeof(uint16_t));
@@ -351,6 +354,57 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
     s->len = i * bs;
     return s->len;
+}
+
+int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
+                   kvlm_error *err) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, hd = c->p.head_dim, first = 0;
+    while (first < n_keep && keep[first] == first) first++;
+    if (n_keep > s->len || (n_keep > 0 && keep[n_keep - 1] >= s->len))
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep tokens past its %d", seq, s->len);
+    if (first < n_keep && c->p.k_type == KVLM_CACHE_Q4_KC)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "eviction cannot move q4_kc keys (per-channel blocks); "
+                                                    "use another key type (e.g. q4_0 or q8_0) with --kv-evict");
+    int b_lo = first / bs, b_hi = (n_keep + bs - 1) / bs, copies = 0; /* blocks written: [b_lo, b_hi) */
+    for (int j = b_lo; j < b_hi; j++) copies += c->meta[s->blocks[j]].ref > 1;
+    if (copies > available(c))
+        return util_err_set(err, KVLM_EFULL, "the KV cache is full: evicting from sequence %d needs %d block "
+                                             "copies, %d blocks are free", seq, copies, available(c));
+    size_t krow = op_kv_row_bytes(c->p.k_type, hd), vrow = op_kv_row_bytes(c->p.v_type, hd);
+    float *row = malloc((size_t)hd * sizeof(float));
+    if (!row) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int j = b_lo; j < b_hi; j++) {
+        int32_t b = s->blocks[j];
+        if (c->meta[b].ref > 1) { /* shared: write into a private copy */
+            int32_t nb = block_alloc(c);
+            memcpy(c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
+            block_unref(c, b);
+            s->blocks[j] = nb;
+        } else if (c->meta[b].indexed) index_remove(c, b); /* its contents change */
+    }
+    /* Forward: keep[i] >= i, so a slot is overwritten only after it was read. */
+    for (int i = first; i < n_keep; i++) {
+        int32_t src = s->blocks[keep[i] / bs], dst = s->blocks[i / bs];
+        int ss = keep[i] % bs, ds = i % bs;
+        for (int l = 0; l < c->p.n_layers; l++)
+            for (int h = 0; h < c->p.n_kv_heads; h++) {
+                uint8_t *ks = kv_block_k(c, src, l, h) + ss * krow, *kd = kv_block_k(c, dst, l, h) + ds * krow;
+                if (rekey) {
+                    op_kv_dequantize_row(c->p.k_type, ks, row, hd);
+                    rekey(user, row, keep[i] - i);
+                    op_kv_quantize_row(c->p.k_type, row, kd, hd);
+                } else memmove(kd, ks, krow);
+                memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
+            }
+        s->tokens[i] = s->tokens[keep[i]];
+    }
+    free(row);
+    for (int i = 0; i < first; i++) s->tokens[i] = s->tokens[keep[i]];
+    while (s->n_blocks > b_hi) block_unref(c, s->blocks[--s->n_blocks]);
+    if (n_keep < s->len) s->compacted = true;
+    s->len = n_keep;
+    return KVLM_OK;
 }
 
 void kv_get_stats(const kv_cache *c, kv_stats *st) {

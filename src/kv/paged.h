@@ -77,6 +77,21 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
  * Returns the number of tokens now in the cache (a multiple of block_size). */
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n);
 
+/* Re-encodes a moved key (f32, head_dim values) whose place in the cache
+ * drops by `shift` slots (the engine re-rotates RoPE). */
+typedef void (*kv_rekey_fn)(void *user, float *key, int shift);
+/* Keeps only the tokens keep[0..n_keep-1] (strictly increasing indices) of
+ * the sequence, token keep[i] moving to slot i: rows are moved within the
+ * sequence's blocks (keys through rekey when non-NULL, dequantized and
+ * requantized for quantized types), blocks no longer needed go back to the
+ * pool (indexed untouched ones stay cached), a block that is written to and
+ * shared with another sequence is copied first (never changed in place), an
+ * indexed one leaves the index, and the sequence is no longer indexed for
+ * prefix reuse. KVLM_EFULL if the copies need blocks the pool lacks,
+ * KVLM_EUNSUPPORTED for q4_kc keys (nothing changes on error). */
+int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
+                   kvlm_error *err);
+
 typedef struct {
     int n_blocks, used, cached, free;   /* used: referenced; cached: unreferenced but indexed */
     uint64_t hits, misses, evictions;   /* prefix lookups (per block) and index evictions */

@@ -86,6 +86,43 @@ static void load_tile(const op_attn_args *a, bool is_key, int h, int p0, int n, 
     }
 }
 
+/* H2O (key_weights != NULL): adds to key_weights[p] each visible key's softmax
+ * probability summed over the queries and query heads. Two passes over the
+ * keys (max and sum, then probabilities), one key row at a time, in double;
+ * the output of the attention itself is untouched. */
+static void accumulate_key_weights(const op_attn_args *a, const float *q) {
+    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads, R = a->T * G, n_max = a->q_pos0 + a->T;
+    double *mx = malloc((size_t)R * sizeof(double)), *sum = malloc((size_t)R * sizeof(double));
+    float *row = malloc((size_t)hd * sizeof(float));
+    if (!mx || !sum || !row) goto done;
+    for (int h = 0; h < a->n_kv_heads; h++) {
+        for (int r = 0; r < R; r++) { mx[r] = -INFINITY; sum[r] = 0; }
+        for (int pass = 0; pass < 2; pass++)
+            for (int p = 0; p < n_max; p++) {
+                const float *k = row;
+                if (is_typed(a)) load_tile(a, true, h, p, 1, row, deq_rows_scalar, f16_to_f32_scalar);
+                else k = key_at(a, h, p);
+                double w = 0;
+                for (int t = p > a->q_pos0 ? p - a->q_pos0 : 0; t < a->T; t++)
+                    for (int g = 0; g < G; g++) {
+                        const float *qr = q + ((size_t)t * a->n_heads + (size_t)h * G + g) * hd;
+                        double d = 0;
+                        for (int i = 0; i < hd; i++) d += (double)qr[i] * k[i];
+                        d *= a->scale;
+                        int r = t * G + g;
+                        if (pass == 1) w += exp(d - mx[r]) / sum[r];
+                        else if (d > mx[r]) { sum[r] = sum[r] * exp(mx[r] - d) + 1; mx[r] = d; }
+                        else sum[r] += exp(d - mx[r]);
+                    }
+                if (pass == 1) a->key_weights[p] += (float)w;
+            }
+    }
+done:
+    free(mx);
+    free(sum);
+    free(row);
+}
+
 /* ---- reference ---------------------------------------------------------------- */
 static void attention_ref_f32(float *out, const float *q, const op_attn_args *a) {
     int hd = a->head_dim, G = a->n_heads / a->n_kv_heads;
@@ -122,6 +159,7 @@ static void attention_ref_f32(float *out, const float *q, const op_attn_args *a)
 /* Typed caches: dequantize every visible key and value with the reference
  * dequantizers into a contiguous f32 cache, then the f32 reference. */
 void op_attention_ref(float *out, const float *q, const op_attn_args *a) {
+    if (a->key_weights) accumulate_key_weights(a, q);
     if (!is_typed(a)) { attention_ref_f32(out, q, a); return; }
     int n_max = a->q_pos0 + a->T, hd = a->head_dim;
     size_t stride = (size_t)n_max * hd;
@@ -683,4 +721,5 @@ void op_attention(util_pool *pool, float *out, const float *q, const op_attn_arg
     atomic_init(&j.next, 0);
     util_pool_run(pool, att_worker, &j);
     if (j.p.n_split > 1) merge_parts(&j);
+    if (a->key_weights) accumulate_key_weights(a, q);
 }

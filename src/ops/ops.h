@@ -94,6 +94,10 @@ typedef struct {
      * slot * head_dim, not in its K region. */
     const uint16_t *k_stage;
     int stage_block;
+    /* H2O: when non-NULL, key_weights[p] += the softmax probability of key p
+     * summed over the T queries and the query heads (every KV head), for
+     * p < q_pos0 + T; an extra pass that leaves out unchanged. */
+    float *key_weights;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
