@@ -62,3 +62,37 @@ int kvlm_perplexity(kvlm_ctx *ctx, const int32_t *tokens, int n_tokens, int n_ch
     out->n_scored = (int)count;
     return KVLM_OK;
 }
+
+int kvlm_perplexity_stream(kvlm_ctx *ctx, const int32_t *tokens, int n_tokens, int stride, double *stretch_ppl,
+                           kvlm_ppl_result *out, kvlm_error *err) {
+    if (n_tokens < 2 || stride < 1) return util_err_set(err, KVLM_EINVAL, "need at least 2 tokens and a stride >= 1");
+    int n_vocab = kvlm_model_config(kvlm_ctx_model(ctx))->vocab_size, n_str = (n_tokens + stride - 1) / stride;
+    double *nll = calloc((size_t)n_str, sizeof(double));
+    int *cnt = calloc((size_t)n_str, sizeof(int));
+    if (!nll || !cnt) { free(nll); free(cnt); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
+    kvlm_ctx_reset(ctx);
+    double sum = 0, sum2 = 0;
+    int rc = KVLM_OK;
+    for (int i = 0; i + 1 < n_tokens; i++) {
+        kvlm_batch b = {1, tokens + i, NULL, NULL, NULL};
+        if ((rc = kvlm_decode(ctx, &b, err))) break;
+        double v = nll_of(kvlm_get_logits(ctx, -1), n_vocab, tokens[i + 1]);
+        nll[(i + 1) / stride] += v;
+        cnt[(i + 1) / stride]++;
+        sum += v;
+        sum2 += v * v;
+    }
+    kvlm_ctx_reset(ctx);
+    if (!rc) {
+        int n = n_tokens - 1;
+        double mean = sum / n, var = sum2 / n - mean * mean;
+        for (int k = 0; k < n_str; k++) stretch_ppl[k] = cnt[k] ? exp(nll[k] / cnt[k]) : NAN;
+        out->ppl = exp(mean);
+        out->ppl_stderr = var > 0 && n > 1 ? sqrt(var / (double)(n - 1)) * out->ppl : 0;
+        out->n_chunks = n_str;
+        out->n_scored = n;
+    }
+    free(nll);
+    free(cnt);
+    return rc;
+}
