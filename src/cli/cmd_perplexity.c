@@ -71,13 +71,14 @@ static void stream_usage(FILE *f) {
                "  --h2o-recent R    recent tokens kept under h2o (default: budget less heavy hitters)\n"
                "  --h2o-heavy F     share of the budget h2o fills by accumulated attention (default 0.5)\n"
                "  --block-size N    tokens per KV block (default 16); -c N: context of the bounded runs\n"
-               "  --csv FILE        the table as CSV;  --svg FILE: a chart, one line per policy\n");
+               "  --csv FILE        the table as CSV;  --svg FILE: a chart, one line per policy\n"
+               "  --trained-ctx N   where the chart marks the trained context (default: the model's metadata)\n");
 }
 
 static int cmd_perplexity_stream(int argc, char **argv) {
     const char *model_path = NULL, *file = NULL, *tok_path = NULL, *csv = NULL, *svg = NULL;
     const char *policies = "none,window,sinks,h2o";
-    int stride = 256, n_max = 4096;
+    int stride = 256, n_max = 4096, n_ctx_train = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.kv_budget = 256;
     for (int i = 1; i < argc; i++) {
@@ -94,6 +95,7 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         else if (cli_opt_float(argc, argv, &i, NULL, "--h2o-heavy", &cp.h2o_heavy, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--stride", &stride, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--tokens", &n_max, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--trained-ctx", &n_ctx_train, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--csv", &csv, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--svg", &svg, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
@@ -183,7 +185,8 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         }
         if (fclose(f)) { cli_fail("perplexity", "cannot write %s", csv); goto done; }
     }
-    if (svg && write_svg(svg, names, n_pol, ppl, n_str, stride, cp.kv_budget, kvlm_model_config(m)->n_ctx_train)) {
+    if (svg && write_svg(svg, names, n_pol, ppl, n_str, stride, cp.kv_budget,
+                         n_ctx_train > 0 ? n_ctx_train : kvlm_model_config(m)->n_ctx_train)) {
         cli_fail("perplexity", "cannot write %s", svg);
         goto done;
     }

@@ -32,12 +32,21 @@ static void run_usage(FILE *f) {
             "      --cache-type-k T    element type of cached keys: f32 (default), f16, bf16, q8_0, q4_0,\n"
             "                          q4_kc (4-bit per channel over each block, KIVI-style)\n"
             "      --cache-type-v T    element type of cached values: f32 (default), f16, bf16, q8_0, q4_0\n"
+            "      --kv-budget N       most tokens the sequence keeps in its KV cache (default: the context)\n"
+            "      --kv-evict P        what goes when the budget is full: none (stop there; default),\n"
+            "                          window (the last N), sinks (the first S and the last N - S) or h2o\n"
+            "                          (the most recent and the most attended); with sinks, h2o or window\n"
+            "                          generation goes on indefinitely, past the context\n"
+            "      --kv-sinks S        first tokens kept under sinks (default 4)\n"
+            "      --h2o-recent R      most recent tokens kept under h2o (default: budget less heavy hitters)\n"
+            "      --h2o-heavy F       share of the kept tokens h2o picks by attention (default 0.5)\n"
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL,
+               *evict = NULL;
     int n_predict = 256;
     bool special = false, no_bos = false, seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -62,6 +71,11 @@ int cmd_run(int argc, char **argv) {
         else if (cli_is(argv[i], NULL, "--special")) special = true;
         else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
+        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-budget", &cp.kv_budget, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-evict", &evict, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-sinks", &cp.kv_sinks, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--h2o-recent", &cp.h2o_recent, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--h2o-heavy", &cp.h2o_heavy, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
         else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
@@ -73,6 +87,8 @@ int cmd_run(int argc, char **argv) {
     if (prompt && prompt_file) return cli_fail("run", "give either -p or -f, not both");
     if (cp.n_ctx < 0 || cp.n_threads < 0 || cp.block_size < 0)
         return cli_fail("run", "--ctx, --threads and --block-size must be >= 0");
+    if (evict && (cp.kv_evict = kvlm_evict_from_name(evict)) < 0)
+        return cli_fail("run", "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
     if (kv_mem && cli_parse_size(kv_mem, &cp.kv_mem)) return cli_fail("run", "bad size '%s' (e.g. 512MiB)", kv_mem);
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
 
@@ -97,13 +113,14 @@ int cmd_run(int argc, char **argv) {
     if (!model) { cli_fail("run", "%s", err.msg); goto done; }
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("run", "%s", err.msg); goto done; }
-    int n_ctx = kvlm_ctx_n_ctx(ctx);
+    int n_ctx = kvlm_ctx_n_ctx(ctx), budget = kvlm_ctx_kv_budget(ctx);
     bool add_bos = !no_bos && kvlm_add_bos(model);
     int n_prompt = kvlm_tokenize(model, prompt, prompt_len, add_bos, special, NULL, 0, &err);
     if (n_prompt < 0) { cli_fail("run", "%s", err.msg); goto done; }
     if (n_prompt == 0) { cli_fail("run", "the prompt is empty and the model has no BOS token to start from"); goto done; }
-    if (n_prompt > n_ctx) {
-        cli_fail("run", "the prompt is %d tokens, longer than the context of %d (raise --ctx)", n_prompt, n_ctx);
+    if (n_prompt > budget && !cp.kv_evict) {
+        cli_fail("run", "the prompt is %d tokens, more than the KV budget of %d (raise --ctx or --kv-budget, or "
+                 "evict with --kv-evict sinks)", n_prompt, budget);
         goto done;
     }
     toks = malloc((size_t)n_prompt * sizeof *toks);
@@ -124,8 +141,13 @@ int cmd_run(int argc, char **argv) {
 
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    kvlm_batch b = {n_prompt, toks, NULL, NULL, NULL};
-    if (kvlm_decode(ctx, &b, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
+    /* under eviction the prompt goes in pieces that leave room for the sinks */
+    int piece = cp.kv_evict ? (budget - (cp.kv_sinks > 0 ? cp.kv_sinks : 4)) / 2 : n_prompt;
+    if (piece < 1) piece = 1;
+    for (int i = 0; i < n_prompt; i += piece) {
+        kvlm_batch b = {n_prompt - i < piece ? n_prompt - i : piece, toks + i, NULL, NULL, NULL};
+        if (kvlm_decode(ctx, &b, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int n_gen = 0, n_decoded = 0;
     const char *stop = NULL;
@@ -139,7 +161,10 @@ int cmd_run(int argc, char **argv) {
             fflush(stdout);
         }
         if (n_gen >= n_predict) break;
-        if (kvlm_ctx_n_past(ctx) >= n_ctx) { stop = "context full"; break; }
+        if (!cp.kv_evict && kvlm_ctx_n_past(ctx) >= budget) {
+            stop = budget < n_ctx ? "KV budget full (--kv-evict none; use sinks or h2o to go on)" : "context full";
+            break;
+        }
         kvlm_batch one = {1, &next, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &one, &err)) {
             if (err.code == KVLM_EFULL) { stop = "KV cache budget full (raise --kv-mem)"; break; }
@@ -158,9 +183,13 @@ int cmd_run(int argc, char **argv) {
     size_t kv = kvlm_ctx_kv_bytes(ctx);
     fprintf(stderr,
             "prompt tokens: %d | prefill: %.1f tokens/s | decode: %.1f tokens/s (%d tokens) | KV cache: %zu bytes "
-            "(%.2f MiB)%s%s\n",
+            "(%.2f MiB)",
             n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? n_decoded / decode_s : 0.0,
-            n_decoded, kv, (double)kv / (1 << 20), stop ? " | stopped: " : "", stop ? stop : "");
+            n_decoded, kv, (double)kv / (1 << 20));
+    if (cp.kv_evict)
+        fprintf(stderr, " | %s: %d tokens kept, %ld evicted", kvlm_evict_name(cp.kv_evict), kvlm_ctx_n_past(ctx),
+                kvlm_seq_n_evicted(ctx, 0));
+    fprintf(stderr, "%s%s\n", stop ? " | stopped: " : "", stop ? stop : "");
     rc = 0;
 done:
     free(toks);
