@@ -40,6 +40,7 @@ struct kvlm_ctx {
     float *h2o;                /* h2o: accumulated attention per sequence and cache slot (n_ctx apart) */
     int32_t *keep;             /* n_ctx: the tokens a policy keeps */
     long *n_evicted;           /* per sequence */
+    double evict_seconds;
     double attn_seconds;
 };
 
@@ -454,9 +455,9 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
 }
 
 /* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
-static void rekey(void *user, float *key, int shift) {
+static void rekey(void *user, float *keys, int n_rows, int shift) {
     const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
-    op_rope(key, 1, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
+    op_rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
 }
 
 /* Makes room for n_new tokens of sequence s within the budget: evicts by the
@@ -475,6 +476,7 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
                             kvlm_evict_name(ctx->ev.policy), budget - min_keep);
     int target = budget - (n_new > bs ? n_new : bs);
     if (target < min_keep) target = budget - n_new;
+    double t_start = util_now_s();
     float *sc = h2o_scores(ctx, s);
     if (kv_evict_select(&ctx->ev, len, target, sc, ctx->keep) != target)
         return util_err_set(err, KVLM_ENOMEM, "out of memory choosing tokens to evict");
@@ -485,6 +487,7 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
         memset(sc + target, 0, (size_t)(len - target) * sizeof(float));
     }
     ctx->n_evicted[s] += len - target;
+    ctx->evict_seconds += util_now_s() - t_start;
     return KVLM_OK;
 }
 
@@ -601,6 +604,7 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
     *n = kvlm_seq_n_past(ctx, seq);
     return kv_seq_valid(ctx->kv, seq) ? kv_seq_tokens(ctx->kv, seq) : NULL;

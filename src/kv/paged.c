@@ -372,8 +372,9 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: evicting from sequence %d needs %d block "
                                              "copies, %d blocks are free", seq, copies, available(c));
     size_t krow = op_kv_row_bytes(c->p.k_type, hd), vrow = op_kv_row_bytes(c->p.v_type, hd);
-    float *row = malloc((size_t)hd * sizeof(float));
-    if (!row) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int n_rows = c->p.n_layers * c->p.n_kv_heads;
+    float *rows = rekey ? malloc((size_t)n_rows * hd * sizeof(float)) : NULL;
+    if (rekey && !rows) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     for (int j = b_lo; j < b_hi; j++) {
         int32_t b = s->blocks[j];
         if (c->meta[b].ref > 1) { /* shared: write into a private copy */
@@ -383,23 +384,27 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
             s->blocks[j] = nb;
         } else if (c->meta[b].indexed) index_remove(c, b); /* its contents change */
     }
-    /* Forward: keep[i] >= i, so a slot is overwritten only after it was read. */
+    /* Forward: keep[i] >= i, so a slot is overwritten only after it was read.
+     * A token's keys of every layer and head are re-encoded in one call. */
     for (int i = first; i < n_keep; i++) {
         int32_t src = s->blocks[keep[i] / bs], dst = s->blocks[i / bs];
         int ss = keep[i] % bs, ds = i % bs;
-        for (int l = 0; l < c->p.n_layers; l++)
-            for (int h = 0; h < c->p.n_kv_heads; h++) {
-                uint8_t *ks = kv_block_k(c, src, l, h) + ss * krow, *kd = kv_block_k(c, dst, l, h) + ds * krow;
-                if (rekey) {
-                    op_kv_dequantize_row(c->p.k_type, ks, row, hd);
-                    rekey(user, row, keep[i] - i);
-                    op_kv_quantize_row(c->p.k_type, row, kd, hd);
-                } else memmove(kd, ks, krow);
-                memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
-            }
+        if (rekey) {
+            for (int r = 0; r < n_rows; r++)
+                op_kv_dequantize_row(c->p.k_type, kv_block_k(c, src, r / c->p.n_kv_heads, r % c->p.n_kv_heads) + ss * krow,
+                                     rows + (size_t)r * hd, hd);
+            rekey(user, rows, n_rows, keep[i] - i);
+        }
+        for (int r = 0; r < n_rows; r++) {
+            int l = r / c->p.n_kv_heads, h = r % c->p.n_kv_heads;
+            uint8_t *kd = kv_block_k(c, dst, l, h) + ds * krow;
+            if (rekey) op_kv_quantize_row(c->p.k_type, rows + (size_t)r * hd, kd, hd);
+            else memmove(kd, kv_block_k(c, src, l, h) + ss * krow, krow);
+            memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
+        }
         s->tokens[i] = s->tokens[keep[i]];
     }
-    free(row);
+    free(rows);
     for (int i = 0; i < first; i++) s->tokens[i] = s->tokens[keep[i]];
     while (s->n_blocks > b_hi) block_unref(c, s->blocks[--s->n_blocks]);
     if (n_keep < s->len) s->compacted = true;

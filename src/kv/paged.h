@@ -77,9 +77,10 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
  * Returns the number of tokens now in the cache (a multiple of block_size). */
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n);
 
-/* Re-encodes a moved key (f32, head_dim values) whose place in the cache
- * drops by `shift` slots (the engine re-rotates RoPE). */
-typedef void (*kv_rekey_fn)(void *user, float *key, int shift);
+/* Re-encodes the keys of a moved token, n_rows rows of head_dim floats (every
+ * layer and KV head), whose place in the cache drops by `shift` slots (the
+ * engine re-rotates RoPE, one set of angles for all rows). */
+typedef void (*kv_rekey_fn)(void *user, float *keys, int n_rows, int shift);
 /* Keeps only the tokens keep[0..n_keep-1] (strictly increasing indices) of
  * the sequence, token keep[i] moving to slot i: rows are moved within the
  * sequence's blocks (keys through rekey when non-NULL, dequantized and
