@@ -15,27 +15,28 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 
-"$KVLM" perplexity --stream -m "$M" -f "$T" --tokens 1024 --kv-budget 128 --stride 256 \
+n_tok=1024; [ -n "${KVLM_TEST_QUICK:-}" ] && n_tok=640 # sanitizer builds
+"$KVLM" perplexity --stream -t 1 -m "$M" -f "$T" --tokens $n_tok --kv-budget 128 --stride 128 \
   --csv "$tmp/ppl.csv" --svg "$tmp/ppl.svg" >"$tmp/table.txt" 2>"$tmp/err.txt" || bad "perplexity --stream failed: $(cat "$tmp/err.txt")"
 cat "$tmp/table.txt"
 # columns: start,end,none,window,sinks,h2o
-if awk -F, 'NR > 1 { for (i = 3; i <= 6; i++) if (!($i > 1 && $i < 50)) exit 1 } END { exit NR != 5 }' "$tmp/ppl.csv"; then
-  ok "4 stretches, every policy finite"; else bad "CSV: $(cat "$tmp/ppl.csv")"; fi
-if awk -F, 'NR == 2 { d = ($5 - $3) / $3; exit !(d < 0.05 && d > -0.05) }' "$tmp/ppl.csv"; then
-  ok "sinks within 5% of the full cache on positions 0-255 (evicting from 128 on)"; else bad "sinks vs full cache at 0-255"; fi
-if awk -F, 'NR > 3 { if (!($5 < $3)) exit 1 }' "$tmp/ppl.csv"; then
+if awk -F, -v n=$((n_tok / 128)) 'NR > 1 { for (i = 3; i <= 6; i++) if (!($i > 1 && $i < 50)) exit 1 } END { exit NR != n + 1 }' "$tmp/ppl.csv"; then
+  ok "$((n_tok / 128)) stretches, every policy finite"; else bad "CSV: $(cat "$tmp/ppl.csv")"; fi
+if awk -F, 'NR >= 3 && NR <= 5 { d = ($5 - $3) / $3; if (!(d < 0.1 && d > -0.1)) exit 1 }' "$tmp/ppl.csv"; then
+  ok "sinks within 10% of the full cache on positions 128-511 (evicting from 128 on)"; else bad "sinks vs full cache at 128-511"; fi
+if awk -F, 'NR > 5 { if (!($5 < $3)) exit 1 }' "$tmp/ppl.csv"; then
   ok "past the trained context sinks stays below the full cache"; else bad "sinks vs full cache past 512"; fi
 [ "$(grep -c '<polyline' "$tmp/ppl.svg")" -eq 4 ] && ok "SVG: one line per policy" || bad "SVG lines"
 
-out="$("$KVLM" run -m "$M" -c 256 --kv-budget 128 --kv-evict sinks -n 1000 --seed 7 2>&1 >/dev/null)"
+out="$("$KVLM" run -t 1 -m "$M" -c 256 --kv-budget 128 --kv-evict sinks -n 1000 --seed 7 2>&1 >/dev/null)"
 n="$(printf '%s' "$out" | sed -n 's/.*(\([0-9]*\) tokens).*/\1/p')"
 if [ "${n:-0}" -gt 256 ] && printf '%s' "$out" | grep -q 'sinks: [0-9]* tokens kept, [1-9][0-9]* evicted'; then
   ok "run: $n tokens under sinks past a context of 256"; else bad "run under sinks: $out"; fi
-out="$("$KVLM" run -m "$M" -c 256 --kv-budget 64 --kv-evict h2o -n 400 --seed 7 2>&1 >/dev/null)"
+out="$("$KVLM" run -t 1 -m "$M" -c 256 --kv-budget 64 --kv-evict h2o -n 400 --seed 7 2>&1 >/dev/null)"
 printf '%s' "$out" | grep -q 'h2o: [0-9]* tokens kept, [1-9][0-9]* evicted' && ok "run under h2o" || bad "run under h2o: $out"
-out="$("$KVLM" run -m "$M" --kv-budget 100 -n 300 --seed 7 2>&1 >/dev/null)"
+out="$("$KVLM" run -t 1 -m "$M" --kv-budget 100 -n 300 --seed 7 2>&1 >/dev/null)"
 printf '%s' "$out" | grep -q 'stopped: KV budget full' && ok "none stops at the budget with a reason" || bad "none: $out"
-out="$("$KVLM" run -m "$M" --kv-evict lru 2>&1)"
+out="$("$KVLM" run -t 1 -m "$M" --kv-evict lru 2>&1)"
 [ $? -ne 0 ] && printf '%s' "$out" | grep -q "unknown --kv-evict 'lru'" && ok "unknown policy refused" || bad "unknown policy: $out"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -320,8 +320,10 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
         block_ref(c, a->blocks[i]);
     }
     b->n_blocks = a->n_blocks;
-    memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
-    memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
+    if (a->len) { /* a sequence never used has no arrays */
+        memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
+        memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
+    }
     b->len = a->len;
     b->compacted = a->compacted;
     if (c->stage) /* the shared partial block's keys are in src's staging */
