@@ -482,6 +482,8 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
         return util_err_set(err, KVLM_ENOMEM, "out of memory choosing tokens to evict");
     int rc = kv_seq_compact(ctx->kv, s, ctx->keep, target, rekey, ctx, err);
     if (rc) return rc;
+    /* q4_kc: a partial last block's keys now sit in the staging */
+    ctx->stage_block[s] = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC && target % bs ? target / bs : -1;
     if (sc) {
         for (int i = 0; i < target; i++) sc[i] = sc[ctx->keep[i]];
         memset(sc + target, 0, (size_t)(len - target) * sizeof(float));

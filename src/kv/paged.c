@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
 
@@ -358,6 +359,44 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     return s->len;
 }
 
+/* q4_kc keys for kv_seq_compact: each destination block is rebuilt whole
+ * (its tokens' keys gathered as f32 from their per-channel blocks or from the
+ * staging of the old filling block, re-encoded, then quantized per channel
+ * again), and a partial last block goes to the staging, where the engine
+ * expects the filling block's keys. Blocks are rebuilt in order and every
+ * source lies at or after its destination, so nothing is read after it was
+ * rewritten. rows: n_rows x head_dim floats; tmp: n_rows x block_size x
+ * head_dim halves. */
+static void compact_kc_keys(kv_cache *c, int seq, const int32_t *keep, int n_keep, int first, kv_rekey_fn rekey,
+                            void *user, float *rows, uint16_t *tmp) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, hd = c->p.head_dim, H = c->p.n_kv_heads, n_rows = c->p.n_layers * H;
+    int old_stage = s->len % bs ? s->len / bs : -1;
+    int lo = first < n_keep / bs * bs ? first / bs : n_keep / bs; /* a now-partial last block moves to staging */
+    for (int j = lo; j * bs < n_keep; j++) {
+        int n_tok = n_keep - j * bs < bs ? n_keep - j * bs : bs;
+        for (int t = 0; t < n_tok; t++) {
+            int i = j * bs + t, src = keep[i];
+            for (int r = 0; r < n_rows; r++) {
+                float *y = rows + (size_t)r * hd;
+                if (src / bs == old_stage) {
+                    const uint16_t *st = kv_seq_stage(c, seq, r / H, r % H) + (size_t)(src % bs) * hd;
+                    for (int d = 0; d < hd; d++) y[d] = dt_f16_to_f32(st[d]);
+                } else op_kv_dequantize_kc(kv_block_k(c, s->blocks[src / bs], r / H, r % H), y, hd, bs, src % bs, 1);
+            }
+            if (rekey && src != i) rekey(user, rows, n_rows, src - i);
+            for (int r = 0; r < n_rows; r++)
+                for (int d = 0; d < hd; d++)
+                    tmp[((size_t)r * bs + t) * hd + d] = dt_f32_to_f16(rows[(size_t)r * hd + d]);
+        }
+        for (int r = 0; r < n_rows; r++) {
+            const uint16_t *blk = tmp + (size_t)r * bs * hd;
+            if (n_tok == bs) op_kv_quantize_kc(blk, kv_block_k(c, s->blocks[j], r / H, r % H), hd, bs, bs);
+            else memcpy(kv_seq_stage(c, seq, r / H, r % H), blk, (size_t)n_tok * hd * sizeof(uint16_t));
+        }
+    }
+}
+
 int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                    kvlm_error *err) {
     kv_seq *s = &c->seqs[seq];
@@ -365,9 +404,6 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
     while (first < n_keep && keep[first] == first) first++;
     if (n_keep > s->len || (n_keep > 0 && keep[n_keep - 1] >= s->len))
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep tokens past its %d", seq, s->len);
-    if (first < n_keep && c->p.k_type == KVLM_CACHE_Q4_KC)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "eviction cannot move q4_kc keys (per-channel blocks); "
-                                                    "use another key type (e.g. q4_0 or q8_0) with --kv-evict");
     int b_lo = first / bs, b_hi = (n_keep + bs - 1) / bs, copies = 0; /* blocks written: [b_lo, b_hi) */
     for (int j = b_lo; j < b_hi; j++) copies += c->meta[s->blocks[j]].ref > 1;
     if (copies > available(c))
@@ -375,8 +411,10 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
                                              "copies, %d blocks are free", seq, copies, available(c));
     size_t krow = op_kv_row_bytes(c->p.k_type, hd), vrow = op_kv_row_bytes(c->p.v_type, hd);
     int n_rows = c->p.n_layers * c->p.n_kv_heads;
-    float *rows = rekey ? malloc((size_t)n_rows * hd * sizeof(float)) : NULL;
-    if (rekey && !rows) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    bool kc = c->p.k_type == KVLM_CACHE_Q4_KC;
+    float *rows = malloc((size_t)n_rows * hd * sizeof(float));
+    uint16_t *kc_tmp = kc ? malloc((size_t)n_rows * bs * hd * sizeof(uint16_t)) : NULL;
+    if (!rows || (kc && !kc_tmp)) { free(rows); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
     for (int j = b_lo; j < b_hi; j++) {
         int32_t b = s->blocks[j];
         if (c->meta[b].ref > 1) { /* shared: write into a private copy */
@@ -386,12 +424,14 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
             s->blocks[j] = nb;
         } else if (c->meta[b].indexed) index_remove(c, b); /* its contents change */
     }
+    if (kc) compact_kc_keys(c, seq, keep, n_keep, first, rekey, user, rows, kc_tmp);
+    free(kc_tmp);
     /* Forward: keep[i] >= i, so a slot is overwritten only after it was read.
      * A token's keys of every layer and head are re-encoded in one call. */
     for (int i = first; i < n_keep; i++) {
         int32_t src = s->blocks[keep[i] / bs], dst = s->blocks[i / bs];
         int ss = keep[i] % bs, ds = i % bs;
-        if (rekey) {
+        if (rekey && !kc) {
             for (int r = 0; r < n_rows; r++)
                 op_kv_dequantize_row(c->p.k_type, kv_block_k(c, src, r / c->p.n_kv_heads, r % c->p.n_kv_heads) + ss * krow,
                                      rows + (size_t)r * hd, hd);
@@ -400,7 +440,8 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
         for (int r = 0; r < n_rows; r++) {
             int l = r / c->p.n_kv_heads, h = r % c->p.n_kv_heads;
             uint8_t *kd = kv_block_k(c, dst, l, h) + ds * krow;
-            if (rekey) op_kv_quantize_row(c->p.k_type, rows + (size_t)r * hd, kd, hd);
+            if (kc) {} /* moved above */
+            else if (rekey) op_kv_quantize_row(c->p.k_type, rows + (size_t)r * hd, kd, hd);
             else memmove(kd, kv_block_k(c, src, l, h) + ss * krow, krow);
             memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
         }

@@ -84,12 +84,13 @@ typedef void (*kv_rekey_fn)(void *user, float *keys, int n_rows, int shift);
 /* Keeps only the tokens keep[0..n_keep-1] (strictly increasing indices) of
  * the sequence, token keep[i] moving to slot i: rows are moved within the
  * sequence's blocks (keys through rekey when non-NULL, dequantized and
- * requantized for quantized types), blocks no longer needed go back to the
+ * requantized for quantized types; q4_kc blocks rebuilt whole, a partial last
+ * block's keys put in the staging), blocks no longer needed go back to the
  * pool (indexed untouched ones stay cached), a block that is written to and
  * shared with another sequence is copied first (never changed in place), an
  * indexed one leaves the index, and the sequence is no longer indexed for
- * prefix reuse. KVLM_EFULL if the copies need blocks the pool lacks,
- * KVLM_EUNSUPPORTED for q4_kc keys (nothing changes on error). */
+ * prefix reuse. KVLM_EFULL if the copies need blocks the pool lacks (then
+ * nothing changes). */
 int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                    kvlm_error *err);
 
