@@ -62,6 +62,14 @@ int main(int argc, char **argv) {
     }
     double ev_per_tok = (engine_evict_seconds(sk) - ev0) / (n_seg * seg), step_s = (util_now_s() - t_all) / (n_seg * seg);
     kvlm_ctx_free(sk);
+    /* h2o: the same, plus the attention weights pass of every layer */
+    kvlm_ctx *hh = make_ctx(m, budget, budget, KVLM_EVICT_H2O, threads);
+    if (engine_seq_fill_synthetic(hh, 0, budget - 8, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
+    decode(hh, 2);
+    double h2o_tps = decode(hh, n_seg * seg / 2);
+    printf("  h2o, budget %d: %.2f tokens/s (%.2fx sinks: the cost of accumulating attention weights)\n", budget, h2o_tps,
+           h2o_tps / sinks_tps);
+    kvlm_ctx_free(hh);
 
     /* none: the cache holds the whole stream */
     kvlm_ctx *none = make_ctx(m, max_len + 64, 0, KVLM_EVICT_NONE, threads);

@@ -17,6 +17,9 @@ void engine_set_naive_attention(kvlm_ctx *ctx, bool naive);
 /* The token ids the sequence's cache holds, in cache order (after eviction:
  * the kept ones); *n gets their count. */
 const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n);
+/* h2o only (NULL otherwise): the sequence's accumulated attention per cache
+ * slot (softmax weights summed over steps, layers and query heads). */
+const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq);
 /* Seconds spent evicting (choosing, compacting, re-rotating keys) since the
  * context was created. */
 double engine_evict_seconds(const kvlm_ctx *ctx);

@@ -607,6 +607,9 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
+const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {
+    return kv_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;
+}
 const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
     *n = kvlm_seq_n_past(ctx, seq);
     return kv_seq_valid(ctx->kv, seq) ? kv_seq_tokens(ctx->kv, seq) : NULL;
