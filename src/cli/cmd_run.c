@@ -119,8 +119,8 @@ int cmd_run(int argc, char **argv) {
     if (n_prompt < 0) { cli_fail("run", "%s", err.msg); goto done; }
     if (n_prompt == 0) { cli_fail("run", "the prompt is empty and the model has no BOS token to start from"); goto done; }
     if (n_prompt > budget && !cp.kv_evict) {
-        cli_fail("run", "the prompt is %d tokens, more than the KV budget of %d (raise --ctx or --kv-budget, or "
-                 "evict with --kv-evict sinks)", n_prompt, budget);
+        cli_fail("run", "the prompt is %d tokens, longer than the %s of %d (raise %s, or evict with --kv-evict sinks)",
+                 n_prompt, budget < n_ctx ? "KV budget" : "context", budget, budget < n_ctx ? "--kv-budget" : "--ctx");
         goto done;
     }
     toks = malloc((size_t)n_prompt * sizeof *toks);
