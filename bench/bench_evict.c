@@ -52,11 +52,12 @@ int main(int argc, char **argv) {
     if (engine_seq_fill_synthetic(sk, 0, budget - 8, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     decode(sk, 2); /* warm */
     int n_seg = 4, seg = 48;
-    double sinks_tps = 0, t_all = util_now_s(), ev0 = engine_evict_seconds(sk);
+    double sinks_tps = 0, sinks_best = 0, t_all = util_now_s(), ev0 = engine_evict_seconds(sk);
     printf("  sinks, budget %d (evicting %d tokens at a time):\n", budget, 16);
     for (int s = 0; s < n_seg; s++) {
         double tps = decode(sk, seg);
         sinks_tps += tps / n_seg;
+        if (tps > sinks_best) sinks_best = tps;
         printf("    stream tokens %4d-%4d: %7.2f tokens/s, cache %d tokens, %ld evicted so far\n", budget - 6 + s * seg,
                budget - 6 + (s + 1) * seg - 1, tps, kvlm_seq_n_past(sk, 0), kvlm_seq_n_evicted(sk, 0));
     }
@@ -66,9 +67,13 @@ int main(int argc, char **argv) {
     kvlm_ctx *hh = make_ctx(m, budget, budget, KVLM_EVICT_H2O, threads);
     if (engine_seq_fill_synthetic(hh, 0, budget - 8, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
     decode(hh, 2);
-    double h2o_tps = decode(hh, n_seg * seg / 2);
-    printf("  h2o, budget %d: %.2f tokens/s (%.2fx sinks: the cost of accumulating attention weights)\n", budget, h2o_tps,
-           h2o_tps / sinks_tps);
+    double h2o_tps = 0;
+    for (int s = 0; s < n_seg; s++) {
+        double tps = decode(hh, seg);
+        if (tps > h2o_tps) h2o_tps = tps;
+    }
+    printf("  h2o, budget %d: %.2f tokens/s, best of %d stretches (%.2fx sinks' best: the cost of accumulating "
+           "attention weights)\n", budget, h2o_tps, n_seg, h2o_tps / sinks_best);
     kvlm_ctx_free(hh);
 
     /* none: the cache holds the whole stream */

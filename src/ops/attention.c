@@ -87,39 +87,37 @@ static void load_tile(const op_attn_args *a, bool is_key, int h, int p0, int n, 
 }
 
 /* H2O (key_weights != NULL): adds to key_weights[p] each visible key's softmax
- * probability summed over the queries and query heads. Two passes over the
- * keys (max and sum, then probabilities), one key row at a time, in double;
- * the output of the attention itself is untouched. */
+ * probability summed over the queries and query heads: per KV head, the score
+ * rows of its queries (one key row dequantized at a time), then softmax.
+ * The output of the attention itself is untouched. */
 static void accumulate_key_weights(const op_attn_args *a, const float *q) {
     int hd = a->head_dim, G = a->n_heads / a->n_kv_heads, R = a->T * G, n_max = a->q_pos0 + a->T;
-    double *mx = malloc((size_t)R * sizeof(double)), *sum = malloc((size_t)R * sizeof(double));
-    float *row = malloc((size_t)hd * sizeof(float));
-    if (!mx || !sum || !row) goto done;
+    float *sc = malloc((size_t)R * n_max * sizeof(float)), *row = malloc((size_t)hd * sizeof(float));
+    if (!sc || !row) goto done;
     for (int h = 0; h < a->n_kv_heads; h++) {
-        for (int r = 0; r < R; r++) { mx[r] = -INFINITY; sum[r] = 0; }
-        for (int pass = 0; pass < 2; pass++)
-            for (int p = 0; p < n_max; p++) {
-                const float *k = row;
-                if (is_typed(a)) load_tile(a, true, h, p, 1, row, deq_rows_scalar, f16_to_f32_scalar);
-                else k = key_at(a, h, p);
-                double w = 0;
-                for (int t = p > a->q_pos0 ? p - a->q_pos0 : 0; t < a->T; t++)
-                    for (int g = 0; g < G; g++) {
-                        const float *qr = q + ((size_t)t * a->n_heads + (size_t)h * G + g) * hd;
-                        double d = 0;
-                        for (int i = 0; i < hd; i++) d += (double)qr[i] * k[i];
-                        d *= a->scale;
-                        int r = t * G + g;
-                        if (pass == 1) w += exp(d - mx[r]) / sum[r];
-                        else if (d > mx[r]) { sum[r] = sum[r] * exp(mx[r] - d) + 1; mx[r] = d; }
-                        else sum[r] += exp(d - mx[r]);
-                    }
-                if (pass == 1) a->key_weights[p] += (float)w;
-            }
+        for (int p = 0; p < n_max; p++) {
+            const float *k = row;
+            if (is_typed(a)) load_tile(a, true, h, p, 1, row, deq_rows_scalar, f16_to_f32_scalar);
+            else k = key_at(a, h, p);
+            for (int t = p > a->q_pos0 ? p - a->q_pos0 : 0; t < a->T; t++)
+                for (int g = 0; g < G; g++) {
+                    const float *qr = q + ((size_t)t * a->n_heads + (size_t)h * G + g) * hd;
+                    float d = 0;
+                    for (int i = 0; i < hd; i++) d += qr[i] * k[i];
+                    sc[(size_t)(t * G + g) * n_max + p] = d * a->scale;
+                }
+        }
+        for (int r = 0; r < R; r++) {
+            float *s = sc + (size_t)r * n_max, mx = -INFINITY;
+            int n = a->q_pos0 + r / G + 1; /* visible keys */
+            double sum = 0;
+            for (int p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;
+            for (int p = 0; p < n; p++) sum += (s[p] = expf(s[p] - mx));
+            for (int p = 0; p < n; p++) a->key_weights[p] += (float)(s[p] / sum);
+        }
     }
 done:
-    free(mx);
-    free(sum);
+    free(sc);
     free(row);
 }
 
