@@ -6,6 +6,7 @@
  * Random weights of SmolLM2-135M's shape; the cache of `none` is filled with
  * synthetic keys/values through the normal write path (decode speed does not
  * depend on their values). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "bench_common.h"
@@ -39,70 +40,70 @@ static double decode(kvlm_ctx *ctx, int steps) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
-    int max_len = argc > 2 ? atoi(argv[2]) : 8192, budget = 256, steps = 16;
+    int max_len = argc > 2 ? atoi(argv[2]) : 8192, budget = 256, steps = 16; /* a stretch crosses one eviction */
     bench_shape smol = {"smollm2-135M", 576, 1536, 30, 9, 3, 49152, 32768};
     char path[512];
     kvlm_model *m = bench_load(bench_model_path(&smol, "q8_0", path, sizeof path));
     const kvlm_config *c = kvlm_model_config(m);
     printf("bench_evict: decode tokens/s along a stream, q8_0 cache, random weights of SmolLM2-135M's shape\n");
 
-    /* sinks: the cache stays within the budget; tokens/s over consecutive stretches of the stream */
+    /* The three run side by side, a stretch of each in turn, so that a
+     * change in the machine's load hits all of them alike. sinks and h2o go
+     * on with one long stream (their caches stay within the budget); none is
+     * measured at each stream length with a cache holding all of it. */
     kvlm_ctx *sk = make_ctx(m, budget, budget, KVLM_EVICT_SINKS, threads);
-    kvlm_error err = {0};
-    if (engine_seq_fill_synthetic(sk, 0, budget - 8, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    decode(sk, 2); /* warm */
-    int n_seg = 4, seg = 48;
-    double sinks_tps = 0, sinks_best = 0, t_all = util_now_s(), ev0 = engine_evict_seconds(sk);
-    printf("  sinks, budget %d (evicting %d tokens at a time):\n", budget, 16);
-    for (int s = 0; s < n_seg; s++) {
-        double tps = decode(sk, seg);
-        sinks_tps += tps / n_seg;
-        if (tps > sinks_best) sinks_best = tps;
-        printf("    stream tokens %4d-%4d: %7.2f tokens/s, cache %d tokens, %ld evicted so far\n", budget - 6 + s * seg,
-               budget - 6 + (s + 1) * seg - 1, tps, kvlm_seq_n_past(sk, 0), kvlm_seq_n_evicted(sk, 0));
-    }
-    double ev_per_tok = (engine_evict_seconds(sk) - ev0) / (n_seg * seg), step_s = (util_now_s() - t_all) / (n_seg * seg);
-    kvlm_ctx_free(sk);
-    /* h2o: the same, plus the attention weights pass of every layer */
     kvlm_ctx *hh = make_ctx(m, budget, budget, KVLM_EVICT_H2O, threads);
-    if (engine_seq_fill_synthetic(hh, 0, budget - 8, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
-    decode(hh, 2);
-    double h2o_tps = 0;
-    for (int s = 0; s < n_seg; s++) {
-        double tps = decode(hh, seg);
-        if (tps > h2o_tps) h2o_tps = tps;
-    }
-    printf("  h2o, budget %d: %.2f tokens/s, best of %d stretches (%.2fx sinks' best: the cost of accumulating "
-           "attention weights)\n", budget, h2o_tps, n_seg, h2o_tps / sinks_best);
-    kvlm_ctx_free(hh);
-
-    /* none: the cache holds the whole stream */
     kvlm_ctx *none = make_ctx(m, max_len + 64, 0, KVLM_EVICT_NONE, threads);
-    double none_tps = 0;
-    printf("  none (the cache grows with the stream):\n");
+    kvlm_error err = {0};
+    if (engine_seq_fill_synthetic(sk, 0, budget - 8, 7, &err) || engine_seq_fill_synthetic(hh, 0, budget - 8, 7, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    decode(sk, 1);
+    decode(hh, 1);
+    printf("  best of 3 stretches each (%d tokens for none, %d for sinks and h2o, crossing one eviction)\n", steps / 2, steps);
+    printf("  %-13s %12s %12s %12s %12s %9s\n", "stream length", "none tok/s", "sinks tok/s", "sinks cache", "h2o tok/s",
+           "sinks/none");
+    double sinks_tps = 0, none_tps = 0, ev_s = 0, sk_s = 0;
+    int n_sk = 0;
     for (int n = budget; n <= max_len; n *= 2) {
         kvlm_seq_free(none, 0);
         if (engine_seq_fill_synthetic(none, 0, n, 7, &err)) { fprintf(stderr, "%s\n", err.msg); exit(1); }
         decode(none, 1);
-        none_tps = decode(none, n >= 4096 ? steps / 2 : steps);
-        printf("    stream token  %5d: %7.2f tokens/s (sinks: %.2f, %.2fx)\n", n, none_tps, sinks_tps, sinks_tps / none_tps);
+        none_tps = sinks_tps = 0;
+        double h2o_tps = 0;
+        for (int rep = 0; rep < 3; rep++) { /* best of 3, interleaved */
+            none_tps = fmax(none_tps, decode(none, steps / 2));
+            double ev0 = engine_evict_seconds(sk), tps = decode(sk, steps);
+            sinks_tps = fmax(sinks_tps, tps);
+            ev_s += engine_evict_seconds(sk) - ev0;
+            sk_s += steps / tps;
+            n_sk += steps;
+            h2o_tps = fmax(h2o_tps, decode(hh, steps));
+        }
+        printf("  %-13d %12.2f %12.2f %12d %12.2f %8.2fx\n", n, none_tps, sinks_tps, kvlm_seq_n_past(sk, 0), h2o_tps,
+               sinks_tps / none_tps);
         fflush(stdout);
     }
+    printf("sinks vs none at %d tokens: %.2fx the decode speed (%.2f vs %.2f tokens/s); sinks evicted %ld tokens so far\n",
+           max_len, sinks_tps / none_tps, sinks_tps, none_tps, kvlm_seq_n_evicted(sk, 0));
+    double ev_per_tok = ev_s / n_sk, step_s = sk_s / n_sk;
+    kvlm_ctx_free(sk);
+    kvlm_ctx_free(hh);
     kvlm_ctx_free(none);
-    printf("sinks vs none at %d tokens: %.2fx the decode speed (%.2f vs %.2f tokens/s)\n", max_len, sinks_tps / none_tps,
-           sinks_tps, none_tps);
 
     /* The alternative to re-rotating at eviction: keys stored unrotated and
      * rotated at attention time, i.e. every cached key of every layer and KV
      * head rotated at every step. */
     int per_pos = c->n_layers * c->n_kv_heads; /* one set of angles per position for all its rows */
     float *k = calloc((size_t)budget * per_pos * c->head_dim, sizeof(float));
-    double t0 = util_now_s();
-    int reps = 20;
-    for (int r = 0; r < reps; r++)
+    double rope_per_tok = 1e30;
+    for (int r = 0; r < 10; r++) { /* best of 10 */
+        double t0 = util_now_s();
         for (int p = 0; p < budget; p++)
             op_rope(k + (size_t)p * per_pos * c->head_dim, per_pos, c->head_dim, c->rope_dim, p + r, c->rope_base, false);
-    double rope_per_tok = (util_now_s() - t0) / reps;
+        if (util_now_s() - t0 < rope_per_tok) rope_per_tok = util_now_s() - t0;
+    }
     free(k);
     printf("positions by place in the cache, per decoded token: re-rotating at eviction %.3f ms (%.1f%% of a %.1f ms "
            "step), rotating all %d cached keys at attention time %.3f ms -> %.1fx more\n",
