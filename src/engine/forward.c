@@ -201,8 +201,9 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
     ctx->keep = malloc((size_t)p->n_ctx * sizeof(int32_t));
     if (p->kv_evict == KVLM_EVICT_H2O) ctx->h2o = calloc((size_t)p->n_seq_max * p->n_ctx, sizeof(float));
-    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && !ctx->h2o) || !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 ||
-        !ctx->out_rows || !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
+    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && !ctx->h2o) || !ctx->stage_block ||
+        !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
+        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
@@ -468,11 +469,11 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
     if (len + n_new <= budget) return KVLM_OK;
     if (ctx->ev.policy == KVLM_EVICT_NONE)
         return util_err_set(err, KVLM_ERANGE, "sequence %d: %d more tokens exceed the KV budget of %d tokens (%d held; "
-                            "--kv-evict none stops there: use window, sinks or h2o to go on)", s, n_new, budget, len);
+                            "eviction policy none stops there: window, sinks or h2o evict instead)", s, n_new, budget, len);
     int min_keep = ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0;
     if (n_new > budget - min_keep)
         return util_err_set(err, KVLM_ERANGE, "sequence %d: a batch of %d tokens cannot fit a KV budget of %d under "
-                            "--kv-evict %s (feed at most %d at a time)", s, n_new, budget,
+                            "eviction policy %s (feed at most %d at a time)", s, n_new, budget,
                             kvlm_evict_name(ctx->ev.policy), budget - min_keep);
     int target = budget - (n_new > bs ? n_new : bs);
     if (target < min_keep) target = budget - n_new;
