@@ -37,8 +37,8 @@ struct kvlm_ctx {
     /* Eviction (kvlm.h KVLM_EVICT_*). */
     int budget;
     kv_evict_params ev;
-    float *h2o;                /* h2o: accumulated attention per sequence and cache slot (n_ctx apart) */
-    int32_t *keep;             /* n_ctx: the tokens a policy keeps */
+    float *h2o;                /* h2o: accumulated attention per sequence and cache slot (budget apart) */
+    int32_t *keep;             /* budget: the tokens a policy keeps */
     long *n_evicted;           /* per sequence */
     double evict_seconds;
     double attn_seconds;
@@ -199,8 +199,8 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->block_ptrs = malloc(((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
     ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
-    ctx->keep = malloc((size_t)p->n_ctx * sizeof(int32_t));
-    if (p->kv_evict == KVLM_EVICT_H2O) ctx->h2o = calloc((size_t)p->n_seq_max * p->n_ctx, sizeof(float));
+    ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
+    if (p->kv_evict == KVLM_EVICT_H2O) ctx->h2o = calloc((size_t)p->n_seq_max * ctx->budget, sizeof(float));
     if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && !ctx->h2o) || !ctx->stage_block ||
         !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
         !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
@@ -236,14 +236,14 @@ long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
 }
 
 static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
-    return ctx->h2o ? ctx->h2o + (size_t)seq * ctx->p.n_ctx : NULL;
+    return ctx->h2o ? ctx->h2o + (size_t)seq * ctx->budget : NULL;
 }
 
 void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
     if (!kv_seq_valid(ctx->kv, seq)) return;
     kv_seq_release(ctx->kv, seq);
     ctx->n_evicted[seq] = 0;
-    if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->p.n_ctx * sizeof(float));
+    if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
 }
 
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
@@ -257,7 +257,7 @@ int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
     int rc = kv_seq_fork(ctx->kv, src, dst, err);
     if (rc || src == dst) return rc;
     ctx->n_evicted[dst] = ctx->n_evicted[src];
-    if (ctx->h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->p.n_ctx * sizeof(float));
+    if (ctx->h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->budget * sizeof(float));
     return KVLM_OK;
 }
 
