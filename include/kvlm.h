@@ -383,6 +383,26 @@ typedef struct kvlm_sched_req_info {
 /* Live requests as of the end of the last step; returns how many (at most cap written). */
 int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
+/* ---- the OpenAI-compatible HTTP server ------------------------------------- */
+/* POST /v1/completions and /v1/chat/completions (streamed as server-sent
+ * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
+ * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
+ * kvlm_sched over the context. */
+typedef struct kvlm_server kvlm_server;
+typedef struct kvlm_server_params {
+    const char *host;          /* address to bind; NULL: 127.0.0.1 */
+    int port;                  /* 0: any free port (kvlm_server_port tells which) */
+    const char *model_id;      /* the id clients name; NULL: the model file's name without extension */
+    const char *chat_template; /* family name forcing a template; NULL: from the model */
+    int batch_tokens, max_seqs; /* kvlm_sched_params */
+    size_t max_body;           /* largest request body; 0: 1 MiB */
+    int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */
+} kvlm_server_params;
+kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
+int kvlm_server_port(const kvlm_server *s);
+/* Ends every request, stops the threads, frees the server (not the context). */
+void kvlm_server_stop(kvlm_server *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -104,8 +104,8 @@ static void test_concurrent_equals_alone(void **state) {
     kvlm_model *m = load_stories();
     TU_REQUIRE(m);
     int R = tu_quick() ? 12 : 32, max_tokens = tu_quick() ? 24 : 48;
-    /* 40 blocks of 16 tokens: far fewer than 32 requests of ~60 tokens need */
-    kvlm_ctx *ctx = make_ctx(m, 32, 40);
+    /* 40 (quick: 20) blocks of 16 tokens: far fewer than the requests of ~40-60 tokens need */
+    kvlm_ctx *ctx = make_ctx(m, 32, tu_quick() ? 20 : 40);
     kvlm_sched_params sp = {.batch_tokens = 64, .max_seqs = 32};
     kvlm_error err = {0};
     kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
@@ -192,7 +192,7 @@ static void test_fork_n(void **state) {
     kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
     int32_t prompt[64];
     int n = make_prompt(m, 9, prompt, 64);
-    while (n < 40) prompt[n] = prompt[n - 20], n++; /* two full blocks */
+    for (int n0 = n; n < 40; n++) prompt[n] = prompt[1 + (n - n0) % (n0 - 1)]; /* two full blocks */
     result r = {0};
     kvlm_request_params p = greedy_params(20);
     p.n = 3;
