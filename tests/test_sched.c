@@ -127,7 +127,11 @@ static void test_concurrent_equals_alone(void **state) {
     printf("  %d requests in %d steps, %llu preemptions, %llu tokens, %llu prompt tokens of which %llu cached\n", R,
            steps, (unsigned long long)st.preemptions, (unsigned long long)st.generated_tokens,
            (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens);
+    printf("  recompute after preemption found %llu blocks in the prefix index; %llu tokens computed\n",
+           (unsigned long long)st.kv.prefix_hits, (unsigned long long)st.kv.tokens_computed);
     assert_true(st.preemptions > 0);
+    /* the prompts share no full block: every hit is a preempted sequence taking its blocks back */
+    assert_true(st.kv.prefix_hits > 0);
     assert_int_equal(st.kv.used, 0);
     assert_int_equal(st.running + st.waiting, 0);
     for (int i = 0; i < R; i++) {

@@ -54,6 +54,7 @@ struct kvlm_sched {
     float *lp;
     /* counters (engine thread) and the published snapshot (under mu) */
     uint64_t preemptions, steps, done, prompt_tokens, cached_tokens, generated;
+    uint64_t undo_hits, undo_misses; /* prefix lookups of admissions that were then put off */
     double mark_t, mark_gen, tps, last_step_t;
     kvlm_sched_stats snap;
     kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
@@ -281,11 +282,15 @@ static void admit(kvlm_sched *s) {
             if (n_free < need_slots) return;
             u->seq = free_slot(s);
             s->slot_used[u->seq] = true;
+            kvlm_kv_stats st0, st;
+            kvlm_kv_stats_get(s->ctx, &st0);
             int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, u->n_hist);
-            kvlm_kv_stats st;
             kvlm_kv_stats_get(s->ctx, &st);
             int need = blocks_for(s, u->n_hist) - matched / s->block_size;
             if (any_active && need > st.free + st.cached - promised) {
+                /* tried again next step: this lookup should not count twice */
+                s->undo_hits += st.prefix_hits - st0.prefix_hits;
+                s->undo_misses += st.prefix_misses - st0.prefix_misses;
                 release(s, u);
                 return;
             }
@@ -429,6 +434,8 @@ static void publish(kvlm_sched *s) {
     s->snap.generated_tokens = s->generated;
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
+    s->snap.kv.prefix_hits -= s->undo_hits;
+    s->snap.kv.prefix_misses -= s->undo_misses;
     pthread_mutex_unlock(&s->mu);
 }
 
