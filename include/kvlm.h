@@ -350,7 +350,8 @@ typedef struct kvlm_sched_event {
 typedef bool (*kvlm_sched_cb)(void *user, const kvlm_sched_event *ev);
 
 kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err);
-/* Stops run(), ends every request (CANCELLED events) and frees the scheduler, not the context. */
+/* Ends every request (CANCELLED events) and frees the scheduler, not the
+ * context. Call it once run() has returned (kvlm_sched_stop, then join). */
 void kvlm_sched_free(kvlm_sched *s);
 /* Queues a request; returns its id (> 0), or 0 with err filled (e.g. a
  * prompt beyond the context: KVLM_ERANGE). The prompt is copied. */

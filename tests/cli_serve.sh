@@ -245,6 +245,27 @@ check(mid["blocks_used"] > 0 and s2["blocks_used"] == 0 and s2["running"] == 0 a
       "hang-up mid-stream cancels the request (blocks %d while streaming, %d after; %d of 360 tokens made)" %
       (mid["blocks_used"], s2["blocks_used"], gen), (mid, s2))
 
+# ... and one that hangs up while waiting for a whole (non-streamed) answer
+gen0 = status()["generated_tokens"]
+s = socket.create_connection(("127.0.0.1", port), timeout=10)
+body = json.dumps({"prompt": "Once upon a time", "max_tokens": 360, "temperature": 0}).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+t0 = time.time()
+mid = status()
+while mid["blocks_used"] == 0 and time.time() - t0 < 5:
+    time.sleep(0.005)
+    mid = status()
+s.close()
+t0 = time.time()
+while time.time() - t0 < 5:
+    s2 = status()
+    if s2["running"] == 0 and s2["waiting"] == 0 and s2["blocks_used"] == 0:
+        break
+    time.sleep(0.02)
+gen = s2["generated_tokens"] - gen0
+check(mid["blocks_used"] > 0 and s2["blocks_used"] == 0 and gen < 350,
+      "hang-up before a whole answer cancels it (%d of 360 tokens made)" % gen, (mid, s2))
+
 # ---- a stalled client: half a body, then silence; the timeout closes it, others carry on
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": \"Once")
