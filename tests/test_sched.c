@@ -1,4 +1,4 @@
-/* tests/test_sched: the scheduler: 32 concurrent greedy requests under a pool
+/* tests/test_sched: the scheduler: 32 concurrent greedy requests (some n = 3) under a pool
  * too small for all of them (so some are preempted and recomputed) each give
  * what their prompt gives alone; cancel frees blocks at once; n > 1 forks
  * share the prompt's blocks; logprobs; chat templates render the known formats. */
@@ -117,6 +117,7 @@ static void test_concurrent_equals_alone(void **state) {
         n_prompt[i] = make_prompt(m, i, prompts[i], 64);
         kvlm_request_params p = greedy_params(max_tokens);
         p.logprobs = i % 4 == 0 ? 5 : -1;
+        p.n = i % 5 == 2 ? 3 : 1; /* forks, preempted with or without their leader */
         res[i].logprobs_ok = true;
         assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
     }
@@ -137,10 +138,13 @@ static void test_concurrent_equals_alone(void **state) {
     for (int i = 0; i < R; i++) {
         int32_t want[MAXGEN];
         int n_want = greedy_alone(m, prompts[i], n_prompt[i], max_tokens, want);
-        assert_int_equal(res[i].n_final, 1);
-        assert_int_equal(res[i].finish[0], n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
-        assert_int_equal(res[i].n_out[0], n_want);
-        assert_memory_equal(res[i].out[0], want, (size_t)n_want * sizeof(int32_t));
+        int n = i % 5 == 2 ? 3 : 1;
+        assert_int_equal(res[i].n_final, n);
+        for (int k = 0; k < n; k++) {
+            assert_int_equal(res[i].finish[k], n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+            assert_int_equal(res[i].n_out[k], n_want);
+            assert_memory_equal(res[i].out[k], want, (size_t)n_want * sizeof(int32_t));
+        }
         assert_true(res[i].logprobs_ok);
     }
     free(res);
