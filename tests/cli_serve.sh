@@ -81,6 +81,14 @@ def metric(name):
     m = re.search(r"^%s (\S+)$" % name, text, re.M)
     return float(m.group(1)) if m else None
 
+# ---- bad command lines: one clear line, exit 1
+for args, pat in [(["--chat-template", "bogus", "--port", "0"], "unknown chat template"),
+                  (["--port", "70000"], "--port must be"),
+                  (["--port", str(port)], "cannot listen"),
+                  (["--kv-mem", "lots", "--port", "0"], "bad size")]:
+    r = subprocess.run([kvlm, "serve", "-m", model] + args, capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and pat in r.stderr and not r.stdout, "kvlm serve %s: %s" % (" ".join(args), pat), r.stderr)
+
 # ---- plain endpoints
 check(request("GET", "/health") == (200, {"status": "ok"}), "GET /health")
 st, models = request("GET", "/v1/models")
