@@ -89,6 +89,26 @@ for args, pat in [(["--chat-template", "bogus", "--port", "0"], "unknown chat te
     r = subprocess.run([kvlm, "serve", "-m", model] + args, capture_output=True, text=True, timeout=30)
     check(r.returncode == 1 and pat in r.stderr and not r.stdout, "kvlm serve %s: %s" % (" ".join(args), pat), r.stderr)
 
+# ---- --alias names the model; --chat-template forces a family
+p2 = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "--alias", "storyteller", "--chat-template", "chatml",
+                       "-c", "256", "--max-seqs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+m2 = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p2.stdout.readline())
+if m2:
+    port, port1 = int(m2.group(1)), port
+    st, models = request("GET", "/v1/models")
+    check(st == 200 and models["data"][0]["id"] == "storyteller", "--alias sets the model id", models)
+    st, r = request("POST", "/v1/chat/completions", {"model": "storyteller", "messages": [{"role": "user", "content": "Hi"}],
+                                                     "max_tokens": 4})
+    check(st == 200 and r["chat_template"] == "chatml" and r["usage"]["prompt_tokens"] > 10,
+          "--chat-template chatml renders the chat with ChatML", r)
+    st, r = request("POST", "/v1/completions", {"model": "stories260K", "prompt": "x"})
+    check(st == 404, "the file name is not the id once aliased")
+    port = port1
+else:
+    check(False, "second server started")
+p2.send_signal(signal.SIGTERM)
+check(p2.wait(timeout=15) == 0, "second server stops on SIGTERM")
+
 # ---- plain endpoints
 check(request("GET", "/health") == (200, {"status": "ok"}), "GET /health")
 st, models = request("GET", "/v1/models")
