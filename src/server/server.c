@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "model/model.h"
 #include "util/error.h"
 #include "util/timing.h"
@@ -338,7 +339,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         goto fail;
     }
     /* poll() where the library has it: select() cannot watch descriptors past 1023 */
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                      (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL : 0);
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL,
                                  on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
@@ -365,7 +366,7 @@ int kvlm_server_port(const kvlm_server *s) { return s->port; }
 
 void kvlm_server_stop(kvlm_server *s) {
     if (!s) return;
-    MHD_quiesce_daemon(s->daemon);
+    MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon); /* no new connections (ours to close, last) */
     pthread_mutex_lock(&s->mu);
     kvlm_sched *sched = s->sched;
     s->sched = NULL; /* no more submits */
@@ -374,6 +375,7 @@ void kvlm_server_stop(kvlm_server *s) {
     pthread_join(s->engine, NULL);
     kvlm_sched_free(sched); /* every request ends (cancelled): waiting connections return */
     MHD_stop_daemon(s->daemon);
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
