@@ -339,7 +339,25 @@ keys = ["model", "block_size", "n_blocks", "blocks_used", "blocks_cached", "bloc
         "preemptions", "tokens_per_second", "requests"]
 check(all(k in s for k in keys) and s["n_blocks"] == 24 and s["kv_bytes_total"] == 24 * s["block_bytes"], "/kvlm/status shape", s)
 
+# ---- SIGTERM with requests in flight: they end with an error, the server exits cleanly
+inflight = {}
+def long_request(kind):
+    body = {"prompt": "Once upon a time", "max_tokens": 360, "temperature": 0}
+    try:
+        inflight[kind] = stream(C, body) if kind == "stream" else request("POST", C, body)
+    except Exception as e:
+        inflight[kind] = e
+ts = [threading.Thread(target=long_request, args=(k,)) for k in ("stream", "whole")]
+for t in ts: t.start()
+t0 = time.time()
+while status()["running"] < 2 and time.time() - t0 < 5:
+    time.sleep(0.005)
 proc.send_signal(signal.SIGTERM)
+for t in ts: t.join(timeout=15)
+w, st_ = inflight.get("whole"), inflight.get("stream")
+check(isinstance(w, tuple) and w[0] == 503 and "error" in w[1], "SIGTERM: a waiting request gets 503", w)
+check(isinstance(st_, tuple) and st_[3] and any("error" in ev for ev in st_[2]), "SIGTERM: a stream ends with an error event and [DONE]",
+      st_ if not isinstance(st_, tuple) else st_[2][-1:])
 try:
     rc = proc.wait(timeout=15)
 except subprocess.TimeoutExpired:

@@ -232,8 +232,12 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
         last = ++j->n_ended == j->n;
         if (last) {
-            if (j->stream && j->error[0])
-                sse(j, json_pack("{s:{s:s, s:s}}", "error", "message", j->error, "type", "server_error"));
+            bool cancelled = false; /* by a hang-up (no one reads this) or by the server stopping */
+            for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+            if (j->stream && (j->error[0] || cancelled))
+                sse(j, json_pack("{s:{s:s, s:s}}", "error", "message",
+                                 j->error[0] ? j->error : "the request was cancelled: the server is stopping", "type",
+                                 "server_error"));
             if (j->stream && j->include_usage) {
                 json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
@@ -629,7 +633,10 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
         job_release(j);
         return MHD_NO;
     }
+    bool cancelled = false; /* only by the server stopping: a hang-up has no one to answer */
+    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
     if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
+    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
     else ret = srv_json(c, 200, whole_answer(j));
     job_release(j);
     return ret;

@@ -220,6 +220,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        pthread_mutex_lock(&s->mu);
+        s->active++;
+        pthread_mutex_unlock(&s->mu);
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
@@ -277,9 +280,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls; (void)c; (void)toe;
+    (void)c; (void)toe;
+    kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
     if (!cn) return;
+    pthread_mutex_lock(&s->mu);
+    s->active--;
+    pthread_mutex_unlock(&s->mu);
     free(cn->body);
     free(cn);
     *con_cls = NULL;
@@ -373,7 +380,15 @@ void kvlm_server_stop(kvlm_server *s) {
     pthread_mutex_unlock(&s->mu);
     kvlm_sched_stop(sched);
     pthread_join(s->engine, NULL);
-    kvlm_sched_free(sched); /* every request ends (cancelled): waiting connections return */
+    kvlm_sched_free(sched); /* every request ends (cancelled): waiting connections answer */
+    /* let them send those answers (a stalled upload is not waited for long) */
+    for (int i = 0; i < 200; i++) {
+        pthread_mutex_lock(&s->mu);
+        int active = s->active;
+        pthread_mutex_unlock(&s->mu);
+        if (!active) break;
+        usleep(10000);
+    }
     MHD_stop_daemon(s->daemon);
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     pthread_mutex_destroy(&s->mu);
