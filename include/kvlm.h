@@ -83,6 +83,7 @@ typedef struct kvlm_synth_params {
     int type;           /* GGUF type id of the 2-D weights */
     bool tied_output;
     uint64_t seed;
+    const char *chat_template; /* tokenizer.chat_template to store (NULL: none) */
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
@@ -205,6 +206,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
 /* The most tokens a sequence keeps (kv_budget, or n_ctx). */
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx);
+int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
 /* A batch of tokens for one forward pass, possibly of several sequences.
@@ -251,6 +253,9 @@ int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err);
  * longest run of cached full blocks that match, so prefill starts after
  * them. Returns how many leading tokens are now in the cache (< n). */
 int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n);
+
+/* Blocks in a sequence's table, and how many of them other sequences share. */
+void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared);
 
 typedef struct kvlm_kv_stats {
     int block_size, n_blocks;
@@ -328,6 +333,118 @@ void kvlm_sampler_free(kvlm_sampler *s);
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
 /* Records a token (e.g. of the prompt) for the repetition penalty. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+
+/* ---- chat templates ------------------------------------------------------ */
+/* Renders a conversation (roles "system", "user", "assistant") as a prompt,
+ * ending with the assistant's turn opened. The family comes from name (one of
+ * "chatml", "llama2", "llama3", "zephyr", "plain") or, when name is NULL, from
+ * the model's tokenizer.chat_template found by the substrings llama.cpp uses
+ * (<|im_start|>, [INST], <|start_header_id|>, <|user|>); a model without a
+ * template gets "plain" ("User: ...\nAssistant:"). *out (malloc'd, caller
+ * frees) is the prompt, to tokenize with special tokens recognised; *family
+ * is the family's name. KVLM_EUNSUPPORTED for a template of another family. */
+int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const *roles,
+                    const char *const *contents, int n, char **out, const char **family, kvlm_error *err);
+
+/* ---- the scheduler: many requests served from one context ------------------ */
+/* Continuous batching over a kvlm_ctx: every step is one kvlm_decode over a
+ * batch mixing one decode token of each running sequence and chunks of
+ * prompts being prefilled, under a token budget. Requests are admitted first
+ * come, first served when the pool has blocks for their prompt (after prefix
+ * reuse); when a running sequence needs a block and none is free, the newest
+ * one is preempted (blocks freed, re-queued, recomputed later mostly from the
+ * prefix index). submit, cancel, stats and requests may be called from any
+ * thread; step/run from one engine thread, which also runs the callbacks. */
+typedef struct kvlm_sched kvlm_sched;
+
+typedef struct kvlm_sched_params {
+    int batch_tokens;   /* most tokens per step; 0: 512 */
+    int max_seqs;       /* sequences running at once; 0 or more than the context holds: its n_seq_max */
+} kvlm_sched_params;
+
+typedef struct kvlm_request_params {
+    kvlm_sampler_params sampling; /* completion i draws with seed + i */
+    int max_tokens;     /* tokens to generate at most (> 0) */
+    int n;              /* completions of the prompt (its blocks are forked); 0: 1 */
+    int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
+} kvlm_request_params;
+
+enum { KVLM_FINISH_NONE = 0, KVLM_FINISH_STOP, KVLM_FINISH_LENGTH, KVLM_FINISH_CANCELLED, KVLM_FINISH_ERROR };
+#define KVLM_MAX_LOGPROBS 20
+
+/* One generated token of completion `index`, or (finish != NONE, token -1)
+ * the end of that completion; every completion ends with exactly one such
+ * event, after which its blocks are free. */
+typedef struct kvlm_sched_event {
+    uint64_t id;
+    int index;
+    int32_t token;
+    int finish;          /* KVLM_FINISH_*: STOP = end-of-generation token */
+    float logprob;       /* of token (when logprobs >= 0) */
+    int n_top;
+    int32_t top_tokens[KVLM_MAX_LOGPROBS];
+    float top_logprobs[KVLM_MAX_LOGPROBS];
+    int prompt_tokens, cached_tokens; /* cached: prompt tokens found in the prefix index at admission */
+    const char *error;   /* finish == ERROR: why */
+} kvlm_sched_event;
+/* Return false to end this completion now (e.g. a stop string was seen); its
+ * final event then has finish STOP. */
+typedef bool (*kvlm_sched_cb)(void *user, const kvlm_sched_event *ev);
+
+kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err);
+/* Ends every request (CANCELLED events) and frees the scheduler, not the
+ * context. Call it once run() has returned (kvlm_sched_stop, then join). */
+void kvlm_sched_free(kvlm_sched *s);
+/* Queues a request; returns its id (> 0), or 0 with err filled (e.g. a
+ * prompt beyond the context: KVLM_ERANGE). The prompt is copied. */
+uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, const kvlm_request_params *p,
+                           kvlm_sched_cb cb, void *user, kvlm_error *err);
+/* Ends a request: its completions get CANCELLED events and their blocks are
+ * freed before the next step. Unknown or finished ids are ignored. */
+void kvlm_sched_cancel(kvlm_sched *s, uint64_t id);
+/* One engine step. Returns the requests still queued or running (0: idle). */
+int kvlm_sched_step(kvlm_sched *s);
+/* Steps until kvlm_sched_stop, sleeping while idle. */
+void kvlm_sched_run(kvlm_sched *s);
+void kvlm_sched_stop(kvlm_sched *s);
+
+typedef struct kvlm_sched_stats {
+    int running, waiting;
+    uint64_t preemptions, steps, requests_done;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens;
+    double tokens_per_second; /* generated, over the last seconds */
+    kvlm_kv_stats kv;         /* as of the end of the last step */
+} kvlm_sched_stats;
+void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
+
+typedef struct kvlm_sched_req_info {
+    uint64_t id;
+    int state;           /* 0 waiting, 1 prefill, 2 running */
+    int prompt_tokens, generated, cached_tokens;
+    int blocks, shared_blocks; /* summed over its completions */
+} kvlm_sched_req_info;
+/* Live requests as of the end of the last step; returns how many (at most cap written). */
+int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
+
+/* ---- the OpenAI-compatible HTTP server ------------------------------------- */
+/* POST /v1/completions and /v1/chat/completions (streamed as server-sent
+ * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
+ * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
+ * kvlm_sched over the context. */
+typedef struct kvlm_server kvlm_server;
+typedef struct kvlm_server_params {
+    const char *host;          /* address to bind; NULL: 127.0.0.1 */
+    int port;                  /* 0: any free port (kvlm_server_port tells which) */
+    const char *model_id;      /* the id clients name; NULL: the model file's name without extension */
+    const char *chat_template; /* family name forcing a template; NULL: from the model */
+    int batch_tokens, max_seqs; /* kvlm_sched_params */
+    size_t max_body;           /* largest request body; 0: 1 MiB */
+    int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */
+} kvlm_server_params;
+kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
+int kvlm_server_port(const kvlm_server *s);
+/* Ends every request, stops the threads, frees the server (not the context). */
+void kvlm_server_stop(kvlm_server *s);
 
 #ifdef __cplusplus
 }

@@ -2,16 +2,26 @@
 # Installs the Debian packages kvlm needs to build and test. Idempotent,
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config libpcre2-dev libcmocka-dev libjansson-dev python3 python3-numpy)
+PKGS=(build-essential cmake pkg-config libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]} == 0)); then
-  exit 0
+# The web tests (tests/web): node and npm (kept if already there, e.g. from NodeSource), Debian's chromium.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+if ((${#missing[@]})); then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}" >&2
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The npm packages of the web tests (openai, playwright-core), pinned by tests/web/package-lock.json.
+web="$(cd "$(dirname "$0")/.." && pwd)/tests/web"
+if [ ! -d "$web/node_modules" ]; then
+  echo "setup: npm ci in tests/web" >&2
+  npm ci --prefix "$web" --no-audit --no-fund --loglevel=error >&2 ||
+    echo "setup: npm ci failed (no registry?); the web tests will be skipped" >&2
+fi

@@ -14,6 +14,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Option parsing: each returns true when argv[*i] is the named option and
  * consumes its value (argv[++*i]); on a missing/bad value it prints an error

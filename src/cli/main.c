@@ -15,7 +15,8 @@ static void usage(FILE *f) {
             "  synth      write a random-weight model of any shape (for tests and benchmarks)\n"
             "  logits     print the next-token logits after each token of a prompt\n"
             "  plan       KV cache memory for a context and batch; what fits a budget\n"
-            "  perplexity perplexity of a text file (as llama.cpp computes it)\n");
+            "  perplexity perplexity of a text file (as llama.cpp computes it)\n"
+            "  serve      an OpenAI-compatible HTTP server batching many requests in one KV cache\n");
 }
 
 int main(int argc, char **argv) {
@@ -30,7 +31,7 @@ int main(int argc, char **argv) {
     }
     struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize},
-        {"convert", cmd_convert}, {"synth", cmd_synth}, {"logits", cmd_logits}, {"plan", cmd_plan}, {"perplexity", cmd_perplexity},
+        {"convert", cmd_convert}, {"synth", cmd_synth}, {"logits", cmd_logits}, {"plan", cmd_plan}, {"perplexity", cmd_perplexity}, {"serve", cmd_serve},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -225,6 +225,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
 }
 
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx) { return ctx->p.n_ctx; }
+int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx) { return ctx->p.n_seq_max; }
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx) { return ctx->model; }
 int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
     return kv_seq_valid(ctx->kv, seq) ? kv_seq_len(ctx->kv, seq) : 0;
@@ -264,6 +265,14 @@ int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
 int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) {
     if (!kv_seq_valid(ctx->kv, seq) || n <= 0) return 0;
     return kv_seq_match_prefix(ctx->kv, seq, tokens, n);
+}
+
+void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared) {
+    int n = 0, shared = 0;
+    const int32_t *b = kv_seq_valid(ctx->kv, seq) ? kv_seq_blocks(ctx->kv, seq, &n) : NULL;
+    for (int i = 0; b && i < n; i++) shared += kv_block_refs(ctx->kv, b[i]) > 1;
+    if (n_blocks) *n_blocks = b ? n : 0;
+    if (n_shared) *n_shared = shared;
 }
 
 /* layers x KV heads x (K + V bytes of a block) / block size: the types' real

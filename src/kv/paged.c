@@ -467,6 +467,10 @@ void kv_get_stats(const kv_cache *c, kv_stats *st) {
     st->evictions = c->evictions;
 }
 
+int kv_block_refs(const kv_cache *c, int32_t block) {
+    return block >= 0 && block < c->p.n_blocks ? c->meta[block].ref : 0;
+}
+
 const char *kv_check(const kv_cache *c) {
     static char msg[256];
     int nb = c->p.n_blocks;

@@ -100,6 +100,8 @@ typedef struct {
     int shared;                         /* blocks referenced by more than one sequence */
 } kv_stats;
 void kv_get_stats(const kv_cache *c, kv_stats *s);
+/* References to a block (how many sequences hold it). */
+int kv_block_refs(const kv_cache *c, int32_t block);
 /* Checks every invariant (reference counts equal table references, lists
  * consistent, index consistent); returns NULL or a description. For tests. */
 const char *kv_check(const kv_cache *c);

@@ -253,6 +253,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         MAKE(L->w_up, c.dim, c.hidden_dim, 0);
     }
 #undef MAKE
+    if (p->chat_template && !(m.vocab.chat_template = strdup(p->chat_template))) {
+        rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
+        goto done;
+    }
     rc = model_save_gguf(&m, path, p->type, err);
 done:
     for (int i = 0; i < n_alloc; i++) free(bufs[i]);

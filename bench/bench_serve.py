@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""bench/bench_serve: HTTP load benchmark of `kvlm serve` on loopback (python3 stdlib only).
+
+Starts `kvlm serve` itself on a random-weight model of a real shape (stories110M, Q8_0,
+written once to $KVLM_BENCH_DIR, default /tmp/kvlm-bench), then runs streaming greedy
+completions with distinct prompts at concurrency 1, 4, 16 and 64 and prints, per level,
+aggregate generated tokens/s and time to first token / time per output token (p50, p99),
+then the ratio of aggregate tokens/s at 16 streams to 1 stream against the 4x target.
+Bounded: a fixed number of requests per level, and no new request after --seconds.
+
+usage: python3 bench/bench_serve.py [--kvlm build/kvlm] [--model M.gguf] [--levels 1,4,16,64]
+                                    [--max-tokens 64] [--rounds 2] [--seconds 60] [--threads T]
+"""
+import argparse
+import http.client
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+WORDS = ("once upon a time little girl boy dog cat park ball tree sun happy sad big small red blue "
+         "friend mom dad play run jump sing bird fish house garden rain snow cake toy box").split()
+
+
+def prompt_for(i):
+    """A distinct prompt per request (distinct first block, so no request rides on another's prefix)."""
+    w = [WORDS[(i * 7 + k * 13 + i // len(WORDS)) % len(WORDS)] for k in range(8)]
+    return f"Story {i}: " + " ".join(w)
+
+
+def percentile(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]  # nearest rank
+
+
+def one_request(host, port, i, max_tokens):
+    """Streams one greedy completion; returns (completion tokens, ttft s, tpot s or None)."""
+    body = json.dumps({"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection(host, port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    first = last = None
+    chunks, usage = 0, None
+    for raw in resp:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        ev = json.loads(data)
+        if ev.get("usage"):
+            usage = ev["usage"]
+        if any(c.get("text") for c in ev.get("choices", [])):
+            now = time.perf_counter()
+            first = first if first is not None else now
+            last = now
+            chunks += 1
+    conn.close()
+    n = usage["completion_tokens"] if usage else chunks
+    if first is None:
+        raise RuntimeError(f"request {i}: no text streamed")
+    return n, first - t0, (last - first) / (n - 1) if n > 1 else None
+
+
+def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id):
+    """conc workers share n_requests; none starts after the deadline. Returns the level's figures."""
+    lock = threading.Lock()
+    state = {"next": 0, "tokens": 0, "ttft": [], "tpot": [], "errors": [], "done": 0}
+    deadline = time.perf_counter() + seconds
+
+    def worker():
+        while True:
+            with lock:
+                if state["next"] >= n_requests or time.perf_counter() > deadline or state["errors"]:
+                    return
+                i = state["next"]
+                state["next"] += 1
+            try:
+                n, ttft, tpot = one_request(host, port, first_id + i, max_tokens)
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    state["errors"].append(str(e))
+                return
+            with lock:
+                state["tokens"] += n
+                state["ttft"].append(ttft)
+                if tpot is not None:
+                    state["tpot"].append(tpot)
+                state["done"] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(conc)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if state["errors"]:
+        raise RuntimeError(f"concurrency {conc}: {state['errors'][0]}")
+    return {"conc": conc, "requests": state["done"], "tokens": state["tokens"], "wall": wall,
+            "tps": state["tokens"] / wall, "ttft": state["ttft"], "tpot": state["tpot"]}
+
+
+def get_json(host, port, path):
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("GET", path)
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return json.loads(data)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kvlm", default=os.environ.get("KVLM_BIN", "build/kvlm"))
+    ap.add_argument("--model", help="model to serve (default: a stories110M-shape Q8_0 random-weight model)")
+    ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (at least 4)")
+    ap.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
+    ap.add_argument("--threads", type=int, default=0, help="kvlm serve -t (default: its own)")
+    ap.add_argument("--kv-mem", default="1GiB")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.levels.split(",")]
+
+    model = a.model
+    if not model:
+        d = os.environ.get("KVLM_BENCH_DIR", "/tmp/kvlm-bench")
+        os.makedirs(d, exist_ok=True)
+        model = os.path.join(d, "stories110M-q8_0-c1024.gguf")
+        if not os.path.exists(model):
+            print(f"  (writing {model} ...)", file=sys.stderr)
+            subprocess.run([a.kvlm, "synth", model + ".tmp", "--dim", "768", "--layers", "12", "--heads", "12",
+                            "--kv-heads", "12", "--hidden", "2048", "--vocab", "32000", "--ctx", "1024",
+                            "--type", "q8_0"], check=True, stdout=subprocess.DEVNULL)
+            os.replace(model + ".tmp", model)
+
+    cmd = [a.kvlm, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "--max-seqs", str(max(levels)),
+           "--kv-mem", a.kv_mem]
+    if a.threads:
+        cmd += ["-t", str(a.threads)]
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = srv.stdout.readline()
+        if not line.startswith("kvlm serve: listening on http://"):
+            srv.kill()
+            sys.exit(f"kvlm serve did not start: {line!r} {srv.stderr.read()[-2000:]}")
+        for pipe in (srv.stdout, srv.stderr):  # keep its pipes drained
+            threading.Thread(target=pipe.read, daemon=True).start()
+        host, port = line.strip().rsplit("//", 1)[1].rsplit(":", 1)
+        port = int(port)
+        print(f"kvlm serve {os.path.basename(model)} on {host}:{port}, {os.cpu_count()} cores, "
+              f"streaming greedy completions of {a.max_tokens} tokens, distinct prompts")
+        run_level(host, port, 1, 1, 8, a.seconds, 10 ** 6)  # warm-up: page the weights in
+        print(f"{'streams':>7} {'requests':>8} {'tokens':>7} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
+              f"{'TPOT p50':>9} {'TPOT p99':>9} {'preempt':>7}")
+        res, next_id = {}, 0
+        for c in levels:
+            n = max(4, a.rounds * c)
+            r = run_level(host, port, c, n, a.max_tokens, a.seconds, next_id)
+            next_id += n
+            st = get_json(host, port, "/kvlm/status")
+            res[c] = r
+            ms = lambda x: f"{1000 * x:7.1f}ms"  # noqa: E731
+            print(f"{c:>7} {r['requests']:>8} {r['tokens']:>7} {r['tps']:>9.1f} {ms(percentile(r['ttft'], 50))} "
+                  f"{ms(percentile(r['ttft'], 99))} {ms(percentile(r['tpot'], 50))} {ms(percentile(r['tpot'], 99))} "
+                  f"{st.get('preemptions', 0):>7}", flush=True)
+        if 1 in res and 16 in res:
+            ratio = res[16]["tps"] / res[1]["tps"]
+            print(f"aggregate tokens/s at 16 streams / 1 stream: {ratio:.2f}x (target >= 4x: "
+                  f"{'met' if ratio >= 4 else 'NOT met'})")
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+if __name__ == "__main__":
+    main()

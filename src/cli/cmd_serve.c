@@ -1,0 +1,107 @@
+/* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
+ * model and one paged KV cache, until SIGINT or SIGTERM. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include "cli/cli.h"
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvlm serve -m MODEL [options]\n\n"
+            "Serves the model over HTTP: POST /v1/completions and /v1/chat/completions (OpenAI-compatible,\n"
+            "streamed or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status and a web page\n"
+            "at /. Requests are batched continuously in one KV cache; prints\n"
+            "'kvlm serve: listening on http://HOST:PORT' when ready; SIGINT/SIGTERM stop it.\n\n"
+            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
+            "      --host ADDR         address to listen on (default 127.0.0.1)\n"
+            "      --port N            port (default 8080; 0 = any free port)\n"
+            "      --alias NAME        the model id clients use (default: the file name without extension)\n"
+            "      --chat-template T   chatml, llama2, llama3, zephyr or plain (default: from the model)\n"
+            "  -c, --ctx N             context per request (default: the model's trained context)\n"
+            "  -t, --threads N         threads (default: one per core)\n"
+            "      --max-seqs N        sequences decoded at once (default 16)\n"
+            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
+            "      --kv-mem SIZE       KV cache budget (e.g. 512MiB; default: max-seqs full contexts)\n"
+            "      --block-size N      tokens per KV cache block (default 16)\n"
+            "      --cache-type-k T    element type of cached keys (f32, f16, bf16, q8_0, q4_0, q4_kc)\n"
+            "      --cache-type-v T    element type of cached values (f32, f16, bf16, q8_0, q4_0)\n"
+            "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
+            "      --max-body SIZE     largest request body (default 1MiB)\n"
+            "  -h, --help              this help\n");
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *max_body = NULL;
+    kvlm_server_params sp = {0};
+    sp.port = 8080;
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_seq_max = 16;
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) { serve_usage(stdout); return 0; }
+        else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--host", &sp.host, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--port", &sp.port, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--alias", &sp.model_id, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &sp.chat_template, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--max-seqs", &cp.n_seq_max, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--timeout", &sp.timeout_s, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
+        else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); return 1; }
+        if (bad) return 1;
+    }
+    if (!model_path) { fprintf(stderr, "kvlm serve: no model given (-m FILE)\n"); serve_usage(stderr); return 1; }
+    if (sp.port < 0 || sp.port > 65535) return cli_fail("serve", "--port must be in 0..65535");
+    if (cp.n_ctx < 0 || cp.n_threads < 0 || cp.block_size < 0 || cp.n_seq_max < 1 || sp.batch_tokens < 0 ||
+        sp.timeout_s < 0)
+        return cli_fail("serve", "--ctx, --threads, --block-size, --batch-tokens and --timeout must be >= 0, --max-seqs >= 1");
+    if (kv_mem && cli_parse_size(kv_mem, &cp.kv_mem)) return cli_fail("serve", "bad size '%s' (e.g. 512MiB)", kv_mem);
+    if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0))
+        return cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
+    cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
+    sp.max_seqs = cp.n_seq_max;
+
+    /* Signals are taken by sigwait below; threads started from here inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    kvlm_ctx *ctx = NULL;
+    kvlm_server *srv = NULL;
+    kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
+    if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
+    if (!(ctx = kvlm_ctx_create(model, &cp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
+    if (!(srv = kvlm_server_start(ctx, &sp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
+    kvlm_kv_stats st;
+    kvlm_kv_stats_get(ctx, &st);
+    fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)\n",
+            kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
+            (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20));
+    printf("kvlm serve: listening on http://%s:%d\n", sp.host ? sp.host : "127.0.0.1", kvlm_server_port(srv));
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kvlm serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+done:
+    kvlm_server_stop(srv);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(model);
+    return rc;
+}

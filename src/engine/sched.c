@@ -1,0 +1,556 @@
+/* engine/sched: the scheduler: continuous batching over one kvlm_ctx (one
+ * kvlm_decode per step mixing decode tokens and prefill chunks under a token
+ * budget), FCFS admission by free blocks after prefix reuse, preemption of
+ * the newest sequence by recompute when the pool runs out, n > 1 by forking
+ * the prompt's blocks, cancellation. */
+#include "engine/sched.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "util/error.h"
+#include "util/timing.h"
+
+typedef struct req req;
+
+/* One completion: a sequence whose history is the prompt then what it generated. */
+typedef struct {
+    req *r;
+    int index;
+    int seq;           /* -1: holds no sequence (waiting, or done) */
+    int32_t *hist;
+    int n_hist, n_gen;
+    kvlm_sampler *smp;
+    bool done;
+} unit;
+
+struct req {
+    uint64_t id;
+    kvlm_request_params p;
+    int n_prompt, cached;
+    bool admitted, forked, cancel, kill; /* kill: the engine thread's copy of cancel */
+    unit *u;
+    int n, n_live;
+    kvlm_sched_cb cb;
+    void *user;
+    req *next;
+};
+
+struct kvlm_sched {
+    kvlm_ctx *ctx;
+    const kvlm_model *model;
+    int batch_tokens, max_seqs, n_ctx, block_size, n_blocks, vocab;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    uint64_t next_id;
+    req *incoming, *incoming_tail;   /* submitted, not yet seen by the engine thread (under mu) */
+    req *live, *live_tail;           /* seen by the engine thread, in id order */
+    bool *slot_used;
+    /* step scratch */
+    int32_t *tok, *seqv;
+    int8_t *want;
+    unit **who;
+    float *lp;
+    /* counters (engine thread) and the published snapshot (under mu) */
+    uint64_t preemptions, steps, done, prompt_tokens, cached_tokens, generated;
+    uint64_t undo_hits, undo_misses; /* prefix lookups of admissions that were then put off */
+    double mark_t, mark_gen, tps, last_step_t;
+    kvlm_sched_stats snap;
+    kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
+    int n_snap_req, cap_snap_req, cap_work_req;
+};
+
+static int blocks_for(const kvlm_sched *s, int n) { return (n + s->block_size - 1) / s->block_size; }
+
+kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err) {
+    kvlm_sched *s = calloc(1, sizeof *s);
+    if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    s->ctx = ctx;
+    s->model = kvlm_ctx_model(ctx);
+    s->batch_tokens = params && params->batch_tokens > 0 ? params->batch_tokens : 512;
+    s->max_seqs = kvlm_ctx_n_seq_max(ctx);
+    if (params && params->max_seqs > 0 && params->max_seqs < s->max_seqs) s->max_seqs = params->max_seqs;
+    s->n_ctx = kvlm_ctx_n_ctx(ctx);
+    s->vocab = kvlm_vocab_size(s->model);
+    kvlm_kv_stats st;
+    kvlm_kv_stats_get(ctx, &st);
+    s->block_size = st.block_size;
+    s->n_blocks = st.n_blocks;
+    s->next_id = 1;
+    s->snap.kv = st;
+    int cap = s->batch_tokens + s->max_seqs;
+    s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
+    s->tok = malloc((size_t)cap * sizeof(int32_t));
+    s->seqv = malloc((size_t)cap * sizeof(int32_t));
+    s->want = malloc((size_t)cap);
+    s->who = malloc((size_t)cap * sizeof(unit *));
+    s->lp = malloc((size_t)s->vocab * sizeof(float));
+    if (!s->slot_used || !s->tok || !s->seqv || !s->want || !s->who || !s->lp) {
+        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        kvlm_sched_free(s);
+        return NULL;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    return s;
+}
+
+static void req_free(req *r) {
+    for (int i = 0; r->u && i < r->n; i++) {
+        free(r->u[i].hist);
+        kvlm_sampler_free(r->u[i].smp);
+    }
+    free(r->u);
+    free(r);
+}
+
+static kvlm_sched_event event_for(const unit *u) {
+    kvlm_sched_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = u->r->id;
+    ev.index = u->index;
+    ev.token = -1;
+    ev.prompt_tokens = u->r->n_prompt;
+    ev.cached_tokens = u->r->cached;
+    return ev;
+}
+
+static void release(kvlm_sched *s, unit *u) {
+    if (u->seq < 0) return;
+    kvlm_seq_free(s->ctx, u->seq);
+    s->slot_used[u->seq] = false;
+    u->seq = -1;
+}
+
+/* Ends a completion: frees its sequence, sends its final event. */
+static void finish(kvlm_sched *s, unit *u, int reason, const char *error) {
+    if (u->done) return;
+    release(s, u);
+    u->done = true;
+    u->r->n_live--;
+    kvlm_sched_event ev = event_for(u);
+    ev.finish = reason;
+    ev.error = error;
+    u->r->cb(u->r->user, &ev);
+}
+
+/* Drops requests whose completions have all ended from the live list. */
+static void reap(kvlm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    req **pp = &s->live;
+    s->live_tail = NULL;
+    while (*pp) {
+        req *r = *pp;
+        if (r->n_live == 0) {
+            *pp = r->next;
+            s->done++;
+            req_free(r);
+        } else {
+            s->live_tail = r;
+            pp = &r->next;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvlm_sched_free(kvlm_sched *s) {
+    if (!s) return;
+    if (s->tok) {
+        pthread_mutex_lock(&s->mu);
+        if (s->live_tail) s->live_tail->next = s->incoming;
+        else s->live = s->incoming;
+        s->incoming = s->incoming_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        for (req *r = s->live; r; r = r->next)
+            for (int i = 0; i < r->n; i++) finish(s, &r->u[i], KVLM_FINISH_CANCELLED, NULL);
+        reap(s);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+    }
+    free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
+    free(s->snap_req);
+    free(s->work_req);
+    free(s);
+}
+
+uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, const kvlm_request_params *p,
+                           kvlm_sched_cb cb, void *user, kvlm_error *err) {
+    int n = p->n > 0 ? p->n : 1;
+    if (!cb || !prompt || n_prompt <= 0) { util_err_set(err, KVLM_EINVAL, "empty prompt"); return 0; }
+    if (p->max_tokens <= 0) { util_err_set(err, KVLM_EINVAL, "max_tokens must be at least 1"); return 0; }
+    if (p->logprobs > KVLM_MAX_LOGPROBS) {
+        util_err_set(err, KVLM_EINVAL, "logprobs must be at most %d", KVLM_MAX_LOGPROBS);
+        return 0;
+    }
+    if (n > s->max_seqs) {
+        util_err_set(err, KVLM_EINVAL, "n = %d is more than the %d sequences the server runs at once", n, s->max_seqs);
+        return 0;
+    }
+    if (n_prompt > s->n_ctx) {
+        util_err_set(err, KVLM_ERANGE, "the prompt is %d tokens, longer than the context of %d", n_prompt, s->n_ctx);
+        return 0;
+    }
+    if (blocks_for(s, n_prompt) > s->n_blocks) {
+        util_err_set(err, KVLM_ERANGE, "the prompt of %d tokens needs %d KV blocks; the cache holds only %d",
+                     n_prompt, blocks_for(s, n_prompt), s->n_blocks);
+        return 0;
+    }
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->vocab) {
+            util_err_set(err, KVLM_EINVAL, "prompt token %d is outside the vocabulary", prompt[i]);
+            return 0;
+        }
+    req *r = calloc(1, sizeof *r);
+    if (!r || !(r->u = calloc((size_t)n, sizeof *r->u))) { free(r); util_err_set(err, KVLM_ENOMEM, "out of memory"); return 0; }
+    r->p = *p;
+    r->n = r->n_live = n;
+    r->n_prompt = n_prompt;
+    r->cb = cb;
+    r->user = user;
+    long cap = (long)n_prompt + p->max_tokens + 1;
+    if (cap > s->n_ctx + 1) cap = s->n_ctx + 1;
+    for (int i = 0; i < n; i++) {
+        unit *u = &r->u[i];
+        u->r = r;
+        u->index = i;
+        u->seq = -1;
+        kvlm_sampler_params sp = p->sampling;
+        sp.seed += (uint64_t)i;
+        u->smp = kvlm_sampler_create(&sp, s->vocab);
+        u->hist = malloc((size_t)cap * sizeof(int32_t));
+        if (!u->smp || !u->hist) { req_free(r); util_err_set(err, KVLM_ENOMEM, "out of memory"); return 0; }
+        memcpy(u->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
+        u->n_hist = n_prompt;
+        for (int t = 0; t < n_prompt; t++) kvlm_sampler_accept(u->smp, prompt[t]);
+    }
+    pthread_mutex_lock(&s->mu);
+    r->id = s->next_id++;
+    if (s->incoming_tail) s->incoming_tail->next = r;
+    else s->incoming = r;
+    s->incoming_tail = r;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return r->id;
+}
+
+void kvlm_sched_cancel(kvlm_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    for (req *r = s->live; r; r = r->next)
+        if (r->id == id) r->cancel = true;
+    for (req *r = s->incoming; r; r = r->next)
+        if (r->id == id) r->cancel = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Completions 1..n-1 of a request wait for completion 0's prompt, then fork it. */
+static bool follower(const unit *u) { return u->index > 0 && !u->r->forked; }
+
+static void preempt(kvlm_sched *s, unit *u) {
+    release(s, u);
+    if (u->index == 0 && !u->r->forked)
+        for (int i = 1; i < u->r->n; i++) release(s, &u->r->u[i]);
+    s->preemptions++;
+}
+
+static int free_slot(kvlm_sched *s) {
+    for (int i = 0; i < kvlm_ctx_n_seq_max(s->ctx); i++)
+        if (!s->slot_used[i] && i < s->max_seqs) return i;
+    return -1;
+}
+
+/* FCFS admission of waiting completions while slots and blocks last. */
+static void admit(kvlm_sched *s) {
+    int n_free = 0, promised = 0;
+    bool any_active = false;
+    for (int i = 0; i < s->max_seqs; i++) n_free += !s->slot_used[i];
+    for (req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            unit *u = &r->u[i];
+            if (u->seq < 0 || follower(u)) continue;
+            any_active = true;
+            int have;
+            kvlm_seq_kv_info(s->ctx, u->seq, &have, NULL);
+            if (blocks_for(s, u->n_hist) > have) promised += blocks_for(s, u->n_hist) - have;
+        }
+    for (req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            unit *u = &r->u[i];
+            if (u->done || u->seq >= 0 || follower(u)) continue;
+            int need_slots = r->forked ? 1 : r->n_live;
+            if (n_free < need_slots) return;
+            u->seq = free_slot(s);
+            s->slot_used[u->seq] = true;
+            kvlm_kv_stats st0, st;
+            kvlm_kv_stats_get(s->ctx, &st0);
+            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, u->n_hist);
+            kvlm_kv_stats_get(s->ctx, &st);
+            int need = blocks_for(s, u->n_hist) - matched / s->block_size;
+            if (any_active && need > st.free + st.cached - promised) {
+                /* tried again next step: this lookup should not count twice */
+                s->undo_hits += st.prefix_hits - st0.prefix_hits;
+                s->undo_misses += st.prefix_misses - st0.prefix_misses;
+                release(s, u);
+                return;
+            }
+            any_active = true;
+            promised += need;
+            n_free -= need_slots;
+            if (!r->admitted) {
+                r->admitted = true;
+                r->cached = matched;
+                s->prompt_tokens += (uint64_t)r->n_prompt;
+                s->cached_tokens += (uint64_t)matched;
+            }
+            if (!r->forked)
+                for (int k = 1; k < r->n; k++)
+                    if (!r->u[k].done) {
+                        r->u[k].seq = free_slot(s);
+                        s->slot_used[r->u[k].seq] = true;
+                    }
+        }
+}
+
+/* The newest completion holding a sequence (followers go with their leader). */
+static unit *newest_active(kvlm_sched *s) {
+    unit *best = NULL;
+    for (req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n; i++)
+            if (r->u[i].seq >= 0 && !follower(&r->u[i])) best = &r->u[i];
+    return best;
+}
+
+static int build_batch(kvlm_sched *s) {
+    int n = 0, budget = s->batch_tokens;
+    for (int pass = 0; pass < 2; pass++) /* decode tokens first, then prefill chunks */
+        for (req *r = s->live; r; r = r->next)
+            for (int i = 0; i < r->n; i++) {
+                unit *u = &r->u[i];
+                if (u->seq < 0 || follower(u)) continue;
+                int past = kvlm_seq_n_past(s->ctx, u->seq), left = u->n_hist - past;
+                if (left <= 0 || (pass == 0) != (left == 1)) continue;
+                int take = left < budget ? left : budget;
+                for (int t = 0; t < take; t++) {
+                    s->tok[n] = u->hist[past + t];
+                    s->seqv[n] = u->seq;
+                    s->want[n] = t == left - 1;
+                    s->who[n] = u;
+                    n++;
+                }
+                budget -= take;
+                if (budget == 0) return n;
+            }
+    return n;
+}
+
+/* log-softmax of logits: the chosen token's and the top-k alternatives. */
+static void logprobs(kvlm_sched *s, const float *logits, kvlm_sched_event *ev, int k) {
+    float mx = logits[0];
+    for (int v = 1; v < s->vocab; v++) mx = fmaxf(mx, logits[v]);
+    double sum = 0;
+    for (int v = 0; v < s->vocab; v++) sum += exp((double)(logits[v] - mx));
+    float lse = mx + (float)log(sum);
+    ev->logprob = logits[ev->token] - lse;
+    ev->n_top = 0;
+    for (int v = 0; v < s->vocab; v++) {
+        float l = logits[v] - lse;
+        int j = ev->n_top < k ? ev->n_top++ : k;
+        if (j == k && (k == 0 || l <= ev->top_logprobs[k - 1])) continue;
+        if (j == k) j = k - 1;
+        while (j > 0 && ev->top_logprobs[j - 1] < l) {
+            ev->top_logprobs[j] = ev->top_logprobs[j - 1];
+            ev->top_tokens[j] = ev->top_tokens[j - 1];
+            j--;
+        }
+        ev->top_logprobs[j] = l;
+        ev->top_tokens[j] = v;
+    }
+}
+
+static void sample(kvlm_sched *s, unit *u, const float *logits) {
+    kvlm_sched_event ev = event_for(u);
+    ev.token = kvlm_sampler_sample(u->smp, logits);
+    if (kvlm_token_is_eog(s->model, ev.token)) { finish(s, u, KVLM_FINISH_STOP, NULL); return; }
+    if (u->r->p.logprobs >= 0) logprobs(s, logits, &ev, u->r->p.logprobs);
+    u->hist[u->n_hist++] = ev.token;
+    u->n_gen++;
+    s->generated++;
+    if (!u->r->cb(u->r->user, &ev)) finish(s, u, KVLM_FINISH_STOP, NULL);
+    else if (u->n_gen >= u->r->p.max_tokens || u->n_hist > s->n_ctx) finish(s, u, KVLM_FINISH_LENGTH, NULL);
+}
+
+static void publish(kvlm_sched *s) {
+    int running = 0, waiting = 0, n = 0;
+    for (req *r = s->live; r; r = r->next) n++;
+    if (n > s->cap_work_req) {
+        kvlm_sched_req_info *w = realloc(s->work_req, (size_t)n * 2 * sizeof *w);
+        if (w) { s->work_req = w; s->cap_work_req = n * 2; }
+        else n = s->cap_work_req;
+    }
+    kvlm_sched_req_info *info = s->work_req;
+    int k = 0;
+    for (req *r = s->live; r && k < n; r = r->next, k++) {
+        kvlm_sched_req_info *q = &info[k];
+        memset(q, 0, sizeof *q);
+        q->id = r->id;
+        q->prompt_tokens = r->n_prompt;
+        q->cached_tokens = r->cached;
+        for (int i = 0; i < r->n; i++) {
+            unit *u = &r->u[i];
+            q->generated += u->n_gen;
+            if (u->seq < 0 || follower(u)) continue;
+            int b, sh;
+            kvlm_seq_kv_info(s->ctx, u->seq, &b, &sh);
+            q->blocks += b;
+            q->shared_blocks += sh;
+            int st = u->n_hist - kvlm_seq_n_past(s->ctx, u->seq) <= 1 ? 2 : 1;
+            if (st > q->state) q->state = st;
+        }
+        if (q->state) running++;
+        else waiting++;
+    }
+    double now = util_now_s();
+    if (now - s->mark_t >= 1.0) {
+        s->tps = s->mark_t > 0 ? ((double)s->generated - s->mark_gen) / (now - s->mark_t) : 0;
+        s->mark_t = now;
+        s->mark_gen = (double)s->generated;
+    }
+    s->last_step_t = now;
+    pthread_mutex_lock(&s->mu);
+    s->work_req = s->snap_req;
+    s->snap_req = info;
+    int cap = s->cap_work_req;
+    s->cap_work_req = s->cap_snap_req;
+    s->cap_snap_req = cap;
+    s->n_snap_req = k;
+    s->snap.running = running;
+    s->snap.waiting = waiting;
+    s->snap.preemptions = s->preemptions;
+    s->snap.steps = s->steps;
+    s->snap.requests_done = s->done;
+    s->snap.prompt_tokens = s->prompt_tokens;
+    s->snap.cached_tokens = s->cached_tokens;
+    s->snap.generated_tokens = s->generated;
+    s->snap.tokens_per_second = s->tps;
+    kvlm_kv_stats_get(s->ctx, &s->snap.kv);
+    s->snap.kv.prefix_hits -= s->undo_hits;
+    s->snap.kv.prefix_misses -= s->undo_misses;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvlm_sched_step(kvlm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    if (s->incoming) {
+        if (s->live_tail) s->live_tail->next = s->incoming;
+        else s->live = s->incoming;
+        s->live_tail = s->incoming_tail;
+        s->incoming = s->incoming_tail = NULL;
+    }
+    for (req *r = s->live; r; r = r->next) r->kill = r->cancel;
+    pthread_mutex_unlock(&s->mu);
+    for (req *r = s->live; r; r = r->next) /* callbacks run outside the lock */
+        if (r->kill)
+            for (int i = 0; i < r->n; i++) finish(s, &r->u[i], KVLM_FINISH_CANCELLED, NULL);
+    reap(s);
+    admit(s);
+    int n = 0;
+    kvlm_error err = {0};
+    for (;;) {
+        n = build_batch(s);
+        if (n == 0) break;
+        kvlm_batch b = {n, s->tok, NULL, s->want, s->seqv};
+        int rc = kvlm_decode(s->ctx, &b, &err);
+        if (rc == KVLM_OK) break;
+        unit *victim = newest_active(s);
+        if (rc == KVLM_EFULL && victim) {
+            bool alone = true;
+            for (req *r = s->live; r && alone; r = r->next)
+                for (int i = 0; i < r->n; i++)
+                    if (&r->u[i] != victim && r->u[i].seq >= 0 && !follower(&r->u[i])) alone = false;
+            if (!alone) { preempt(s, victim); continue; }
+            /* it alone outgrows the pool: end it where it is */
+            if (victim->n_gen > 0) { finish(s, victim, KVLM_FINISH_LENGTH, NULL); continue; }
+        }
+        for (int i = 0; i < n; i++) /* an error that is not about room: end what was in the batch */
+            if (!s->who[i]->done) {
+                unit *u = s->who[i];
+                if (!u->r->forked)
+                    for (int k = 1; k < u->r->n; k++) finish(s, &u->r->u[k], KVLM_FINISH_ERROR, err.msg);
+                finish(s, u, KVLM_FINISH_ERROR, err.msg);
+            }
+        n = 0;
+        break;
+    }
+    if (n > 0) s->steps++;
+    for (int i = 0, li = 0; i < n; i++) {
+        if (!s->want[i]) continue;
+        const float *logits = kvlm_get_logits(s->ctx, li++);
+        unit *u = s->who[i];
+        req *r = u->r;
+        if (u->index == 0 && !r->forked) {
+            r->forked = true;
+            for (int k = 1; k < r->n; k++) {
+                unit *f = &r->u[k];
+                if (f->done) continue;
+                if (kvlm_seq_fork(s->ctx, u->seq, f->seq, &err)) { finish(s, f, KVLM_FINISH_ERROR, err.msg); continue; }
+                memcpy(f->hist, u->hist, (size_t)u->n_hist * sizeof(int32_t));
+                f->n_hist = u->n_hist;
+            }
+            for (int k = 1; k < r->n; k++)
+                if (!r->u[k].done) sample(s, &r->u[k], logits);
+        }
+        sample(s, u, logits);
+    }
+    reap(s);
+    publish(s);
+    pthread_mutex_lock(&s->mu);
+    int left = 0;
+    for (req *r = s->live; r; r = r->next) left++;
+    for (req *r = s->incoming; r; r = r->next) left++;
+    pthread_mutex_unlock(&s->mu);
+    return left;
+}
+
+void kvlm_sched_run(kvlm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        bool work = s->incoming != NULL;
+        for (req *r = s->live; r && !work; r = r->next) work = true;
+        if (!work) { pthread_cond_wait(&s->cv, &s->mu); continue; }
+        pthread_mutex_unlock(&s->mu);
+        kvlm_sched_step(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvlm_sched_stop(kvlm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    *st = s->snap;
+    for (req *r = s->incoming; r; r = r->next) st->waiting++;
+    if (util_now_s() - s->last_step_t > 2.0) st->tokens_per_second = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_snap_req;
+    for (int i = 0; i < n && i < cap; i++) out[i] = s->snap_req[i];
+    int k = n;
+    for (req *r = s->incoming; r; r = r->next, k++)
+        if (k < cap) {
+            memset(&out[k], 0, sizeof out[k]);
+            out[k].id = r->id;
+            out[k].prompt_tokens = r->n_prompt;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return k;
+}

@@ -1,0 +1,649 @@
+/* server/openai: POST /v1/completions and /v1/chat/completions: the request
+ * checked field by field (OpenAI-style 4xx errors), prompt or chat template
+ * tokenized, submitted to the scheduler, and the answer returned whole or
+ * streamed as server-sent events; stop strings are found in the text (what
+ * could begin one is held back), logprobs, usage, cancel on hang-up. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include "server/server.h"
+#include "tok/utf8.h"
+#include "util/timing.h"
+
+enum { MAX_STOP = 4 };
+
+typedef struct {
+    kvlm_detok dt;
+    char *text;
+    size_t len, cap, sent; /* all text so far; the part already streamed */
+    int finish, n_tokens;
+    bool stopped, started;
+    json_t *lp;            /* chat-style logprob entries of every token */
+    size_t lp_sent;
+} choice;
+
+typedef struct srv_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;              /* the connection's and the engine's */
+    kvlm_server *srv;
+    uint64_t id;
+    char idstr[48];
+    long created;
+    bool chat, stream, include_usage, complete;
+    const char *family;
+    int n, n_ended, logprobs, fd;
+    choice *ch;
+    char *stop[MAX_STOP];
+    int n_stop;
+    size_t max_stop;
+    char error[512];
+    int prompt_tokens, cached_tokens, completion_tokens;
+    double t_submit, t_first, t_last;
+    char *out;             /* SSE bytes not yet written */
+    size_t out_len, out_cap, out_off;
+} srv_job;
+
+static void job_release(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    for (int i = 0; j->ch && i < j->n; i++) {
+        free(j->ch[i].text);
+        json_decref(j->ch[i].lp);
+    }
+    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->ch);
+    free(j->out);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = (*len + n + 1) * 2;
+        char *b = realloc(*buf, c);
+        if (!b) return false;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return true;
+}
+
+/* Valid UTF-8 copy of bytes (invalid ones become U+FFFD), as a JSON string. */
+static json_t *jstr(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        if (k > 0) append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
+        else append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
+    }
+    j = json_stringn(b ? b : "", len);
+    free(b);
+    return j;
+}
+
+static bool utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        if (k <= 0) return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
+static const char *finish_name(int f) {
+    return f == KVLM_FINISH_LENGTH ? "length" : f == KVLM_FINISH_STOP ? "stop" : f ? "error" : NULL;
+}
+
+/* Completions-style logprobs from the chat-style entries [from, to). */
+static json_t *lp_render(const srv_job *j, const choice *c, size_t from, size_t to, size_t text_off) {
+    if (j->logprobs < 0) return json_null();
+    if (j->chat) {
+        json_t *a = json_array();
+        for (size_t i = from; i < to; i++) json_array_append(a, json_array_get(c->lp, i));
+        return json_pack("{s:o}", "content", a);
+    }
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = from; i < to; i++) {
+        json_t *e = json_array_get(c->lp, i), *top = json_object();
+        json_array_append(toks, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_t *alts = json_object_get(e, "top_logprobs");
+        for (size_t k = 0; k < json_array_size(alts); k++) {
+            json_t *a = json_array_get(alts, k);
+            json_object_set(top, json_string_value(json_object_get(a, "token")), json_object_get(a, "logprob"));
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(offs, json_integer((json_int_t)text_off));
+        text_off += strlen(json_string_value(json_object_get(e, "token")));
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+static json_t *envelope(const srv_job *j, const char *object) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", j->idstr, "object", object, "created", (json_int_t)j->created,
+                          "model", j->srv->model_id);
+    if (j->chat) json_object_set_new(o, "chat_template", json_string(j->family));
+    return o;
+}
+
+static json_t *usage(const srv_job *j) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->prompt_tokens, "completion_tokens",
+                     j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", j->cached_tokens);
+}
+
+static void sse(srv_job *j, json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return;
+    append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
+    append(&j->out, &j->out_len, &j->out_cap, s, strlen(s));
+    append(&j->out, &j->out_len, &j->out_cap, "\n\n", 2);
+    free(s);
+}
+
+/* Bytes at the end of the text that could begin a stop string. */
+static size_t holdback(const srv_job *j, const choice *c) {
+    for (size_t k = j->max_stop > 1 ? j->max_stop - 1 : 0; k > 0; k--) {
+        if (k > c->len) continue;
+        for (int s = 0; s < j->n_stop; s++)
+            if (strlen(j->stop[s]) > k && !memcmp(c->text + c->len - k, j->stop[s], k)) return k;
+    }
+    return 0;
+}
+
+/* Streams what of choice c is safe to send (everything when it ended). */
+static void emit(srv_job *j, choice *c, bool final) {
+    if (!j->stream) return;
+    size_t end = final || c->stopped ? c->len : c->len - holdback(j, c);
+    size_t n_lp = j->logprobs >= 0 ? json_array_size(c->lp) : 0;
+    if (end <= c->sent && n_lp == c->lp_sent && !final && c->started) return;
+    int idx = (int)(c - j->ch);
+    json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch;
+    json_t *text = jstr(c->text + c->sent, end > c->sent ? end - c->sent : 0);
+    if (j->chat) {
+        json_t *delta = json_object();
+        if (!c->started) json_object_set_new(delta, "role", json_string("assistant"));
+        if (end > c->sent || !final) json_object_set_new(delta, "content", text);
+        else json_decref(text);
+        ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
+    } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
+    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->sent));
+    const char *fin = final ? finish_name(c->finish) : NULL;
+    json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", ch));
+    sse(j, o);
+    c->started = true;
+    c->sent = end > c->sent ? end : c->sent;
+    c->lp_sent = n_lp;
+}
+
+static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
+    char buf[256];
+    int n = kvlm_token_to_text(m, ev->token, buf, sizeof buf);
+    json_t *bytes = json_array(), *top = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)buf[i]));
+    json_t *e = json_pack("{s:o, s:f, s:o}", "token", jstr(buf, n > 0 ? (size_t)n : 0), "logprob",
+                          (double)ev->logprob, "bytes", bytes);
+    for (int k = 0; k < ev->n_top; k++) {
+        char tb[256];
+        int tn = kvlm_token_to_text(m, ev->top_tokens[k], tb, sizeof tb);
+        json_t *tbytes = json_array();
+        for (int i = 0; i < tn; i++) json_array_append_new(tbytes, json_integer((unsigned char)tb[i]));
+        json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", jstr(tb, tn > 0 ? (size_t)tn : 0), "logprob",
+                                             (double)ev->top_logprobs[k], "bytes", tbytes));
+    }
+    json_object_set_new(e, "top_logprobs", top);
+    return e;
+}
+
+/* The scheduler's callback (engine thread). */
+static bool on_event(void *user, const kvlm_sched_event *ev) {
+    srv_job *j = user;
+    pthread_mutex_lock(&j->mu);
+    choice *c = &j->ch[ev->index];
+    char piece[256];
+    bool go_on = true, last = false;
+    j->prompt_tokens = ev->prompt_tokens;
+    j->cached_tokens = ev->cached_tokens;
+    if (ev->finish) {
+        int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
+        if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
+        c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
+        if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
+            snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
+        if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
+        last = ++j->n_ended == j->n;
+        if (last) {
+            bool cancelled = false; /* by a hang-up (no one reads this) or by the server stopping */
+            for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+            if (j->stream && (j->error[0] || cancelled))
+                sse(j, json_pack("{s:{s:s, s:s}}", "error", "message",
+                                 j->error[0] ? j->error : "the request was cancelled: the server is stopping", "type",
+                                 "server_error"));
+            if (j->stream && j->include_usage) {
+                json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
+                json_object_set_new(o, "choices", json_array());
+                json_object_set_new(o, "usage", usage(j));
+                sse(j, o);
+            }
+            if (j->stream) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
+            j->complete = true;
+            if (j->completion_tokens >= 2 && j->n == 1)
+                srv_observe(j->srv, -1, (j->t_last - j->t_first) / (j->completion_tokens - 1));
+        }
+    } else {
+        double now = util_now_s();
+        if (j->t_first == 0) {
+            j->t_first = now;
+            srv_observe(j->srv, now - j->t_submit, -1);
+        }
+        j->t_last = now;
+        j->completion_tokens++;
+        c->n_tokens++;
+        int n = kvlm_detok_push(&c->dt, ev->token, piece, sizeof piece);
+        if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
+        if (!c->stopped) {
+            size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
+            append(&c->text, &c->len, &c->cap, piece, (size_t)n);
+            size_t best = c->len;
+            for (int s = 0; s < j->n_stop; s++) {
+                char *p = memmem(c->text + from, c->len - from, j->stop[s], strlen(j->stop[s]));
+                if (p && (size_t)(p - c->text) < best) best = (size_t)(p - c->text);
+            }
+            if (best < c->len) {
+                c->len = best;
+                c->text[best] = 0;
+                c->stopped = true;
+                go_on = false;
+            }
+        }
+        emit(j, c, false);
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (last) job_release(j); /* the engine's reference */
+    return go_on;
+}
+
+/* ---- request parsing ------------------------------------------------------------ */
+
+typedef struct { unsigned status; const char *param, *code; char msg[512]; } perr;
+
+static bool fail(perr *e, unsigned status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static bool fail(perr *e, unsigned status, const char *param, const char *code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->param = param;
+    e->code = code;
+    return false;
+}
+
+/* Optional number field in [lo, hi]; false (e filled) on a wrong type or range. */
+static bool get_num(json_t *body, const char *key, double lo, double hi, bool integer, double *out, perr *e) {
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v)) return true;
+    if (integer ? !json_is_integer(v) : !json_is_number(v))
+        return fail(e, 400, key, "invalid_type", "'%s' must be %s", key, integer ? "an integer" : "a number");
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return fail(e, 400, key, "invalid_value", "'%s' must be between %g and %g", key, lo, hi);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(json_t *body, const char *key, bool *out, perr *e) {
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_boolean(v)) return fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return true;
+}
+
+/* Text of a chat message's content: a string or an array of text parts. */
+static char *content_text(json_t *v, int i, perr *e) {
+    if (json_is_string(v)) return strdup(json_string_value(v));
+    if (json_is_array(v)) {
+        char *b = NULL;
+        size_t len = 0, cap = 0;
+        append(&b, &len, &cap, "", 0);
+        for (size_t k = 0; k < json_array_size(v); k++) {
+            json_t *t = json_object_get(json_array_get(v, k), "text");
+            if (!json_is_string(t)) {
+                free(b);
+                fail(e, 400, "messages", "invalid_type", "messages[%d].content[%zu] must be a text part", i, k);
+                return NULL;
+            }
+            append(&b, &len, &cap, json_string_value(t), json_string_length(t));
+        }
+        return b;
+    }
+    fail(e, 400, "messages", "invalid_type", "messages[%d].content must be a string", i);
+    return NULL;
+}
+
+/* The prompt's tokens (malloc'd) from "prompt" or "messages". */
+static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_out, perr *e) {
+    const kvlm_model *m = s->model;
+    char *text = NULL;
+    kvlm_error err = {0};
+    if (j->chat) {
+        json_t *msgs = json_object_get(body, "messages");
+        if (!msgs) { fail(e, 400, "messages", "missing_required_parameter", "'messages' is required"); return NULL; }
+        if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+            fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
+            return NULL;
+        }
+        int n = (int)json_array_size(msgs);
+        const char **roles = calloc((size_t)n, sizeof *roles);
+        char **contents = calloc((size_t)n, sizeof *contents);
+        bool ok = roles && contents;
+        for (int i = 0; ok && i < n; i++) {
+            json_t *msg = json_array_get(msgs, (size_t)i), *role = json_object_get(msg, "role");
+            if (!json_is_object(msg) || !json_is_string(role)) {
+                ok = fail(e, 400, "messages", "invalid_type", "messages[%d] must be an object with a string 'role'", i);
+                break;
+            }
+            roles[i] = json_string_value(role);
+            json_t *ct = json_object_get(msg, "content");
+            if (!(contents[i] = json_is_null(ct) || !ct ? strdup("") : content_text(ct, i, e))) ok = false;
+        }
+        if (ok) {
+            int rc = kvlm_chat_apply(m, s->p.chat_template, roles, (const char *const *)contents, n, &text, &j->family,
+                                     &err);
+            if (rc) ok = fail(e, 400, rc == KVLM_EUNSUPPORTED ? NULL : "messages",
+                              rc == KVLM_EUNSUPPORTED ? "unsupported_chat_template" : "invalid_value", "%s", err.msg);
+        }
+        for (int i = 0; contents && i < n; i++) free(contents[i]);
+        free(roles);
+        free(contents);
+        if (!ok) { free(text); return NULL; }
+    } else {
+        json_t *p = json_object_get(body, "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+        if (json_is_array(p) && json_array_size(p) > 0) { /* token ids */
+            size_t n = json_array_size(p);
+            int32_t *t = malloc(n * sizeof *t);
+            for (size_t i = 0; t && i < n; i++) {
+                json_t *v = json_array_get(p, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= kvlm_vocab_size(m)) {
+                    free(t);
+                    fail(e, 400, "prompt", "invalid_value",
+                         "'prompt' must be a string, or an array of one string or of token ids below %d",
+                         kvlm_vocab_size(m));
+                    return NULL;
+                }
+                t[i] = (int32_t)json_integer_value(v);
+            }
+            *n_out = (int)n;
+            return t;
+        }
+        if (!p) { fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required"); return NULL; }
+        if (!json_is_string(p)) {
+            fail(e, 400, "prompt", "invalid_type", "'prompt' must be a string, or an array of one string or of token ids");
+            return NULL;
+        }
+        text = strdup(json_string_value(p));
+    }
+    if (!text) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    bool bos = kvlm_add_bos(m);
+    int n = kvlm_tokenize(m, text, strlen(text), bos, j->chat, NULL, 0, &err);
+    int32_t *t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
+    if (t) kvlm_tokenize(m, text, strlen(text), bos, j->chat, t, n, &err);
+    free(text);
+    if (n < 0) { fail(e, 400, j->chat ? "messages" : "prompt", "invalid_value", "%s", err.msg); return NULL; }
+    if (n == 0) { fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token"); return NULL; }
+    if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    *n_out = n;
+    return t;
+}
+
+static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e) {
+    json_t *model = json_object_get(body, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return fail(e, 400, "model", "invalid_type", "'model' must be a string");
+        if (strcmp(json_string_value(model), s->model_id))
+            return fail(e, 404, "model", "model_not_found", "The model '%s' does not exist; this server serves '%s'",
+                        json_string_value(model), s->model_id);
+    }
+    int n_ctx = kvlm_ctx_n_ctx(s->ctx);
+    double max_tokens = j->chat ? n_ctx : 16, temp = 1, top_p = 1, top_k = 0, min_p = 0, n = 1, lp = -1, seed = -1;
+    if (!get_num(body, "max_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
+    if (j->chat && !get_num(body, "max_completion_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
+    if (max_tokens <= 0) return fail(e, 400, "max_tokens", "invalid_value", "'max_tokens' must be at least 1");
+    if (!get_num(body, "temperature", 0, 2, false, &temp, e) || !get_num(body, "top_p", 0, 1, false, &top_p, e) ||
+        !get_num(body, "top_k", -1, 1e9, true, &top_k, e) || !get_num(body, "min_p", 0, 1, false, &min_p, e) ||
+        !get_num(body, "n", 1, 128, true, &n, e) || !get_num(body, "seed", -9.2e18, 9.2e18, true, &seed, e) ||
+        !get_bool(body, "stream", &j->stream, e))
+        return false;
+    if (j->chat) {
+        bool want = false;
+        double top = 0;
+        if (!get_bool(body, "logprobs", &want, e) || !get_num(body, "top_logprobs", 0, KVLM_MAX_LOGPROBS, true, &top, e))
+            return false;
+        lp = want ? top : -1;
+    } else if (!get_num(body, "logprobs", 0, KVLM_MAX_LOGPROBS, true, &lp, e)) return false;
+    json_t *so = json_object_get(body, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+        if (!get_bool(so, "include_usage", &j->include_usage, e)) return false;
+    }
+    json_t *stop = json_object_get(body, "stop");
+    if (stop && !json_is_null(stop)) {
+        json_t *one = json_is_string(stop) ? json_pack("[O]", stop) : json_incref(stop);
+        bool ok = json_is_array(one) && json_array_size(one) <= MAX_STOP;
+        for (size_t i = 0; ok && i < json_array_size(one); i++) {
+            json_t *v = json_array_get(one, i);
+            ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < 256;
+            if (ok) {
+                j->stop[j->n_stop++] = strdup(json_string_value(v));
+                if (json_string_length(v) > j->max_stop) j->max_stop = json_string_length(v);
+            }
+        }
+        json_decref(one);
+        if (!ok)
+            return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of up to %d non-empty strings",
+                        MAX_STOP);
+    }
+    static uint64_t counter;
+    rp->sampling = kvlm_sampler_default_params();
+    rp->sampling.temperature = (float)temp;
+    rp->sampling.top_p = (float)top_p;
+    rp->sampling.top_k = (int)top_k;
+    rp->sampling.min_p = (float)min_p;
+    json_t *sv = json_object_get(body, "seed");
+    rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
+                        : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    rp->max_tokens = max_tokens > n_ctx ? n_ctx : (int)max_tokens;
+    rp->n = (int)n;
+    rp->logprobs = (int)lp;
+    j->n = (int)n;
+    j->logprobs = (int)lp;
+    return true;
+}
+
+/* ---- answering --------------------------------------------------------------------- */
+
+static bool client_alive(int fd) {
+    if (fd < 0) return true;
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+}
+
+static void cancel(srv_job *j) {
+    kvlm_server *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    if (s->sched) kvlm_sched_cancel(s->sched, j->id);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits (the job's lock held) for a change; false if the client hung up. */
+static bool wait_job(srv_job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    return j->complete || client_alive(j->fd);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    while (j->out_len == j->out_off && !j->complete)
+        if (!wait_job(j)) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    ssize_t n = MHD_CONTENT_READER_END_OF_STREAM;
+    if (j->out_len > j->out_off) {
+        size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
+        memcpy(buf, j->out + j->out_off, k);
+        j->out_off += k;
+        if (j->out_off == j->out_len) j->out_off = j->out_len = 0;
+        n = (ssize_t)k;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+static void stream_done(void *cls) {
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    bool complete = j->complete;
+    pthread_mutex_unlock(&j->mu);
+    if (!complete) cancel(j); /* the client went away: free its blocks */
+    job_release(j);
+}
+
+static json_t *whole_answer(srv_job *j) {
+    json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->ch[i];
+        json_t *ch = j->chat ? json_pack("{s:i, s:{s:s, s:o}}", "index", i, "message", "role", "assistant", "content",
+                                         jstr(c->text, c->len))
+                             : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
+        json_object_set_new(ch, "logprobs", lp_render(j, c, 0, json_array_size(c->lp), 0));
+        json_object_set_new(ch, "finish_reason", json_string(finish_name(c->finish)));
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage(j));
+    return o;
+}
+
+enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat) {
+    if (!utf8_valid(cn->body ? cn->body : "", cn->len))
+        return srv_error(c, s, 400, NULL, "invalid_encoding", "the request body is not valid UTF-8");
+    json_error_t jerr;
+    json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
+    if (!body)
+        return srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)",
+                         cn->len ? jerr.text : "empty body", cn->len ? jerr.line : 0, cn->len ? jerr.column : 0);
+    srv_job *j = calloc(1, sizeof *j);
+    perr e = {0};
+    int32_t *toks = NULL;
+    int n_toks = 0;
+    enum MHD_Result ret;
+    if (!j) { json_decref(body); return MHD_NO; }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->srv = s;
+    j->chat = chat;
+    j->created = (long)time(NULL);
+    j->t_submit = util_now_s();
+    j->family = "plain";
+    kvlm_request_params rp;
+    if (!json_is_object(body)) {
+        fail(&e, 400, NULL, "invalid_type", "the request body must be a JSON object");
+        goto bad;
+    }
+    if (!parse(s, body, j, &rp, &e) || !(toks = prompt_tokens(s, body, j, &n_toks, &e))) goto bad;
+    if (n_toks > kvlm_ctx_n_ctx(s->ctx)) {
+        fail(&e, 400, chat ? "messages" : "prompt", "context_length_exceeded",
+             "the prompt is %d tokens; this model's context holds %d", n_toks, kvlm_ctx_n_ctx(s->ctx));
+        goto bad;
+    }
+    if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
+    for (int i = 0; i < j->n; i++) {
+        kvlm_detok_init(&j->ch[i].dt, s->model);
+        j->ch[i].dt.prev = toks[n_toks - 1]; /* the text continues the prompt's */
+        j->ch[i].lp = json_array();
+        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    /* Submit holding the job's lock: its events wait until the id is set. */
+    kvlm_error err = {0};
+    pthread_mutex_lock(&j->mu);
+    pthread_mutex_lock(&s->mu);
+    j->id = s->sched ? kvlm_sched_submit(s->sched, toks, n_toks, &rp, on_event, j, &err) : 0;
+    if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    if (j->id) j->refs++;
+    snprintf(j->idstr, sizeof j->idstr, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
+    pthread_mutex_unlock(&j->mu);
+    if (!j->id) {
+        fail(&e, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503,
+             err.code == KVLM_EINVAL ? "n" : "prompt", err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s",
+             err.msg);
+        goto bad;
+    }
+    free(toks);
+    json_decref(body);
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
+        if (!r) { cancel(j); job_release(j); return MHD_NO; }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    pthread_mutex_lock(&j->mu);
+    bool alive = true;
+    while (!j->complete && (alive = wait_job(j))) {}
+    pthread_mutex_unlock(&j->mu);
+    if (!alive) { /* hung up: nothing to answer */
+        cancel(j);
+        job_release(j);
+        return MHD_NO;
+    }
+    bool cancelled = false; /* only by the server stopping: a hang-up has no one to answer */
+    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+    if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
+    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
+    else ret = srv_json(c, 200, whole_answer(j));
+    job_release(j);
+    return ret;
+bad:
+    free(toks);
+    json_decref(body);
+    ret = srv_error(c, s, e.status, e.param, e.code, "%s", e.msg);
+    job_release(j);
+    return ret;
+}

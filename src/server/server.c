@@ -1,0 +1,396 @@
+/* server/server: the HTTP server on libmicrohttpd (a thread per connection,
+ * one engine thread running the scheduler): routing, request bodies and
+ * their limits, errors, /health, /v1/models, /metrics, /kvlm/status and the
+ * web page. The completion endpoints live in openai.c. */
+#include "server/server.h"
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "model/model.h"
+#include "util/error.h"
+#include "util/timing.h"
+
+extern const unsigned char server_web_page[];
+extern const size_t server_web_page_len;
+
+static const double k_ttft_le[SRV_TTFT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double k_tpot_le[SRV_TPOT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5};
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const void *data,
+                                 size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) return MHD_NO;
+    enum MHD_Result r = send_text(c, status, "application/json", s, strlen(s));
+    free(s);
+    return r;
+}
+
+enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
+                          const char *code, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type = status == 404 && code && !strcmp(code, "model_not_found") ? "invalid_request_error"
+                       : status >= 500                                            ? "server_error"
+                       : status == 404                                            ? "not_found_error"
+                                                                                  : "invalid_request_error";
+    pthread_mutex_lock(&s->mu);
+    s->http_errors++;
+    pthread_mutex_unlock(&s->mu);
+    json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
+                          param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null());
+    return srv_json(c, status, e);
+}
+
+void srv_observe(kvlm_server *s, double ttft, double tpot) {
+    pthread_mutex_lock(&s->mu);
+    if (ttft >= 0) {
+        for (int i = 0; i < SRV_TTFT_BUCKETS; i++) s->ttft_counts[i] += ttft <= k_ttft_le[i];
+        s->ttft_n++;
+        s->ttft_sum += ttft;
+    }
+    if (tpot >= 0) {
+        for (int i = 0; i < SRV_TPOT_BUCKETS; i++) s->tpot_counts[i] += tpot <= k_tpot_le[i];
+        s->tpot_n++;
+        s->tpot_sum += tpot;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- GET endpoints ------------------------------------------------------------ */
+
+static bool get_stats(kvlm_server *s, kvlm_sched_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = s->sched != NULL;
+    if (ok) kvlm_sched_stats_get(s->sched, st);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+static double hit_rate(const kvlm_kv_stats *kv) {
+    uint64_t n = kv->prefix_hits + kv->prefix_misses;
+    return n ? (double)kv->prefix_hits / (double)n : 0.0;
+}
+
+typedef struct { char *s; size_t len, cap; } tbuf;
+static void tput(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tput(tbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !b->s) return;
+    if (b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = (b->len + (size_t)n + 1) * 2;
+        char *p = realloc(b->s, cap);
+        if (!p) { free(b->s); b->s = NULL; return; }
+        b->s = p;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+static void metric(tbuf *b, const char *name, const char *type, const char *help, double v) {
+    tput(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void histogram(tbuf *b, const char *name, const char *help, const double *le, const uint64_t *counts, int n,
+                      uint64_t total, double sum) {
+    tput(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < n; i++) tput(b, "%s_bucket{le=\"%g\"} %llu\n", name, le[i], (unsigned long long)counts[i]);
+    tput(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)total, name, sum,
+         name, (unsigned long long)total);
+}
+
+static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
+    kvlm_sched_stats st;
+    if (!get_stats(s, &st)) return srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
+    tbuf b = {malloc(4096), 0, 4096};
+    const kvlm_kv_stats *kv = &st.kv;
+    metric(&b, "kvlm_kv_blocks_total", "gauge", "KV cache blocks in the pool", kv->n_blocks);
+    metric(&b, "kvlm_kv_blocks_used", "gauge", "KV cache blocks held by sequences", kv->used);
+    metric(&b, "kvlm_kv_blocks_cached", "gauge", "KV cache blocks kept only for prefix reuse (evictable)", kv->cached);
+    metric(&b, "kvlm_kv_blocks_free", "gauge", "KV cache blocks free", kv->free);
+    metric(&b, "kvlm_kv_blocks_shared", "gauge", "KV cache blocks held by more than one sequence", kv->shared);
+    metric(&b, "kvlm_kv_block_bytes", "gauge", "Bytes of one KV cache block", (double)kv->block_bytes);
+    metric(&b, "kvlm_kv_bytes_used", "gauge", "Bytes of the KV cache blocks held by sequences",
+           (double)kv->used * (double)kv->block_bytes);
+    metric(&b, "kvlm_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix index",
+           (double)kv->prefix_hits);
+    metric(&b, "kvlm_prefix_cache_misses_total", "counter", "Prompt blocks not found in the prefix index",
+           (double)kv->prefix_misses);
+    metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
+    metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
+    metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
+    metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
+    metric(&b, "kvlm_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", (double)st.preemptions);
+    metric(&b, "kvlm_prompt_tokens_total", "counter", "Prompt tokens admitted", (double)st.prompt_tokens);
+    metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index",
+           (double)st.cached_tokens);
+    metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
+    metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
+    metric(&b, "kvlm_tokens_per_second", "gauge", "Tokens generated per second, recently", st.tokens_per_second);
+    pthread_mutex_lock(&s->mu);
+    metric(&b, "kvlm_http_errors_total", "counter", "Requests answered with an error", (double)s->http_errors);
+    histogram(&b, "kvlm_time_to_first_token_seconds", "Time from a request's arrival to its first token", k_ttft_le,
+              s->ttft_counts, SRV_TTFT_BUCKETS, s->ttft_n, s->ttft_sum);
+    histogram(&b, "kvlm_time_per_output_token_seconds", "Mean time between a request's tokens after the first",
+              k_tpot_le, s->tpot_counts, SRV_TPOT_BUCKETS, s->tpot_n, s->tpot_sum);
+    pthread_mutex_unlock(&s->mu);
+    if (!b.s) return MHD_NO;
+    enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len);
+    free(b.s);
+    return r;
+}
+
+static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
+    kvlm_sched_stats st;
+    kvlm_sched_req_info info[256];
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    bool ok = s->sched != NULL;
+    if (ok) {
+        kvlm_sched_stats_get(s->sched, &st);
+        n = kvlm_sched_requests(s->sched, info, 256);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!ok) return srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
+    if (n > 256) n = 256;
+    const kvlm_kv_stats *kv = &st.kv;
+    json_t *reqs = json_array();
+    static const char *states[] = {"waiting", "prefill", "running"};
+    for (int i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "cmpl-%llu", (unsigned long long)info[i].id);
+        json_array_append_new(reqs, json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i}", "id", id, "state",
+                                              states[info[i].state], "prompt_tokens", info[i].prompt_tokens,
+                                              "generated", info[i].generated, "blocks", info[i].blocks,
+                                              "shared_blocks", info[i].shared_blocks, "cached_tokens",
+                                              info[i].cached_tokens));
+    }
+    json_t *j = json_pack(
+        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:o}",
+        "model", s->model_id, "block_size", kv->block_size, "n_blocks", kv->n_blocks, "blocks_used", kv->used,
+        "blocks_cached", kv->cached, "blocks_free", kv->free, "blocks_shared", kv->shared, "block_bytes",
+        (json_int_t)kv->block_bytes, "kv_bytes_used", (json_int_t)(kv->used * kv->block_bytes), "kv_bytes_total",
+        (json_int_t)(kv->n_blocks * kv->block_bytes), "prefix_hits", (json_int_t)kv->prefix_hits, "prefix_misses",
+        (json_int_t)kv->prefix_misses, "prefix_hit_rate", hit_rate(kv), "running", st.running, "waiting", st.waiting,
+        "preemptions", (json_int_t)st.preemptions, "tokens_per_second", st.tokens_per_second, "generated_tokens",
+        (json_int_t)st.generated_tokens, "requests_done", (json_int_t)st.requests_done, "requests", reqs);
+    return srv_json(c, 200, j);
+}
+
+static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
+    const kvlm_config *cfg = kvlm_model_config(s->model);
+    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i}}]}", "object", "list", "data", "id",
+                          s->model_id, "object", "model", "created", (json_int_t)s->started, "owned_by", "kvlm",
+                          "meta", "n_ctx", kvlm_ctx_n_ctx(s->ctx), "n_vocab", cfg->vocab_size);
+    return srv_json(c, 200, j);
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    kvlm_server *s = cls;
+    srv_conn *cn = *con_cls;
+    bool post = !strcmp(method, "POST");
+    if (!cn) {
+        if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        *con_cls = cn;
+        pthread_mutex_lock(&s->mu);
+        s->active++;
+        pthread_mutex_unlock(&s->mu);
+        if (post) {
+            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
+                cn->answered = true;
+                return srv_error(c, s, 413, NULL, "request_too_large", "the request body is %s bytes; at most %zu are accepted",
+                                 cl, s->p.max_body);
+            }
+        }
+        return MHD_YES;
+    }
+    if (cn->answered) { /* discard the rest of a refused upload */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cn->len + *upload_size > s->p.max_body) {
+            *upload_size = 0;
+            cn->answered = true;
+            return srv_error(c, s, 413, NULL, "request_too_large", "the request body is larger than %zu bytes",
+                             s->p.max_body);
+        }
+        if (cn->len + *upload_size + 1 > cn->cap) {
+            size_t cap = (cn->len + *upload_size + 1) * 2;
+            if (cap > s->p.max_body + 1) cap = s->p.max_body + 1;
+            char *b = realloc(cn->body, cap);
+            if (!b) return MHD_NO;
+            cn->body = b;
+            cn->cap = cap;
+        }
+        memcpy(cn->body + cn->len, upload, *upload_size);
+        cn->len += *upload_size;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
+        if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
+    }
+    struct { const char *url; int kind; } gets[] = {
+        {"/", 0}, {"/index.html", 0}, {"/health", 1}, {"/v1/models", 2}, {"/metrics", 3}, {"/kvlm/status", 4},
+    };
+    for (size_t i = 0; i < sizeof gets / sizeof gets[0]; i++) {
+        if (strcmp(url, gets[i].url)) continue;
+        if (!get) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes GET", url);
+        switch (gets[i].kind) {
+        case 0: return send_text(c, 200, "text/html; charset=utf-8", server_web_page, server_web_page_len);
+        case 1: return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        case 2: return get_models(s, c);
+        case 3: return get_metrics(s, c);
+        default: return get_status(s, c);
+        }
+    }
+    return srv_error(c, s, 404, NULL, "not_found", "no endpoint %s %s", method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c; (void)toe;
+    kvlm_server *s = cls;
+    srv_conn *cn = *con_cls;
+    if (!cn) return;
+    pthread_mutex_lock(&s->mu);
+    s->active--;
+    pthread_mutex_unlock(&s->mu);
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+static void *engine_main(void *arg) {
+    kvlm_sched_run(arg);
+    return NULL;
+}
+
+static void model_id_from_path(const char *path, char *out, size_t cap) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *dot = strrchr(base, '.');
+    size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
+    snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), base);
+}
+
+kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err) {
+    kvlm_server *s = calloc(1, sizeof *s);
+    if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    s->ctx = ctx;
+    s->model = kvlm_ctx_model(ctx);
+    s->p = *p;
+    if (!s->p.host) s->p.host = "127.0.0.1";
+    if (!s->p.max_body) s->p.max_body = 1 << 20;
+    if (s->p.timeout_s <= 0) s->p.timeout_s = 30;
+    if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
+    else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
+    s->started = (double)time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    if (s->p.chat_template) {
+        const char *roles[] = {"user"}, *msgs[] = {"x"};
+        char *out = NULL;
+        if (kvlm_chat_apply(s->model, s->p.chat_template, roles, msgs, 1, &out, NULL, err)) goto fail;
+        free(out);
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)s->p.port);
+    if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
+        struct addrinfo hints = {0}, *res = NULL;
+        hints.ai_family = AF_INET;
+        if (getaddrinfo(s->p.host, NULL, &hints, &res) || !res) {
+            util_err_set(err, KVLM_EINVAL, "cannot resolve host '%s' (give an IPv4 address such as 127.0.0.1)", s->p.host);
+            goto fail;
+        }
+        addr.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        freeaddrinfo(res);
+    }
+    kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs};
+    if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
+    if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
+        util_err_set(err, KVLM_ENOMEM, "cannot start the engine thread");
+        kvlm_sched_free(s->sched);
+        goto fail;
+    }
+    /* poll() where the library has it: select() cannot watch descriptors past 1023 */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                     (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL : 0);
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL,
+                                 on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s,
+                                 MHD_OPTION_CONNECTION_LIMIT, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_END);
+    if (!s->daemon) {
+        util_err_set(err, KVLM_EIO, "cannot listen on %s:%d (address in use or not available?)", s->p.host, s->p.port);
+        kvlm_sched_stop(s->sched);
+        pthread_join(s->engine, NULL);
+        kvlm_sched_free(s->sched);
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->p.port;
+    return s;
+fail:
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return NULL;
+}
+
+int kvlm_server_port(const kvlm_server *s) { return s->port; }
+
+void kvlm_server_stop(kvlm_server *s) {
+    if (!s) return;
+    MHD_socket listen_fd = MHD_quiesce_daemon(s->daemon); /* no new connections (ours to close, last) */
+    pthread_mutex_lock(&s->mu);
+    kvlm_sched *sched = s->sched;
+    s->sched = NULL; /* no more submits */
+    pthread_mutex_unlock(&s->mu);
+    kvlm_sched_stop(sched);
+    pthread_join(s->engine, NULL);
+    kvlm_sched_free(sched); /* every request ends (cancelled): waiting connections answer */
+    /* let them send those answers (a stalled upload is not waited for long) */
+    for (int i = 0; i < 200; i++) {
+        pthread_mutex_lock(&s->mu);
+        int active = s->active;
+        pthread_mutex_unlock(&s->mu);
+        if (!active) break;
+        usleep(10000);
+    }
+    MHD_stop_daemon(s->daemon);
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

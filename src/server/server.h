@@ -1,0 +1,45 @@
+/* server/server: what the HTTP side (server.c) and the OpenAI endpoints
+ * (openai.c) share: the server, per-connection state, error replies. */
+#ifndef KVLM_SERVER_SERVER_H
+#define KVLM_SERVER_SERVER_H
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include "kvlm.h"
+
+enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+
+struct kvlm_server {
+    kvlm_ctx *ctx;
+    const kvlm_model *model;
+    kvlm_sched *sched;          /* NULL once stopping (under mu) */
+    pthread_t engine;
+    struct MHD_Daemon *daemon;
+    kvlm_server_params p;
+    char model_id[256];
+    int port;
+    double started;
+    pthread_mutex_t mu;         /* guards sched's lifetime and the figures below */
+    uint64_t ttft_counts[SRV_TTFT_BUCKETS], tpot_counts[SRV_TPOT_BUCKETS], ttft_n, tpot_n, http_errors;
+    double ttft_sum, tpot_sum;
+    int active;                 /* requests between their first byte and their answer's last (under mu) */
+};
+
+/* One HTTP request as it arrives. */
+typedef struct srv_conn {
+    char *body;
+    size_t len, cap;
+    bool answered;            /* a response has been queued (e.g. 413 during upload) */
+    struct srv_job *job;      /* streaming: released by the response's free callback */
+} srv_conn;
+
+/* Queues an OpenAI-style error: {"error":{"message","type","param","code"}}. */
+enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
+                          const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j); /* steals j */
+void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed */
+
+/* POST /v1/completions (chat false) and /v1/chat/completions, body complete. */
+enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat);
+#endif

@@ -1,0 +1,99 @@
+/* tok/chat: chat templates: a conversation rendered as a prompt in the
+ * format of a model family (ChatML, Llama 2, Llama 3, Zephyr, plain). */
+#include "tok/chat.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/model.h"
+#include "util/error.h"
+
+static const char *const k_families[] = {"chatml", "llama2", "llama3", "zephyr", "plain"};
+
+const char *tok_chat_family(const char *t) {
+    if (!t) return "plain";
+    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+        if (!strcmp(t, k_families[i])) return k_families[i];
+    if (strstr(t, "<|im_start|>")) return "chatml";
+    if (strstr(t, "[INST]")) return "llama2";
+    if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>")) return "llama3";
+    if (strstr(t, "<|user|>")) return "zephyr";
+    return NULL;
+}
+
+typedef struct { char *s; size_t len, cap; bool oom; } sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (b->oom || n < 0) { b->oom = true; return; }
+    if (b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = (b->len + (size_t)n + 1) * 2;
+        char *s = realloc(b->s, cap);
+        if (!s) { b->oom = true; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+char *tok_chat_render(const char *f, const char *const *roles, const char *const *contents, int n) {
+    sbuf b = {0};
+    put(&b, "%s", "");
+    if (!strcmp(f, "chatml")) {
+        for (int i = 0; i < n; i++) put(&b, "<|im_start|>%s\n%s<|im_end|>\n", roles[i], contents[i]);
+        put(&b, "<|im_start|>assistant\n");
+    } else if (!strcmp(f, "llama2")) {
+        /* As llama.cpp renders it: BOS comes from the tokenizer; a system
+         * message goes inside the first [INST] between <<SYS>> markers. */
+        bool inside = true;
+        put(&b, "[INST] ");
+        for (int i = 0; i < n; i++) {
+            if (!inside) { put(&b, "[INST] "); inside = true; }
+            if (!strcmp(roles[i], "system")) put(&b, "<<SYS>>\n%s\n<</SYS>>\n\n", contents[i]);
+            else if (!strcmp(roles[i], "user")) put(&b, "%s [/INST]", contents[i]);
+            else { put(&b, "%s</s>", contents[i]); inside = false; }
+        }
+    } else if (!strcmp(f, "llama3")) {
+        for (int i = 0; i < n; i++)
+            put(&b, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", roles[i], contents[i]);
+        put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    } else if (!strcmp(f, "zephyr")) {
+        for (int i = 0; i < n; i++) put(&b, "<|%s|>\n%s<|endoftext|>\n", roles[i], contents[i]);
+        put(&b, "<|assistant|>\n");
+    } else { /* plain */
+        for (int i = 0; i < n; i++) {
+            const char *r = !strcmp(roles[i], "system") ? "System" : !strcmp(roles[i], "user") ? "User" : "Assistant";
+            put(&b, "%s: %s\n", r, contents[i]);
+        }
+        put(&b, "Assistant:");
+    }
+    if (b.oom) { free(b.s); return NULL; }
+    return b.s;
+}
+
+int kvlm_chat_apply(const kvlm_model *m, const char *name, const char *const *roles, const char *const *contents,
+                    int n, char **out, const char **family, kvlm_error *err) {
+    *out = NULL;
+    const char *tmpl = name ? name : m->vocab.chat_template;
+    const char *f = tok_chat_family(tmpl);
+    if (!f) {
+        if (name)
+            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use chatml, llama2, llama3, zephyr or plain)",
+                                name);
+        return util_err_set(err, KVLM_EUNSUPPORTED,
+                            "the model's chat template is not one kvlm supports (ChatML, Llama 2, Llama 3, Zephyr); "
+                            "choose one with --chat-template NAME or use /v1/completions");
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(roles[i], "system") && strcmp(roles[i], "user") && strcmp(roles[i], "assistant"))
+            return util_err_set(err, KVLM_EINVAL, "message %d: role '%s' is not system, user or assistant", i, roles[i]);
+    if (!(*out = tok_chat_render(f, roles, contents, n))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    if (family) *family = f;
+    return KVLM_OK;
+}

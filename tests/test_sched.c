@@ -1,0 +1,301 @@
+/* tests/test_sched: the scheduler: 32 concurrent greedy requests (some n = 3) under a pool
+ * too small for all of them (so some are preempted and recomputed) each give
+ * what their prompt gives alone; cancel frees blocks at once; n > 1 forks
+ * share the prompt's blocks; logprobs; chat templates render the known formats. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "helpers/testutil.h"
+#include "kvlm.h"
+
+enum { MAXGEN = 64, MAXN = 4 };
+typedef struct {
+    int32_t out[MAXN][MAXGEN];
+    int n_out[MAXN], finish[MAXN], n_final, stop_after;
+    bool logprobs_ok;
+} result;
+
+static bool on_event(void *user, const kvlm_sched_event *ev) {
+    result *r = user;
+    if (ev->finish) {
+        r->finish[ev->index] = ev->finish;
+        r->n_final++;
+        return true;
+    }
+    assert_true(r->n_out[ev->index] < MAXGEN);
+    r->out[ev->index][r->n_out[ev->index]++] = ev->token;
+    if (ev->n_top > 0) { /* greedy: the chosen token is the most likely one */
+        bool ok = ev->top_tokens[0] == ev->token && fabsf(ev->top_logprobs[0] - ev->logprob) < 1e-6f &&
+                  ev->logprob <= 0;
+        for (int i = 1; i < ev->n_top; i++) ok &= ev->top_logprobs[i] <= ev->top_logprobs[i - 1];
+        r->logprobs_ok &= ok;
+    }
+    return r->stop_after == 0 || r->n_out[ev->index] < r->stop_after;
+}
+
+static kvlm_model *load_stories(void) {
+    const char *path = tu_model_path("stories260K.gguf");
+    if (!path) return NULL;
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    if (!m) fail_msg("load: %s", err.msg);
+    return m;
+}
+
+static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int kv_blocks) {
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_threads = 2;
+    cp.n_ctx = 256;
+    cp.n_seq_max = n_seq;
+    cp.block_size = 16;
+    cp.kv_blocks = kv_blocks;
+    cp.n_batch = 256;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    if (!ctx) fail_msg("ctx: %s", err.msg);
+    return ctx;
+}
+
+static int make_prompt(kvlm_model *m, int i, int32_t *toks, int cap) {
+    static const char *subj[] = {"Lily", "Tom", "A little dog", "The old man", "Sue", "Max", "A bird", "Ben"};
+    static const char *verb[] = {"went to the park", "found a ball", "was very sad", "liked to play"};
+    char text[256];
+    snprintf(text, sizeof text, "%s %s. %s", subj[i % 8], verb[(i / 8) % 4], i % 3 ? "One day" : "Then");
+    kvlm_error err = {0};
+    int n = kvlm_tokenize(m, text, strlen(text), true, false, toks, cap, &err);
+    assert_true(n > 0 && n <= cap);
+    return n;
+}
+
+/* The reference: the prompt alone through kvlm_decode, greedy. */
+static int greedy_alone(kvlm_model *m, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
+    kvlm_ctx *ctx = make_ctx(m, 1, 0);
+    kvlm_error err = {0};
+    kvlm_batch b = {n, prompt, NULL, NULL, NULL};
+    int n_out = 0;
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    while (n_out < max_tokens) {
+        const float *l = kvlm_get_logits(ctx, -1);
+        int32_t best = 0;
+        for (int v = 1; v < kvlm_vocab_size(m); v++)
+            if (l[v] > l[best]) best = v;
+        if (kvlm_token_is_eog(m, best)) break;
+        out[n_out++] = best;
+        kvlm_batch one = {1, &best, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
+    }
+    kvlm_ctx_free(ctx);
+    return n_out;
+}
+
+static kvlm_request_params greedy_params(int max_tokens) {
+    kvlm_request_params p = {0};
+    p.sampling = kvlm_sampler_default_params();
+    p.sampling.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.n = 1;
+    p.logprobs = -1;
+    return p;
+}
+
+static void test_concurrent_equals_alone(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    int R = tu_quick() ? 12 : 32, max_tokens = tu_quick() ? 24 : 48;
+    /* 40 (quick: 20) blocks of 16 tokens: far fewer than the requests of ~40-60 tokens need */
+    kvlm_ctx *ctx = make_ctx(m, 32, tu_quick() ? 20 : 40);
+    kvlm_sched_params sp = {.batch_tokens = 64, .max_seqs = 32};
+    kvlm_error err = {0};
+    kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
+    assert_non_null(s);
+    result *res = calloc((size_t)R, sizeof *res);
+    int32_t prompts[32][64];
+    int n_prompt[32];
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = make_prompt(m, i, prompts[i], 64);
+        kvlm_request_params p = greedy_params(max_tokens);
+        p.logprobs = i % 4 == 0 ? 5 : -1;
+        p.n = i % 5 == 2 ? 3 : 1; /* forks, preempted with or without their leader */
+        res[i].logprobs_ok = true;
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
+    }
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    printf("  %d requests in %d steps, %llu preemptions, %llu tokens, %llu prompt tokens of which %llu cached\n", R,
+           steps, (unsigned long long)st.preemptions, (unsigned long long)st.generated_tokens,
+           (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens);
+    printf("  recompute after preemption found %llu blocks in the prefix index; %llu tokens computed\n",
+           (unsigned long long)st.kv.prefix_hits, (unsigned long long)st.kv.tokens_computed);
+    assert_true(st.preemptions > 0);
+    /* the prompts share no full block: every hit is a preempted sequence taking its blocks back */
+    assert_true(st.kv.prefix_hits > 0);
+    assert_int_equal(st.kv.used, 0);
+    assert_int_equal(st.running + st.waiting, 0);
+    for (int i = 0; i < R; i++) {
+        int32_t want[MAXGEN];
+        int n_want = greedy_alone(m, prompts[i], n_prompt[i], max_tokens, want);
+        int n = i % 5 == 2 ? 3 : 1;
+        assert_int_equal(res[i].n_final, n);
+        for (int k = 0; k < n; k++) {
+            assert_int_equal(res[i].finish[k], n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+            assert_int_equal(res[i].n_out[k], n_want);
+            assert_memory_equal(res[i].out[k], want, (size_t)n_want * sizeof(int32_t));
+        }
+        assert_true(res[i].logprobs_ok);
+    }
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
+static void test_cancel_and_stop(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx *ctx = make_ctx(m, 4, 0);
+    kvlm_error err = {0};
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    int32_t prompt[64];
+    int n = make_prompt(m, 5, prompt, 64);
+    result a = {0}, b = {0};
+    b.stop_after = 3; /* the callback ends it after 3 tokens */
+    kvlm_request_params p = greedy_params(60);
+    uint64_t ida = kvlm_sched_submit(s, prompt, n, &p, on_event, &a, &err);
+    kvlm_sched_submit(s, prompt, n, &p, on_event, &b, &err);
+    for (int i = 0; i < 5; i++) kvlm_sched_step(s);
+    assert_int_equal(b.n_out[0], 3);
+    assert_int_equal(b.finish[0], KVLM_FINISH_STOP);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    assert_true(st.kv.used > 0);
+    assert_int_equal(st.running, 1);
+    kvlm_sched_cancel(s, ida);
+    assert_int_equal(kvlm_sched_step(s), 0);
+    assert_int_equal(a.finish[0], KVLM_FINISH_CANCELLED);
+    assert_int_equal(a.n_final, 1);
+    kvlm_sched_stats_get(s, &st);
+    assert_int_equal(st.kv.used, 0);
+    /* bad requests are refused at submit */
+    int32_t big[300] = {1};
+    assert_int_equal(kvlm_sched_submit(s, big, 300, &p, on_event, &a, &err), 0);
+    assert_int_equal(err.code, KVLM_ERANGE);
+    p.max_tokens = 0;
+    assert_int_equal(kvlm_sched_submit(s, prompt, n, &p, on_event, &a, &err), 0);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
+static void test_fork_n(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx *ctx = make_ctx(m, 4, 0);
+    kvlm_error err = {0};
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    int32_t prompt[64];
+    int n = make_prompt(m, 9, prompt, 64);
+    for (int n0 = n; n < 40; n++) prompt[n] = prompt[1 + (n - n0) % (n0 - 1)]; /* two full blocks */
+    result r = {0};
+    kvlm_request_params p = greedy_params(20);
+    p.n = 3;
+    kvlm_sched_submit(s, prompt, n, &p, on_event, &r, &err);
+    kvlm_sched_step(s);
+    kvlm_sched_step(s);
+    kvlm_sched_req_info info[4];
+    assert_int_equal(kvlm_sched_requests(s, info, 4), 1);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    printf("  n=3: %d blocks held, %d shared, request blocks %d (%d shared)\n", st.kv.used, st.kv.shared,
+           info[0].blocks, info[0].shared_blocks);
+    assert_int_equal(st.kv.shared, 2);            /* the prompt's two full blocks */
+    assert_int_equal(info[0].shared_blocks, 3 * 2);
+    while (kvlm_sched_step(s) > 0) {}
+    int32_t want[MAXGEN];
+    int n_want = greedy_alone(m, prompt, n, 20, want);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r.n_out[i], n_want);
+        assert_memory_equal(r.out[i], want, (size_t)n_want * sizeof(int32_t));
+    }
+    assert_int_equal(r.n_final, 3);
+    kvlm_sched_stats_get(s, &st);
+    assert_int_equal(st.kv.used, 0);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
+static kvlm_model *synth_with_template(const char *tmpl) {
+    kvlm_synth_params sp = {0};
+    sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 1; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
+    sp.type = kvlm_type_from_name("f32");
+    sp.chat_template = tmpl;
+    const char *path = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    if (!m) fail_msg("load: %s", err.msg);
+    return m;
+}
+
+static void test_chat_templates(void **state) {
+    (void)state;
+    const char *roles[] = {"system", "user", "assistant", "user"};
+    const char *msgs[] = {"Be brief.", "Hi", "Hello!", "Why?"};
+    struct { const char *tmpl, *family, *want; } cases[] = {
+        {"{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n'}}{% endfor %}",
+         "chatml",
+         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+         "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"},
+        {"{{ bos_token }}{% if m['role'] == 'user' %}{{ '[INST] ' + content + ' [/INST]' }}<<SYS>>", "llama2",
+         "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]Hello!</s>[INST] Why? [/INST]"},
+        {"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}",
+         "llama3",
+         "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+         "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhy?<|eot_id|>"
+         "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {"{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + eos_token }}", "zephyr",
+         "<|system|>\nBe brief.<|endoftext|>\n<|user|>\nHi<|endoftext|>\n<|assistant|>\nHello!<|endoftext|>\n<|user|>\nWhy?"
+         "<|endoftext|>\n<|assistant|>\n"},
+        {NULL, "plain", "System: Be brief.\nUser: Hi\nAssistant: Hello!\nUser: Why?\nAssistant:"},
+    };
+    kvlm_error err = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvlm_model *m = synth_with_template(cases[i].tmpl);
+        char *out = NULL;
+        const char *family = NULL;
+        assert_int_equal(kvlm_chat_apply(m, NULL, roles, msgs, 4, &out, &family, &err), KVLM_OK);
+        assert_string_equal(family, cases[i].family);
+        assert_string_equal(out, cases[i].want);
+        free(out);
+        /* by name, whatever the model carries */
+        assert_int_equal(kvlm_chat_apply(m, "chatml", roles, msgs, 1, &out, &family, &err), KVLM_OK);
+        assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n");
+        free(out);
+        kvlm_model_free(m);
+    }
+    kvlm_model *m = synth_with_template("{% for message in messages %}<start_of_turn>{{ message['content'] }}");
+    char *out = NULL;
+    assert_int_equal(kvlm_chat_apply(m, NULL, roles, msgs, 2, &out, NULL, &err), KVLM_EUNSUPPORTED);
+    assert_null(out);
+    printf("  unsupported: %s\n", err.msg);
+    const char *bad_role[] = {"tool"};
+    assert_int_equal(kvlm_chat_apply(m, "plain", bad_role, msgs, 1, &out, NULL, &err), KVLM_EINVAL);
+    assert_int_equal(kvlm_chat_apply(m, "nope", roles, msgs, 1, &out, NULL, &err), KVLM_EINVAL);
+    kvlm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_cancel_and_stop),
+        cmocka_unit_test(test_fork_n),
+        cmocka_unit_test(test_chat_templates),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
