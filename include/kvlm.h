@@ -206,6 +206,10 @@ void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
 /* The most tokens a sequence keeps (kv_budget, or n_ctx). */
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx);
+/* The eviction policy (KVLM_EVICT_*), and the most tokens one batch may add
+ * to one sequence under it (budget - sinks under sinks, else the budget). */
+int kvlm_ctx_kv_evict(const kvlm_ctx *ctx);
+int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx);
 int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
