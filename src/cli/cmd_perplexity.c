@@ -67,16 +67,14 @@ static void stream_usage(FILE *f) {
                "bounded to --kv-budget tokens (default 256) under each policy in turn (default\n"
                "none,window,sinks,h2o; none keeps everything: the full cache) and prints perplexity per\n"
                "stretch of --stride positions (default 256): one row per stretch, one column per policy.\n"
-               "  --kv-sinks S      first tokens kept under sinks (default 4)\n"
-               "  --h2o-recent R    recent tokens kept under h2o (default: budget less heavy hitters)\n"
-               "  --h2o-heavy F     share of the budget h2o fills by accumulated attention (default 0.5)\n"
-               "  --block-size N    tokens per KV block (default 16); -c N: context of the bounded runs\n"
                "  --csv FILE        the table as CSV;  --svg FILE: a chart, one line per policy\n"
-               "  --trained-ctx N   where the chart marks the trained context (default: the model's metadata)\n");
+               "  --trained-ctx N   where the chart marks the trained context (default: the model's metadata)\n"
+               "Context and cache options (-c: the bounded runs' context; --kv-evict: a comma-separated list):\n"
+               CLI_CTX_USAGE);
 }
 
 static int cmd_perplexity_stream(int argc, char **argv) {
-    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *csv = NULL, *svg = NULL;
+    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *csv = NULL, *svg = NULL, *kv_mem = NULL;
     const char *policies = "none,window,sinks,h2o";
     int stride = 256, n_max = 4096, n_ctx_train = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -88,27 +86,19 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &file, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-evict", &policies, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-budget", &cp.kv_budget, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-sinks", &cp.kv_sinks, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--h2o-recent", &cp.h2o_recent, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--h2o-heavy", &cp.h2o_heavy, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &policies, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--stride", &stride, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--tokens", &n_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--trained-ctx", &n_ctx_train, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--csv", &csv, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--svg", &svg, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else { cli_fail("perplexity", "unknown option '%s'", argv[i]); stream_usage(stderr); return 1; }
         if (bad) return 1;
     }
     if (!model_path || !file) return cli_fail("perplexity", "give -m MODEL and -f TEXT");
-    if (stride < 1 || n_max < 2 || cp.kv_budget < 1 || cp.n_ctx < 0 || cp.block_size < 0)
+    if (stride < 1 || n_max < 2 || cp.kv_budget < 1)
         return cli_fail("perplexity", "--stride, --kv-budget must be >= 1 and --tokens >= 2");
+    if (cli_ctx_finish("perplexity", &cp, kv_mem, NULL)) return 1; /* the policies are a list: below */
     char names[MAX_POLICIES][16];
     int ids[MAX_POLICIES], n_pol = 0;
     for (const char *p = policies; *p;) {
@@ -202,37 +192,36 @@ done:
 int cmd_perplexity(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--stream")) return cmd_perplexity_stream(argc, argv);
-    const char *model_path = NULL, *file = NULL, *tok_path = NULL;
+    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL;
     int n_chunks = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_ctx = 512;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [-t THREADS]\n"
-                   "                        [--cache-type-k T] [--cache-type-v T]\n\n"
+            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [options]\n\n"
                    "Tokenizes TEXT once (BOS first where the model adds one), cuts it into consecutive\n"
                    "chunks of N tokens (default 512; the first K chunks, default all), puts BOS first in\n"
                    "each chunk, and scores each token of a chunk's second half given everything before it\n"
                    "in the chunk, as llama.cpp's perplexity tool does. Ends with\n"
                    "  Final estimate: PPL = <ppl> +/- <standard error>\n"
-                   "--cache-type-k/-v: KV cache element types (f32 default, f16, bf16, q8_0, q4_0;\n"
-                   "q4_kc for keys only).\n"
                    "With --stream: perplexity per stretch of positions through bounded KV caches under\n"
-                   "each eviction policy (kvlm perplexity --stream --help).\n");
+                   "each eviction policy (kvlm perplexity --stream --help), where the eviction options\n"
+                   "below apply; -c is the chunk size here (default 512).\n"
+                   CLI_CTX_USAGE);
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &file, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--chunks", &n_chunks, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else return cli_fail("perplexity", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
     if (!model_path || !file) return cli_fail("perplexity", "give -m MODEL and -f TEXT");
+    if (cli_ctx_finish("perplexity", &cp, kv_mem, evict)) return 1;
+    if (cp.kv_evict || cp.kv_budget)
+        return cli_fail("perplexity", "--kv-evict and --kv-budget bound the cache per policy: use them with --stream");
     if (cp.n_ctx < 8) return cli_fail("perplexity", "the context must be at least 8 tokens");
     size_t len;
     char *text = cli_read_file("perplexity", file, &len);
