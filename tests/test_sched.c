@@ -334,6 +334,53 @@ static void test_evict_past_context(void **state) {
     kvlm_model_free(m);
 }
 
+/* Four requests under sinks in a pool of 10 blocks (each may hold 4), the
+ * newest with a prompt longer than the budget (it evicts at once): the others
+ * are preempted before they evict (and recomputed), never one that evicted (its
+ * cache could not be rebuilt); each still gives what it gives alone. */
+static void test_evict_preempt(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx_params cp = evict_params();
+    cp.n_seq_max = 4;
+    cp.kv_blocks = 10;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    assert_non_null(s);
+    enum { R = 4 };
+    int max_tokens = tu_quick() ? 100 : 200, n_prompt[R];
+    int32_t prompts[R][200];
+    ev_result *res = calloc(R, sizeof *res);
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = make_prompt(m, 5 * i + 1, prompts[i], 200);
+        while (i == R - 1 && n_prompt[i] < 100)
+            n_prompt[i] += make_prompt(m, n_prompt[i], prompts[i] + n_prompt[i], 200 - n_prompt[i]);
+        kvlm_request_params p = greedy_params(max_tokens);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
+    }
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) assert_true(++steps < 10000);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    printf("  sinks, 4 requests in 10 blocks: %d steps, %llu preemptions\n", steps, (unsigned long long)st.preemptions);
+    assert_true(st.preemptions > 0);
+    assert_int_equal(st.kv.used, 0);
+    for (int i = 0; i < R; i++) {
+        int32_t want[EV_MAX];
+        int n_want = greedy_evict_alone(m, prompts[i], n_prompt[i], max_tokens, want);
+        assert_int_equal(res[i].n_out, n_want);
+        assert_memory_equal(res[i].out, want, (size_t)n_want * sizeof(int32_t));
+        assert_int_equal(res[i].finish, n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+    }
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 static kvlm_model *synth_with_template(const char *tmpl) {
     kvlm_synth_params sp = {0};
     sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 1; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
@@ -400,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_and_stop),
         cmocka_unit_test(test_fork_n),
         cmocka_unit_test(test_evict_past_context),
+        cmocka_unit_test(test_evict_preempt),
         cmocka_unit_test(test_chat_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
