@@ -15,6 +15,26 @@ static void progress(void *user, int chunk, double ppl) {
 
 #define MAX_POLICIES 8
 
+/* Loads the model and tokenizes the text file (BOS first where the model adds
+ * one); NULL after an error (*m then freed). */
+static int32_t *load_tokens(const char *model_path, const char *tok_path, const char *file, kvlm_model **m, int *n) {
+    size_t len;
+    char *text = cli_read_file("perplexity", file, &len);
+    if (!text) return NULL;
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    int32_t *toks = NULL;
+    if (!(*m = kvlm_model_load(model_path, &mp, &err))) cli_fail("perplexity", "%s", err.msg);
+    else if ((*n = kvlm_tokenize(*m, text, len, kvlm_add_bos(*m), false, NULL, 0, &err)) < 0)
+        cli_fail("perplexity", "%s", err.msg);
+    else if (!(toks = malloc(((size_t)*n + 1) * sizeof *toks))) cli_fail("perplexity", "out of memory");
+    else kvlm_tokenize(*m, text, len, kvlm_add_bos(*m), false, toks, *n, &err);
+    free(text);
+    if (!toks) { kvlm_model_free(*m); *m = NULL; }
+    return toks;
+}
+
 /* One line per policy of log-scaled perplexity against position, hand-written SVG. */
 static int write_svg(const char *path, char names[][16], int n_pol, const double *ppl, int n_str, int stride,
                      int budget, int n_ctx_train) {
@@ -112,22 +132,12 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         n_pol++;
         p += l + (p[l] == ',');
     }
-    size_t len;
-    char *text = cli_read_file("perplexity", file, &len);
-    if (!text) return 1;
+    kvlm_model *m;
+    int n, rc = 1;
+    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    if (!toks) return 1;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
-    mp.tokenizer_path = tok_path;
-    int rc = 1;
-    int32_t *toks = NULL;
     double *ppl = NULL;
-    kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
-    if (!m) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    int n = kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, NULL, 0, &err);
-    if (n < 0) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    toks = malloc(((size_t)n + 1) * sizeof *toks);
-    if (!toks) { cli_fail("perplexity", "out of memory"); goto done; }
-    kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, toks, n, &err);
     if (n > n_max) n = n_max;
     if (n < 2) { cli_fail("perplexity", "the text has fewer than 2 tokens"); goto done; }
     int n_str = (n + stride - 1) / stride;
@@ -184,7 +194,6 @@ static int cmd_perplexity_stream(int argc, char **argv) {
 done:
     free(ppl);
     free(toks);
-    free(text);
     kvlm_model_free(m);
     return rc;
 }
@@ -223,23 +232,12 @@ int cmd_perplexity(int argc, char **argv) {
     if (cp.kv_evict || cp.kv_budget)
         return cli_fail("perplexity", "--kv-evict and --kv-budget bound the cache per policy: use them with --stream");
     if (cp.n_ctx < 8) return cli_fail("perplexity", "the context must be at least 8 tokens");
-    size_t len;
-    char *text = cli_read_file("perplexity", file, &len);
-    if (!text) return 1;
+    kvlm_model *m;
+    int n, rc = 1;
+    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    if (!toks) return 1;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
-    mp.tokenizer_path = tok_path;
-    int rc = 1;
-    int32_t *toks = NULL;
-    kvlm_ctx *ctx = NULL;
-    kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
-    if (!m) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    int n = kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, NULL, 0, &err);
-    if (n < 0) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    toks = malloc(((size_t)n + 1) * sizeof *toks);
-    if (!toks) { cli_fail("perplexity", "out of memory"); goto done; }
-    kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, toks, n, &err);
-    ctx = kvlm_ctx_create(m, &cp, &err);
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) { cli_fail("perplexity", "%s", err.msg); goto done; }
     kvlm_kv_stats ks;
     kvlm_kv_stats_get(ctx, &ks);
@@ -256,7 +254,6 @@ int cmd_perplexity(int argc, char **argv) {
     rc = 0;
 done:
     free(toks);
-    free(text);
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
     return rc;
