@@ -206,6 +206,10 @@ void kvlm_ctx_free(kvlm_ctx *ctx);
 int kvlm_ctx_n_ctx(const kvlm_ctx *ctx);
 /* The most tokens a sequence keeps (kv_budget, or n_ctx). */
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx);
+/* The eviction policy (KVLM_EVICT_*), and the most tokens one batch may add
+ * to one sequence under it (budget - sinks under sinks, else the budget). */
+int kvlm_ctx_kv_evict(const kvlm_ctx *ctx);
+int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx);
 int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
@@ -353,7 +357,13 @@ int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const
  * come, first served when the pool has blocks for their prompt (after prefix
  * reuse); when a running sequence needs a block and none is free, the newest
  * one is preempted (blocks freed, re-queued, recomputed later mostly from the
- * prefix index). submit, cancel, stats and requests may be called from any
+ * prefix index). Under an eviction policy (kvlm_ctx_kv_evict) a sequence is
+ * not bounded by the context: it runs to max_tokens within the KV budget, its
+ * blocks counted with the budget's as their cap, prompts fed in pieces of at
+ * most kvlm_ctx_kv_max_feed tokens (a prompt longer than the budget too); a
+ * sequence that has evicted is never preempted (a recompute would not rebuild
+ * its cache): the newest that has not is, or if none is left the newest is
+ * ended (LENGTH). submit, cancel, stats and requests may be called from any
  * thread; step/run from one engine thread, which also runs the callbacks. */
 typedef struct kvlm_sched kvlm_sched;
 
@@ -396,7 +406,8 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
  * context. Call it once run() has returned (kvlm_sched_stop, then join). */
 void kvlm_sched_free(kvlm_sched *s);
 /* Queues a request; returns its id (> 0), or 0 with err filled (e.g. a
- * prompt beyond the context: KVLM_ERANGE). The prompt is copied. */
+ * prompt beyond the context or KV budget of a context that does not evict:
+ * KVLM_ERANGE). The prompt is copied. */
 uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, const kvlm_request_params *p,
                            kvlm_sched_cb cb, void *user, kvlm_error *err);
 /* Ends a request: its completions get CANCELLED events and their blocks are

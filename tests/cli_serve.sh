@@ -3,6 +3,7 @@
 # 32 concurrent streaming greedy requests each equal to that prompt run alone
 # (with a KV budget small enough to force preemption), n > 1, stop strings,
 # chat, logprobs, every bad-input case with its status and OpenAI-style error,
+# a request under sinks eviction running far past the context (as `kvlm run`),
 # a client hanging up mid-stream (its request cancelled, blocks freed), a
 # stalled upload closed by the timeout; then /health and a normal request
 # still work and SIGTERM stops the server cleanly.
@@ -85,7 +86,13 @@ def metric(name):
 for args, pat in [(["--chat-template", "bogus", "--port", "0"], "unknown chat template"),
                   (["--port", "70000"], "--port must be"),
                   (["--port", str(port)], "cannot listen"),
-                  (["--kv-mem", "lots", "--port", "0"], "bad size")]:
+                  (["--kv-mem", "lots", "--port", "0"], "bad size"),
+                  (["--kv-evict", "lru", "--port", "0"], "unknown --kv-evict 'lru'"),
+                  (["--kv-evict", "sinks", "-c", "128", "--kv-budget", "300", "--port", "0"], "beyond the context"),
+                  (["--kv-evict", "h2o", "--h2o-heavy", "2", "--port", "0"], "--h2o-heavy must be within 0..1"),
+                  (["--kv-sinks", "-1", "--port", "0"], "must be >= 0"),
+                  (["--kv-evict", "sinks", "-c", "128", "--kv-budget", "64", "--kv-sinks", "64", "--port", "0"],
+                   "below the budget")]:
     r = subprocess.run([kvlm, "serve", "-m", model] + args, capture_output=True, text=True, timeout=30)
     check(r.returncode == 1 and pat in r.stderr and not r.stdout, "kvlm serve %s: %s" % (" ".join(args), pat), r.stderr)
 
@@ -108,6 +115,26 @@ else:
     check(False, "second server started")
 p2.send_signal(signal.SIGTERM)
 check(p2.wait(timeout=15) == 0, "second server stops on SIGTERM")
+
+# ---- under sinks eviction a request runs past the context, to max_tokens, as `kvlm run` does
+evict_args = ["-c", "128", "--kv-budget", "64", "--kv-evict", "sinks"]
+p3 = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "--max-seqs", "2", "-t", "2"] + evict_args,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+m3 = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p3.stdout.readline())
+if m3:
+    port, port1 = int(m3.group(1)), port
+    st, r = request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0})
+    check(st == 200 and r["usage"]["completion_tokens"] == 300 and r["choices"][0]["finish_reason"] == "length",
+          "sinks, budget 64, context 128: 300 tokens, finish_reason length", r if st != 200 else r["usage"])
+    run = subprocess.run([kvlm, "run", "-m", model, "-p", "Once upon a time", "-n", "300", "--temp", "0", "-t", "2"] + evict_args,
+                         capture_output=True, text=True, timeout=60)
+    check(st == 200 and run.stdout == "Once upon a time" + r["choices"][0]["text"] + "\n",
+          "the same text as kvlm run with the same options", run.stderr)
+    port = port1
+else:
+    check(False, "server under eviction started", p3.stderr.read())
+p3.send_signal(signal.SIGTERM)
+check(p3.wait(timeout=15) == 0, "the eviction server stops on SIGTERM")
 
 # ---- plain endpoints
 check(request("GET", "/health") == (200, {"status": "ok"}), "GET /health")

@@ -1,7 +1,9 @@
 /* tests/test_sched: the scheduler: 32 concurrent greedy requests (some n = 3) under a pool
  * too small for all of them (so some are preempted and recomputed) each give
  * what their prompt gives alone; cancel frees blocks at once; n > 1 forks
- * share the prompt's blocks; logprobs; chat templates render the known formats. */
+ * share the prompt's blocks; logprobs; under sinks eviction, requests run far past
+ * the context within the KV budget and give what kvlm_decode gives alone;
+ * chat templates render the known formats. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,6 +232,155 @@ static void test_fork_n(void **state) {
     kvlm_model_free(m);
 }
 
+enum { EV_MAX = 400 };
+typedef struct { int32_t out[EV_MAX]; int n_out, finish; } ev_result;
+
+static bool on_ev_event(void *user, const kvlm_sched_event *ev) {
+    ev_result *r = user;
+    if (ev->finish) r->finish = ev->finish;
+    else {
+        assert_true(r->n_out < EV_MAX);
+        r->out[r->n_out++] = ev->token;
+    }
+    return true;
+}
+
+static kvlm_ctx_params evict_params(void) {
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_threads = 2;
+    cp.n_ctx = 128;
+    cp.n_seq_max = 2;
+    cp.kv_budget = 64;
+    cp.kv_evict = KVLM_EVICT_SINKS;
+    return cp;
+}
+
+/* The reference: greedy through kvlm_decode alone, the prompt in pieces of at
+ * most kvlm_ctx_kv_max_feed tokens, under the same context parameters. */
+static int greedy_evict_alone(kvlm_model *m, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
+    kvlm_ctx_params cp = evict_params();
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    for (int i = 0, piece = kvlm_ctx_kv_max_feed(ctx); i < n; i += piece) {
+        kvlm_batch b = {n - i < piece ? n - i : piece, prompt + i, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    }
+    int n_out = 0;
+    while (n_out < max_tokens) {
+        const float *l = kvlm_get_logits(ctx, -1);
+        int32_t best = 0;
+        for (int v = 1; v < kvlm_vocab_size(m); v++)
+            if (l[v] > l[best]) best = v;
+        if (kvlm_token_is_eog(m, best)) break;
+        out[n_out++] = best;
+        kvlm_batch one = {1, &best, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
+    }
+    kvlm_ctx_free(ctx);
+    return n_out;
+}
+
+/* Two requests under sinks (budget 64, context 128), one with a prompt longer
+ * than the budget, each generating 400 tokens: neither ends at the context, their
+ * blocks stay within the budget's after every step, and each gives what it
+ * gives alone through kvlm_decode. */
+static void test_evict_past_context(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx_params cp = evict_params();
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    assert_non_null(s);
+    int32_t prompts[2][200];
+    int n_prompt[2] = {make_prompt(m, 0, prompts[0], 200), 0};
+    while (n_prompt[1] < 100) /* 100+ tokens: more than the budget, fed in pieces */
+        n_prompt[1] += make_prompt(m, 3 + n_prompt[1], prompts[1] + n_prompt[1], 200 - n_prompt[1]);
+    ev_result *res = calloc(2, sizeof *res);
+    for (int i = 0; i < 2; i++) {
+        kvlm_request_params p = greedy_params(EV_MAX);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
+    }
+    int steps = 0, most_blocks = 0, cap = (64 + 15) / 16;
+    kvlm_sched_req_info info[2];
+    while (kvlm_sched_step(s) > 0) {
+        assert_true(++steps < 10000);
+        for (int k = 0, n = kvlm_sched_requests(s, info, 2); k < n; k++) {
+            assert_true(info[k].blocks <= cap);
+            if (info[k].blocks > most_blocks) most_blocks = info[k].blocks;
+        }
+    }
+    printf("  sinks, budget 64, context 128: prompts of %d and %d tokens, %d + %d tokens in %d steps, at most %d "
+           "blocks a request (cap %d)\n", n_prompt[0], n_prompt[1], res[0].n_out, res[1].n_out, steps, most_blocks, cap);
+    assert_int_equal(most_blocks, cap);
+    for (int i = 0; i < 2; i++) {
+        int32_t want[EV_MAX];
+        int n_want = greedy_evict_alone(m, prompts[i], n_prompt[i], EV_MAX, want);
+        assert_int_equal(res[i].n_out, n_want);
+        assert_memory_equal(res[i].out, want, (size_t)n_want * sizeof(int32_t));
+        assert_int_equal(res[i].finish, n_want < EV_MAX ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+    }
+    assert_int_equal(res[0].n_out, EV_MAX); /* far past the context of 128 */
+    assert_int_equal(res[0].finish, KVLM_FINISH_LENGTH);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    assert_int_equal(st.kv.used, 0);
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
+/* Four requests under sinks in a pool of 10 blocks (each may hold 4), the
+ * newest with a prompt longer than the budget (it evicts at once): the others
+ * are preempted before they evict (and recomputed), never one that evicted (its
+ * cache could not be rebuilt); each still gives what it gives alone. */
+static void test_evict_preempt(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx_params cp = evict_params();
+    cp.n_seq_max = 4;
+    cp.kv_blocks = 10;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    assert_non_null(s);
+    enum { R = 4 };
+    int max_tokens = tu_quick() ? 100 : 200, n_prompt[R];
+    int32_t prompts[R][200];
+    ev_result *res = calloc(R, sizeof *res);
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = make_prompt(m, 5 * i + 1, prompts[i], 200);
+        while (i == R - 1 && n_prompt[i] < 100)
+            n_prompt[i] += make_prompt(m, n_prompt[i], prompts[i] + n_prompt[i], 200 - n_prompt[i]);
+        kvlm_request_params p = greedy_params(max_tokens);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
+    }
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) assert_true(++steps < 10000);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    printf("  sinks, 4 requests in 10 blocks: %d steps, %llu preemptions\n", steps, (unsigned long long)st.preemptions);
+    assert_true(st.preemptions > 0);
+    assert_int_equal(st.kv.used, 0);
+    for (int i = 0; i < R; i++) {
+        int32_t want[EV_MAX];
+        int n_want = greedy_evict_alone(m, prompts[i], n_prompt[i], max_tokens, want);
+        assert_int_equal(res[i].n_out, n_want);
+        assert_memory_equal(res[i].out, want, (size_t)n_want * sizeof(int32_t));
+        assert_int_equal(res[i].finish, n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+    }
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 static kvlm_model *synth_with_template(const char *tmpl) {
     kvlm_synth_params sp = {0};
     sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 1; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
@@ -295,6 +446,8 @@ int main(void) {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_cancel_and_stop),
         cmocka_unit_test(test_fork_n),
+        cmocka_unit_test(test_evict_past_context),
+        cmocka_unit_test(test_evict_preempt),
         cmocka_unit_test(test_chat_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,6 +27,31 @@ bool cli_is(const char *arg, const char *s, const char *l);
 /* --cache-type-k / --cache-type-v NAME: a KV cache element type by name
  * (values: not q4_kc), with a clear error for anything else. */
 bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool values, int *out, bool *bad);
+/* The context and KV cache options of run, serve and perplexity: -c/--ctx,
+ * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
+ * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy. cli_opt_ctx takes
+ * argv[*i] if it is one of them (the two strings stay as given, for
+ * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
+ * evict (either may be NULL) into cp; returns 0, or 1 after an error.
+ * CLI_CTX_USAGE is their help text. */
+bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad);
+int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict);
+#define CLI_CTX_USAGE \
+    "  -c, --ctx N             context length (default: the model's trained context)\n" \
+    "  -t, --threads N         threads (default: one per core)\n" \
+    "      --kv-mem SIZE       KV cache pool (e.g. 512MiB; default: room for every sequence's budget)\n" \
+    "      --block-size N      tokens per KV cache block (default 16)\n" \
+    "      --cache-type-k T    element type of cached keys: f32 (default), f16, bf16, q8_0, q4_0,\n" \
+    "                          q4_kc (4-bit per channel over each block, KIVI-style)\n" \
+    "      --cache-type-v T    element type of cached values: f32 (default), f16, bf16, q8_0, q4_0\n" \
+    "      --kv-budget N       most tokens a sequence keeps in its KV cache (default: the context)\n" \
+    "      --kv-evict P        what goes when the budget is full: none (stop there; default),\n" \
+    "                          window (the last N), sinks (the first S and the last N - S) or h2o\n" \
+    "                          (the most recent and the most attended); with sinks, h2o or window\n" \
+    "                          generation goes on indefinitely, past the context\n" \
+    "      --kv-sinks S        first tokens kept under sinks (default 4)\n" \
+    "      --h2o-recent R      most recent tokens kept under h2o (default: budget less heavy hitters)\n" \
+    "      --h2o-heavy F       share of the kept tokens h2o picks by attention (default 0.5)\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

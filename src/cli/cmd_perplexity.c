@@ -15,6 +15,26 @@ static void progress(void *user, int chunk, double ppl) {
 
 #define MAX_POLICIES 8
 
+/* Loads the model and tokenizes the text file (BOS first where the model adds
+ * one); NULL after an error (*m then freed). */
+static int32_t *load_tokens(const char *model_path, const char *tok_path, const char *file, kvlm_model **m, int *n) {
+    size_t len;
+    char *text = cli_read_file("perplexity", file, &len);
+    if (!text) return NULL;
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    int32_t *toks = NULL;
+    if (!(*m = kvlm_model_load(model_path, &mp, &err))) cli_fail("perplexity", "%s", err.msg);
+    else if ((*n = kvlm_tokenize(*m, text, len, kvlm_add_bos(*m), false, NULL, 0, &err)) < 0)
+        cli_fail("perplexity", "%s", err.msg);
+    else if (!(toks = malloc(((size_t)*n + 1) * sizeof *toks))) cli_fail("perplexity", "out of memory");
+    else kvlm_tokenize(*m, text, len, kvlm_add_bos(*m), false, toks, *n, &err);
+    free(text);
+    if (!toks) { kvlm_model_free(*m); *m = NULL; }
+    return toks;
+}
+
 /* One line per policy of log-scaled perplexity against position, hand-written SVG. */
 static int write_svg(const char *path, char names[][16], int n_pol, const double *ppl, int n_str, int stride,
                      int budget, int n_ctx_train) {
@@ -67,16 +87,14 @@ static void stream_usage(FILE *f) {
                "bounded to --kv-budget tokens (default 256) under each policy in turn (default\n"
                "none,window,sinks,h2o; none keeps everything: the full cache) and prints perplexity per\n"
                "stretch of --stride positions (default 256): one row per stretch, one column per policy.\n"
-               "  --kv-sinks S      first tokens kept under sinks (default 4)\n"
-               "  --h2o-recent R    recent tokens kept under h2o (default: budget less heavy hitters)\n"
-               "  --h2o-heavy F     share of the budget h2o fills by accumulated attention (default 0.5)\n"
-               "  --block-size N    tokens per KV block (default 16); -c N: context of the bounded runs\n"
                "  --csv FILE        the table as CSV;  --svg FILE: a chart, one line per policy\n"
-               "  --trained-ctx N   where the chart marks the trained context (default: the model's metadata)\n");
+               "  --trained-ctx N   where the chart marks the trained context (default: the model's metadata)\n"
+               "Context and cache options (-c: the bounded runs' context; --kv-evict: a comma-separated list):\n"
+               CLI_CTX_USAGE);
 }
 
 static int cmd_perplexity_stream(int argc, char **argv) {
-    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *csv = NULL, *svg = NULL;
+    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *csv = NULL, *svg = NULL, *kv_mem = NULL;
     const char *policies = "none,window,sinks,h2o";
     int stride = 256, n_max = 4096, n_ctx_train = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -88,27 +106,19 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &file, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-evict", &policies, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-budget", &cp.kv_budget, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-sinks", &cp.kv_sinks, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--h2o-recent", &cp.h2o_recent, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--h2o-heavy", &cp.h2o_heavy, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &policies, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--stride", &stride, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--tokens", &n_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--trained-ctx", &n_ctx_train, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--csv", &csv, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--svg", &svg, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else { cli_fail("perplexity", "unknown option '%s'", argv[i]); stream_usage(stderr); return 1; }
         if (bad) return 1;
     }
     if (!model_path || !file) return cli_fail("perplexity", "give -m MODEL and -f TEXT");
-    if (stride < 1 || n_max < 2 || cp.kv_budget < 1 || cp.n_ctx < 0 || cp.block_size < 0)
+    if (stride < 1 || n_max < 2 || cp.kv_budget < 1)
         return cli_fail("perplexity", "--stride, --kv-budget must be >= 1 and --tokens >= 2");
+    if (cli_ctx_finish("perplexity", &cp, kv_mem, NULL)) return 1; /* the policies are a list: below */
     char names[MAX_POLICIES][16];
     int ids[MAX_POLICIES], n_pol = 0;
     for (const char *p = policies; *p;) {
@@ -122,22 +132,12 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         n_pol++;
         p += l + (p[l] == ',');
     }
-    size_t len;
-    char *text = cli_read_file("perplexity", file, &len);
-    if (!text) return 1;
+    kvlm_model *m;
+    int n, rc = 1;
+    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    if (!toks) return 1;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
-    mp.tokenizer_path = tok_path;
-    int rc = 1;
-    int32_t *toks = NULL;
     double *ppl = NULL;
-    kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
-    if (!m) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    int n = kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, NULL, 0, &err);
-    if (n < 0) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    toks = malloc(((size_t)n + 1) * sizeof *toks);
-    if (!toks) { cli_fail("perplexity", "out of memory"); goto done; }
-    kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, toks, n, &err);
     if (n > n_max) n = n_max;
     if (n < 2) { cli_fail("perplexity", "the text has fewer than 2 tokens"); goto done; }
     int n_str = (n + stride - 1) / stride;
@@ -194,7 +194,6 @@ static int cmd_perplexity_stream(int argc, char **argv) {
 done:
     free(ppl);
     free(toks);
-    free(text);
     kvlm_model_free(m);
     return rc;
 }
@@ -202,55 +201,43 @@ done:
 int cmd_perplexity(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--stream")) return cmd_perplexity_stream(argc, argv);
-    const char *model_path = NULL, *file = NULL, *tok_path = NULL;
+    const char *model_path = NULL, *file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL;
     int n_chunks = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_ctx = 512;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [-t THREADS]\n"
-                   "                        [--cache-type-k T] [--cache-type-v T]\n\n"
+            printf("usage: kvlm perplexity -m MODEL -f TEXT [-c N] [--chunks K] [options]\n\n"
                    "Tokenizes TEXT once (BOS first where the model adds one), cuts it into consecutive\n"
                    "chunks of N tokens (default 512; the first K chunks, default all), puts BOS first in\n"
                    "each chunk, and scores each token of a chunk's second half given everything before it\n"
                    "in the chunk, as llama.cpp's perplexity tool does. Ends with\n"
                    "  Final estimate: PPL = <ppl> +/- <standard error>\n"
-                   "--cache-type-k/-v: KV cache element types (f32 default, f16, bf16, q8_0, q4_0;\n"
-                   "q4_kc for keys only).\n"
                    "With --stream: perplexity per stretch of positions through bounded KV caches under\n"
-                   "each eviction policy (kvlm perplexity --stream --help).\n");
+                   "each eviction policy (kvlm perplexity --stream --help), where the eviction options\n"
+                   "below apply; -c is the chunk size here (default 512).\n"
+                   CLI_CTX_USAGE);
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &file, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--chunks", &n_chunks, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else return cli_fail("perplexity", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
     if (!model_path || !file) return cli_fail("perplexity", "give -m MODEL and -f TEXT");
+    if (cli_ctx_finish("perplexity", &cp, kv_mem, evict)) return 1;
+    if (cp.kv_evict || cp.kv_budget)
+        return cli_fail("perplexity", "--kv-evict and --kv-budget bound the cache per policy: use them with --stream");
     if (cp.n_ctx < 8) return cli_fail("perplexity", "the context must be at least 8 tokens");
-    size_t len;
-    char *text = cli_read_file("perplexity", file, &len);
-    if (!text) return 1;
+    kvlm_model *m;
+    int n, rc = 1;
+    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    if (!toks) return 1;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
-    mp.tokenizer_path = tok_path;
-    int rc = 1;
-    int32_t *toks = NULL;
-    kvlm_ctx *ctx = NULL;
-    kvlm_model *m = kvlm_model_load(model_path, &mp, &err);
-    if (!m) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    int n = kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, NULL, 0, &err);
-    if (n < 0) { cli_fail("perplexity", "%s", err.msg); goto done; }
-    toks = malloc(((size_t)n + 1) * sizeof *toks);
-    if (!toks) { cli_fail("perplexity", "out of memory"); goto done; }
-    kvlm_tokenize(m, text, len, kvlm_add_bos(m), false, toks, n, &err);
-    ctx = kvlm_ctx_create(m, &cp, &err);
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) { cli_fail("perplexity", "%s", err.msg); goto done; }
     kvlm_kv_stats ks;
     kvlm_kv_stats_get(ctx, &ks);
@@ -267,7 +254,6 @@ int cmd_perplexity(int argc, char **argv) {
     rc = 0;
 done:
     free(toks);
-    free(text);
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
     return rc;

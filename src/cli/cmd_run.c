@@ -16,8 +16,6 @@ static void run_usage(FILE *f) {
             "  -p, --prompt TEXT       prompt (default: empty, i.e. BOS only)\n"
             "  -f, --file FILE         read the prompt from a file\n"
             "  -n, --n-predict N       tokens to generate (default 256; stops early at end of text)\n"
-            "  -c, --ctx N             context length (default: the model's trained context)\n"
-            "  -t, --threads N         threads (default: one per core)\n"
             "      --temp T            temperature; 0 = greedy (default 0.8)\n"
             "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n"
             "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n"
@@ -27,19 +25,7 @@ static void run_usage(FILE *f) {
             "      --seed S            random seed (default: time-based); the same seed gives the same text\n"
             "      --special           recognise special tokens (e.g. <|im_start|>) in the prompt\n"
             "      --no-bos            do not add BOS before the prompt\n"
-            "      --kv-mem SIZE       KV cache budget (e.g. 512MiB; default: one full context)\n"
-            "      --block-size N      tokens per KV cache block (default 16)\n"
-            "      --cache-type-k T    element type of cached keys: f32 (default), f16, bf16, q8_0, q4_0,\n"
-            "                          q4_kc (4-bit per channel over each block, KIVI-style)\n"
-            "      --cache-type-v T    element type of cached values: f32 (default), f16, bf16, q8_0, q4_0\n"
-            "      --kv-budget N       most tokens the sequence keeps in its KV cache (default: the context)\n"
-            "      --kv-evict P        what goes when the budget is full: none (stop there; default),\n"
-            "                          window (the last N), sinks (the first S and the last N - S) or h2o\n"
-            "                          (the most recent and the most attended); with sinks, h2o or window\n"
-            "                          generation goes on indefinitely, past the context\n"
-            "      --kv-sinks S        first tokens kept under sinks (default 4)\n"
-            "      --h2o-recent R      most recent tokens kept under h2o (default: budget less heavy hitters)\n"
-            "      --h2o-heavy F       share of the kept tokens h2o picks by attention (default 0.5)\n"
+            CLI_CTX_USAGE
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
             "  -h, --help              this help\n");
 }
@@ -59,8 +45,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &prompt_file, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &sp.top_k, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--top-p", &sp.top_p, &bad)) {}
@@ -71,25 +56,12 @@ int cmd_run(int argc, char **argv) {
         else if (cli_is(argv[i], NULL, "--special")) special = true;
         else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-budget", &cp.kv_budget, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-evict", &evict, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-sinks", &cp.kv_sinks, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--h2o-recent", &cp.h2o_recent, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--h2o-heavy", &cp.h2o_heavy, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else { fprintf(stderr, "kvlm run: unknown option '%s'\n", argv[i]); run_usage(stderr); return 1; }
         if (bad) return 1;
     }
     if (!model_path) { fprintf(stderr, "kvlm run: no model given (-m FILE)\n"); run_usage(stderr); return 1; }
     if (prompt && prompt_file) return cli_fail("run", "give either -p or -f, not both");
-    if (cp.n_ctx < 0 || cp.n_threads < 0 || cp.block_size < 0)
-        return cli_fail("run", "--ctx, --threads and --block-size must be >= 0");
-    if (evict && (cp.kv_evict = kvlm_evict_from_name(evict)) < 0)
-        return cli_fail("run", "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
-    if (kv_mem && cli_parse_size(kv_mem, &cp.kv_mem)) return cli_fail("run", "bad size '%s' (e.g. 512MiB)", kv_mem);
+    if (cli_ctx_finish("run", &cp, kv_mem, evict)) return 1;
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
 
     char *file_text = NULL;

@@ -18,21 +18,16 @@ static void serve_usage(FILE *f) {
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
             "      --chat-template T   chatml, llama2, llama3, zephyr or plain (default: from the model)\n"
-            "  -c, --ctx N             context per request (default: the model's trained context)\n"
-            "  -t, --threads N         threads (default: one per core)\n"
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
-            "      --kv-mem SIZE       KV cache budget (e.g. 512MiB; default: max-seqs full contexts)\n"
-            "      --block-size N      tokens per KV cache block (default 16)\n"
-            "      --cache-type-k T    element type of cached keys (f32, f16, bf16, q8_0, q4_0, q4_kc)\n"
-            "      --cache-type-v T    element type of cached values (f32, f16, bf16, q8_0, q4_0)\n"
+            CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
             "      --max-body SIZE     largest request body (default 1MiB)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *max_body = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
     kvlm_server_params sp = {0};
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -46,14 +41,9 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--port", &sp.port, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--alias", &sp.model_id, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &sp.chat_template, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-seqs", &cp.n_seq_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &kv_mem, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &cp.block_size, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad)) {}
-        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--timeout", &sp.timeout_s, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); return 1; }
@@ -61,10 +51,9 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model_path) { fprintf(stderr, "kvlm serve: no model given (-m FILE)\n"); serve_usage(stderr); return 1; }
     if (sp.port < 0 || sp.port > 65535) return cli_fail("serve", "--port must be in 0..65535");
-    if (cp.n_ctx < 0 || cp.n_threads < 0 || cp.block_size < 0 || cp.n_seq_max < 1 || sp.batch_tokens < 0 ||
-        sp.timeout_s < 0)
-        return cli_fail("serve", "--ctx, --threads, --block-size, --batch-tokens and --timeout must be >= 0, --max-seqs >= 1");
-    if (kv_mem && cli_parse_size(kv_mem, &cp.kv_mem)) return cli_fail("serve", "bad size '%s' (e.g. 512MiB)", kv_mem);
+    if (cp.n_seq_max < 1 || sp.batch_tokens < 0 || sp.timeout_s < 0)
+        return cli_fail("serve", "--batch-tokens and --timeout must be >= 0, --max-seqs >= 1");
+    if (cli_ctx_finish("serve", &cp, kv_mem, evict)) return 1;
     if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0))
         return cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
     cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
@@ -90,9 +79,12 @@ int cmd_serve(int argc, char **argv) {
     if (!(srv = kvlm_server_start(ctx, &sp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
-    fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)\n",
+    fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)",
             kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
             (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20));
+    if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
+        fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
+    fputc('\n', stderr);
     printf("kvlm serve: listening on http://%s:%d\n", sp.host ? sp.host : "127.0.0.1", kvlm_server_port(srv));
     fflush(stdout);
     int sig = 0;

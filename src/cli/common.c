@@ -91,6 +91,34 @@ bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, 
     return true;
 }
 
+bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
+    return cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
+           cli_opt_int(argc, argv, i, "-t", "--threads", &cp->n_threads, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-mem", kv_mem, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--block-size", &cp->block_size, bad) ||
+           cli_opt_cache_type(argc, argv, i, "--cache-type-k", false, &cp->cache_type_k, bad) ||
+           cli_opt_cache_type(argc, argv, i, "--cache-type-v", true, &cp->cache_type_v, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--kv-budget", &cp->kv_budget, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-evict", evict, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--kv-sinks", &cp->kv_sinks, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--h2o-recent", &cp->h2o_recent, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--h2o-heavy", &cp->h2o_heavy, bad);
+}
+
+int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict) {
+    if (cp->n_ctx < 0 || cp->n_threads < 0 || cp->block_size < 0 || cp->kv_budget < 0 || cp->kv_sinks < 0 ||
+        cp->h2o_recent < 0)
+        return cli_fail(cmd, "--ctx, --threads, --block-size, --kv-budget, --kv-sinks and --h2o-recent must be >= 0");
+    if (!(cp->h2o_heavy >= 0 && cp->h2o_heavy <= 1)) return cli_fail(cmd, "--h2o-heavy must be within 0..1");
+    if (cp->n_ctx > 0 && cp->kv_budget > cp->n_ctx)
+        return cli_fail(cmd, "--kv-budget %d is beyond the context of %d (raise --ctx)", cp->kv_budget, cp->n_ctx);
+    if (evict && (cp->kv_evict = kvlm_evict_from_name(evict)) < 0)
+        return cli_fail(cmd, "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
+    if (kv_mem && cli_parse_size(kv_mem, &cp->kv_mem))
+        return cli_fail(cmd, "bad size '%s' for --kv-mem (e.g. 512MiB)", kv_mem);
+    return 0;
+}
+
 char *cli_read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { cli_fail(cmd, "cannot open %s: %s", path, strerror(errno)); return NULL; }

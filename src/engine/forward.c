@@ -232,6 +232,10 @@ int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
 }
 int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, 0); }
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->budget; }
+int kvlm_ctx_kv_evict(const kvlm_ctx *ctx) { return ctx->ev.policy; }
+int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx) {
+    return ctx->budget - (ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0);
+}
 long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
     return kv_seq_valid(ctx->kv, seq) ? ctx->n_evicted[seq] : 0;
 }

@@ -2,7 +2,8 @@
  * kvlm_decode per step mixing decode tokens and prefill chunks under a token
  * budget), FCFS admission by free blocks after prefix reuse, preemption of
  * the newest sequence by recompute when the pool runs out, n > 1 by forking
- * the prompt's blocks, cancellation. */
+ * the prompt's blocks, cancellation; under an eviction policy, sequences that
+ * run past the context within their KV budget. */
 #include "engine/sched.h"
 #include <math.h>
 #include <pthread.h>
@@ -18,8 +19,8 @@ typedef struct {
     req *r;
     int index;
     int seq;           /* -1: holds no sequence (waiting, or done) */
-    int32_t *hist;
-    int n_hist, n_gen;
+    int32_t *hist;     /* every token: under eviction it outgrows the cache */
+    int n_hist, cap, n_gen;
     kvlm_sampler *smp;
     bool done;
 } unit;
@@ -40,6 +41,8 @@ struct kvlm_sched {
     kvlm_ctx *ctx;
     const kvlm_model *model;
     int batch_tokens, max_seqs, n_ctx, block_size, n_blocks, vocab;
+    int budget, max_feed; /* kvlm_ctx_kv_budget, kvlm_ctx_kv_max_feed */
+    bool evicts;          /* a policy other than none: sequences are not bounded by the context */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
@@ -62,6 +65,8 @@ struct kvlm_sched {
 };
 
 static int blocks_for(const kvlm_sched *s, int n) { return (n + s->block_size - 1) / s->block_size; }
+/* Blocks a sequence of n tokens holds once settled: the budget caps it. */
+static int seq_blocks(const kvlm_sched *s, int n) { return blocks_for(s, n < s->budget ? n : s->budget); }
 
 kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err) {
     kvlm_sched *s = calloc(1, sizeof *s);
@@ -72,6 +77,9 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->max_seqs = kvlm_ctx_n_seq_max(ctx);
     if (params && params->max_seqs > 0 && params->max_seqs < s->max_seqs) s->max_seqs = params->max_seqs;
     s->n_ctx = kvlm_ctx_n_ctx(ctx);
+    s->budget = kvlm_ctx_kv_budget(ctx);
+    s->max_feed = kvlm_ctx_kv_max_feed(ctx);
+    s->evicts = kvlm_ctx_kv_evict(ctx) != KVLM_EVICT_NONE;
     s->vocab = kvlm_vocab_size(s->model);
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
@@ -187,13 +195,14 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
         util_err_set(err, KVLM_EINVAL, "n = %d is more than the %d sequences the server runs at once", n, s->max_seqs);
         return 0;
     }
-    if (n_prompt > s->n_ctx) {
-        util_err_set(err, KVLM_ERANGE, "the prompt is %d tokens, longer than the context of %d", n_prompt, s->n_ctx);
+    if (n_prompt > s->budget && !s->evicts) { /* under eviction a long prompt goes in pieces */
+        util_err_set(err, KVLM_ERANGE, "the prompt is %d tokens, longer than the %s of %d", n_prompt,
+                     s->budget < s->n_ctx ? "KV budget" : "context", s->budget);
         return 0;
     }
-    if (blocks_for(s, n_prompt) > s->n_blocks) {
+    if (seq_blocks(s, n_prompt) > s->n_blocks) {
         util_err_set(err, KVLM_ERANGE, "the prompt of %d tokens needs %d KV blocks; the cache holds only %d",
-                     n_prompt, blocks_for(s, n_prompt), s->n_blocks);
+                     n_prompt, seq_blocks(s, n_prompt), s->n_blocks);
         return 0;
     }
     for (int i = 0; i < n_prompt; i++)
@@ -208,8 +217,8 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     r->n_prompt = n_prompt;
     r->cb = cb;
     r->user = user;
-    long cap = (long)n_prompt + p->max_tokens + 1;
-    if (cap > s->n_ctx + 1) cap = s->n_ctx + 1;
+    /* the history grows in sample(); start with room for a short answer */
+    int cap = n_prompt + 1 + (p->max_tokens < 256 ? p->max_tokens : 256);
     for (int i = 0; i < n; i++) {
         unit *u = &r->u[i];
         u->r = r;
@@ -219,6 +228,7 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
         sp.seed += (uint64_t)i;
         u->smp = kvlm_sampler_create(&sp, s->vocab);
         u->hist = malloc((size_t)cap * sizeof(int32_t));
+        u->cap = cap;
         if (!u->smp || !u->hist) { req_free(r); util_err_set(err, KVLM_ENOMEM, "out of memory"); return 0; }
         memcpy(u->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
         u->n_hist = n_prompt;
@@ -247,6 +257,15 @@ void kvlm_sched_cancel(kvlm_sched *s, uint64_t id) {
 /* Completions 1..n-1 of a request wait for completion 0's prompt, then fork it. */
 static bool follower(const unit *u) { return u->index > 0 && !u->r->forked; }
 
+/* Tokens of the history already in the sequence's cache or evicted from it. */
+static int fed(const kvlm_sched *s, const unit *u) {
+    return kvlm_seq_n_past(s->ctx, u->seq) + (int)kvlm_seq_n_evicted(s->ctx, u->seq);
+}
+
+/* Preemption frees the blocks and recomputes the history later, which only
+ * rebuilds the same cache when the recompute evicts nothing. */
+static bool recomputable(const kvlm_sched *s, const unit *u) { return u->n_hist <= s->budget; }
+
 static void preempt(kvlm_sched *s, unit *u) {
     release(s, u);
     if (u->index == 0 && !u->r->forked)
@@ -272,7 +291,7 @@ static void admit(kvlm_sched *s) {
             any_active = true;
             int have;
             kvlm_seq_kv_info(s->ctx, u->seq, &have, NULL);
-            if (blocks_for(s, u->n_hist) > have) promised += blocks_for(s, u->n_hist) - have;
+            if (seq_blocks(s, u->n_hist) > have) promised += seq_blocks(s, u->n_hist) - have;
         }
     for (req *r = s->live; r; r = r->next)
         for (int i = 0; i < r->n; i++) {
@@ -284,9 +303,9 @@ static void admit(kvlm_sched *s) {
             s->slot_used[u->seq] = true;
             kvlm_kv_stats st0, st;
             kvlm_kv_stats_get(s->ctx, &st0);
-            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, u->n_hist);
+            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, u->n_hist < s->budget ? u->n_hist : s->budget);
             kvlm_kv_stats_get(s->ctx, &st);
-            int need = blocks_for(s, u->n_hist) - matched / s->block_size;
+            int need = seq_blocks(s, u->n_hist) - matched / s->block_size;
             if (any_active && need > st.free + st.cached - promised) {
                 /* tried again next step: this lookup should not count twice */
                 s->undo_hits += st.prefix_hits - st0.prefix_hits;
@@ -312,12 +331,18 @@ static void admit(kvlm_sched *s) {
         }
 }
 
-/* The newest completion holding a sequence (followers go with their leader). */
-static unit *newest_active(kvlm_sched *s) {
+/* The newest completion holding a sequence (followers go with their leader),
+ * or the newest that is recomputable; *n_active: how many hold one. */
+static unit *newest_active(kvlm_sched *s, bool only_recomputable, int *n_active) {
     unit *best = NULL;
+    int n = 0;
     for (req *r = s->live; r; r = r->next)
         for (int i = 0; i < r->n; i++)
-            if (r->u[i].seq >= 0 && !follower(&r->u[i])) best = &r->u[i];
+            if (r->u[i].seq >= 0 && !follower(&r->u[i])) {
+                n++;
+                if (!only_recomputable || recomputable(s, &r->u[i])) best = &r->u[i];
+            }
+    if (n_active) *n_active = n;
     return best;
 }
 
@@ -328,9 +353,10 @@ static int build_batch(kvlm_sched *s) {
             for (int i = 0; i < r->n; i++) {
                 unit *u = &r->u[i];
                 if (u->seq < 0 || follower(u)) continue;
-                int past = kvlm_seq_n_past(s->ctx, u->seq), left = u->n_hist - past;
+                int past = fed(s, u), left = u->n_hist - past;
                 if (left <= 0 || (pass == 0) != (left == 1)) continue;
                 int take = left < budget ? left : budget;
+                if (take > s->max_feed) take = s->max_feed; /* a batch may not outgrow the KV budget */
                 for (int t = 0; t < take; t++) {
                     s->tok[n] = u->hist[past + t];
                     s->seqv[n] = u->seq;
@@ -373,11 +399,18 @@ static void sample(kvlm_sched *s, unit *u, const float *logits) {
     ev.token = kvlm_sampler_sample(u->smp, logits);
     if (kvlm_token_is_eog(s->model, ev.token)) { finish(s, u, KVLM_FINISH_STOP, NULL); return; }
     if (u->r->p.logprobs >= 0) logprobs(s, logits, &ev, u->r->p.logprobs);
+    if (u->n_hist == u->cap) {
+        int32_t *h = u->cap < INT32_MAX / 2 ? realloc(u->hist, (size_t)u->cap * 2 * sizeof *h) : NULL;
+        if (!h) { finish(s, u, KVLM_FINISH_ERROR, "out of memory"); return; }
+        u->hist = h;
+        u->cap *= 2;
+    }
     u->hist[u->n_hist++] = ev.token;
     u->n_gen++;
     s->generated++;
     if (!u->r->cb(u->r->user, &ev)) finish(s, u, KVLM_FINISH_STOP, NULL);
-    else if (u->n_gen >= u->r->p.max_tokens || u->n_hist > s->n_ctx) finish(s, u, KVLM_FINISH_LENGTH, NULL);
+    else if (u->n_gen >= u->r->p.max_tokens || (!s->evicts && u->n_hist > s->budget))
+        finish(s, u, KVLM_FINISH_LENGTH, NULL);
 }
 
 static void publish(kvlm_sched *s) {
@@ -404,7 +437,7 @@ static void publish(kvlm_sched *s) {
             kvlm_seq_kv_info(s->ctx, u->seq, &b, &sh);
             q->blocks += b;
             q->shared_blocks += sh;
-            int st = u->n_hist - kvlm_seq_n_past(s->ctx, u->seq) <= 1 ? 2 : 1;
+            int st = u->n_hist - fed(s, u) <= 1 ? 2 : 1;
             if (st > q->state) q->state = st;
         }
         if (q->state) running++;
@@ -462,15 +495,13 @@ int kvlm_sched_step(kvlm_sched *s) {
         kvlm_batch b = {n, s->tok, NULL, s->want, s->seqv};
         int rc = kvlm_decode(s->ctx, &b, &err);
         if (rc == KVLM_OK) break;
-        unit *victim = newest_active(s);
-        if (rc == KVLM_EFULL && victim) {
-            bool alone = true;
-            for (req *r = s->live; r && alone; r = r->next)
-                for (int i = 0; i < r->n; i++)
-                    if (&r->u[i] != victim && r->u[i].seq >= 0 && !follower(&r->u[i])) alone = false;
-            if (!alone) { preempt(s, victim); continue; }
-            /* it alone outgrows the pool: end it where it is */
-            if (victim->n_gen > 0) { finish(s, victim, KVLM_FINISH_LENGTH, NULL); continue; }
+        int n_active;
+        unit *victim = newest_active(s, true, &n_active), *newest = newest_active(s, false, NULL);
+        if (rc == KVLM_EFULL && newest) {
+            if (victim && n_active > 1) { preempt(s, victim); continue; }
+            /* one sequence alone outgrows the pool, or only ones that evicted (their
+             * cache cannot be recomputed) are left: end the newest where it is */
+            if (newest->n_gen > 0) { finish(s, newest, KVLM_FINISH_LENGTH, NULL); continue; }
         }
         for (int i = 0; i < n; i++) /* an error that is not about room: end what was in the batch */
             if (!s->who[i]->done) {

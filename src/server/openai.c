@@ -474,7 +474,9 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-    rp->max_tokens = max_tokens > n_ctx ? n_ctx : (int)max_tokens;
+    /* under eviction a completion may run past the context */
+    int most = kvlm_ctx_kv_evict(s->ctx) ? 1 << 30 : n_ctx;
+    rp->max_tokens = max_tokens > most ? most : (int)max_tokens;
     rp->n = (int)n;
     rp->logprobs = (int)lp;
     j->n = (int)n;
@@ -582,9 +584,10 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
         goto bad;
     }
     if (!parse(s, body, j, &rp, &e) || !(toks = prompt_tokens(s, body, j, &n_toks, &e))) goto bad;
-    if (n_toks > kvlm_ctx_n_ctx(s->ctx)) {
-        fail(&e, 400, chat ? "messages" : "prompt", "context_length_exceeded",
-             "the prompt is %d tokens; this model's context holds %d", n_toks, kvlm_ctx_n_ctx(s->ctx));
+    int budget = kvlm_ctx_kv_budget(s->ctx); /* under eviction a longer prompt goes through in pieces */
+    if (n_toks > budget && !kvlm_ctx_kv_evict(s->ctx)) {
+        fail(&e, 400, chat ? "messages" : "prompt", "context_length_exceeded", "the prompt is %d tokens; %s holds %d",
+             n_toks, budget < kvlm_ctx_n_ctx(s->ctx) ? "the KV budget" : "this model's context", budget);
         goto bad;
     }
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
