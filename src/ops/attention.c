@@ -592,6 +592,47 @@ static inline __attribute__((always_inline)) void qkey_scores(float *s, const in
         }                                                                                                 \
     } while (0)
 
+/* qkey_scores for two query rows (a, b) sharing each key: its codes, their
+ * absolute values and its scales are loaded once for both */
+static inline __attribute__((always_inline)) void qkey_scores2(float *sa, float *sb, const int8_t *qa, const float *da,
+                                                               const int8_t *qb, const float *db, const uint8_t *k,
+                                                               size_t rb, int n, int hd, float scale, bool q4) {
+    const int ng = hd / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    float d[4];
+    for (int j = 0; j < n; j += 4) {
+        int m = n - j < 4 ? n - j : 4;
+        __m256 a[4], b[4];
+        for (int x = 0; x < 4; x++) a[x] = b[x] = _mm256_setzero_ps();
+        for (int gi = 0; gi < ng; gi++) {
+            __m256i q0 = _mm256_loadu_si256((const __m256i *)(qa + 32 * gi));
+            __m256i q1 = _mm256_loadu_si256((const __m256i *)(qb + 32 * gi));
+            for (int x = 0; x < m; x++) {
+                const uint8_t *g = k + (size_t)(j + x) * rb + (size_t)gi * (q4 ? 18 : 34);
+                __m256i c = group_codes(g, q4), ac = _mm256_abs_epi8(c);
+                float dk = f16_at(g);
+                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(q0, c)), ones);
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(q1, c)), ones);
+                a[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(dk * da[gi]), a[x]);
+                b[x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(dk * db[gi]), b[x]);
+            }
+        }
+        /* a key's sums reduce as in qkey_scores, whatever its place in the four */
+        if (m == 4) {
+            hsum4(a[0], a[1], a[2], a[3], d);
+            for (int x = 0; x < 4; x++) sa[j + x] = d[x] * scale;
+            hsum4(b[0], b[1], b[2], b[3], d);
+            for (int x = 0; x < 4; x++) sb[j + x] = d[x] * scale;
+        } else
+            for (int x = 0; x < m; x++) {
+                hsum4(a[x], a[x], a[x], a[x], d);
+                sa[j + x] = d[0] * scale;
+                hsum4(b[x], b[x], b[x], b[x], d);
+                sb[j + x] = d[0] * scale;
+            }
+    }
+}
+
 /* o[i] += sum_j p[j] * v_j[i] for n q8_0 / q4_0 value rows rb bytes apart:
  * even and odd keys in two sets of accumulators, to hide the FMA latency */
 static inline __attribute__((always_inline)) void qval_pv(float *o, const float *p, const uint8_t *v, size_t rb, int n,
@@ -666,6 +707,40 @@ static inline __attribute__((always_inline)) void half_scores(float *s, const fl
         for (int i = 0; i < hd; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_half(kj + i, bf), a);
         hsum4(a, a, a, a, d);
         s[j] = d[0] * scale;
+    }
+}
+
+/* half_scores for two query rows sharing each key, converted once */
+static inline __attribute__((always_inline)) void half_scores2(float *sa, float *sb, const float *qa, const float *qb,
+                                                               const uint16_t *k, int n, int hd, float scale, bool bf) {
+    float d[4];
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const uint16_t *k0 = k + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int i = 0; i < hd; i += 8) {
+            __m256 x0 = _mm256_loadu_ps(qa + i), x1 = _mm256_loadu_ps(qb + i), kv;
+            kv = ld_half(k0 + i, bf);
+            a0 = _mm256_fmadd_ps(x0, kv, a0);
+            b0 = _mm256_fmadd_ps(x1, kv, b0);
+            kv = ld_half(k1 + i, bf);
+            a1 = _mm256_fmadd_ps(x0, kv, a1);
+            b1 = _mm256_fmadd_ps(x1, kv, b1);
+            kv = ld_half(k2 + i, bf);
+            a2 = _mm256_fmadd_ps(x0, kv, a2);
+            b2 = _mm256_fmadd_ps(x1, kv, b2);
+            kv = ld_half(k3 + i, bf);
+            a3 = _mm256_fmadd_ps(x0, kv, a3);
+            b3 = _mm256_fmadd_ps(x1, kv, b3);
+        }
+        hsum4(a0, a1, a2, a3, d);
+        for (int x = 0; x < 4; x++) sa[j + x] = d[x] * scale;
+        hsum4(b0, b1, b2, b3, d);
+        for (int x = 0; x < 4; x++) sb[j + x] = d[x] * scale;
+    }
+    if (j < n) {
+        half_scores(sa + j, qa, k + (size_t)j * hd, n - j, hd, scale, bf);
+        half_scores(sb + j, qb, k + (size_t)j * hd, n - j, hd, scale, bf);
     }
 }
 
@@ -815,6 +890,25 @@ static void fused_scores(const op_attn_args *a, int h, int p, int n, float *s, c
     }
 }
 
+/* fused_scores for two rows (sa, qa) and (sb, qb) sharing each key */
+static void fused_scores2(const op_attn_args *a, int h, int p, int n, float *sa, float *sb, const float *qa,
+                          const float *qb, const int8_t *ca, const int8_t *cb, const float *da, const float *db,
+                          float *qs) {
+    const int hd = a->head_dim, bs = a->block_size;
+    const size_t rb = op_kv_row_bytes(a->k_type, hd);
+    const uint8_t *row = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + (size_t)(p % bs) * rb;
+    switch (a->k_type) {
+    case KVLM_CACHE_F16: half_scores2(sa, sb, qa, qb, (const uint16_t *)row, n, hd, a->scale, false); break;
+    case KVLM_CACHE_BF16: half_scores2(sa, sb, qa, qb, (const uint16_t *)row, n, hd, a->scale, true); break;
+    case KVLM_CACHE_Q8_0: qkey_scores2(sa, sb, ca, da, cb, db, row, rb, n, hd, a->scale, false); break;
+    case KVLM_CACHE_Q4_0: qkey_scores2(sa, sb, ca, da, cb, db, row, rb, n, hd, a->scale, true); break;
+    default:
+        fused_scores(a, h, p, n, sa, qa, ca, da, qs);
+        fused_scores(a, h, p, n, sb, qb, cb, db, qs);
+        break;
+    }
+}
+
 /* o += sum_j p[j] v_j over the n values from position p on (one cache block). */
 static void fused_pv(const op_attn_args *a, int h, int p, int n, float *o, const float *pj) {
     const int hd = a->head_dim, bs = a->block_size;
@@ -857,16 +951,26 @@ static void fused_pv2(const op_attn_args *a, int h, int p, int n, float *o, cons
 static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
                         const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *QS) {
     const int hd = a->head_dim, nq = int_keys(a->k_type) ? hd / 32 : 0, npad = (n + 7) & ~7;
+    /* scores, rows two at a time over the keys either sees (the extra keys
+     * of the row that sees fewer are masked below) */
+    for (int r = 0; r < R; r += 2) {
+        int v = vis[R - 1 < r + 1 ? R - 1 : r + 1];
+        v = v < n ? v : n;
+        for (int x = 0, len; x < v; x += len) {
+            len = run_from(a, kb + x, v - x);
+            float *s = S + (size_t)r * ATT_BK + x;
+            if (r + 1 < R)
+                fused_scores2(a, h, kb + x, len, s, s + ATT_BK, qr[r], qr[r + 1], qc + (size_t)r * hd,
+                              qc + (size_t)(r + 1) * hd, qd + (size_t)r * nq, qd + (size_t)(r + 1) * nq, QS);
+            else fused_scores(a, h, kb + x, len, s, qr[r], qc + (size_t)r * hd, qd + (size_t)r * nq, QS);
+        }
+    }
     for (int r = 0; r < R; r++) {
         float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
         int v = vis[r] < n ? vis[r] : n;
         if (v <= 0) {
             memset(s, 0, sizeof(float) * (size_t)n);
             continue;
-        }
-        for (int x = 0, len; x < v; x += len) {
-            len = run_from(a, kb + x, v - x);
-            fused_scores(a, h, kb + x, len, s + x, qr[r], qc + (size_t)r * hd, qd + (size_t)r * nq, QS);
         }
         __m256 vm = _mm256_set1_ps(-INFINITY);
         int x = 0;
