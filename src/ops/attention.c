@@ -6,7 +6,9 @@
  * items are too few to occupy the threads (decoding with few KV heads at long
  * context), the keys are split into parts too (flash-decoding): each part
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
- * combines. */
+ * combines. Typed caches: decode items (a few rows) read each key/value row
+ * straight from its block with fused kernels; prefill items dequantize a tile
+ * once for all their rows. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
