@@ -53,7 +53,7 @@ static kvlm_ctx *make_ctx(kvlm_model *m, int n_ctx, const char *cache, int threa
 
 /* (a) tokens/s against context for f16, q8_0 and q4_0 caches, with the
  * naive attention in the same run (best of two rounds each). */
-static void context_sweep(int threads, int max_ctx) {
+static void context_sweep(int threads, int max_ctx, const char *only) {
     const char *caches[] = {"f16", "q8_0", "q4_0"};
     bench_shape smol = {"smollm2-135M", 576, 1536, 30, 9, 3, 49152, 32768};
     kvlm_model *m = load_shape(&smol, "q8_0");
@@ -62,6 +62,7 @@ static void context_sweep(int threads, int max_ctx) {
     printf("bench_decode_ctx: decode tokens/s against context, random weights of SmolLM2-135M's shape (GQA 9:3)\n  %s\n", desc);
     printf("  %-5s %7s %12s %12s %9s %12s\n", "cache", "context", "tokens/s", "naive tok/s", "speedup", "attention");
     for (int c = 0; c < 3; c++) {
+        if (only && strcmp(only, caches[c])) continue;
         kvlm_ctx *ctx = make_ctx(m, max_ctx + 64, caches[c], threads);
         for (int n = 256; n <= max_ctx; n *= 2) {
             /* fast and naive alternate, each keeping its best of two, so a
@@ -120,12 +121,12 @@ static void target(int threads, int rounds) {
     kvlm_model_free(m);
 }
 
-/* bench_decode_ctx [threads] [max context] [sweep|target] */
+/* bench_decode_ctx [threads] [max context] [sweep|target] [cache type of the sweep] */
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int max_ctx = argc > 2 ? atoi(argv[2]) : 16384;
     const char *what = argc > 3 ? argv[3] : "all";
-    if (strcmp(what, "target")) context_sweep(threads, max_ctx);
+    if (strcmp(what, "target")) context_sweep(threads, max_ctx, argc > 4 ? argv[4] : NULL);
     if (strcmp(what, "sweep")) target(threads, 3);
     return 0;
 }
