@@ -213,37 +213,47 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
     typed_cache tc;
     build_cache(&tc, &c, kt, vt, k, v);
     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+    float *scalar = malloc(nq * sizeof(float));
     op_attention_ref(ref, q, &tc.a);
     uint8_t *work = malloc(op_attention_work_size(3, hd));
     for (int level = 0; level <= op_cpu_simd_level() && level <= OP_SIMD_AVX2; level++) {
         op_set_simd_level(level);
         op_attention(NULL, o, q, &tc.a, work);
         /* both read the same dequantized floats (q4_kc keys: the kernel folds
-         * the channel scales into q and reads the codes, the same values in
-         * another rounding): only float summation order differs, as for f32
-         * (|v| <= ~1: the bound test_ops uses) */
-        double md = 0;
+         * the channel scales into q and reads the codes; q8_0 / q4_0 keys:
+         * both see the query rounded to int8, which the fused kernels take as
+         * codes in integer dot products; values: the fused kernels multiply
+         * p by the scale before the code): only float rounding and summation
+         * order differ, as for f32 (|v| <= ~1: the bound test_ops uses). The
+         * SIMD level (fused decode kernels) against the scalar one (tiles of
+         * dequantized rows) likewise. */
+        double md = 0, ms = 0;
         for (size_t i = 0; i < nq; i++) md = fmax(md, fabs((double)o[i] - ref[i]));
-        if (md > 2e-5)
-            fail_msg("typed attention %s/%s T=%d pos0=%d heads %d/%d hd %d bs %d level %d: max diff %.3g",
+        if (level == 0) memcpy(scalar, o, nq * sizeof(float));
+        for (size_t i = 0; i < nq; i++) ms = fmax(ms, fabs((double)o[i] - scalar[i]));
+        if (md > 2e-5 || ms > 2e-5)
+            fail_msg("typed attention %s/%s T=%d pos0=%d heads %d/%d hd %d bs %d level %d: max diff %.3g, %.3g "
+                     "from scalar",
                      kvlm_cache_type_name(kt), kvlm_cache_type_name(vt), c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd,
-                     c.bs, level, md);
+                     c.bs, level, md, ms);
         op_attention(p2, o2, q, &tc.a, work);
         assert_memory_equal(o, o2, nq * sizeof(float));
         op_attention(p3, o2, q, &tc.a, work);
         assert_memory_equal(o, o2, nq * sizeof(float));
     }
     op_set_simd_level(-1);
-    free(work); free(ref); free(o); free(o2); free(k); free(v); free(q);
+    free(work); free(ref); free(o); free(o2); free(scalar); free(k); free(v); free(q);
     free_cache(&tc);
 }
 
 static void test_attention_typed(void **state) {
     (void)state;
     util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
-    const int hds[] = {8, 16, 64, 128};
-    /* GQA ratios 1, 2, 4, 8 and MQA */
-    const int kv[][2] = {{4, 4}, {4, 2}, {8, 2}, {16, 2}, {8, 1}};
+    /* 8: one quantization group per row; 32..128: GGUF's 32-element groups,
+     * which decode reads with the fused kernels */
+    const int hds[] = {8, 32, 64, 128};
+    /* GQA ratios 1, 2, 3 (pairs of rows and one left over), 8 and MQA */
+    const int kv[][2] = {{4, 4}, {4, 2}, {9, 3}, {16, 2}, {8, 1}};
     const int bss[] = {16, 7};
     bool quick = tu_quick();
     for (int kt = 0; kt < N_KTYPES; kt++)
@@ -265,11 +275,18 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, n, 8, 2, 64, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){1, n + 5, 8, 1, 128, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q4_0, p2, p3);
     check_typed((acase){3, n, 4, 4, 8, 7}, KVLM_CACHE_Q4_0, KVLM_CACHE_BF16, p2, p3);
+    /* a few query tokens at once (rows that see different key counts) go
+     * through the fused decode kernels too; blocks of 7 split key runs */
+    check_typed((acase){2, 300, 8, 4, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q4_0, p2, p3);
+    check_typed((acase){3, 37, 4, 4, 32, 7}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){4, 50, 6, 3, 16, 7}, KVLM_CACHE_BF16, KVLM_CACHE_F16, p2, p3);
     /* flash-decoding (keys split into parts, merged by log-sum-exp) with one
      * and two KV heads at 2000+ keys: the same bits on 1, 2 and 3 threads */
     check_typed((acase){1, 2100, 8, 1, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){1, 2501, 4, 2, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_F16, p2, p3);
     check_typed((acase){1, 2049, 8, 2, 128, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, p2, p3);
+    check_typed((acase){1, n + 7, 9, 3, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){1, n, 12, 12, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_Q8_0, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
 }

@@ -84,9 +84,11 @@ typedef struct {
      * float strides above: KV head h's K region in a block starts at
      *   (const uint8_t *)blocks[b] + h * head_bytes,
      * its V region v_bytes after that; a per-token type's row of slot i is
-     * i * op_kv_row_bytes(type, head_dim) into its region. The kernels
-     * dequantize a tile of keys/values at a time into per-thread scratch,
-     * never a copy of the cache; f32 reads the cache directly as before. */
+     * i * op_kv_row_bytes(type, head_dim) into its region. Decode reads
+     * each key/value row straight from its block, converting it in registers
+     * (q8_0 / q4_0 keys: integer dot products with the query rounded to int8
+     * per group, on every path); prefill dequantizes a tile at a time into
+     * per-thread scratch; never a copy of the cache. f32 is read directly. */
     int k_type, v_type;
     size_t head_bytes, v_bytes;
     /* q4_kc keys: the block still filling (index stage_block into blocks, -1:
