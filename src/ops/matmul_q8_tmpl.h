@@ -216,31 +216,48 @@ AI void q8p_scales_group(const int RM, const int RN, int n, int b0, int nb, cons
 
 AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, size_t ws, const uint8_t *x,
                   size_t xs, q8p_scales sb, __m256 acc[MAXP][MAXC]) {
-    __m256i wq[MAXR], wb[MAXR];
+    __m256i wq[MAXR];
 #pragma GCC unroll 4
-    for (int r = 0; r < RM; r++) {
+    for (int r = 0; r < RM; r++)
         wq[r] = _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(w + (size_t)r * ws) + b)->qs);
 #if Q_VNNI
-        wb[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wq[r]));
-#else
-        wb[r] = _mm256_abs_epi8(wq[r]);
-#endif
+    /* Each row pair's dwords interleaved (A0 B0 A1 B1 | A4 B4 A5 B5 and
+     * A2 B2 A3 B3 | A6 B6 A7 B7) against each token's dwords doubled: two
+     * vpdpbusd give the folded lanes directly, the same integers as the
+     * unpack + add below. */
+    const __m256i u128 = _mm256_set1_epi8((char)0x80);
+    __m256i w1[MAXP], w2[MAXP], corr[MAXP];
+#pragma GCC unroll 2
+    for (int p = 0; p < (RM + 1) / 2; p++) {
+        const __m256i A = wq[2 * p], B = 2 * p + 1 < RM ? wq[2 * p + 1] : A;
+        w1[p] = _mm256_unpacklo_epi32(A, B);
+        w2[p] = _mm256_unpackhi_epi32(A, B);
+        corr[p] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u128, w1[p]),
+                                                       u128, w2[p]));
     }
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) {
+        const __m256i xu = _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32)), u128); /* x + 128 */
+        const __m256i x1 = _mm256_unpacklo_epi32(xu, xu), x2 = _mm256_unpackhi_epi32(xu, xu);
+#pragma GCC unroll 2
+        for (int p = 0; p < (RM + 1) / 2; p++) {
+            const __m256i v = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr[p], x1, w1[p]), x2, w2[p]);
+            const __m256 s = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&sb[c][p][2 * k]));
+            acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, acc[p][c]);
+        }
+    }
+#else
+    __m256i wa[MAXR];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) wa[r] = _mm256_abs_epi8(wq[r]); /* |w| x (x with w's sign) */
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) {
         const __m256i xq = _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32));
-#if Q_VNNI
-        const __m256i xu = _mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)); /* x + 128 */
-#endif
         __m256i i[MAXR];
 #pragma GCC unroll 4
-        for (int r = 0; r < RM; r++)
-#if Q_VNNI
-            i[r] = _mm256_dpbusd_epi32(wb[r], xu, wq[r]);
-#else
-            i[r] = q_dot(wb[r], _mm256_sign_epi8(xq, wq[r]));
-#endif
+        for (int r = 0; r < RM; r++) i[r] = q_dot(wa[r], _mm256_sign_epi8(xq, wq[r]));
 #pragma GCC unroll 2
         for (int p = 0; p < (RM + 1) / 2; p++) {
             const __m256i A = i[2 * p], B = 2 * p + 1 < RM ? i[2 * p + 1] : A;
@@ -249,6 +266,7 @@ AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, si
             acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, acc[p][c]);
         }
     }
+#endif
 }
 
 AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
