@@ -1,6 +1,7 @@
 /* bench/bench_matmul: matmul speed against the machine's read bandwidth,
  * measured in the same run: decode (T=1) GB/s of weights per type as a
- * fraction of bandwidth, and prefill (T=64) per-token time against T=1.
+ * fraction of bandwidth, prefill (T=64) per-token time against T=1, and
+ * batched decode (T = 1..64 for Q8_0 and Q4_0) against T=1.
  * Usage: bench_matmul [threads (default 2)] [--quick: one shape] [--scalar]
  * Env BENCH_TYPES=q4_0,f16 limits the types. */
 #include <stdio.h>
@@ -155,6 +156,35 @@ int main(int argc, char **argv) {
         double flops = 2.0 * shapes[0].n_out * shapes[0].n_in;
         printf("%-6s %12.1f %14.2f %8.1fx %10.1f\n", names[ti], pre[ti][0] * 1e6, pre[ti][1] * 1e6,
                pre[ti][0] / pre[ti][1], flops / pre[ti][1] / 1e9);
+    }
+    /* Batched decode: the scheduler's steps run T = number of live sequences
+     * through every matrix; per token the weights are read once per call. */
+    printf("\nbatched decode: T tokens per call, %dx%d weights from memory; per-token time and speedup vs T=1\n",
+           shapes[0].n_out, shapes[0].n_in);
+    printf("%-6s", "type");
+    const int bT[] = {1, 2, 4, 8, 16, 32, 64};
+    for (int k = 0; k < 7; k++) printf("   T=%-2d us/tok (x)", bT[k]);
+    printf("   GFLOP/s at 64\n");
+    for (int ti = 3; ti <= 4; ti++) { /* q8_0, q4_0 */
+        if (only && !strstr(only, names[ti])) continue;
+        shape s = shapes[0];
+        size_t mat = dt_row_size(types[ti], s.n_in) * (size_t)s.n_out;
+        int copies = (int)((footprint + mat - 1) / mat);
+        uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
+        void *work = malloc(op_matmul_work_size(types[ti], TP, s.n_in));
+        if (!W || !work) { fprintf(stderr, "out of memory\n"); return 1; }
+        printf("%-6s", names[ti]);
+        double t1 = 0, tl = 0;
+        for (int k = 0; k < 7; k++) {
+            double t = time_calls(pool, Y, X, W, mat, copies, types[ti], bT[k], s.n_in, s.n_out, work, 8) / bT[k];
+            if (k == 0) t1 = t;
+            tl = t;
+            printf("   %8.1f (%5.2fx)", t * 1e6, t1 / t);
+            fflush(stdout);
+        }
+        printf("   %8.1f\n", 2.0 * s.n_out * s.n_in / tl / 1e9);
+        free(work);
+        free(W);
     }
     free(X);
     free(Y);

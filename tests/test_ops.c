@@ -234,6 +234,54 @@ static void test_matmul_vnni_equals_avx2(void **state) {
         }
 }
 
+/* Batched decode must give each sequence the bits it gets alone: a (row,
+ * token) result of Q8_0/Q4_0 may not depend on T, on which tile or token
+ * block it lands in, nor on the rows around it (odd row counts pair a row
+ * with itself). For every SIMD level: all T tokens at once, every prefix
+ * 1..T, and each token alone give the same bits; shapes with an odd number
+ * of blocks and partial groups of 8 blocks; plus accuracy at T = 2, 5, 70. */
+static void test_matmul_batch_bits(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int types[] = {DT_Q8_0, DT_Q4_0};
+    const char *names[] = {"q8_0", "q4_0"};
+    const int n_ins[] = {32, 96, 288, 768}, n_outs[] = {13, 37, 6};
+    const int TM = 70;
+    for (int ti = 0; ti < 2; ti++)
+        for (int a = 0; a < 4; a++) {
+            int n_in = n_ins[a], n_out = n_outs[a % 3];
+            float *wf;
+            void *W = make_weights(types[ti], n_in, n_out, &wf);
+            float *X = rand_floats((size_t)TM * n_in, 1.5f);
+            float *Yall = malloc(sizeof(float) * TM * n_out), *Y = malloc(sizeof(float) * TM * n_out);
+            for (int level = 0; level < n_levels(); level++) {
+                op_set_simd_level(level);
+                run_matmul(p2, Yall, X, W, types[ti], TM, n_in, n_out);
+                for (int T = 1; T <= TM; T += (tu_quick() && T > 8 ? 7 : 1)) {
+                    run_matmul(T & 1 ? p3 : NULL, Y, X, W, types[ti], T, n_in, n_out);
+                    if (memcmp(Y, Yall, sizeof(float) * T * n_out)) {
+                        fprintf(stderr, "%s level %d n_in %d: T=%d differs from T=%d\n", names[ti], level, n_in,
+                                T, TM);
+                        fail();
+                    }
+                }
+                for (int t = 0; t < TM; t++) {
+                    run_matmul(NULL, Y, X + (size_t)t * n_in, W, types[ti], 1, n_in, n_out);
+                    assert_memory_equal(Y, Yall + (size_t)t * n_out, sizeof(float) * n_out);
+                }
+            }
+            op_set_simd_level(-1);
+            free(W); free(wf); free(X); free(Yall); free(Y);
+        }
+    for (int ti = 0; ti < 2; ti++) {
+        check_matmul(types[ti], names[ti], 2, 96, 7, p2, p3);
+        check_matmul(types[ti], names[ti], 5, 288, 13, p2, p3);
+        if (!tu_quick()) check_matmul(types[ti], names[ti], TM, 768, 37, p2, p3);
+    }
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
 static void test_matmul_work_size(void **state) {
     (void)state;
     assert_int_equal(op_matmul_work_size(DT_F32, 8, 256), 0);
@@ -534,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_all_types),
         cmocka_unit_test(test_matmul_odd_sizes),
         cmocka_unit_test(test_matmul_vnni_equals_avx2),
+        cmocka_unit_test(test_matmul_batch_bits),
         cmocka_unit_test(test_matmul_work_size),
         cmocka_unit_test(test_read_bandwidth),
         cmocka_unit_test(test_rmsnorm),

@@ -18,6 +18,9 @@
 #define Q_SUFFIX(name) name##_avx2
 #define Q_DEC_RM 4
 #define Q_RM 2
+#ifndef Q8_RM
+#define Q8_RM 2
+#endif
 #define Q_RN 4
 #include "ops/matmul_q8_tmpl.h"
 

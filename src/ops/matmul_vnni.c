@@ -15,6 +15,9 @@
 /* 32 vector registers with EVEX: room for a 4 x 4 tile */
 #define Q_DEC_RM 4
 #define Q_RM 4
+#ifndef Q8_RM
+#define Q8_RM 4
+#endif
 #define Q_RN 4
 #include "ops/matmul_q8_tmpl.h"
 
