@@ -247,12 +247,9 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
                      "from scalar",
                      kvlm_cache_type_name(kt), kvlm_cache_type_name(vt), c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd,
                      c.bs, level, md, ms);
-        op_attention(p2, o2, q, &tc.a, work);
-        assert_memory_equal(o, o2, nq * sizeof(float));
-        op_attention(p3, o2, q, &tc.a, work);
-        assert_memory_equal(o, o2, nq * sizeof(float));
-        /* with the weights: the output unchanged, the weights within 1e-5
-         * (relative) of the reference's, the same bits on 1, 2, 3 threads */
+        /* the same with H2O's weights on 1, 2, 3 threads: the output
+         * unchanged and the same bits, the weights the same bits and within
+         * 1e-5 (relative) of the reference's */
         util_pool *pools[] = {NULL, p2, p3};
         for (int pi = 0; pi < 3; pi++) {
             wa.key_weights = pi ? w2 : w;
@@ -270,7 +267,8 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
                          hd, level, p, w[p], wref[p]);
         }
         assert_true(fabs(total - (double)c.T * c.n_heads) < 1e-4 * c.T * c.n_heads);
-        if (c.T > 1) { /* scores of two tokens at a time */
+        int top = op_cpu_simd_level() < OP_SIMD_AVX2 ? op_cpu_simd_level() : OP_SIMD_AVX2;
+        if (c.T > 1 && level == top) { /* scores of two tokens at a time */
             wa.key_weights = w2;
             wa.score_work_floats = op_attention_score_floats(2, c.n_heads, n_pos);
             memset(w2, 0, sizeof(float) * n_pos);
