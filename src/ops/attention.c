@@ -8,7 +8,8 @@
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
  * straight from its block with fused kernels; prefill items dequantize a tile
- * once for all their rows. */
+ * once for all their rows. H2O's per-key weights come from the same scores,
+ * kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
