@@ -266,6 +266,22 @@ static void test_h2o_weights(void **state) {
         if (fabsf(w[p] - 2 * wr[p]) > 1e-5f) fail_msg("key %d: weight %g, brute force %g", p, w[p] / 2, wr[p]);
     }
     assert_true(fabs(total - 2.0 * T * NH) < 1e-4);
+    /* the kernels' own weights (room for the scores of all T tokens, then of
+     * one at a time): once more against the brute force, output unchanged */
+    size_t swn = op_attention_score_floats(T, NH, N);
+    float *sw = malloc(sizeof(float) * swn);
+    a.score_work = sw;
+    for (int pass = 0; pass < 2; pass++) {
+        a.score_work_floats = pass ? op_attention_score_floats(1, NH, N) : swn;
+        memset(w, 0, sizeof w);
+        op_attention(pool, out, q, &a, work);
+        for (int i = 0; i < T * NH * HD; i++)
+            if (fabsf(out[i] - plain[i]) > (pass ? 1e-5f : 0.0f)) fail_msg("pass %d: out[%d] changed", pass, i);
+        for (int p = 0; p < N; p++)
+            if (fabsf(w[p] - wr[p]) > 1e-5f * wr[p] + 1e-7f)
+                fail_msg("pass %d key %d: weight %g, brute force %g", pass, p, w[p], wr[p]);
+    }
+    free(sw);
     free(k); free(v); free(work);
     util_pool_free(pool);
 }

@@ -214,7 +214,18 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
     build_cache(&tc, &c, kt, vt, k, v);
     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
     float *scalar = malloc(nq * sizeof(float));
-    op_attention_ref(ref, q, &tc.a);
+    /* H2O's weights: the reference's scalar pass, and the kernels' with
+     * room for all T tokens' scores (and for two at a time) */
+    float *wref = calloc((size_t)n_pos, sizeof(float)), *w = malloc(sizeof(float) * n_pos),
+          *w2 = malloc(sizeof(float) * n_pos);
+    size_t swn = op_attention_score_floats(c.T, c.n_heads, n_pos);
+    float *sw = malloc(sizeof(float) * swn);
+    op_attn_args ra = tc.a, wa = tc.a;
+    ra.key_weights = wref;
+    op_attention_ref(ref, q, &ra);
+    wa.key_weights = w;
+    wa.score_work = sw;
+    wa.score_work_floats = swn;
     uint8_t *work = malloc(op_attention_work_size(3, hd));
     for (int level = 0; level <= op_cpu_simd_level() && level <= OP_SIMD_AVX2; level++) {
         op_set_simd_level(level);
@@ -236,12 +247,42 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
                      "from scalar",
                      kvlm_cache_type_name(kt), kvlm_cache_type_name(vt), c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd,
                      c.bs, level, md, ms);
-        op_attention(p2, o2, q, &tc.a, work);
-        assert_memory_equal(o, o2, nq * sizeof(float));
-        op_attention(p3, o2, q, &tc.a, work);
-        assert_memory_equal(o, o2, nq * sizeof(float));
+        /* the same with H2O's weights on 1, 2, 3 threads: the output
+         * unchanged and the same bits, the weights the same bits and within
+         * 1e-5 (relative) of the reference's */
+        util_pool *pools[] = {NULL, p2, p3};
+        for (int pi = 0; pi < 3; pi++) {
+            wa.key_weights = pi ? w2 : w;
+            memset(wa.key_weights, 0, sizeof(float) * n_pos);
+            op_attention(pools[pi], o2, q, &wa, work);
+            assert_memory_equal(o, o2, nq * sizeof(float));
+            if (pi) assert_memory_equal(w, w2, sizeof(float) * n_pos);
+        }
+        double total = 0;
+        for (int p = 0; p < n_pos; p++) {
+            total += w[p];
+            if (fabs((double)w[p] - wref[p]) > 1e-5 * fabs(wref[p]) + 1e-7)
+                fail_msg("h2o weights %s/%s T=%d pos0=%d heads %d/%d hd %d level %d: key %d %.9g, reference %.9g",
+                         kvlm_cache_type_name(kt), kvlm_cache_type_name(vt), c.T, c.q_pos0, c.n_heads, c.n_kv_heads,
+                         hd, level, p, w[p], wref[p]);
+        }
+        assert_true(fabs(total - (double)c.T * c.n_heads) < 1e-4 * c.T * c.n_heads);
+        int top = op_cpu_simd_level() < OP_SIMD_AVX2 ? op_cpu_simd_level() : OP_SIMD_AVX2;
+        if (c.T > 1 && level == top) { /* scores of two tokens at a time */
+            wa.key_weights = w2;
+            wa.score_work_floats = op_attention_score_floats(2, c.n_heads, n_pos);
+            memset(w2, 0, sizeof(float) * n_pos);
+            op_attention(p2, o2, q, &wa, work);
+            wa.score_work_floats = swn;
+            for (size_t i = 0; i < nq; i++)
+                if (fabs((double)o2[i] - ref[i]) > 2e-5) fail_msg("two tokens at a time: out[%zu] off", i);
+            for (int p = 0; p < n_pos; p++)
+                if (fabs((double)w2[p] - wref[p]) > 1e-5 * fabs(wref[p]) + 1e-7)
+                    fail_msg("two tokens at a time: key %d %.9g, reference %.9g", p, w2[p], wref[p]);
+        }
     }
     op_set_simd_level(-1);
+    free(wref); free(w); free(w2); free(sw);
     free(work); free(ref); free(o); free(o2); free(scalar); free(k); free(v); free(q);
     free_cache(&tc);
 }

@@ -38,6 +38,8 @@ struct kvlm_ctx {
     int budget;
     kv_evict_params ev;
     float *h2o;                /* h2o: accumulated attention per sequence and cache slot (budget apart) */
+    float *h2o_work;           /* h2o: the attention kernels' score scratch (h2o_work_floats) */
+    size_t h2o_work_floats;
     int32_t *keep;             /* budget: the tokens a policy keeps */
     long *n_evicted;           /* per sequence */
     double evict_seconds;
@@ -200,9 +202,16 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
     ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
     ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
-    if (p->kv_evict == KVLM_EVICT_H2O) ctx->h2o = calloc((size_t)p->n_seq_max * ctx->budget, sizeof(float));
-    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && !ctx->h2o) || !ctx->stage_block ||
-        !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
+    if (p->kv_evict == KVLM_EVICT_H2O) {
+        ctx->h2o = calloc((size_t)p->n_seq_max * ctx->budget, sizeof(float));
+        /* scores of up to 32 query tokens over the budget's keys; longer
+         * prefill pieces go 32 tokens at a time */
+        int n_tok = ctx->n_batch < 32 ? ctx->n_batch : 32;
+        ctx->h2o_work_floats = op_attention_score_floats(n_tok, c->n_heads, ctx->budget);
+        ctx->h2o_work = malloc(ctx->h2o_work_floats * sizeof(float));
+    }
+    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
+        !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
         !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
@@ -220,7 +229,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
     free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
-    free(ctx->h2o); free(ctx->keep); free(ctx->n_evicted);
+    free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
     free(ctx);
 }
 
@@ -387,6 +396,8 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         if (a.stage_block >= need) a.stage_block = -1;
         a.scale = 1.0f / sqrtf((float)HD);
         a.key_weights = h2o_scores(ctx, seq[t0]);
+        a.score_work = ctx->h2o_work;
+        a.score_work_floats = ctx->h2o_work_floats;
         double t_start = util_now_s();
         if (ctx->naive_attention) op_attention_ref(ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a);
         else op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);

@@ -8,7 +8,8 @@
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
  * straight from its block with fused kernels; prefill items dequantize a tile
- * once for all their rows. */
+ * once for all their rows. H2O's per-key weights come from the same scores,
+ * kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -91,41 +92,6 @@ static void load_tile(const op_attn_args *a, bool is_key, int h, int p0, int n, 
     }
 }
 
-/* H2O (key_weights != NULL): adds to key_weights[p] each visible key's softmax
- * probability summed over the queries and query heads: per KV head, the score
- * rows of its queries (one key row dequantized at a time), then softmax.
- * The output of the attention itself is untouched. */
-static void accumulate_key_weights(const op_attn_args *a, const float *q) {
-    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads, R = a->T * G, n_max = a->q_pos0 + a->T;
-    float *sc = malloc((size_t)R * n_max * sizeof(float)), *row = malloc((size_t)hd * sizeof(float));
-    if (!sc || !row) goto done;
-    for (int h = 0; h < a->n_kv_heads; h++) {
-        for (int p = 0; p < n_max; p++) {
-            const float *k = row;
-            if (is_typed(a)) load_tile(a, true, h, p, 1, row, deq_rows_scalar, f16_to_f32_scalar);
-            else k = key_at(a, h, p);
-            for (int t = p > a->q_pos0 ? p - a->q_pos0 : 0; t < a->T; t++)
-                for (int g = 0; g < G; g++) {
-                    const float *qr = q + ((size_t)t * a->n_heads + (size_t)h * G + g) * hd;
-                    float d = 0;
-                    for (int i = 0; i < hd; i++) d += qr[i] * k[i];
-                    sc[(size_t)(t * G + g) * n_max + p] = d * a->scale;
-                }
-        }
-        for (int r = 0; r < R; r++) {
-            float *s = sc + (size_t)r * n_max, mx = -INFINITY;
-            int n = a->q_pos0 + r / G + 1; /* visible keys */
-            double sum = 0;
-            for (int p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;
-            for (int p = 0; p < n; p++) sum += (s[p] = expf(s[p] - mx));
-            for (int p = 0; p < n; p++) a->key_weights[p] += (float)(s[p] / sum);
-        }
-    }
-done:
-    free(sc);
-    free(row);
-}
-
 /* ---- the query seen by q8_0 / q4_0 keys ---------------------------------------- */
 /* Keys of these types meet the query rounded to int8 per group of the keys'
  * own group size g (as llama.cpp's vec_dot rounds it to q8_0, but with an f32
@@ -156,6 +122,49 @@ static void round_query(const float *x, float *y, int hd, int g) {
         float d;
         quantize_query(x + i, NULL, &d, y + i, g, g);
     }
+}
+
+/* H2O (key_weights != NULL), the reference: adds to key_weights[p] each
+ * visible key's softmax probability summed over the queries and query heads:
+ * per KV head, the score rows of its queries (one key row dequantized at a
+ * time; q8_0 / q4_0 keys see the query rounded as the kernels do), then
+ * softmax. The output of the attention itself is untouched. */
+static void accumulate_key_weights(const op_attn_args *a, const float *q) {
+    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads, R = a->T * G, n_max = a->q_pos0 + a->T;
+    float *sc = malloc((size_t)R * n_max * sizeof(float)), *row = malloc((size_t)hd * sizeof(float));
+    size_t nq = (size_t)a->T * a->n_heads * hd;
+    float *qr = is_typed(a) && int_keys(a->k_type) ? malloc(nq * sizeof(float)) : NULL;
+    if (!sc || !row || (!qr && is_typed(a) && int_keys(a->k_type))) goto done;
+    if (qr) {
+        for (size_t i = 0; i < nq; i += hd) round_query(q + i, qr + i, hd, op_kv_group(a->k_type, hd));
+        q = qr;
+    }
+    for (int h = 0; h < a->n_kv_heads; h++) {
+        for (int p = 0; p < n_max; p++) {
+            const float *k = row;
+            if (is_typed(a)) load_tile(a, true, h, p, 1, row, deq_rows_scalar, f16_to_f32_scalar);
+            else k = key_at(a, h, p);
+            for (int t = p > a->q_pos0 ? p - a->q_pos0 : 0; t < a->T; t++)
+                for (int g = 0; g < G; g++) {
+                    const float *qr = q + ((size_t)t * a->n_heads + (size_t)h * G + g) * hd;
+                    float d = 0;
+                    for (int i = 0; i < hd; i++) d += qr[i] * k[i];
+                    sc[(size_t)(t * G + g) * n_max + p] = d * a->scale;
+                }
+        }
+        for (int r = 0; r < R; r++) {
+            float *s = sc + (size_t)r * n_max, mx = -INFINITY;
+            int n = a->q_pos0 + r / G + 1; /* visible keys */
+            double sum = 0;
+            for (int p = 0; p < n; p++) mx = s[p] > mx ? s[p] : mx;
+            for (int p = 0; p < n; p++) sum += (s[p] = expf(s[p] - mx));
+            for (int p = 0; p < n; p++) a->key_weights[p] += (float)(s[p] / sum);
+        }
+    }
+done:
+    free(sc);
+    free(row);
+    free(qr);
 }
 
 /* ---- reference ---------------------------------------------------------------- */
@@ -543,6 +552,16 @@ static float exp_sum_avx2(float *s, int n, float m) {
         sum = _mm256_add_ps(sum, e);
     }
     return op_hsum256(sum);
+}
+
+/* H2O: kw[i] += exp(s[i] - m) * il for i < n & ~7; returns how many */
+static int add_probs_avx2(float *kw, const float *s, int n, float m, float il) {
+    __m256 vm = _mm256_set1_ps(m), vi = _mm256_set1_ps(il);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(kw + i, _mm256_fmadd_ps(op_exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm)), vi,
+                                                 _mm256_loadu_ps(kw + i)));
+    return i;
 }
 
 /* ---- fused kernels: keys and values used straight from their cache rows ------
@@ -987,7 +1006,8 @@ static void fused_pv2(const op_attn_args *a, int h, int p, int n, float *o, cons
  * (the last row sees all n); qr[r]: its query; qc, qd: the int8 query rows
  * of q8_0 / q4_0 keys. Keys a row does not see get weight 0. */
 static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
-                        const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *QS) {
+                        const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *QS,
+                        float *const *W) {
     const int hd = a->head_dim, nq = int_keys(a->k_type) ? hd / 32 : 0, npad = (n + 7) & ~7;
     /* scores, rows two at a time over the keys either sees (the extra keys
      * of the row that sees fewer are masked below) */
@@ -1003,6 +1023,11 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
             else fused_scores(a, h, kb + x, len, s, qr[r], qc + (size_t)r * hd, qd + (size_t)r * nq, QS);
         }
     }
+    if (W) /* H2O: each row's raw scores, for after the merge */
+        for (int r = 0; r < R; r++) {
+            int v = vis[r] < n ? vis[r] : n;
+            if (v > 0) memcpy(W[r] + kb, S + (size_t)r * ATT_BK, sizeof(float) * (size_t)v);
+        }
     for (int r = 0; r < R; r++) {
         float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
         int v = vis[r] < n ? vis[r] : n;
@@ -1067,10 +1092,19 @@ typedef struct {
     uint8_t *scratch;
     size_t per_thread;
     float *parts;
+    /* H2O (W != NULL): raw scores of row (t, query head) at W + row * wn,
+     * its final max and sum at WM[row], WL[row] */
+    float *W, *WM, *WL;
+    size_t wn;
     int simd;
     int n_tasks;
     atomic_int next;
 } att_job;
+
+/* the row of query token t, query head h * G + g in q's layout */
+static inline int row_of(const op_attn_args *a, const att_plan *p, int t, int h, int g) {
+    return t * a->n_heads + h * p->G + g;
+}
 
 static void run_task(const att_job *j, int task, uint8_t *scr) {
     const op_attn_args *a = j->a;
@@ -1140,11 +1174,13 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (kb + ATT_BK < k1) prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
             int vis[ATT_FUSED_ROWS];
             const float *qrs[ATT_FUSED_ROWS];
+            float *wrow[ATT_FUSED_ROWS];
             for (int r = 0; r < R; r++) {
                 vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
+                wrow[r] = j->W ? j->W + (size_t)row_of(a, p, t0 + r / ng, h, g0 + r % ng) * j->wn : NULL;
                 qrs[r] = j->q + ((size_t)(t0 + r / ng) * a->n_heads + (size_t)h * p->G + g0 + r % ng) * hd;
             }
-            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS);
+            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL);
             continue;
         }
 #endif
@@ -1196,6 +1232,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
 #endif
                         scores_scalar(s + x, qr, kx, len, hd, a->scale);
                 }
+                if (j->W) memcpy(j->W + (size_t)row_of(a, p, t0 + ti, h, g0 + gi) * j->wn + kb, s, sizeof(float) * vis);
                 for (int x = 0; x < vis; x++) mx = s[x] > mx ? s[x] : mx;
                 for (int x = vis; x < vpad; x++) s[x] = -INFINITY;
                 float m_new = M[r] > mx ? M[r] : mx;
@@ -1227,6 +1264,11 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     for (int ti = 0; ti < nt; ti++)
         for (int gi = 0; gi < ng; gi++) {
             int r = ti * ng + gi;
+            if (p->n_split == 1 && j->W) {
+                int g = row_of(a, p, t0 + ti, h, g0 + gi);
+                j->WM[g] = M[r];
+                j->WL[g] = L[r];
+            }
             if (p->n_split == 1) {
                 float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
                 float inv = 1.0f / L[r];
@@ -1286,14 +1328,45 @@ static void merge_parts(const att_job *j) {
                 }
                 float inv = 1.0f / l;
                 for (int i = 0; i < hd; i++) dst[i] *= inv;
+                if (j->W) {
+                    int g = row_of(a, p, t0 + ti, h, g0 + gi);
+                    j->WM[g] = mx;
+                    j->WL[g] = l;
+                }
             }
     }
 }
 
-void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
-    if (a->T <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 ||
-        a->n_heads % a->n_kv_heads != 0 || (a->blocks && a->block_size <= 0))
-        return;
+/* H2O, after the merge: key_weights[p] += exp(s - m) / l of every row that
+ * sees key p, rows in a fixed order. Threads take key ranges of whole 64-key
+ * blocks (so which keys the vector loop takes depends on p alone): the same
+ * bits on any thread count, and no two threads write one key. */
+static void weights_worker(void *ctx, int ith, int nth) {
+    const att_job *j = ctx;
+    const op_attn_args *a = j->a;
+    int n = a->q_pos0 + a->T, per = ((n + nth - 1) / nth + ATT_BK - 1) / ATT_BK * ATT_BK;
+    int p0 = ith * per < n ? ith * per : n, p1 = p0 + per < n ? p0 + per : n;
+    for (int t = 0; t < a->T; t++) {
+        int end = a->q_pos0 + t + 1 < p1 ? a->q_pos0 + t + 1 : p1;
+        if (end <= p0) continue;
+        for (int hq = 0; hq < a->n_heads; hq++) {
+            int g = t * a->n_heads + hq, i = 0;
+            const float *s = j->W + (size_t)g * j->wn + p0;
+            float *kw = a->key_weights + p0, m = j->WM[g], il = 1.0f / j->WL[g];
+#ifdef HAVE_AVX2_PATHS
+            if (j->simd) i = add_probs_avx2(kw, s, end - p0, m, il);
+#endif
+            for (; i < end - p0; i++) kw[i] += expf(s[i] - m) * il;
+        }
+    }
+}
+
+size_t op_attention_score_floats(int T, int n_heads, int n_keys) {
+    return (size_t)T * n_heads * ((size_t)n_keys + 2);
+}
+
+/* One call of T query tokens; W: score scratch for H2O's weights or NULL. */
+static void attend(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work, float *W) {
     att_job j;
     j.a = a;
     j.q = q;
@@ -1302,10 +1375,37 @@ void op_attention(util_pool *pool, float *out, const float *q, const op_attn_arg
     j.per_thread = per_thread_bytes(a->head_dim);
     j.scratch = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
     j.parts = (float *)(j.scratch + (size_t)util_pool_size(pool) * j.per_thread);
+    j.W = W;
+    j.wn = (size_t)a->q_pos0 + a->T;
+    j.WM = W ? W + (size_t)a->T * a->n_heads * j.wn : NULL;
+    j.WL = W ? j.WM + (size_t)a->T * a->n_heads : NULL;
     j.simd = op_simd_level() >= OP_SIMD_AVX2;
     j.n_tasks = j.p.n_items * j.p.n_split;
     atomic_init(&j.next, 0);
     util_pool_run(pool, att_worker, &j);
     if (j.p.n_split > 1) merge_parts(&j);
-    if (a->key_weights) accumulate_key_weights(a, q);
+    if (W) util_pool_run(pool, weights_worker, &j);
+}
+
+void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
+    if (a->T <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 ||
+        a->n_heads % a->n_kv_heads != 0 || (a->blocks && a->block_size <= 0))
+        return;
+    if (!a->key_weights) { attend(pool, out, q, a, work, NULL); return; }
+    size_t per_token = op_attention_score_floats(1, a->n_heads, a->q_pos0 + a->T);
+    size_t fit = a->score_work ? a->score_work_floats / per_token : 0;
+    if (fit == 0) { /* no room for one token's scores: the reference's pass */
+        attend(pool, out, q, a, work, NULL);
+        accumulate_key_weights(a, q);
+        return;
+    }
+    /* as many query tokens at a time as the scores of fit in score_work */
+    int step = fit < (size_t)a->T ? (int)fit : a->T;
+    for (int t0 = 0; t0 < a->T; t0 += step) {
+        op_attn_args c = *a;
+        c.T = a->T - t0 < step ? a->T - t0 : step;
+        c.q_pos0 = a->q_pos0 + t0;
+        size_t off = (size_t)t0 * a->n_heads * a->head_dim;
+        attend(pool, out + off, q + off, &c, work, a->score_work);
+    }
 }

@@ -98,12 +98,21 @@ typedef struct {
     int stage_block;
     /* H2O: when non-NULL, key_weights[p] += the softmax probability of key p
      * summed over the T queries and the query heads (every KV head), for
-     * p < q_pos0 + T; an extra pass that leaves out unchanged. */
+     * p < q_pos0 + T; out is unchanged. op_attention computes them in its
+     * kernels: the scores go to score_work (score_work_floats floats; at least
+     * op_attention_score_floats(1, ...), and the query tokens are taken that
+     * many at a time when it holds fewer than T), then become probabilities
+     * with each row's final max and sum. Without score_work it falls back to
+     * the reference's scalar pass. Same bits on any thread count. */
     float *key_weights;
+    float *score_work;
+    size_t score_work_floats;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
 size_t op_attention_work_size(int n_threads, int head_dim);
+/* floats of score_work for T query tokens over n_keys cache positions */
+size_t op_attention_score_floats(int T, int n_heads, int n_keys);
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
 /* Reference: materialises each query's full score row, softmax, weighted sum;
  * with a typed cache it first dequantizes all visible K/V (allocates). */
