@@ -21,6 +21,9 @@
 #ifndef Q8_RM
 #define Q8_RM 2
 #endif
+#ifndef Q8_RN
+#define Q8_RN Q_RN
+#endif
 #define Q_RN 4
 #include "ops/matmul_q8_tmpl.h"
 

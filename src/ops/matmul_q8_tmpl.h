@@ -174,8 +174,9 @@ static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(W_Q4_0, 1), QT_TAB_ROW(W_Q4_0, 
 
 /* ---- Q8_0: rows in pairs ------------------------------------------------------
  * Per (row, token, block) the integer dot costs one vpdpbusd (VNNI: the
- * activations offset to unsigned once per token and block, the dot started
- * from -128 x the lane's weight sum, computed once per row and block) or
+ * activations offset to unsigned and doubled once per call (q8x2), tiles of
+ * up to 8 tokens, the dot started from -128 x the lane's weight sum, computed
+ * once per row pair and block for the whole tile) or
  * maddubs + madd on the |w| x sign(x, w) trick (AVX2). The 8 int32 lanes of
  * two rows are then folded into one vector (unpack lo/hi + add: lanes 0,2,..
  * row A, 1,3,.. row B), so the conversion and the scale FMA are paid once per
@@ -185,7 +186,30 @@ static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(W_Q4_0, 1), QT_TAB_ROW(W_Q4_0, 
  * partner row, the tile shape or T (an odd row is paired with itself), and
  * AVX2 and VNNI compute the same integers, so all give the same bits. */
 #define MAXP (MAXR / 2)
-typedef float q8p_scales[MAXC][MAXP][16]; /* [token][row pair][block k][row of pair] */
+#if Q_VNNI
+/* The VNNI Q8_0 kernels take the activations in the q8x2 layout (see
+ * ops_internal.h): per block x + 128 with its dwords doubled into the two
+ * patterns unpacklo(xu, xu), unpackhi(xu, xu), so a token costs 2 loads. */
+void op_q8x2_from_q8a(const void *q8a, void *dst, int n_in) {
+    const __m256i u128 = _mm256_set1_epi8((char)0x80);
+    const uint8_t *s = q8a;
+    uint8_t *d = dst;
+    for (int b = 0; b < n_in / 32; b++) {
+        const __m256i xu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(s + (size_t)b * 32)), u128);
+        _mm256_storeu_si256((__m256i *)(d + (size_t)b * 64), _mm256_unpacklo_epi32(xu, xu));
+        _mm256_storeu_si256((__m256i *)(d + (size_t)b * 64 + 32), _mm256_unpackhi_epi32(xu, xu));
+    }
+    memcpy(d + 2 * (size_t)n_in, op_q8a_d(q8a, n_in), (size_t)(n_in / 32) * sizeof(float));
+}
+#endif
+/* VNNI (32 ymm registers) takes up to 8 tokens per tile: the weight
+ * interleave and the correction of a block are then shared by 8 tokens. */
+#if Q_VNNI
+#define Q8C 8
+#else
+#define Q8C MAXC
+#endif
+typedef float q8p_scales[Q8C][MAXP][16]; /* [token][row pair][block k][row of pair] */
 
 AI void q8p_scales_group(const int RM, const int RN, int n, int b0, int nb, const uint8_t *w, size_t ws,
                          const uint8_t *x, size_t xs, q8p_scales sb) {
@@ -199,9 +223,13 @@ AI void q8p_scales_group(const int RM, const int RN, int n, int b0, int nb, cons
         const uint8_t *base = w + (size_t)r * ws + (size_t)b0 * sizeof(block_q8_0);
         DW[r] = f16_lo_halves(_mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, gidx, gm, 1));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < RN; c++) {
+#if Q_VNNI
+        const __m256 dx = _mm256_loadu_ps(op_q8x2_d(x + (size_t)c * xs, n) + b0);
+#else
         const __m256 dx = _mm256_loadu_ps(op_q8a_d(x + (size_t)c * xs, n) + b0);
+#endif
 #pragma GCC unroll 2
         for (int p = 0; p < (RM + 1) / 2; p++) {
             const __m256 a = _mm256_mul_ps(DW[2 * p], dx);
@@ -215,7 +243,7 @@ AI void q8p_scales_group(const int RM, const int RN, int n, int b0, int nb, cons
 }
 
 AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, size_t ws, const uint8_t *x,
-                  size_t xs, q8p_scales sb, __m256 acc[MAXP][MAXC]) {
+                  size_t xs, q8p_scales sb, __m256 acc[MAXP][Q8C]) {
     __m256i wq[MAXR];
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++)
@@ -236,11 +264,11 @@ AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, si
                                    _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u128, w1[p]),
                                                        u128, w2[p]));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < RN; c++) {
-        const __m256i xu = _mm256_xor_si256(
-            _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32)), u128); /* x + 128 */
-        const __m256i x1 = _mm256_unpacklo_epi32(xu, xu), x2 = _mm256_unpackhi_epi32(xu, xu);
+        /* x + 128 with its dwords doubled, prepared once per call (op_q8x2) */
+        const uint8_t *xb = x + (size_t)c * xs + (size_t)b * 64;
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)xb), x2 = _mm256_loadu_si256((const __m256i *)(xb + 32));
 #pragma GCC unroll 2
         for (int p = 0; p < (RM + 1) / 2; p++) {
             const __m256i v = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(corr[p], x1, w1[p]), x2, w2[p]);
@@ -252,7 +280,7 @@ AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, si
     __m256i wa[MAXR];
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++) wa[r] = _mm256_abs_epi8(wq[r]); /* |w| x (x with w's sign) */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < RN; c++) {
         const __m256i xq = _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32));
         __m256i i[MAXR];
@@ -274,10 +302,10 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
     const int nb = n / 32, bs = (int)sizeof(block_q8_0);
     q8p_scales sb[2] __attribute__((aligned(32))); /* one group ahead, as in qtile */
     const pf_plan pf = pf_plan_for((size_t)RM * ws, 32768, 4, 16384);
-    __m256 acc[MAXP][MAXC];
+    __m256 acc[MAXP][Q8C];
 #pragma GCC unroll 2
     for (int p = 0; p < (RM + 1) / 2; p++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < RN; c++) acc[p][c] = _mm256_setzero_ps();
     q8p_scales_group(RM, RN, n, 0, nb, w, ws, x, xs, sb[0]);
     for (int b0 = 0, g = 0; b0 < nb; b0 += 8, g ^= 1) {
@@ -294,7 +322,7 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
     /* row A: (a0 + a4) + (a2 + a6); row B: (a1 + a5) + (a3 + a7) */
 #pragma GCC unroll 2
     for (int p = 0; p < (RM + 1) / 2; p++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < RN; c++) {
             __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[p][c]), _mm256_extractf128_ps(acc[p][c], 1));
             h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -308,16 +336,35 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
                                size_t ys) {                                                             \
         q8p_tile(rm, rn, n, w, ws, x, xs, y, ys);                                                       \
     }
+#if Q8C == 8
+#define QP_ROW(rm) QP(rm, 1) QP(rm, 2) QP(rm, 3) QP(rm, 4) QP(rm, 5) QP(rm, 6) QP(rm, 7) QP(rm, 8)
+#define QP_TAB_ROW(rm) \
+    {qp_##rm##x1, qp_##rm##x2, qp_##rm##x3, qp_##rm##x4, qp_##rm##x5, qp_##rm##x6, qp_##rm##x7, qp_##rm##x8}
+#else
 #define QP_ROW(rm) QP(rm, 1) QP(rm, 2) QP(rm, 3) QP(rm, 4)
 #define QP_TAB_ROW(rm) {qp_##rm##x1, qp_##rm##x2, qp_##rm##x3, qp_##rm##x4}
+#endif
 QP_ROW(1) QP_ROW(2) QP_ROW(3) QP_ROW(4)
-static fixed_fn q8p_tab[MAXR][MAXC] = {QP_TAB_ROW(1), QP_TAB_ROW(2), QP_TAB_ROW(3), QP_TAB_ROW(4)};
+static fixed_fn q8p_tab[MAXR][Q8C] = {QP_TAB_ROW(1), QP_TAB_ROW(2), QP_TAB_ROW(3), QP_TAB_ROW(4)};
+
+/* run_tiles for q8p_tab (Q8C tokens wide) */
+static void q8p_run(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x,
+                    size_t xs, float *y, size_t ys, int nr, int nc) {
+    for (int r = 0; r < nr; r += RM) {
+        int rm = nr - r < RM ? nr - r : RM;
+        for (int c = 0; c < nc; c += RN) {
+            int rn = nc - c < RN ? nc - c : RN;
+            q8p_tab[rm - 1][rn - 1](n, w + (size_t)r * ws, ws, x + (size_t)c * xs, xs,
+                                    y + (size_t)c * ys + r, ys);
+        }
+    }
+}
 
 /* Decode (one token) takes Q_DEC_RM rows at a time; batches Q8_RM x Q_RN. */
 static void Q_SUFFIX(tile_q8_0)(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                                 float *y, size_t ys, int nr, int nc) {
-    if (nc == 1) run_tiles(q8p_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
-    else run_tiles(q8p_tab, Q8_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
+    if (nc == 1) q8p_run(Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
+    else q8p_run(Q8_RM, Q8_RN, n, w, ws, x, xs, y, ys, nr, nc);
 }
 static void Q_SUFFIX(tile_q4_0)(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                                 float *y, size_t ys, int nr, int nc) {

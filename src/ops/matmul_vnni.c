@@ -2,6 +2,7 @@
  * (AVX512-VNNI + AVX512VL), which does the work of maddubs + madd in one
  * instruction; chosen at run time on CPUs that have it. Other types use the
  * AVX2 kernels. */
+#include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
 
@@ -19,6 +20,9 @@
 #define Q8_RM 4
 #endif
 #define Q_RN 4
+#ifndef Q8_RN
+#define Q8_RN 8 /* Q8_0 tiles: 4 rows x 8 tokens */
+#endif
 #include "ops/matmul_q8_tmpl.h"
 
 #pragma GCC pop_options
@@ -32,4 +36,5 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
 }
 #else
 op_mm_tile_fn op_mm_tile_vnni(int wtype) { return op_mm_tile_scalar(wtype); }
+void op_q8x2_from_q8a(const void *q8a, void *dst, int n_in) { (void)q8a, (void)dst, (void)n_in; }
 #endif
