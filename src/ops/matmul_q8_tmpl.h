@@ -16,8 +16,6 @@
 #error "define Q_VNNI and Q_SUFFIX before including matmul_q8_tmpl.h"
 #endif
 
-enum { W_Q8_0, W_Q4_0 };
-
 /* u8 x s8 dot of 32 bytes into 8 int32 lanes, lane k = bytes 4k..4k+3 */
 AI __m256i q_dot(__m256i u, __m256i s) {
 #if Q_VNNI
@@ -45,25 +43,17 @@ AI __m256i q4_unpack(const uint8_t *qs) {
 
 /* Block k of the current group of 8, for all RM x RN pairs; sb holds each
  * pair's 8 block scales dw * dx. */
-AI void qblock(const int kind, const int RM, const int RN, int b, int k, const uint8_t *w, size_t ws,
-               const uint8_t *x, size_t xs, float sb[MAXR][MAXC][8], __m256 acc[MAXR][MAXC]) {
-    __m256i wq[MAXR], wa[MAXR];
+AI void qblock(const int RM, const int RN, int b, int k, const uint8_t *w, size_t ws, const uint8_t *x,
+               size_t xs, float sb[MAXR][MAXC][8], __m256 acc[MAXR][MAXC]) {
+    __m256i wq[MAXR];
 #pragma GCC unroll 4
-    for (int r = 0; r < RM; r++) {
-        if (kind == W_Q8_0) {
-            const block_q8_0 *blk = (const block_q8_0 *)(w + (size_t)r * ws) + b;
-            wq[r] = _mm256_loadu_si256((const __m256i *)blk->qs);
-            wa[r] = _mm256_abs_epi8(wq[r]); /* |w| x (x with w's sign) */
-        } else {
-            wa[r] = wq[r] = q4_unpack(((const block_q4_0 *)(w + (size_t)r * ws) + b)->qs);
-        }
-    }
+    for (int r = 0; r < RM; r++) wq[r] = q4_unpack(((const block_q4_0 *)(w + (size_t)r * ws) + b)->qs);
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) {
         const __m256i xq = _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32));
 #pragma GCC unroll 4
         for (int r = 0; r < RM; r++) {
-            __m256i i = kind == W_Q8_0 ? q_dot(wa[r], _mm256_sign_epi8(xq, wq[r])) : q_dot(wa[r], xq);
+            __m256i i = q_dot(wq[r], xq);
             /* the scale is a broadcast load: no shuffle or multiply per block */
             acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_broadcast_ss(&sb[r][c][k]), acc[r][c]);
         }
@@ -91,7 +81,7 @@ AI __m256 q4_group_scales(const uint8_t *base) {
 
 /* The 8 block scales dw * dx of every pair for the group at b0, and the Q4_0
  * offset term of the group added into the accumulators. */
-AI void q_scales(const int kind, const int RM, const int RN, int hi16, int n, int b0, int nb, int bs,
+AI void q_scales(const int RM, const int RN, int hi16, int n, int b0, int nb, int bs,
                  const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float sb[MAXR][MAXC][8],
                  __m256 acc[MAXR][MAXC]) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -104,7 +94,7 @@ AI void q_scales(const int kind, const int RM, const int RN, int hi16, int n, in
 #pragma GCC unroll 4
     for (int r = 0; r < RM; r++) {
         const uint8_t *base = w + (size_t)r * ws + (size_t)b0 * bs;
-        if (kind == W_Q4_0 && ng == 8) DW[r] = q4_group_scales(base);
+        if (ng == 8) DW[r] = q4_group_scales(base);
         else DW[r] = f16_lo_halves(_mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, gidx, gm, 1));
     }
 #pragma GCC unroll 4
@@ -116,17 +106,16 @@ AI void q_scales(const int kind, const int RM, const int RN, int hi16, int n, in
 #pragma GCC unroll 4
         for (int r = 0; r < RM; r++) {
             _mm256_store_ps(sb[r][c], _mm256_mul_ps(DW[r], dx));
-            if (kind == W_Q4_0) acc[r][c] = _mm256_fmadd_ps(DW[r], xc, acc[r][c]);
+            acc[r][c] = _mm256_fmadd_ps(DW[r], xc, acc[r][c]);
         }
     }
 }
 
-AI void qtile(const int kind, const int RM, const int RN, int n, const uint8_t *w, size_t ws,
-              const uint8_t *x, size_t xs, float *y, size_t ys) {
-    const int nb = n / 32;
-    const int bs = kind == W_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+AI void qtile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+              float *y, size_t ys) {
+    const int nb = n / 32, bs = (int)sizeof(block_q4_0);
 #if Q_VNNI
-    const int hi16 = kind == W_Q4_0;
+    const int hi16 = 1;
 #else
     const int hi16 = 0;
 #endif
@@ -140,16 +129,16 @@ AI void qtile(const int kind, const int RM, const int RN, int n, const uint8_t *
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) acc[r][c] = _mm256_setzero_ps();
-    q_scales(kind, RM, RN, hi16, n, 0, nb, bs, w, ws, x, xs, sb[0], acc);
+    q_scales(RM, RN, hi16, n, 0, nb, bs, w, ws, x, xs, sb[0], acc);
     for (int b0 = 0, g = 0; b0 < nb; b0 += 8, g ^= 1) {
         const int ng = nb - b0 < 8 ? nb - b0 : 8;
         if (RN == 1) pf_step(w, (size_t)(b0 / 8) * RM * bs * 8, RM * bs * 8, pf); /* decode */
-        if (b0 + 8 < nb) q_scales(kind, RM, RN, hi16, n, b0 + 8, nb, bs, w, ws, x, xs, sb[g ^ 1], acc);
+        if (b0 + 8 < nb) q_scales(RM, RN, hi16, n, b0 + 8, nb, bs, w, ws, x, xs, sb[g ^ 1], acc);
         if (ng == 8) {
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) qblock(kind, RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
+            for (int k = 0; k < 8; k++) qblock(RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
         } else {
-            for (int k = 0; k < ng; k++) qblock(kind, RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
+            for (int k = 0; k < ng; k++) qblock(RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
         }
     }
     const __m256 undo = _mm256_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f);
@@ -160,17 +149,15 @@ AI void qtile(const int kind, const int RM, const int RN, int n, const uint8_t *
             y[(size_t)c * ys + r] = hsum_ps(hi16 ? _mm256_mul_ps(acc[r][c], undo) : acc[r][c]);
 }
 
-#define QT(kind, rm, rn)                                                                            \
-    static void qt_##kind##_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x,       \
-                                        size_t xs, float *y, size_t ys) {                           \
-        qtile(kind, rm, rn, n, w, ws, x, xs, y, ys);                                                \
+#define QT(rm, rn)                                                                                  \
+    static void qt_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, \
+                               size_t ys) {                                                         \
+        qtile(rm, rn, n, w, ws, x, xs, y, ys);                                                      \
     }
-#define QT_ROW(kind, rm) QT(kind, rm, 1) QT(kind, rm, 2) QT(kind, rm, 3) QT(kind, rm, 4)
-#define QT_TAB_ROW(kind, rm) \
-    {qt_##kind##_##rm##x1, qt_##kind##_##rm##x2, qt_##kind##_##rm##x3, qt_##kind##_##rm##x4}
-QT_ROW(W_Q4_0, 1) QT_ROW(W_Q4_0, 2) QT_ROW(W_Q4_0, 3) QT_ROW(W_Q4_0, 4)
-static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(W_Q4_0, 1), QT_TAB_ROW(W_Q4_0, 2), QT_TAB_ROW(W_Q4_0, 3),
-                                     QT_TAB_ROW(W_Q4_0, 4)};
+#define QT_ROW(rm) QT(rm, 1) QT(rm, 2) QT(rm, 3) QT(rm, 4)
+#define QT_TAB_ROW(rm) {qt_##rm##x1, qt_##rm##x2, qt_##rm##x3, qt_##rm##x4}
+QT_ROW(1) QT_ROW(2) QT_ROW(3) QT_ROW(4)
+static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(1), QT_TAB_ROW(2), QT_TAB_ROW(3), QT_TAB_ROW(4)};
 
 /* ---- Q8_0: rows in pairs ------------------------------------------------------
  * Per (row, token, block) the integer dot costs one vpdpbusd (VNNI: the
