@@ -24,6 +24,14 @@ static float frand(void) {
  * 64 distinct random rows are quantized once and tiled (quantizing millions of
  * rows with the reference quantizers would take minutes). */
 static uint8_t *make_weights(int type, int n_in, int n_out, int copies, size_t *mat_bytes) {
+    if (type == OP_Q8_0_R16) { /* Q8_0 weights, each copy packed */
+        uint8_t *q = make_weights(DT_Q8_0, n_in, n_out, copies, mat_bytes);
+        uint8_t *w = q ? aligned_alloc(64, (*mat_bytes * (size_t)copies + 63) & ~(size_t)63) : NULL;
+        for (int c = 0; w && c < copies; c++)
+            op_pack(DT_Q8_0, q + (size_t)c * *mat_bytes, w + (size_t)c * *mat_bytes, n_in, n_out);
+        free(q);
+        return w;
+    }
     size_t rs = dt_row_size(type, n_in);
     *mat_bytes = rs * (size_t)n_out;
     uint8_t *w = aligned_alloc(64, (*mat_bytes * (size_t)copies + 63) & ~(size_t)63);
@@ -78,11 +86,12 @@ int main(int argc, char **argv) {
     printf("threads %d, simd %s\n", nth, op_cpu_has_avx2() ? "avx2" : "scalar");
     printf("read bandwidth (%zu MiB buffer, %d threads, best of 10, plain and prefetching loads): %.2f GB/s\n\n", footprint >> 20, nth, bw / 1e9);
 
-    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K};
-    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"};
-    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0};
+    /* q8_0r: Q8_0 packed for this CPU (op_pack; the scalar layout elsewhere) */
+    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, OP_Q8_0_R16};
+    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q8_0r"};
+    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0.70};
     const shape shapes[] = {{5632, 2048}, {32000, 2048}, {2048, 5632}};
-    enum { NT = 7, NS = 3, TP = 64 };
+    enum { NT = 8, NS = 3, TP = 64 };
     const int n_shapes = quick ? 1 : NS;
 
     printf("decode (T=1) matrix-vector; weights cycled through >= %zu MiB so they come from memory\n",
@@ -97,7 +106,7 @@ int main(int argc, char **argv) {
         if (only && !strstr(only, names[ti])) continue;
         for (int si = 0; si < n_shapes; si++) {
             shape s = shapes[si];
-            size_t mat = dt_row_size(types[ti], s.n_in) * (size_t)s.n_out;
+            size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti], s.n_in) * (size_t)s.n_out;
             int copies = (int)((footprint + mat - 1) / mat);
             if (copies < 2) copies = 2;
             uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
@@ -165,10 +174,10 @@ int main(int argc, char **argv) {
     const int bT[] = {1, 2, 4, 8, 16, 32, 64};
     for (int k = 0; k < 7; k++) printf("   T=%-2d us/tok (x)", bT[k]);
     printf("   GFLOP/s at 64\n");
-    for (int ti = 3; ti <= 4; ti++) { /* q8_0, q4_0 */
-        if (only && !strstr(only, names[ti])) continue;
+    for (int ti = 3; ti < NT; ti++) {
+        if (ti == 5 || ti == 6 || (only && !strstr(only, names[ti]))) continue; /* q8_0, q4_0, q8_0r */
         shape s = shapes[0];
-        size_t mat = dt_row_size(types[ti], s.n_in) * (size_t)s.n_out;
+        size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti], s.n_in) * (size_t)s.n_out;
         int copies = (int)((footprint + mat - 1) / mat);
         uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
         void *work = malloc(op_matmul_work_size(types[ti], TP, s.n_in));

@@ -11,7 +11,7 @@
 int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
-    case DT_Q8_0: case DT_Q4_0: return 1;
+    case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: return 1;
     case DT_Q4_K: case DT_Q6_K: return 2;
     default: return -1;
     }
@@ -22,6 +22,34 @@ op_mm_tile_fn op_mm_tile(int wtype) {
     if (level >= OP_SIMD_VNNI) return op_mm_tile_vnni(wtype);
     if (level >= OP_SIMD_AVX2) return op_mm_tile_avx2(wtype);
     return op_mm_tile_scalar(wtype);
+}
+
+/* The GGUF type whose rows a (possibly packed) weight type stores. */
+static int base_type(int wtype) { return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype; }
+
+int op_pack_type(int wtype) { return wtype == DT_Q8_0 && op_simd_level() >= OP_SIMD_VNNI ? OP_Q8_0_R16 : -1; }
+
+size_t op_pack_size(int wtype, int n_in, int n_out) {
+    if (wtype != DT_Q8_0) return 0;
+    return (size_t)(n_out + 15) / 16 * 16 * dt_row_size(wtype, n_in);
+}
+
+void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
+    if (wtype != DT_Q8_0) return; /* the layout is the same on every CPU */
+    const int nb = n_in / 32;
+    const size_t rs = dt_row_size(DT_Q8_0, n_in);
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += 16 * sizeof(block_q8_0))
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                /* rows past n_out: scale 0, quants 0 */
+                block_q8_0 z = {0, {0}};
+                const block_q8_0 *blk = r < n_out ? (const block_q8_0 *)((const uint8_t *)src + (size_t)r * rs) + b : &z;
+                memcpy(d + 2 * j, &blk->d, sizeof blk->d);
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) d[32 + 64 * k + 4 * j + i] = (uint8_t)(blk->qs[4 * k + i] + 128);
+            }
 }
 
 static size_t act_row_size(int kind, int n_in) {
@@ -118,7 +146,7 @@ void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wty
     if (T <= 0 || n_out <= 0 || n_in <= 0) return;
     int kind = op_matmul_act_kind(wtype);
     op_mm_tile_fn fn = op_mm_tile(wtype);
-    size_t row_bytes = dt_row_size(wtype, n_in); /* 0 if n_in is not whole blocks */
+    size_t row_bytes = dt_row_size(base_type(wtype), n_in); /* 0 if n_in is not whole blocks */
     if (kind < 0 || !fn || row_bytes == 0) return;
     int nth = util_pool_size(pool);
 
@@ -154,7 +182,9 @@ void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wty
     long cr = (long)(target / (row_bytes ? row_bytes : 1));
     long min_chunks = 4L * nth;
     if ((long)n_out / min_chunks < cr) cr = (long)n_out / min_chunks;
-    cr = cr < 4 ? 4 : (cr + 3) & ~3L;  /* multiple of the largest register tile */
+    /* a multiple of the largest register tile (a packed group) */
+    const long tile_rows = wtype == OP_Q8_0_R16 ? 16 : 4;
+    cr = cr < tile_rows ? tile_rows : (cr + tile_rows - 1) / tile_rows * tile_rows;
     j.chunk_rows = (int)cr;
     j.n_chunks = (int)((n_out + cr - 1) / cr);
     j.tb = 64;

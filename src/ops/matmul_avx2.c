@@ -274,7 +274,7 @@ op_mm_tile_fn op_mm_tile_avx2(int wtype) {
     case DT_Q4_0: return tile_q4_0_avx2;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q6_K: return tile_q6_K;
-    default: return NULL;
+    default: return op_mm_tile_scalar(wtype); /* packed types of other CPUs */
     }
 }
 #else

@@ -1,6 +1,7 @@
 /* ops/matmul_scalar: portable matmul tile kernels for every weight type; the
  * fallback on CPUs without AVX2 and the baseline the SIMD kernels are tested
  * against (same quantized activations, integer dot products per block). */
+#include <math.h>
 #include "model/dtype.h"
 #include "ops/matmul_kq.h"
 #include "ops/ops_internal.h"
@@ -38,7 +39,7 @@ static float dot_q8_0(int n, const uint8_t *w, const uint8_t *x) {
     for (int b = 0; b < n / 32; b++) {
         int isum = 0;
         for (int i = 0; i < 32; i++) isum += wb[b].qs[i] * xq[b * 32 + i];
-        s += (float)isum * (dt_f16_to_f32(wb[b].d) * xd[b]);
+        s = fmaf((float)isum, dt_f16_to_f32(wb[b].d) * xd[b], s); /* as the packed VNNI kernel */
     }
     return s;
 }
@@ -123,12 +124,38 @@ TILE(q4_0)
 TILE(q4_K)
 TILE(q6_K)
 
+/* Row j of a 16-row group of OP_Q8_0_R16 weights (ops.h): the same
+ * operations as dot_q8_0 on the unpacked row. */
+static float dot_q8_0_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = g + (size_t)b * 16 * sizeof(block_q8_0);
+        int isum = 0;
+        for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 4; i++) isum += (blk[32 + 64 * k + 4 * j + i] - 128) * xq[b * 32 + 4 * k + i];
+        dt_f16 d;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        s = fmaf((float)isum, dt_f16_to_f32(d) * xd[b], s);
+    }
+    return s;
+}
+
+static void tile_q8_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++)
+            y[(size_t)c * ys + r] = dot_q8_0_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+}
+
 op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     switch (wtype) {
     case DT_F32: return tile_f32;
     case DT_F16: return tile_f16;
     case DT_BF16: return tile_bf16;
     case DT_Q8_0: return tile_q8_0;
+    case OP_Q8_0_R16: return tile_q8_0_r16;
     case DT_Q4_0: return tile_q4_0;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q6_K: return tile_q6_K;

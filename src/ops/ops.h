@@ -25,6 +25,28 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * 256 for Q4_K/Q6_K; any for the float types); unsupported types leave Y
  * untouched. work must be op_matmul_work_size bytes (may be NULL when that is
  * 0) and must not overlap X or Y. Results do not depend on the thread count. */
+/* ---- packed weights ----------------------------------------------------------
+ * Weights that only matmul reads can be repacked once, at load, into the
+ * layout of this CPU's fastest kernel. OP_Q8_0_R16 (CPUs with AVX512-VNNI):
+ * Q8_0 rows in groups of 16; per group and block of 32 columns the 16 f16
+ * scales, then 8 x 64 bytes where chunk k holds bytes 4k..4k+3 of each of the
+ * 16 rows, stored as w + 128 (unsigned). One vpdpbusd per chunk then gives
+ * the 16 rows' partial dots in its 16 lanes, against one broadcast dword of
+ * the activations. The last group is padded with zero rows; op_matmul takes
+ * the packed type as its wtype (rows still dt_row_size(Q8_0) apart). Results
+ * equal the scalar Q8_0 kernel bit for bit (integer block dots, then one FMA
+ * per block in column order). */
+#define OP_Q8_0_R16 0x108
+/* Packed type for weights of type wtype on this CPU, or -1 (none worth it). */
+int op_pack_type(int wtype);
+/* Bytes of the packed form (n_out rounded up to whole groups; 0 if wtype has
+ * none). The layout is the same on every CPU (the scalar kernels read it
+ * too), op_pack_type says whether this CPU gains from it. */
+size_t op_pack_size(int wtype, int n_in, int n_out);
+/* Packs n_out x n_in weights of type wtype into dst (op_pack_size bytes) in
+ * the layout of op_pack_type(wtype); padding rows are zero. */
+void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out);
+
 /* Sustained read bandwidth of the machine in bytes/s: every pool thread sums
  * its slice of a `bytes` buffer with the widest loads, with and without
  * software prefetch; best of 10 passes.

@@ -21,6 +21,8 @@ void op_set_simd_level(int level);
 /* ---- quantized activations --------------------------------------------------
  * Q8_0-style rows (for Q8_0 and Q4_0 weights), one per token, laid out as
  *   int8_t  qs[n_in]        quants, 32 per block
+ *   int32_t xc[nb]          -128 * sum of the block's quants: the offset term
+ *                           of weights stored as unsigned bytes (w + 128)
  *   float   d[nb]           block scales (amax / 127)
  *   float   dc[nb]          d * (-8 * sum of the block's quants): the Q4_0
  *                           offset term, so kernels can keep nibbles unsigned
@@ -39,8 +41,11 @@ void op_quantize_q8k(const float *x, void *row, int n_in);
 void op_dequantize_q8a(const void *row, float *x, int n_in);
 void op_dequantize_q8k(const void *row, float *x, int n_in);
 static inline const int8_t *op_q8a_qs(const void *row) { return (const int8_t *)row; }
+static inline const int32_t *op_q8a_xc(const void *row, int n_in) {
+    return (const int32_t *)((const uint8_t *)row + n_in);
+}
 static inline const float *op_q8a_d(const void *row, int n_in) {
-    return (const float *)((const uint8_t *)row + n_in);
+    return (const float *)((const uint8_t *)row + n_in + (size_t)(n_in / 32) * 4);
 }
 static inline const float *op_q8a_dc(const void *row, int n_in) {
     return op_q8a_d(row, n_in) + n_in / 32;

@@ -14,7 +14,7 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t op_q8a_row_size(int n_in) {
     size_t nb = (size_t)n_in / 32;
-    return round64((size_t)n_in + nb * 8 + 32);
+    return round64((size_t)n_in + nb * 12 + 32);
 }
 
 size_t op_q8k_row_size(int n_in) { return round64((size_t)(n_in / QK_K) * sizeof(block_q8_K)); }
@@ -27,7 +27,8 @@ static inline float inv_scale_of(float amax) { return amax > 0.0f ? 127.0f / ama
 static void quantize_q8a_scalar(const float *x, void *row, int n_in) {
     int nb = n_in / 32;
     int8_t *qs = (int8_t *)row;
-    float *d = (float *)((uint8_t *)row + n_in), *dc = d + nb;
+    int32_t *xc = (int32_t *)((uint8_t *)row + n_in);
+    float *d = (float *)op_q8a_d(row, n_in), *dc = d + nb;
     memset(dc + nb, 0, 32);
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * 32;
@@ -41,6 +42,7 @@ static void quantize_q8a_scalar(const float *x, void *row, int n_in) {
             sum += qs[b * 32 + i];
         }
         dc[b] = d[b] * (float)(-8 * sum);
+        xc[b] = -128 * sum;
     }
 }
 
@@ -96,7 +98,8 @@ static inline float amax_n(const float *x, int n) {
 void op_quantize_q8a_avx2(const float *x, void *row, int n_in) {
     int nb = n_in / 32;
     int8_t *qs = (int8_t *)row;
-    float *d = (float *)((uint8_t *)row + n_in), *dc = d + nb;
+    int32_t *xc = (int32_t *)((uint8_t *)row + n_in);
+    float *d = (float *)op_q8a_d(row, n_in), *dc = d + nb;
     memset(dc + nb, 0, 32);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
@@ -111,6 +114,7 @@ void op_quantize_q8a_avx2(const float *x, void *row, int n_in) {
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
         dc[b] = d[b] * (float)(-8 * _mm_cvtsi128_si32(s));
+        xc[b] = -128 * _mm_cvtsi128_si32(s);
     }
 }
 
