@@ -327,7 +327,8 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
 /* ---- the forward pass --------------------------------------------------------- */
 
 static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *w, int T) {
-    op_matmul(ctx->pool, y, x, w->data, w->type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
+    if (w->packed) op_matmul(ctx->pool, y, x, w->packed, w->packed_type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
+    else op_matmul(ctx->pool, y, x, w->data, w->type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
 }
 
 static void add_bias(float *y, const model_tensor *b, int T) {

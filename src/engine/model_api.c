@@ -3,17 +3,74 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "kv/planner.h"
 #include "model/dtype.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "tok/tok.h"
 #include "util/error.h"
+
+/* The tensors only matmul reads: each layer's projections and the classifier
+ * (a tied classifier is packed apart from the embedding rows it shares). */
+static int matmul_tensors(kvlm_model *m, model_tensor **out) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        model_layer *L = &m->layers[l];
+        model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_down, &L->w_up};
+        for (int i = 0; i < 7; i++) out[n++] = ts[i];
+    }
+    out[n++] = &m->output;
+    return n;
+}
+
+/* Repacks the matmul weights into this CPU's fastest layout (op_pack_type),
+ * once: every later step reads the packed copy. The file's pages of an
+ * untied tensor are then dropped from memory (they are clean pages of a
+ * read-only mapping, read back from the file if anything asks), so the copy
+ * does not double the resident weights. Returns false if out of memory
+ * (the model then stays unpacked, which is only slower). */
+static bool pack_weights(kvlm_model *m) {
+    if (!m->layers) return true;
+    model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * 7 + 1));
+    if (!ts) return false;
+    int n = matmul_tensors(m, ts);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->data && op_pack_type(ts[i]->type) >= 0)
+            total += (op_pack_size(ts[i]->type, (int)ts[i]->n_in, (int)ts[i]->n_out) + 63) & ~(size_t)63;
+    uint8_t *buf = total ? aligned_alloc(64, total) : NULL;
+    if (!buf) { free(ts); return total == 0; }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        model_tensor *t = ts[i];
+        if (!t->data || op_pack_type(t->type) < 0) continue;
+        size_t sz = op_pack_size(t->type, (int)t->n_in, (int)t->n_out);
+        op_pack(t->type, t->data, buf + off, (int)t->n_in, (int)t->n_out);
+        t->packed = buf + off;
+        t->packed_type = op_pack_type(t->type);
+        if (t->data != m->tok_embd.data) {
+            uintptr_t lo = ((uintptr_t)t->data + page - 1) & ~(uintptr_t)(page - 1);
+            uintptr_t hi = ((uintptr_t)t->data + dt_row_size(t->type, (int)t->n_in) * (size_t)t->n_out) &
+                           ~(uintptr_t)(page - 1);
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        }
+        off += (sz + 63) & ~(size_t)63;
+    }
+    m->packed_buf = buf;
+    free(ts);
+    return true;
+}
 
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
     if (!m) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     if (model_load(m, path, params, err)) { free(m); return NULL; }
+    m->packed_buf = NULL;
+    pack_weights(m);
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
         if (!m->tok) {
@@ -29,6 +86,7 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
 void kvlm_model_free(kvlm_model *m) {
     if (!m) return;
     tok_free(m->tok);
+    free(m->packed_buf);
     model_unload(m);
     free(m);
 }

@@ -14,6 +14,10 @@ typedef struct {
     int type;
     int64_t n_in, n_out;
     const char *name;
+    /* The engine's copy in the CPU's packed layout (ops.h op_pack), or NULL;
+     * matmul reads it instead of data. */
+    const void *packed;
+    int packed_type;
 } model_tensor;
 
 typedef struct {
@@ -36,6 +40,7 @@ struct kvlm_model {
     void *map;
     size_t map_size;
     size_t weight_bytes;
+    void *packed_buf;   /* owned by the engine: every tensor's packed copy */
 };
 
 /* Loads weights and vocabulary (params may be NULL: defaults). */
