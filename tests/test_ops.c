@@ -211,13 +211,14 @@ static void test_matmul_odd_sizes(void **state) {
     util_pool_free(p3);
 }
 
-/* VNNI and AVX2 kernels for Q8_0/Q4_0 compute the same exact integer block
- * sums and the same float ops, so they agree bit for bit. */
+/* VNNI and AVX2 kernels for Q4_0 compute the same exact integer block sums
+ * and the same float ops, so they agree bit for bit (packed Q8_0, the other
+ * VNNI kernel, is checked against the scalar one in test_matmul_packed). */
 static void test_matmul_vnni_equals_avx2(void **state) {
     (void)state;
     if (op_cpu_simd_level() < OP_SIMD_VNNI) { fprintf(stderr, "SKIP: no AVX512-VNNI\n"); skip(); }
-    const int types[] = {DT_Q8_0, DT_Q4_0};
-    for (int ti = 0; ti < 2; ti++)
+    const int types[] = {DT_Q4_0};
+    for (int ti = 0; ti < 1; ti++)
         for (int T = 1; T <= 9; T += 4) {
             float *wf;
             int n_in = 512, n_out = 37;

@@ -59,16 +59,14 @@ static size_t act_row_size(int kind, int n_in) {
 size_t op_matmul_work_size(int wtype, int T, int n_in) {
     int kind = op_matmul_act_kind(wtype);
     if (kind <= 0 || T <= 0 || n_in <= 0) return 0;
-    /* + the q8x2 copy of Q8_0 activations (VNNI) + room to align both */
-    size_t x2 = wtype == DT_Q8_0 ? (size_t)T * op_q8x2_row_size(n_in) + 64 : 0;
-    return (size_t)T * act_row_size(kind, n_in) + 64 + x2;
+    return (size_t)T * act_row_size(kind, n_in) + 64; /* + room to align */
 }
 
 /* ---- activation quantization job ------------------------------------------ */
 typedef struct {
     const float *X;
-    uint8_t *xq, *x2; /* x2: q8x2 copies (VNNI Q8_0), or NULL */
-    size_t xs, x2s;
+    uint8_t *xq;
+    size_t xs;
     int T, n_in, kind;
 } quant_job;
 
@@ -78,10 +76,8 @@ static void quant_worker(void *p, int ith, int nth) {
     util_split(j->T, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
         const float *x = j->X + (size_t)t * j->n_in;
-        if (j->kind == 1) {
-            op_quantize_q8a(x, j->xq + (size_t)t * j->xs, j->n_in);
-            if (j->x2) op_q8x2_from_q8a(j->xq + (size_t)t * j->xs, j->x2 + (size_t)t * j->x2s, j->n_in);
-        } else op_quantize_q8k(x, j->xq + (size_t)t * j->xs, j->n_in);
+        if (j->kind == 1) op_quantize_q8a(x, j->xq + (size_t)t * j->xs, j->n_in);
+        else op_quantize_q8k(x, j->xq + (size_t)t * j->xs, j->n_in);
     }
 }
 
@@ -154,15 +150,11 @@ void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wty
     size_t xs = (size_t)n_in * sizeof(float);
     if (kind > 0) {
         uint8_t *xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-        quant_job qj = {X, xq, NULL, act_row_size(kind, n_in), 0, T, n_in, kind};
-        if (wtype == DT_Q8_0 && op_simd_level() >= OP_SIMD_VNNI) {
-            qj.x2 = (uint8_t *)(((uintptr_t)(xq + (size_t)T * qj.xs) + 63) & ~(uintptr_t)63);
-            qj.x2s = op_q8x2_row_size(n_in);
-        }
+        quant_job qj = {X, xq, act_row_size(kind, n_in), T, n_in, kind};
         if (T >= 2 * nth && nth > 1) util_pool_run(pool, quant_worker, &qj);
         else quant_worker(&qj, 0, 1);
-        xa = qj.x2 ? qj.x2 : xq;
-        xs = qj.x2 ? qj.x2s : qj.xs;
+        xa = xq;
+        xs = qj.xs;
     }
 
     mm_job j;

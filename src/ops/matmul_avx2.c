@@ -18,14 +18,138 @@
 #define Q_SUFFIX(name) name##_avx2
 #define Q_DEC_RM 4
 #define Q_RM 2
-#ifndef Q8_RM
-#define Q8_RM 2
-#endif
-#ifndef Q8_RN
-#define Q8_RN Q_RN
-#endif
 #define Q_RN 4
 #include "ops/matmul_q8_tmpl.h"
+
+/* ---- Q8_0: rows in pairs ------------------------------------------------------
+ * (CPUs with AVX512-VNNI read Q8_0 weights packed: OP_Q8_0_R16, matmul_vnni.c.)
+ * Per (row, token, block) the integer dot costs maddubs + madd on the
+ * |w| x sign(x, w) trick. The 8 int32 lanes of
+ * two rows are then folded into one vector (unpack lo/hi + add: lanes 0,2,..
+ * row A, 1,3,.. row B), so the conversion and the scale FMA are paid once per
+ * two rows: that FMA's scale is a broadcast pair (dA dx, dB dx) from a table
+ * built once per group of 8 blocks. Each row's float lanes hold the same
+ * exact integer sums and see the same FMAs in the same order whatever its
+ * partner row, the tile shape or T (an odd row is paired with itself), so all
+ * give the same bits. */
+#define MAXP (MAXR / 2)
+typedef float q8p_scales[MAXC][MAXP][16]; /* [token][row pair][block k][row of pair] */
+
+AI void q8p_scales_group(const int RM, const int RN, int n, int b0, int nb, const uint8_t *w, size_t ws,
+                         const uint8_t *x, size_t xs, q8p_scales sb) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i gidx = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)sizeof(block_q8_0)));
+    const int ng = nb - b0 < 8 ? nb - b0 : 8;
+    const __m256i gm = _mm256_cmpgt_epi32(_mm256_set1_epi32(ng), lane); /* past the row: 0 */
+    __m256 DW[MAXR];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) {
+        const uint8_t *base = w + (size_t)r * ws + (size_t)b0 * sizeof(block_q8_0);
+        DW[r] = f16_lo_halves(_mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, gidx, gm, 1));
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; c++) {
+        const __m256 dx = _mm256_loadu_ps(op_q8a_d(x + (size_t)c * xs, n) + b0);
+#pragma GCC unroll 2
+        for (int p = 0; p < (RM + 1) / 2; p++) {
+            const __m256 a = _mm256_mul_ps(DW[2 * p], dx);
+            const __m256 b = 2 * p + 1 < RM ? _mm256_mul_ps(DW[2 * p + 1], dx) : a;
+            /* blocks 0,1 | 4,5 and 2,3 | 6,7 as (A, B) pairs, then in order */
+            const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+            _mm256_store_ps(sb[c][p], _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_store_ps(sb[c][p] + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+    }
+}
+
+AI void q8p_block(const int RM, const int RN, int b, int k, const uint8_t *w, size_t ws, const uint8_t *x,
+                  size_t xs, q8p_scales sb, __m256 acc[MAXP][MAXC]) {
+    __m256i wq[MAXR];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+        wq[r] = _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)(w + (size_t)r * ws) + b)->qs);
+    __m256i wa[MAXR];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) wa[r] = _mm256_abs_epi8(wq[r]); /* |w| x (x with w's sign) */
+#pragma GCC unroll 8
+    for (int c = 0; c < RN; c++) {
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)(op_q8a_qs(x + (size_t)c * xs) + b * 32));
+        __m256i i[MAXR];
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) i[r] = q_dot(wa[r], _mm256_sign_epi8(xq, wq[r]));
+#pragma GCC unroll 2
+        for (int p = 0; p < (RM + 1) / 2; p++) {
+            const __m256i A = i[2 * p], B = 2 * p + 1 < RM ? i[2 * p + 1] : A;
+            const __m256i v = _mm256_add_epi32(_mm256_unpacklo_epi32(A, B), _mm256_unpackhi_epi32(A, B));
+            const __m256 s = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&sb[c][p][2 * k]));
+            acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, acc[p][c]);
+        }
+    }
+}
+
+AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                 float *y, size_t ys) {
+    const int nb = n / 32, bs = (int)sizeof(block_q8_0);
+    q8p_scales sb[2] __attribute__((aligned(32))); /* one group ahead, as in qtile */
+    const pf_plan pf = pf_plan_for((size_t)RM * ws, 32768, 4, 16384);
+    __m256 acc[MAXP][MAXC];
+#pragma GCC unroll 2
+    for (int p = 0; p < (RM + 1) / 2; p++)
+#pragma GCC unroll 8
+        for (int c = 0; c < RN; c++) acc[p][c] = _mm256_setzero_ps();
+    q8p_scales_group(RM, RN, n, 0, nb, w, ws, x, xs, sb[0]);
+    for (int b0 = 0, g = 0; b0 < nb; b0 += 8, g ^= 1) {
+        const int ng = nb - b0 < 8 ? nb - b0 : 8;
+        if (RN == 1) pf_step(w, (size_t)(b0 / 8) * RM * bs * 8, RM * bs * 8, pf); /* decode */
+        if (b0 + 8 < nb) q8p_scales_group(RM, RN, n, b0 + 8, nb, w, ws, x, xs, sb[g ^ 1]);
+        if (ng == 8) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) q8p_block(RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
+        } else {
+            for (int k = 0; k < ng; k++) q8p_block(RM, RN, b0 + k, k, w, ws, x, xs, sb[g], acc);
+        }
+    }
+    /* row A: (a0 + a4) + (a2 + a6); row B: (a1 + a5) + (a3 + a7) */
+#pragma GCC unroll 2
+    for (int p = 0; p < (RM + 1) / 2; p++)
+#pragma GCC unroll 8
+        for (int c = 0; c < RN; c++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[p][c]), _mm256_extractf128_ps(acc[p][c], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            y[(size_t)c * ys + 2 * p] = _mm_cvtss_f32(h);
+            if (2 * p + 1 < RM) y[(size_t)c * ys + 2 * p + 1] = _mm_cvtss_f32(_mm_movehdup_ps(h));
+        }
+}
+
+#define QP(rm, rn)                                                                                      \
+    static void qp_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, \
+                               size_t ys) {                                                             \
+        q8p_tile(rm, rn, n, w, ws, x, xs, y, ys);                                                       \
+    }
+#define QP_ROW(rm) QP(rm, 1) QP(rm, 2) QP(rm, 3) QP(rm, 4)
+#define QP_TAB_ROW(rm) {qp_##rm##x1, qp_##rm##x2, qp_##rm##x3, qp_##rm##x4}
+QP_ROW(1) QP_ROW(2) QP_ROW(3) QP_ROW(4)
+static fixed_fn q8p_tab[MAXR][MAXC] = {QP_TAB_ROW(1), QP_TAB_ROW(2), QP_TAB_ROW(3), QP_TAB_ROW(4)};
+
+/* run_tiles for q8p_tab (MAXC tokens wide) */
+static void q8p_run(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x,
+                    size_t xs, float *y, size_t ys, int nr, int nc) {
+    for (int r = 0; r < nr; r += RM) {
+        int rm = nr - r < RM ? nr - r : RM;
+        for (int c = 0; c < nc; c += RN) {
+            int rn = nc - c < RN ? nc - c : RN;
+            q8p_tab[rm - 1][rn - 1](n, w + (size_t)r * ws, ws, x + (size_t)c * xs, xs,
+                                    y + (size_t)c * ys + r, ys);
+        }
+    }
+}
+
+/* Decode (one token) takes Q_DEC_RM rows at a time; batches Q_RM x Q_RN. */
+static void tile_q8_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                                float *y, size_t ys, int nr, int nc) {
+    if (nc == 1) q8p_run(Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
+    else q8p_run(Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
+}
 
 /* ---- float weights (F32, F16, BF16) ------------------------------------------ */
 enum { W_F32, W_F16, W_BF16 };

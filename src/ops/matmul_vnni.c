@@ -1,7 +1,7 @@
-/* ops/matmul_vnni: the Q8_0 and Q4_0 kernels rebuilt with 256-bit vpdpbusd
- * (AVX512-VNNI + AVX512VL), which does the work of maddubs + madd in one
- * instruction; chosen at run time on CPUs that have it. Other types use the
- * AVX2 kernels. */
+/* ops/matmul_vnni: kernels for CPUs with AVX512-VNNI, chosen at run time:
+ * packed Q8_0 (OP_Q8_0_R16) with 512-bit vpdpbusd, and the Q4_0 kernel rebuilt
+ * with 256-bit vpdpbusd (the work of maddubs + madd in one instruction).
+ * Other types, and unpacked Q8_0, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
@@ -16,13 +16,7 @@
 /* 32 vector registers with EVEX: room for a 4 x 4 tile */
 #define Q_DEC_RM 4
 #define Q_RM 4
-#ifndef Q8_RM
-#define Q8_RM 4
-#endif
 #define Q_RN 4
-#ifndef Q8_RN
-#define Q8_RN 8 /* Q8_0 tiles: 4 rows x 8 tokens */
-#endif
 #include "ops/matmul_q8_tmpl.h"
 
 /* ---- OP_Q8_0_R16: packed Q8_0 with 512-bit vpdpbusd --------------------------
@@ -98,7 +92,6 @@ static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
 
 op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     switch (wtype) {
-    case DT_Q8_0: return tile_q8_0_vnni;
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case DT_Q4_0: return tile_q4_0_vnni;
     default: return op_mm_tile_avx2(wtype);
@@ -106,5 +99,4 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
 }
 #else
 op_mm_tile_fn op_mm_tile_vnni(int wtype) { return op_mm_tile_scalar(wtype); }
-void op_q8x2_from_q8a(const void *q8a, void *dst, int n_in) { (void)q8a, (void)dst, (void)n_in; }
 #endif

@@ -50,15 +50,6 @@ static inline const float *op_q8a_d(const void *row, int n_in) {
 static inline const float *op_q8a_dc(const void *row, int n_in) {
     return op_q8a_d(row, n_in) + n_in / 32;
 }
-/* q8x2: the Q8_0 activations as the VNNI Q8_0 kernel wants them: per block
- * 64 bytes (x + 128, dwords doubled: unpacklo(xu, xu) then unpackhi(xu, xu)),
- * then the n_in / 32 scales d. Made from a q8a row by op_q8x2_from_q8a (VNNI
- * CPUs only). */
-static inline size_t op_q8x2_row_size(int n_in) { return 2 * (size_t)n_in + (size_t)(n_in / 32) * sizeof(float); }
-static inline const float *op_q8x2_d(const void *row, int n_in) {
-    return (const float *)((const uint8_t *)row + 2 * (size_t)n_in);
-}
-void op_q8x2_from_q8a(const void *q8a, void *dst, int n_in);
 /* Activation format a weight type's kernel wants: 0 = f32 rows, 1 = Q8_0-style,
  * 2 = Q8_K; -1 = unsupported weight type. */
 int op_matmul_act_kind(int wtype);
