@@ -92,8 +92,16 @@ static void top_k_sort(cand *c, int n, int k) {
 
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
     int n = s->vocab;
+    bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
+    if (s->p.temperature <= 0 && !penalty) { /* greedy: the first largest logit */
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (logits[i] > logits[best]) best = i;
+        kvlm_sampler_accept(s, best);
+        return best;
+    }
     for (int i = 0; i < n; i++) { s->c[i].logit = logits[i]; s->c[i].id = i; }
-    if (s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0) {
+    if (penalty) {
         /* Penalise each distinct recent token once (as llama.cpp does). */
         for (int r = 0; r < s->n_recent; r++) {
             int32_t t = s->recent[r];
