@@ -24,11 +24,12 @@ static float frand(void) {
  * 64 distinct random rows are quantized once and tiled (quantizing millions of
  * rows with the reference quantizers would take minutes). */
 static uint8_t *make_weights(int type, int n_in, int n_out, int copies, size_t *mat_bytes) {
-    if (type == OP_Q8_0_R16) { /* Q8_0 weights, each copy packed */
-        uint8_t *q = make_weights(DT_Q8_0, n_in, n_out, copies, mat_bytes);
+    if (type == OP_Q8_0_R16 || type == OP_Q4_0_R16) { /* Q8_0 / Q4_0 weights, each copy packed */
+        int base = type == OP_Q8_0_R16 ? DT_Q8_0 : DT_Q4_0;
+        uint8_t *q = make_weights(base, n_in, n_out, copies, mat_bytes);
         uint8_t *w = q ? aligned_alloc(64, (*mat_bytes * (size_t)copies + 63) & ~(size_t)63) : NULL;
         for (int c = 0; w && c < copies; c++)
-            op_pack(DT_Q8_0, q + (size_t)c * *mat_bytes, w + (size_t)c * *mat_bytes, n_in, n_out);
+            op_pack(base, q + (size_t)c * *mat_bytes, w + (size_t)c * *mat_bytes, n_in, n_out);
         free(q);
         return w;
     }
@@ -50,6 +51,15 @@ static uint8_t *make_weights(int type, int n_in, int n_out, int copies, size_t *
 }
 
 typedef struct { int n_out, n_in; } shape;
+
+/* Whether name is one of the comma-separated names in list (NULL: all). */
+static int wanted(const char *list, const char *name) {
+    if (!list) return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
 
 /* Average seconds per call over passes through all copies; best of 5 passes
  * (the machine may be shared, so the best pass is the least disturbed one). */
@@ -86,12 +96,13 @@ int main(int argc, char **argv) {
     printf("threads %d, simd %s\n", nth, op_cpu_has_avx2() ? "avx2" : "scalar");
     printf("read bandwidth (%zu MiB buffer, %d threads, best of 10, plain and prefetching loads): %.2f GB/s\n\n", footprint >> 20, nth, bw / 1e9);
 
-    /* q8_0r: Q8_0 packed for this CPU (op_pack; the scalar layout elsewhere) */
-    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, OP_Q8_0_R16};
-    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q8_0r"};
-    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0.70};
+    /* q8_0r, q4_0r: packed as the engine does at load on AVX512-VNNI CPUs
+     * (op_pack; elsewhere the scalar kernels read them: --scalar) */
+    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, OP_Q8_0_R16, OP_Q4_0_R16};
+    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q8_0r", "q4_0r"};
+    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0.70, 0.70};
     const shape shapes[] = {{5632, 2048}, {32000, 2048}, {2048, 5632}};
-    enum { NT = 8, NS = 3, TP = 64 };
+    enum { NT = 9, NS = 3, TP = 64 };
     const int n_shapes = quick ? 1 : NS;
 
     printf("decode (T=1) matrix-vector; weights cycled through >= %zu MiB so they come from memory\n",
@@ -103,10 +114,10 @@ int main(int argc, char **argv) {
     double gbs[NT][NS] = {{0}}, bwn[NT][NS] = {{0}}, pre[NT][2] = {{0}};
     const char *only = getenv("BENCH_TYPES");
     for (int ti = 0; ti < NT; ti++) {
-        if (only && !strstr(only, names[ti])) continue;
+        if (!wanted(only, names[ti])) continue;
         for (int si = 0; si < n_shapes; si++) {
             shape s = shapes[si];
-            size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti], s.n_in) * (size_t)s.n_out;
+            size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti] == OP_Q4_0_R16 ? DT_Q4_0 : types[ti], s.n_in) * (size_t)s.n_out;
             int copies = (int)((footprint + mat - 1) / mat);
             if (copies < 2) copies = 2;
             uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
@@ -175,9 +186,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 7; k++) printf("   T=%-2d us/tok (x)", bT[k]);
     printf("   GFLOP/s at 64\n");
     for (int ti = 3; ti < NT; ti++) {
-        if (ti == 5 || ti == 6 || (only && !strstr(only, names[ti]))) continue; /* q8_0, q4_0, q8_0r */
+        if (ti == 5 || ti == 6 || !wanted(only, names[ti])) continue; /* not the K types */
         shape s = shapes[0];
-        size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti], s.n_in) * (size_t)s.n_out;
+        size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti] == OP_Q4_0_R16 ? DT_Q4_0 : types[ti], s.n_in) * (size_t)s.n_out;
         int copies = (int)((footprint + mat - 1) / mat);
         uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
         void *work = malloc(op_matmul_work_size(types[ti], TP, s.n_in));

@@ -283,44 +283,46 @@ static void test_matmul_batch_bits(void **state) {
     util_pool_free(p3);
 }
 
-/* OP_Q8_0_R16 (weights packed in 16-row groups) at every SIMD level, T and
- * thread count: bit-identical to the scalar Q8_0 kernel on the unpacked
- * weights, rows past the last whole group included. */
+/* Packed weights (OP_Q8_0_R16, OP_Q4_0_R16: 16-row groups) at every SIMD
+ * level, T and thread count: bit-identical to the scalar kernel of the base
+ * type on the unpacked weights, rows of a last partial group included. */
 static void test_matmul_packed(void **state) {
     (void)state;
     util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int types[] = {DT_Q8_0, DT_Q4_0}, packed[] = {OP_Q8_0_R16, OP_Q4_0_R16};
     const int n_ins[] = {32, 96, 288, 768, 64}, n_outs[] = {16, 37, 13, 64, 200};
     const int TM = 21;
-    for (int a = 0; a < 5; a++) {
-        int n_in = n_ins[a], n_out = n_outs[a];
-        float *wf;
-        void *W = make_weights(DT_Q8_0, n_in, n_out, &wf);
-        size_t ps = op_pack_size(DT_Q8_0, n_in, n_out);
-        assert_int_equal(ps, (size_t)(n_out + 15) / 16 * 16 * dt_row_size(DT_Q8_0, n_in));
-        uint8_t *P = malloc(ps);
-        op_pack(DT_Q8_0, W, P, n_in, n_out);
-        float *X = rand_floats((size_t)TM * n_in, 1.5f);
-        float *Yref = malloc(sizeof(float) * TM * n_out), *Y = malloc(sizeof(float) * TM * n_out);
-        float *Yd = malloc(sizeof(float) * TM * n_out);
-        op_set_simd_level(OP_SIMD_SCALAR);
-        run_matmul(NULL, Yref, X, W, DT_Q8_0, TM, n_in, n_out);
-        op_matmul_ref(Yd, X, W, DT_Q8_0, TM, n_in, n_out);
-        for (size_t i = 0; i < (size_t)TM * n_out; i++) /* a sanity bound (check_matmul has the tight one) */
-            assert_true(fabsf(Yref[i] - Yd[i]) <= 0.1f * (1.0f + fabsf(Yd[i])));
-        for (int level = 0; level < n_levels(); level++) {
-            op_set_simd_level(level);
-            for (int T = 1; T <= TM; T += (tu_quick() && T > 9 ? 4 : 1)) {
-                run_matmul(T & 1 ? p3 : p2, Y, X + (size_t)(TM - T) * n_in, P, OP_Q8_0_R16, T, n_in, n_out);
-                if (memcmp(Y, Yref + (size_t)(TM - T) * n_out, sizeof(float) * T * n_out)) {
-                    fprintf(stderr, "packed q8_0 level %d n_in %d n_out %d T=%d differs from scalar q8_0\n", level,
-                            n_in, n_out, T);
-                    fail();
+    for (int ti = 0; ti < 2; ti++)
+        for (int a = 0; a < 5; a++) {
+            int n_in = n_ins[a], n_out = n_outs[a];
+            float *wf;
+            void *W = make_weights(types[ti], n_in, n_out, &wf);
+            size_t ps = op_pack_size(types[ti], n_in, n_out);
+            assert_int_equal(ps, (size_t)(n_out + 15) / 16 * 16 * dt_row_size(types[ti], n_in));
+            uint8_t *P = malloc(ps);
+            op_pack(types[ti], W, P, n_in, n_out);
+            float *X = rand_floats((size_t)TM * n_in, 1.5f);
+            float *Yref = malloc(sizeof(float) * TM * n_out), *Y = malloc(sizeof(float) * TM * n_out);
+            float *Yd = malloc(sizeof(float) * TM * n_out);
+            op_set_simd_level(OP_SIMD_SCALAR);
+            run_matmul(NULL, Yref, X, W, types[ti], TM, n_in, n_out);
+            op_matmul_ref(Yd, X, W, types[ti], TM, n_in, n_out);
+            for (size_t i = 0; i < (size_t)TM * n_out; i++) /* a sanity bound (check_matmul has the tight one) */
+                assert_true(fabsf(Yref[i] - Yd[i]) <= 0.1f * (1.0f + fabsf(Yd[i])));
+            for (int level = 0; level < n_levels(); level++) {
+                op_set_simd_level(level);
+                for (int T = 1; T <= TM; T += (tu_quick() && T > 9 ? 4 : 1)) {
+                    run_matmul(T & 1 ? p3 : p2, Y, X + (size_t)(TM - T) * n_in, P, packed[ti], T, n_in, n_out);
+                    if (memcmp(Y, Yref + (size_t)(TM - T) * n_out, sizeof(float) * T * n_out)) {
+                        fprintf(stderr, "packed type %d level %d n_in %d n_out %d T=%d differs from scalar\n", ti,
+                                level, n_in, n_out, T);
+                        fail();
+                    }
                 }
             }
+            op_set_simd_level(-1);
+            free(W); free(wf); free(P); free(X); free(Yref); free(Y); free(Yd);
         }
-        op_set_simd_level(-1);
-        free(W); free(wf); free(P); free(X); free(Yref); free(Y); free(Yd);
-    }
     util_pool_free(p2);
     util_pool_free(p3);
 }

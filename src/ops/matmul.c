@@ -11,7 +11,7 @@
 int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
-    case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: return 1;
+    case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
     case DT_Q4_K: case DT_Q6_K: return 2;
     default: return -1;
     }
@@ -25,30 +25,33 @@ op_mm_tile_fn op_mm_tile(int wtype) {
 }
 
 /* The GGUF type whose rows a (possibly packed) weight type stores. */
-static int base_type(int wtype) { return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype; }
+static int base_type(int wtype) { return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype; }
+static int packed_of(int wtype) { return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : -1; }
 
-int op_pack_type(int wtype) { return wtype == DT_Q8_0 && op_simd_level() >= OP_SIMD_VNNI ? OP_Q8_0_R16 : -1; }
+int op_pack_type(int wtype) { return op_simd_level() >= OP_SIMD_VNNI ? packed_of(wtype) : -1; }
 
 size_t op_pack_size(int wtype, int n_in, int n_out) {
-    if (wtype != DT_Q8_0) return 0;
+    if (packed_of(wtype) < 0) return 0; /* the layout is the same on every CPU */
     return (size_t)(n_out + 15) / 16 * 16 * dt_row_size(wtype, n_in);
 }
 
 void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
-    if (wtype != DT_Q8_0) return; /* the layout is the same on every CPU */
-    const int nb = n_in / 32;
-    const size_t rs = dt_row_size(DT_Q8_0, n_in);
+    if (packed_of(wtype) < 0) return;
+    const int nb = n_in / 32, q4 = wtype == DT_Q4_0;
+    const size_t rs = dt_row_size(wtype, n_in), bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const int chunks = q4 ? 4 : 8;
+    static const uint8_t zero[sizeof(block_q8_0)]; /* rows past n_out: scale 0, quants 0 */
     uint8_t *d = dst;
     for (int g = 0; g < (n_out + 15) / 16; g++)
-        for (int b = 0; b < nb; b++, d += 16 * sizeof(block_q8_0))
+        for (int b = 0; b < nb; b++, d += 16 * bs)
             for (int j = 0; j < 16; j++) {
                 int r = g * 16 + j;
-                /* rows past n_out: scale 0, quants 0 */
-                block_q8_0 z = {0, {0}};
-                const block_q8_0 *blk = r < n_out ? (const block_q8_0 *)((const uint8_t *)src + (size_t)r * rs) + b : &z;
-                memcpy(d + 2 * j, &blk->d, sizeof blk->d);
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++) d[32 + 64 * k + 4 * j + i] = (uint8_t)(blk->qs[4 * k + i] + 128);
+                const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : zero;
+                memcpy(d + 2 * j, blk, sizeof(dt_f16)); /* both blocks start with their f16 scale */
+                const uint8_t *qs = blk + sizeof(dt_f16);
+                for (int k = 0; k < chunks; k++)
+                    for (int i = 0; i < 4; i++)
+                        d[32 + 64 * k + 4 * j + i] = q4 ? qs[4 * k + i] : (uint8_t)(qs[4 * k + i] + 128);
             }
 }
 
@@ -175,7 +178,7 @@ void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wty
     long min_chunks = 4L * nth;
     if ((long)n_out / min_chunks < cr) cr = (long)n_out / min_chunks;
     /* a multiple of the largest register tile (a packed group) */
-    const long tile_rows = wtype == OP_Q8_0_R16 ? 16 : 4;
+    const long tile_rows = base_type(wtype) != wtype ? 16 : 4;
     cr = cr < tile_rows ? tile_rows : (cr + tile_rows - 1) / tile_rows * tile_rows;
     j.chunk_rows = (int)cr;
     j.n_chunks = (int)((n_out + cr - 1) / cr);

@@ -56,7 +56,7 @@ static float dot_q4_0(int n, const uint8_t *w, const uint8_t *x) {
             isum += ((wb[b].qs[i] & 0x0f) - 8) * xb[i];
             isum += ((wb[b].qs[i] >> 4) - 8) * xb[i + 16];
         }
-        s += (float)isum * (dt_f16_to_f32(wb[b].d) * xd[b]);
+        s = fmaf((float)isum, dt_f16_to_f32(wb[b].d) * xd[b], s); /* as the packed VNNI kernel */
     }
     return s;
 }
@@ -124,17 +124,23 @@ TILE(q4_0)
 TILE(q4_K)
 TILE(q6_K)
 
-/* Row j of a 16-row group of OP_Q8_0_R16 weights (ops.h): the same
- * operations as dot_q8_0 on the unpacked row. */
-static float dot_q8_0_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+/* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
+ * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
+static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
+    const size_t bs = 16 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
-        const uint8_t *blk = g + (size_t)b * 16 * sizeof(block_q8_0);
+        const uint8_t *blk = g + (size_t)b * bs;
+        const int8_t *xb = xq + b * 32;
         int isum = 0;
-        for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 4; i++) isum += (blk[32 + 64 * k + 4 * j + i] - 128) * xq[b * 32 + 4 * k + i];
+        for (int k = 0; k < (q4 ? 4 : 8); k++)
+            for (int i = 0; i < 4; i++) {
+                int q = blk[32 + 64 * k + 4 * j + i];
+                if (q4) isum += ((q & 0x0f) - 8) * xb[4 * k + i] + ((q >> 4) - 8) * xb[16 + 4 * k + i];
+                else isum += (q - 128) * xb[4 * k + i];
+            }
         dt_f16 d;
         memcpy(&d, blk + 2 * j, sizeof d);
         s = fmaf((float)isum, dt_f16_to_f32(d) * xd[b], s);
@@ -142,11 +148,19 @@ static float dot_q8_0_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
     return s;
 }
 
-static void tile_q8_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
+static void tile_r16(int q4, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                     int nr, int nc) {
     for (int c = 0; c < nc; c++)
         for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_q8_0_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+            y[(size_t)c * ys + r] = dot_r16(q4, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+}
+static void tile_q8_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    tile_r16(0, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    tile_r16(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 op_mm_tile_fn op_mm_tile_scalar(int wtype) {
@@ -156,6 +170,7 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case DT_BF16: return tile_bf16;
     case DT_Q8_0: return tile_q8_0;
     case OP_Q8_0_R16: return tile_q8_0_r16;
+    case OP_Q4_0_R16: return tile_q4_0_r16;
     case DT_Q4_0: return tile_q4_0;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q6_K: return tile_q6_K;

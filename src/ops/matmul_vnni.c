@@ -19,17 +19,22 @@
 #define Q_RN 4
 #include "ops/matmul_q8_tmpl.h"
 
-/* ---- OP_Q8_0_R16: packed Q8_0 with 512-bit vpdpbusd --------------------------
- * A 16-row group's block is 8 chunks of 64 bytes (ops.h); each vpdpbusd takes
- * one chunk against one dword of the token's quants broadcast from memory, so
- * the 16 lanes are the 16 rows' partial dots and no horizontal sums or
- * shuffles are needed. The chunk registers of a block serve up to R16_C
- * tokens. The unsigned weights (w + 128) are corrected by starting from the
- * token's -128 x sum of the block's quants (op_q8a_xc). Per (row, token) the
- * block's integer dot is exact, and it meets its scale in one FMA per block in
- * column order, as in the scalar kernel, so every path gives the same bits. */
+/* ---- OP_Q8_0_R16, OP_Q4_0_R16: packed weights with 512-bit vpdpbusd ---------
+ * A 16-row group's block is 8 chunks of 64 bytes (Q8_0) or 4 (Q4_0, each
+ * chunk's low nibbles then its high nibbles) (ops.h); each vpdpbusd takes one
+ * chunk against one dword of the token's quants broadcast from memory, so the
+ * 16 lanes are the 16 rows' partial dots and no horizontal sums or shuffles
+ * are needed. The chunk registers of a block serve up to R16_C tokens. The
+ * unsigned weights (Q8_0: w + 128, Q4_0: nibbles 0..15) are corrected by
+ * starting from the token's -128 x (or -8 x) sum of the block's quants
+ * (op_q8a_xc, exact /16 for Q4_0). Per (row, token) the block's integer dot is
+ * exact and meets its scale in one FMA per block in column order, as in the
+ * scalar kernels, so every path gives the same bits. */
 #define R16_C 8
-#define R16_BLOCK (16 * sizeof(block_q8_0))
+/* Decode (one token) streams the weights, one contiguous run per chunk of
+ * groups: software prefetch keeps this many bytes ahead in flight (4 KiB was
+ * the best of 0 / 1 / 2 / 4 KiB on the reference machine, mostly for Q4_0). */
+#define R16_PF 4096
 
 AI int32_t ld32(const void *p) {
     int32_t v;
@@ -37,24 +42,39 @@ AI int32_t ld32(const void *p) {
     return v;
 }
 
-AI void r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
-                 __mmask16 rows) {
+AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+                 size_t ys, __mmask16 rows) {
     const int nb = n / 32;
+    const size_t bsz = 16 * (Q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[R16_C];
 #pragma GCC unroll 8
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * R16_BLOCK;
+        const uint8_t *blk = g + (size_t)b * bsz;
+        if (RN == 1)
+            for (size_t o = 0; o < bsz; o += 64) _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        /* wk[k] pairs with the token's dword k */
         __m512i wk[8];
+        if (Q4) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * k);
+                wk[k] = _mm512_and_si512(raw, m4);
+                wk[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            }
+        } else {
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) wk[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+            for (int k = 0; k < 8; k++) wk[k] = _mm512_loadu_si512(blk + 32 + 64 * k);
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < RN; c++) {
             const uint8_t *xr = x + (size_t)c * xs;
             const int8_t *xq = op_q8a_qs(xr) + b * 32;
-            /* two chains halve the latency of the dependent vpdpbusd */
             __m512i i0 = _mm512_set1_epi32(op_q8a_xc(xr, n)[b]), i1 = _mm512_setzero_si512();
+            if (Q4) i0 = _mm512_srai_epi32(i0, 4); /* -8 x sum */
+            /* two chains halve the latency of the dependent vpdpbusd */
 #pragma GCC unroll 4
             for (int k = 0; k < 8; k += 2) {
                 i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(xq + 4 * k)));
@@ -69,23 +89,35 @@ AI void r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t
 }
 
 typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, __mmask16 rows);
-#define R16(rn)                                                                                          \
-    static void r16_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,     \
-                         __mmask16 rows) {                                                              \
-        r16_tile(rn, n, g, x, xs, y, ys, rows);                                                         \
+#define R16(q4, rn)                                                                                       \
+    static void r16_##q4##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                                __mmask16 rows) {                                                        \
+        r16_tile(q4, rn, n, g, x, xs, y, ys, rows);                                                      \
     }
-R16(1) R16(2) R16(3) R16(4) R16(5) R16(6) R16(7) R16(8)
-static const r16_fn r16_tab[R16_C] = {r16_1, r16_2, r16_3, r16_4, r16_5, r16_6, r16_7, r16_8};
+#define R16_ROW(q4) R16(q4, 1) R16(q4, 2) R16(q4, 3) R16(q4, 4) R16(q4, 5) R16(q4, 6) R16(q4, 7) R16(q4, 8)
+#define R16_TAB(q4) {r16_##q4##_1, r16_##q4##_2, r16_##q4##_3, r16_##q4##_4, r16_##q4##_5, r16_##q4##_6, r16_##q4##_7, r16_##q4##_8}
+R16_ROW(0) R16_ROW(1)
+static const r16_fn r16_tab[2][R16_C] = {R16_TAB(0), R16_TAB(1)};
 
-static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
+/* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
+ * bytes), the last one masked; tokens R16_C at a time. */
+AI void r16_run(const int Q4, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                int nr, int nc) {
     for (int r = 0; r < nr; r += 16) {
         const __mmask16 rows = nr - r >= 16 ? 0xffff : (__mmask16)((1u << (nr - r)) - 1);
         for (int c = 0; c < nc; c += R16_C) {
             int rn = nc - c < R16_C ? nc - c : R16_C;
-            r16_tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
+            r16_tab[Q4][rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
         }
     }
+}
+static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_run(0, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_run(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 #pragma GCC pop_options
@@ -93,6 +125,7 @@ static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
 op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     switch (wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
+    case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
     case DT_Q4_0: return tile_q4_0_vnni;
     default: return op_mm_tile_avx2(wtype);
     }

@@ -27,16 +27,19 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * 0) and must not overlap X or Y. Results do not depend on the thread count. */
 /* ---- packed weights ----------------------------------------------------------
  * Weights that only matmul reads can be repacked once, at load, into the
- * layout of this CPU's fastest kernel. OP_Q8_0_R16 (CPUs with AVX512-VNNI):
- * Q8_0 rows in groups of 16; per group and block of 32 columns the 16 f16
- * scales, then 8 x 64 bytes where chunk k holds bytes 4k..4k+3 of each of the
- * 16 rows, stored as w + 128 (unsigned). One vpdpbusd per chunk then gives
- * the 16 rows' partial dots in its 16 lanes, against one broadcast dword of
- * the activations. The last group is padded with zero rows; op_matmul takes
- * the packed type as its wtype (rows still dt_row_size(Q8_0) apart). Results
- * equal the scalar Q8_0 kernel bit for bit (integer block dots, then one FMA
- * per block in column order). */
+ * layout of this CPU's fastest kernel (CPUs with AVX512-VNNI): Q8_0 and Q4_0
+ * rows in groups of 16; per group and block of 32 columns the 16 f16 scales,
+ * then 64-byte chunks where chunk k holds bytes 4k..4k+3 of each of the 16
+ * rows' block: 8 chunks of w + 128 (unsigned) for OP_Q8_0_R16, 4 chunks of
+ * nibble bytes for OP_Q4_0_R16. One vpdpbusd per chunk (per nibble half) then
+ * gives the 16 rows' partial dots in its 16 lanes, against one broadcast dword
+ * of the activations. The last group is padded with zero rows; the packed
+ * tensor has the unpacked one's size rounded up to whole groups, and op_matmul
+ * takes the packed type as its wtype (rows still dt_row_size(base type) apart).
+ * Results equal the scalar kernel of the base type bit for bit (integer block
+ * dots, then one FMA per block in column order). */
 #define OP_Q8_0_R16 0x108
+#define OP_Q4_0_R16 0x102
 /* Packed type for weights of type wtype on this CPU, or -1 (none worth it). */
 int op_pack_type(int wtype);
 /* Bytes of the packed form (n_out rounded up to whole groups; 0 if wtype has
