@@ -211,30 +211,6 @@ static void test_matmul_odd_sizes(void **state) {
     util_pool_free(p3);
 }
 
-/* VNNI and AVX2 kernels for Q4_0 compute the same exact integer block sums
- * and the same float ops, so they agree bit for bit (packed Q8_0, the other
- * VNNI kernel, is checked against the scalar one in test_matmul_packed). */
-static void test_matmul_vnni_equals_avx2(void **state) {
-    (void)state;
-    if (op_cpu_simd_level() < OP_SIMD_VNNI) { fprintf(stderr, "SKIP: no AVX512-VNNI\n"); skip(); }
-    const int types[] = {DT_Q4_0};
-    for (int ti = 0; ti < 1; ti++)
-        for (int T = 1; T <= 9; T += 4) {
-            float *wf;
-            int n_in = 512, n_out = 37;
-            void *W = make_weights(types[ti], n_in, n_out, &wf);
-            float *X = rand_floats((size_t)T * n_in, 1.0f);
-            float *Y1 = malloc(sizeof(float) * T * n_out), *Y2 = malloc(sizeof(float) * T * n_out);
-            op_set_simd_level(OP_SIMD_AVX2);
-            run_matmul(NULL, Y1, X, W, types[ti], T, n_in, n_out);
-            op_set_simd_level(OP_SIMD_VNNI);
-            run_matmul(NULL, Y2, X, W, types[ti], T, n_in, n_out);
-            op_set_simd_level(-1);
-            assert_memory_equal(Y1, Y2, sizeof(float) * T * n_out);
-            free(W); free(wf); free(X); free(Y1); free(Y2);
-        }
-}
-
 /* Batched decode must give each sequence the bits it gets alone: a (row,
  * token) result of Q8_0/Q4_0 may not depend on T, on which tile or token
  * block it lands in, nor on the rows around it (odd row counts pair a row
@@ -626,7 +602,6 @@ int main(void) {
         cmocka_unit_test(test_quant_act_simd_equals_scalar),
         cmocka_unit_test(test_matmul_all_types),
         cmocka_unit_test(test_matmul_odd_sizes),
-        cmocka_unit_test(test_matmul_vnni_equals_avx2),
         cmocka_unit_test(test_matmul_batch_bits),
         cmocka_unit_test(test_matmul_packed),
         cmocka_unit_test(test_matmul_work_size),

@@ -1,7 +1,6 @@
-/* ops/matmul_vnni: kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0 (OP_Q8_0_R16) with 512-bit vpdpbusd, and the Q4_0 kernel rebuilt
- * with 256-bit vpdpbusd (the work of maddubs + madd in one instruction).
- * Other types, and unpacked Q8_0, use the AVX2 kernels. */
+/* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
+ * packed Q8_0 and Q4_0 weights (OP_Q8_0_R16, OP_Q4_0_R16) with 512-bit
+ * vpdpbusd. Other types, and unpacked Q8_0 / Q4_0, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
@@ -10,14 +9,6 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 #include "ops/matmul_simd.h"
-
-#define Q_VNNI 1
-#define Q_SUFFIX(name) name##_vnni
-/* 32 vector registers with EVEX: room for a 4 x 4 tile */
-#define Q_DEC_RM 4
-#define Q_RM 4
-#define Q_RN 4
-#include "ops/matmul_q8_tmpl.h"
 
 /* ---- OP_Q8_0_R16, OP_Q4_0_R16: packed weights with 512-bit vpdpbusd ---------
  * A 16-row group's block is 8 chunks of 64 bytes (Q8_0) or 4 (Q4_0, each
@@ -126,7 +117,6 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     switch (wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
-    case DT_Q4_0: return tile_q4_0_vnni;
     default: return op_mm_tile_avx2(wtype);
     }
 }
