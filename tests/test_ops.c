@@ -420,6 +420,32 @@ static void test_softmax(void **state) {
     }
 }
 
+/* argmax at every level: the reference's first largest index, with ties,
+ * NaNs (never chosen; a NaN first element gives 0) and infinities. */
+static void test_argmax(void **state) {
+    (void)state;
+    const int ns[] = {1, 2, 7, 8, 9, 31, 64, 100, 32000};
+    for (int k = 0; k < 9; k++)
+        for (int v = 0; v < 6; v++) {
+            int n = ns[k];
+            float *x = rand_floats((size_t)n, 3.0f);
+            if (v == 1) for (int i = 0; i < n; i++) x[i] = (float)(i % 5); /* ties: first 4 wins */
+            if (v == 2) x[n / 2] = NAN;
+            if (v == 3) x[0] = NAN;
+            if (v == 4) for (int i = 0; i < n; i++) x[i] = -INFINITY;
+            if (v == 5) { x[n - 1] = INFINITY; x[n / 3] = NAN; }
+            int want = op_argmax_ref(x, n);
+            if (v == 3) assert_int_equal(want, 0);
+            for (int level = 0; level < n_levels(); level++) {
+                op_set_simd_level(level);
+                assert_int_equal(op_argmax(x, n), want);
+            }
+            op_set_simd_level(-1);
+            free(x);
+        }
+    assert_int_equal(op_argmax(NULL, 0), -1);
+}
+
 static void test_swiglu_add(void **state) {
     (void)state;
     const int n = 1031;
@@ -609,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_attention_shapes),
         cmocka_unit_test(test_attention_paged),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
+#include "ops/ops.h"
 
 typedef struct { float logit; int32_t id; } cand;
 
@@ -94,9 +95,7 @@ int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
     int n = s->vocab;
     bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
     if (s->p.temperature <= 0 && !penalty) { /* greedy: the first largest logit */
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (logits[i] > logits[best]) best = i;
+        int best = op_argmax(logits, n);
         kvlm_sampler_accept(s, best);
         return best;
     }

@@ -72,6 +72,10 @@ void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, flo
 /* In place, numerically stable. */
 void op_softmax(float *x, int n);
 void op_softmax_ref(float *x, int n);
+/* Index of the first largest element (NaNs never win; a NaN x[0] gives 0);
+ * -1 if n <= 0. */
+int op_argmax(const float *x, int n);
+int op_argmax_ref(const float *x, int n);
 /* gate[i] = silu(gate[i]) * up[i] */
 void op_swiglu(float *gate, const float *up, int n);
 void op_swiglu_ref(float *gate, const float *up, int n);
