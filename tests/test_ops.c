@@ -303,6 +303,42 @@ static void test_matmul_packed(void **state) {
     util_pool_free(p3);
 }
 
+/* op_matmul_n gives each output exactly what op_matmul gives it alone: types
+ * sharing the activation format (Q8_0, packed Q8_0, Q4_0) quantize once, a
+ * different one (Q6_K) falls back to one call each; odd row counts. */
+static void test_matmul_n(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2);
+    const int n_in = 256, T = 5;
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q8_0, DT_Q6_K}, n_outs[] = {40, 16, 23, 7};
+    void *W[4];
+    float *wf[4], *Y[4], *Yn[4];
+    for (int i = 0; i < 4; i++) {
+        W[i] = make_weights(types[i], n_in, n_outs[i], &wf[i]);
+        Y[i] = malloc(sizeof(float) * T * n_outs[i]);
+        Yn[i] = malloc(sizeof(float) * T * n_outs[i]);
+    }
+    uint8_t *P = malloc(op_pack_size(DT_Q8_0, n_in, n_outs[2]));
+    op_pack(DT_Q8_0, W[2], P, n_in, n_outs[2]);
+    op_mm_out o[4] = {{Yn[0], W[0], types[0], n_outs[0]}, {Yn[1], W[1], types[1], n_outs[1]},
+                      {Yn[2], P, OP_Q8_0_R16, n_outs[2]}, {Yn[3], W[3], types[3], n_outs[3]}};
+    float *X = rand_floats((size_t)T * n_in, 1.0f);
+    size_t ws = 0;
+    for (int i = 0; i < 4; i++) ws = op_matmul_work_size(types[i], T, n_in) > ws ? op_matmul_work_size(types[i], T, n_in) : ws;
+    void *work = malloc(ws);
+    for (int n = 3; n <= 4; n++) {
+        for (int i = 0; i < n; i++) memset(Yn[i], 0, sizeof(float) * T * n_outs[i]);
+        op_matmul_n(p2, X, T, n_in, o, n, work);
+        for (int i = 0; i < n; i++) {
+            run_matmul(NULL, Y[i], X, o[i].W, o[i].wtype, T, n_in, n_outs[i]);
+            assert_memory_equal(Y[i], Yn[i], sizeof(float) * T * n_outs[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) { free(W[i]); free(wf[i]); free(Y[i]); free(Yn[i]); }
+    free(P); free(X); free(work);
+    util_pool_free(p2);
+}
+
 static void test_matmul_work_size(void **state) {
     (void)state;
     assert_int_equal(op_matmul_work_size(DT_F32, 8, 256), 0);
@@ -630,6 +666,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_odd_sizes),
         cmocka_unit_test(test_matmul_batch_bits),
         cmocka_unit_test(test_matmul_packed),
+        cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_matmul_work_size),
         cmocka_unit_test(test_read_bandwidth),
         cmocka_unit_test(test_rmsnorm),

@@ -326,9 +326,21 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
 
 /* ---- the forward pass --------------------------------------------------------- */
 
+static op_mm_out mm_out(float *y, const model_tensor *w) {
+    op_mm_out o = {y, w->packed ? w->packed : w->data, w->packed ? w->packed_type : w->type, (int)w->n_out};
+    return o;
+}
+
 static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *w, int T) {
-    if (w->packed) op_matmul(ctx->pool, y, x, w->packed, w->packed_type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
-    else op_matmul(ctx->pool, y, x, w->data, w->type, T, (int)w->n_in, (int)w->n_out, ctx->mm_work);
+    op_mm_out o = mm_out(y, w);
+    op_matmul_n(ctx->pool, x, T, (int)w->n_in, &o, 1, ctx->mm_work);
+}
+
+/* Matrices that read the same input: one quantization, one pass of the threads. */
+static void matmul3(kvlm_ctx *ctx, const float *x, int T, float *y0, const model_tensor *w0, float *y1,
+                    const model_tensor *w1, float *y2, const model_tensor *w2) {
+    op_mm_out o[3] = {mm_out(y0, w0), mm_out(y1, w1), y2 ? mm_out(y2, w2) : mm_out(y1, w1)};
+    op_matmul_n(ctx->pool, x, T, (int)w0->n_in, o, y2 ? 3 : 2, ctx->mm_work);
 }
 
 static void add_bias(float *y, const model_tensor *b, int T) {
@@ -422,9 +434,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         const model_layer *L = &m->layers[l];
         for (int t = 0; t < T; t++)
             op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->attn_norm.data, D, c->norm_eps);
-        matmul(ctx, ctx->q, ctx->xb, &L->wq, T);
-        matmul(ctx, ctx->k, ctx->xb, &L->wk, T);
-        matmul(ctx, ctx->v, ctx->xb, &L->wv, T);
+        matmul3(ctx, ctx->xb, T, ctx->q, &L->wq, ctx->k, &L->wk, ctx->v, &L->wv);
         add_bias(ctx->q, &L->bq, T);
         add_bias(ctx->k, &L->bk, T);
         add_bias(ctx->v, &L->bv, T);
@@ -438,8 +448,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         op_add(ctx->x, ctx->xb, T * D);
         for (int t = 0; t < T; t++)
             op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->ffn_norm.data, D, c->norm_eps);
-        matmul(ctx, ctx->hb, ctx->xb, &L->w_gate, T);
-        matmul(ctx, ctx->hb2, ctx->xb, &L->w_up, T);
+        matmul3(ctx, ctx->xb, T, ctx->hb, &L->w_gate, ctx->hb2, &L->w_up, NULL, NULL);
         op_swiglu(ctx->hb, ctx->hb2, T * F);
         matmul(ctx, ctx->xb, ctx->hb, &L->w_down, T);
         op_add(ctx->x, ctx->xb, T * D);

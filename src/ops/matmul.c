@@ -97,13 +97,21 @@ typedef struct {
     char pad[64 - sizeof(uint64_t)];
 } mm_range;
 
+/* One matrix of a job; its chunks are numbered from `first` on. */
 typedef struct {
     op_mm_tile_fn fn;
-    const uint8_t *W, *X;
-    size_t ws, xs;
+    const uint8_t *W;
+    size_t ws;
     float *Y;
-    int T, n_in, n_out;
-    int chunk_rows, n_chunks, tb, n_ranges;
+    int n_out, chunk_rows, first;
+} mm_mat;
+
+typedef struct {
+    mm_mat mats[OP_MM_MAX_OUTS];
+    int n_mats;
+    const uint8_t *X;
+    size_t xs;
+    int T, n_in, tb, n_ranges;
     mm_range *ranges;
 } mm_job;
 
@@ -119,13 +127,16 @@ static int take_chunk(mm_range *r, int from_back) {
 }
 
 static void mm_chunk(const mm_job *j, int ci) {
-    int r0 = ci * j->chunk_rows;
-    int nr = j->n_out - r0 < j->chunk_rows ? j->n_out - r0 : j->chunk_rows;
+    int m = j->n_mats - 1;
+    while (ci < j->mats[m].first) m--;
+    const mm_mat *M = &j->mats[m];
+    int r0 = (ci - M->first) * M->chunk_rows;
+    int nr = M->n_out - r0 < M->chunk_rows ? M->n_out - r0 : M->chunk_rows;
     /* the chunk's rows stay in cache while every token block passes */
     for (int t0 = 0; t0 < j->T; t0 += j->tb) {
         int nt = j->T - t0 < j->tb ? j->T - t0 : j->tb;
-        j->fn(j->n_in, j->W + (size_t)r0 * j->ws, j->ws, j->X + (size_t)t0 * j->xs, j->xs,
-              j->Y + (size_t)t0 * j->n_out + r0, (size_t)j->n_out, nr, nt);
+        M->fn(j->n_in, M->W + (size_t)r0 * M->ws, M->ws, j->X + (size_t)t0 * j->xs, j->xs,
+              M->Y + (size_t)t0 * M->n_out + r0, (size_t)M->n_out, nr, nt);
     }
 }
 
@@ -140,58 +151,73 @@ static void mm_worker(void *p, int ith, int nth) {
     }
 }
 
-void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype, int T, int n_in,
-               int n_out, void *work) {
-    if (T <= 0 || n_out <= 0 || n_in <= 0) return;
-    int kind = op_matmul_act_kind(wtype);
-    op_mm_tile_fn fn = op_mm_tile(wtype);
-    size_t row_bytes = dt_row_size(base_type(wtype), n_in); /* 0 if n_in is not whole blocks */
-    if (kind < 0 || !fn || row_bytes == 0) return;
+void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work) {
+    if (T <= 0 || n_in <= 0 || n <= 0 || n > OP_MM_MAX_OUTS) return;
+    int kind = op_matmul_act_kind(outs[0].wtype);
+    for (int i = 1; i < n; i++)
+        if (op_matmul_act_kind(outs[i].wtype) != kind) { /* activations quantized differently: one by one */
+            for (int k = 0; k < n; k++) op_matmul_n(pool, X, T, n_in, &outs[k], 1, work);
+            return;
+        }
+    if (kind < 0) return;
     int nth = util_pool_size(pool);
+    mm_job j;
+    j.n_mats = 0;
+    /* Decode streams the weights once: chunks of ~32 KiB keep the hand-out
+     * cheap and the threads balanced. Prefill reuses each chunk for all tokens,
+     * so it is sized to sit in L2 (~128 KiB) next to a block of activations. */
+    const size_t target = T == 1 ? (32u << 10) : (128u << 10);
+    int n_chunks = 0;
+    for (int i = 0; i < n; i++) {
+        const op_mm_out *o = &outs[i];
+        mm_mat *M = &j.mats[j.n_mats];
+        M->fn = op_mm_tile(o->wtype);
+        M->ws = dt_row_size(base_type(o->wtype), n_in); /* 0 if n_in is not whole blocks */
+        if (o->n_out <= 0 || !M->fn || M->ws == 0) continue; /* unsupported: Y untouched */
+        M->W = o->W;
+        M->Y = o->Y;
+        M->n_out = o->n_out;
+        long cr = (long)(target / M->ws);
+        long min_chunks = 4L * nth;
+        if ((long)o->n_out / min_chunks < cr) cr = (long)o->n_out / min_chunks;
+        /* a multiple of the largest register tile (a packed group) */
+        const long tile_rows = base_type(o->wtype) != o->wtype ? 16 : 4;
+        cr = cr < tile_rows ? tile_rows : (cr + tile_rows - 1) / tile_rows * tile_rows;
+        M->chunk_rows = (int)cr;
+        M->first = n_chunks;
+        n_chunks += (int)((o->n_out + cr - 1) / cr);
+        j.n_mats++;
+    }
+    if (!j.n_mats) return;
 
-    const uint8_t *xa = (const uint8_t *)X;
-    size_t xs = (size_t)n_in * sizeof(float);
-    if (kind > 0) {
+    j.X = (const uint8_t *)X;
+    j.xs = (size_t)n_in * sizeof(float);
+    if (kind > 0) { /* quantized once for every matrix */
         uint8_t *xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
         quant_job qj = {X, xq, act_row_size(kind, n_in), T, n_in, kind};
         if (T >= 2 * nth && nth > 1) util_pool_run(pool, quant_worker, &qj);
         else quant_worker(&qj, 0, 1);
-        xa = xq;
-        xs = qj.xs;
+        j.X = xq;
+        j.xs = qj.xs;
     }
-
-    mm_job j;
-    j.fn = fn;
-    j.W = W;
-    j.X = xa;
-    j.ws = row_bytes;
-    j.xs = xs;
-    j.Y = Y;
     j.T = T;
     j.n_in = n_in;
-    j.n_out = n_out;
-    /* Decode streams the weights once: chunks of ~32 KiB keep the hand-out
-     * cheap and the threads balanced. Prefill reuses each chunk for all tokens,
-     * so it is sized to sit in L2 (~128 KiB) next to a block of activations. */
-    size_t target = T == 1 ? (32u << 10) : (128u << 10);
-    long cr = (long)(target / (row_bytes ? row_bytes : 1));
-    long min_chunks = 4L * nth;
-    if ((long)n_out / min_chunks < cr) cr = (long)n_out / min_chunks;
-    /* a multiple of the largest register tile (a packed group) */
-    const long tile_rows = base_type(wtype) != wtype ? 16 : 4;
-    cr = cr < tile_rows ? tile_rows : (cr + tile_rows - 1) / tile_rows * tile_rows;
-    j.chunk_rows = (int)cr;
-    j.n_chunks = (int)((n_out + cr - 1) / cr);
     j.tb = 64;
     mm_range ranges[MM_MAX_RANGES];
     j.n_ranges = nth < MM_MAX_RANGES ? nth : MM_MAX_RANGES;
     j.ranges = ranges;
     for (int i = 0; i < j.n_ranges; i++) {
         long lo, hi;
-        util_split(j.n_chunks, i, j.n_ranges, &lo, &hi);
+        util_split(n_chunks, i, j.n_ranges, &lo, &hi);
         atomic_init(&ranges[i].fb, (uint64_t)hi << 32 | (uint64_t)lo);
     }
     util_pool_run(pool, mm_worker, &j);
+}
+
+void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype, int T, int n_in,
+               int n_out, void *work) {
+    op_mm_out o = {Y, W, wtype, n_out};
+    op_matmul_n(pool, X, T, n_in, &o, 1, work);
 }
 
 void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out) {

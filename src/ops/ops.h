@@ -18,6 +18,17 @@
 size_t op_matmul_work_size(int wtype, int T, int n_in);
 void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype,
                int T, int n_in, int n_out, void *work);
+/* Several matrices of one input at once (Q, K, V; gate, up): X is quantized
+ * once for all of them when their types share an activation format, and
+ * their row chunks are handed to the threads in one pass. Each output is
+ * exactly what op_matmul gives. work: the largest op_matmul_work_size. */
+#define OP_MM_MAX_OUTS 4
+typedef struct {
+    float *Y;
+    const void *W;
+    int wtype, n_out;
+} op_mm_out;
+void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work);
 /* Reference: dequantizes each row of W with dt_dequantize_row and accumulates
  * in double. Single-threaded, allocates. For tests. */
 void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out);
