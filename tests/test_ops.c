@@ -631,6 +631,51 @@ static void test_attention_paged(void **state) {
     util_pool_free(p2);
 }
 
+/* op_attention_n (a batched decode step's sequences in one pass of the
+ * threads) gives each call exactly what op_attention gives it alone: short
+ * decodes and a prefill share the pass, a long decode (split across threads)
+ * and one with H2O weights run on their own. */
+static void test_attention_n(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2);
+    enum { N = 12 };
+    const int hd = 64, n_heads = 8, n_kv = 2;
+    const int Ts[N] = {1, 1, 1, 5, 1, 1, 1, 1, 1, 3, 1, 1}, pos0[N] = {0, 17, 300, 40, 2500, 1, 63, 64, 9, 0, 120, 33};
+    op_attn_args a[N];
+    float *k[N], *v[N], *q[N], *o1[N], *o2[N], *kw1 = calloc(200, sizeof(float)), *kw2 = calloc(200, sizeof(float));
+    for (int i = 0; i < N; i++) {
+        int n_pos = pos0[i] + Ts[i];
+        size_t stride = (size_t)n_pos * hd, nq = (size_t)Ts[i] * n_heads * hd;
+        k[i] = rand_floats(stride * n_kv, 1.0f);
+        v[i] = rand_floats(stride * n_kv, 1.0f);
+        q[i] = rand_floats(nq, 1.0f);
+        o1[i] = malloc(nq * sizeof(float));
+        o2[i] = malloc(nq * sizeof(float));
+        op_attn_args c = {Ts[i], pos0[i], n_heads, n_kv, hd, k[i], v[i], stride, 1.0f / sqrtf((float)hd),
+                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0};
+        a[i] = c;
+    }
+    a[10].key_weights = kw2; /* H2O: its own pass */
+    uint8_t *work = malloc(op_attention_work_size(2, hd));
+    for (int level = 0; level < n_levels(); level++) {
+        op_set_simd_level(level);
+        memset(kw2, 0, 200 * sizeof(float));
+        op_attention_n(p2, N, o2, (const float *const *)q, a, work);
+        memcpy(kw1, kw2, 200 * sizeof(float));
+        memset(kw2, 0, 200 * sizeof(float));
+        for (int i = 0; i < N; i++) {
+            op_attention(p2, o1[i], q[i], &a[i], work);
+            assert_memory_equal(o1[i], o2[i], (size_t)Ts[i] * n_heads * hd * sizeof(float));
+        }
+        assert_memory_equal(kw1, kw2, 200 * sizeof(float));
+        assert_true(kw1[0] > 0);
+    }
+    op_set_simd_level(-1);
+    for (int i = 0; i < N; i++) { free(k[i]); free(v[i]); free(q[i]); free(o1[i]); free(o2[i]); }
+    free(kw1); free(kw2); free(work);
+    util_pool_free(p2);
+}
+
 /* Flash-decoding: one or two KV heads decoding at 2000+ keys, where the keys
  * are split into parts merged by log-sum-exp: close to the reference, and the
  * same bits on 1, 2 and 3 threads (check_attention compares them). */
@@ -676,6 +721,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_attention_shapes),
         cmocka_unit_test(test_attention_paged),
+        cmocka_unit_test(test_attention_n),
         cmocka_unit_test(test_attention_flash_decode),
         cmocka_unit_test(test_attention_long),
     };

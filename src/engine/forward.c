@@ -16,6 +16,9 @@
 #include "util/timing.h"
 #include "engine/engine.h"
 
+/* attention calls per pass of the threads (op_attention_n) */
+#define ATT_RUNS 64
+
 struct kvlm_ctx {
     const kvlm_model *model;
     kvlm_ctx_params p;
@@ -25,7 +28,8 @@ struct kvlm_ctx {
     /* Scratch for n_batch tokens. */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     void *mm_work, *attn_work;
-    const float **block_ptrs;  /* one sequence's blocks for attention */
+    const float **block_ptrs;  /* the blocks of att_runs sequences for attention */
+    int att_runs;
     int *stage_block;          /* per sequence: q4_kc keys' block still filling, -1: none */
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
     /* Logits of the tokens that asked for them in the last call. */
@@ -198,7 +202,9 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->out_rows = malloc(T * c->dim * sizeof(float));
     ctx->mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
     ctx->attn_work = malloc(op_attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
-    ctx->block_ptrs = malloc(((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
+    /* a step's attention runs ATT_RUNS sequences per pass of the threads */
+    ctx->att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
+    ctx->block_ptrs = malloc((size_t)ctx->att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
     ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
     ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
@@ -379,44 +385,62 @@ static void write_kv(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t
 
 /* Attention for tokens [0, T): each run of consecutive positions of one
  * sequence is one call over that sequence's blocks. */
+static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
+    if (ctx->naive_attention)
+        for (int i = 0; i < n; i++) op_attention_ref(out[i], q[i], &a[i]);
+    else op_attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
+}
+
+/* Each run of consecutive positions of one sequence is one attention call;
+ * the calls of a step (one per sequence in batched decode) go to the threads
+ * together. */
 static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
     const kvlm_config *c = &ctx->model->cfg;
     const kv_params *kp = kv_get_params(ctx->kv);
     int HD = c->head_dim, QD = c->n_heads * HD;
+    const size_t per_run = (size_t)ctx->p.n_ctx / kp->block_size + 2;
+    op_attn_args args[ATT_RUNS];
+    float *outs[ATT_RUNS];
+    const float *qs[ATT_RUNS];
+    int n = 0;
+    double t_start = util_now_s();
     for (int t0 = 0; t0 < T;) {
         int t1 = t0 + 1;
         while (t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
         int n_blocks;
         const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t0], &n_blocks);
         int need = pos[t1 - 1] / kp->block_size + 1;
-        for (int i = 0; i < need; i++) ctx->block_ptrs[i] = (const float *)kv_block_k(ctx->kv, blocks[i], layer, 0);
-        op_attn_args a = {0};
-        a.T = t1 - t0;
-        a.q_pos0 = pos[t0];
-        a.n_heads = c->n_heads;
-        a.n_kv_heads = c->n_kv_heads;
-        a.head_dim = HD;
-        a.blocks = ctx->block_ptrs;
-        a.block_size = kp->block_size;
-        a.k_type = kp->k_type; /* kv/paged's block layout */
-        a.v_type = kp->v_type;
-        a.head_bytes = kv_head_bytes(ctx->kv);
-        a.v_bytes = kv_v_offset_bytes(ctx->kv);
-        a.k_stage = kv_seq_stage(ctx->kv, seq[t0], layer, 0);
+        const float **bp = ctx->block_ptrs + (size_t)n * per_run;
+        for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(ctx->kv, blocks[i], layer, 0);
+        op_attn_args *a = &args[n];
+        memset(a, 0, sizeof *a);
+        a->T = t1 - t0;
+        a->q_pos0 = pos[t0];
+        a->n_heads = c->n_heads;
+        a->n_kv_heads = c->n_kv_heads;
+        a->head_dim = HD;
+        a->blocks = bp;
+        a->block_size = kp->block_size;
+        a->k_type = kp->k_type; /* kv/paged's block layout */
+        a->v_type = kp->v_type;
+        a->head_bytes = kv_head_bytes(ctx->kv);
+        a->v_bytes = kv_v_offset_bytes(ctx->kv);
+        a->k_stage = kv_seq_stage(ctx->kv, seq[t0], layer, 0);
         /* the sequence's newest block holds keys in staging only while it
          * fills; blocks before it were quantized when they filled */
-        a.stage_block = a.k_stage ? ctx->stage_block[seq[t0]] : -1;
-        if (a.stage_block >= need) a.stage_block = -1;
-        a.scale = 1.0f / sqrtf((float)HD);
-        a.key_weights = h2o_scores(ctx, seq[t0]);
-        a.score_work = ctx->h2o_work;
-        a.score_work_floats = ctx->h2o_work_floats;
-        double t_start = util_now_s();
-        if (ctx->naive_attention) op_attention_ref(ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a);
-        else op_attention(ctx->pool, ctx->att + (size_t)t0 * QD, ctx->q + (size_t)t0 * QD, &a, ctx->attn_work);
-        ctx->attn_seconds += util_now_s() - t_start;
+        a->stage_block = a->k_stage ? ctx->stage_block[seq[t0]] : -1;
+        if (a->stage_block >= need) a->stage_block = -1;
+        a->scale = 1.0f / sqrtf((float)HD);
+        a->key_weights = h2o_scores(ctx, seq[t0]);
+        a->score_work = ctx->h2o_work;
+        a->score_work_floats = ctx->h2o_work_floats;
+        outs[n] = ctx->att + (size_t)t0 * QD;
+        qs[n] = ctx->q + (size_t)t0 * QD;
+        if (++n == ctx->att_runs) { attend_runs(ctx, n, outs, qs, args); n = 0; }
         t0 = t1;
     }
+    if (n) attend_runs(ctx, n, outs, qs, args);
+    ctx->attn_seconds += util_now_s() - t_start;
 }
 
 /* One chunk of at most n_batch tokens; want[t] marks tokens whose logits

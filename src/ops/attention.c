@@ -1365,32 +1365,37 @@ size_t op_attention_score_floats(int T, int n_heads, int n_keys) {
     return (size_t)T * n_heads * ((size_t)n_keys + 2);
 }
 
-/* One call of T query tokens; W: score scratch for H2O's weights or NULL. */
+/* A call's job: T query tokens; W: score scratch for H2O's weights or NULL. */
+static void job_init(att_job *j, util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work,
+                     float *W) {
+    j->a = a;
+    j->q = q;
+    j->out = out;
+    j->p = make_plan(a);
+    j->per_thread = per_thread_bytes(a->head_dim);
+    j->scratch = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    j->parts = (float *)(j->scratch + (size_t)util_pool_size(pool) * j->per_thread);
+    j->W = W;
+    j->wn = (size_t)a->q_pos0 + a->T;
+    j->WM = W ? W + (size_t)a->T * a->n_heads * j->wn : NULL;
+    j->WL = W ? j->WM + (size_t)a->T * a->n_heads : NULL;
+    j->simd = op_simd_level() >= OP_SIMD_AVX2;
+    j->n_tasks = j->p.n_items * j->p.n_split;
+    atomic_init(&j->next, 0);
+}
+
 static void attend(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work, float *W) {
     att_job j;
-    j.a = a;
-    j.q = q;
-    j.out = out;
-    j.p = make_plan(a);
-    j.per_thread = per_thread_bytes(a->head_dim);
-    j.scratch = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    j.parts = (float *)(j.scratch + (size_t)util_pool_size(pool) * j.per_thread);
-    j.W = W;
-    j.wn = (size_t)a->q_pos0 + a->T;
-    j.WM = W ? W + (size_t)a->T * a->n_heads * j.wn : NULL;
-    j.WL = W ? j.WM + (size_t)a->T * a->n_heads : NULL;
-    j.simd = op_simd_level() >= OP_SIMD_AVX2;
-    j.n_tasks = j.p.n_items * j.p.n_split;
-    atomic_init(&j.next, 0);
+    job_init(&j, pool, out, q, a, work, W);
     util_pool_run(pool, att_worker, &j);
     if (j.p.n_split > 1) merge_parts(&j);
     if (W) util_pool_run(pool, weights_worker, &j);
 }
 
+static bool args_ok(const op_attn_args *a);
+
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
-    if (a->T <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0 ||
-        a->n_heads % a->n_kv_heads != 0 || (a->blocks && a->block_size <= 0))
-        return;
+    if (!args_ok(a)) return;
     if (!a->key_weights) { attend(pool, out, q, a, work, NULL); return; }
     size_t per_token = op_attention_score_floats(1, a->n_heads, a->q_pos0 + a->T);
     size_t fit = a->score_work ? a->score_work_floats / per_token : 0;
@@ -1408,4 +1413,68 @@ void op_attention(util_pool *pool, float *out, const float *q, const op_attn_arg
         size_t off = (size_t)t0 * a->n_heads * a->head_dim;
         attend(pool, out + off, q + off, &c, work, a->score_work);
     }
+}
+
+static bool args_ok(const op_attn_args *a) {
+    return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
+           (!a->blocks || a->block_size > 0);
+}
+
+/* The calls of op_attention_n share one pass of the threads: their tasks are
+ * numbered one after another and taken from one counter (ATT_MULTI calls at
+ * most per pass). */
+#define ATT_MULTI 64
+typedef struct {
+    att_job *jobs;
+    const int *first; /* first task of each job; first[n] = all */
+    int n;
+    atomic_int next;
+} att_multi;
+
+static void multi_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    att_multi *m = ctx;
+    int k = 0;
+    for (;;) {
+        int task = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
+        if (task >= m->first[m->n]) break;
+        while (task >= m->first[k + 1]) k++; /* tasks come in increasing order */
+        while (task < m->first[k]) k--;
+        run_task(&m->jobs[k], task - m->first[k], m->jobs[k].scratch + (size_t)ith * m->jobs[k].per_thread);
+    }
+}
+
+/* Calls idx[0..m) of op_attention_n in one pass. */
+static void run_multi(util_pool *pool, float *const *out, const float *const *q, const op_attn_args *a,
+                      void *work, const int *idx, int m) {
+    att_job jobs[ATT_MULTI];
+    int first[ATT_MULTI + 1];
+    first[0] = 0;
+    for (int k = 0; k < m; k++) {
+        job_init(&jobs[k], pool, out[idx[k]], q[idx[k]], &a[idx[k]], work, NULL);
+        first[k + 1] = first[k] + jobs[k].n_tasks;
+    }
+    att_multi mj;
+    mj.jobs = jobs;
+    mj.first = first;
+    mj.n = m;
+    atomic_init(&mj.next, 0);
+    util_pool_run(pool, multi_worker, &mj);
+}
+
+void op_attention_n(util_pool *pool, int n, float *const *out, const float *const *q, const op_attn_args *a,
+                    void *work) {
+    int idx[ATT_MULTI], m = 0;
+    for (int i = 0; i < n; i++) {
+        if (!args_ok(&a[i])) continue;
+        /* H2O weights and key-split calls (few sequences, long contexts) keep
+         * their own passes: their scratch is per call */
+        if (a[i].key_weights || make_plan(&a[i]).n_split > 1) {
+            op_attention(pool, out[i], q[i], &a[i], work);
+            continue;
+        }
+        idx[m++] = i;
+        if (m == ATT_MULTI) { run_multi(pool, out, q, a, work, idx, m); m = 0; }
+    }
+    if (m) run_multi(pool, out, q, a, work, idx, m);
 }

@@ -154,6 +154,12 @@ size_t op_attention_work_size(int n_threads, int head_dim);
 /* floats of score_work for T query tokens over n_keys cache positions */
 size_t op_attention_score_floats(int T, int n_heads, int n_keys);
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
+/* n independent calls (the sequences of a batched decode step) in one pass of
+ * the threads instead of one each; each output is exactly op_attention's.
+ * Calls with key_weights, or long enough to be split across threads, still
+ * run on their own. */
+void op_attention_n(util_pool *pool, int n, float *const *out, const float *const *q, const op_attn_args *a,
+                    void *work);
 /* Reference: materialises each query's full score row, softmax, weighted sum;
  * with a typed cache it first dequantizes all visible K/V (allocates). */
 void op_attention_ref(float *out, const float *q, const op_attn_args *a);
