@@ -521,11 +521,23 @@ static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, con
     const __m512 vscale = _mm512_set1_ps(a->scale);
     int vr[ATT_FUSED_ROWS];
     for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
-    for (int x = 0, len; x < n; x += len) {
-        int p = kb + x;
-        len = run_from(a, p, n - x);
-        if (p + ATT_PF < k_end) prefetch_rows(a, h, p + ATT_PF, k_end - p - ATT_PF < len ? k_end - p - ATT_PF : len);
-        const uint8_t *k = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + (size_t)(p % bs) * rb;
+    /* cache block and slot of key kb + x, and of the key ATT_PF ahead
+     * (divisions once per tile: per run they cost as much as the prefetch) */
+    int b = kb / bs, slot = kb % bs, pf = kb + ATT_PF, pb = pf / bs, ps = pf % bs;
+    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
+        len = bs - slot < n - x ? bs - slot : n - x;
+        /* prefetch as many keys as this run has, ATT_PF ahead */
+        for (int left = len < k_end - pf ? len : k_end - pf; left > 0;) {
+            int cnt = bs - ps < left ? bs - ps : left;
+            const uint8_t *reg = (const uint8_t *)a->blocks[pb] + (size_t)h * a->head_bytes;
+            uintptr_t k0 = (uintptr_t)(reg + (size_t)ps * rb), v0 = k0 + a->v_bytes, nb = (size_t)cnt * rb;
+            for (uintptr_t q = k0 & ~(uintptr_t)63; q < k0 + nb; q += 64) __builtin_prefetch((const void *)q);
+            for (uintptr_t q = v0 & ~(uintptr_t)63; q < v0 + nb; q += 64) __builtin_prefetch((const void *)q);
+            left -= cnt;
+            pf += cnt;
+            if ((ps += cnt) == bs) { ps = 0; pb++; }
+        }
+        const uint8_t *k = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + (size_t)slot * rb;
         for (int r = 0; r < R; r++)
             for (int c = 0; c < len && x + c < vr[r]; c += 16) {
                 int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
@@ -564,11 +576,11 @@ static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, con
         }
         L[r] += _mm512_reduce_add_ps(sum);
     }
-    for (int x = 0, len; x < n; x += len) {
-        int p = kb + x;
-        len = run_from(a, p, n - x);
-        const uint8_t *v = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + a->v_bytes +
-                           (size_t)(p % bs) * rb;
+    b = kb / bs;
+    slot = kb % bs;
+    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
+        len = bs - slot < n - x ? bs - slot : n - x;
+        const uint8_t *v = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + a->v_bytes + (size_t)slot * rb;
         for (int r = 0; r < R; r++)
             for (int c = 0; c < len && x + c < vr[r]; c += 16) {
                 int m = len - c < 16 ? len - c : 16;
@@ -1272,7 +1284,7 @@ static void fused_pv2(const op_attn_args *a, int h, int p, int n, float *o, cons
  * of q8_0 / q4_0 keys. Keys a row does not see get weight 0. */
 static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
                         const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *QS,
-                        float *const *W, bool vnni, int k_end) {
+                        float *const *W, bool vnni) {
     const int hd = a->head_dim, nq = int_keys(a->k_type) ? hd / 32 : 0, npad = (n + 7) & ~7;
     const size_t krb = op_kv_row_bytes(a->k_type, hd), vrb = op_kv_row_bytes(a->v_type, hd);
     const bool vk = vnni && a->k_type == KVLM_CACHE_Q8_0, vv = vnni && a->v_type == KVLM_CACHE_Q8_0;
@@ -1284,7 +1296,6 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
         for (int x = 0, len; x < v; x += len) {
             len = run_from(a, kb + x, v - x);
             float *s = S + (size_t)r * ATT_BK + x;
-            if (r == 0 && kb + x + ATT_PF < k_end) prefetch_rows(a, h, kb + x + ATT_PF, k_end - kb - x - ATT_PF < len ? k_end - kb - x - ATT_PF : len);
 #ifdef HAVE_VNNI_PATHS
             if (vk) {
                 int p = kb + x;
@@ -1448,8 +1459,10 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (n_tile <= 0) continue;
             /* the cache blocks are scattered pages that the hardware
              * prefetcher does not follow: ask for the next key block's rows
-             * while this one is scored */
-            if (kb == k0) prefetch_rows(a, h, kb, k1 - kb < ATT_PF ? k1 - kb : ATT_PF);
+             * while this one is scored (vnni_q8_tile asks run by run, ATT_PF
+             * keys ahead, after the first ATT_PF here) */
+            if (!q8v && kb + ATT_BK < k1) prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
+            else if (q8v && kb == k0) prefetch_rows(a, h, kb, k1 - kb < ATT_PF ? k1 - kb : ATT_PF);
             int vis[ATT_FUSED_ROWS];
             const float *qrs[ATT_FUSED_ROWS];
             float *wrow[ATT_FUSED_ROWS];
@@ -1465,7 +1478,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             }
 #endif
             for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
-            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL, j->vnni, k1);
+            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL, j->vnni);
             continue;
         }
 #endif
