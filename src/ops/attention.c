@@ -472,12 +472,50 @@ static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, 
         a2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 36), a2);
         a3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 52), a3);
     }
-#undef VNNI_WIDEN
     _mm512_storeu_ps(o, _mm512_add_ps(a0, b0));
     _mm512_storeu_ps(o + 16, _mm512_add_ps(a1, b1));
     _mm512_storeu_ps(o + 32, _mm512_add_ps(a2, b2));
     _mm512_storeu_ps(o + 48, _mm512_add_ps(a3, b3));
 }
+
+/* vnni_pv16 for two rows (oa, pa) and (ob, pb) sharing the values: each
+ * code widened and converted once for both */
+static inline __attribute__((always_inline)) void vnni_pv16x2(float *oa, float *ob, __m512 pa, __m512 pb,
+                                                              const uint8_t *rows, size_t rb, int m) {
+    __m512 a0 = _mm512_loadu_ps(oa), a1 = _mm512_loadu_ps(oa + 16), a2 = _mm512_loadu_ps(oa + 32),
+           a3 = _mm512_loadu_ps(oa + 48);
+    __m512 b0 = _mm512_loadu_ps(ob), b1 = _mm512_loadu_ps(ob + 16), b2 = _mm512_loadu_ps(ob + 32),
+           b3 = _mm512_loadu_ps(ob + 48);
+    float ca0[16], ca1[16], cb0[16], cb1[16];
+    __m512 d0 = vnni_scales(rows, 0, rb, m), d1 = vnni_scales(rows, 34, rb, m);
+    _mm512_storeu_ps(ca0, _mm512_mul_ps(pa, d0));
+    _mm512_storeu_ps(ca1, _mm512_mul_ps(pa, d1));
+    _mm512_storeu_ps(cb0, _mm512_mul_ps(pb, d0));
+    _mm512_storeu_ps(cb1, _mm512_mul_ps(pb, d1));
+    for (int x = 0; x < m; x++) {
+        const uint8_t *r = rows + (size_t)x * rb;
+        __m512 f0 = VNNI_WIDEN(r, 2), f1 = VNNI_WIDEN(r, 18), f2 = VNNI_WIDEN(r, 36), f3 = VNNI_WIDEN(r, 52);
+        __m512 wa0 = _mm512_set1_ps(ca0[x]), wa1 = _mm512_set1_ps(ca1[x]);
+        __m512 wb0 = _mm512_set1_ps(cb0[x]), wb1 = _mm512_set1_ps(cb1[x]);
+        a0 = _mm512_fmadd_ps(wa0, f0, a0);
+        a1 = _mm512_fmadd_ps(wa0, f1, a1);
+        a2 = _mm512_fmadd_ps(wa1, f2, a2);
+        a3 = _mm512_fmadd_ps(wa1, f3, a3);
+        b0 = _mm512_fmadd_ps(wb0, f0, b0);
+        b1 = _mm512_fmadd_ps(wb0, f1, b1);
+        b2 = _mm512_fmadd_ps(wb1, f2, b2);
+        b3 = _mm512_fmadd_ps(wb1, f3, b3);
+    }
+    _mm512_storeu_ps(oa, a0);
+    _mm512_storeu_ps(oa + 16, a1);
+    _mm512_storeu_ps(oa + 32, a2);
+    _mm512_storeu_ps(oa + 48, a3);
+    _mm512_storeu_ps(ob, b0);
+    _mm512_storeu_ps(ob + 16, b1);
+    _mm512_storeu_ps(ob + 32, b2);
+    _mm512_storeu_ps(ob + 48, b3);
+}
+#undef VNNI_WIDEN
 
 /* o[i] += sum_j p[j] * v_j[i] for n q8_0 value rows rb bytes apart */
 static void vnni_qval_pv(float *o, const float *p, const uint8_t *v, size_t rb, int n, int hd) {
@@ -581,13 +619,23 @@ static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, con
     for (int x = 0, len; x < n; x += len, b++, slot = 0) {
         len = bs - slot < n - x ? bs - slot : n - x;
         const uint8_t *v = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + a->v_bytes + (size_t)slot * rb;
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < len && x + c < vr[r]; c += 16) {
+        /* rows two at a time (the query heads of a GQA group share each
+         * value row), over the keys either sees (the other's weights are 0) */
+        for (int r = 0; r < R; r += 2) {
+            int vmax = r + 1 < R && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
+            for (int c = 0; c < len && x + c < vmax; c += 16) {
                 int m = len - c < 16 ? len - c : 16;
-                __m512 pv = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), S + (size_t)r * ATT_BK + x + c);
-                for (int i = 0; i < hd; i += 64)
-                    vnni_pv16(O + (size_t)r * hd + i, pv, v + (size_t)c * rb + (size_t)i / 32 * 34, rb, m);
+                __mmask16 mk = (__mmask16)((1u << m) - 1);
+                __m512 pa = _mm512_maskz_loadu_ps(mk, S + (size_t)r * ATT_BK + x + c);
+                for (int i = 0; i < hd; i += 64) {
+                    const uint8_t *vi = v + (size_t)c * rb + (size_t)i / 32 * 34;
+                    if (r + 1 < R)
+                        vnni_pv16x2(O + (size_t)r * hd + i, O + (size_t)(r + 1) * hd + i, pa,
+                                    _mm512_maskz_loadu_ps(mk, S + (size_t)(r + 1) * ATT_BK + x + c), vi, rb, m);
+                    else vnni_pv16(O + (size_t)r * hd + i, pa, vi, rb, m);
+                }
             }
+        }
     }
 }
 #pragma GCC pop_options
