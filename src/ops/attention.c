@@ -7,8 +7,9 @@
  * context), the keys are split into parts too (flash-decoding): each part
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
- * straight from its block with fused kernels; prefill items dequantize a tile
- * once for all their rows. H2O's per-key weights come from the same scores,
+ * straight from its block with fused kernels (q8_0 on AVX512-VNNI CPUs: 16
+ * keys at a time in 512-bit registers); prefill items dequantize a tile once
+ * for all their rows. H2O's per-key weights come from the same scores,
  * kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
@@ -362,10 +363,11 @@ static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
 }
 
 /* ---- VNNI decode kernels for q8_0 keys and values (AVX512 F/BW/VL/VNNI) -----
- * The fused AVX2 kernels spend some 40 cycles per key and head at decode:
- * long contexts are then bound by arithmetic, not by reading the cache.
- * These take 16 keys of one cache block at a time with 512-bit registers
- * (hd % 64 == 0: a key's two 32-element groups fill one register). */
+ * The fused AVX2 kernels spend about 35 cycles per key and head at decode
+ * (the project's machine, cache hot), so long contexts were bound by
+ * arithmetic rather than by reading the cache; these spend about 22. They
+ * take 16 keys of one cache block at a time in 512-bit registers (hd % 64
+ * == 0: a key's two 32-element groups fill one register). */
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
@@ -435,11 +437,13 @@ static void vnni_qkey_scores(float *s, const int8_t *qc, const float *qd, const 
     }
 }
 
-/* o[i] += sum_j p_j v_j[i] for m <= 16 q8_0 value rows rb bytes apart, 64
- * elements from the row's byte `off` (p_j in lane j, 0 in lanes >= m): the
- * keys' p times their group scales in one multiply, then per key and 16
- * elements a widening load, a conversion and an FMA into accumulators that
- * stay in registers. */
+/* o[i] += sum_j p_j v_j[i], i < 64, for m <= 16 q8_0 value rows rb bytes
+ * apart (rows: a pair of groups; p_j in lane j, 0 in lanes >= m): the keys'
+ * p times their group scales in one multiply, then per key and 16 elements a
+ * widening load, a conversion and an FMA into accumulators that stay in
+ * registers. The probabilities stay f32: rounding them to integers per tile
+ * (for vpdpbusd / vpdpwssd) would cost more accuracy than the tests allow
+ * for the few cycles it saves. */
 static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, const uint8_t *rows, size_t rb, int m) {
     __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + 16), a2 = _mm512_loadu_ps(o + 32),
            a3 = _mm512_loadu_ps(o + 48);
