@@ -328,6 +328,13 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, 2049, 8, 2, 128, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, p2, p3);
     check_typed((acase){1, n + 7, 9, 3, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
     check_typed((acase){1, n, 12, 12, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_Q8_0, p2, p3);
+    /* q8_0 keys and values on AVX512-VNNI CPUs (the level loop runs them
+     * against the AVX2 and scalar kernels): 16-key chunks over runs cut by
+     * 7-token blocks and key splits, GQA pairs, rows that see different key
+     * counts, head dim 128 */
+    check_typed((acase){1, n + 3, 4, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){2, 300, 9, 3, 64, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
 }
