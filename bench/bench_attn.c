@@ -16,7 +16,8 @@
 #include "util/pool.h"
 #include "util/timing.h"
 
-enum { LAYERS = 12, HEADS = 12, HD = 64, BS = 16 };
+enum { LAYERS = 12, HEADS = 12, HD = 64 };
+static int BS = 16; /* tokens per cache block */
 
 typedef struct {
     uint8_t *data;
@@ -89,13 +90,14 @@ static double step(util_pool *pool, const cache *c, int n, const float *q, float
     return util_now_s() - t0;
 }
 
-/* bench_attn [threads] [context] [rounds] [cache type] */
+/* bench_attn [threads] [context] [rounds] [cache type] [block size] */
 int main(int argc, char **argv) {
     int threads = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int n = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 4096;
     int rounds = argc > 3 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 10;
     int type = kvlm_cache_type_from_name(argc > 4 ? argv[4] : "q8_0");
     if (type < 0 || !op_kv_type_valid(type, true)) { fprintf(stderr, "bench_attn: unknown cache type\n"); return 1; }
+    if (argc > 5 && atoi(argv[5]) > 0) BS = atoi(argv[5]);
     util_pool *pool = util_pool_create(threads);
     cache c = make_cache(n, type, type);
     float *q = malloc(sizeof(float) * LAYERS * HEADS * HD), *out = malloc(sizeof(float) * HEADS * HD);
@@ -123,7 +125,7 @@ int main(int argc, char **argv) {
     op_set_simd_level(-1);
     double bw = op_measure_read_bandwidth(pool, (size_t)256 << 20);
     printf("bench_attn: decode attention of one token over %d keys, 12 layers x 12 heads, head_dim 64, %s cache, "
-           "%d threads (best of %d rounds)\n", n, argc > 4 ? argv[4] : "q8_0", threads, rounds);
+           "%d-token blocks, %d threads (best of %d rounds)\n", n, argc > 4 ? argv[4] : "q8_0", BS, threads, rounds);
     for (int v = 0; v < 2; v++)
         printf("  %-6s %7.3f ms  %6.1f GB/s of cache read  %5.1f%% of the %.1f GB/s bound\n", names[levels[v]],
                1e3 * best[v], bytes / best[v] / 1e9, 100 * bytes / bw / best[v], bw / 1e9);
