@@ -96,7 +96,10 @@ int main(int argc, char **argv) {
     int n = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 4096;
     int rounds = argc > 3 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 10;
     int type = kvlm_cache_type_from_name(argc > 4 ? argv[4] : "q8_0");
-    if (type < 0 || !op_kv_type_valid(type, true)) { fprintf(stderr, "bench_attn: unknown cache type\n"); return 1; }
+    if (type < 0 || !op_kv_type_valid(type, true)) {
+        fprintf(stderr, "bench_attn: the cache type must be f32, f16, bf16, q8_0 or q4_0 (keys and values)\n");
+        return 1;
+    }
     if (argc > 5 && atoi(argv[5]) > 0) BS = atoi(argv[5]);
     util_pool *pool = util_pool_create(threads);
     cache c = make_cache(n, type, type);
