@@ -585,7 +585,8 @@ static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, con
                 int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
                 m = len - c < m ? len - c : m;
                 __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, k + (size_t)c * rb, rb, m, hd);
-                _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1), _mm512_mul_ps(d, vscale));
+                _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1),
+                                      _mm512_mul_ps(d, vscale));
             }
     }
     for (int r = 0; r < R; r++) {
@@ -1513,7 +1514,8 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
              * prefetcher does not follow: ask for the next key block's rows
              * while this one is scored (vnni_q8_tile asks run by run, ATT_PF
              * keys ahead, after the first ATT_PF here) */
-            if (!q8v && kb + ATT_BK < k1) prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
+            if (!q8v && kb + ATT_BK < k1)
+                prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
             else if (q8v && kb == k0) prefetch_rows(a, h, kb, k1 - kb < ATT_PF ? k1 - kb : ATT_PF);
             int vis[ATT_FUSED_ROWS];
             const float *qrs[ATT_FUSED_ROWS];
