@@ -227,7 +227,7 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
     wa.score_work = sw;
     wa.score_work_floats = swn;
     uint8_t *work = malloc(op_attention_work_size(3, hd));
-    for (int level = 0; level <= op_cpu_simd_level() && level <= OP_SIMD_AVX2; level++) {
+    for (int level = 0; level <= op_cpu_simd_level(); level++) {
         op_set_simd_level(level);
         op_attention(NULL, o, q, &tc.a, work);
         /* both read the same dequantized floats (q4_kc keys: the kernel folds
@@ -267,7 +267,7 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
                          hd, level, p, w[p], wref[p]);
         }
         assert_true(fabs(total - (double)c.T * c.n_heads) < 1e-4 * c.T * c.n_heads);
-        int top = op_cpu_simd_level() < OP_SIMD_AVX2 ? op_cpu_simd_level() : OP_SIMD_AVX2;
+        int top = op_cpu_simd_level();
         if (c.T > 1 && level == top) { /* scores of two tokens at a time */
             wa.key_weights = w2;
             wa.score_work_floats = op_attention_score_floats(2, c.n_heads, n_pos);
@@ -328,6 +328,13 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, 2049, 8, 2, 128, 16}, KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, p2, p3);
     check_typed((acase){1, n + 7, 9, 3, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
     check_typed((acase){1, n, 12, 12, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_Q8_0, p2, p3);
+    /* q8_0 keys and values on AVX512-VNNI CPUs (the level loop runs them
+     * against the AVX2 and scalar kernels): 16-key chunks over runs cut by
+     * 7-token blocks and key splits, GQA pairs, rows that see different key
+     * counts, head dim 128 */
+    check_typed((acase){1, n + 3, 4, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){2, 300, 9, 3, 64, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
 }
@@ -354,7 +361,7 @@ static void test_attention_f32_unchanged(void **state) {
         ca.k = k; ca.v = v; ca.kv_head_stride = stride; ca.scale = tc.a.scale;
         float *o1 = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float)), *o3 = malloc(nq * sizeof(float));
         uint8_t *work = malloc(op_attention_work_size(1, hd));
-        for (int level = 0; level <= op_cpu_simd_level() && level <= OP_SIMD_AVX2; level++) {
+        for (int level = 0; level <= op_cpu_simd_level(); level++) {
             op_set_simd_level(level);
             op_attention(NULL, o1, q, &tc.a, work);
             op_attention(NULL, o2, q, &fa, work);

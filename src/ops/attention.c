@@ -7,8 +7,9 @@
  * context), the keys are split into parts too (flash-decoding): each part
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
- * straight from its block with fused kernels; prefill items dequantize a tile
- * once for all their rows. H2O's per-key weights come from the same scores,
+ * straight from its block with fused kernels (q8_0 on AVX512-VNNI CPUs: 16
+ * keys at a time in 512-bit registers); prefill items dequantize a tile once
+ * for all their rows. H2O's per-key weights come from the same scores,
  * kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
@@ -17,6 +18,9 @@
 #include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "ops/ops_internal.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* outside the target regions: each intrinsic keeps its own target */
+#endif
 
 /* Rows (query token x query head) per work item, and keys per block. */
 #define ATT_RMAX 64
@@ -34,6 +38,9 @@
 #define ATT_TARGET_TASKS 64
 #define ATT_MIN_CHUNK 512
 #define ATT_PART_ROWS 1024
+/* Decode prefetches the K and V rows this many keys ahead: the cache blocks
+ * are scattered pages that the hardware prefetcher does not follow. */
+#define ATT_PF 64
 
 /* Key (value) of KV head h at position p of an f32 cache, in either layout;
  * keys of one block (or of the whole contiguous cache) are head_dim floats
@@ -338,6 +345,309 @@ static void kc_scores_scalar(float *s, const float *q, const uint8_t *region, in
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+/* Prefetches the K and V rows of KV head h at positions p0..p0+n-1 (the
+ * whole K region of a q4_kc block). */
+static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
+    const int hd = a->head_dim;
+    const size_t krb = op_kv_row_bytes(a->k_type, hd), vrb = op_kv_row_bytes(a->v_type, hd);
+    for (int x = 0, len; x < n; x += len) {
+        int p = p0 + x, slot = p % a->block_size;
+        len = run_from(a, p, n - x);
+        const uint8_t *region = (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes;
+        const uint8_t *k = a->k_type == KVLM_CACHE_Q4_KC ? region : region + slot * krb;
+        size_t kn = a->k_type == KVLM_CACHE_Q4_KC ? op_kv_region_bytes(a->k_type, hd, a->block_size) : len * krb;
+        const uint8_t *v = region + a->v_bytes + slot * vrb;
+        for (size_t i = 0; i < kn; i += 64) __builtin_prefetch(k + i);
+        for (size_t i = 0; i < len * vrb; i += 64) __builtin_prefetch(v + i);
+    }
+}
+
+/* ---- VNNI decode kernels for q8_0 keys and values (AVX512 F/BW/VL/VNNI) -----
+ * The fused AVX2 kernels spend about 35 cycles per key and head at decode
+ * (the project's machine, cache hot), so long contexts were bound by
+ * arithmetic rather than by reading the cache; these spend about 22. They
+ * take 16 keys of one cache block at a time in 512-bit registers (hd % 64
+ * == 0: a key's two 32-element groups fill one register). */
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+/* the f16 group scales at byte `off` of m (<= 16) rows rb bytes apart, as
+ * floats (0 in lanes >= m) */
+static inline __attribute__((always_inline)) __m512 vnni_scales(const uint8_t *row, size_t off, size_t rb, int m) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)rb));
+    __mmask16 mk = (__mmask16)((1u << m) - 1);
+    __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx, row + off, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+}
+
+/* q . k_j (unscaled) of m <= 16 q8_0 key rows rb bytes apart and the int8
+ * query qc with group scales qd, key j in lane j (0 in lanes >= m). Per key
+ * and pair of groups, vpdpbusd of the codes + 128 (unsigned) with the query,
+ * from lanes preset to -128 * (the query's sums), leaves 16 lanes whose
+ * halves sum to the two groups' exact integer dot products; the 16 keys'
+ * registers reduce together (unpack and add, then 128-bit shuffles) to one
+ * register per group with a key per lane, which the group scales multiply.
+ * A key's score does not depend on its lane. */
+static inline __attribute__((always_inline)) __m512 vnni_qk16(const int8_t *qc, const float *qd, const uint8_t *rows,
+                                                              size_t rb, int m, int hd) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc = _mm512_setzero_ps();
+    for (int P = 0; P < hd / 64; P++) {
+        const uint8_t *g = rows + (size_t)P * 68;
+        __m512i q = _mm512_loadu_si512(qc + 64 * P);
+        __m512i bias = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, q));
+        __m512i v[16];
+#pragma GCC unroll 16
+        for (int x = 0; x < 16; x++) {
+            if (x >= m) { v[x] = _mm512_setzero_si512(); continue; }
+            const uint8_t *r = g + (size_t)x * rb;
+            __m512i kc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r + 2))),
+                                            _mm256_loadu_si256((const __m256i *)(r + 36)), 1);
+            v[x] = _mm512_dpbusd_epi32(bias, _mm512_xor_si512(kc, flip), q);
+        }
+        __m512i t[8], u[4];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                    _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                    _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+        /* u[i], 128-bit lane l: keys 4i..4i+3, sums of their dwords 4l..4l+3
+         * (lanes 0, 1: the first group, 2, 3: the second) */
+        __m512i z0 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
+        __m512i z1 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xdd));
+        __m512 ia = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(z0, z1, 0x88));
+        __m512 ib = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(z0, z1, 0xdd));
+        acc = _mm512_fmadd_ps(ia, _mm512_mul_ps(vnni_scales(g, 0, rb, m), _mm512_set1_ps(qd[2 * P])), acc);
+        acc = _mm512_fmadd_ps(ib, _mm512_mul_ps(vnni_scales(g, 34, rb, m), _mm512_set1_ps(qd[2 * P + 1])), acc);
+    }
+    return acc;
+}
+
+/* s[j] = scale * q . k_j for n q8_0 key rows rb bytes apart */
+static void vnni_qkey_scores(float *s, const int8_t *qc, const float *qd, const uint8_t *k, size_t rb, int n, int hd,
+                             float scale) {
+    for (int c = 0; c < n; c += 16) {
+        int m = n - c < 16 ? n - c : 16;
+        __m512 d = vnni_qk16(qc, qd, k + (size_t)c * rb, rb, m, hd);
+        _mm512_mask_storeu_ps(s + c, (__mmask16)((1u << m) - 1), _mm512_mul_ps(d, _mm512_set1_ps(scale)));
+    }
+}
+
+/* o[i] += sum_j p_j v_j[i], i < 64, for m <= 16 q8_0 value rows rb bytes
+ * apart (rows: a pair of groups; p_j in lane j, 0 in lanes >= m): the keys'
+ * p times their group scales in one multiply, then per key and 16 elements a
+ * widening load, a conversion and an FMA into accumulators that stay in
+ * registers. The probabilities stay f32: rounding them to integers per tile
+ * (for vpdpbusd / vpdpwssd) would cost more accuracy than the tests allow
+ * for the few cycles it saves. */
+static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, const uint8_t *rows, size_t rb, int m) {
+    __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + 16), a2 = _mm512_loadu_ps(o + 32),
+           a3 = _mm512_loadu_ps(o + 48);
+    float c0[16], c1[16];
+    _mm512_storeu_ps(c0, _mm512_mul_ps(p, vnni_scales(rows, 0, rb, m)));
+    _mm512_storeu_ps(c1, _mm512_mul_ps(p, vnni_scales(rows, 34, rb, m)));
+    /* odd keys in a second set of accumulators: half the FMA chain */
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+#define VNNI_WIDEN(r_, o_) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((r_) + (o_)))))
+    int x = 0;
+    for (; x + 2 <= m; x += 2) {
+        const uint8_t *r = rows + (size_t)x * rb, *r2 = r + rb;
+        __m512 w0 = _mm512_set1_ps(c0[x]), w1 = _mm512_set1_ps(c1[x]);
+        a0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 2), a0);
+        a1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 18), a1);
+        a2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 36), a2);
+        a3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 52), a3);
+        w0 = _mm512_set1_ps(c0[x + 1]);
+        w1 = _mm512_set1_ps(c1[x + 1]);
+        b0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r2, 2), b0);
+        b1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r2, 18), b1);
+        b2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r2, 36), b2);
+        b3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r2, 52), b3);
+    }
+    if (x < m) {
+        const uint8_t *r = rows + (size_t)x * rb;
+        __m512 w0 = _mm512_set1_ps(c0[x]), w1 = _mm512_set1_ps(c1[x]);
+        a0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 2), a0);
+        a1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 18), a1);
+        a2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 36), a2);
+        a3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 52), a3);
+    }
+    _mm512_storeu_ps(o, _mm512_add_ps(a0, b0));
+    _mm512_storeu_ps(o + 16, _mm512_add_ps(a1, b1));
+    _mm512_storeu_ps(o + 32, _mm512_add_ps(a2, b2));
+    _mm512_storeu_ps(o + 48, _mm512_add_ps(a3, b3));
+}
+
+/* vnni_pv16 for two rows (oa, pa) and (ob, pb) sharing the values: each
+ * code widened and converted once for both */
+static inline __attribute__((always_inline)) void vnni_pv16x2(float *oa, float *ob, __m512 pa, __m512 pb,
+                                                              const uint8_t *rows, size_t rb, int m) {
+    __m512 a0 = _mm512_loadu_ps(oa), a1 = _mm512_loadu_ps(oa + 16), a2 = _mm512_loadu_ps(oa + 32),
+           a3 = _mm512_loadu_ps(oa + 48);
+    __m512 b0 = _mm512_loadu_ps(ob), b1 = _mm512_loadu_ps(ob + 16), b2 = _mm512_loadu_ps(ob + 32),
+           b3 = _mm512_loadu_ps(ob + 48);
+    float ca0[16], ca1[16], cb0[16], cb1[16];
+    __m512 d0 = vnni_scales(rows, 0, rb, m), d1 = vnni_scales(rows, 34, rb, m);
+    _mm512_storeu_ps(ca0, _mm512_mul_ps(pa, d0));
+    _mm512_storeu_ps(ca1, _mm512_mul_ps(pa, d1));
+    _mm512_storeu_ps(cb0, _mm512_mul_ps(pb, d0));
+    _mm512_storeu_ps(cb1, _mm512_mul_ps(pb, d1));
+    for (int x = 0; x < m; x++) {
+        const uint8_t *r = rows + (size_t)x * rb;
+        __m512 f0 = VNNI_WIDEN(r, 2), f1 = VNNI_WIDEN(r, 18), f2 = VNNI_WIDEN(r, 36), f3 = VNNI_WIDEN(r, 52);
+        __m512 wa0 = _mm512_set1_ps(ca0[x]), wa1 = _mm512_set1_ps(ca1[x]);
+        __m512 wb0 = _mm512_set1_ps(cb0[x]), wb1 = _mm512_set1_ps(cb1[x]);
+        a0 = _mm512_fmadd_ps(wa0, f0, a0);
+        a1 = _mm512_fmadd_ps(wa0, f1, a1);
+        a2 = _mm512_fmadd_ps(wa1, f2, a2);
+        a3 = _mm512_fmadd_ps(wa1, f3, a3);
+        b0 = _mm512_fmadd_ps(wb0, f0, b0);
+        b1 = _mm512_fmadd_ps(wb0, f1, b1);
+        b2 = _mm512_fmadd_ps(wb1, f2, b2);
+        b3 = _mm512_fmadd_ps(wb1, f3, b3);
+    }
+    _mm512_storeu_ps(oa, a0);
+    _mm512_storeu_ps(oa + 16, a1);
+    _mm512_storeu_ps(oa + 32, a2);
+    _mm512_storeu_ps(oa + 48, a3);
+    _mm512_storeu_ps(ob, b0);
+    _mm512_storeu_ps(ob + 16, b1);
+    _mm512_storeu_ps(ob + 32, b2);
+    _mm512_storeu_ps(ob + 48, b3);
+}
+#undef VNNI_WIDEN
+
+/* o[i] += sum_j p[j] * v_j[i] for n q8_0 value rows rb bytes apart */
+static void vnni_qval_pv(float *o, const float *p, const uint8_t *v, size_t rb, int n, int hd) {
+    for (int c = 0; c < n; c += 16) {
+        int m = n - c < 16 ? n - c : 16;
+        __m512 pv = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), p + c);
+        for (int i = 0; i < hd; i += 64) vnni_pv16(o + i, pv, v + (size_t)c * rb + (size_t)i / 32 * 34, rb, m);
+    }
+}
+
+/* e^x for x <= 0 (-inf gives 0): op_exp256's reduction and polynomial, 2^n
+ * applied by scalef */
+static inline __attribute__((always_inline)) __m512 vnni_exp(__m512 x) {
+    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_LT_OQ);
+    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.33f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
+}
+
+/* q8_0 keys and values: the fused_block of VNNI CPUs, for keys kb..kb+n-1
+ * (a tile of up to ATT_BK, in runs that are contiguous in the cache) and the
+ * R rows of an item. The scores of the whole tile first (each run's 16-key
+ * chunks are independent work for the core), then the online softmax in
+ * 512-bit registers, then P.V; k_end bounds the prefetch of the rows ATT_PF
+ * keys ahead. Arguments as fused_block's. */
+static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const int8_t *qc,
+                         const float *qd, float *S, float *O, float *M, float *L, float *const *W, int k_end) {
+    const int hd = a->head_dim, bs = a->block_size, nq = hd / 32;
+    const size_t rb = op_kv_row_bytes(KVLM_CACHE_Q8_0, hd);
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    int vr[ATT_FUSED_ROWS];
+    for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
+    /* cache block and slot of key kb + x, and of the key ATT_PF ahead
+     * (divisions once per tile: per run they cost as much as the prefetch) */
+    int b = kb / bs, slot = kb % bs, pf = kb + ATT_PF, pb = pf / bs, ps = pf % bs;
+    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
+        len = bs - slot < n - x ? bs - slot : n - x;
+        /* prefetch as many keys as this run has, ATT_PF ahead */
+        for (int left = len < k_end - pf ? len : k_end - pf; left > 0;) {
+            int cnt = bs - ps < left ? bs - ps : left;
+            const uint8_t *reg = (const uint8_t *)a->blocks[pb] + (size_t)h * a->head_bytes;
+            uintptr_t k0 = (uintptr_t)(reg + (size_t)ps * rb), v0 = k0 + a->v_bytes, nb = (size_t)cnt * rb;
+            for (uintptr_t q = k0 & ~(uintptr_t)63; q < k0 + nb; q += 64) __builtin_prefetch((const void *)q);
+            for (uintptr_t q = v0 & ~(uintptr_t)63; q < v0 + nb; q += 64) __builtin_prefetch((const void *)q);
+            left -= cnt;
+            pf += cnt;
+            if ((ps += cnt) == bs) { ps = 0; pb++; }
+        }
+        const uint8_t *k = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + (size_t)slot * rb;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < len && x + c < vr[r]; c += 16) {
+                int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
+                m = len - c < m ? len - c : m;
+                __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, k + (size_t)c * rb, rb, m, hd);
+                _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1),
+                                      _mm512_mul_ps(d, vscale));
+            }
+    }
+    for (int r = 0; r < R; r++) {
+        float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
+        if (vr[r] <= 0) {
+            memset(s, 0, sizeof(float) * (size_t)n);
+            continue;
+        }
+        if (W) memcpy(W[r] + kb, s, sizeof(float) * (size_t)vr[r]); /* H2O: raw scores */
+        __m512 vm = _mm512_set1_ps(-INFINITY);
+        for (int x = 0; x < vr[r]; x += 16) {
+            __mmask16 mk = vr[r] - x >= 16 ? 0xffff : (__mmask16)((1u << (vr[r] - x)) - 1);
+            vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), mk, s + x));
+        }
+        float mx = _mm512_reduce_max_ps(vm);
+        if (mx > M[r]) { /* rescale what was summed under the old max */
+            float alpha = expf(M[r] - mx);
+            __m512 va = _mm512_set1_ps(alpha);
+            for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), va));
+            L[r] *= alpha;
+            M[r] = mx;
+        }
+        __m512 vmax = _mm512_set1_ps(M[r]), sum = _mm512_setzero_ps();
+        for (int x = 0; x < n; x += 16) { /* keys the row does not see get 0 */
+            int m = vr[r] - x < 16 ? (vr[r] - x > 0 ? vr[r] - x : 0) : 16;
+            __m512 e = vnni_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), s + x), vmax));
+            e = _mm512_maskz_mov_ps((__mmask16)((1u << m) - 1), e);
+            sum = _mm512_add_ps(sum, e);
+            _mm512_storeu_ps(s + x, e);
+        }
+        L[r] += _mm512_reduce_add_ps(sum);
+    }
+    b = kb / bs;
+    slot = kb % bs;
+    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
+        len = bs - slot < n - x ? bs - slot : n - x;
+        const uint8_t *v = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + a->v_bytes + (size_t)slot * rb;
+        /* rows two at a time (the query heads of a GQA group share each
+         * value row), over the keys either sees (the other's weights are 0) */
+        for (int r = 0; r < R; r += 2) {
+            int vmax = r + 1 < R && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
+            for (int c = 0; c < len && x + c < vmax; c += 16) {
+                int m = len - c < 16 ? len - c : 16;
+                __mmask16 mk = (__mmask16)((1u << m) - 1);
+                __m512 pa = _mm512_maskz_loadu_ps(mk, S + (size_t)r * ATT_BK + x + c);
+                for (int i = 0; i < hd; i += 64) {
+                    const uint8_t *vi = v + (size_t)c * rb + (size_t)i / 32 * 34;
+                    if (r + 1 < R)
+                        vnni_pv16x2(O + (size_t)r * hd + i, O + (size_t)(r + 1) * hd + i, pa,
+                                    _mm512_maskz_loadu_ps(mk, S + (size_t)(r + 1) * ATT_BK + x + c), vi, rb, m);
+                    else vnni_pv16(O + (size_t)r * hd + i, pa, vi, rb, m);
+                }
+            }
+        }
+    }
+}
+#pragma GCC pop_options
+#define HAVE_VNNI_PATHS 1
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include "ops/simd_math.h"
@@ -534,6 +844,26 @@ static void kc_scores_avx2(float *s, const float *q, const uint8_t *region, int 
             for (int c = 0; c < hd; c++) acc += qs[c] * (float)((cc[(size_t)c * nb] >> sh) & 0xf);
             s[i] = (acc + bias) * scale;
             i++;
+        }
+    }
+}
+
+/* quantize_query's codes and scales, the same bits (g % 8 == 0): the max is
+ * exact in any order, and cvtps rounds to nearest even as lrintf does */
+static void quantize_query_avx2(const float *x, int8_t *c, float *d, int hd, int g) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int i = 0; i < hd; i += g) {
+        __m256 vm = _mm256_setzero_ps();
+        for (int j = 0; j < g; j += 8) vm = _mm256_max_ps(vm, _mm256_and_ps(_mm256_loadu_ps(x + i + j), absm));
+        float dd = op_hmax256(vm) / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        d[i / g] = dd;
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+        for (int j = 0; j < g; j += 8) {
+            __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + j), vid));
+            v = _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
+            __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            _mm_storel_epi64((__m128i *)(c + i + j), _mm_packs_epi16(w, w));
         }
     }
 }
@@ -1007,8 +1337,10 @@ static void fused_pv2(const op_attn_args *a, int h, int p, int n, float *o, cons
  * of q8_0 / q4_0 keys. Keys a row does not see get weight 0. */
 static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
                         const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *QS,
-                        float *const *W) {
+                        float *const *W, bool vnni) {
     const int hd = a->head_dim, nq = int_keys(a->k_type) ? hd / 32 : 0, npad = (n + 7) & ~7;
+    const size_t krb = op_kv_row_bytes(a->k_type, hd), vrb = op_kv_row_bytes(a->v_type, hd);
+    const bool vk = vnni && a->k_type == KVLM_CACHE_Q8_0, vv = vnni && a->v_type == KVLM_CACHE_Q8_0;
     /* scores, rows two at a time over the keys either sees (the extra keys
      * of the row that sees fewer are masked below) */
     for (int r = 0; r < R; r += 2) {
@@ -1017,6 +1349,17 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
         for (int x = 0, len; x < v; x += len) {
             len = run_from(a, kb + x, v - x);
             float *s = S + (size_t)r * ATT_BK + x;
+#ifdef HAVE_VNNI_PATHS
+            if (vk) {
+                int p = kb + x;
+                const uint8_t *row = (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes +
+                                     (size_t)(p % a->block_size) * krb;
+                for (int y = r; y < R && y < r + 2; y++)
+                    vnni_qkey_scores(s + (size_t)(y - r) * ATT_BK, qc + (size_t)y * hd, qd + (size_t)y * nq, row, krb,
+                                     len, hd, a->scale);
+                continue;
+            }
+#endif
             if (r + 1 < R)
                 fused_scores2(a, h, kb + x, len, s, s + ATT_BK, qr[r], qr[r + 1], qc + (size_t)r * hd,
                               qc + (size_t)(r + 1) * hd, qd + (size_t)r * nq, qd + (size_t)(r + 1) * nq, QS);
@@ -1054,6 +1397,14 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
     for (int x = 0, len; x < n; x += len) {
         len = run_from(a, kb + x, n - x);
         int r = 0;
+#ifdef HAVE_VNNI_PATHS
+        if (vv) {
+            int p = kb + x;
+            const uint8_t *row = (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes +
+                                 a->v_bytes + (size_t)(p % a->block_size) * vrb;
+            for (; r < R; r++) vnni_qval_pv(O + (size_t)r * hd, S + (size_t)r * ATT_BK + x, row, vrb, len, hd);
+        }
+#endif
         for (; r + 2 <= R; r += 2)
             fused_pv2(a, h, kb + x, len, O + (size_t)r * hd, S + (size_t)r * ATT_BK + x, O + (size_t)(r + 1) * hd,
                       S + (size_t)(r + 1) * ATT_BK + x);
@@ -1064,24 +1415,6 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
 #define HAVE_AVX2_PATHS 1
 #endif
 
-#ifdef HAVE_AVX2_PATHS
-/* Prefetches the K and V rows of KV head h at positions p0..p0+n-1 (the
- * whole K region of a q4_kc block). */
-static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
-    const int hd = a->head_dim;
-    const size_t krb = op_kv_row_bytes(a->k_type, hd), vrb = op_kv_row_bytes(a->v_type, hd);
-    for (int x = 0, len; x < n; x += len) {
-        int p = p0 + x, slot = p % a->block_size;
-        len = run_from(a, p, n - x);
-        const uint8_t *region = (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes;
-        const uint8_t *k = a->k_type == KVLM_CACHE_Q4_KC ? region : region + slot * krb;
-        size_t kn = a->k_type == KVLM_CACHE_Q4_KC ? op_kv_region_bytes(a->k_type, hd, a->block_size) : len * krb;
-        const uint8_t *v = region + a->v_bytes + slot * vrb;
-        for (size_t i = 0; i < kn; i += 64) __builtin_prefetch(k + i);
-        for (size_t i = 0; i < len * vrb; i += 64) __builtin_prefetch(v + i);
-    }
-}
-#endif
 
 /* ---- one work item: rows x a key range, online softmax ---------------------- */
 typedef struct {
@@ -1097,6 +1430,7 @@ typedef struct {
     float *W, *WM, *WL;
     size_t wn;
     int simd;
+    bool vnni;
     int n_tasks;
     atomic_int next;
 } att_job;
@@ -1147,6 +1481,9 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     if (j->simd) { deq = deq_rows_avx2; f16 = f16_to_f32_avx2; }
     fused = typed && j->simd && R <= ATT_FUSED_ROWS && fused_ok(a);
 #endif
+    /* q8_0 keys and values on VNNI CPUs: one kernel per cache block */
+    const bool q8v = fused && j->vnni && a->k_type == KVLM_CACHE_Q8_0 && a->v_type == KVLM_CACHE_Q8_0;
+    (void)q8v;
     /* q8_0 / q4_0 keys see the query rounded to int8: as codes and scales
      * for the fused kernels, as the floats they stand for for the tile's */
     const bool iq = typed && int_keys(a->k_type);
@@ -1157,7 +1494,12 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     if (iq)
         for (int r = 0; r < R; r++) {
             const float *src = j->q + ((size_t)(t0 + r / ng) * a->n_heads + (size_t)h * p->G + g0 + r % ng) * hd;
-            if (fused) quantize_query(src, QC + (size_t)r * hd, QD + (size_t)r * (hd / qg), NULL, hd, qg);
+            if (fused) /* fused implies AVX2 and qg % 32 == 0 */
+#ifdef HAVE_AVX2_PATHS
+                quantize_query_avx2(src, QC + (size_t)r * hd, QD + (size_t)r * (hd / qg), hd, qg);
+#else
+                quantize_query(src, QC + (size_t)r * hd, QD + (size_t)r * (hd / qg), NULL, hd, qg);
+#endif
             else round_query(src, QR + (size_t)r * hd, hd, qg);
         }
 
@@ -1170,17 +1512,27 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (n_tile <= 0) continue;
             /* the cache blocks are scattered pages that the hardware
              * prefetcher does not follow: ask for the next key block's rows
-             * while this one is scored */
-            if (kb + ATT_BK < k1) prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
+             * while this one is scored (vnni_q8_tile asks run by run, ATT_PF
+             * keys ahead, after the first ATT_PF here) */
+            if (!q8v && kb + ATT_BK < k1)
+                prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
+            else if (q8v && kb == k0) prefetch_rows(a, h, kb, k1 - kb < ATT_PF ? k1 - kb : ATT_PF);
             int vis[ATT_FUSED_ROWS];
             const float *qrs[ATT_FUSED_ROWS];
             float *wrow[ATT_FUSED_ROWS];
             for (int r = 0; r < R; r++) {
-                vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
                 wrow[r] = j->W ? j->W + (size_t)row_of(a, p, t0 + r / ng, h, g0 + r % ng) * j->wn : NULL;
                 qrs[r] = j->q + ((size_t)(t0 + r / ng) * a->n_heads + (size_t)h * p->G + g0 + r % ng) * hd;
             }
-            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL);
+#ifdef HAVE_VNNI_PATHS
+            if (q8v) {
+                for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
+                vnni_q8_tile(a, h, kb, n_tile, R, vis, QC, QD, S, O, M, L, j->W ? wrow : NULL, k1);
+                continue;
+            }
+#endif
+            for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
+            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL, j->vnni);
             continue;
         }
 #endif
@@ -1380,6 +1732,8 @@ static void job_init(att_job *j, util_pool *pool, float *out, const float *q, co
     j->WM = W ? W + (size_t)a->T * a->n_heads * j->wn : NULL;
     j->WL = W ? j->WM + (size_t)a->T * a->n_heads : NULL;
     j->simd = op_simd_level() >= OP_SIMD_AVX2;
+    /* the VNNI kernels take q8_0 rows whose groups pair up in 512 bits */
+    j->vnni = op_simd_level() >= OP_SIMD_VNNI && a->head_dim % 64 == 0;
     j->n_tasks = j->p.n_items * j->p.n_split;
     atomic_init(&j->next, 0);
 }
