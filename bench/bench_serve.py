@@ -10,6 +10,7 @@ Bounded: a fixed number of requests per level, and no new request after --second
 
 usage: python3 bench/bench_serve.py [--kvlm build/kvlm] [--model M.gguf] [--levels 1,4,16,64]
                                     [--max-tokens 64] [--rounds 2] [--seconds 60] [--threads T]
+                                    [--cache-type f32|f16|q8_0|...]
 """
 import argparse
 import http.client
@@ -130,6 +131,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     ap.add_argument("--threads", type=int, default=0, help="kvlm serve -t (default: its own)")
     ap.add_argument("--kv-mem", default="1GiB")
+    ap.add_argument("--cache-type", help="kvlm serve --cache-type-k and -v (default: its own)")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
 
@@ -149,6 +151,8 @@ def main():
            "--kv-mem", a.kv_mem]
     if a.threads:
         cmd += ["-t", str(a.threads)]
+    if a.cache_type:
+        cmd += ["--cache-type-k", a.cache_type, "--cache-type-v", a.cache_type]
     srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = srv.stdout.readline()
