@@ -150,8 +150,8 @@ QT_ROW(1) QT_ROW(2) QT_ROW(3) QT_ROW(4)
 static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(1), QT_TAB_ROW(2), QT_TAB_ROW(3), QT_TAB_ROW(4)};
 
 /* Decode (one token) takes Q_DEC_RM rows at a time; batches Q_RM x Q_RN. */
-static void tile_q4_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                                float *y, size_t ys, int nr, int nc) {
+static void tile_q4_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                           int nr, int nc) {
     if (nc == 1) run_tiles(q4_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
     else run_tiles(q4_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
 }
@@ -266,24 +266,11 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
 QP_ROW(1) QP_ROW(2) QP_ROW(3) QP_ROW(4)
 static fixed_fn q8p_tab[MAXR][MAXC] = {QP_TAB_ROW(1), QP_TAB_ROW(2), QP_TAB_ROW(3), QP_TAB_ROW(4)};
 
-/* run_tiles for q8p_tab (MAXC tokens wide) */
-static void q8p_run(const int RM, const int RN, int n, const uint8_t *w, size_t ws, const uint8_t *x,
-                    size_t xs, float *y, size_t ys, int nr, int nc) {
-    for (int r = 0; r < nr; r += RM) {
-        int rm = nr - r < RM ? nr - r : RM;
-        for (int c = 0; c < nc; c += RN) {
-            int rn = nc - c < RN ? nc - c : RN;
-            q8p_tab[rm - 1][rn - 1](n, w + (size_t)r * ws, ws, x + (size_t)c * xs, xs,
-                                    y + (size_t)c * ys + r, ys);
-        }
-    }
-}
-
 /* Decode (one token) takes Q_DEC_RM rows at a time; batches Q_RM x Q_RN. */
-static void tile_q8_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                                float *y, size_t ys, int nr, int nc) {
-    if (nc == 1) q8p_run(Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
-    else q8p_run(Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
+static void tile_q8_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                           int nr, int nc) {
+    if (nc == 1) run_tiles(q8p_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
+    else run_tiles(q8p_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 /* ---- float weights (F32, F16, BF16) ------------------------------------------ */
