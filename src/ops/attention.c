@@ -1746,7 +1746,10 @@ static void attend(util_pool *pool, float *out, const float *q, const op_attn_ar
     if (W) util_pool_run(pool, weights_worker, &j);
 }
 
-static bool args_ok(const op_attn_args *a);
+static bool args_ok(const op_attn_args *a) {
+    return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
+           (!a->blocks || a->block_size > 0);
+}
 
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
     if (!args_ok(a)) return;
@@ -1767,11 +1770,6 @@ void op_attention(util_pool *pool, float *out, const float *q, const op_attn_arg
         size_t off = (size_t)t0 * a->n_heads * a->head_dim;
         attend(pool, out + off, q + off, &c, work, a->score_work);
     }
-}
-
-static bool args_ok(const op_attn_args *a) {
-    return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
-           (!a->blocks || a->block_size > 0);
 }
 
 /* The calls of op_attention_n share one pass of the threads: their tasks are
