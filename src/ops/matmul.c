@@ -49,9 +49,12 @@ void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
                 const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : zero;
                 memcpy(d + 2 * j, blk, sizeof(dt_f16)); /* both blocks start with their f16 scale */
                 const uint8_t *qs = blk + sizeof(dt_f16);
-                for (int k = 0; k < chunks; k++)
-                    for (int i = 0; i < 4; i++)
-                        d[32 + 64 * k + 4 * j + i] = q4 ? qs[4 * k + i] : (uint8_t)(qs[4 * k + i] + 128);
+                for (int k = 0; k < chunks; k++) { /* 4 bytes at a time; w + 128 flips the sign bit */
+                    uint32_t v;
+                    memcpy(&v, qs + 4 * k, 4);
+                    if (!q4) v ^= 0x80808080u;
+                    memcpy(d + 32 + 64 * k + 4 * j, &v, 4);
+                }
             }
 }
 
