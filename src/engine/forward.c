@@ -383,17 +383,15 @@ static void write_kv(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t
     }
 }
 
-/* Attention for tokens [0, T): each run of consecutive positions of one
- * sequence is one call over that sequence's blocks. */
 static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
     if (ctx->naive_attention)
         for (int i = 0; i < n; i++) op_attention_ref(out[i], q[i], &a[i]);
     else op_attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
 }
 
-/* Each run of consecutive positions of one sequence is one attention call;
- * the calls of a step (one per sequence in batched decode) go to the threads
- * together. */
+/* Attention for tokens [0, T): each run of consecutive positions of one
+ * sequence is one call over that sequence's blocks; the calls of a step (one
+ * per sequence in batched decode) go to the threads together. */
 static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
     const kvlm_config *c = &ctx->model->cfg;
     const kv_params *kp = kv_get_params(ctx->kv);
