@@ -342,13 +342,6 @@ static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *
     op_matmul_n(ctx->pool, x, T, (int)w->n_in, &o, 1, ctx->mm_work);
 }
 
-/* Matrices that read the same input: one quantization, one pass of the threads. */
-static void matmul3(kvlm_ctx *ctx, const float *x, int T, float *y0, const model_tensor *w0, float *y1,
-                    const model_tensor *w1, float *y2, const model_tensor *w2) {
-    op_mm_out o[3] = {mm_out(y0, w0), mm_out(y1, w1), y2 ? mm_out(y2, w2) : mm_out(y1, w1)};
-    op_matmul_n(ctx->pool, x, T, (int)w0->n_in, o, y2 ? 3 : 2, ctx->mm_work);
-}
-
 static void add_bias(float *y, const model_tensor *b, int T) {
     if (!b->data) return;
     for (int t = 0; t < T; t++) op_add(y + (size_t)t * b->n_in, (const float *)b->data, (int)b->n_in);
@@ -456,7 +449,9 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         const model_layer *L = &m->layers[l];
         for (int t = 0; t < T; t++)
             op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->attn_norm.data, D, c->norm_eps);
-        matmul3(ctx, ctx->xb, T, ctx->q, &L->wq, ctx->k, &L->wk, ctx->v, &L->wv);
+        /* matrices that read the same input: one quantization, one pass of the threads */
+        const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
+        op_matmul_n(ctx->pool, ctx->xb, T, D, qkv, 3, ctx->mm_work);
         add_bias(ctx->q, &L->bq, T);
         add_bias(ctx->k, &L->bk, T);
         add_bias(ctx->v, &L->bv, T);
@@ -470,7 +465,8 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         op_add(ctx->x, ctx->xb, T * D);
         for (int t = 0; t < T; t++)
             op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->ffn_norm.data, D, c->norm_eps);
-        matmul3(ctx, ctx->xb, T, ctx->hb, &L->w_gate, ctx->hb2, &L->w_up, NULL, NULL);
+        const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
+        op_matmul_n(ctx->pool, ctx->xb, T, D, gate_up, 2, ctx->mm_work);
         op_swiglu(ctx->hb, ctx->hb2, T * F);
         matmul(ctx, ctx->xb, ctx->hb, &L->w_down, T);
         op_add(ctx->x, ctx->xb, T * D);

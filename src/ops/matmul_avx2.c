@@ -139,22 +139,26 @@ AI void qtile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, co
             y[(size_t)c * ys + r] = hsum_ps(acc[r][c]);
 }
 
-#define QT(rm, rn)                                                                                  \
-    static void qt_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, \
-                               size_t ys) {                                                         \
-        qtile(rm, rn, n, w, ws, x, xs, y, ys);                                                      \
+/* Fixed-size instances tf_RxC of a tile kernel tf(RM, RN, ...), their table
+ * tf_tab, and the kernel over any nr x nc: decode (one token) takes Q_DEC_RM
+ * rows at a time, batches Q_RM x Q_RN. */
+#define QFIX(tf, rm, rn)                                                                                   \
+    static void tf##_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, \
+                                 size_t ys) {                                                             \
+        tf(rm, rn, n, w, ws, x, xs, y, ys);                                                               \
     }
-#define QT_ROW(rm) QT(rm, 1) QT(rm, 2) QT(rm, 3) QT(rm, 4)
-#define QT_TAB_ROW(rm) {qt_##rm##x1, qt_##rm##x2, qt_##rm##x3, qt_##rm##x4}
-QT_ROW(1) QT_ROW(2) QT_ROW(3) QT_ROW(4)
-static fixed_fn q4_tab[MAXR][MAXC] = {QT_TAB_ROW(1), QT_TAB_ROW(2), QT_TAB_ROW(3), QT_TAB_ROW(4)};
-
-/* Decode (one token) takes Q_DEC_RM rows at a time; batches Q_RM x Q_RN. */
-static void tile_q4_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                           int nr, int nc) {
-    if (nc == 1) run_tiles(q4_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
-    else run_tiles(q4_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
-}
+#define QFIX_ROW(tf, rm) QFIX(tf, rm, 1) QFIX(tf, rm, 2) QFIX(tf, rm, 3) QFIX(tf, rm, 4)
+#define QFIX_TAB_ROW(tf, rm) {tf##_##rm##x1, tf##_##rm##x2, tf##_##rm##x3, tf##_##rm##x4}
+#define QFIX_ALL(tf, name)                                                                            \
+    QFIX_ROW(tf, 1) QFIX_ROW(tf, 2) QFIX_ROW(tf, 3) QFIX_ROW(tf, 4)                                   \
+    static fixed_fn tf##_tab[MAXR][MAXC] = {QFIX_TAB_ROW(tf, 1), QFIX_TAB_ROW(tf, 2), QFIX_TAB_ROW(tf, 3), \
+                                           QFIX_TAB_ROW(tf, 4)};                                    \
+    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                     int nr, int nc) {                                                              \
+        if (nc == 1) run_tiles(tf##_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);               \
+        else run_tiles(tf##_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);                        \
+    }
+QFIX_ALL(qtile, tile_q4_0_avx2)
 
 /* ---- Q8_0: rows in pairs ------------------------------------------------------
  * (CPUs with AVX512-VNNI read Q8_0 weights packed: OP_Q8_0_R16, matmul_vnni.c.)
@@ -256,22 +260,7 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
         }
 }
 
-#define QP(rm, rn)                                                                                      \
-    static void qp_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, \
-                               size_t ys) {                                                             \
-        q8p_tile(rm, rn, n, w, ws, x, xs, y, ys);                                                       \
-    }
-#define QP_ROW(rm) QP(rm, 1) QP(rm, 2) QP(rm, 3) QP(rm, 4)
-#define QP_TAB_ROW(rm) {qp_##rm##x1, qp_##rm##x2, qp_##rm##x3, qp_##rm##x4}
-QP_ROW(1) QP_ROW(2) QP_ROW(3) QP_ROW(4)
-static fixed_fn q8p_tab[MAXR][MAXC] = {QP_TAB_ROW(1), QP_TAB_ROW(2), QP_TAB_ROW(3), QP_TAB_ROW(4)};
-
-/* Decode (one token) takes Q_DEC_RM rows at a time; batches Q_RM x Q_RN. */
-static void tile_q8_0_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                           int nr, int nc) {
-    if (nc == 1) run_tiles(q8p_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);
-    else run_tiles(q8p_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);
-}
+QFIX_ALL(q8p_tile, tile_q8_0_avx2)
 
 /* ---- float weights (F32, F16, BF16) ------------------------------------------ */
 enum { W_F32, W_F16, W_BF16 };
