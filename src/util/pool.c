@@ -14,6 +14,7 @@ struct util_pool {
     pthread_cond_t cv;
     atomic_uint gen;       /* bumped once per job */
     atomic_int pending;    /* workers still running the current job */
+    atomic_int sleepers;   /* workers asleep on cv (or about to be) */
     atomic_int stop;
     util_pool_fn fn;
     void *ctx;
@@ -38,9 +39,14 @@ static void *worker_main(void *p) {
 #endif
                 continue;
             }
+            /* announced before the last look at gen (both seq_cst, as in
+             * util_pool_run): either the runner sees a sleeper and
+             * broadcasts, or this look sees the new job */
             pthread_mutex_lock(&pool->mu);
+            atomic_fetch_add(&pool->sleepers, 1);
             while (atomic_load(&pool->gen) == seen && !atomic_load(&pool->stop))
                 pthread_cond_wait(&pool->cv, &pool->mu);
+            atomic_fetch_sub(&pool->sleepers, 1);
             pthread_mutex_unlock(&pool->mu);
         }
         if (atomic_load(&pool->stop)) return NULL;
@@ -102,10 +108,12 @@ void util_pool_run(util_pool *pool, util_pool_fn fn, void *ctx) {
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store(&pool->pending, pool->n - 1);
-    pthread_mutex_lock(&pool->mu);
-    atomic_fetch_add_explicit(&pool->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&pool->cv);
-    pthread_mutex_unlock(&pool->mu);
+    atomic_fetch_add(&pool->gen, 1);
+    if (atomic_load(&pool->sleepers) > 0) { /* spinning workers need no syscall */
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
     fn(ctx, 0, pool->n);
     /* Spin briefly, then yield: when the machine is oversubscribed (tests
      * running side by side) a descheduled worker must get the core back. */
