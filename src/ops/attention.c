@@ -607,6 +607,7 @@ static inline __attribute__((always_inline)) void vf_scores(float *sa, float *sb
             if (x >= step || x >= m) continue;
             const uint8_t *k = kp[c + x];
             __m512 a = _mm512_setzero_ps(), b = a;
+#pragma GCC unroll 8
             for (int i = 0; i < hd; i += 16) {
                 __m512 kv = vf_ld16(k, i, type);
                 a = _mm512_fmadd_ps(_mm512_loadu_ps(qa + i), kv, a);
@@ -675,6 +676,44 @@ static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, co
     }
 }
 
+/* vf_scores and vf_pv compiled per type, row count and head dim (64 and
+ * 128 unrolled, with the query in registers; any other multiple of 16) */
+#define VF_DISPATCH(call, type, two, hd)                                                               \
+    do {                                                                                               \
+        if (type == KVLM_CACHE_F32) VF_HD(call, KVLM_CACHE_F32, two, hd);                              \
+        else if (type == KVLM_CACHE_F16) VF_HD(call, KVLM_CACHE_F16, two, hd);                         \
+        else VF_HD(call, KVLM_CACHE_BF16, two, hd);                                                    \
+    } while (0)
+#define VF_HD(call, t, two, hd)                                                                        \
+    do {                                                                                               \
+        if (hd == 64) VF_TWO(call, t, two, 64);                                                        \
+        else if (hd == 128) VF_TWO(call, t, two, 128);                                                 \
+        else VF_TWO(call, t, two, hd);                                                                 \
+    } while (0)
+#define VF_TWO(call, t, two, h)                                                                        \
+    do {                                                                                               \
+        if (two) call(t, true, h);                                                                     \
+        else call(t, false, h);                                                                        \
+    } while (0)
+
+static void vf_scores_any(float *sa, float *sb, const float *qa, const float *qb, const uint8_t *const *kp, int n,
+                          int hd, int type, bool two, __m512 vscale, const uint8_t *const *kpn,
+                          const uint8_t *const *vpn, int nn, size_t krb, size_t vrb) {
+#define VF_S(t, tw, h) vf_scores(sa, sb, qa, qb, kp, n, h, t, tw, vscale, kpn, vpn, nn, krb, vrb)
+    VF_DISPATCH(VF_S, type, two, hd);
+#undef VF_S
+}
+
+static void vf_pv_any(float *oa, float *ob, const float *pa, const float *pb, const uint8_t *const *vp, int n,
+                      int hd, int type, bool two) {
+#define VF_P(t, tw, h) vf_pv(oa, ob, pa, pb, vp, n, h, t, tw)
+    VF_DISPATCH(VF_P, type, two, hd);
+#undef VF_P
+}
+#undef VF_DISPATCH
+#undef VF_HD
+#undef VF_TWO
+
 /* The K and V rows of KV head h at positions p..p+n-1 into kp[], vp[], in
  * any layout (the block and slot advance run by run: no division per run). */
 static void row_ptrs(const op_attn_args *a, int h, int p, int n, size_t krb, size_t vrb, const uint8_t **kp,
@@ -735,7 +774,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
     if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
-    if (kb == k0) pf_rows(kp, vp, n, 0, n, krb, vrb);
+    (void)k0;
     if (kt == KVLM_CACHE_Q8_0) {
         for (int x = 0, len, b = kb / bs, slot = kb % bs; x < n; x += len, b++, slot = 0) {
             len = bs - slot < n - x ? bs - slot : n - x;
@@ -755,13 +794,8 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
             int nv = two && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
             float *s = S + (size_t)r * ATT_BK;
             const uint8_t *const *pk = r == 0 && nn > 0 ? kpn : NULL;
-#define VF_SCORES(type_, two_) \
-    vf_scores(s, s + ATT_BK, qr[r], two_ ? qr[r + 1] : NULL, kp, nv, hd, type_, two_, vscale, pk, vpn, nn, krb, vrb)
-            if (kt == KVLM_CACHE_F32) { if (two) VF_SCORES(KVLM_CACHE_F32, true); else VF_SCORES(KVLM_CACHE_F32, false); }
-            else if (kt == KVLM_CACHE_F16) { if (two) VF_SCORES(KVLM_CACHE_F16, true); else VF_SCORES(KVLM_CACHE_F16, false); }
-            else if (two) VF_SCORES(KVLM_CACHE_BF16, true);
-            else VF_SCORES(KVLM_CACHE_BF16, false);
-#undef VF_SCORES
+            vf_scores_any(s, s + ATT_BK, qr[r], two ? qr[r + 1] : NULL, kp, nv, hd, kt, two, vscale, pk, vpn, nn,
+                          krb, vrb);
         }
     for (int r = 0; r < R; r++) {
         float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
@@ -814,14 +848,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
                     }
                 }
             }
-        } else if (vt == KVLM_CACHE_F32) {
-            if (two) vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_F32, true);
-            else vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_F32, false);
-        } else if (vt == KVLM_CACHE_F16) {
-            if (two) vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_F16, true);
-            else vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_F16, false);
-        } else if (two) vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_BF16, true);
-        else vf_pv(oa, ob, pa, pb, vp, nv, hd, KVLM_CACHE_BF16, false);
+        } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two);
     }
 }
 #pragma GCC pop_options
@@ -1063,6 +1090,14 @@ static float exp_sum_avx2(float *s, int n, float m) {
         sum = _mm256_add_ps(sum, e);
     }
     return op_hsum256(sum);
+}
+
+/* y[i] = x[i] * s for i < n & ~7; returns how many */
+static int scale_avx2(float *y, const float *x, float s, int n) {
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+    return i;
 }
 
 /* H2O: kw[i] += exp(s[i] - m) * il for i < n & ~7; returns how many */
@@ -1651,11 +1686,12 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     const op_attn_args *a = j->a;
     const att_plan *p = &j->p;
     const int hd = a->head_dim;
-    int item = task / p->n_split, split = task % p->n_split;
+    /* (no division by 1: decode runs many small tasks) */
+    int item = p->n_split > 1 ? task / p->n_split : task, split = p->n_split > 1 ? task % p->n_split : 0;
     /* the last query tiles see the most keys: hand them out first */
-    int tt = p->n_tt - 1 - item % p->n_tt;
-    int rest = item / p->n_tt;
-    int hci = rest % p->n_hc, h = rest / p->n_hc;
+    int tt = p->n_tt > 1 ? p->n_tt - 1 - item % p->n_tt : 0;
+    int rest = p->n_tt > 1 ? item / p->n_tt : item;
+    int hci = p->n_hc > 1 ? rest % p->n_hc : 0, h = p->n_hc > 1 ? rest / p->n_hc : rest;
     int t0 = tt * p->tq, t1 = t0 + p->tq < a->T ? t0 + p->tq : a->T;
     int g0 = hci * p->hc, g1 = g0 + p->hc < p->G ? g0 + p->hc : p->G;
     int nt = t1 - t0, ng = g1 - g0, R = nt * ng;
@@ -1828,7 +1864,11 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (p->n_split == 1) {
                 float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
                 float inv = 1.0f / L[r];
-                for (int i = 0; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
+                int i = 0;
+#ifdef HAVE_AVX2_PATHS
+                if (j->simd) i = scale_avx2(dst, O + (size_t)r * hd, inv, hd);
+#endif
+                for (; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
             } else {
                 float *part = j->parts + (size_t)task * part_floats(p, hd);
                 part[r] = M[r];
