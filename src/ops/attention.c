@@ -754,27 +754,31 @@ static bool vnni_tile_ok(const op_attn_args *a) {
     return true;
 }
 
-/* Decode on AVX512 CPUs: the fused_block for the types vnni_tile_ok takes,
- * for keys kb..kb+n-1 (a tile of up to ATT_BK) and the R rows of an item.
- * The scores of the whole tile first (f32 / f16 / bf16 keys: vf_scores, rows
- * two at a time; q8_0 keys: vnni_qk16 run by run), then the online softmax
- * in 512-bit registers, then P.V (vf_pv, rows two at a time; q8_0:
- * vnni_pv16). The first tile (kb == k0) prefetches its own rows, every tile
- * the next one's (up to k_end) while it scores. qr: the rows' queries; qc,
- * qd: as int8 for q8_0 keys; other arguments as fused_block's. */
+/* The AVX512 tile, for the types vnni_tile_ok takes: keys kb..kb+n-1 (a
+ * tile of up to ATT_BK) and the R rows of an item (decode, or prefill unless
+ * the keys are q8_0). The scores of the whole tile first (f32 / f16 / bf16
+ * keys: vf_scores, rows two at a time; q8_0 keys: vnni_qk16 run by run),
+ * then the online softmax in 512-bit registers, then P.V (vf_pv, rows two at
+ * a time; q8_0: vnni_pv16). k_end bounds the prefetch of the next tile. qr:
+ * the rows' queries; qc, qd: as int8 for q8_0 keys; other arguments as
+ * fused_block's. */
 static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
                       const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *const *W,
-                      int k0, int k_end) {
+                      int k_end) {
     const int hd = a->head_dim, bs = a->block_size, nq = hd / 32, kt = tile_type(a, true), vt = tile_type(a, false);
     const size_t krb = op_kv_row_bytes(kt, hd), vrb = op_kv_row_bytes(vt, hd);
     const __m512 vscale = _mm512_set1_ps(a->scale);
     int vr[ATT_RMAX];
     for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
     const uint8_t *kp[ATT_BK], *vp[ATT_BK], *kpn[ATT_BK], *vpn[ATT_BK];
+    /* the next tile's rows, prefetched while this one is scored where a
+     * cache block holds less than a 4 KiB page of a head's keys: the hardware
+     * prefetcher follows a page, not the jump to the next scattered block
+     * (f32 at head dim 64 fills pages, and extra prefetches only slow it) */
     int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
+    if (!a->blocks || (size_t)bs * krb >= 4096) nn = 0;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
     if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
-    (void)k0;
     if (kt == KVLM_CACHE_Q8_0) {
         for (int x = 0, len, b = kb / bs, slot = kb % bs; x < n; x += len, b++, slot = 0) {
             len = bs - slot < n - x ? bs - slot : n - x;
@@ -1766,7 +1770,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
 #ifdef HAVE_VNNI_PATHS
             if (vt) {
                 for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
-                vnni_tile(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, j->W ? wrow : NULL, k0, k1);
+                vnni_tile(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, j->W ? wrow : NULL, k1);
                 continue;
             }
 #endif
