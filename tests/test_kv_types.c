@@ -134,6 +134,45 @@ static void test_roundtrip_bounds(void **state) {
         }
 }
 
+/* The write path's f16 rows (F16C) give the scalar reference's bits: ties,
+ * subnormals, overflow, infinities, signed zeros, and rows with a NaN. */
+static void test_f16_write(void **state) {
+    (void)state;
+    const int hds[] = {64, 8, 13, 128};
+    float special[] = {0.0f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-23f, 1.0f + 3 * 0x1p-11f, -(2.0f + 0x1p-10f),
+                       65504.0f, 65519.99f, 65520.0f, -70000.0f, 1e30f, INFINITY, -INFINITY, 0x1p-24f, 0x1p-25f,
+                       0x1.8p-25f, 3 * 0x1p-26f, 6e-5f, -6.1e-5f, 0x1p-14f, 0x1.ffcp-15f, 1e-7f, -1e-9f, 1e-40f};
+    const int n_special = (int)(sizeof special / sizeof special[0]);
+    for (int level = 0; level <= op_cpu_simd_level(); level++) {
+        op_set_simd_level(level);
+        for (int hi = 0; hi < 4; hi++)
+            for (int round = 0; round < 200; round++) {
+                int hd = hds[hi];
+                float x[128];
+                uint16_t got[128], want[128];
+                for (int i = 0; i < hd; i++) {
+                    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+                    uint64_t r = seed >> 11;
+                    /* magnitudes 2^-30 .. 2^17 and the special values */
+                    x[i] = r % 5 == 0 ? special[(r >> 8) % n_special]
+                                      : ldexpf((float)((r >> 16) % 1000000) / 1e6f, (int)((r >> 40) % 48) - 30) *
+                                            (r & 1 ? -1.0f : 1.0f);
+                }
+                if (round % 50 == 49) { /* NaNs with a payload: such rows take the scalar path */
+                    uint32_t bits = 0x7fe00001u | (uint32_t)(round & 1) << 31;
+                    memcpy(&x[round % hd], &bits, 4);
+                }
+                op_kv_quantize_row(KVLM_CACHE_F16, x, got, hd);
+                op_kv_quantize_row_ref(KVLM_CACHE_F16, x, want, hd);
+                for (int i = 0; i < hd; i++)
+                    if (got[i] != want[i])
+                        fail_msg("level %d hd %d: f16 of %a is 0x%04x, reference 0x%04x", level, hd, x[i], got[i],
+                                 want[i]);
+            }
+    }
+    op_set_simd_level(-1);
+}
+
 /* ---- attention over typed paged blocks ------------------------------------------- */
 typedef struct {
     int T, q_pos0, n_heads, n_kv_heads, hd, bs;
@@ -722,6 +761,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_sizes),
         cmocka_unit_test(test_roundtrip_bounds),
+        cmocka_unit_test(test_f16_write),
         cmocka_unit_test(test_attention_typed),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_attention_f32_unchanged),
