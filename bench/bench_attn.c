@@ -146,6 +146,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < evict_floats; i++) evict_buf[i] = (float)(i & 7);
     for (int i = 0; i < LAYERS * MAX_SEQ * HEADS * HD; i++) q[i] = 3 * frand();
     double bw = op_measure_read_bandwidth(pool, (size_t)256 << 20);
+    double llc = op_measure_read_bandwidth(pool, (size_t)64 << 20); /* a buffer the LLC holds */
     printf("bench_attn: decode attention (12 layers x 12 heads, head_dim 64, %d-token blocks, %d threads, best of "
            "%d rounds), the AVX2 kernels against the %s ones in the same run\n", BS, threads, rounds, best);
     printf("  one token over %d keys, cache pushed out of the LLC (read bound %.1f GB/s):\n", n, bw / 1e9);
@@ -172,13 +173,15 @@ int main(int argc, char **argv) {
         cache cs[MAX_SEQ];
         for (int i = 0; i < MAX_SEQ; i++) cs[i] = make_cache(ns[i], type, type);
         race(pool, cs, ns, MAX_SEQ, q, outs, work, false, rounds, t);
+        bytes = (double)LAYERS * HEADS * tot * rb;
         l2 += (size_t)snprintf(line2 + l2, sizeof line2 - l2,
-                               "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx   (%.1f MB of cache)\n", tok, 1e3 * t[0],
-                               best, 1e3 * t[1], t[0] / t[1], (double)LAYERS * HEADS * tot * rb / 1e6);
+                               "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx   %s: %5.1f MB at %5.1f GB/s, %5.1f%% of "
+                               "the bound\n", tok, 1e3 * t[0], best, 1e3 * t[1], t[0] / t[1], best, bytes / 1e6,
+                               bytes / t[1] / 1e9, 100 * bytes / llc / t[1]);
         for (int i = 0; i < MAX_SEQ; i++) { free(cs[i].data); free(cs[i].ptrs); }
     }
-    printf("  a batched decode step of %d sequences at 20..90 tokens (op_attention_n), cache in the LLC:\n%s", MAX_SEQ,
-           line2);
+    printf("  a batched decode step of %d sequences at 20..90 tokens (op_attention_n), cache in the LLC (read bound "
+           "%.1f GB/s):\n%s", MAX_SEQ, llc / 1e9, line2);
     free(q); free(work); free(evict_buf);
     for (int i = 0; i < MAX_SEQ; i++) free(outs[i]);
     util_pool_free(pool);
