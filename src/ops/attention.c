@@ -7,10 +7,11 @@
  * context), the keys are split into parts too (flash-decoding): each part
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
- * straight from its block with fused kernels (q8_0 on AVX512-VNNI CPUs: 16
- * keys at a time in 512-bit registers); prefill items dequantize a tile once
- * for all their rows. H2O's per-key weights come from the same scores,
- * kept per row and normalised after the merge. */
+ * straight from its block with fused kernels; prefill items dequantize a tile
+ * once for all their rows. On AVX512-VNNI CPUs f32, f16, bf16 and q8_0 keys
+ * and values (any mix) run one 512-bit tile kernel, 16 keys at a time, for
+ * decode and (but for q8_0 keys) prefill alike. H2O's per-key weights come
+ * from the same scores, kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -739,7 +740,7 @@ static void row_ptrs(const op_attn_args *a, int h, int p, int n, size_t krb, siz
     }
 }
 
-/* The cache types the VNNI decode tile takes: f32, f16, bf16 (hd % 16 == 0)
+/* The cache types the AVX512 tile takes: f32, f16, bf16 (hd % 16 == 0)
  * and q8_0 (hd % 64 == 0), keys and values chosen separately; an untyped
  * layout is f32. */
 static int tile_type(const op_attn_args *a, bool key) {

@@ -1,6 +1,7 @@
 /* ops/ops_internal: what the kernel files share with each other and with
- * tests/test_ops.c: the SIMD level switch, activation-quantization layouts,
- * the per-type matmul tile kernels and the bandwidth probe. */
+ * the tests: the SIMD level switch, which attention kernel runs,
+ * activation-quantization layouts, the per-type matmul tile kernels and the
+ * bandwidth probe. */
 #ifndef KVLM_OPS_OPS_INTERNAL_H
 #define KVLM_OPS_OPS_INTERNAL_H
 #include <stddef.h>
