@@ -7,7 +7,8 @@
  *     384 MB read pushes the cache out of the last-level cache, as a decode
  *     step's weights do;
  *   - a batched decode step of 16 sequences at 20..90 tokens (the server's
- *     16-stream shape) through op_attention_n, caches in the LLC. */
+ *     16-stream shape) through op_attention_n, caches in the LLC;
+ *   - prefill: 64 query tokens over a 512-token cache. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 #include "util/pool.h"
 #include "util/timing.h"
 
-enum { LAYERS = 12, HEADS = 12, HD = 64, MAX_SEQ = 16 };
+enum { LAYERS = 12, HEADS = 12, HD = 64, MAX_SEQ = 16, MAX_T = 64 };
 static int BS = 16; /* tokens per cache block */
 
 typedef struct {
@@ -71,10 +72,12 @@ static float *evict_buf;
 static size_t evict_floats = (size_t)96 << 20;
 static volatile double evict_sink;
 
+static int T_Q = 1; /* query tokens per sequence */
+
 static op_attn_args args_of(const cache *c, int l, int n) {
     op_attn_args a = {0};
-    a.T = 1;
-    a.q_pos0 = n - 1;
+    a.T = T_Q;
+    a.q_pos0 = n - T_Q;
     a.n_heads = a.n_kv_heads = HEADS;
     a.head_dim = HD;
     a.blocks = c->ptrs + (size_t)l * c->n_blocks;
@@ -101,7 +104,7 @@ static double step(util_pool *pool, const cache *c, const int *n, int n_seq, con
     for (int l = 0; l < LAYERS; l++) {
         for (int i = 0; i < n_seq; i++) {
             a[i] = args_of(&c[i], l, n[i]);
-            qs[i] = q + ((size_t)l * MAX_SEQ + i) * HEADS * HD;
+            qs[i] = q + ((size_t)l * MAX_SEQ + i) * MAX_T * HEADS * HD;
         }
         op_attention_n(pool, n_seq, out, qs, a, work);
     }
@@ -137,14 +140,14 @@ int main(int argc, char **argv) {
     if (op_cpu_simd_level() < OP_SIMD_AVX2) { fprintf(stderr, "bench_attn: no AVX2 on this CPU\n"); return 0; }
     const char *names[3] = {"scalar", "avx2", "vnni"}, *best = names[op_cpu_simd_level()];
     util_pool *pool = util_pool_create(threads);
-    float *q = malloc(sizeof(float) * LAYERS * MAX_SEQ * HEADS * HD), *outs[MAX_SEQ];
+    float *q = malloc(sizeof(float) * LAYERS * MAX_SEQ * MAX_T * HEADS * HD), *outs[MAX_SEQ];
     void *work = malloc(op_attention_work_size(threads, HD));
     evict_buf = aligned_alloc(64, evict_floats * sizeof(float));
     if (!q || !work || !evict_buf) return 1;
     for (int i = 0; i < MAX_SEQ; i++)
-        if (!(outs[i] = malloc(sizeof(float) * HEADS * HD))) return 1;
+        if (!(outs[i] = malloc(sizeof(float) * MAX_T * HEADS * HD))) return 1;
     for (size_t i = 0; i < evict_floats; i++) evict_buf[i] = (float)(i & 7);
-    for (int i = 0; i < LAYERS * MAX_SEQ * HEADS * HD; i++) q[i] = 3 * frand();
+    for (int i = 0; i < LAYERS * MAX_SEQ * MAX_T * HEADS * HD; i++) q[i] = 3 * frand();
     double bw = op_measure_read_bandwidth(pool, (size_t)256 << 20);
     double llc = op_measure_read_bandwidth(pool, (size_t)64 << 20); /* a buffer the LLC holds */
     printf("bench_attn: decode attention (12 layers x 12 heads, head_dim 64, %d-token blocks, %d threads, best of "
@@ -154,8 +157,8 @@ int main(int argc, char **argv) {
      * 16 streams), their caches (f32: 62 MB) next to the weights in the LLC */
     int ns[MAX_SEQ], tot = 0;
     for (int i = 0; i < MAX_SEQ; i++) tot += ns[i] = 20 + i * 70 / (MAX_SEQ - 1);
-    char line2[2048] = "";
-    size_t l2 = 0;
+    char line2[2048] = "", line3[2048] = "";
+    size_t l2 = 0, l3 = 0;
     for (char *tok = strtok(types, ","); tok; tok = strtok(NULL, ",")) {
         int type = kvlm_cache_type_from_name(tok);
         if (type < 0 || !op_kv_type_valid(type, true)) {
@@ -179,9 +182,21 @@ int main(int argc, char **argv) {
                                "the bound\n", tok, 1e3 * t[0], best, 1e3 * t[1], t[0] / t[1], best, bytes / 1e6,
                                bytes / t[1] / 1e9, 100 * bytes / llc / t[1]);
         for (int i = 0; i < MAX_SEQ; i++) { free(cs[i].data); free(cs[i].ptrs); }
+        /* prefill: the last 64 of 512 tokens in one call per layer */
+        int np = 512;
+        cache cp = make_cache(np, type, type);
+        T_Q = MAX_T;
+        race(pool, &cp, &np, 1, q, outs, work, false, rounds, t);
+        T_Q = 1;
+        l3 += (size_t)snprintf(line3 + l3, sizeof line3 - l3, "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx\n", tok,
+                               1e3 * t[0], best, 1e3 * t[1], t[0] / t[1]);
+        free(cp.data);
+        free(cp.ptrs);
     }
     printf("  a batched decode step of %d sequences at 20..90 tokens (op_attention_n), cache in the LLC (read bound "
            "%.1f GB/s):\n%s", MAX_SEQ, llc / 1e9, line2);
+    printf("  prefill: %d query tokens at positions %d..511 of one sequence (op_attention), cache in the LLC:\n%s",
+           MAX_T, 512 - MAX_T, line3);
     free(q); free(work); free(evict_buf);
     for (int i = 0; i < MAX_SEQ; i++) free(outs[i]);
     util_pool_free(pool);
