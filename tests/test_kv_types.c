@@ -387,6 +387,10 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, 700, 8, 2, 64, 16}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){2, 90, 8, 4, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
     check_typed((acase){20, 70, 4, 2, 64, 16}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, p2, p3);
+    /* head dims that are multiples of 16 but not of 64: a partial 64-wide chunk of P.V */
+    check_typed((acase){2, 200, 8, 4, 80, 7}, KVLM_CACHE_F16, KVLM_CACHE_F32, p2, p3);
+    check_typed((acase){1, 600, 6, 2, 96, 16}, KVLM_CACHE_F32, KVLM_CACHE_BF16, p2, p3);
+    check_typed((acase){12, 30, 4, 4, 48, 16}, KVLM_CACHE_BF16, KVLM_CACHE_F16, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
 }
@@ -430,6 +434,7 @@ static void test_attention_kernels(void **state) {
         {F32, F32, 64, 40, 8, 8, 90, 0, VNNI, TILE},     /* prefill: the same kernel as decode */
         {F16, Q8, 64, 40, 8, 8, 90, 0, VNNI, TILE},
         {Q8, Q8, 64, 40, 8, 8, 90, 0, TILE, TILE},       /* q8_0 keys: prefill dequantizes tiles */
+        {F16, F32, 80, 1, 8, 4, 90, 0, VNNI, FUSED},
         {F32, F32, 8, 1, 8, 4, 90, 0, TILE, TILE},       /* head dims that are no multiple of 16 */
         {F16, F16, 8, 1, 8, 4, 90, 0, FUSED, FUSED},
         {Q8, Q8, 32, 1, 8, 4, 90, 0, FUSED, FUSED},      /* q8_0 at VNNI wants hd % 64 == 0 */
