@@ -1,11 +1,16 @@
-/* bench/bench_attn: the decode attention kernel alone at long context on a
- * stories110M-shaped paged cache (12 layers x 12 heads, head_dim 64, 16-token
- * blocks laid out as kv/paged lays them out), the best SIMD path against the
- * AVX2 one in the same run, beside the bound that reading the cache once at
- * the machine's read bandwidth puts on it. Before each step a 384 MB read
- * pushes the cache out of the last-level cache, as a decode step's weights do
- * (an 80 MB cache would otherwise partly stay in a large L3). */
+/* bench/bench_attn: the decode attention kernels alone on stories110M-shaped
+ * paged caches (12 layers x 12 heads, head_dim 64, 16-token blocks laid out as
+ * kv/paged lays them out), per cache type (f32, f16, q8_0 by default), the
+ * AVX2 kernels against the best level's in the same run:
+ *   - one token at a long context, beside the bound that reading the cache
+ *     once at the machine's read bandwidth puts on it; before each step a
+ *     384 MB read pushes the cache out of the last-level cache, as a decode
+ *     step's weights do;
+ *   - a batched decode step of 16 sequences at 20..90 tokens (the server's
+ *     16-stream shape) through op_attention_n, caches in the LLC;
+ *   - prefill: 64 query tokens over a 512-token cache. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +21,7 @@
 #include "util/pool.h"
 #include "util/timing.h"
 
-enum { LAYERS = 12, HEADS = 12, HD = 64 };
+enum { LAYERS = 12, HEADS = 12, HD = 64, MAX_SEQ = 16, MAX_T = 64 };
 static int BS = 16; /* tokens per cache block */
 
 typedef struct {
@@ -67,73 +72,133 @@ static float *evict_buf;
 static size_t evict_floats = (size_t)96 << 20;
 static volatile double evict_sink;
 
-/* seconds for one token's attention over n keys in every layer */
-static double step(util_pool *pool, const cache *c, int n, const float *q, float *out, void *work) {
-    if (evict_buf) evict_sink += op_read_sum_avx2(evict_buf, evict_floats, 1);
+static int T_Q = 1; /* query tokens per sequence */
+
+static op_attn_args args_of(const cache *c, int l, int n) {
+    op_attn_args a = {0};
+    a.T = T_Q;
+    a.q_pos0 = n - T_Q;
+    a.n_heads = a.n_kv_heads = HEADS;
+    a.head_dim = HD;
+    a.blocks = c->ptrs + (size_t)l * c->n_blocks;
+    a.block_size = BS;
+    a.k_type = c->k_type;
+    a.v_type = c->v_type;
+    a.head_bytes = c->head_bytes;
+    a.v_bytes = c->k_bytes;
+    a.stage_block = -1;
+    a.scale = 1.0f / sqrtf((float)HD);
+    return a;
+}
+
+/* seconds for one token's attention in every layer, for each of n_seq
+ * sequences (contexts n[i], caches c[i]) in one op_attention_n call per
+ * layer, as a batched decode step makes it; evict: push the caches out of
+ * the LLC first */
+static double step(util_pool *pool, const cache *c, const int *n, int n_seq, const float *q, float **out,
+                   void *work, bool evict) {
+    if (evict) evict_sink += op_read_sum_avx2(evict_buf, evict_floats, 1);
+    op_attn_args a[MAX_SEQ];
+    const float *qs[MAX_SEQ];
     double t0 = util_now_s();
     for (int l = 0; l < LAYERS; l++) {
-        op_attn_args a = {0};
-        a.T = 1;
-        a.q_pos0 = n - 1;
-        a.n_heads = a.n_kv_heads = HEADS;
-        a.head_dim = HD;
-        a.blocks = c->ptrs + (size_t)l * c->n_blocks;
-        a.block_size = BS;
-        a.k_type = c->k_type;
-        a.v_type = c->v_type;
-        a.head_bytes = c->head_bytes;
-        a.v_bytes = c->k_bytes;
-        a.stage_block = -1;
-        a.scale = 1.0f / sqrtf((float)HD);
-        op_attention(pool, out, q + (size_t)l * HEADS * HD, &a, work);
+        for (int i = 0; i < n_seq; i++) {
+            a[i] = args_of(&c[i], l, n[i]);
+            qs[i] = q + ((size_t)l * MAX_SEQ + i) * MAX_T * HEADS * HD;
+        }
+        op_attention_n(pool, n_seq, out, qs, a, work);
     }
     return util_now_s() - t0;
 }
 
-/* bench_attn [threads] [context] [rounds] [cache type] [block size] */
+/* best seconds of the AVX2 path (t[0]) and the best level (t[1]), which
+ * alternate, 4 steps each per round */
+static void race(util_pool *pool, const cache *c, const int *n, int n_seq, const float *q, float **out, void *work,
+                 bool evict, int rounds, double *t) {
+    const int levels[2] = {OP_SIMD_AVX2, op_cpu_simd_level()};
+    t[0] = t[1] = 1e9;
+    for (int r = 0; r < rounds; r++)
+        for (int v = 0; v < 2; v++) {
+            op_set_simd_level(levels[v]);
+            step(pool, c, n, n_seq, q, out, work, evict); /* warm */
+            for (int i = 0; i < 4; i++) {
+                double s = step(pool, c, n, n_seq, q, out, work, evict);
+                if (s < t[v]) t[v] = s;
+            }
+        }
+    op_set_simd_level(-1);
+}
+
+/* bench_attn [threads] [context] [rounds] [cache types] [block size] */
 int main(int argc, char **argv) {
     int threads = argc > 1 && atoi(argv[1]) > 0 ? atoi(argv[1]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int n = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 4096;
     int rounds = argc > 3 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 10;
-    int type = kvlm_cache_type_from_name(argc > 4 ? argv[4] : "q8_0");
-    if (type < 0 || !op_kv_type_valid(type, true)) {
-        fprintf(stderr, "bench_attn: the cache type must be f32, f16, bf16, q8_0 or q4_0 (keys and values)\n");
-        return 1;
-    }
+    char types[256];
+    snprintf(types, sizeof types, "%s", argc > 4 ? argv[4] : "f32,f16,q8_0");
     if (argc > 5 && atoi(argv[5]) > 0) BS = atoi(argv[5]);
+    if (op_cpu_simd_level() < OP_SIMD_AVX2) { fprintf(stderr, "bench_attn: no AVX2 on this CPU\n"); return 0; }
+    const char *names[3] = {"scalar", "avx2", "vnni"}, *best = names[op_cpu_simd_level()];
     util_pool *pool = util_pool_create(threads);
-    cache c = make_cache(n, type, type);
-    float *q = malloc(sizeof(float) * LAYERS * HEADS * HD), *out = malloc(sizeof(float) * HEADS * HD);
+    float *q = malloc(sizeof(float) * LAYERS * MAX_SEQ * MAX_T * HEADS * HD), *outs[MAX_SEQ];
     void *work = malloc(op_attention_work_size(threads, HD));
     evict_buf = aligned_alloc(64, evict_floats * sizeof(float));
-    if (!q || !out || !work || !evict_buf) return 1;
+    if (!q || !work || !evict_buf) return 1;
+    for (int i = 0; i < MAX_SEQ; i++)
+        if (!(outs[i] = malloc(sizeof(float) * MAX_T * HEADS * HD))) return 1;
     for (size_t i = 0; i < evict_floats; i++) evict_buf[i] = (float)(i & 7);
-    for (int i = 0; i < LAYERS * HEADS * HD; i++) q[i] = 3 * frand();
-    /* the cache bytes one step reads: every visible row of K and V */
-    double bytes = (double)LAYERS * HEADS * n * (double)(op_kv_row_bytes(type, HD) * 2);
-    const int levels[2] = {OP_SIMD_AVX2, op_cpu_simd_level()};
-    const char *names[3] = {"scalar", "avx2", "vnni"};
-    if (levels[1] < OP_SIMD_AVX2) { fprintf(stderr, "bench_attn: no AVX2 on this CPU\n"); return 0; }
-    double best[2] = {1e9, 1e9};
-    /* the two paths alternate, 4 steps each, best per path */
-    for (int r = 0; r < rounds; r++)
-        for (int v = 0; v < 2; v++) {
-            op_set_simd_level(levels[v]);
-            step(pool, &c, n, q, out, work); /* warm */
-            for (int i = 0; i < 4; i++) {
-                double t = step(pool, &c, n, q, out, work);
-                if (t < best[v]) best[v] = t;
-            }
-        }
-    op_set_simd_level(-1);
+    for (int i = 0; i < LAYERS * MAX_SEQ * MAX_T * HEADS * HD; i++) q[i] = 3 * frand();
     double bw = op_measure_read_bandwidth(pool, (size_t)256 << 20);
-    printf("bench_attn: decode attention of one token over %d keys, 12 layers x 12 heads, head_dim 64, %s cache, "
-           "%d-token blocks, %d threads (best of %d rounds)\n", n, argc > 4 ? argv[4] : "q8_0", BS, threads, rounds);
-    for (int v = 0; v < 2; v++)
-        printf("  %-6s %7.3f ms  %6.1f GB/s of cache read  %5.1f%% of the %.1f GB/s bound\n", names[levels[v]],
-               1e3 * best[v], bytes / best[v] / 1e9, 100 * bytes / bw / best[v], bw / 1e9);
-    printf("  %s vs avx2: %.2fx\n", names[levels[1]], best[0] / best[1]);
-    free(q); free(out); free(work); free(c.data); free(c.ptrs); free(evict_buf);
+    double llc = op_measure_read_bandwidth(pool, (size_t)64 << 20); /* a buffer the LLC holds */
+    printf("bench_attn: decode attention (12 layers x 12 heads, head_dim 64, %d-token blocks, %d threads, best of "
+           "%d rounds), the AVX2 kernels against the %s ones in the same run\n", BS, threads, rounds, best);
+    printf("  one token over %d keys, cache pushed out of the LLC (read bound %.1f GB/s):\n", n, bw / 1e9);
+    /* the serve-shaped step: 16 sequences at 20..90 tokens (stories110M at
+     * 16 streams), their caches (f32: 62 MB) next to the weights in the LLC */
+    int ns[MAX_SEQ], tot = 0;
+    for (int i = 0; i < MAX_SEQ; i++) tot += ns[i] = 20 + i * 70 / (MAX_SEQ - 1);
+    char line2[2048] = "", line3[2048] = "";
+    size_t l2 = 0, l3 = 0;
+    for (char *tok = strtok(types, ","); tok; tok = strtok(NULL, ",")) {
+        int type = kvlm_cache_type_from_name(tok);
+        if (type < 0 || !op_kv_type_valid(type, true)) {
+            fprintf(stderr, "bench_attn: cache types are f32, f16, bf16, q8_0 or q4_0 (keys and values): %s\n", tok);
+            return 1;
+        }
+        double t[2], rb = (double)op_kv_row_bytes(type, HD) * 2;
+        cache c = make_cache(n, type, type);
+        race(pool, &c, &n, 1, q, outs, work, true, rounds, t);
+        double bytes = (double)LAYERS * HEADS * n * rb;
+        printf("    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx   %s: %5.1f GB/s, %5.1f%% of the bound\n", tok, 1e3 * t[0],
+               best, 1e3 * t[1], t[0] / t[1], best, bytes / t[1] / 1e9, 100 * bytes / bw / t[1]);
+        free(c.data);
+        free(c.ptrs);
+        cache cs[MAX_SEQ];
+        for (int i = 0; i < MAX_SEQ; i++) cs[i] = make_cache(ns[i], type, type);
+        race(pool, cs, ns, MAX_SEQ, q, outs, work, false, rounds, t);
+        bytes = (double)LAYERS * HEADS * tot * rb;
+        l2 += (size_t)snprintf(line2 + l2, sizeof line2 - l2,
+                               "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx   %s: %5.1f MB at %5.1f GB/s, %5.1f%% of "
+                               "the bound\n", tok, 1e3 * t[0], best, 1e3 * t[1], t[0] / t[1], best, bytes / 1e6,
+                               bytes / t[1] / 1e9, 100 * bytes / llc / t[1]);
+        for (int i = 0; i < MAX_SEQ; i++) { free(cs[i].data); free(cs[i].ptrs); }
+        /* prefill: the last 64 of 512 tokens in one call per layer */
+        int np = 512;
+        cache cp = make_cache(np, type, type);
+        T_Q = MAX_T;
+        race(pool, &cp, &np, 1, q, outs, work, false, rounds, t);
+        T_Q = 1;
+        l3 += (size_t)snprintf(line3 + l3, sizeof line3 - l3, "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx\n", tok,
+                               1e3 * t[0], best, 1e3 * t[1], t[0] / t[1]);
+        free(cp.data);
+        free(cp.ptrs);
+    }
+    printf("  a batched decode step of %d sequences at 20..90 tokens (op_attention_n), cache in the LLC (read bound "
+           "%.1f GB/s):\n%s", MAX_SEQ, llc / 1e9, line2);
+    printf("  prefill: %d query tokens at positions %d..511 of one sequence (op_attention), cache in the LLC:\n%s",
+           MAX_T, 512 - MAX_T, line3);
+    free(q); free(work); free(evict_buf);
+    for (int i = 0; i < MAX_SEQ; i++) free(outs[i]);
     util_pool_free(pool);
     return 0;
 }

@@ -134,6 +134,45 @@ static void test_roundtrip_bounds(void **state) {
         }
 }
 
+/* The write path's f16 rows (F16C) give the scalar reference's bits: ties,
+ * subnormals, overflow, infinities, signed zeros, and rows with a NaN. */
+static void test_f16_write(void **state) {
+    (void)state;
+    const int hds[] = {64, 8, 13, 128};
+    float special[] = {0.0f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-23f, 1.0f + 3 * 0x1p-11f, -(2.0f + 0x1p-10f),
+                       65504.0f, 65519.99f, 65520.0f, -70000.0f, 1e30f, INFINITY, -INFINITY, 0x1p-24f, 0x1p-25f,
+                       0x1.8p-25f, 3 * 0x1p-26f, 6e-5f, -6.1e-5f, 0x1p-14f, 0x1.ffcp-15f, 1e-7f, -1e-9f, 1e-40f};
+    const int n_special = (int)(sizeof special / sizeof special[0]);
+    for (int level = 0; level <= op_cpu_simd_level(); level++) {
+        op_set_simd_level(level);
+        for (int hi = 0; hi < 4; hi++)
+            for (int round = 0; round < 200; round++) {
+                int hd = hds[hi];
+                float x[128];
+                uint16_t got[128], want[128];
+                for (int i = 0; i < hd; i++) {
+                    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+                    uint64_t r = seed >> 11;
+                    /* magnitudes 2^-30 .. 2^17 and the special values */
+                    x[i] = r % 5 == 0 ? special[(r >> 8) % n_special]
+                                      : ldexpf((float)((r >> 16) % 1000000) / 1e6f, (int)((r >> 40) % 48) - 30) *
+                                            (r & 1 ? -1.0f : 1.0f);
+                }
+                if (round % 50 == 49) { /* NaNs with a payload: such rows take the scalar path */
+                    uint32_t bits = 0x7fe00001u | (uint32_t)(round & 1) << 31;
+                    memcpy(&x[round % hd], &bits, 4);
+                }
+                op_kv_quantize_row(KVLM_CACHE_F16, x, got, hd);
+                op_kv_quantize_row_ref(KVLM_CACHE_F16, x, want, hd);
+                for (int i = 0; i < hd; i++)
+                    if (got[i] != want[i])
+                        fail_msg("level %d hd %d: f16 of %a is 0x%04x, reference 0x%04x", level, hd, x[i], got[i],
+                                 want[i]);
+            }
+    }
+    op_set_simd_level(-1);
+}
+
 /* ---- attention over typed paged blocks ------------------------------------------- */
 typedef struct {
     int T, q_pos0, n_heads, n_kv_heads, hd, bs;
@@ -275,7 +314,7 @@ static void check_typed(acase c, int kt, int vt, util_pool *p2, util_pool *p3) {
             op_attention(p2, o2, q, &wa, work);
             wa.score_work_floats = swn;
             for (size_t i = 0; i < nq; i++)
-                if (fabs((double)o2[i] - ref[i]) > 2e-5) fail_msg("two tokens at a time: out[%zu] off", i);
+                if (fabs((double)o2[i] - ref[i]) > 2e-5) fail_msg("two tokens at a time: out[%zu] off (%s/%s T=%d pos0=%d heads %d/%d hd %d bs %d: %g vs %g)", i, kvlm_cache_type_name(kt), kvlm_cache_type_name(vt), c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, c.bs, o2[i], ref[i]);
             for (int p = 0; p < n_pos; p++)
                 if (fabs((double)w2[p] - wref[p]) > 1e-5 * fabs(wref[p]) + 1e-7)
                     fail_msg("two tokens at a time: key %d %.9g, reference %.9g", p, w2[p], wref[p]);
@@ -335,8 +374,110 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, n + 3, 4, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){2, 300, 9, 3, 64, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    /* f32 / f16 / bf16 (and mixed with q8_0) in the AVX512 tile: key splits
+     * at 1,500+ keys, GQA pairs and a row left over, rows that see different
+     * key counts, 7-token blocks, head dims 32 and 128, and prefill items of
+     * more than 8 rows (test_attention_kernels says which kernel each runs) */
+    check_typed((acase){1, n + 3, 4, 2, 128, 7}, KVLM_CACHE_F32, KVLM_CACHE_F32, p2, p3);
+    check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_F16, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){1, 1600, 8, 1, 64, 16}, KVLM_CACHE_F32, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){2, 300, 9, 3, 64, 7}, KVLM_CACHE_F16, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){8, 100, 4, 4, 64, 16}, KVLM_CACHE_F32, KVLM_CACHE_BF16, p2, p3);
+    check_typed((acase){3, 37, 8, 2, 32, 7}, KVLM_CACHE_BF16, KVLM_CACHE_F32, p2, p3);
+    check_typed((acase){1, 700, 8, 2, 64, 16}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){2, 90, 8, 4, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
+    check_typed((acase){20, 70, 4, 2, 64, 16}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, p2, p3);
+    /* head dims that are multiples of 16 but not of 64: a partial 64-wide chunk of P.V */
+    check_typed((acase){2, 200, 8, 4, 80, 7}, KVLM_CACHE_F16, KVLM_CACHE_F32, p2, p3);
+    check_typed((acase){1, 600, 6, 2, 96, 16}, KVLM_CACHE_F32, KVLM_CACHE_BF16, p2, p3);
+    check_typed((acase){12, 30, 4, 4, 48, 16}, KVLM_CACHE_BF16, KVLM_CACHE_F16, p2, p3);
     util_pool_free(p2);
     util_pool_free(p3);
+}
+
+/* Which kernel runs, by SIMD level, cache types, head dim and rows per item
+ * (op_attention_kernel); H2O's weights and key splits do not change it. */
+static int kernel_of(int kt, int vt, int hd, int T, int heads, int kv, int n_pos, bool h2o) {
+    static float dummy;
+    static const float *blocks[1] = {&dummy};
+    op_attn_args a = {0};
+    a.T = T;
+    a.q_pos0 = n_pos - T;
+    a.n_heads = heads;
+    a.n_kv_heads = kv;
+    a.head_dim = hd;
+    a.blocks = blocks;
+    a.block_size = 16;
+    a.k_type = kt;
+    a.v_type = vt;
+    a.head_bytes = 1;
+    a.key_weights = h2o ? &dummy : NULL;
+    return op_attention_kernel(&a);
+}
+
+static void test_attention_kernels(void **state) {
+    (void)state;
+    enum { F32 = KVLM_CACHE_F32, F16 = KVLM_CACHE_F16, BF16 = KVLM_CACHE_BF16, Q8 = KVLM_CACHE_Q8_0,
+           Q4 = KVLM_CACHE_Q4_0, KC = KVLM_CACHE_Q4_KC, VNNI = OP_ATT_VNNI_TILE, FUSED = OP_ATT_AVX2_FUSED,
+           TILE = OP_ATT_AVX2_TILE };
+    /* k, v, head dim, T, heads, KV heads, positions, H2O: kernel at the
+     * AVX512-VNNI level, at the AVX2 level */
+    const int cases[][10] = {
+        {F32, F32, 64, 1, 12, 12, 60, 0, VNNI, TILE},    /* the server's default: stories110M decode */
+        {F16, F16, 64, 1, 12, 12, 60, 0, VNNI, FUSED},
+        {F16, F16, 128, 1, 32, 8, 3000, 1, VNNI, FUSED}, /* GQA, key split, H2O */
+        {F32, F32, 128, 1, 8, 1, 3000, 1, VNNI, TILE},
+        {BF16, F32, 32, 2, 8, 4, 90, 0, VNNI, FUSED},
+        {F16, Q8, 64, 1, 8, 2, 90, 0, VNNI, FUSED},      /* mixed with q8_0 */
+        {Q8, F16, 64, 2, 8, 2, 90, 0, VNNI, FUSED},
+        {Q8, Q8, 64, 1, 8, 2, 90, 0, VNNI, FUSED},
+        {F32, F32, 64, 40, 8, 8, 90, 0, VNNI, TILE},     /* prefill: the same kernel as decode */
+        {F16, Q8, 64, 40, 8, 8, 90, 0, VNNI, TILE},
+        {Q8, Q8, 64, 40, 8, 8, 90, 0, TILE, TILE},       /* q8_0 keys: prefill dequantizes tiles */
+        {F16, F32, 80, 1, 8, 4, 90, 0, VNNI, FUSED},
+        {F32, F32, 8, 1, 8, 4, 90, 0, TILE, TILE},       /* head dims that are no multiple of 16 */
+        {F16, F16, 8, 1, 8, 4, 90, 0, FUSED, FUSED},
+        {Q8, Q8, 32, 1, 8, 4, 90, 0, FUSED, FUSED},      /* q8_0 at VNNI wants hd % 64 == 0 */
+        {F16, Q4, 64, 1, 8, 4, 90, 0, FUSED, FUSED},     /* other types keep the AVX2 kernels */
+        {KC, F16, 64, 1, 8, 4, 90, 1, FUSED, FUSED},     /* q4_kc keys, staging block and all */
+        {Q4, Q8, 64, 1, 8, 4, 90, 0, FUSED, FUSED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int *c = cases[i];
+        for (int level = 0; level <= op_cpu_simd_level(); level++) {
+            op_set_simd_level(level);
+            int want = level == OP_SIMD_VNNI ? c[8] : level == OP_SIMD_AVX2 ? c[9] : OP_ATT_SCALAR;
+            int got = kernel_of(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]);
+            if (got != want)
+                fail_msg("case %zu (%s/%s hd %d T %d) at level %d: kernel %d, want %d", i, kvlm_cache_type_name(c[0]),
+                         kvlm_cache_type_name(c[1]), c[2], c[3], level, got, want);
+        }
+    }
+    op_set_simd_level(-1);
+    if (op_cpu_simd_level() < OP_SIMD_VNNI) return;
+    /* At the VNNI level, prefill and decode run one kernel over f32 / f16
+     * caches: T tokens at once give the bits of T calls of one token each */
+    const int pairs[][2] = {{F32, F32}, {F16, F16}, {BF16, F16}};
+    for (int pi = 0; pi < 3; pi++) {
+        acase c = {6, 40, 8, 2, 64, 16};
+        int n_pos = c.q_pos0 + c.T, hd = c.hd;
+        size_t stride = (size_t)n_pos * hd, per = (size_t)c.n_heads * hd, nq = c.T * per;
+        float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
+        float *q = rand_floats(nq, 1.0f), *o1 = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+        uint8_t *work = malloc(op_attention_work_size(1, hd));
+        typed_cache tc;
+        build_cache(&tc, &c, pairs[pi][0], pairs[pi][1], k, v);
+        op_attention(NULL, o1, q, &tc.a, work);
+        for (int t = 0; t < c.T; t++) {
+            op_attn_args a = tc.a;
+            a.T = 1;
+            a.q_pos0 = c.q_pos0 + t;
+            op_attention(NULL, o2 + t * per, q + t * per, &a, work);
+        }
+        assert_memory_equal(o1, o2, nq * sizeof(float));
+        free(k); free(v); free(q); free(o1); free(o2); free(work);
+        free_cache(&tc);
+    }
 }
 
 /* f32 through the typed-layout fields reads the same bytes as the float
@@ -625,7 +766,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_sizes),
         cmocka_unit_test(test_roundtrip_bounds),
+        cmocka_unit_test(test_f16_write),
         cmocka_unit_test(test_attention_typed),
+        cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_attention_f32_unchanged),
         cmocka_unit_test(test_bytes_and_errors),
         cmocka_unit_test(test_perplexity_q8),

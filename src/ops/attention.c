@@ -7,10 +7,11 @@
  * context), the keys are split into parts too (flash-decoding): each part
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
- * straight from its block with fused kernels (q8_0 on AVX512-VNNI CPUs: 16
- * keys at a time in 512-bit registers); prefill items dequantize a tile once
- * for all their rows. H2O's per-key weights come from the same scores,
- * kept per row and normalised after the merge. */
+ * straight from its block with fused kernels; prefill items dequantize a tile
+ * once for all their rows. On AVX512-VNNI CPUs f32, f16, bf16 and q8_0 keys
+ * and values (any mix) run one 512-bit tile kernel, 16 keys at a time, for
+ * decode and (but for q8_0 keys) prefill alike. H2O's per-key weights come
+ * from the same scores, kept per row and normalised after the merge. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -38,9 +39,6 @@
 #define ATT_TARGET_TASKS 64
 #define ATT_MIN_CHUNK 512
 #define ATT_PART_ROWS 1024
-/* Decode prefetches the K and V rows this many keys ahead: the cache blocks
- * are scattered pages that the hardware prefetcher does not follow. */
-#define ATT_PF 64
 
 /* Key (value) of KV head h at position p of an f32 cache, in either layout;
  * keys of one block (or of the whole contiguous cache) are head_dim floats
@@ -550,45 +548,260 @@ static inline __attribute__((always_inline)) __m512 vnni_exp(__m512 x) {
     return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
 }
 
-/* q8_0 keys and values: the fused_block of VNNI CPUs, for keys kb..kb+n-1
- * (a tile of up to ATT_BK, in runs that are contiguous in the cache) and the
- * R rows of an item. The scores of the whole tile first (each run's 16-key
- * chunks are independent work for the core), then the online softmax in
- * 512-bit registers, then P.V; k_end bounds the prefetch of the rows ATT_PF
- * keys ahead. Arguments as fused_block's. */
-static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const int8_t *qc,
-                         const float *qd, float *S, float *O, float *M, float *L, float *const *W, int k_end) {
-    const int hd = a->head_dim, bs = a->block_size, nq = hd / 32;
-    const size_t rb = op_kv_row_bytes(KVLM_CACHE_Q8_0, hd);
-    const __m512 vscale = _mm512_set1_ps(a->scale);
-    int vr[ATT_FUSED_ROWS];
-    for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
-    /* cache block and slot of key kb + x, and of the key ATT_PF ahead
-     * (divisions once per tile: per run they cost as much as the prefetch) */
-    int b = kb / bs, slot = kb % bs, pf = kb + ATT_PF, pb = pf / bs, ps = pf % bs;
-    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
-        len = bs - slot < n - x ? bs - slot : n - x;
-        /* prefetch as many keys as this run has, ATT_PF ahead */
-        for (int left = len < k_end - pf ? len : k_end - pf; left > 0;) {
-            int cnt = bs - ps < left ? bs - ps : left;
-            const uint8_t *reg = (const uint8_t *)a->blocks[pb] + (size_t)h * a->head_bytes;
-            uintptr_t k0 = (uintptr_t)(reg + (size_t)ps * rb), v0 = k0 + a->v_bytes, nb = (size_t)cnt * rb;
-            for (uintptr_t q = k0 & ~(uintptr_t)63; q < k0 + nb; q += 64) __builtin_prefetch((const void *)q);
-            for (uintptr_t q = v0 & ~(uintptr_t)63; q < v0 + nb; q += 64) __builtin_prefetch((const void *)q);
-            left -= cnt;
-            pf += cnt;
-            if ((ps += cnt) == bs) { ps = 0; pb++; }
-        }
-        const uint8_t *k = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + (size_t)slot * rb;
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < len && x + c < vr[r]; c += 16) {
-                int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
-                m = len - c < m ? len - c : m;
-                __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, k + (size_t)c * rb, rb, m, hd);
-                _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1),
-                                      _mm512_mul_ps(d, vscale));
-            }
+/* ---- f32 / f16 / bf16 rows in 512-bit registers ------------------------------ */
+/* 16 elements from element i of a row of a float type, as floats (f16:
+ * vcvtph2ps, bf16: a shift; both exact, as the reference dequantizers) */
+static inline __attribute__((always_inline)) __m512 vf_ld16(const uint8_t *row, int i, int type) {
+    if (type == KVLM_CACHE_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (type == KVLM_CACHE_F16) return _mm512_cvtph_ps(w);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+}
+
+/* lane x = the sum of v[x]'s 16 lanes: pairs of registers unpacked and added,
+ * then 128-bit shuffles. Every lane sums in the same tree, so a dot product
+ * does not depend on the lane it lands in. */
+static inline __attribute__((always_inline)) __m512 vf_sum16(const __m512 *v) {
+    __m512 t[8], u[4];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
     }
+    __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+    __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xdd));
+}
+
+/* Prefetches the K and V rows of keys lo..hi-1 (of n) at kp[], vp[]. */
+static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *kp, const uint8_t *const *vp, int n,
+                                                          int lo, int hi, size_t krb, size_t vrb) {
+    for (int x = lo; x < hi && x < n; x++) {
+        for (uintptr_t q = (uintptr_t)kp[x] & ~(uintptr_t)63; q < (uintptr_t)kp[x] + krb; q += 64)
+            __builtin_prefetch((const void *)q);
+        for (uintptr_t q = (uintptr_t)vp[x] & ~(uintptr_t)63; q < (uintptr_t)vp[x] + vrb; q += 64)
+            __builtin_prefetch((const void *)q);
+    }
+}
+
+/* sa[j] = scale * qa . k_j for the n keys at kp[] (hd % 16 == 0), and with
+ * `two` sb[j] for qb too, each key loaded and converted once for both. Per
+ * key one head-dim-wide FMA chain, then vf_sum16 reduces 16 keys (one row)
+ * or 8 keys of each row at once. kpn[] (nn keys): the next tile's rows,
+ * prefetched chunk by chunk, ATT_BK keys ahead. */
+static inline __attribute__((always_inline)) void vf_scores(float *sa, float *sb, const float *qa, const float *qb,
+                                                            const uint8_t *const *kp, int n, int hd, int type,
+                                                            bool two, __m512 vscale, const uint8_t *const *kpn,
+                                                            const uint8_t *const *vpn, int nn, size_t krb, size_t vrb) {
+    const int step = two ? 8 : 16;
+    for (int c = 0; c < n; c += step) {
+        int m = n - c < step ? n - c : step;
+        if (kpn) pf_rows(kpn, vpn, nn, c, c + step, krb, vrb);
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int x = 0; x < 16; x++) v[x] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int x = 0; x < 16; x++) {
+            if (x >= step || x >= m) continue;
+            const uint8_t *k = kp[c + x];
+            __m512 a = _mm512_setzero_ps(), b = a;
+#pragma GCC unroll 8
+            for (int i = 0; i < hd; i += 16) {
+                __m512 kv = vf_ld16(k, i, type);
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(qa + i), kv, a);
+                if (two) b = _mm512_fmadd_ps(_mm512_loadu_ps(qb + i), kv, b);
+            }
+            v[x] = a;
+            if (two) v[8 + x] = b;
+        }
+        __m512 d = _mm512_mul_ps(vf_sum16(v), vscale);
+        __mmask16 mk = (__mmask16)((1u << m) - 1);
+        _mm512_mask_storeu_ps(sa + c, mk, d);
+        if (two) _mm512_mask_storeu_ps(sb + c - 8, (__mmask16)(mk << 8), d); /* lanes 8.. to sb + c.. */
+    }
+}
+
+/* oa[i] += sum_j pa[j] v_j[i] (and ob with pb with `two`) for the n values
+ * at vp[] (hd % 16 == 0), 64 output elements at a time in registers; keys
+ * of even and odd index in the tile in two sets of accumulators (the FMA
+ * chains' latency), added at the end: the sums depend on the tile alone,
+ * never on how the cache splits it into blocks. */
+static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, const float *pa, const float *pb,
+                                                        const uint8_t *const *vp, int n, int hd, int type, bool two) {
+    for (int i = 0; i < hd; i += 64) {
+        const int nz = hd - i < 64 ? (hd - i) / 16 : 4;
+        __m512 a[4], a2[4], b[4], b2[4];
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) {
+            a[z] = a2[z] = b[z] = b2[z] = _mm512_setzero_ps();
+            if (z >= nz) continue;
+            a[z] = _mm512_loadu_ps(oa + i + 16 * z);
+            if (two) b[z] = _mm512_loadu_ps(ob + i + 16 * z);
+        }
+        int x = 0;
+        for (; x + 2 <= n; x += 2) {
+            const uint8_t *r0 = vp[x], *r1 = vp[x + 1];
+            __m512 p0 = _mm512_set1_ps(pa[x]), p1 = _mm512_set1_ps(pa[x + 1]);
+            __m512 q0 = two ? _mm512_set1_ps(pb[x]) : p0, q1 = two ? _mm512_set1_ps(pb[x + 1]) : p1;
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++) {
+                if (z >= nz) continue;
+                __m512 f0 = vf_ld16(r0, i + 16 * z, type), f1 = vf_ld16(r1, i + 16 * z, type);
+                a[z] = _mm512_fmadd_ps(p0, f0, a[z]);
+                a2[z] = _mm512_fmadd_ps(p1, f1, a2[z]);
+                if (two) {
+                    b[z] = _mm512_fmadd_ps(q0, f0, b[z]);
+                    b2[z] = _mm512_fmadd_ps(q1, f1, b2[z]);
+                }
+            }
+        }
+        if (x < n) {
+            __m512 p0 = _mm512_set1_ps(pa[x]), q0 = two ? _mm512_set1_ps(pb[x]) : p0;
+#pragma GCC unroll 4
+            for (int z = 0; z < 4; z++) {
+                if (z >= nz) continue;
+                __m512 f0 = vf_ld16(vp[x], i + 16 * z, type);
+                a[z] = _mm512_fmadd_ps(p0, f0, a[z]);
+                if (two) b[z] = _mm512_fmadd_ps(q0, f0, b[z]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) {
+            if (z >= nz) continue;
+            _mm512_storeu_ps(oa + i + 16 * z, _mm512_add_ps(a[z], a2[z]));
+            if (two) _mm512_storeu_ps(ob + i + 16 * z, _mm512_add_ps(b[z], b2[z]));
+        }
+    }
+}
+
+/* vf_scores and vf_pv compiled per type, row count and head dim (64 and
+ * 128 unrolled, with the query in registers; any other multiple of 16) */
+#define VF_DISPATCH(call, type, two, hd)                                                               \
+    do {                                                                                               \
+        if (type == KVLM_CACHE_F32) VF_HD(call, KVLM_CACHE_F32, two, hd);                              \
+        else if (type == KVLM_CACHE_F16) VF_HD(call, KVLM_CACHE_F16, two, hd);                         \
+        else VF_HD(call, KVLM_CACHE_BF16, two, hd);                                                    \
+    } while (0)
+#define VF_HD(call, t, two, hd)                                                                        \
+    do {                                                                                               \
+        if (hd == 64) VF_TWO(call, t, two, 64);                                                        \
+        else if (hd == 128) VF_TWO(call, t, two, 128);                                                 \
+        else VF_TWO(call, t, two, hd);                                                                 \
+    } while (0)
+#define VF_TWO(call, t, two, h)                                                                        \
+    do {                                                                                               \
+        if (two) call(t, true, h);                                                                     \
+        else call(t, false, h);                                                                        \
+    } while (0)
+
+static void vf_scores_any(float *sa, float *sb, const float *qa, const float *qb, const uint8_t *const *kp, int n,
+                          int hd, int type, bool two, __m512 vscale, const uint8_t *const *kpn,
+                          const uint8_t *const *vpn, int nn, size_t krb, size_t vrb) {
+#define VF_S(t, tw, h) vf_scores(sa, sb, qa, qb, kp, n, h, t, tw, vscale, kpn, vpn, nn, krb, vrb)
+    VF_DISPATCH(VF_S, type, two, hd);
+#undef VF_S
+}
+
+static void vf_pv_any(float *oa, float *ob, const float *pa, const float *pb, const uint8_t *const *vp, int n,
+                      int hd, int type, bool two) {
+#define VF_P(t, tw, h) vf_pv(oa, ob, pa, pb, vp, n, h, t, tw)
+    VF_DISPATCH(VF_P, type, two, hd);
+#undef VF_P
+}
+#undef VF_DISPATCH
+#undef VF_HD
+#undef VF_TWO
+
+/* The K and V rows of KV head h at positions p..p+n-1 into kp[], vp[], in
+ * any layout (the block and slot advance run by run: no division per run). */
+static void row_ptrs(const op_attn_args *a, int h, int p, int n, size_t krb, size_t vrb, const uint8_t **kp,
+                     const uint8_t **vp) {
+    if (!a->blocks) {
+        const uint8_t *k = (const uint8_t *)key_at(a, h, p), *v = (const uint8_t *)value_at(a, h, p);
+        for (int x = 0; x < n; x++) { kp[x] = k + (size_t)x * krb; vp[x] = v + (size_t)x * vrb; }
+        return;
+    }
+    const int bs = a->block_size;
+    for (int x = 0, b = p / bs, slot = p % bs, len; x < n; x += len, b++, slot = 0) {
+        len = bs - slot < n - x ? bs - slot : n - x;
+        const uint8_t *k, *v;
+        if (a->head_bytes) {
+            k = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes;
+            v = k + a->v_bytes + (size_t)slot * vrb;
+            k += (size_t)slot * krb;
+        } else {
+            k = (const uint8_t *)(a->blocks[b] + (size_t)h * a->head_stride + (size_t)slot * a->head_dim);
+            v = k + a->v_offset * sizeof(float);
+        }
+        for (int i = 0; i < len; i++) { kp[x + i] = k + (size_t)i * krb; vp[x + i] = v + (size_t)i * vrb; }
+    }
+}
+
+/* The cache types the AVX512 tile takes: f32, f16, bf16 (hd % 16 == 0)
+ * and q8_0 (hd % 64 == 0), keys and values chosen separately; an untyped
+ * layout is f32. */
+static int tile_type(const op_attn_args *a, bool key) {
+    return a->blocks && a->head_bytes ? (key ? a->k_type : a->v_type) : KVLM_CACHE_F32;
+}
+static bool vnni_tile_ok(const op_attn_args *a) {
+    for (int i = 0; i < 2; i++) {
+        int t = tile_type(a, i == 0);
+        bool flt = t == KVLM_CACHE_F32 || t == KVLM_CACHE_F16 || t == KVLM_CACHE_BF16;
+        if (t == KVLM_CACHE_Q8_0 ? a->head_dim % 64 : !flt || a->head_dim % 16) return false;
+    }
+    return true;
+}
+
+/* The AVX512 tile, for the types vnni_tile_ok takes: keys kb..kb+n-1 (a
+ * tile of up to ATT_BK) and the R rows of an item (decode, or prefill unless
+ * the keys are q8_0). The scores of the whole tile first (f32 / f16 / bf16
+ * keys: vf_scores, rows two at a time; q8_0 keys: vnni_qk16 run by run),
+ * then the online softmax in 512-bit registers, then P.V (vf_pv, rows two at
+ * a time; q8_0: vnni_pv16). k_end bounds the prefetch of the next tile. qr:
+ * the rows' queries; qc, qd: as int8 for q8_0 keys; other arguments as
+ * fused_block's. */
+static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
+                      const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *const *W,
+                      int k_end) {
+    const int hd = a->head_dim, bs = a->block_size, nq = hd / 32, kt = tile_type(a, true), vt = tile_type(a, false);
+    const size_t krb = op_kv_row_bytes(kt, hd), vrb = op_kv_row_bytes(vt, hd);
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    int vr[ATT_RMAX];
+    for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
+    const uint8_t *kp[ATT_BK], *vp[ATT_BK], *kpn[ATT_BK], *vpn[ATT_BK];
+    /* the next tile's rows, prefetched while this one is scored where a
+     * cache block holds less than a 4 KiB page of a head's keys: the hardware
+     * prefetcher follows a page, not the jump to the next scattered block
+     * (f32 at head dim 64 fills pages, and extra prefetches only slow it) */
+    int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
+    if (!a->blocks || (size_t)bs * krb >= 4096) nn = 0;
+    row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
+    if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
+    if (kt == KVLM_CACHE_Q8_0) {
+        for (int x = 0, len, b = kb / bs, slot = kb % bs; x < n; x += len, b++, slot = 0) {
+            len = bs - slot < n - x ? bs - slot : n - x;
+            if (nn > 0) pf_rows(kpn, vpn, nn, x, x + len, krb, vrb);
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < len && x + c < vr[r]; c += 16) {
+                    int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
+                    m = len - c < m ? len - c : m;
+                    __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, kp[x + c], krb, m, hd);
+                    _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1),
+                                          _mm512_mul_ps(d, vscale));
+                }
+        }
+    } else
+        for (int r = 0; r < R; r += 2) {
+            bool two = r + 1 < R;
+            int nv = two && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
+            float *s = S + (size_t)r * ATT_BK;
+            const uint8_t *const *pk = r == 0 && nn > 0 ? kpn : NULL;
+            vf_scores_any(s, s + ATT_BK, qr[r], two ? qr[r + 1] : NULL, kp, nv, hd, kt, two, vscale, pk, vpn, nn,
+                          krb, vrb);
+        }
     for (int r = 0; r < R; r++) {
         float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
         if (vr[r] <= 0) {
@@ -619,28 +832,28 @@ static void vnni_q8_tile(const op_attn_args *a, int h, int kb, int n, int R, con
         }
         L[r] += _mm512_reduce_add_ps(sum);
     }
-    b = kb / bs;
-    slot = kb % bs;
-    for (int x = 0, len; x < n; x += len, b++, slot = 0) {
-        len = bs - slot < n - x ? bs - slot : n - x;
-        const uint8_t *v = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + a->v_bytes + (size_t)slot * rb;
-        /* rows two at a time (the query heads of a GQA group share each
-         * value row), over the keys either sees (the other's weights are 0) */
-        for (int r = 0; r < R; r += 2) {
-            int vmax = r + 1 < R && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
-            for (int c = 0; c < len && x + c < vmax; c += 16) {
-                int m = len - c < 16 ? len - c : 16;
-                __mmask16 mk = (__mmask16)((1u << m) - 1);
-                __m512 pa = _mm512_maskz_loadu_ps(mk, S + (size_t)r * ATT_BK + x + c);
-                for (int i = 0; i < hd; i += 64) {
-                    const uint8_t *vi = v + (size_t)c * rb + (size_t)i / 32 * 34;
-                    if (r + 1 < R)
-                        vnni_pv16x2(O + (size_t)r * hd + i, O + (size_t)(r + 1) * hd + i, pa,
-                                    _mm512_maskz_loadu_ps(mk, S + (size_t)(r + 1) * ATT_BK + x + c), vi, rb, m);
-                    else vnni_pv16(O + (size_t)r * hd + i, pa, vi, rb, m);
+    /* rows two at a time (the query heads of a GQA group share each value
+     * row), over the keys either sees (the other's weights are 0) */
+    for (int r = 0; r < R; r += 2) {
+        bool two = r + 1 < R;
+        int nv = two && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
+        float *oa = O + (size_t)r * hd, *ob = oa + hd, *pa = S + (size_t)r * ATT_BK, *pb = pa + ATT_BK;
+        if (vt == KVLM_CACHE_Q8_0) {
+            for (int x = 0, len, slot = kb % bs; x < nv; x += len, slot = 0) {
+                len = bs - slot < nv - x ? bs - slot : nv - x;
+                for (int c = 0; c < len; c += 16) {
+                    int m = len - c < 16 ? len - c : 16;
+                    __mmask16 mk = (__mmask16)((1u << m) - 1);
+                    __m512 p0 = _mm512_maskz_loadu_ps(mk, pa + x + c);
+                    for (int i = 0; i < hd; i += 64) {
+                        const uint8_t *vi = vp[x + c] + (size_t)i / 32 * 34;
+                        if (two)
+                            vnni_pv16x2(oa + i, ob + i, p0, _mm512_maskz_loadu_ps(mk, pb + x + c), vi, vrb, m);
+                        else vnni_pv16(oa + i, p0, vi, vrb, m);
+                    }
                 }
             }
-        }
+        } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two);
     }
 }
 #pragma GCC pop_options
@@ -882,6 +1095,14 @@ static float exp_sum_avx2(float *s, int n, float m) {
         sum = _mm256_add_ps(sum, e);
     }
     return op_hsum256(sum);
+}
+
+/* y[i] = x[i] * s for i < n & ~7; returns how many */
+static int scale_avx2(float *y, const float *x, float s, int n) {
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+    return i;
 }
 
 /* H2O: kw[i] += exp(s[i] - m) * il for i < n & ~7; returns how many */
@@ -1429,8 +1650,7 @@ typedef struct {
      * its final max and sum at WM[row], WL[row] */
     float *W, *WM, *WL;
     size_t wn;
-    int simd;
-    bool vnni;
+    int level, simd; /* op_simd_level(), and whether it is AVX2 or better */
     int n_tasks;
     atomic_int next;
 } att_job;
@@ -1440,15 +1660,43 @@ static inline int row_of(const op_attn_args *a, const att_plan *p, int t, int h,
     return t * a->n_heads + h * p->G + g;
 }
 
+static bool args_ok(const op_attn_args *a) {
+    return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
+           (!a->blocks || a->block_size > 0);
+}
+
+/* The kernel of an item of R rows at a SIMD level. */
+static int pick_kernel(const op_attn_args *a, int R, int level) {
+#ifdef HAVE_VNNI_PATHS
+    /* f32 / f16 / bf16 / q8_0 keys and values on AVX512 CPUs: one kernel per
+     * key tile, any layout, decode and (but for q8_0 keys) prefill alike, so
+     * the two give the same bits */
+    if (level >= OP_SIMD_VNNI && vnni_tile_ok(a) && (R <= ATT_FUSED_ROWS || !int_keys(tile_type(a, true))))
+        return OP_ATT_VNNI_TILE;
+#endif
+#ifdef HAVE_AVX2_PATHS
+    if (level >= OP_SIMD_AVX2)
+        return is_typed(a) && R <= ATT_FUSED_ROWS && fused_ok(a) ? OP_ATT_AVX2_FUSED : OP_ATT_AVX2_TILE;
+#endif
+    (void)a; (void)R; (void)level;
+    return OP_ATT_SCALAR;
+}
+
+int op_attention_kernel(const op_attn_args *a) {
+    if (!args_ok(a)) return -1;
+    return pick_kernel(a, make_plan(a).rows, op_simd_level());
+}
+
 static void run_task(const att_job *j, int task, uint8_t *scr) {
     const op_attn_args *a = j->a;
     const att_plan *p = &j->p;
     const int hd = a->head_dim;
-    int item = task / p->n_split, split = task % p->n_split;
+    /* (no division by 1: decode runs many small tasks) */
+    int item = p->n_split > 1 ? task / p->n_split : task, split = p->n_split > 1 ? task % p->n_split : 0;
     /* the last query tiles see the most keys: hand them out first */
-    int tt = p->n_tt - 1 - item % p->n_tt;
-    int rest = item / p->n_tt;
-    int hci = rest % p->n_hc, h = rest / p->n_hc;
+    int tt = p->n_tt > 1 ? p->n_tt - 1 - item % p->n_tt : 0;
+    int rest = p->n_tt > 1 ? item / p->n_tt : item;
+    int hci = p->n_hc > 1 ? rest % p->n_hc : 0, h = p->n_hc > 1 ? rest / p->n_hc : rest;
     int t0 = tt * p->tq, t1 = t0 + p->tq < a->T ? t0 + p->tq : a->T;
     int g0 = hci * p->hc, g1 = g0 + p->hc < p->G ? g0 + p->hc : p->G;
     int nt = t1 - t0, ng = g1 - g0, R = nt * ng;
@@ -1476,14 +1724,12 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     const bool kc = typed && a->k_type == KVLM_CACHE_Q4_KC;
     deq_rows_fn deq = deq_rows_scalar;
     deq_f16_fn f16 = f16_to_f32_scalar;
-    bool fused = false;
 #ifdef HAVE_AVX2_PATHS
     if (j->simd) { deq = deq_rows_avx2; f16 = f16_to_f32_avx2; }
-    fused = typed && j->simd && R <= ATT_FUSED_ROWS && fused_ok(a);
 #endif
-    /* q8_0 keys and values on VNNI CPUs: one kernel per cache block */
-    const bool q8v = fused && j->vnni && a->k_type == KVLM_CACHE_Q8_0 && a->v_type == KVLM_CACHE_Q8_0;
-    (void)q8v;
+    const int kernel = pick_kernel(a, R, j->level);
+    const bool vt = kernel == OP_ATT_VNNI_TILE, fused = vt || kernel == OP_ATT_AVX2_FUSED;
+    (void)vt;
     /* q8_0 / q4_0 keys see the query rounded to int8: as codes and scales
      * for the fused kernels, as the floats they stand for for the tile's */
     const bool iq = typed && int_keys(a->k_type);
@@ -1512,27 +1758,26 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (n_tile <= 0) continue;
             /* the cache blocks are scattered pages that the hardware
              * prefetcher does not follow: ask for the next key block's rows
-             * while this one is scored (vnni_q8_tile asks run by run, ATT_PF
-             * keys ahead, after the first ATT_PF here) */
-            if (!q8v && kb + ATT_BK < k1)
+             * while this one is scored (vnni_tile asks chunk by chunk) */
+            if (!vt && kb + ATT_BK < k1)
                 prefetch_rows(a, h, kb + ATT_BK, k1 - kb - ATT_BK < ATT_BK ? k1 - kb - ATT_BK : ATT_BK);
-            else if (q8v && kb == k0) prefetch_rows(a, h, kb, k1 - kb < ATT_PF ? k1 - kb : ATT_PF);
-            int vis[ATT_FUSED_ROWS];
-            const float *qrs[ATT_FUSED_ROWS];
-            float *wrow[ATT_FUSED_ROWS];
+            int vis[ATT_RMAX];
+            const float *qrs[ATT_RMAX];
+            float *wrow[ATT_RMAX];
             for (int r = 0; r < R; r++) {
                 wrow[r] = j->W ? j->W + (size_t)row_of(a, p, t0 + r / ng, h, g0 + r % ng) * j->wn : NULL;
                 qrs[r] = j->q + ((size_t)(t0 + r / ng) * a->n_heads + (size_t)h * p->G + g0 + r % ng) * hd;
             }
 #ifdef HAVE_VNNI_PATHS
-            if (q8v) {
+            if (vt) {
                 for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
-                vnni_q8_tile(a, h, kb, n_tile, R, vis, QC, QD, S, O, M, L, j->W ? wrow : NULL, k1);
+                vnni_tile(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, j->W ? wrow : NULL, k1);
                 continue;
             }
 #endif
             for (int r = 0; r < R; r++) vis[r] = a->q_pos0 + t0 + r / ng - kb + 1;
-            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL, j->vnni);
+            fused_block(a, h, kb, n_tile, R, vis, qrs, QC, QD, S, O, M, L, QS, j->W ? wrow : NULL,
+                        j->level >= OP_SIMD_VNNI && hd % 64 == 0);
             continue;
         }
 #endif
@@ -1624,7 +1869,11 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             if (p->n_split == 1) {
                 float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
                 float inv = 1.0f / L[r];
-                for (int i = 0; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
+                int i = 0;
+#ifdef HAVE_AVX2_PATHS
+                if (j->simd) i = scale_avx2(dst, O + (size_t)r * hd, inv, hd);
+#endif
+                for (; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
             } else {
                 float *part = j->parts + (size_t)task * part_floats(p, hd);
                 part[r] = M[r];
@@ -1731,9 +1980,8 @@ static void job_init(att_job *j, util_pool *pool, float *out, const float *q, co
     j->wn = (size_t)a->q_pos0 + a->T;
     j->WM = W ? W + (size_t)a->T * a->n_heads * j->wn : NULL;
     j->WL = W ? j->WM + (size_t)a->T * a->n_heads : NULL;
-    j->simd = op_simd_level() >= OP_SIMD_AVX2;
-    /* the VNNI kernels take q8_0 rows whose groups pair up in 512 bits */
-    j->vnni = op_simd_level() >= OP_SIMD_VNNI && a->head_dim % 64 == 0;
+    j->level = op_simd_level();
+    j->simd = j->level >= OP_SIMD_AVX2;
     j->n_tasks = j->p.n_items * j->p.n_split;
     atomic_init(&j->next, 0);
 }
@@ -1746,10 +1994,6 @@ static void attend(util_pool *pool, float *out, const float *q, const op_attn_ar
     if (W) util_pool_run(pool, weights_worker, &j);
 }
 
-static bool args_ok(const op_attn_args *a) {
-    return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
-           (!a->blocks || a->block_size > 0);
-}
 
 void op_attention(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work) {
     if (!args_ok(a)) return;

@@ -35,8 +35,11 @@ size_t op_kv_row_bytes(int type, int head_dim);
 /* Bytes of one (block, head) region of keys or values of this type. */
 size_t op_kv_region_bytes(int type, int head_dim, int block_size);
 
-/* Reference row conversions for per-token types (n = head_dim elements). */
+/* Row conversions for per-token types (n = head_dim elements). The write
+ * path's op_kv_quantize_row gives the bits of the scalar reference
+ * op_kv_quantize_row_ref (f16 rows: with F16C where the CPU has it). */
 void op_kv_quantize_row(int type, const float *x, void *dst, int head_dim);
+void op_kv_quantize_row_ref(int type, const float *x, void *dst, int head_dim);
 void op_kv_dequantize_row(int type, const void *src, float *y, int head_dim);
 
 /* q4_kc: quantizes n_tok (<= block_size) f16 key rows (head_dim apart) into a

@@ -1,6 +1,7 @@
 /* ops/ops_internal: what the kernel files share with each other and with
- * tests/test_ops.c: the SIMD level switch, activation-quantization layouts,
- * the per-type matmul tile kernels and the bandwidth probe. */
+ * the tests: the SIMD level switch, which attention kernel runs,
+ * activation-quantization layouts, the per-type matmul tile kernels and the
+ * bandwidth probe. */
 #ifndef KVLM_OPS_OPS_INTERNAL_H
 #define KVLM_OPS_OPS_INTERNAL_H
 #include <stddef.h>
@@ -17,6 +18,20 @@ int op_cpu_simd_level(void);
 /* Caps the level (tests use it to compare the AVX2 and VNNI paths);
  * a negative value removes the cap. */
 void op_set_simd_level(int level);
+
+/* ---- attention kernels --------------------------------------------------------
+ * Which kernel op_attention runs, at the current SIMD level, for the items of
+ * a call with the most rows (query tokens x the query heads sharing a KV head):
+ *   OP_ATT_SCALAR      scalar rows over f32 or dequantized tiles
+ *   OP_ATT_AVX2_TILE   AVX2 rows over the f32 cache or dequantized tiles
+ *                      (prefill of typed caches; f32 below the VNNI level)
+ *   OP_ATT_AVX2_FUSED  AVX2 decode (<= 8 rows) converting typed rows in registers
+ *   OP_ATT_VNNI_TILE   AVX512 tiles of 16 keys over f32 / f16 / bf16 (head dim
+ *                      % 16 == 0) and q8_0 (% 64) keys and values: decode, and
+ *                      prefill unless the keys are q8_0
+ * H2O's weights and key splits do not change the kernel; -1: invalid args. */
+enum { OP_ATT_SCALAR = 0, OP_ATT_AVX2_TILE, OP_ATT_AVX2_FUSED, OP_ATT_VNNI_TILE };
+int op_attention_kernel(const op_attn_args *a);
 
 /* ---- quantized activations --------------------------------------------------
  * Q8_0-style rows (for Q8_0 and Q4_0 weights), one per token, laid out as
