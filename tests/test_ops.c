@@ -402,6 +402,13 @@ static void test_rope(void **state) {
                     op_rope(a, nh, hd, rd, pos[pi], 10000.0f, neox);
                     /* same cos/sin (computed in double) and same float ops */
                     assert_true(tu_max_rel_diff(a, b, n, 1.0) < 1e-6);
+                    /* the angles computed once and applied: op_rope's bits */
+                    float cs[128], sn[128], *t = malloc(sizeof(float) * n);
+                    memcpy(t, x, sizeof(float) * n);
+                    op_rope_cossin(cs, sn, rd, pos[pi], 10000.0f);
+                    op_rope_apply(t, nh, hd, rd, cs, sn, neox);
+                    assert_memory_equal(t, a, sizeof(float) * n);
+                    free(t);
                 }
                 op_set_simd_level(-1);
                 for (int h = 0; h < nh; h++)

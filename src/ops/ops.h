@@ -80,6 +80,11 @@ void op_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
  * theta_i = pos * base^(-2i/rope_dim). */
 void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
 void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
+/* op_rope in two steps, for rows that share a position (every layer's q and k
+ * of a token): the rope_dim/2 cos and sin of position pos, then the rotation
+ * with them. Together they give op_rope's result bit for bit. */
+void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base);
+void op_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn, bool neox);
 /* In place, numerically stable. */
 void op_softmax(float *x, int n);
 void op_softmax_ref(float *x, int n);
