@@ -19,8 +19,8 @@
 
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
-/* Batches of fewer tokens run the per-token work (norms, RoPE, cache writes,
- * SwiGLU) on the calling thread: a pass of the threads costs more than it. */
+/* Batches of fewer tokens write their keys and values on the calling thread:
+ * a pass of the threads costs more than that (op_matmul_prep's threshold too). */
 #define PAR_MIN_TOKENS 4
 
 struct kvlm_ctx {
@@ -38,7 +38,7 @@ struct kvlm_ctx {
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
     /* Per token of the chunk in forward_chunk: */
     float *rope_cs, *rope_sn;  /* cos/sin of its position's RoPE angles (rope_dim / 2 each) */
-    int *out_row;              /* its row of out_rows, -1: no logits wanted */
+    int *out_tok;              /* per row of out_rows: its token */
     int *tok_next;             /* q4_kc: the next token of its sequence in the chunk, -1: none */
     int *grp_first;            /* q4_kc: each sequence's first token in the chunk */
     int *seq_at;               /* per sequence: scratch of group_by_seq, -1 between calls */
@@ -219,7 +219,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
     ctx->rope_cs = malloc(T * half * sizeof(float));
     ctx->rope_sn = malloc(T * half * sizeof(float));
-    ctx->out_row = malloc(T * sizeof(int));
+    ctx->out_tok = malloc(T * sizeof(int));
     ctx->tok_next = malloc(T * sizeof(int));
     ctx->grp_first = malloc(T * sizeof(int));
     ctx->seq_at = malloc((size_t)p->n_seq_max * sizeof(int));
@@ -236,7 +236,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     }
     if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
         !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
-        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_row ||
+        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_tok ||
         !ctx->tok_next || !ctx->grp_first || !ctx->seq_at) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
@@ -255,7 +255,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
     free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
     free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
-    free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_row); free(ctx->tok_next); free(ctx->grp_first);
+    free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
     free(ctx);
 }
@@ -458,17 +458,19 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
     ctx->attn_seconds += util_now_s() - t_start;
 }
 
-/* ---- per-token work, in passes of the threads ------------------------------------
+/* ---- per-token work -----------------------------------------------------------------
  * What lies between the matrix products is per token (or per token and KV
- * head): each pass hands out its units through one counter, so a thread that
- * was descheduled holds no one up. Which thread runs a unit never changes its
- * result. */
+ * head). Most of it prepares the next product's input rows and runs in the
+ * threads' pass that quantizes them (op_matmul_prep); the work after the Q, K,
+ * V product has a pass of its own, whose units go out through one counter, so
+ * a thread that was descheduled holds no one up. Which thread runs a unit
+ * never changes its result. */
 typedef struct {
     kvlm_ctx *ctx;
     const int32_t *tokens, *seq, *pos;
     int T, layer, n_units;
     const model_layer *L;
-    const float *norm;   /* the rmsnorm after the residual; NULL: the output norm of tokens that want logits */
+    const float *norm;   /* prep_residual's rmsnorm weights */
     atomic_int next;
 } fwd_pass;
 
@@ -484,39 +486,45 @@ static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
     else fn(j, 0, 1);
 }
 
-/* Token t: x += xb (add), then xb = rmsnorm(x) with j->norm, or the output
- * norm into the token's row of out_rows. */
-static void residual_norm(fwd_pass *j, int t, bool add) {
-    kvlm_ctx *ctx = j->ctx;
+/* x[t] += xb[t] (add), then dst = rmsnorm(x[t]) with weights w. */
+static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w) {
     const kvlm_config *c = &ctx->model->cfg;
-    int D = c->dim;
-    float *x = ctx->x + (size_t)t * D;
-    if (add) op_add(x, ctx->xb + (size_t)t * D, D);
-    if (j->norm) op_rmsnorm(ctx->xb + (size_t)t * D, x, j->norm, D, c->norm_eps);
-    else if (ctx->out_row[t] >= 0)
-        op_rmsnorm(ctx->out_rows + (size_t)ctx->out_row[t] * D, x, ctx->model->output_norm.data, D, c->norm_eps);
+    float *x = ctx->x + (size_t)t * c->dim;
+    if (add) op_add(x, ctx->xb + (size_t)t * c->dim, c->dim);
+    op_rmsnorm(dst, x, w, c->dim, c->norm_eps);
 }
 
-static void residual_worker(void *p, int ith, int nth) {
-    (void)ith, (void)nth;
-    for (int t; (t = next_unit(p)) >= 0;) residual_norm(p, t, true);
-}
-
-/* Token t's embedding, its position's RoPE cos/sin (for every layer's q and
- * k), and the first rmsnorm. */
-static void embed_worker(void *p, int ith, int nth) {
-    (void)ith, (void)nth;
+/* Layer 0's input row t: the token's embedding, its position's RoPE cos/sin
+ * (for every layer's q and k), the first rmsnorm. */
+static void prep_embed(void *p, int t) {
     fwd_pass *j = p;
     const kvlm_model *m = j->ctx->model;
     int D = m->cfg.dim, half = m->cfg.rope_dim / 2;
-    size_t emb_row = dt_row_size(m->tok_embd.type, D);
-    for (int t; (t = next_unit(j)) >= 0;) {
-        dt_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)j->tokens[t] * emb_row,
-                          j->ctx->x + (size_t)t * D, D);
-        op_rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
-                       j->pos[t], m->cfg.rope_base);
-        residual_norm(j, t, false);
-    }
+    dt_dequantize_row(m->tok_embd.type,
+                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D),
+                      j->ctx->x + (size_t)t * D, D);
+    op_rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
+                   j->pos[t], m->cfg.rope_base);
+    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm);
+}
+
+/* The residual of the product in xb, then the next rmsnorm, back into xb. */
+static void prep_residual(void *p, int t) {
+    fwd_pass *j = p;
+    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm);
+}
+
+static void prep_swiglu(void *p, int t) {
+    fwd_pass *j = p;
+    size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
+    op_swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+}
+
+/* Row r of out_rows: its token's last residual and the output norm. */
+static void prep_output(void *p, int r) {
+    fwd_pass *j = p;
+    residual_norm(j->ctx, j->ctx->out_tok[r], true, j->ctx->out_rows + (size_t)r * j->ctx->model->cfg.dim,
+                  j->ctx->model->output_norm.data);
 }
 
 /* KV head h of token t: biases, RoPE of the key, both rows into the cache. */
@@ -557,13 +565,6 @@ static void qkv_worker(void *p, int ith, int nth) {
     }
 }
 
-static void swiglu_worker(void *p, int ith, int nth) {
-    (void)ith, (void)nth;
-    fwd_pass *j = p;
-    size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
-    for (int t; (t = next_unit(j)) >= 0;) op_swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
-}
-
 /* Links the chunk's tokens of each sequence in batch order (tok_next) and
  * returns the number of sequences, their first tokens in grp_first. */
 static int group_by_seq(kvlm_ctx *ctx, const int32_t *seq, int T) {
@@ -586,32 +587,30 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     const kvlm_config *c = &m->cfg;
     fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T};
     int n_out = 0;
-    for (int t = 0; t < T; t++) ctx->out_row[t] = want[t] ? n_out++ : -1;
+    for (int t = 0; t < T; t++)
+        if (want[t]) ctx->out_tok[n_out++] = t;
     set_stage_blocks(ctx, seq, pos, T);
     int n_groups = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
-    j.norm = c->n_layers ? m->layers[0].attn_norm.data : NULL;
-    run_pass(ctx, embed_worker, &j, T);
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         j.L = L;
         j.layer = l;
+        j.norm = L->attn_norm.data;
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
-        op_matmul_n(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work);
+        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
         run_pass(ctx, qkv_worker, &j, T + n_groups * c->n_kv_heads);
         attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         j.norm = L->ffn_norm.data;
-        run_pass(ctx, residual_worker, &j, T);
         const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
-        op_matmul_n(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work);
-        run_pass(ctx, swiglu_worker, &j, T);
-        matmul(ctx, ctx->xb, ctx->hb, &L->w_down, T);
-        j.norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm.data : NULL;
-        run_pass(ctx, residual_worker, &j, T);
+        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
+        const op_mm_out down = mm_out(ctx->xb, &L->w_down);
+        op_matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
     }
     if (n_out) {
-        matmul(ctx, ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->out_rows, &m->output, n_out);
+        const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
+        op_matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;

@@ -29,6 +29,15 @@ typedef struct {
     int wtype, n_out;
 } op_mm_out;
 void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work);
+/* op_matmul_n whose input rows are first written by prep(user, t), once per
+ * row t, from the threads in the pass that quantizes X (float weights: in a
+ * pass of its own): per-token work before a product (a residual add and
+ * rmsnorm, SwiGLU) then costs no pass of the threads, nor a serial loop.
+ * prep(user, t) may write row t of X and read only row t. prep runs even
+ * when no matrix is usable (n = 0, unsupported types). */
+typedef void (*op_mm_prep_fn)(void *user, int t);
+void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work,
+                    op_mm_prep_fn prep, void *user);
 /* Reference: dequantizes each row of W with dt_dequantize_row and accumulates
  * in double. Single-threaded, allocates. For tests. */
 void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out);
