@@ -57,7 +57,8 @@ int main(int argc, char **argv) {
     const char *cache = argc > 3 ? argv[3] : "f32";
     int cache_type = kvlm_cache_type_from_name(cache), only = argc > 4 ? atoi(argv[4]) : 0;
     if (cache_type < 0 || only < 0) {
-        fprintf(stderr, "usage: bench_sched [THREADS] [TOKENS] [CACHE: f32 f16 bf16 q8_0 q4_0 q4_kc] [ONLY SEQUENCES]\n");
+        fprintf(stderr, "usage: bench_sched [THREADS] [TOKENS] [CACHE: f32 f16 bf16 q8_0 q4_0 q4_kc] "
+                        "[ONLY SEQUENCES]\n");
         return 1;
     }
     bench_shape shape = {"stories110M", 768, 2048, 12, 12, 12, 32000, 1024};

@@ -381,7 +381,8 @@ static void test_matmul_prep(void **state) {
                 float *Y[2], *Yp[2];
                 _Atomic int calls[17];
                 for (int t = 0; t < T; t++) atomic_init(&calls[t], 0);
-                size_t ws = op_matmul_work_size(base, T, n_in) + (n == 2 ? op_matmul_work_size(types[ti][1], T, n_in) : 0);
+                size_t ws = op_matmul_work_size(base, T, n_in) +
+                            (n == 2 ? op_matmul_work_size(types[ti][1], T, n_in) : 0);
                 void *work = malloc(ws + 64);
                 prep_ctx pc = {X, src, n_in, calls};
                 op_mm_out o[2], op[2];

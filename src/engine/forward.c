@@ -19,9 +19,6 @@
 
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
-/* Batches of fewer tokens write their keys and values on the calling thread:
- * a pass of the threads costs more than that (op_matmul_prep's threshold too). */
-#define PAR_MIN_TOKENS 4
 
 struct kvlm_ctx {
     const kvlm_model *model;
@@ -482,7 +479,7 @@ static int next_unit(fwd_pass *j) {
 static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
     j->n_units = n_units;
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
-    if (j->T >= PAR_MIN_TOKENS) util_pool_run(ctx->pool, fn, j);
+    if (j->T >= OP_MM_PREP_MIN_T) util_pool_run(ctx->pool, fn, j); /* fewer: a pass costs more than the work */
     else fn(j, 0, 1);
 }
 

@@ -202,8 +202,8 @@ void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_m
         qj.xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
         qj.xs = act_row_size(kind, n_in);
     }
-    if (qj.xq || prep) {
-        if (T >= 2 * nth && nth > 1) util_pool_run(pool, quant_worker, &qj);
+    if (qj.xq || prep) { /* rows worth a pass: 2 per thread to quantize, 4 in all with prep's heavier work */
+        if (T >= (prep ? OP_MM_PREP_MIN_T : 2 * nth) && nth > 1) util_pool_run(pool, quant_worker, &qj);
         else quant_worker(&qj, 0, 1);
     }
     if (!j.n_mats) return;

@@ -36,6 +36,7 @@ void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_o
  * prep(user, t) may write row t of X and read only row t. prep runs even
  * when no matrix is usable (n = 0, unsupported types). */
 typedef void (*op_mm_prep_fn)(void *user, int t);
+#define OP_MM_PREP_MIN_T 4 /* fewer rows: prep and quantization run on the calling thread */
 void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work,
                     op_mm_prep_fn prep, void *user);
 /* Reference: dequantizes each row of W with dt_dequantize_row and accumulates
