@@ -1,6 +1,7 @@
 /* ops/matmul: matmul entry points: picks the tile kernel for the weight type
- * and CPU, quantizes the activations, hands row chunks to the threads; also the
- * double-precision reference and the memory read-bandwidth probe. */
+ * and CPU, prepares (the caller's per-row work) and quantizes the activations,
+ * hands row chunks to the threads; also the double-precision reference and the
+ * memory read-bandwidth probe. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
