@@ -6,6 +6,7 @@
  * thread-count determinism. */
 #include "helpers/testutil.h"
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,6 +340,74 @@ static void test_matmul_n(void **state) {
     util_pool_free(p2);
 }
 
+/* op_matmul_prep: rows written by prep from the threads give op_matmul_n's
+ * bits on the rows written beforehand; prep runs exactly once per row, also
+ * for float weights (its own pass), mixed activation formats (one call each)
+ * and no matrix at all. */
+typedef struct {
+    float *X;
+    const float *src;
+    int n_in;
+    _Atomic int *calls;
+} prep_ctx;
+
+static void prep_rows(void *p, int t) {
+    prep_ctx *c = p;
+    for (int i = 0; i < c->n_in; i++) c->X[(size_t)t * c->n_in + i] = 2.0f * c->src[(size_t)t * c->n_in + i] - 0.25f;
+    atomic_fetch_add(&c->calls[t], 1);
+}
+
+static void test_matmul_prep(void **state) {
+    (void)state;
+    util_pool *pools[3] = {NULL, util_pool_create(2), util_pool_create(3)};
+    const int n_in = 256, n_out = 37, Ts[] = {1, 3, 4, 6, 17};
+    const int types[][2] = {{DT_F32, -1}, {DT_Q8_0, -1}, {OP_Q8_0_R16, -1}, {DT_Q4_K, -1}, {DT_Q8_0, DT_Q6_K}};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int base = types[ti][0] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti][0];
+        float *wf[2];
+        void *W[2] = {make_weights(base, n_in, n_out, &wf[0]), NULL};
+        if (types[ti][0] == OP_Q8_0_R16) {
+            void *P = malloc(op_pack_size(DT_Q8_0, n_in, n_out));
+            op_pack(DT_Q8_0, W[0], P, n_in, n_out);
+            free(W[0]);
+            W[0] = P;
+        }
+        int n = types[ti][1] < 0 ? 1 : 2;
+        if (n == 2) W[1] = make_weights(types[ti][1], n_in, n_out, &wf[1]);
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++)
+            for (int pi = 0; pi < 3; pi++) {
+                int T = Ts[k];
+                float *src = rand_floats((size_t)T * n_in, 1.0f), *X = malloc(sizeof(float) * T * n_in);
+                float *Y[2], *Yp[2];
+                _Atomic int calls[17];
+                for (int t = 0; t < T; t++) atomic_init(&calls[t], 0);
+                size_t ws = op_matmul_work_size(base, T, n_in) +
+                            (n == 2 ? op_matmul_work_size(types[ti][1], T, n_in) : 0);
+                void *work = malloc(ws + 64);
+                prep_ctx pc = {X, src, n_in, calls};
+                op_mm_out o[2], op[2];
+                for (int i = 0; i < n; i++) {
+                    Y[i] = malloc(sizeof(float) * T * n_out);
+                    Yp[i] = malloc(sizeof(float) * T * n_out);
+                    o[i] = (op_mm_out){Y[i], W[i], i ? types[ti][1] : types[ti][0], n_out};
+                    op[i] = o[i];
+                    op[i].Y = Yp[i];
+                }
+                op_matmul_prep(pools[pi], X, T, n_in, op, n, work, prep_rows, &pc);
+                for (int t = 0; t < T; t++) assert_int_equal(atomic_load(&calls[t]), 1);
+                op_matmul_n(pools[pi], X, T, n_in, o, n, work); /* X as prep left it */
+                for (int i = 0; i < n; i++) assert_memory_equal(Y[i], Yp[i], sizeof(float) * T * n_out);
+                op_matmul_prep(pools[pi], X, T, n_in, o, 0, work, prep_rows, &pc); /* no matrix: prep still runs */
+                for (int t = 0; t < T; t++) assert_int_equal(atomic_load(&calls[t]), 2);
+                for (int i = 0; i < n; i++) { free(Y[i]); free(Yp[i]); }
+                free(src); free(X); free(work);
+            }
+        for (int i = 0; i < n; i++) { free(W[i]); free(wf[i]); }
+    }
+    util_pool_free(pools[1]);
+    util_pool_free(pools[2]);
+}
+
 static void test_matmul_work_size(void **state) {
     (void)state;
     assert_int_equal(op_matmul_work_size(DT_F32, 8, 256), 0);
@@ -402,6 +471,13 @@ static void test_rope(void **state) {
                     op_rope(a, nh, hd, rd, pos[pi], 10000.0f, neox);
                     /* same cos/sin (computed in double) and same float ops */
                     assert_true(tu_max_rel_diff(a, b, n, 1.0) < 1e-6);
+                    /* the angles computed once and applied: op_rope's bits */
+                    float cs[128], sn[128], *t = malloc(sizeof(float) * n);
+                    memcpy(t, x, sizeof(float) * n);
+                    op_rope_cossin(cs, sn, rd, pos[pi], 10000.0f);
+                    op_rope_apply(t, nh, hd, rd, cs, sn, neox);
+                    assert_memory_equal(t, a, sizeof(float) * n);
+                    free(t);
                 }
                 op_set_simd_level(-1);
                 for (int h = 0; h < nh; h++)
@@ -712,6 +788,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_batch_bits),
         cmocka_unit_test(test_matmul_packed),
         cmocka_unit_test(test_matmul_n),
+        cmocka_unit_test(test_matmul_prep),
         cmocka_unit_test(test_matmul_work_size),
         cmocka_unit_test(test_read_bandwidth),
         cmocka_unit_test(test_rmsnorm),

@@ -2,7 +2,7 @@
  * equals contiguous, interleaved batches of 8 sequences equal each sequence
  * alone, forks never disturb their parent, prefix reuse equals a cold run
  * while computing only the tokens after the shared blocks, a full pool fails
- * cleanly. */
+ * cleanly; batched steps give each sequence the bits it gets alone. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +10,12 @@
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
-static kvlm_model *synth(kvlm_arch arch, int dim, int heads, int kv, const char *type, uint64_t seed) {
+static kvlm_model *synth_ffn(kvlm_arch arch, int dim, int heads, int kv, int hidden, const char *type,
+                             uint64_t seed) {
     kvlm_synth_params sp = {0};
     sp.arch = arch;
     sp.dim = dim;
-    sp.hidden_dim = 2 * dim + 32;
+    sp.hidden_dim = hidden;
     sp.n_layers = 2;
     sp.n_heads = heads;
     sp.n_kv_heads = kv;
@@ -30,9 +31,16 @@ static kvlm_model *synth(kvlm_arch arch, int dim, int heads, int kv, const char 
     return m;
 }
 
-static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int block_size, int n_ctx, int kv_blocks) {
+static kvlm_model *synth(kvlm_arch arch, int dim, int heads, int kv, const char *type, uint64_t seed) {
+    return synth_ffn(arch, dim, heads, kv, 2 * dim + 32, type, seed);
+}
+
+static kvlm_ctx *make_ctx_typed(kvlm_model *m, int n_seq, int block_size, int n_ctx, int kv_blocks, int threads,
+                                int k_type, int v_type) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
-    cp.n_threads = 2;
+    cp.n_threads = threads;
+    cp.cache_type_k = k_type;
+    cp.cache_type_v = v_type;
     cp.n_ctx = n_ctx;
     cp.n_seq_max = n_seq;
     cp.block_size = block_size;
@@ -41,6 +49,10 @@ static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int block_size, int n_ctx, i
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) fail_msg("ctx: %s", err.msg);
     return ctx;
+}
+
+static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int block_size, int n_ctx, int kv_blocks) {
+    return make_ctx_typed(m, n_seq, block_size, n_ctx, kv_blocks, 2, KVLM_CACHE_F32, KVLM_CACHE_F32);
 }
 
 static void random_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
@@ -167,6 +179,98 @@ static void test_interleaved(void **state) {
     kvlm_model_free(m);
 }
 
+/* Batched steps on 3 threads (sequences in shuffled order, prefill pieces of
+ * up to 20 tokens next to decode tokens, the per-token work split over the
+ * threads) give each sequence the very bits it gets alone on 1 thread, fed in
+ * the same pieces: for quantized caches whose rows several tokens of a step
+ * write into one block (q4_kc keys: one f16 staging per sequence, quantized
+ * when the block fills), biases (Qwen2), GQA and a SwiGLU width that is not a
+ * multiple of 8. */
+static void test_batched_bits(void **state) {
+    (void)state;
+    struct { kvlm_arch arch; int dim, heads, kv, hidden; const char *wtype; int k, v, block; } cfg[] = {
+        {KVLM_ARCH_LLAMA, 256, 4, 2, 544, "q8_0", KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, 16},
+        {KVLM_ARCH_QWEN2, 256, 4, 2, 544, "q8_0", KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, 8},
+        {KVLM_ARCH_LLAMA, 128, 8, 8, 292, "f32", KVLM_CACHE_Q4_KC, KVLM_CACHE_F16, 16},
+        {KVLM_ARCH_QWEN2, 128, 8, 2, 292, "f32", KVLM_CACHE_F32, KVLM_CACHE_Q8_0, 16},
+    };
+    enum { S = 6, N = 48, V = 300 };
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        kvlm_model *m = synth_ffn(cfg[ci].arch, cfg[ci].dim, cfg[ci].heads, cfg[ci].kv, cfg[ci].hidden,
+                                  cfg[ci].wtype, 40 + ci);
+        int32_t ids[S][N];
+        int pieces[S][N], n_pieces[S] = {0}, fed[S] = {0}, order[S];
+        float *batched[S];
+        for (int s = 0; s < S; s++) {
+            random_ids(ids[s], N, V, 200 + 10 * ci + s);
+            batched[s] = malloc(sizeof(float) * (size_t)N * V);
+            order[s] = s;
+        }
+        kvlm_ctx *ctx = make_ctx_typed(m, S, cfg[ci].block, 256, 0, 3, cfg[ci].k, cfg[ci].v);
+        uint64_t rng = 99 + ci;
+        kvlm_error err = {0};
+        int steps = 0, widest = 0;
+        for (;;) {
+            int32_t toks[S * 20], seqs[S * 20], which[S * 20];
+            int8_t want[S * 20];
+            int n = 0;
+            for (int i = S - 1; i > 0; i--) { /* shuffle the sequences' order in the batch */
+                rng = rng * 6364136223846793005ULL + 1;
+                int k = (int)((rng >> 33) % (uint64_t)(i + 1)), tmp = order[i];
+                order[i] = order[k];
+                order[k] = tmp;
+            }
+            for (int i = 0; i < S; i++) {
+                int s = order[i];
+                rng = rng * 6364136223846793005ULL + 1;
+                /* a prefill piece or a few decode tokens (0: idle this step) */
+                int take = (int)((rng >> 33) % ((rng >> 62) ? 4 : 21));
+                if (take > N - fed[s]) take = N - fed[s];
+                if (!take) continue;
+                for (int k = 0; k < take; k++) {
+                    toks[n] = ids[s][fed[s] + k];
+                    seqs[n] = s;
+                    which[n] = s;
+                    want[n++] = 1;
+                }
+                pieces[s][n_pieces[s]++] = take;
+                fed[s] += take;
+            }
+            if (!n) {
+                int done = 1;
+                for (int s = 0; s < S; s++) done &= fed[s] == N;
+                if (done) break;
+                continue;
+            }
+            kvlm_batch b = {n, toks, NULL, want, seqs};
+            if (kvlm_decode(ctx, &b, &err)) fail_msg("decode: %s", err.msg);
+            int at[S];
+            for (int s = 0; s < S; s++) at[s] = kvlm_seq_n_past(ctx, s);
+            for (int i = n - 1; i >= 0; i--) /* the last token of s sits at n_past - 1 */
+                memcpy(batched[which[i]] + (size_t)(--at[which[i]]) * V, kvlm_get_logits(ctx, i), sizeof(float) * V);
+            steps++;
+            widest = n > widest ? n : widest;
+        }
+        kvlm_ctx_free(ctx);
+        kvlm_ctx *solo = make_ctx_typed(m, 1, cfg[ci].block, 256, 0, 1, cfg[ci].k, cfg[ci].v);
+        int differ = 0;
+        for (int s = 0; s < S; s++) {
+            kvlm_ctx_reset(solo);
+            for (int p = 0, at = 0; p < n_pieces[s]; at += pieces[s][p++]) {
+                float *alone = run_seq(solo, 0, ids[s] + at, pieces[s][p], pieces[s][p]);
+                differ += memcmp(alone, batched[s] + (size_t)at * V, sizeof(float) * V * pieces[s][p]) != 0;
+                free(alone);
+            }
+            free(batched[s]);
+        }
+        printf("  config %zu: %d batched steps (up to %d tokens) vs each sequence alone: %d pieces differ\n", ci,
+               steps, widest, differ);
+        assert_int_equal(differ, 0);
+        kvlm_ctx_free(solo);
+        kvlm_model_free(m);
+    }
+}
+
 /* A fork shares the parent's blocks; writing to the fork (into a shared,
  * partly filled block) never changes the parent's logits. */
 static void test_fork_cow(void **state) {
@@ -271,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_equals_contiguous),
         cmocka_unit_test(test_interleaved),
+        cmocka_unit_test(test_batched_bits),
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_pool_full),

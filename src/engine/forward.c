@@ -3,6 +3,7 @@
  * layer, each weight matrix read once for all of them (matrix-matrix), keys
  * and values written into each sequence's blocks, logits on request. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kv/evict.h"
@@ -32,6 +33,12 @@ struct kvlm_ctx {
     int att_runs;
     int *stage_block;          /* per sequence: q4_kc keys' block still filling, -1: none */
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
+    /* Per token of the chunk in forward_chunk: */
+    float *rope_cs, *rope_sn;  /* cos/sin of its position's RoPE angles (rope_dim / 2 each) */
+    int *out_tok;              /* per row of out_rows: its token */
+    int *tok_next;             /* q4_kc: the next token of its sequence in the chunk, -1: none */
+    int *grp_first;            /* q4_kc: each sequence's first token in the chunk */
+    int *seq_at;               /* per sequence: scratch of group_by_seq, -1 between calls */
     /* Logits of the tokens that asked for them in the last call. */
     float *logits;
     int n_logits, logits_cap;
@@ -206,6 +213,14 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
     ctx->block_ptrs = malloc((size_t)ctx->att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
+    size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
+    ctx->rope_cs = malloc(T * half * sizeof(float));
+    ctx->rope_sn = malloc(T * half * sizeof(float));
+    ctx->out_tok = malloc(T * sizeof(int));
+    ctx->tok_next = malloc(T * sizeof(int));
+    ctx->grp_first = malloc(T * sizeof(int));
+    ctx->seq_at = malloc((size_t)p->n_seq_max * sizeof(int));
+    for (int s = 0; ctx->seq_at && s < p->n_seq_max; s++) ctx->seq_at[s] = -1;
     ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
     ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
     if (p->kv_evict == KVLM_EVICT_H2O) {
@@ -218,7 +233,8 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     }
     if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
         !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
-        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs) {
+        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_tok ||
+        !ctx->tok_next || !ctx->grp_first || !ctx->seq_at) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
@@ -236,6 +252,8 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
     free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
     free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
+    free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
+    free(ctx->seq_at);
     free(ctx);
 }
 
@@ -342,38 +360,41 @@ static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *
     op_matmul_n(ctx->pool, x, T, (int)w->n_in, &o, 1, ctx->mm_work);
 }
 
-static void add_bias(float *y, const model_tensor *b, int T) {
-    if (!b->data) return;
-    for (int t = 0; t < T; t++) op_add(y + (size_t)t * b->n_in, (const float *)b->data, (int)b->n_in);
+/* y[0, n) += the bias's elements [i0, i0 + n), if the tensor has one */
+static void add_bias(float *y, const model_tensor *b, int i0, int n) {
+    if (b->data) op_add(y, (const float *)b->data + i0, n);
 }
 
-/* Writes the new keys and values of tokens [0, T) into their sequences'
- * blocks, each row quantized into its slot. q4_kc keys go to the sequence's
- * f16 staging; the block is quantized per channel when its last slot fills
- * (tokens arrive in position order, so the staging then holds all of them). */
-static void write_kv(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
+/* Writes token t's key and value of KV head h (ctx->k, ctx->v) into slot pos
+ * of sequence seq, each row quantized into its slot. q4_kc keys go to the
+ * sequence's f16 staging; the block is quantized per channel when its last
+ * slot fills, so a sequence's tokens must be written in position order by one
+ * thread (the staging then holds all of the block's keys). */
+static void write_kv_row(kvlm_ctx *ctx, int layer, int seq, int pos, int t, int h) {
     const kvlm_config *c = &ctx->model->cfg;
     const kv_params *kp = kv_get_params(ctx->kv);
-    int HD = c->head_dim, bs = kp->block_size;
-    size_t krow = op_kv_row_bytes(kp->k_type, HD), vrow = op_kv_row_bytes(kp->v_type, HD);
-    bool kc = kp->k_type == KVLM_CACHE_Q4_KC;
-    for (int t = 0; t < T; t++) {
-        const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t], NULL);
-        int32_t b = blocks[pos[t] / bs];
-        int slot = pos[t] % bs;
-        bool full = slot == bs - 1;
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            const float *k = ctx->k + ((size_t)t * c->n_kv_heads + h) * HD;
-            if (kc) {
-                uint16_t *st = kv_seq_stage(ctx->kv, seq[t], layer, h);
-                for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
-                if (full) op_kv_quantize_kc(st, kv_block_k(ctx->kv, b, layer, h), HD, bs, bs);
-            } else op_kv_quantize_row(kp->k_type, k, kv_block_k(ctx->kv, b, layer, h) + slot * krow, HD);
-            op_kv_quantize_row(kp->v_type, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD,
-                               kv_block_v(ctx->kv, b, layer, h) + slot * vrow, HD);
-        }
-        ctx->stage_block[seq[t]] = kc && !full ? pos[t] / bs : -1;
-    }
+    int HD = c->head_dim, bs = kp->block_size, slot = pos % bs;
+    int32_t b = kv_seq_blocks(ctx->kv, seq, NULL)[pos / bs];
+    const float *k = ctx->k + ((size_t)t * c->n_kv_heads + h) * HD;
+    if (kp->k_type == KVLM_CACHE_Q4_KC) {
+        uint16_t *st = kv_seq_stage(ctx->kv, seq, layer, h);
+        for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
+        if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(ctx->kv, b, layer, h), HD, bs, bs);
+    } else
+        op_kv_quantize_row(kp->k_type, k, kv_block_k(ctx->kv, b, layer, h) + slot * op_kv_row_bytes(kp->k_type, HD),
+                           HD);
+    op_kv_quantize_row(kp->v_type, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD,
+                       kv_block_v(ctx->kv, b, layer, h) + slot * op_kv_row_bytes(kp->v_type, HD), HD);
+}
+
+/* q4_kc: the block whose keys are still in each sequence's staging once
+ * tokens [0, T) are written (the same after every layer), -1: none. */
+static void set_stage_blocks(kvlm_ctx *ctx, const int32_t *seq, const int32_t *pos, int T) {
+    const kv_params *kp = kv_get_params(ctx->kv);
+    for (int t = 0; t < T; t++)
+        ctx->stage_block[seq[t]] =
+            kp->k_type == KVLM_CACHE_Q4_KC && pos[t] % kp->block_size != kp->block_size - 1 ? pos[t] / kp->block_size
+                                                                                              : -1;
 }
 
 static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
@@ -434,50 +455,159 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
     ctx->attn_seconds += util_now_s() - t_start;
 }
 
+/* ---- per-token work -----------------------------------------------------------------
+ * What lies between the matrix products is per token (or per token and KV
+ * head). Most of it prepares the next product's input rows and runs in the
+ * threads' pass that quantizes them (op_matmul_prep); the work after the Q, K,
+ * V product has a pass of its own, whose units go out through one counter, so
+ * a thread that was descheduled holds no one up. Which thread runs a unit
+ * never changes its result. */
+typedef struct {
+    kvlm_ctx *ctx;
+    const int32_t *tokens, *seq, *pos;
+    int T, layer, n_units;
+    const model_layer *L;
+    const float *norm;   /* prep_residual's rmsnorm weights */
+    atomic_int next;
+} fwd_pass;
+
+static int next_unit(fwd_pass *j) {
+    int u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    return u < j->n_units ? u : -1;
+}
+
+static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
+    j->n_units = n_units;
+    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    if (j->T >= OP_MM_PREP_MIN_T) util_pool_run(ctx->pool, fn, j); /* fewer: a pass costs more than the work */
+    else fn(j, 0, 1);
+}
+
+/* x[t] += xb[t] (add), then dst = rmsnorm(x[t]) with weights w. */
+static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w) {
+    const kvlm_config *c = &ctx->model->cfg;
+    float *x = ctx->x + (size_t)t * c->dim;
+    if (add) op_add(x, ctx->xb + (size_t)t * c->dim, c->dim);
+    op_rmsnorm(dst, x, w, c->dim, c->norm_eps);
+}
+
+/* Layer 0's input row t: the token's embedding, its position's RoPE cos/sin
+ * (for every layer's q and k), the first rmsnorm. */
+static void prep_embed(void *p, int t) {
+    fwd_pass *j = p;
+    const kvlm_model *m = j->ctx->model;
+    int D = m->cfg.dim, half = m->cfg.rope_dim / 2;
+    dt_dequantize_row(m->tok_embd.type,
+                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D),
+                      j->ctx->x + (size_t)t * D, D);
+    op_rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
+                   j->pos[t], m->cfg.rope_base);
+    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm);
+}
+
+/* The residual of the product in xb, then the next rmsnorm, back into xb. */
+static void prep_residual(void *p, int t) {
+    fwd_pass *j = p;
+    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm);
+}
+
+static void prep_swiglu(void *p, int t) {
+    fwd_pass *j = p;
+    size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
+    op_swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+}
+
+/* Row r of out_rows: its token's last residual and the output norm. */
+static void prep_output(void *p, int r) {
+    fwd_pass *j = p;
+    residual_norm(j->ctx, j->ctx->out_tok[r], true, j->ctx->out_rows + (size_t)r * j->ctx->model->cfg.dim,
+                  j->ctx->model->output_norm.data);
+}
+
+/* KV head h of token t: biases, RoPE of the key, both rows into the cache. */
+static void kv_head(fwd_pass *j, int t, int h) {
+    kvlm_ctx *ctx = j->ctx;
+    const kvlm_config *c = &ctx->model->cfg;
+    int HD = c->head_dim, half = c->rope_dim / 2;
+    size_t row = ((size_t)t * c->n_kv_heads + h) * HD;
+    add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
+    add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
+    op_rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
+                  c->rope_neox);
+    write_kv_row(ctx, j->layer, j->seq[t], j->pos[t], t, h);
+}
+
+/* After the Q, K, V products. Units [0, T): token t's query (bias, RoPE) and,
+ * unless keys are q4_kc, its keys and values. q4_kc: then one unit per
+ * sequence of the chunk and KV head writes that sequence's tokens in order
+ * (they share the staging: see write_kv_row). */
+static void qkv_worker(void *p, int ith, int nth) {
+    (void)ith, (void)nth;
+    fwd_pass *j = p;
+    kvlm_ctx *ctx = j->ctx;
+    const kvlm_config *c = &ctx->model->cfg;
+    int QD = c->n_heads * c->head_dim, half = c->rope_dim / 2, H = c->n_kv_heads;
+    bool kc = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC;
+    for (int u; (u = next_unit(j)) >= 0;) {
+        if (u < j->T) {
+            float *q = ctx->q + (size_t)u * QD;
+            add_bias(q, &j->L->bq, 0, QD);
+            op_rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, ctx->rope_cs + (size_t)u * half,
+                          ctx->rope_sn + (size_t)u * half, c->rope_neox);
+            for (int h = 0; !kc && h < H; h++) kv_head(j, u, h);
+        } else {
+            u -= j->T;
+            for (int t = ctx->grp_first[u / H]; t >= 0; t = ctx->tok_next[t]) kv_head(j, t, u % H);
+        }
+    }
+}
+
+/* Links the chunk's tokens of each sequence in batch order (tok_next) and
+ * returns the number of sequences, their first tokens in grp_first. */
+static int group_by_seq(kvlm_ctx *ctx, const int32_t *seq, int T) {
+    int n = 0;
+    for (int t = T - 1; t >= 0; t--) {
+        ctx->tok_next[t] = ctx->seq_at[seq[t]];
+        ctx->seq_at[seq[t]] = t;
+    }
+    for (int t = 0; t < T; t++)
+        if (ctx->seq_at[seq[t]] == t) ctx->grp_first[n++] = t;
+    for (int t = 0; t < T; t++) ctx->seq_at[seq[t]] = -1;
+    return n;
+}
+
 /* One chunk of at most n_batch tokens; want[t] marks tokens whose logits
  * go to ctx->logits. */
 static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int T,
                           const int8_t *want) {
     const kvlm_model *m = ctx->model;
     const kvlm_config *c = &m->cfg;
-    int D = c->dim, HD = c->head_dim, QD = c->n_heads * HD, KVD = c->n_kv_heads * HD, F = c->hidden_dim;
-    size_t emb_row = dt_row_size(m->tok_embd.type, D);
-    for (int t = 0; t < T; t++)
-        dt_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[t] * emb_row,
-                          ctx->x + (size_t)t * D, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        for (int t = 0; t < T; t++)
-            op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->attn_norm.data, D, c->norm_eps);
-        /* matrices that read the same input: one quantization, one pass of the threads */
-        const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
-        op_matmul_n(ctx->pool, ctx->xb, T, D, qkv, 3, ctx->mm_work);
-        add_bias(ctx->q, &L->bq, T);
-        add_bias(ctx->k, &L->bk, T);
-        add_bias(ctx->v, &L->bv, T);
-        for (int t = 0; t < T; t++) {
-            op_rope(ctx->q + (size_t)t * QD, c->n_heads, HD, c->rope_dim, pos[t], c->rope_base, c->rope_neox);
-            op_rope(ctx->k + (size_t)t * KVD, c->n_kv_heads, HD, c->rope_dim, pos[t], c->rope_base, c->rope_neox);
-        }
-        write_kv(ctx, l, seq, pos, T);
-        attention(ctx, l, seq, pos, T);
-        matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
-        op_add(ctx->x, ctx->xb, T * D);
-        for (int t = 0; t < T; t++)
-            op_rmsnorm(ctx->xb + (size_t)t * D, ctx->x + (size_t)t * D, L->ffn_norm.data, D, c->norm_eps);
-        const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
-        op_matmul_n(ctx->pool, ctx->xb, T, D, gate_up, 2, ctx->mm_work);
-        op_swiglu(ctx->hb, ctx->hb2, T * F);
-        matmul(ctx, ctx->xb, ctx->hb, &L->w_down, T);
-        op_add(ctx->x, ctx->xb, T * D);
-    }
+    fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T};
     int n_out = 0;
     for (int t = 0; t < T; t++)
-        if (want[t])
-            op_rmsnorm(ctx->out_rows + (size_t)(n_out++) * D, ctx->x + (size_t)t * D, m->output_norm.data, D,
-                       c->norm_eps);
+        if (want[t]) ctx->out_tok[n_out++] = t;
+    set_stage_blocks(ctx, seq, pos, T);
+    int n_groups = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        j.L = L;
+        j.layer = l;
+        j.norm = L->attn_norm.data;
+        /* matrices that read the same input: one quantization, one pass of the threads */
+        const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
+        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
+        run_pass(ctx, qkv_worker, &j, T + n_groups * c->n_kv_heads);
+        attention(ctx, l, seq, pos, T);
+        matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
+        j.norm = L->ffn_norm.data;
+        const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
+        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
+        const op_mm_out down = mm_out(ctx->xb, &L->w_down);
+        op_matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
+    }
     if (n_out) {
-        matmul(ctx, ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->out_rows, &m->output, n_out);
+        const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
+        op_matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;
@@ -688,8 +818,10 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
                 ctx->k[i] = (float)((s >> 40) * (2.0 / 16777216.0)) - 1.0f;
                 ctx->v[i] = (float)(((s >> 16) & 0xffffff) * (2.0 / 16777216.0)) - 1.0f;
             }
-            write_kv(ctx, l, ctx->tok_seq, ctx->tok_pos, T);
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < c->n_kv_heads; h++) write_kv_row(ctx, l, seq, past + t, t, h);
         }
+        set_stage_blocks(ctx, ctx->tok_seq, ctx->tok_pos, T);
         for (int t = 0; t < T; t++) ctx->tok_pos[t] = 3 + (past + t) % (c->vocab_size - 3);
         kv_seq_commit(ctx->kv, seq, ctx->tok_pos, T);
         done += T;

@@ -1,6 +1,7 @@
 /* ops/matmul: matmul entry points: picks the tile kernel for the weight type
- * and CPU, quantizes the activations, hands row chunks to the threads; also the
- * double-precision reference and the memory read-bandwidth probe. */
+ * and CPU, prepares (the caller's per-row work) and quantizes the activations,
+ * hands row chunks to the threads; also the double-precision reference and the
+ * memory read-bandwidth probe. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,12 +69,14 @@ size_t op_matmul_work_size(int wtype, int T, int n_in) {
     return (size_t)T * act_row_size(kind, n_in) + 64; /* + room to align */
 }
 
-/* ---- activation quantization job ------------------------------------------ */
+/* ---- activation preparation and quantization job ------------------------- */
 typedef struct {
     const float *X;
-    uint8_t *xq;
+    uint8_t *xq;  /* NULL: only prep */
     size_t xs;
     int T, n_in, kind;
+    op_mm_prep_fn prep;
+    void *user;
 } quant_job;
 
 static void quant_worker(void *p, int ith, int nth) {
@@ -81,7 +84,9 @@ static void quant_worker(void *p, int ith, int nth) {
     long lo, hi;
     util_split(j->T, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
+        if (j->prep) j->prep(j->user, (int)t);
         const float *x = j->X + (size_t)t * j->n_in;
+        if (!j->xq) continue;
         if (j->kind == 1) op_quantize_q8a(x, j->xq + (size_t)t * j->xs, j->n_in);
         else op_quantize_q8k(x, j->xq + (size_t)t * j->xs, j->n_in);
     }
@@ -154,15 +159,15 @@ static void mm_worker(void *p, int ith, int nth) {
     }
 }
 
-void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work) {
-    if (T <= 0 || n_in <= 0 || n <= 0 || n > OP_MM_MAX_OUTS) return;
-    int kind = op_matmul_act_kind(outs[0].wtype);
+void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work,
+                    op_mm_prep_fn prep, void *user) {
+    if (T <= 0 || n_in <= 0 || n < 0 || n > OP_MM_MAX_OUTS) return;
+    int kind = n ? op_matmul_act_kind(outs[0].wtype) : -1;
     for (int i = 1; i < n; i++)
         if (op_matmul_act_kind(outs[i].wtype) != kind) { /* activations quantized differently: one by one */
-            for (int k = 0; k < n; k++) op_matmul_n(pool, X, T, n_in, &outs[k], 1, work);
+            for (int k = 0; k < n; k++) op_matmul_prep(pool, X, T, n_in, &outs[k], 1, work, k ? NULL : prep, user);
             return;
         }
-    if (kind < 0) return;
     int nth = util_pool_size(pool);
     mm_job j;
     j.n_mats = 0;
@@ -171,7 +176,7 @@ void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_o
      * so it is sized to sit in L2 (~128 KiB) next to a block of activations. */
     const size_t target = T == 1 ? (32u << 10) : (128u << 10);
     int n_chunks = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; kind >= 0 && i < n; i++) {
         const op_mm_out *o = &outs[i];
         mm_mat *M = &j.mats[j.n_mats];
         M->fn = op_mm_tile(o->wtype);
@@ -191,18 +196,20 @@ void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_o
         n_chunks += (int)((o->n_out + cr - 1) / cr);
         j.n_mats++;
     }
-    if (!j.n_mats) return;
-
-    j.X = (const uint8_t *)X;
-    j.xs = (size_t)n_in * sizeof(float);
-    if (kind > 0) { /* quantized once for every matrix */
-        uint8_t *xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-        quant_job qj = {X, xq, act_row_size(kind, n_in), T, n_in, kind};
-        if (T >= 2 * nth && nth > 1) util_pool_run(pool, quant_worker, &qj);
-        else quant_worker(&qj, 0, 1);
-        j.X = xq;
-        j.xs = qj.xs;
+    /* the rows prepared (always: prep's work is the caller's), then quantized
+     * once for every matrix, in one pass */
+    quant_job qj = {X, NULL, 0, T, n_in, kind, prep, user};
+    if (kind > 0 && j.n_mats) {
+        qj.xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+        qj.xs = act_row_size(kind, n_in);
     }
+    if (qj.xq || prep) { /* rows worth a pass: 2 per thread to quantize, 4 in all with prep's heavier work */
+        if (T >= (prep ? OP_MM_PREP_MIN_T : 2 * nth) && nth > 1) util_pool_run(pool, quant_worker, &qj);
+        else quant_worker(&qj, 0, 1);
+    }
+    if (!j.n_mats) return;
+    j.X = qj.xq ? qj.xq : (const uint8_t *)X;
+    j.xs = qj.xq ? qj.xs : (size_t)n_in * sizeof(float);
     j.T = T;
     j.n_in = n_in;
     j.tb = 64;
@@ -215,6 +222,10 @@ void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_o
         atomic_init(&ranges[i].fb, (uint64_t)hi << 32 | (uint64_t)lo);
     }
     util_pool_run(pool, mm_worker, &j);
+}
+
+void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work) {
+    op_matmul_prep(pool, X, T, n_in, outs, n, work, NULL, NULL);
 }
 
 void op_matmul(util_pool *pool, float *Y, const float *X, const void *W, int wtype, int T, int n_in,

@@ -29,6 +29,16 @@ typedef struct {
     int wtype, n_out;
 } op_mm_out;
 void op_matmul_n(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work);
+/* op_matmul_n whose input rows are first written by prep(user, t), once per
+ * row t, from the threads in the pass that quantizes X (float weights: in a
+ * pass of its own): per-token work before a product (a residual add and
+ * rmsnorm, SwiGLU) then costs no pass of the threads, nor a serial loop.
+ * prep(user, t) may write row t of X and read only row t. prep runs even
+ * when no matrix is usable (n = 0, unsupported types). */
+typedef void (*op_mm_prep_fn)(void *user, int t);
+#define OP_MM_PREP_MIN_T 4 /* fewer rows: prep and quantization run on the calling thread */
+void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_mm_out *outs, int n, void *work,
+                    op_mm_prep_fn prep, void *user);
 /* Reference: dequantizes each row of W with dt_dequantize_row and accumulates
  * in double. Single-threaded, allocates. For tests. */
 void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, int n_in, int n_out);
@@ -80,6 +90,11 @@ void op_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
  * theta_i = pos * base^(-2i/rope_dim). */
 void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
 void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
+/* op_rope in two steps, for rows that share a position (every layer's q and k
+ * of a token): the rope_dim/2 cos and sin of position pos, then the rotation
+ * with them. Together they give op_rope's result bit for bit. */
+void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base);
+void op_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn, bool neox);
 /* In place, numerically stable. */
 void op_softmax(float *x, int n);
 void op_softmax_ref(float *x, int n);

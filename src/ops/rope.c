@@ -1,6 +1,7 @@
 /* ops/rope: rotary position embedding, normal (pairs 2i, 2i+1) and NeoX
  * (pairs i, i + rope_dim/2). Angles pos * base^(-2i/rope_dim) are computed in
- * double, so large positions (32k and beyond) lose no precision. */
+ * double, so large positions (32k and beyond) lose no precision; a position's
+ * cos/sin can be computed once (op_rope_cossin) and applied to many rows. */
 #include <math.h>
 #include "ops/ops_internal.h"
 
@@ -68,29 +69,49 @@ static void rope_chunk_avx2(float *x, int n_heads, int head_dim, int half, int i
 #define HAVE_AVX2_PATHS 1
 #endif
 
+/* pairs [i0, i0+n) of every head with the angles' cos/sin cs[0..n), sn[0..n) */
+static void rope_apply_pairs(float *x, int n_heads, int head_dim, int half, int i0, int n, const float *cs,
+                             const float *sn, bool neox) {
+    int done = 0;
+#ifdef HAVE_AVX2_PATHS
+    if (op_simd_level() >= OP_SIMD_AVX2) {
+        done = n & ~7;
+        if (done) rope_chunk_avx2(x, n_heads, head_dim, half, i0, done, cs, sn, neox);
+    }
+#endif
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = done; i < n; i++) {
+            if (neox) rotate(v + i0 + i, v + i0 + i + half, cs[i], sn[i]);
+            else rotate(v + 2 * (i0 + i), v + 2 * (i0 + i) + 1, cs[i], sn[i]);
+        }
+    }
+}
+
+static void rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base, int i0, int n) {
+    for (int i = 0; i < n; i++) {
+        double th = rope_angle(pos, base, i0 + i, rope_dim);
+        cs[i] = (float)cos(th);
+        sn[i] = (float)sin(th);
+    }
+}
+
 void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox) {
     int half = rope_dim / 2;
     float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+    /* chunks are multiples of 8 pairs: the AVX2 and scalar pairs are those of
+     * op_rope_apply over all of them, so both give the same bits */
     for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
         int n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
-        for (int i = 0; i < n; i++) {
-            double th = rope_angle(pos, base, i0 + i, rope_dim);
-            cs[i] = (float)cos(th);
-            sn[i] = (float)sin(th);
-        }
-        int done = 0;
-#ifdef HAVE_AVX2_PATHS
-        if (op_simd_level() >= OP_SIMD_AVX2) {
-            done = n & ~7;
-            if (done) rope_chunk_avx2(x, n_heads, head_dim, half, i0, done, cs, sn, neox);
-        }
-#endif
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (size_t)h * head_dim;
-            for (int i = done; i < n; i++) {
-                if (neox) rotate(v + i0 + i, v + i0 + i + half, cs[i], sn[i]);
-                else rotate(v + 2 * (i0 + i), v + 2 * (i0 + i) + 1, cs[i], sn[i]);
-            }
-        }
+        rope_cossin(cs, sn, rope_dim, pos, base, i0, n);
+        rope_apply_pairs(x, n_heads, head_dim, half, i0, n, cs, sn, neox);
     }
+}
+
+void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base) {
+    rope_cossin(cs, sn, rope_dim, pos, base, 0, rope_dim / 2);
+}
+
+void op_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn, bool neox) {
+    rope_apply_pairs(x, n_heads, head_dim, rope_dim / 2, 0, rope_dim / 2, cs, sn, neox);
 }
