@@ -58,10 +58,15 @@ def one_request(host, port, i, max_tokens):
         data = line[5:].strip()
         if data == b"[DONE]":
             break
-        ev = json.loads(data)
-        if ev.get("usage"):
-            usage = ev["usage"]
-        if any(c.get("text") for c in ev.get("choices", [])):
+        # the client shares the server's cores: only the usage event is parsed;
+        # a token event is one whose only text field is not empty
+        if b'"usage"' in data:
+            ev = json.loads(data)
+            usage = ev.get("usage") or usage
+            has_text = any(c.get("text") for c in ev.get("choices", []))
+        else:
+            has_text = b'"text":""' not in data and b'"text":' in data
+        if has_text:
             now = time.perf_counter()
             first = first if first is not None else now
             last = now
