@@ -146,7 +146,7 @@ typedef struct kvlm_ctx_params {
     size_t kv_mem;      /* KV cache budget in bytes; 0: room for n_seq_max full contexts */
     int kv_blocks;      /* or an exact block count (overrides kv_mem) */
     bool no_prefix_cache; /* do not index full blocks for reuse by later sequences */
-    int cache_type_k;   /* element type of cached keys (KVLM_CACHE_*; 0: f32) */
+    int cache_type_k;   /* element type of cached keys (KVLM_CACHE_*; kvlm_ctx_default_params: f16) */
     int cache_type_v;   /* ... and of values (any but q4_kc) */
     /* Bounded caches (see KVLM_EVICT_*): a sequence keeps at most kv_budget
      * tokens; when the next batch would exceed it, kv_evict picks what goes. */

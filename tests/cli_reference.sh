@@ -37,7 +37,8 @@ check_text() {
     local label=$1 prompt=$2 model=$3 tok=${4:-}
     local kargs=() rargs=()
     if [ -n "$tok" ]; then kargs=(--tokenizer "$tok"); rargs=(--tokenizer "$tok"); fi
-    local cmd=("$bin" run -m "$model" "${kargs[@]}" -p "$prompt" -n 40 --temp 0)
+    # the reference computes in f32, its keys and values too (kvlm's default cache is f16)
+    local cmd=("$bin" run -m "$model" "${kargs[@]}" -p "$prompt" -n 40 --temp 0 --cache-type-k f32 --cache-type-v f32)
     if ! "$py" "$ref" "$model" "${rargs[@]}" --prompt "$prompt" --n 40 > "$tmp/want.txt"; then
         fail "$label: reference failed on prompt '$prompt'"; return
     fi
@@ -85,7 +86,7 @@ check_logits() {
     shift 4
     local files=() mode line
     for mode in prefill decode; do
-        local cmd=("$bin" logits -m "$model" --ids "$ids" "$@")
+        local cmd=("$bin" logits -m "$model" --ids "$ids" --cache-type-k f32 --cache-type-v f32 "$@")
         [ "$mode" = decode ] && cmd+=(--decode)
         if ! "${cmd[@]}" > "$tmp/logits-$mode.txt" 2> "$tmp/logits.err"; then
             fail "$label ($mode): kvlm logits exited with an error: $(head -c 300 "$tmp/logits.err")"

@@ -19,7 +19,7 @@ kvlm, model = sys.argv[1], sys.argv[2]
 quick = bool(os.environ.get("KVLM_TEST_QUICK"))
 # 24 blocks of 16 tokens (20 KiB each): far fewer than 12-32 requests of ~50 tokens need at once
 proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "--max-seqs", "16",
-                         "--kv-mem", "480KiB", "--timeout", "2", "-t", "2"],
+                         "--kv-mem", "240KiB", "--timeout", "2", "-t", "2"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 line = proc.stdout.readline()
 m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", line)

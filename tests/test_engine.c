@@ -321,8 +321,8 @@ static void test_bad_input(void **state) {
     kvlm_batch b3 = {8, ids, NULL, NULL, NULL};
     assert_int_equal(kvlm_decode(ctx, &b3, &err), KVLM_OK);
     assert_int_equal(kvlm_ctx_n_past(ctx), 8);
-    /* 2 x layers x KV heads x head dim x 4 bytes x tokens */
-    assert_int_equal(kvlm_ctx_kv_bytes(ctx), (size_t)2 * 5 * 4 * 8 * 4 * 8);
+    /* 2 x layers x KV heads x head dim x 2 bytes (f16, the default) x tokens */
+    assert_int_equal(kvlm_ctx_kv_bytes(ctx), (size_t)2 * 5 * 4 * 8 * 2 * 8);
     kvlm_ctx_reset(ctx);
     assert_int_equal(kvlm_ctx_kv_bytes(ctx), 0);
     kvlm_ctx_free(ctx);

@@ -41,9 +41,9 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "  -t, --threads N         threads (default: one per core)\n" \
     "      --kv-mem SIZE       KV cache pool (e.g. 512MiB; default: room for every sequence's budget)\n" \
     "      --block-size N      tokens per KV cache block (default 16)\n" \
-    "      --cache-type-k T    element type of cached keys: f32 (default), f16, bf16, q8_0, q4_0,\n" \
+    "      --cache-type-k T    element type of cached keys: f16 (default), f32, bf16, q8_0, q4_0,\n" \
     "                          q4_kc (4-bit per channel over each block, KIVI-style)\n" \
-    "      --cache-type-v T    element type of cached values: f32 (default), f16, bf16, q8_0, q4_0\n" \
+    "      --cache-type-v T    element type of cached values: f16 (default), f32, bf16, q8_0, q4_0\n" \
     "      --kv-budget N       most tokens a sequence keeps in its KV cache (default: the context)\n" \
     "      --kv-evict P        what goes when the budget is full: none (stop there; default),\n" \
     "                          window (the last N), sinks (the first S and the last N - S) or h2o\n" \

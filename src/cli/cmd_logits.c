@@ -13,11 +13,13 @@ int cmd_logits(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm logits -m MODEL (--ids \"1 2 3\" | -p PROMPT) [--decode] [--no-kv-cache]\n\n"
+            printf("usage: kvlm logits -m MODEL (--ids \"1 2 3\" | -p PROMPT) [--decode] [--no-kv-cache]\n"
+                   "                   [--cache-type-k T] [--cache-type-v T]\n\n"
                    "Prints, for each input position, the next-token logits on one line (%%.6g).\n"
                    "  --decode       feed the tokens one at a time (the decode path) instead of one prefill\n"
                    "  --no-kv-cache  recompute the whole sequence for every token\n"
-                   "  -c, --ctx N    context length;  -t, --threads N\n");
+                   "  -c, --ctx N    context length;  -t, --threads N\n"
+                   "  --cache-type-k T, --cache-type-v T  KV cache element types (default f16)\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
@@ -25,6 +27,8 @@ int cmd_logits(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-c", "--ctx", &cp.n_ctx, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-t", "--threads", &cp.n_threads, &bad)) {}
+        else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &cp.cache_type_k, &bad) ||
+                 cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &cp.cache_type_v, &bad)) {}
         else if (cli_is(argv[i], NULL, "--decode")) one_by_one = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
         else return cli_fail("logits", "unknown option '%s'", argv[i]);

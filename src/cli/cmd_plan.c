@@ -12,7 +12,8 @@ static void mib(char *buf, size_t cap, size_t bytes) {
 int cmd_plan(int argc, char **argv) {
     const char *model_path = NULL, *mem = NULL, *tok_path = NULL;
     kvlm_plan_params pp = {0};
-    int tk = KVLM_CACHE_F32, tv = KVLM_CACHE_F32;
+    const kvlm_ctx_params dp = kvlm_ctx_default_params(); /* the cache types run and serve use */
+    int tk = dp.cache_type_k, tv = dp.cache_type_v;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {

@@ -59,6 +59,7 @@ struct kvlm_ctx {
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
     kvlm_ctx_params p = {0};
+    p.cache_type_k = p.cache_type_v = KVLM_CACHE_F16; /* as llama.cpp: half of f32's bytes, its perplexity */
     return p;
 }
 
