@@ -54,7 +54,7 @@ static double run(kvlm_model *m, int threads, int conc, int n_gen, int cache_typ
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int n_gen = argc > 2 ? atoi(argv[2]) : 32;
-    const char *cache = argc > 3 ? argv[3] : "f32";
+    const char *cache = argc > 3 ? argv[3] : "f16"; /* the default */
     int cache_type = kvlm_cache_type_from_name(cache), only = argc > 4 ? atoi(argv[4]) : 0;
     if (cache_type < 0 || only < 0) {
         fprintf(stderr, "usage: bench_sched [THREADS] [TOKENS] [CACHE: f32 f16 bf16 q8_0 q4_0 q4_kc] "
