@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "tok/tok.h"
 #include "util/error.h"
+#include "util/mem.h"
 
 /* The tensors only matmul reads: each layer's projections and the classifier
  * (a tied classifier is packed apart from the embedding rows it shares). */
@@ -40,7 +41,7 @@ static bool pack_weights(kvlm_model *m) {
     for (int i = 0; i < n; i++)
         if (ts[i]->data && op_pack_type(ts[i]->type) >= 0)
             total += (op_pack_size(ts[i]->type, (int)ts[i]->n_in, (int)ts[i]->n_out) + 63) & ~(size_t)63;
-    uint8_t *buf = total ? aligned_alloc(64, total) : NULL;
+    uint8_t *buf = total ? util_big_alloc(total, false) : NULL;
     if (!buf) { free(ts); return total == 0; }
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t off = 0;
@@ -60,6 +61,7 @@ static bool pack_weights(kvlm_model *m) {
         off += (sz + 63) & ~(size_t)63;
     }
     m->packed_buf = buf;
+    m->packed_bytes = total;
     free(ts);
     return true;
 }
@@ -86,7 +88,7 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
 void kvlm_model_free(kvlm_model *m) {
     if (!m) return;
     tok_free(m->tok);
-    free(m->packed_buf);
+    util_big_free(m->packed_buf, m->packed_bytes);
     model_unload(m);
     free(m);
 }

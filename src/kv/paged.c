@@ -9,6 +9,7 @@
 #include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
+#include "util/mem.h"
 
 typedef struct {
     int32_t ref;
@@ -82,7 +83,7 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     c->v_bytes = (op_kv_region_bytes(p->v_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
     c->block_bytes = (size_t)p->n_layers * p->n_kv_heads * (c->k_bytes + c->v_bytes);
     size_t nb = (size_t)p->n_blocks;
-    c->data = malloc(nb * c->block_bytes);
+    c->data = util_big_alloc(nb * c->block_bytes, true);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
         c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
@@ -118,7 +119,7 @@ void kv_free(kv_cache *c) {
             free(c->seqs[s].hashes);
         }
     free(c->seqs);
-    free(c->data);
+    util_big_free(c->data, (size_t)c->p.n_blocks * c->block_bytes);
     free(c->stage);
     free(c->meta);
     free(c->block_tokens);

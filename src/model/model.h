@@ -41,6 +41,7 @@ struct kvlm_model {
     size_t map_size;
     size_t weight_bytes;
     void *packed_buf;   /* owned by the engine: every tensor's packed copy */
+    size_t packed_bytes;
 };
 
 /* Loads weights and vocabulary (params may be NULL: defaults). */

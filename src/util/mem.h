@@ -1,0 +1,12 @@
+/* util/mem: large, long-lived buffers (packed weights, the KV pool) mapped on
+ * their own and backed by transparent huge pages where the kernel allows. */
+#ifndef KVLM_UTIL_MEM_H
+#define KVLM_UTIL_MEM_H
+#include <stdbool.h>
+#include <stddef.h>
+/* bytes of zeroed memory, or NULL; free with util_big_free and the same size.
+ * populate: every page faulted in now (MAP_POPULATE); else 2 MiB aligned and
+ * advised to be transparent huge pages, faulted in as written. */
+void *util_big_alloc(size_t bytes, bool populate);
+void util_big_free(void *p, size_t bytes);
+#endif
