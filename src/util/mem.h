@@ -1,5 +1,5 @@
-/* util/mem: large, long-lived buffers (packed weights, the KV pool) mapped on
- * their own and backed by transparent huge pages where the kernel allows. */
+/* util/mem: large, long-lived buffers mapped on their own: packed weights on
+ * transparent huge pages, the KV pool faulted in when it is made. */
 #ifndef KVLM_UTIL_MEM_H
 #define KVLM_UTIL_MEM_H
 #include <stdbool.h>
