@@ -28,10 +28,11 @@
 /* A chunk of groups is one contiguous run of weights, which the tiles read
  * faster than the hardware prefetcher brings it from L3 or memory: software
  * prefetch asks for the run R16_PF bytes ahead into L1 (batched, this takes
- * 5632 x 2048 at T = 16 from 62 to 49 us per token) and, in decode (one
- * token), also R16_PF_FAR bytes ahead into L2, which keeps more lines in
- * flight than the L1 fill buffers allow: decode from memory went from 94% to
- * 100% of the read bandwidth for Q8_0 and from 80% to 95% for Q4_0. */
+ * 5632 x 2048 at T = 16 from 62 to 49 us per token) and also R16_PF_FAR
+ * bytes ahead into L2, which keeps more lines in flight than the L1 fill
+ * buffers allow: decode from memory went from 94% to 100% of the read
+ * bandwidth for Q8_0 and from 80% to 95% for Q4_0, and T = 2 / 4 / 8 from
+ * 225 / 126 / 67 to 208 / 109 / 62 us per token. */
 #define R16_PF 4096
 #define R16_PF_FAR 16384
 
@@ -53,7 +54,7 @@ AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint
         const uint8_t *blk = g + (size_t)b * bsz;
         for (size_t o = 0; o < bsz; o += 64) {
             _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
-            if (RN == 1) _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         /* wk[k] pairs with the token's dword k */
