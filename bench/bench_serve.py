@@ -50,27 +50,35 @@ def one_request(host, port, i, max_tokens):
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
     first = last = None
-    chunks, usage = 0, None
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
+    chunks, usage, buf, done = 0, None, b"", False
+    # the client shares the server's cores: it reads what has arrived in one
+    # call and splits events itself, and parses only the usage event's JSON
+    # (a token event is one whose text field is not empty)
+    while not done:
+        got = resp.read1(65536)
+        if not got:
             break
-        # the client shares the server's cores: only the usage event is parsed;
-        # a token event is one whose only text field is not empty
-        if b'"usage"' in data:
-            ev = json.loads(data)
-            usage = ev.get("usage") or usage
-            has_text = any(c.get("text") for c in ev.get("choices", []))
-        else:
-            has_text = b'"text":""' not in data and b'"text":' in data
-        if has_text:
-            now = time.perf_counter()
-            first = first if first is not None else now
-            last = now
-            chunks += 1
+        buf += got
+        *events, buf = buf.split(b"\n\n")
+        now = time.perf_counter()
+        for ev in events:
+            data = ev.strip()
+            if not data.startswith(b"data:"):
+                continue
+            data = data[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            if b'"usage"' in data:
+                obj = json.loads(data)
+                usage = obj.get("usage") or usage
+                has_text = any(c.get("text") for c in obj.get("choices", []))
+            else:
+                has_text = b'"text":""' not in data and b'"text":' in data
+            if has_text:
+                first = first if first is not None else now
+                last = now
+                chunks += 1
     conn.close()
     n = usage["completion_tokens"] if usage else chunks
     if first is None:
