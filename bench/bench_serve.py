@@ -10,7 +10,7 @@ Bounded: a fixed number of requests per level, and no new request after --second
 
 usage: python3 bench/bench_serve.py [--kvlm build/kvlm] [--model M.gguf] [--levels 1,4,16,64]
                                     [--max-tokens 64] [--rounds 2] [--seconds 60] [--threads T]
-                                    [--cache-type f32|f16|q8_0|...]
+                                    [--cache-type f32|f16|q8_0|...] [--no-stream]
 """
 import argparse
 import http.client
@@ -39,16 +39,22 @@ def percentile(xs, p):
     return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]  # nearest rank
 
 
-def one_request(host, port, i, max_tokens):
-    """Streams one greedy completion; returns (completion tokens, ttft s, tpot s or None)."""
-    body = json.dumps({"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+def one_request(host, port, i, max_tokens, stream=True):
+    """Streams one greedy completion; returns (completion tokens, ttft s, tpot s or None). Not streamed:
+    (completion tokens, None, None)."""
+    req = {"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:
+        req["stream_options"] = {"include_usage": True}
     conn = http.client.HTTPConnection(host, port, timeout=600)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/completions", json.dumps(req), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    if not stream:
+        n = json.loads(resp.read())["usage"]["completion_tokens"]
+        conn.close()
+        return n, None, None
     first = last = None
     chunks, usage, buf, done = 0, None, b"", False
     # the client shares the server's cores: it reads what has arrived in one
@@ -86,7 +92,7 @@ def one_request(host, port, i, max_tokens):
     return n, first - t0, (last - first) / (n - 1) if n > 1 else None
 
 
-def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id):
+def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id, stream=True):
     """conc workers share n_requests; none starts after the deadline. Returns the level's figures."""
     lock = threading.Lock()
     state = {"next": 0, "tokens": 0, "ttft": [], "tpot": [], "errors": [], "done": 0}
@@ -100,14 +106,15 @@ def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id):
                 i = state["next"]
                 state["next"] += 1
             try:
-                n, ttft, tpot = one_request(host, port, first_id + i, max_tokens)
+                n, ttft, tpot = one_request(host, port, first_id + i, max_tokens, stream)
             except Exception as e:  # noqa: BLE001 - reported below
                 with lock:
                     state["errors"].append(str(e))
                 return
             with lock:
                 state["tokens"] += n
-                state["ttft"].append(ttft)
+                if ttft is not None:
+                    state["ttft"].append(ttft)
                 if tpot is not None:
                     state["tpot"].append(tpot)
                 state["done"] += 1
@@ -145,6 +152,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="kvlm serve -t (default: its own)")
     ap.add_argument("--kv-mem", default="1GiB")
     ap.add_argument("--cache-type", help="kvlm serve --cache-type-k and -v (default: its own)")
+    ap.add_argument("--no-stream", action="store_true",
+                    help="whole answers instead of streamed tokens (no TTFT / TPOT): the cost of streaming")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
 
@@ -177,18 +186,18 @@ def main():
         host, port = line.strip().rsplit("//", 1)[1].rsplit(":", 1)
         port = int(port)
         print(f"kvlm serve {os.path.basename(model)} on {host}:{port}, {os.cpu_count()} cores, "
-              f"streaming greedy completions of {a.max_tokens} tokens, distinct prompts")
+              f"{'whole' if a.no_stream else 'streaming'} greedy completions of {a.max_tokens} tokens, distinct prompts")
         run_level(host, port, 1, 1, 8, a.seconds, 10 ** 6)  # warm-up: page the weights in
         print(f"{'streams':>7} {'requests':>8} {'tokens':>7} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
               f"{'TPOT p50':>9} {'TPOT p99':>9} {'preempt':>7}")
         res, next_id = {}, 0
         for c in levels:
             n = max(4, a.rounds * c)
-            r = run_level(host, port, c, n, a.max_tokens, a.seconds, next_id)
+            r = run_level(host, port, c, n, a.max_tokens, a.seconds, next_id, not a.no_stream)
             next_id += n
             st = get_json(host, port, "/kvlm/status")
             res[c] = r
-            ms = lambda x: f"{1000 * x:7.1f}ms"  # noqa: E731
+            ms = lambda x: f"{1000 * x:7.1f}ms" if x == x else f"{'-':>9}"  # noqa: E731 (nan: not measured)
             print(f"{c:>7} {r['requests']:>8} {r['tokens']:>7} {r['tps']:>9.1f} {ms(percentile(r['ttft'], 50))} "
                   f"{ms(percentile(r['ttft'], 99))} {ms(percentile(r['tpot'], 50))} {ms(percentile(r['tpot'], 99))} "
                   f"{st.get('preemptions', 0):>7}", flush=True)
