@@ -528,25 +528,7 @@ static void vnni_qval_pv(float *o, const float *p, const uint8_t *v, size_t rb, 
     }
 }
 
-/* e^x for x <= 0 (-inf gives 0): op_exp256's reduction and polynomial, 2^n
- * applied by scalef */
-static inline __attribute__((always_inline)) __m512 vnni_exp(__m512 x) {
-    __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_LT_OQ);
-    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.33f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps((__mmask16)~under, p, n);
-}
+#include "ops/simd_math512.h"
 
 /* ---- f32 / f16 / bf16 rows in 512-bit registers ------------------------------ */
 /* 16 elements from element i of a row of a float type, as floats (f16:
@@ -825,7 +807,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
         __m512 vmax = _mm512_set1_ps(M[r]), sum = _mm512_setzero_ps();
         for (int x = 0; x < n; x += 16) { /* keys the row does not see get 0 */
             int m = vr[r] - x < 16 ? (vr[r] - x > 0 ? vr[r] - x : 0) : 16;
-            __m512 e = vnni_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), s + x), vmax));
+            __m512 e = op_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), s + x), vmax));
             e = _mm512_maskz_mov_ps((__mmask16)((1u << m) - 1), e);
             sum = _mm512_add_ps(sum, e);
             _mm512_storeu_ps(s + x, e);
