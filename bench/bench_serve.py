@@ -17,6 +17,8 @@ import http.client
 import json
 import math
 import os
+import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -39,97 +41,154 @@ def percentile(xs, p):
     return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]  # nearest rank
 
 
-def one_request(host, port, i, max_tokens, stream=True):
-    """Streams one greedy completion; returns (completion tokens, ttft s, tpot s or None). Not streamed:
-    (completion tokens, None, None)."""
-    req = {"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-    if stream:
-        req["stream_options"] = {"include_usage": True}
-    conn = http.client.HTTPConnection(host, port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(req), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    if not stream:
-        n = json.loads(resp.read())["usage"]["completion_tokens"]
-        conn.close()
-        return n, None, None
-    first = last = None
-    chunks, usage, buf, done = 0, None, b"", False
-    # the client shares the server's cores: it reads what has arrived in one
-    # call and splits events itself, and parses only the usage event's JSON
-    # (a token event is one whose text field is not empty)
-    while not done:
-        got = resp.read1(65536)
-        if not got:
-            break
-        buf += got
-        *events, buf = buf.split(b"\n\n")
-        now = time.perf_counter()
-        for ev in events:
+class Stream:
+    """One request on a non-blocking socket: the HTTP/1.1 response read as it arrives (chunked or not),
+    server-sent events counted as they complete."""
+
+    def __init__(self, host, port, i, max_tokens, stream):
+        req = {"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        if stream:
+            req["stream_options"] = {"include_usage": True}
+        body = json.dumps(req).encode()
+        self.out = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+        self.i, self.stream = i, stream
+        self.sock = socket.create_connection((host, port))
+        self.sock.setblocking(False)
+        self.t0 = time.perf_counter()
+        self.raw, self.body, self.events = b"", b"", b""
+        self.head = None          # (status, chunked) once the headers are in
+        self.ended = False        # the body is complete
+        self.first = self.last = None
+        self.chunks, self.usage, self.done = 0, None, False
+
+    def feed(self, data, now):
+        """Takes bytes read from the socket (b"" at end of file); True when the response is complete."""
+        if not data:
+            self.ended = True
+        self.raw += data
+        if self.head is None:
+            k = self.raw.find(b"\r\n\r\n")
+            if k < 0:
+                if self.ended:
+                    raise RuntimeError(f"request {self.i}: connection closed before the headers")
+                return False
+            lines = self.raw[:k].decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            chunked = any(l.lower().startswith("transfer-encoding:") and "chunked" in l.lower() for l in lines[1:])
+            self.head = (status, chunked)
+            self.raw = self.raw[k + 4:]
+        if self.head[1]:  # de-chunk what is whole
+            while True:
+                k = self.raw.find(b"\r\n")
+                if k < 0:
+                    break
+                size = int(self.raw[:k].split(b";")[0], 16)
+                if size == 0:
+                    self.ended = True
+                    break
+                if len(self.raw) < k + 2 + size + 2:
+                    break
+                self.body += self.raw[k + 2:k + 2 + size]
+                self.raw = self.raw[k + 2 + size + 2:]
+        else:
+            self.body += self.raw
+            self.raw = b""
+        if self.head[0] != 200:
+            if self.ended:
+                raise RuntimeError(f"HTTP {self.head[0]}: {self.body[:300]!r}")
+            return False
+        if self.stream:
+            self.events += self.body
+            self.body = b""
+            self.scan(now)
+        return self.ended or self.done
+
+    def scan(self, now):
+        # the client shares the server's cores: it splits events itself and parses only the usage
+        # event's JSON (a token event is one whose text field is not empty)
+        *evs, self.events = self.events.split(b"\n\n")
+        for ev in evs:
             data = ev.strip()
             if not data.startswith(b"data:"):
                 continue
             data = data[5:].strip()
             if data == b"[DONE]":
-                done = True
+                self.done = True
                 break
             if b'"usage"' in data:
                 obj = json.loads(data)
-                usage = obj.get("usage") or usage
+                self.usage = obj.get("usage") or self.usage
                 has_text = any(c.get("text") for c in obj.get("choices", []))
             else:
                 has_text = b'"text":""' not in data and b'"text":' in data
             if has_text:
-                first = first if first is not None else now
-                last = now
-                chunks += 1
-    conn.close()
-    n = usage["completion_tokens"] if usage else chunks
-    if first is None:
-        raise RuntimeError(f"request {i}: no text streamed")
-    return n, first - t0, (last - first) / (n - 1) if n > 1 else None
+                self.first = self.first if self.first is not None else now
+                self.last = now
+                self.chunks += 1
+
+    def result(self):
+        """(completion tokens, ttft s, tpot s or None); not streamed: (completion tokens, None, None)."""
+        if not self.stream:
+            return json.loads(self.body)["usage"]["completion_tokens"], None, None
+        n = self.usage["completion_tokens"] if self.usage else self.chunks
+        if self.first is None:
+            raise RuntimeError(f"request {self.i}: no text streamed")
+        return n, self.first - self.t0, (self.last - self.first) / (n - 1) if n > 1 else None
 
 
 def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id, stream=True):
-    """conc workers share n_requests; none starts after the deadline. Returns the level's figures."""
-    lock = threading.Lock()
-    state = {"next": 0, "tokens": 0, "ttft": [], "tpot": [], "errors": [], "done": 0}
-    deadline = time.perf_counter() + seconds
-
-    def worker():
-        while True:
-            with lock:
-                if state["next"] >= n_requests or time.perf_counter() > deadline or state["errors"]:
-                    return
-                i = state["next"]
-                state["next"] += 1
-            try:
-                n, ttft, tpot = one_request(host, port, first_id + i, max_tokens, stream)
-            except Exception as e:  # noqa: BLE001 - reported below
-                with lock:
-                    state["errors"].append(str(e))
-                return
-            with lock:
-                state["tokens"] += n
-                if ttft is not None:
-                    state["ttft"].append(ttft)
-                if tpot is not None:
-                    state["tpot"].append(tpot)
-                state["done"] += 1
-
+    """conc requests in flight at a time, n_requests in all, none started after the deadline; one thread
+    drives every connection (an event loop, as vLLM's and SGLang's load generators do), so the client
+    takes as little of the cores it shares with the server as it can. Returns the level's figures."""
+    sel = selectors.DefaultSelector()
+    res = {"tokens": 0, "ttft": [], "tpot": [], "done": 0}
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(conc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    deadline = t0 + seconds
+    started = 0
+
+    def start():
+        nonlocal started
+        s = Stream(host, port, first_id + started, max_tokens, stream)
+        started += 1
+        sel.register(s.sock, selectors.EVENT_WRITE, s)
+
+    try:
+        while started < min(conc, n_requests):
+            start()
+        while sel.get_map():
+            for key, ev in sel.select():
+                s = key.data
+                if ev & selectors.EVENT_WRITE:
+                    n = s.sock.send(s.out)
+                    s.out = s.out[n:]
+                    if not s.out:
+                        sel.modify(s.sock, selectors.EVENT_READ, s)
+                    continue
+                try:
+                    data = s.sock.recv(1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not s.feed(data, time.perf_counter()):
+                    continue
+                sel.unregister(s.sock)
+                s.sock.close()
+                n, ttft, tpot = s.result()
+                res["tokens"] += n
+                res["done"] += 1
+                if ttft is not None:
+                    res["ttft"].append(ttft)
+                if tpot is not None:
+                    res["tpot"].append(tpot)
+                if started < n_requests and time.perf_counter() <= deadline:
+                    start()
+    finally:
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+        sel.close()
     wall = time.perf_counter() - t0
-    if state["errors"]:
-        raise RuntimeError(f"concurrency {conc}: {state['errors'][0]}")
-    return {"conc": conc, "requests": state["done"], "tokens": state["tokens"], "wall": wall,
-            "tps": state["tokens"] / wall, "ttft": state["ttft"], "tpot": state["tpot"]}
+    return {"conc": conc, "requests": res["done"], "tokens": res["tokens"], "wall": wall,
+            "tps": res["tokens"] / wall, "ttft": res["ttft"], "tpot": res["tpot"]}
 
 
 def get_json(host, port, path):
