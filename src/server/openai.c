@@ -2,12 +2,15 @@
  * checked field by field (OpenAI-style 4xx errors), prompt or chat template
  * tokenized, submitted to the scheduler, and the answer returned whole or
  * streamed as server-sent events; stop strings are found in the text (what
- * could begin one is held back), logprobs, usage, cancel on hang-up. */
+ * could begin one is held back), logprobs, usage, cancel on hang-up.
+ * One HTTP thread serves every connection: a connection waiting for tokens
+ * is suspended and the engine resumes it when there are some. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include "server/server.h"
@@ -28,9 +31,10 @@ typedef struct {
 
 typedef struct srv_job {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;              /* the connection's and the engine's */
+    int refs;              /* the connection's (or its streamed response's) and the engine's */
     kvlm_server *srv;
+    struct MHD_Connection *conn;
+    bool suspended;        /* conn waits for the engine (under mu) */
     uint64_t id;
     char idstr[48];
     long created;
@@ -61,7 +65,6 @@ static void job_release(srv_job *j) {
     free(j->ch);
     free(j->out);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
@@ -277,7 +280,10 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         }
         emit(j, c, false);
     }
-    pthread_cond_broadcast(&j->cv);
+    if (j->suspended && (j->complete || (j->stream && j->out_len > j->out_off))) {
+        j->suspended = false;
+        MHD_resume_connection(j->conn);
+    }
     pthread_mutex_unlock(&j->mu);
     if (last) job_release(j); /* the engine's reference */
     return go_on;
@@ -500,32 +506,41 @@ static void cancel(srv_job *j) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Waits (the job's lock held) for a change; false if the client hung up. */
-static bool wait_job(srv_job *j) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 100 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-    return j->complete || client_alive(j->fd);
+/* The connection is suspended while its job waits for the engine, and MHD
+ * does not watch a suspended socket: the server's watcher thread waits for
+ * the client's hang-up on its own epoll set and cancels the request. */
+static void watch(kvlm_server *s, srv_conn *cn, srv_job *j) {
+    if (j->fd < 0) return;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = j->id};
+    if (!epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev)) cn->watched_fd = j->fd;
+}
+
+void srv_conn_done(kvlm_server *s, srv_conn *cn) {
+    if (cn->watched_fd >= 0) epoll_ctl(s->watch_fd, EPOLL_CTL_DEL, cn->watched_fd, NULL);
+    cn->watched_fd = -1;
+    if (cn->job) { /* never answered (the daemon stopping) */
+        cancel(cn->job);
+        job_release(cn->job);
+        cn->job = NULL;
+    }
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
-    while (j->out_len == j->out_off && !j->complete)
-        if (!wait_job(j)) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-    ssize_t n = MHD_CONTENT_READER_END_OF_STREAM;
+    ssize_t n = 0; /* nothing yet: suspended until the engine has some */
     if (j->out_len > j->out_off) {
         size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
         memcpy(buf, j->out + j->out_off, k);
         j->out_off += k;
         if (j->out_off == j->out_len) j->out_off = j->out_len = 0;
         n = (ssize_t)k;
+    } else if (j->complete) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        j->suspended = true;
+        MHD_suspend_connection(j->conn);
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -571,9 +586,9 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     enum MHD_Result ret;
     if (!j) { json_decref(body); return MHD_NO; }
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     j->srv = s;
+    j->conn = c;
     j->chat = chat;
     j->created = (long)time(NULL);
     j->t_submit = util_now_s();
@@ -617,6 +632,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     }
     free(toks);
     json_decref(body);
+    watch(s, cn, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
         if (!r) { cancel(j); job_release(j); return MHD_NO; }
@@ -627,26 +643,34 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
         MHD_destroy_response(r);
         return ret;
     }
+    cn->job = j;
     pthread_mutex_lock(&j->mu);
-    bool alive = true;
-    while (!j->complete && (alive = wait_job(j))) {}
-    pthread_mutex_unlock(&j->mu);
-    if (!alive) { /* hung up: nothing to answer */
-        cancel(j);
-        job_release(j);
-        return MHD_NO;
+    bool complete = j->complete;
+    if (!complete) { /* answered when the engine resumes the connection (srv_answer) */
+        j->suspended = true;
+        MHD_suspend_connection(c);
     }
-    bool cancelled = false; /* only by the server stopping: a hang-up has no one to answer */
-    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-    if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
-    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
-    else ret = srv_json(c, 200, whole_answer(j));
-    job_release(j);
-    return ret;
+    pthread_mutex_unlock(&j->mu);
+    return complete ? srv_answer(s, c, cn) : MHD_YES;
 bad:
     free(toks);
     json_decref(body);
     ret = srv_error(c, s, e.status, e.param, e.code, "%s", e.msg);
+    job_release(j);
+    return ret;
+}
+
+enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    srv_job *j = cn->job;
+    cn->job = NULL;
+    cn->answered = true;
+    enum MHD_Result ret;
+    bool cancelled = false; /* by a hang-up (no one to answer) or by the server stopping */
+    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+    if (cancelled && !client_alive(j->fd)) ret = MHD_NO;
+    else if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
+    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
+    else ret = srv_json(c, 200, whole_answer(j));
     job_release(j);
     return ret;
 }

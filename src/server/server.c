@@ -1,14 +1,18 @@
-/* server/server: the HTTP server on libmicrohttpd (a thread per connection,
- * one engine thread running the scheduler): routing, request bodies and
+/* server/server: the HTTP server on libmicrohttpd (one thread polls every
+ * connection, one engine thread runs the scheduler, one watches waiting
+ * clients for hang-ups): routing, request bodies and
  * their limits, errors, /health, /v1/models, /metrics, /kvlm/status and the
  * web page. The completion endpoints live in openai.c. */
 #include "server/server.h"
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 #include "model/model.h"
@@ -219,6 +223,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool post = !strcmp(method, "POST");
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        cn->watched_fd = -1;
         *con_cls = cn;
         pthread_mutex_lock(&s->mu);
         s->active++;
@@ -233,6 +238,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
+    if (cn->job) return srv_answer(s, c, cn); /* the engine resumed us */
     if (cn->answered) { /* discard the rest of a refused upload */
         *upload_size = 0;
         return MHD_YES;
@@ -284,6 +290,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
     if (!cn) return;
+    srv_conn_done(s, cn);
     pthread_mutex_lock(&s->mu);
     s->active--;
     pthread_mutex_unlock(&s->mu);
@@ -297,6 +304,25 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+/* A suspended connection's socket is not polled by MHD: this thread waits
+ * for the hang-up of any client whose request is in the engine and cancels
+ * that request (its event carries the request's id; 0 is the stop signal). */
+static void *watcher_main(void *arg) {
+    kvlm_server *s = arg;
+    for (;;) {
+        struct epoll_event evs[64];
+        int n = epoll_wait(s->watch_fd, evs, 64, -1);
+        if (n < 0 && errno != EINTR) break;
+        for (int i = 0; i < n; i++) {
+            if (!evs[i].data.u64) return NULL;
+            pthread_mutex_lock(&s->mu);
+            if (s->sched) kvlm_sched_cancel(s->sched, evs[i].data.u64);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return NULL;
+}
+
 static void model_id_from_path(const char *path, char *out, size_t cap) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -305,10 +331,19 @@ static void model_id_from_path(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), base);
 }
 
+static void stop_threads(kvlm_server *s, kvlm_sched *sched) {
+    uint64_t one = 1;
+    if (write(s->stop_fd, &one, sizeof one) != sizeof one) perror("kvlm serve: stopping the watcher");
+    pthread_join(s->watcher, NULL);
+    kvlm_sched_stop(sched);
+    pthread_join(s->engine, NULL);
+}
+
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err) {
     kvlm_server *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     s->ctx = ctx;
+    s->watch_fd = s->stop_fd = -1;
     s->model = kvlm_ctx_model(ctx);
     s->p = *p;
     if (!s->p.host) s->p.host = "127.0.0.1";
@@ -345,9 +380,25 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         kvlm_sched_free(s->sched);
         goto fail;
     }
-    /* poll() where the library has it: select() cannot watch descriptors past 1023 */
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                     (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL : 0);
+    s->watch_fd = epoll_create1(EPOLL_CLOEXEC);
+    s->stop_fd = eventfd(0, EFD_CLOEXEC);
+    struct epoll_event stop_ev = {.events = EPOLLIN, .data.u64 = 0};
+    if (s->watch_fd < 0 || s->stop_fd < 0 || epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, s->stop_fd, &stop_ev) ||
+        pthread_create(&s->watcher, NULL, watcher_main, s)) {
+        util_err_set(err, KVLM_EIO, "cannot start the hang-up watcher: %s", strerror(errno));
+        kvlm_sched_stop(s->sched);
+        pthread_join(s->engine, NULL);
+        kvlm_sched_free(s->sched);
+        goto fail;
+    }
+    /* One thread polls every connection (epoll, or poll: select() cannot
+     * watch descriptors past 1023); a connection waiting for the engine is
+     * suspended, so a step's tokens wake this one thread, not one per
+     * client. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES  ? MHD_USE_EPOLL
+                      : MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL
+                                                                               : 0);
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL,
                                  on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s,
@@ -355,8 +406,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
                                  MHD_OPTION_END);
     if (!s->daemon) {
         util_err_set(err, KVLM_EIO, "cannot listen on %s:%d (address in use or not available?)", s->p.host, s->p.port);
-        kvlm_sched_stop(s->sched);
-        pthread_join(s->engine, NULL);
+        stop_threads(s, s->sched);
         kvlm_sched_free(s->sched);
         goto fail;
     }
@@ -364,6 +414,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     s->port = di ? di->port : s->p.port;
     return s;
 fail:
+    if (s->watch_fd >= 0) close(s->watch_fd);
+    if (s->stop_fd >= 0) close(s->stop_fd);
     pthread_mutex_destroy(&s->mu);
     free(s);
     return NULL;
@@ -378,9 +430,8 @@ void kvlm_server_stop(kvlm_server *s) {
     kvlm_sched *sched = s->sched;
     s->sched = NULL; /* no more submits */
     pthread_mutex_unlock(&s->mu);
-    kvlm_sched_stop(sched);
-    pthread_join(s->engine, NULL);
-    kvlm_sched_free(sched); /* every request ends (cancelled): waiting connections answer */
+    stop_threads(s, sched);
+    kvlm_sched_free(sched); /* every request ends (cancelled): suspended connections resume and answer */
     /* let them send those answers (a stalled upload is not waited for long) */
     for (int i = 0; i < 200; i++) {
         pthread_mutex_lock(&s->mu);
@@ -391,6 +442,8 @@ void kvlm_server_stop(kvlm_server *s) {
     }
     MHD_stop_daemon(s->daemon);
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    close(s->watch_fd);
+    close(s->stop_fd);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

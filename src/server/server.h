@@ -24,6 +24,9 @@ struct kvlm_server {
     uint64_t ttft_counts[SRV_TTFT_BUCKETS], tpot_counts[SRV_TPOT_BUCKETS], ttft_n, tpot_n, http_errors;
     double ttft_sum, tpot_sum;
     int active;                 /* requests between their first byte and their answer's last (under mu) */
+    int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
+    int stop_fd;                /* eventfd in that set: the watcher ends */
+    pthread_t watcher;
 };
 
 /* One HTTP request as it arrives. */
@@ -31,7 +34,8 @@ typedef struct srv_conn {
     char *body;
     size_t len, cap;
     bool answered;            /* a response has been queued (e.g. 413 during upload) */
-    struct srv_job *job;      /* streaming: released by the response's free callback */
+    struct srv_job *job;      /* a whole answer the engine is making (the connection suspended) */
+    int watched_fd;           /* the socket in the server's hang-up watch (-1: none) */
 } srv_conn;
 
 /* Queues an OpenAI-style error: {"error":{"message","type","param","code"}}. */
@@ -42,4 +46,9 @@ void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed
 
 /* POST /v1/completions (chat false) and /v1/chat/completions, body complete. */
 enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat);
+/* The whole answer of cn->job, once the engine has resumed the connection. */
+enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* The connection ends: its hold on its job ends. */
+void srv_conn_done(kvlm_server *s, srv_conn *cn);
+
 #endif
