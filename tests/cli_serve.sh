@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli_serve: `kvlm serve` end to end over loopback (python3 stdlib only):
 # 32 concurrent streaming greedy requests each equal to that prompt run alone
-# (with a KV budget small enough to force preemption), n > 1, stop strings,
+# (with a KV budget small enough to force preemption), 128 connections at once
+# (streamed and whole, 16 sequence slots), n > 1, stop strings,
 # chat, logprobs, every bad-input case with its status and OpenAI-style error,
 # a request under sinks eviction running far past the context (as `kvlm run`),
 # a client hanging up mid-stream (its request cancelled, blocks freed), a
@@ -173,6 +174,27 @@ print("     preemptions during the concurrent run: %d" % pre)
 check(pre > 0, "the small KV budget forced preemptions")
 s = status()
 check(s["blocks_used"] == 0 and s["running"] == 0 and s["waiting"] == 0, "every block back after the run", s)
+
+# ---- many more connections than sequence slots (16), half streamed, half whole: one
+# polling thread suspends each while it waits and the engine resumes it
+M = 48 if quick else 128
+many = [None] * M
+def many_worker(i):
+    try:
+        if i % 2:
+            t, f, _, done = stream("/v1/completions", dict(params, prompt=prompts[i % R]))
+            many[i] = (t.get(0), f.get(0)) if done else None
+        else:
+            st, r = request("POST", "/v1/completions", dict(params, prompt=prompts[i % R]))
+            many[i] = (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) if st == 200 else r
+    except Exception as e:  # reported below
+        many[i] = e
+threads = [threading.Thread(target=many_worker, args=(i,)) for i in range(M)]
+for t in threads: t.start()
+for t in threads: t.join()
+same = sum(1 for i in range(M) if many[i] == alone[i % R])
+check(same == M, "%d connections at once, streamed and whole, each equal to its prompt alone (%d/%d)" % (M, same, M),
+      [(i, many[i]) for i in range(M) if many[i] != alone[i % R]][:2])
 
 # ---- n > 1, stop strings, chat, logprobs, usage
 st, r = request("POST", "/v1/completions", {"prompt": prompts[0], "max_tokens": 40, "temperature": 0, "n": 3})
