@@ -5,7 +5,8 @@
 # (streamed and whole, 16 sequence slots), n > 1, stop strings,
 # chat, logprobs, every bad-input case with its status and OpenAI-style error,
 # a request under sinks eviction running far past the context (as `kvlm run`),
-# a client hanging up mid-stream (its request cancelled, blocks freed), a
+# a client hanging up mid-stream (its request cancelled, blocks freed),
+# churn (24 clients, a third hanging up at random points), a
 # stalled upload closed by the timeout; then /health and a normal request
 # still work and SIGTERM stops the server cleanly.
 set -uo pipefail
@@ -14,7 +15,7 @@ MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 0; fi
 exec python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, os, re, signal, socket, subprocess, sys, threading, time
+import http.client, json, os, random, re, signal, socket, subprocess, sys, threading, time
 
 kvlm, model = sys.argv[1], sys.argv[2]
 quick = bool(os.environ.get("KVLM_TEST_QUICK"))
@@ -342,6 +343,65 @@ while time.time() - t0 < 5:
 gen = s2["generated_tokens"] - gen0
 check(mid["blocks_used"] > 0 and s2["blocks_used"] == 0 and gen < 350,
       "hang-up before a whole answer cancels it (%d of 360 tokens made)" % gen, (mid, s2))
+
+# ---- churn: 24 clients for 3 s, streamed and whole, a third hanging up at random points
+# (before the first token, mid-answer): every other answer is whole, and every block comes back
+def churn_one(rng):
+    stream_ = rng.random() < 0.5
+    body = json.dumps({"prompt": "Once upon a time %d" % rng.randrange(1000), "max_tokens": rng.randrange(1, 120),
+                       "temperature": 0, "stream": stream_}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+              b"Connection: close\r\n\r\n%s" % (len(body), body))
+    mode = rng.random()
+    if mode < 0.15:
+        time.sleep(rng.random() * 0.03)
+        s.close()
+        return "hung"
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+        if mode < 0.33 and len(got) > 300:
+            s.close()
+            return "hung"
+    s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    if stream_:
+        whole = b"data: [DONE]" in rest and b'"finish_reason":"' in rest
+    else:
+        try:
+            whole = len(json.loads(rest)["choices"]) == 1
+        except ValueError:
+            whole = False
+    whole = whole and head.startswith(b"HTTP/1.1 200")
+    return "ok" if whole else "bad"
+churn = {"ok": 0, "hung": 0, "bad": 0, "exc": []}
+churn_lock = threading.Lock()
+def churn_worker(seed):
+    rng = random.Random(seed)
+    end = time.time() + 3
+    while time.time() < end:
+        try:
+            r = churn_one(rng)
+        except Exception as e:  # reported below
+            r = "bad"
+            churn["exc"].append(repr(e))
+        with churn_lock:
+            churn[r] += 1
+threads = [threading.Thread(target=churn_worker, args=(i,)) for i in range(24)]
+for t in threads: t.start()
+for t in threads: t.join()
+t0 = time.time()
+s2 = status()
+while (s2["running"] or s2["waiting"] or s2["blocks_used"]) and time.time() - t0 < 5:
+    time.sleep(0.02)
+    s2 = status()
+check(churn["bad"] == 0 and churn["ok"] > 0 and churn["hung"] > 0 and s2["blocks_used"] == 0 and s2["running"] == 0,
+      "churn: %d answers whole, %d hang-ups, %d bad; every block back" % (churn["ok"], churn["hung"], churn["bad"]),
+      (churn["exc"][:3], s2))
 
 # ---- a stalled client: half a body, then silence; the timeout closes it, others carry on
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
