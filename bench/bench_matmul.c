@@ -24,12 +24,14 @@ static float frand(void) {
  * 64 distinct random rows are quantized once and tiled (quantizing millions of
  * rows with the reference quantizers would take minutes). */
 static uint8_t *make_weights(int type, int n_in, int n_out, int copies, size_t *mat_bytes) {
-    if (type == OP_Q8_0_R16 || type == OP_Q4_0_R16) { /* Q8_0 / Q4_0 weights, each copy packed */
-        int base = type == OP_Q8_0_R16 ? DT_Q8_0 : DT_Q4_0;
-        uint8_t *q = make_weights(base, n_in, n_out, copies, mat_bytes);
+    if (type == OP_Q8_0_R16 || type == OP_Q4_0_R16 || type == OP_Q4_K_R16) { /* each copy packed */
+        int base = type == OP_Q8_0_R16 ? DT_Q8_0 : type == OP_Q4_0_R16 ? DT_Q4_0 : DT_Q4_K;
+        size_t qb;
+        uint8_t *q = make_weights(base, n_in, n_out, copies, &qb);
+        *mat_bytes = op_pack_size(base, n_in, n_out);
         uint8_t *w = q ? aligned_alloc(64, (*mat_bytes * (size_t)copies + 63) & ~(size_t)63) : NULL;
         for (int c = 0; w && c < copies; c++)
-            op_pack(base, q + (size_t)c * *mat_bytes, w + (size_t)c * *mat_bytes, n_in, n_out);
+            op_pack(base, q + (size_t)c * qb, w + (size_t)c * *mat_bytes, n_in, n_out);
         free(q);
         return w;
     }
@@ -98,11 +100,12 @@ int main(int argc, char **argv) {
 
     /* q8_0r, q4_0r: packed as the engine does at load on AVX512-VNNI CPUs
      * (op_pack; elsewhere the scalar kernels read them: --scalar) */
-    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, OP_Q8_0_R16, OP_Q4_0_R16};
-    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q8_0r", "q4_0r"};
-    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0.70, 0.70};
+    const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, OP_Q8_0_R16, OP_Q4_0_R16,
+                         OP_Q4_K_R16};
+    const char *names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q8_0r", "q4_0r", "q4_Kr"};
+    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0.70, 0.70, 0};
     const shape shapes[] = {{5632, 2048}, {32000, 2048}, {2048, 5632}};
-    enum { NT = 9, NS = 3, TP = 64 };
+    enum { NT = 10, NS = 3, TP = 64 };
     const int n_shapes = quick ? 1 : NS;
 
     printf("decode (T=1) matrix-vector; weights cycled through >= %zu MiB so they come from memory\n",
@@ -117,7 +120,7 @@ int main(int argc, char **argv) {
         if (!wanted(only, names[ti])) continue;
         for (int si = 0; si < n_shapes; si++) {
             shape s = shapes[si];
-            size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti] == OP_Q4_0_R16 ? DT_Q4_0 : types[ti], s.n_in) * (size_t)s.n_out;
+            size_t mat = op_pack_row_size(types[ti], s.n_in) * (size_t)s.n_out;
             int copies = (int)((footprint + mat - 1) / mat);
             if (copies < 2) copies = 2;
             uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
@@ -186,9 +189,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 7; k++) printf("   T=%-2d us/tok (x)", bT[k]);
     printf("   GFLOP/s at 64\n");
     for (int ti = 3; ti < NT; ti++) {
-        if (ti == 5 || ti == 6 || !wanted(only, names[ti])) continue; /* not the K types */
+        if (ti == 6 || !wanted(only, names[ti])) continue; /* q4_K against q4_Kr; not q6_K */
         shape s = shapes[0];
-        size_t mat = dt_row_size(types[ti] == OP_Q8_0_R16 ? DT_Q8_0 : types[ti] == OP_Q4_0_R16 ? DT_Q4_0 : types[ti], s.n_in) * (size_t)s.n_out;
+        size_t mat = op_pack_row_size(types[ti], s.n_in) * (size_t)s.n_out;
         int copies = (int)((footprint + mat - 1) / mat);
         uint8_t *W = make_weights(types[ti], s.n_in, s.n_out, copies, &mat);
         void *work = malloc(op_matmul_work_size(types[ti], TP, s.n_in));

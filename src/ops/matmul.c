@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
+#include "ops/matmul_kq.h"
 #include "ops/ops_internal.h"
 #include "util/timing.h"
 
@@ -13,7 +14,7 @@ int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
     case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
-    case DT_Q4_K: case DT_Q6_K: return 2;
+    case DT_Q4_K: case DT_Q6_K: case OP_Q4_K_R16: return 2;
     default: return -1;
     }
 }
@@ -26,18 +27,53 @@ op_mm_tile_fn op_mm_tile(int wtype) {
 }
 
 /* The GGUF type whose rows a (possibly packed) weight type stores. */
-static int base_type(int wtype) { return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype; }
-static int packed_of(int wtype) { return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : -1; }
+static int base_type(int wtype) {
+    return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype == OP_Q4_K_R16 ? DT_Q4_K : wtype;
+}
+static int packed_of(int wtype) {
+    return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : wtype == DT_Q4_K ? OP_Q4_K_R16 : -1;
+}
 
 int op_pack_type(int wtype) { return op_simd_level() >= OP_SIMD_VNNI ? packed_of(wtype) : -1; }
 
+size_t op_pack_row_size(int wtype, int n_in) {
+    if (wtype == OP_Q4_K_R16) return n_in > 0 && n_in % QK_K == 0 ? (size_t)(n_in / QK_K) * OP_Q4K_R16_BYTES / 16 : 0;
+    return dt_row_size(base_type(wtype), n_in);
+}
+
 size_t op_pack_size(int wtype, int n_in, int n_out) {
     if (packed_of(wtype) < 0) return 0; /* the layout is the same on every CPU */
-    return (size_t)(n_out + 15) / 16 * 16 * dt_row_size(wtype, n_in);
+    return (size_t)(n_out + 15) / 16 * 16 * op_pack_row_size(packed_of(wtype), n_in);
+}
+
+/* Q4_K into OP_Q4_K_R16 (ops.h): per group and super-block the d, dmin,
+ * scales and mins of the 16 rows, then the quants in 4-byte chunks. */
+static void pack_q4_K(const void *src, void *dst, int n_in, int n_out) {
+    const int nb = n_in / QK_K;
+    const size_t rs = dt_row_size(DT_Q4_K, n_in);
+    static const block_q4_K zero; /* rows past n_out: scales 0, quants 0 */
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += OP_Q4K_R16_BYTES)
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                const block_q4_K *blk = r < n_out ? (const block_q4_K *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
+                uint8_t sc[8], mn[8];
+                op_q4k_scales(blk->scales, sc, mn);
+                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
+                memcpy(d + 32 + 2 * j, &blk->dmin, sizeof(dt_f16));
+                for (int s = 0; s < 8; s++) {
+                    d[64 + 16 * s + j] = sc[s];
+                    d[192 + 16 * s + j] = mn[s];
+                }
+                for (int p = 0; p < 4; p++)
+                    for (int k = 0; k < 8; k++) memcpy(d + 320 + 512 * p + 64 * k + 4 * j, blk->qs + 32 * p + 4 * k, 4);
+            }
 }
 
 void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
     if (packed_of(wtype) < 0) return;
+    if (wtype == DT_Q4_K) { pack_q4_K(src, dst, n_in, n_out); return; }
     const int nb = n_in / 32, q4 = wtype == DT_Q4_0;
     const size_t rs = dt_row_size(wtype, n_in), bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     const int chunks = q4 ? 4 : 8;
@@ -180,7 +216,7 @@ void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_m
         const op_mm_out *o = &outs[i];
         mm_mat *M = &j.mats[j.n_mats];
         M->fn = op_mm_tile(o->wtype);
-        M->ws = dt_row_size(base_type(o->wtype), n_in); /* 0 if n_in is not whole blocks */
+        M->ws = op_pack_row_size(o->wtype, n_in); /* 0 if n_in is not whole blocks */
         if (o->n_out <= 0 || !M->fn || M->ws == 0) continue; /* unsupported: Y untouched */
         M->W = o->W;
         M->Y = o->Y;

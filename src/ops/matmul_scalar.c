@@ -61,6 +61,13 @@ static float dot_q4_0(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* A Q4_K super-block's share, in the packed VNNI kernel's operations:
+ * s + xd (d sumi - dmin summ), the inner difference as one FMA. */
+static inline float q4k_step(float s, float xd, dt_f16 d, dt_f16 dmin, int sumi, int summ) {
+    float m = dt_f16_to_f32(dmin) * (float)summ;
+    return fmaf(xd, fmaf(dt_f16_to_f32(d), (float)sumi, -m), s);
+}
+
 static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) {
     const block_q4_K *wb = (const block_q4_K *)w;
     const block_q8_K *xb = (const block_q8_K *)x;
@@ -82,7 +89,7 @@ static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) {
             a += 64;
         }
         for (int j = 0; j < 8; j++) summ += mn[j] * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
-        s += xb[b].d * (dt_f16_to_f32(wb[b].d) * (float)sumi - dt_f16_to_f32(wb[b].dmin) * (float)summ);
+        s = q4k_step(s, xb[b].d, wb[b].d, wb[b].dmin, sumi, summ);
     }
     return s;
 }
@@ -163,6 +170,39 @@ static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, 
     tile_r16(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
+/* Row j of a group of OP_Q4_K_R16 (ops.h): dot_q4_K's operations. */
+static float dot_q4k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_Q4K_R16_BYTES;
+        int sumi = 0, summ = 0;
+        for (int p = 0; p < 4; p++) {
+            int lo = 0, hi = 0;
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 4; i++) {
+                    int q = blk[320 + 512 * p + 64 * k + 4 * j + i];
+                    lo += (q & 0x0f) * xb[b].qs[64 * p + 4 * k + i];
+                    hi += (q >> 4) * xb[b].qs[64 * p + 32 + 4 * k + i];
+                }
+            sumi += blk[64 + 16 * (2 * p) + j] * lo + blk[64 + 16 * (2 * p + 1) + j] * hi;
+        }
+        for (int t = 0; t < 8; t++) summ += blk[192 + 16 * t + j] * (xb[b].bsums[2 * t] + xb[b].bsums[2 * t + 1]);
+        dt_f16 d, dmin;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        memcpy(&dmin, blk + 32 + 2 * j, sizeof dmin);
+        s = q4k_step(s, xb[b].d, d, dmin, sumi, summ);
+    }
+    return s;
+}
+
+static void tile_q4_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++)
+            y[(size_t)c * ys + r] = dot_q4k_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+}
+
 op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     switch (wtype) {
     case DT_F32: return tile_f32;
@@ -171,6 +211,7 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case DT_Q8_0: return tile_q8_0;
     case OP_Q8_0_R16: return tile_q8_0_r16;
     case OP_Q4_0_R16: return tile_q4_0_r16;
+    case OP_Q4_K_R16: return tile_q4_K_r16;
     case DT_Q4_0: return tile_q4_0;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q6_K: return tile_q6_K;

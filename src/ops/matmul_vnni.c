@@ -1,6 +1,6 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0 and Q4_0 weights (OP_Q8_0_R16, OP_Q4_0_R16) with 512-bit
- * vpdpbusd. Other types, and unpacked Q8_0 / Q4_0, use the AVX2 kernels. */
+ * packed Q8_0, Q4_0 and Q4_K weights (OP_Q8_0_R16, OP_Q4_0_R16, OP_Q4_K_R16)
+ * with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
@@ -126,12 +126,104 @@ static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
     r16_run(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
+/* ---- OP_Q4_K_R16: packed Q4_K weights --------------------------------------
+ * The same scheme per 32-column sub-block (ops.h): a pair's 8 chunks give
+ * its low nibbles (sub-block 2p), then its high ones (2p + 1), as unsigned
+ * weights against the token's int8 quants; each sub-block's exact dot is
+ * multiplied by the rows' 16 scales (vpmulld) into the super-block's integer
+ * sum. The mins meet the activations' sums of 16 (bsums) through vpdpwssd
+ * (each min in both halves of a dword, against a dword of two bsums). Then
+ * one FMA pair per super-block, as q4k_step in the scalar kernel. The running
+ * sums live in L1 between super-blocks (the registers hold the 16 tokens'
+ * integer sums and the 8 chunks). */
+AI void q4k_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
+                     __mmask16 rows) {
+    const int nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_Q4K_R16_BYTES;
+        for (size_t o = 0; o < OP_Q4K_R16_BYTES; o += 64) {
+            _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
+        }
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 8; sb++) {
+            const int p = sb / 2, h = sb % 2;
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * sb)));
+            __m512i wk[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i raw = _mm512_loadu_si512(blk + 320 + 512 * p + 64 * k);
+                wk[k] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, m4);
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 64 * p + 32 * h;
+                __m512i i0 = _mm512_setzero_si512(), i1 = i0;
+#pragma GCC unroll 4
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
+                    i1 = _mm512_dpbusd_epi32(i1, wk[k + 1], _mm512_set1_epi32(ld32(a + 4 * k + 4)));
+                }
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        __m512i mn[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192 + 16 * t)));
+            mn[t] = _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
+        }
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+            __m512i sm = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) sm = _mm512_dpwssd_epi32(sm, mn[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
+            const __m512 m = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(sm));
+            const __m512 t = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(sumi[c]), m);
+            _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_set1_ps(xb->d), t, _mm512_load_ps(accm[c])));
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16K(rn)                                                                                          \
+    static void r16k_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,      \
+                          __mmask16 rows) {                                                               \
+        q4k_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                       \
+    }
+R16K(1) R16K(2) R16K(3) R16K(4) R16K(5) R16K(6) R16K(7) R16K(8)
+R16K(9) R16K(10) R16K(11) R16K(12) R16K(13) R16K(14) R16K(15) R16K(16)
+static const r16_fn r16k_tab[R16_C] = {r16k_1,  r16k_2,  r16k_3,  r16k_4,  r16k_5,  r16k_6,  r16k_7,  r16k_8,
+                                       r16k_9,  r16k_10, r16k_11, r16k_12, r16k_13, r16k_14, r16k_15, r16k_16};
+
+static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    for (int r = 0; r < nr; r += 16) {
+        const __mmask16 rows = nr - r >= 16 ? 0xffff : (__mmask16)((1u << (nr - r)) - 1);
+        for (int c = 0; c < nc; c += R16_C) {
+            int rn = nc - c < R16_C ? nc - c : R16_C;
+            r16k_tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
+        }
+    }
+}
+
 #pragma GCC pop_options
 
 op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     switch (wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
+    case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
     default: return op_mm_tile_avx2(wtype);
     }
 }

@@ -56,11 +56,26 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * gives the 16 rows' partial dots in its 16 lanes, against one broadcast dword
  * of the activations. The last group is padded with zero rows; the packed
  * tensor has the unpacked one's size rounded up to whole groups, and op_matmul
- * takes the packed type as its wtype (rows still dt_row_size(base type) apart).
+ * takes the packed type as its wtype (rows still dt_row_size(base type) apart;
+ * Q4_K, below, is the exception).
  * Results equal the scalar kernel of the base type bit for bit (integer block
  * dots, then one FMA per block in column order). */
 #define OP_Q8_0_R16 0x108
 #define OP_Q4_0_R16 0x102
+/* OP_Q4_K_R16: Q4_K rows in groups of 16, per group and 256-column
+ * super-block (2,368 bytes, 148 per row where Q4_K takes 144): the 16 rows'
+ * f16 d, their f16 dmin, their 8 sub-block scales [8][16] and 8 mins [8][16]
+ * unpacked to bytes, then per pair p of 32-column sub-blocks (2p in the low
+ * nibbles, 2p+1 in the high ones, as in Q4_K) 8 chunks of 64 bytes, chunk k
+ * holding bytes 32p + 4k..4k+3 of each row's quants. The rows of a packed
+ * Q4_K tensor are op_pack_row_size apart. Results equal the scalar Q4_K
+ * kernel bit for bit (integer sub-block dots times the scales, the mins
+ * against the activations' sums, then per super-block
+ * fma(xd, fma(d, sumi, -dmin * summ), s)). */
+#define OP_Q4_K_R16 0x10c
+/* Bytes between the rows of weights of type wtype (packed or not), 0 if
+ * n_in is not whole blocks; a packed group is 16 such rows. */
+size_t op_pack_row_size(int wtype, int n_in);
 /* Packed type for weights of type wtype on this CPU, or -1 (none worth it). */
 int op_pack_type(int wtype);
 /* Bytes of the packed form (n_out rounded up to whole groups; 0 if wtype has

@@ -33,6 +33,10 @@ void op_set_simd_level(int level);
 enum { OP_ATT_SCALAR = 0, OP_ATT_AVX2_TILE, OP_ATT_AVX2_FUSED, OP_ATT_VNNI_TILE };
 int op_attention_kernel(const op_attn_args *a);
 
+/* Bytes of one 16-row group and super-block of OP_Q4_K_R16 (ops.h): d, dmin,
+ * 8 x 16 scales, 8 x 16 mins, then 4 x 8 chunks of 64 bytes of quants. */
+enum { OP_Q4K_R16_BYTES = 32 + 32 + 128 + 128 + 2048 };
+
 /* ---- quantized activations --------------------------------------------------
  * Q8_0-style rows (for Q8_0 and Q4_0 weights), one per token, laid out as
  *   int8_t  qs[n_in]        quants, 32 per block
