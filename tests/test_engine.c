@@ -122,8 +122,8 @@ static void check_cache_equals_recompute(kvlm_model *m, const char *what) {
         for (int v = 0; v < V; v++) scale = fmax(scale, fabs(naive[(size_t)t * V + v]));
         for (int v = 0; v < V; v++) {
             size_t i = (size_t)t * V + v;
-            worst_dec = fmax(worst_dec, fabs(decode[i] - naive[i]) / scale);
-            worst_naive = fmax(worst_naive, fabs(prefill[i] - naive[i]) / scale);
+            worst_dec = tu_worse(worst_dec, fabs(decode[i] - naive[i]) / scale);
+            worst_naive = tu_worse(worst_naive, fabs(prefill[i] - naive[i]) / scale);
         }
     }
     printf("  %-40s decode vs recompute %.2e, prefill vs recompute %.2e\n", what, worst_dec, worst_naive);
@@ -226,7 +226,7 @@ static void test_convert(void **state) {
         /* Error relative to the largest logit of the whole set. */
         double scale = 0, worst = 0;
         for (int k = 0; k < 12 * 512; k++) scale = fmax(scale, fabs(ref[k]));
-        for (int k = 0; k < 12 * 512; k++) worst = fmax(worst, fabs(got[k] - ref[k]) / scale);
+        for (int k = 0; k < 12 * 512; k++) worst = tu_worse(worst, fabs(got[k] - ref[k]) / scale);
         printf("  convert to %-5s max error %.2e of the largest logit\n", types[i].type, worst);
         assert_true(worst <= types[i].tol);
         char *text = generate(m, "Once upon a time", 30, false);

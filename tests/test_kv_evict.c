@@ -353,7 +353,7 @@ static void test_big_budget_is_none(void **state) {
 static double rel_err(const float *got, const float *want) {
     double worst = 0, scale = 1e-3;
     for (int v = 0; v < 200; v++) scale = fmax(scale, fabs(want[v]));
-    for (int v = 0; v < 200; v++) worst = fmax(worst, fabs(got[v] - want[v]) / scale);
+    for (int v = 0; v < 200; v++) worst = tu_worse(worst, fabs(got[v] - want[v]) / scale);
     return worst;
 }
 

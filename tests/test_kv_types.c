@@ -658,7 +658,7 @@ static double max_err(const float *a, const float *b, int n_rows, int V) {
             scale = fmax(scale, fabs(b[(size_t)t * V + v]));
             e = fmax(e, fabs(a[(size_t)t * V + v] - b[(size_t)t * V + v]));
         }
-        worst = fmax(worst, e / scale);
+        worst = tu_worse(worst, e / scale);
     }
     return worst;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include "helpers/testutil.h"
 #include "kvlm.h"
+#include "ops/ops_internal.h"
 
 static kvlm_model *synth_ffn(kvlm_arch arch, int dim, int heads, int kv, int hidden, const char *type,
                              uint64_t seed) {
@@ -86,7 +87,9 @@ static double max_err(const float *a, const float *b, int n_rows, int V) {
     for (int t = 0; t < n_rows; t++) {
         double scale = 1e-3;
         for (int v = 0; v < V; v++) scale = fmax(scale, fabs(b[(size_t)t * V + v]));
-        for (int v = 0; v < V; v++) worst = fmax(worst, fabs(a[(size_t)t * V + v] - b[(size_t)t * V + v]) / scale);
+        for (int v = 0; v < V; v++) {
+            worst = tu_worse(worst, fabs(a[(size_t)t * V + v] - b[(size_t)t * V + v]) / scale);
+        }
     }
     return worst;
 }
@@ -120,6 +123,38 @@ static void test_paged_equals_contiguous(void **state) {
         kvlm_ctx_free(paged);
         kvlm_ctx_free(tiny);
         kvlm_model_free(m);
+    }
+}
+
+/* Weights repacked at load (CPUs with AVX512-VNNI: Q8_0, Q4_0 and Q4_K in
+ * 16-row groups) give the logits of the same model loaded and run at the
+ * AVX2 level, where nothing is packed (the kernels differ in rounding only). */
+static void test_packed_weights(void **state) {
+    (void)state;
+    if (op_cpu_simd_level() < OP_SIMD_VNNI) {
+        printf("  SKIP: this CPU has no AVX512-VNNI, nothing is packed\n");
+        return;
+    }
+    const char *types[] = {"q8_0", "q4_0", "q4_K"};
+    enum { N = 40, V = 300 };
+    for (int ti = 0; ti < 3; ti++) {
+        int32_t ids[N];
+        random_ids(ids, N, V, 70 + ti);
+        float *logits[2];
+        for (int packed = 0; packed < 2; packed++) {
+            op_set_simd_level(packed ? -1 : OP_SIMD_AVX2);
+            kvlm_model *m = synth_ffn(KVLM_ARCH_LLAMA, 256, 4, 2, 512, types[ti], 60 + ti);
+            kvlm_ctx *ctx = make_ctx(m, 1, 16, 256, 0);
+            logits[packed] = run_seq(ctx, 0, ids, N, 7); /* prefill pieces of 7 */
+            kvlm_ctx_free(ctx);
+            kvlm_model_free(m);
+        }
+        op_set_simd_level(-1);
+        double e = max_err(logits[1], logits[0], N, V);
+        printf("  %s: packed vs unpacked logits %.2e\n", types[ti], e);
+        assert_true(e < 5e-2);
+        free(logits[0]);
+        free(logits[1]);
     }
 }
 
@@ -170,7 +205,7 @@ static void test_interleaved(void **state) {
         kvlm_batch b = {n, toks, NULL, want, seqs};
         if (kvlm_decode(ctx, &b, &err)) fail_msg("decode: %s", err.msg);
         for (int i = 0; i < n; i++)
-            worst = fmax(worst, max_err(kvlm_get_logits(ctx, i), alone[which[i]] + (size_t)where[i] * 300, 1, 300));
+            worst = tu_worse(worst, max_err(kvlm_get_logits(ctx, i), alone[which[i]] + (size_t)where[i] * 300, 1, 300));
     }
     printf("  8 interleaved sequences vs alone: max error %.2e\n", worst);
     assert_true(worst < 1e-5);
@@ -193,6 +228,7 @@ static void test_batched_bits(void **state) {
         {KVLM_ARCH_QWEN2, 256, 4, 2, 544, "q8_0", KVLM_CACHE_Q4_KC, KVLM_CACHE_Q4_0, 8},
         {KVLM_ARCH_LLAMA, 128, 8, 8, 292, "f32", KVLM_CACHE_Q4_KC, KVLM_CACHE_F16, 16},
         {KVLM_ARCH_QWEN2, 128, 8, 2, 292, "f32", KVLM_CACHE_F32, KVLM_CACHE_Q8_0, 16},
+        {KVLM_ARCH_LLAMA, 256, 4, 2, 512, "q4_K", KVLM_CACHE_F16, KVLM_CACHE_F16, 16}, /* packed on VNNI CPUs */
     };
     enum { S = 6, N = 48, V = 300 };
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
@@ -376,6 +412,7 @@ int main(void) {
         cmocka_unit_test(test_paged_equals_contiguous),
         cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_batched_bits),
+        cmocka_unit_test(test_packed_weights),
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_pool_full),

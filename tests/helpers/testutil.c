@@ -68,7 +68,7 @@ double tu_max_rel_diff(const float *a, const float *b, int n, double floor) {
         double d = fabs((double)a[i] - (double)b[i]);
         double s = fabs((double)b[i]);
         if (s < floor) s = floor;
-        if (d / s > m) m = d / s;
+        m = tu_worse(m, d / s);
     }
     return m;
 }

@@ -24,7 +24,9 @@ char *tu_read_file(const char *path, size_t *len);
 int tu_write_file(const char *path, const void *data, size_t len);
 /* True when KVLM_TEST_QUICK is set (sanitizer builds): tests shrink loops. */
 bool tu_quick(void);
-/* Max relative difference |a-b| / max(|b|, floor) over n floats. */
+/* max(worst, e) where a NaN e is the worst error, not none (fmax drops NaNs). */
+static inline double tu_worse(double worst, double e) { return e <= worst ? worst : e != e ? 1.0 / 0.0 : e; }
+/* Max relative difference |a-b| / max(|b|, floor) over n floats (NaN: infinite). */
 double tu_max_rel_diff(const float *a, const float *b, int n, double floor);
 /* Deterministic random floats in [-scale, scale]. */
 void tu_fill_random(float *x, size_t n, uint64_t *state, float scale);
