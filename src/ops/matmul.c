@@ -14,7 +14,7 @@ int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
     case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
-    case DT_Q4_K: case DT_Q6_K: case OP_Q4_K_R16: return 2;
+    case DT_Q4_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q6_K_R16: return 2;
     default: return -1;
     }
 }
@@ -28,10 +28,14 @@ op_mm_tile_fn op_mm_tile(int wtype) {
 
 /* The GGUF type whose rows a (possibly packed) weight type stores. */
 static int base_type(int wtype) {
-    return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype == OP_Q4_K_R16 ? DT_Q4_K : wtype;
+    return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype == OP_Q4_K_R16 ? DT_Q4_K
+           : wtype == OP_Q6_K_R16                                            ? DT_Q6_K
+                                                                             : wtype;
 }
 static int packed_of(int wtype) {
-    return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : wtype == DT_Q4_K ? OP_Q4_K_R16 : -1;
+    return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : wtype == DT_Q4_K ? OP_Q4_K_R16
+           : wtype == DT_Q6_K                                   ? OP_Q6_K_R16
+                                                                : -1;
 }
 
 int op_pack_type(int wtype) { return op_simd_level() >= OP_SIMD_VNNI ? packed_of(wtype) : -1; }
@@ -71,9 +75,38 @@ static void pack_q4_K(const void *src, void *dst, int n_in, int n_out) {
             }
 }
 
+/* Q6_K into OP_Q6_K_R16 (ops.h): per group and super-block the d and
+ * scales of the 16 rows, then the quants + 32 split into nibbles and top bits. */
+static void pack_q6_K(const void *src, void *dst, int n_in, int n_out) {
+    const int nb = n_in / QK_K;
+    const size_t rs = dt_row_size(DT_Q6_K, n_in);
+    static const block_q6_K zero; /* rows past n_out: scales 0 */
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += OP_Q6K_R16_BYTES) {
+            memset(d, 0, OP_Q6K_R16_BYTES);
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                const block_q6_K *blk = r < n_out ? (const block_q6_K *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
+                int8_t q[QK_K];
+                op_q6k_unpack(blk, q);
+                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
+                for (int s = 0; s < 16; s++) d[32 + 16 * s + j] = (uint8_t)blk->scales[s];
+                for (int u = 0; u < 8; u++)
+                    for (int k = 0; k < 8; k++)
+                        for (int i = 0; i < 4; i++) {
+                            int v = q[32 * u + 4 * k + i] + 32; /* 0..63 */
+                            d[288 + 512 * (u / 2) + 64 * k + 4 * j + i] |= (uint8_t)((v & 15) << (4 * (u % 2)));
+                            d[2336 + 512 * (u / 4) + 64 * k + 4 * j + i] |= (uint8_t)((v >> 4) << (2 * (u % 4)));
+                        }
+            }
+        }
+}
+
 void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
     if (packed_of(wtype) < 0) return;
     if (wtype == DT_Q4_K) { pack_q4_K(src, dst, n_in, n_out); return; }
+    if (wtype == DT_Q6_K) { pack_q6_K(src, dst, n_in, n_out); return; }
     const int nb = n_in / 32, q4 = wtype == DT_Q4_0;
     const size_t rs = dt_row_size(wtype, n_in), bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     const int chunks = q4 ? 4 : 8;

@@ -94,6 +94,11 @@ static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* A Q6_K super-block's share, in the packed VNNI kernel's operations. */
+static inline float q6k_step(float s, float xd, dt_f16 d, int sumi) {
+    return fmaf(dt_f16_to_f32(d) * xd, (float)sumi, s);
+}
+
 static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
     const block_q6_K *wb = (const block_q6_K *)w;
     const block_q8_K *xb = (const block_q8_K *)x;
@@ -107,7 +112,7 @@ static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
             for (int i = 0; i < 16; i++) isum += q[g * 16 + i] * xb[b].qs[g * 16 + i];
             sumi += wb[b].scales[g] * isum;
         }
-        s += dt_f16_to_f32(wb[b].d) * xb[b].d * (float)sumi;
+        s = q6k_step(s, xb[b].d, wb[b].d, sumi);
     }
     return s;
 }
@@ -196,6 +201,38 @@ static float dot_q4k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
     return s;
 }
 
+/* Row j of a group of OP_Q6_K_R16 (ops.h): dot_q6_K's operations. */
+static float dot_q6k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_Q6K_R16_BYTES;
+        int sumi = 0;
+        for (int grp = 0; grp < 16; grp++) {
+            const int u = grp / 2;
+            int isum = 0;
+            for (int k = 4 * (grp % 2); k < 4 * (grp % 2) + 4; k++)
+                for (int i = 0; i < 4; i++) {
+                    int lo = (blk[288 + 512 * (u / 2) + 64 * k + 4 * j + i] >> (4 * (u % 2))) & 15;
+                    int hi = (blk[2336 + 512 * (u / 4) + 64 * k + 4 * j + i] >> (2 * (u % 4))) & 3;
+                    isum += ((lo | hi << 4) - 32) * xb[b].qs[32 * u + 4 * k + i];
+                }
+            sumi += (int8_t)blk[32 + 16 * grp + j] * isum;
+        }
+        dt_f16 d;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        s = q6k_step(s, xb[b].d, d, sumi);
+    }
+    return s;
+}
+
+static void tile_q6_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++)
+            y[(size_t)c * ys + r] = dot_q6k_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+}
+
 static void tile_q4_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
                           int nr, int nc) {
     for (int c = 0; c < nc; c++)
@@ -212,6 +249,7 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16;
     case OP_Q4_0_R16: return tile_q4_0_r16;
     case OP_Q4_K_R16: return tile_q4_K_r16;
+    case OP_Q6_K_R16: return tile_q6_K_r16;
     case DT_Q4_0: return tile_q4_0;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q6_K: return tile_q6_K;

@@ -1,6 +1,6 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0 and Q4_K weights (OP_Q8_0_R16, OP_Q4_0_R16, OP_Q4_K_R16)
- * with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
+ * packed Q8_0, Q4_0, Q4_K and Q6_K weights (OP_Q8_0_R16, OP_Q4_0_R16,
+ * OP_Q4_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
@@ -206,15 +206,105 @@ R16K(9) R16K(10) R16K(11) R16K(12) R16K(13) R16K(14) R16K(15) R16K(16)
 static const r16_fn r16k_tab[R16_C] = {r16k_1,  r16k_2,  r16k_3,  r16k_4,  r16k_5,  r16k_6,  r16k_7,  r16k_8,
                                        r16k_9,  r16k_10, r16k_11, r16k_12, r16k_13, r16k_14, r16k_15, r16k_16};
 
-static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
+/* ---- OP_Q6_K_R16: packed Q6_K weights --------------------------------------
+ * Per 16-column group (ops.h): its 4 chunks rebuilt from their nibbles and
+ * top bits (u = q + 32, 0..63, unsigned against the token's int8 quants),
+ * the group's exact dot times the rows' 16 scales (vpmulld) into the
+ * super-block's integer sum; the +32 comes back out as 32 x the scales
+ * against the activations' sums of 16 (vpdpwssd, two scales per dword).
+ * Then one FMA per super-block, as q6k_step in the scalar kernel. */
+AI void q6k_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
+                     __mmask16 rows) {
+    const int nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_Q6K_R16_BYTES;
+        for (size_t o = 0; o < OP_Q6K_R16_BYTES; o += 64) {
+            _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
+        }
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int grp = 0; grp < 16; grp++) {
+            const int u = grp / 2, k0 = 4 * (grp % 2);
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * grp)));
+            __m512i wk[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i lo = _mm512_loadu_si512(blk + 288 + 512 * (u / 2) + 64 * (k0 + k));
+                const __m512i hq = _mm512_loadu_si512(blk + 2336 + 512 * (u / 4) + 64 * (k0 + k));
+                const int sh = 2 * (u % 4); /* the unit's 2 bits to bits 4..5 */
+                const __m512i hi = sh < 4 ? _mm512_slli_epi16(hq, 4 - sh) : sh > 4 ? _mm512_srli_epi16(hq, sh - 4) : hq;
+                wk[k] = _mm512_or_si512(_mm512_and_si512(u % 2 ? _mm512_srli_epi16(lo, 4) : lo, m4),
+                                        _mm512_and_si512(hi, m30));
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 16 * grp;
+                __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk[0], _mm512_set1_epi32(ld32(a)));
+                __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk[1], _mm512_set1_epi32(ld32(a + 4)));
+                i0 = _mm512_dpbusd_epi32(i0, wk[2], _mm512_set1_epi32(ld32(a + 8)));
+                i1 = _mm512_dpbusd_epi32(i1, wk[3], _mm512_set1_epi32(ld32(a + 12)));
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        __m512i scp[8]; /* scales 2t and 2t + 1 as the two int16 halves of each lane */
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * t)));
+            const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 48 + 32 * t)));
+            scp[t] = _mm512_or_si512(_mm512_and_si512(s0, lo16), _mm512_slli_epi32(s1, 16));
+        }
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+            __m512i corr = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++)
+                corr = _mm512_dpwssd_epi32(corr, scp[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
+            const __m512i tot = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(corr, 5));
+            _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(tot),
+                                                     _mm512_load_ps(accm[c])));
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16Q6(rn)                                                                                         \
+    static void r16q6_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,     \
+                           __mmask16 rows) {                                                              \
+        q6k_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                       \
+    }
+R16Q6(1) R16Q6(2) R16Q6(3) R16Q6(4) R16Q6(5) R16Q6(6) R16Q6(7) R16Q6(8)
+R16Q6(9) R16Q6(10) R16Q6(11) R16Q6(12) R16Q6(13) R16Q6(14) R16Q6(15) R16Q6(16)
+static const r16_fn r16q6_tab[R16_C] = {r16q6_1,  r16q6_2,  r16q6_3,  r16q6_4,  r16q6_5,  r16q6_6,
+                                        r16q6_7,  r16q6_8,  r16q6_9,  r16q6_10, r16q6_11, r16q6_12,
+                                        r16q6_13, r16q6_14, r16q6_15, r16q6_16};
+
+/* Rows in groups of 16 (the last one masked), tokens R16_C at a time. */
+static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                       float *y, size_t ys, int nr, int nc) {
     for (int r = 0; r < nr; r += 16) {
         const __mmask16 rows = nr - r >= 16 ? 0xffff : (__mmask16)((1u << (nr - r)) - 1);
         for (int c = 0; c < nc; c += R16_C) {
             int rn = nc - c < R16_C ? nc - c : R16_C;
-            r16k_tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
+            tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
         }
     }
+}
+static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_groups(r16k_tab, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q6_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_groups(r16q6_tab, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 #pragma GCC pop_options
@@ -224,6 +314,7 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
     case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
+    case OP_Q6_K_R16: return tile_q6_K_r16_vnni;
     default: return op_mm_tile_avx2(wtype);
     }
 }

@@ -73,6 +73,15 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * against the activations' sums, then per super-block
  * fma(xd, fma(d, sumi, -dmin * summ), s)). */
 #define OP_Q4_K_R16 0x10c
+/* OP_Q6_K_R16: Q6_K rows in groups of 16, per group and super-block (3,360
+ * bytes, Q6_K's 210 per row): the 16 rows' f16 d, their 16 scales [16][16]
+ * (int8), then the quants as u = q + 32 (0..63) in 64-byte chunks of 4
+ * columns x 16 rows per 32-column unit j (chunk k: columns 32j + 4k..4k+3):
+ * the low nibbles of units 2p and 2p + 1 share a byte (low, high nibble; 4 x 8
+ * chunks), the top 2 bits of units 4q..4q+3 share a byte (2 bits each, from
+ * the bottom; 2 x 8 chunks). Results equal the scalar Q6_K kernel bit for
+ * bit (integer group dots times the scales, then fma(d xd, sumi, s)). */
+#define OP_Q6_K_R16 0x10e
 /* Bytes between the rows of weights of type wtype (packed or not), 0 if
  * n_in is not whole blocks; a packed group is 16 such rows. */
 size_t op_pack_row_size(int wtype, int n_in);
