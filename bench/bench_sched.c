@@ -4,8 +4,9 @@
  * same run (the issue asks for >= 4x at 16). Each step is one forward pass
  * reading every weight once for all the sequences. Optional: the cache type
  * (q4_kc keys get q8_0 values), a single level to run (for profiling; 0: all),
- * the prompt length (default 16) and `prefill` to time the prompts' prefill
- * too (the work of bench_serve.py's levels, without HTTP). */
+ * the prompt length (default 16), `prefill` to time the prompts' prefill
+ * too (the work of bench_serve.py's levels, without HTTP; `decode`: not) and
+ * the weight type (default q8_0; q4_K, q6_K, q4_0, f16, ...). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,16 +68,18 @@ int main(int argc, char **argv) {
     int cache_type = kvlm_cache_type_from_name(cache), only = argc > 4 ? atoi(argv[4]) : 0;
     n_prompt = argc > 5 ? atoi(argv[5]) : 16;
     time_prefill = argc > 6 && !strcmp(argv[6], "prefill");
-    if (cache_type < 0 || only < 0 || n_prompt < 1 || n_prompt > 256 || n_gen < 1 || n_gen > 200) {
+    const char *wtype = argc > 7 ? argv[7] : "q8_0";
+    if (cache_type < 0 || only < 0 || n_prompt < 1 || n_prompt > 256 || n_gen < 1 || n_gen > 200 ||
+        (argc > 6 && !time_prefill && strcmp(argv[6], "decode")) || kvlm_type_from_name(wtype) < 0) {
         fprintf(stderr, "usage: bench_sched [THREADS] [TOKENS <= 200] [CACHE: f32 f16 bf16 q8_0 q4_0 q4_kc] "
-                        "[ONLY SEQUENCES, 0: all] [PROMPT TOKENS <= 256] [prefill]\n");
+                        "[ONLY SEQUENCES, 0: all] [PROMPT TOKENS <= 256] [prefill|decode] [WEIGHTS: q8_0 q4_K ...]\n");
         return 1;
     }
     bench_shape shape = {"stories110M", 768, 2048, 12, 12, 12, 32000, 1024};
     char path[4096];
-    kvlm_model *m = bench_load(bench_model_path(&shape, "q8_0", path, sizeof path));
-    printf("bench_sched: stories110M shape, Q8_0 weights, %s cache, %d-token prompts, %d generated tokens per "
-           "sequence, %s threads, %s\n", cache, n_prompt, n_gen, threads ? argv[1] : "all",
+    kvlm_model *m = bench_load(bench_model_path(&shape, wtype, path, sizeof path));
+    printf("bench_sched: stories110M shape, %s weights, %s cache, %d-token prompts, %d generated tokens per "
+           "sequence, %s threads, %s\n", wtype, cache, n_prompt, n_gen, threads ? argv[1] : "all",
            time_prefill ? "prefill timed" : "decode steps timed");
     if (only) { /* one level, for profiling */
         printf("  %d sequences: %.1f tokens/s\n", only, run(m, threads, only, n_gen, cache_type));
