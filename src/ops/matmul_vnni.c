@@ -42,6 +42,14 @@ AI int32_t ld32(const void *p) {
     return v;
 }
 
+/* The weights R16_PF and R16_PF_FAR ahead of the `bytes` at p, into L1 and L2. */
+AI void r16_prefetch(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch((const char *)p + R16_PF + o, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + R16_PF_FAR + o, _MM_HINT_T1);
+    }
+}
+
 AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
     const int nb = n / 32;
@@ -52,10 +60,7 @@ AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * bsz;
-        for (size_t o = 0; o < bsz; o += 64) {
-            _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
-        }
+        r16_prefetch(blk, bsz);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         /* wk[k] pairs with the token's dword k */
         __m512i wk[8];
@@ -126,166 +131,119 @@ static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
     r16_run(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
-/* ---- OP_Q4_K_R16: packed Q4_K weights --------------------------------------
- * The same scheme per 32-column sub-block (ops.h): a pair's 8 chunks give
- * its low nibbles (sub-block 2p), then its high ones (2p + 1), as unsigned
- * weights against the token's int8 quants; each sub-block's exact dot is
- * multiplied by the rows' 16 scales (vpmulld) into the super-block's integer
- * sum. The mins meet the activations' sums of 16 (bsums) through vpdpwssd
- * (each min in both halves of a dword, against a dword of two bsums). Then
- * one FMA pair per super-block, as q4k_step in the scalar kernel. The running
- * sums live in L1 between super-blocks (the registers hold the 16 tokens'
- * integer sums and the 8 chunks). */
-AI void q4k_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
-                     __mmask16 rows) {
+/* ---- OP_Q4_K_R16, OP_Q6_K_R16: packed K-quant weights ------------------------
+ * The same scheme per super-block (ops.h), unsigned weights against the
+ * token's int8 quants:
+ *   Q4_K: per 32-column sub-block, 8 chunks (a pair's low nibbles give
+ *   sub-block 2p, its high ones 2p + 1), the exact dot times the rows' 16
+ *   scales (vpmulld) into the super-block's integer sum; the mins meet the
+ *   activations' sums of 16 (bsums) through vpdpwssd (each min in both
+ *   halves of a dword, against a dword of two bsums); then
+ *   fma(xd, fma(d, sumi, -dmin summ), s), as q4k_step in the scalar kernel.
+ *   Q6_K: per 16-column group, 4 chunks rebuilt from nibbles and top bits
+ *   (u = q + 32, 0..63), the dot times the scales; the +32 comes back out as
+ *   32 x the scales against the bsums (vpdpwssd, two scales per dword); then
+ *   fma(d xd, sumi, s), as q6k_step.
+ * The running sums live in L1 between super-blocks (the registers hold the
+ * tokens' integer sums and the chunks). */
+AI void kq_r16_tile(const int Q6, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+                    size_t ys, __mmask16 rows) {
     const int nb = n / QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const size_t bsz = Q6 ? OP_Q6K_R16_BYTES : OP_Q4K_R16_BYTES;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
     float accm[R16_C][16] __attribute__((aligned(64)));
 #pragma GCC unroll 16
     for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * OP_Q4K_R16_BYTES;
-        for (size_t o = 0; o < OP_Q4K_R16_BYTES; o += 64) {
-            _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
-        }
+        const uint8_t *blk = g + (size_t)b * bsz;
+        r16_prefetch(blk, bsz);
         __m512i sumi[R16_C];
 #pragma GCC unroll 16
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
-        for (int sb = 0; sb < 8; sb++) {
-            const int p = sb / 2, h = sb % 2;
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 16 * sb)));
+        /* Q4_K: 8 sub-blocks of 8 chunks; Q6_K: 16 groups of 4 */
+        for (int grp = 0; grp < (Q6 ? 16 : 8); grp++) {
+            const int nk = Q6 ? 4 : 8;
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + (Q6 ? 32 : 64) + 16 * grp)));
             __m512i wk[8];
+            if (Q6) {
+                const int u = grp / 2, k0 = 4 * (grp % 2), sh = 2 * (u % 4); /* the unit's 2 bits to bits 4..5 */
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m512i lo = _mm512_loadu_si512(blk + 288 + 512 * (u / 2) + 64 * (k0 + k));
+                    const __m512i hq = _mm512_loadu_si512(blk + 2336 + 512 * (u / 4) + 64 * (k0 + k));
+                    const __m512i hi = sh < 4 ? _mm512_slli_epi16(hq, 4 - sh) : sh > 4 ? _mm512_srli_epi16(hq, sh - 4) : hq;
+                    wk[k] = _mm512_or_si512(_mm512_and_si512(u % 2 ? _mm512_srli_epi16(lo, 4) : lo, m4),
+                                            _mm512_and_si512(hi, m30));
+                }
+            } else {
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                const __m512i raw = _mm512_loadu_si512(blk + 320 + 512 * p + 64 * k);
-                wk[k] = _mm512_and_si512(h ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                for (int k = 0; k < 8; k++) {
+                    const __m512i raw = _mm512_loadu_si512(blk + 320 + 512 * (grp / 2) + 64 * k);
+                    wk[k] = _mm512_and_si512(grp % 2 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                }
             }
 #pragma GCC unroll 16
             for (int c = 0; c < RN; c++) {
-                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 64 * p + 32 * h;
+                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + (Q6 ? 16 : 32) * grp;
                 __m512i i0 = _mm512_setzero_si512(), i1 = i0;
 #pragma GCC unroll 4
-                for (int k = 0; k < 8; k += 2) {
+                for (int k = 0; k < nk; k += 2) {
                     i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
                     i1 = _mm512_dpbusd_epi32(i1, wk[k + 1], _mm512_set1_epi32(ld32(a + 4 * k + 4)));
                 }
                 sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
             }
         }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
-        __m512i mn[8];
+        /* pairs for vpdpwssd: Q4_K each min twice, Q6_K scales 2t and 2t + 1 */
+        __m512i pr[8];
 #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) {
-            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192 + 16 * t)));
-            mn[t] = _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
+            if (Q6) {
+                const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * t)));
+                const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 48 + 32 * t)));
+                pr[t] = _mm512_or_si512(_mm512_and_si512(s0, lo16), _mm512_slli_epi32(s1, 16));
+            } else {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192 + 16 * t)));
+                pr[t] = _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
+            }
         }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 dmv = Q6 ? dv : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
 #pragma GCC unroll 16
         for (int c = 0; c < RN; c++) {
             const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
             __m512i sm = _mm512_setzero_si512();
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) sm = _mm512_dpwssd_epi32(sm, mn[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
-            const __m512 m = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(sm));
-            const __m512 t = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(sumi[c]), m);
-            _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_set1_ps(xb->d), t, _mm512_load_ps(accm[c])));
+            for (int t = 0; t < 8; t++) sm = _mm512_dpwssd_epi32(sm, pr[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
+            __m512 acc = _mm512_load_ps(accm[c]);
+            if (Q6) {
+                const __m512i tot = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(sm, 5));
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(tot), acc);
+            } else {
+                const __m512 m = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(sm));
+                const __m512 t = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(sumi[c]), m);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xb->d), t, acc);
+            }
+            _mm512_store_ps(accm[c], acc);
         }
     }
 #pragma GCC unroll 16
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
 }
 
-#define R16K(rn)                                                                                          \
-    static void r16k_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,      \
-                          __mmask16 rows) {                                                               \
-        q4k_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                       \
+#define R16K(q6, rn)                                                                                      \
+    static void r16k_##q6##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                                 __mmask16 rows) {                                                        \
+        kq_r16_tile(q6, rn, n, g, x, xs, y, ys, rows);                                                    \
     }
-R16K(1) R16K(2) R16K(3) R16K(4) R16K(5) R16K(6) R16K(7) R16K(8)
-R16K(9) R16K(10) R16K(11) R16K(12) R16K(13) R16K(14) R16K(15) R16K(16)
-static const r16_fn r16k_tab[R16_C] = {r16k_1,  r16k_2,  r16k_3,  r16k_4,  r16k_5,  r16k_6,  r16k_7,  r16k_8,
-                                       r16k_9,  r16k_10, r16k_11, r16k_12, r16k_13, r16k_14, r16k_15, r16k_16};
-
-/* ---- OP_Q6_K_R16: packed Q6_K weights --------------------------------------
- * Per 16-column group (ops.h): its 4 chunks rebuilt from their nibbles and
- * top bits (u = q + 32, 0..63, unsigned against the token's int8 quants),
- * the group's exact dot times the rows' 16 scales (vpmulld) into the
- * super-block's integer sum; the +32 comes back out as 32 x the scales
- * against the activations' sums of 16 (vpdpwssd, two scales per dword).
- * Then one FMA per super-block, as q6k_step in the scalar kernel. */
-AI void q6k_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
-                     __mmask16 rows) {
-    const int nb = n / QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
-    float accm[R16_C][16] __attribute__((aligned(64)));
-#pragma GCC unroll 16
-    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * OP_Q6K_R16_BYTES;
-        for (size_t o = 0; o < OP_Q6K_R16_BYTES; o += 64) {
-            _mm_prefetch((const char *)blk + R16_PF + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + R16_PF_FAR + o, _MM_HINT_T1);
-        }
-        __m512i sumi[R16_C];
-#pragma GCC unroll 16
-        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
-        for (int grp = 0; grp < 16; grp++) {
-            const int u = grp / 2, k0 = 4 * (grp % 2);
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * grp)));
-            __m512i wk[4];
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const __m512i lo = _mm512_loadu_si512(blk + 288 + 512 * (u / 2) + 64 * (k0 + k));
-                const __m512i hq = _mm512_loadu_si512(blk + 2336 + 512 * (u / 4) + 64 * (k0 + k));
-                const int sh = 2 * (u % 4); /* the unit's 2 bits to bits 4..5 */
-                const __m512i hi = sh < 4 ? _mm512_slli_epi16(hq, 4 - sh) : sh > 4 ? _mm512_srli_epi16(hq, sh - 4) : hq;
-                wk[k] = _mm512_or_si512(_mm512_and_si512(u % 2 ? _mm512_srli_epi16(lo, 4) : lo, m4),
-                                        _mm512_and_si512(hi, m30));
-            }
-#pragma GCC unroll 16
-            for (int c = 0; c < RN; c++) {
-                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 16 * grp;
-                __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk[0], _mm512_set1_epi32(ld32(a)));
-                __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk[1], _mm512_set1_epi32(ld32(a + 4)));
-                i0 = _mm512_dpbusd_epi32(i0, wk[2], _mm512_set1_epi32(ld32(a + 8)));
-                i1 = _mm512_dpbusd_epi32(i1, wk[3], _mm512_set1_epi32(ld32(a + 12)));
-                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
-            }
-        }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        __m512i scp[8]; /* scales 2t and 2t + 1 as the two int16 halves of each lane */
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; t++) {
-            const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * t)));
-            const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 48 + 32 * t)));
-            scp[t] = _mm512_or_si512(_mm512_and_si512(s0, lo16), _mm512_slli_epi32(s1, 16));
-        }
-#pragma GCC unroll 16
-        for (int c = 0; c < RN; c++) {
-            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
-            __m512i corr = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
-                corr = _mm512_dpwssd_epi32(corr, scp[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
-            const __m512i tot = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(corr, 5));
-            _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(tot),
-                                                     _mm512_load_ps(accm[c])));
-        }
-    }
-#pragma GCC unroll 16
-    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
-}
-
-#define R16Q6(rn)                                                                                         \
-    static void r16q6_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,     \
-                           __mmask16 rows) {                                                              \
-        q6k_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                       \
-    }
-R16Q6(1) R16Q6(2) R16Q6(3) R16Q6(4) R16Q6(5) R16Q6(6) R16Q6(7) R16Q6(8)
-R16Q6(9) R16Q6(10) R16Q6(11) R16Q6(12) R16Q6(13) R16Q6(14) R16Q6(15) R16Q6(16)
-static const r16_fn r16q6_tab[R16_C] = {r16q6_1,  r16q6_2,  r16q6_3,  r16q6_4,  r16q6_5,  r16q6_6,
-                                        r16q6_7,  r16q6_8,  r16q6_9,  r16q6_10, r16q6_11, r16q6_12,
-                                        r16q6_13, r16q6_14, r16q6_15, r16q6_16};
+#define R16K_ROW(q6) R16K(q6, 1) R16K(q6, 2) R16K(q6, 3) R16K(q6, 4) R16K(q6, 5) R16K(q6, 6) R16K(q6, 7) \
+    R16K(q6, 8) R16K(q6, 9) R16K(q6, 10) R16K(q6, 11) R16K(q6, 12) R16K(q6, 13) R16K(q6, 14) R16K(q6, 15) R16K(q6, 16)
+#define R16K_TAB(q6)                                                                                         \
+    {r16k_##q6##_1,  r16k_##q6##_2,  r16k_##q6##_3,  r16k_##q6##_4,  r16k_##q6##_5,  r16k_##q6##_6,          \
+     r16k_##q6##_7,  r16k_##q6##_8,  r16k_##q6##_9,  r16k_##q6##_10, r16k_##q6##_11, r16k_##q6##_12,         \
+     r16k_##q6##_13, r16k_##q6##_14, r16k_##q6##_15, r16k_##q6##_16}
+R16K_ROW(0) R16K_ROW(1)
+static const r16_fn r16k_tab[2][R16_C] = {R16K_TAB(0), R16K_TAB(1)};
 
 /* Rows in groups of 16 (the last one masked), tokens R16_C at a time. */
 static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
@@ -300,11 +258,11 @@ static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, co
 }
 static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
-    r16_groups(r16k_tab, n, w, ws, x, xs, y, ys, nr, nc);
+    r16_groups(r16k_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
 }
 static void tile_q6_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
-    r16_groups(r16q6_tab, n, w, ws, x, xs, y, ys, nr, nc);
+    r16_groups(r16k_tab[1], n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 #pragma GCC pop_options
