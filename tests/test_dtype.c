@@ -20,7 +20,7 @@ static uint32_t f32_bits(float f) {
 
 static void test_traits(void **state) {
     (void)state;
-    const int ok[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_Q8_K};
+    const int ok[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         const dt_traits *t = dt_info(ok[i]);
         assert_non_null(t);
@@ -29,15 +29,16 @@ static void test_traits(void **state) {
     }
     assert_int_equal(dt_info(DT_Q4_0)->type_size, 18);
     assert_int_equal(dt_info(DT_Q4_K)->type_size, 144);
+    assert_int_equal(dt_info(DT_Q5_K)->type_size, 176);
     assert_int_equal(dt_info(DT_Q6_K)->type_size, 210);
     assert_int_equal(dt_info(DT_Q8_K)->type_size, 292);
     assert_int_equal(dt_info(DT_Q8_K)->block_size, 256);
     /* ggml types kvlm does not compute with: known layout, no traits */
     assert_null(dt_info(DT_Q4_1));
-    assert_null(dt_info(DT_Q5_K));
-    assert_non_null(dt_layout(DT_Q5_K));
-    assert_int_equal(dt_layout(DT_Q5_K)->type_size, 176);
-    assert_string_equal(dt_name(DT_Q5_K), "q5_K");
+    assert_null(dt_info(DT_Q3_K));
+    assert_non_null(dt_layout(DT_Q3_K));
+    assert_int_equal(dt_layout(DT_Q3_K)->type_size, 110);
+    assert_string_equal(dt_name(DT_Q3_K), "q3_K");
     assert_null(dt_info(-1));
     assert_null(dt_info(4));
     assert_null(dt_layout(4));
@@ -49,7 +50,8 @@ static void test_traits(void **state) {
     assert_int_equal(dt_from_name("Q6_k"), DT_Q6_K);
     assert_int_equal(dt_from_name("BF16"), DT_BF16);
     assert_int_equal(dt_from_name("q8_k"), DT_Q8_K);
-    assert_int_equal(dt_from_name("q5_k"), -1); /* not supported */
+    assert_int_equal(dt_from_name("q5_k"), DT_Q5_K);
+    assert_int_equal(dt_from_name("q3_k"), -1); /* not supported */
     assert_int_equal(dt_from_name("nope"), -1);
     assert_int_equal(dt_from_name(NULL), -1);
     assert_int_equal(dt_row_size(DT_F32, 7), 28);
@@ -59,7 +61,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_row_size(99, 32), 0);
     float x[32] = {0};
     uint8_t out[64];
-    assert_int_equal(dt_quantize_row(DT_Q5_K, x, out, 256), -1);
+    assert_int_equal(dt_quantize_row(DT_Q3_K, x, out, 256), -1);
     assert_int_equal(dt_quantize_row(DT_Q8_0, x, out, 31), -1);
 }
 
@@ -190,6 +192,34 @@ static void test_deq_q4_K(void **state) {
     assert_true(y[255] == 467.0f); /* q 9 * 55 - 0.5 * 56 */
 }
 
+/* Q5_K: Q4_K's scales and nibbles, plus element 64c + l's 5th bit at bit 2c
+ * of qh[l] and element 64c + 32 + l's at bit 2c + 1 (ggml's dequantize_row_q5_K). */
+static void test_deq_q5_K(void **state) {
+    (void)state;
+    block_q5_K b;
+    b.d = 0x3c00;    /* 1.0 */
+    b.dmin = 0x3800; /* 0.5 */
+    const uint8_t packed[12] = {0x41, 0x02, 0x83, 0xC4, 0x45, 0x06, 0x07, 0xC8, 0x21, 0x43, 0x65, 0x87};
+    const int sc[8] = {1, 2, 3, 4, 17, 3, 37, 55};
+    const int mn[8] = {5, 6, 7, 8, 18, 4, 6, 56};
+    memcpy(b.scales, packed, 12);
+    for (int k = 0; k < 128; k++) b.qs[k] = (uint8_t)((k & 15) | (((k * 7) & 15) << 4));
+    for (int k = 0; k < 32; k++) b.qh[k] = (uint8_t)(k * 53 + 17);
+    float y[256];
+    dt_dequantize_row(DT_Q5_K, &b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int c = e / 64, p = e % 64, sub = 2 * c + (p >= 32);
+        uint8_t byte = b.qs[32 * c + p % 32];
+        int q = (p < 32 ? (byte & 15) : (byte >> 4)) + 16 * ((b.qh[p % 32] >> sub) & 1);
+        float want = 1.0f * (float)sc[sub] * (float)q - 0.5f * (float)mn[sub];
+        assert_true(y[e] == want);
+    }
+    /* worked by hand: element 0: nibble 0, qh[0] = 17 (bit 0 set): q 16, scale 1, min 5 */
+    assert_true(y[0] == 16.0f - 2.5f);
+    /* element 255: sub-block 7, nibble (31 * 7) & 15 = 9, qh[31] = 1660 & 255 = 124, bit 7 clear */
+    assert_true(y[255] == 9.0f * 55.0f - 28.0f);
+}
+
 static void test_deq_q6_K_q8_K(void **state) {
     (void)state;
     block_q6_K b;
@@ -260,7 +290,7 @@ static void test_round_trip(void **state) {
      *   uniform data in [-1,1]: q8_0 ~0.4%, q6_K ~1.5%, q4_K/q4_0 ~6-7%. */
     const struct { int type; double bound_u, bound_g; } cases[] = {
         {DT_F16, 0.0005, 0.0005}, {DT_BF16, 0.004, 0.004}, {DT_Q8_0, 0.006, 0.008}, {DT_Q8_K, 0.006, 0.012},
-        {DT_Q6_K, 0.02, 0.03},    {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
+        {DT_Q6_K, 0.02, 0.03},    {DT_Q5_K, 0.04, 0.06},   {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
     };
     uint64_t s = 42;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -283,7 +313,7 @@ static void test_round_trip(void **state) {
 
 static void test_quantize_special(void **state) {
     (void)state;
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_Q8_K};
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
     float x[512], y[512];
     uint8_t q[2048];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -336,7 +366,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits),         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_bf16),           cmocka_unit_test(test_deq_q4_0_q8_0),
-        cmocka_unit_test(test_deq_q4_K),       cmocka_unit_test(test_deq_q6_K_q8_K),
+        cmocka_unit_test(test_deq_q4_K),
+        cmocka_unit_test(test_deq_q5_K),       cmocka_unit_test(test_deq_q6_K_q8_K),
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

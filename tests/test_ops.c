@@ -71,7 +71,7 @@ typedef struct {
     const char *name;
 } wtype;
 static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
-                                {DT_Q4_0, "q4_0"}, {DT_Q4_K, "q4_K"}, {DT_Q6_K, "q6_K"}};
+                                {DT_Q4_0, "q4_0"}, {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -260,19 +260,19 @@ static void test_matmul_batch_bits(void **state) {
     util_pool_free(p3);
 }
 
-/* Packed weights (OP_Q8_0_R16, OP_Q4_0_R16, OP_Q4_K_R16, OP_Q6_K_R16: 16-row groups) at every SIMD
+/* Packed weights (OP_Q8_0_R16, OP_Q4_0_R16 and the K-quants': 16-row groups) at every SIMD
  * level, T and thread count: bit-identical to the scalar kernel of the base
  * type on the unpacked weights, rows of a last partial group included. */
 static void test_matmul_packed(void **state) {
     (void)state;
     util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K},
-              packed[] = {OP_Q8_0_R16, OP_Q4_0_R16, OP_Q4_K_R16, OP_Q6_K_R16};
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K},
+              packed[] = {OP_Q8_0_R16, OP_Q4_0_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16};
     const int n_ins[] = {32, 96, 288, 768, 64}, n_outs[] = {16, 37, 13, 64, 200};
     const int TM = 21;
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < 5; ti++)
         for (int a = 0; a < 5; a++) {
-            /* Q4_K, Q6_K: 256-column super-blocks */
+            /* K-quants: 256-column super-blocks */
             int n_in = ti >= 2 ? 256 * (1 + a % 3) : n_ins[a], n_out = n_outs[a];
             float *wf;
             void *W = make_weights(types[ti], n_in, n_out, &wf);

@@ -1,5 +1,5 @@
 /* model/dtype: type traits and the scalar reference quantizers/dequantizers for
- * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K and Q8_K (block layouts as in GGUF). */
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and Q8_K (block layouts as in GGUF). */
 #include "model/dtype.h"
 #include <math.h>
 #include <strings.h>
@@ -24,7 +24,7 @@ static const dt_entry k_types[DT_COUNT] = {
     [DT_Q2_K] = {{"q2_K", QK_K, 84}, 0},
     [DT_Q3_K] = {{"q3_K", QK_K, 110}, 0},
     [DT_Q4_K] = {{"q4_K", QK_K, sizeof(block_q4_K)}, 1},
-    [DT_Q5_K] = {{"q5_K", QK_K, 176}, 0},
+    [DT_Q5_K] = {{"q5_K", QK_K, sizeof(block_q5_K)}, 1},
     [DT_Q6_K] = {{"q6_K", QK_K, sizeof(block_q6_K)}, 1},
     [DT_Q8_K] = {{"q8_K", QK_K, sizeof(block_q8_K)}, 1},
     [16] = {{"iq2_xxs", QK_K, 66}, 0},
@@ -133,6 +133,24 @@ static void deq_q4_K(const block_q4_K *b, float *y, int64_t nb) {
     }
 }
 
+/* Q5_K: Q4_K's layout plus a 5th bit per element from qh (element 64c + l:
+ * bit 2c of qh[l]; 64c + 32 + l: bit 2c + 1). */
+static void deq_q5_K(const block_q5_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = dt_f16_to_f32(b[i].d), dmin = dt_f16_to_f32(b[i].dmin);
+        const uint8_t *q = b[i].qs, *qh = b[i].qh;
+        for (int c = 0; c < 4; c++, q += 32) {
+            int sc, m;
+            q4k_scale_min(b[i].scales, 2 * c, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            q4k_scale_min(b[i].scales, 2 * c + 1, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((q[l] & 0xf) | ((qh[l] >> (2 * c) & 1) << 4)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((q[l] >> 4) | ((qh[l] >> (2 * c + 1) & 1) << 4)) - m2;
+        }
+    }
+}
+
 /* Q6_K element p (0..127) of half h: ql byte (p & 63) of the half, low nibble
  * for p < 64 else high; 2 high bits at bit 2*(p/32) of qh byte (p & 31). */
 static void deq_q6_K(const block_q6_K *b, float *y, int64_t nb) {
@@ -175,6 +193,7 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case DT_Q4_0: deq_q4_0(src, dst, nb); break;
     case DT_Q8_0: deq_q8_0(src, dst, nb); break;
     case DT_Q4_K: deq_q4_K(src, dst, nb); break;
+    case DT_Q5_K: deq_q5_K(src, dst, nb); break;
     case DT_Q6_K: deq_q6_K(src, dst, nb); break;
     case DT_Q8_K: deq_q8_K(src, dst, nb); break;
     default: break;
@@ -236,10 +255,11 @@ static double fit_affine(const ls_sums *m, float *s, float *b) {
     return m->sx2 + ss * ss * m->sq2 + m->n * bb * bb - 2 * ss * m->sxq - 2 * bb * m->sx + 2 * ss * bb * m->sq;
 }
 
-/* Scale s >= 0 and min m >= 0 for one Q4_K sub-block (value = s*q - m, q in
- * 0..15): tries a range of step sizes around (max-min)/15, assigns codes for
- * each, refits s and m by least squares, keeps the best. */
-static void q4k_sub_block(const float *x, int n, float *s_out, float *m_out) {
+/* Scale s >= 0 and min m >= 0 for one Q4_K / Q5_K sub-block (value = s*q - m,
+ * q in 0..qmax, 15 or 31): tries a range of step sizes around
+ * (max-min)/qmax, assigns codes for each, refits s and m by least squares,
+ * keeps the best. */
+static void qk_sub_block(const float *x, int n, int qmax, float *s_out, float *m_out) {
     float lo = x[0], hi = x[0];
     double sx = 0, sx2 = 0;
     for (int i = 0; i < n; i++) {
@@ -250,15 +270,15 @@ static void q4k_sub_block(const float *x, int n, float *s_out, float *m_out) {
     }
     if (lo > 0) lo = 0;
     if (hi <= lo) { *s_out = 0; *m_out = -lo; return; }
-    float best_s = (hi - lo) / 15.0f, best_b = lo;
+    float best_s = (hi - lo) / (float)qmax, best_b = lo;
     double best_err = INFINITY;
     for (int step = -10; step <= 10; step++) {
-        float iscale = (15.0f + 0.1f * (float)step) / (hi - lo);
+        float iscale = ((float)qmax + 0.1f * (float)step) / (hi - lo);
         float sq = 0, sq2 = 0, sxq = 0; /* exact enough: 32 small integers */
         for (int i = 0; i < n; i++) {
             /* the argument is >= 0, so +0.5 and truncation round to nearest */
             int q = (int)(iscale * (x[i] - lo) + 0.5f);
-            q = q > 15 ? 15 : q;
+            q = q > qmax ? qmax : q;
             sq += (float)q;
             sq2 += (float)(q * q);
             sxq += x[i] * (float)q;
@@ -272,42 +292,61 @@ static void q4k_sub_block(const float *x, int n, float *s_out, float *m_out) {
     *m_out = -best_b;
 }
 
+/* One Q4_K / Q5_K super-block: the 8 sub-blocks' scales and mins as 6-bit
+ * codes of two f16 super-block scales (packed as Q4_K packs them), and the
+ * codes 0..qmax of the 256 elements against the scales as stored (so their
+ * rounding adds no systematic error). */
+static void qk_super_block(const float *x, int qmax, dt_f16 *d_out, dt_f16 *dmin_out, uint8_t scales[K_SCALE_SIZE],
+                           uint8_t codes[QK_K]) {
+    float s[8], m[8], smax = 0, mmax = 0;
+    for (int j = 0; j < 8; j++) {
+        qk_sub_block(x + 32 * j, 32, qmax, &s[j], &m[j]);
+        smax = fmaxf(smax, s[j]);
+        mmax = fmaxf(mmax, m[j]);
+    }
+    float d = dt_f16_to_f32(dt_f32_to_f16(smax / 63.0f));
+    float dmin = dt_f16_to_f32(dt_f32_to_f16(mmax / 63.0f));
+    *d_out = dt_f32_to_f16(d);
+    *dmin_out = dt_f32_to_f16(dmin);
+    int ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = d > 0 ? clampi(round_int(s[j] / d), 0, 63) : 0;
+        lm[j] = dmin > 0 ? clampi(round_int(m[j] / dmin), 0, 63) : 0;
+    }
+    memset(scales, 0, K_SCALE_SIZE);
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((ls[j + 4] & 0xf) | ((lm[j + 4] & 0xf) << 4));
+    }
+    for (int j = 0; j < 8; j++) {
+        float sj = d * (float)ls[j], mj = dmin * (float)lm[j];
+        for (int l = 0; l < 32; l++)
+            codes[32 * j + l] = (uint8_t)(sj > 0 ? clampi(round_int((x[32 * j + l] + mj) / sj), 0, qmax) : 0);
+    }
+}
+
 static void q_q4_K(const float *x, block_q4_K *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float s[8], m[8], smax = 0, mmax = 0;
-        for (int j = 0; j < 8; j++) {
-            q4k_sub_block(x + 32 * j, 32, &s[j], &m[j]);
-            smax = fmaxf(smax, s[j]);
-            mmax = fmaxf(mmax, m[j]);
-        }
-        /* The 8 scales and mins are themselves 6-bit codes of two f16
-         * super-block scales. */
-        float d = dt_f16_to_f32(dt_f32_to_f16(smax / 63.0f));
-        float dmin = dt_f16_to_f32(dt_f32_to_f16(mmax / 63.0f));
-        b[i].d = dt_f32_to_f16(d);
-        b[i].dmin = dt_f32_to_f16(dmin);
-        int ls[8], lm[8];
-        for (int j = 0; j < 8; j++) {
-            ls[j] = d > 0 ? clampi(round_int(s[j] / d), 0, 63) : 0;
-            lm[j] = dmin > 0 ? clampi(round_int(m[j] / dmin), 0, 63) : 0;
-        }
-        memset(b[i].scales, 0, sizeof b[i].scales);
-        for (int j = 0; j < 4; j++) {
-            b[i].scales[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
-            b[i].scales[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
-            b[i].scales[j + 8] = (uint8_t)((ls[j + 4] & 0xf) | ((lm[j + 4] & 0xf) << 4));
-        }
-        /* Codes against the scales as stored, so rounding of the scales does
-         * not add a systematic error. */
         uint8_t codes[QK_K];
-        for (int j = 0; j < 8; j++) {
-            float sj = d * (float)ls[j], mj = dmin * (float)lm[j];
-            for (int l = 0; l < 32; l++)
-                codes[32 * j + l] = (uint8_t)(sj > 0 ? clampi(round_int((x[32 * j + l] + mj) / sj), 0, 15) : 0);
-        }
+        qk_super_block(x, 15, &b[i].d, &b[i].dmin, b[i].scales, codes);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
                 b[i].qs[32 * c + l] = (uint8_t)(codes[64 * c + l] | (codes[64 * c + 32 + l] << 4));
+    }
+}
+
+static void q_q5_K(const float *x, block_q5_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        uint8_t codes[QK_K];
+        qk_super_block(x, 31, &b[i].d, &b[i].dmin, b[i].scales, codes);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                int lo = codes[64 * c + l], hi = codes[64 * c + 32 + l];
+                b[i].qs[32 * c + l] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+                b[i].qh[l] |= (uint8_t)(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+            }
     }
 }
 
@@ -408,6 +447,7 @@ int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     case DT_Q4_0: q_q4_0(src, dst, nb); return 0;
     case DT_Q8_0: q_q8_0(src, dst, nb); return 0;
     case DT_Q4_K: q_q4_K(src, dst, nb); return 0;
+    case DT_Q5_K: q_q5_K(src, dst, nb); return 0;
     case DT_Q6_K: q_q6_K(src, dst, nb); return 0;
     case DT_Q8_K: q_q8_K(src, dst, nb); return 0;
     default: return -1;

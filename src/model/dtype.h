@@ -45,6 +45,13 @@ typedef struct {
     uint8_t qs[QK_K / 2];           /* 4-bit quants */
 } block_q4_K;                       /* 144 bytes */
 typedef struct {
+    dt_f16 d;                       /* super-block scale for the 6-bit scales */
+    dt_f16 dmin;                    /* super-block scale for the 6-bit mins */
+    uint8_t scales[K_SCALE_SIZE];   /* as Q4_K's */
+    uint8_t qh[QK_K / 8];           /* 5th bits: bit 2c of byte l for element 64c + l, bit 2c+1 for 64c + 32 + l */
+    uint8_t qs[QK_K / 2];           /* low 4 bits, as Q4_K's quants */
+} block_q5_K;                       /* 176 bytes */
+typedef struct {
     uint8_t ql[QK_K / 2];           /* low 4 bits */
     uint8_t qh[QK_K / 4];           /* high 2 bits */
     int8_t scales[QK_K / 16];       /* 16 8-bit scales */
@@ -57,6 +64,7 @@ typedef struct {
 } block_q8_K;                       /* activation type for K-quant dot products */
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");

@@ -71,7 +71,8 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
 static int fit_type(int want, int64_t n_in) {
     const dt_traits *tr = dt_info(want);
     if (tr && n_in % tr->block_size == 0) return want;
-    if ((want == DT_Q4_K || want == DT_Q6_K) && n_in % 32 == 0) return want == DT_Q4_K ? DT_Q4_0 : DT_Q8_0;
+    if ((want == DT_Q4_K || want == DT_Q5_K || want == DT_Q6_K) && n_in % 32 == 0)
+        return want == DT_Q4_K ? DT_Q4_0 : DT_Q8_0;
     return DT_F16;
 }
 

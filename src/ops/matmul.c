@@ -14,7 +14,7 @@ int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
     case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
-    case DT_Q4_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q6_K_R16: return 2;
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q5_K_R16: case OP_Q6_K_R16: return 2;
     default: return -1;
     }
 }
@@ -28,20 +28,33 @@ op_mm_tile_fn op_mm_tile(int wtype) {
 
 /* The GGUF type whose rows a (possibly packed) weight type stores. */
 static int base_type(int wtype) {
-    return wtype == OP_Q8_0_R16 ? DT_Q8_0 : wtype == OP_Q4_0_R16 ? DT_Q4_0 : wtype == OP_Q4_K_R16 ? DT_Q4_K
-           : wtype == OP_Q6_K_R16                                            ? DT_Q6_K
-                                                                             : wtype;
+    switch (wtype) {
+    case OP_Q8_0_R16: return DT_Q8_0;
+    case OP_Q4_0_R16: return DT_Q4_0;
+    case OP_Q4_K_R16: return DT_Q4_K;
+    case OP_Q5_K_R16: return DT_Q5_K;
+    case OP_Q6_K_R16: return DT_Q6_K;
+    default: return wtype;
+    }
 }
 static int packed_of(int wtype) {
-    return wtype == DT_Q8_0 ? OP_Q8_0_R16 : wtype == DT_Q4_0 ? OP_Q4_0_R16 : wtype == DT_Q4_K ? OP_Q4_K_R16
-           : wtype == DT_Q6_K                                   ? OP_Q6_K_R16
-                                                                : -1;
+    switch (wtype) {
+    case DT_Q8_0: return OP_Q8_0_R16;
+    case DT_Q4_0: return OP_Q4_0_R16;
+    case DT_Q4_K: return OP_Q4_K_R16;
+    case DT_Q5_K: return OP_Q5_K_R16;
+    case DT_Q6_K: return OP_Q6_K_R16;
+    default: return -1;
+    }
 }
 
 int op_pack_type(int wtype) { return op_simd_level() >= OP_SIMD_VNNI ? packed_of(wtype) : -1; }
 
 size_t op_pack_row_size(int wtype, int n_in) {
-    if (wtype == OP_Q4_K_R16) return n_in > 0 && n_in % QK_K == 0 ? (size_t)(n_in / QK_K) * OP_Q4K_R16_BYTES / 16 : 0;
+    if (wtype == OP_Q4_K_R16 || wtype == OP_Q5_K_R16)
+        return n_in > 0 && n_in % QK_K == 0
+                   ? (size_t)(n_in / QK_K) * (wtype == OP_Q5_K_R16 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES) / 16
+                   : 0;
     return dt_row_size(base_type(wtype), n_in);
 }
 
@@ -50,18 +63,23 @@ size_t op_pack_size(int wtype, int n_in, int n_out) {
     return (size_t)(n_out + 15) / 16 * 16 * op_pack_row_size(packed_of(wtype), n_in);
 }
 
-/* Q4_K into OP_Q4_K_R16 (ops.h): per group and super-block the d, dmin,
- * scales and mins of the 16 rows, then the quants in 4-byte chunks. */
-static void pack_q4_K(const void *src, void *dst, int n_in, int n_out) {
+/* Q4_K (or with q5 Q5_K) into OP_Q4_K_R16 (OP_Q5_K_R16; ops.h): per group
+ * and super-block the d, dmin, scales and mins of the 16 rows, then the
+ * quants' low 4 bits in 4-byte chunks (then Q5_K's 5th bits). */
+static void pack_qk(int q5, const void *src, void *dst, int n_in, int n_out) {
     const int nb = n_in / QK_K;
-    const size_t rs = dt_row_size(DT_Q4_K, n_in);
-    static const block_q4_K zero; /* rows past n_out: scales 0, quants 0 */
+    const size_t rs = dt_row_size(q5 ? DT_Q5_K : DT_Q4_K, n_in), bs = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    static const block_q5_K zero; /* rows past n_out: scales 0, quants 0 */
     uint8_t *d = dst;
     for (int g = 0; g < (n_out + 15) / 16; g++)
-        for (int b = 0; b < nb; b++, d += OP_Q4K_R16_BYTES)
+        for (int b = 0; b < nb; b++, d += q5 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES)
             for (int j = 0; j < 16; j++) {
                 int r = g * 16 + j;
-                const block_q4_K *blk = r < n_out ? (const block_q4_K *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
+                /* Q5_K starts as Q4_K: d, dmin, scales */
+                const block_q4_K *blk =
+                    r < n_out ? (const block_q4_K *)((const uint8_t *)src + (size_t)r * rs + (size_t)b * bs)
+                              : (const block_q4_K *)&zero;
+                const uint8_t *qs = q5 ? ((const block_q5_K *)blk)->qs : blk->qs;
                 uint8_t sc[8], mn[8];
                 op_q4k_scales(blk->scales, sc, mn);
                 memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
@@ -71,7 +89,11 @@ static void pack_q4_K(const void *src, void *dst, int n_in, int n_out) {
                     d[192 + 16 * s + j] = mn[s];
                 }
                 for (int p = 0; p < 4; p++)
-                    for (int k = 0; k < 8; k++) memcpy(d + 320 + 512 * p + 64 * k + 4 * j, blk->qs + 32 * p + 4 * k, 4);
+                    for (int k = 0; k < 8; k++) memcpy(d + 320 + 512 * p + 64 * k + 4 * j, qs + 32 * p + 4 * k, 4);
+                if (!q5) continue;
+                /* column 32s + t's 5th bit is bit s of qh[t] in Q5_K too: chunk k takes qh[4k..4k+3] */
+                for (int k = 0; k < 8; k++)
+                    memcpy(d + OP_Q4K_R16_BYTES + 64 * k + 4 * j, ((const block_q5_K *)blk)->qh + 4 * k, 4);
             }
 }
 
@@ -105,7 +127,7 @@ static void pack_q6_K(const void *src, void *dst, int n_in, int n_out) {
 
 void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
     if (packed_of(wtype) < 0) return;
-    if (wtype == DT_Q4_K) { pack_q4_K(src, dst, n_in, n_out); return; }
+    if (wtype == DT_Q4_K || wtype == DT_Q5_K) { pack_qk(wtype == DT_Q5_K, src, dst, n_in, n_out); return; }
     if (wtype == DT_Q6_K) { pack_q6_K(src, dst, n_in, n_out); return; }
     const int nb = n_in / 32, q4 = wtype == DT_Q4_0;
     const size_t rs = dt_row_size(wtype, n_in), bs = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);

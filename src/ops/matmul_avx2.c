@@ -316,21 +316,26 @@ AI void ftile(const int kind, const int RM, const int RN, int n, const uint8_t *
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations -------------------------------- */
 /* One weight row x RN tokens; the unpacked quants and scales of a block serve
- * all RN tokens. */
-AI void q4k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+ * all RN tokens. Q4_K, or with Q5 Q5_K (the same block plus a 5th bit per
+ * element in qh). */
+AI void qk_tile(const int Q5, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                size_t ys) {
     const int nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const block_q4_K *wb = (const block_q4_K *)w;
-    const pf_plan pf = pf_plan_for((size_t)nb * sizeof(block_q4_K), 32768, 4, 16384);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    const size_t bsz = Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const pf_plan pf = pf_plan_for((size_t)nb * bsz, 32768, 4, 16384);
     __m256 acc[MAXC];
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (RN == 1) pf_step(w, (size_t)b * sizeof(block_q4_K), (int)sizeof(block_q4_K), pf); /* decode */
+        if (RN == 1) pf_step(w, (size_t)b * bsz, (int)bsz, pf); /* decode */
+        const block_q4_K *wb4 = (const block_q4_K *)(w + (size_t)b * bsz); /* Q5_K: d, dmin, scales alike */
+        const uint8_t *qs = Q5 ? ((const block_q5_K *)wb4)->qs : wb4->qs;
+        const __m256i hb = Q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)wb4)->qh) : m4;
         /* the 8 scales and 8 mins (6 bits each, packed as in op_q4k_scales),
          * unpacked four at a time in 32-bit words */
         uint32_t u[3];
-        memcpy(u, wb[b].scales, sizeof u);
+        memcpy(u, wb4->scales, sizeof u);
         uint64_t scv = (u[0] & 0x3f3f3f3fu) |
                        (uint64_t)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
         uint64_t mnv = (u[1] & 0x3f3f3f3fu) |
@@ -340,15 +345,21 @@ AI void q4k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
          * 32-element sub-block's sum of x times its min */
         const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mnv));
         const __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn16, mn16), _mm_unpacklo_epi16(mn16, mn16));
-        const float d = _cvtsh_ss(wb[b].d), dmin = _cvtsh_ss(wb[b].dmin);
+        const float d = _cvtsh_ss(wb4->d), dmin = _cvtsh_ss(wb4->dmin);
         __m256i sumi[MAXC];
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int j = 0; j < QK_K / 64; j++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m256i lo = _mm256_and_si256(raw, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (Q5) { /* bits 2j and 2j + 1 of qh to bit 4 */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(j < 2 ? _mm256_slli_epi16(hb, 4 - 2 * j)
+                                                                 : _mm256_srli_epi16(hb, 2 * j - 4), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(j < 2 ? _mm256_slli_epi16(hb, 3 - 2 * j)
+                                                                 : _mm256_srli_epi16(hb, 2 * j - 3), m10));
+            }
             /* scale words 2j and 2j+1 broadcast to all 16 positions */
             const __m256i slo = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)((4 * j + 1) << 8 | 4 * j)));
             const __m256i shi = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2))));
@@ -364,7 +375,7 @@ AI void q4k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) {
             const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
-            __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsums));
+            __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsums)); /* Q5_K too */
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(d * xb->d), acc[c]);
             acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xb->d), acc[c]);
         }
@@ -456,9 +467,17 @@ static fixed_fn tab_f32[MAXR][MAXC] = FT_TAB(W_F32);
 static fixed_fn tab_f16[MAXR][MAXC] = FT_TAB(W_F16);
 static fixed_fn tab_bf16[MAXR][MAXC] = FT_TAB(W_BF16);
 
+AI void q4k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    qk_tile(0, RN, n, w, x, xs, y, ys);
+}
+AI void q5k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    qk_tile(1, RN, n, w, x, xs, y, ys);
+}
 KT(q4k_tile, 1) KT(q4k_tile, 2) KT(q4k_tile, 3) KT(q4k_tile, 4)
+KT(q5k_tile, 1) KT(q5k_tile, 2) KT(q5k_tile, 3) KT(q5k_tile, 4)
 KT(q6k_tile, 1) KT(q6k_tile, 2) KT(q6k_tile, 3) KT(q6k_tile, 4)
 static fixed_fn tab_q4_K[MAXR][MAXC] = {{q4k_tile_1x1, q4k_tile_1x2, q4k_tile_1x3, q4k_tile_1x4}};
+static fixed_fn tab_q5_K[MAXR][MAXC] = {{q5k_tile_1x1, q5k_tile_1x2, q5k_tile_1x3, q5k_tile_1x4}};
 static fixed_fn tab_q6_K[MAXR][MAXC] = {{q6k_tile_1x1, q6k_tile_1x2, q6k_tile_1x3, q6k_tile_1x4}};
 
 static void tile_f32(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
@@ -472,6 +491,9 @@ static void tile_bf16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size
 }
 static void tile_q4_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_q4_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+    run_tiles(tab_q5_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
 }
 static void tile_q6_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_q6_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
@@ -508,6 +530,7 @@ op_mm_tile_fn op_mm_tile_avx2(int wtype) {
     case DT_Q8_0: return tile_q8_0_avx2;
     case DT_Q4_0: return tile_q4_0_avx2;
     case DT_Q4_K: return tile_q4_K;
+    case DT_Q5_K: return tile_q5_K;
     case DT_Q6_K: return tile_q6_K;
     default: return op_mm_tile_scalar(wtype); /* packed types of other CPUs */
     }

@@ -68,31 +68,37 @@ static inline float q4k_step(float s, float xd, dt_f16 d, dt_f16 dmin, int sumi,
     return fmaf(xd, fmaf(dt_f16_to_f32(d), (float)sumi, -m), s);
 }
 
-static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) {
-    const block_q4_K *wb = (const block_q4_K *)w;
+/* Q4_K, or with q5 Q5_K (a 5th bit per element from qh). */
+static inline float dot_qk(int q5, int n, const uint8_t *w, const uint8_t *x) {
     const block_q8_K *xb = (const block_q8_K *)x;
+    const size_t bs = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
+        const block_q4_K *wb = (const block_q4_K *)(w + (size_t)b * bs); /* Q5_K: d, dmin, scales alike */
+        const uint8_t *qh = q5 ? ((const block_q5_K *)wb)->qh : NULL;
         uint8_t sc[8], mn[8];
-        op_q4k_scales(wb[b].scales, sc, mn);
-        const uint8_t *q = wb[b].qs;
+        op_q4k_scales(wb->scales, sc, mn);
+        const uint8_t *q = q5 ? ((const block_q5_K *)wb)->qs : wb->qs;
         const int8_t *a = xb[b].qs;
         int sumi = 0, summ = 0;
         for (int j = 0; j < QK_K / 64; j++) {
             int lo = 0, hi = 0;
             for (int l = 0; l < 32; l++) {
-                lo += (q[l] & 0x0f) * a[l];
-                hi += (q[l] >> 4) * a[l + 32];
+                int h0 = qh ? (qh[l] >> (2 * j) & 1) << 4 : 0, h1 = qh ? (qh[l] >> (2 * j + 1) & 1) << 4 : 0;
+                lo += ((q[l] & 0x0f) | h0) * a[l];
+                hi += ((q[l] >> 4) | h1) * a[l + 32];
             }
             sumi += sc[2 * j] * lo + sc[2 * j + 1] * hi;
             q += 32;
             a += 64;
         }
         for (int j = 0; j < 8; j++) summ += mn[j] * (xb[b].bsums[2 * j] + xb[b].bsums[2 * j + 1]);
-        s = q4k_step(s, xb[b].d, wb[b].d, wb[b].dmin, sumi, summ);
+        s = q4k_step(s, xb[b].d, wb->d, wb->dmin, sumi, summ);
     }
     return s;
 }
+static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) { return dot_qk(0, n, w, x); }
+static float dot_q5_K(int n, const uint8_t *w, const uint8_t *x) { return dot_qk(1, n, w, x); }
 
 /* A Q6_K super-block's share, in the packed VNNI kernel's operations. */
 static inline float q6k_step(float s, float xd, dt_f16 d, int sumi) {
@@ -134,6 +140,7 @@ TILE(bf16)
 TILE(q8_0)
 TILE(q4_0)
 TILE(q4_K)
+TILE(q5_K)
 TILE(q6_K)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
@@ -175,20 +182,21 @@ static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, 
     tile_r16(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
-/* Row j of a group of OP_Q4_K_R16 (ops.h): dot_q4_K's operations. */
-static float dot_q4k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+/* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
+static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {
     const block_q8_K *xb = (const block_q8_K *)x;
     float s = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
-        const uint8_t *blk = g + (size_t)b * OP_Q4K_R16_BYTES;
+        const uint8_t *blk = g + (size_t)b * (q5 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES);
         int sumi = 0, summ = 0;
         for (int p = 0; p < 4; p++) {
             int lo = 0, hi = 0;
             for (int k = 0; k < 8; k++)
                 for (int i = 0; i < 4; i++) {
                     int q = blk[320 + 512 * p + 64 * k + 4 * j + i];
-                    lo += (q & 0x0f) * xb[b].qs[64 * p + 4 * k + i];
-                    hi += (q >> 4) * xb[b].qs[64 * p + 32 + 4 * k + i];
+                    int h = q5 ? blk[OP_Q4K_R16_BYTES + 64 * k + 4 * j + i] : 0; /* bit s: sub-block s */
+                    lo += ((q & 0x0f) | ((h >> (2 * p) & 1) << 4)) * xb[b].qs[64 * p + 4 * k + i];
+                    hi += ((q >> 4) | ((h >> (2 * p + 1) & 1) << 4)) * xb[b].qs[64 * p + 32 + 4 * k + i];
                 }
             sumi += blk[64 + 16 * (2 * p) + j] * lo + blk[64 + 16 * (2 * p + 1) + j] * hi;
         }
@@ -237,7 +245,13 @@ static void tile_q4_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, 
                           int nr, int nc) {
     for (int c = 0; c < nc; c++)
         for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_q4k_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+            y[(size_t)c * ys + r] = dot_qk_r16(0, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
+}
+static void tile_q5_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++)
+            y[(size_t)c * ys + r] = dot_qk_r16(1, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
 }
 
 op_mm_tile_fn op_mm_tile_scalar(int wtype) {
@@ -249,9 +263,11 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16;
     case OP_Q4_0_R16: return tile_q4_0_r16;
     case OP_Q4_K_R16: return tile_q4_K_r16;
+    case OP_Q5_K_R16: return tile_q5_K_r16;
     case OP_Q6_K_R16: return tile_q6_K_r16;
     case DT_Q4_0: return tile_q4_0;
     case DT_Q4_K: return tile_q4_K;
+    case DT_Q5_K: return tile_q5_K;
     case DT_Q6_K: return tile_q6_K;
     default: return NULL;
     }

@@ -1,6 +1,6 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q4_K and Q6_K weights (OP_Q8_0_R16, OP_Q4_0_R16,
- * OP_Q4_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
+ * packed Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights (OP_Q8_0_R16, OP_Q4_0_R16,
+ * OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops_internal.h"
@@ -131,7 +131,7 @@ static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
     r16_run(1, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
-/* ---- OP_Q4_K_R16, OP_Q6_K_R16: packed K-quant weights ------------------------
+/* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the
  * token's int8 quants:
  *   Q4_K: per 32-column sub-block, 8 chunks (a pair's low nibbles give
@@ -140,17 +140,20 @@ static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
  *   activations' sums of 16 (bsums) through vpdpwssd (each min in both
  *   halves of a dword, against a dword of two bsums); then
  *   fma(xd, fma(d, sumi, -dmin summ), s), as q4k_step in the scalar kernel.
+ *   Q5_K: Q4_K with each sub-block's 5th bits or-ed in as bit 4.
  *   Q6_K: per 16-column group, 4 chunks rebuilt from nibbles and top bits
  *   (u = q + 32, 0..63), the dot times the scales; the +32 comes back out as
  *   32 x the scales against the bsums (vpdpwssd, two scales per dword); then
  *   fma(d xd, sumi, s), as q6k_step.
  * The running sums live in L1 between super-blocks (the registers hold the
  * tokens' integer sums and the chunks). */
-AI void kq_r16_tile(const int Q6, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+AI void kq_r16_tile(const int KB, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                     size_t ys, __mmask16 rows) {
+    const int Q6 = KB == 6, Q5 = KB == 5; /* KB: the K-quant's bits, 4, 5 or 6 */
     const int nb = n / QK_K;
-    const size_t bsz = Q6 ? OP_Q6K_R16_BYTES : OP_Q4K_R16_BYTES;
+    const size_t bsz = Q6 ? OP_Q6K_R16_BYTES : Q5 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
+    const __m512i m10 = _mm512_set1_epi8(0x10);
     float accm[R16_C][16] __attribute__((aligned(64)));
 #pragma GCC unroll 16
     for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
@@ -180,6 +183,11 @@ AI void kq_r16_tile(const int Q6, const int RN, int n, const uint8_t *g, const u
                 for (int k = 0; k < 8; k++) {
                     const __m512i raw = _mm512_loadu_si512(blk + 320 + 512 * (grp / 2) + 64 * k);
                     wk[k] = _mm512_and_si512(grp % 2 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+                    if (Q5) { /* bit grp of the 5th-bit chunk to bit 4 */
+                        const __m512i hb = _mm512_loadu_si512(blk + OP_Q4K_R16_BYTES + 64 * k);
+                        const __m512i h = grp < 4 ? _mm512_slli_epi16(hb, 4 - grp) : _mm512_srli_epi16(hb, grp - 4);
+                        wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(h, m10));
+                    }
                 }
             }
 #pragma GCC unroll 16
@@ -231,10 +239,10 @@ AI void kq_r16_tile(const int Q6, const int RN, int n, const uint8_t *g, const u
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
 }
 
-#define R16K(q6, rn)                                                                                      \
-    static void r16k_##q6##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
+#define R16K(kb, rn)                                                                                      \
+    static void r16k_##kb##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
                                  __mmask16 rows) {                                                        \
-        kq_r16_tile(q6, rn, n, g, x, xs, y, ys, rows);                                                    \
+        kq_r16_tile(kb, rn, n, g, x, xs, y, ys, rows);                                                    \
     }
 #define R16K_ROW(q6) R16K(q6, 1) R16K(q6, 2) R16K(q6, 3) R16K(q6, 4) R16K(q6, 5) R16K(q6, 6) R16K(q6, 7) \
     R16K(q6, 8) R16K(q6, 9) R16K(q6, 10) R16K(q6, 11) R16K(q6, 12) R16K(q6, 13) R16K(q6, 14) R16K(q6, 15) R16K(q6, 16)
@@ -242,8 +250,8 @@ AI void kq_r16_tile(const int Q6, const int RN, int n, const uint8_t *g, const u
     {r16k_##q6##_1,  r16k_##q6##_2,  r16k_##q6##_3,  r16k_##q6##_4,  r16k_##q6##_5,  r16k_##q6##_6,          \
      r16k_##q6##_7,  r16k_##q6##_8,  r16k_##q6##_9,  r16k_##q6##_10, r16k_##q6##_11, r16k_##q6##_12,         \
      r16k_##q6##_13, r16k_##q6##_14, r16k_##q6##_15, r16k_##q6##_16}
-R16K_ROW(0) R16K_ROW(1)
-static const r16_fn r16k_tab[2][R16_C] = {R16K_TAB(0), R16K_TAB(1)};
+R16K_ROW(4) R16K_ROW(5) R16K_ROW(6)
+static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)};
 
 /* Rows in groups of 16 (the last one masked), tokens R16_C at a time. */
 static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
@@ -260,9 +268,13 @@ static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t
                                size_t ys, int nr, int nc) {
     r16_groups(r16k_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
 }
-static void tile_q6_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+static void tile_q5_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
     r16_groups(r16k_tab[1], n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q6_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_groups(r16k_tab[2], n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 #pragma GCC pop_options
@@ -272,6 +284,7 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
     case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
+    case OP_Q5_K_R16: return tile_q5_K_r16_vnni;
     case OP_Q6_K_R16: return tile_q6_K_r16_vnni;
     default: return op_mm_tile_avx2(wtype);
     }

@@ -73,6 +73,11 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * against the activations' sums, then per super-block
  * fma(xd, fma(d, sumi, -dmin * summ), s)). */
 #define OP_Q4_K_R16 0x10c
+/* OP_Q5_K_R16: OP_Q4_K_R16's layout (2,880 bytes per group and super-block,
+ * 180 per row where Q5_K takes 176) followed by the 5th bits: 8 chunks of 64
+ * bytes, bit s of byte 4j + i of chunk k the 5th bit of row j's column
+ * 32s + 4k + i. Results equal the scalar Q5_K kernel bit for bit. */
+#define OP_Q5_K_R16 0x10d
 /* OP_Q6_K_R16: Q6_K rows in groups of 16, per group and super-block (3,360
  * bytes, Q6_K's 210 per row): the 16 rows' f16 d, their 16 scales [16][16]
  * (int8), then the quants as u = q + 32 (0..63) in 64-byte chunks of 4

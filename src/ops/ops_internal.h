@@ -36,6 +36,8 @@ int op_attention_kernel(const op_attn_args *a);
 /* Bytes of one 16-row group and super-block of OP_Q4_K_R16 (ops.h): d, dmin,
  * 8 x 16 scales, 8 x 16 mins, then 4 x 8 chunks of 64 bytes of quants. */
 enum { OP_Q4K_R16_BYTES = 32 + 32 + 128 + 128 + 2048 };
+/* ... of OP_Q5_K_R16: OP_Q4_K_R16's then 8 chunks of 5th bits. */
+enum { OP_Q5K_R16_BYTES = OP_Q4K_R16_BYTES + 512 };
 /* ... of OP_Q6_K_R16: d, 16 x 16 scales, 4 x 8 chunks of low nibbles, 2 x 8
  * chunks of top bits (16 Q6_K blocks' bytes). */
 enum { OP_Q6K_R16_BYTES = 32 + 256 + 2048 + 1024 };
