@@ -106,7 +106,6 @@ static void pack_q6_K(const void *src, void *dst, int n_in, int n_out) {
     uint8_t *d = dst;
     for (int g = 0; g < (n_out + 15) / 16; g++)
         for (int b = 0; b < nb; b++, d += OP_Q6K_R16_BYTES) {
-            memset(d, 0, OP_Q6K_R16_BYTES);
             for (int j = 0; j < 16; j++) {
                 int r = g * 16 + j;
                 const block_q6_K *blk = r < n_out ? (const block_q6_K *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
@@ -114,13 +113,18 @@ static void pack_q6_K(const void *src, void *dst, int n_in, int n_out) {
                 op_q6k_unpack(blk, q);
                 memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
                 for (int s = 0; s < 16; s++) d[32 + 16 * s + j] = (uint8_t)blk->scales[s];
-                for (int u = 0; u < 8; u++)
-                    for (int k = 0; k < 8; k++)
-                        for (int i = 0; i < 4; i++) {
-                            int v = q[32 * u + 4 * k + i] + 32; /* 0..63 */
-                            d[288 + 512 * (u / 2) + 64 * k + 4 * j + i] |= (uint8_t)((v & 15) << (4 * (u % 2)));
-                            d[2336 + 512 * (u / 4) + 64 * k + 4 * j + i] |= (uint8_t)((v >> 4) << (2 * (u % 4)));
-                        }
+                uint8_t v[QK_K]; /* q + 32: 0..63 */
+                for (int e = 0; e < QK_K; e++) v[e] = (uint8_t)(q[e] + 32);
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t *c = v + 4 * k + i; /* unit u's column: c[32 u] */
+                        for (int p = 0; p < 4; p++)
+                            d[288 + 512 * p + 64 * k + 4 * j + i] = (uint8_t)((c[64 * p] & 15) | (c[64 * p + 32] & 15) << 4);
+                        for (int h = 0; h < 2; h++)
+                            d[2336 + 512 * h + 64 * k + 4 * j + i] =
+                                (uint8_t)(c[128 * h] >> 4 | (c[128 * h + 32] >> 4) << 2 | (c[128 * h + 64] >> 4) << 4 |
+                                          (c[128 * h + 96] >> 4) << 6);
+                    }
             }
         }
 }
