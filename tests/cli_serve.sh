@@ -173,7 +173,16 @@ check(same == R, "%d concurrent streams equal each prompt alone (%d/%d)" % (R, s
 pre = metric("kvlm_preemptions_total") - pre0
 print("     preemptions during the concurrent run: %d" % pre)
 check(pre > 0, "the small KV budget forced preemptions")
-s = status()
+def settled(timeout=5):
+    """The status once no request runs or waits: the snapshot is published at the end of each engine
+    step, and a client can read a request's last event before the step that sent it ends."""
+    t0 = time.time()
+    s = status()
+    while (s["running"] or s["waiting"] or s["blocks_used"]) and time.time() - t0 < timeout:
+        time.sleep(0.02)
+        s = status()
+    return s
+s = settled()
 check(s["blocks_used"] == 0 and s["running"] == 0 and s["waiting"] == 0, "every block back after the run", s)
 
 # ---- many more connections than sequence slots (16), half streamed, half whole: one
@@ -299,7 +308,7 @@ s.close()
 check(resp.startswith(b"HTTP/1.1 413") or resp == b"", "chunked oversized body -> 413 or closed", resp[:100])
 
 # ---- a client that hangs up mid-stream: its request is cancelled, its blocks freed
-gen0 = status()["generated_tokens"]
+gen0 = settled()["generated_tokens"]
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
 body = json.dumps({"prompt": "Once upon a time", "max_tokens": 360, "temperature": 0, "stream": True}).encode()
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -324,7 +333,7 @@ check(mid["blocks_used"] > 0 and s2["blocks_used"] == 0 and s2["running"] == 0 a
       (mid["blocks_used"], s2["blocks_used"], gen), (mid, s2))
 
 # ... and one that hangs up while waiting for a whole (non-streamed) answer
-gen0 = status()["generated_tokens"]
+gen0 = settled()["generated_tokens"]
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
 body = json.dumps({"prompt": "Once upon a time", "max_tokens": 360, "temperature": 0}).encode()
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -394,11 +403,7 @@ def churn_worker(seed):
 threads = [threading.Thread(target=churn_worker, args=(i,)) for i in range(24)]
 for t in threads: t.start()
 for t in threads: t.join()
-t0 = time.time()
-s2 = status()
-while (s2["running"] or s2["waiting"] or s2["blocks_used"]) and time.time() - t0 < 5:
-    time.sleep(0.02)
-    s2 = status()
+s2 = settled()
 check(churn["bad"] == 0 and churn["ok"] > 0 and churn["hung"] > 0 and s2["blocks_used"] == 0 and s2["running"] == 0,
       "churn: %d answers whole, %d hang-ups, %d bad; every block back" % (churn["ok"], churn["hung"], churn["bad"]),
       (churn["exc"][:3], s2))
