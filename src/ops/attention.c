@@ -2010,15 +2010,20 @@ typedef struct {
 } att_multi;
 
 static void multi_worker(void *ctx, int ith, int nth) {
-    (void)nth;
     att_multi *m = ctx;
+    const int total = m->first[m->n];
+    /* a few tasks per grab where there are many: each grab moves the
+     * counter's cache line between the cores */
+    const int grab = total >= 32 * nth ? 4 : 1;
     int k = 0;
     for (;;) {
-        int task = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
-        if (task >= m->first[m->n]) break;
-        while (task >= m->first[k + 1]) k++; /* tasks come in increasing order */
-        while (task < m->first[k]) k--;
-        run_task(&m->jobs[k], task - m->first[k], m->jobs[k].scratch + (size_t)ith * m->jobs[k].per_thread);
+        int t0 = atomic_fetch_add_explicit(&m->next, grab, memory_order_relaxed);
+        if (t0 >= total) break;
+        for (int task = t0; task < t0 + grab && task < total; task++) {
+            while (task >= m->first[k + 1]) k++; /* tasks come in increasing order */
+            while (task < m->first[k]) k--;
+            run_task(&m->jobs[k], task - m->first[k], m->jobs[k].scratch + (size_t)ith * m->jobs[k].per_thread);
+        }
     }
 }
 
