@@ -20,7 +20,8 @@ static uint32_t f32_bits(float f) {
 
 static void test_traits(void **state) {
     (void)state;
-    const int ok[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
+    const int ok[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
+                      DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         const dt_traits *t = dt_info(ok[i]);
         assert_non_null(t);
@@ -34,7 +35,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_info(DT_Q8_K)->type_size, 292);
     assert_int_equal(dt_info(DT_Q8_K)->block_size, 256);
     /* ggml types kvlm does not compute with: known layout, no traits */
-    assert_null(dt_info(DT_Q4_1));
+    assert_null(dt_info(DT_Q8_1));
     assert_null(dt_info(DT_Q3_K));
     assert_non_null(dt_layout(DT_Q3_K));
     assert_int_equal(dt_layout(DT_Q3_K)->type_size, 110);
@@ -220,6 +221,34 @@ static void test_deq_q5_K(void **state) {
     assert_true(y[255] == 9.0f * 55.0f - 28.0f);
 }
 
+/* Q4_1, Q5_0, Q5_1 (ggml's dequantize_row_q4_1 / q5_0 / q5_1): element j's
+ * nibble in byte j % 16 (low for j < 16), its 5th bit bit j of qh. */
+static void test_deq_legacy(void **state) {
+    (void)state;
+    block_q4_1 a = {.d = 0x3800, .m = 0xbc00}; /* 0.5, -1 */
+    block_q5_0 b = {.d = 0x4000};              /* 2 */
+    block_q5_1 c = {.d = 0x3400, .m = 0x3c00}; /* 0.25, 1 */
+    const uint8_t qh[4] = {0x35, 0x00, 0xf0, 0x81};
+    for (int k = 0; k < 16; k++) a.qs[k] = b.qs[k] = c.qs[k] = (uint8_t)(k | ((15 - k) << 4));
+    memcpy(b.qh, qh, 4);
+    memcpy(c.qh, qh, 4);
+    float ya[32], yb[32], yc[32];
+    dt_dequantize_row(DT_Q4_1, &a, ya, 32);
+    dt_dequantize_row(DT_Q5_0, &b, yb, 32);
+    dt_dequantize_row(DT_Q5_1, &c, yc, 32);
+    uint32_t h = 0x81f00035u;
+    for (int j = 0; j < 32; j++) {
+        int nib = j < 16 ? j : 15 - (j - 16), q5 = nib | (int)((h >> j) & 1) << 4;
+        assert_true(ya[j] == 0.5f * (float)nib - 1.0f);
+        assert_true(yb[j] == 2.0f * (float)(q5 - 16));
+        assert_true(yc[j] == 0.25f * (float)q5 + 1.0f);
+    }
+    /* by hand: element 0 has bit 0 of qh (0x35) set: q5 16; element 31: nibble 0, bit 31 set: 16 */
+    assert_true(yb[0] == 0.0f && yb[31] == 0.0f);
+    assert_true(yb[1] == 2.0f * (1 - 16)); /* bit 1 of 0x35 clear */
+    assert_true(yc[2] == 0.25f * 18 + 1.0f); /* bit 2 set: 2 + 16 */
+}
+
 static void test_deq_q6_K_q8_K(void **state) {
     (void)state;
     block_q6_K b;
@@ -291,6 +320,7 @@ static void test_round_trip(void **state) {
     const struct { int type; double bound_u, bound_g; } cases[] = {
         {DT_F16, 0.0005, 0.0005}, {DT_BF16, 0.004, 0.004}, {DT_Q8_0, 0.006, 0.008}, {DT_Q8_K, 0.006, 0.012},
         {DT_Q6_K, 0.02, 0.03},    {DT_Q5_K, 0.04, 0.06},   {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
+        {DT_Q5_0, 0.045, 0.065},  {DT_Q5_1, 0.04, 0.06},   {DT_Q4_1, 0.08, 0.12},
     };
     uint64_t s = 42;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -313,7 +343,7 @@ static void test_round_trip(void **state) {
 
 static void test_quantize_special(void **state) {
     (void)state;
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
     float x[512], y[512];
     uint8_t q[2048];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -367,7 +397,8 @@ int main(void) {
         cmocka_unit_test(test_traits),         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_bf16),           cmocka_unit_test(test_deq_q4_0_q8_0),
         cmocka_unit_test(test_deq_q4_K),
-        cmocka_unit_test(test_deq_q5_K),       cmocka_unit_test(test_deq_q6_K_q8_K),
+        cmocka_unit_test(test_deq_q5_K),
+        cmocka_unit_test(test_deq_legacy),       cmocka_unit_test(test_deq_q6_K_q8_K),
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

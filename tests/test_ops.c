@@ -71,7 +71,8 @@ typedef struct {
     const char *name;
 } wtype;
 static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
-                                {DT_Q4_0, "q4_0"}, {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}};
+                                {DT_Q4_0, "q4_0"}, {DT_Q4_1, "q4_1"}, {DT_Q5_0, "q5_0"}, {DT_Q5_1, "q5_1"},
+                                {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -420,7 +421,7 @@ static void test_matmul_work_size(void **state) {
     /* an unsupported type leaves Y alone */
     float y = 7.0f, x[32] = {0};
     uint8_t w[64] = {0};
-    op_matmul(NULL, &y, x, w, DT_Q5_0, 1, 32, 1, NULL);
+    op_matmul(NULL, &y, x, w, DT_Q8_1, 1, 32, 1, NULL);
     assert_true(y == 7.0f);
 }
 

@@ -229,6 +229,7 @@ static void test_batched_bits(void **state) {
         {KVLM_ARCH_LLAMA, 128, 8, 8, 292, "f32", KVLM_CACHE_Q4_KC, KVLM_CACHE_F16, 16},
         {KVLM_ARCH_QWEN2, 128, 8, 2, 292, "f32", KVLM_CACHE_F32, KVLM_CACHE_Q8_0, 16},
         {KVLM_ARCH_LLAMA, 256, 4, 2, 512, "q4_K", KVLM_CACHE_F16, KVLM_CACHE_F16, 16}, /* packed on VNNI CPUs */
+        {KVLM_ARCH_QWEN2, 128, 8, 2, 288, "q5_0", KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16},
     };
     enum { S = 6, N = 48, V = 300 };
     for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {

@@ -1,5 +1,6 @@
 /* model/dtype: type traits and the scalar reference quantizers/dequantizers for
- * F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and Q8_K (block layouts as in GGUF). */
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and Q8_K
+ * (block layouts as in GGUF). */
 #include "model/dtype.h"
 #include <math.h>
 #include <strings.h>
@@ -16,9 +17,9 @@ static const dt_entry k_types[DT_COUNT] = {
     [DT_F32] = {{"f32", 1, 4}, 1},
     [DT_F16] = {{"f16", 1, 2}, 1},
     [DT_Q4_0] = {{"q4_0", QK4_0, sizeof(block_q4_0)}, 1},
-    [DT_Q4_1] = {{"q4_1", 32, 20}, 0},
-    [DT_Q5_0] = {{"q5_0", 32, 22}, 0},
-    [DT_Q5_1] = {{"q5_1", 32, 24}, 0},
+    [DT_Q4_1] = {{"q4_1", 32, sizeof(block_q4_1)}, 1},
+    [DT_Q5_0] = {{"q5_0", 32, sizeof(block_q5_0)}, 1},
+    [DT_Q5_1] = {{"q5_1", 32, sizeof(block_q5_1)}, 1},
     [DT_Q8_0] = {{"q8_0", QK8_0, sizeof(block_q8_0)}, 1},
     [DT_Q8_1] = {{"q8_1", 32, 36}, 0},
     [DT_Q2_K] = {{"q2_K", QK_K, 84}, 0},
@@ -91,6 +92,35 @@ static void deq_q4_0(const block_q4_0 *b, float *y, int64_t nb) {
             y[j] = (float)((b[i].qs[j] & 0xf) - 8) * d;
             y[j + QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
         }
+    }
+}
+
+/* Q4_1, Q5_0, Q5_1: 32 elements, element j's nibble in byte j % 16 (low
+ * nibble for j < 16), its 5th bit (Q5_*) bit j of qh. */
+static inline int q5_code(const uint8_t *qs, const uint8_t *qh, int j) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return (j < 16 ? qs[j] & 0xf : qs[j - 16] >> 4) | (int)((h >> j) & 1) << 4;
+}
+static void deq_q4_1(const block_q4_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = dt_f16_to_f32(b[i].d), m = dt_f16_to_f32(b[i].m);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(b[i].qs[j] & 0xf) * d + m;
+            y[j + 16] = (float)(b[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+static void deq_q5_0(const block_q5_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int j = 0; j < 32; j++) y[j] = (float)(q5_code(b[i].qs, b[i].qh, j) - 16) * d;
+    }
+}
+static void deq_q5_1(const block_q5_1 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = dt_f16_to_f32(b[i].d), m = dt_f16_to_f32(b[i].m);
+        for (int j = 0; j < 32; j++) y[j] = (float)q5_code(b[i].qs, b[i].qh, j) * d + m;
     }
 }
 
@@ -191,6 +221,9 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
         break;
     }
     case DT_Q4_0: deq_q4_0(src, dst, nb); break;
+    case DT_Q4_1: deq_q4_1(src, dst, nb); break;
+    case DT_Q5_0: deq_q5_0(src, dst, nb); break;
+    case DT_Q5_1: deq_q5_1(src, dst, nb); break;
     case DT_Q8_0: deq_q8_0(src, dst, nb); break;
     case DT_Q4_K: deq_q4_K(src, dst, nb); break;
     case DT_Q5_K: deq_q5_K(src, dst, nb); break;
@@ -217,6 +250,53 @@ static void q_q4_0(const float *x, block_q4_0 *b, int64_t nb) {
             int c = clampi((int)(x[j + QK4_0 / 2] * id + 8.5f), 0, 15);
             b[i].qs[j] = (uint8_t)(a | (c << 4));
         }
+    }
+}
+
+/* Q5_0: as Q4_0 with 32 steps: the element of largest magnitude maps to -16. */
+static void q_q5_0(const float *x, block_q5_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax = 0, vmax = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); vmax = x[j]; }
+        float d = vmax / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        uint32_t h = 0;
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 32; j++) {
+            int q = clampi((int)(x[j] * id + 16.5f), 0, 31); /* +16.5 then truncation: round to nearest */
+            b[i].qs[j % 16] |= (uint8_t)((q & 15) << (j < 16 ? 0 : 4));
+            h |= (uint32_t)(q >> 4) << j;
+        }
+        memcpy(b[i].qh, &h, 4);
+    }
+}
+
+/* Q4_1 / Q5_1 (qmax 15 / 31): min and step from the block's range. */
+static void q_affine32(const float *x, int qmax, dt_f16 *d_out, dt_f16 *m_out, uint8_t codes[32]) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) { lo = fminf(lo, x[j]); hi = fmaxf(hi, x[j]); }
+    float d = (hi - lo) / (float)qmax;
+    *d_out = dt_f32_to_f16(d);
+    *m_out = dt_f32_to_f16(lo);
+    float ds = dt_f16_to_f32(*d_out), ms = dt_f16_to_f32(*m_out); /* codes against the stored values */
+    for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(ds > 0 ? clampi(round_int((x[j] - ms) / ds), 0, qmax) : 0);
+}
+static void q_q4_1(const float *x, block_q4_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        uint8_t c[32];
+        q_affine32(x, 15, &b[i].d, &b[i].m, c);
+        for (int j = 0; j < 16; j++) b[i].qs[j] = (uint8_t)(c[j] | c[j + 16] << 4);
+    }
+}
+static void q_q5_1(const float *x, block_q5_1 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        uint8_t c[32];
+        q_affine32(x, 31, &b[i].d, &b[i].m, c);
+        uint32_t h = 0;
+        for (int j = 0; j < 16; j++) b[i].qs[j] = (uint8_t)((c[j] & 15) | (c[j + 16] & 15) << 4);
+        for (int j = 0; j < 32; j++) h |= (uint32_t)(c[j] >> 4) << j;
+        memcpy(b[i].qh, &h, 4);
     }
 }
 
@@ -445,6 +525,9 @@ int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
         return 0;
     }
     case DT_Q4_0: q_q4_0(src, dst, nb); return 0;
+    case DT_Q4_1: q_q4_1(src, dst, nb); return 0;
+    case DT_Q5_0: q_q5_0(src, dst, nb); return 0;
+    case DT_Q5_1: q_q5_1(src, dst, nb); return 0;
     case DT_Q8_0: q_q8_0(src, dst, nb); return 0;
     case DT_Q4_K: q_q4_K(src, dst, nb); return 0;
     case DT_Q5_K: q_q5_K(src, dst, nb); return 0;

@@ -38,6 +38,12 @@ typedef uint16_t dt_bf16; /* bfloat16, stored as bits */
 /* Block layouts, byte-for-byte those of GGUF files. */
 typedef struct { dt_f16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;           /* 18 bytes */
 typedef struct { dt_f16 d; int8_t qs[QK8_0]; } block_q8_0;                /* 34 bytes */
+/* value = d q + m, q the nibble (elements j and j + 16 share byte j) */
+typedef struct { dt_f16 d, m; uint8_t qs[16]; } block_q4_1;               /* 20 bytes */
+/* value = d (q - 16), q the nibble plus bit e of qh (little-endian) as bit 4 */
+typedef struct { dt_f16 d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;   /* 22 bytes */
+/* value = d q + m, q as Q5_0's */
+typedef struct { dt_f16 d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1; /* 24 bytes */
 typedef struct {
     dt_f16 d;                       /* super-block scale for the 6-bit scales */
     dt_f16 dmin;                    /* super-block scale for the 6-bit mins */
@@ -65,6 +71,7 @@ typedef struct {
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
+_Static_assert(sizeof(block_q4_1) == 20 && sizeof(block_q5_0) == 22 && sizeof(block_q5_1) == 24, "q4_1 q5_0 q5_1 layouts");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");

@@ -13,7 +13,7 @@
 int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
-    case DT_Q8_0: case DT_Q4_0: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
+    case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case OP_Q8_0_R16: case OP_Q4_0_R16: return 1;
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q5_K_R16: case OP_Q6_K_R16: return 2;
     default: return -1;
     }

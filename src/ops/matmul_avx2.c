@@ -160,6 +160,64 @@ AI void qtile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, co
     }
 QFIX_ALL(qtile, tile_q4_0_avx2)
 
+/* ---- Q4_1, Q5_0, Q5_1 ------------------------------------------------------------
+ * One row x RN tokens. Per block the codes as 32 unsigned bytes (Q4_0's
+ * nibbles, or-ed with the 5th bits of qh), their dot with the token's
+ * quants times dw dx; the offset (Q5_0: -16 x the sum of quants; Q4_1 / Q5_1:
+ * the min times it) from the activation's precomputed dx (-8 x sum), summed
+ * apart and added at the end. */
+
+/* Bit j of qh as 0x10 in byte j. */
+AI __m256i q5_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i byte_of = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                             3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), byte_of), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+AI void legacy_tile(const int TY, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                    size_t ys) {
+    const int nb = n / 32, q5 = TY != DT_Q4_1, has_m = TY != DT_Q5_0;
+    const int bs = TY == DT_Q4_1 ? (int)sizeof(block_q4_1) : TY == DT_Q5_0 ? (int)sizeof(block_q5_0) : (int)sizeof(block_q5_1);
+    const int qs_at = TY == DT_Q4_1 ? 4 : TY == DT_Q5_0 ? 6 : 8, qh_at = TY == DT_Q5_0 ? 2 : 4;
+    const pf_plan pf = pf_plan_for((size_t)nb * bs, 32768, 4, 16384);
+    __m256 acc[MAXC];
+    float off[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) { acc[c] = _mm256_setzero_ps(); off[c] = 0; }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bs;
+        if (RN == 1) pf_step(w, (size_t)b * bs, bs, pf); /* decode */
+        __m256i u = q4_unpack(blk + qs_at);
+        if (q5) u = _mm256_or_si256(u, q5_bits(blk + qh_at));
+        dt_f16 h16[2];
+        memcpy(h16, blk, sizeof h16);
+        const float dw = _cvtsh_ss(h16[0]), m = has_m ? _cvtsh_ss(h16[1]) : 0.0f;
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const uint8_t *xr = x + (size_t)c * xs;
+            const __m256i i = q_dot(u, _mm256_loadu_si256((const __m256i *)(op_q8a_qs(xr) + b * 32)));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * op_q8a_d(xr, n)[b]), acc[c]);
+            const float dc = op_q8a_dc(xr, n)[b]; /* dx (-8 x sum) */
+            off[c] += has_m ? m * dc * -0.125f : 2.0f * dw * dc;
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]) + off[c];
+}
+AI void q41_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    legacy_tile(DT_Q4_1, RN, n, w, x, xs, y, ys);
+}
+AI void q50_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    legacy_tile(DT_Q5_0, RN, n, w, x, xs, y, ys);
+}
+AI void q51_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    legacy_tile(DT_Q5_1, RN, n, w, x, xs, y, ys);
+}
+
 /* ---- Q8_0: rows in pairs ------------------------------------------------------
  * (CPUs with AVX512-VNNI read Q8_0 weights packed: OP_Q8_0_R16, matmul_vnni.c.)
  * Per (row, token, block) the integer dot costs maddubs + madd on the
@@ -475,9 +533,15 @@ AI void q5k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
 }
 KT(q4k_tile, 1) KT(q4k_tile, 2) KT(q4k_tile, 3) KT(q4k_tile, 4)
 KT(q5k_tile, 1) KT(q5k_tile, 2) KT(q5k_tile, 3) KT(q5k_tile, 4)
+KT(q41_tile, 1) KT(q41_tile, 2) KT(q41_tile, 3) KT(q41_tile, 4)
+KT(q50_tile, 1) KT(q50_tile, 2) KT(q50_tile, 3) KT(q50_tile, 4)
+KT(q51_tile, 1) KT(q51_tile, 2) KT(q51_tile, 3) KT(q51_tile, 4)
 KT(q6k_tile, 1) KT(q6k_tile, 2) KT(q6k_tile, 3) KT(q6k_tile, 4)
 static fixed_fn tab_q4_K[MAXR][MAXC] = {{q4k_tile_1x1, q4k_tile_1x2, q4k_tile_1x3, q4k_tile_1x4}};
 static fixed_fn tab_q5_K[MAXR][MAXC] = {{q5k_tile_1x1, q5k_tile_1x2, q5k_tile_1x3, q5k_tile_1x4}};
+static fixed_fn tab_q4_1[MAXR][MAXC] = {{q41_tile_1x1, q41_tile_1x2, q41_tile_1x3, q41_tile_1x4}};
+static fixed_fn tab_q5_0[MAXR][MAXC] = {{q50_tile_1x1, q50_tile_1x2, q50_tile_1x3, q50_tile_1x4}};
+static fixed_fn tab_q5_1[MAXR][MAXC] = {{q51_tile_1x1, q51_tile_1x2, q51_tile_1x3, q51_tile_1x4}};
 static fixed_fn tab_q6_K[MAXR][MAXC] = {{q6k_tile_1x1, q6k_tile_1x2, q6k_tile_1x3, q6k_tile_1x4}};
 
 static void tile_f32(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
@@ -491,6 +555,15 @@ static void tile_bf16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size
 }
 static void tile_q4_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_q4_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q4_1(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+    run_tiles(tab_q4_1, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_0(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+    run_tiles(tab_q5_0, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_1(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+    run_tiles(tab_q5_1, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
 }
 static void tile_q5_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_q5_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
@@ -529,6 +602,9 @@ op_mm_tile_fn op_mm_tile_avx2(int wtype) {
     case DT_BF16: return tile_bf16;
     case DT_Q8_0: return tile_q8_0_avx2;
     case DT_Q4_0: return tile_q4_0_avx2;
+    case DT_Q4_1: return tile_q4_1;
+    case DT_Q5_0: return tile_q5_0;
+    case DT_Q5_1: return tile_q5_1;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q5_K: return tile_q5_K;
     case DT_Q6_K: return tile_q6_K;

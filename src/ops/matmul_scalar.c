@@ -98,6 +98,41 @@ static inline float dot_qk(int q5, int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 static float dot_q4_K(int n, const uint8_t *w, const uint8_t *x) { return dot_qk(0, n, w, x); }
+
+/* Q4_1, Q5_0, Q5_1 (the legacy 32-element types llama.cpp falls back to when
+ * a row is not whole 256-column super-blocks): the block's integer dot of
+ * its codes with the token's quants, then its scale, and for Q4_1 / Q5_1 the
+ * min against the token's sum of quants (-xc / 128). */
+static inline float dot_legacy(int type, int n, const uint8_t *w, const uint8_t *x) {
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    const int32_t *xc = op_q8a_xc(x, n);
+    const size_t bs = type == DT_Q4_1 ? sizeof(block_q4_1) : type == DT_Q5_0 ? sizeof(block_q5_0) : sizeof(block_q5_1);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (size_t)b * bs;
+        const uint8_t *qs = blk + (type == DT_Q4_1 ? 4 : type == DT_Q5_0 ? 6 : 8);
+        uint32_t qh = 0;
+        if (type != DT_Q4_1) memcpy(&qh, blk + (type == DT_Q5_0 ? 2 : 4), 4);
+        const int off = type == DT_Q5_0 ? 16 : 0;
+        int isum = 0;
+        for (int j = 0; j < 32; j++) {
+            int q = (j < 16 ? qs[j] & 0xf : qs[j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+            isum += (q - off) * xq[b * 32 + j];
+        }
+        dt_f16 d, m;
+        memcpy(&d, blk, sizeof d);
+        s = fmaf((float)isum, dt_f16_to_f32(d) * xd[b], s);
+        if (type != DT_Q5_0) {
+            memcpy(&m, blk + 2, sizeof m);
+            s = fmaf(dt_f16_to_f32(m) * xd[b], (float)(-xc[b] / 128), s);
+        }
+    }
+    return s;
+}
+static float dot_q4_1(int n, const uint8_t *w, const uint8_t *x) { return dot_legacy(DT_Q4_1, n, w, x); }
+static float dot_q5_0(int n, const uint8_t *w, const uint8_t *x) { return dot_legacy(DT_Q5_0, n, w, x); }
+static float dot_q5_1(int n, const uint8_t *w, const uint8_t *x) { return dot_legacy(DT_Q5_1, n, w, x); }
 static float dot_q5_K(int n, const uint8_t *w, const uint8_t *x) { return dot_qk(1, n, w, x); }
 
 /* A Q6_K super-block's share, in the packed VNNI kernel's operations. */
@@ -139,6 +174,9 @@ TILE(f16)
 TILE(bf16)
 TILE(q8_0)
 TILE(q4_0)
+TILE(q4_1)
+TILE(q5_0)
+TILE(q5_1)
 TILE(q4_K)
 TILE(q5_K)
 TILE(q6_K)
@@ -266,6 +304,9 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case OP_Q5_K_R16: return tile_q5_K_r16;
     case OP_Q6_K_R16: return tile_q6_K_r16;
     case DT_Q4_0: return tile_q4_0;
+    case DT_Q4_1: return tile_q4_1;
+    case DT_Q5_0: return tile_q5_0;
+    case DT_Q5_1: return tile_q5_1;
     case DT_Q4_K: return tile_q4_K;
     case DT_Q5_K: return tile_q5_K;
     case DT_Q6_K: return tile_q6_K;
