@@ -164,62 +164,44 @@ static void test_deq_q4_0_q8_0(void **state) {
     for (int j = 0; j < 32; j++) assert_true(y[j] == (float)(j * 8 - 128) * 0.25f);
 }
 
-static void test_deq_q4_K(void **state) {
-    (void)state;
-    block_q4_K b;
-    b.d = 0x3c00;    /* 1.0 */
-    b.dmin = 0x3800; /* 0.5 */
-    /* Packed by hand: bytes 0-3 scales 0-3 (+2 high bits of scales 4-7),
-     * bytes 4-7 mins 0-3 (+2 high bits of mins 4-7), bytes 8-11 low nibbles
-     * of scales 4-7 and (high nibble) mins 4-7. */
+/* Q4_K and Q5_K blocks share d, dmin and the 12 bytes of scales, packed by
+ * hand: bytes 0-3 scales 0-3 (+2 high bits of scales 4-7), bytes 4-7 mins 0-3
+ * (+2 high bits of mins 4-7), bytes 8-11 low nibbles of scales 4-7 and (high
+ * nibble) mins 4-7; and the same nibbles. Q5_K adds element 64c + l's 5th bit
+ * at bit 2c of qh[l] and element 64c + 32 + l's at bit 2c + 1 (ggml's
+ * dequantize_row_q5_K). Checks every element of one block of each. */
+static void check_deq_qk(int q5) {
+    static const int sc[8] = {1, 2, 3, 4, 17, 3, 37, 55}, mn[8] = {5, 6, 7, 8, 18, 4, 6, 56};
     const uint8_t packed[12] = {0x41, 0x02, 0x83, 0xC4, 0x45, 0x06, 0x07, 0xC8, 0x21, 0x43, 0x65, 0x87};
-    const int sc[8] = {1, 2, 3, 4, 17, 3, 37, 55};
-    const int mn[8] = {5, 6, 7, 8, 18, 4, 6, 56};
+    block_q5_K b; /* Q4_K's fields are its first ones, then qh (unused by Q4_K) */
+    block_q4_K b4;
+    b.d = b4.d = 0x3c00;    /* 1.0 */
+    b.dmin = b4.dmin = 0x3800; /* 0.5 */
     memcpy(b.scales, packed, 12);
-    for (int k = 0; k < 128; k++) b.qs[k] = (uint8_t)((k & 15) | (((k * 7) & 15) << 4));
-    float y[256];
-    dt_dequantize_row(DT_Q4_K, &b, y, 256);
-    for (int e = 0; e < 256; e++) {
-        int c = e / 64, p = e % 64, sub = 2 * c + (p >= 32);
-        uint8_t byte = b.qs[32 * c + p % 32];
-        int q = p < 32 ? (byte & 15) : (byte >> 4);
-        float want = 1.0f * (float)sc[sub] * (float)q - 0.5f * (float)mn[sub];
-        assert_true(y[e] == want);
-    }
-    /* a few worked by hand */
-    assert_true(y[0] == -2.5f);  /* q 0, min 5 */
-    assert_true(y[33] == 11.0f); /* q 7 * scale 2 - 0.5 * 6 */
-    assert_true(y[200] == 293.0f); /* q 8 * 37 - 0.5 * 6 */
-    assert_true(y[255] == 467.0f); /* q 9 * 55 - 0.5 * 56 */
-}
-
-/* Q5_K: Q4_K's scales and nibbles, plus element 64c + l's 5th bit at bit 2c
- * of qh[l] and element 64c + 32 + l's at bit 2c + 1 (ggml's dequantize_row_q5_K). */
-static void test_deq_q5_K(void **state) {
-    (void)state;
-    block_q5_K b;
-    b.d = 0x3c00;    /* 1.0 */
-    b.dmin = 0x3800; /* 0.5 */
-    const uint8_t packed[12] = {0x41, 0x02, 0x83, 0xC4, 0x45, 0x06, 0x07, 0xC8, 0x21, 0x43, 0x65, 0x87};
-    const int sc[8] = {1, 2, 3, 4, 17, 3, 37, 55};
-    const int mn[8] = {5, 6, 7, 8, 18, 4, 6, 56};
-    memcpy(b.scales, packed, 12);
-    for (int k = 0; k < 128; k++) b.qs[k] = (uint8_t)((k & 15) | (((k * 7) & 15) << 4));
+    memcpy(b4.scales, packed, 12);
+    for (int k = 0; k < 128; k++) b.qs[k] = b4.qs[k] = (uint8_t)((k & 15) | (((k * 7) & 15) << 4));
     for (int k = 0; k < 32; k++) b.qh[k] = (uint8_t)(k * 53 + 17);
     float y[256];
-    dt_dequantize_row(DT_Q5_K, &b, y, 256);
+    dt_dequantize_row(q5 ? DT_Q5_K : DT_Q4_K, q5 ? (const void *)&b : (const void *)&b4, y, 256);
     for (int e = 0; e < 256; e++) {
         int c = e / 64, p = e % 64, sub = 2 * c + (p >= 32);
         uint8_t byte = b.qs[32 * c + p % 32];
-        int q = (p < 32 ? (byte & 15) : (byte >> 4)) + 16 * ((b.qh[p % 32] >> sub) & 1);
+        int q = (p < 32 ? (byte & 15) : (byte >> 4)) + (q5 ? 16 * ((b.qh[p % 32] >> sub) & 1) : 0);
         float want = 1.0f * (float)sc[sub] * (float)q - 0.5f * (float)mn[sub];
         assert_true(y[e] == want);
     }
-    /* worked by hand: element 0: nibble 0, qh[0] = 17 (bit 0 set): q 16, scale 1, min 5 */
-    assert_true(y[0] == 16.0f - 2.5f);
-    /* element 255: sub-block 7, nibble (31 * 7) & 15 = 9, qh[31] = 1660 & 255 = 124, bit 7 clear */
-    assert_true(y[255] == 9.0f * 55.0f - 28.0f);
+    if (!q5) { /* a few worked by hand */
+        assert_true(y[0] == -2.5f);  /* q 0, min 5 */
+        assert_true(y[33] == 11.0f); /* q 7 * scale 2 - 0.5 * 6 */
+        assert_true(y[200] == 293.0f); /* q 8 * 37 - 0.5 * 6 */
+        assert_true(y[255] == 467.0f); /* q 9 * 55 - 0.5 * 56 */
+    } else {
+        assert_true(y[0] == 16.0f - 2.5f); /* nibble 0, qh[0] = 17 (bit 0 set): q 16, scale 1, min 5 */
+        assert_true(y[255] == 9.0f * 55.0f - 28.0f); /* nibble 9, qh[31] = 124: bit 7 clear */
+    }
 }
+static void test_deq_q4_K(void **state) { (void)state; check_deq_qk(0); }
+static void test_deq_q5_K(void **state) { (void)state; check_deq_qk(1); }
 
 /* Q4_1, Q5_0, Q5_1 (ggml's dequantize_row_q4_1 / q5_0 / q5_1): element j's
  * nibble in byte j % 16 (low for j < 16), its 5th bit bit j of qh. */

@@ -145,38 +145,24 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
-static void deq_q4_K(const block_q4_K *b, float *y, int64_t nb) {
+/* Q4_K, and with q5 Q5_K (the same block plus a 5th bit per element from qh:
+ * element 64c + l has bit 2c of qh[l], 64c + 32 + l bit 2c + 1). Each
+ * 64-element chunk uses 32 bytes: low nibbles are its first 32 elements
+ * (sub-block 2c), high nibbles the next 32 (sub-block 2c+1). */
+static void deq_qk(int q5, const void *src, float *y, int64_t nb) {
+    const size_t bs = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
     for (int64_t i = 0; i < nb; i++) {
-        float d = dt_f16_to_f32(b[i].d), dmin = dt_f16_to_f32(b[i].dmin);
-        const uint8_t *q = b[i].qs;
-        /* Each 64-element chunk uses 32 bytes: low nibbles are its first 32
-         * elements (sub-block 2c), high nibbles the next 32 (sub-block 2c+1). */
+        const block_q4_K *b = (const block_q4_K *)((const uint8_t *)src + (size_t)i * bs); /* d, dmin, scales */
+        const uint8_t *q = q5 ? ((const block_q5_K *)b)->qs : b->qs, *qh = q5 ? ((const block_q5_K *)b)->qh : NULL;
+        float d = dt_f16_to_f32(b->d), dmin = dt_f16_to_f32(b->dmin);
         for (int c = 0; c < 4; c++, q += 32) {
             int sc, m;
-            q4k_scale_min(b[i].scales, 2 * c, &sc, &m);
+            q4k_scale_min(b->scales, 2 * c, &sc, &m);
             float d1 = d * (float)sc, m1 = dmin * (float)m;
-            q4k_scale_min(b[i].scales, 2 * c + 1, &sc, &m);
+            q4k_scale_min(b->scales, 2 * c + 1, &sc, &m);
             float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xf) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
-}
-
-/* Q5_K: Q4_K's layout plus a 5th bit per element from qh (element 64c + l:
- * bit 2c of qh[l]; 64c + 32 + l: bit 2c + 1). */
-static void deq_q5_K(const block_q5_K *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++) {
-        float d = dt_f16_to_f32(b[i].d), dmin = dt_f16_to_f32(b[i].dmin);
-        const uint8_t *q = b[i].qs, *qh = b[i].qh;
-        for (int c = 0; c < 4; c++, q += 32) {
-            int sc, m;
-            q4k_scale_min(b[i].scales, 2 * c, &sc, &m);
-            float d1 = d * (float)sc, m1 = dmin * (float)m;
-            q4k_scale_min(b[i].scales, 2 * c + 1, &sc, &m);
-            float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((q[l] & 0xf) | ((qh[l] >> (2 * c) & 1) << 4)) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((q[l] >> 4) | ((qh[l] >> (2 * c + 1) & 1) << 4)) - m2;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((q[l] & 0xf) | (qh ? (qh[l] >> (2 * c) & 1) << 4 : 0)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((q[l] >> 4) | (qh ? (qh[l] >> (2 * c + 1) & 1) << 4 : 0)) - m2;
         }
     }
 }
@@ -225,8 +211,8 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case DT_Q5_0: deq_q5_0(src, dst, nb); break;
     case DT_Q5_1: deq_q5_1(src, dst, nb); break;
     case DT_Q8_0: deq_q8_0(src, dst, nb); break;
-    case DT_Q4_K: deq_q4_K(src, dst, nb); break;
-    case DT_Q5_K: deq_q5_K(src, dst, nb); break;
+    case DT_Q4_K: deq_qk(0, src, dst, nb); break;
+    case DT_Q5_K: deq_qk(1, src, dst, nb); break;
     case DT_Q6_K: deq_q6_K(src, dst, nb); break;
     case DT_Q8_K: deq_q8_K(src, dst, nb); break;
     default: break;

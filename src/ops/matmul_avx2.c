@@ -531,18 +531,6 @@ AI void q4k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
 AI void q5k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
     qk_tile(1, RN, n, w, x, xs, y, ys);
 }
-KT(q4k_tile, 1) KT(q4k_tile, 2) KT(q4k_tile, 3) KT(q4k_tile, 4)
-KT(q5k_tile, 1) KT(q5k_tile, 2) KT(q5k_tile, 3) KT(q5k_tile, 4)
-KT(q41_tile, 1) KT(q41_tile, 2) KT(q41_tile, 3) KT(q41_tile, 4)
-KT(q50_tile, 1) KT(q50_tile, 2) KT(q50_tile, 3) KT(q50_tile, 4)
-KT(q51_tile, 1) KT(q51_tile, 2) KT(q51_tile, 3) KT(q51_tile, 4)
-KT(q6k_tile, 1) KT(q6k_tile, 2) KT(q6k_tile, 3) KT(q6k_tile, 4)
-static fixed_fn tab_q4_K[MAXR][MAXC] = {{q4k_tile_1x1, q4k_tile_1x2, q4k_tile_1x3, q4k_tile_1x4}};
-static fixed_fn tab_q5_K[MAXR][MAXC] = {{q5k_tile_1x1, q5k_tile_1x2, q5k_tile_1x3, q5k_tile_1x4}};
-static fixed_fn tab_q4_1[MAXR][MAXC] = {{q41_tile_1x1, q41_tile_1x2, q41_tile_1x3, q41_tile_1x4}};
-static fixed_fn tab_q5_0[MAXR][MAXC] = {{q50_tile_1x1, q50_tile_1x2, q50_tile_1x3, q50_tile_1x4}};
-static fixed_fn tab_q5_1[MAXR][MAXC] = {{q51_tile_1x1, q51_tile_1x2, q51_tile_1x3, q51_tile_1x4}};
-static fixed_fn tab_q6_K[MAXR][MAXC] = {{q6k_tile_1x1, q6k_tile_1x2, q6k_tile_1x3, q6k_tile_1x4}};
 
 static void tile_f32(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_f32, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
@@ -553,24 +541,22 @@ static void tile_f16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_
 static void tile_bf16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_bf16, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
 }
-static void tile_q4_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q4_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q4_1(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q4_1, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_0(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q5_0, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_1(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q5_1, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q5_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q6_K(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
-    run_tiles(tab_q6_K, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);
-}
+
+/* One weight row x 1..4 tokens per call (kernels tf(RN, ...)): the
+ * instances, their table and the kernel over any nr x nc. */
+#define K_TILE(name, tf)                                                                                 \
+    KT(tf, 1) KT(tf, 2) KT(tf, 3) KT(tf, 4)                                                              \
+    static fixed_fn tab_##name[MAXR][MAXC] = {{tf##_1x1, tf##_1x2, tf##_1x3, tf##_1x4}};                 \
+    static void tile_##name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,    \
+                            size_t ys, int nr, int nc) {                                                 \
+        run_tiles(tab_##name, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);                                     \
+    }
+K_TILE(q4_K, q4k_tile)
+K_TILE(q5_K, q5k_tile)
+K_TILE(q6_K, q6k_tile)
+K_TILE(q4_1, q41_tile)
+K_TILE(q5_0, q50_tile)
+K_TILE(q5_1, q51_tile)
 
 /* Bandwidth probe: 4 independent accumulators keep several loads in flight;
  * with prefetch, lines are also requested 4 KiB ahead into L2, which on some
