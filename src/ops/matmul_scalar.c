@@ -186,7 +186,8 @@ TILE(q6_K)
 static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
-    const size_t bs = 16 * (q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+    const int q5 = q4 == 2; /* OP_Q5_0_R16: Q4_0's layout plus the 5th-bit bytes (ops.h) */
+    const size_t bs = 16 * (q5 ? sizeof(block_q5_0) : q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = g + (size_t)b * bs;
@@ -195,7 +196,11 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++) {
                 int q = blk[32 + 64 * k + 4 * j + i];
-                if (q4) isum += ((q & 0x0f) - 8) * xb[4 * k + i] + ((q >> 4) - 8) * xb[16 + 4 * k + i];
+                if (q5) {
+                    int h = blk[288 + 4 * j + i];
+                    isum += (((q & 0x0f) | (h >> k & 1) << 4) - 16) * xb[4 * k + i] +
+                            (((q >> 4) | (h >> (4 + k) & 1) << 4) - 16) * xb[16 + 4 * k + i];
+                } else if (q4) isum += ((q & 0x0f) - 8) * xb[4 * k + i] + ((q >> 4) - 8) * xb[16 + 4 * k + i];
                 else isum += (q - 128) * xb[4 * k + i];
             }
         dt_f16 d;
@@ -218,6 +223,10 @@ static void tile_q8_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, 
 static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
                           int nr, int nc) {
     tile_r16(1, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    tile_r16(2, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
@@ -300,6 +309,7 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case DT_Q8_0: return tile_q8_0;
     case OP_Q8_0_R16: return tile_q8_0_r16;
     case OP_Q4_0_R16: return tile_q4_0_r16;
+    case OP_Q5_0_R16: return tile_q5_0_r16;
     case OP_Q4_K_R16: return tile_q4_K_r16;
     case OP_Q5_K_R16: return tile_q5_K_r16;
     case OP_Q6_K_R16: return tile_q6_K_r16;

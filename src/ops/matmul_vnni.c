@@ -50,11 +50,13 @@ AI void r16_prefetch(const uint8_t *p, size_t bytes) {
     }
 }
 
-AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+/* Q: 0 Q8_0, 1 Q4_0, 2 Q5_0 (Q4_0's chunks, then 64 bytes of 5th bits:
+ * byte 4j + i holds bit k for element 4k + i, bit 4 + k for 16 + 4k + i). */
+AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
-    const int nb = n / 32;
-    const size_t bsz = 16 * (Q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int nb = n / 32, Q4 = Q > 0;
+    const size_t bsz = 16 * (Q == 2 ? sizeof(block_q5_0) : Q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[R16_C];
 #pragma GCC unroll 16
     for (int c = 0; c < RN; c++) acc[c] = _mm512_setzero_ps();
@@ -70,6 +72,11 @@ AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint
                 const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * k);
                 wk[k] = _mm512_and_si512(raw, m4);
                 wk[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                if (Q == 2) { /* bits k and 4 + k of the 5th-bit bytes to bit 4 */
+                    const __m512i hb = _mm512_loadu_si512(blk + 288);
+                    wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(_mm512_slli_epi16(hb, 4 - k), m10));
+                    wk[k + 4] = _mm512_or_si512(wk[k + 4], _mm512_and_si512(_mm512_srli_epi16(hb, k), m10));
+                }
             }
         } else {
 #pragma GCC unroll 8
@@ -80,7 +87,7 @@ AI void r16_tile(const int Q4, const int RN, int n, const uint8_t *g, const uint
             const uint8_t *xr = x + (size_t)c * xs;
             const int8_t *xq = op_q8a_qs(xr) + b * 32;
             __m512i i0 = _mm512_set1_epi32(op_q8a_xc(xr, n)[b]), i1 = _mm512_setzero_si512();
-            if (Q4) i0 = _mm512_srai_epi32(i0, 4); /* -8 x sum */
+            if (Q4) i0 = _mm512_srai_epi32(i0, Q == 2 ? 3 : 4); /* -8 (Q5_0: -16) x sum */
             /* two chains halve the latency of the dependent vpdpbusd */
 #pragma GCC unroll 4
             for (int k = 0; k < 8; k += 2) {
@@ -107,28 +114,32 @@ typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, flo
     {r16_##q4##_1,  r16_##q4##_2,  r16_##q4##_3,  r16_##q4##_4,  r16_##q4##_5,  r16_##q4##_6,  r16_##q4##_7,  \
      r16_##q4##_8,  r16_##q4##_9,  r16_##q4##_10, r16_##q4##_11, r16_##q4##_12, r16_##q4##_13, r16_##q4##_14, \
      r16_##q4##_15, r16_##q4##_16}
-R16_ROW(0) R16_ROW(1)
-static const r16_fn r16_tab[2][R16_C] = {R16_TAB(0), R16_TAB(1)};
+R16_ROW(0) R16_ROW(1) R16_ROW(2)
+static const r16_fn r16_tab[3][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
-AI void r16_run(const int Q4, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                int nr, int nc) {
+static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                       float *y, size_t ys, int nr, int nc) {
     for (int r = 0; r < nr; r += 16) {
         const __mmask16 rows = nr - r >= 16 ? 0xffff : (__mmask16)((1u << (nr - r)) - 1);
         for (int c = 0; c < nc; c += R16_C) {
             int rn = nc - c < R16_C ? nc - c : R16_C;
-            r16_tab[Q4][rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
+            tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
         }
     }
 }
 static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
-    r16_run(0, n, w, ws, x, xs, y, ys, nr, nc);
+    r16_groups(r16_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
 }
 static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
-    r16_run(1, n, w, ws, x, xs, y, ys, nr, nc);
+    r16_groups(r16_tab[1], n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
+                               size_t ys, int nr, int nc) {
+    r16_groups(r16_tab[2], n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
@@ -253,17 +264,6 @@ AI void kq_r16_tile(const int KB, const int RN, int n, const uint8_t *g, const u
 R16K_ROW(4) R16K_ROW(5) R16K_ROW(6)
 static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)};
 
-/* Rows in groups of 16 (the last one masked), tokens R16_C at a time. */
-static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                       float *y, size_t ys, int nr, int nc) {
-    for (int r = 0; r < nr; r += 16) {
-        const __mmask16 rows = nr - r >= 16 ? 0xffff : (__mmask16)((1u << (nr - r)) - 1);
-        for (int c = 0; c < nc; c += R16_C) {
-            int rn = nc - c < R16_C ? nc - c : R16_C;
-            tab[rn - 1](n, w + (size_t)r * ws, x + (size_t)c * xs, xs, y + (size_t)c * ys + r, ys, rows);
-        }
-    }
-}
 static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
                                size_t ys, int nr, int nc) {
     r16_groups(r16k_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
@@ -283,6 +283,7 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     switch (wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
+    case OP_Q5_0_R16: return tile_q5_0_r16_vnni;
     case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
     case OP_Q5_K_R16: return tile_q5_K_r16_vnni;
     case OP_Q6_K_R16: return tile_q6_K_r16_vnni;

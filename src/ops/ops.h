@@ -62,6 +62,12 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * dots, then one FMA per block in column order). */
 #define OP_Q8_0_R16 0x108
 #define OP_Q4_0_R16 0x102
+/* OP_Q5_0_R16: OP_Q4_0_R16's layout per group and block (scales, 4 chunks of
+ * nibble bytes) followed by 64 bytes of 5th bits: byte 4j + i of row j holds
+ * bit k for element 4k + i and bit 4 + k for element 16 + 4k + i (k = 0..3),
+ * so each chunk's bits come out with one shift; Q5_0's own size (22 bytes a
+ * row and block). */
+#define OP_Q5_0_R16 0x106
 /* OP_Q4_K_R16: Q4_K rows in groups of 16, per group and 256-column
  * super-block (2,368 bytes, 148 per row where Q4_K takes 144): the 16 rows'
  * f16 d, their f16 dmin, their 8 sub-block scales [8][16] and 8 mins [8][16]
