@@ -129,18 +129,15 @@ static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, co
         }
     }
 }
-static void tile_q8_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q4_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16_tab[1], n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_0_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16_tab[2], n, w, ws, x, xs, y, ys, nr, nc);
-}
+/* The kernel over any nr x nc of a packed type whose tile table is tab. */
+#define R16_TILE(name, tab)                                                                                \
+    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                     int nr, int nc) {                                                                     \
+        r16_groups(tab, n, w, ws, x, xs, y, ys, nr, nc);                                                   \
+    }
+R16_TILE(tile_q8_0_r16_vnni, r16_tab[0])
+R16_TILE(tile_q4_0_r16_vnni, r16_tab[1])
+R16_TILE(tile_q5_0_r16_vnni, r16_tab[2])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the
@@ -264,18 +261,9 @@ AI void kq_r16_tile(const int KB, const int RN, int n, const uint8_t *g, const u
 R16K_ROW(4) R16K_ROW(5) R16K_ROW(6)
 static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)};
 
-static void tile_q4_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16k_tab[0], n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16k_tab[1], n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q6_K_r16_vnni(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-                               size_t ys, int nr, int nc) {
-    r16_groups(r16k_tab[2], n, w, ws, x, xs, y, ys, nr, nc);
-}
+R16_TILE(tile_q4_K_r16_vnni, r16k_tab[0])
+R16_TILE(tile_q5_K_r16_vnni, r16k_tab[1])
+R16_TILE(tile_q6_K_r16_vnni, r16k_tab[2])
 
 #pragma GCC pop_options
 
