@@ -126,7 +126,7 @@ static void test_paged_equals_contiguous(void **state) {
     }
 }
 
-/* Weights repacked at load (CPUs with AVX512-VNNI: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K in
+/* Weights repacked at load (CPUs with AVX512-VNNI: every type but the floats, in
  * 16-row groups) give the logits of the same model loaded and run at the
  * AVX2 level, where nothing is packed (the kernels differ in rounding only). */
 static void test_packed_weights(void **state) {
@@ -135,9 +135,9 @@ static void test_packed_weights(void **state) {
         printf("  SKIP: this CPU has no AVX512-VNNI, nothing is packed\n");
         return;
     }
-    const char *types[] = {"q8_0", "q4_0", "q5_0", "q4_K", "q5_K", "q6_K"};
+    const char *types[] = {"q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "q4_K", "q5_K", "q6_K"};
     enum { N = 40, V = 300 };
-    for (int ti = 0; ti < 6; ti++) {
+    for (int ti = 0; ti < 8; ti++) {
         int32_t ids[N];
         random_ids(ids, N, V, 70 + ti);
         float *logits[2];

@@ -14,7 +14,7 @@ int op_matmul_act_kind(int wtype) {
     switch (wtype) {
     case DT_F32: case DT_F16: case DT_BF16: return 0;
     case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case OP_Q8_0_R16: case OP_Q4_0_R16:
-    case OP_Q5_0_R16: return 1;
+    case OP_Q5_0_R16: case OP_Q4_1_R16: case OP_Q5_1_R16: return 1;
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q5_K_R16: case OP_Q6_K_R16: return 2;
     default: return -1;
     }
@@ -33,6 +33,8 @@ static int base_type(int wtype) {
     case OP_Q8_0_R16: return DT_Q8_0;
     case OP_Q4_0_R16: return DT_Q4_0;
     case OP_Q5_0_R16: return DT_Q5_0;
+    case OP_Q4_1_R16: return DT_Q4_1;
+    case OP_Q5_1_R16: return DT_Q5_1;
     case OP_Q4_K_R16: return DT_Q4_K;
     case OP_Q5_K_R16: return DT_Q5_K;
     case OP_Q6_K_R16: return DT_Q6_K;
@@ -44,6 +46,8 @@ static int packed_of(int wtype) {
     case DT_Q8_0: return OP_Q8_0_R16;
     case DT_Q4_0: return OP_Q4_0_R16;
     case DT_Q5_0: return OP_Q5_0_R16;
+    case DT_Q4_1: return OP_Q4_1_R16;
+    case DT_Q5_1: return OP_Q5_1_R16;
     case DT_Q4_K: return OP_Q4_K_R16;
     case DT_Q5_K: return OP_Q5_K_R16;
     case DT_Q6_K: return OP_Q6_K_R16;
@@ -136,7 +140,8 @@ void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
     if (packed_of(wtype) < 0) return;
     if (wtype == DT_Q4_K || wtype == DT_Q5_K) { pack_qk(wtype == DT_Q5_K, src, dst, n_in, n_out); return; }
     if (wtype == DT_Q6_K) { pack_q6_K(src, dst, n_in, n_out); return; }
-    const int nb = n_in / 32, q5 = wtype == DT_Q5_0, q4 = wtype == DT_Q4_0 || q5;
+    const int nb = n_in / 32, hm = wtype == DT_Q4_1 || wtype == DT_Q5_1, q5 = wtype == DT_Q5_0 || wtype == DT_Q5_1;
+    const int q4 = wtype != DT_Q8_0, qs_at = hm ? 64 : 32; /* nibble chunks after the scales (and mins) */
     const size_t rs = dt_row_size(wtype, n_in), bs = dt_row_size(wtype, 32);
     const int chunks = q4 ? 4 : 8;
     static const uint8_t zero[sizeof(block_q8_0)]; /* rows past n_out: scale 0, quants 0 */
@@ -147,22 +152,23 @@ void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
                 int r = g * 16 + j;
                 const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : zero;
                 memcpy(d + 2 * j, blk, sizeof(dt_f16)); /* every such block starts with its f16 scale */
-                const uint8_t *qs = blk + (q5 ? 6 : sizeof(dt_f16));
+                if (hm) memcpy(d + 32 + 2 * j, blk + 2, sizeof(dt_f16)); /* then Q4_1's and Q5_1's min */
+                const uint8_t *qs = blk + 2 + 2 * hm + 4 * q5;
                 if (q5) { /* the 5th bits, regrouped by chunk (ops.h) */
                     uint32_t h;
-                    memcpy(&h, blk + 2, 4);
+                    memcpy(&h, blk + 2 + 2 * hm, 4);
                     for (int i = 0; i < 4; i++) {
                         uint8_t v = 0;
                         for (int k = 0; k < 4; k++)
                             v |= (uint8_t)((h >> (4 * k + i) & 1) << k | (h >> (16 + 4 * k + i) & 1) << (4 + k));
-                        d[288 + 4 * j + i] = v;
+                        d[qs_at + 256 + 4 * j + i] = v;
                     }
                 }
                 for (int k = 0; k < chunks; k++) { /* 4 bytes at a time; w + 128 flips the sign bit */
                     uint32_t v;
                     memcpy(&v, qs + 4 * k, 4);
                     if (!q4) v ^= 0x80808080u;
-                    memcpy(d + 32 + 64 * k + 4 * j, &v, 4);
+                    memcpy(d + qs_at + 64 * k + 4 * j, &v, 4);
                 }
             }
 }

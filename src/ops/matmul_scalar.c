@@ -183,11 +183,14 @@ TILE(q6_K)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
+/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1 (ops.h); dot_legacy's operations for the last three. */
 static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
-    const int q5 = q4 == 2; /* OP_Q5_0_R16: Q4_0's layout plus the 5th-bit bytes (ops.h) */
-    const size_t bs = 16 * (q5 ? sizeof(block_q5_0) : q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+    const int32_t *xc = op_q8a_xc(x, n);
+    const int q5 = q4 == 2 || q4 == 4, hm = q4 >= 3, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
+    const size_t bs = 16 * (q4 == 0 ? sizeof(block_q8_0) : q4 == 1 ? sizeof(block_q4_0) : q4 == 2 ? sizeof(block_q5_0)
+                            : q4 == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = g + (size_t)b * bs;
@@ -195,17 +198,20 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
         int isum = 0;
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++) {
-                int q = blk[32 + 64 * k + 4 * j + i];
-                if (q5) {
-                    int h = blk[288 + 4 * j + i];
-                    isum += (((q & 0x0f) | (h >> k & 1) << 4) - 16) * xb[4 * k + i] +
-                            (((q >> 4) | (h >> (4 + k) & 1) << 4) - 16) * xb[16 + 4 * k + i];
-                } else if (q4) isum += ((q & 0x0f) - 8) * xb[4 * k + i] + ((q >> 4) - 8) * xb[16 + 4 * k + i];
-                else isum += (q - 128) * xb[4 * k + i];
+                int q = blk[qs_at + 64 * k + 4 * j + i];
+                if (q4) {
+                    int h = q5 ? blk[qs_at + 256 + 4 * j + i] : 0; /* the 5th bits (ops.h) */
+                    isum += (((q & 0x0f) | (h >> k & 1) << 4) - off) * xb[4 * k + i] +
+                            (((q >> 4) | (h >> (4 + k) & 1) << 4) - off) * xb[16 + 4 * k + i];
+                } else isum += (q - 128) * xb[4 * k + i];
             }
-        dt_f16 d;
+        dt_f16 d, m;
         memcpy(&d, blk + 2 * j, sizeof d);
         s = fmaf((float)isum, dt_f16_to_f32(d) * xd[b], s);
+        if (hm) {
+            memcpy(&m, blk + 32 + 2 * j, sizeof m);
+            s = fmaf(dt_f16_to_f32(m) * xd[b], (float)(-xc[b] / 128), s);
+        }
     }
     return s;
 }
@@ -227,6 +233,14 @@ static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, 
 static void tile_q5_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
                           int nr, int nc) {
     tile_r16(2, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q4_1_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    tile_r16(3, n, w, ws, x, xs, y, ys, nr, nc);
+}
+static void tile_q5_1_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
+                          int nr, int nc) {
+    tile_r16(4, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
@@ -310,6 +324,8 @@ op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16;
     case OP_Q4_0_R16: return tile_q4_0_r16;
     case OP_Q5_0_R16: return tile_q5_0_r16;
+    case OP_Q4_1_R16: return tile_q4_1_r16;
+    case OP_Q5_1_R16: return tile_q5_1_r16;
     case OP_Q4_K_R16: return tile_q4_K_r16;
     case OP_Q5_K_R16: return tile_q5_K_r16;
     case OP_Q6_K_R16: return tile_q6_K_r16;

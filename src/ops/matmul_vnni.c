@@ -51,11 +51,14 @@ AI void r16_prefetch(const uint8_t *p, size_t bytes) {
 }
 
 /* Q: 0 Q8_0, 1 Q4_0, 2 Q5_0 (Q4_0's chunks, then 64 bytes of 5th bits:
- * byte 4j + i holds bit k for element 4k + i, bit 4 + k for 16 + 4k + i). */
+ * byte 4j + i holds bit k for element 4k + i, bit 4 + k for 16 + 4k + i),
+ * 3 Q4_1 and 4 Q5_1 (the 16 f16 mins after the scales, then as Q4_0 / Q5_0;
+ * no offset, and per block the min times dx times the token's sum). */
 AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
-    const int nb = n / 32, Q4 = Q > 0;
-    const size_t bsz = 16 * (Q == 2 ? sizeof(block_q5_0) : Q4 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+    const int nb = n / 32, Q4 = Q > 0, HM = Q >= 3, H5 = Q == 2 || Q == 4, qs_at = HM ? 64 : 32;
+    const size_t bsz = 16 * (Q == 0 ? sizeof(block_q8_0) : Q == 1 ? sizeof(block_q4_0) : Q == 2 ? sizeof(block_q5_0)
+                             : Q == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[R16_C];
 #pragma GCC unroll 16
@@ -69,11 +72,11 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
         if (Q4) {
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                const __m512i raw = _mm512_loadu_si512(blk + 32 + 64 * k);
+                const __m512i raw = _mm512_loadu_si512(blk + qs_at + 64 * k);
                 wk[k] = _mm512_and_si512(raw, m4);
                 wk[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                if (Q == 2) { /* bits k and 4 + k of the 5th-bit bytes to bit 4 */
-                    const __m512i hb = _mm512_loadu_si512(blk + 288);
+                if (H5) { /* bits k and 4 + k of the 5th-bit bytes to bit 4 */
+                    const __m512i hb = _mm512_loadu_si512(blk + qs_at + 256);
                     wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(_mm512_slli_epi16(hb, 4 - k), m10));
                     wk[k + 4] = _mm512_or_si512(wk[k + 4], _mm512_and_si512(_mm512_srli_epi16(hb, k), m10));
                 }
@@ -87,7 +90,8 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
             const uint8_t *xr = x + (size_t)c * xs;
             const int8_t *xq = op_q8a_qs(xr) + b * 32;
             __m512i i0 = _mm512_set1_epi32(op_q8a_xc(xr, n)[b]), i1 = _mm512_setzero_si512();
-            if (Q4) i0 = _mm512_srai_epi32(i0, Q == 2 ? 3 : 4); /* -8 (Q5_0: -16) x sum */
+            if (Q == 1 || Q == 2) i0 = _mm512_srai_epi32(i0, Q == 2 ? 3 : 4); /* -8 (Q5_0: -16) x sum */
+            if (HM) i0 = i1;
             /* two chains halve the latency of the dependent vpdpbusd */
 #pragma GCC unroll 4
             for (int k = 0; k < 8; k += 2) {
@@ -96,6 +100,11 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
             }
             const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(op_q8a_d(xr, n)[b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), s, acc[c]);
+            if (HM) { /* + m dx sum, the sum from -128 x sum */
+                const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+                acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(mw, _mm512_set1_ps(op_q8a_d(xr, n)[b])),
+                                         _mm512_set1_ps((float)(-op_q8a_xc(xr, n)[b] / 128)), acc[c]);
+            }
         }
     }
 #pragma GCC unroll 16
@@ -114,8 +123,8 @@ typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, flo
     {r16_##q4##_1,  r16_##q4##_2,  r16_##q4##_3,  r16_##q4##_4,  r16_##q4##_5,  r16_##q4##_6,  r16_##q4##_7,  \
      r16_##q4##_8,  r16_##q4##_9,  r16_##q4##_10, r16_##q4##_11, r16_##q4##_12, r16_##q4##_13, r16_##q4##_14, \
      r16_##q4##_15, r16_##q4##_16}
-R16_ROW(0) R16_ROW(1) R16_ROW(2)
-static const r16_fn r16_tab[3][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2)};
+R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4)
+static const r16_fn r16_tab[5][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
@@ -138,6 +147,8 @@ static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, co
 R16_TILE(tile_q8_0_r16_vnni, r16_tab[0])
 R16_TILE(tile_q4_0_r16_vnni, r16_tab[1])
 R16_TILE(tile_q5_0_r16_vnni, r16_tab[2])
+R16_TILE(tile_q4_1_r16_vnni, r16_tab[3])
+R16_TILE(tile_q5_1_r16_vnni, r16_tab[4])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the
@@ -272,6 +283,8 @@ op_mm_tile_fn op_mm_tile_vnni(int wtype) {
     case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
     case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
     case OP_Q5_0_R16: return tile_q5_0_r16_vnni;
+    case OP_Q4_1_R16: return tile_q4_1_r16_vnni;
+    case OP_Q5_1_R16: return tile_q5_1_r16_vnni;
     case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
     case OP_Q5_K_R16: return tile_q5_K_r16_vnni;
     case OP_Q6_K_R16: return tile_q6_K_r16_vnni;

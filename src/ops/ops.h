@@ -68,6 +68,10 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * so each chunk's bits come out with one shift; Q5_0's own size (22 bytes a
  * row and block). */
 #define OP_Q5_0_R16 0x106
+/* OP_Q4_1_R16, OP_Q5_1_R16: as OP_Q4_0_R16 / OP_Q5_0_R16 with the 16 rows'
+ * f16 mins between the scales and the chunks (the files' sizes). */
+#define OP_Q4_1_R16 0x103
+#define OP_Q5_1_R16 0x107
 /* OP_Q4_K_R16: Q4_K rows in groups of 16, per group and 256-column
  * super-block (2,368 bytes, 148 per row where Q4_K takes 144): the 16 rows'
  * f16 d, their f16 dmin, their 8 sub-block scales [8][16] and 8 mins [8][16]
