@@ -216,32 +216,22 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     return s;
 }
 
-static void tile_r16(int q4, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                     int nr, int nc) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_r16(q4, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
-}
-static void tile_q8_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    tile_r16(0, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q4_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    tile_r16(1, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_0_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    tile_r16(2, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q4_1_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    tile_r16(3, n, w, ws, x, xs, y, ys, nr, nc);
-}
-static void tile_q5_1_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    tile_r16(4, n, w, ws, x, xs, y, ys, nr, nc);
-}
+/* A packed type's scalar kernel: row r is row r % 16 (j) of group r / 16 (g). */
+#define R16_SCALAR(name, dot_call)                                                                         \
+    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                     int nr, int nc) {                                                                     \
+        for (int c = 0; c < nc; c++)                                                                       \
+            for (int r = 0; r < nr; r++) {                                                                 \
+                const uint8_t *g = w + (size_t)(r / 16) * 16 * ws, *xr = x + (size_t)c * xs;               \
+                const int j = r % 16;                                                                      \
+                y[(size_t)c * ys + r] = dot_call;                                                          \
+            }                                                                                              \
+    }
+R16_SCALAR(tile_q8_0_r16, dot_r16(0, n, g, j, xr))
+R16_SCALAR(tile_q4_0_r16, dot_r16(1, n, g, j, xr))
+R16_SCALAR(tile_q5_0_r16, dot_r16(2, n, g, j, xr))
+R16_SCALAR(tile_q4_1_r16, dot_r16(3, n, g, j, xr))
+R16_SCALAR(tile_q5_1_r16, dot_r16(4, n, g, j, xr))
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
 static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {
@@ -295,25 +285,10 @@ static float dot_q6k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
     return s;
 }
 
-static void tile_q6_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_q6k_r16(n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
-}
+R16_SCALAR(tile_q6_K_r16, dot_q6k_r16(n, g, j, xr))
 
-static void tile_q4_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_qk_r16(0, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
-}
-static void tile_q5_K_r16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,
-                          int nr, int nc) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            y[(size_t)c * ys + r] = dot_qk_r16(1, n, w + (size_t)(r / 16) * 16 * ws, r % 16, x + (size_t)c * xs);
-}
+R16_SCALAR(tile_q4_K_r16, dot_qk_r16(0, n, g, j, xr))
+R16_SCALAR(tile_q5_K_r16, dot_qk_r16(1, n, g, j, xr))
 
 op_mm_tile_fn op_mm_tile_scalar(int wtype) {
     switch (wtype) {
