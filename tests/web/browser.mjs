@@ -48,6 +48,7 @@ try {
   const question = 'Once upon a time there was a little girl named Lily who loved to play in the park with her dog. ' +
                    'Tell me what happened one sunny day.';
   await page.fill('#max-tokens', '400');
+  await page.fill('#temperature', '0'); /* greedy: this question's answer runs the whole 400 tokens */
   await page.fill('#chat-input', question);
   await page.press('#chat-input', 'Enter');
   await page.waitForSelector('.msg.assistant[data-done]', { timeout: 60000 });
@@ -59,6 +60,7 @@ try {
   check('the question is shown', (await page.textContent('.msg.user .content')) === question, 'no user message');
   const meta = await page.textContent('.msg.assistant .meta');
   check('the answer ends with its token count and finish reason', /\d+ tokens .*finish: (stop|length)/.test(meta), meta);
+  console.log('     blocks in use seen during the request: ' + JSON.stringify([...new Set(log.used)]));
   check('blocks in use rise during the request', Math.max(...log.used) > before,
         `before ${before}, seen ${JSON.stringify([...new Set(log.used)])}`);
   check('the request appears in the request table', log.rows > 0, 'no row');
