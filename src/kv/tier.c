@@ -1,0 +1,38 @@
+/* kv/tier: what every tier shares: key spelling and the readers' corruption
+ * count. The tiers themselves are kv/tier_disk.c and kv/tier_redis.c. */
+#include "kv/tier.h"
+#include <stdatomic.h>
+#include <string.h>
+
+void kv_key_hex(const kv_key *k, char out[KV_KEY_HEX]) {
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[k->b[i] >> 4];
+        out[2 * i + 1] = digits[k->b[i] & 15];
+    }
+    out[32] = 0;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+bool kv_key_parse(const char *s, kv_key *k) {
+    if (!s || strlen(s) != 32) return false;
+    for (int i = 0; i < 16; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return false;
+        k->b[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}
+
+void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out) {
+    memset(out, 0, sizeof *out);
+    t->ops->stats(t, out);
+    out->corrupt = atomic_load(&t->corrupt);
+}
+
+void kv_tier_note_corrupt(kv_tier *t) { atomic_fetch_add(&t->corrupt, 1); }
