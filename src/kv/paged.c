@@ -46,6 +46,11 @@ struct kv_cache {
     uint64_t hits, misses, evictions;
 };
 
+static void *host_alloc(void *user, size_t bytes) { (void)user; return util_big_alloc(bytes, true); }
+static void host_free(void *user, void *p, size_t bytes) { (void)user; util_big_free(p, bytes); }
+static void host_copy(void *user, void *dst, const void *src, size_t n) { (void)user; memcpy(dst, src, n); }
+const kv_storage kv_storage_host = {"host", host_alloc, host_free, host_copy, host_copy, host_copy, true, NULL};
+
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -74,6 +79,7 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     c->p = *p;
+    if (!c->p.storage) c->p.storage = &kv_storage_host;
     /* Both types go into the salt: blocks of another layout never match. */
     c->p.salt = mix64(p->salt ^ ((uint64_t)(uint32_t)p->k_type << 32 | (uint32_t)p->v_type));
     /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this
@@ -83,7 +89,7 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     c->v_bytes = (op_kv_region_bytes(p->v_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
     c->block_bytes = (size_t)p->n_layers * p->n_kv_heads * (c->k_bytes + c->v_bytes);
     size_t nb = (size_t)p->n_blocks;
-    c->data = util_big_alloc(nb * c->block_bytes, true);
+    c->data = c->p.storage->alloc(c->p.storage->user, nb * c->block_bytes);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
         c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
@@ -119,7 +125,7 @@ void kv_free(kv_cache *c) {
             free(c->seqs[s].hashes);
         }
     free(c->seqs);
-    util_big_free(c->data, (size_t)c->p.n_blocks * c->block_bytes);
+    if (c->data) c->p.storage->free(c->p.storage->user, c->data, (size_t)c->p.n_blocks * c->block_bytes);
     free(c->stage);
     free(c->meta);
     free(c->block_tokens);
@@ -272,7 +278,7 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         int32_t old = s->blocks[s->len / bs], nb = block_alloc(c);
         /* raw bytes: a q4_kc block still filling has no valid K here yet
          * (its keys are in the sequence's staging), which copies harmlessly */
-        memcpy(c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
+        c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
         block_unref(c, old);
         s->blocks[s->len / bs] = nb;
     }
@@ -402,6 +408,9 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
                    kvlm_error *err) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, hd = c->p.head_dim, first = 0;
+    if (!c->p.storage->host_addressable)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "eviction compacts blocks on the CPU; the %s cache cannot",
+                            c->p.storage->name);
     while (first < n_keep && keep[first] == first) first++;
     if (n_keep > s->len || (n_keep > 0 && keep[n_keep - 1] >= s->len))
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep tokens past its %d", seq, s->len);
@@ -420,7 +429,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
         int32_t b = s->blocks[j];
         if (c->meta[b].ref > 1) { /* shared: write into a private copy */
             int32_t nb = block_alloc(c);
-            memcpy(c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
+            c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
             block_unref(c, b);
             s->blocks[j] = nb;
         } else if (c->meta[b].indexed) index_remove(c, b); /* its contents change */

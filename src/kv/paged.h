@@ -12,6 +12,22 @@
 
 typedef struct kv_cache kv_cache;
 
+/* Where the pool's block bytes live: host memory (NULL in kv_params: the
+ * default), or a device's memory (ops/cuda). The pool keeps its metadata on
+ * the host and touches block bytes only through this table; kv_block_k/v
+ * then return addresses in that memory, for kernels of the same device. */
+typedef struct {
+    const char *name;                                   /* "host", "cuda" */
+    void *(*alloc)(void *user, size_t bytes);           /* zeroed; NULL on failure */
+    void (*free)(void *user, void *p, size_t bytes);
+    void (*copy)(void *user, void *dst, const void *src, size_t n);       /* within the storage */
+    void (*read)(void *user, void *host_dst, const void *src, size_t n);  /* storage -> host */
+    void (*write)(void *user, void *dst, const void *host_src, size_t n); /* host -> storage */
+    bool host_addressable;                              /* the CPU may dereference block addresses */
+    void *user;
+} kv_storage;
+extern const kv_storage kv_storage_host;
+
 typedef struct {
     int n_layers, n_kv_heads, head_dim;
     int block_size;       /* tokens per block */
@@ -21,6 +37,7 @@ typedef struct {
     uint64_t salt;        /* identifies the model in prefix hashes (the types are mixed in) */
     bool prefix_cache;    /* index full blocks for reuse by later sequences */
     int k_type, v_type;   /* element types (KVLM_CACHE_*; 0 = f32) */
+    const kv_storage *storage; /* NULL: host memory */
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);
