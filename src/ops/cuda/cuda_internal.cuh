@@ -1,0 +1,106 @@
+/* ops/cuda/cuda_internal: what the backend's .cu files share: the device
+ * struct, error recording, the GGUF type ids the kernels know, and the
+ * dequantizers of one 32-element group of a weight row. */
+#ifndef KVLM_OPS_CUDA_INTERNAL_CUH
+#define KVLM_OPS_CUDA_INTERNAL_CUH
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "ops/cuda/cuda.h"
+
+/* GGUF type ids (model/dtype.h, whose C11 header C++ cannot include) */
+enum { CT_F32 = 0, CT_F16 = 1, CT_Q4_0 = 2, CT_Q8_0 = 8, CT_Q4_K = 12, CT_Q6_K = 14, CT_BF16 = 30 };
+
+struct cu_dev {
+    int id;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cudaDeviceProp prop;
+    cudaError_t first_err;        /* first launch or copy error, reported by cu_sync */
+    char err_where[96];
+    uint8_t *pinned;              /* staging of cu_h2d_async */
+    size_t pinned_cap, pinned_off;
+    __half *wscratch, *xscratch;  /* the GEMM path's f16 weights and activations */
+    size_t wscratch_cap, xscratch_cap;
+    int gemm_min;
+};
+
+/* Records the first error (a launch's, a copy's); cu_sync reports it. */
+void cu_note(cu_dev *d, cudaError_t e, const char *where);
+#define CU_LAUNCHED(d, what) cu_note((d), cudaGetLastError(), (what))
+
+/* Device-side view of a weight. */
+struct cu_wview {
+    const uint8_t *q;
+    const __half *d;
+    int n_in;
+    size_t row_bytes; /* Q4_K, Q6_K: bytes per row */
+};
+
+__device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int &sc, int &m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* The 32 elements [32 g, 32 g + 32) of row r, dequantized. */
+template <int TYPE>
+__device__ __forceinline__ void load_group(const cu_wview &w, int r, int g, float *v) {
+    if (TYPE == CT_Q8_0) {
+        const int4 *p = (const int4 *)(w.q + (size_t)r * w.n_in + (size_t)g * 32);
+        float s = __half2float(w.d[(size_t)r * (w.n_in / 32) + g]);
+        int4 a = __ldg(p), b = __ldg(p + 1);
+        int words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[4 * i + k] = s * (float)(int8_t)(words[i] >> (8 * k));
+    } else if (TYPE == CT_Q4_0) {
+        const int4 *p = (const int4 *)(w.q + (size_t)r * (w.n_in / 2) + (size_t)g * 16);
+        float s = __half2float(w.d[(size_t)r * (w.n_in / 32) + g]);
+        int4 a = __ldg(p);
+        int words[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int byte = (words[i] >> (8 * k)) & 0xff;
+                v[4 * i + k] = s * (float)((byte & 15) - 8);
+                v[16 + 4 * i + k] = s * (float)((byte >> 4) - 8);
+            }
+    } else if (TYPE == CT_Q4_K) {
+        const uint8_t *sb = w.q + (size_t)r * w.row_bytes + (size_t)(g >> 3) * 144;
+        int j = g & 7, sc, m;
+        float dd = __half2float(*(const __half *)sb), dmin = __half2float(*(const __half *)(sb + 2));
+        q4k_scale_min(sb + 4, j, sc, m);
+        float d1 = dd * sc, m1 = dmin * m;
+        const int4 *p = (const int4 *)(sb + 16 + (j >> 1) * 32);
+        int4 a = __ldg(p), b = __ldg(p + 1);
+        int words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        int shift = (j & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) v[4 * i + k] = d1 * (float)((words[i] >> (8 * k + shift)) & 15) - m1;
+    } else if (TYPE == CT_Q6_K) {
+        const uint8_t *sb = w.q + (size_t)r * w.row_bytes + (size_t)(g >> 3) * 210;
+        int j = g & 7, n = j >> 2, sub = j & 3;
+        const uint8_t *ql = sb + n * 64 + (sub & 1) * 32, *qh = sb + 128 + n * 32;
+        const int8_t *sc = (const int8_t *)(sb + 192) + n * 8 + sub * 2;
+        float dd = __half2float(*(const __half *)(sb + 208));
+        float s0 = dd * sc[0], s1 = dd * sc[1];
+        int lshift = (sub >> 1) * 4, hshift = 2 * sub;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = ((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4);
+            v[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
+        }
+    }
+}
+#endif

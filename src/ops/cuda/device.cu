@@ -1,0 +1,363 @@
+/* ops/cuda/device: the CUDA device: its stream and cuBLAS handle, memory and
+ * copies, weights uploaded in the kernels' layouts, error reporting, and the
+ * measurements (copy bandwidth, GEMM rate) benchmarks compare against. */
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include "ops/cuda/cuda_internal.cuh"
+
+extern "C" {
+/* model/dtype.h's (C) scalar dequantizer and row size */
+void dt_dequantize_row(int type, const void *src, float *dst, int64_t n);
+size_t dt_row_size(int type, int64_t n);
+}
+
+static int set_err(kvlm_error *err, int code, const char *fmt, const char *a, const char *b) {
+    if (err) {
+        err->code = code;
+        snprintf(err->msg, sizeof err->msg, fmt, a, b);
+    }
+    return code;
+}
+
+void cu_note(cu_dev *d, cudaError_t e, const char *where) {
+    if (e == cudaSuccess || d->first_err != cudaSuccess) return;
+    d->first_err = e;
+    snprintf(d->err_where, sizeof d->err_where, "%s", where);
+}
+
+int cu_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+cu_dev *cu_open(int device, kvlm_error *err) {
+    int n = cu_device_count();
+    if (device < 0 || device >= n) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%d", device);
+        snprintf(b, sizeof b, "%d", n);
+        set_err(err, KVLM_EUNSUPPORTED, "CUDA device %s is not there (the driver sees %s GPUs)", a, b);
+        return NULL;
+    }
+    cu_dev *d = (cu_dev *)calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->id = device;
+    d->gemm_min = 9;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&d->prop, device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        set_err(err, KVLM_EUNSUPPORTED, "CUDA: %s%s", cudaGetErrorString(e), "");
+        free(d);
+        return NULL;
+    }
+    if (cublasCreate(&d->blas) != CUBLAS_STATUS_SUCCESS) {
+        set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create a cuBLAS handle%s%s", "", "");
+        cudaStreamDestroy(d->stream);
+        free(d);
+        return NULL;
+    }
+    cublasSetStream(d->blas, d->stream);
+    return d;
+}
+
+void cu_close(cu_dev *d) {
+    if (!d) return;
+    cudaSetDevice(d->id);
+    cudaStreamSynchronize(d->stream);
+    cudaFree(d->wscratch);
+    cudaFree(d->xscratch);
+    cudaFreeHost(d->pinned);
+    cublasDestroy(d->blas);
+    cudaStreamDestroy(d->stream);
+    free(d);
+}
+
+void cu_describe(cu_dev *d, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s, %d SMs, %.1f GiB", d->prop.name, d->prop.multiProcessorCount,
+             (double)d->prop.totalGlobalMem / (1u << 30));
+}
+
+size_t cu_mem_free(cu_dev *d) {
+    size_t f = 0, t = 0;
+    cudaSetDevice(d->id);
+    cudaMemGetInfo(&f, &t);
+    return f;
+}
+
+void *cu_alloc(cu_dev *d, size_t bytes) {
+    void *p = NULL;
+    cudaSetDevice(d->id);
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    /* zeroed on the stream and waited for: the kernels run on a
+     * non-blocking stream, which a plain cudaMemset would not order */
+    if (cudaMemsetAsync(p, 0, bytes, d->stream) != cudaSuccess || cudaStreamSynchronize(d->stream) != cudaSuccess) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+void cu_free(cu_dev *d, void *p) {
+    if (!p) return;
+    cudaSetDevice(d->id);
+    cudaFree(p);
+}
+
+int cu_h2d(cu_dev *d, void *dst, const void *src, size_t n) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, d->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(d->stream);
+    cu_note(d, e, "host-to-device copy");
+    return e == cudaSuccess ? KVLM_OK : KVLM_EIO;
+}
+
+int cu_d2h(cu_dev *d, void *dst, const void *src, size_t n) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(d->stream);
+    cu_note(d, e, "device-to-host copy");
+    return e == cudaSuccess ? KVLM_OK : KVLM_EIO;
+}
+
+void cu_d2d(cu_dev *d, void *dst, const void *src, size_t n) {
+    cu_note(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, d->stream), "device-to-device copy");
+}
+
+int cu_h2d_async(cu_dev *d, void *dst, const void *src, size_t n) {
+    size_t need = (n + 255) & ~(size_t)255;
+    if (d->pinned_off + need > d->pinned_cap) {
+        /* wrap: the copies that read the staging must be done first */
+        cudaStreamSynchronize(d->stream);
+        d->pinned_off = 0;
+        if (need > d->pinned_cap) {
+            cudaFreeHost(d->pinned);
+            d->pinned = NULL;
+            size_t cap = std::max(need, (size_t)4 << 20);
+            if (cudaMallocHost((void **)&d->pinned, cap) != cudaSuccess) {
+                d->pinned_cap = 0;
+                cu_note(d, cudaErrorMemoryAllocation, "pinned staging");
+                return KVLM_ENOMEM;
+            }
+            d->pinned_cap = cap;
+        }
+    }
+    uint8_t *s = d->pinned + d->pinned_off;
+    memcpy(s, src, n);
+    d->pinned_off += need;
+    cu_note(d, cudaMemcpyAsync(dst, s, n, cudaMemcpyHostToDevice, d->stream), "staged upload");
+    return KVLM_OK;
+}
+
+int cu_sync(cu_dev *d, kvlm_error *err) {
+    cu_note(d, cudaStreamSynchronize(d->stream), "stream");
+    d->pinned_off = 0;
+    if (d->first_err == cudaSuccess) return KVLM_OK;
+    return set_err(err, KVLM_EIO, "CUDA error in %s: %s", d->err_where, cudaGetErrorString(d->first_err));
+}
+
+/* ---- weights ---- */
+
+static bool kept_as_is(int type) {
+    return type == CT_F32 || type == CT_F16 || type == CT_BF16 || type == CT_Q4_K || type == CT_Q6_K;
+}
+
+size_t cu_weight_bytes(int type, int64_t n_in, int64_t n_out) {
+    if (type == CT_Q8_0) return (size_t)(n_in * n_out) + (size_t)(n_in / 32 * n_out) * 2;
+    if (type == CT_Q4_0) return (size_t)(n_in * n_out) / 2 + (size_t)(n_in / 32 * n_out) * 2;
+    if (kept_as_is(type)) return dt_row_size(type, n_in) * (size_t)n_out;
+    return (size_t)(n_in * n_out) * 2;
+}
+
+int cu_weight_upload(cu_dev *d, cu_weight *w, const void *host, int type, int64_t n_in, int64_t n_out,
+                     kvlm_error *err) {
+    memset(w, 0, sizeof *w);
+    w->n_in = (int)n_in;
+    w->n_out = (int)n_out;
+    size_t row = dt_row_size(type, n_in);
+    if (!row) {
+        char a[16], b[24];
+        snprintf(a, sizeof a, "%d", type);
+        snprintf(b, sizeof b, "%lld", (long long)n_in);
+        return set_err(err, KVLM_EUNSUPPORTED, "CUDA: no layout for weight type %s with rows of %s elements", a, b);
+    }
+    std::vector<uint8_t> tmp;
+    const void *src = host;
+    size_t main_bytes;
+    if (type == CT_Q8_0 || type == CT_Q4_0) {
+        /* split the blocks into quants and scales */
+        int per = type == CT_Q8_0 ? 32 : 16, blk = 2 + per;
+        size_t nb = (size_t)(n_in / 32) * n_out;
+        main_bytes = nb * per;
+        tmp.resize(main_bytes + nb * 2);
+        const uint8_t *s = (const uint8_t *)host;
+        for (size_t i = 0; i < nb; i++) {
+            memcpy(&tmp[main_bytes + 2 * i], s + i * blk, 2);
+            memcpy(&tmp[i * per], s + i * blk + 2, per);
+        }
+        src = tmp.data();
+        w->type = type;
+    } else if (kept_as_is(type)) {
+        main_bytes = row * (size_t)n_out;
+        w->type = type;
+    } else {
+        /* any other type: dequantized once, kept as f16 */
+        main_bytes = (size_t)(n_in * n_out) * 2;
+        tmp.resize(main_bytes);
+        std::vector<float> f((size_t)n_in);
+        __half *h = (__half *)tmp.data();
+        for (int64_t r = 0; r < n_out; r++) {
+            dt_dequantize_row(type, (const uint8_t *)host + (size_t)r * row, f.data(), n_in);
+            for (int64_t i = 0; i < n_in; i++) h[(size_t)r * n_in + i] = __float2half_rn(f[(size_t)i]);
+        }
+        src = tmp.data();
+        w->type = CT_F16;
+    }
+    size_t total = cu_weight_bytes(w->type, n_in, n_out);
+    uint8_t *p = (uint8_t *)cu_alloc(d, total);
+    if (!p) return set_err(err, KVLM_ENOMEM, "CUDA: out of device memory for a weight%s%s", "", "");
+    if (cudaMemcpyAsync(p, src, total, cudaMemcpyHostToDevice, d->stream) != cudaSuccess ||
+        cudaStreamSynchronize(d->stream) != cudaSuccess) {
+        cudaFree(p);
+        return set_err(err, KVLM_EIO, "CUDA: weight upload failed%s%s", "", "");
+    }
+    w->q = p;
+    w->d = (w->type == CT_Q8_0 || w->type == CT_Q4_0) ? p + main_bytes : NULL;
+    w->bytes = total;
+    return KVLM_OK;
+}
+
+void cu_weight_free(cu_dev *d, cu_weight *w) {
+    cu_free(d, w->q);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- graphs ---- */
+
+struct cu_graph {
+    cudaGraphExec_t exec;
+};
+
+int cu_graph_begin(cu_dev *d) {
+    cudaError_t e = cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal);
+    cu_note(d, e, "graph capture");
+    return e == cudaSuccess ? KVLM_OK : KVLM_EIO;
+}
+
+cu_graph *cu_graph_end(cu_dev *d) {
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(d->stream, &g);
+    if (e != cudaSuccess || !g) {
+        cu_note(d, e, "graph capture");
+        return NULL;
+    }
+    cu_graph *r = (cu_graph *)calloc(1, sizeof *r);
+    e = r ? cudaGraphInstantiate(&r->exec, g, 0) : cudaErrorMemoryAllocation;
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cu_note(d, e, "graph instantiation");
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void cu_graph_launch(cu_dev *d, cu_graph *g) { cu_note(d, cudaGraphLaunch(g->exec, d->stream), "graph launch"); }
+
+void cu_graph_free(cu_graph *g) {
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    free(g);
+}
+
+/* ---- timing and measurements ---- */
+
+struct cu_timer {
+    cudaEvent_t a, b;
+};
+
+cu_timer *cu_timer_start(cu_dev *d) {
+    cu_timer *t = (cu_timer *)calloc(1, sizeof *t);
+    cudaEventCreate(&t->a);
+    cudaEventCreate(&t->b);
+    cudaEventRecord(t->a, d->stream);
+    return t;
+}
+
+double cu_timer_stop(cu_dev *d, cu_timer *t) {
+    cudaEventRecord(t->b, d->stream);
+    cudaEventSynchronize(t->b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t->a, t->b);
+    cudaEventDestroy(t->a);
+    cudaEventDestroy(t->b);
+    free(t);
+    return ms / 1e3;
+}
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+__global__ void k_fill_random(__half *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        p[i] = __float2half((float)(x & 0xffff) / 65536.0f - 0.5f);
+    }
+}
+
+double cu_measure_copy_bandwidth(cu_dev *d, size_t bytes) {
+    uint8_t *a = (uint8_t *)cu_alloc(d, bytes), *b = (uint8_t *)cu_alloc(d, bytes);
+    if (!a || !b) {
+        cu_free(d, a);
+        cu_free(d, b);
+        return 0;
+    }
+    k_fill_random<<<1024, 256, 0, d->stream>>>((__half *)a, bytes / 2, 7);
+    std::vector<double> ts;
+    for (int i = 0; i < 12; i++) {
+        cu_timer *t = cu_timer_start(d);
+        cudaMemcpyAsync(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, d->stream);
+        double s = cu_timer_stop(d, t);
+        if (i >= 2) ts.push_back(s);
+    }
+    cu_free(d, a);
+    cu_free(d, b);
+    return 2.0 * (double)bytes / median(ts);
+}
+
+double cu_measure_gemm_flops(cu_dev *d, int m, int n, int k) {
+    __half *A = (__half *)cu_alloc(d, (size_t)m * k * 2), *B = (__half *)cu_alloc(d, (size_t)k * n * 2);
+    float *C = (float *)cu_alloc(d, (size_t)m * n * 4);
+    double r = 0;
+    if (A && B && C) {
+        k_fill_random<<<1024, 256, 0, d->stream>>>(A, (size_t)m * k, 1);
+        k_fill_random<<<1024, 256, 0, d->stream>>>(B, (size_t)k * n, 2);
+        float one = 1, zero = 0;
+        std::vector<double> ts;
+        for (int i = 0; i < 12; i++) {
+            cu_timer *t = cu_timer_start(d);
+            cublasGemmEx(d->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_16F, k, B, CUDA_R_16F, k, &zero, C,
+                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            double s = cu_timer_stop(d, t);
+            if (i >= 2) ts.push_back(s);
+        }
+        r = 2.0 * m * n * (double)k / median(ts);
+    }
+    cu_free(d, A);
+    cu_free(d, B);
+    cu_free(d, C);
+    return r;
+}
