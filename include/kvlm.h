@@ -156,7 +156,23 @@ typedef struct kvlm_ctx_params {
     int h2o_recent;     /* h2o: most recent tokens kept; 0: the budget less the heavy hitters */
     float h2o_heavy;    /* h2o: share of the kept tokens chosen by accumulated attention
                            (when h2o_recent is 0); 0: 0.5 */
+    int device;         /* KVLM_DEVICE_*: where the weights, the KV cache and the forward pass live */
 } kvlm_ctx_params;
+
+/* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
+ * are uploaded once in their GGUF types, the KV pool's blocks live in GPU
+ * memory (same block tables, prefix reuse and copy-on-write), and every
+ * kernel of the forward pass runs there; cache types f32, f16, bf16, q8_0,
+ * q4_0; no eviction policy (compaction runs on the CPU). */
+enum { KVLM_DEVICE_CPU = 0, KVLM_DEVICE_CUDA = 1 };
+/* Device id for "cpu", "cuda", or -1; and back (NULL if none). */
+int kvlm_device_from_name(const char *name);
+const char *kvlm_device_name(int device);
+/* CUDA GPUs this build can use (0 when built without CUDA or none is seen). */
+int kvlm_cuda_device_count(void);
+/* A line on where the context computes ("cpu: AVX-512 VNNI, 2 threads",
+ * "cuda: NVIDIA H100 80GB HBM3, 132 SMs, ..."). */
+void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap);
 
 /* Eviction policies. Evicting keeps tokens in order and compacts them: a
  * token's RoPE position is its place in the cache, not in the text

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test, from a fresh machine: set up, build (Release, then ASan+UBSan),
+# Every test, from a fresh machine: set up, build (Release, with the CUDA
+# backend where nvcc is installed; then ASan+UBSan, CPU only),
 # and run the whole suite with ctest in both builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 echo "== sanitizer build (ASan + UBSan) =="
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLM_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLM_SANITIZE=ON -DKVLM_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    KVLM_TEST_QUICK=1 ctest --output-on-failure -j"$jobs")

@@ -39,6 +39,7 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
 #define CLI_CTX_USAGE \
     "  -c, --ctx N             context length (default: the model's trained context)\n" \
     "  -t, --threads N         threads (default: one per core)\n" \
+    "      --device D          cpu (default) or cuda: weights, KV cache and kernels on an NVIDIA GPU\n" \
     "      --kv-mem SIZE       KV cache pool (e.g. 512MiB; default: room for every sequence's budget)\n" \
     "      --block-size N      tokens per KV cache block (default 16)\n" \
     "      --cache-type-k T    element type of cached keys: f16 (default), f32, bf16, q8_0, q4_0,\n" \

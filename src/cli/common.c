@@ -91,8 +91,21 @@ bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, 
     return true;
 }
 
+static bool cli_opt_device(int argc, char **argv, int *i, int *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, NULL, "--device", &v, bad)) return false;
+    if (*bad) return true;
+    int d = kvlm_device_from_name(v);
+    if (d < 0) {
+        fprintf(stderr, "kvlm: option --device: unknown device '%s' (cpu, cuda)\n", v);
+        *bad = true;
+    } else *out = d;
+    return true;
+}
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
+           cli_opt_device(argc, argv, i, &cp->device, bad) ||
            cli_opt_int(argc, argv, i, "-t", "--threads", &cp->n_threads, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-mem", kv_mem, bad) ||
            cli_opt_int(argc, argv, i, NULL, "--block-size", &cp->block_size, bad) ||

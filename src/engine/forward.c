@@ -4,6 +4,7 @@
  * and values written into each sequence's blocks, logits on request. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kv/evict.h"
@@ -16,6 +17,7 @@
 #include "util/pool.h"
 #include "util/timing.h"
 #include "engine/engine.h"
+#include "engine/forward_cuda.h"
 
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
@@ -55,6 +57,7 @@ struct kvlm_ctx {
     long *n_evicted;           /* per sequence */
     double evict_seconds;
     double attn_seconds;
+    engine_cuda *cuda;         /* device CUDA: weights, KV blocks and the forward pass on the GPU */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -91,6 +94,21 @@ int kvlm_evict_from_name(const char *name) {
 
 const char *kvlm_evict_name(int policy) { return policy >= 0 && policy < 4 ? k_evict_names[policy] : NULL; }
 
+static const char *const k_device_names[] = {"cpu", "cuda"};
+
+int kvlm_device_from_name(const char *name) {
+    for (int i = 0; name && i < 2; i++)
+        if (!strcmp(name, k_device_names[i])) return i;
+    return -1;
+}
+
+const char *kvlm_device_name(int device) { return device >= 0 && device < 2 ? k_device_names[device] : NULL; }
+
+void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap) {
+    if (ctx->cuda) engine_cuda_describe(ctx->cuda, buf, cap);
+    else snprintf(buf, cap, "cpu: %s, %d threads", op_cpu_has_avx2() ? "AVX2" : "scalar", util_pool_size(ctx->pool));
+}
+
 double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
     if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
     if (block_size <= 0) block_size = 16;
@@ -126,6 +144,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     /* Prefix hashes are only compared within this pool; kv/paged mixes both
      * element types into the salt. */
     kp.salt = 0x6b766c6d00000000ull;
+    kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
     size_t block_bytes = (size_t)c->n_layers * c->n_kv_heads *
                          (((op_kv_region_bytes(kp.k_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3) +
                           ((op_kv_region_bytes(kp.v_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3));
@@ -195,6 +214,20 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
+    if (!kvlm_device_name(p->device)) {
+        util_err_set(err, KVLM_EINVAL, "unknown device %d (cpu, cuda)", p->device);
+        goto fail;
+    }
+    if (p->device == KVLM_DEVICE_CUDA) {
+        if (p->cache_type_k == KVLM_CACHE_Q4_KC || p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: q4_kc keys and eviction (--kv-evict, --kv-budget) "
+                                                 "run on the CPU only");
+            goto fail;
+        }
+        if (!(ctx->cuda = engine_cuda_create(model, ctx->n_batch, (p->n_ctx + p->block_size - 1) / p->block_size,
+                                             p->n_seq_max, err)))
+            goto fail;
+    }
     if (make_cache(ctx, err)) goto fail;
     size_t T = (size_t)ctx->n_batch, q_dim = (size_t)c->n_heads * c->head_dim,
            kv_dim = (size_t)c->n_kv_heads * c->head_dim;
@@ -248,7 +281,8 @@ fail:
 void kvlm_ctx_free(kvlm_ctx *ctx) {
     if (!ctx) return;
     util_pool_free(ctx->pool);
-    kv_free(ctx->kv);
+    kv_free(ctx->kv); /* before the device its blocks live on */
+    engine_cuda_free(ctx->cuda);
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
     free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
@@ -614,12 +648,30 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     ctx->tokens_computed += (uint64_t)T;
 }
 
-static void forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
-                    const int8_t *want) {
+/* The same chunk on the GPU. */
+static int forward_chunk_cuda(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int T,
+                              const int8_t *want, kvlm_error *err) {
+    int n_out = 0;
+    for (int t = 0; t < T; t++) n_out += want[t] != 0;
+    int rc = engine_cuda_forward(ctx->cuda, ctx->kv, tokens, seq, pos, T, want,
+                                 ctx->logits + (size_t)ctx->n_logits * ctx->model->cfg.vocab_size, err);
+    if (rc) return rc;
+    ctx->n_logits += n_out;
+    ctx->tokens_computed += (uint64_t)T;
+    return KVLM_OK;
+}
+
+static int forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
+                   const int8_t *want, kvlm_error *err) {
     for (int i = 0; i < n; i += ctx->n_batch) {
         int T = n - i < ctx->n_batch ? n - i : ctx->n_batch;
-        forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i);
+        if (!ctx->cuda) forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i);
+        else {
+            int rc = forward_chunk_cuda(ctx, tokens + i, seq + i, pos + i, T, want + i, err);
+            if (rc) return rc;
+        }
     }
+    return KVLM_OK;
 }
 
 static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
@@ -691,7 +743,10 @@ static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_er
     kv_seq_release(ctx->kv, seq);
     if ((rc = kv_seq_reserve(ctx->kv, seq, n, err))) goto done;
     for (int i = 0; i < n; i++) { ctx->tok_seq[i] = seq; ctx->tok_pos[i] = i; }
-    forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want);
+    if ((rc = forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want, err))) {
+        kv_seq_release(ctx->kv, seq);
+        goto done;
+    }
     kv_seq_commit(ctx->kv, seq, all, n);
 done:
     free(all);
@@ -764,8 +819,12 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         ctx->tok_pos[i] = kv_seq_len(ctx->kv, s) + count[s]++;
         want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
     }
-    forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want);
+    rc = forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want, err);
     free(want);
+    if (rc) { /* a device error: nothing is appended */
+        for (int k = 0; k < n_order; k++) kv_seq_trim(ctx->kv, order[k], kv_seq_len(ctx->kv, order[k]));
+        goto done;
+    }
     /* Commit each sequence's tokens in order (indexes blocks that filled). */
     for (int k = 0; k < n_order; k++) {
         int s = order[k], m = 0;
@@ -802,6 +861,7 @@ const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
 int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!kv_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
+    if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     int rc = kv_seq_reserve(ctx->kv, seq, n, err);
     if (rc) return rc;
