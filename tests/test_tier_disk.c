@@ -285,7 +285,7 @@ static uint64_t put_many(kv_tier *t, uint32_t space, int n, size_t max_len) {
 static void test_restart(void **state) {
     (void)state;
     char *dir = fresh_dir();
-    const int n = 3000;
+    const int n = 2000;
     kv_tier *t = open_ok(dir, 0);
     uint64_t total = put_many(t, 3, n, 2000);
     kv_tier_stats s = stats_of(t);
@@ -545,7 +545,7 @@ static void *thr_main(void *p) {
     unsigned char *mem = malloc(4 * 4096);
     void *bufs[4] = {mem, mem + 4096, mem + 8192, mem + 12288};
     size_t lens[4];
-    for (int i = 0; i < 1500; i++) {
+    for (int i = 0; i < 1000; i++) {
         kv_key k = key_of(9, (uint32_t)(i % 300)); /* all threads share keys */
         put_blob(a->t, &k, blob_len(&k, 4096));
         kv_key ks[4];
@@ -583,7 +583,7 @@ static void test_threads(void **state) {
     printf("4 threads: %llu writes, %llu dropped, %llu hits, %llu misses, %llu evicted, %llu blocks\n",
            (unsigned long long)s.writes, (unsigned long long)s.dropped_writes, (unsigned long long)s.hits,
            (unsigned long long)s.misses, (unsigned long long)s.evicted, (unsigned long long)s.blocks);
-    assert_int_equal(s.writes + s.dropped_writes, 4 * 1500);
+    assert_int_equal(s.writes + s.dropped_writes, 4 * 1000);
     assert_int_equal(s.errors, 0);
     assert_true(s.bytes <= 200 * 1000);
     kv_tier_close(t);
@@ -661,7 +661,7 @@ static void test_kill9(void **state) {
  * of the other's. */
 static void child_sharer(const char *dir, int id, double seconds) {
     kvlm_error err = {0};
-    kv_tier *t = kv_tier_disk_open(dir, 2u << 20, &err);
+    kv_tier *t = kv_tier_disk_open(dir, 512u << 10, &err); /* small: evictions too */
     if (!t) _exit(3);
     unsigned char *mem = malloc(8 * 16384);
     void *bufs[8];
@@ -705,7 +705,7 @@ static void test_two_processes(void **state) {
         assert_true(pid[id] >= 0);
         if (pid[id] == 0) {
             srand((unsigned)getpid());
-            child_sharer(dir, id, 1.5);
+            child_sharer(dir, id, 1.0);
         }
     }
     for (int id = 0; id < 2; id++) {

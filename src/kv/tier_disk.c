@@ -97,7 +97,6 @@ typedef struct {
     size_t qbytes, qmax_bytes;
     bool busy, stop, paused;
     pthread_t writer;
-    uint64_t seq; /* temporary names, writer thread only */
 
     /* index, under imu (also read_seconds) */
     pthread_mutex_t imu;
@@ -113,6 +112,9 @@ typedef struct {
 } disk_tier;
 
 static const kv_tier_ops disk_ops;
+/* numbers temporary names: one counter per process, as two tiers of one
+ * process may share a folder */
+static _Atomic uint64_t tmp_seq;
 
 /* ---- paths --------------------------------------------------------------- */
 
@@ -283,7 +285,7 @@ static int write_all(int fd, const unsigned char *p, size_t n) {
  * errno (already noted). */
 static int write_block(disk_tier *t, const disk_item *it) {
     char tmp[PATH_MAX], path[PATH_MAX], sub[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s/tmp/%ld.%llu.tmp", t->dir, (long)getpid(), (unsigned long long)t->seq++);
+    snprintf(tmp, sizeof tmp, "%s/tmp/%ld.%llu.tmp", t->dir, (long)getpid(), (unsigned long long)atomic_fetch_add(&tmp_seq, 1));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno == ENOENT) { /* someone removed the folder: make it again */
         snprintf(sub, sizeof sub, "%s/tmp", t->dir);
@@ -697,7 +699,7 @@ static int scan_dir(disk_tier *t, kvlm_error *err) {
     }
     closedir(d);
     if (!rc) {
-        qsort(v, n, sizeof *v, scan_cmp);
+        if (n) qsort(v, n, sizeof *v, scan_cmp);
         if (!ix_grow(t, 2 * n + 1)) rc = util_err_set(err, KVLM_ENOMEM, "disk tier %s: no memory for the index", t->dir);
         for (size_t i = 0; !rc && i < n; i++)
             if (!ix_put(t, &v[i].key, v[i].bytes))
