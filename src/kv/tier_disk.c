@@ -395,11 +395,14 @@ static bool disk_put(kv_tier *tt, const kv_key *key, const void *data, size_t le
 }
 
 enum { R_HIT, R_ABSENT, R_TOO_BIG, R_ERROR };
+/* get opens this many files at once and asks the kernel to read them ahead
+ * together (WILLNEED), so a cold batch costs about one disk latency, not one
+ * per block */
+#define DISK_GET_WINDOW 32
 
-/* Reads one block's file into buf; leaves the file open in *fd on a hit (the
- * caller checks it is still linked before indexing it). */
-static int read_block(disk_tier *t, const char *path, void *buf, size_t cap, size_t *len, int *fd_out) {
-    *len = 0;
+/* Opens one block's file; R_HIT leaves it open in *fd with its size in *size
+ * and its read-ahead started. */
+static int open_block(disk_tier *t, const char *path, size_t cap, int *fd_out, size_t *size) {
     *fd_out = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -427,9 +430,18 @@ static int read_block(disk_tier *t, const char *path, void *buf, size_t cap, siz
         close(fd);
         return R_TOO_BIG;
     }
-    size_t want = (size_t)st.st_size, got = 0;
-    while (got < want) {
-        ssize_t r = read(fd, (unsigned char *)buf + got, want - got);
+    posix_fadvise(fd, 0, st.st_size, POSIX_FADV_WILLNEED);
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return R_HIT;
+}
+
+/* Reads an opened block into buf; on anything but R_HIT the file is closed. */
+static int read_block(disk_tier *t, const char *path, int fd, size_t size, void *buf, size_t *len) {
+    size_t got = 0;
+    *len = 0;
+    while (got < size) {
+        ssize_t r = read(fd, (unsigned char *)buf + got, size - got);
         if (r < 0) {
             if (errno == EINTR) continue;
             note_error(t, errno, "reading", path);
@@ -446,7 +458,6 @@ static int read_block(disk_tier *t, const char *path, void *buf, size_t cap, siz
     /* mtime is the LRU order the next open rebuilds */
     futimens(fd, (const struct timespec[2]){{0, UTIME_OMIT}, {0, UTIME_NOW}});
     *len = got;
-    *fd_out = fd;
     return R_HIT;
 }
 
@@ -456,36 +467,45 @@ static int disk_get(kv_tier *tt, int n, const kv_key *keys, void *const *bufs, s
     int lead = 0;
     bool broken = false;
     char path[PATH_MAX];
-    for (int i = 0; i < n; i++) {
-        int fd;
-        kv_tier_disk_path(t->dir, &keys[i], path, sizeof path);
-        int r = read_block(t, path, bufs[i], cap, &lens[i], &fd);
-        pthread_mutex_lock(&t->imu);
-        if (r == R_HIT) {
-            struct stat st;
-            disk_ent *e = *ix_find(t, &keys[i]);
-            if (e) { /* most recently used now */
-                lru_unlink(e);
-                lru_push_recent(t, e);
-            } else if (fstat(fd, &st) == 0 && st.st_nlink > 0) {
-                /* a block another process wrote joins the index, unless it
-                 * was unlinked (evicted, dropped) while we read it */
-                ix_put(t, &keys[i], (uint64_t)st.st_size);
-            }
-        } else if (r == R_ABSENT && *ix_find(t, &keys[i])) {
-            /* deleted by another process; check again under the lock, in case
-             * our writer renamed it in just after the open */
-            if (access(path, F_OK) != 0) ix_remove(t, &keys[i]);
+    for (int i0 = 0; i0 < n; i0 += DISK_GET_WINDOW) {
+        int m = n - i0 < DISK_GET_WINDOW ? n - i0 : DISK_GET_WINDOW;
+        int fds[DISK_GET_WINDOW], res[DISK_GET_WINDOW];
+        size_t sizes[DISK_GET_WINDOW];
+        for (int j = 0; j < m; j++) {
+            kv_tier_disk_path(t->dir, &keys[i0 + j], path, sizeof path);
+            res[j] = open_block(t, path, cap, &fds[j], &sizes[j]);
         }
-        pthread_mutex_unlock(&t->imu);
-        if (fd >= 0) close(fd);
-        if (r == R_HIT) {
-            atomic_fetch_add(&t->hits, 1);
-            if (!broken) lead++;
-        } else {
+        for (int j = 0; j < m; j++) {
+            int i = i0 + j, fd = fds[j];
+            kv_tier_disk_path(t->dir, &keys[i], path, sizeof path);
             lens[i] = 0;
-            atomic_fetch_add(&t->misses, 1);
-            broken = true;
+            if (res[j] == R_HIT) res[j] = read_block(t, path, fd, sizes[j], bufs[i], &lens[i]);
+            pthread_mutex_lock(&t->imu);
+            if (res[j] == R_HIT) {
+                struct stat st;
+                disk_ent *e = *ix_find(t, &keys[i]);
+                if (e) { /* most recently used now */
+                    lru_unlink(e);
+                    lru_push_recent(t, e);
+                } else if (fstat(fd, &st) == 0 && st.st_nlink > 0) {
+                    /* a block another process wrote joins the index, unless
+                     * it was unlinked (evicted, dropped) while we read it */
+                    ix_put(t, &keys[i], (uint64_t)st.st_size);
+                }
+            } else if (res[j] == R_ABSENT && *ix_find(t, &keys[i])) {
+                /* deleted by another process; check again under the lock, in
+                 * case our writer renamed it in just after the open */
+                if (access(path, F_OK) != 0) ix_remove(t, &keys[i]);
+            }
+            pthread_mutex_unlock(&t->imu);
+            if (res[j] == R_HIT) {
+                close(fd);
+                atomic_fetch_add(&t->hits, 1);
+                if (!broken) lead++;
+            } else {
+                atomic_fetch_add(&t->misses, 1);
+                broken = true;
+            }
         }
     }
     double dt = util_now_s() - t0;
