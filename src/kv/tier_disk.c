@@ -41,7 +41,9 @@
  * Accounting: every put ends as exactly one of writes or dropped_writes
  * (queue full, over the cap, or an I/O error, which also counts in errors).
  * I/O errors are logged once per errno and never stop the tier. Local I/O
- * has no timeout: get and contains take as long as the disk does. */
+ * has no timeout: get and contains take as long as the disk does. drop
+ * removes the file at once; a put of the same key still in the queue writes
+ * it again. */
 #include "kv/tier_disk.h"
 #include <dirent.h>
 #include <errno.h>
