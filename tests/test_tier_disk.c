@@ -71,11 +71,15 @@ static bool put_blob(kv_tier *t, const kv_key *k, size_t len) {
 
 /* ---- folders ------------------------------------------------------------ */
 
+/* the current test's folder, removed by the teardown if the test failed */
+static char *cur_dir;
+
 static char *fresh_dir(void) {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char *d = malloc(strlen(base) + 32);
     sprintf(d, "%s/kvlm-tier-XXXXXX", base);
     assert_non_null(mkdtemp(d));
+    cur_dir = d;
     return d;
 }
 
@@ -86,7 +90,14 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
 
 static void remove_dir(char *d) {
     nftw(d, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (d == cur_dir) cur_dir = NULL;
     free(d);
+}
+
+static int teardown_dir(void **state) {
+    (void)state;
+    if (cur_dir) remove_dir(cur_dir);
+    return 0;
 }
 
 static kv_tier *open_ok(const char *dir, uint64_t max) {
@@ -597,15 +608,18 @@ static void test_threads(void **state) {
     remove_dir(dir);
 }
 
-/* A child that puts blobs as fast as it can until it is killed. */
+/* A child that puts blobs as fast as it can until it is killed; big blobs,
+ * so the kill often lands in the middle of a write. */
+#define KILL_MAX_BLOB (512 << 10)
+#define KILL_ROUNDS 8
 static void child_writer(const char *dir, uint32_t round) {
     kvlm_error err = {0};
     kv_tier *t = kv_tier_disk_open(dir, 32u << 20, &err);
     if (!t) _exit(3);
-    unsigned char *buf = malloc(64 << 10);
+    unsigned char *buf = malloc(KILL_MAX_BLOB);
     for (uint32_t i = 0;; i++) {
         kv_key k = key_of(100 + round, i);
-        size_t len = blob_len(&k, 64 << 10);
+        size_t len = blob_len(&k, KILL_MAX_BLOB);
         fill_blob(&k, buf, len);
         kv_tier_put(t, &k, buf, len); /* a full queue drops: fine */
     }
@@ -616,12 +630,12 @@ static void test_kill9(void **state) {
     char *dir = fresh_dir();
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
     pid_t last = 0;
-    for (int round = 0; round < 5; round++) {
+    for (int round = 0; round < KILL_ROUNDS; round++) {
         fflush(NULL);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) child_writer(dir, (uint32_t)round);
-        usleep(50000 + (useconds_t)(rand() % 200000)); /* open + 0..200 ms of writing */
+        usleep(30000 + (useconds_t)(rand() % 120000)); /* open + 0..120 ms of writing */
         assert_int_equal(kill(pid, SIGKILL), 0);
         int st;
         assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -645,8 +659,8 @@ static void test_kill9(void **state) {
 
     kv_tier *t = open_ok(dir, 0);
     kv_tier_stats s = stats_of(t);
-    int files = verify_all_files(dir, 64 << 10);
-    printf("kill -9 x5: %d blocks on disk, all intact; %d temporary files were left, cleaned at open\n", files, left);
+    int files = verify_all_files(dir, KILL_MAX_BLOB);
+    printf("kill -9 x%d: %d blocks on disk, all intact; %d temporary files were left, cleaned at open\n", KILL_ROUNDS, files, left);
     assert_true(files > 0);
     assert_int_equal((int)s.blocks, files);
     assert_int_equal(count_files(tmpd), 1); /* only the live one */
@@ -727,11 +741,16 @@ static void test_two_processes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),   cmocka_unit_test(test_leading_contains_drop),
-        cmocka_unit_test(test_restart),      cmocka_unit_test(test_cap_lru),
-        cmocka_unit_test(test_queue_overflow), cmocka_unit_test(test_damaged_files),
-        cmocka_unit_test(test_errors),       cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_kill9),        cmocka_unit_test(test_two_processes),
+        cmocka_unit_test_teardown(test_round_trip, teardown_dir),
+        cmocka_unit_test_teardown(test_leading_contains_drop, teardown_dir),
+        cmocka_unit_test_teardown(test_restart, teardown_dir),
+        cmocka_unit_test_teardown(test_cap_lru, teardown_dir),
+        cmocka_unit_test_teardown(test_queue_overflow, teardown_dir),
+        cmocka_unit_test_teardown(test_damaged_files, teardown_dir),
+        cmocka_unit_test_teardown(test_errors, teardown_dir),
+        cmocka_unit_test_teardown(test_threads, teardown_dir),
+        cmocka_unit_test_teardown(test_kill9, teardown_dir),
+        cmocka_unit_test_teardown(test_two_processes, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
