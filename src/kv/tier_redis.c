@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include "util/error.h"
@@ -84,13 +85,15 @@
 
 enum { OP_SET, OP_DEL };
 
+/* A queued command, formatted by hiredis at put (the one copy of the
+ * block's bytes); the writer sends a batch of them with one writev. */
 typedef struct qnode {
     struct qnode *next;
     uint64_t seq;
     int op;
-    size_t len;
-    char key[KEY_LEN + 1];
-    unsigned char data[]; /* len bytes (OP_SET) */
+    size_t len;     /* the block's bytes (OP_SET) */
+    char *cmd;      /* RESP, from redisFormatCommandArgv */
+    size_t cmd_len; /* what the queue's byte bound counts */
 } qnode;
 
 typedef struct {
@@ -217,6 +220,28 @@ static bool rt_send(redisContext *c, double deadline, double *set_s) {
     return true;
 }
 
+/* Writes n buffers (the writer's batch: no copy into hiredis's buffer). */
+static bool send_iov(redisContext *c, struct iovec *iov, int n, double deadline, double *set_s) {
+    while (n > 0) {
+        if (!io_budget(c, deadline, set_s)) return false;
+        ssize_t w = writev(c->fd, iov, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return false; /* EAGAIN: the send timeout passed */
+        }
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return true;
+}
+
 /* Reads one reply (NULL: error or deadline passed). rbuf: a read chunk of
  * KV_REDIS_READ_CHUNK bytes, or NULL for hiredis's own 16 KiB reads. */
 static redisReply *rt_recv(redisContext *c, double deadline, double *set_s, unsigned char *rbuf) {
@@ -258,6 +283,10 @@ static redisContext *rconnect(redis_tier *t) {
         if (r) freeReplyObject(r);
     }
     if (!ok) { redisFree(c); return NULL; }
+    /* keep the read buffer between replies (hiredis frees it past 16 KiB
+     * and regrows it for every block); it never holds much more than one
+     * block and a read chunk, the reader consumes as it parses */
+    c->reader->maxbuf = 0;
     return c;
 }
 
@@ -330,6 +359,46 @@ static bool key_argv_make(key_argv *a, const char *cmd, int n, const kv_key *key
     return true;
 }
 
+/* MGET's reply is parsed straight into the caller's buffers: reply-object
+ * functions (hiredis's hook for building replies) that copy each string
+ * element from the read buffer into bufs[idx], instead of building a
+ * redisReply per element (a malloc and a copy of every block). Every object
+ * is the sink itself; nothing is allocated, nothing to free. */
+typedef struct {
+    int n;
+    void *const *bufs;
+    size_t cap;
+    size_t *lens;
+    bool bad; /* not an array of n strings and nils */
+} mget_sink;
+
+static void *sink_string(const redisReadTask *task, char *str, size_t len) {
+    mget_sink *s = task->privdata;
+    if (!task->parent || task->type != REDIS_REPLY_STRING || task->idx < 0 || task->idx >= s->n) s->bad = true;
+    else if (len > 0 && len <= s->cap) {
+        memcpy(s->bufs[task->idx], str, len);
+        s->lens[task->idx] = len;
+    }
+    return s;
+}
+static void *sink_array(const redisReadTask *task, int elements) {
+    mget_sink *s = task->privdata;
+    if (task->parent || elements != s->n) s->bad = true;
+    return s;
+}
+static void *sink_integer(const redisReadTask *task, long long v) {
+    (void)v;
+    ((mget_sink *)task->privdata)->bad = true;
+    return task->privdata;
+}
+static void *sink_nil(const redisReadTask *task) {
+    mget_sink *s = task->privdata;
+    if (!task->parent) s->bad = true; /* an element's nil is a miss */
+    return s;
+}
+static void sink_free(void *obj) { (void)obj; }
+static redisReplyObjectFunctions sink_fns = {sink_string, sink_array, sink_integer, sink_nil, sink_free};
+
 static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
     redis_tier *t = (redis_tier *)base;
     if (n <= 0) return 0;
@@ -348,26 +417,32 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
             pipe_guard g;
             pipe_block(&g);
             double set_s = 0;
-            redisReply *r = NULL;
+            mget_sink sink = {n, bufs, cap, lens, false};
+            redisReader *rd = c->reader;
+            redisReplyObjectFunctions *fn = rd->fn;
+            void *priv = rd->privdata;
+            rd->fn = &sink_fns;
+            rd->privdata = &sink;
             ok = redisAppendCommandArgv(c, n + 1, a.argv, a.lens) == REDIS_OK && rt_send(c, deadline, &set_s) &&
-                 (r = rt_recv(c, deadline, &set_s, t->rbuf[slot])) && r->type == REDIS_REPLY_ARRAY &&
-                 r->elements == (size_t)n;
+                 rt_recv(c, deadline, &set_s, t->rbuf[slot]) == (void *)&sink && !sink.bad;
+            /* a half-built reply is the sink's, not hiredis's to free */
+            rd->reply = NULL;
+            rd->fn = fn;
+            rd->privdata = priv;
             pipe_restore(&g);
             if (ok) {
                 bool gap = false;
                 for (int i = 0; i < n; i++) {
-                    redisReply *e = r->element[i];
-                    if (e->type == REDIS_REPLY_STRING && e->len > 0 && (size_t)e->len <= cap) {
-                        memcpy(bufs[i], e->str, (size_t)e->len);
-                        lens[i] = (size_t)e->len;
+                    if (lens[i]) {
                         found++;
                         if (!gap) lead++;
                     } else {
                         gap = true;
                     }
                 }
+            } else {
+                for (int i = 0; i < n; i++) lens[i] = 0;
             }
-            if (r) freeReplyObject(r);
             free(a.argv);
             reader_give(t, slot, !ok);
         }
@@ -412,12 +487,36 @@ static int redis_contains(kv_tier *base, int n, const kv_key *keys) {
 
 /* ---- the queue (callers) ---- */
 
+static void qnode_free(qnode *q) {
+    redisFreeCommand(q->cmd);
+    free(q);
+}
+
+/* A node holding the command argv formats to; NULL if out of memory. */
+static qnode *qnode_make(int op, const kv_key *key, const void *data, size_t len) {
+    char name[KEY_LEN + 1];
+    key_name(key, name);
+    const char *argv[3] = {op == OP_SET ? "SET" : "DEL", name, data};
+    size_t lens[3] = {3, KEY_LEN, len};
+    qnode *q = malloc(sizeof *q);
+    if (!q) return NULL;
+    int n = redisFormatCommandArgv(&q->cmd, op == OP_SET ? 3 : 2, argv, lens);
+    if (n < 0) {
+        free(q);
+        return NULL;
+    }
+    q->op = op;
+    q->len = len;
+    q->cmd_len = (size_t)n;
+    return q;
+}
+
 static bool enqueue(redis_tier *t, qnode *q) {
     pthread_mutex_lock(&t->q_mu);
-    size_t add = q->op == OP_SET ? q->len : 0;
+    size_t add = q->cmd_len;
     if (t->stop || t->q_count >= KV_REDIS_QUEUE_BLOCKS || t->q_bytes + add > KV_REDIS_QUEUE_BYTES) {
         pthread_mutex_unlock(&t->q_mu);
-        free(q);
+        qnode_free(q);
         return false;
     }
     q->seq = ++t->next_seq;
@@ -436,11 +535,7 @@ static bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t
     redis_tier *t = (redis_tier *)base;
     qnode *q = NULL;
     /* down: drop without copying; the writer drops what was queued before */
-    if (atomic_load(&t->up) && len > 0 && len <= KV_REDIS_MAX_BLOCK && (q = malloc(sizeof *q + len))) {
-        q->op = OP_SET;
-        q->len = len;
-        key_name(key, q->key);
-        memcpy(q->data, data, len);
+    if (atomic_load(&t->up) && len > 0 && len <= KV_REDIS_MAX_BLOCK && (q = qnode_make(OP_SET, key, data, len))) {
         if (enqueue(t, q)) return true;
     }
     atomic_fetch_add(&t->dropped, 1);
@@ -450,12 +545,8 @@ static bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t
 static void redis_drop(kv_tier *base, const kv_key *key) {
     redis_tier *t = (redis_tier *)base;
     if (!atomic_load(&t->up)) return; /* nothing to do that would reach it */
-    qnode *q = malloc(sizeof *q);
-    if (!q) return;
-    q->op = OP_DEL;
-    q->len = 0;
-    key_name(key, q->key);
-    enqueue(t, q); /* a full queue loses the DEL; a reader's checksum still guards the block */
+    qnode *q = qnode_make(OP_DEL, key, NULL, 0);
+    if (q) enqueue(t, q); /* a full queue loses the DEL; a reader's checksum still guards the block */
 }
 
 /* Removes the first n queued nodes (q_mu held); frees them, counting puts
@@ -466,12 +557,10 @@ static void dequeue_n(redis_tier *t, int n, bool dropped) {
         t->head = q->next;
         if (!t->head) t->tail = NULL;
         t->q_count--;
-        if (q->op == OP_SET) {
-            t->q_bytes -= q->len;
-            if (dropped) atomic_fetch_add(&t->dropped, 1);
-        }
+        t->q_bytes -= q->cmd_len;
+        if (q->op == OP_SET && dropped) atomic_fetch_add(&t->dropped, 1);
         t->done_seq = q->seq;
-        free(q);
+        qnode_free(q);
     }
     /* flush may have dropped nodes behind a batch in flight: nothing queued
      * means everything enqueued is done */
@@ -505,8 +594,9 @@ static void redis_flush(kv_tier *base) {
                 for (qnode *q = keep, *nx; q; q = nx) {
                     nx = q->next;
                     t->q_count--;
-                    if (q->op == OP_SET) { t->q_bytes -= q->len; atomic_fetch_add(&t->dropped, 1); }
-                    free(q);
+                    t->q_bytes -= q->cmd_len;
+                    if (q->op == OP_SET) atomic_fetch_add(&t->dropped, 1);
+                    qnode_free(q);
                 }
             }
             break;
@@ -555,18 +645,10 @@ static void writer_batch(redis_tier *t, qnode *first, int n) {
     redisContext *c = t->w;
     int tmo = t->timeout_ms > KV_REDIS_WRITE_MS ? t->timeout_ms : KV_REDIS_WRITE_MS;
     double deadline = util_now_s() + tmo / 1000.0, set_s = 0;
-    bool ok = true;
+    struct iovec iov[KV_REDIS_BATCH_CMDS];
     qnode *q = first;
-    for (int i = 0; ok && i < n; i++, q = q->next) {
-        if (q->op == OP_SET) {
-            const char *argv[3] = {"SET", q->key, (const char *)q->data};
-            size_t lens[3] = {3, KEY_LEN, q->len};
-            ok = redisAppendCommandArgv(c, 3, argv, lens) == REDIS_OK;
-        } else {
-            ok = redisAppendCommand(c, "DEL %b", q->key, (size_t)KEY_LEN) == REDIS_OK;
-        }
-    }
-    ok = ok && rt_send(c, deadline, &set_s);
+    for (int i = 0; i < n; i++, q = q->next) iov[i] = (struct iovec){q->cmd, q->cmd_len};
+    bool ok = send_iov(c, iov, n, deadline, &set_s);
     q = first;
     int done = 0;
     for (; ok && done < n; done++, q = q->next) {
@@ -651,10 +733,10 @@ static void *writer_main(void *arg) {
         }
         int n = 0;
         size_t bytes = 0;
-        for (qnode *q = t->head; q && n < KV_REDIS_BATCH_CMDS && (n == 0 || bytes + q->len <= KV_REDIS_BATCH_BYTES);
+        for (qnode *q = t->head; q && n < KV_REDIS_BATCH_CMDS && (n == 0 || bytes + q->cmd_len <= KV_REDIS_BATCH_BYTES);
              q = q->next) {
             n++;
-            bytes += q->len;
+            bytes += q->cmd_len;
         }
         t->inflight = n;
         qnode *first = t->head;
@@ -694,7 +776,7 @@ static void tier_free(redis_tier *t) {
     if (t->w) redisFree(t->w);
     for (qnode *q = t->head, *nx; q; q = nx) {
         nx = q->next;
-        free(q);
+        qnode_free(q);
     }
     pthread_mutex_destroy(&t->q_mu);
     pthread_cond_destroy(&t->q_cv);
