@@ -639,19 +639,19 @@ static void writer_poll(redis_tier *t) {
     if (!ok) writer_break(t);
 }
 
-/* Writes the first t->inflight queued nodes in one pipelined round trip
- * (q_mu not held; the nodes stay in the queue, which only the writer pops). */
-static void writer_batch(redis_tier *t, qnode *first, int n) {
+/* Writes the batch (the first t->inflight queued nodes, taken under q_mu:
+ * their links are the callers' to change, not read here) in one pipelined
+ * round trip; q_mu is not held, only the writer pops nodes. */
+static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
     redisContext *c = t->w;
     int tmo = t->timeout_ms > KV_REDIS_WRITE_MS ? t->timeout_ms : KV_REDIS_WRITE_MS;
     double deadline = util_now_s() + tmo / 1000.0, set_s = 0;
     struct iovec iov[KV_REDIS_BATCH_CMDS];
-    qnode *q = first;
-    for (int i = 0; i < n; i++, q = q->next) iov[i] = (struct iovec){q->cmd, q->cmd_len};
+    for (int i = 0; i < n; i++) iov[i] = (struct iovec){batch[i]->cmd, batch[i]->cmd_len};
     bool ok = send_iov(c, iov, n, deadline, &set_s);
-    q = first;
     int done = 0;
-    for (; ok && done < n; done++, q = q->next) {
+    for (; ok && done < n; done++) {
+        const qnode *q = batch[done];
         redisReply *r = rt_recv(c, deadline, &set_s, NULL);
         if (!r) { ok = false; break; }
         if (q->op == OP_SET) {
@@ -666,8 +666,8 @@ static void writer_batch(redis_tier *t, qnode *first, int n) {
         freeReplyObject(r);
     }
     if (!ok) {
-        for (; done < n; done++, q = q->next)
-            if (q->op == OP_SET) atomic_fetch_add(&t->dropped, 1);
+        for (; done < n; done++)
+            if (batch[done]->op == OP_SET) atomic_fetch_add(&t->dropped, 1);
         writer_break(t);
     }
 }
@@ -731,17 +731,17 @@ static void *writer_main(void *arg) {
             dequeue_n(t, n, true);
             continue;
         }
+        qnode *batch[KV_REDIS_BATCH_CMDS];
         int n = 0;
         size_t bytes = 0;
         for (qnode *q = t->head; q && n < KV_REDIS_BATCH_CMDS && (n == 0 || bytes + q->cmd_len <= KV_REDIS_BATCH_BYTES);
              q = q->next) {
-            n++;
+            batch[n++] = q;
             bytes += q->cmd_len;
         }
         t->inflight = n;
-        qnode *first = t->head;
         pthread_mutex_unlock(&t->q_mu);
-        writer_batch(t, first, n);
+        writer_batch(t, batch, n);
         pthread_mutex_lock(&t->q_mu);
         t->inflight = 0;
         dequeue_n(t, n, false);
