@@ -10,9 +10,10 @@
  * answers SET with an OOM error, which this tier counts as dropped writes.
  *
  * Threads and connections:
- * - put and drop copy the command into a bounded queue and return at once;
+ * - put and drop format their command (hiredis's redisFormatCommandArgv:
+ *   the one copy of the block) into a bounded queue and return at once;
  *   one background thread (the writer) drains it on its own connection,
- *   many SETs per round trip (append all, then read all replies).
+ *   many SETs per round trip (one writev of the batch, then all replies).
  * - get and contains run in the caller's thread on one of a few reader
  *   connections (one caller per connection at a time), one round trip each,
  *   bounded by the tier's timeout as a whole: the socket timeouts shrink as
@@ -24,9 +25,11 @@
  *   PING. Callers never connect, so a down or hung server costs a caller at
  *   most one timeout, then nothing (immediate misses) until it is back.
  * - The writer thread also asks DBSIZE and INFO memory once a second for
- *   stats (blocks, bytes: the whole database as Redis sees it, shared with
- *   every other process; this process cannot know which keys are still
- *   there) and to notice a dead server while idle.
+ *   stats and to notice a dead server while idle. blocks is DBSIZE (every
+ *   key of the database: give kvlm a database of its own) and bytes is the
+ *   server's used_memory: the server is shared with other processes and
+ *   evicts on its own, so what this process wrote minus what it dropped
+ *   would mean nothing. up is the writer's connection.
  *
  * SIGPIPE: hiredis 0.14 writes with write(2), so a write to a closed socket
  * raises SIGPIPE. `kvlm serve` ignores it process-wide, but a library user
