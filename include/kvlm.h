@@ -261,6 +261,20 @@ int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n);
 /* Blocks in a sequence's table, and how many of them other sequences share. */
 void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared);
 
+/* Admission without side effects: what kvlm_seq_reuse_prefix(tokens,
+ * n_lookup) would find for an empty sequence, and whether the cache then has
+ * room for it to hold n_hold tokens. Nothing is attached, counted or moved. */
+typedef struct kvlm_prefix_probe {
+    int cached_tokens;     /* leading tokens the cache holds (a multiple of the block size) */
+    int ram_tokens;        /* of which in the pool's RAM blocks */
+    int blocks_needed;     /* blocks to allocate for n_hold tokens after those */
+    int blocks_available;  /* blocks reservations could take then (free + cached, less the matched ones) */
+} kvlm_prefix_probe;
+void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_lookup, int n_hold,
+                           kvlm_prefix_probe *out);
+/* Blocks sequence seq still needs to hold n_hold tokens (0 if it has them). */
+int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold);
+
 typedef struct kvlm_kv_stats {
     int block_size, n_blocks;
     int used, cached, free;  /* used: held by sequences; cached: kept for prefix reuse */

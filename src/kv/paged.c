@@ -66,6 +66,17 @@ static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) {
     return h;
 }
 
+/* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this pads
+ * only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an odd byte
+ * count), and the padding counts in every bytes figure. */
+static size_t region_bytes(int type, const kv_params *p) {
+    return (op_kv_region_bytes(type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
+}
+
+size_t kv_params_block_bytes(const kv_params *p) {
+    return (size_t)p->n_layers * p->n_kv_heads * (region_bytes(p->k_type, p) + region_bytes(p->v_type, p));
+}
+
 kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     if (p->n_layers <= 0 || p->n_kv_heads <= 0 || p->head_dim <= 0 || p->block_size <= 0 || p->n_blocks <= 0 ||
         p->max_seqs <= 0 || p->max_seq_tokens <= 0) {
@@ -82,12 +93,9 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     if (!c->p.storage) c->p.storage = &kv_storage_host;
     /* Both types go into the salt: blocks of another layout never match. */
     c->p.salt = mix64(p->salt ^ ((uint64_t)(uint32_t)p->k_type << 32 | (uint32_t)p->v_type));
-    /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this
-     * pads only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an
-     * odd byte count), and the padding counts in every bytes figure. */
-    c->k_bytes = (op_kv_region_bytes(p->k_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
-    c->v_bytes = (op_kv_region_bytes(p->v_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
-    c->block_bytes = (size_t)p->n_layers * p->n_kv_heads * (c->k_bytes + c->v_bytes);
+    c->k_bytes = region_bytes(p->k_type, p);
+    c->v_bytes = region_bytes(p->v_type, p);
+    c->block_bytes = kv_params_block_bytes(p);
     size_t nb = (size_t)p->n_blocks;
     c->data = c->p.storage->alloc(c->p.storage->user, nb * c->block_bytes);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
@@ -365,6 +373,25 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     s->len = i * bs;
     return s->len;
 }
+
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced) {
+    int bs = c->p.block_size, i = 0, unref = 0;
+    int eligible = (n - 1) / bs;
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    uint64_t parent = c->p.salt;
+    for (; c->p.prefix_cache && i < eligible; i++) {
+        const int32_t *bt = tokens + (size_t)i * bs;
+        uint64_t h = block_hash(parent, bt, bs);
+        int32_t b = index_find(c, h, parent, bt);
+        if (b < 0) break;
+        unref += c->meta[b].ref == 0;
+        parent = h;
+    }
+    if (unreferenced) *unreferenced = unref;
+    return i;
+}
+
+int kv_available_blocks(const kv_cache *c) { return available(c); }
 
 /* q4_kc keys for kv_seq_compact: each destination block is rebuilt whole
  * (its tokens' keys gathered as f32 from their per-channel blocks or from the

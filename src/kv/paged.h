@@ -50,6 +50,8 @@ const kv_params *kv_get_params(const kv_cache *c);
  * block; each region is padded to a multiple of 4 bytes (no padding when
  * block_size is a multiple of 4 and head_dim even). Bytes of one block: layers x KV heads x (K + V region). */
 size_t kv_block_bytes(const kv_cache *c);
+/* The same, from the parameters alone (for sizing a pool before creating it). */
+size_t kv_params_block_bytes(const kv_params *p);
 /* Bytes from one (layer, head)'s K region to the next, and K to V. */
 size_t kv_head_bytes(const kv_cache *c);
 size_t kv_v_offset_bytes(const kv_cache *c);
@@ -93,6 +95,12 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
  * indexed full blocks matching them, leaving at least one token to compute.
  * Returns the number of tokens now in the cache (a multiple of block_size). */
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n);
+/* What kv_seq_match_prefix would attach, without attaching or counting:
+ * the matching full blocks, and (unreferenced) how many of them sit on the
+ * LRU (attaching takes them off it). */
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced);
+/* Free blocks plus cached ones: what reservations may still take. */
+int kv_available_blocks(const kv_cache *c);
 
 /* Re-encodes the keys of a moved token, n_rows rows of head_dim floats (every
  * layer and KV head), whose place in the cache drops by `shift` slots (the
