@@ -122,9 +122,8 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
     kp.k_type = ctx->p.cache_type_k;
     kp.v_type = ctx->p.cache_type_v;
-    /* Prefix hashes are only compared within this pool; kv/paged mixes both
-     * element types into the salt. */
-    kp.salt = 0x6b766c6d00000000ull;
+    /* block keys name the model by its fingerprint (kv/blockfmt.h) */
+    kv_model_fingerprint(ctx->model, &kp.model);
     size_t block_bytes = kv_params_block_bytes(&kp);
     /* a sequence holds at most budget tokens; evicting may copy one shared block */
     int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);

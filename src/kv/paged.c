@@ -14,7 +14,7 @@
 typedef struct {
     int32_t ref;
     bool indexed;
-    uint64_t hash, parent;      /* chained hash of this block and of its parent */
+    kv_key key, parent;         /* chained key of this block and of its parent (kv/blockfmt) */
     int32_t lru_prev, lru_next; /* LRU links while cached */
     int32_t hnext;              /* next block in the same index bucket */
 } block_meta;
@@ -23,13 +23,14 @@ typedef struct {
     int32_t *blocks;
     int n_blocks, cap_blocks;
     int32_t *tokens;
-    uint64_t *hashes;           /* chained hash of each full block */
+    kv_key *keys;               /* chained key of each full block */
     int len;                    /* tokens committed */
     bool compacted;             /* evicted: its tokens no longer match the text, do not index */
 } kv_seq;
 
 struct kv_cache {
     kv_params p;
+    kv_blockfmt fmt;            /* what keys and stored blocks depend on */
     size_t block_bytes, k_bytes, v_bytes; /* a block; one (layer, head)'s K and V regions */
     uint8_t *data;
     uint16_t *stage;            /* q4_kc: per sequence, layers x heads x block_size x head_dim f16 */
@@ -51,20 +52,15 @@ static void host_free(void *user, void *p, size_t bytes) { (void)user; util_big_
 static void host_copy(void *user, void *dst, const void *src, size_t n) { (void)user; memcpy(dst, src, n); }
 const kv_storage kv_storage_host = {"host", host_alloc, host_free, host_copy, host_copy, host_copy, true, NULL};
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+static const kv_key k_no_parent; /* zeros: a sequence's first block */
 
-static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) {
-    uint64_t h = mix64(parent ^ 0x6b766c6d);
-    for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+static uint64_t key_bucket(const kv_key *k) {
+    uint64_t h;
+    memcpy(&h, k->b, 8);
     return h;
 }
+
+static bool key_eq(const kv_key *a, const kv_key *b) { return !memcmp(a->b, b->b, 16); }
 
 /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this pads
  * only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an odd byte
@@ -91,11 +87,22 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     c->p = *p;
     if (!c->p.storage) c->p.storage = &kv_storage_host;
-    /* Both types go into the salt: blocks of another layout never match. */
-    c->p.salt = mix64(p->salt ^ ((uint64_t)(uint32_t)p->k_type << 32 | (uint32_t)p->v_type));
+    /* Keys name the model, both element types and the geometry: blocks of
+     * another model or layout never match. */
+    c->fmt.model = p->model;
+    static const kv_key zero;
+    if (key_eq(&p->model, &zero))
+        for (int i = 0; i < 8; i++) c->fmt.model.b[i] = (uint8_t)(p->salt >> (8 * i));
+    c->fmt.k_type = p->k_type;
+    c->fmt.v_type = p->v_type;
+    c->fmt.block_size = p->block_size;
+    c->fmt.n_layers = p->n_layers;
+    c->fmt.n_kv_heads = p->n_kv_heads;
+    c->fmt.head_dim = p->head_dim;
     c->k_bytes = region_bytes(p->k_type, p);
     c->v_bytes = region_bytes(p->v_type, p);
     c->block_bytes = kv_params_block_bytes(p);
+    c->fmt.payload_bytes = c->block_bytes;
     size_t nb = (size_t)p->n_blocks;
     c->data = c->p.storage->alloc(c->p.storage->user, nb * c->block_bytes);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
@@ -130,7 +137,7 @@ void kv_free(kv_cache *c) {
         for (int s = 0; s < c->p.max_seqs; s++) {
             free(c->seqs[s].blocks);
             free(c->seqs[s].tokens);
-            free(c->seqs[s].hashes);
+            free(c->seqs[s].keys);
         }
     free(c->seqs);
     if (c->data) c->p.storage->free(c->p.storage->user, c->data, (size_t)c->p.n_blocks * c->block_bytes);
@@ -143,6 +150,7 @@ void kv_free(kv_cache *c) {
 }
 
 const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
+const kv_blockfmt *kv_get_blockfmt(const kv_cache *c) { return &c->fmt; }
 size_t kv_block_bytes(const kv_cache *c) { return c->block_bytes; }
 size_t kv_head_bytes(const kv_cache *c) { return c->k_bytes + c->v_bytes; }
 size_t kv_v_offset_bytes(const kv_cache *c) { return c->k_bytes; }
@@ -181,7 +189,7 @@ static void lru_push_tail(kv_cache *c, int32_t b) {
 }
 
 static void index_remove(kv_cache *c, int32_t b) {
-    int32_t *pp = &c->buckets[c->meta[b].hash & (c->n_buckets - 1)];
+    int32_t *pp = &c->buckets[key_bucket(&c->meta[b].key) & (c->n_buckets - 1)];
     while (*pp >= 0 && *pp != b) pp = &c->meta[*pp].hnext;
     if (*pp == b) *pp = c->meta[b].hnext;
     c->meta[b].indexed = false;
@@ -189,22 +197,22 @@ static void index_remove(kv_cache *c, int32_t b) {
 }
 
 /* The indexed block with this chain position and exactly these tokens. */
-static int32_t index_find(const kv_cache *c, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+static int32_t index_find(const kv_cache *c, const kv_key *key, const kv_key *parent, const int32_t *tokens) {
     int bs = c->p.block_size;
-    for (int32_t b = c->buckets[hash & (c->n_buckets - 1)]; b >= 0; b = c->meta[b].hnext)
-        if (c->meta[b].hash == hash && c->meta[b].parent == parent &&
+    for (int32_t b = c->buckets[key_bucket(key) & (c->n_buckets - 1)]; b >= 0; b = c->meta[b].hnext)
+        if (key_eq(&c->meta[b].key, key) && key_eq(&c->meta[b].parent, parent) &&
             !memcmp(c->block_tokens + (size_t)b * bs, tokens, (size_t)bs * sizeof(int32_t)))
             return b;
     return -1;
 }
 
-static void index_insert(kv_cache *c, int32_t b, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+static void index_insert(kv_cache *c, int32_t b, const kv_key *key, const kv_key *parent, const int32_t *tokens) {
     block_meta *m = &c->meta[b];
-    m->hash = hash;
-    m->parent = parent;
+    m->key = *key;
+    m->parent = *parent;
     m->indexed = true;
     memcpy(c->block_tokens + (size_t)b * c->p.block_size, tokens, (size_t)c->p.block_size * sizeof(int32_t));
-    uint32_t slot = hash & (c->n_buckets - 1);
+    uint32_t slot = key_bucket(key) & (c->n_buckets - 1);
     m->hnext = c->buckets[slot];
     c->buckets[slot] = b;
 }
@@ -262,9 +270,9 @@ static int seq_grow(kv_cache *c, kv_seq *s, int n_tokens) {
     int32_t *nt = realloc(s->tokens, (size_t)cap * bs * sizeof(int32_t));
     if (!nt) return -1;
     s->tokens = nt;
-    uint64_t *nh = realloc(s->hashes, (size_t)cap * sizeof(uint64_t));
-    if (!nh) return -1;
-    s->hashes = nh;
+    kv_key *nk = realloc(s->keys, (size_t)cap * sizeof(kv_key));
+    if (!nk) return -1;
+    s->keys = nk;
     s->cap_blocks = cap;
     return 0;
 }
@@ -307,14 +315,14 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
     memcpy(s->tokens + old, tokens, (size_t)n * sizeof(int32_t));
     s->len += n;
     for (int i = old / bs; i < s->len / bs; i++) {
-        uint64_t parent = i == 0 ? c->p.salt : s->hashes[i - 1];
+        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
         const int32_t *bt = s->tokens + (size_t)i * bs;
-        s->hashes[i] = block_hash(parent, bt, bs);
         int32_t b = s->blocks[i];
+        if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
+        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
         /* Index it unless an identical block already is (e.g. two requests
          * computed the same prefix at once): then this copy stays private. */
-        if (c->p.prefix_cache && !s->compacted && !c->meta[b].indexed && index_find(c, s->hashes[i], parent, bt) < 0)
-            index_insert(c, b, s->hashes[i], parent, bt);
+        if (!c->meta[b].indexed && index_find(c, &s->keys[i], parent, bt) < 0) index_insert(c, b, &s->keys[i], parent, bt);
     }
 }
 
@@ -338,7 +346,7 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     b->n_blocks = a->n_blocks;
     if (a->len) { /* a sequence never used has no arrays */
         memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
-        memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
+        memcpy(b->keys, a->keys, (size_t)(a->len / c->p.block_size) * sizeof(kv_key));
     }
     b->len = a->len;
     b->compacted = a->compacted;
@@ -355,17 +363,15 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     int eligible = (n - 1) / bs; /* full blocks, leaving one token to compute */
     if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
     if (eligible <= 0 || seq_grow(c, s, eligible * bs)) return 0;
-    uint64_t parent = c->p.salt;
     int i = 0;
     for (; i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
-        uint64_t h = block_hash(parent, bt, bs);
-        int32_t b = index_find(c, h, parent, bt);
+        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
+        int32_t b = index_find(c, &s->keys[i], parent, bt);
         if (b < 0) break;
         block_ref(c, b);
         s->blocks[s->n_blocks++] = b;
-        s->hashes[i] = h;
-        parent = h;
     }
     c->hits += (uint64_t)i;
     c->misses += (uint64_t)(eligible - i);
@@ -378,14 +384,14 @@ int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unrefe
     int bs = c->p.block_size, i = 0, unref = 0;
     int eligible = (n - 1) / bs;
     if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
-    uint64_t parent = c->p.salt;
+    kv_key parent = k_no_parent, key;
     for (; c->p.prefix_cache && i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
-        uint64_t h = block_hash(parent, bt, bs);
-        int32_t b = index_find(c, h, parent, bt);
+        kv_block_key(&c->fmt, i == 0 ? NULL : &parent, bt, &key);
+        int32_t b = index_find(c, &key, &parent, bt);
         if (b < 0) break;
         unref += c->meta[b].ref == 0;
-        parent = h;
+        parent = key;
     }
     if (unreferenced) *unreferenced = unref;
     return i;
@@ -537,7 +543,7 @@ const char *kv_check(const kv_cache *c) {
     for (int b = 0; b < nb; b++) n_indexed += c->meta[b].indexed;
     for (uint32_t i = 0; i < c->n_buckets && !bad; i++)
         for (int32_t b = c->buckets[i]; b >= 0; b = c->meta[b].hnext) {
-            if (!c->meta[b].indexed || (c->meta[b].hash & (c->n_buckets - 1)) != i || ++n_in_buckets > nb) {
+            if (!c->meta[b].indexed || (key_bucket(&c->meta[b].key) & (c->n_buckets - 1)) != i || ++n_in_buckets > nb) {
                 snprintf(msg, sizeof msg, "index bucket %u holds block %d wrongly", i, b);
                 bad = msg;
                 break;

@@ -1,6 +1,7 @@
 /* kv/paged: the paged KV cache: one pool of fixed-size blocks shared by all
  * sequences, a block table per sequence (shared by all layers), reference
- * counts with copy-on-write, a prefix index (chained hashes of full blocks)
+ * counts with copy-on-write, a prefix index (chained keys of full blocks,
+ * kv/blockfmt.h: the same keys the tiers use)
  * with an LRU of cached blocks that finished sequences left behind, and the
  * byte layout of keys and values of any element type (ops/kvtype.h). */
 #ifndef KVLM_KV_PAGED_H
@@ -8,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kv/blockfmt.h"
 #include "kvlm.h"
 
 typedef struct kv_cache kv_cache;
@@ -34,15 +36,18 @@ typedef struct {
     int n_blocks;         /* blocks in the pool */
     int max_seqs;         /* sequence ids are 0..max_seqs-1 */
     int max_seq_tokens;   /* the context: most tokens one sequence may hold */
-    uint64_t salt;        /* identifies the model in prefix hashes (the types are mixed in) */
+    uint64_t salt;        /* tests: names the model in block keys when `model` is all zero */
     bool prefix_cache;    /* index full blocks for reuse by later sequences */
     int k_type, v_type;   /* element types (KVLM_CACHE_*; 0 = f32) */
     const kv_storage *storage; /* NULL: host memory */
+    kv_key model;         /* the model's fingerprint (kv/blockfmt.h), part of every block key */
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);
 void kv_free(kv_cache *c);
 const kv_params *kv_get_params(const kv_cache *c);
+/* What this pool's block keys and stored blocks depend on. */
+const kv_blockfmt *kv_get_blockfmt(const kv_cache *c);
 
 /* A block holds, for each (layer, KV head) in turn, [K region][V region],
  * each op_kv_region_bytes(type, head_dim, block_size) bytes: for per-token
