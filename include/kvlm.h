@@ -156,6 +156,15 @@ typedef struct kvlm_ctx_params {
     int h2o_recent;     /* h2o: most recent tokens kept; 0: the budget less the heavy hitters */
     float h2o_heavy;    /* h2o: share of the kept tokens chosen by accumulated attention
                            (when h2o_recent is 0); 0: 0.5 */
+    /* KV tiers below the pool (docs/kv-tiers.md). Cached blocks about to be
+     * dropped from the pool go to host memory and disk; full blocks go to
+     * Redis as they are committed (other processes use them); a prefix that
+     * misses in the pool is looked up there, in that order, checked, and
+     * brought back. kvlm_ctx_free first writes to disk what it lacks. */
+    uint64_t kv_host_size; /* bytes of the host-memory tier (like llama.cpp's --cache-ram); 0: none */
+    const char *kv_disk;   /* directory of the disk tier; NULL: none */
+    uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
+    const char *kv_redis;  /* "redis://HOST:PORT[/DB]"; NULL: none */
 } kvlm_ctx_params;
 
 /* Eviction policies. Evicting keeps tokens in order and compacts them: a
@@ -267,6 +276,7 @@ void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared
 typedef struct kvlm_prefix_probe {
     int cached_tokens;     /* leading tokens the cache holds (a multiple of the block size) */
     int ram_tokens;        /* of which in the pool's RAM blocks */
+    int tier_tokens[4];    /* then in each tier, in kvlm_kv_tier_stats_get's order */
     int blocks_needed;     /* blocks to allocate for n_hold tokens after those */
     int blocks_available;  /* blocks reservations could take then (free + cached, less the matched ones) */
 } kvlm_prefix_probe;
@@ -286,6 +296,32 @@ typedef struct kvlm_kv_stats {
     size_t stage_bytes;      /* q4_kc keys: f16 staging of each sequence's filling block, all sequences */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
+
+/* One KV tier (host, disk, redis) as this process sees it. */
+#define KVLM_MAX_KV_TIERS 4
+typedef struct kvlm_kv_tier_stats {
+    char name[16];
+    uint64_t blocks, bytes;         /* held now */
+    uint64_t hits, misses;          /* blocks asked for on prefix misses in the pool */
+    uint64_t writes, write_bytes;   /* blocks written */
+    uint64_t dropped_writes;        /* writes dropped: queue full, tier down or full */
+    uint64_t corrupt;               /* blocks that failed their checks on reading (recomputed) */
+    uint64_t errors;                /* I/O or connection errors */
+    uint64_t evicted;               /* blocks the tier removed to stay within its size */
+    uint64_t reads;                 /* batched reads */
+    double read_seconds;            /* their summed latency */
+    uint64_t promoted, demoted;     /* blocks this context brought back / sent down */
+    uint64_t written_through, persisted; /* committed blocks written through; written at a clean stop */
+    bool up;
+} kvlm_kv_tier_stats;
+/* The context's tiers in lookup order; returns how many (at most cap written).
+ * Safe from any thread for the tiers' own figures; promoted, demoted,
+ * written_through and persisted are the engine thread's (kvlm_sched_stats
+ * carries a consistent snapshot). */
+int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap);
+/* Writes every cached block that the disk tier lacks there and waits for the
+ * tiers' queues (kvlm_ctx_free does it too). */
+void kvlm_ctx_kv_persist(kvlm_ctx *ctx);
 
 /* ---- perplexity ---------------------------------------------------------------- */
 /* As llama.cpp's perplexity tool computes it, so figures compare: the tokens
@@ -439,6 +475,8 @@ typedef struct kvlm_sched_stats {
     uint64_t prompt_tokens, cached_tokens, generated_tokens;
     double tokens_per_second; /* generated, over the last seconds */
     kvlm_kv_stats kv;         /* as of the end of the last step */
+    kvlm_kv_tier_stats tiers[KVLM_MAX_KV_TIERS];
+    int n_tiers;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 

@@ -4,10 +4,12 @@
  * and values written into each sequence's blocks, logits on request. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kv/evict.h"
 #include "kv/store.h"
+#include "kv/tier_host.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "ops/kvtype.h"
@@ -136,8 +138,25 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
     kv_store_params sp = {.pool = kp};
+    /* tiers in lookup order: nearest first */
+    if (ctx->p.kv_host_size) {
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE;
+    }
+    if (ctx->p.kv_disk && *ctx->p.kv_disk) {
+        uint64_t cap = ctx->p.kv_disk_size ? ctx->p.kv_disk_size : (uint64_t)20 << 30;
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_disk_open(ctx->p.kv_disk, cap, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
+    }
+    if (ctx->p.kv_redis && *ctx->p.kv_redis) {
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_THROUGH;
+    }
     ctx->kv = kv_store_create(&sp, err);
     return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+tier_fail:
+    for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+    return err ? err->code : KVLM_EINVAL;
 }
 
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
@@ -315,12 +334,46 @@ void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_loo
     memset(out, 0, sizeof *out);
     out->cached_tokens = pr.cached_tokens;
     out->ram_tokens = pr.ram_tokens;
+    for (int t = 0; t < 4 && t < KV_STORE_MAX_TIERS; t++) out->tier_tokens[t] = pr.tier_tokens[t];
     out->blocks_needed = pr.blocks_needed;
     out->blocks_available = pr.blocks_available;
 }
 
 int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold) {
     return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_blocks_needed(ctx->kv, seq, n_hold) : 0;
+}
+
+int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap) {
+    kv_store_tier_stats ts[KV_STORE_MAX_TIERS];
+    int n = kv_store_tier_stats_get(ctx->kv, ts, KV_STORE_MAX_TIERS);
+    for (int t = 0; t < n && t < cap; t++) {
+        kvlm_kv_tier_stats *o = &out[t];
+        const kv_tier_stats *st = &ts[t].st;
+        memset(o, 0, sizeof *o);
+        snprintf(o->name, sizeof o->name, "%s", ts[t].name);
+        o->blocks = st->blocks;
+        o->bytes = st->bytes;
+        o->hits = st->hits;
+        o->misses = st->misses;
+        o->writes = st->writes;
+        o->write_bytes = st->write_bytes;
+        o->dropped_writes = st->dropped_writes;
+        o->corrupt = st->corrupt;
+        o->errors = st->errors;
+        o->evicted = st->evicted;
+        o->reads = st->reads;
+        o->read_seconds = st->read_seconds;
+        o->up = st->up;
+        o->promoted = ts[t].promoted;
+        o->demoted = ts[t].demoted;
+        o->written_through = ts[t].written_through;
+        o->persisted = ts[t].persisted;
+    }
+    return n;
+}
+
+void kvlm_ctx_kv_persist(kvlm_ctx *ctx) {
+    if (ctx && ctx->kv) kv_store_persist(ctx->kv);
 }
 
 /* layers x KV heads x (K + V bytes of a block) / block size: the types' real

@@ -459,6 +459,7 @@ static void publish(kvlm_sched *s) {
     s->snap.generated_tokens = s->generated;
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
+    s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -45,6 +45,7 @@ struct kv_cache {
     uint32_t n_buckets;
     kv_seq *seqs;
     uint64_t hits, misses, evictions;
+    kv_hooks hooks;
 };
 
 static void *host_alloc(void *user, size_t bytes) { (void)user; return util_big_alloc(bytes, true); }
@@ -226,6 +227,7 @@ static int32_t block_alloc(kv_cache *c) {
     if (c->n_free > 0) b = c->free_stack[--c->n_free];
     else if (c->lru_head >= 0) { /* reuse the least recently used cached block */
         b = c->lru_head;
+        if (c->hooks.demote) c->hooks.demote(c->hooks.user, c, b);
         lru_remove(c, b);
         index_remove(c, b);
         c->evictions++;
@@ -322,7 +324,10 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
         kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
         /* Index it unless an identical block already is (e.g. two requests
          * computed the same prefix at once): then this copy stays private. */
-        if (!c->meta[b].indexed && index_find(c, &s->keys[i], parent, bt) < 0) index_insert(c, b, &s->keys[i], parent, bt);
+        if (!c->meta[b].indexed && index_find(c, &s->keys[i], parent, bt) < 0) {
+            index_insert(c, b, &s->keys[i], parent, bt);
+            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
+        }
     }
 }
 
@@ -377,10 +382,42 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     c->misses += (uint64_t)(eligible - i);
     memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
     s->len = i * bs;
+    if (i < eligible && c->hooks.miss) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
     return s->len;
 }
 
-int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced) {
+void kv_set_hooks(kv_cache *c, const kv_hooks *h) {
+    if (h) c->hooks = *h;
+    else memset(&c->hooks, 0, sizeof c->hooks);
+}
+const kv_key *kv_block_key_of(const kv_cache *c, int32_t b) { return &c->meta[b].key; }
+const int32_t *kv_block_tokens(const kv_cache *c, int32_t b) { return c->block_tokens + (size_t)b * c->p.block_size; }
+bool kv_block_indexed(const kv_cache *c, int32_t b) { return c->meta[b].indexed; }
+const kv_key *kv_seq_key(const kv_cache *c, int seq, int i) { return &c->seqs[seq].keys[i]; }
+
+void kv_block_read(const kv_cache *c, int32_t b, void *host_dst) {
+    c->p.storage->read(c->p.storage->user, host_dst, c->data + (size_t)b * c->block_bytes, c->block_bytes);
+}
+void kv_block_write(kv_cache *c, int32_t b, const void *host_src) {
+    c->p.storage->write(c->p.storage->user, c->data + (size_t)b * c->block_bytes, host_src, c->block_bytes);
+}
+
+int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, i = s->n_blocks;
+    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted) return -1;
+    if (available(c) < 1 || seq_grow(c, s, (i + 1) * bs)) return -1;
+    const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+    int32_t b = block_alloc(c);
+    s->blocks[s->n_blocks++] = b;
+    s->keys[i] = *key;
+    memcpy(s->tokens + (size_t)i * bs, tokens, (size_t)bs * sizeof(int32_t));
+    s->len += bs;
+    if (index_find(c, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
+    return b;
+}
+
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced, kv_key *last) {
     int bs = c->p.block_size, i = 0, unref = 0;
     int eligible = (n - 1) / bs;
     if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
@@ -394,6 +431,7 @@ int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unrefe
         parent = key;
     }
     if (unreferenced) *unreferenced = unref;
+    if (last) *last = parent;
     return i;
 }
 

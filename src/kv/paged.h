@@ -102,8 +102,8 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n);
 /* What kv_seq_match_prefix would attach, without attaching or counting:
  * the matching full blocks, and (unreferenced) how many of them sit on the
- * LRU (attaching takes them off it). */
-int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced);
+ * LRU (attaching takes them off it); last (may be NULL): the last one's key. */
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced, kv_key *last);
 /* Free blocks plus cached ones: what reservations may still take. */
 int kv_available_blocks(const kv_cache *c);
 
@@ -124,9 +124,38 @@ typedef void (*kv_rekey_fn)(void *user, float *keys, int n_rows, int shift);
 int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                    kvlm_error *err);
 
+/* ---- hooks for the tiers (kv/store sets them) ---- */
+typedef struct {
+    /* A cached (unreferenced, indexed) block is about to be reused for other
+     * data: its bytes, key and tokens are still intact for this call. */
+    void (*demote)(void *user, kv_cache *c, int32_t block);
+    /* kv_seq_commit indexed a full block (its bytes are final). */
+    void (*indexed)(void *user, kv_cache *c, int32_t block);
+    /* kv_seq_match_prefix found only the first `have` of `want` eligible
+     * blocks in the index: the hook may attach more (kv_seq_attach_block). */
+    void (*miss)(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
+    void *user;
+} kv_hooks;
+void kv_set_hooks(kv_cache *c, const kv_hooks *h);
+/* An indexed block's key and tokens (block_size of them). */
+const kv_key *kv_block_key_of(const kv_cache *c, int32_t block);
+const int32_t *kv_block_tokens(const kv_cache *c, int32_t block);
+bool kv_block_indexed(const kv_cache *c, int32_t block);
+/* The key of a sequence's full block i (computed when it was committed or matched). */
+const kv_key *kv_seq_key(const kv_cache *c, int seq, int i);
+/* Whole block bytes through the storage table (kv_block_bytes of them). */
+void kv_block_read(const kv_cache *c, int32_t block, void *host_dst);
+void kv_block_write(kv_cache *c, int32_t block, const void *host_src);
+/* For a sequence that holds only full blocks (len = blocks x block_size):
+ * appends a fresh block for these block_size tokens under key (which must
+ * chain on the sequence's last key), indexes it and counts its tokens as
+ * committed. The caller writes its bytes (kv_block_write) before anything
+ * reads them. Returns the block, or -1 when the pool has no block to give. */
+int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key);
+
 typedef struct {
     int n_blocks, used, cached, free;   /* used: referenced; cached: unreferenced but indexed */
-    uint64_t hits, misses, evictions;   /* prefix lookups (per block) and index evictions */
+    uint64_t hits, misses, evictions;   /* prefix lookups in RAM (per block) and index evictions */
     int shared;                         /* blocks referenced by more than one sequence */
 } kv_stats;
 void kv_get_stats(const kv_cache *c, kv_stats *s);

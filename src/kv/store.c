@@ -1,25 +1,58 @@
 /* kv/store: the facade over the block pool (kv/paged): the engine's write
  * path and attention view, the scheduler's admission probe, sequence
- * operations, and which block of each sequence keeps q4_kc keys in staging. */
+ * operations, which block of each sequence keeps q4_kc keys in staging, and
+ * the tiers: demotion of dropped cached blocks, write-through of committed
+ * ones, promotion on a prefix miss, persistence at a clean stop. */
 #include "kv/store.h"
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
+#include "util/log.h"
+
+/* blocks asked of the tiers per round of a promotion */
+#define PROMOTE_BATCH 32
 
 struct kv_store {
     kv_cache *c;
     kv_params p;           /* the pool's, as it settled them */
     size_t k_row, v_row;   /* bytes of one token's row of one head (per-token types) */
     int *stage_block;      /* per sequence: q4_kc keys' block still filling, -1: none */
+    /* tiers */
+    kv_tier *tiers[KV_STORE_MAX_TIERS];
+    int roles[KV_STORE_MAX_TIERS], n_tiers;
+    kv_blockfmt fmt;
+    size_t blob_bytes;     /* a serialized block */
+    uint8_t *ser;          /* one serialized block (demote, write-through, persist) */
+    uint8_t *in_tier;      /* per block: bit t set when tier t is known to hold its current contents */
+    uint8_t *pbuf;         /* promotion: PROMOTE_BATCH serialized blocks */
+    void *bufs[PROMOTE_BATCH];
+    size_t lens[PROMOTE_BATCH];
+    kv_key keys[PROMOTE_BATCH];
+    uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
+        persisted[KV_STORE_MAX_TIERS];
+    bool logged_corrupt[KV_STORE_MAX_TIERS];
 };
+
+static void on_demote(void *user, kv_cache *c, int32_t b);
+static void on_indexed(void *user, kv_cache *c, int32_t b);
+static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
 
 kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
     kv_store *s = calloc(1, sizeof *s);
-    if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    if (!s) {
+        for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
+        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int t = 0; t < p->n_tiers && t < KV_STORE_MAX_TIERS; t++)
+        if (p->tiers[t]) {
+            s->tiers[s->n_tiers] = p->tiers[t];
+            s->roles[s->n_tiers++] = p->roles[t];
+        }
     s->c = kv_create(&p->pool, err);
-    if (!s->c) { free(s); return NULL; }
+    if (!s->c) { kv_store_free(s); return NULL; }
     s->p = *kv_get_params(s->c);
     s->k_row = op_kv_row_bytes(s->p.k_type, s->p.head_dim);
     s->v_row = op_kv_row_bytes(s->p.v_type, s->p.head_dim);
@@ -30,14 +63,161 @@ kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
         return NULL;
     }
     for (int i = 0; i < s->p.max_seqs; i++) s->stage_block[i] = -1;
+    if (s->n_tiers) {
+        s->fmt = *kv_get_blockfmt(s->c);
+        s->blob_bytes = kv_blockfmt_bytes(&s->fmt);
+        s->ser = malloc(s->blob_bytes);
+        s->in_tier = calloc((size_t)s->p.n_blocks, 1);
+        s->pbuf = malloc(PROMOTE_BATCH * s->blob_bytes);
+        if (!s->ser || !s->in_tier || !s->pbuf) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory for the KV tiers' buffers");
+            kv_store_free(s);
+            return NULL;
+        }
+        for (int i = 0; i < PROMOTE_BATCH; i++) s->bufs[i] = s->pbuf + (size_t)i * s->blob_bytes;
+        kv_hooks h = {on_demote, on_indexed, on_miss, s};
+        kv_set_hooks(s->c, &h);
+    }
     return s;
 }
 
 void kv_store_free(kv_store *s) {
     if (!s) return;
+    if (s->c) kv_store_persist(s);
+    for (int t = 0; t < s->n_tiers; t++) kv_tier_close(s->tiers[t]);
     kv_free(s->c);
     free(s->stage_block);
+    free(s->ser);
+    free(s->in_tier);
+    free(s->pbuf);
     free(s);
+}
+
+/* ---- tiers ---- */
+
+static void serialize(kv_store *s, int32_t b, uint8_t *out) {
+    kv_blockfmt_begin(&s->fmt, kv_block_key_of(s->c, b), kv_block_tokens(s->c, b), out);
+    kv_block_read(s->c, b, out + kv_blockfmt_payload_offset(&s->fmt));
+    kv_blockfmt_seal(&s->fmt, out);
+}
+
+/* Puts block b to every tier with one of these roles that lacks it. */
+static void put_block(kv_store *s, int32_t b, int role, uint64_t *count) {
+    bool done = false;
+    for (int t = 0; t < s->n_tiers; t++) {
+        if (!(s->roles[t] & role) || (s->in_tier[b] & (1u << t))) continue;
+        if (!done) serialize(s, b, s->ser);
+        done = true;
+        if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, s->blob_bytes)) {
+            s->in_tier[b] |= (uint8_t)(1u << t);
+            count[t]++;
+        }
+    }
+}
+
+static void on_demote(void *user, kv_cache *c, int32_t b) {
+    (void)c;
+    kv_store *s = user;
+    put_block(s, b, KV_TIER_DEMOTE, s->demoted);
+    s->in_tier[b] = 0; /* the block is about to hold something else */
+}
+
+static void on_indexed(void *user, kv_cache *c, int32_t b) {
+    (void)c;
+    kv_store *s = user;
+    s->in_tier[b] = 0;
+    put_block(s, b, KV_TIER_THROUGH, s->through);
+}
+
+static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why) {
+    kv_tier_note_corrupt(s->tiers[t]);
+    kv_tier_drop(s->tiers[t], key);
+    if (!s->logged_corrupt[t]) {
+        char hex[KV_KEY_HEX];
+        kv_key_hex(key, hex);
+        LOG_WARN("kv tier %s: block %s is damaged (%s); dropped and recomputed (further ones are only counted)",
+                 s->tiers[t]->ops->name, hex, why);
+        s->logged_corrupt[t] = true;
+    }
+}
+
+/* The keys of blocks [i, i + n) of tokens after parent (NULL: i is the first). */
+static void chain_keys(const kv_store *s, const kv_key *parent, const int32_t *tokens, int i, int n, kv_key *out) {
+    int bs = s->p.block_size;
+    for (int j = 0; j < n; j++)
+        kv_block_key(&s->fmt, j ? &out[j - 1] : parent, tokens + (size_t)(i + j) * bs, &out[j]);
+}
+
+static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want) {
+    kv_store *s = user;
+    int bs = s->p.block_size, i = have;
+    kv_key parent;
+    if (i > 0) parent = *kv_seq_key(c, seq, i - 1);
+    while (i < want) {
+        int n = want - i < PROMOTE_BATCH ? want - i : PROMOTE_BATCH, got = 0;
+        chain_keys(s, i ? &parent : NULL, tokens, i, n, s->keys);
+        for (int t = 0; t < s->n_tiers && got < n; t++) {
+            int k = kv_tier_get(s->tiers[t], n - got, s->keys + got, s->bufs + got, s->blob_bytes, s->lens + got);
+            for (int j = got; j < got + k; j++) {
+                const char *why = NULL;
+                const uint8_t *payload =
+                    s->lens[j] ? kv_blockfmt_check(&s->fmt, &s->keys[j], tokens + (size_t)(i + j) * bs, s->bufs[j],
+                                                   s->lens[j], &why)
+                               : NULL;
+                if (!payload) { /* damaged: recompute it (a colder tier may still have it) */
+                    if (why) note_corrupt(s, t, &s->keys[j], why);
+                    k = j - got;
+                    break;
+                }
+                int32_t b = kv_seq_attach_block(c, seq, tokens + (size_t)(i + j) * bs, &s->keys[j]);
+                if (b < 0) return; /* the pool has no room: the rest is computed */
+                kv_block_write(c, b, payload);
+                s->in_tier[b] = (uint8_t)(1u << t);
+                s->promoted[t]++;
+            }
+            got += k;
+        }
+        if (got == 0) return;
+        parent = s->keys[got - 1];
+        i += got;
+        if (got < n) return;
+    }
+}
+
+int kv_store_tier_stats_get(const kv_store *s, kv_store_tier_stats *out, int cap) {
+    for (int t = 0; t < s->n_tiers && t < cap; t++) {
+        memset(&out[t], 0, sizeof out[t]);
+        out[t].name = s->tiers[t]->ops->name;
+        kv_tier_stats_get(s->tiers[t], &out[t].st);
+        out[t].promoted = s->promoted[t];
+        out[t].demoted = s->demoted[t];
+        out[t].written_through = s->through[t];
+        out[t].persisted = s->persisted[t];
+    }
+    return s->n_tiers;
+}
+
+void kv_store_persist(kv_store *s) {
+    if (!s->n_tiers) return;
+    for (int32_t b = 0; b < s->p.n_blocks; b++) {
+        if (!kv_block_indexed(s->c, b)) continue;
+        for (int t = 0; t < s->n_tiers; t++) {
+            if (!(s->roles[t] & KV_TIER_DURABLE) || (s->in_tier[b] & (1u << t))) continue;
+            serialize(s, b, s->ser);
+            const kv_key *key = kv_block_key_of(s->c, b);
+            /* a full queue: wait for it once rather than lose the block */
+            bool ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+            if (!ok) {
+                kv_tier_flush(s->tiers[t]);
+                ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+            }
+            if (ok) {
+                s->in_tier[b] |= (uint8_t)(1u << t);
+                s->persisted[t]++;
+            }
+        }
+    }
+    for (int t = 0; t < s->n_tiers; t++) kv_tier_flush(s->tiers[t]);
 }
 
 const kv_params *kv_store_params_of(const kv_store *s) { return &s->p; }
@@ -113,9 +293,27 @@ static int blocks_for(const kv_store *s, int n) { return (n + s->p.block_size - 
 
 void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_lookup, int n_hold, kv_store_probe *out) {
     memset(out, 0, sizeof *out);
-    int unref = 0, matched = n_lookup > 0 ? kv_prefix_probe(s->c, tokens, n_lookup, &unref) : 0;
-    out->ram_tokens = matched * s->p.block_size;
+    int bs = s->p.block_size;
+    kv_key last;
+    int unref = 0, matched = n_lookup > 0 ? kv_prefix_probe(s->c, tokens, n_lookup, &unref, &last) : 0;
+    out->ram_tokens = matched * bs;
     out->cached_tokens = out->ram_tokens;
+    int eligible = n_lookup > 0 ? (n_lookup - 1) / bs : 0;
+    if (eligible * bs > s->p.max_seq_tokens) eligible = s->p.max_seq_tokens / bs;
+    if (s->n_tiers && s->p.prefix_cache && matched < eligible) {
+        int n = eligible - matched, at = 0;
+        kv_key *keys = malloc((size_t)n * sizeof *keys);
+        if (keys) {
+            chain_keys(s, matched ? &last : NULL, tokens, matched, n, keys);
+            for (int t = 0; t < s->n_tiers && at < n; t++) {
+                int k = kv_tier_contains(s->tiers[t], n - at, keys + at);
+                out->tier_tokens[t] = k * bs;
+                out->cached_tokens += k * bs;
+                at += k;
+            }
+            free(keys);
+        }
+    }
     out->blocks_needed = blocks_for(s, n_hold) - matched;
     if (out->blocks_needed < 0) out->blocks_needed = 0;
     out->blocks_available = kv_available_blocks(s->c) - unref;
