@@ -1,0 +1,806 @@
+/* kv/tier_disk: the local-disk tier: one file per block under a folder,
+ * written by a writer thread from a bounded queue, capped in size by an LRU.
+ *
+ * Layout of DIR (kv_tier_disk_open creates what is missing):
+ *   DIR/FORMAT                  "kvlm disk tier 1" and a line on the layout;
+ *                               open refuses a folder with another version
+ *   DIR/<hh>/<32 hex>.kvb       one block: exactly the bytes given to put; hh
+ *                               is the key's first two hex digits (256
+ *                               subfolders keep each folder small)
+ *   DIR/tmp/<pid>.<seq>.tmp     a block being written by process pid
+ *
+ * Crash safety: a block is written whole under DIR/tmp, then rename(2)d to
+ * its final name, so a final name only ever shows a complete file (rename is
+ * atomic, and tmp/ is on the same filesystem). There is no fsync: once
+ * write(2) returns, the bytes are in the kernel's page cache and survive the
+ * process being killed (kill -9, a crash), which is the failure this tier
+ * must survive. Only a power loss or kernel crash can leave a final name with
+ * short, empty or stale contents; the reader's checksum (kv/blockfmt) catches
+ * that and it costs a recompute, whereas an fsync per block would cost a
+ * disk flush per put for a cache that can always be rebuilt. Empty final
+ * files (the usual shape of that damage) are misses and are removed.
+ * At open, temporary files of processes that are gone (or older than a
+ * minute: a pid may be reused or live in another pid namespace) are removed;
+ * younger ones of live processes are left alone.
+ *
+ * Index: a hash map key -> bytes with an LRU list, of the blocks this process
+ * knows: those found at open (LRU order = file mtime; gets bump the mtime so
+ * the order survives restarts, to the filesystem's timestamp granularity),
+ * those it wrote, and those it read that another process wrote. After each
+ * write the writer unlinks least recently used files until the total is
+ * under max_bytes (0: no cap).
+ *
+ * Sharing: several processes may use one DIR at once (on one machine's local
+ * filesystem). Writes are atomic renames; reads open by name and treat a file
+ * that vanished as a miss (and forget it). Each process enforces its cap on
+ * what it knows, so N processes with cap C can hold up to about N*C between
+ * them, and a block another process wrote and this one never saw does not
+ * count here until the next open. Evicting may remove a block another
+ * process still lists; its next get misses and forgets it.
+ *
+ * Accounting: every put ends as exactly one of writes or dropped_writes
+ * (queue full, over the cap, or an I/O error, which also counts in errors).
+ * I/O errors are logged once per errno and never stop the tier. Local I/O
+ * has no timeout: get and contains take as long as the disk does. */
+#include "kv/tier_disk.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "util/error.h"
+#include "util/log.h"
+#include "util/timing.h"
+
+/* The put queue's bounds: the bytes bound is what bites for real blocks
+ * (TinyLlama-1.1B's 16-token f16 block is 704 KiB, so 256 MiB is ~370 of
+ * them, a fraction of a second of disk writes); the count bounds the queue
+ * for small blocks. Past either, put drops instead of waiting. */
+#define DISK_QUEUE_BLOCKS 1024
+#define DISK_QUEUE_BYTES ((size_t)256 << 20)
+/* A temporary file this old is stale even if its pid is alive. */
+#define DISK_STALE_TMP_S 60
+#define DISK_FORMAT "kvlm disk tier 1\nlayout: <hh>/<32 hex digits of the key>.kvb, one block per file; tmp/: files being written\n"
+
+typedef struct disk_ent {
+    kv_key key;
+    uint64_t bytes;
+    struct disk_ent *hnext;       /* hash chain */
+    struct disk_ent *prev, *next; /* LRU list: lru.next is the least recently used */
+} disk_ent;
+
+typedef struct disk_item {
+    struct disk_item *next;
+    kv_key key;
+    size_t len;
+    unsigned char data[];
+} disk_item;
+
+typedef struct {
+    kv_tier base;
+    char *dir;
+    uint64_t max_bytes;
+
+    /* put queue and writer, under qmu */
+    pthread_mutex_t qmu;
+    pthread_cond_t work, idle;
+    disk_item *qhead, *qtail;
+    int qn, qmax;
+    size_t qbytes, qmax_bytes;
+    bool busy, stop, paused;
+    pthread_t writer;
+
+    /* index, under imu (also read_seconds) */
+    pthread_mutex_t imu;
+    disk_ent **buckets;
+    size_t nbuckets, nents;
+    uint64_t total;
+    disk_ent lru; /* sentinel of the LRU list */
+    double read_seconds;
+
+    _Atomic uint64_t hits, misses, writes, write_bytes, dropped, errors, reads, evicted;
+    _Atomic bool up;
+    _Atomic uint64_t logged[4]; /* errnos already logged (bit per errno < 256) */
+} disk_tier;
+
+static const kv_tier_ops disk_ops;
+/* numbers temporary names: one counter per process, as two tiers of one
+ * process may share a folder */
+static _Atomic uint64_t tmp_seq;
+
+/* ---- paths --------------------------------------------------------------- */
+
+bool kv_tier_disk_path(const char *dir, const kv_key *key, char *out, size_t cap) {
+    char hex[KV_KEY_HEX];
+    kv_key_hex(key, hex);
+    int n = snprintf(out, cap, "%s/%.2s/%s.kvb", dir, hex, hex);
+    return n > 0 && (size_t)n < cap;
+}
+
+static void sub_path(const disk_tier *t, const kv_key *key, char *out, size_t cap) {
+    char hex[KV_KEY_HEX];
+    kv_key_hex(key, hex);
+    snprintf(out, cap, "%s/%.2s", t->dir, hex);
+}
+
+/* Counts an I/O error, logs the first of each errno, and marks the tier down
+ * when it is one that makes the folder unusable. */
+static void note_error(disk_tier *t, int e, const char *what, const char *path) {
+    atomic_fetch_add(&t->errors, 1);
+    if (e == ENOSPC || e == EACCES || e == EROFS || e == EIO || e == EDQUOT || e == ENOTDIR || e == EPERM)
+        atomic_store(&t->up, false);
+    int b = e >= 0 && e < 256 ? e : 255;
+    uint64_t bit = 1ull << (b & 63);
+    if (atomic_fetch_or(&t->logged[b >> 6], bit) & bit) return;
+    LOG_WARN("disk tier %s: %s %s: %s (further errors like this are only counted)", t->dir, what, path,
+             strerror(e));
+}
+
+/* mkdir -p; 0 or an errno. */
+static int mkdir_p(const char *path) {
+    char buf[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return ENAMETOOLONG;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != 0) continue;
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return errno;
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) return errno;
+    return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+}
+
+/* ---- index (callers hold imu) ------------------------------------------- */
+
+static size_t key_slot(const disk_tier *t, const kv_key *k) {
+    /* keys are already hashes (kv/blockfmt); this only folds them to a slot */
+    uint64_t a, b;
+    memcpy(&a, k->b, 8);
+    memcpy(&b, k->b + 8, 8);
+    return (size_t)(((a ^ b) * 0x9E3779B97F4A7C15ull) >> 32) & (t->nbuckets - 1);
+}
+
+static disk_ent **ix_find(disk_tier *t, const kv_key *k) {
+    disk_ent **pp = &t->buckets[key_slot(t, k)];
+    while (*pp && memcmp((*pp)->key.b, k->b, 16) != 0) pp = &(*pp)->hnext;
+    return pp;
+}
+
+static void lru_unlink(disk_ent *e) {
+    e->prev->next = e->next;
+    e->next->prev = e->prev;
+}
+
+static void lru_push_recent(disk_tier *t, disk_ent *e) {
+    e->prev = t->lru.prev;
+    e->next = &t->lru;
+    t->lru.prev->next = e;
+    t->lru.prev = e;
+}
+
+static bool ix_grow(disk_tier *t, size_t want) {
+    size_t nb = t->nbuckets ? t->nbuckets : 1024;
+    while (nb < want) nb *= 2;
+    if (nb == t->nbuckets) return true;
+    disk_ent **nbk = calloc(nb, sizeof *nbk);
+    if (!nbk) return false;
+    disk_ent **old = t->buckets;
+    size_t on = t->nbuckets;
+    t->buckets = nbk;
+    t->nbuckets = nb;
+    for (size_t i = 0; i < on; i++)
+        for (disk_ent *e = old[i], *nx; e; e = nx) {
+            nx = e->hnext;
+            size_t s = key_slot(t, &e->key);
+            e->hnext = nbk[s];
+            nbk[s] = e;
+        }
+    free(old);
+    return true;
+}
+
+/* Adds or updates key as the most recently used; false only without memory
+ * (the block is then simply not capped by this process). */
+static bool ix_put(disk_tier *t, const kv_key *k, uint64_t bytes) {
+    disk_ent **pp = ix_find(t, k);
+    if (*pp) {
+        disk_ent *e = *pp;
+        t->total += bytes - e->bytes;
+        e->bytes = bytes;
+        lru_unlink(e);
+        lru_push_recent(t, e);
+        return true;
+    }
+    if (t->nents + 1 > t->nbuckets) {
+        if (!ix_grow(t, 2 * (t->nents + 1))) return false;
+        pp = ix_find(t, k);
+    }
+    disk_ent *e = malloc(sizeof *e);
+    if (!e) return false;
+    e->key = *k;
+    e->bytes = bytes;
+    e->hnext = NULL;
+    *pp = e;
+    lru_push_recent(t, e);
+    t->nents++;
+    t->total += bytes;
+    return true;
+}
+
+static void ix_remove(disk_tier *t, const kv_key *k) {
+    disk_ent **pp = ix_find(t, k);
+    disk_ent *e = *pp;
+    if (!e) return;
+    *pp = e->hnext;
+    lru_unlink(e);
+    t->nents--;
+    t->total -= e->bytes;
+    free(e);
+}
+
+/* Unlinks least recently used files until the total fits the cap, sparing
+ * keep (the block just written). */
+static void ix_enforce_cap(disk_tier *t, const kv_key *keep) {
+    char path[PATH_MAX];
+    while (t->max_bytes && t->total > t->max_bytes && t->lru.next != &t->lru) {
+        disk_ent *e = t->lru.next;
+        if (keep && !memcmp(e->key.b, keep->b, 16)) break;
+        kv_tier_disk_path(t->dir, &e->key, path, sizeof path);
+        if (unlink(path) != 0 && errno != ENOENT) note_error(t, errno, "evicting", path);
+        atomic_fetch_add(&t->evicted, 1);
+        kv_key k = e->key;
+        ix_remove(t, &k);
+    }
+}
+
+/* ---- writer -------------------------------------------------------------- */
+
+static int write_all(int fd, const unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0) return EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes one block to a temporary file and renames it into place; 0 or an
+ * errno (already noted). */
+static int write_block(disk_tier *t, const disk_item *it) {
+    char tmp[PATH_MAX], path[PATH_MAX], sub[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/tmp/%ld.%llu.tmp", t->dir, (long)getpid(), (unsigned long long)atomic_fetch_add(&tmp_seq, 1));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) { /* someone removed the folder: make it again */
+        snprintf(sub, sizeof sub, "%s/tmp", t->dir);
+        if (mkdir_p(sub) == 0) fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) {
+        int e = errno;
+        note_error(t, e, "creating", tmp);
+        return e;
+    }
+    int e = write_all(fd, it->data, it->len);
+    if (close(fd) != 0 && !e) e = errno;
+    if (e) {
+        note_error(t, e, "writing", tmp);
+        unlink(tmp);
+        return e;
+    }
+    kv_tier_disk_path(t->dir, &it->key, path, sizeof path);
+    /* rename and index change together, so a concurrent drop or get of this
+     * key sees the file and the index agree */
+    pthread_mutex_lock(&t->imu);
+    int r = rename(tmp, path);
+    if (r != 0 && errno == ENOENT) {
+        sub_path(t, &it->key, sub, sizeof sub);
+        if (mkdir(sub, 0755) == 0 || errno == EEXIST) r = rename(tmp, path);
+    }
+    if (r != 0) {
+        e = errno;
+        pthread_mutex_unlock(&t->imu);
+        note_error(t, e, "renaming into", path);
+        unlink(tmp);
+        return e;
+    }
+    ix_put(t, &it->key, it->len);
+    ix_enforce_cap(t, &it->key);
+    pthread_mutex_unlock(&t->imu);
+    return 0;
+}
+
+static void *writer_main(void *arg) {
+    disk_tier *t = arg;
+    pthread_mutex_lock(&t->qmu);
+    for (;;) {
+        while (!t->stop && (t->paused || !t->qhead)) pthread_cond_wait(&t->work, &t->qmu);
+        if (t->stop) break;
+        disk_item *it = t->qhead;
+        t->qhead = it->next;
+        if (!t->qhead) t->qtail = NULL;
+        t->qn--;
+        t->qbytes -= it->len;
+        t->busy = true;
+        pthread_mutex_unlock(&t->qmu);
+
+        if (write_block(t, it) == 0) {
+            atomic_fetch_add(&t->writes, 1);
+            atomic_fetch_add(&t->write_bytes, it->len);
+            atomic_store(&t->up, true);
+        } else {
+            atomic_fetch_add(&t->dropped, 1);
+        }
+        free(it);
+
+        pthread_mutex_lock(&t->qmu);
+        t->busy = false;
+        if (!t->qhead) pthread_cond_broadcast(&t->idle);
+    }
+    pthread_mutex_unlock(&t->qmu);
+    return NULL;
+}
+
+/* ---- the ops ------------------------------------------------------------- */
+
+static bool disk_put(kv_tier *tt, const kv_key *key, const void *data, size_t len) {
+    disk_tier *t = (disk_tier *)tt;
+    if (!key || !data || len == 0 || (t->max_bytes && len > t->max_bytes)) {
+        atomic_fetch_add(&t->dropped, 1);
+        return false;
+    }
+    /* a cheap look first, so a full queue costs no copy */
+    pthread_mutex_lock(&t->qmu);
+    bool full = t->qn >= t->qmax || t->qbytes + len > t->qmax_bytes;
+    pthread_mutex_unlock(&t->qmu);
+    disk_item *it = full ? NULL : malloc(sizeof *it + len);
+    if (!it) {
+        atomic_fetch_add(&t->dropped, 1);
+        return false;
+    }
+    it->next = NULL;
+    it->key = *key;
+    it->len = len;
+    memcpy(it->data, data, len); /* outside the lock: a big copy stalls no other caller */
+    pthread_mutex_lock(&t->qmu);
+    if (t->qn >= t->qmax || t->qbytes + len > t->qmax_bytes) {
+        pthread_mutex_unlock(&t->qmu);
+        free(it);
+        atomic_fetch_add(&t->dropped, 1);
+        return false;
+    }
+    if (t->qtail) t->qtail->next = it;
+    else t->qhead = it;
+    t->qtail = it;
+    t->qn++;
+    t->qbytes += len;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->qmu);
+    return true;
+}
+
+enum { R_HIT, R_ABSENT, R_TOO_BIG, R_ERROR };
+/* get opens this many files at once and asks the kernel to read them ahead
+ * together (WILLNEED), so a cold batch costs about one disk latency, not one
+ * per block */
+#define DISK_GET_WINDOW 32
+
+/* Opens one block's file; R_HIT leaves it open in *fd with its size in *size
+ * and its read-ahead started. */
+static int open_block(disk_tier *t, const char *path, size_t cap, int *fd_out, size_t *size) {
+    *fd_out = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return R_ABSENT;
+        note_error(t, errno, "opening", path);
+        return R_ERROR;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        note_error(t, errno, "reading", path);
+        close(fd);
+        return R_ERROR;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return R_ABSENT;
+    }
+    if (st.st_size == 0) {
+        /* only a power loss makes an empty final file: it is no block */
+        close(fd);
+        unlink(path);
+        return R_ABSENT;
+    }
+    if ((uint64_t)st.st_size > cap) {
+        close(fd);
+        return R_TOO_BIG;
+    }
+    posix_fadvise(fd, 0, st.st_size, POSIX_FADV_WILLNEED);
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return R_HIT;
+}
+
+/* Reads an opened block into buf; on anything but R_HIT the file is closed. */
+static int read_block(disk_tier *t, const char *path, int fd, size_t size, void *buf, size_t *len) {
+    size_t got = 0;
+    *len = 0;
+    while (got < size) {
+        ssize_t r = read(fd, (unsigned char *)buf + got, size - got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            note_error(t, errno, "reading", path);
+            close(fd);
+            return R_ERROR;
+        }
+        if (r == 0) break; /* shorter than its size said: return what is there */
+        got += (size_t)r;
+    }
+    if (got == 0) {
+        close(fd);
+        return R_ABSENT;
+    }
+    /* mtime is the LRU order the next open rebuilds */
+    futimens(fd, (const struct timespec[2]){{0, UTIME_OMIT}, {0, UTIME_NOW}});
+    *len = got;
+    return R_HIT;
+}
+
+static int disk_get(kv_tier *tt, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
+    disk_tier *t = (disk_tier *)tt;
+    double t0 = util_now_s();
+    int lead = 0;
+    bool broken = false;
+    char path[PATH_MAX];
+    for (int i0 = 0; i0 < n; i0 += DISK_GET_WINDOW) {
+        int m = n - i0 < DISK_GET_WINDOW ? n - i0 : DISK_GET_WINDOW;
+        int fds[DISK_GET_WINDOW], res[DISK_GET_WINDOW];
+        size_t sizes[DISK_GET_WINDOW];
+        for (int j = 0; j < m; j++) {
+            kv_tier_disk_path(t->dir, &keys[i0 + j], path, sizeof path);
+            res[j] = open_block(t, path, cap, &fds[j], &sizes[j]);
+        }
+        for (int j = 0; j < m; j++) {
+            int i = i0 + j, fd = fds[j];
+            kv_tier_disk_path(t->dir, &keys[i], path, sizeof path);
+            lens[i] = 0;
+            if (res[j] == R_HIT) res[j] = read_block(t, path, fd, sizes[j], bufs[i], &lens[i]);
+            pthread_mutex_lock(&t->imu);
+            if (res[j] == R_HIT) {
+                struct stat st;
+                disk_ent *e = *ix_find(t, &keys[i]);
+                if (e) { /* most recently used now */
+                    lru_unlink(e);
+                    lru_push_recent(t, e);
+                } else if (fstat(fd, &st) == 0 && st.st_nlink > 0) {
+                    /* a block another process wrote joins the index, unless
+                     * it was unlinked (evicted, dropped) while we read it */
+                    ix_put(t, &keys[i], (uint64_t)st.st_size);
+                }
+            } else if (res[j] == R_ABSENT && *ix_find(t, &keys[i])) {
+                /* deleted by another process; check again under the lock, in
+                 * case our writer renamed it in just after the open */
+                if (access(path, F_OK) != 0) ix_remove(t, &keys[i]);
+            }
+            pthread_mutex_unlock(&t->imu);
+            if (res[j] == R_HIT) {
+                close(fd);
+                atomic_fetch_add(&t->hits, 1);
+                if (!broken) lead++;
+            } else {
+                atomic_fetch_add(&t->misses, 1);
+                broken = true;
+            }
+        }
+    }
+    double dt = util_now_s() - t0;
+    atomic_fetch_add(&t->reads, 1);
+    pthread_mutex_lock(&t->imu);
+    t->read_seconds += dt;
+    pthread_mutex_unlock(&t->imu);
+    return lead;
+}
+
+static int disk_contains(kv_tier *tt, int n, const kv_key *keys) {
+    disk_tier *t = (disk_tier *)tt;
+    char path[PATH_MAX];
+    int i = 0;
+    for (; i < n; i++) {
+        struct stat st;
+        kv_tier_disk_path(t->dir, &keys[i], path, sizeof path);
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) break;
+    }
+    return i;
+}
+
+static void disk_drop(kv_tier *tt, const kv_key *key) {
+    disk_tier *t = (disk_tier *)tt;
+    char path[PATH_MAX];
+    kv_tier_disk_path(t->dir, key, path, sizeof path);
+    pthread_mutex_lock(&t->imu);
+    if (unlink(path) != 0 && errno != ENOENT) note_error(t, errno, "removing", path);
+    ix_remove(t, key);
+    pthread_mutex_unlock(&t->imu);
+}
+
+static void disk_flush(kv_tier *tt) {
+    disk_tier *t = (disk_tier *)tt;
+    pthread_mutex_lock(&t->qmu);
+    if (t->paused) {
+        t->paused = false;
+        pthread_cond_signal(&t->work);
+    }
+    while (t->qhead || t->busy) pthread_cond_wait(&t->idle, &t->qmu);
+    pthread_mutex_unlock(&t->qmu);
+}
+
+static void disk_stats(kv_tier *tt, kv_tier_stats *out) {
+    disk_tier *t = (disk_tier *)tt;
+    pthread_mutex_lock(&t->imu);
+    out->blocks = t->nents;
+    out->bytes = t->total;
+    out->read_seconds = t->read_seconds;
+    pthread_mutex_unlock(&t->imu);
+    out->hits = atomic_load(&t->hits);
+    out->misses = atomic_load(&t->misses);
+    out->writes = atomic_load(&t->writes);
+    out->write_bytes = atomic_load(&t->write_bytes);
+    out->dropped_writes = atomic_load(&t->dropped);
+    out->errors = atomic_load(&t->errors);
+    out->reads = atomic_load(&t->reads);
+    out->evicted = atomic_load(&t->evicted);
+    out->up = atomic_load(&t->up);
+}
+
+static void disk_free(disk_tier *t) {
+    for (disk_ent *e = t->lru.next, *nx; e && e != &t->lru; e = nx) {
+        nx = e->next;
+        free(e);
+    }
+    for (disk_item *it = t->qhead, *nx; it; it = nx) {
+        nx = it->next;
+        free(it);
+    }
+    free(t->buckets);
+    pthread_mutex_destroy(&t->qmu);
+    pthread_mutex_destroy(&t->imu);
+    pthread_cond_destroy(&t->work);
+    pthread_cond_destroy(&t->idle);
+    free(t->dir);
+    free(t);
+}
+
+static void disk_close(kv_tier *tt) {
+    disk_tier *t = (disk_tier *)tt;
+    disk_flush(tt);
+    pthread_mutex_lock(&t->qmu);
+    t->stop = true;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->qmu);
+    pthread_join(t->writer, NULL);
+    disk_free(t);
+}
+
+static const kv_tier_ops disk_ops = {
+    .name = "disk",
+    .put = disk_put,
+    .get = disk_get,
+    .contains = disk_contains,
+    .drop = disk_drop,
+    .flush = disk_flush,
+    .stats = disk_stats,
+    .close = disk_close,
+};
+
+/* ---- open: format marker, stale temporaries, the index from the folder --- */
+
+static bool is_hex2(const char *s) {
+    return strlen(s) == 2 && strchr("0123456789abcdef", s[0]) && strchr("0123456789abcdef", s[1]) && s[0] && s[1];
+}
+
+/* Checks DIR/FORMAT, writing it (atomically) when absent. */
+static int check_format(const char *dir, kvlm_error *err) {
+    char path[PATH_MAX], tmp[PATH_MAX], buf[256];
+    snprintf(path, sizeof path, "%s/FORMAT", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = 0;
+        if (strncmp(buf, DISK_FORMAT, 17) != 0) /* "kvlm disk tier 1\n" */
+            return util_err_set(err, KVLM_EUNSUPPORTED, "disk tier %s: FORMAT says \"%.*s\", expected \"kvlm disk tier 1\"",
+                                dir, (int)strcspn(buf, "\n"), buf);
+        return 0;
+    }
+    if (errno != ENOENT) return util_err_set(err, KVLM_EIO, "disk tier: opening %s: %s", path, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s/tmp/%ld.format.tmp", dir, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int e = fd < 0 ? errno : write_all(fd, (const unsigned char *)DISK_FORMAT, strlen(DISK_FORMAT));
+    if (fd >= 0 && close(fd) != 0 && !e) e = errno;
+    if (!e && rename(tmp, path) != 0) e = errno;
+    if (e) {
+        unlink(tmp);
+        return util_err_set(err, KVLM_EIO, "disk tier: writing %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* Removes temporary files whose writer is gone or that are stale. */
+static void clean_tmp(disk_tier *t) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tmp", t->dir);
+    DIR *d = opendir(path);
+    if (!d) return;
+    time_t now = time(NULL);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        bool dead = end != de->d_name && *end == '.' && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        if (dead || now - st.st_mtime > DISK_STALE_TMP_S) unlinkat(dirfd(d), de->d_name, 0);
+    }
+    closedir(d);
+}
+
+typedef struct {
+    kv_key key;
+    uint64_t bytes;
+    int64_t mtime_ns;
+} scan_ent;
+
+static int scan_cmp(const void *a, const void *b) {
+    const scan_ent *x = a, *y = b;
+    if (x->mtime_ns != y->mtime_ns) return x->mtime_ns < y->mtime_ns ? -1 : 1;
+    return memcmp(x->key.b, y->key.b, 16);
+}
+
+/* Rebuilds the index from DIR/<hh>/<hex>.kvb, oldest mtime least recently used. */
+static int scan_dir(disk_tier *t, kvlm_error *err) {
+    DIR *d = opendir(t->dir);
+    if (!d) return util_err_set(err, KVLM_EIO, "disk tier: reading %s: %s", t->dir, strerror(errno));
+    scan_ent *v = NULL;
+    size_t n = 0, capn = 0;
+    int rc = 0;
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        if (!is_hex2(de->d_name)) continue;
+        int sfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *s = sfd >= 0 ? fdopendir(sfd) : NULL;
+        if (!s) {
+            if (sfd >= 0) close(sfd);
+            continue;
+        }
+        struct dirent *fe;
+        while ((fe = readdir(s))) {
+            /* <32 hex>.kvb, in the subfolder of its first two digits */
+            char hex[KV_KEY_HEX];
+            if (strlen(fe->d_name) != 36 || strcmp(fe->d_name + 32, ".kvb") != 0) continue;
+            memcpy(hex, fe->d_name, 32);
+            hex[32] = 0;
+            kv_key k;
+            if (!kv_key_parse(hex, &k) || memcmp(hex, de->d_name, 2) != 0) continue;
+            struct stat st;
+            if (fstatat(dirfd(s), fe->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+            if (st.st_size == 0) { /* a power loss's leftover: no block */
+                unlinkat(dirfd(s), fe->d_name, 0);
+                continue;
+            }
+            if (n == capn) {
+                size_t nc = capn ? 2 * capn : 4096;
+                scan_ent *nv = realloc(v, nc * sizeof *nv);
+                if (!nv) {
+                    rc = util_err_set(err, KVLM_ENOMEM, "disk tier %s: no memory for the index", t->dir);
+                    break;
+                }
+                v = nv;
+                capn = nc;
+            }
+            v[n++] = (scan_ent){k, (uint64_t)st.st_size, (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec};
+        }
+        closedir(s);
+    }
+    closedir(d);
+    if (!rc) {
+        if (n) qsort(v, n, sizeof *v, scan_cmp);
+        if (!ix_grow(t, 2 * n + 1)) rc = util_err_set(err, KVLM_ENOMEM, "disk tier %s: no memory for the index", t->dir);
+        for (size_t i = 0; !rc && i < n; i++)
+            if (!ix_put(t, &v[i].key, v[i].bytes))
+                rc = util_err_set(err, KVLM_ENOMEM, "disk tier %s: no memory for the index", t->dir);
+    }
+    free(v);
+    if (!rc) ix_enforce_cap(t, NULL); /* the cap may be smaller than last time */
+    return rc;
+}
+
+kv_tier *kv_tier_disk_open(const char *dir, uint64_t max_bytes, kvlm_error *err) {
+    if (!dir || !*dir) {
+        util_err_set(err, KVLM_EINVAL, "disk tier: no folder given");
+        return NULL;
+    }
+    if (strlen(dir) > PATH_MAX - 64) {
+        util_err_set(err, KVLM_EINVAL, "disk tier: folder name too long (%zu bytes)", strlen(dir));
+        return NULL;
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/tmp", dir);
+    int e = mkdir_p(tmp);
+    if (e) {
+        util_err_set(err, KVLM_EIO, "disk tier: creating %s: %s", tmp, strerror(e));
+        return NULL;
+    }
+    if (access(tmp, W_OK | X_OK) != 0) {
+        util_err_set(err, KVLM_EIO, "disk tier: %s is not writable: %s", tmp, strerror(errno));
+        return NULL;
+    }
+    if (check_format(dir, err)) return NULL;
+
+    disk_tier *t = calloc(1, sizeof *t);
+    if (!t || !(t->dir = strdup(dir))) {
+        free(t);
+        util_err_set(err, KVLM_ENOMEM, "disk tier: out of memory");
+        return NULL;
+    }
+    size_t dl = strlen(t->dir);
+    while (dl > 1 && t->dir[dl - 1] == '/') t->dir[--dl] = 0;
+    t->base.ops = &disk_ops;
+    t->max_bytes = max_bytes;
+    t->qmax = DISK_QUEUE_BLOCKS;
+    t->qmax_bytes = DISK_QUEUE_BYTES;
+    t->lru.prev = t->lru.next = &t->lru;
+    atomic_store(&t->up, true);
+    pthread_mutex_init(&t->qmu, NULL);
+    pthread_mutex_init(&t->imu, NULL);
+    pthread_cond_init(&t->work, NULL);
+    pthread_cond_init(&t->idle, NULL);
+
+    clean_tmp(t);
+    if (!ix_grow(t, 1024) || scan_dir(t, err)) {
+        if (err && !err->code) util_err_set(err, KVLM_ENOMEM, "disk tier: out of memory");
+        disk_free(t);
+        return NULL;
+    }
+    if (pthread_create(&t->writer, NULL, writer_main, t) != 0) {
+        util_err_set(err, KVLM_ENOMEM, "disk tier %s: cannot start the writer thread", dir);
+        disk_free(t);
+        return NULL;
+    }
+    return &t->base;
+}
+
+/* ---- hooks for tests and benchmarks -------------------------------------- */
+
+void kv_tier_disk_set_queue_limits(kv_tier *tt, int max_blocks, size_t max_bytes) {
+    if (!tt || tt->ops != &disk_ops) return;
+    disk_tier *t = (disk_tier *)tt;
+    pthread_mutex_lock(&t->qmu);
+    t->qmax = max_blocks;
+    t->qmax_bytes = max_bytes;
+    pthread_mutex_unlock(&t->qmu);
+}
+
+void kv_tier_disk_pause_writer(kv_tier *tt, bool paused) {
+    if (!tt || tt->ops != &disk_ops) return;
+    disk_tier *t = (disk_tier *)tt;
+    pthread_mutex_lock(&t->qmu);
+    t->paused = paused;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->qmu);
+}
