@@ -88,6 +88,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->n_blocks = st.n_blocks;
     s->next_id = 1;
     s->snap.kv = st;
+    s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
     int cap = s->batch_tokens + s->max_seqs;
     s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
     s->tok = malloc((size_t)cap * sizeof(int32_t));
