@@ -357,6 +357,7 @@ typedef struct kvlm_plan_params {
     int avg_tokens;     /* tokens a sequence holds on average; 0: n_ctx / 2 */
     double elem_bytes;  /* bytes per cached element, K and V averaged; 0: 4 (f32)
                            (kvlm_cache_type_elem_bytes gives it for a type) */
+    uint64_t host_bytes, disk_bytes, redis_bytes; /* KV tiers' sizes (0: none) */
 } kvlm_plan_params;
 typedef struct kvlm_plan {
     int n_ctx, n_seq, block_size, avg_tokens, blocks_per_seq;
@@ -365,6 +366,8 @@ typedef struct kvlm_plan {
     long fit_paged_full;      /* the same in blocks (sequences at full context) */
     long fit_contiguous_avg;  /* sequences holding avg_tokens: contiguous still reserves n_ctx */
     long fit_paged_avg;       /* ... paged takes only the blocks they fill */
+    size_t stored_block_bytes; /* a block as the tiers store it (header, token ids, checksum) */
+    uint64_t tokens_ram, tokens_host, tokens_disk, tokens_redis; /* cached tokens each level holds */
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 

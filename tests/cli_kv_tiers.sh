@@ -109,6 +109,13 @@ try:
     files = [os.path.join(d, f) for d, _, fs in os.walk(disk) for f in fs if f.endswith(".kvb")]
     check(len(files) >= 19, "the prompt's blocks are on disk", "%d files" % len(files))
 
+    # kvlm plan's tokens per tier agree with the block files' real size
+    out = subprocess.run([kvlm, "plan", "-m", model, "--kv-disk-size", "1MiB"], capture_output=True, text=True,
+                         timeout=60).stdout
+    m = re.search(r"^\s*disk\s+\S+ \S+\s+(\d+) tokens", out, re.M)
+    stored = os.path.getsize(files[0])
+    check(m is not None and int(m.group(1)) == (1 << 20) // stored * BS,
+          "kvlm plan: tokens a 1 MiB disk tier holds match the stored block size", "%r vs %d" % (m and m.group(1), stored))
     b = start("--kv-disk", disk, "--kv-disk-size", "64MiB")
     got, cached = complete(b.port, long_prompt)
     t = tier(b.port, "disk")
