@@ -323,6 +323,16 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
  * tiers' queues (kvlm_ctx_free does it too). */
 void kvlm_ctx_kv_persist(kvlm_ctx *ctx);
 
+/* Sessions (like llama.cpp's --prompt-cache): a sequence's tokens and full
+ * KV blocks saved to a file, each block in the tiers' checked format
+ * (src/kv/session.h). kvlm_session_load, for an empty sequence about to take
+ * tokens[0..n): attaches the saved blocks those tokens repeat (leaving one
+ * token to compute) and returns how many tokens are now cached; a missing
+ * file gives 0; a file of another model, cache type, block size or format
+ * version gives a negative KVLM_E* code and a message. */
+int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err);
+int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err);
+
 /* ---- perplexity ---------------------------------------------------------------- */
 /* As llama.cpp's perplexity tool computes it, so figures compare: the tokens
  * (of the whole text, BOS first where the model adds one) are cut into

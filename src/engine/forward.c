@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kv/evict.h"
+#include "kv/session.h"
 #include "kv/store.h"
 #include "kv/tier_host.h"
 #include "model/dtype.h"
@@ -370,6 +371,19 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
         o->persisted = ts[t].persisted;
     }
     return n;
+}
+
+int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq) || !path)
+        return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
+    if (ctx->n_evicted[seq])
+        return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
+    return kv_session_save(ctx->kv, seq, path, err);
+}
+
+int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
+    return kv_session_load(ctx->kv, seq, tokens, n, path, err);
 }
 
 void kvlm_ctx_kv_persist(kvlm_ctx *ctx) {
