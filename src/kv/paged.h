@@ -1,7 +1,7 @@
 /* kv/paged: the paged KV cache: one pool of fixed-size blocks shared by all
  * sequences, a block table per sequence (shared by all layers), reference
  * counts with copy-on-write, a prefix index (chained keys of full blocks,
- * kv/blockfmt.h: the same keys the tiers use)
+ * kv/blockfmt.h: the same keys the tiers use; kept by kv/prefix)
  * with an LRU of cached blocks that finished sequences left behind, and the
  * byte layout of keys and values of any element type (ops/kvtype.h). */
 #ifndef KVLM_KV_PAGED_H
