@@ -157,6 +157,15 @@ typedef struct kvlm_ctx_params {
     float h2o_heavy;    /* h2o: share of the kept tokens chosen by accumulated attention
                            (when h2o_recent is 0); 0: 0.5 */
     int device;         /* KVLM_DEVICE_*: where the weights, the KV cache and the forward pass live */
+    /* KV tiers below the pool (docs/kv-tiers.md). Cached blocks about to be
+     * dropped from the pool go to host memory and disk; full blocks go to
+     * Redis as they are committed (other processes use them); a prefix that
+     * misses in the pool is looked up there, in that order, checked, and
+     * brought back. kvlm_ctx_free first writes to disk what it lacks. */
+    uint64_t kv_host_size; /* bytes of the host-memory tier (like llama.cpp's --cache-ram); 0: none */
+    const char *kv_disk;   /* directory of the disk tier; NULL: none */
+    uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
+    const char *kv_redis;  /* "redis://HOST:PORT[/DB]"; NULL: none */
 } kvlm_ctx_params;
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
@@ -277,6 +286,21 @@ int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n);
 /* Blocks in a sequence's table, and how many of them other sequences share. */
 void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared);
 
+/* Admission without side effects: what kvlm_seq_reuse_prefix(tokens,
+ * n_lookup) would find for an empty sequence, and whether the cache then has
+ * room for it to hold n_hold tokens. Nothing is attached, counted or moved. */
+typedef struct kvlm_prefix_probe {
+    int cached_tokens;     /* leading tokens the cache holds (a multiple of the block size) */
+    int ram_tokens;        /* of which in the pool's RAM blocks */
+    int tier_tokens[4];    /* then in each tier, in kvlm_kv_tier_stats_get's order */
+    int blocks_needed;     /* blocks to allocate for n_hold tokens after those */
+    int blocks_available;  /* blocks reservations could take then (free + cached, less the matched ones) */
+} kvlm_prefix_probe;
+void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_lookup, int n_hold,
+                           kvlm_prefix_probe *out);
+/* Blocks sequence seq still needs to hold n_hold tokens (0 if it has them). */
+int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold);
+
 typedef struct kvlm_kv_stats {
     int block_size, n_blocks;
     int used, cached, free;  /* used: held by sequences; cached: kept for prefix reuse */
@@ -288,6 +312,42 @@ typedef struct kvlm_kv_stats {
     size_t stage_bytes;      /* q4_kc keys: f16 staging of each sequence's filling block, all sequences */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
+
+/* One KV tier (host, disk, redis) as this process sees it. */
+#define KVLM_MAX_KV_TIERS 4
+typedef struct kvlm_kv_tier_stats {
+    char name[16];
+    uint64_t blocks, bytes;         /* held now */
+    uint64_t hits, misses;          /* blocks asked for on prefix misses in the pool */
+    uint64_t writes, write_bytes;   /* blocks written */
+    uint64_t dropped_writes;        /* writes dropped: queue full, tier down or full */
+    uint64_t corrupt;               /* blocks that failed their checks on reading (recomputed) */
+    uint64_t errors;                /* I/O or connection errors */
+    uint64_t evicted;               /* blocks the tier removed to stay within its size */
+    uint64_t reads;                 /* batched reads */
+    double read_seconds;            /* their summed latency */
+    uint64_t promoted, demoted;     /* blocks this context brought back / sent down */
+    uint64_t written_through, persisted; /* committed blocks written through; written at a clean stop */
+    bool up;
+} kvlm_kv_tier_stats;
+/* The context's tiers in lookup order; returns how many (at most cap written).
+ * Safe from any thread for the tiers' own figures; promoted, demoted,
+ * written_through and persisted are the engine thread's (kvlm_sched_stats
+ * carries a consistent snapshot). */
+int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap);
+/* Writes every cached block that the disk tier lacks there and waits for the
+ * tiers' queues (kvlm_ctx_free does it too). */
+void kvlm_ctx_kv_persist(kvlm_ctx *ctx);
+
+/* Sessions (like llama.cpp's --prompt-cache): a sequence's tokens and full
+ * KV blocks saved to a file, each block in the tiers' checked format
+ * (src/kv/session.h). kvlm_session_load, for an empty sequence about to take
+ * tokens[0..n): attaches the saved blocks those tokens repeat (leaving one
+ * token to compute) and returns how many tokens are now cached; a missing
+ * file gives 0; a file of another model, cache type, block size or format
+ * version gives a negative KVLM_E* code and a message. */
+int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err);
+int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err);
 
 /* ---- perplexity ---------------------------------------------------------------- */
 /* As llama.cpp's perplexity tool computes it, so figures compare: the tokens
@@ -323,6 +383,7 @@ typedef struct kvlm_plan_params {
     int avg_tokens;     /* tokens a sequence holds on average; 0: n_ctx / 2 */
     double elem_bytes;  /* bytes per cached element, K and V averaged; 0: 4 (f32)
                            (kvlm_cache_type_elem_bytes gives it for a type) */
+    uint64_t host_bytes, disk_bytes, redis_bytes; /* KV tiers' sizes (0: none) */
 } kvlm_plan_params;
 typedef struct kvlm_plan {
     int n_ctx, n_seq, block_size, avg_tokens, blocks_per_seq;
@@ -331,6 +392,8 @@ typedef struct kvlm_plan {
     long fit_paged_full;      /* the same in blocks (sequences at full context) */
     long fit_contiguous_avg;  /* sequences holding avg_tokens: contiguous still reserves n_ctx */
     long fit_paged_avg;       /* ... paged takes only the blocks they fill */
+    size_t stored_block_bytes; /* a block as the tiers store it (header, token ids, checksum) */
+    uint64_t tokens_ram, tokens_host, tokens_disk, tokens_redis; /* cached tokens each level holds */
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 
@@ -441,6 +504,8 @@ typedef struct kvlm_sched_stats {
     uint64_t prompt_tokens, cached_tokens, generated_tokens;
     double tokens_per_second; /* generated, over the last seconds */
     kvlm_kv_stats kv;         /* as of the end of the last step */
+    kvlm_kv_tier_stats tiers[KVLM_MAX_KV_TIERS];
+    int n_tiers;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 

@@ -29,7 +29,9 @@ bool cli_is(const char *arg, const char *s, const char *l);
 bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool values, int *out, bool *bad);
 /* The context and KV cache options of run, serve and perplexity: -c/--ctx,
  * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
- * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy. cli_opt_ctx takes
+ * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy, and the KV tiers
+ * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL
+ * (sizes are parsed where they are read). cli_opt_ctx takes
  * argv[*i] if it is one of them (the two strings stay as given, for
  * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
  * evict (either may be NULL) into cp; returns 0, or 1 after an error.
@@ -52,7 +54,12 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "                          generation goes on indefinitely, past the context\n" \
     "      --kv-sinks S        first tokens kept under sinks (default 4)\n" \
     "      --h2o-recent R      most recent tokens kept under h2o (default: budget less heavy hitters)\n" \
-    "      --h2o-heavy F       share of the kept tokens h2o picks by attention (default 0.5)\n"
+    "      --h2o-heavy F       share of the kept tokens h2o picks by attention (default 0.5)\n" \
+    "      --kv-host-size SIZE a host-memory tier for cached blocks dropped from the pool (e.g. 4GiB)\n" \
+    "      --kv-disk DIR       a disk tier: cached blocks dropped from the pool are kept in DIR and\n" \
+    "                          found again, also after a restart (docs/kv-tiers.md)\n" \
+    "      --kv-disk-size SIZE its cap (default 20GiB)\n" \
+    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

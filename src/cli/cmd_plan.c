@@ -1,5 +1,6 @@
-/* cli/cmd_plan: `kvlm plan`: KV cache memory for a context and batch, and how
- * many sequences fit a budget, contiguous against paged. */
+/* cli/cmd_plan: `kvlm plan`: KV cache memory for a context and batch, how
+ * many sequences fit a budget, contiguous against paged, and how many cached
+ * tokens each KV tier holds. */
 #include <stdio.h>
 #include "cli/cli.h"
 
@@ -10,7 +11,8 @@ static void mib(char *buf, size_t cap, size_t bytes) {
 }
 
 int cmd_plan(int argc, char **argv) {
-    const char *model_path = NULL, *mem = NULL, *tok_path = NULL;
+    const char *model_path = NULL, *mem = NULL, *tok_path = NULL, *tier_mem[3] = {NULL, NULL, NULL};
+    static const char *const tier_opt[3] = {"--kv-host-size", "--kv-disk-size", "--kv-redis-size"};
     kvlm_plan_params pp = {0};
     const kvlm_ctx_params dp = kvlm_ctx_default_params(); /* the cache types run and serve use */
     int tk = dp.cache_type_k, tv = dp.cache_type_v;
@@ -18,12 +20,15 @@ int cmd_plan(int argc, char **argv) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
             printf("usage: kvlm plan -m MODEL [--ctx N] [--batch B] [--kv-mem SIZE] [--block-size S] [--avg-tokens A]\n"
-                   "                 [--cache-type-k T] [--cache-type-v T]\n\n"
+                   "                 [--cache-type-k T] [--cache-type-v T]\n"
+                   "                 [--kv-host-size SIZE] [--kv-disk-size SIZE] [--kv-redis-size SIZE]\n\n"
                    "Prints KV cache bytes per token, per sequence and for B sequences of N tokens\n"
                    "(2 x layers x KV heads x head dim x bytes per element x tokens x batch), next to the\n"
                    "weights, and how many sequences fit SIZE (default: B full contexts) when the cache\n"
                    "is reserved contiguously per sequence and when it is paged (blocks of S tokens,\n"
-                   "default 16), at full context and at an average of A tokens (default N/2).\n"
+                   "default 16), at full context and at an average of A tokens (default N/2), and how\n"
+                   "many cached tokens the pool and each KV tier of the given size hold (a tier stores\n"
+                   "a block with a small header: docs/kv-tiers.md; for Redis, its maxmemory).\n"
                    "SIZE: bytes, or with a unit: 512MiB, 2GiB, 1.5GB.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
@@ -32,6 +37,9 @@ int cmd_plan(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, "-b", "--batch", &pp.n_seq, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-mem", &mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--block-size", &pp.block_size, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, tier_opt[0], &tier_mem[0], &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, tier_opt[1], &tier_mem[1], &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, tier_opt[2], &tier_mem[2], &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--avg-tokens", &pp.avg_tokens, &bad)) {}
         else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &tk, &bad)) {}
         else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &tv, &bad)) {}
@@ -42,6 +50,13 @@ int cmd_plan(int argc, char **argv) {
     if (pp.n_ctx < 0 || pp.n_seq < 0 || pp.block_size < 0 || pp.avg_tokens < 0)
         return cli_fail("plan", "sizes must be positive");
     if (mem && cli_parse_size(mem, &pp.kv_mem)) return cli_fail("plan", "bad size '%s' (e.g. 512MiB, 2GiB)", mem);
+    uint64_t *tier_bytes[3] = {&pp.host_bytes, &pp.disk_bytes, &pp.redis_bytes};
+    for (int t = 0; t < 3; t++) {
+        size_t v = 0;
+        if (tier_mem[t] && cli_parse_size(tier_mem[t], &v))
+            return cli_fail("plan", "bad size '%s' for %s (e.g. 4GiB, 20GiB)", tier_mem[t], tier_opt[t]);
+        *tier_bytes[t] = v;
+    }
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
@@ -78,6 +93,20 @@ int cmd_plan(int argc, char **argv) {
     snprintf(lbl, sizeof lbl, "holding %d tokens on average", p.avg_tokens);
     printf("  %-34s %12ld %12ld   (%.1fx)\n", lbl, p.fit_contiguous_avg, p.fit_paged_avg,
            p.fit_contiguous_avg > 0 ? (double)p.fit_paged_avg / (double)p.fit_contiguous_avg : 0.0);
+    if (pp.host_bytes || pp.disk_bytes || pp.redis_bytes) {
+        mib(f, sizeof f, p.stored_block_bytes);
+        printf("cached tokens each level holds (a stored block: %s):\n", f);
+        mib(e, sizeof e, p.kv_mem);
+        printf("  %-8s %12s %14llu tokens\n", "RAM pool", e, (unsigned long long)p.tokens_ram);
+        const char *names[3] = {"host", "disk", "redis"};
+        uint64_t toks[3] = {p.tokens_host, p.tokens_disk, p.tokens_redis};
+        for (int t = 0; t < 3; t++) {
+            if (!*tier_bytes[t]) continue;
+            mib(e, sizeof e, (size_t)*tier_bytes[t]);
+            printf("  %-8s %12s %14llu tokens  (%.1fx the pool)\n", names[t], e, (unsigned long long)toks[t],
+                   p.tokens_ram ? (double)toks[t] / (double)p.tokens_ram : 0.0);
+        }
+    }
     kvlm_model_free(m);
     return 0;
 }

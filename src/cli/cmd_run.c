@@ -27,12 +27,14 @@ static void run_usage(FILE *f) {
             "      --no-bos            do not add BOS before the prompt\n"
             CLI_CTX_USAGE
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
+            "      --session FILE      reuse the cache FILE saved for a prompt this one starts with, and save\n"
+            "                          this run's tokens and cache there at the end (like --prompt-cache)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_run(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL,
-               *evict = NULL;
+               *evict = NULL, *session = NULL;
     int n_predict = 256;
     bool special = false, no_bos = false, seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -45,6 +47,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-p", "--prompt", &prompt, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &prompt_file, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--session", &session, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &sp.top_k, &bad)) {}
@@ -62,6 +65,8 @@ int cmd_run(int argc, char **argv) {
     if (!model_path) { fprintf(stderr, "kvlm run: no model given (-m FILE)\n"); run_usage(stderr); return 1; }
     if (prompt && prompt_file) return cli_fail("run", "give either -p or -f, not both");
     if (cli_ctx_finish("run", &cp, kv_mem, evict)) return 1;
+    if (session && (cp.kv_evict || cp.no_kv_cache))
+        return cli_fail("run", "--session keeps the whole cache: not with --kv-evict or --no-kv-cache");
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
 
     char *file_text = NULL;
@@ -113,10 +118,18 @@ int cmd_run(int argc, char **argv) {
 
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* what a session file or the KV tiers already hold of the prompt */
+    int cached = 0;
+    if (session && (cached = kvlm_session_load(ctx, 0, toks, n_prompt, session, &err)) < 0) {
+        fputc('\n', stdout);
+        cli_fail("run", "%s", err.msg);
+        goto done;
+    }
+    if (!cached && !cp.kv_evict && !cp.no_kv_cache) cached = kvlm_seq_reuse_prefix(ctx, 0, toks, n_prompt);
     /* under eviction the prompt goes in pieces that leave room for the sinks */
     int piece = cp.kv_evict ? (budget - (cp.kv_sinks > 0 ? cp.kv_sinks : 4)) / 2 : n_prompt;
     if (piece < 1) piece = 1;
-    for (int i = 0; i < n_prompt; i += piece) {
+    for (int i = cached; i < n_prompt; i += piece) {
         kvlm_batch b = {n_prompt - i < piece ? n_prompt - i : piece, toks + i, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &b, &err)) { fputc('\n', stdout); cli_fail("run", "%s", err.msg); goto done; }
     }
@@ -158,11 +171,13 @@ int cmd_run(int argc, char **argv) {
             "(%.2f MiB)",
             n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? n_decoded / decode_s : 0.0,
             n_decoded, kv, (double)kv / (1 << 20));
+    if (cached) fprintf(stderr, " | cached: %d tokens", cached);
     if (cp.kv_evict)
         fprintf(stderr, " | %s: %d tokens kept, %ld evicted", kvlm_evict_name(cp.kv_evict), kvlm_ctx_n_past(ctx),
                 kvlm_seq_n_evicted(ctx, 0));
     fprintf(stderr, "%s%s\n", stop ? " | stopped: " : "", stop ? stop : "");
     rc = 0;
+    if (session && kvlm_session_save(ctx, 0, session, &err)) rc = cli_fail("run", "%s", err.msg);
 done:
     free(toks);
     free(file_text);

@@ -103,9 +103,26 @@ static bool cli_opt_device(int argc, char **argv, int *i, int *out, bool *bad) {
     return true;
 }
 
+/* --NAME SIZE with units, into a byte count. */
+static bool opt_size(int argc, char **argv, int *i, const char *l, uint64_t *out, bool *bad) {
+    const char *v;
+    if (!cli_opt_str(argc, argv, i, NULL, l, &v, bad)) return false;
+    if (*bad) return true;
+    size_t n;
+    if (cli_parse_size(v, &n)) {
+        fprintf(stderr, "kvlm: option %s: bad size '%s' (e.g. 512MiB, 20GiB)\n", l, v);
+        *bad = true;
+    } else *out = n;
+    return true;
+}
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
            cli_opt_device(argc, argv, i, &cp->device, bad) ||
+           opt_size(argc, argv, i, "--kv-host-size", &cp->kv_host_size, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-disk", &cp->kv_disk, bad) ||
+           opt_size(argc, argv, i, "--kv-disk-size", &cp->kv_disk_size, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-redis", &cp->kv_redis, bad) ||
            cli_opt_int(argc, argv, i, "-t", "--threads", &cp->n_threads, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-mem", kv_mem, bad) ||
            cli_opt_int(argc, argv, i, NULL, "--block-size", &cp->block_size, bad) ||

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kv/evict.h"
-#include "kv/paged.h"
+#include "kv/session.h"
+#include "kv/store.h"
+#include "kv/tier_host.h"
 #include "model/dtype.h"
 #include "model/model.h"
 #include "ops/kvtype.h"
@@ -26,14 +28,13 @@ struct kvlm_ctx {
     const kvlm_model *model;
     kvlm_ctx_params p;
     util_pool *pool;
-    kv_cache *kv;
+    kv_store *kv;
     int n_batch;
     /* Scratch for n_batch tokens. */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     void *mm_work, *attn_work;
     const float **block_ptrs;  /* the blocks of att_runs sequences for attention */
     int att_runs;
-    int *stage_block;          /* per sequence: q4_kc keys' block still filling, -1: none */
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
     /* Per token of the chunk in forward_chunk: */
     float *rope_cs, *rope_sn;  /* cos/sin of its position's RoPE angles (rope_dim / 2 each) */
@@ -141,13 +142,10 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
     kp.k_type = ctx->p.cache_type_k;
     kp.v_type = ctx->p.cache_type_v;
-    /* Prefix hashes are only compared within this pool; kv/paged mixes both
-     * element types into the salt. */
-    kp.salt = 0x6b766c6d00000000ull;
+    /* block keys name the model by its fingerprint (kv/blockfmt.h) */
+    kv_model_fingerprint(ctx->model, &kp.model);
     kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
-    size_t block_bytes = (size_t)c->n_layers * c->n_kv_heads *
-                         (((op_kv_region_bytes(kp.k_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3) +
-                          ((op_kv_region_bytes(kp.v_type, c->head_dim, kp.block_size) + 3) & ~(size_t)3));
+    size_t block_bytes = kv_params_block_bytes(&kp);
     /* a sequence holds at most budget tokens; evicting may copy one shared block */
     int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
@@ -158,8 +156,26 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
                                 ctx->p.kv_mem, block_bytes);
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
-    ctx->kv = kv_create(&kp, err);
+    kv_store_params sp = {.pool = kp};
+    /* tiers in lookup order: nearest first */
+    if (ctx->p.kv_host_size) {
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE;
+    }
+    if (ctx->p.kv_disk && *ctx->p.kv_disk) {
+        uint64_t cap = ctx->p.kv_disk_size ? ctx->p.kv_disk_size : (uint64_t)20 << 30;
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_disk_open(ctx->p.kv_disk, cap, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
+    }
+    if (ctx->p.kv_redis && *ctx->p.kv_redis) {
+        if (!(sp.tiers[sp.n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
+        sp.roles[sp.n_tiers++] = KV_TIER_THROUGH;
+    }
+    ctx->kv = kv_store_create(&sp, err);
     return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+tier_fail:
+    for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+    return err ? err->code : KVLM_EINVAL;
 }
 
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
@@ -246,7 +262,6 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     /* a step's attention runs ATT_RUNS sequences per pass of the threads */
     ctx->att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
     ctx->block_ptrs = malloc((size_t)ctx->att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
-    ctx->stage_block = malloc((size_t)p->n_seq_max * sizeof(int));
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
     ctx->rope_cs = malloc(T * half * sizeof(float));
     ctx->rope_sn = malloc(T * half * sizeof(float));
@@ -266,7 +281,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
         ctx->h2o_work = malloc(ctx->h2o_work_floats * sizeof(float));
     }
     if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
-        !ctx->stage_block || !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
+        !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
         !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_tok ||
         !ctx->tok_next || !ctx->grp_first || !ctx->seq_at) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
@@ -281,11 +296,11 @@ fail:
 void kvlm_ctx_free(kvlm_ctx *ctx) {
     if (!ctx) return;
     util_pool_free(ctx->pool);
-    kv_free(ctx->kv); /* before the device its blocks live on */
+    kv_store_free(ctx->kv); /* before the device its blocks live on */
     engine_cuda_free(ctx->cuda);
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
-    free(ctx->block_ptrs); free(ctx->stage_block); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
+    free(ctx->block_ptrs); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
     free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
     free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
@@ -296,7 +311,7 @@ int kvlm_ctx_n_ctx(const kvlm_ctx *ctx) { return ctx->p.n_ctx; }
 int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx) { return ctx->p.n_seq_max; }
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx) { return ctx->model; }
 int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
-    return kv_seq_valid(ctx->kv, seq) ? kv_seq_len(ctx->kv, seq) : 0;
+    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_len(ctx->kv, seq) : 0;
 }
 int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, 0); }
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->budget; }
@@ -305,7 +320,7 @@ int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx) {
     return ctx->budget - (ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0);
 }
 long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
-    return kv_seq_valid(ctx->kv, seq) ? ctx->n_evicted[seq] : 0;
+    return kv_store_seq_valid(ctx->kv, seq) ? ctx->n_evicted[seq] : 0;
 }
 
 static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
@@ -313,8 +328,8 @@ static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
 }
 
 void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
-    if (!kv_seq_valid(ctx->kv, seq)) return;
-    kv_seq_release(ctx->kv, seq);
+    if (!kv_store_seq_valid(ctx->kv, seq)) return;
+    kv_store_release(ctx->kv, seq);
     ctx->n_evicted[seq] = 0;
     if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
 }
@@ -325,9 +340,9 @@ void kvlm_ctx_reset(kvlm_ctx *ctx) {
 }
 
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
-    if (!kv_seq_valid(ctx->kv, src) || !kv_seq_valid(ctx->kv, dst))
+    if (!kv_store_seq_valid(ctx->kv, src) || !kv_store_seq_valid(ctx->kv, dst))
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
-    int rc = kv_seq_fork(ctx->kv, src, dst, err);
+    int rc = kv_store_fork(ctx->kv, src, dst, err);
     if (rc || src == dst) return rc;
     ctx->n_evicted[dst] = ctx->n_evicted[src];
     if (ctx->h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->budget * sizeof(float));
@@ -335,38 +350,99 @@ int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
 }
 
 int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) {
-    if (!kv_seq_valid(ctx->kv, seq) || n <= 0) return 0;
-    return kv_seq_match_prefix(ctx->kv, seq, tokens, n);
+    if (!kv_store_seq_valid(ctx->kv, seq) || n <= 0) return 0;
+    return kv_store_match_prefix(ctx->kv, seq, tokens, n);
 }
 
 void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared) {
     int n = 0, shared = 0;
-    const int32_t *b = kv_seq_valid(ctx->kv, seq) ? kv_seq_blocks(ctx->kv, seq, &n) : NULL;
-    for (int i = 0; b && i < n; i++) shared += kv_block_refs(ctx->kv, b[i]) > 1;
-    if (n_blocks) *n_blocks = b ? n : 0;
+    if (kv_store_seq_valid(ctx->kv, seq)) kv_store_seq_info(ctx->kv, seq, &n, &shared);
+    if (n_blocks) *n_blocks = n;
     if (n_shared) *n_shared = shared;
+}
+
+void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_lookup, int n_hold,
+                           kvlm_prefix_probe *out) {
+    kv_store_probe pr;
+    kv_store_probe_prefix(ctx->kv, tokens, ctx->p.no_kv_cache ? 0 : n_lookup, n_hold, &pr);
+    memset(out, 0, sizeof *out);
+    out->cached_tokens = pr.cached_tokens;
+    out->ram_tokens = pr.ram_tokens;
+    for (int t = 0; t < 4 && t < KV_STORE_MAX_TIERS; t++) out->tier_tokens[t] = pr.tier_tokens[t];
+    out->blocks_needed = pr.blocks_needed;
+    out->blocks_available = pr.blocks_available;
+}
+
+int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold) {
+    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_blocks_needed(ctx->kv, seq, n_hold) : 0;
+}
+
+int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap) {
+    kv_store_tier_stats ts[KV_STORE_MAX_TIERS];
+    int n = kv_store_tier_stats_get(ctx->kv, ts, KV_STORE_MAX_TIERS);
+    for (int t = 0; t < n && t < cap; t++) {
+        kvlm_kv_tier_stats *o = &out[t];
+        const kv_tier_stats *st = &ts[t].st;
+        memset(o, 0, sizeof *o);
+        snprintf(o->name, sizeof o->name, "%s", ts[t].name);
+        o->blocks = st->blocks;
+        o->bytes = st->bytes;
+        o->hits = st->hits;
+        o->misses = st->misses;
+        o->writes = st->writes;
+        o->write_bytes = st->write_bytes;
+        o->dropped_writes = st->dropped_writes;
+        o->corrupt = st->corrupt;
+        o->errors = st->errors;
+        o->evicted = st->evicted;
+        o->reads = st->reads;
+        o->read_seconds = st->read_seconds;
+        o->up = st->up;
+        o->promoted = ts[t].promoted;
+        o->demoted = ts[t].demoted;
+        o->written_through = ts[t].written_through;
+        o->persisted = ts[t].persisted;
+    }
+    return n;
+}
+
+int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq) || !path)
+        return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
+    if (ctx->n_evicted[seq])
+        return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
+    return kv_session_save(ctx->kv, seq, path, err);
+}
+
+int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
+    return kv_session_load(ctx->kv, seq, tokens, n, path, err);
+}
+
+void kvlm_ctx_kv_persist(kvlm_ctx *ctx) {
+    if (ctx && ctx->kv) kv_store_persist(ctx->kv);
 }
 
 /* layers x KV heads x (K + V bytes of a block) / block size: the types' real
  * bytes per element (q8_0 at head_dim 64: 34/32) times the elements. */
-static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_token_bytes(ctx->kv); }
+static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_store_token_bytes(ctx->kv); }
 
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
     size_t tokens = 0;
-    for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_seq_len(ctx->kv, s);
+    for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
     /* from the block bytes, so q4_kc's per-block figures stay exact */
-    return tokens * kv_block_bytes(ctx->kv) / (size_t)kv_get_params(ctx->kv)->block_size;
+    return tokens * kv_store_block_bytes(ctx->kv) / (size_t)kv_store_params_of(ctx->kv)->block_size;
 }
 
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
-    return kv_block_bytes(ctx->kv) * (size_t)kv_get_params(ctx->kv)->n_blocks + kv_stage_bytes(ctx->kv);
+    return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + kv_store_stage_bytes(ctx->kv);
 }
 
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     kv_stats s;
-    kv_get_stats(ctx->kv, &s);
+    kv_store_stats(ctx->kv, &s);
     memset(st, 0, sizeof *st);
-    st->block_size = kv_get_params(ctx->kv)->block_size;
+    st->block_size = kv_store_params_of(ctx->kv)->block_size;
     st->n_blocks = s.n_blocks;
     st->used = s.used;
     st->cached = s.cached;
@@ -375,12 +451,12 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     st->prefix_hits = s.hits;
     st->prefix_misses = s.misses;
     st->evictions = s.evictions;
-    st->block_bytes = kv_block_bytes(ctx->kv);
+    st->block_bytes = kv_store_block_bytes(ctx->kv);
     st->bytes_per_token = bytes_per_token(ctx);
     st->tokens_computed = ctx->tokens_computed;
-    st->type_k = kv_get_params(ctx->kv)->k_type;
-    st->type_v = kv_get_params(ctx->kv)->v_type;
-    st->stage_bytes = kv_stage_bytes(ctx->kv);
+    st->type_k = kv_store_params_of(ctx->kv)->k_type;
+    st->type_v = kv_store_params_of(ctx->kv)->v_type;
+    st->stage_bytes = kv_store_stage_bytes(ctx->kv);
 }
 
 /* ---- the forward pass --------------------------------------------------------- */
@@ -400,38 +476,6 @@ static void add_bias(float *y, const model_tensor *b, int i0, int n) {
     if (b->data) op_add(y, (const float *)b->data + i0, n);
 }
 
-/* Writes token t's key and value of KV head h (ctx->k, ctx->v) into slot pos
- * of sequence seq, each row quantized into its slot. q4_kc keys go to the
- * sequence's f16 staging; the block is quantized per channel when its last
- * slot fills, so a sequence's tokens must be written in position order by one
- * thread (the staging then holds all of the block's keys). */
-static void write_kv_row(kvlm_ctx *ctx, int layer, int seq, int pos, int t, int h) {
-    const kvlm_config *c = &ctx->model->cfg;
-    const kv_params *kp = kv_get_params(ctx->kv);
-    int HD = c->head_dim, bs = kp->block_size, slot = pos % bs;
-    int32_t b = kv_seq_blocks(ctx->kv, seq, NULL)[pos / bs];
-    const float *k = ctx->k + ((size_t)t * c->n_kv_heads + h) * HD;
-    if (kp->k_type == KVLM_CACHE_Q4_KC) {
-        uint16_t *st = kv_seq_stage(ctx->kv, seq, layer, h);
-        for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
-        if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(ctx->kv, b, layer, h), HD, bs, bs);
-    } else
-        op_kv_quantize_row(kp->k_type, k, kv_block_k(ctx->kv, b, layer, h) + slot * op_kv_row_bytes(kp->k_type, HD),
-                           HD);
-    op_kv_quantize_row(kp->v_type, ctx->v + ((size_t)t * c->n_kv_heads + h) * HD,
-                       kv_block_v(ctx->kv, b, layer, h) + slot * op_kv_row_bytes(kp->v_type, HD), HD);
-}
-
-/* q4_kc: the block whose keys are still in each sequence's staging once
- * tokens [0, T) are written (the same after every layer), -1: none. */
-static void set_stage_blocks(kvlm_ctx *ctx, const int32_t *seq, const int32_t *pos, int T) {
-    const kv_params *kp = kv_get_params(ctx->kv);
-    for (int t = 0; t < T; t++)
-        ctx->stage_block[seq[t]] =
-            kp->k_type == KVLM_CACHE_Q4_KC && pos[t] % kp->block_size != kp->block_size - 1 ? pos[t] / kp->block_size
-                                                                                              : -1;
-}
-
 static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
     if (ctx->naive_attention)
         for (int i = 0; i < n; i++) op_attention_ref(out[i], q[i], &a[i]);
@@ -443,7 +487,7 @@ static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *co
  * per sequence in batched decode) go to the threads together. */
 static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
     const kvlm_config *c = &ctx->model->cfg;
-    const kv_params *kp = kv_get_params(ctx->kv);
+    const kv_params *kp = kv_store_params_of(ctx->kv);
     int HD = c->head_dim, QD = c->n_heads * HD;
     const size_t per_run = (size_t)ctx->p.n_ctx / kp->block_size + 2;
     op_attn_args args[ATT_RUNS];
@@ -454,29 +498,14 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
     for (int t0 = 0; t0 < T;) {
         int t1 = t0 + 1;
         while (t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
-        int n_blocks;
-        const int32_t *blocks = kv_seq_blocks(ctx->kv, seq[t0], &n_blocks);
-        int need = pos[t1 - 1] / kp->block_size + 1;
-        const float **bp = ctx->block_ptrs + (size_t)n * per_run;
-        for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(ctx->kv, blocks[i], layer, 0);
         op_attn_args *a = &args[n];
         memset(a, 0, sizeof *a);
+        kv_store_attn_view(ctx->kv, layer, seq[t0], pos[t1 - 1], ctx->block_ptrs + (size_t)n * per_run, a);
         a->T = t1 - t0;
         a->q_pos0 = pos[t0];
         a->n_heads = c->n_heads;
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
-        a->blocks = bp;
-        a->block_size = kp->block_size;
-        a->k_type = kp->k_type; /* kv/paged's block layout */
-        a->v_type = kp->v_type;
-        a->head_bytes = kv_head_bytes(ctx->kv);
-        a->v_bytes = kv_v_offset_bytes(ctx->kv);
-        a->k_stage = kv_seq_stage(ctx->kv, seq[t0], layer, 0);
-        /* the sequence's newest block holds keys in staging only while it
-         * fills; blocks before it were quantized when they filled */
-        a->stage_block = a->k_stage ? ctx->stage_block[seq[t0]] : -1;
-        if (a->stage_block >= need) a->stage_block = -1;
         a->scale = 1.0f / sqrtf((float)HD);
         a->key_weights = h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
@@ -569,20 +598,20 @@ static void kv_head(fwd_pass *j, int t, int h) {
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
     op_rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
                   c->rope_neox);
-    write_kv_row(ctx, j->layer, j->seq[t], j->pos[t], t, h);
+    kv_store_write_row(ctx->kv, j->layer, j->seq[t], j->pos[t], h, ctx->k + row, ctx->v + row);
 }
 
 /* After the Q, K, V products. Units [0, T): token t's query (bias, RoPE) and,
  * unless keys are q4_kc, its keys and values. q4_kc: then one unit per
  * sequence of the chunk and KV head writes that sequence's tokens in order
- * (they share the staging: see write_kv_row). */
+ * (they share the staging: see kv_store_write_row). */
 static void qkv_worker(void *p, int ith, int nth) {
     (void)ith, (void)nth;
     fwd_pass *j = p;
     kvlm_ctx *ctx = j->ctx;
     const kvlm_config *c = &ctx->model->cfg;
     int QD = c->n_heads * c->head_dim, half = c->rope_dim / 2, H = c->n_kv_heads;
-    bool kc = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC;
+    bool kc = kv_store_params_of(ctx->kv)->k_type == KVLM_CACHE_Q4_KC;
     for (int u; (u = next_unit(j)) >= 0;) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
@@ -621,8 +650,8 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     int n_out = 0;
     for (int t = 0; t < T; t++)
         if (want[t]) ctx->out_tok[n_out++] = t;
-    set_stage_blocks(ctx, seq, pos, T);
-    int n_groups = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
+    kv_store_rows_written(ctx->kv, seq, pos, T);
+    int n_groups = kv_store_params_of(ctx->kv)->k_type == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         j.L = L;
@@ -700,7 +729,7 @@ static void rekey(void *user, float *keys, int n_rows, int shift) {
  * context's policy down to budget - max(n_new, block_size) tokens (amortised:
  * a compaction every block_size tokens), or fails under none. */
 static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
-    int len = kv_seq_len(ctx->kv, s), budget = ctx->budget, bs = kv_get_params(ctx->kv)->block_size;
+    int len = kv_store_seq_len(ctx->kv, s), budget = ctx->budget, bs = kv_store_params_of(ctx->kv)->block_size;
     if (len + n_new <= budget) return KVLM_OK;
     if (ctx->ev.policy == KVLM_EVICT_NONE)
         return util_err_set(err, KVLM_ERANGE, "sequence %d: %d more tokens exceed the KV budget of %d tokens (%d held; "
@@ -716,10 +745,8 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
     float *sc = h2o_scores(ctx, s);
     if (kv_evict_select(&ctx->ev, len, target, sc, ctx->keep) != target)
         return util_err_set(err, KVLM_ENOMEM, "out of memory choosing tokens to evict");
-    int rc = kv_seq_compact(ctx->kv, s, ctx->keep, target, rekey, ctx, err);
+    int rc = kv_store_compact(ctx->kv, s, ctx->keep, target, rekey, ctx, err);
     if (rc) return rc;
-    /* q4_kc: a partial last block's keys now sit in the staging */
-    ctx->stage_block[s] = kv_get_params(ctx->kv)->k_type == KVLM_CACHE_Q4_KC && target % bs ? target / bs : -1;
     if (sc) {
         for (int i = 0; i < target; i++) sc[i] = sc[ctx->keep[i]];
         memset(sc + target, 0, (size_t)(len - target) * sizeof(float));
@@ -732,22 +759,22 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
 /* --no-kv-cache: forget the sequence's keys and values and recompute the
  * whole sequence from its first token. */
 static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_error *err) {
-    int past = kv_seq_len(ctx->kv, seq), n = past + b->n_tokens;
+    int past = kv_store_seq_len(ctx->kv, seq), n = past + b->n_tokens;
     int32_t *all = malloc((size_t)n * sizeof(int32_t));
     int8_t *want = calloc((size_t)n, 1);
     int rc = KVLM_OK;
     if (!all || !want || grow_batch_arrays(ctx, n, n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
-    if (past) memcpy(all, kv_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
+    if (past) memcpy(all, kv_store_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
     memcpy(all + past, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
     for (int i = 0; i < b->n_tokens; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
-    kv_seq_release(ctx->kv, seq);
-    if ((rc = kv_seq_reserve(ctx->kv, seq, n, err))) goto done;
+    kv_store_release(ctx->kv, seq);
+    if ((rc = kv_store_reserve(ctx->kv, seq, n, err))) goto done;
     for (int i = 0; i < n; i++) { ctx->tok_seq[i] = seq; ctx->tok_pos[i] = i; }
     if ((rc = forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want, err))) {
-        kv_seq_release(ctx->kv, seq);
+        kv_store_release(ctx->kv, seq);
         goto done;
     }
-    kv_seq_commit(ctx->kv, seq, all, n);
+    kv_store_commit(ctx->kv, seq, all, n);
 done:
     free(all);
     free(want);
@@ -774,7 +801,7 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
                               b->tokens[i], i, c->vocab_size - 1);
             goto done;
         }
-        int expect = kv_seq_len(ctx->kv, s) + count[s];
+        int expect = kv_store_seq_len(ctx->kv, s) + count[s];
         if (b->pos && ctx->ev.policy != KVLM_EVICT_NONE) {
             rc = util_err_set(err, KVLM_EINVAL, "under an eviction policy the cache assigns positions: pass pos NULL");
             goto done;
@@ -791,9 +818,9 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         int s = order[k];
         if ((ctx->ev.policy != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx) && (rc = evict_for(ctx, s, count[s], err)))
             goto done;
-        if (kv_seq_len(ctx->kv, s) + count[s] > ctx->p.n_ctx) {
+        if (kv_store_seq_len(ctx->kv, s) + count[s] > ctx->p.n_ctx) {
             rc = util_err_set(err, KVLM_ERANGE, "sequence %d: %d tokens do not fit in the context of %d (%d already used)",
-                              s, count[s], ctx->p.n_ctx, kv_seq_len(ctx->kv, s));
+                              s, count[s], ctx->p.n_ctx, kv_store_seq_len(ctx->kv, s));
             goto done;
         }
     }
@@ -805,8 +832,8 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     if (grow_batch_arrays(ctx, n, n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     /* Reserve every sequence's slots first: all or nothing. */
     for (int k = 0; k < n_order; k++) {
-        if ((rc = kv_seq_reserve(ctx->kv, order[k], count[order[k]], err))) {
-            for (int j = 0; j < k; j++) kv_seq_trim(ctx->kv, order[j], kv_seq_len(ctx->kv, order[j]));
+        if ((rc = kv_store_reserve(ctx->kv, order[k], count[order[k]], err))) {
+            for (int j = 0; j < k; j++) kv_store_trim(ctx->kv, order[j], kv_store_seq_len(ctx->kv, order[j]));
             goto done;
         }
     }
@@ -816,13 +843,13 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     for (int i = 0; i < n; i++) {
         int s = b->seq ? b->seq[i] : 0;
         ctx->tok_seq[i] = s;
-        ctx->tok_pos[i] = kv_seq_len(ctx->kv, s) + count[s]++;
+        ctx->tok_pos[i] = kv_store_seq_len(ctx->kv, s) + count[s]++;
         want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
     }
     rc = forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want, err);
     free(want);
     if (rc) { /* a device error: nothing is appended */
-        for (int k = 0; k < n_order; k++) kv_seq_trim(ctx->kv, order[k], kv_seq_len(ctx->kv, order[k]));
+        for (int k = 0; k < n_order; k++) kv_store_trim(ctx->kv, order[k], kv_store_seq_len(ctx->kv, order[k]));
         goto done;
     }
     /* Commit each sequence's tokens in order (indexes blocks that filled). */
@@ -831,7 +858,7 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         int32_t *toks = ctx->tok_pos; /* reuse as scratch: positions are no longer needed */
         for (int i = 0; i < n; i++)
             if (ctx->tok_seq[i] == s) toks[m++] = b->tokens[i];
-        kv_seq_commit(ctx->kv, s, toks, m);
+        kv_store_commit(ctx->kv, s, toks, m);
     }
 done:
     free(count);
@@ -851,24 +878,24 @@ void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attentio
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {
-    return kv_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;
+    return kv_store_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;
 }
 const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
     *n = kvlm_seq_n_past(ctx, seq);
-    return kv_seq_valid(ctx->kv, seq) ? kv_seq_tokens(ctx->kv, seq) : NULL;
+    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_tokens(ctx->kv, seq) : NULL;
 }
 
 int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
-    if (!kv_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
+    if (!kv_store_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
     if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    int rc = kv_seq_reserve(ctx->kv, seq, n, err);
+    int rc = kv_store_reserve(ctx->kv, seq, n, err);
     if (rc) return rc;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     uint64_t s = seed * 2654435761u + 1;
     for (int done = 0; done < n;) {
-        int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_seq_len(ctx->kv, seq);
+        int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_store_seq_len(ctx->kv, seq);
         for (int t = 0; t < T; t++) {
             ctx->tok_seq[t] = seq;
             ctx->tok_pos[t] = past + t;
@@ -880,11 +907,14 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
                 ctx->v[i] = (float)(((s >> 16) & 0xffffff) * (2.0 / 16777216.0)) - 1.0f;
             }
             for (int t = 0; t < T; t++)
-                for (int h = 0; h < c->n_kv_heads; h++) write_kv_row(ctx, l, seq, past + t, t, h);
+                for (int h = 0; h < c->n_kv_heads; h++) {
+                    size_t row = ((size_t)t * c->n_kv_heads + h) * c->head_dim;
+                    kv_store_write_row(ctx->kv, l, seq, past + t, h, ctx->k + row, ctx->v + row);
+                }
         }
-        set_stage_blocks(ctx, ctx->tok_seq, ctx->tok_pos, T);
+        kv_store_rows_written(ctx->kv, ctx->tok_seq, ctx->tok_pos, T);
         for (int t = 0; t < T; t++) ctx->tok_pos[t] = 3 + (past + t) % (c->vocab_size - 3);
-        kv_seq_commit(ctx->kv, seq, ctx->tok_pos, T);
+        kv_store_commit(ctx->kv, seq, ctx->tok_pos, T);
         done += T;
     }
     return KVLM_OK;

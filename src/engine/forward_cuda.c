@@ -176,14 +176,14 @@ void engine_cuda_describe(engine_cuda *e, char *buf, size_t cap) {
 /* The kernels of one pass over the chunk whose metadata is in e->meta: T
  * tokens, n_out rows of logits into e->logits; max_pos bounds the
  * positions (it sets attention's split count). */
-static void run_pass(engine_cuda *e, kv_cache *kv, int T, int n_out, int max_pos) {
+static void run_pass(engine_cuda *e, kv_store *kv, int T, int n_out, int max_pos) {
     const kvlm_config *c = &e->m->cfg;
-    const kv_params *kp = kv_get_params(kv);
+    const kv_params *kp = kv_store_params_of(kv);
     cu_dev *d = e->dev;
     int32_t *m = e->meta;
     const int32_t *d_tok = m, *d_pos = m + T, *d_at = m + 2 * T, *d_rows = m + 3 * T, *d_tab = m + 4 * T;
-    cu_kv ckv = {kv_block_k(kv, 0, 0, 0), kv_block_bytes(kv), kv_head_bytes(kv), kv_v_offset_bytes(kv),
-                 kp->k_type, kp->v_type, kp->block_size, c->head_dim, c->n_kv_heads};
+    cu_kv ckv = {NULL, 0, 0, 0, kp->k_type, kp->v_type, kp->block_size, c->head_dim, c->n_kv_heads};
+    kv_store_layout(kv, &ckv.base, &ckv.block_bytes, &ckv.head_bytes, &ckv.v_offset);
     cu_kv_batch b = {d_pos, d_at, d_tab, T, max_pos};
     int D = c->dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
@@ -212,10 +212,10 @@ static void run_pass(engine_cuda *e, kv_cache *kv, int T, int n_out, int max_pos
     }
 }
 
-int engine_cuda_forward(engine_cuda *e, kv_cache *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
+int engine_cuda_forward(engine_cuda *e, kv_store *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
                         int T, const int8_t *want, float *logits, kvlm_error *err) {
     const kvlm_config *c = &e->m->cfg;
-    const kv_params *kp = kv_get_params(kv);
+    const kv_params *kp = kv_store_params_of(kv);
     if (T > e->n_batch) return util_err_set(err, KVLM_EINVAL, "CUDA: a chunk of %d tokens (at most %d)", T, e->n_batch);
     /* the chunk's metadata, one upload */
     int32_t *h = e->h_meta, *h_tok = h, *h_pos = h + T, *h_at = h + 2 * T, *h_rows = h + 3 * T, *h_tab = h + 4 * T;
@@ -227,7 +227,7 @@ int engine_cuda_forward(engine_cuda *e, kv_cache *kv, const int32_t *tokens, con
         int s = seq[t];
         if (e->seq_at[s] < 0) {
             int nb;
-            const int32_t *blocks = kv_seq_blocks(kv, s, &nb);
+            const int32_t *blocks = kv_store_seq_table(kv, s, &nb);
             if ((size_t)(4 * T + n_tab + nb) > e->meta_cap) {
                 for (int u = 0; u < t; u++) e->seq_at[seq[u]] = -1;
                 return util_err_set(err, KVLM_EINVAL, "CUDA: block tables beyond the batch buffer");
@@ -274,7 +274,7 @@ engine_cuda *engine_cuda_create(const struct kvlm_model *m, int n_batch, int max
 }
 void engine_cuda_free(engine_cuda *e) { (void)e; }
 const kv_storage *engine_cuda_storage(engine_cuda *e) { (void)e; return NULL; }
-int engine_cuda_forward(engine_cuda *e, kv_cache *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
+int engine_cuda_forward(engine_cuda *e, kv_store *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
                         int T, const int8_t *want, float *logits, kvlm_error *err) {
     (void)e, (void)kv, (void)tokens, (void)seq, (void)pos, (void)T, (void)want, (void)logits;
     return util_err_set(err, KVLM_EUNSUPPORTED, "built without CUDA");

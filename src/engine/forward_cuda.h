@@ -7,7 +7,7 @@
 #ifndef KVLM_ENGINE_FORWARD_CUDA_H
 #define KVLM_ENGINE_FORWARD_CUDA_H
 #include <stdint.h>
-#include "kv/paged.h"
+#include "kv/store.h"
 #include "kvlm.h"
 
 typedef struct engine_cuda engine_cuda;
@@ -22,7 +22,7 @@ const kv_storage *engine_cuda_storage(engine_cuda *e);
 /* Runs T tokens (reserved in kv; token t of sequence seq[t] at pos[t])
  * through the model, writing their keys and values into their blocks; the
  * logits of the tokens with want[t] go, in order, to logits (host). */
-int engine_cuda_forward(engine_cuda *e, kv_cache *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
+int engine_cuda_forward(engine_cuda *e, kv_store *kv, const int32_t *tokens, const int32_t *seq, const int32_t *pos,
                         int T, const int8_t *want, float *logits, kvlm_error *err);
 /* "cuda: NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB; weights 2.1 GiB" */
 void engine_cuda_describe(engine_cuda *e, char *buf, size_t cap);

@@ -1,6 +1,7 @@
 /* engine/sched: the scheduler: continuous batching over one kvlm_ctx (one
  * kvlm_decode per step mixing decode tokens and prefill chunks under a token
- * budget), FCFS admission by free blocks after prefix reuse, preemption of
+ * budget), FCFS admission by asking the KV cache what a prompt finds cached
+ * and needs (kvlm_seq_probe_prefix, no side effects), preemption of
  * the newest sequence by recompute when the pool runs out, n > 1 by forking
  * the prompt's blocks, cancellation; under an eviction policy, sequences that
  * run past the context within their KV budget. */
@@ -57,16 +58,16 @@ struct kvlm_sched {
     float *lp;
     /* counters (engine thread) and the published snapshot (under mu) */
     uint64_t preemptions, steps, done, prompt_tokens, cached_tokens, generated;
-    uint64_t undo_hits, undo_misses; /* prefix lookups of admissions that were then put off */
     double mark_t, mark_gen, tps, last_step_t;
     kvlm_sched_stats snap;
     kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
     int n_snap_req, cap_snap_req, cap_work_req;
 };
 
-static int blocks_for(const kvlm_sched *s, int n) { return (n + s->block_size - 1) / s->block_size; }
-/* Blocks a sequence of n tokens holds once settled: the budget caps it. */
-static int seq_blocks(const kvlm_sched *s, int n) { return blocks_for(s, n < s->budget ? n : s->budget); }
+/* Tokens a sequence of n tokens holds in the cache once settled: the budget caps it. */
+static int hold(const kvlm_sched *s, int n) { return n < s->budget ? n : s->budget; }
+/* Blocks the prompt alone fills (a request the pool can never hold is refused at submission). */
+static int prompt_blocks(const kvlm_sched *s, int n) { return (hold(s, n) + s->block_size - 1) / s->block_size; }
 
 kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err) {
     kvlm_sched *s = calloc(1, sizeof *s);
@@ -87,6 +88,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->n_blocks = st.n_blocks;
     s->next_id = 1;
     s->snap.kv = st;
+    s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
     int cap = s->batch_tokens + s->max_seqs;
     s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
     s->tok = malloc((size_t)cap * sizeof(int32_t));
@@ -200,9 +202,9 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
                      s->budget < s->n_ctx ? "KV budget" : "context", s->budget);
         return 0;
     }
-    if (seq_blocks(s, n_prompt) > s->n_blocks) {
+    if (prompt_blocks(s, n_prompt) > s->n_blocks) {
         util_err_set(err, KVLM_ERANGE, "the prompt of %d tokens needs %d KV blocks; the cache holds only %d",
-                     n_prompt, seq_blocks(s, n_prompt), s->n_blocks);
+                     n_prompt, prompt_blocks(s, n_prompt), s->n_blocks);
         return 0;
     }
     for (int i = 0; i < n_prompt; i++)
@@ -289,9 +291,7 @@ static void admit(kvlm_sched *s) {
             unit *u = &r->u[i];
             if (u->seq < 0 || follower(u)) continue;
             any_active = true;
-            int have;
-            kvlm_seq_kv_info(s->ctx, u->seq, &have, NULL);
-            if (seq_blocks(s, u->n_hist) > have) promised += seq_blocks(s, u->n_hist) - have;
+            promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
         }
     for (req *r = s->live; r; r = r->next)
         for (int i = 0; i < r->n; i++) {
@@ -299,22 +299,15 @@ static void admit(kvlm_sched *s) {
             if (u->done || u->seq >= 0 || follower(u)) continue;
             int need_slots = r->forked ? 1 : r->n_live;
             if (n_free < need_slots) return;
+            /* ask first (no side effects), attach only what is admitted */
+            kvlm_prefix_probe pr;
+            kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+            if (any_active && pr.blocks_needed > pr.blocks_available - promised) return;
             u->seq = free_slot(s);
             s->slot_used[u->seq] = true;
-            kvlm_kv_stats st0, st;
-            kvlm_kv_stats_get(s->ctx, &st0);
-            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, u->n_hist < s->budget ? u->n_hist : s->budget);
-            kvlm_kv_stats_get(s->ctx, &st);
-            int need = seq_blocks(s, u->n_hist) - matched / s->block_size;
-            if (any_active && need > st.free + st.cached - promised) {
-                /* tried again next step: this lookup should not count twice */
-                s->undo_hits += st.prefix_hits - st0.prefix_hits;
-                s->undo_misses += st.prefix_misses - st0.prefix_misses;
-                release(s, u);
-                return;
-            }
+            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
             any_active = true;
-            promised += need;
+            promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
             n_free -= need_slots;
             if (!r->admitted) {
                 r->admitted = true;
@@ -467,8 +460,7 @@ static void publish(kvlm_sched *s) {
     s->snap.generated_tokens = s->generated;
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
-    s->snap.kv.prefix_hits -= s->undo_hits;
-    s->snap.kv.prefix_misses -= s->undo_misses;
+    s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
     pthread_mutex_unlock(&s->mu);
 }
 

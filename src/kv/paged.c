@@ -1,8 +1,10 @@
-/* kv/paged: block pool, block tables, copy-on-write and the prefix index.
- * A block is in exactly one state: referenced (ref > 0), cached (ref == 0,
- * indexed, on the LRU list: reusable by a later prompt until the pool needs
- * it) or free (ref == 0, not indexed, on the free stack). */
+/* kv/paged: block pool (storage, reference counts, free stack), block
+ * tables, copy-on-write and compaction; the prefix index and LRU are
+ * kv/prefix's. A block is in exactly one state: referenced (ref > 0), cached
+ * (ref == 0, indexed, on the LRU list: reusable by a later prompt until the
+ * pool needs it) or free (ref == 0, not indexed, on the free stack). */
 #include "kv/paged.h"
+#include "kv/prefix.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,38 +14,28 @@
 #include "util/mem.h"
 
 typedef struct {
-    int32_t ref;
-    bool indexed;
-    uint64_t hash, parent;      /* chained hash of this block and of its parent */
-    int32_t lru_prev, lru_next; /* LRU links while cached */
-    int32_t hnext;              /* next block in the same index bucket */
-} block_meta;
-
-typedef struct {
     int32_t *blocks;
     int n_blocks, cap_blocks;
     int32_t *tokens;
-    uint64_t *hashes;           /* chained hash of each full block */
+    kv_key *keys;               /* chained key of each full block */
     int len;                    /* tokens committed */
     bool compacted;             /* evicted: its tokens no longer match the text, do not index */
 } kv_seq;
 
 struct kv_cache {
     kv_params p;
+    kv_blockfmt fmt;            /* what keys and stored blocks depend on */
     size_t block_bytes, k_bytes, v_bytes; /* a block; one (layer, head)'s K and V regions */
     uint8_t *data;
     uint16_t *stage;            /* q4_kc: per sequence, layers x heads x block_size x head_dim f16 */
     size_t stage_per_seq;       /* elements */
-    block_meta *meta;
-    int32_t *block_tokens;      /* tokens of each indexed block, for exact matches */
+    int32_t *ref;               /* per block: sequences holding it */
+    kv_prefix *ix;              /* the prefix index and LRU of cached blocks */
     int32_t *free_stack;
     int n_free;
-    int32_t lru_head, lru_tail;
-    int n_cached;
-    int32_t *buckets;
-    uint32_t n_buckets;
     kv_seq *seqs;
     uint64_t hits, misses, evictions;
+    kv_hooks hooks;
 };
 
 static void *host_alloc(void *user, size_t bytes) { (void)user; return util_big_alloc(bytes, true); }
@@ -51,19 +43,19 @@ static void host_free(void *user, void *p, size_t bytes) { (void)user; util_big_
 static void host_copy(void *user, void *dst, const void *src, size_t n) { (void)user; memcpy(dst, src, n); }
 const kv_storage kv_storage_host = {"host", host_alloc, host_free, host_copy, host_copy, host_copy, true, NULL};
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
+static const kv_key k_no_parent; /* zeros: a sequence's first block */
+
+static bool key_eq(const kv_key *a, const kv_key *b) { return !memcmp(a->b, b->b, 16); }
+
+/* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this pads
+ * only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an odd byte
+ * count), and the padding counts in every bytes figure. */
+static size_t region_bytes(int type, const kv_params *p) {
+    return (op_kv_region_bytes(type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
 }
 
-static uint64_t block_hash(uint64_t parent, const int32_t *tokens, int n) {
-    uint64_t h = mix64(parent ^ 0x6b766c6d);
-    for (int i = 0; i < n; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
-    return h;
+size_t kv_params_block_bytes(const kv_params *p) {
+    return (size_t)p->n_layers * p->n_kv_heads * (region_bytes(p->k_type, p) + region_bytes(p->v_type, p));
 }
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
@@ -80,39 +72,42 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     c->p = *p;
     if (!c->p.storage) c->p.storage = &kv_storage_host;
-    /* Both types go into the salt: blocks of another layout never match. */
-    c->p.salt = mix64(p->salt ^ ((uint64_t)(uint32_t)p->k_type << 32 | (uint32_t)p->v_type));
-    /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this
-     * pads only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an
-     * odd byte count), and the padding counts in every bytes figure. */
-    c->k_bytes = (op_kv_region_bytes(p->k_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
-    c->v_bytes = (op_kv_region_bytes(p->v_type, p->head_dim, p->block_size) + 3) & ~(size_t)3;
-    c->block_bytes = (size_t)p->n_layers * p->n_kv_heads * (c->k_bytes + c->v_bytes);
+    /* Keys name the model, both element types and the geometry: blocks of
+     * another model or layout never match. */
+    c->fmt.model = p->model;
+    static const kv_key zero;
+    if (key_eq(&p->model, &zero))
+        for (int i = 0; i < 8; i++) c->fmt.model.b[i] = (uint8_t)(p->salt >> (8 * i));
+    c->fmt.k_type = p->k_type;
+    c->fmt.v_type = p->v_type;
+    c->fmt.block_size = p->block_size;
+    c->fmt.n_layers = p->n_layers;
+    c->fmt.n_kv_heads = p->n_kv_heads;
+    c->fmt.head_dim = p->head_dim;
+    c->k_bytes = region_bytes(p->k_type, p);
+    c->v_bytes = region_bytes(p->v_type, p);
+    c->block_bytes = kv_params_block_bytes(p);
+    c->fmt.payload_bytes = c->block_bytes;
     size_t nb = (size_t)p->n_blocks;
     c->data = c->p.storage->alloc(c->p.storage->user, nb * c->block_bytes);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
         c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
     }
-    c->meta = calloc(nb, sizeof *c->meta);
-    c->block_tokens = malloc(nb * (size_t)p->block_size * sizeof(int32_t));
+    c->ref = calloc(nb, sizeof *c->ref);
+    c->ix = kv_prefix_create(p->n_blocks, p->block_size);
     c->free_stack = malloc(nb * sizeof(int32_t));
-    c->n_buckets = 1;
-    while (c->n_buckets < 2 * nb) c->n_buckets <<= 1;
-    c->buckets = malloc(c->n_buckets * sizeof(int32_t));
     c->seqs = calloc((size_t)p->max_seqs, sizeof *c->seqs);
-    if (!c->data || !c->meta || !c->block_tokens || !c->free_stack || !c->buckets || !c->seqs ||
+    if (!c->data || !c->ref || !c->ix || !c->free_stack || !c->seqs ||
         (c->stage_per_seq && !c->stage)) {
         util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV cache of %d blocks (%zu bytes)", p->n_blocks,
                      nb * c->block_bytes);
         kv_free(c);
         return NULL;
     }
-    for (uint32_t i = 0; i < c->n_buckets; i++) c->buckets[i] = -1;
     /* Pop order: block 0 first. */
     for (int i = 0; i < p->n_blocks; i++) c->free_stack[i] = p->n_blocks - 1 - i;
     c->n_free = p->n_blocks;
-    c->lru_head = c->lru_tail = -1;
     return c;
 }
 
@@ -122,19 +117,19 @@ void kv_free(kv_cache *c) {
         for (int s = 0; s < c->p.max_seqs; s++) {
             free(c->seqs[s].blocks);
             free(c->seqs[s].tokens);
-            free(c->seqs[s].hashes);
+            free(c->seqs[s].keys);
         }
     free(c->seqs);
     if (c->data) c->p.storage->free(c->p.storage->user, c->data, (size_t)c->p.n_blocks * c->block_bytes);
     free(c->stage);
-    free(c->meta);
-    free(c->block_tokens);
+    free(c->ref);
+    kv_prefix_free(c->ix);
     free(c->free_stack);
-    free(c->buckets);
     free(c);
 }
 
 const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
+const kv_blockfmt *kv_get_blockfmt(const kv_cache *c) { return &c->fmt; }
 size_t kv_block_bytes(const kv_cache *c) { return c->block_bytes; }
 size_t kv_head_bytes(const kv_cache *c) { return c->k_bytes + c->v_bytes; }
 size_t kv_v_offset_bytes(const kv_cache *c) { return c->k_bytes; }
@@ -155,79 +150,30 @@ uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head) {
 
 /* ---- LRU and index ---------------------------------------------------------- */
 
-static void lru_remove(kv_cache *c, int32_t b) {
-    block_meta *m = &c->meta[b];
-    if (m->lru_prev >= 0) c->meta[m->lru_prev].lru_next = m->lru_next; else c->lru_head = m->lru_next;
-    if (m->lru_next >= 0) c->meta[m->lru_next].lru_prev = m->lru_prev; else c->lru_tail = m->lru_prev;
-    m->lru_prev = m->lru_next = -1;
-    c->n_cached--;
-}
-
-static void lru_push_tail(kv_cache *c, int32_t b) {
-    block_meta *m = &c->meta[b];
-    m->lru_prev = c->lru_tail;
-    m->lru_next = -1;
-    if (c->lru_tail >= 0) c->meta[c->lru_tail].lru_next = b; else c->lru_head = b;
-    c->lru_tail = b;
-    c->n_cached++;
-}
-
-static void index_remove(kv_cache *c, int32_t b) {
-    int32_t *pp = &c->buckets[c->meta[b].hash & (c->n_buckets - 1)];
-    while (*pp >= 0 && *pp != b) pp = &c->meta[*pp].hnext;
-    if (*pp == b) *pp = c->meta[b].hnext;
-    c->meta[b].indexed = false;
-    c->meta[b].hnext = -1;
-}
-
-/* The indexed block with this chain position and exactly these tokens. */
-static int32_t index_find(const kv_cache *c, uint64_t hash, uint64_t parent, const int32_t *tokens) {
-    int bs = c->p.block_size;
-    for (int32_t b = c->buckets[hash & (c->n_buckets - 1)]; b >= 0; b = c->meta[b].hnext)
-        if (c->meta[b].hash == hash && c->meta[b].parent == parent &&
-            !memcmp(c->block_tokens + (size_t)b * bs, tokens, (size_t)bs * sizeof(int32_t)))
-            return b;
-    return -1;
-}
-
-static void index_insert(kv_cache *c, int32_t b, uint64_t hash, uint64_t parent, const int32_t *tokens) {
-    block_meta *m = &c->meta[b];
-    m->hash = hash;
-    m->parent = parent;
-    m->indexed = true;
-    memcpy(c->block_tokens + (size_t)b * c->p.block_size, tokens, (size_t)c->p.block_size * sizeof(int32_t));
-    uint32_t slot = hash & (c->n_buckets - 1);
-    m->hnext = c->buckets[slot];
-    c->buckets[slot] = b;
-}
-
 /* ---- blocks ------------------------------------------------------------------ */
 
-static int available(const kv_cache *c) { return c->n_free + c->n_cached; }
+static int available(const kv_cache *c) { return c->n_free + kv_prefix_cached(c->ix); }
 
 static int32_t block_alloc(kv_cache *c) {
     int32_t b;
     if (c->n_free > 0) b = c->free_stack[--c->n_free];
-    else if (c->lru_head >= 0) { /* reuse the least recently used cached block */
-        b = c->lru_head;
-        lru_remove(c, b);
-        index_remove(c, b);
+    else if ((b = kv_prefix_lru_head(c->ix)) >= 0) { /* reuse the least recently used cached block */
+        if (c->hooks.demote) c->hooks.demote(c->hooks.user, c, b);
+        kv_prefix_remove(c->ix, b);
         c->evictions++;
     } else return -1;
-    c->meta[b].ref = 1;
-    c->meta[b].indexed = false;
-    c->meta[b].lru_prev = c->meta[b].lru_next = c->meta[b].hnext = -1;
+    c->ref[b] = 1;
     return b;
 }
 
 static void block_unref(kv_cache *c, int32_t b) {
-    if (--c->meta[b].ref > 0) return;
-    if (c->meta[b].indexed) lru_push_tail(c, b);
+    if (--c->ref[b] > 0) return;
+    if (kv_prefix_indexed(c->ix, b)) kv_prefix_lru_push(c->ix, b);
     else c->free_stack[c->n_free++] = b;
 }
 
 static void block_ref(kv_cache *c, int32_t b) {
-    if (c->meta[b].ref++ == 0 && c->meta[b].indexed) lru_remove(c, b);
+    if (c->ref[b]++ == 0) kv_prefix_lru_remove(c->ix, b);
 }
 
 /* ---- sequences ------------------------------------------------------------- */
@@ -254,9 +200,9 @@ static int seq_grow(kv_cache *c, kv_seq *s, int n_tokens) {
     int32_t *nt = realloc(s->tokens, (size_t)cap * bs * sizeof(int32_t));
     if (!nt) return -1;
     s->tokens = nt;
-    uint64_t *nh = realloc(s->hashes, (size_t)cap * sizeof(uint64_t));
-    if (!nh) return -1;
-    s->hashes = nh;
+    kv_key *nk = realloc(s->keys, (size_t)cap * sizeof(kv_key));
+    if (!nk) return -1;
+    s->keys = nk;
     s->cap_blocks = cap;
     return 0;
 }
@@ -268,7 +214,7 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         return util_err_set(err, KVLM_ERANGE, "sequence %d would hold %d tokens, more than the context of %d", seq,
                             need_tokens, c->p.max_seq_tokens);
     int need_blocks = (need_tokens + bs - 1) / bs;
-    bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks && c->meta[s->blocks[s->len / bs]].ref > 1;
+    bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks && c->ref[s->blocks[s->len / bs]] > 1;
     int extra = need_blocks - s->n_blocks + (cow ? 1 : 0);
     if (extra > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: sequence %d needs %d more blocks, %d are free", seq,
@@ -299,14 +245,17 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
     memcpy(s->tokens + old, tokens, (size_t)n * sizeof(int32_t));
     s->len += n;
     for (int i = old / bs; i < s->len / bs; i++) {
-        uint64_t parent = i == 0 ? c->p.salt : s->hashes[i - 1];
+        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
         const int32_t *bt = s->tokens + (size_t)i * bs;
-        s->hashes[i] = block_hash(parent, bt, bs);
         int32_t b = s->blocks[i];
+        if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
+        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
         /* Index it unless an identical block already is (e.g. two requests
          * computed the same prefix at once): then this copy stays private. */
-        if (c->p.prefix_cache && !s->compacted && !c->meta[b].indexed && index_find(c, s->hashes[i], parent, bt) < 0)
-            index_insert(c, b, s->hashes[i], parent, bt);
+        if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
+            kv_prefix_insert(c->ix, b, &s->keys[i], parent, bt);
+            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
+        }
     }
 }
 
@@ -330,7 +279,7 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     b->n_blocks = a->n_blocks;
     if (a->len) { /* a sequence never used has no arrays */
         memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
-        memcpy(b->hashes, a->hashes, (size_t)(a->len / c->p.block_size) * sizeof(uint64_t));
+        memcpy(b->keys, a->keys, (size_t)(a->len / c->p.block_size) * sizeof(kv_key));
     }
     b->len = a->len;
     b->compacted = a->compacted;
@@ -347,24 +296,74 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     int eligible = (n - 1) / bs; /* full blocks, leaving one token to compute */
     if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
     if (eligible <= 0 || seq_grow(c, s, eligible * bs)) return 0;
-    uint64_t parent = c->p.salt;
     int i = 0;
     for (; i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
-        uint64_t h = block_hash(parent, bt, bs);
-        int32_t b = index_find(c, h, parent, bt);
+        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
+        int32_t b = kv_prefix_find(c->ix, &s->keys[i], parent, bt);
         if (b < 0) break;
         block_ref(c, b);
         s->blocks[s->n_blocks++] = b;
-        s->hashes[i] = h;
-        parent = h;
     }
     c->hits += (uint64_t)i;
     c->misses += (uint64_t)(eligible - i);
     memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
     s->len = i * bs;
+    if (i < eligible && c->hooks.miss) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
     return s->len;
 }
+
+void kv_set_hooks(kv_cache *c, const kv_hooks *h) {
+    if (h) c->hooks = *h;
+    else memset(&c->hooks, 0, sizeof c->hooks);
+}
+const kv_key *kv_block_key_of(const kv_cache *c, int32_t b) { return kv_prefix_key(c->ix, b); }
+const int32_t *kv_block_tokens(const kv_cache *c, int32_t b) { return kv_prefix_tokens(c->ix, b); }
+bool kv_block_indexed(const kv_cache *c, int32_t b) { return kv_prefix_indexed(c->ix, b); }
+const kv_key *kv_seq_key(const kv_cache *c, int seq, int i) { return &c->seqs[seq].keys[i]; }
+
+void kv_block_read(const kv_cache *c, int32_t b, void *host_dst) {
+    c->p.storage->read(c->p.storage->user, host_dst, c->data + (size_t)b * c->block_bytes, c->block_bytes);
+}
+void kv_block_write(kv_cache *c, int32_t b, const void *host_src) {
+    c->p.storage->write(c->p.storage->user, c->data + (size_t)b * c->block_bytes, host_src, c->block_bytes);
+}
+
+int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, i = s->n_blocks;
+    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted) return -1;
+    if (available(c) < 1 || seq_grow(c, s, (i + 1) * bs)) return -1;
+    const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+    int32_t b = block_alloc(c);
+    s->blocks[s->n_blocks++] = b;
+    s->keys[i] = *key;
+    memcpy(s->tokens + (size_t)i * bs, tokens, (size_t)bs * sizeof(int32_t));
+    s->len += bs;
+    if (kv_prefix_find(c->ix, key, parent, tokens) < 0) kv_prefix_insert(c->ix, b, key, parent, tokens);
+    return b;
+}
+
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced, kv_key *last) {
+    int bs = c->p.block_size, i = 0, unref = 0;
+    int eligible = (n - 1) / bs;
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    kv_key parent = k_no_parent, key;
+    for (; c->p.prefix_cache && i < eligible; i++) {
+        const int32_t *bt = tokens + (size_t)i * bs;
+        kv_block_key(&c->fmt, i == 0 ? NULL : &parent, bt, &key);
+        int32_t b = kv_prefix_find(c->ix, &key, &parent, bt);
+        if (b < 0) break;
+        unref += c->ref[b] == 0;
+        parent = key;
+    }
+    if (unreferenced) *unreferenced = unref;
+    if (last) *last = parent;
+    return i;
+}
+
+int kv_available_blocks(const kv_cache *c) { return available(c); }
 
 /* q4_kc keys for kv_seq_compact: each destination block is rebuilt whole
  * (its tokens' keys gathered as f32 from their per-channel blocks or from the
@@ -415,7 +414,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
     if (n_keep > s->len || (n_keep > 0 && keep[n_keep - 1] >= s->len))
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep tokens past its %d", seq, s->len);
     int b_lo = first / bs, b_hi = (n_keep + bs - 1) / bs, copies = 0; /* blocks written: [b_lo, b_hi) */
-    for (int j = b_lo; j < b_hi; j++) copies += c->meta[s->blocks[j]].ref > 1;
+    for (int j = b_lo; j < b_hi; j++) copies += c->ref[s->blocks[j]] > 1;
     if (copies > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: evicting from sequence %d needs %d block "
                                              "copies, %d blocks are free", seq, copies, available(c));
@@ -427,12 +426,12 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
     if (!rows || (kc && !kc_tmp)) { free(rows); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
     for (int j = b_lo; j < b_hi; j++) {
         int32_t b = s->blocks[j];
-        if (c->meta[b].ref > 1) { /* shared: write into a private copy */
+        if (c->ref[b] > 1) { /* shared: write into a private copy */
             int32_t nb = block_alloc(c);
             c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
             block_unref(c, b);
             s->blocks[j] = nb;
-        } else if (c->meta[b].indexed) index_remove(c, b); /* its contents change */
+        } else kv_prefix_remove(c->ix, b); /* indexed: its contents change */
     }
     if (kc) compact_kc_keys(c, seq, keep, n_keep, first, rekey, user, rows, kc_tmp);
     free(kc_tmp);
@@ -469,16 +468,16 @@ void kv_get_stats(const kv_cache *c, kv_stats *st) {
     memset(st, 0, sizeof *st);
     st->n_blocks = c->p.n_blocks;
     st->free = c->n_free;
-    st->cached = c->n_cached;
-    st->used = c->p.n_blocks - c->n_free - c->n_cached;
-    for (int b = 0; b < c->p.n_blocks; b++) st->shared += c->meta[b].ref > 1;
+    st->cached = kv_prefix_cached(c->ix);
+    st->used = c->p.n_blocks - c->n_free - st->cached;
+    for (int b = 0; b < c->p.n_blocks; b++) st->shared += c->ref[b] > 1;
     st->hits = c->hits;
     st->misses = c->misses;
     st->evictions = c->evictions;
 }
 
 int kv_block_refs(const kv_cache *c, int32_t block) {
-    return block >= 0 && block < c->p.n_blocks ? c->meta[block].ref : 0;
+    return block >= 0 && block < c->p.n_blocks ? c->ref[block] : 0;
 }
 
 const char *kv_check(const kv_cache *c) {
@@ -495,28 +494,16 @@ const char *kv_check(const kv_cache *c) {
         for (int i = 0; i < q->n_blocks; i++) refs[q->blocks[i]]++;
     }
     for (int b = 0; b < nb && !bad; b++)
-        if (refs[b] != c->meta[b].ref) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->meta[b].ref, refs[b]); bad = msg; }
+        if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }
     for (int i = 0; i < c->n_free && !bad; i++) {
         int32_t b = c->free_stack[i];
-        if (state[b]++ || c->meta[b].ref || c->meta[b].indexed) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
+        if (state[b]++ || c->ref[b] || kv_prefix_indexed(c->ix, b)) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
     }
-    int n_lru = 0;
-    for (int32_t b = c->lru_head; b >= 0 && !bad; b = c->meta[b].lru_next, n_lru++)
-        if (state[b]++ || c->meta[b].ref || !c->meta[b].indexed || n_lru > nb) { snprintf(msg, sizeof msg, "cached block %d is in use, unindexed or listed twice", b); bad = msg; }
-    if (!bad && n_lru != c->n_cached) { snprintf(msg, sizeof msg, "LRU holds %d blocks, counted %d", n_lru, c->n_cached); bad = msg; }
+    for (int32_t b = kv_prefix_lru_head(c->ix); b >= 0 && !bad; b = kv_prefix_lru_next(c->ix, b))
+        if (state[b]++ || c->ref[b]) { snprintf(msg, sizeof msg, "cached block %d is in use or free", b); bad = msg; }
     for (int b = 0; b < nb && !bad; b++)
-        if (!state[b] && c->meta[b].ref == 0) { snprintf(msg, sizeof msg, "block %d is lost (unreferenced, not free, not cached)", b); bad = msg; }
-    int n_indexed = 0, n_in_buckets = 0;
-    for (int b = 0; b < nb; b++) n_indexed += c->meta[b].indexed;
-    for (uint32_t i = 0; i < c->n_buckets && !bad; i++)
-        for (int32_t b = c->buckets[i]; b >= 0; b = c->meta[b].hnext) {
-            if (!c->meta[b].indexed || (c->meta[b].hash & (c->n_buckets - 1)) != i || ++n_in_buckets > nb) {
-                snprintf(msg, sizeof msg, "index bucket %u holds block %d wrongly", i, b);
-                bad = msg;
-                break;
-            }
-        }
-    if (!bad && n_in_buckets != n_indexed) { snprintf(msg, sizeof msg, "index holds %d blocks, %d are marked indexed", n_in_buckets, n_indexed); bad = msg; }
+        if (!state[b] && c->ref[b] == 0) { snprintf(msg, sizeof msg, "block %d is lost (unreferenced, not free, not cached)", b); bad = msg; }
+    if (!bad) bad = kv_prefix_check(c->ix, msg, sizeof msg);
     free(refs);
     free(state);
     return bad;

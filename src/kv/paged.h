@@ -1,6 +1,7 @@
 /* kv/paged: the paged KV cache: one pool of fixed-size blocks shared by all
  * sequences, a block table per sequence (shared by all layers), reference
- * counts with copy-on-write, a prefix index (chained hashes of full blocks)
+ * counts with copy-on-write, a prefix index (chained keys of full blocks,
+ * kv/blockfmt.h: the same keys the tiers use; kept by kv/prefix)
  * with an LRU of cached blocks that finished sequences left behind, and the
  * byte layout of keys and values of any element type (ops/kvtype.h). */
 #ifndef KVLM_KV_PAGED_H
@@ -8,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kv/blockfmt.h"
 #include "kvlm.h"
 
 typedef struct kv_cache kv_cache;
@@ -34,15 +36,18 @@ typedef struct {
     int n_blocks;         /* blocks in the pool */
     int max_seqs;         /* sequence ids are 0..max_seqs-1 */
     int max_seq_tokens;   /* the context: most tokens one sequence may hold */
-    uint64_t salt;        /* identifies the model in prefix hashes (the types are mixed in) */
+    uint64_t salt;        /* tests: names the model in block keys when `model` is all zero */
     bool prefix_cache;    /* index full blocks for reuse by later sequences */
     int k_type, v_type;   /* element types (KVLM_CACHE_*; 0 = f32) */
     const kv_storage *storage; /* NULL: host memory */
+    kv_key model;         /* the model's fingerprint (kv/blockfmt.h), part of every block key */
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);
 void kv_free(kv_cache *c);
 const kv_params *kv_get_params(const kv_cache *c);
+/* What this pool's block keys and stored blocks depend on. */
+const kv_blockfmt *kv_get_blockfmt(const kv_cache *c);
 
 /* A block holds, for each (layer, KV head) in turn, [K region][V region],
  * each op_kv_region_bytes(type, head_dim, block_size) bytes: for per-token
@@ -50,6 +55,8 @@ const kv_params *kv_get_params(const kv_cache *c);
  * block; each region is padded to a multiple of 4 bytes (no padding when
  * block_size is a multiple of 4 and head_dim even). Bytes of one block: layers x KV heads x (K + V region). */
 size_t kv_block_bytes(const kv_cache *c);
+/* The same, from the parameters alone (for sizing a pool before creating it). */
+size_t kv_params_block_bytes(const kv_params *p);
 /* Bytes from one (layer, head)'s K region to the next, and K to V. */
 size_t kv_head_bytes(const kv_cache *c);
 size_t kv_v_offset_bytes(const kv_cache *c);
@@ -93,6 +100,12 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
  * indexed full blocks matching them, leaving at least one token to compute.
  * Returns the number of tokens now in the cache (a multiple of block_size). */
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n);
+/* What kv_seq_match_prefix would attach, without attaching or counting:
+ * the matching full blocks, and (unreferenced) how many of them sit on the
+ * LRU (attaching takes them off it); last (may be NULL): the last one's key. */
+int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced, kv_key *last);
+/* Free blocks plus cached ones: what reservations may still take. */
+int kv_available_blocks(const kv_cache *c);
 
 /* Re-encodes the keys of a moved token, n_rows rows of head_dim floats (every
  * layer and KV head), whose place in the cache drops by `shift` slots (the
@@ -111,9 +124,38 @@ typedef void (*kv_rekey_fn)(void *user, float *keys, int n_rows, int shift);
 int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                    kvlm_error *err);
 
+/* ---- hooks for the tiers (kv/store sets them) ---- */
+typedef struct {
+    /* A cached (unreferenced, indexed) block is about to be reused for other
+     * data: its bytes, key and tokens are still intact for this call. */
+    void (*demote)(void *user, kv_cache *c, int32_t block);
+    /* kv_seq_commit indexed a full block (its bytes are final). */
+    void (*indexed)(void *user, kv_cache *c, int32_t block);
+    /* kv_seq_match_prefix found only the first `have` of `want` eligible
+     * blocks in the index: the hook may attach more (kv_seq_attach_block). */
+    void (*miss)(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
+    void *user;
+} kv_hooks;
+void kv_set_hooks(kv_cache *c, const kv_hooks *h);
+/* An indexed block's key and tokens (block_size of them). */
+const kv_key *kv_block_key_of(const kv_cache *c, int32_t block);
+const int32_t *kv_block_tokens(const kv_cache *c, int32_t block);
+bool kv_block_indexed(const kv_cache *c, int32_t block);
+/* The key of a sequence's full block i (computed when it was committed or matched). */
+const kv_key *kv_seq_key(const kv_cache *c, int seq, int i);
+/* Whole block bytes through the storage table (kv_block_bytes of them). */
+void kv_block_read(const kv_cache *c, int32_t block, void *host_dst);
+void kv_block_write(kv_cache *c, int32_t block, const void *host_src);
+/* For a sequence that holds only full blocks (len = blocks x block_size):
+ * appends a fresh block for these block_size tokens under key (which must
+ * chain on the sequence's last key), indexes it and counts its tokens as
+ * committed. The caller writes its bytes (kv_block_write) before anything
+ * reads them. Returns the block, or -1 when the pool has no block to give. */
+int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key);
+
 typedef struct {
     int n_blocks, used, cached, free;   /* used: referenced; cached: unreferenced but indexed */
-    uint64_t hits, misses, evictions;   /* prefix lookups (per block) and index evictions */
+    uint64_t hits, misses, evictions;   /* prefix lookups in RAM (per block) and index evictions */
     int shared;                         /* blocks referenced by more than one sequence */
 } kv_stats;
 void kv_get_stats(const kv_cache *c, kv_stats *s);

@@ -2,6 +2,7 @@
  * Contiguous caches reserve the whole context per sequence; paged caches
  * take blocks as tokens arrive, so their cost follows the tokens held. */
 #include "kv/planner.h"
+#include "kv/blockfmt.h"
 
 void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *p, kvlm_plan *o) {
     int bs = p->block_size > 0 ? p->block_size : 16;
@@ -27,4 +28,12 @@ void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *
     /* A sequence holding avg tokens needs ceil(avg / bs) blocks. */
     o->fit_paged_avg = (long)(n_blocks / (size_t)((avg + bs - 1) / bs));
     o->fit_contiguous_avg = o->fit_contiguous;
+    /* the tiers hold blocks in kv/blockfmt's form: the block plus its header,
+     * token ids and checksum */
+    kv_blockfmt f = {.block_size = bs, .payload_bytes = o->block_bytes};
+    o->stored_block_bytes = kv_blockfmt_bytes(&f);
+    o->tokens_ram = (uint64_t)n_blocks * (uint64_t)bs;
+    o->tokens_host = p->host_bytes / o->stored_block_bytes * (uint64_t)bs;
+    o->tokens_disk = p->disk_bytes / o->stored_block_bytes * (uint64_t)bs;
+    o->tokens_redis = p->redis_bytes / o->stored_block_bytes * (uint64_t)bs;
 }

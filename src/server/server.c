@@ -127,6 +127,62 @@ static void histogram(tbuf *b, const char *name, const char *help, const double 
          name, (unsigned long long)total);
 }
 
+/* One metric per KV tier, labelled tier="host|disk|redis". */
+#define TIER_FIELDS(X) \
+    X(blocks, "gauge", "Blocks held by the KV tier") \
+    X(bytes, "gauge", "Bytes held by the KV tier") \
+    X(hits_total, "counter", "Blocks found in the KV tier on a prefix miss in the pool") \
+    X(misses_total, "counter", "Blocks looked for in the KV tier and not found") \
+    X(writes_total, "counter", "Blocks written to the KV tier") \
+    X(dropped_writes_total, "counter", "Block writes dropped (queue full, tier down or full)") \
+    X(corrupt_total, "counter", "Blocks read from the KV tier that failed their checks (recomputed)") \
+    X(errors_total, "counter", "I/O or connection errors of the KV tier") \
+    X(promoted_total, "counter", "Blocks brought back from the KV tier into the pool") \
+    X(demoted_total, "counter", "Cached blocks sent down to the KV tier before the pool reused them") \
+    X(read_seconds_total, "counter", "Summed latency of the KV tier's batched reads") \
+    X(reads_total, "counter", "Batched reads of the KV tier")
+
+static double tier_field(const kvlm_kv_tier_stats *t, const char *f) {
+    if (!strcmp(f, "blocks")) return (double)t->blocks;
+    if (!strcmp(f, "bytes")) return (double)t->bytes;
+    if (!strcmp(f, "hits_total")) return (double)t->hits;
+    if (!strcmp(f, "misses_total")) return (double)t->misses;
+    if (!strcmp(f, "writes_total")) return (double)t->writes;
+    if (!strcmp(f, "dropped_writes_total")) return (double)t->dropped_writes;
+    if (!strcmp(f, "corrupt_total")) return (double)t->corrupt;
+    if (!strcmp(f, "errors_total")) return (double)t->errors;
+    if (!strcmp(f, "promoted_total")) return (double)t->promoted;
+    if (!strcmp(f, "demoted_total")) return (double)t->demoted;
+    if (!strcmp(f, "read_seconds_total")) return t->read_seconds;
+    return (double)t->reads;
+}
+
+static void tier_metrics(tbuf *b, const kvlm_sched_stats *st) {
+    if (st->n_tiers <= 0) return;
+#define TIER_METRIC(f, type, help)                                                                        \
+    tput(b, "# HELP kvlm_kv_tier_" #f " " help "\n# TYPE kvlm_kv_tier_" #f " " type "\n");                \
+    for (int i = 0; i < st->n_tiers; i++)                                                                 \
+        tput(b, "kvlm_kv_tier_" #f "{tier=\"%s\"} %.17g\n", st->tiers[i].name, tier_field(&st->tiers[i], #f));
+    TIER_FIELDS(TIER_METRIC)
+#undef TIER_METRIC
+}
+
+static json_t *tiers_json(const kvlm_sched_stats *st) {
+    json_t *a = json_array();
+    for (int i = 0; i < st->n_tiers; i++) {
+        const kvlm_kv_tier_stats *t = &st->tiers[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(t->name));
+        json_object_set_new(o, "up", json_boolean(t->up));
+#define TIER_JSON(f, type, help) json_object_set_new(o, #f, json_real(tier_field(t, #f)));
+        TIER_FIELDS(TIER_JSON)
+#undef TIER_JSON
+        json_object_set_new(o, "read_ms_mean", json_real(t->reads ? 1e3 * t->read_seconds / (double)t->reads : 0.0));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     kvlm_sched_stats st;
     if (!get_stats(s, &st)) return srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
@@ -145,12 +201,13 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_prefix_cache_misses_total", "counter", "Prompt blocks not found in the prefix index",
            (double)kv->prefix_misses);
     metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
+    tier_metrics(&b, &st);
     metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
     metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
     metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
     metric(&b, "kvlm_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", (double)st.preemptions);
     metric(&b, "kvlm_prompt_tokens_total", "counter", "Prompt tokens admitted", (double)st.prompt_tokens);
-    metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index",
+    metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index or a KV tier",
            (double)st.cached_tokens);
     metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
     metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
@@ -194,14 +251,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
                                               info[i].cached_tokens));
     }
     json_t *j = json_pack(
-        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:o}",
+        "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:o, s:o, "
+        "s:I, s:I}",
         "model", s->model_id, "block_size", kv->block_size, "n_blocks", kv->n_blocks, "blocks_used", kv->used,
         "blocks_cached", kv->cached, "blocks_free", kv->free, "blocks_shared", kv->shared, "block_bytes",
         (json_int_t)kv->block_bytes, "kv_bytes_used", (json_int_t)(kv->used * kv->block_bytes), "kv_bytes_total",
         (json_int_t)(kv->n_blocks * kv->block_bytes), "prefix_hits", (json_int_t)kv->prefix_hits, "prefix_misses",
         (json_int_t)kv->prefix_misses, "prefix_hit_rate", hit_rate(kv), "running", st.running, "waiting", st.waiting,
         "preemptions", (json_int_t)st.preemptions, "tokens_per_second", st.tokens_per_second, "generated_tokens",
-        (json_int_t)st.generated_tokens, "requests_done", (json_int_t)st.requests_done, "requests", reqs);
+        (json_int_t)st.generated_tokens, "requests_done", (json_int_t)st.requests_done, "requests", reqs, "tiers",
+        tiers_json(&st), "prompt_tokens", (json_int_t)st.prompt_tokens, "cached_tokens", (json_int_t)st.cached_tokens);
     return srv_json(c, 200, j);
 }
 

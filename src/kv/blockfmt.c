@@ -1,0 +1,167 @@
+/* kv/blockfmt: block keys (XXH3-128 over a versioned byte string), the
+ * serialized block (header, token ids, payload, XXH3-64) and the model
+ * fingerprint; the layout is documented in blockfmt.h and docs/kv-tiers.md. */
+#include "kv/blockfmt.h"
+#include <string.h>
+/* XXH3_state_t on the stack: its layout is that of the installed libxxhash */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#include "model/dtype.h"
+#include "model/model.h"
+
+static const uint8_t k_magic[8] = {'K', 'V', 'L', 'M', 'B', 'L', 'K', '1'};
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static void key_from_hash(XXH128_hash_t h, kv_key *out) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out->b, c.digest, 16);
+}
+
+void kv_block_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tokens, kv_key *out) {
+    /* version, model, types, block size, parent: 48 bytes, then the tokens */
+    uint8_t head[48];
+    put32(head, KV_BLOCKFMT_VERSION);
+    memcpy(head + 4, f->model.b, 16);
+    put32(head + 20, (uint32_t)f->k_type);
+    put32(head + 24, (uint32_t)f->v_type);
+    put32(head + 28, (uint32_t)f->block_size);
+    if (parent) memcpy(head + 32, parent->b, 16);
+    else memset(head + 32, 0, 16);
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, head, sizeof head);
+    uint8_t buf[256];
+    for (int i = 0; i < f->block_size;) { /* little-endian whatever the host */
+        int n = 0;
+        for (; n < 64 && i < f->block_size; n++, i++) put32(buf + 4 * n, (uint32_t)tokens[i]);
+        XXH3_128bits_update(&st, buf, (size_t)n * 4);
+    }
+    key_from_hash(XXH3_128bits_digest(&st), out);
+}
+
+size_t kv_blockfmt_payload_offset(const kv_blockfmt *f) { return KV_BLOCKFMT_FIXED + 4 * (size_t)f->block_size; }
+size_t kv_blockfmt_bytes(const kv_blockfmt *f) { return kv_blockfmt_payload_offset(f) + f->payload_bytes + 8; }
+
+void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, uint8_t *out) {
+    memcpy(out, k_magic, 8);
+    put32(out + 8, KV_BLOCKFMT_VERSION);
+    put32(out + 12, (uint32_t)kv_blockfmt_payload_offset(f));
+    memcpy(out + 16, key->b, 16);
+    memcpy(out + 32, f->model.b, 16);
+    put32(out + 48, (uint32_t)f->k_type);
+    put32(out + 52, (uint32_t)f->v_type);
+    put32(out + 56, (uint32_t)f->block_size);
+    put32(out + 60, (uint32_t)f->n_layers);
+    put32(out + 64, (uint32_t)f->n_kv_heads);
+    put32(out + 68, (uint32_t)f->head_dim);
+    put32(out + 72, (uint32_t)f->block_size);
+    put32(out + 76, 0);
+    put64(out + 80, (uint64_t)f->payload_bytes);
+    for (int i = 0; i < f->block_size; i++) put32(out + KV_BLOCKFMT_FIXED + 4 * (size_t)i, (uint32_t)tokens[i]);
+}
+
+void kv_blockfmt_seal(const kv_blockfmt *f, uint8_t *out) {
+    size_t n = kv_blockfmt_bytes(f) - 8;
+    put64(out + n, XXH3_64bits(out, n));
+}
+
+bool kv_blockfmt_peek(const uint8_t *d, size_t len, kv_blockfmt *f, kv_key *key, int *n_tokens) {
+    if (len < KV_BLOCKFMT_FIXED || memcmp(d, k_magic, 8) || get32(d + 8) != KV_BLOCKFMT_VERSION) return false;
+    memset(f, 0, sizeof *f);
+    memcpy(key->b, d + 16, 16);
+    memcpy(f->model.b, d + 32, 16);
+    f->k_type = (int)get32(d + 48);
+    f->v_type = (int)get32(d + 52);
+    f->block_size = (int)get32(d + 56);
+    f->n_layers = (int)get32(d + 60);
+    f->n_kv_heads = (int)get32(d + 64);
+    f->head_dim = (int)get32(d + 68);
+    *n_tokens = (int)get32(d + 72);
+    f->payload_bytes = (size_t)get64(d + 80);
+    return true;
+}
+
+const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, const uint8_t *d,
+                                 size_t len, const char **why) {
+    size_t off = kv_blockfmt_payload_offset(f);
+    const char *w = NULL;
+    if (len != kv_blockfmt_bytes(f)) w = "wrong length";
+    else if (memcmp(d, k_magic, 8)) w = "bad magic";
+    else if (get32(d + 8) != KV_BLOCKFMT_VERSION) w = "another format version";
+    else if (get32(d + 12) != off || get64(d + 80) != f->payload_bytes) w = "wrong sizes in the header";
+    else if (memcmp(d + 16, key->b, 16)) w = "another key";
+    else if (memcmp(d + 32, f->model.b, 16)) w = "another model";
+    else if (get32(d + 48) != (uint32_t)f->k_type || get32(d + 52) != (uint32_t)f->v_type) w = "other element types";
+    else if (get32(d + 56) != (uint32_t)f->block_size || get32(d + 60) != (uint32_t)f->n_layers ||
+             get32(d + 64) != (uint32_t)f->n_kv_heads || get32(d + 68) != (uint32_t)f->head_dim ||
+             get32(d + 72) != (uint32_t)f->block_size)
+        w = "another cache geometry";
+    else if (get64(d + len - 8) != XXH3_64bits(d, len - 8)) w = "checksum mismatch";
+    else
+        for (int i = 0; i < f->block_size && !w; i++)
+            if (get32(d + KV_BLOCKFMT_FIXED + 4 * (size_t)i) != (uint32_t)tokens[i]) w = "other tokens";
+    if (why) *why = w;
+    return w ? NULL : d + off;
+}
+
+/* ---- the model fingerprint ---- */
+
+static void hash_tensor(XXH3_state_t *st, const model_tensor *t, const char *fallback_name) {
+    const char *name = t->name ? t->name : fallback_name;
+    uint8_t b[24];
+    XXH3_128bits_update(st, name, strlen(name) + 1);
+    put32(b, t->data ? 1u : 0u);
+    put32(b + 4, (uint32_t)t->type);
+    put64(b + 8, (uint64_t)t->n_out);
+    put64(b + 16, (uint64_t)t->n_in);
+    XXH3_128bits_update(st, b, sizeof b);
+    if (!t->data) return;
+    size_t bytes = dt_row_size(t->type, (int)t->n_in) * (size_t)t->n_out;
+    const uint8_t *p = t->data;
+    if (bytes <= 640) { XXH3_128bits_update(st, p, bytes); return; }
+    /* the first and last 64 bytes and 64 at each eighth in between */
+    for (int i = 0; i <= 8; i++) {
+        size_t at = i == 8 ? bytes - 64 : bytes / 8 * (size_t)i;
+        XXH3_128bits_update(st, p + at, 64);
+    }
+}
+
+void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, "kvlm-model-v1", 13);
+    const kvlm_config *c = &m->cfg;
+    uint32_t f[15];
+    uint32_t rb, eps;
+    memcpy(&rb, &c->rope_base, 4);
+    memcpy(&eps, &c->norm_eps, 4);
+    uint32_t v[] = {(uint32_t)c->arch, (uint32_t)c->dim, (uint32_t)c->hidden_dim, (uint32_t)c->n_layers,
+                    (uint32_t)c->n_heads, (uint32_t)c->n_kv_heads, (uint32_t)c->head_dim, (uint32_t)c->vocab_size,
+                    (uint32_t)c->n_ctx_train, (uint32_t)c->rope_dim, rb, c->rope_neox ? 1u : 0u, eps,
+                    (uint32_t)c->weight_type};
+    size_t n = sizeof v / sizeof v[0];
+    for (size_t i = 0; i < n; i++) put32((uint8_t *)&f[i], v[i]);
+    XXH3_128bits_update(&st, f, n * 4);
+    XXH3_128bits_update(&st, m->arch_name, strnlen(m->arch_name, sizeof m->arch_name));
+    hash_tensor(&st, &m->tok_embd, "token_embd");
+    for (int l = 0; m->layers && l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
+                                    &L->ffn_norm, &L->w_gate, &L->w_down, &L->w_up};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) hash_tensor(&st, ts[i], "layer");
+    }
+    hash_tensor(&st, &m->output_norm, "output_norm");
+    hash_tensor(&st, &m->output, "output");
+    key_from_hash(XXH3_128bits_digest(&st), out);
+}

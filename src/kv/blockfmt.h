@@ -1,0 +1,79 @@
+/* kv/blockfmt: a KV block's key and its serialized form, the same in every
+ * process, on every machine and across restarts (tiers and session files
+ * hold blocks in this form).
+ *
+ * Key (version 1): XXH3-128 of this byte string, integers little-endian:
+ *   u32 format version (1)
+ *   16  model fingerprint (kv_model_fingerprint)
+ *   u32 key element type, u32 value element type (KVLM_CACHE_*)
+ *   u32 block size (tokens)
+ *   16  parent block's key (16 zero bytes for a sequence's first block)
+ *   block size x i32 token ids
+ * The 16 key bytes are XXH3-128's canonical (big-endian) form.
+ *
+ * Model fingerprint: XXH3-128 of "kvlm-model-v1", the architecture and every
+ * config field (u32 / f32 bits), then per tensor (embedding, each layer's in
+ * a fixed order, output norm, output): its name, GGUF type, rows and row
+ * length, and samples of its bytes (the first and last 64 and 64 at each
+ * eighth in between), so two random-weight models of one shape but another
+ * seed differ. Computed once per context; reads ~1 KiB per tensor.
+ *
+ * Serialized block (version 1), little-endian:
+ *   offset size
+ *    0      8  magic "KVLMBLK1"
+ *    8      4  format version (1)
+ *   12      4  header bytes (88 + 4 x tokens: where the payload starts)
+ *   16     16  key
+ *   32     16  model fingerprint
+ *   48      4  key type      52  4  value type
+ *   56      4  block size    60  4  layers
+ *   64      4  KV heads      68  4  head dim
+ *   72      4  tokens (= block size: only full blocks are stored)
+ *   76      4  reserved (0)
+ *   80      8  payload bytes
+ *   88   4 x n token ids (i32)
+ *   then the payload: the block's bytes exactly as the pool lays them out
+ *        (kv/paged.h: per layer and KV head a K then a V region, in the cache
+ *        element types: a q8_0 cache moves about half of f16's bytes)
+ *   then 8  XXH3-64 (seed 0) of everything before it.
+ * A reader checks every field against what it expects (key, model, types,
+ * geometry, tokens, sizes) and the checksum: any mismatch is a miss. */
+#ifndef KVLM_KV_BLOCKFMT_H
+#define KVLM_KV_BLOCKFMT_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kv/tier.h"
+#include "kvlm.h"
+
+#define KV_BLOCKFMT_VERSION 1
+#define KV_BLOCKFMT_FIXED 88 /* header bytes before the token ids */
+
+/* What a pool's blocks are: everything a key or a stored block depends on. */
+typedef struct {
+    kv_key model;
+    int k_type, v_type, block_size, n_layers, n_kv_heads, head_dim;
+    size_t payload_bytes; /* one block's bytes (kv_block_bytes) */
+} kv_blockfmt;
+
+/* The key of a full block of f->block_size tokens after parent (NULL: the first). */
+void kv_block_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tokens, kv_key *out);
+/* Bytes of a serialized block, and where its payload starts. */
+size_t kv_blockfmt_bytes(const kv_blockfmt *f);
+size_t kv_blockfmt_payload_offset(const kv_blockfmt *f);
+/* Writes the header and token ids into out (kv_blockfmt_bytes long); the
+ * caller puts the payload at out + payload_offset, then seals (checksum). */
+void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, uint8_t *out);
+void kv_blockfmt_seal(const kv_blockfmt *f, uint8_t *out);
+/* Checks a stored block against what the reader expects: returns its
+ * payload, or NULL and *why (a static description). */
+const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, const uint8_t *data,
+                                 size_t len, const char **why);
+/* Reads a stored block's header fields without expecting anything (for
+ * sessions and tools): false if it is not a version-1 block header. */
+bool kv_blockfmt_peek(const uint8_t *data, size_t len, kv_blockfmt *f, kv_key *key, int *n_tokens);
+
+struct kvlm_model;
+/* The model fingerprint described above. */
+void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out);
+#endif

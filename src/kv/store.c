@@ -1,0 +1,353 @@
+/* kv/store: the facade over the block pool (kv/paged): the engine's write
+ * path and attention view, the scheduler's admission probe, sequence
+ * operations, which block of each sequence keeps q4_kc keys in staging, and
+ * the tiers: demotion of dropped cached blocks, write-through of committed
+ * ones, promotion on a prefix miss, persistence at a clean stop. */
+#include "kv/store.h"
+#include <stdlib.h>
+#include <string.h>
+#include "model/dtype.h"
+#include "ops/kvtype.h"
+#include "util/error.h"
+#include "util/log.h"
+
+/* blocks asked of the tiers per round of a promotion */
+#define PROMOTE_BATCH 32
+
+struct kv_store {
+    kv_cache *c;
+    kv_params p;           /* the pool's, as it settled them */
+    size_t k_row, v_row;   /* bytes of one token's row of one head (per-token types) */
+    int *stage_block;      /* per sequence: q4_kc keys' block still filling, -1: none */
+    /* tiers */
+    kv_tier *tiers[KV_STORE_MAX_TIERS];
+    int roles[KV_STORE_MAX_TIERS], n_tiers;
+    kv_blockfmt fmt;
+    size_t blob_bytes;     /* a serialized block */
+    uint8_t *ser;          /* one serialized block (demote, write-through, persist) */
+    uint8_t *in_tier;      /* per block: bit t set when tier t is known to hold its current contents */
+    uint8_t *pbuf;         /* promotion: PROMOTE_BATCH serialized blocks */
+    void *bufs[PROMOTE_BATCH];
+    size_t lens[PROMOTE_BATCH];
+    kv_key keys[PROMOTE_BATCH];
+    uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
+        persisted[KV_STORE_MAX_TIERS];
+    bool logged_corrupt[KV_STORE_MAX_TIERS];
+};
+
+static void on_demote(void *user, kv_cache *c, int32_t b);
+static void on_indexed(void *user, kv_cache *c, int32_t b);
+static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
+
+kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
+    kv_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
+        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int t = 0; t < p->n_tiers && t < KV_STORE_MAX_TIERS; t++)
+        if (p->tiers[t]) {
+            s->tiers[s->n_tiers] = p->tiers[t];
+            s->roles[s->n_tiers++] = p->roles[t];
+        }
+    s->c = kv_create(&p->pool, err);
+    if (!s->c) { kv_store_free(s); return NULL; }
+    s->p = *kv_get_params(s->c);
+    s->k_row = op_kv_row_bytes(s->p.k_type, s->p.head_dim);
+    s->v_row = op_kv_row_bytes(s->p.v_type, s->p.head_dim);
+    s->stage_block = malloc((size_t)s->p.max_seqs * sizeof(int));
+    if (!s->stage_block) {
+        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        kv_store_free(s);
+        return NULL;
+    }
+    for (int i = 0; i < s->p.max_seqs; i++) s->stage_block[i] = -1;
+    if (s->n_tiers) {
+        s->fmt = *kv_get_blockfmt(s->c);
+        s->blob_bytes = kv_blockfmt_bytes(&s->fmt);
+        s->ser = malloc(s->blob_bytes);
+        s->in_tier = calloc((size_t)s->p.n_blocks, 1);
+        s->pbuf = malloc(PROMOTE_BATCH * s->blob_bytes);
+        if (!s->ser || !s->in_tier || !s->pbuf) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory for the KV tiers' buffers");
+            kv_store_free(s);
+            return NULL;
+        }
+        for (int i = 0; i < PROMOTE_BATCH; i++) s->bufs[i] = s->pbuf + (size_t)i * s->blob_bytes;
+        kv_hooks h = {on_demote, on_indexed, on_miss, s};
+        kv_set_hooks(s->c, &h);
+    }
+    return s;
+}
+
+void kv_store_free(kv_store *s) {
+    if (!s) return;
+    if (s->c) kv_store_persist(s);
+    for (int t = 0; t < s->n_tiers; t++) kv_tier_close(s->tiers[t]);
+    kv_free(s->c);
+    free(s->stage_block);
+    free(s->ser);
+    free(s->in_tier);
+    free(s->pbuf);
+    free(s);
+}
+
+/* ---- tiers ---- */
+
+static void serialize(kv_store *s, int32_t b, uint8_t *out) {
+    kv_blockfmt_begin(&s->fmt, kv_block_key_of(s->c, b), kv_block_tokens(s->c, b), out);
+    kv_block_read(s->c, b, out + kv_blockfmt_payload_offset(&s->fmt));
+    kv_blockfmt_seal(&s->fmt, out);
+}
+
+/* Puts block b to every tier with one of these roles that lacks it. */
+static void put_block(kv_store *s, int32_t b, int role, uint64_t *count) {
+    bool done = false;
+    for (int t = 0; t < s->n_tiers; t++) {
+        if (!(s->roles[t] & role) || (s->in_tier[b] & (1u << t))) continue;
+        if (!done) serialize(s, b, s->ser);
+        done = true;
+        if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, s->blob_bytes)) {
+            s->in_tier[b] |= (uint8_t)(1u << t);
+            count[t]++;
+        }
+    }
+}
+
+static void on_demote(void *user, kv_cache *c, int32_t b) {
+    (void)c;
+    kv_store *s = user;
+    put_block(s, b, KV_TIER_DEMOTE, s->demoted);
+    s->in_tier[b] = 0; /* the block is about to hold something else */
+}
+
+static void on_indexed(void *user, kv_cache *c, int32_t b) {
+    (void)c;
+    kv_store *s = user;
+    s->in_tier[b] = 0;
+    put_block(s, b, KV_TIER_THROUGH, s->through);
+}
+
+static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why) {
+    kv_tier_note_corrupt(s->tiers[t]);
+    kv_tier_drop(s->tiers[t], key);
+    if (!s->logged_corrupt[t]) {
+        char hex[KV_KEY_HEX];
+        kv_key_hex(key, hex);
+        LOG_WARN("kv tier %s: block %s is damaged (%s); dropped and recomputed (further ones are only counted)",
+                 s->tiers[t]->ops->name, hex, why);
+        s->logged_corrupt[t] = true;
+    }
+}
+
+/* The keys of blocks [i, i + n) of tokens after parent (NULL: i is the first). */
+static void chain_keys(const kv_store *s, const kv_key *parent, const int32_t *tokens, int i, int n, kv_key *out) {
+    int bs = s->p.block_size;
+    for (int j = 0; j < n; j++)
+        kv_block_key(&s->fmt, j ? &out[j - 1] : parent, tokens + (size_t)(i + j) * bs, &out[j]);
+}
+
+static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want) {
+    kv_store *s = user;
+    int bs = s->p.block_size, i = have;
+    kv_key parent;
+    if (i > 0) parent = *kv_seq_key(c, seq, i - 1);
+    while (i < want) {
+        int n = want - i < PROMOTE_BATCH ? want - i : PROMOTE_BATCH, got = 0;
+        chain_keys(s, i ? &parent : NULL, tokens, i, n, s->keys);
+        for (int t = 0; t < s->n_tiers && got < n; t++) {
+            int k = kv_tier_get(s->tiers[t], n - got, s->keys + got, s->bufs + got, s->blob_bytes, s->lens + got);
+            for (int j = got; j < got + k; j++) {
+                const char *why = NULL;
+                const uint8_t *payload =
+                    s->lens[j] ? kv_blockfmt_check(&s->fmt, &s->keys[j], tokens + (size_t)(i + j) * bs, s->bufs[j],
+                                                   s->lens[j], &why)
+                               : NULL;
+                if (!payload) { /* damaged: recompute it (a colder tier may still have it) */
+                    if (why) note_corrupt(s, t, &s->keys[j], why);
+                    k = j - got;
+                    break;
+                }
+                int32_t b = kv_seq_attach_block(c, seq, tokens + (size_t)(i + j) * bs, &s->keys[j]);
+                if (b < 0) return; /* the pool has no room: the rest is computed */
+                kv_block_write(c, b, payload);
+                s->in_tier[b] = (uint8_t)(1u << t);
+                s->promoted[t]++;
+            }
+            got += k;
+        }
+        if (got == 0) return;
+        parent = s->keys[got - 1];
+        i += got;
+        if (got < n) return;
+    }
+}
+
+int kv_store_tier_stats_get(const kv_store *s, kv_store_tier_stats *out, int cap) {
+    for (int t = 0; t < s->n_tiers && t < cap; t++) {
+        memset(&out[t], 0, sizeof out[t]);
+        out[t].name = s->tiers[t]->ops->name;
+        kv_tier_stats_get(s->tiers[t], &out[t].st);
+        out[t].promoted = s->promoted[t];
+        out[t].demoted = s->demoted[t];
+        out[t].written_through = s->through[t];
+        out[t].persisted = s->persisted[t];
+    }
+    return s->n_tiers;
+}
+
+void kv_store_persist(kv_store *s) {
+    if (!s->n_tiers) return;
+    for (int32_t b = 0; b < s->p.n_blocks; b++) {
+        if (!kv_block_indexed(s->c, b)) continue;
+        for (int t = 0; t < s->n_tiers; t++) {
+            if (!(s->roles[t] & KV_TIER_DURABLE) || (s->in_tier[b] & (1u << t))) continue;
+            serialize(s, b, s->ser);
+            const kv_key *key = kv_block_key_of(s->c, b);
+            /* a full queue: wait for it once rather than lose the block */
+            bool ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+            if (!ok) {
+                kv_tier_flush(s->tiers[t]);
+                ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+            }
+            if (ok) {
+                s->in_tier[b] |= (uint8_t)(1u << t);
+                s->persisted[t]++;
+            }
+        }
+    }
+    for (int t = 0; t < s->n_tiers; t++) kv_tier_flush(s->tiers[t]);
+}
+
+const kv_params *kv_store_params_of(const kv_store *s) { return &s->p; }
+const int32_t *kv_store_seq_table(const kv_store *s, int seq, int *n_blocks) {
+    return kv_seq_blocks(s->c, seq, n_blocks);
+}
+
+void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, size_t *head_bytes, size_t *v_offset) {
+    *base = kv_block_k(s->c, 0, 0, 0);
+    *block_bytes = kv_block_bytes(s->c);
+    *head_bytes = kv_head_bytes(s->c);
+    *v_offset = kv_v_offset_bytes(s->c);
+}
+
+kv_cache *kv_store_pool(kv_store *s) { return s->c; }
+
+/* ---- sequences ---- */
+
+bool kv_store_seq_valid(const kv_store *s, int seq) { return kv_seq_valid(s->c, seq); }
+int kv_store_seq_len(const kv_store *s, int seq) { return kv_seq_len(s->c, seq); }
+const int32_t *kv_store_seq_tokens(const kv_store *s, int seq) { return kv_seq_tokens(s->c, seq); }
+int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err) { return kv_seq_reserve(s->c, seq, n_new, err); }
+void kv_store_trim(kv_store *s, int seq, int n_keep) { kv_seq_trim(s->c, seq, n_keep); }
+void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) { kv_seq_commit(s->c, seq, tokens, n); }
+void kv_store_release(kv_store *s, int seq) { kv_seq_release(s->c, seq); }
+int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err) {
+    int rc = kv_seq_fork(s->c, src, dst, err);
+    if (!rc) s->stage_block[dst] = s->stage_block[src];
+    return rc;
+}
+int kv_store_match_prefix(kv_store *s, int seq, const int32_t *tokens, int n) {
+    return kv_seq_match_prefix(s->c, seq, tokens, n);
+}
+
+int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
+                     kvlm_error *err) {
+    int rc = kv_seq_compact(s->c, seq, keep, n_keep, rekey, user, err);
+    if (rc) return rc;
+    /* q4_kc: a partial last block's keys now sit in the staging */
+    int bs = s->p.block_size;
+    s->stage_block[seq] = s->p.k_type == KVLM_CACHE_Q4_KC && n_keep % bs ? n_keep / bs : -1;
+    return KVLM_OK;
+}
+
+/* ---- the write path and the attention view ---- */
+
+void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v) {
+    int HD = s->p.head_dim, bs = s->p.block_size, slot = pos % bs;
+    int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
+    if (s->p.k_type == KVLM_CACHE_Q4_KC) {
+        uint16_t *st = kv_seq_stage(s->c, seq, layer, head);
+        for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
+        if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
+    } else op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * s->k_row, HD);
+    op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->v_row, HD);
+}
+
+void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T) {
+    int bs = s->p.block_size;
+    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
+    for (int t = 0; t < T; t++) s->stage_block[seq[t]] = kc && pos[t] % bs != bs - 1 ? pos[t] / bs : -1;
+}
+
+void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, const float **bp, op_attn_args *a) {
+    const int32_t *blocks = kv_seq_blocks(s->c, seq, NULL);
+    int need = last_pos / s->p.block_size + 1;
+    for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(s->c, blocks[i], layer, 0);
+    a->blocks = bp;
+    a->block_size = s->p.block_size;
+    a->k_type = s->p.k_type;
+    a->v_type = s->p.v_type;
+    a->head_bytes = kv_head_bytes(s->c);
+    a->v_bytes = kv_v_offset_bytes(s->c);
+    a->k_stage = kv_seq_stage(s->c, seq, layer, 0);
+    /* the sequence's newest block holds keys in staging only while it
+     * fills; blocks before it were quantized when they filled */
+    a->stage_block = a->k_stage ? s->stage_block[seq] : -1;
+    if (a->stage_block >= need) a->stage_block = -1;
+}
+
+/* ---- admission ---- */
+
+static int blocks_for(const kv_store *s, int n) { return (n + s->p.block_size - 1) / s->p.block_size; }
+
+void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_lookup, int n_hold, kv_store_probe *out) {
+    memset(out, 0, sizeof *out);
+    int bs = s->p.block_size;
+    kv_key last;
+    int unref = 0, matched = n_lookup > 0 ? kv_prefix_probe(s->c, tokens, n_lookup, &unref, &last) : 0;
+    out->ram_tokens = matched * bs;
+    out->cached_tokens = out->ram_tokens;
+    int eligible = n_lookup > 0 ? (n_lookup - 1) / bs : 0;
+    if (eligible * bs > s->p.max_seq_tokens) eligible = s->p.max_seq_tokens / bs;
+    if (s->n_tiers && s->p.prefix_cache && matched < eligible) {
+        int n = eligible - matched, at = 0;
+        kv_key *keys = malloc((size_t)n * sizeof *keys);
+        if (keys) {
+            chain_keys(s, matched ? &last : NULL, tokens, matched, n, keys);
+            for (int t = 0; t < s->n_tiers && at < n; t++) {
+                int k = kv_tier_contains(s->tiers[t], n - at, keys + at);
+                out->tier_tokens[t] = k * bs;
+                out->cached_tokens += k * bs;
+                at += k;
+            }
+            free(keys);
+        }
+    }
+    out->blocks_needed = blocks_for(s, n_hold) - matched;
+    if (out->blocks_needed < 0) out->blocks_needed = 0;
+    out->blocks_available = kv_available_blocks(s->c) - unref;
+}
+
+int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold) {
+    int have = 0;
+    kv_seq_blocks(s->c, seq, &have);
+    int need = blocks_for(s, n_hold) - have;
+    return need > 0 ? need : 0;
+}
+
+void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared) {
+    int n = 0, shared = 0;
+    const int32_t *b = kv_seq_blocks(s->c, seq, &n);
+    for (int i = 0; i < n; i++) shared += kv_block_refs(s->c, b[i]) > 1;
+    if (n_blocks) *n_blocks = n;
+    if (n_shared) *n_shared = shared;
+}
+
+/* ---- sizes and statistics ---- */
+
+size_t kv_store_block_bytes(const kv_store *s) { return kv_block_bytes(s->c); }
+size_t kv_store_token_bytes(const kv_store *s) { return kv_token_bytes(s->c); }
+size_t kv_store_stage_bytes(const kv_store *s) { return kv_stage_bytes(s->c); }
+void kv_store_stats(const kv_store *s, kv_stats *st) { kv_get_stats(s->c, st); }

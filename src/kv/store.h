@@ -1,0 +1,121 @@
+/* kv/store: the one facade the engine and the scheduler use for the KV cache
+ * (vLLM's KVCacheManager): sequences' slots (reserve / commit / fork /
+ * release / compact), writing a layer's key and value rows, the view that
+ * fills attention's arguments and a side-effect-free admission probe. Block numbers, regions and staging stay behind it (kv/paged
+ * is the block pool, block tables and prefix index underneath). */
+#ifndef KVLM_KV_STORE_H
+#define KVLM_KV_STORE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kv/paged.h"
+#include "kv/tier.h"
+#include "kvlm.h"
+#include "ops/ops.h"
+
+typedef struct kv_store kv_store;
+
+#define KV_STORE_MAX_TIERS 4
+
+/* How the store uses a tier. */
+enum {
+    KV_TIER_DEMOTE = 1,    /* cached blocks about to be dropped from RAM are put there (host, disk) */
+    KV_TIER_THROUGH = 2,   /* full blocks are put there as they are committed (redis: other processes) */
+    KV_TIER_DURABLE = 4,   /* survives the process: kv_store_persist writes what it lacks (disk) */
+};
+
+typedef struct {
+    kv_params pool;
+    /* Colder tiers in the order they are asked (host, disk, redis); the store
+     * owns them (closes them in kv_store_free). */
+    kv_tier *tiers[KV_STORE_MAX_TIERS];
+    int roles[KV_STORE_MAX_TIERS]; /* KV_TIER_* bits */
+    int n_tiers;
+} kv_store_params;
+
+/* On failure the tiers in p are closed too. */
+kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err);
+/* Persists (kv_store_persist), closes the tiers, frees. */
+
+void kv_store_free(kv_store *s);
+const kv_params *kv_store_params_of(const kv_store *s);
+
+/* ---- sequences (the engine) ---- */
+bool kv_store_seq_valid(const kv_store *s, int seq);
+int kv_store_seq_len(const kv_store *s, int seq);
+const int32_t *kv_store_seq_tokens(const kv_store *s, int seq);
+/* As kv/paged's kv_seq_reserve / trim / commit / release / fork. */
+int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err);
+void kv_store_trim(kv_store *s, int seq, int n_keep);
+void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n);
+void kv_store_release(kv_store *s, int seq);
+int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err);
+/* For an empty sequence about to take `tokens`: attaches the longest run of
+ * cached full blocks matching them, from RAM and then from the tiers
+ * (promoted: one batched get per tier, each block checked against its key,
+ * model, types, geometry, tokens and checksum, then written into a fresh
+ * block; a damaged one is counted, logged once, dropped from its tier and
+ * recomputed), leaving at least one token to compute. Returns the tokens now cached. */
+int kv_store_match_prefix(kv_store *s, int seq, const int32_t *tokens, int n);
+/* Keeps tokens keep[0..n_keep-1] (kv_seq_compact), then points the q4_kc
+ * staging at the new last block. */
+int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
+                     kvlm_error *err);
+
+/* Writes one token's key and value rows of one KV head (head_dim floats each)
+ * into slot pos of the sequence for this layer, quantized to the cache's
+ * types. q4_kc keys go to the sequence's f16 staging and the block is
+ * quantized per channel when its last slot fills, so one sequence's tokens
+ * must be written in position order by one thread. Slots must be reserved. */
+void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v);
+/* After tokens (seq[t], pos[t]) of a chunk were written for every layer:
+ * remembers which block of each sequence still has its keys in staging. */
+void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T);
+/* Fills a's cache fields (blocks, block_size, types, head_bytes, v_bytes,
+ * k_stage, stage_block) for queries of the sequence up to position last_pos;
+ * block_ptrs receives last_pos / block_size + 1 pointers. The caller fills
+ * the query fields (T, q_pos0, heads, scale, weights). */
+void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, const float **block_ptrs,
+                        op_attn_args *a);
+
+/* ---- admission (the scheduler) ---- */
+typedef struct {
+    int ram_tokens;          /* prompt tokens found in RAM blocks */
+    int tier_tokens[KV_STORE_MAX_TIERS]; /* then found in each tier, in order (contains: not yet checked) */
+    int cached_tokens;       /* all of them: what match_prefix would attach */
+    int blocks_needed;       /* blocks to allocate to hold n_hold tokens after the match */
+    int blocks_available;    /* free + cached blocks, less the cached ones the match would take */
+} kv_store_probe;
+/* What kv_store_match_prefix(tokens, n_lookup) would find for an empty
+ * sequence and what holding n_hold tokens would then cost: no side effects
+ * (no statistics, no LRU order; tiers are asked with contains only). */
+void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_lookup, int n_hold, kv_store_probe *out);
+/* Blocks the sequence still needs to hold n_hold tokens (0 if it has them). */
+int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold);
+/* Blocks the sequence holds, and how many of them other sequences share. */
+void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared);
+
+/* ---- sizes and statistics ---- */
+size_t kv_store_block_bytes(const kv_store *s);
+size_t kv_store_token_bytes(const kv_store *s);
+size_t kv_store_stage_bytes(const kv_store *s);
+void kv_store_stats(const kv_store *s, kv_stats *st);
+typedef struct {
+    const char *name;
+    kv_tier_stats st;
+    uint64_t promoted, demoted, written_through, persisted; /* blocks this store moved */
+} kv_store_tier_stats;
+/* Per tier, in order; returns the number of tiers (at most cap written). */
+int kv_store_tier_stats_get(const kv_store *s, kv_store_tier_stats *out, int cap);
+/* Writes every indexed block that a durable tier lacks there, then flushes
+ * every tier (a clean stop: a restart finds what was cached). */
+void kv_store_persist(kv_store *s);
+/* For a device backend whose kernels address the blocks themselves (the
+ * CUDA forward pass): the sequence's block table, and where block b's
+ * (layer, KV head) K region is: base + b * block_bytes + (layer * n_kv_heads
+ * + head) * head_bytes, its V region v_offset after it. */
+const int32_t *kv_store_seq_table(const kv_store *s, int seq, int *n_blocks);
+void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, size_t *head_bytes, size_t *v_offset);
+/* The pool underneath, for tests and kv_check. */
+kv_cache *kv_store_pool(kv_store *s);
+#endif

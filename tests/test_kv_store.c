@@ -1,0 +1,441 @@
+/* tests/test_kv_store: the kv facade and its tiers: block keys built from the
+ * documented byte string, stored blocks whose every damage is detected, model
+ * fingerprints, the admission probe, and a randomized run of the store over a
+ * small pool with a host tier behind a wrapper that corrupts, truncates and
+ * loses blocks (every damaged one detected, counted and recomputed; the
+ * pool's invariants hold; every sequence reads back its own data); and the
+ * engine through a host tier giving logits identical to a cold run. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include "helpers/testutil.h"
+#include "kv/blockfmt.h"
+#include "kv/store.h"
+#include "kv/tier_host.h"
+
+static void le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The key as docs/kv-tiers.md spells it, built here independently. */
+static void spec_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tokens, kv_key *out) {
+    uint8_t buf[48 + 4 * 64];
+    le32(buf, 1);
+    memcpy(buf + 4, f->model.b, 16);
+    le32(buf + 20, (uint32_t)f->k_type);
+    le32(buf + 24, (uint32_t)f->v_type);
+    le32(buf + 28, (uint32_t)f->block_size);
+    memset(buf + 32, 0, 16);
+    if (parent) memcpy(buf + 32, parent->b, 16);
+    for (int i = 0; i < f->block_size; i++) le32(buf + 48 + 4 * i, (uint32_t)tokens[i]);
+    XXH128_hash_t h = XXH3_128bits(buf, 48 + 4 * (size_t)f->block_size);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out->b, c.digest, 16);
+}
+
+static kv_blockfmt small_fmt(void) {
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000};
+    for (int i = 0; i < 16; i++) f.model.b[i] = (uint8_t)(i * 7 + 1);
+    return f;
+}
+
+static void test_key_spec(void **state) {
+    (void)state;
+    kv_blockfmt f = small_fmt();
+    int32_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = 1000 * i - 7;
+    kv_key k1, k2, s1, s2;
+    kv_block_key(&f, NULL, t, &k1);
+    spec_key(&f, NULL, t, &s1);
+    assert_memory_equal(k1.b, s1.b, 16);
+    kv_block_key(&f, &k1, t, &k2); /* chained on its parent */
+    spec_key(&f, &k1, t, &s2);
+    assert_memory_equal(k2.b, s2.b, 16);
+    assert_memory_not_equal(k1.b, k2.b, 16);
+    /* every input is part of the key */
+    kv_blockfmt g = f;
+    kv_key o;
+    g.model.b[15] ^= 1;
+    kv_block_key(&g, NULL, t, &o);
+    assert_memory_not_equal(o.b, k1.b, 16);
+    g = f;
+    g.v_type = KVLM_CACHE_F16;
+    kv_block_key(&g, NULL, t, &o);
+    assert_memory_not_equal(o.b, k1.b, 16);
+    t[15]++;
+    kv_block_key(&f, NULL, t, &o);
+    assert_memory_not_equal(o.b, k1.b, 16);
+    char hex[KV_KEY_HEX];
+    kv_key_hex(&k1, hex);
+    assert_true(kv_key_parse(hex, &o));
+    assert_memory_equal(o.b, k1.b, 16);
+}
+
+static void test_blockfmt_damage(void **state) {
+    (void)state;
+    kv_blockfmt f = small_fmt();
+    int32_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = i + 3;
+    kv_key key;
+    kv_block_key(&f, NULL, t, &key);
+    size_t n = kv_blockfmt_bytes(&f), off = kv_blockfmt_payload_offset(&f);
+    assert_int_equal(n, 88 + 64 + 1000 + 8);
+    uint8_t *blob = malloc(n), *bad = malloc(n);
+    kv_blockfmt_begin(&f, &key, t, blob);
+    for (size_t i = 0; i < f.payload_bytes; i++) blob[off + i] = (uint8_t)(i * 31);
+    kv_blockfmt_seal(&f, blob);
+    const char *why = NULL;
+    const uint8_t *pl = kv_blockfmt_check(&f, &key, t, blob, n, &why);
+    assert_ptr_equal(pl, blob + off);
+    /* every single flipped byte, anywhere, is detected */
+    int detected = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(bad, blob, n);
+        bad[i] ^= 0x20;
+        detected += kv_blockfmt_check(&f, &key, t, bad, n, &why) == NULL;
+    }
+    assert_int_equal(detected, (int)n);
+    /* truncated, another key, other tokens, another model */
+    assert_null(kv_blockfmt_check(&f, &key, t, blob, n - 1, &why));
+    kv_key other = key;
+    other.b[0] ^= 1;
+    assert_null(kv_blockfmt_check(&f, &other, t, blob, n, &why));
+    assert_string_equal(why, "another key");
+    t[3]++;
+    assert_null(kv_blockfmt_check(&f, &key, t, blob, n, &why));
+    t[3]--;
+    kv_blockfmt g = f;
+    g.model.b[2] ^= 4;
+    assert_null(kv_blockfmt_check(&g, &key, t, blob, n, &why));
+    kv_blockfmt pk;
+    kv_key pkey;
+    int ntok;
+    assert_true(kv_blockfmt_peek(blob, n, &pk, &pkey, &ntok));
+    assert_int_equal(ntok, 16);
+    assert_int_equal(pk.v_type, KVLM_CACHE_Q8_0);
+    assert_int_equal(pk.payload_bytes, 1000);
+    printf("  %d of %zu single-byte flips detected\n", detected, n);
+    free(blob);
+    free(bad);
+}
+
+static kvlm_model *synth(uint64_t seed, const char **path_out) {
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_LLAMA;
+    sp.dim = 64;
+    sp.hidden_dim = 160;
+    sp.n_layers = 2;
+    sp.n_heads = 4;
+    sp.n_kv_heads = 2;
+    sp.vocab_size = 300;
+    sp.n_ctx = 512;
+    sp.type = kvlm_type_from_name("f32");
+    sp.seed = seed;
+    const char *path = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    if (!m) fail_msg("load: %s", err.msg);
+    if (path_out) *path_out = path;
+    return m;
+}
+
+static void test_fingerprint(void **state) {
+    (void)state;
+    const char *path;
+    kvlm_model *a = synth(1, &path), *b = synth(2, NULL);
+    kvlm_error err = {0};
+    kvlm_model *a2 = kvlm_model_load(path, NULL, &err);
+    assert_non_null(a2);
+    kv_key fa, fb, fa2;
+    kv_model_fingerprint(a, &fa);
+    kv_model_fingerprint(b, &fb);
+    kv_model_fingerprint(a2, &fa2);
+    assert_memory_equal(fa.b, fa2.b, 16);     /* the same file: the same model */
+    assert_memory_not_equal(fa.b, fb.b, 16);  /* one shape, another seed: another model */
+    kvlm_model_free(a);
+    kvlm_model_free(a2);
+    kvlm_model_free(b);
+}
+
+/* ---- a tier that damages what it returns ---- */
+
+typedef struct {
+    kv_tier base;
+    kv_tier *inner;
+    uint64_t rng;
+    int corrupted, truncated, lost; /* injected */
+} faulty_tier;
+
+static unsigned next_rand(faulty_tier *f) {
+    f->rng = f->rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (unsigned)(f->rng >> 33);
+}
+
+static bool f_put(kv_tier *t, const kv_key *k, const void *d, size_t n) {
+    return kv_tier_put(((faulty_tier *)t)->inner, k, d, n);
+}
+static int f_get(kv_tier *t, int n, const kv_key *k, void *const *bufs, size_t cap, size_t *lens) {
+    faulty_tier *f = (faulty_tier *)t;
+    int lead = kv_tier_get(f->inner, n, k, bufs, cap, lens);
+    for (int i = 0; i < lead; i++) {
+        unsigned r = next_rand(f) % 16;
+        if (r == 0) { /* a flipped byte anywhere */
+            ((uint8_t *)bufs[i])[next_rand(f) % lens[i]] ^= (uint8_t)(1u << (next_rand(f) % 8));
+            f->corrupted++;
+        } else if (r == 1) { /* a torn write */
+            lens[i] -= 1 + next_rand(f) % lens[i];
+            f->truncated++;
+        } else if (r == 2) { /* gone */
+            lens[i] = 0;
+            f->lost++;
+            return i;
+        }
+    }
+    return lead;
+}
+static int f_contains(kv_tier *t, int n, const kv_key *k) { return kv_tier_contains(((faulty_tier *)t)->inner, n, k); }
+static void f_drop(kv_tier *t, const kv_key *k) { kv_tier_drop(((faulty_tier *)t)->inner, k); }
+static void f_flush(kv_tier *t) { kv_tier_flush(((faulty_tier *)t)->inner); }
+static void f_stats(kv_tier *t, kv_tier_stats *o) { ((faulty_tier *)t)->inner->ops->stats(((faulty_tier *)t)->inner, o); }
+static void f_close(kv_tier *t) { kv_tier_close(((faulty_tier *)t)->inner); free(t); }
+static const kv_tier_ops k_faulty = {"faulty", f_put, f_get, f_contains, f_drop, f_flush, f_stats, f_close};
+
+static faulty_tier *faulty_open(uint64_t bytes) {
+    faulty_tier *f = calloc(1, sizeof *f);
+    kvlm_error err = {0};
+    f->base.ops = &k_faulty;
+    f->inner = kv_tier_host_open(bytes, &err);
+    assert_non_null(f->inner);
+    f->rng = 7;
+    return f;
+}
+
+/* ---- the randomized store ---- */
+
+enum { HD = 4, NL = 2, NH = 2 };
+
+static void write_tokens(kv_store *s, int seq, const int32_t *toks, int n) {
+    int len = kv_store_seq_len(s, seq);
+    float k[HD], v[HD];
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NH; h++) {
+                for (int d = 0; d < HD; d++) {
+                    k[d] = (float)toks[i] + 0.25f * l + 0.0625f * h;
+                    v[d] = -k[d];
+                }
+                kv_store_write_row(s, l, seq, len + i, h, k, v);
+            }
+    kv_store_commit(s, seq, toks, n);
+}
+
+static void check_contents(kv_store *s, int max_seqs) {
+    kv_cache *c = kv_store_pool(s);
+    const kv_params *p = kv_get_params(c);
+    for (int q = 0; q < max_seqs; q++) {
+        int len = kv_seq_len(c, q), nb;
+        const int32_t *blocks = kv_seq_blocks(c, q, &nb);
+        const int32_t *toks = kv_seq_tokens(c, q);
+        for (int pos = 0; pos < len; pos++)
+            for (int l = 0; l < NL; l++)
+                for (int h = 0; h < NH; h++) {
+                    float want = (float)toks[pos] + 0.25f * l + 0.0625f * h;
+                    const float *k = (const float *)kv_block_k(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * HD;
+                    const float *v = (const float *)kv_block_v(c, blocks[pos / p->block_size], l, h) + (pos % p->block_size) * HD;
+                    if (k[0] != want || v[HD - 1] != -want)
+                        fail_msg("seq %d pos %d layer %d head %d: read %g, wrote %g", q, pos, l, h, k[0], want);
+                }
+    }
+}
+
+static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers, int n_tiers) {
+    kv_store_params sp = {0};
+    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}};
+    sp.pool = p;
+    for (int t = 0; t < n_tiers; t++) {
+        sp.tiers[t] = tiers[t];
+        sp.roles[t] = KV_TIER_DEMOTE;
+    }
+    sp.n_tiers = n_tiers;
+    kvlm_error err = {0};
+    kv_store *s = kv_store_create(&sp, &err);
+    if (!s) fail_msg("store: %s", err.msg);
+    return s;
+}
+
+static void test_probe_and_promotion(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    kv_tier *host = kv_tier_host_open(1 << 20, &err);
+    kv_store *s = make_store(5, 4, 2, &host, 1);
+    int32_t a[17], b[17];
+    for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+    assert_int_equal(kv_store_reserve(s, 0, 17, &err), KVLM_OK);
+    write_tokens(s, 0, a, 17);
+    kv_store_release(s, 0);  /* 4 full blocks cached, in RAM */
+    kv_store_probe pr;
+    kv_store_probe_prefix(s, a, 17, 17, &pr);
+    assert_int_equal(pr.ram_tokens, 16);
+    assert_int_equal(pr.cached_tokens, 16);
+    assert_int_equal(pr.blocks_needed, 1);
+    kv_stats st0, st1;
+    kv_store_stats(s, &st0);
+    kv_store_probe_prefix(s, a, 17, 17, &pr); /* twice: no side effects */
+    kv_store_stats(s, &st1);
+    assert_int_equal(st0.hits, st1.hits);
+    assert_int_equal(st0.misses, st1.misses);
+    /* another prompt takes every block: a's four are demoted to the host tier */
+    assert_int_equal(kv_store_reserve(s, 1, 17, &err), KVLM_OK);
+    write_tokens(s, 1, b, 17);
+    kv_store_release(s, 1);
+    kv_store_probe_prefix(s, a, 17, 17, &pr);
+    assert_int_equal(pr.ram_tokens, 0);
+    assert_int_equal(pr.tier_tokens[0], 16);
+    assert_int_equal(pr.cached_tokens, 16);
+    assert_int_equal(kv_store_match_prefix(s, 0, a, 17), 16); /* promoted */
+    kv_store_tier_stats ts;
+    assert_int_equal(kv_store_tier_stats_get(s, &ts, 1), 1);
+    assert_int_equal(ts.promoted, 4);
+    assert_true(ts.demoted >= 4);
+    assert_int_equal(kv_store_reserve(s, 0, 1, &err), KVLM_OK);
+    write_tokens(s, 0, a + 16, 1);
+    check_contents(s, 2);
+    assert_null(kv_check(kv_store_pool(s)));
+    kv_store_free(s);
+}
+
+static void test_randomized_tiers(void **state) {
+    (void)state;
+    int max_seqs = 8, iters = tu_quick() ? 3000 : 20000;
+    faulty_tier *ft = faulty_open(64 * 1024);
+    kv_tier *tiers[1] = {&ft->base};
+    kv_store *s = make_store(40, 4, max_seqs, tiers, 1);
+    kvlm_error err = {0};
+    uint64_t rng = 42;
+    int ok_ops = 0, full = 0, probe_short = 0;
+    for (int it = 0; it < iters; it++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        unsigned r = (unsigned)(rng >> 33);
+        int q = (int)(r % (unsigned)max_seqs), op = (int)((r >> 8) % 10);
+        if (op < 5) {
+            int n = 1 + (int)((r >> 12) % 9);
+            int32_t toks[9];
+            for (int i = 0; i < n; i++) toks[i] = (int32_t)((r >> (i + 3)) % 3);
+            if (kv_store_reserve(s, q, n, &err) == KVLM_OK) { write_tokens(s, q, toks, n); ok_ops++; }
+            else { assert_true(err.code == KVLM_EFULL || err.code == KVLM_ERANGE); full++; }
+        } else if (op < 7) {
+            int d = (int)((r >> 16) % (unsigned)max_seqs);
+            assert_int_equal(kv_store_fork(s, q, d, &err), KVLM_OK);
+        } else if (op < 9) {
+            kv_store_release(s, q);
+        } else { /* a new request reusing a prefix, from RAM or the tier */
+            kv_store_release(s, q);
+            int32_t toks[24];
+            for (int i = 0; i < 24; i++) toks[i] = (int32_t)((r >> (i % 20)) % 2);
+            kv_store_probe pr;
+            kv_store_probe_prefix(s, toks, 24, 24, &pr);
+            int got = kv_store_match_prefix(s, q, toks, 24);
+            assert_true(got % 4 == 0 && got < 24);
+            assert_true(got <= pr.cached_tokens); /* damage or a full pool can only shorten it */
+            probe_short += got < pr.cached_tokens;
+            if (kv_store_reserve(s, q, 24 - got, &err) == KVLM_OK) write_tokens(s, q, toks + got, 24 - got);
+        }
+        const char *bad = kv_check(kv_store_pool(s));
+        if (bad) fail_msg("after op %d: %s", it, bad);
+        if (it % 64 == 0) check_contents(s, max_seqs);
+    }
+    check_contents(s, max_seqs);
+    kv_store_tier_stats ts;
+    kv_store_tier_stats_get(s, &ts, 1);
+    printf("  %d appends, %d refused; tier: %llu demoted, %llu promoted, %d corrupted + %d truncated injected, "
+           "%llu detected, %d lost; %d lookups shorter than probed\n",
+           ok_ops, full, (unsigned long long)ts.demoted, (unsigned long long)ts.promoted, ft->corrupted,
+           ft->truncated, (unsigned long long)ts.st.corrupt, ft->lost, probe_short);
+    /* every damaged block was detected and counted (and its data never used:
+     * check_contents above) */
+    assert_int_equal(ts.st.corrupt, (uint64_t)(ft->corrupted + ft->truncated));
+    assert_true(ts.promoted > 0 && ts.demoted > 0 && ft->corrupted > 0 && ft->truncated > 0 && ft->lost > 0);
+    for (int q = 0; q < max_seqs; q++) kv_store_release(s, q);
+    assert_null(kv_check(kv_store_pool(s)));
+    kv_store_free(s);
+}
+
+/* ---- the engine through a host tier ---- */
+
+static float *run_prompt(kvlm_ctx *ctx, const int32_t *ids, int n, int *reused) {
+    *reused = kvlm_seq_reuse_prefix(ctx, 0, ids, n);
+    int8_t want[512];
+    memset(want, 0, sizeof want);
+    want[n - *reused - 1] = 1;
+    kvlm_batch b = {n - *reused, ids + *reused, NULL, want, NULL};
+    kvlm_error err = {0};
+    if (kvlm_decode(ctx, &b, &err)) fail_msg("decode: %s", err.msg);
+    float *out = malloc(300 * sizeof(float));
+    memcpy(out, kvlm_get_logits(ctx, 0), 300 * sizeof(float));
+    kvlm_seq_free(ctx, 0);
+    return out;
+}
+
+static void test_engine_host_tier(void **state) {
+    (void)state;
+    kvlm_model *m = synth(5, NULL);
+    int32_t a[200], b[200];
+    for (int i = 0; i < 200; i++) { a[i] = 3 + (i * 37) % 290; b[i] = 3 + (i * 53 + 11) % 290; }
+    const char *types[] = {"f16", "q8_0", "q4_kc"};
+    for (int ti = 0; ti < 3; ti++) {
+        kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.n_threads = 2;
+        cp.n_ctx = 256;
+        cp.block_size = 16;
+        cp.kv_blocks = 14; /* one prompt's 13 blocks: the second evicts the first */
+        cp.cache_type_k = kvlm_cache_type_from_name(types[ti]);
+        cp.cache_type_v = ti == 2 ? KVLM_CACHE_Q8_0 : cp.cache_type_k;
+        kvlm_error err = {0};
+        kvlm_ctx *cold = kvlm_ctx_create(m, &cp, &err);
+        assert_non_null(cold);
+        int r;
+        float *want = run_prompt(cold, a, 200, &r);
+        kvlm_ctx_free(cold);
+        cp.kv_host_size = 16 << 20;
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+        assert_non_null(ctx);
+        free(run_prompt(ctx, a, 200, &r));
+        free(run_prompt(ctx, b, 200, &r)); /* pushes a's blocks down to the host tier */
+        kvlm_prefix_probe pr;
+        kvlm_seq_probe_prefix(ctx, a, 200, 200, &pr);
+        kvlm_kv_stats st0, st1;
+        kvlm_kv_stats_get(ctx, &st0);
+        float *got = run_prompt(ctx, a, 200, &r);
+        kvlm_kv_stats_get(ctx, &st1);
+        kvlm_kv_tier_stats ts;
+        assert_int_equal(kvlm_kv_tier_stats_get(ctx, &ts, 1), 1);
+        printf("  %s cache: probe %d cached (%d in RAM, %d in host), reused %d, computed %llu, promoted %llu\n",
+               types[ti], pr.cached_tokens, pr.ram_tokens, pr.tier_tokens[0], r,
+               (unsigned long long)(st1.tokens_computed - st0.tokens_computed), (unsigned long long)ts.promoted);
+        assert_int_equal(r, 192);
+        assert_int_equal(pr.cached_tokens, 192);
+        assert_true(ts.promoted > 0);
+        assert_int_equal(st1.tokens_computed - st0.tokens_computed, 8);
+        assert_memory_equal(got, want, 300 * sizeof(float)); /* bit-identical to the cold run */
+        free(want);
+        free(got);
+        kvlm_ctx_free(ctx);
+    }
+    kvlm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_spec),
+        cmocka_unit_test(test_blockfmt_damage),
+        cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_probe_and_promotion),
+        cmocka_unit_test(test_randomized_tiers),
+        cmocka_unit_test(test_engine_host_tier),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
