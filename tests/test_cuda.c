@@ -470,6 +470,50 @@ static void test_long_prompt(void **state) {
     kvlm_model_free(m);
 }
 
+/* The host tier under the GPU: a pool of 8 blocks in GPU memory; prompt B
+ * pushes prompt A's cached blocks out of it into host memory (read back from
+ * the device), and A again finds them there (written back to the device):
+ * 96 of its 100 tokens are cached again (the first block may still be in the
+ * pool) and the logits equal a cold CPU run. */
+static void test_host_tier(void **state) {
+    (void)state;
+    kvlm_model *m = load_real("stories4M_hd64.gguf");
+    TU_REQUIRE(m);
+    int V = kvlm_vocab_size(m);
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.device = KVLM_DEVICE_CUDA;
+    cp.n_ctx = 128;
+    cp.kv_blocks = 8;
+    cp.kv_host_size = 64u << 20;
+    kvlm_error err = {0};
+    kvlm_ctx *gpu = kvlm_ctx_create(m, &cp, &err);
+    if (!gpu) fail_msg("%s", err.msg);
+    kvlm_ctx *cpu = make_ctx(m, KVLM_DEVICE_CPU, 1, 128, KVLM_CACHE_F16, KVLM_CACHE_F16);
+    int32_t a[100], b[100];
+    random_ids(a, 100, V, 31);
+    random_ids(b, 100, V, 32);
+    kvlm_batch ba = {100, a, NULL, NULL, NULL}, bb = {100, b, NULL, NULL, NULL};
+    if (kvlm_decode(gpu, &ba, &err)) fail_msg("%s", err.msg);
+    kvlm_seq_free(gpu, 0);
+    if (kvlm_decode(gpu, &bb, &err)) fail_msg("%s", err.msg);
+    kvlm_seq_free(gpu, 0);
+    int got = kvlm_seq_reuse_prefix(gpu, 0, a, 100);
+    assert_int_equal(got, 96);
+    kvlm_batch rest = {4, a + 96, NULL, NULL, NULL};
+    if (kvlm_decode(gpu, &rest, &err) || kvlm_decode(cpu, &ba, &err)) fail_msg("%s", err.msg);
+    check_close("host tier: prompt A after its blocks came back from host memory", kvlm_get_logits(gpu, -1),
+                kvlm_get_logits(cpu, -1), (size_t)V, 1e-3);
+    kvlm_kv_tier_stats ts[KVLM_MAX_KV_TIERS];
+    int nt = kvlm_kv_tier_stats_get(gpu, ts, KVLM_MAX_KV_TIERS);
+    assert_true(nt >= 1);
+    printf("    host tier under the GPU: %llu blocks demoted, %llu promoted\n", (unsigned long long)ts[0].demoted,
+           (unsigned long long)ts[0].promoted);
+    assert_true(ts[0].demoted >= 5 && ts[0].promoted >= 5);
+    kvlm_ctx_free(gpu);
+    kvlm_ctx_free(cpu);
+    kvlm_model_free(m);
+}
+
 /* Perplexity on the shared corpora within 0.1% of the CPU's. */
 static void test_perplexity(void **state) {
     (void)state;
@@ -540,7 +584,7 @@ int main(void) {
 #endif
         cmocka_unit_test(test_long_prompt),    cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_shapes),         cmocka_unit_test(test_cache_types),
-        cmocka_unit_test(test_prefix_and_fork), cmocka_unit_test(test_sched_32),
+        cmocka_unit_test(test_prefix_and_fork), cmocka_unit_test(test_sched_32), cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_perplexity),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
