@@ -623,10 +623,13 @@ nomem:
     return -1;
 }
 
-/* The connection cap, within what the descriptor limit allows (each
- * connection is one descriptor; keep some for the model, logs, the engine). */
+/* The default connection cap stays within what the descriptor limit allows
+ * (each connection is one descriptor; keep some for the model, logs, the
+ * engine). One asked for is taken as is: past the fd limit, accept() fails
+ * and MHD stops accepting until a connection closes. */
 static unsigned conn_limit(int want) {
-    unsigned n = want > 0 ? (unsigned)want : 4096u;
+    if (want > 0) return (unsigned)want;
+    unsigned n = 4096u;
     struct rlimit rl;
     if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
         rlim_t room = rl.rlim_cur > 96 ? rl.rlim_cur - 64 : 32;
