@@ -156,9 +156,11 @@ check(get(port, "/health") == 200, "/health after the slow connections")
 check(proc.poll() is None, "server alive")
 proc.terminate()
 try:
-    proc.wait(10)
+    rc = proc.wait(10)
 except subprocess.TimeoutExpired:
-    proc.kill(); check(False, "server stopped on SIGTERM")
+    proc.kill(); rc = -9
+err = proc.stderr.read()
+check(rc == 0 and "Sanitizer" not in err, "server stopped cleanly", (rc, err[-500:]))
 
 # ---- part 2: out of descriptors (accept fails): no spin, no crash, served again after the deadline
 def low_fds():
