@@ -532,6 +532,19 @@ typedef struct kvlm_server_params {
     int batch_tokens, max_seqs; /* kvlm_sched_params */
     size_t max_body;           /* largest request body; 0: 1 MiB */
     int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */
+    /* Against slow and idle clients: absolute deadlines a trickle of bytes does not reset. */
+    int header_timeout_s;      /* a request's headers must be in this long after its connection opened
+                                  (or the previous answer ended); 0: 10 */
+    int body_timeout_s;        /* its body this long after its headers; 0: 30 */
+    int max_conns;             /* connections at once; 0: 4096 (fewer when the fd limit is lower) */
+    int max_conns_per_ip;      /* connections at once from one client address; 0: 256; < 0: no cap */
+    /* Against other web pages and other users. */
+    const char *api_key;       /* NULL: none; else `Authorization: Bearer KEY` on every endpoint but
+                                  /health, the web page, CORS preflights and (unless metrics_auth) /metrics */
+    bool metrics_auth;         /* /metrics needs the key too */
+    const char *const *cors_origins; /* origins allowed cross-origin requests (exact match) */
+    int n_cors_origins;
+    const char *ssl_key_file, *ssl_cert_file; /* PEM; both set: HTTPS only */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -289,7 +289,7 @@ s.close()
 check(resp.startswith(b"HTTP/1.1 413") and b'"error"' in resp, "oversized body -> 413", resp[:200])
 # ... and one that says nothing of its size (chunked) is cut off at the limit
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
-s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
 resp = b""
 try:
     chunk = b"x" * 65536

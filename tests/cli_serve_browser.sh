@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # tests/cli_serve_browser: the web page at / in a real browser (Debian's headless
 # chromium driven by playwright-core, tests/web/browser.mjs): a message sent from the
-# chat box streams its answer in, and the KV cache view follows the request.
+# chat box streams its answer in, and the KV cache view follows the request; then the
+# same with the server behind --api-key and the key given to the page as #key=KEY.
 set -uo pipefail
 source "$(dirname "$0")/web/serve_lib.sh"
 CHROMIUM="${KVLM_CHROMIUM:-/usr/bin/chromium}"
 [ -x "$CHROMIUM" ] || skip "$CHROMIUM not found (bash scripts/setup.sh installs Debian's chromium)"
 start_server
 echo "server at $URL"
-KVLM_URL="$URL" KVLM_CHROMIUM="$CHROMIUM" node "$WEB_DIR/browser.mjs"
+KVLM_URL="$URL" KVLM_CHROMIUM="$CHROMIUM" node "$WEB_DIR/browser.mjs" || { finish 1; }
+stop_server
+start_server --api-key page-test-key
+echo "server at $URL (with an API key)"
+KVLM_URL="$URL" KVLM_CHROMIUM="$CHROMIUM" KVLM_PAGE_KEY=page-test-key node "$WEB_DIR/browser.mjs"
 finish $?

@@ -2,7 +2,9 @@
  * model and one paged KV cache, until SIGINT or SIGTERM. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "cli/cli.h"
 
 static void serve_usage(FILE *f) {
@@ -11,7 +13,8 @@ static void serve_usage(FILE *f) {
             "Serves the model over HTTP: POST /v1/completions and /v1/chat/completions (OpenAI-compatible,\n"
             "streamed or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status and a web page\n"
             "at /. Requests are batched continuously in one KV cache; prints\n"
-            "'kvlm serve: listening on http://HOST:PORT' when ready; SIGINT/SIGTERM stop it.\n\n"
+            "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it.\n"
+            "Limits and access options are described in docs/serving.md.\n\n"
             "  -m, --model FILE        GGUF or llama2.c .bin model\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --host ADDR         address to listen on (default 127.0.0.1)\n"
@@ -22,12 +25,30 @@ static void serve_usage(FILE *f) {
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
-            "      --max-body SIZE     largest request body (default 1MiB)\n"
+            "      --max-body SIZE     largest request body (default 1MiB)\n\n"
+            "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
+            "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
+            "                          or its previous answer ended (default 10)\n"
+            "      --body-timeout S    its body S seconds after its headers (default 30)\n"
+            "      --max-conns N       connections at once (default 4096, less if the fd limit is lower)\n"
+            "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n\n"
+            "Access:\n"
+            "      --api-key KEY       require 'Authorization: Bearer KEY' on every endpoint but /health, the\n"
+            "                          web page and (unless --metrics-auth) /metrics; also from the\n"
+            "                          environment variable KVLM_API_KEY\n"
+            "      --api-key-file FILE the key from the first line of FILE\n"
+            "      --metrics-auth      /metrics needs the key too\n"
+            "      --cors-origin ORIGIN  let web pages from ORIGIN (e.g. https://app.example.com) call the API\n"
+            "                          (repeatable; by default no cross-origin page can read the answers)\n"
+            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
+    const char *key_file = NULL, *origin = NULL;
+    const char **origins = NULL;
+    char *file_key = NULL;
     kvlm_server_params sp = {0};
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -46,16 +67,56 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--timeout", &sp.timeout_s, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
-        else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); return 1; }
-        if (bad) return 1;
+        else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--max-conns", &sp.max_conns, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--max-conns-per-ip", &sp.max_conns_per_ip, &bad)) {
+            if (!bad && sp.max_conns_per_ip == 0) sp.max_conns_per_ip = -1; /* no cap */
+        }
+        else if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &sp.api_key, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--api-key-file", &key_file, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--metrics-auth")) sp.metrics_auth = true;
+        else if (cli_opt_str(argc, argv, &i, NULL, "--cors-origin", &origin, &bad)) {
+            if (bad) break;
+            const char **o = realloc(origins, (size_t)(sp.n_cors_origins + 1) * sizeof *o);
+            if (!o) { bad = true; cli_fail("serve", "out of memory"); break; }
+            origins = o;
+            origins[sp.n_cors_origins++] = origin;
+        }
+        else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-key-file", &sp.ssl_key_file, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
+        else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
+        if (bad) { free(origins); return 1; }
     }
-    if (!model_path) { fprintf(stderr, "kvlm serve: no model given (-m FILE)\n"); serve_usage(stderr); return 1; }
-    if (sp.port < 0 || sp.port > 65535) return cli_fail("serve", "--port must be in 0..65535");
-    if (cp.n_seq_max < 1 || sp.batch_tokens < 0 || sp.timeout_s < 0)
-        return cli_fail("serve", "--batch-tokens and --timeout must be >= 0, --max-seqs >= 1");
-    if (cli_ctx_finish("serve", &cp, kv_mem, evict)) return 1;
-    if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0))
-        return cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
+    sp.cors_origins = origins;
+    int rc = 1;
+    if (!model_path) { fprintf(stderr, "kvlm serve: no model given (-m FILE)\n"); serve_usage(stderr); goto out; }
+    if (sp.port < 0 || sp.port > 65535) { cli_fail("serve", "--port must be in 0..65535"); goto out; }
+    if (cp.n_seq_max < 1 || sp.batch_tokens < 0 || sp.timeout_s < 0 || sp.header_timeout_s < 0 ||
+        sp.body_timeout_s < 0 || sp.max_conns < 0 || sp.max_conns_per_ip < -1) {
+        cli_fail("serve", "--batch-tokens, --timeout, --header-timeout, --body-timeout, --max-conns and "
+                 "--max-conns-per-ip must be >= 0, --max-seqs >= 1");
+        goto out;
+    }
+    if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
+    if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0)) {
+        cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
+        goto out;
+    }
+    if (!sp.api_key && key_file) { /* the first line, without its end */
+        size_t len = 0;
+        if (!(file_key = cli_read_file("serve", key_file, &len))) goto out;
+        file_key[strcspn(file_key, "\r\n")] = '\0';
+        sp.api_key = file_key;
+    }
+    if (!sp.api_key) sp.api_key = getenv("KVLM_API_KEY");
+    if (sp.api_key && !*sp.api_key) { cli_fail("serve", "the API key is empty"); goto out; }
+    /* one descriptor a connection: take all the process may have */
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
     sp.max_seqs = cp.n_seq_max;
 
@@ -67,7 +128,6 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = 1;
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
@@ -85,7 +145,8 @@ int cmd_serve(int argc, char **argv) {
     if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
         fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
     fputc('\n', stderr);
-    printf("kvlm serve: listening on http://%s:%d\n", sp.host ? sp.host : "127.0.0.1", kvlm_server_port(srv));
+    printf("kvlm serve: listening on %s://%s:%d\n", sp.ssl_key_file ? "https" : "http", sp.host ? sp.host : "127.0.0.1",
+           kvlm_server_port(srv));
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -95,5 +156,8 @@ done:
     kvlm_server_stop(srv);
     kvlm_ctx_free(ctx);
     kvlm_model_free(model);
+out:
+    free(origins);
+    free(file_key);
     return rc;
 }

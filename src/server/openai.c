@@ -638,7 +638,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
         if (!r) { cancel(j); job_release(j); return MHD_NO; }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        srv_cors(c, r);
         ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;

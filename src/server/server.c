@@ -1,8 +1,9 @@
 /* server/server: the HTTP server on libmicrohttpd (one thread polls every
  * connection, one engine thread runs the scheduler, one watches waiting
- * clients for hang-ups): routing, request bodies and
- * their limits, errors, /health, /v1/models, /metrics, /kvlm/status and the
- * web page. The completion endpoints live in openai.c. */
+ * clients for hang-ups and enforces the header/body deadlines): routing,
+ * request bodies and their limits, the API key, CORS, TLS, errors, /health,
+ * /v1/models, /metrics, /kvlm/status and the web page. The completion
+ * endpoints live in openai.c. */
 #include "server/server.h"
 #include <arpa/inet.h>
 #include <errno.h>
@@ -11,8 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include "model/model.h"
@@ -30,10 +34,32 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    srv_cors(c, r);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static srv_sock *conn_sock(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static bool origin_allowed(const kvlm_server *s, const char *origin) {
+    if (!origin) return false;
+    for (int i = 0; i < s->p.n_cors_origins; i++)
+        if (!strcmp(s->p.cors_origins[i], origin)) return true;
+    return false;
+}
+
+/* No Access-Control-Allow-Origin at all unless the origin was named with
+ * --cors-origin: a browser then keeps other pages from reading our answers. */
+void srv_cors(struct MHD_Connection *c, struct MHD_Response *r) {
+    srv_sock *k = conn_sock(c);
+    if (!k || !k->srv->p.n_cors_origins) return;
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    MHD_add_response_header(r, "Vary", "Origin");
+    if (origin_allowed(k->srv, origin)) MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
 }
 
 enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j) {
@@ -274,19 +300,87 @@ static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
 
 /* ---- requests ------------------------------------------------------------------ */
 
+/* deadline: monotonic seconds by which the connection's request must be in; 0: none. */
+static void set_deadline(struct MHD_Connection *c, double deadline) {
+    srv_sock *k = conn_sock(c);
+    if (!k) return;
+    pthread_mutex_lock(&k->srv->socks_mu);
+    k->deadline = deadline;
+    pthread_mutex_unlock(&k->srv->socks_mu);
+}
+
+/* The page itself holds nothing secret (it asks for the key), /health is for
+ * load balancers; /metrics by choice. */
+static bool needs_key(const kvlm_server *s, const char *url) {
+    if (!strcmp(url, "/health") || !strcmp(url, "/") || !strcmp(url, "/index.html")) return false;
+    return strcmp(url, "/metrics") || s->p.metrics_auth;
+}
+
+/* Compares in time that depends on the key's length only, not on where a guess goes wrong. */
+static bool key_ok(const kvlm_server *s, struct MHD_Connection *c) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    volatile unsigned char diff = (unsigned char)(n != s->api_key_len);
+    for (size_t i = 0; i < s->api_key_len; i++)
+        diff |= (unsigned char)(s->api_key[i] ^ (i < n ? h[i] : 0));
+    return diff == 0;
+}
+
+/* application/json, any case, optionally with parameters (charset=utf-8). */
+static bool is_json_type(const char *ct) {
+    if (!ct) return false;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    if (strncasecmp(ct, "application/json", 16)) return false;
+    char next = ct[16];
+    return next == '\0' || next == ';' || next == ' ' || next == '\t';
+}
+
+/* A CORS preflight: 204 with what may follow for an allowed origin, 403 otherwise. */
+static enum MHD_Result preflight(kvlm_server *s, struct MHD_Connection *c) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin_allowed(s, origin))
+        return srv_error(c, s, 403, NULL, "cors_origin_not_allowed",
+                         "cross-origin requests from %s are not allowed (kvlm serve --cors-origin ORIGIN allows one)",
+                         origin ? origin : "this origin");
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    srv_cors(c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
     kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
     bool post = !strcmp(method, "POST");
-    if (!cn) {
+    bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
+    if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->watched_fd = -1;
         *con_cls = cn;
         pthread_mutex_lock(&s->mu);
         s->active++;
         pthread_mutex_unlock(&s->mu);
+        set_deadline(c, util_now_s() + s->p.body_timeout_s);
+        if (!strcmp(method, "OPTIONS")) {
+            cn->answered = true;
+            return preflight(s, c);
+        }
+        if (s->api_key && needs_key(s, url) && !key_ok(s, c)) {
+            cn->answered = true;
+            return srv_error(c, s, 401, NULL, "invalid_api_key",
+                             "a valid API key is required: send the header 'Authorization: Bearer KEY'");
+        }
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
@@ -294,11 +388,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return srv_error(c, s, 413, NULL, "request_too_large", "the request body is %s bytes; at most %zu are accepted",
                                  cl, s->p.max_body);
             }
+            const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+            if (completions && !is_json_type(ct)) {
+                cn->answered = true;
+                return srv_error(c, s, 415, NULL, "unsupported_media_type",
+                                 "the request body must be JSON with 'Content-Type: application/json' (got %s)",
+                                 ct ? ct : "none");
+            }
         }
         return MHD_YES;
     }
     if (cn->job) return srv_answer(s, c, cn); /* the engine resumed us */
     if (cn->answered) { /* discard the rest of a refused upload */
+        if (!*upload_size) set_deadline(c, 0);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -322,8 +424,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    set_deadline(c, 0); /* the request is in: no deadline while it is answered */
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
+    if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
         return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
     }
@@ -345,9 +448,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c; (void)toe;
+    (void)toe;
     kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
+    /* a kept-alive connection's next request has header_timeout_s from now */
+    set_deadline(c, util_now_s() + s->p.header_timeout_s);
     if (!cn) return;
     srv_conn_done(s, cn);
     pthread_mutex_lock(&s->mu);
@@ -358,6 +463,54 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+/* Every connection is listed from accept to close with the deadline of its
+ * request's headers (and later its body): MHD's own timeout is reset by each
+ * byte, so a client trickling one byte a second would never meet it. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    kvlm_server *s = cls;
+    srv_sock *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(k = calloc(1, sizeof *k))) return; /* untracked: MHD's idle timeout still applies */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->srv = s;
+        k->fd = ci ? ci->connect_fd : -1;
+        k->deadline = util_now_s() + s->p.header_timeout_s;
+        pthread_mutex_lock(&s->socks_mu);
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        s->n_socks++;
+        pthread_mutex_unlock(&s->socks_mu);
+        *socket_context = k;
+        return;
+    }
+    if (!k) return;
+    /* MHD closes the socket after this returns: once unlisted under socks_mu,
+     * the watcher cannot shut down a descriptor that has been reused */
+    pthread_mutex_lock(&s->socks_mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->socks = k->next;
+    if (k->next) k->next->prev = k->prev;
+    s->n_socks--;
+    pthread_mutex_unlock(&s->socks_mu);
+    free(k);
+    *socket_context = NULL;
+}
+
+/* Shuts down the sockets of the connections past their deadline: MHD's
+ * polling thread then reads the end of the stream and closes them. */
+static void sweep_deadlines(kvlm_server *s) {
+    double now = util_now_s();
+    pthread_mutex_lock(&s->socks_mu);
+    for (srv_sock *k = s->socks; k; k = k->next) {
+        if (k->kicked || k->deadline <= 0 || now < k->deadline || k->fd < 0) continue;
+        shutdown(k->fd, SHUT_RDWR);
+        k->kicked = true;
+    }
+    pthread_mutex_unlock(&s->socks_mu);
+}
+
 static void *engine_main(void *arg) {
     kvlm_sched_run(arg);
     return NULL;
@@ -365,13 +518,19 @@ static void *engine_main(void *arg) {
 
 /* A suspended connection's socket is not polled by MHD: this thread waits
  * for the hang-up of any client whose request is in the engine and cancels
- * that request (its event carries the request's id; 0 is the stop signal). */
+ * that request (its event carries the request's id; 0 is the stop signal).
+ * Four times a second it also enforces the header and body deadlines. */
 static void *watcher_main(void *arg) {
     kvlm_server *s = arg;
+    double next_sweep = 0;
     for (;;) {
         struct epoll_event evs[64];
-        int n = epoll_wait(s->watch_fd, evs, 64, -1);
+        int n = epoll_wait(s->watch_fd, evs, 64, 250);
         if (n < 0 && errno != EINTR) break;
+        if (util_now_s() >= next_sweep) {
+            sweep_deadlines(s);
+            next_sweep = util_now_s() + 0.25;
+        }
         for (int i = 0; i < n; i++) {
             if (!evs[i].data.u64) return NULL;
             pthread_mutex_lock(&s->mu);
@@ -388,6 +547,95 @@ static void model_id_from_path(const char *path, char *out, size_t cap) {
     const char *dot = strrchr(base, '.');
     size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
     snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), base);
+}
+
+/* The whole of a small text file (a PEM key or certificate), NUL-terminated. */
+static char *read_text(const char *path, const char *what, kvlm_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { util_err_set(err, KVLM_EIO, "cannot open the %s '%s': %s", what, path, strerror(errno)); return NULL; }
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    for (size_t n; b && (n = fread(b + len, 1, cap - len - 1, f)) > 0;) {
+        len += n;
+        if (len + 1 == cap) {
+            char *nb = cap < (16u << 20) ? realloc(b, cap *= 2) : NULL;
+            if (!nb) { free(b); b = NULL; }
+            else b = nb;
+        }
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (!b || bad || !len) {
+        util_err_set(err, KVLM_EIO, "cannot read the %s '%s'%s", what, path, !b ? " (too large)" : !len ? " (empty)" : "");
+        free(b);
+        return NULL;
+    }
+    b[len] = '\0';
+    return b;
+}
+
+static void free_config(kvlm_server *s) {
+    if (s->api_key) memset(s->api_key, 0, s->api_key_len);
+    free(s->api_key);
+    free(s->tls_key);
+    free(s->tls_cert);
+    for (int i = 0; s->cors && i < s->p.n_cors_origins; i++) free(s->cors[i]);
+    free(s->cors);
+}
+
+/* Copies what the server keeps of p (key, origins) and reads the TLS files. */
+static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *err) {
+    if (p->api_key) {
+        if (!*p->api_key) { util_err_set(err, KVLM_EINVAL, "the API key is empty"); return -1; }
+        s->api_key_len = strlen(p->api_key);
+        if (!(s->api_key = strdup(p->api_key))) goto nomem;
+        s->p.api_key = s->api_key;
+    }
+    s->p.cors_origins = NULL;
+    if (p->n_cors_origins > 0) {
+        if (!(s->cors = calloc((size_t)p->n_cors_origins, sizeof *s->cors))) goto nomem;
+        for (int i = 0; i < p->n_cors_origins; i++) {
+            const char *o = p->cors_origins[i];
+            if (!o || !*o || !strcmp(o, "*") || strchr(o, ' ')) {
+                util_err_set(err, KVLM_EINVAL, "bad CORS origin '%s' (give one like https://example.com)", o ? o : "");
+                return -1;
+            }
+            if (!(s->cors[i] = strdup(o))) goto nomem;
+        }
+        s->p.cors_origins = (const char *const *)s->cors;
+    } else s->p.n_cors_origins = 0;
+    if (!p->ssl_key_file != !p->ssl_cert_file) {
+        util_err_set(err, KVLM_EINVAL, "TLS needs both a key file and a certificate file");
+        return -1;
+    }
+    if (p->ssl_key_file) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            util_err_set(err, KVLM_EINVAL, "this libmicrohttpd was built without TLS");
+            return -1;
+        }
+        if (!(s->tls_key = read_text(p->ssl_key_file, "TLS key", err)) ||
+            !(s->tls_cert = read_text(p->ssl_cert_file, "TLS certificate", err)))
+            return -1;
+    }
+    return 0;
+nomem:
+    util_err_set(err, KVLM_ENOMEM, "out of memory");
+    return -1;
+}
+
+/* The default connection cap stays within what the descriptor limit allows
+ * (each connection is one descriptor; keep some for the model, logs, the
+ * engine). One asked for is taken as is: past the fd limit, accept() fails
+ * and MHD stops accepting until a connection closes. */
+static unsigned conn_limit(int want) {
+    if (want > 0) return (unsigned)want;
+    unsigned n = 4096u;
+    struct rlimit rl;
+    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t room = rl.rlim_cur > 96 ? rl.rlim_cur - 64 : 32;
+        if (n > room) n = (unsigned)room;
+    }
+    return n;
 }
 
 static void stop_threads(kvlm_server *s, kvlm_sched *sched) {
@@ -408,10 +656,15 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (!s->p.max_body) s->p.max_body = 1 << 20;
     if (s->p.timeout_s <= 0) s->p.timeout_s = 30;
+    if (s->p.header_timeout_s <= 0) s->p.header_timeout_s = 10;
+    if (s->p.body_timeout_s <= 0) s->p.body_timeout_s = 30;
+    if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
     else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
     s->started = (double)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->socks_mu, NULL);
+    if (take_config(s, p, err)) goto fail;
     if (s->p.chat_template) {
         const char *roles[] = {"user"}, *msgs[] = {"x"};
         char *out = NULL;
@@ -458,13 +711,28 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES  ? MHD_USE_EPOLL
                       : MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL
                                                                                : 0);
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL,
-                                 on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s,
-                                 MHD_OPTION_CONNECTION_LIMIT, 1024u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_END);
+    if (s->tls_key) flags |= MHD_USE_TLS;
+    struct MHD_OptionItem opts[12];
+    int no = 0;
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, &addr};
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, s->p.timeout_s, NULL};
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, (intptr_t)conn_limit(s->p.max_conns), NULL};
+    if (s->p.max_conns_per_ip > 0)
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->p.max_conns_per_ip, NULL};
+    if (s->tls_key) {
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+    }
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opts,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+                                 on_connection, s, MHD_OPTION_END);
     if (!s->daemon) {
-        util_err_set(err, KVLM_EIO, "cannot listen on %s:%d (address in use or not available?)", s->p.host, s->p.port);
+        if (s->tls_key)
+            util_err_set(err, KVLM_EIO, "cannot listen on %s:%d with TLS (address in use, or the key and certificate "
+                         "are not a matching PEM pair?)", s->p.host, s->p.port);
+        else
+            util_err_set(err, KVLM_EIO, "cannot listen on %s:%d (address in use or not available?)", s->p.host, s->p.port);
         stop_threads(s, s->sched);
         kvlm_sched_free(s->sched);
         goto fail;
@@ -475,6 +743,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
 fail:
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
+    free_config(s);
+    pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
     return NULL;
@@ -503,6 +773,8 @@ void kvlm_server_stop(kvlm_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);
+    free_config(s);
+    pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -27,7 +27,25 @@ struct kvlm_server {
     int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
     int stop_fd;                /* eventfd in that set: the watcher ends */
     pthread_t watcher;
+    /* every open connection, for the header/body deadlines the watcher enforces */
+    pthread_mutex_t socks_mu;
+    struct srv_sock *socks;
+    int n_socks;
+    char *api_key;              /* NULL: none */
+    size_t api_key_len;
+    char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
+    char **cors;                /* copies of p.cors_origins (p.cors_origins points here) */
 };
+
+/* One TCP connection (MHD's socket context), from accept to close: whether it
+ * owes a deadline. The watcher shuts down the socket of one that misses it. */
+typedef struct srv_sock {
+    kvlm_server *srv;
+    struct srv_sock *prev, *next; /* s->socks (under socks_mu) */
+    int fd;
+    double deadline;            /* monotonic seconds; 0: none (a request is being answered) */
+    bool kicked;                /* its socket was shut down */
+} srv_sock;
 
 /* One HTTP request as it arrives. */
 typedef struct srv_conn {
@@ -42,6 +60,8 @@ typedef struct srv_conn {
 enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
                           const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j); /* steals j */
+/* Adds the CORS headers the request's Origin earns (none unless it is allowed). */
+void srv_cors(struct MHD_Connection *c, struct MHD_Response *r);
 void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed */
 
 /* POST /v1/completions (chat false) and /v1/chat/completions, body complete. */

@@ -1,13 +1,16 @@
 // tests/web/browser.mjs: the page at / in headless Chromium (Debian's, driven by
 // playwright-core): a message typed in the chat box streams its answer in, the KV cache
 // view follows the request (blocks in use rise, a request row appears), and a second
-// turn reuses the first one's blocks (prefix hits rise). Run by tests/cli_serve_browser.sh.
+// turn reuses the first one's blocks (prefix hits rise). With KVLM_PAGE_KEY (the server run
+// with --api-key): without the key the page says it needs one, and given it as #key=KEY it
+// sends it on every call (the same checks then pass). Run by tests/cli_serve_browser.sh.
 import { chromium } from 'playwright-core';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
 const URL = process.env.KVLM_URL;
+const KEY = process.env.KVLM_PAGE_KEY;
 const shot = process.env.KVLM_SCREENSHOT;  // where to save a screenshot of the page (optional)
 let pass = 0, fail = 0;
 function check(name, cond, detail) {
@@ -29,7 +32,18 @@ try {
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
   // Poll the status every 5 ms (the page's default is 300 ms): stories260K makes the whole
   // 400-token answer in well under 100 ms.
-  await page.goto(URL + '/?poll=5');
+  if (KEY) {
+    await page.goto(URL + '/?poll=5');
+    const asked = await page.waitForFunction(() => document.querySelector('#health-text').textContent === 'API key needed',
+                                             null, { timeout: 10000 }).then(() => true, () => false);
+    check('without the key the page says it needs one', asked, await page.textContent('#health-text'));
+    errors.length = 0; /* the browser logs the 401s */
+    await page.goto(URL + '/index.html?poll=5#key=' + encodeURIComponent(KEY));
+    check('the key is taken out of the address', !page.url().includes('key='), page.url());
+    await page.waitForFunction(() => document.querySelector('#health-text').textContent === 'serving', null,
+                               { timeout: 10000 });
+    errors.length = 0; /* 401s of the keyless page may be logged late; any from here on count */
+  } else await page.goto(URL + '/?poll=5');
   await page.waitForFunction(() => document.querySelector('#kv-blocks-used').textContent !== '–', null, { timeout: 10000 });
   const model = await page.textContent('#model-name');
   check('the page shows the model and the block pool', model === 'stories260K' &&
