@@ -91,6 +91,15 @@ typedef void (*op_mm_tile_fn)(int n, const uint8_t *w, size_t w_stride, const ui
  * kernels per level are in type_traits.h). */
 op_mm_tile_fn op_mm_tile(int wtype);
 
+/* ---- elementwise kernels per level (norm.c; the backend table names them) ---- */
+void op_rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps);
+void op_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
+void op_swiglu_scalar(float *gate, const float *up, int n);
+void op_swiglu_avx2(float *gate, const float *up, int n);
+void op_swiglu_avx512(float *gate, const float *up, int n);
+void op_add_scalar(float *y, const float *x, int n);
+void op_add_avx2(float *y, const float *x, int n);
+
 /* AVX2 activation quantizers (same results as the scalar ones). */
 void op_quantize_q8a_avx2(const float *x, void *row, int n_in);
 void op_quantize_q8k_avx2(const float *x, void *row, int n_in);
