@@ -349,7 +349,6 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     deq_f16_fn f16 = K->f16_to_f32;
     const int kernel = pick_kernel(a, R, K);
     const bool vt = kernel == OP_ATT_VNNI_TILE, fused = vt || kernel == OP_ATT_AVX2_FUSED;
-    (void)vt;
     /* q8_0 / q4_0 keys see the query rounded to int8: as codes and scales
      * for the fused kernels, as the floats they stand for for the tile's */
     const bool iq = typed && int_keys(a->k_type);

@@ -61,18 +61,21 @@ const op_act_traits *op_act_traits_of(int act) {
     return act >= 0 && act < OP_ACT_COUNT ? &act_traits[act] : NULL;
 }
 
+/* A per-level array's entry at level, or at the nearest level below that has
+ * one (the scalar level's, possibly NULL, at the bottom). */
+#define AT_LEVEL(arr, level)                                                        \
+    int l = (level) < 0 ? 0 : (level) < OP_SIMD_LEVELS ? (level) : OP_SIMD_LEVELS - 1; \
+    while (l > 0 && !(arr)[l]) l--;                                                \
+    return (arr)[l]
+
 op_mm_tile_fn op_mm_tile_at(int wtype, int level) {
     const op_type_traits *t = op_type_traits_of(wtype);
     if (!t) return NULL;
-    for (int l = level < OP_SIMD_LEVELS ? level : OP_SIMD_LEVELS - 1; l >= 0; l--)
-        if (t->tile[l]) return t->tile[l];
-    return NULL;
+    AT_LEVEL(t->tile, level);
 }
 
 op_quantize_fn op_act_quantizer(int act, int level) {
     const op_act_traits *a = op_act_traits_of(act);
     if (!a) return NULL;
-    for (int l = level < OP_SIMD_LEVELS ? level : OP_SIMD_LEVELS - 1; l >= 0; l--)
-        if (a->quantize[l]) return a->quantize[l];
-    return NULL;
+    AT_LEVEL(a->quantize, level);
 }
