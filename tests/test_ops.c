@@ -12,7 +12,9 @@
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/ops.h"
+#include "ops/backend.h"
 #include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 #include "util/pool.h"
 
 static uint64_t seed = 12345;
@@ -589,6 +591,74 @@ static void test_swiglu_add(void **state) {
     free(g); free(u); free(a); free(b); free(a2);
 }
 
+/* The per-type table's rows agree with each other and with dtype's layouts,
+ * and every type a kernel takes has a scalar kernel and a kernel at every
+ * level (the lower level's where it has none of its own). */
+static void test_type_traits(void **state) {
+    (void)state;
+    int n_rows = 0, n_packed = 0;
+    for (int w = 0; w < 0x200; w++) {
+        const op_type_traits *t = op_type_traits_of(w);
+        if (!t) {
+            assert_int_equal(op_matmul_act_kind(w), -1);
+            assert_null(op_mm_tile_at(w, OP_SIMD_VNNI));
+            continue;
+        }
+        n_rows++;
+        assert_non_null(dt_info(t->base)); /* its rows are a file type's */
+        assert_non_null(t->tile[OP_SIMD_SCALAR]);
+        for (int l = 0; l < OP_SIMD_LEVELS; l++) assert_non_null(op_mm_tile_at(w, l));
+        assert_true(t->act >= 0 && t->act < OP_ACT_COUNT);
+        assert_int_equal(op_matmul_act_kind(w), t->act);
+        assert_true((t->act == OP_ACT_F32) == (op_act_traits_of(t->act)->row_size == NULL));
+        assert_true(16 % t->tile_rows == 0);
+        if (t->base != w) { /* a packed type: its base's row points back to it */
+            n_packed++;
+            assert_int_equal(op_type_traits_of(t->base)->packed, w);
+            assert_int_equal(t->tile_rows, 16);
+            assert_int_equal(t->packed, -1);
+            assert_null(t->pack);
+        } else if (t->packed >= 0) {
+            assert_non_null(t->pack);
+            assert_int_equal(op_type_traits_of(t->packed)->base, w);
+            assert_int_equal(op_type_traits_of(t->packed)->act, t->act);
+        } else assert_null(t->pack);
+    }
+    assert_true(n_rows >= 11 && n_packed >= 8);
+    for (int a = 0; a < OP_ACT_COUNT; a++)
+        for (int l = 0; l < OP_SIMD_LEVELS; l++)
+            assert_true((op_act_quantizer(a, l) != NULL) == (a != OP_ACT_F32));
+}
+
+/* The backend the engine calls follows the level cap: its elementwise
+ * kernels give the bits of the op_ functions at that level. */
+static void test_backend_levels(void **state) {
+    (void)state;
+    const int n = 517;
+    float *x = rand_floats(n, 2.0f), *w = rand_floats(n, 1.0f), *a = malloc(sizeof(float) * n),
+          *b = malloc(sizeof(float) * n);
+    const char *names[OP_SIMD_LEVELS] = {"cpu-scalar", "cpu-avx2", "cpu-avx512"};
+    for (int level = 0; level < n_levels(); level++) {
+        op_set_simd_level(level);
+        const op_backend *be = op_backend_cpu();
+        assert_string_equal(be->name, names[level]);
+        be->rmsnorm(a, x, w, n, 1e-5f);
+        op_rmsnorm(b, x, w, n, 1e-5f);
+        assert_memory_equal(a, b, sizeof(float) * n);
+        memcpy(a, x, sizeof(float) * n);
+        memcpy(b, x, sizeof(float) * n);
+        be->swiglu(a, w, n);
+        op_swiglu(b, w, n);
+        assert_memory_equal(a, b, sizeof(float) * n);
+    }
+    op_set_simd_level(OP_SIMD_SCALAR); /* the scalar kernels are their own, not an AVX2 one */
+    op_backend_cpu()->rmsnorm(a, x, w, n, 1e-5f);
+    op_rmsnorm_scalar(b, x, w, n, 1e-5f);
+    assert_memory_equal(a, b, sizeof(float) * n);
+    op_set_simd_level(-1);
+    free(x); free(w); free(a); free(b);
+}
+
 /* ---- attention ---------------------------------------------------------------------- */
 typedef struct {
     int T, q_pos0, n_heads, n_kv_heads, head_dim;
@@ -805,6 +875,8 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_type_traits),
+        cmocka_unit_test(test_backend_levels),
         cmocka_unit_test(test_attention_shapes),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_n),

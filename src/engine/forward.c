@@ -13,6 +13,7 @@
 #include "kv/tier_host.h"
 #include "model/dtype.h"
 #include "model/model.h"
+#include "ops/backend.h"
 #include "ops/kvtype.h"
 #include "ops/ops.h"
 #include "util/error.h"
@@ -118,12 +119,12 @@ double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
 
 static size_t max_mm_work(const kvlm_model *m, int T) {
     const kvlm_config *c = &m->cfg;
-    size_t w = op_matmul_work_size(m->output.type, T, c->dim);
+    size_t w = op_backend_cpu()->matmul_work_size(m->output.type, T, c->dim);
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         const model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_down, &L->w_up};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-            size_t s = op_matmul_work_size(ts[i]->type, T, (int)ts[i]->n_in);
+            size_t s = op_backend_cpu()->matmul_work_size(ts[i]->type, T, (int)ts[i]->n_in);
             if (s > w) w = s;
         }
     }
@@ -258,7 +259,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->hb2 = malloc(T * c->hidden_dim * sizeof(float));
     ctx->out_rows = malloc(T * c->dim * sizeof(float));
     ctx->mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
-    ctx->attn_work = malloc(op_attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
+    ctx->attn_work = malloc(op_backend_cpu()->attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
     /* a step's attention runs ATT_RUNS sequences per pass of the threads */
     ctx->att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
     ctx->block_ptrs = malloc((size_t)ctx->att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
@@ -468,18 +469,18 @@ static op_mm_out mm_out(float *y, const model_tensor *w) {
 
 static void matmul(kvlm_ctx *ctx, float *y, const float *x, const model_tensor *w, int T) {
     op_mm_out o = mm_out(y, w);
-    op_matmul_n(ctx->pool, x, T, (int)w->n_in, &o, 1, ctx->mm_work);
+    op_backend_cpu()->matmul_n(ctx->pool, x, T, (int)w->n_in, &o, 1, ctx->mm_work);
 }
 
 /* y[0, n) += the bias's elements [i0, i0 + n), if the tensor has one */
 static void add_bias(float *y, const model_tensor *b, int i0, int n) {
-    if (b->data) op_add(y, (const float *)b->data + i0, n);
+    if (b->data) op_backend_cpu()->add(y, (const float *)b->data + i0, n);
 }
 
 static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
     if (ctx->naive_attention)
         for (int i = 0; i < n; i++) op_attention_ref(out[i], q[i], &a[i]);
-    else op_attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
+    else op_backend_cpu()->attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
 }
 
 /* Attention for tokens [0, T): each run of consecutive positions of one
@@ -551,8 +552,8 @@ static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
 static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w) {
     const kvlm_config *c = &ctx->model->cfg;
     float *x = ctx->x + (size_t)t * c->dim;
-    if (add) op_add(x, ctx->xb + (size_t)t * c->dim, c->dim);
-    op_rmsnorm(dst, x, w, c->dim, c->norm_eps);
+    if (add) op_backend_cpu()->add(x, ctx->xb + (size_t)t * c->dim, c->dim);
+    op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
 }
 
 /* Layer 0's input row t: the token's embedding, its position's RoPE cos/sin
@@ -564,7 +565,7 @@ static void prep_embed(void *p, int t) {
     dt_dequantize_row(m->tok_embd.type,
                       (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D),
                       j->ctx->x + (size_t)t * D, D);
-    op_rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
+    op_backend_cpu()->rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
                    j->pos[t], m->cfg.rope_base);
     residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm);
 }
@@ -578,7 +579,7 @@ static void prep_residual(void *p, int t) {
 static void prep_swiglu(void *p, int t) {
     fwd_pass *j = p;
     size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
-    op_swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+    op_backend_cpu()->swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
 }
 
 /* Row r of out_rows: its token's last residual and the output norm. */
@@ -596,7 +597,7 @@ static void kv_head(fwd_pass *j, int t, int h) {
     size_t row = ((size_t)t * c->n_kv_heads + h) * HD;
     add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
-    op_rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
+    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
                   c->rope_neox);
     kv_store_write_row(ctx->kv, j->layer, j->seq[t], j->pos[t], h, ctx->k + row, ctx->v + row);
 }
@@ -616,7 +617,7 @@ static void qkv_worker(void *p, int ith, int nth) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
             add_bias(q, &j->L->bq, 0, QD);
-            op_rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, ctx->rope_cs + (size_t)u * half,
+            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, ctx->rope_cs + (size_t)u * half,
                           ctx->rope_sn + (size_t)u * half, c->rope_neox);
             for (int h = 0; !kc && h < H; h++) kv_head(j, u, h);
         } else {
@@ -659,19 +660,19 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         j.norm = L->attn_norm.data;
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
-        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
+        op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
         run_pass(ctx, qkv_worker, &j, T + n_groups * c->n_kv_heads);
         attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         j.norm = L->ffn_norm.data;
         const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
-        op_matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
+        op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
         const op_mm_out down = mm_out(ctx->xb, &L->w_down);
-        op_matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
+        op_backend_cpu()->matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
     }
     if (n_out) {
         const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
-        op_matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
+        op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;
@@ -722,7 +723,7 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
 /* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
 static void rekey(void *user, float *keys, int n_rows, int shift) {
     const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
-    op_rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
+    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
 }
 
 /* Makes room for n_new tokens of sequence s within the budget: evicts by the

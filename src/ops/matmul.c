@@ -6,175 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
-#include "ops/matmul_kq.h"
-#include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 #include "util/timing.h"
 
 int op_matmul_act_kind(int wtype) {
-    switch (wtype) {
-    case DT_F32: case DT_F16: case DT_BF16: return 0;
-    case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case OP_Q8_0_R16: case OP_Q4_0_R16:
-    case OP_Q5_0_R16: case OP_Q4_1_R16: case OP_Q5_1_R16: return 1;
-    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case OP_Q4_K_R16: case OP_Q5_K_R16: case OP_Q6_K_R16: return 2;
-    default: return -1;
-    }
+    const op_type_traits *t = op_type_traits_of(wtype);
+    return t ? t->act : -1;
 }
 
-op_mm_tile_fn op_mm_tile(int wtype) {
-    int level = op_simd_level();
-    if (level >= OP_SIMD_VNNI) return op_mm_tile_vnni(wtype);
-    if (level >= OP_SIMD_AVX2) return op_mm_tile_avx2(wtype);
-    return op_mm_tile_scalar(wtype);
-}
-
-/* The GGUF type whose rows a (possibly packed) weight type stores. */
-static int base_type(int wtype) {
-    switch (wtype) {
-    case OP_Q8_0_R16: return DT_Q8_0;
-    case OP_Q4_0_R16: return DT_Q4_0;
-    case OP_Q5_0_R16: return DT_Q5_0;
-    case OP_Q4_1_R16: return DT_Q4_1;
-    case OP_Q5_1_R16: return DT_Q5_1;
-    case OP_Q4_K_R16: return DT_Q4_K;
-    case OP_Q5_K_R16: return DT_Q5_K;
-    case OP_Q6_K_R16: return DT_Q6_K;
-    default: return wtype;
-    }
-}
-static int packed_of(int wtype) {
-    switch (wtype) {
-    case DT_Q8_0: return OP_Q8_0_R16;
-    case DT_Q4_0: return OP_Q4_0_R16;
-    case DT_Q5_0: return OP_Q5_0_R16;
-    case DT_Q4_1: return OP_Q4_1_R16;
-    case DT_Q5_1: return OP_Q5_1_R16;
-    case DT_Q4_K: return OP_Q4_K_R16;
-    case DT_Q5_K: return OP_Q5_K_R16;
-    case DT_Q6_K: return OP_Q6_K_R16;
-    default: return -1;
-    }
-}
-
-int op_pack_type(int wtype) { return op_simd_level() >= OP_SIMD_VNNI ? packed_of(wtype) : -1; }
-
-size_t op_pack_row_size(int wtype, int n_in) {
-    if (wtype == OP_Q4_K_R16 || wtype == OP_Q5_K_R16)
-        return n_in > 0 && n_in % QK_K == 0
-                   ? (size_t)(n_in / QK_K) * (wtype == OP_Q5_K_R16 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES) / 16
-                   : 0;
-    return dt_row_size(base_type(wtype), n_in);
-}
-
-size_t op_pack_size(int wtype, int n_in, int n_out) {
-    if (packed_of(wtype) < 0) return 0; /* the layout is the same on every CPU */
-    return (size_t)(n_out + 15) / 16 * 16 * op_pack_row_size(packed_of(wtype), n_in);
-}
-
-/* Q4_K (or with q5 Q5_K) into OP_Q4_K_R16 (OP_Q5_K_R16; ops.h): per group
- * and super-block the d, dmin, scales and mins of the 16 rows, then the
- * quants' low 4 bits in 4-byte chunks (then Q5_K's 5th bits). */
-static void pack_qk(int q5, const void *src, void *dst, int n_in, int n_out) {
-    const int nb = n_in / QK_K;
-    const size_t rs = dt_row_size(q5 ? DT_Q5_K : DT_Q4_K, n_in), bs = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
-    static const block_q5_K zero; /* rows past n_out: scales 0, quants 0 */
-    uint8_t *d = dst;
-    for (int g = 0; g < (n_out + 15) / 16; g++)
-        for (int b = 0; b < nb; b++, d += q5 ? OP_Q5K_R16_BYTES : OP_Q4K_R16_BYTES)
-            for (int j = 0; j < 16; j++) {
-                int r = g * 16 + j;
-                /* Q5_K starts as Q4_K: d, dmin, scales */
-                const block_q4_K *blk =
-                    r < n_out ? (const block_q4_K *)((const uint8_t *)src + (size_t)r * rs + (size_t)b * bs)
-                              : (const block_q4_K *)&zero;
-                const uint8_t *qs = q5 ? ((const block_q5_K *)blk)->qs : blk->qs;
-                uint8_t sc[8], mn[8];
-                op_q4k_scales(blk->scales, sc, mn);
-                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
-                memcpy(d + 32 + 2 * j, &blk->dmin, sizeof(dt_f16));
-                for (int s = 0; s < 8; s++) {
-                    d[64 + 16 * s + j] = sc[s];
-                    d[192 + 16 * s + j] = mn[s];
-                }
-                for (int p = 0; p < 4; p++)
-                    for (int k = 0; k < 8; k++) memcpy(d + 320 + 512 * p + 64 * k + 4 * j, qs + 32 * p + 4 * k, 4);
-                if (!q5) continue;
-                /* column 32s + t's 5th bit is bit s of qh[t] in Q5_K too: chunk k takes qh[4k..4k+3] */
-                for (int k = 0; k < 8; k++)
-                    memcpy(d + OP_Q4K_R16_BYTES + 64 * k + 4 * j, ((const block_q5_K *)blk)->qh + 4 * k, 4);
-            }
-}
-
-/* Q6_K into OP_Q6_K_R16 (ops.h): per group and super-block the d and
- * scales of the 16 rows, then the quants + 32 split into nibbles and top bits. */
-static void pack_q6_K(const void *src, void *dst, int n_in, int n_out) {
-    const int nb = n_in / QK_K;
-    const size_t rs = dt_row_size(DT_Q6_K, n_in);
-    static const block_q6_K zero; /* rows past n_out: scales 0 */
-    uint8_t *d = dst;
-    for (int g = 0; g < (n_out + 15) / 16; g++)
-        for (int b = 0; b < nb; b++, d += OP_Q6K_R16_BYTES) {
-            for (int j = 0; j < 16; j++) {
-                int r = g * 16 + j;
-                const block_q6_K *blk = r < n_out ? (const block_q6_K *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
-                int8_t q[QK_K];
-                op_q6k_unpack(blk, q);
-                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
-                for (int s = 0; s < 16; s++) d[32 + 16 * s + j] = (uint8_t)blk->scales[s];
-                uint8_t v[QK_K]; /* q + 32: 0..63 */
-                for (int e = 0; e < QK_K; e++) v[e] = (uint8_t)(q[e] + 32);
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++) {
-                        const uint8_t *c = v + 4 * k + i; /* unit u's column: c[32 u] */
-                        for (int p = 0; p < 4; p++)
-                            d[288 + 512 * p + 64 * k + 4 * j + i] = (uint8_t)((c[64 * p] & 15) | (c[64 * p + 32] & 15) << 4);
-                        for (int h = 0; h < 2; h++)
-                            d[2336 + 512 * h + 64 * k + 4 * j + i] =
-                                (uint8_t)(c[128 * h] >> 4 | (c[128 * h + 32] >> 4) << 2 | (c[128 * h + 64] >> 4) << 4 |
-                                          (c[128 * h + 96] >> 4) << 6);
-                    }
-            }
-        }
-}
-
-void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out) {
-    if (packed_of(wtype) < 0) return;
-    if (wtype == DT_Q4_K || wtype == DT_Q5_K) { pack_qk(wtype == DT_Q5_K, src, dst, n_in, n_out); return; }
-    if (wtype == DT_Q6_K) { pack_q6_K(src, dst, n_in, n_out); return; }
-    const int nb = n_in / 32, hm = wtype == DT_Q4_1 || wtype == DT_Q5_1, q5 = wtype == DT_Q5_0 || wtype == DT_Q5_1;
-    const int q4 = wtype != DT_Q8_0, qs_at = hm ? 64 : 32; /* nibble chunks after the scales (and mins) */
-    const size_t rs = dt_row_size(wtype, n_in), bs = dt_row_size(wtype, 32);
-    const int chunks = q4 ? 4 : 8;
-    static const uint8_t zero[sizeof(block_q8_0)]; /* rows past n_out: scale 0, quants 0 */
-    uint8_t *d = dst;
-    for (int g = 0; g < (n_out + 15) / 16; g++)
-        for (int b = 0; b < nb; b++, d += 16 * bs)
-            for (int j = 0; j < 16; j++) {
-                int r = g * 16 + j;
-                const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : zero;
-                memcpy(d + 2 * j, blk, sizeof(dt_f16)); /* every such block starts with its f16 scale */
-                if (hm) memcpy(d + 32 + 2 * j, blk + 2, sizeof(dt_f16)); /* then Q4_1's and Q5_1's min */
-                const uint8_t *qs = blk + 2 + 2 * hm + 4 * q5;
-                if (q5) { /* the 5th bits, regrouped by chunk (ops.h) */
-                    uint32_t h;
-                    memcpy(&h, blk + 2 + 2 * hm, 4);
-                    for (int i = 0; i < 4; i++) {
-                        uint8_t v = 0;
-                        for (int k = 0; k < 4; k++)
-                            v |= (uint8_t)((h >> (4 * k + i) & 1) << k | (h >> (16 + 4 * k + i) & 1) << (4 + k));
-                        d[qs_at + 256 + 4 * j + i] = v;
-                    }
-                }
-                for (int k = 0; k < chunks; k++) { /* 4 bytes at a time; w + 128 flips the sign bit */
-                    uint32_t v;
-                    memcpy(&v, qs + 4 * k, 4);
-                    if (!q4) v ^= 0x80808080u;
-                    memcpy(d + qs_at + 64 * k + 4 * j, &v, 4);
-                }
-            }
-}
+op_mm_tile_fn op_mm_tile(int wtype) { return op_mm_tile_at(wtype, op_simd_level()); }
 
 static size_t act_row_size(int kind, int n_in) {
-    return kind == 1 ? op_q8a_row_size(n_in) : kind == 2 ? op_q8k_row_size(n_in) : 0;
+    const op_act_traits *a = op_act_traits_of(kind);
+    return a && a->row_size ? a->row_size(n_in) : 0;
 }
 
 size_t op_matmul_work_size(int wtype, int T, int n_in) {
@@ -188,7 +32,8 @@ typedef struct {
     const float *X;
     uint8_t *xq;  /* NULL: only prep */
     size_t xs;
-    int T, n_in, kind;
+    int T, n_in;
+    op_quantize_fn quant; /* the activation format's quantizer at this level */
     op_mm_prep_fn prep;
     void *user;
 } quant_job;
@@ -201,8 +46,7 @@ static void quant_worker(void *p, int ith, int nth) {
         if (j->prep) j->prep(j->user, (int)t);
         const float *x = j->X + (size_t)t * j->n_in;
         if (!j->xq) continue;
-        if (j->kind == 1) op_quantize_q8a(x, j->xq + (size_t)t * j->xs, j->n_in);
-        else op_quantize_q8k(x, j->xq + (size_t)t * j->xs, j->n_in);
+        j->quant(x, j->xq + (size_t)t * j->xs, j->n_in);
     }
 }
 
@@ -303,7 +147,7 @@ void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_m
         long min_chunks = 4L * nth;
         if ((long)o->n_out / min_chunks < cr) cr = (long)o->n_out / min_chunks;
         /* a multiple of the largest register tile (a packed group) */
-        const long tile_rows = base_type(o->wtype) != o->wtype ? 16 : 4;
+        const long tile_rows = op_type_traits_of(o->wtype)->tile_rows;
         cr = cr < tile_rows ? tile_rows : (cr + tile_rows - 1) / tile_rows * tile_rows;
         M->chunk_rows = (int)cr;
         M->first = n_chunks;
@@ -312,8 +156,9 @@ void op_matmul_prep(util_pool *pool, const float *X, int T, int n_in, const op_m
     }
     /* the rows prepared (always: prep's work is the caller's), then quantized
      * once for every matrix, in one pass */
-    quant_job qj = {X, NULL, 0, T, n_in, kind, prep, user};
+    quant_job qj = {X, NULL, 0, T, n_in, NULL, prep, user};
     if (kind > 0 && j.n_mats) {
+        qj.quant = op_act_quantizer(kind, op_simd_level());
         qj.xq = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
         qj.xs = act_row_size(kind, n_in);
     }

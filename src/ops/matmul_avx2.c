@@ -4,7 +4,7 @@
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/matmul_kq.h"
-#include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -153,12 +153,12 @@ AI void qtile(const int RM, const int RN, int n, const uint8_t *w, size_t ws, co
     QFIX_ROW(tf, 1) QFIX_ROW(tf, 2) QFIX_ROW(tf, 3) QFIX_ROW(tf, 4)                                   \
     static fixed_fn tf##_tab[MAXR][MAXC] = {QFIX_TAB_ROW(tf, 1), QFIX_TAB_ROW(tf, 2), QFIX_TAB_ROW(tf, 3), \
                                            QFIX_TAB_ROW(tf, 4)};                                    \
-    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                     int nr, int nc) {                                                              \
+    void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,        \
+              int nr, int nc) {                                                                     \
         if (nc == 1) run_tiles(tf##_tab, Q_DEC_RM, 1, n, w, ws, x, xs, y, ys, nr, nc);               \
         else run_tiles(tf##_tab, Q_RM, Q_RN, n, w, ws, x, xs, y, ys, nr, nc);                        \
     }
-QFIX_ALL(qtile, tile_q4_0_avx2)
+QFIX_ALL(qtile, op_mm_q4_0_avx2)
 
 /* ---- Q4_1, Q5_0, Q5_1 ------------------------------------------------------------
  * One row x RN tokens. Per block the codes as 32 unsigned bytes (Q4_0's
@@ -318,7 +318,7 @@ AI void q8p_tile(const int RM, const int RN, int n, const uint8_t *w, size_t ws,
         }
 }
 
-QFIX_ALL(q8p_tile, tile_q8_0_avx2)
+QFIX_ALL(q8p_tile, op_mm_q8_0_avx2)
 
 /* ---- float weights (F32, F16, BF16) ------------------------------------------ */
 enum { W_F32, W_F16, W_BF16 };
@@ -532,13 +532,13 @@ AI void q5k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
     qk_tile(1, RN, n, w, x, xs, y, ys);
 }
 
-static void tile_f32(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+void op_mm_f32_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_f32, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
 }
-static void tile_f16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+void op_mm_f16_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_f16, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
 }
-static void tile_bf16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
+void op_mm_bf16_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, int nr, int nc) {
     run_tiles(tab_bf16, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
@@ -547,8 +547,8 @@ static void tile_bf16(int n, const uint8_t *w, size_t ws, const uint8_t *x, size
 #define K_TILE(name, tf)                                                                                 \
     KT(tf, 1) KT(tf, 2) KT(tf, 3) KT(tf, 4)                                                              \
     static fixed_fn tab_##name[MAXR][MAXC] = {{tf##_1x1, tf##_1x2, tf##_1x3, tf##_1x4}};                 \
-    static void tile_##name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,    \
-                            size_t ys, int nr, int nc) {                                                 \
+    void op_mm_##name##_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,  \
+                             size_t ys, int nr, int nc) {                                                \
         run_tiles(tab_##name, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);                                     \
     }
 K_TILE(q4_K, q4k_tile)
@@ -581,24 +581,7 @@ double op_read_sum_avx2(const float *p, size_t n, int prefetch) {
 
 #pragma GCC pop_options
 
-op_mm_tile_fn op_mm_tile_avx2(int wtype) {
-    switch (wtype) {
-    case DT_F32: return tile_f32;
-    case DT_F16: return tile_f16;
-    case DT_BF16: return tile_bf16;
-    case DT_Q8_0: return tile_q8_0_avx2;
-    case DT_Q4_0: return tile_q4_0_avx2;
-    case DT_Q4_1: return tile_q4_1;
-    case DT_Q5_0: return tile_q5_0;
-    case DT_Q5_1: return tile_q5_1;
-    case DT_Q4_K: return tile_q4_K;
-    case DT_Q5_K: return tile_q5_K;
-    case DT_Q6_K: return tile_q6_K;
-    default: return op_mm_tile_scalar(wtype); /* packed types of other CPUs */
-    }
-}
 #else
-op_mm_tile_fn op_mm_tile_avx2(int wtype) { return op_mm_tile_scalar(wtype); }
 double op_read_sum_avx2(const float *p, size_t n, int prefetch) {
     (void)prefetch;
     double s = 0;

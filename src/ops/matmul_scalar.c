@@ -4,7 +4,7 @@
 #include <math.h>
 #include "model/dtype.h"
 #include "ops/matmul_kq.h"
-#include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 
 typedef float (*dot_fn)(int n, const uint8_t *w, const uint8_t *x);
 
@@ -165,8 +165,8 @@ static inline void tile(dot_fn f, int n, const uint8_t *w, size_t ws, const uint
 }
 
 #define TILE(name)                                                                              \
-    static void tile_##name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,    \
-                            float *y, size_t ys, int nr, int nc) {                              \
+    void op_mm_##name##_scalar(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, \
+                               float *y, size_t ys, int nr, int nc) {                           \
         tile(dot_##name, n, w, ws, x, xs, y, ys, nr, nc);                                       \
     }
 TILE(f32)
@@ -218,8 +218,8 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
 
 /* A packed type's scalar kernel: row r is row r % 16 (j) of group r / 16 (g). */
 #define R16_SCALAR(name, dot_call)                                                                         \
-    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                     int nr, int nc) {                                                                     \
+    void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,        \
+              int nr, int nc) {                                                                            \
         for (int c = 0; c < nc; c++)                                                                       \
             for (int r = 0; r < nr; r++) {                                                                 \
                 const uint8_t *g = w + (size_t)(r / 16) * 16 * ws, *xr = x + (size_t)c * xs;               \
@@ -227,11 +227,11 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
                 y[(size_t)c * ys + r] = dot_call;                                                          \
             }                                                                                              \
     }
-R16_SCALAR(tile_q8_0_r16, dot_r16(0, n, g, j, xr))
-R16_SCALAR(tile_q4_0_r16, dot_r16(1, n, g, j, xr))
-R16_SCALAR(tile_q5_0_r16, dot_r16(2, n, g, j, xr))
-R16_SCALAR(tile_q4_1_r16, dot_r16(3, n, g, j, xr))
-R16_SCALAR(tile_q5_1_r16, dot_r16(4, n, g, j, xr))
+R16_SCALAR(op_mm_q8_0_r16_scalar, dot_r16(0, n, g, j, xr))
+R16_SCALAR(op_mm_q4_0_r16_scalar, dot_r16(1, n, g, j, xr))
+R16_SCALAR(op_mm_q5_0_r16_scalar, dot_r16(2, n, g, j, xr))
+R16_SCALAR(op_mm_q4_1_r16_scalar, dot_r16(3, n, g, j, xr))
+R16_SCALAR(op_mm_q5_1_r16_scalar, dot_r16(4, n, g, j, xr))
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
 static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {
@@ -285,32 +285,7 @@ static float dot_q6k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
     return s;
 }
 
-R16_SCALAR(tile_q6_K_r16, dot_q6k_r16(n, g, j, xr))
+R16_SCALAR(op_mm_q6_K_r16_scalar, dot_q6k_r16(n, g, j, xr))
 
-R16_SCALAR(tile_q4_K_r16, dot_qk_r16(0, n, g, j, xr))
-R16_SCALAR(tile_q5_K_r16, dot_qk_r16(1, n, g, j, xr))
-
-op_mm_tile_fn op_mm_tile_scalar(int wtype) {
-    switch (wtype) {
-    case DT_F32: return tile_f32;
-    case DT_F16: return tile_f16;
-    case DT_BF16: return tile_bf16;
-    case DT_Q8_0: return tile_q8_0;
-    case OP_Q8_0_R16: return tile_q8_0_r16;
-    case OP_Q4_0_R16: return tile_q4_0_r16;
-    case OP_Q5_0_R16: return tile_q5_0_r16;
-    case OP_Q4_1_R16: return tile_q4_1_r16;
-    case OP_Q5_1_R16: return tile_q5_1_r16;
-    case OP_Q4_K_R16: return tile_q4_K_r16;
-    case OP_Q5_K_R16: return tile_q5_K_r16;
-    case OP_Q6_K_R16: return tile_q6_K_r16;
-    case DT_Q4_0: return tile_q4_0;
-    case DT_Q4_1: return tile_q4_1;
-    case DT_Q5_0: return tile_q5_0;
-    case DT_Q5_1: return tile_q5_1;
-    case DT_Q4_K: return tile_q4_K;
-    case DT_Q5_K: return tile_q5_K;
-    case DT_Q6_K: return tile_q6_K;
-    default: return NULL;
-    }
-}
+R16_SCALAR(op_mm_q4_K_r16_scalar, dot_qk_r16(0, n, g, j, xr))
+R16_SCALAR(op_mm_q5_K_r16_scalar, dot_qk_r16(1, n, g, j, xr))

@@ -3,7 +3,7 @@
  * OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
-#include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
@@ -140,15 +140,15 @@ static void r16_groups(const r16_fn *tab, int n, const uint8_t *w, size_t ws, co
 }
 /* The kernel over any nr x nc of a packed type whose tile table is tab. */
 #define R16_TILE(name, tab)                                                                                \
-    static void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                     int nr, int nc) {                                                                     \
+    void name(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys,        \
+              int nr, int nc) {                                                                            \
         r16_groups(tab, n, w, ws, x, xs, y, ys, nr, nc);                                                   \
     }
-R16_TILE(tile_q8_0_r16_vnni, r16_tab[0])
-R16_TILE(tile_q4_0_r16_vnni, r16_tab[1])
-R16_TILE(tile_q5_0_r16_vnni, r16_tab[2])
-R16_TILE(tile_q4_1_r16_vnni, r16_tab[3])
-R16_TILE(tile_q5_1_r16_vnni, r16_tab[4])
+R16_TILE(op_mm_q8_0_r16_vnni, r16_tab[0])
+R16_TILE(op_mm_q4_0_r16_vnni, r16_tab[1])
+R16_TILE(op_mm_q5_0_r16_vnni, r16_tab[2])
+R16_TILE(op_mm_q4_1_r16_vnni, r16_tab[3])
+R16_TILE(op_mm_q5_1_r16_vnni, r16_tab[4])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the
@@ -272,25 +272,9 @@ AI void kq_r16_tile(const int KB, const int RN, int n, const uint8_t *g, const u
 R16K_ROW(4) R16K_ROW(5) R16K_ROW(6)
 static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)};
 
-R16_TILE(tile_q4_K_r16_vnni, r16k_tab[0])
-R16_TILE(tile_q5_K_r16_vnni, r16k_tab[1])
-R16_TILE(tile_q6_K_r16_vnni, r16k_tab[2])
+R16_TILE(op_mm_q4_K_r16_vnni, r16k_tab[0])
+R16_TILE(op_mm_q5_K_r16_vnni, r16k_tab[1])
+R16_TILE(op_mm_q6_K_r16_vnni, r16k_tab[2])
 
 #pragma GCC pop_options
-
-op_mm_tile_fn op_mm_tile_vnni(int wtype) {
-    switch (wtype) {
-    case OP_Q8_0_R16: return tile_q8_0_r16_vnni;
-    case OP_Q4_0_R16: return tile_q4_0_r16_vnni;
-    case OP_Q5_0_R16: return tile_q5_0_r16_vnni;
-    case OP_Q4_1_R16: return tile_q4_1_r16_vnni;
-    case OP_Q5_1_R16: return tile_q5_1_r16_vnni;
-    case OP_Q4_K_R16: return tile_q4_K_r16_vnni;
-    case OP_Q5_K_R16: return tile_q5_K_r16_vnni;
-    case OP_Q6_K_R16: return tile_q6_K_r16_vnni;
-    default: return op_mm_tile_avx2(wtype);
-    }
-}
-#else
-op_mm_tile_fn op_mm_tile_vnni(int wtype) { return op_mm_tile_scalar(wtype); }
 #endif

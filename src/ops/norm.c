@@ -2,6 +2,7 @@
  * with a scalar reference and an AVX2 path; SwiGLU also in AVX-512 (the AVX2
  * path's bits). */
 #include <math.h>
+#include "ops/backend.h"
 #include "ops/ops_internal.h"
 
 void op_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps) {
@@ -23,7 +24,7 @@ void op_swiglu_ref(float *gate, const float *up, int n) {
 #pragma GCC target("avx2,fma,f16c")
 #include "ops/simd_math.h"
 
-static void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
+void op_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
     /* two float accumulators of 8 lanes: n * 2^-24 relative error at most,
      * ~1e-7 in practice for hidden sizes of a few thousand */
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -42,7 +43,7 @@ static void rmsnorm_avx2(float *out, const float *x, const float *w, int n, floa
     for (; i < n; i++) out[i] = x[i] * inv * w[i];
 }
 
-static void swiglu_avx2(float *gate, const float *up, int n) {
+void op_swiglu_avx2(float *gate, const float *up, int n) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -54,19 +55,18 @@ static void swiglu_avx2(float *gate, const float *up, int n) {
     for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-static void add_avx2(float *y, const float *x, int n) {
+void op_add_avx2(float *y, const float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
     for (; i < n; i++) y[i] += x[i];
 }
 #pragma GCC pop_options
-#define HAVE_AVX2_PATHS 1
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f")
 #include "ops/simd_math512.h"
 
-static void swiglu_avx512(float *gate, const float *up, int n) {
+void op_swiglu_avx512(float *gate, const float *up, int n) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -74,15 +74,12 @@ static void swiglu_avx512(float *gate, const float *up, int n) {
         __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, op_exp512(_mm512_sub_ps(zero, g))));
         _mm512_storeu_ps(gate + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
     }
-    swiglu_avx2(gate + i, up + i, n - i); /* the last 8 in AVX2, the rest as it does */
+    op_swiglu_avx2(gate + i, up + i, n - i); /* the last 8 in AVX2, the rest as it does */
 }
 #pragma GCC pop_options
 #endif
 
-void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-#ifdef HAVE_AVX2_PATHS
-    if (op_simd_level() >= OP_SIMD_AVX2) { rmsnorm_avx2(out, x, w, n, eps); return; }
-#endif
+void op_rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps) {
     float a[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -94,17 +91,19 @@ void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
 }
 
-void op_swiglu(float *gate, const float *up, int n) {
-#ifdef HAVE_AVX2_PATHS
-    if (op_simd_level() >= OP_SIMD_VNNI) { swiglu_avx512(gate, up, n); return; }
-    if (op_simd_level() >= OP_SIMD_AVX2) { swiglu_avx2(gate, up, n); return; }
-#endif
+void op_swiglu_scalar(float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-void op_add(float *y, const float *x, int n) {
-#ifdef HAVE_AVX2_PATHS
-    if (op_simd_level() >= OP_SIMD_AVX2) { add_avx2(y, x, n); return; }
-#endif
+void op_add_scalar(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
+
+/* the level's kernel (backend.c) */
+void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    op_backend_cpu()->rmsnorm(out, x, w, n, eps);
+}
+
+void op_swiglu(float *gate, const float *up, int n) { op_backend_cpu()->swiglu(gate, up, n); }
+
+void op_add(float *y, const float *x, int n) { op_backend_cpu()->add(y, x, n); }

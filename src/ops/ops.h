@@ -1,6 +1,8 @@
 /* ops/ops: the compute kernels of the forward pass. Each has a scalar
  * reference (suffix _ref) that the fast path (AVX2/FMA, chosen at run time)
- * is tested against. Kernels never allocate: callers pass scratch memory. */
+ * is tested against. Kernels never allocate: callers pass scratch memory.
+ * The forward pass calls them through a backend table (ops/backend.h); the
+ * per-weight-type facts live in one table (ops/type_traits.h). */
 #ifndef KVLM_OPS_OPS_H
 #define KVLM_OPS_OPS_H
 #include <stdbool.h>

@@ -9,7 +9,7 @@
 #include "ops/ops.h"
 
 /* ---- SIMD level ------------------------------------------------------------ */
-enum { OP_SIMD_SCALAR = 0, OP_SIMD_AVX2 = 1, OP_SIMD_VNNI = 2 };
+enum { OP_SIMD_SCALAR = 0, OP_SIMD_AVX2 = 1, OP_SIMD_VNNI = 2, OP_SIMD_LEVELS };
 /* The level the kernels use now: the CPU's best, capped by op_set_simd and by
  * op_set_simd_level. */
 int op_simd_level(void);
@@ -87,13 +87,18 @@ int op_matmul_act_kind(int wtype);
  * split among threads. */
 typedef void (*op_mm_tile_fn)(int n, const uint8_t *w, size_t w_stride, const uint8_t *x,
                               size_t x_stride, float *y, size_t y_stride, int nr, int nc);
-/* Kernel for a weight type at a SIMD level (falls back to a lower level when a
- * type has no kernel at the requested one); NULL for unsupported types. */
-op_mm_tile_fn op_mm_tile_scalar(int wtype);
-op_mm_tile_fn op_mm_tile_avx2(int wtype);
-op_mm_tile_fn op_mm_tile_vnni(int wtype);
-/* The kernel op_matmul uses now for a weight type (op_simd_level picks). */
+/* The kernel op_matmul uses now for a weight type (op_simd_level picks; the
+ * kernels per level are in type_traits.h). */
 op_mm_tile_fn op_mm_tile(int wtype);
+
+/* ---- elementwise kernels per level (norm.c; the backend table names them) ---- */
+void op_rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps);
+void op_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
+void op_swiglu_scalar(float *gate, const float *up, int n);
+void op_swiglu_avx2(float *gate, const float *up, int n);
+void op_swiglu_avx512(float *gate, const float *up, int n);
+void op_add_scalar(float *y, const float *x, int n);
+void op_add_avx2(float *y, const float *x, int n);
 
 /* AVX2 activation quantizers (same results as the scalar ones). */
 void op_quantize_q8a_avx2(const float *x, void *row, int n_in);

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "model/dtype.h"
-#include "ops/ops_internal.h"
+#include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,7 +24,7 @@ size_t op_q8k_row_size(int n_in) { return round64((size_t)(n_in / QK_K) * sizeof
 static inline float scale_of(float amax) { return amax / 127.0f; }
 static inline float inv_scale_of(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
 
-static void quantize_q8a_scalar(const float *x, void *row, int n_in) {
+void op_quantize_q8a_scalar(const float *x, void *row, int n_in) {
     int nb = n_in / 32;
     int8_t *qs = (int8_t *)row;
     int32_t *xc = (int32_t *)((uint8_t *)row + n_in);
@@ -46,7 +46,7 @@ static void quantize_q8a_scalar(const float *x, void *row, int n_in) {
     }
 }
 
-static void quantize_q8k_scalar(const float *x, void *row, int n_in) {
+void op_quantize_q8k_scalar(const float *x, void *row, int n_in) {
     block_q8_K *y = row;
     for (int b = 0; b < n_in / QK_K; b++) {
         const float *xb = x + b * QK_K;
@@ -146,19 +146,10 @@ void op_quantize_q8k_avx2(const float *x, void *row, int n_in) {
 #pragma GCC pop_options
 #endif
 
-void op_quantize_q8a(const float *x, void *row, int n_in) {
-#ifdef OP_X86
-    if (op_simd_level() >= OP_SIMD_AVX2) { op_quantize_q8a_avx2(x, row, n_in); return; }
-#endif
-    quantize_q8a_scalar(x, row, n_in);
-}
+/* the quantizer the matmul uses at the current level (type_traits.c) */
+void op_quantize_q8a(const float *x, void *row, int n_in) { op_act_quantizer(OP_ACT_Q8A, op_simd_level())(x, row, n_in); }
 
-void op_quantize_q8k(const float *x, void *row, int n_in) {
-#ifdef OP_X86
-    if (op_simd_level() >= OP_SIMD_AVX2) { op_quantize_q8k_avx2(x, row, n_in); return; }
-#endif
-    quantize_q8k_scalar(x, row, n_in);
-}
+void op_quantize_q8k(const float *x, void *row, int n_in) { op_act_quantizer(OP_ACT_Q8K, op_simd_level())(x, row, n_in); }
 
 void op_dequantize_q8a(const void *row, float *x, int n_in) {
     const int8_t *qs = op_q8a_qs(row);
