@@ -10,6 +10,7 @@
 #include "ops/kvtype.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/timing.h"
 
 /* blocks asked of the tiers per round of a promotion */
 #define PROMOTE_BATCH 32
@@ -33,6 +34,22 @@ struct kv_store {
     uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
         persisted[KV_STORE_MAX_TIERS];
     bool logged_corrupt[KV_STORE_MAX_TIERS];
+    /* swap space: slots of one block each, allocated at the first swap */
+    size_t swap_bytes;
+    uint8_t *swap_mem;
+    int32_t *swap_free;
+    int swap_slots, swap_n_free;
+    kv_store_swap_stats swap;
+    double copy_rate;
+};
+
+struct kv_swap {
+    int len, n_blocks, stage_block;
+    bool compacted;
+    int32_t *tokens;
+    kv_key *keys;
+    int32_t *slots;    /* per block: its slot in the swap space */
+    uint16_t *stage;   /* q4_kc: the sequence's staging; NULL otherwise */
 };
 
 static void on_demote(void *user, kv_cache *c, int32_t b);
@@ -63,6 +80,10 @@ kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
         return NULL;
     }
     for (int i = 0; i < s->p.max_seqs; i++) s->stage_block[i] = -1;
+    s->swap_bytes = p->swap_bytes;
+    size_t slots = p->swap_bytes / kv_block_bytes(s->c);
+    s->swap_slots = slots > (1u << 30) ? (1 << 30) : (int)slots;
+    s->swap.slots = (uint64_t)s->swap_slots;
     if (s->n_tiers) {
         s->fmt = *kv_get_blockfmt(s->c);
         s->blob_bytes = kv_blockfmt_bytes(&s->fmt);
@@ -90,6 +111,8 @@ void kv_store_free(kv_store *s) {
     free(s->ser);
     free(s->in_tier);
     free(s->pbuf);
+    free(s->swap_mem);
+    free(s->swap_free);
     free(s);
 }
 
@@ -344,6 +367,138 @@ void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared)
     if (n_blocks) *n_blocks = n;
     if (n_shared) *n_shared = shared;
 }
+
+/* ---- swap ---- */
+
+static size_t stage_per_seq(const kv_store *s) { return kv_store_stage_bytes(s) / (size_t)s->p.max_seqs; }
+
+size_t kv_store_swap_bytes(const kv_store *s, int seq) {
+    int n = 0;
+    kv_seq_blocks(s->c, seq, &n);
+    return (size_t)n * kv_block_bytes(s->c) + stage_per_seq(s);
+}
+
+bool kv_store_swap_fits(const kv_store *s, int seq) {
+    int n = 0;
+    kv_seq_blocks(s->c, seq, &n);
+    int free_slots = s->swap_mem ? s->swap_n_free : s->swap_slots;
+    return s->swap_slots > 0 && n <= free_slots;
+}
+
+/* The swap space, at the first swap: most contexts never preempt. */
+static int swap_space(kv_store *s, kvlm_error *err) {
+    if (s->swap_mem) return KVLM_OK;
+    s->swap_mem = malloc((size_t)s->swap_slots * kv_block_bytes(s->c));
+    s->swap_free = malloc((size_t)s->swap_slots * sizeof(int32_t));
+    if (!s->swap_mem || !s->swap_free) {
+        free(s->swap_mem);
+        free(s->swap_free);
+        s->swap_mem = NULL;
+        s->swap_free = NULL;
+        return util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV swap space of %zu bytes", s->swap_bytes);
+    }
+    for (int i = 0; i < s->swap_slots; i++) s->swap_free[i] = s->swap_slots - 1 - i;
+    s->swap_n_free = s->swap_slots;
+    return KVLM_OK;
+}
+
+static uint8_t *slot_at(const kv_store *s, int32_t slot) {
+    return s->swap_mem + (size_t)slot * kv_block_bytes(s->c);
+}
+
+void kv_store_swap_drop(kv_store *s, kv_swap *h) {
+    if (!h) return;
+    for (int i = 0; i < h->n_blocks; i++) s->swap_free[s->swap_n_free++] = h->slots[i];
+    s->swap.slots_used -= (uint64_t)h->n_blocks;
+    free(h->tokens);
+    free(h->keys);
+    free(h->slots);
+    free(h->stage);
+    free(h);
+}
+
+int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
+    *out = NULL;
+    if (!kv_store_swap_fits(s, seq))
+        return util_err_set(err, KVLM_EFULL, "the KV swap space has no room for sequence %d", seq);
+    int rc = swap_space(s, err);
+    if (rc) return rc;
+    int n = 0, len = kv_seq_len(s->c, seq), bs = s->p.block_size;
+    const int32_t *blocks = kv_seq_blocks(s->c, seq, &n);
+    size_t st = stage_per_seq(s);
+    kv_swap *h = calloc(1, sizeof *h);
+    if (!h || !(h->tokens = malloc((size_t)(len + 1) * sizeof(int32_t))) ||
+        !(h->keys = malloc((size_t)(len / bs + 1) * sizeof(kv_key))) ||
+        !(h->slots = malloc((size_t)(n + 1) * sizeof(int32_t))) || (st && !(h->stage = malloc(st)))) {
+        if (h) { free(h->tokens); free(h->keys); free(h->slots); free(h); }
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
+    h->len = len;
+    h->compacted = kv_seq_compacted(s->c, seq);
+    h->stage_block = s->stage_block[seq];
+    if (len) memcpy(h->tokens, kv_seq_tokens(s->c, seq), (size_t)len * sizeof(int32_t));
+    for (int i = 0; i < len / bs; i++) h->keys[i] = *kv_seq_key(s->c, seq, i);
+    /* blocks beyond len (reserved, not committed) are not kept */
+    int keep = (len + bs - 1) / bs;
+    if (keep > n) keep = n;
+    for (int i = 0; i < keep; i++) {
+        h->slots[i] = s->swap_free[--s->swap_n_free];
+        kv_block_read(s->c, blocks[i], slot_at(s, h->slots[i]));
+    }
+    h->n_blocks = keep;
+    if (st) memcpy(h->stage, kv_seq_stage(s->c, seq, 0, 0), st);
+    s->swap.slots_used += (uint64_t)keep;
+    s->swap.swaps_out++;
+    s->swap.bytes_out += (uint64_t)keep * kv_block_bytes(s->c) + st;
+    kv_seq_release(s->c, seq);
+    s->stage_block[seq] = -1;
+    *out = h;
+    return KVLM_OK;
+}
+
+int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
+    int32_t *blocks = malloc((size_t)(h->n_blocks + 1) * sizeof(int32_t));
+    if (!blocks) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int rc = kv_seq_restore(s->c, seq, h->tokens, h->keys, h->len, h->compacted, blocks, err);
+    if (rc) { free(blocks); return rc; }
+    for (int i = 0; i < h->n_blocks; i++) kv_block_write(s->c, blocks[i], slot_at(s, h->slots[i]));
+    free(blocks);
+    size_t st = stage_per_seq(s);
+    if (st) memcpy(kv_seq_stage(s->c, seq, 0, 0), h->stage, st);
+    s->stage_block[seq] = h->stage_block;
+    s->swap.swaps_in++;
+    s->swap.bytes_in += (uint64_t)h->n_blocks * kv_block_bytes(s->c) + st;
+    kv_store_swap_drop(s, h);
+    return KVLM_OK;
+}
+
+int kv_swap_blocks(const kv_swap *h) { return h->n_blocks; }
+int kv_swap_tokens(const kv_swap *h) { return h->len; }
+
+double kv_store_copy_rate(kv_store *s) {
+    if (s->copy_rate > 0) return s->copy_rate;
+    size_t bb = kv_block_bytes(s->c);
+    int n = (int)((8u << 20) / bb);
+    if (n < 1) n = 1;
+    if (n > s->p.n_blocks) n = s->p.n_blocks;
+    uint8_t *buf = malloc((size_t)n * bb);
+    if (!buf) return 0;
+    /* a round trip of the same bytes: what swapping out and back in costs */
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = util_now_s();
+        for (int b = 0; b < n; b++) kv_block_read(s->c, b, buf + (size_t)b * bb);
+        for (int b = 0; b < n; b++) kv_block_write(s->c, b, buf + (size_t)b * bb);
+        double dt = util_now_s() - t0;
+        double rate = dt > 0 ? (double)n * bb / dt : 0;
+        if (rate > best) best = rate;
+    }
+    free(buf);
+    s->copy_rate = best;
+    return best;
+}
+
+void kv_store_swap_stats_get(const kv_store *s, kv_store_swap_stats *st) { *st = s->swap; }
 
 /* ---- sizes and statistics ---- */
 
