@@ -465,14 +465,16 @@ int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const
  * prompts being prefilled, under a token budget. Requests are admitted first
  * come, first served when the pool has blocks for their prompt (after prefix
  * reuse); when a running sequence needs a block and none is free, the newest
- * one is preempted (blocks freed, re-queued, recomputed later mostly from the
- * prefix index). Under an eviction policy (kvlm_ctx_kv_evict) a sequence is
+ * one is preempted and re-queued: swapped (its blocks moved to the context's
+ * swap space and back, kvlm_seq_swap_out / in) or recomputed later (blocks
+ * freed, mostly found again in the prefix index), whichever the measured
+ * rates make cheaper (docs/kv-tiers.md). Under an eviction policy (kvlm_ctx_kv_evict) a sequence is
  * not bounded by the context: it runs to max_tokens within the KV budget, its
  * blocks counted with the budget's as their cap, prompts fed in pieces of at
  * most kvlm_ctx_kv_max_feed tokens (a prompt longer than the budget too); a
- * sequence that has evicted is never preempted (a recompute would not rebuild
- * its cache): the newest that has not is, or if none is left the newest is
- * ended (LENGTH). submit, cancel, stats and requests may be called from any
+ * sequence that has evicted is preempted only by swap (a recompute would not
+ * rebuild its cache); without room in the swap space the newest that has not
+ * evicted is, or if none is left the newest is ended (LENGTH). submit, cancel, stats and requests may be called from any
  * thread; step/run from one engine thread, which also runs the callbacks. */
 typedef struct kvlm_sched kvlm_sched;
 
