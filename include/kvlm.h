@@ -314,11 +314,14 @@ typedef struct kvlm_swap kvlm_swap;
 /* Bytes swapping the sequence out moves, and whether the swap space has room. */
 size_t kvlm_seq_swap_bytes(const kvlm_ctx *ctx, int seq);
 bool kvlm_seq_swap_fits(const kvlm_ctx *ctx, int seq);
-/* Moves the sequence out (it is then empty); KVLM_EFULL when the swap
- * space has no room (nothing changes). */
+/* Moves the sequence out (it is then empty): to the swap space, or when
+ * that is full to the disk tier if there is one; KVLM_EFULL when neither
+ * takes it (nothing changes). */
 int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err);
 /* Brings it back into an empty sequence and frees h; KVLM_EFULL when the
- * pool lacks the blocks (h stays valid). */
+ * pool lacks the blocks (h stays valid); KVLM_EIO when the swap space was
+ * full, h went to the disk tier and a block of it was lost or damaged there
+ * (h is freed: recompute the sequence). */
 int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err);
 /* Frees a handle that will not be swapped in. */
 void kvlm_swap_free(kvlm_ctx *ctx, kvlm_swap *h);
@@ -340,6 +343,8 @@ typedef struct kvlm_kv_stats {
     int type_k, type_v;      /* element types (KVLM_CACHE_*) */
     size_t stage_bytes;      /* q4_kc keys: f16 staging of each sequence's filling block, all sequences */
     uint64_t swap_slots, swap_used; /* the swap space and what swapped-out sequences hold, in blocks */
+    uint64_t swap_tier_used;  /* blocks swapped out to the disk tier (the swap space was full) */
+    uint64_t swap_tier_out, swap_tier_lost; /* sequences swapped there; swap-ins that found a block lost or damaged */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
 

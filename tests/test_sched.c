@@ -4,6 +4,8 @@
  * share the prompt's blocks; logprobs; under sinks eviction, requests run far past
  * the context within the KV budget and give what kvlm_decode gives alone;
  * chat templates render the known formats. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,10 +186,17 @@ static void test_concurrent_swap(void **state) {
     concurrent_equals_alone(true);
 }
 
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+    (void)st, (void)flag, (void)f;
+    return remove(p);
+}
+
 /* Eight long greedy generations in a pool just above one sequence's need:
  * constant preemption; by swap (the rule picks it here), by recompute (swap
- * space off), and with a swap space of two blocks (too small for most
- * victims: some swap, the rest recompute); every output equals its prompt alone. */
+ * space off), with a swap space of two blocks (too small for most victims:
+ * some swap, the rest recompute), and with a swap space of one block over a
+ * disk tier (victims go to disk and come back); every output equals its
+ * prompt alone. */
 static void test_swap_tight_pool(void **state) {
     (void)state;
     kvlm_model *m = load_stories();
@@ -200,7 +209,10 @@ static void test_swap_tight_pool(void **state) {
         n_prompt[i] = make_prompt(m, 3 * i + 1, prompts[i], 64);
         n_want[i] = greedy_alone(m, prompts[i], n_prompt[i], max_tokens, want[i]);
     }
-    for (int mode = 0; mode < 3; mode++) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvlm-swap-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    for (int mode = 0; mode < 4; mode++) {
         kvlm_ctx_params cp = kvlm_ctx_default_params();
         cp.n_threads = 2;
         cp.n_ctx = 256;
@@ -211,11 +223,12 @@ static void test_swap_tight_pool(void **state) {
         kvlm_error err = {0};
         kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
         assert_non_null(ctx);
-        if (mode == 2) { /* a swap space of two blocks */
+        if (mode >= 2) { /* a swap space of two blocks; of one, over a disk tier */
             kvlm_kv_stats ks;
             kvlm_kv_stats_get(ctx, &ks);
             kvlm_ctx_free(ctx);
-            cp.kv_swap_size = 2 * ks.block_bytes;
+            cp.kv_swap_size = (mode == 2 ? 2 : 1) * ks.block_bytes;
+            cp.kv_disk = mode == 3 ? dir : NULL;
             ctx = kvlm_ctx_create(m, &cp, &err);
             assert_non_null(ctx);
         }
@@ -233,19 +246,25 @@ static void test_swap_tight_pool(void **state) {
         kvlm_sched_stats_get(s, &st);
         double copy_rate, prefill_rate;
         kvlm_ctx_preempt_rates(ctx, &copy_rate, &prefill_rate);
-        printf("  %s, 8 requests in 7 blocks, %d steps; round trip %.2f GB/s, %.0f tokens/s computed\n",
-               mode == 0 ? "swap" : mode == 1 ? "no swap space" : "swap space of 2 blocks", steps, copy_rate / 1e9,
-               prefill_rate);
+        static const char *names[] = {"swap", "no swap space", "swap space of 2 blocks",
+                                      "swap space of 1 block over a disk tier"};
+        printf("  %s, 8 requests in 7 blocks, %d steps; round trip %.2f GB/s, %.0f tokens/s computed\n", names[mode],
+               steps, copy_rate / 1e9, prefill_rate);
+        if (mode == 3)
+            printf("  to disk: %llu sequences, %llu lost\n", (unsigned long long)st.kv.swap_tier_out,
+                   (unsigned long long)st.kv.swap_tier_lost);
         print_preempt(&st);
         assert_true(st.preemptions > 0);
         assert_int_equal(st.preemptions, st.swaps_out + st.recomputes);
         assert_int_equal(st.swaps_in, st.swaps_out);
-        /* (a victim still in its first prefill chunk holds nothing: it is recomputed) */
+        /* (the swap space, as large as the pool, may be full: then a victim is recomputed) */
         if (mode == 0) assert_true(st.swaps_out > st.recomputes);
         if (mode == 1) assert_true(st.swaps_out == 0 && st.recomputes > 0);
         if (mode == 2) assert_true(st.swaps_out > 0 && st.recomputes > 0);
+        if (mode == 3) assert_true(st.kv.swap_tier_out > 0 && st.kv.swap_tier_lost == 0 && st.swaps_out > st.recomputes);
         assert_int_equal(st.kv.used, 0);
         assert_int_equal(st.kv.swap_used, 0);
+        assert_int_equal(st.kv.swap_tier_used, 0);
         for (int i = 0; i < R; i++) {
             assert_int_equal(res[i].n_final, 1);
             assert_int_equal(res[i].n_out[0], n_want[i]);
@@ -255,6 +274,7 @@ static void test_swap_tight_pool(void **state) {
         kvlm_sched_free(s);
         kvlm_ctx_free(ctx);
     }
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     kvlm_model_free(m);
 }
 

@@ -377,6 +377,10 @@ int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err) {
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
     kvlm_seq_free(ctx, seq);
     int rc = kv_store_swap_in(ctx->kv, seq, h->kv, err);
+    if (rc == KVLM_EIO) { /* the store freed its part: lost in the tier */
+        free(h->h2o);
+        free(h);
+    }
     if (rc) return rc;
     ctx->n_evicted[seq] = h->n_evicted;
     if (h->h2o) memcpy(h2o_scores(ctx, seq), h->h2o, (size_t)ctx->budget * sizeof(float));
@@ -527,6 +531,9 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     kv_store_swap_stats_get(ctx->kv, &sw);
     st->swap_slots = sw.slots;
     st->swap_used = sw.slots_used;
+    st->swap_tier_used = sw.disk_blocks_used;
+    st->swap_tier_out = sw.disk_swaps_out;
+    st->swap_tier_lost = sw.disk_lost;
 }
 
 /* ---- the forward pass --------------------------------------------------------- */

@@ -318,8 +318,8 @@ static void preempt(kvlm_sched *s, unit *u) {
             u->seq = -1;
             s->swaps_out++;
             s->swap_bytes += bytes;
-        } else if (!recomputable(s, u)) {
-            finish(s, u, KVLM_FINISH_ERROR, err.msg);
+        } else if (!recomputable(s, u)) { /* as before swap: end it where it is */
+            finish(s, u, rc == KVLM_EFULL ? KVLM_FINISH_LENGTH : KVLM_FINISH_ERROR, rc == KVLM_EFULL ? NULL : err.msg);
             return;
         }
     }
@@ -350,6 +350,12 @@ static bool swap_in(kvlm_sched *s, unit *u, bool any_active, int promised) {
     int blocks = kvlm_swap_blocks(u->swap);
     int rc = kvlm_seq_swap_in(s->ctx, seq, u->swap, &err);
     if (rc == KVLM_EFULL) return false;
+    if (rc == KVLM_EIO) { /* lost in the disk tier (and freed): recompute, when that rebuilds it */
+        u->swap = NULL;
+        if (!recomputable(s, u)) finish(s, u, KVLM_FINISH_LENGTH, NULL);
+        else s->recomputes++;
+        return false;
+    }
     if (rc) { finish(s, u, KVLM_FINISH_ERROR, err.msg); return true; }
     u->swap = NULL;
     u->seq = seq;

@@ -108,10 +108,14 @@ size_t kv_store_swap_bytes(const kv_store *s, int seq);
 bool kv_store_swap_fits(const kv_store *s, int seq);
 /* Copies every block of the sequence (kv_block_read: any storage) to the
  * swap space and releases the sequence (blocks other sequences share stay
- * theirs). KVLM_EFULL when the swap space lacks room (nothing changes). */
+ * theirs); when the swap space is full, to the first durable (disk) tier, as
+ * stored blocks under fresh keys. KVLM_EFULL when neither takes it (nothing
+ * changes). */
 int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err);
 /* For an empty sequence: fresh blocks written back from the handle, which
- * is then freed. KVLM_EFULL when the pool lacks the blocks (the handle stays). */
+ * is then freed. KVLM_EFULL when the pool lacks the blocks (the handle
+ * stays); KVLM_EIO when a block in the tier was lost or damaged (counted;
+ * the handle is freed: the sequence must be recomputed). */
 int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err);
 /* Frees a handle that will not be swapped in (its request ended). */
 void kv_store_swap_drop(kv_store *s, kv_swap *h);
@@ -125,6 +129,8 @@ double kv_store_copy_rate(kv_store *s);
 typedef struct {
     uint64_t slots, slots_used;     /* the swap space, in blocks */
     uint64_t swaps_out, swaps_in, bytes_out, bytes_in;
+    uint64_t disk_swaps_out, disk_swaps_in, disk_blocks_used; /* through the swap tier */
+    uint64_t disk_lost;             /* swap-ins that found a block there missing or damaged */
 } kv_store_swap_stats;
 void kv_store_swap_stats_get(const kv_store *s, kv_store_swap_stats *st);
 
