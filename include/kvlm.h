@@ -541,6 +541,7 @@ typedef struct kvlm_sched_stats {
     /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
      * space; swap_bytes: bytes moved out and back in */
     uint64_t swaps_out, swaps_in, recomputes, swap_bytes;
+    uint64_t swaps_evicted;   /* swaps out of sequences that had evicted (no recompute could rebuild them) */
     uint64_t prompt_tokens, cached_tokens, generated_tokens;
     double tokens_per_second; /* generated, over the last seconds */
     kvlm_kv_stats kv;         /* as of the end of the last step */

@@ -368,13 +368,15 @@ static bool on_ev_event(void *user, const kvlm_sched_event *ev) {
     return true;
 }
 
+static int g_policy = KVLM_EVICT_SINKS; /* evict_params' */
+
 static kvlm_ctx_params evict_params(void) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_threads = 2;
     cp.n_ctx = 128;
     cp.n_seq_max = 2;
     cp.kv_budget = 64;
-    cp.kv_evict = KVLM_EVICT_SINKS;
+    cp.kv_evict = g_policy;
     return cp;
 }
 
@@ -458,9 +460,10 @@ static void test_evict_past_context(void **state) {
 }
 
 /* Four requests under sinks in a pool of 10 blocks (each may hold 4), the
- * newest with a prompt longer than the budget (it evicts at once): the others
- * are preempted before they evict (and recomputed), never one that evicted (its
- * cache could not be rebuilt); each still gives what it gives alone. */
+ * newest with a prompt longer than the budget (it evicts at once): the
+ * newest is preempted, by swap (one that evicted too: its cache travels
+ * whole) or, before it evicts, by recompute; each still gives what it gives
+ * alone. */
 static void test_evict_preempt(void **state) {
     (void)state;
     kvlm_model *m = load_stories();
@@ -565,14 +568,15 @@ static void test_chat_templates(void **state) {
     kvlm_model_free(m);
 }
 
-/* Under sinks, in a pool of 10 blocks (each request may hold 4): two short
- * prompts, then two longer than the budget (they evict at once, so they are
- * the newest and have compacted when the short ones grow and the pool runs
- * out). Before swap they could not be preempted (a short one was recomputed
- * instead); now the newest is swapped out with its compacted cache and
- * resumes with the output it gives alone. */
-static void test_evict_swap(void **state) {
-    (void)state;
+/* Under sinks (then h2o, whose attention scores travel too), in a pool of
+ * 10 blocks (each request may hold 4): two short prompts, then two longer
+ * than the budget (they evict at once, so they are the newest and have
+ * compacted when the short ones grow and the pool runs out). Before swap they
+ * could not be preempted (a short one was recomputed instead); now the newest
+ * is swapped out with its compacted cache and resumes with the output it
+ * gives alone. */
+static void evict_swap(int policy) {
+    g_policy = policy;
     kvlm_model *m = load_stories();
     TU_REQUIRE(m);
     kvlm_ctx_params cp = evict_params();
@@ -598,9 +602,11 @@ static void test_evict_swap(void **state) {
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 10000);
     kvlm_sched_stats st;
     kvlm_sched_stats_get(s, &st);
-    printf("  sinks, 2 short then 2 evicting requests in 10 blocks: %d steps\n", steps);
+    printf("  %s, 2 short then 2 evicting requests in 10 blocks: %d steps; %llu swaps of sequences that had evicted\n",
+           kvlm_evict_name(policy), steps, (unsigned long long)st.swaps_evicted);
     print_preempt(&st);
     assert_true(st.swaps_out > 0);
+    assert_true(st.swaps_evicted > 0);
     assert_int_equal(st.recomputes, 0);
     assert_int_equal(st.swaps_in, st.swaps_out);
     assert_int_equal(st.kv.used, 0);
@@ -615,6 +621,13 @@ static void test_evict_swap(void **state) {
     kvlm_sched_free(s);
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
+    g_policy = KVLM_EVICT_SINKS;
+}
+
+static void test_evict_swap(void **state) {
+    (void)state;
+    evict_swap(KVLM_EVICT_SINKS);
+    evict_swap(KVLM_EVICT_H2O);
 }
 
 int main(void) {

@@ -60,7 +60,7 @@ struct kvlm_sched {
     unit **who;
     float *lp;
     /* counters (engine thread) and the published snapshot (under mu) */
-    uint64_t preemptions, swaps_out, swaps_in, recomputes, swap_bytes, steps, done, prompt_tokens, cached_tokens, generated;
+    uint64_t preemptions, swaps_out, swaps_in, recomputes, swap_bytes, swaps_evicted, steps, done, prompt_tokens, cached_tokens, generated;
     double mark_t, mark_gen, tps, last_step_t;
     kvlm_sched_stats snap;
     kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
@@ -312,8 +312,10 @@ static void preempt(kvlm_sched *s, unit *u) {
         kvlm_error err = {0};
         int seq = u->seq;
         size_t bytes = kvlm_seq_swap_bytes(s->ctx, seq);
+        bool evicted = kvlm_seq_n_evicted(s->ctx, seq) > 0;
         int rc = kvlm_seq_swap_out(s->ctx, seq, &u->swap, &err);
         if (rc == KVLM_OK) {
+            s->swaps_evicted += evicted;
             s->slot_used[seq] = false;
             u->seq = -1;
             s->swaps_out++;
@@ -546,6 +548,7 @@ static void publish(kvlm_sched *s) {
     s->snap.swaps_in = s->swaps_in;
     s->snap.recomputes = s->recomputes;
     s->snap.swap_bytes = s->swap_bytes;
+    s->snap.swaps_evicted = s->swaps_evicted;
     s->snap.steps = s->steps;
     s->snap.requests_done = s->done;
     s->snap.prompt_tokens = s->prompt_tokens;
