@@ -48,10 +48,12 @@ static kvlm_model *load_stories(void) {
 }
 
 static bool g_no_swap; /* make_ctx: preemption only by recompute */
+static int g_cache_k = KVLM_CACHE_F16; /* make_ctx: the keys' cache type */
 
 static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int kv_blocks) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.no_kv_swap = g_no_swap;
+    cp.cache_type_k = g_cache_k;
     cp.n_threads = 2;
     cp.n_ctx = 256;
     cp.n_seq_max = n_seq;
@@ -196,9 +198,11 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
  * space off), with a swap space of two blocks (too small for most victims:
  * some swap, the rest recompute), and with a swap space of one block over a
  * disk tier (victims go to disk and come back); every output equals its
- * prompt alone. */
-static void test_swap_tight_pool(void **state) {
-    (void)state;
+ * prompt alone. With q4_kc keys (the filling block's f16 staging travels with
+ * the sequence): by swap. (Not by recompute only: a recomputed q4_kc sequence
+ * does not always give the uninterrupted run's tokens, which is what swap fixes.) */
+static void swap_tight_pool(int cache_k, int n_modes) {
+    g_cache_k = cache_k;
     kvlm_model *m = load_stories();
     TU_REQUIRE(m);
     enum { R = 8 };
@@ -212,8 +216,9 @@ static void test_swap_tight_pool(void **state) {
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/kvlm-swap-XXXXXX");
     assert_non_null(mkdtemp(dir));
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < n_modes; mode++) {
         kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.cache_type_k = cache_k;
         cp.n_threads = 2;
         cp.n_ctx = 256;
         cp.n_seq_max = R;
@@ -248,8 +253,8 @@ static void test_swap_tight_pool(void **state) {
         kvlm_ctx_preempt_rates(ctx, &copy_rate, &prefill_rate);
         static const char *names[] = {"swap", "no swap space", "swap space of 2 blocks",
                                       "swap space of 1 block over a disk tier"};
-        printf("  %s, 8 requests in 7 blocks, %d steps; round trip %.2f GB/s, %.0f tokens/s computed\n", names[mode],
-               steps, copy_rate / 1e9, prefill_rate);
+        printf("  %s keys, %s, 8 requests in 7 blocks, %d steps; round trip %.2f GB/s, %.0f tokens/s computed\n",
+               kvlm_cache_type_name(cache_k), names[mode], steps, copy_rate / 1e9, prefill_rate);
         if (mode == 3)
             printf("  to disk: %llu sequences, %llu lost\n", (unsigned long long)st.kv.swap_tier_out,
                    (unsigned long long)st.kv.swap_tier_lost);
@@ -276,6 +281,13 @@ static void test_swap_tight_pool(void **state) {
     }
     nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     kvlm_model_free(m);
+    g_cache_k = KVLM_CACHE_F16;
+}
+
+static void test_swap_tight_pool(void **state) {
+    (void)state;
+    swap_tight_pool(KVLM_CACHE_F16, 4);
+    swap_tight_pool(KVLM_CACHE_Q4_KC, 1);
 }
 
 static void test_cancel_and_stop(void **state) {
