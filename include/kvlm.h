@@ -166,6 +166,10 @@ typedef struct kvlm_ctx_params {
     const char *kv_disk;   /* directory of the disk tier; NULL: none */
     uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
     const char *kv_redis;  /* "redis://HOST:PORT[/DB]"; NULL: none */
+    /* Swap space: preempted sequences' blocks moved to host memory outside
+     * the pool (kvlm_seq_swap_out), allocated at the first swap. */
+    uint64_t kv_swap_size; /* its bytes; 0: the pool's size */
+    bool no_kv_swap;       /* none: preemption always recomputes */
 } kvlm_ctx_params;
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
@@ -301,6 +305,34 @@ void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_loo
 /* Blocks sequence seq still needs to hold n_hold tokens (0 if it has them). */
 int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold);
 
+/* Swap (preemption without recompute): a sequence's cache moved out of the
+ * pool to the swap space and back, bytes unchanged, so a resumed sequence
+ * computes exactly what it would have. Works for any storage (GPU blocks go
+ * through the host) and for sequences that evicted (whose cache a recompute
+ * could not rebuild). */
+typedef struct kvlm_swap kvlm_swap;
+/* Bytes swapping the sequence out moves, and whether the swap space has room. */
+size_t kvlm_seq_swap_bytes(const kvlm_ctx *ctx, int seq);
+bool kvlm_seq_swap_fits(const kvlm_ctx *ctx, int seq);
+/* Moves the sequence out (it is then empty): to the swap space, or when
+ * that is full to the disk tier if there is one; KVLM_EFULL when neither
+ * takes it (nothing changes). */
+int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err);
+/* Brings it back into an empty sequence and frees h; KVLM_EFULL when the
+ * pool lacks the blocks (h stays valid); KVLM_EIO when the swap space was
+ * full, h went to the disk tier and a block of it was lost or damaged there
+ * (h is freed: recompute the sequence). */
+int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err);
+/* Frees a handle that will not be swapped in. */
+void kvlm_swap_free(kvlm_ctx *ctx, kvlm_swap *h);
+/* Blocks swapping h in takes. */
+int kvlm_swap_blocks(const kvlm_swap *h);
+/* What preemption weighs (docs/kv-tiers.md, "Preemption: swap or
+ * recompute"): bytes per second of a round trip of block bytes to the host
+ * (measured once, at the first call), and tokens per second the forward pass
+ * has computed so far (0 before any). */
+void kvlm_ctx_preempt_rates(kvlm_ctx *ctx, double *copy_bytes_per_s, double *tokens_per_s);
+
 typedef struct kvlm_kv_stats {
     int block_size, n_blocks;
     int used, cached, free;  /* used: held by sequences; cached: kept for prefix reuse */
@@ -310,6 +342,9 @@ typedef struct kvlm_kv_stats {
     uint64_t tokens_computed; /* tokens run through the model (prefix reuse skips some) */
     int type_k, type_v;      /* element types (KVLM_CACHE_*) */
     size_t stage_bytes;      /* q4_kc keys: f16 staging of each sequence's filling block, all sequences */
+    uint64_t swap_slots, swap_used; /* the swap space and what swapped-out sequences hold, in blocks */
+    uint64_t swap_tier_used;  /* blocks swapped out to the disk tier (the swap space was full) */
+    uint64_t swap_tier_out, swap_tier_lost; /* sequences swapped there; swap-ins that found a block lost or damaged */
 } kvlm_kv_stats;
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st);
 
@@ -435,14 +470,16 @@ int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const
  * prompts being prefilled, under a token budget. Requests are admitted first
  * come, first served when the pool has blocks for their prompt (after prefix
  * reuse); when a running sequence needs a block and none is free, the newest
- * one is preempted (blocks freed, re-queued, recomputed later mostly from the
- * prefix index). Under an eviction policy (kvlm_ctx_kv_evict) a sequence is
+ * one is preempted and re-queued: swapped (its blocks moved to the context's
+ * swap space and back, kvlm_seq_swap_out / in) or recomputed later (blocks
+ * freed, mostly found again in the prefix index), whichever the measured
+ * rates make cheaper (docs/kv-tiers.md). Under an eviction policy (kvlm_ctx_kv_evict) a sequence is
  * not bounded by the context: it runs to max_tokens within the KV budget, its
  * blocks counted with the budget's as their cap, prompts fed in pieces of at
  * most kvlm_ctx_kv_max_feed tokens (a prompt longer than the budget too); a
- * sequence that has evicted is never preempted (a recompute would not rebuild
- * its cache): the newest that has not is, or if none is left the newest is
- * ended (LENGTH). submit, cancel, stats and requests may be called from any
+ * sequence that has evicted is preempted only by swap (a recompute would not
+ * rebuild its cache); without room in the swap space the newest that has not
+ * evicted is, or if none is left the newest is ended (LENGTH). submit, cancel, stats and requests may be called from any
  * thread; step/run from one engine thread, which also runs the callbacks. */
 typedef struct kvlm_sched kvlm_sched;
 
@@ -501,6 +538,10 @@ void kvlm_sched_stop(kvlm_sched *s);
 typedef struct kvlm_sched_stats {
     int running, waiting;
     uint64_t preemptions, steps, requests_done;
+    /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
+     * space; swap_bytes: bytes moved out and back in */
+    uint64_t swaps_out, swaps_in, recomputes, swap_bytes;
+    uint64_t swaps_evicted;   /* swaps out of sequences that had evicted (no recompute could rebuild them) */
     uint64_t prompt_tokens, cached_tokens, generated_tokens;
     double tokens_per_second; /* generated, over the last seconds */
     kvlm_kv_stats kv;         /* as of the end of the last step */

@@ -173,6 +173,11 @@ check(same == R, "%d concurrent streams equal each prompt alone (%d/%d)" % (R, s
 pre = metric("kvlm_preemptions_total") - pre0
 print("     preemptions during the concurrent run: %d" % pre)
 check(pre > 0, "the small KV budget forced preemptions")
+sw = {k: metric(k) for k in ["kvlm_swaps_out_total", "kvlm_swaps_in_total", "kvlm_recomputes_total", "kvlm_swap_bytes_total"]}
+print("     of which swapped: %d out, %d in, %d bytes; recomputed: %d" % (sw["kvlm_swaps_out_total"],
+      sw["kvlm_swaps_in_total"], sw["kvlm_swap_bytes_total"], sw["kvlm_recomputes_total"]))
+check(sw["kvlm_swaps_out_total"] + sw["kvlm_recomputes_total"] == metric("kvlm_preemptions_total"),
+      "every preemption is a swap or a recompute (/metrics)")
 def settled(timeout=5):
     """The status once no request runs or waits: the snapshot is published at the end of each engine
     step, and a client can read a request's last event before the step that sent it ends."""
@@ -450,7 +455,8 @@ check(metric("kvlm_prefix_cache_hit_rate") > 0, "repeated prompts hit the prefix
 s = status()
 keys = ["model", "block_size", "n_blocks", "blocks_used", "blocks_cached", "blocks_free", "blocks_shared", "block_bytes",
         "kv_bytes_used", "kv_bytes_total", "prefix_hits", "prefix_misses", "prefix_hit_rate", "running", "waiting",
-        "preemptions", "tokens_per_second", "requests"]
+        "preemptions", "tokens_per_second", "requests", "swaps_out", "swaps_in", "recomputes", "swap_bytes",
+        "swap_blocks", "swap_blocks_used"]
 check(all(k in s for k in keys) and s["n_blocks"] == 24 and s["kv_bytes_total"] == 24 * s["block_bytes"], "/kvlm/status shape", s)
 
 # ---- SIGTERM with requests in flight: they end with an error, the server exits cleanly

@@ -186,8 +186,8 @@ static int f_get(kv_tier *t, int n, const kv_key *k, void *const *bufs, size_t c
         if (r == 0) { /* a flipped byte anywhere */
             ((uint8_t *)bufs[i])[next_rand(f) % lens[i]] ^= (uint8_t)(1u << (next_rand(f) % 8));
             f->corrupted++;
-        } else if (r == 1) { /* a torn write */
-            lens[i] -= 1 + next_rand(f) % lens[i];
+        } else if (r == 1 && lens[i] > 1) { /* a torn write (a byte at least is left: none reads as a miss) */
+            lens[i] -= 1 + next_rand(f) % (lens[i] - 1);
             f->truncated++;
         } else if (r == 2) { /* gone */
             lens[i] = 0;
@@ -252,13 +252,17 @@ static void check_contents(kv_store *s, int max_seqs) {
     }
 }
 
+static size_t g_swap_bytes; /* make_store: the swap space */
+static int g_roles = KV_TIER_DEMOTE; /* make_store: the tiers' roles */
+
 static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers, int n_tiers) {
     kv_store_params sp = {0};
+    sp.swap_bytes = g_swap_bytes;
     kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}};
     sp.pool = p;
     for (int t = 0; t < n_tiers; t++) {
         sp.tiers[t] = tiers[t];
-        sp.roles[t] = KV_TIER_DEMOTE;
+        sp.roles[t] = g_roles;
     }
     sp.n_tiers = n_tiers;
     kvlm_error err = {0};
@@ -364,6 +368,138 @@ static void test_randomized_tiers(void **state) {
     kv_store_free(s);
 }
 
+/* Swap: sequences moved out to a swap space and back, among appends, forks
+ * (shared blocks), releases and prefix reuse: kv_check's invariants hold
+ * after every operation, swapped-in contents equal what was written, and the
+ * swap space's accounting returns to zero. With a tier (a durable one that
+ * flips bytes, tears and loses blocks), a swap space of 4 blocks sends most
+ * swaps there: every damaged or lost block is caught (KVLM_EIO, counted),
+ * never swapped in. */
+static void randomized_swap(bool tier) {
+    enum { MAXQ = 8 };
+    int iters = tu_quick() ? 3000 : 20000, slots = tier ? 4 : 24;
+    g_swap_bytes = 0;
+    kv_store *probe = make_store(1, 4, 1, NULL, 0);
+    g_swap_bytes = (size_t)slots * kv_store_block_bytes(probe);
+    kv_store_free(probe);
+    faulty_tier *ft = tier ? faulty_open(1 << 20) : NULL;
+    kv_tier *tiers[1] = {ft ? &ft->base : NULL};
+    g_roles = KV_TIER_DURABLE;
+    kv_store *s = make_store(40, 4, MAXQ, tiers, tier ? 1 : 0);
+    g_roles = KV_TIER_DEMOTE;
+    g_swap_bytes = 0;
+    int lost = 0;
+    kvlm_error err = {0};
+    kv_swap *out[MAXQ] = {0};
+    int32_t out_tokens[MAXQ] = {0};
+    uint64_t rng = 7;
+    int outs = 0, ins = 0, no_room = 0, pool_full = 0;
+    for (int it = 0; it < iters; it++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        unsigned r = (unsigned)(rng >> 33);
+        int q = (int)(r % MAXQ), op = (int)((r >> 8) % 12);
+        if (op < 5) {
+            int n = 1 + (int)((r >> 12) % 9);
+            int32_t toks[9];
+            for (int i = 0; i < n; i++) toks[i] = (int32_t)((r >> (i + 3)) % 3);
+            if (kv_store_reserve(s, q, n, &err) == KVLM_OK) write_tokens(s, q, toks, n);
+        } else if (op < 6) {
+            assert_int_equal(kv_store_fork(s, q, (int)((r >> 16) % MAXQ), &err), KVLM_OK);
+        } else if (op < 7) {
+            kv_store_release(s, q);
+        } else if (op < 8) { /* a new request reusing a prefix */
+            kv_store_release(s, q);
+            int32_t toks[24];
+            for (int i = 0; i < 24; i++) toks[i] = (int32_t)((r >> (i % 20)) % 2);
+            int got = kv_store_match_prefix(s, q, toks, 24);
+            if (kv_store_reserve(s, q, 24 - got, &err) == KVLM_OK) write_tokens(s, q, toks + got, 24 - got);
+        } else if (op < 10) { /* swap q out into a free handle */
+            int h = (int)((r >> 16) % MAXQ);
+            if (out[h] || kv_store_seq_len(s, q) == 0) continue;
+            size_t bytes = kv_store_swap_bytes(s, q);
+            bool fits = kv_store_swap_fits(s, q);
+            int len = kv_store_seq_len(s, q);
+            int rc = kv_store_swap_out(s, q, &out[h], &err);
+            if (!fits || (tier && rc == KVLM_EFULL)) { /* a tier's put may be dropped */
+                assert_int_equal(rc, KVLM_EFULL);
+                assert_null(out[h]);
+                no_room++;
+                continue;
+            }
+            assert_int_equal(rc, KVLM_OK);
+            assert_true(bytes >= (size_t)kv_swap_blocks(out[h]) * kv_store_block_bytes(s));
+            assert_int_equal(kv_store_seq_len(s, q), 0);
+            assert_int_equal(kv_swap_tokens(out[h]), len);
+            out_tokens[h] = len;
+            outs++;
+        } else { /* swap a handle back into an empty sequence (any id) */
+            int h = (int)((r >> 16) % MAXQ);
+            if (!out[h]) continue;
+            kv_store_release(s, q);
+            int rc = kv_store_swap_in(s, q, out[h], &err);
+            if (rc == KVLM_EFULL) { pool_full++; continue; }
+            if (rc == KVLM_EIO) { /* damaged or lost in the tier: the handle is gone */
+                assert_true(tier);
+                assert_int_equal(kv_store_seq_len(s, q), 0);
+                out[h] = NULL;
+                lost++;
+                continue;
+            }
+            assert_int_equal(rc, KVLM_OK);
+            assert_int_equal(kv_store_seq_len(s, q), out_tokens[h]);
+            out[h] = NULL;
+            ins++;
+            /* it grows on from there */
+            int32_t t = (int32_t)(r % 3);
+            if (kv_store_reserve(s, q, 1, &err) == KVLM_OK) write_tokens(s, q, &t, 1);
+        }
+        const char *bad = kv_check(kv_store_pool(s));
+        if (bad) fail_msg("after op %d: %s", it, bad);
+        if (it % 32 == 0) check_contents(s, MAXQ);
+    }
+    check_contents(s, MAXQ);
+    kv_store_swap_stats sw;
+    kv_store_swap_stats_get(s, &sw);
+    printf("  %s: %d swaps out (%llu to the tier), %d in (%llu from it), %d lost or damaged there, %d refused, "
+           "%d waited (pool full); %llu bytes out, %llu in\n", tier ? "swap space of 4 blocks + a faulty tier" :
+           "swap space of 24 blocks", outs, (unsigned long long)sw.disk_swaps_out, ins,
+           (unsigned long long)sw.disk_swaps_in, lost, no_room, pool_full, (unsigned long long)sw.bytes_out,
+           (unsigned long long)sw.bytes_in);
+    assert_true(outs > 100 && ins > 100);
+    assert_int_equal(sw.swaps_out, (uint64_t)outs);
+    assert_int_equal(sw.swaps_in, (uint64_t)ins);
+    assert_int_equal(sw.disk_lost, (uint64_t)lost);
+    if (tier) {
+        assert_true(sw.disk_swaps_out > 50 && sw.disk_swaps_in > 50 && lost > 0);
+        kv_store_tier_stats ts;
+        kv_store_tier_stats_get(s, &ts, 1);
+        /* every injected flip or tear was caught by its check */
+        assert_int_equal(ts.st.corrupt, (uint64_t)(ft->corrupted + ft->truncated));
+    } else {
+        assert_true(no_room > 0);
+    }
+    for (int h = 0; h < MAXQ; h++) kv_store_swap_drop(s, out[h]);
+    kv_store_swap_stats_get(s, &sw);
+    assert_int_equal(sw.slots_used, 0);
+    assert_int_equal(sw.disk_blocks_used, 0);
+    assert_int_equal(sw.slots, (uint64_t)slots);
+    for (int q = 0; q < MAXQ; q++) kv_store_release(s, q);
+    assert_null(kv_check(kv_store_pool(s)));
+    kv_stats st;
+    kv_store_stats(s, &st);
+    assert_int_equal(st.used, 0);
+    kv_store_free(s);
+}
+
+static void test_randomized_swap(void **state) {
+    (void)state;
+    randomized_swap(false);
+}
+static void test_randomized_swap_tier(void **state) {
+    (void)state;
+    randomized_swap(true);
+}
+
 /* ---- the engine through a host tier ---- */
 
 static float *run_prompt(kvlm_ctx *ctx, const int32_t *ids, int n, int *reused) {
@@ -435,6 +571,8 @@ int main(void) {
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_probe_and_promotion),
         cmocka_unit_test(test_randomized_tiers),
+        cmocka_unit_test(test_randomized_swap),
+        cmocka_unit_test(test_randomized_swap_tier),
         cmocka_unit_test(test_engine_host_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

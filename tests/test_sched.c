@@ -1,9 +1,11 @@
 /* tests/test_sched: the scheduler: 32 concurrent greedy requests (some n = 3) under a pool
- * too small for all of them (so some are preempted and recomputed) each give
+ * too small for all of them (so some are preempted, recomputed or swapped) each give
  * what their prompt gives alone; cancel frees blocks at once; n > 1 forks
  * share the prompt's blocks; logprobs; under sinks eviction, requests run far past
  * the context within the KV budget and give what kvlm_decode gives alone;
  * chat templates render the known formats. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +47,13 @@ static kvlm_model *load_stories(void) {
     return m;
 }
 
+static bool g_no_swap; /* make_ctx: preemption only by recompute */
+static int g_cache_k = KVLM_CACHE_F16; /* make_ctx: the keys' cache type */
+
 static kvlm_ctx *make_ctx(kvlm_model *m, int n_seq, int kv_blocks) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.no_kv_swap = g_no_swap;
+    cp.cache_type_k = g_cache_k;
     cp.n_threads = 2;
     cp.n_ctx = 256;
     cp.n_seq_max = n_seq;
@@ -101,8 +108,14 @@ static kvlm_request_params greedy_params(int max_tokens) {
     return p;
 }
 
-static void test_concurrent_equals_alone(void **state) {
-    (void)state;
+static void print_preempt(const kvlm_sched_stats *st) {
+    printf("  preemptions %llu: %llu swapped out, %llu swapped in, %llu recomputed; %llu bytes swapped\n",
+           (unsigned long long)st->preemptions, (unsigned long long)st->swaps_out, (unsigned long long)st->swaps_in,
+           (unsigned long long)st->recomputes, (unsigned long long)st->swap_bytes);
+}
+
+static void concurrent_equals_alone(bool swap) {
+    g_no_swap = !swap;
     kvlm_model *m = load_stories();
     TU_REQUIRE(m);
     int R = tu_quick() ? 12 : 32, max_tokens = tu_quick() ? 24 : 48;
@@ -132,9 +145,18 @@ static void test_concurrent_equals_alone(void **state) {
            (unsigned long long)st.prompt_tokens, (unsigned long long)st.cached_tokens);
     printf("  recompute after preemption found %llu blocks in the prefix index; %llu tokens computed\n",
            (unsigned long long)st.kv.prefix_hits, (unsigned long long)st.kv.tokens_computed);
+    print_preempt(&st);
     assert_true(st.preemptions > 0);
-    /* the prompts share no full block: every hit is a preempted sequence taking its blocks back */
-    assert_true(st.kv.prefix_hits > 0);
+    assert_int_equal(st.preemptions, st.swaps_out + st.recomputes);
+    if (swap) { /* swap wins by far on this model: every preemption swaps, every swap comes back */
+        assert_true(st.swaps_out > 0);
+        assert_int_equal(st.swaps_in, st.swaps_out);
+        assert_int_equal(st.kv.swap_used, 0);
+    } else {
+        assert_int_equal(st.swaps_out, 0);
+        /* the prompts share no full block: every hit is a preempted sequence taking its blocks back */
+        assert_true(st.kv.prefix_hits > 0);
+    }
     assert_int_equal(st.kv.used, 0);
     assert_int_equal(st.running + st.waiting, 0);
     for (int i = 0; i < R; i++) {
@@ -153,6 +175,119 @@ static void test_concurrent_equals_alone(void **state) {
     kvlm_sched_free(s);
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
+    g_no_swap = false;
+}
+
+/* Preemption by recompute (no swap space), then by swap: the same outputs. */
+static void test_concurrent_equals_alone(void **state) {
+    (void)state;
+    concurrent_equals_alone(false);
+}
+static void test_concurrent_swap(void **state) {
+    (void)state;
+    concurrent_equals_alone(true);
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+    (void)st, (void)flag, (void)f;
+    return remove(p);
+}
+
+/* Eight long greedy generations in a pool just above one sequence's need:
+ * constant preemption; by swap (the rule picks it here), by recompute (swap
+ * space off), with a swap space of two blocks (too small for most victims:
+ * some swap, the rest recompute), and with a swap space of one block over a
+ * disk tier (victims go to disk and come back); every output equals its
+ * prompt alone. With q4_kc keys (the filling block's f16 staging travels with
+ * the sequence): by swap. (Not by recompute only: a recomputed q4_kc sequence
+ * does not always give the uninterrupted run's tokens, which is what swap fixes.) */
+static void swap_tight_pool(int cache_k, int n_modes) {
+    g_cache_k = cache_k;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    enum { R = 8 };
+    int max_tokens = tu_quick() ? 40 : MAXGEN;
+    int32_t prompts[R][64], want[R][MAXGEN];
+    int n_prompt[R], n_want[R];
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = make_prompt(m, 3 * i + 1, prompts[i], 64);
+        n_want[i] = greedy_alone(m, prompts[i], n_prompt[i], max_tokens, want[i]);
+    }
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvlm-swap-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    for (int mode = 0; mode < n_modes; mode++) {
+        kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.cache_type_k = cache_k;
+        cp.n_threads = 2;
+        cp.n_ctx = 256;
+        cp.n_seq_max = R;
+        cp.block_size = 16;
+        cp.kv_blocks = 7; /* one sequence needs at most (~12 + 64) / 16 + 1 = 6 */
+        cp.no_kv_swap = mode == 1;
+        kvlm_error err = {0};
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+        assert_non_null(ctx);
+        if (mode >= 2) { /* a swap space of two blocks; of one, over a disk tier */
+            kvlm_kv_stats ks;
+            kvlm_kv_stats_get(ctx, &ks);
+            kvlm_ctx_free(ctx);
+            cp.kv_swap_size = (mode == 2 ? 2 : 1) * ks.block_bytes;
+            cp.kv_disk = mode == 3 ? dir : NULL;
+            ctx = kvlm_ctx_create(m, &cp, &err);
+            assert_non_null(ctx);
+        }
+        kvlm_sched_params sp = {.batch_tokens = 64, .max_seqs = R};
+        kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
+        assert_non_null(s);
+        result *res = calloc(R, sizeof *res);
+        for (int i = 0; i < R; i++) {
+            kvlm_request_params p = greedy_params(max_tokens);
+            assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
+        }
+        int steps = 0;
+        while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
+        kvlm_sched_stats st;
+        kvlm_sched_stats_get(s, &st);
+        double copy_rate, prefill_rate;
+        kvlm_ctx_preempt_rates(ctx, &copy_rate, &prefill_rate);
+        static const char *names[] = {"swap", "no swap space", "swap space of 2 blocks",
+                                      "swap space of 1 block over a disk tier"};
+        printf("  %s keys, %s, 8 requests in 7 blocks, %d steps; round trip %.2f GB/s, %.0f tokens/s computed\n",
+               kvlm_cache_type_name(cache_k), names[mode], steps, copy_rate / 1e9, prefill_rate);
+        if (mode == 3)
+            printf("  to disk: %llu sequences, %llu lost\n", (unsigned long long)st.kv.swap_tier_out,
+                   (unsigned long long)st.kv.swap_tier_lost);
+        print_preempt(&st);
+        assert_true(st.preemptions > 0);
+        assert_int_equal(st.preemptions, st.swaps_out + st.recomputes);
+        assert_int_equal(st.swaps_in, st.swaps_out);
+        /* (the swap space, as large as the pool, may be full: then a victim is recomputed) */
+        if (mode == 0) assert_true(st.swaps_out > st.recomputes);
+        if (mode == 1) assert_true(st.swaps_out == 0 && st.recomputes > 0);
+        if (mode == 2) assert_true(st.swaps_out > 0 && st.recomputes > 0);
+        if (mode == 3) assert_true(st.kv.swap_tier_out > 0 && st.kv.swap_tier_lost == 0 && st.swaps_out > st.recomputes);
+        assert_int_equal(st.kv.used, 0);
+        assert_int_equal(st.kv.swap_used, 0);
+        assert_int_equal(st.kv.swap_tier_used, 0);
+        for (int i = 0; i < R; i++) {
+            assert_int_equal(res[i].n_final, 1);
+            assert_int_equal(res[i].n_out[0], n_want[i]);
+            assert_memory_equal(res[i].out[0], want[i], (size_t)n_want[i] * sizeof(int32_t));
+        }
+        free(res);
+        kvlm_sched_free(s);
+        kvlm_ctx_free(ctx);
+    }
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    kvlm_model_free(m);
+    g_cache_k = KVLM_CACHE_F16;
+}
+
+static void test_swap_tight_pool(void **state) {
+    (void)state;
+    swap_tight_pool(KVLM_CACHE_F16, 4);
+    swap_tight_pool(KVLM_CACHE_Q4_KC, 1);
 }
 
 static void test_cancel_and_stop(void **state) {
@@ -245,13 +380,15 @@ static bool on_ev_event(void *user, const kvlm_sched_event *ev) {
     return true;
 }
 
+static int g_policy = KVLM_EVICT_SINKS; /* evict_params' */
+
 static kvlm_ctx_params evict_params(void) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_threads = 2;
     cp.n_ctx = 128;
     cp.n_seq_max = 2;
     cp.kv_budget = 64;
-    cp.kv_evict = KVLM_EVICT_SINKS;
+    cp.kv_evict = g_policy;
     return cp;
 }
 
@@ -335,9 +472,10 @@ static void test_evict_past_context(void **state) {
 }
 
 /* Four requests under sinks in a pool of 10 blocks (each may hold 4), the
- * newest with a prompt longer than the budget (it evicts at once): the others
- * are preempted before they evict (and recomputed), never one that evicted (its
- * cache could not be rebuilt); each still gives what it gives alone. */
+ * newest with a prompt longer than the budget (it evicts at once): the
+ * newest is preempted, by swap (one that evicted too: its cache travels
+ * whole) or, before it evicts, by recompute; each still gives what it gives
+ * alone. */
 static void test_evict_preempt(void **state) {
     (void)state;
     kvlm_model *m = load_stories();
@@ -366,6 +504,7 @@ static void test_evict_preempt(void **state) {
     kvlm_sched_stats st;
     kvlm_sched_stats_get(s, &st);
     printf("  sinks, 4 requests in 10 blocks: %d steps, %llu preemptions\n", steps, (unsigned long long)st.preemptions);
+    print_preempt(&st);
     assert_true(st.preemptions > 0);
     assert_int_equal(st.kv.used, 0);
     for (int i = 0; i < R; i++) {
@@ -441,9 +580,74 @@ static void test_chat_templates(void **state) {
     kvlm_model_free(m);
 }
 
+/* Under sinks (then h2o, whose attention scores travel too), in a pool of
+ * 10 blocks (each request may hold 4): two short prompts, then two longer
+ * than the budget (they evict at once, so they are the newest and have
+ * compacted when the short ones grow and the pool runs out). Before swap they
+ * could not be preempted (a short one was recomputed instead); now the newest
+ * is swapped out with its compacted cache and resumes with the output it
+ * gives alone. */
+static void evict_swap(int policy) {
+    g_policy = policy;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx_params cp = evict_params();
+    cp.n_seq_max = 4;
+    cp.kv_blocks = 10;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    assert_non_null(s);
+    enum { R = 4 };
+    int max_tokens = tu_quick() ? 100 : 200, n_prompt[R];
+    int32_t prompts[R][200];
+    ev_result *res = calloc(R, sizeof *res);
+    for (int i = 0; i < R; i++) {
+        n_prompt[i] = make_prompt(m, 7 * i + 2, prompts[i], 200);
+        while (i >= 2 && n_prompt[i] < 80)
+            n_prompt[i] += make_prompt(m, n_prompt[i] + i, prompts[i] + n_prompt[i], 200 - n_prompt[i]);
+        kvlm_request_params p = greedy_params(max_tokens);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
+    }
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) assert_true(++steps < 10000);
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    printf("  %s, 2 short then 2 evicting requests in 10 blocks: %d steps; %llu swaps of sequences that had evicted\n",
+           kvlm_evict_name(policy), steps, (unsigned long long)st.swaps_evicted);
+    print_preempt(&st);
+    assert_true(st.swaps_out > 0);
+    assert_true(st.swaps_evicted > 0);
+    assert_int_equal(st.recomputes, 0);
+    assert_int_equal(st.swaps_in, st.swaps_out);
+    assert_int_equal(st.kv.used, 0);
+    for (int i = 0; i < R; i++) {
+        int32_t want[EV_MAX];
+        int n_want = greedy_evict_alone(m, prompts[i], n_prompt[i], max_tokens, want);
+        assert_int_equal(res[i].n_out, n_want);
+        assert_memory_equal(res[i].out, want, (size_t)n_want * sizeof(int32_t));
+        assert_int_equal(res[i].finish, n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+    }
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+    g_policy = KVLM_EVICT_SINKS;
+}
+
+static void test_evict_swap(void **state) {
+    (void)state;
+    evict_swap(KVLM_EVICT_SINKS);
+    evict_swap(KVLM_EVICT_H2O);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_concurrent_swap),
+        cmocka_unit_test(test_swap_tight_pool),
+        cmocka_unit_test(test_evict_swap),
         cmocka_unit_test(test_cancel_and_stop),
         cmocka_unit_test(test_fork_n),
         cmocka_unit_test(test_evict_past_context),

@@ -30,8 +30,8 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
 /* The context and KV cache options of run, serve and perplexity: -c/--ctx,
  * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
  * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy, and the KV tiers
- * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL
- * (sizes are parsed where they are read). cli_opt_ctx takes
+ * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, and
+ * the swap space --kv-swap-size SIZE (sizes are parsed where they are read). cli_opt_ctx takes
  * argv[*i] if it is one of them (the two strings stay as given, for
  * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
  * evict (either may be NULL) into cp; returns 0, or 1 after an error.
@@ -59,7 +59,9 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-disk DIR       a disk tier: cached blocks dropped from the pool are kept in DIR and\n" \
     "                          found again, also after a restart (docs/kv-tiers.md)\n" \
     "      --kv-disk-size SIZE its cap (default 20GiB)\n" \
-    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it\n"
+    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it\n" \
+    "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
+    "                          0: none, preemption recomputes)\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

@@ -116,8 +116,20 @@ static bool opt_size(int argc, char **argv, int *i, const char *l, uint64_t *out
     return true;
 }
 
+/* --kv-swap-size SIZE; 0 turns the swap space off. */
+static bool opt_swap(int argc, char **argv, int *i, kvlm_ctx_params *cp, bool *bad) {
+    uint64_t n = 1;
+    if (!opt_size(argc, argv, i, "--kv-swap-size", &n, bad)) return false;
+    if (!*bad) {
+        cp->kv_swap_size = n;
+        cp->no_kv_swap = n == 0;
+    }
+    return true;
+}
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
-    return cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
+    return opt_swap(argc, argv, i, cp, bad) ||
+           cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
            cli_opt_device(argc, argv, i, &cp->device, bad) ||
            opt_size(argc, argv, i, "--kv-host-size", &cp->kv_host_size, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-disk", &cp->kv_disk, bad) ||

@@ -48,6 +48,7 @@ struct kvlm_ctx {
     int n_logits, logits_cap;
     float *out_rows;
     uint64_t tokens_computed;
+    double compute_seconds;    /* forward passes, for the tokens/s preemption weighs */
     bool naive_attention;      /* engine.h: reference attention, the baseline */
     /* Eviction (kvlm.h KVLM_EVICT_*). */
     int budget;
@@ -158,6 +159,9 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
     kv_store_params sp = {.pool = kp};
+    /* swap space: by default as large as the pool (every sequence could be out at once) */
+    if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache)
+        sp.swap_bytes = ctx->p.kv_swap_size ? (size_t)ctx->p.kv_swap_size : block_bytes * (size_t)kp.n_blocks;
     /* tiers in lookup order: nearest first */
     if (ctx->p.kv_host_size) {
         if (!(sp.tiers[sp.n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
@@ -335,6 +339,72 @@ void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
     if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
 }
 
+/* ---- swap ---- */
+
+struct kvlm_swap {
+    kv_swap *kv;
+    long n_evicted;
+    float *h2o; /* h2o: the sequence's accumulated attention */
+};
+
+size_t kvlm_seq_swap_bytes(const kvlm_ctx *ctx, int seq) {
+    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_swap_bytes(ctx->kv, seq) : 0;
+}
+
+bool kvlm_seq_swap_fits(const kvlm_ctx *ctx, int seq) {
+    return kv_store_seq_valid(ctx->kv, seq) && kv_store_swap_fits(ctx->kv, seq);
+}
+
+int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err) {
+    *out = NULL;
+    if (!kv_store_seq_valid(ctx->kv, seq))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    kvlm_swap *h = calloc(1, sizeof *h);
+    if (!h || (ctx->h2o && !(h->h2o = malloc((size_t)ctx->budget * sizeof(float))))) {
+        free(h);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
+    int rc = kv_store_swap_out(ctx->kv, seq, &h->kv, err);
+    if (rc) { free(h->h2o); free(h); return rc; }
+    h->n_evicted = ctx->n_evicted[seq];
+    if (h->h2o) memcpy(h->h2o, h2o_scores(ctx, seq), (size_t)ctx->budget * sizeof(float));
+    kvlm_seq_free(ctx, seq); /* the store released it: this clears the rest */
+    *out = h;
+    return KVLM_OK;
+}
+
+int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq) || !h)
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    kvlm_seq_free(ctx, seq);
+    int rc = kv_store_swap_in(ctx->kv, seq, h->kv, err);
+    if (rc == KVLM_EIO) { /* the store freed its part: lost in the tier */
+        free(h->h2o);
+        free(h);
+    }
+    if (rc) return rc;
+    ctx->n_evicted[seq] = h->n_evicted;
+    if (h->h2o) memcpy(h2o_scores(ctx, seq), h->h2o, (size_t)ctx->budget * sizeof(float));
+    free(h->h2o);
+    free(h);
+    return KVLM_OK;
+}
+
+void kvlm_swap_free(kvlm_ctx *ctx, kvlm_swap *h) {
+    if (!h) return;
+    kv_store_swap_drop(ctx->kv, h->kv);
+    free(h->h2o);
+    free(h);
+}
+
+int kvlm_swap_blocks(const kvlm_swap *h) { return h ? kv_swap_blocks(h->kv) : 0; }
+
+void kvlm_ctx_preempt_rates(kvlm_ctx *ctx, double *copy_bytes_per_s, double *tokens_per_s) {
+    if (copy_bytes_per_s) *copy_bytes_per_s = kv_store_copy_rate(ctx->kv);
+    if (tokens_per_s)
+        *tokens_per_s = ctx->compute_seconds > 0 ? (double)ctx->tokens_computed / ctx->compute_seconds : 0;
+}
+
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
     for (int s = 0; s < ctx->p.n_seq_max; s++) kvlm_seq_free(ctx, s);
     ctx->n_logits = 0;
@@ -458,6 +528,13 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     st->type_k = kv_store_params_of(ctx->kv)->k_type;
     st->type_v = kv_store_params_of(ctx->kv)->v_type;
     st->stage_bytes = kv_store_stage_bytes(ctx->kv);
+    kv_store_swap_stats sw;
+    kv_store_swap_stats_get(ctx->kv, &sw);
+    st->swap_slots = sw.slots;
+    st->swap_used = sw.slots_used;
+    st->swap_tier_used = sw.disk_blocks_used;
+    st->swap_tier_out = sw.disk_swaps_out;
+    st->swap_tier_lost = sw.disk_lost;
 }
 
 /* ---- the forward pass --------------------------------------------------------- */
@@ -693,6 +770,7 @@ static int forward_chunk_cuda(kvlm_ctx *ctx, const int32_t *tokens, const int32_
 
 static int forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
                    const int8_t *want, kvlm_error *err) {
+    double t0 = util_now_s();
     for (int i = 0; i < n; i += ctx->n_batch) {
         int T = n - i < ctx->n_batch ? n - i : ctx->n_batch;
         if (!ctx->cuda) forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i);
@@ -701,6 +779,7 @@ static int forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, con
             if (rc) return rc;
         }
     }
+    ctx->compute_seconds += util_now_s() - t0;
     return KVLM_OK;
 }
 

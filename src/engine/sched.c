@@ -2,7 +2,8 @@
  * kvlm_decode per step mixing decode tokens and prefill chunks under a token
  * budget), FCFS admission by asking the KV cache what a prompt finds cached
  * and needs (kvlm_seq_probe_prefix, no side effects), preemption of
- * the newest sequence by recompute when the pool runs out, n > 1 by forking
+ * the newest sequence when the pool runs out, by swap (its blocks moved to
+ * the context's swap space and back) or recompute, n > 1 by forking
  * the prompt's blocks, cancellation; under an eviction policy, sequences that
  * run past the context within their KV budget. */
 #include "engine/sched.h"
@@ -23,6 +24,7 @@ typedef struct {
     int32_t *hist;     /* every token: under eviction it outgrows the cache */
     int n_hist, cap, n_gen;
     kvlm_sampler *smp;
+    kvlm_swap *swap;   /* preempted by swap: its cache, waiting to come back */
     bool done;
 } unit;
 
@@ -42,6 +44,7 @@ struct kvlm_sched {
     kvlm_ctx *ctx;
     const kvlm_model *model;
     int batch_tokens, max_seqs, n_ctx, block_size, n_blocks, vocab;
+    size_t block_bytes;
     int budget, max_feed; /* kvlm_ctx_kv_budget, kvlm_ctx_kv_max_feed */
     bool evicts;          /* a policy other than none: sequences are not bounded by the context */
     pthread_mutex_t mu;
@@ -57,7 +60,7 @@ struct kvlm_sched {
     unit **who;
     float *lp;
     /* counters (engine thread) and the published snapshot (under mu) */
-    uint64_t preemptions, steps, done, prompt_tokens, cached_tokens, generated;
+    uint64_t preemptions, swaps_out, swaps_in, recomputes, swap_bytes, swaps_evicted, steps, done, prompt_tokens, cached_tokens, generated;
     double mark_t, mark_gen, tps, last_step_t;
     kvlm_sched_stats snap;
     kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
@@ -86,6 +89,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     kvlm_kv_stats_get(ctx, &st);
     s->block_size = st.block_size;
     s->n_blocks = st.n_blocks;
+    s->block_bytes = st.block_bytes;
     s->next_id = 1;
     s->snap.kv = st;
     s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
@@ -137,6 +141,8 @@ static void release(kvlm_sched *s, unit *u) {
 static void finish(kvlm_sched *s, unit *u, int reason, const char *error) {
     if (u->done) return;
     release(s, u);
+    kvlm_swap_free(s->ctx, u->swap);
+    u->swap = NULL;
     u->done = true;
     u->r->n_live--;
     kvlm_sched_event ev = event_for(u);
@@ -264,13 +270,66 @@ static int fed(const kvlm_sched *s, const unit *u) {
     return kvlm_seq_n_past(s->ctx, u->seq) + (int)kvlm_seq_n_evicted(s->ctx, u->seq);
 }
 
-/* Preemption frees the blocks and recomputes the history later, which only
- * rebuilds the same cache when the recompute evicts nothing. */
+/* Preemption by recompute frees the blocks and recomputes the history
+ * later, which only rebuilds the same cache when the recompute evicts nothing. */
 static bool recomputable(const kvlm_sched *s, const unit *u) { return u->n_hist <= s->budget; }
+/* Preemption by swap keeps the cache's bytes as they are: any sequence, the
+ * ones that evicted too, when the swap space has room for it. */
+static bool swappable(const kvlm_sched *s, const unit *u) { return kvlm_seq_swap_fits(s->ctx, u->seq); }
+static bool preemptable(const kvlm_sched *s, const unit *u) { return recomputable(s, u) || swappable(s, u); }
+
+/* Preemption: swap or recompute. Swapping moves the victim's blocks to the
+ * swap space and back: bytes / copy_rate seconds, copy_rate being a measured
+ * round trip of block bytes through the pool's storage (kv_block_read then
+ * kv_block_write, so a GPU pool's PCIe transfers count). Recomputing runs the
+ * tokens it holds through the model again: tokens / prefill_rate seconds,
+ * prefill_rate being the tokens the engine computed over its forward-pass
+ * time so far; blocks it shares with other sequences stay in the prefix
+ * index and cost nothing to get back, so they are not counted. The rule:
+ *     swap  when  bytes / copy_rate < tokens / prefill_rate
+ * (and always when the victim evicted: a recompute cannot rebuild its cache);
+ * recompute when the swap space is off or full. On this machine a round trip
+ * is some GB/s against at most 1e5 tokens/s for the smallest model, so swap
+ * wins by two orders of magnitude or more (docs/kv-tiers.md, "Preemption:
+ * swap or recompute", has the figures). */
+static bool choose_swap(kvlm_sched *s, const unit *u) {
+    if (!swappable(s, u)) return false;
+    if (!recomputable(s, u) || kvlm_seq_n_evicted(s->ctx, u->seq) > 0) return true;
+    double copy_rate, prefill_rate;
+    kvlm_ctx_preempt_rates(s->ctx, &copy_rate, &prefill_rate);
+    int n_blocks, n_shared;
+    kvlm_seq_kv_info(s->ctx, u->seq, &n_blocks, &n_shared);
+    double tokens = kvlm_seq_n_past(s->ctx, u->seq) - (double)n_shared * s->block_size;
+    if (tokens <= 0) return false;
+    if (prefill_rate <= 0) return true; /* nothing measured yet: keep what was computed */
+    if (copy_rate <= 0) return false;
+    return (double)kvlm_seq_swap_bytes(s->ctx, u->seq) / copy_rate < tokens / prefill_rate;
+}
 
 static void preempt(kvlm_sched *s, unit *u) {
-    release(s, u);
-    if (u->index == 0 && !u->r->forked)
+    bool unforked = u->index == 0 && !u->r->forked;
+    if (choose_swap(s, u)) {
+        kvlm_error err = {0};
+        int seq = u->seq;
+        size_t bytes = kvlm_seq_swap_bytes(s->ctx, seq);
+        bool evicted = kvlm_seq_n_evicted(s->ctx, seq) > 0;
+        int rc = kvlm_seq_swap_out(s->ctx, seq, &u->swap, &err);
+        if (rc == KVLM_OK) {
+            s->swaps_evicted += evicted;
+            s->slot_used[seq] = false;
+            u->seq = -1;
+            s->swaps_out++;
+            s->swap_bytes += bytes;
+        } else if (!recomputable(s, u)) { /* as before swap: end it where it is */
+            finish(s, u, rc == KVLM_EFULL ? KVLM_FINISH_LENGTH : KVLM_FINISH_ERROR, rc == KVLM_EFULL ? NULL : err.msg);
+            return;
+        }
+    }
+    if (u->seq >= 0) {
+        release(s, u);
+        s->recomputes++;
+    }
+    if (unforked) /* its followers wait for its prompt: they hold slots only */
         for (int i = 1; i < u->r->n; i++) release(s, &u->r->u[i]);
     s->preemptions++;
 }
@@ -279,6 +338,33 @@ static int free_slot(kvlm_sched *s) {
     for (int i = 0; i < kvlm_ctx_n_seq_max(s->ctx); i++)
         if (!s->slot_used[i] && i < s->max_seqs) return i;
     return -1;
+}
+
+/* A completion preempted by swap comes back once the pool has its blocks
+ * (and those it will grow into); false when it must wait. */
+static bool swap_in(kvlm_sched *s, unit *u, bool any_active, int promised) {
+    kvlm_prefix_probe pr;
+    kvlm_seq_probe_prefix(s->ctx, u->hist, 0, hold(s, u->n_hist), &pr);
+    int need = pr.blocks_needed > kvlm_swap_blocks(u->swap) ? pr.blocks_needed : kvlm_swap_blocks(u->swap);
+    if (any_active && need > pr.blocks_available - promised) return false;
+    int seq = free_slot(s);
+    kvlm_error err = {0};
+    int blocks = kvlm_swap_blocks(u->swap);
+    int rc = kvlm_seq_swap_in(s->ctx, seq, u->swap, &err);
+    if (rc == KVLM_EFULL) return false;
+    if (rc == KVLM_EIO) { /* lost in the disk tier (and freed): recompute, when that rebuilds it */
+        u->swap = NULL;
+        if (!recomputable(s, u)) finish(s, u, KVLM_FINISH_LENGTH, NULL);
+        else s->recomputes++;
+        return false;
+    }
+    if (rc) { finish(s, u, KVLM_FINISH_ERROR, err.msg); return true; }
+    u->swap = NULL;
+    u->seq = seq;
+    s->slot_used[seq] = true;
+    s->swaps_in++;
+    s->swap_bytes += (uint64_t)blocks * s->block_bytes;
+    return true;
 }
 
 /* FCFS admission of waiting completions while slots and blocks last. */
@@ -299,22 +385,27 @@ static void admit(kvlm_sched *s) {
             if (u->done || u->seq >= 0 || follower(u)) continue;
             int need_slots = r->forked ? 1 : r->n_live;
             if (n_free < need_slots) return;
-            /* ask first (no side effects), attach only what is admitted */
-            kvlm_prefix_probe pr;
-            kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
-            if (any_active && pr.blocks_needed > pr.blocks_available - promised) return;
-            u->seq = free_slot(s);
-            s->slot_used[u->seq] = true;
-            int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
+            if (u->swap) {
+                if (!swap_in(s, u, any_active, promised)) return;
+                if (u->done) continue;
+            } else {
+                /* ask first (no side effects), attach only what is admitted */
+                kvlm_prefix_probe pr;
+                kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                if (any_active && pr.blocks_needed > pr.blocks_available - promised) return;
+                u->seq = free_slot(s);
+                s->slot_used[u->seq] = true;
+                int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
+                if (!r->admitted) {
+                    r->admitted = true;
+                    r->cached = matched;
+                    s->prompt_tokens += (uint64_t)r->n_prompt;
+                    s->cached_tokens += (uint64_t)matched;
+                }
+            }
             any_active = true;
             promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
             n_free -= need_slots;
-            if (!r->admitted) {
-                r->admitted = true;
-                r->cached = matched;
-                s->prompt_tokens += (uint64_t)r->n_prompt;
-                s->cached_tokens += (uint64_t)matched;
-            }
             if (!r->forked)
                 for (int k = 1; k < r->n; k++)
                     if (!r->u[k].done) {
@@ -325,15 +416,15 @@ static void admit(kvlm_sched *s) {
 }
 
 /* The newest completion holding a sequence (followers go with their leader),
- * or the newest that is recomputable; *n_active: how many hold one. */
-static unit *newest_active(kvlm_sched *s, bool only_recomputable, int *n_active) {
+ * or the newest that can be preempted; *n_active: how many hold one. */
+static unit *newest_active(kvlm_sched *s, bool only_preemptable, int *n_active) {
     unit *best = NULL;
     int n = 0;
     for (req *r = s->live; r; r = r->next)
         for (int i = 0; i < r->n; i++)
             if (r->u[i].seq >= 0 && !follower(&r->u[i])) {
                 n++;
-                if (!only_recomputable || recomputable(s, &r->u[i])) best = &r->u[i];
+                if (!only_preemptable || preemptable(s, &r->u[i])) best = &r->u[i];
             }
     if (n_active) *n_active = n;
     return best;
@@ -453,6 +544,11 @@ static void publish(kvlm_sched *s) {
     s->snap.running = running;
     s->snap.waiting = waiting;
     s->snap.preemptions = s->preemptions;
+    s->snap.swaps_out = s->swaps_out;
+    s->snap.swaps_in = s->swaps_in;
+    s->snap.recomputes = s->recomputes;
+    s->snap.swap_bytes = s->swap_bytes;
+    s->snap.swaps_evicted = s->swaps_evicted;
     s->snap.steps = s->steps;
     s->snap.requests_done = s->done;
     s->snap.prompt_tokens = s->prompt_tokens;
@@ -492,7 +588,8 @@ int kvlm_sched_step(kvlm_sched *s) {
         if (rc == KVLM_EFULL && newest) {
             if (victim && n_active > 1) { preempt(s, victim); continue; }
             /* one sequence alone outgrows the pool, or only ones that evicted (their
-             * cache cannot be recomputed) are left: end the newest where it is */
+             * cache cannot be recomputed) and do not fit the swap space are left:
+             * end the newest where it is */
             if (newest->n_gen > 0) { finish(s, newest, KVLM_FINISH_LENGTH, NULL); continue; }
         }
         for (int i = 0; i < n; i++) /* an error that is not about room: end what was in the batch */

@@ -345,6 +345,32 @@ int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const k
     return b;
 }
 
+bool kv_seq_compacted(const kv_cache *c, int seq) { return c->seqs[seq].compacted; }
+
+int kv_seq_restore(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
+                   int32_t *blocks_out, kvlm_error *err) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size, nb = (len + bs - 1) / bs;
+    if (s->len != 0 || s->n_blocks != 0) return util_err_set(err, KVLM_EINVAL, "sequence %d is not empty", seq);
+    if (len > c->p.max_seq_tokens)
+        return util_err_set(err, KVLM_ERANGE, "%d tokens are more than the context of %d", len, c->p.max_seq_tokens);
+    if (nb > available(c))
+        return util_err_set(err, KVLM_EFULL, "the KV cache is full: swapping sequence %d in needs %d blocks, %d are free",
+                            seq, nb, available(c));
+    if (len == 0) return KVLM_OK;
+    if (seq_grow(c, s, len)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int i = 0; i < nb; i++) {
+        s->blocks[i] = block_alloc(c);
+        if (blocks_out) blocks_out[i] = s->blocks[i];
+    }
+    s->n_blocks = nb;
+    memcpy(s->tokens, tokens, (size_t)len * sizeof(int32_t));
+    memcpy(s->keys, keys, (size_t)(len / bs) * sizeof(kv_key));
+    s->len = len;
+    s->compacted = compacted;
+    return KVLM_OK;
+}
+
 int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unreferenced, kv_key *last) {
     int bs = c->p.block_size, i = 0, unref = 0;
     int eligible = (n - 1) / bs;

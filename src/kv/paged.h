@@ -124,6 +124,16 @@ typedef void (*kv_rekey_fn)(void *user, float *keys, int n_rows, int shift);
 int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                    kvlm_error *err);
 
+/* Swap (kv/store's swap space): whether the sequence has compacted, and,
+ * for an empty sequence, takes len tokens back with their keys (len /
+ * block_size of them) in fresh private blocks (not indexed: the caller
+ * writes their bytes, kv_block_write, before anything reads them);
+ * blocks_out (may be NULL) receives them. KVLM_EFULL if the pool lacks the
+ * blocks (then nothing changes). */
+bool kv_seq_compacted(const kv_cache *c, int seq);
+int kv_seq_restore(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
+                   int32_t *blocks_out, kvlm_error *err);
+
 /* ---- hooks for the tiers (kv/store sets them) ---- */
 typedef struct {
     /* A cached (unreferenced, indexed) block is about to be reused for other

@@ -6,10 +6,12 @@
 #include "kv/store.h"
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/timing.h"
 
 /* blocks asked of the tiers per round of a promotion */
 #define PROMOTE_BATCH 32
@@ -33,6 +35,25 @@ struct kv_store {
     uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
         persisted[KV_STORE_MAX_TIERS];
     bool logged_corrupt[KV_STORE_MAX_TIERS];
+    /* swap space: slots of one block each, allocated at the first swap */
+    size_t swap_bytes;
+    uint8_t *swap_mem;
+    int32_t *swap_free;
+    int swap_slots, swap_n_free;
+    kv_store_swap_stats swap;
+    double copy_rate;
+    int swap_tier;         /* the durable (disk) tier that takes what the swap space cannot; -1: none */
+    uint64_t swap_nonce, swap_count; /* names of swapped blocks there: never a content key */
+};
+
+struct kv_swap {
+    int len, n_blocks, stage_block;
+    bool compacted;
+    int32_t *tokens;
+    kv_key *keys;
+    int32_t *slots;    /* per block: its slot in the swap space */
+    kv_key *dkeys;     /* or, when the swap space was full, its key in the swap tier */
+    uint16_t *stage;   /* q4_kc: the sequence's staging; NULL otherwise */
 };
 
 static void on_demote(void *user, kv_cache *c, int32_t b);
@@ -63,6 +84,15 @@ kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
         return NULL;
     }
     for (int i = 0; i < s->p.max_seqs; i++) s->stage_block[i] = -1;
+    s->swap_bytes = p->swap_bytes;
+    size_t slots = p->swap_bytes / kv_block_bytes(s->c);
+    s->swap_slots = slots > (1u << 30) ? (1 << 30) : (int)slots;
+    s->swap.slots = (uint64_t)s->swap_slots;
+    s->swap_tier = -1;
+    for (int t = 0; t < s->n_tiers; t++)
+        if (s->swap_bytes && s->swap_tier < 0 && (s->roles[t] & KV_TIER_DURABLE)) s->swap_tier = t;
+    /* swapped blocks in a shared directory must not meet another process's */
+    s->swap_nonce = (uint64_t)(uintptr_t)s ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(util_now_s() * 1e9);
     if (s->n_tiers) {
         s->fmt = *kv_get_blockfmt(s->c);
         s->blob_bytes = kv_blockfmt_bytes(&s->fmt);
@@ -90,6 +120,8 @@ void kv_store_free(kv_store *s) {
     free(s->ser);
     free(s->in_tier);
     free(s->pbuf);
+    free(s->swap_mem);
+    free(s->swap_free);
     free(s);
 }
 
@@ -344,6 +376,247 @@ void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared)
     if (n_blocks) *n_blocks = n;
     if (n_shared) *n_shared = shared;
 }
+
+/* ---- swap ---- */
+
+static size_t stage_per_seq(const kv_store *s) { return kv_store_stage_bytes(s) / (size_t)s->p.max_seqs; }
+
+size_t kv_store_swap_bytes(const kv_store *s, int seq) {
+    int n = 0;
+    kv_seq_blocks(s->c, seq, &n);
+    return (size_t)n * kv_block_bytes(s->c) + stage_per_seq(s);
+}
+
+static int swap_free_slots(const kv_store *s) { return s->swap_mem ? s->swap_n_free : s->swap_slots; }
+
+bool kv_store_swap_fits(const kv_store *s, int seq) {
+    int n = 0;
+    kv_seq_blocks(s->c, seq, &n);
+    /* the swap tier takes what the swap space cannot (its puts may still be
+     * dropped: kv_store_swap_out then answers EFULL) */
+    return s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0);
+}
+
+/* The swap space, at the first swap: most contexts never preempt. */
+static int swap_space(kv_store *s, kvlm_error *err) {
+    if (s->swap_mem) return KVLM_OK;
+    s->swap_mem = malloc((size_t)s->swap_slots * kv_block_bytes(s->c));
+    s->swap_free = malloc((size_t)s->swap_slots * sizeof(int32_t));
+    if (!s->swap_mem || !s->swap_free) {
+        free(s->swap_mem);
+        free(s->swap_free);
+        s->swap_mem = NULL;
+        s->swap_free = NULL;
+        return util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV swap space of %zu bytes", s->swap_bytes);
+    }
+    for (int i = 0; i < s->swap_slots; i++) s->swap_free[i] = s->swap_slots - 1 - i;
+    s->swap_n_free = s->swap_slots;
+    return KVLM_OK;
+}
+
+static uint8_t *slot_at(const kv_store *s, int32_t slot) {
+    return s->swap_mem + (size_t)slot * kv_block_bytes(s->c);
+}
+
+/* Block i's tokens as a stored block carries them: block_size of them, a
+ * partial last block padded with zeros. */
+static const int32_t *swap_block_tokens(const kv_store *s, const kv_swap *h, int i, int32_t *pad) {
+    int bs = s->p.block_size;
+    if ((i + 1) * bs <= h->len) return h->tokens + (size_t)i * bs;
+    memset(pad, 0, (size_t)bs * sizeof *pad);
+    memcpy(pad, h->tokens + (size_t)i * bs, (size_t)(h->len - i * bs) * sizeof *pad);
+    return pad;
+}
+
+void kv_store_swap_drop(kv_store *s, kv_swap *h) {
+    if (!h) return;
+    if (h->dkeys) {
+        for (int i = 0; i < h->n_blocks; i++) kv_tier_drop(s->tiers[s->swap_tier], &h->dkeys[i]);
+        s->swap.disk_blocks_used -= (uint64_t)h->n_blocks;
+    } else {
+        for (int i = 0; i < h->n_blocks; i++) s->swap_free[s->swap_n_free++] = h->slots[i];
+        s->swap.slots_used -= (uint64_t)h->n_blocks;
+    }
+    free(h->tokens);
+    free(h->keys);
+    free(h->slots);
+    free(h->dkeys);
+    free(h->stage);
+    free(h);
+}
+
+/* The victim's blocks to the swap tier, each a stored block (kv/blockfmt)
+ * under a fresh key, checked when read back. false: a put was dropped (the
+ * ones made are dropped again). */
+static bool swap_out_tier(kv_store *s, kv_swap *h, const int32_t *blocks, int32_t *pad) {
+    kv_tier *t = s->tiers[s->swap_tier];
+    for (int i = 0; i < h->n_blocks; i++) {
+        uint64_t id = ++s->swap_count;
+        for (int k = 0; k < 8; k++) {
+            h->dkeys[i].b[k] = (uint8_t)(s->swap_nonce >> (8 * k));
+            h->dkeys[i].b[8 + k] = (uint8_t)(id >> (8 * k));
+        }
+        kv_blockfmt_begin(&s->fmt, &h->dkeys[i], swap_block_tokens(s, h, i, pad), s->ser);
+        kv_block_read(s->c, blocks[i], s->ser + kv_blockfmt_payload_offset(&s->fmt));
+        kv_blockfmt_seal(&s->fmt, s->ser);
+        if (!kv_tier_put(t, &h->dkeys[i], s->ser, s->blob_bytes)) {
+            for (int j = 0; j < i; j++) kv_tier_drop(t, &h->dkeys[j]);
+            return false;
+        }
+    }
+    return true;
+}
+
+int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
+    *out = NULL;
+    if (!kv_store_swap_fits(s, seq))
+        return util_err_set(err, KVLM_EFULL, "the KV swap space has no room for sequence %d", seq);
+    int rc = swap_space(s, err);
+    if (rc) return rc;
+    int n = 0, len = kv_seq_len(s->c, seq), bs = s->p.block_size;
+    const int32_t *blocks = kv_seq_blocks(s->c, seq, &n);
+    /* blocks beyond len (reserved, not committed) are not kept */
+    int keep = (len + bs - 1) / bs;
+    if (keep > n) keep = n;
+    bool to_tier = keep > s->swap_n_free;
+    size_t st = stage_per_seq(s);
+    kv_swap *h = calloc(1, sizeof *h);
+    int32_t *pad = malloc((size_t)bs * sizeof *pad);
+    if (!h || !pad || !(h->tokens = malloc((size_t)(len + 1) * sizeof(int32_t))) ||
+        !(h->keys = malloc((size_t)(len / bs + 1) * sizeof(kv_key))) ||
+        !(h->slots = malloc((size_t)(keep + 1) * sizeof(int32_t))) ||
+        (to_tier && !(h->dkeys = malloc((size_t)(keep + 1) * sizeof(kv_key)))) || (st && !(h->stage = malloc(st)))) {
+        if (h) { free(h->tokens); free(h->keys); free(h->slots); free(h->dkeys); free(h); }
+        free(pad);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
+    h->len = len;
+    h->n_blocks = keep;
+    h->compacted = kv_seq_compacted(s->c, seq);
+    h->stage_block = s->stage_block[seq];
+    if (len) memcpy(h->tokens, kv_seq_tokens(s->c, seq), (size_t)len * sizeof(int32_t));
+    for (int i = 0; i < len / bs; i++) h->keys[i] = *kv_seq_key(s->c, seq, i);
+    if (to_tier) {
+        bool ok = swap_out_tier(s, h, blocks, pad);
+        free(pad);
+        if (!ok) {
+            free(h->tokens); free(h->keys); free(h->slots); free(h->dkeys); free(h->stage); free(h);
+            return util_err_set(err, KVLM_EFULL, "the KV swap space is full and the %s tier dropped a block",
+                                s->tiers[s->swap_tier]->ops->name);
+        }
+        s->swap.disk_blocks_used += (uint64_t)keep;
+        s->swap.disk_swaps_out++;
+    } else {
+        free(pad);
+        for (int i = 0; i < keep; i++) {
+            h->slots[i] = s->swap_free[--s->swap_n_free];
+            kv_block_read(s->c, blocks[i], slot_at(s, h->slots[i]));
+        }
+        s->swap.slots_used += (uint64_t)keep;
+    }
+    if (st) memcpy(h->stage, kv_seq_stage(s->c, seq, 0, 0), st);
+    s->swap.swaps_out++;
+    s->swap.bytes_out += (uint64_t)keep * kv_block_bytes(s->c) + st;
+    kv_seq_release(s->c, seq);
+    s->stage_block[seq] = -1;
+    *out = h;
+    return KVLM_OK;
+}
+
+/* Reads h's blocks back from the swap tier into host (n_blocks x block
+ * bytes), each checked against its key and tokens: false if one is missing
+ * or damaged (counted as corrupt, logged once). */
+static bool swap_in_tier(kv_store *s, kv_swap *h, uint8_t *host) {
+    int t = s->swap_tier;
+    kv_tier_flush(s->tiers[t]); /* the puts may still be queued */
+    int32_t *pad = malloc((size_t)s->p.block_size * sizeof *pad);
+    if (!pad) return false;
+    bool ok = true;
+    for (int i = 0; i < h->n_blocks && ok; i += PROMOTE_BATCH) {
+        int n = h->n_blocks - i < PROMOTE_BATCH ? h->n_blocks - i : PROMOTE_BATCH;
+        int got = kv_tier_get(s->tiers[t], n, h->dkeys + i, s->bufs, s->blob_bytes, s->lens);
+        for (int j = 0; j < n; j++) { /* every one got: each damaged one is counted and dropped */
+            const char *why = NULL;
+            const uint8_t *payload =
+                j < got && s->lens[j] ? kv_blockfmt_check(&s->fmt, &h->dkeys[i + j], swap_block_tokens(s, h, i + j, pad),
+                                                          s->bufs[j], s->lens[j], &why)
+                                      : NULL;
+            if (!payload) {
+                if (why) note_corrupt(s, t, &h->dkeys[i + j], why);
+                ok = false;
+            } else if (ok) memcpy(host + (size_t)(i + j) * kv_block_bytes(s->c), payload, kv_block_bytes(s->c));
+        }
+    }
+    free(pad);
+    return ok;
+}
+
+int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
+    size_t bb = kv_block_bytes(s->c);
+    int32_t *blocks = malloc((size_t)(h->n_blocks + 1) * sizeof(int32_t));
+    uint8_t *host = h->dkeys ? malloc((size_t)h->n_blocks * bb + 1) : NULL;
+    if (!blocks || (h->dkeys && !host)) {
+        free(blocks);
+        free(host);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
+    if (kv_available_blocks(s->c) < h->n_blocks) {
+        free(blocks);
+        free(host);
+        return util_err_set(err, KVLM_EFULL, "the KV cache is full: swapping sequence %d in needs %d blocks", seq,
+                            h->n_blocks);
+    }
+    if (h->dkeys && !swap_in_tier(s, h, host)) {
+        s->swap.disk_lost++;
+        free(blocks);
+        free(host);
+        kv_store_swap_drop(s, h);
+        return util_err_set(err, KVLM_EIO, "a swapped-out block of sequence %d was lost or damaged in the %s tier",
+                            seq, s->tiers[s->swap_tier]->ops->name);
+    }
+    int rc = kv_seq_restore(s->c, seq, h->tokens, h->keys, h->len, h->compacted, blocks, err);
+    if (rc) { free(blocks); free(host); return rc; }
+    for (int i = 0; i < h->n_blocks; i++)
+        kv_block_write(s->c, blocks[i], h->dkeys ? host + (size_t)i * bb : slot_at(s, h->slots[i]));
+    free(blocks);
+    free(host);
+    size_t st = stage_per_seq(s);
+    if (st) memcpy(kv_seq_stage(s->c, seq, 0, 0), h->stage, st);
+    s->stage_block[seq] = h->stage_block;
+    s->swap.swaps_in++;
+    if (h->dkeys) s->swap.disk_swaps_in++;
+    s->swap.bytes_in += (uint64_t)h->n_blocks * bb + st;
+    kv_store_swap_drop(s, h);
+    return KVLM_OK;
+}
+
+int kv_swap_blocks(const kv_swap *h) { return h->n_blocks; }
+int kv_swap_tokens(const kv_swap *h) { return h->len; }
+
+double kv_store_copy_rate(kv_store *s) {
+    if (s->copy_rate > 0) return s->copy_rate;
+    size_t bb = kv_block_bytes(s->c);
+    int n = (int)((8u << 20) / bb);
+    if (n < 1) n = 1;
+    if (n > s->p.n_blocks) n = s->p.n_blocks;
+    uint8_t *buf = malloc((size_t)n * bb);
+    if (!buf) return 0;
+    /* a round trip of the same bytes: what swapping out and back in costs */
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = util_now_s();
+        for (int b = 0; b < n; b++) kv_block_read(s->c, b, buf + (size_t)b * bb);
+        for (int b = 0; b < n; b++) kv_block_write(s->c, b, buf + (size_t)b * bb);
+        double dt = util_now_s() - t0;
+        double rate = dt > 0 ? (double)n * bb / dt : 0;
+        if (rate > best) best = rate;
+    }
+    free(buf);
+    s->copy_rate = best;
+    return best;
+}
+
+void kv_store_swap_stats_get(const kv_store *s, kv_store_swap_stats *st) { *st = s->swap; }
 
 /* ---- sizes and statistics ---- */
 

@@ -31,6 +31,9 @@ typedef struct {
     kv_tier *tiers[KV_STORE_MAX_TIERS];
     int roles[KV_STORE_MAX_TIERS]; /* KV_TIER_* bits */
     int n_tiers;
+    /* Bytes of the swap space (kv_store_swap_out): preempted sequences' blocks
+     * in host memory outside the pool, allocated at the first swap; 0: none. */
+    size_t swap_bytes;
 } kv_store_params;
 
 /* On failure the tiers in p are closed too. */
@@ -94,6 +97,42 @@ void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_looku
 int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold);
 /* Blocks the sequence holds, and how many of them other sequences share. */
 void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared);
+
+/* ---- swap (preemption without recompute) ---- */
+/* A sequence swapped out: its blocks' bytes in the swap space, its tokens,
+ * keys, whether it compacted, and q4_kc's staging of its filling block. */
+typedef struct kv_swap kv_swap;
+/* Bytes swapping the sequence out moves (its blocks, plus its staging). */
+size_t kv_store_swap_bytes(const kv_store *s, int seq);
+/* Whether the swap space has room for the sequence now. */
+bool kv_store_swap_fits(const kv_store *s, int seq);
+/* Copies every block of the sequence (kv_block_read: any storage) to the
+ * swap space and releases the sequence (blocks other sequences share stay
+ * theirs); when the swap space is full, to the first durable (disk) tier, as
+ * stored blocks under fresh keys. KVLM_EFULL when neither takes it (nothing
+ * changes). */
+int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err);
+/* For an empty sequence: fresh blocks written back from the handle, which
+ * is then freed. KVLM_EFULL when the pool lacks the blocks (the handle
+ * stays); KVLM_EIO when a block in the tier was lost or damaged (counted;
+ * the handle is freed: the sequence must be recomputed). */
+int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err);
+/* Frees a handle that will not be swapped in (its request ended). */
+void kv_store_swap_drop(kv_store *s, kv_swap *h);
+/* Blocks swapping in takes, and the tokens it brings back. */
+int kv_swap_blocks(const kv_swap *h);
+int kv_swap_tokens(const kv_swap *h);
+/* Bytes per second of a round trip of block bytes through the storage
+ * (kv_block_read then kv_block_write), measured once, at the first call,
+ * over up to 8 MiB of the pool's blocks. */
+double kv_store_copy_rate(kv_store *s);
+typedef struct {
+    uint64_t slots, slots_used;     /* the swap space, in blocks */
+    uint64_t swaps_out, swaps_in, bytes_out, bytes_in;
+    uint64_t disk_swaps_out, disk_swaps_in, disk_blocks_used; /* through the swap tier */
+    uint64_t disk_lost;             /* swap-ins that found a block there missing or damaged */
+} kv_store_swap_stats;
+void kv_store_swap_stats_get(const kv_store *s, kv_store_swap_stats *st);
 
 /* ---- sizes and statistics ---- */
 size_t kv_store_block_bytes(const kv_store *s);

@@ -232,6 +232,13 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
     metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
     metric(&b, "kvlm_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", (double)st.preemptions);
+    metric(&b, "kvlm_swaps_out_total", "counter", "Preemptions by swap: sequences moved to the swap space",
+           (double)st.swaps_out);
+    metric(&b, "kvlm_swaps_in_total", "counter", "Sequences brought back from the swap space", (double)st.swaps_in);
+    metric(&b, "kvlm_recomputes_total", "counter", "Preemptions by recompute", (double)st.recomputes);
+    metric(&b, "kvlm_swap_bytes_total", "counter", "Bytes moved to and from the swap space", (double)st.swap_bytes);
+    metric(&b, "kvlm_swap_blocks", "gauge", "Blocks the swap space holds", (double)st.kv.swap_slots);
+    metric(&b, "kvlm_swap_blocks_used", "gauge", "Blocks swapped-out sequences hold", (double)st.kv.swap_used);
     metric(&b, "kvlm_prompt_tokens_total", "counter", "Prompt tokens admitted", (double)st.prompt_tokens);
     metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index or a KV tier",
            (double)st.cached_tokens);
@@ -287,6 +294,14 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         "preemptions", (json_int_t)st.preemptions, "tokens_per_second", st.tokens_per_second, "generated_tokens",
         (json_int_t)st.generated_tokens, "requests_done", (json_int_t)st.requests_done, "requests", reqs, "tiers",
         tiers_json(&st), "prompt_tokens", (json_int_t)st.prompt_tokens, "cached_tokens", (json_int_t)st.cached_tokens);
+    if (j) { /* preemption by swap or recompute (docs/kv-tiers.md) */
+        json_object_set_new(j, "swaps_out", json_integer((json_int_t)st.swaps_out));
+        json_object_set_new(j, "swaps_in", json_integer((json_int_t)st.swaps_in));
+        json_object_set_new(j, "recomputes", json_integer((json_int_t)st.recomputes));
+        json_object_set_new(j, "swap_bytes", json_integer((json_int_t)st.swap_bytes));
+        json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
+        json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
+    }
     return srv_json(c, 200, j);
 }
 
