@@ -470,6 +470,56 @@ static void test_long_prompt(void **state) {
     kvlm_model_free(m);
 }
 
+/* Preemption by swap with the blocks in GPU memory: 8 requests in a pool of
+ * 12 blocks force preemptions; the victims' blocks go to host memory and come
+ * back, and every answer equals the same request alone. */
+static void test_swap_gpu(void **state) {
+    (void)state;
+    kvlm_model *m = load_real("stories4M_hd64.gguf");
+    TU_REQUIRE(m);
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.device = KVLM_DEVICE_CUDA;
+    cp.n_ctx = 256;
+    cp.n_seq_max = 8;
+    cp.kv_blocks = 12;
+    kvlm_error err = {0};
+    kvlm_ctx *gpu = kvlm_ctx_create(m, &cp, &err);
+    if (!gpu) fail_msg("%s", err.msg);
+    kvlm_sched *s = kvlm_sched_create(gpu, NULL, &err);
+    if (!s) fail_msg("%s", err.msg);
+    enum { N = 8, GEN = 48 };
+    static answer together[N], alone[N];
+    int32_t prompts[N][24];
+    kvlm_request_params rp = {0};
+    rp.sampling = kvlm_sampler_default_params();
+    rp.sampling.temperature = 0;
+    rp.max_tokens = GEN;
+    rp.logprobs = -1;
+    for (int i = 0; i < N; i++) {
+        random_ids(prompts[i], 20, kvlm_vocab_size(m), 700 + (uint64_t)i);
+        memset(&together[i], 0, sizeof together[i]);
+        if (!kvlm_sched_submit(s, prompts[i], 20, &rp, collect, &together[i], &err)) fail_msg("%s", err.msg);
+    }
+    while (kvlm_sched_step(s) > 0) {}
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    for (int i = 0; i < N; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        if (!kvlm_sched_submit(s, prompts[i], 20, &rp, collect, &alone[i], &err)) fail_msg("%s", err.msg);
+        while (kvlm_sched_step(s) > 0) {}
+        assert_int_equal(together[i].n, alone[i].n);
+        if (memcmp(together[i].toks, alone[i].toks, sizeof(int32_t) * (size_t)alone[i].n))
+            fail_msg("request %d: answer after preemption differs from the answer alone", i);
+    }
+    printf("    swap on the GPU: %llu preemptions, %llu swapped out, %llu in, %llu recomputed, %llu bytes; answers equal\n",
+           (unsigned long long)st.preemptions, (unsigned long long)st.swaps_out, (unsigned long long)st.swaps_in,
+           (unsigned long long)st.recomputes, (unsigned long long)st.swap_bytes);
+    assert_true(st.swaps_out > 0 && st.swaps_in > 0);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(gpu);
+    kvlm_model_free(m);
+}
+
 /* The host tier under the GPU: a pool of 8 blocks in GPU memory; prompt B
  * pushes prompt A's cached blocks out of it into host memory (read back from
  * the device), and A again finds them there (written back to the device):
@@ -585,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_long_prompt),    cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_shapes),         cmocka_unit_test(test_cache_types),
         cmocka_unit_test(test_prefix_and_fork), cmocka_unit_test(test_sched_32), cmocka_unit_test(test_host_tier),
+        cmocka_unit_test(test_swap_gpu),
         cmocka_unit_test(test_perplexity),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
