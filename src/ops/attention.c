@@ -366,8 +366,12 @@ static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
  * arithmetic rather than by reading the cache; these spend about 22. They
  * take 16 keys of one cache block at a time in 512-bit registers (hd % 64
  * == 0: a key's two 32-element groups fill one register). */
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 
 /* the f16 group scales at byte `off` of m (<= 16) rows rb bytes apart, as
  * floats (0 in lanes >= m) */
@@ -838,13 +842,21 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
         } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two);
     }
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_VNNI_PATHS 1
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "ops/simd_math.h"
 
 static void scores_avx2(float *s, const float *q, const float *k, int nk, int hd, float scale) {
@@ -1614,7 +1626,11 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
         if (r < R) fused_pv(a, h, kb + x, len, O + (size_t)r * hd, S + (size_t)r * ATT_BK + x);
     }
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_AVX2_PATHS 1
 #endif
 
