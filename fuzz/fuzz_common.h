@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "kvlm.h"
 
 #ifndef KVLM_SOURCE_DIR
 #define KVLM_SOURCE_DIR "."
@@ -31,6 +32,23 @@ static inline int fuzz_model_path(const char *name, char *path, size_t cap) {
     if (access(path, R_OK) == 0) return 1;
     fprintf(stderr, "fuzz: %s not found (set KVLM_MODELS); using a vocabulary built in memory\n", path);
     return 0;
+}
+
+/* A synthetic model (kvlm synth) in a temporary file, loaded, the file
+ * removed (a load maps what it needs). NULL on failure, said on stderr. */
+static inline kvlm_model *fuzz_synth_model(const kvlm_synth_params *sp, const kvlm_model_params *mp) {
+    const char *tmp = getenv("TMPDIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/kvlm-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) { perror(path); return NULL; }
+    close(fd);
+    kvlm_error err = {0};
+    kvlm_model *m = NULL;
+    if (kvlm_model_synth(sp, path, &err) || !(m = kvlm_model_load(path, mp, &err)))
+        fprintf(stderr, "fuzz: synthetic model: %s\n", err.msg);
+    unlink(path);
+    return m;
 }
 
 /* A memory file holding exactly these bytes; *path names it. */

@@ -9,7 +9,6 @@
 #include "server/server.h"
 
 static kvlm_server srv;
-static fuzz_file synth_file;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -17,15 +16,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     setenv("KVLM_LOG", "error", 0);
     char path[1024];
     kvlm_error err = {0};
-    if (!fuzz_model_path("stories260K.gguf", path, sizeof path)) {
+    kvlm_model *m;
+    if (fuzz_model_path("stories260K.gguf", path, sizeof path)) m = kvlm_model_load(path, NULL, &err);
+    else {
         kvlm_synth_params sp = {.arch = KVLM_ARCH_LLAMA, .dim = 16, .hidden_dim = 32, .n_layers = 1, .n_heads = 2,
                                 .vocab_size = 400, .n_ctx = 128, .type = kvlm_type_from_name("f32"), .seed = 1};
-        fuzz_file_set(&synth_file, "", 0);
-        if (kvlm_model_synth(&sp, synth_file.path, &err)) { fprintf(stderr, "fuzz_openai: synth: %s\n", err.msg); abort(); }
-        snprintf(path, sizeof path, "%s", synth_file.path);
+        m = fuzz_synth_model(&sp, NULL);
     }
-    kvlm_model *m = kvlm_model_load(path, NULL, &err);
-    if (!m) { fprintf(stderr, "fuzz_openai: %s: %s\n", path, err.msg); abort(); }
+    if (!m) { fprintf(stderr, "fuzz_openai: no model: %s\n", err.msg); abort(); }
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_ctx = 128;
     cp.n_threads = 1;
