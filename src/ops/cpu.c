@@ -4,9 +4,7 @@
 #include "ops/ops_internal.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#endif
 
-#if defined(__x86_64__) || defined(__i386__)
 /* CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
 static int has_f16c(void) {
     unsigned a, b, c, d;
