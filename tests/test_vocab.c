@@ -268,6 +268,20 @@ static void test_llama2c_malformed(void **state) {
     free(b.p);
 }
 
+/* A llama2.c header whose vocabulary size is INT32_MIN (found by
+ * fuzz/fuzz_llama2c: negating it was undefined; a KVLM_SANITIZE build
+ * catches a regression): one clear error. */
+static void test_llama2c_header_int32_min(void **state) {
+    (void)state;
+    int32_t h[16] = {8, 16, 1, 2, 2, INT32_MIN, 4};
+    const char *path = tu_tmp_path(".bin");
+    assert_int_equal(tu_write_file(path, h, sizeof h), 0);
+    kvlm_error err = {0};
+    assert_null(kvlm_model_load(path, NULL, &err));
+    assert_int_equal(err.code, KVLM_EFORMAT);
+    assert_non_null(strstr(err.msg, "not a valid llama2.c checkpoint"));
+}
+
 /* ---- malformed GGUF tokenizers ---- */
 
 static int vocab_from_writer(gguf_writer *w, model_vocab *v, kvlm_error *err) {
@@ -485,6 +499,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama2c),
         cmocka_unit_test(test_llama2c_malformed),
+        cmocka_unit_test(test_llama2c_header_int32_min),
         cmocka_unit_test(test_gguf_vocab_defaults_and_errors),
         cmocka_unit_test(test_fuzz),
     };

@@ -26,8 +26,12 @@ static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
     }
 }
 
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "ops/simd_math.h"
 
 static void scores_avx2(float *s, const float *q, const float *k, int nk, int hd, float scale) {
@@ -793,7 +797,11 @@ static void fused_block(const op_attn_args *a, int h, int kb, int n, int R, cons
         if (r < R) fused_pv(a, h, kb + x, len, O + (size_t)r * hd, S + (size_t)r * ATT_BK + x);
     }
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 const op_att_kernels op_att_kernels_avx2 = {
     .scores = scores_avx2,

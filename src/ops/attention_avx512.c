@@ -16,8 +16,12 @@
  * arithmetic rather than by reading the cache; these spend about 22. They
  * take 16 keys of one cache block at a time in 512-bit registers (hd % 64
  * == 0: a key's two 32-element groups fill one register). */
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 
 /* the f16 group scales at byte `off` of m (<= 16) rows rb bytes apart, as
  * floats (0 in lanes >= m) */
@@ -493,7 +497,11 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
 static bool tile_ok(const op_attn_args *a, int R) {
     return vnni_tile_ok(a) && (R <= ATT_FUSED_ROWS || !int_keys(tile_type(a, true)));
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 const op_att_kernels op_att_kernels_avx512 = {
     .tile_ok = tile_ok,

@@ -2,12 +2,21 @@
  * force the scalar (or AVX2-only) kernels. */
 #include <stdatomic.h>
 #include "ops/ops_internal.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no "f16c"). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
 
 static int detect_level(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-          __builtin_cpu_supports("f16c")))
+          has_f16c()))
         return OP_SIMD_SCALAR;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))

@@ -8,8 +8,12 @@
 #include "ops/ops_internal.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
+#endif
 /* An f16 row with vcvtps2ph: the bits of dt_f32_to_f16 (both round to
  * nearest even, through subnormals and overflow), but for NaNs, whose
  * payload the instruction keeps: false for a row with one (the caller
@@ -30,7 +34,11 @@ static bool f16_row_f16c(const float *x, dt_f16 *y, int n) {
     }
     return !_mm256_movemask_ps(nan);
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }

@@ -9,8 +9,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 #include "ops/matmul_simd.h"
 
@@ -579,7 +583,11 @@ double op_read_sum_avx2(const float *p, size_t n, int prefetch) {
     return s;
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #else
 double op_read_sum_avx2(const float *p, size_t n, int prefetch) {

@@ -6,8 +6,12 @@
 #include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
 #include "ops/matmul_simd.h"
 
 /* ---- OP_Q8_0_R16, OP_Q4_0_R16: packed weights with 512-bit vpdpbusd ---------
@@ -276,5 +280,9 @@ R16_TILE(op_mm_q4_K_r16_vnni, r16k_tab[0])
 R16_TILE(op_mm_q5_K_r16_vnni, r16k_tab[1])
 R16_TILE(op_mm_q6_K_r16_vnni, r16k_tab[2])
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif

@@ -20,8 +20,12 @@ void op_swiglu_ref(float *gate, const float *up, int n) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "ops/simd_math.h"
 
 void op_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
@@ -60,10 +64,18 @@ void op_add_avx2(float *y, const float *x, int n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
     for (; i < n; i++) y[i] += x[i];
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f")
+#endif
 #include "ops/simd_math512.h"
 
 void op_swiglu_avx512(float *gate, const float *up, int n) {
@@ -76,7 +88,11 @@ void op_swiglu_avx512(float *gate, const float *up, int n) {
     }
     op_swiglu_avx2(gate + i, up + i, n - i); /* the last 8 in AVX2, the rest as it does */
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 void op_rmsnorm_scalar(float *out, const float *x, const float *w, int n, float eps) {

@@ -64,8 +64,12 @@ void op_quantize_q8k_scalar(const float *x, void *row, int n_in) {
 }
 
 #ifdef OP_X86
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -143,7 +147,11 @@ void op_quantize_q8k_avx2(const float *x, void *row, int n_in) {
     }
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 /* the quantizer the matmul uses at the current level (type_traits.c) */

@@ -33,8 +33,12 @@ void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, flo
 #define ROPE_CHUNK 64
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include <immintrin.h>
 /* pairs [i0, i0+n) of every head; n a multiple of 8 */
 static void rope_chunk_avx2(float *x, int n_heads, int head_dim, int half, int i0, int n,
@@ -65,7 +69,11 @@ static void rope_chunk_avx2(float *x, int n_heads, int head_dim, int half, int i
         }
     }
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_AVX2_PATHS 1
 #endif
 

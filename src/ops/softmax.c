@@ -21,8 +21,12 @@ void op_softmax_ref(float *x, int n) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__) /* clang has no GCC target pragma */
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "ops/simd_math.h"
 
 static void softmax_avx2(float *x, int n) {
@@ -72,7 +76,11 @@ static int argmax_avx2(const float *x, int n) {
         if (x[i] == m) return i;
     return 0;
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_AVX2_PATHS 1
 #endif
 

@@ -490,6 +490,50 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     return true;
 }
 
+/* A parsed body (a JSON value) checked and turned into parameters and prompt tokens. */
+static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, int32_t **toks,
+                          int *n_toks, perr *e) {
+    if (!json_is_object(body)) return fail(e, 400, NULL, "invalid_type", "the request body must be a JSON object");
+    if (!parse(s, body, j, rp, e) || !(*toks = prompt_tokens(s, body, j, n_toks, e))) return false;
+    int budget = kvlm_ctx_kv_budget(s->ctx); /* under eviction a longer prompt goes through in pieces */
+    if (*n_toks > budget && !kvlm_ctx_kv_evict(s->ctx))
+        return fail(e, 400, j->chat ? "messages" : "prompt", "context_length_exceeded",
+                    "the prompt is %d tokens; %s holds %d", *n_toks,
+                    budget < kvlm_ctx_n_ctx(s->ctx) ? "the KV budget" : "this model's context", budget);
+    return true;
+}
+
+int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
+                      int *n_tokens, char *msg, size_t cap) {
+    perr e = {0};
+    *n_tokens = 0;
+    if (msg && cap) msg[0] = 0;
+    if (!utf8_valid(body ? body : "", len)) {
+        if (msg) snprintf(msg, cap, "the request body is not valid UTF-8");
+        return 400;
+    }
+    json_error_t jerr;
+    json_t *js = len ? json_loadb(body, len, 0, &jerr) : NULL;
+    if (!js) {
+        if (msg) snprintf(msg, cap, "the request body is not valid JSON");
+        return 400;
+    }
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) { json_decref(js); return 500; }
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 1;
+    j->srv = s;
+    j->chat = chat;
+    j->family = "plain";
+    int32_t *toks = NULL;
+    int status = check_request(s, js, j, rp, &toks, n_tokens, &e) ? 200 : (int)e.status;
+    if (status != 200 && msg) snprintf(msg, cap, "%s", e.msg);
+    free(toks);
+    json_decref(js);
+    job_release(j);
+    return status;
+}
+
 /* ---- answering --------------------------------------------------------------------- */
 
 static bool client_alive(int fd) {
@@ -594,17 +638,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     j->t_submit = util_now_s();
     j->family = "plain";
     kvlm_request_params rp;
-    if (!json_is_object(body)) {
-        fail(&e, 400, NULL, "invalid_type", "the request body must be a JSON object");
-        goto bad;
-    }
-    if (!parse(s, body, j, &rp, &e) || !(toks = prompt_tokens(s, body, j, &n_toks, &e))) goto bad;
-    int budget = kvlm_ctx_kv_budget(s->ctx); /* under eviction a longer prompt goes through in pieces */
-    if (n_toks > budget && !kvlm_ctx_kv_evict(s->ctx)) {
-        fail(&e, 400, chat ? "messages" : "prompt", "context_length_exceeded", "the prompt is %d tokens; %s holds %d",
-             n_toks, budget < kvlm_ctx_n_ctx(s->ctx) ? "the KV budget" : "this model's context", budget);
-        goto bad;
-    }
+    if (!check_request(s, body, j, &rp, &toks, &n_toks, &e)) goto bad;
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
     for (int i = 0; i < j->n; i++) {
         kvlm_detok_init(&j->ch[i].dt, s->model);

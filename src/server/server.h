@@ -68,6 +68,12 @@ void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed
 enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat);
 /* The whole answer of cn->job, once the engine has resumed the connection. */
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through
+ * srv_completions' checks (UTF-8, JSON, parameters, prompt or chat template
+ * rendered and tokenized, context) without submitting it. Returns the HTTP
+ * status it would get (200: it would be submitted), msg the error. */
+int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
+                      int *n_tokens, char *msg, size_t cap);
 /* The connection ends: its hold on its job ends. */
 void srv_conn_done(kvlm_server *s, srv_conn *cn);
 
