@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -274,6 +275,33 @@ static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
 
 /* ---- requests ------------------------------------------------------------------ */
 
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind; (void)value;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) ++*(int *)cls;
+    return MHD_YES;
+}
+
+/* A 400 after which the connection is closed: its framing cannot be trusted. */
+static enum MHD_Result refuse_and_close(struct MHD_Connection *c, kvlm_server *s, const char *fmt, int n) {
+    char msg[256];
+    snprintf(msg, sizeof msg, fmt, n);
+    pthread_mutex_lock(&s->mu);
+    s->http_errors++;
+    pthread_mutex_unlock(&s->mu);
+    json_t *e = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", "invalid_request_error", "param",
+                          "code", "invalid_content_length");
+    char *body = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    json_decref(e);
+    if (!body) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, 400, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -287,6 +315,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&s->mu);
         s->active++;
         pthread_mutex_unlock(&s->mu);
+        int n_cl = 0; /* MHD frames the body by one of them: two are ambiguous (request smuggling) */
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &n_cl);
+        if (n_cl > 1) {
+            cn->answered = true;
+            return refuse_and_close(c, s, "the request has %d Content-Length headers; exactly one is allowed", n_cl);
+        }
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
