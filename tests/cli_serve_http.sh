@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli_serve_http: HTTP details of `kvlm serve` over raw loopback sockets:
 # duplicate or conflicting Content-Length headers are refused (400, and the
-# connection closed: its framing cannot be trusted); one header still works.
+# connection closed: its framing cannot be trusted); one header still works;
+# an IPv6 listening address (--host ::1) serves /health and a completion.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -46,6 +47,27 @@ out = raw(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) 
 check(out.startswith(b"HTTP/1.1 200") and b'"finish_reason"' in out, "one Content-Length: answered", out)
 proc.terminate()
 proc.wait(timeout=20)
+
+if not socket.has_ipv6:
+    print("ok   (no IPv6 in this Python: the --host ::1 case not run)")
+else:
+    p6 = subprocess.Popen([kvlm, "serve", "-m", model, "--host", "::1", "--port", "0", "-c", "256", "-t", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p6.stdout.readline()
+    m6 = re.fullmatch(r"kvlm serve: listening on http://\[::1\]:(\d+)\n", line)
+    check(m6 is not None, "--host ::1 listens (%r)" % line, p6.stderr.read() if not m6 and p6.poll() is not None else "")
+    if m6:
+        s = socket.create_connection(("::1", int(m6.group(1))), timeout=20)
+        s.sendall(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        out = b""
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            out += d
+        s.close()
+        check(out.startswith(b"HTTP/1.1 200") and b'"finish_reason"' in out, "a completion over IPv6 (::1)", out)
+    p6.terminate()
+    p6.wait(timeout=20)
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)
 PY

@@ -452,20 +452,32 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         if (kvlm_chat_apply(s->model, s->p.chat_template, roles, msgs, 1, &out, NULL, err)) goto fail;
         free(out);
     }
-    struct sockaddr_in addr;
+    /* IPv4 or IPv6 (e.g. --host ::1, or :: for both stacks where the system allows) */
+    struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)s->p.port);
-    if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
+    bool v6 = false;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&addr;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+    if (inet_pton(AF_INET, s->p.host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+    } else if (inet_pton(AF_INET6, s->p.host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        v6 = true;
+    } else {
         struct addrinfo hints = {0}, *res = NULL;
-        hints.ai_family = AF_INET;
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
         if (getaddrinfo(s->p.host, NULL, &hints, &res) || !res) {
-            util_err_set(err, KVLM_EINVAL, "cannot resolve host '%s' (give an IPv4 address such as 127.0.0.1)", s->p.host);
+            util_err_set(err, KVLM_EINVAL, "cannot resolve host '%s' (give an address such as 127.0.0.1 or ::1)",
+                         s->p.host);
             goto fail;
         }
-        addr.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        memcpy(&addr, res->ai_addr, res->ai_addrlen < sizeof addr ? res->ai_addrlen : sizeof addr);
+        v6 = res->ai_family == AF_INET6;
         freeaddrinfo(res);
     }
+    if (v6) a6->sin6_port = htons((uint16_t)s->p.port);
+    else a4->sin_port = htons((uint16_t)s->p.port);
     kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs};
     if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
     if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
@@ -491,7 +503,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES  ? MHD_USE_EPOLL
                       : MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL
-                                                                               : 0);
+                                                                               : 0) |
+                     (v6 ? MHD_USE_IPv6 : 0);
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL,
                                  on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s,
