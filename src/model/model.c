@@ -253,7 +253,7 @@ static int load_llama2c(struct kvlm_model *m, const char *tokenizer_path, bool v
     c->n_heads = h[3];
     c->n_kv_heads = h[4];
     bool shared = h[5] > 0;
-    c->vocab_size = h[5] < 0 ? -h[5] : h[5];
+    c->vocab_size = h[5] == INT32_MIN ? 0 : h[5] < 0 ? -h[5] : h[5]; /* -INT32_MIN overflows: rejected below */
     c->n_ctx_train = h[6];
     if (c->dim <= 0 || c->dim > 65536 || c->hidden_dim <= 0 || c->hidden_dim > 1 << 20 || c->n_layers <= 0 ||
         c->n_layers > 1024 || c->n_heads <= 0 || c->n_heads > c->dim || c->dim % c->n_heads || c->n_kv_heads <= 0 ||
