@@ -119,7 +119,10 @@ int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool ad
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
 
 /* Streaming detokenizer: emits only whole UTF-8 sequences, and drops the
- * leading space SentencePiece adds to the first word. */
+ * leading space SentencePiece adds to the first word (after BOS, or at the
+ * first token pushed when the tokenizer adds that space): decoding what
+ * kvlm_tokenize made of a text gives the text back, with or without BOS.
+ * Set prev to the last token already shown to continue a text. */
 typedef struct kvlm_detok {
     const kvlm_model *model;
     char pending[8];
@@ -441,6 +444,9 @@ typedef struct kvlm_sampler_params {
     float repeat_penalty; /* 1: off */
     int repeat_last_n;    /* how many recent tokens the penalty looks at */
     uint64_t seed;
+    /* OpenAI's penalties over the tokens this sampler picked (not the prompt):
+     * logit -= frequency_penalty * count + presence_penalty * (count > 0). 0: off */
+    float frequency_penalty, presence_penalty;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;
@@ -479,7 +485,7 @@ int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const
  * most kvlm_ctx_kv_max_feed tokens (a prompt longer than the budget too); a
  * sequence that has evicted is preempted only by swap (a recompute would not
  * rebuild its cache); without room in the swap space the newest that has not
- * evicted is, or if none is left the newest is ended (LENGTH). submit, cancel, stats and requests may be called from any
+ * evicted is, or if none is left the newest is ended (KV_FULL). submit, cancel, stats and requests may be called from any
  * thread; step/run from one engine thread, which also runs the callbacks. */
 typedef struct kvlm_sched kvlm_sched;
 
@@ -495,7 +501,11 @@ typedef struct kvlm_request_params {
     int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
 } kvlm_request_params;
 
-enum { KVLM_FINISH_NONE = 0, KVLM_FINISH_STOP, KVLM_FINISH_LENGTH, KVLM_FINISH_CANCELLED, KVLM_FINISH_ERROR };
+/* KV_FULL: the KV pool could not hold the completion any longer (one sequence
+ * alone outgrew it, nothing left to preempt); LENGTH: max_tokens, the context
+ * or the KV budget reached. */
+enum { KVLM_FINISH_NONE = 0, KVLM_FINISH_STOP, KVLM_FINISH_LENGTH, KVLM_FINISH_CANCELLED, KVLM_FINISH_ERROR,
+       KVLM_FINISH_KV_FULL };
 #define KVLM_MAX_LOGPROBS 20
 
 /* One generated token of completion `index`, or (finish != NONE, token -1)

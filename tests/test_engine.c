@@ -240,6 +240,51 @@ static void test_convert(void **state) {
     kvlm_model_free(src);
 }
 
+/* OpenAI's penalties, over the tokens picked: logit -= frequency * count +
+ * presence * (count > 0). The greedy sequences are worked out by hand. */
+static void test_sampler_penalties(void **state) {
+    (void)state;
+    float logits[10] = {1.0f, 0.9f, 0.45f, -1, -1, -1, -1, -1, -1, -1};
+    kvlm_sampler_params p = kvlm_sampler_default_params();
+    p.temperature = 0;
+    p.frequency_penalty = 0.3f; /* 0: 1.0, 0.7, 0.4, 0.1; 1: 0.9, 0.6, 0.3; 2: 0.45, 0.15 */
+    kvlm_sampler *a = kvlm_sampler_create(&p, 10);
+    const int32_t freq_want[] = {0, 1, 0, 1, 2, 0, 1, 2};
+    for (int i = 0; i < 8; i++) assert_int_equal(kvlm_sampler_sample(a, logits), freq_want[i]);
+    kvlm_sampler_free(a);
+    p.frequency_penalty = 0;
+    p.presence_penalty = 0.5f; /* once per token, however often: 0 drops to 0.5 and stays */
+    a = kvlm_sampler_create(&p, 10);
+    const int32_t pres_want[] = {0, 1, 0, 0, 0};
+    for (int i = 0; i < 5; i++) assert_int_equal(kvlm_sampler_sample(a, logits), pres_want[i]);
+    kvlm_sampler_free(a);
+    /* negative values encourage repeats: the first pick comes back every time */
+    p.presence_penalty = -0.5f;
+    a = kvlm_sampler_create(&p, 10);
+    float flat[10] = {0.3f, 0.5f, 0.4f, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 5; i++) assert_int_equal(kvlm_sampler_sample(a, flat), 1);
+    kvlm_sampler_free(a);
+    /* sampled, a huge frequency penalty never repeats a token: 10 draws, 10 tokens */
+    p = kvlm_sampler_default_params();
+    p.temperature = 1; p.top_k = 0; p.top_p = 1; p.min_p = 0; p.seed = 7;
+    p.frequency_penalty = 100;
+    a = kvlm_sampler_create(&p, 10);
+    bool seen[10] = {0};
+    for (int i = 0; i < 10; i++) {
+        int32_t t = kvlm_sampler_sample(a, flat);
+        assert_false(seen[t]);
+        seen[t] = true;
+    }
+    kvlm_sampler_free(a);
+    /* the prompt (accept) does not count: OpenAI's penalties look at what was generated */
+    p.temperature = 0;
+    p.frequency_penalty = 0.3f;
+    a = kvlm_sampler_create(&p, 10);
+    for (int i = 0; i < 5; i++) kvlm_sampler_accept(a, 0);
+    assert_int_equal(kvlm_sampler_sample(a, logits), 0);
+    kvlm_sampler_free(a);
+}
+
 static void test_sampler(void **state) {
     (void)state;
     float logits[100];
@@ -361,6 +406,7 @@ int main(void) {
         cmocka_unit_test(test_cache_equals_recompute_shapes),
         cmocka_unit_test(test_convert),
         cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_sampler_penalties),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_detok_utf8),
     };

@@ -1,12 +1,15 @@
 /* tests/test_gguf: the GGUF reader and writer: round trips of every value and
  * tensor type, real files, and malformed files (rejected cleanly, no crash). */
 #include <inttypes.h>
+#include <math.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "helpers/testutil.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
+#include "kvlm.h"
 
 /* ---- a byte builder for hand-made files (independent of the writer) ---- */
 
@@ -816,12 +819,147 @@ static void test_real_files(void **state) {
     }
 }
 
+/* ---- model files: nonsense rejected with one clear error ---- */
+
+enum { MUT_NONE, MUT_DROP_BLOCK1, MUT_EXTRA_BLOCK };
+/* A valid 2-block synthetic llama rewritten with keys overridden by set (set
+ * first: copy_kv keeps what is already set) and its blocks' tensors altered;
+ * returns the load's code (the model freed), err filled. */
+static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
+    kvlm_synth_params sp = {0};
+    sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 2; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
+    sp.type = kvlm_type_from_name("f32");
+    char src[512];
+    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
+    assert_int_equal(kvlm_model_synth(&sp, src, err), KVLM_OK);
+    gguf_file *f = gguf_open(src, err);
+    assert_non_null(f);
+    gguf_writer *w = gguf_writer_create();
+    if (set) set(w);
+    gguf_writer_copy_kv(w, f, "");
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        if (mut == MUT_DROP_BLOCK1 && !strncmp(t->cname, "blk.1.", 6)) continue;
+        assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, t->ne, t->data, err), KVLM_OK);
+        if (mut == MUT_EXTRA_BLOCK && !strcmp(t->cname, "blk.0.attn_norm.weight"))
+            assert_int_equal(gguf_writer_add_tensor(w, "blk.7.attn_norm.weight", t->type, t->n_dims, t->ne, t->data, err),
+                             KVLM_OK);
+    }
+    const char *path = tu_tmp_path(".gguf");
+    assert_int_equal(gguf_writer_write(w, path, err), KVLM_OK);
+    gguf_writer_free(w);
+    gguf_close(f);
+    kvlm_model *m = kvlm_model_load(path, NULL, err);
+    if (!m) return err->code;
+    kvlm_model_free(m);
+    return KVLM_OK;
+}
+static void set_blocks_str(gguf_writer *w) { gguf_writer_set_str(w, "llama.block_count", "2"); }
+static void set_blocks_float(gguf_writer *w) { gguf_writer_set_f32(w, "llama.block_count", 2.0f); }
+static void set_eps_nan(gguf_writer *w) { gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", NAN); }
+static void set_eps_neg(gguf_writer *w) { gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", -1e-5f); }
+static void set_base_inf(gguf_writer *w) { gguf_writer_set_f32(w, "llama.rope.freq_base", INFINITY); }
+static void set_base_neg(gguf_writer *w) { gguf_writer_set_f32(w, "llama.rope.freq_base", -10000.0f); }
+static void set_base_str(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.freq_base", "10000"); }
+static void set_blocks_4(gguf_writer *w) { gguf_writer_set_u32(w, "llama.block_count", 4); }
+static void set_ctx_zero(gguf_writer *w) { gguf_writer_set_i32(w, "llama.context_length", -5); }
+
+static void test_model_nonsense(void **state) {
+    (void)state;
+    struct { void (*set)(gguf_writer *); int mut; const char *needle1, *needle2; } cases[] = {
+        {set_blocks_str, MUT_NONE, "llama.block_count has type string", "expected an integer"},
+        {set_blocks_float, MUT_NONE, "llama.block_count has type f32", "expected an integer"},
+        {set_eps_nan, MUT_NONE, "layer_norm_rms_epsilon = nan", "finite"},
+        {set_eps_neg, MUT_NONE, "layer_norm_rms_epsilon = -1e-05", "at least 0"},
+        {set_base_inf, MUT_NONE, "rope.freq_base = inf", "finite"},
+        {set_base_neg, MUT_NONE, "rope.freq_base = -10000", "above 0"},
+        {set_base_str, MUT_NONE, "rope.freq_base has type string", "expected a number"},
+        {set_blocks_4, MUT_NONE, "block_count is 4", "tensors for 2 blocks"},
+        {NULL, MUT_DROP_BLOCK1, "block_count is 2", "tensors for 1 blocks (none for block 1)"},
+        {NULL, MUT_EXTRA_BLOCK, "blk.7.attn_norm.weight belongs to block 7", "block_count is 2"},
+        {set_ctx_zero, MUT_NONE, "context_length = -5", "at least 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvlm_error err = {0};
+        int rc = load_mutated(cases[i].set, cases[i].mut, &err);
+        printf("  case %zu: %s\n", i, err.msg);
+        assert_int_equal(rc, KVLM_EFORMAT);
+        if (!strstr(err.msg, cases[i].needle1) || !strstr(err.msg, cases[i].needle2))
+            fail_msg("case %zu: \"%s\" lacks \"%s\" or \"%s\"", i, err.msg, cases[i].needle1, cases[i].needle2);
+    }
+    kvlm_error err = {0};
+    assert_int_equal(load_mutated(NULL, MUT_NONE, &err), KVLM_OK); /* the unaltered file loads */
+}
+
+/* Two tensors whose data ranges overlap, each aligned and inside the file. */
+static void test_overlap(void **state) {
+    (void)state;
+    fspec s = base_spec();
+    s.t[1].offset = 32; /* a.weight is 64 bytes from 0 */
+    bytes b = build(&s);
+    kvlm_error err = {0};
+    gguf_file *f = open_copy(b.p, b.n, &err);
+    assert_null(f);
+    assert_int_equal(err.code, KVLM_EFORMAT);
+    printf("  %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "overlap"));
+    assert_non_null(strstr(err.msg, "a.weight"));
+    free(b.p);
+    s = base_spec();
+    s.has_align = true;
+    s.align = 0;
+    b = build(&s);
+    assert_null(open_copy(b.p, b.n, &err));
+    assert_non_null(strstr(err.msg, "general.alignment is 0, not a power of two"));
+    free(b.p);
+    s.align = 24;
+    b = build(&s);
+    assert_null(open_copy(b.p, b.n, &err));
+    assert_non_null(strstr(err.msg, "general.alignment is 24, not a power of two"));
+    free(b.p);
+}
+
+/* A file claiming a context whose KV pool is far more than this machine has:
+ * a context made without n_ctx fails with one clear error; asked for 256
+ * tokens, what is allocated follows what is asked. */
+static void test_huge_context(void **state) {
+    (void)state;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double phys = (double)pages * (double)page;
+    /* dim 256, f16 cache: 1 KiB a token a layer, 4 GiB a layer at 2^22 tokens */
+    int layers = (int)(2 * phys / (4.0 * (1 << 30))) + 1;
+    if (layers > 256) skip();
+    kvlm_synth_params sp = {0};
+    sp.dim = 256; sp.hidden_dim = 32; sp.n_layers = layers; sp.n_heads = 4; sp.vocab_size = 32; sp.n_ctx = 1 << 22;
+    sp.type = kvlm_type_from_name("q8_0");
+    const char *path = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    assert_int_equal(kvlm_model_synth(&sp, path, &err), KVLM_OK);
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    assert_non_null(m);
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_ctx = 0;
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_null(ctx);
+    printf("  %s\n", err.msg);
+    assert_int_equal(err.code, KVLM_ENOMEM);
+    assert_non_null(strstr(err.msg, "the model file's context length"));
+    assert_non_null(strstr(err.msg, "more than this machine's"));
+    cp.n_ctx = 256;
+    ctx = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(ctx);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handmade_valid), cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_malformed_values), cmocka_unit_test(test_writer_round_trip),
         cmocka_unit_test(test_writer_errors),  cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_fuzz),           cmocka_unit_test(test_real_files),
+        cmocka_unit_test(test_model_nonsense), cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_huge_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

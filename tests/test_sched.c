@@ -3,7 +3,8 @@
  * what their prompt gives alone; cancel frees blocks at once; n > 1 forks
  * share the prompt's blocks; logprobs; under sinks eviction, requests run far past
  * the context within the KV budget and give what kvlm_decode gives alone;
- * chat templates render the known formats. */
+ * a completion the pool cannot hold ends with KV_FULL; chat templates render
+ * the known formats. */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <math.h>
@@ -367,6 +368,43 @@ static void test_fork_n(void **state) {
     kvlm_model_free(m);
 }
 
+/* One request alone in a pool of 2 blocks (32 tokens) under a context of 256:
+ * when its cache outgrows the pool there is nothing to preempt, so it ends
+ * where it is with KV_FULL (not LENGTH: neither max_tokens nor the context was
+ * reached), what it made so far equals the run alone, and its blocks are back. */
+static void test_kv_full_finish(void **state) {
+    (void)state;
+    kvlm_model *m = load_stories();
+    TU_REQUIRE(m);
+    kvlm_ctx *ctx = make_ctx(m, 1, 2);
+    kvlm_error err = {0};
+    kvlm_sched *s = kvlm_sched_create(ctx, NULL, &err);
+    assert_non_null(s);
+    int32_t prompt[64];
+    int n_prompt = make_prompt(m, 1, prompt, 64);
+    result *res = calloc(1, sizeof *res);
+    kvlm_request_params p = greedy_params(MAXGEN);
+    assert_true(kvlm_sched_submit(s, prompt, n_prompt, &p, on_event, res, &err) > 0);
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) assert_true(++steps < 1000);
+    int32_t want[MAXGEN];
+    int n_want = greedy_alone(m, prompt, n_prompt, MAXGEN, want);
+    printf("  pool of 32 tokens, prompt of %d: %d tokens made, finish %d (alone: %d tokens)\n", n_prompt,
+           res->n_out[0], res->finish[0], n_want);
+    assert_true(n_want > 32 - n_prompt); /* the model would go on: the pool is what stops it */
+    assert_int_equal(res->finish[0], KVLM_FINISH_KV_FULL);
+    assert_int_equal(res->n_final, 1);
+    assert_true(res->n_out[0] > 0 && res->n_out[0] <= 32 - n_prompt + 1);
+    assert_memory_equal(res->out[0], want, (size_t)res->n_out[0] * sizeof(int32_t));
+    kvlm_sched_stats st;
+    kvlm_sched_stats_get(s, &st);
+    assert_int_equal(st.kv.used, 0);
+    free(res);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 enum { EV_MAX = 400 };
 typedef struct { int32_t out[EV_MAX]; int n_out, finish; } ev_result;
 
@@ -650,6 +688,7 @@ int main(void) {
         cmocka_unit_test(test_evict_swap),
         cmocka_unit_test(test_cancel_and_stop),
         cmocka_unit_test(test_fork_n),
+        cmocka_unit_test(test_kv_full_finish),
         cmocka_unit_test(test_evict_past_context),
         cmocka_unit_test(test_evict_preempt),
         cmocka_unit_test(test_chat_templates),

@@ -678,6 +678,39 @@ static void test_pretok_hostile(void **state) {
     free(buf);
 }
 
+/* Through the public API on stories260K: decoding (kvlm_detok) what
+ * kvlm_tokenize made of a text gives the text back exactly, with BOS and
+ * without (--no-bos): the SentencePiece leading space is neither kept nor
+ * eaten from the text's own leading spaces. */
+static void test_detok_round_trip_bos(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    if (!path) skip();
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    if (!m) fail_msg("%s: %s", path, err.msg);
+    static const char *texts[] = {"Hello world", " Hello world", "  two  spaces ", "a", "Once upon a time,\nthere was",
+                                  "\nHello", " ", "Lily's dog: \"Max\"!"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        for (int bos = 0; bos < 2; bos++) {
+            int32_t toks[256];
+            int n = kvlm_tokenize(m, texts[i], strlen(texts[i]), bos, false, toks, 256, &err);
+            assert_true(n > 0 && n <= 256);
+            assert_int_equal(toks[0] == kvlm_token_bos(m), bos);
+            kvlm_detok dt;
+            kvlm_detok_init(&dt, m);
+            char out[1024] = "", piece[256];
+            for (int k = 0; k < n; k++) {
+                kvlm_detok_push(&dt, toks[k], piece, sizeof piece);
+                strcat(out, piece);
+            }
+            kvlm_detok_flush(&dt, piece, sizeof piece);
+            strcat(out, piece);
+            if (strcmp(out, texts[i])) fail_msg("%s BOS: \"%s\" decodes as \"%s\"", bos ? "with" : "without", texts[i], out);
+        }
+    kvlm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spm_mini),
@@ -695,6 +728,7 @@ int main(void) {
         cmocka_unit_test(test_corpus_round_trip),
         cmocka_unit_test(test_hostile_input),
         cmocka_unit_test(test_tok512),
+        cmocka_unit_test(test_detok_round_trip_bos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

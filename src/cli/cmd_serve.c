@@ -17,7 +17,7 @@ static void serve_usage(FILE *f) {
             "Limits and access options are described in docs/serving.md.\n\n"
             "  -m, --model FILE        GGUF or llama2.c .bin model\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
-            "      --host ADDR         address to listen on (default 127.0.0.1)\n"
+            "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
             "      --chat-template T   chatml, llama2, llama3, zephyr or plain (default: from the model)\n"
@@ -145,8 +145,10 @@ int cmd_serve(int argc, char **argv) {
     if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
         fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
     fputc('\n', stderr);
-    printf("kvlm serve: listening on %s://%s:%d\n", sp.ssl_key_file ? "https" : "http", sp.host ? sp.host : "127.0.0.1",
-           kvlm_server_port(srv));
+    const char *host = sp.host ? sp.host : "127.0.0.1";
+    bool v6 = strchr(host, ':') != NULL; /* a literal IPv6 address goes in brackets in a URL */
+    printf("kvlm serve: listening on %s://%s%s%s:%d\n", sp.ssl_key_file ? "https" : "http", v6 ? "[" : "", host,
+           v6 ? "]" : "", kvlm_server_port(srv));
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);

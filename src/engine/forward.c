@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "kv/evict.h"
 #include "kv/session.h"
 #include "kv/store.h"
@@ -52,6 +53,7 @@ struct kvlm_ctx {
     bool naive_attention;      /* engine.h: reference attention, the baseline */
     /* Eviction (kvlm.h KVLM_EVICT_*). */
     int budget;
+    bool ctx_from_file;        /* n_ctx was not asked for: the model file's */
     kv_evict_params ev;
     float *h2o;                /* h2o: accumulated attention per sequence and cache slot (budget apart) */
     float *h2o_work;           /* h2o: the attention kernels' score scratch (h2o_work_floats) */
@@ -158,6 +160,17 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
                                 ctx->p.kv_mem, block_bytes);
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
+    /* the pool is allocated up front: one clear error rather than an
+     * allocation the machine cannot back (a file claiming a huge context) */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double want = (double)kp.n_blocks * (double)block_bytes, have = pages > 0 && page > 0 ? (double)pages * page : 0;
+    if (!ctx->cuda && have > 0 && want > have)
+        return util_err_set(err, KVLM_ENOMEM,
+                            "a KV pool of %d blocks (%.1f GiB, a context of %d tokens%s x %d sequences) is more than "
+                            "this machine's %.1f GiB of memory: ask for a smaller context (n_ctx, -c) or pool (--kv-mem)",
+                            kp.n_blocks, want / (1 << 30), ctx->p.n_ctx,
+                            ctx->ctx_from_file ? " (the model file's context length)" : "", ctx->p.n_seq_max,
+                            have / (1 << 30));
     kv_store_params sp = {.pool = kp};
     /* swap space: by default as large as the pool (every sequence could be out at once) */
     if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache)
@@ -194,6 +207,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->model = model;
     ctx->p = params ? *params : kvlm_ctx_default_params();
     kvlm_ctx_params *p = &ctx->p;
+    ctx->ctx_from_file = p->n_ctx <= 0;
     if (p->n_ctx <= 0) p->n_ctx = c->n_ctx_train;
     if (p->n_ctx > (1 << 22)) p->n_ctx = 1 << 22;
     if (p->n_seq_max <= 0) p->n_seq_max = 1;

@@ -262,8 +262,11 @@ int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap) {
     d->prev = token;
     if (len <= 0) return 0;
     const char *s = buf;
-    /* SentencePiece adds a space before the first word; drop it after BOS. */
-    if (prev == d->model->vocab.bos && d->model->tok && tok_is_spm(d->model->tok) && s[0] == ' ') {
+    /* SentencePiece adds a space before the first word; drop it after BOS, and
+     * at the very start of text encoded without BOS (--no-bos) when the
+     * tokenizer adds that space, so that decode(encode(text)) == text. */
+    bool start = prev == d->model->vocab.bos || (prev == -1 && d->model->vocab.add_space_prefix);
+    if (start && d->model->tok && tok_is_spm(d->model->tok) && s[0] == ' ') {
         s++;
         len--;
     }

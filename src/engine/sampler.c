@@ -1,5 +1,5 @@
-/* engine/sampler: choosing the next token from logits: repetition penalty,
- * then greedy, or top-k -> temperature -> top-p -> min-p -> a seeded draw. */
+/* engine/sampler: choosing the next token from logits: repetition, frequency
+ * and presence penalties, then greedy, or top-k -> temperature -> top-p -> min-p -> a seeded draw. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +15,7 @@ struct kvlm_sampler {
     cand *c;
     int32_t *recent;   /* ring of the last repeat_last_n tokens */
     int n_recent, recent_pos;
+    int32_t *count;    /* times each token was picked (frequency/presence penalties) */
 };
 
 kvlm_sampler_params kvlm_sampler_default_params(void) {
@@ -40,7 +41,11 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *p, int vocab) {
     if (!s->rng) s->rng = 1;
     s->c = malloc((size_t)vocab * sizeof *s->c);
     s->recent = malloc(((size_t)s->p.repeat_last_n + 1) * sizeof(int32_t));
-    if (!s->c || !s->recent) { kvlm_sampler_free(s); return NULL; }
+    if (s->p.frequency_penalty != 0 || s->p.presence_penalty != 0) s->count = calloc((size_t)vocab, sizeof(int32_t));
+    if (!s->c || !s->recent || ((s->p.frequency_penalty != 0 || s->p.presence_penalty != 0) && !s->count)) {
+        kvlm_sampler_free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -48,6 +53,7 @@ void kvlm_sampler_free(kvlm_sampler *s) {
     if (!s) return;
     free(s->c);
     free(s->recent);
+    free(s->count);
     free(s);
 }
 
@@ -94,7 +100,7 @@ static void top_k_sort(cand *c, int n, int k) {
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
     int n = s->vocab;
     bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
-    if (s->p.temperature <= 0 && !penalty) { /* greedy: the first largest logit */
+    if (s->p.temperature <= 0 && !penalty && !s->count) { /* greedy: the first largest logit */
         int best = op_argmax(logits, n);
         kvlm_sampler_accept(s, best);
         return best;
@@ -112,6 +118,10 @@ int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
             *l = *l > 0 ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
         }
     }
+    if (s->count) /* as OpenAI defines them, over the tokens picked so far */
+        for (int i = 0; i < n; i++)
+            if (s->count[i])
+                s->c[i].logit -= s->p.frequency_penalty * (float)s->count[i] + s->p.presence_penalty;
     int32_t pick;
     if (s->p.temperature <= 0) {
         int best = 0;
@@ -151,5 +161,6 @@ int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
         }
     }
     kvlm_sampler_accept(s, pick);
+    if (s->count && s->count[pick] < INT32_MAX) s->count[pick]++;
     return pick;
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/error.h"
+#include "util/log.h"
 #include "util/timing.h"
 
 typedef struct req req;
@@ -590,7 +591,16 @@ int kvlm_sched_step(kvlm_sched *s) {
             /* one sequence alone outgrows the pool, or only ones that evicted (their
              * cache cannot be recomputed) and do not fit the swap space are left:
              * end the newest where it is */
-            if (newest->n_gen > 0) { finish(s, newest, KVLM_FINISH_LENGTH, NULL); continue; }
+            if (newest->n_gen > 0) {
+                kvlm_kv_stats kv;
+                kvlm_kv_stats_get(s->ctx, &kv);
+                LOG_WARN("request %llu: completion %d ended after %d tokens (%d held): the KV pool of %d blocks of %d "
+                         "tokens cannot hold it and no other sequence is left to preempt (finish kv_cache_full)",
+                         (unsigned long long)newest->r->id, newest->index, newest->n_gen, newest->n_hist, kv.n_blocks,
+                         kv.block_size);
+                finish(s, newest, KVLM_FINISH_KV_FULL, NULL);
+                continue;
+            }
         }
         for (int i = 0; i < n; i++) /* an error that is not about room: end what was in the batch */
             if (!s->who[i]->done) {

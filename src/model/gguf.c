@@ -333,6 +333,11 @@ static int parse_kvs(gguf_impl *g, reader *r) {
     return 0;
 }
 
+static int by_offset(const void *a, const void *b) {
+    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
 static int parse_tensors(gguf_impl *g, reader *r) {
     gguf_file *f = &g->pub;
     if (f->n_tensors) {
@@ -404,6 +409,23 @@ static int parse_tensors(gguf_impl *g, reader *r) {
         t->data = r->p + f->data_offset + t->offset;
     }
     r->ctx[0] = 0;
+    /* no two tensors may share bytes: sorted by offset, each starts at or
+     * after the end of the one before */
+    if (f->n_tensors > 1) {
+        const gguf_tensor **by = malloc((size_t)f->n_tensors * sizeof *by);
+        if (!by) return util_err_set(r->err, KVLM_ENOMEM, "%s: out of memory", r->fname);
+        for (uint64_t i = 0; i < f->n_tensors; i++) by[i] = &f->tensors[i];
+        qsort(by, (size_t)f->n_tensors, sizeof *by, by_offset);
+        for (uint64_t i = 1; i < f->n_tensors; i++)
+            if (by[i]->offset < by[i - 1]->offset + by[i - 1]->nbytes) {
+                int rc = rd_fail(r, "tensors %s (data %" PRIu64 "..%" PRIu64 ") and %s (from %" PRIu64
+                                    ") overlap in the data section", by[i - 1]->cname, by[i - 1]->offset,
+                                 by[i - 1]->offset + by[i - 1]->nbytes, by[i]->cname, by[i]->offset);
+                free(by);
+                return rc;
+            }
+        free(by);
+    }
     return 0;
 }
 

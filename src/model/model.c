@@ -3,6 +3,7 @@
 #include "model/model.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,16 +15,66 @@
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
-static bool arch_int(const gguf_file *f, const char *arch, const char *key, int64_t *out) {
+/* A hyper-parameter of the wrong GGUF type is an error, not "absent": an
+ * integer key must hold an integer; a float key a number (finite). *found
+ * says whether the key is there. */
+static int hp_int(const struct kvlm_model *m, const char *arch, const char *key, int64_t *out, bool *found,
+                  kvlm_error *err) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
-    return gguf_get_int(f, full, out);
+    const gguf_kv *kv = gguf_find(m->gguf, full);
+    *found = kv != NULL;
+    if (kv && !gguf_get_int(m->gguf, full, out))
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s has type %s, expected an integer", m->path, full,
+                            gguf_vtype_name(kv->type));
+    return KVLM_OK;
 }
 
-static bool arch_float(const gguf_file *f, const char *arch, const char *key, double *out) {
+static int hp_float(const struct kvlm_model *m, const char *arch, const char *key, double lo, bool lo_open,
+                    double *out, kvlm_error *err) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
-    return gguf_get_float(f, full, out);
+    const gguf_kv *kv = gguf_find(m->gguf, full);
+    if (!kv) return KVLM_OK;
+    double d;
+    if (!gguf_get_float(m->gguf, full, &d))
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s has type %s, expected a number", m->path, full,
+                            gguf_vtype_name(kv->type));
+    if (!isfinite(d) || !isfinite((float)d) || (lo_open ? !(d > lo) : !(d >= lo)))
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s = %g: must be finite and %s %g", m->path, full, d,
+                            lo_open ? "above" : "at least", lo);
+    *out = d;
+    return KVLM_OK;
+}
+
+/* The blocks the tensors name (blk.N.*) must be exactly 0..n_layers-1. */
+static int check_blocks(const struct kvlm_model *m, const char *arch, int n_layers, kvlm_error *err) {
+    const gguf_file *f = m->gguf;
+    bool *seen = calloc((size_t)n_layers, sizeof *seen);
+    if (!seen) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int rc = KVLM_OK;
+    for (uint64_t i = 0; i < f->n_tensors && !rc; i++) {
+        const char *name = f->tensors[i].cname;
+        if (strncmp(name, "blk.", 4)) continue;
+        char *end;
+        errno = 0;
+        unsigned long long b = strtoull(name + 4, &end, 10);
+        if (end == name + 4 || *end != '.' || errno) continue; /* not a block's tensor */
+        if (b >= (unsigned long long)n_layers)
+            rc = util_err_set(err, KVLM_EFORMAT, "%s: tensor %s belongs to block %llu, but %s.block_count is %d",
+                              m->path, name, b, arch, n_layers);
+        else seen[b] = true;
+    }
+    int have = 0;
+    for (int l = 0; l < n_layers; l++) have += seen[l];
+    if (!rc && have < n_layers) {
+        int first = 0;
+        while (seen[first]) first++;
+        rc = util_err_set(err, KVLM_EFORMAT, "%s: %s.block_count is %d, but the file has tensors for %d blocks "
+                          "(none for block %d)", m->path, arch, n_layers, have, first);
+    }
+    free(seen);
+    return rc;
 }
 
 /* Finds a tensor and checks its shape (n_in x n_out; n_out 0 for 1-D). */
@@ -75,39 +126,51 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2)",
                             m->path, arch);
     int64_t v;
+    bool found;
+    int hrc;
     struct { const char *key; int *dst; } req[] = {
         {"embedding_length", &c->dim}, {"block_count", &c->n_layers},
         {"feed_forward_length", &c->hidden_dim}, {"attention.head_count", &c->n_heads},
     };
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
-        if (!arch_int(f, arch, req[i].key, &v))
-            return util_err_set(err, KVLM_EFORMAT, "%s: missing key %s.%s", m->path, arch, req[i].key);
+        if ((hrc = hp_int(m, arch, req[i].key, &v, &found, err))) return hrc;
+        if (!found) return util_err_set(err, KVLM_EFORMAT, "%s: missing key %s.%s", m->path, arch, req[i].key);
         if (v <= 0 || v > (1 << 20))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.%s = %lld is out of range", m->path, arch,
                                 req[i].key, (long long)v);
         *req[i].dst = (int)v;
     }
     c->n_kv_heads = c->n_heads;
-    if (arch_int(f, arch, "attention.head_count_kv", &v)) c->n_kv_heads = (int)v;
+    if ((hrc = hp_int(m, arch, "attention.head_count_kv", &v, &found, err))) return hrc;
+    if (found) c->n_kv_heads = v < 0 || v > (1 << 20) ? -1 : (int)v;
     if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
         return util_err_set(err, KVLM_EFORMAT, "%s: %d KV heads do not divide %d query heads", m->path,
                             c->n_kv_heads, c->n_heads);
     c->head_dim = c->dim / c->n_heads;
-    if (arch_int(f, arch, "attention.key_length", &v)) c->head_dim = (int)v;
+    if ((hrc = hp_int(m, arch, "attention.key_length", &v, &found, err))) return hrc;
+    if (found) c->head_dim = v < 0 || v > (1 << 20) ? -1 : (int)v;
     if (c->head_dim <= 0 || c->head_dim > 1024 || (c->head_dim & 1))
         return util_err_set(err, KVLM_EFORMAT, "%s: head dimension %d is not supported", m->path, c->head_dim);
     c->n_ctx_train = 2048;
-    if (arch_int(f, arch, "context_length", &v) && v > 0) c->n_ctx_train = v > (1 << 24) ? (1 << 24) : (int)v;
+    if ((hrc = hp_int(m, arch, "context_length", &v, &found, err))) return hrc;
+    if (found && v <= 0)
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s.context_length = %lld: must be at least 1", m->path, arch,
+                            (long long)v);
+    /* what a context allocates is capped by what is asked for (kvlm_ctx_params.n_ctx) */
+    if (found) c->n_ctx_train = v > (1 << 24) ? (1 << 24) : (int)v;
     c->rope_dim = c->head_dim;
-    if (arch_int(f, arch, "rope.dimension_count", &v)) c->rope_dim = (int)v;
+    if ((hrc = hp_int(m, arch, "rope.dimension_count", &v, &found, err))) return hrc;
+    if (found) c->rope_dim = v < 0 || v > (1 << 20) ? -1 : (int)v;
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || (c->rope_dim & 1))
         return util_err_set(err, KVLM_EFORMAT, "%s: rope dimension %d does not fit head dimension %d", m->path,
                             c->rope_dim, c->head_dim);
-    double d;
-    c->rope_base = 10000.0f;
-    if (arch_float(f, arch, "rope.freq_base", &d)) c->rope_base = (float)d;
-    c->norm_eps = 1e-5f;
-    if (arch_float(f, arch, "attention.layer_norm_rms_epsilon", &d)) c->norm_eps = (float)d;
+    double d = 10000.0;
+    if ((hrc = hp_float(m, arch, "rope.freq_base", 0, true, &d, err))) return hrc;
+    c->rope_base = (float)d;
+    d = 1e-5;
+    if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
+    c->norm_eps = (float)d;
+    if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2;
 
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");

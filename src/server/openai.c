@@ -110,7 +110,10 @@ static bool utf8_valid(const char *s, size_t n) {
 }
 
 static const char *finish_name(int f) {
-    return f == KVLM_FINISH_LENGTH ? "length" : f == KVLM_FINISH_STOP ? "stop" : f ? "error" : NULL;
+    /* kv_cache_full: kvlm's own, the KV pool could not hold the completion */
+    return f == KVLM_FINISH_LENGTH ? "length" : f == KVLM_FINISH_STOP ? "stop" : f == KVLM_FINISH_KV_FULL ? "kv_cache_full"
+           : f                     ? "error"
+                                   : NULL;
 }
 
 /* Completions-style logprobs from the chat-style entries [from, to). */
@@ -424,7 +427,71 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
     return t;
 }
 
+/* A field this server does not implement is refused unless it asks for
+ * nothing (null, or the value that means "off"); a field it does not know is
+ * refused too (as OpenAI does): nothing a client asks for is silently ignored. */
+static bool is_off(const char *key, json_t *v) {
+    if (!v || json_is_null(v)) return true;
+    if (!strcmp(key, "tools") || !strcmp(key, "functions")) return json_is_array(v) && !json_array_size(v);
+    if (!strcmp(key, "logit_bias") || !strcmp(key, "metadata")) return json_is_object(v) && !json_object_size(v);
+    if (!strcmp(key, "tool_choice") || !strcmp(key, "function_call"))
+        return json_is_string(v) && !strcmp(json_string_value(v), "none");
+    if (!strcmp(key, "response_format")) {
+        json_t *t = json_object_get(v, "type");
+        return json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) && !strcmp(json_string_value(t), "text");
+    }
+    if (!strcmp(key, "modalities"))
+        return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    if (!strcmp(key, "suffix")) return json_is_string(v) && !json_string_length(v);
+    if (!strcmp(key, "parallel_tool_calls")) return json_is_boolean(v);
+    if (!strcmp(key, "echo") || !strcmp(key, "store")) return json_is_false(v);
+    if (!strcmp(key, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
+    if (!strcmp(key, "service_tier"))
+        return json_is_string(v) && (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "default"));
+    return false;
+}
+
+static bool check_fields(json_t *body, bool chat, perr *e) {
+    static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
+                                 "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
+                                 "presence_penalty", "user", NULL};
+    static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+    static const char *text_only[] = {"prompt", NULL};
+    /* OpenAI's, not implemented here: accepted only when they ask for nothing */
+    static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
+                                        "logit_bias", "suffix", "echo", "best_of", "modalities", "audio",
+                                        "prediction", "reasoning_effort", "web_search_options", "store",
+                                        "metadata", "parallel_tool_calls", "service_tier", NULL};
+    const char *key;
+    json_t *v;
+    json_object_foreach(body, key, v) {
+        bool known = false;
+        for (const char *const *k = both; *k && !known; k++) known = !strcmp(*k, key);
+        for (const char *const *k = chat ? chat_only : text_only; *k && !known; k++) known = !strcmp(*k, key);
+        if (known) continue;
+        for (const char *const *k = unsupported; *k && !known; k++) known = !strcmp(*k, key);
+        if (!known)
+            return fail(e, 400, key, "unknown_parameter", "Unrecognized request argument supplied: '%s'", key);
+        if (!is_off(key, v))
+            return fail(e, 400, key, "unsupported_parameter", "'%s' is not supported by this server (only %s)", key,
+                        !strcmp(key, "tools") || !strcmp(key, "functions")     ? "an empty list"
+                        : !strcmp(key, "tool_choice") || !strcmp(key, "function_call") ? "\"none\""
+                        : !strcmp(key, "response_format")                        ? "{\"type\": \"text\"}"
+                        : !strcmp(key, "logit_bias") || !strcmp(key, "metadata") ? "an empty object"
+                        : !strcmp(key, "suffix")                                 ? "an empty string"
+                        : !strcmp(key, "echo") || !strcmp(key, "store")          ? "false"
+                        : !strcmp(key, "best_of")                                ? "1"
+                        : !strcmp(key, "modalities")                             ? "[\"text\"]"
+                        : !strcmp(key, "service_tier")                           ? "\"auto\" or \"default\""
+                        : !strcmp(key, "parallel_tool_calls")                    ? "true or false"
+                                                                                 : "null");
+    }
+    return true;
+}
+
 static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e) {
+    if (!check_fields(body, j->chat, e)) return false;
     json_t *model = json_object_get(body, "model");
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return fail(e, 400, "model", "invalid_type", "'model' must be a string");
@@ -433,15 +500,20 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
                         json_string_value(model), s->model_id);
     }
     int n_ctx = kvlm_ctx_n_ctx(s->ctx);
-    double max_tokens = j->chat ? n_ctx : 16, temp = 1, top_p = 1, top_k = 0, min_p = 0, n = 1, lp = -1, seed = -1;
+    double max_tokens = j->chat ? n_ctx : 16, temp = 1, top_p = 1, top_k = 0, min_p = 0, n = 1, lp = -1, seed = -1, freq = 0,
+           pres = 0;
     if (!get_num(body, "max_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (j->chat && !get_num(body, "max_completion_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (max_tokens <= 0) return fail(e, 400, "max_tokens", "invalid_value", "'max_tokens' must be at least 1");
     if (!get_num(body, "temperature", 0, 2, false, &temp, e) || !get_num(body, "top_p", 0, 1, false, &top_p, e) ||
         !get_num(body, "top_k", -1, 1e9, true, &top_k, e) || !get_num(body, "min_p", 0, 1, false, &min_p, e) ||
         !get_num(body, "n", 1, 128, true, &n, e) || !get_num(body, "seed", -9.2e18, 9.2e18, true, &seed, e) ||
-        !get_bool(body, "stream", &j->stream, e))
+        !get_bool(body, "stream", &j->stream, e) || !get_num(body, "frequency_penalty", -2, 2, false, &freq, e) ||
+        !get_num(body, "presence_penalty", -2, 2, false, &pres, e))
         return false;
+    json_t *user = json_object_get(body, "user");
+    if (user && !json_is_null(user) && !json_is_string(user))
+        return fail(e, 400, "user", "invalid_type", "'user' must be a string");
     if (j->chat) {
         bool want = false;
         double top = 0;
@@ -477,6 +549,8 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     rp->sampling.top_p = (float)top_p;
     rp->sampling.top_k = (int)top_k;
     rp->sampling.min_p = (float)min_p;
+    rp->sampling.frequency_penalty = (float)freq;
+    rp->sampling.presence_penalty = (float)pres;
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);

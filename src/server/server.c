@@ -372,6 +372,33 @@ static enum MHD_Result preflight(kvlm_server *s, struct MHD_Connection *c) {
     return ret;
 }
 
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind; (void)value;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) ++*(int *)cls;
+    return MHD_YES;
+}
+
+/* A 400 after which the connection is closed: its framing cannot be trusted. */
+static enum MHD_Result refuse_and_close(struct MHD_Connection *c, kvlm_server *s, const char *fmt, int n) {
+    char msg[256];
+    snprintf(msg, sizeof msg, fmt, n);
+    pthread_mutex_lock(&s->mu);
+    s->http_errors++;
+    pthread_mutex_unlock(&s->mu);
+    json_t *e = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", "invalid_request_error", "param",
+                          "code", "invalid_content_length");
+    char *body = e ? json_dumps(e, JSON_COMPACT) : NULL;
+    json_decref(e);
+    if (!body) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, 400, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -387,6 +414,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         s->active++;
         pthread_mutex_unlock(&s->mu);
         set_deadline(c, util_now_s() + s->p.body_timeout_s);
+        int n_cl = 0; /* MHD frames the body by one of them: two are ambiguous (request smuggling) */
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &n_cl);
+        if (n_cl > 1) {
+            cn->answered = true;
+            return refuse_and_close(c, s, "the request has %d Content-Length headers; exactly one is allowed", n_cl);
+        }
         if (!strcmp(method, "OPTIONS")) {
             cn->answered = true;
             return preflight(s, c);
@@ -686,20 +719,32 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         if (kvlm_chat_apply(s->model, s->p.chat_template, roles, msgs, 1, &out, NULL, err)) goto fail;
         free(out);
     }
-    struct sockaddr_in addr;
+    /* IPv4 or IPv6 (e.g. --host ::1, or :: for both stacks where the system allows) */
+    struct sockaddr_storage addr;
     memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)s->p.port);
-    if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
+    bool v6 = false;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&addr;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+    if (inet_pton(AF_INET, s->p.host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+    } else if (inet_pton(AF_INET6, s->p.host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        v6 = true;
+    } else {
         struct addrinfo hints = {0}, *res = NULL;
-        hints.ai_family = AF_INET;
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
         if (getaddrinfo(s->p.host, NULL, &hints, &res) || !res) {
-            util_err_set(err, KVLM_EINVAL, "cannot resolve host '%s' (give an IPv4 address such as 127.0.0.1)", s->p.host);
+            util_err_set(err, KVLM_EINVAL, "cannot resolve host '%s' (give an address such as 127.0.0.1 or ::1)",
+                         s->p.host);
             goto fail;
         }
-        addr.sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        memcpy(&addr, res->ai_addr, res->ai_addrlen < sizeof addr ? res->ai_addrlen : sizeof addr);
+        v6 = res->ai_family == AF_INET6;
         freeaddrinfo(res);
     }
+    if (v6) a6->sin6_port = htons((uint16_t)s->p.port);
+    else a4->sin_port = htons((uint16_t)s->p.port);
     kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs};
     if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
     if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
@@ -725,7 +770,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES  ? MHD_USE_EPOLL
                       : MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES ? MHD_USE_POLL
-                                                                               : 0);
+                                                                               : 0) |
+                     (v6 ? MHD_USE_IPv6 : 0);
     if (s->tls_key) flags |= MHD_USE_TLS;
     struct MHD_OptionItem opts[12];
     int no = 0;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# tests/cli_serve_http: HTTP details of `kvlm serve` over raw loopback sockets:
+# duplicate or conflicting Content-Length headers are refused (400, and the
+# connection closed: its framing cannot be trusted); one header still works;
+# an IPv6 listening address (--host ::1) serves /health and a completion.
+set -uo pipefail
+KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
+MODEL="$MODELS/stories260K.gguf"
+if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
+exec timeout 60 python3 - "$KVLM" "$MODEL" <<'PY'
+import json, re, socket, subprocess, sys
+
+kvlm, model = sys.argv[1], sys.argv[2]
+proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "256", "-t", "1"],
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", proc.stdout.readline())
+if not m:
+    proc.kill(); print("FAIL: no listening line"); sys.exit(1)
+port = int(m.group(1))
+failures = 0
+
+def check(cond, name, detail=""):
+    global failures
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else " " + repr(detail)[:400]))
+    failures += not cond
+
+def raw(data):
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s.sendall(data)
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d: break
+        out += d
+    s.close()
+    return out
+
+body = json.dumps({"prompt": "Once", "max_tokens": 4, "temperature": 0}).encode()
+head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+for name, cls in [("duplicate", (len(body), len(body))), ("conflicting", (len(body), len(body) + 5)),
+                  ("conflicting, shorter first", (2, len(body)))]:
+    out = raw(head + b"".join(b"Content-Length: %d\r\n" % n for n in cls) + b"\r\n" + body)
+    check(out.startswith(b"HTTP/1.1 400") and b"Content-Length headers" in out and b"Connection: close" in out,
+          "%s Content-Length headers are refused with a 400 and the connection closed" % name, out)
+out = raw(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+check(out.startswith(b"HTTP/1.1 200") and b'"finish_reason"' in out, "one Content-Length: answered", out)
+proc.terminate()
+proc.wait(timeout=20)
+
+if not socket.has_ipv6:
+    print("ok   (no IPv6 in this Python: the --host ::1 case not run)")
+else:
+    p6 = subprocess.Popen([kvlm, "serve", "-m", model, "--host", "::1", "--port", "0", "-c", "256", "-t", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p6.stdout.readline()
+    m6 = re.fullmatch(r"kvlm serve: listening on http://\[::1\]:(\d+)\n", line)
+    check(m6 is not None, "--host ::1 listens (%r)" % line, p6.stderr.read() if not m6 and p6.poll() is not None else "")
+    if m6:
+        s = socket.create_connection(("::1", int(m6.group(1))), timeout=20)
+        s.sendall(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        out = b""
+        while True:
+            d = s.recv(65536)
+            if not d: break
+            out += d
+        s.close()
+        check(out.startswith(b"HTTP/1.1 200") and b'"finish_reason"' in out, "a completion over IPv6 (::1)", out)
+    p6.terminate()
+    p6.wait(timeout=20)
+print("%d failures" % failures)
+sys.exit(1 if failures else 0)
+PY
