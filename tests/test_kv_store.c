@@ -470,7 +470,7 @@ static void randomized_swap(bool tier) {
     assert_int_equal(sw.swaps_in, (uint64_t)ins);
     assert_int_equal(sw.disk_lost, (uint64_t)lost);
     if (tier) {
-        assert_true(sw.disk_swaps_out > 50 && sw.disk_swaps_in > 50 && lost > 0);
+        assert_true(sw.disk_swaps_out > 20 && sw.disk_swaps_in > 20 && lost > 0); /* 3,000 steps in quick runs */
         kv_store_tier_stats ts;
         kv_store_tier_stats_get(s, &ts, 1);
         /* every injected flip or tear was caught by its check */

@@ -762,8 +762,9 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     return complete ? srv_answer(s, c, cn) : MHD_YES;
 bad:
     free(toks);
-    json_decref(body);
+    /* e.param may name a key of the body: answer before freeing it */
     ret = srv_error(c, s, e.status, e.param, e.code, "%s", e.msg);
+    json_decref(body);
     job_release(j);
     return ret;
 }
