@@ -158,8 +158,10 @@ for p in prompts:
     alone.append((r["choices"][0]["text"], r["choices"][0]["finish_reason"]))
 pre0 = metric("kvlm_preemptions_total")
 results = [None] * R
+go = threading.Barrier(R)  # all at once: a staggered start can finish each before the next arrives
 def worker(i):
     try:
+        go.wait(timeout=30)
         results[i] = stream("/v1/completions", dict(params, prompt=prompts[i]))
     except Exception as e:  # reported below
         results[i] = e
