@@ -2,7 +2,10 @@
 # tests/cli_serve_http: HTTP details of `kvlm serve` over raw loopback sockets:
 # duplicate or conflicting Content-Length headers are refused (400, and the
 # connection closed: its framing cannot be trusted); one header still works;
-# an IPv6 listening address (--host ::1) serves /health and a completion.
+# an IPv6 listening address (--host ::1) serves /health and a completion; a
+# client that half-closes its sending side after a whole request (HTTP/1.1 and
+# 1.0, whole and streamed answers) still gets its whole answer, equal to a
+# normal client's.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -45,6 +48,43 @@ for name, cls in [("duplicate", (len(body), len(body))), ("conflicting", (len(bo
           "%s Content-Length headers are refused with a 400 and the connection closed" % name, out)
 out = raw(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 check(out.startswith(b"HTTP/1.1 200") and b'"finish_reason"' in out, "one Content-Length: answered", out)
+
+# ---- half-close: the request, then shutdown(SHUT_WR), then read the answer to its end
+def half_closed(data):
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+    out = b""
+    while True:
+        d = s.recv(65536)
+        if not d: break
+        out += d
+    s.close()
+    return out
+
+def answer_text(out):
+    i = out.find(b"\r\n\r\n", out.find(b"HTTP/1.1 200") if b"HTTP/1.1 200" in out else out.find(b"HTTP/1.0 200"))
+    try: return json.loads(out[i + 4:])["choices"][0]["text"]
+    except Exception: return None
+
+def stream_text(out):
+    parts = [json.loads(l[6:])["choices"][0]["text"] for l in out.split(b"\n") if l.startswith(b"data: {")]
+    return "".join(parts) if out.rstrip().endswith(b"0") and b"data: [DONE]" in out else None
+
+long_body = json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}).encode()
+ref = answer_text(raw(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(long_body) + long_body))
+check(ref and len(ref) > 200, "reference answer (200 tokens)", ref)
+out = half_closed(head + b"Content-Length: %d\r\n\r\n" % len(long_body) + long_body)
+check(answer_text(out) == ref, "HTTP/1.1, half-closed after the request: the whole answer (%d bytes)" % len(out), out[:300])
+check(out.startswith(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200") or out.startswith(b"HTTP/1.1 200"),
+      "... after at most an interim 102", out[:120])
+out = half_closed(head.replace(b"HTTP/1.1", b"HTTP/1.0") + b"Content-Length: %d\r\n\r\n" % len(long_body) + long_body)
+check(re.match(rb"HTTP/1\.[01] 200", out) is not None and answer_text(out) == ref,
+      "HTTP/1.0, half-closed: the whole answer, no 1xx",
+      out[:300])
+sbody = json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "stream": True}).encode()
+out = half_closed(head + b"Content-Length: %d\r\n\r\n" % len(sbody) + sbody)
+check(stream_text(out) == ref, "streamed, half-closed: every event and [DONE], the same text", out[-300:])
 proc.terminate()
 proc.wait(timeout=20)
 

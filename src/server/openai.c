@@ -50,6 +50,8 @@ typedef struct srv_job {
     double t_submit, t_first, t_last;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
+    bool http11;           /* an interim 1xx response may be sent */
+    struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
 } srv_job;
 
 static void job_release(srv_job *j) {
@@ -626,16 +628,90 @@ static void cancel(srv_job *j) {
 
 /* The connection is suspended while its job waits for the engine, and MHD
  * does not watch a suspended socket: the server's watcher thread waits for
- * the client's hang-up on its own epoll set and cancels the request. */
+ * the client's hang-up on its own epoll set (srv_hangup). The list holds a
+ * reference to each watched job. */
 static void watch(kvlm_server *s, srv_conn *cn, srv_job *j) {
     if (j->fd < 0) return;
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->watch_mu);
+    j->wprev = NULL;
+    j->wnext = s->watched;
+    if (s->watched) s->watched->wprev = j;
+    s->watched = j;
+    pthread_mutex_unlock(&s->watch_mu);
+    cn->watched = j;
     struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = j->id};
-    if (!epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev)) cn->watched_fd = j->fd;
+    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev)) fprintf(stderr, "kvlm serve: cannot watch request %llu for a hang-up: %s\n", (unsigned long long)j->id, strerror(errno));
+}
+
+static void unwatch(kvlm_server *s, srv_conn *cn) {
+    srv_job *j = cn->watched;
+    if (!j) return;
+    cn->watched = NULL;
+    pthread_mutex_lock(&s->watch_mu);
+    epoll_ctl(s->watch_fd, EPOLL_CTL_DEL, j->fd, NULL);
+    if (j->wprev) j->wprev->wnext = j->wnext;
+    else s->watched = j->wnext;
+    if (j->wnext) j->wnext->wprev = j->wprev;
+    pthread_mutex_unlock(&s->watch_mu);
+    job_release(j);
+}
+
+/* The end of a client's sending side is not the end of the client: one may
+ * shut down its writing half after a whole request and still read the answer
+ * (nc -N, scripts using shutdown(SHUT_WR)). The socket cannot tell that from
+ * a close without sending something, so the client is probed with bytes that
+ * change nothing for a reader: an interim "102 Processing" before a whole
+ * answer (HTTP/1.1 allows any number of 1xx responses before the final one),
+ * an SSE comment line in a stream. A closed socket answers the probe with a
+ * reset (EPOLLHUP / EPOLLERR, or a failed send): the request is cancelled. A
+ * half-closed one reads on and gets its answer. An HTTP/1.0 client may not
+ * be sent a 1xx: its request runs on (bounded by max_tokens) and is answered;
+ * a hang-up shows only when the answer cannot be written. Over TLS nothing
+ * can be slipped into the stream, and the end of the sending side counts as
+ * a hang-up (TLS clients close, they do not half-close). */
+void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
+    static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    bool gone = events & (EPOLLHUP | EPOLLERR), rearm = false;
+    pthread_mutex_lock(&s->watch_mu);
+    srv_job *j = s->watched;
+    while (j && j->id != id) j = j->wnext;
+    if (!j) { /* unwatched since (answered) */
+        pthread_mutex_unlock(&s->watch_mu);
+        return;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (!gone && !j->complete) {
+        if (j->stream) { /* a comment line: MHD writes it as a chunk of its own */
+            rearm = append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3);
+            if (rearm && j->suspended) {
+                j->suspended = false;
+                MHD_resume_connection(j->conn);
+            }
+        } else if (!s->tls_key) {
+            /* listed, so srv_answer has not begun: nothing of the answer is written */
+            rearm = !j->http11 ||
+                    send(j->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)(sizeof probe - 1);
+        }
+        gone = !rearm;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (rearm) { /* from now on only a hang-up (EPOLLHUP, EPOLLERR: always reported) */
+        struct epoll_event ev = {.events = EPOLLONESHOT, .data.u64 = id};
+        if (epoll_ctl(s->watch_fd, EPOLL_CTL_MOD, j->fd, &ev)) gone = true;
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    if (gone) {
+        pthread_mutex_lock(&s->mu);
+        if (s->sched) kvlm_sched_cancel(s->sched, id);
+        pthread_mutex_unlock(&s->mu);
+    }
 }
 
 void srv_conn_done(kvlm_server *s, srv_conn *cn) {
-    if (cn->watched_fd >= 0) epoll_ctl(s->watch_fd, EPOLL_CTL_DEL, cn->watched_fd, NULL);
-    cn->watched_fd = -1;
+    unwatch(s, cn);
     if (cn->job) { /* never answered (the daemon stopping) */
         cancel(cn->job);
         job_release(cn->job);
@@ -722,6 +798,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->http11 = cn->http11;
     /* Submit holding the job's lock: its events wait until the id is set. */
     kvlm_error err = {0};
     pthread_mutex_lock(&j->mu);
@@ -770,6 +847,7 @@ bad:
 }
 
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    unwatch(s, cn); /* no probe may be written from here on */
     srv_job *j = cn->job;
     cn->job = NULL;
     cn->answered = true;

@@ -401,14 +401,13 @@ static enum MHD_Result refuse_and_close(struct MHD_Connection *c, kvlm_server *s
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
     kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
     bool post = !strcmp(method, "POST");
     bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
     if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
-        cn->watched_fd = -1;
+        cn->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         *con_cls = cn;
         pthread_mutex_lock(&s->mu);
         s->active++;
@@ -581,9 +580,7 @@ static void *watcher_main(void *arg) {
         }
         for (int i = 0; i < n; i++) {
             if (!evs[i].data.u64) return NULL;
-            pthread_mutex_lock(&s->mu);
-            if (s->sched) kvlm_sched_cancel(s->sched, evs[i].data.u64);
-            pthread_mutex_unlock(&s->mu);
+            srv_hangup(s, evs[i].data.u64, evs[i].events);
         }
     }
     return NULL;
@@ -712,6 +709,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     s->started = (double)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->socks_mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
     if (take_config(s, p, err)) goto fail;
     if (s->p.chat_template) {
         const char *roles[] = {"user"}, *msgs[] = {"x"};
@@ -806,6 +804,7 @@ fail:
     if (s->stop_fd >= 0) close(s->stop_fd);
     free_config(s);
     pthread_mutex_destroy(&s->socks_mu);
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
     return NULL;
@@ -836,6 +835,7 @@ void kvlm_server_stop(kvlm_server *s) {
     close(s->stop_fd);
     free_config(s);
     pthread_mutex_destroy(&s->socks_mu);
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

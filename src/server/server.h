@@ -26,6 +26,8 @@ struct kvlm_server {
     int active;                 /* requests between their first byte and their answer's last (under mu) */
     int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
     int stop_fd;                /* eventfd in that set: the watcher ends */
+    pthread_mutex_t watch_mu;   /* guards the list of watched jobs */
+    struct srv_job *watched;    /* the jobs in watch_fd, each holding a reference */
     pthread_t watcher;
     /* every open connection, for the header/body deadlines the watcher enforces */
     pthread_mutex_t socks_mu;
@@ -53,7 +55,8 @@ typedef struct srv_conn {
     size_t len, cap;
     bool answered;            /* a response has been queued (e.g. 413 during upload) */
     struct srv_job *job;      /* a whole answer the engine is making (the connection suspended) */
-    int watched_fd;           /* the socket in the server's hang-up watch (-1: none) */
+    struct srv_job *watched;  /* its job in the server's hang-up watch (NULL: none) */
+    bool http11;              /* the request is HTTP/1.1 (an interim 1xx response may be sent) */
 } srv_conn;
 
 /* Queues an OpenAI-style error: {"error":{"message","type","param","code"}}. */
@@ -76,5 +79,9 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
                       int *n_tokens, char *msg, size_t cap);
 /* The connection ends: its hold on its job ends. */
 void srv_conn_done(kvlm_server *s, srv_conn *cn);
+/* The watcher saw events (EPOLLRDHUP, EPOLLHUP, EPOLLERR) on the socket of
+ * request id: a full hang-up cancels the request; a read side that ended may
+ * be a half-close, so the client is probed first (see openai.c). */
+void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events);
 
 #endif
