@@ -1,10 +1,13 @@
 /* tests/test_engine: the whole pipeline on real and synthetic models: the
  * published golden text, GGUF == llama2.c, KV-cache decode == full recompute
  * for many shapes, conversion round trips, sampling and bad input. */
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
@@ -397,10 +400,92 @@ static void test_detok_utf8(void **state) {
     kvlm_model_free(m);
 }
 
+/* One llama2.c header through load and, where it loads, a decode step. The
+ * sanitizer build stops at the first undefined behaviour (-fno-sanitize-
+ * recover); a refusal must be one clear error. Returns 1 if it loaded. */
+static int try_llama2c_header(int fd, const char *path, const char *tok, const int32_t h[7]) {
+    if (pwrite(fd, h, 28, 0) != 28) fail_msg("cannot write the header");
+    kvlm_error err = {0};
+    kvlm_model_params mp = {.tokenizer_path = tok};
+    kvlm_model *m = kvlm_model_load(path, &mp, &err);
+    if (!m) {
+        if ((err.code != KVLM_EFORMAT && err.code != KVLM_EINVAL && err.code != KVLM_ENOMEM) || !err.msg[0])
+            fail_msg("header {%d %d %d %d %d %d %d}: code %d, '%s'", h[0], h[1], h[2], h[3], h[4], h[5], h[6], err.code,
+                     err.msg);
+        return 0;
+    }
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    cp.n_ctx = 8;
+    cp.n_threads = 1;
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+    if (ctx) {
+        int32_t ids[2] = {1, 300};
+        kvlm_batch b = {2, ids, NULL, NULL, NULL};
+        if (kvlm_decode(ctx, &b, &err) && !err.msg[0]) fail_msg("decode failed without a message");
+        kvlm_ctx_free(ctx);
+    } else if (!err.msg[0]) fail_msg("a context was refused without a message");
+    kvlm_model_free(m);
+    return 1;
+}
+
+/* Every field of the llama2.c header through edge values, one at a time and
+ * in random combinations, on the real stories260K.bin's weights: each loads
+ * (and decodes) or is refused with one clear error, with no undefined
+ * behaviour under UBSan for any value. */
+static void test_llama2c_header_sweep(void **state) {
+    (void)state;
+    const char *p = tu_model_path("stories260K.bin");
+    TU_REQUIRE(p);
+    size_t len;
+    char *orig = tu_read_file(p, &len);
+    assert_non_null(orig);
+    const char *t = tu_model_path("tok512.bin");
+    TU_REQUIRE(t);
+    char tok[4096];
+    snprintf(tok, sizeof tok, "%s", t);
+    const char *path = tu_tmp_path(".bin");
+    assert_int_equal(tu_write_file(path, orig, len), 0);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    int32_t base[7];
+    memcpy(base, orig, sizeof base);
+    static const int32_t edge[] = {INT32_MIN, INT32_MIN + 1, -65537, -512, -64, -2, -1, 0, 1, 2, 3, 4, 5, 7, 8,
+                                   16, 63, 64, 65, 128, 172, 256, 511, 512, 513, 1024, 65535, 65536, 65537,
+                                   1 << 20, (1 << 20) + 1, 1 << 22, (1 << 22) + 1, 1 << 30, INT32_MAX - 1, INT32_MAX};
+    enum { N_EDGE = sizeof edge / sizeof edge[0] };
+    int tried = 0, loaded = 0;
+    for (int f = 0; f < 7; f++)
+        for (int i = 0; i < N_EDGE; i++) {
+            int32_t h[7];
+            memcpy(h, base, sizeof h);
+            h[f] = edge[i];
+            loaded += try_llama2c_header(fd, path, tok, h);
+            tried++;
+        }
+    uint64_t r = 0x9e3779b97f4a7c15ULL;
+    int n_random = tu_quick() ? 400 : 3000;
+    for (int k = 0; k < n_random; k++) {
+        int32_t h[7];
+        for (int f = 0; f < 7; f++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            /* half the fields keep the real value, so some combinations load */
+            h[f] = (r >> 8) & 1 ? base[f] : (r >> 9) & 3 ? edge[(r >> 16) % N_EDGE] : (int32_t)(uint32_t)(r >> 32);
+        }
+        loaded += try_llama2c_header(fd, path, tok, h);
+        tried++;
+    }
+    close(fd);
+    free(orig);
+    print_message("    %d llama2.c headers: %d loaded and decoded, %d refused with an error\n", tried, loaded,
+                  tried - loaded);
+    assert_true(loaded > 0 && loaded < tried);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_gguf),
         cmocka_unit_test(test_golden_llama2c),
+        cmocka_unit_test(test_llama2c_header_sweep),
         cmocka_unit_test(test_gguf_equals_llama2c),
         cmocka_unit_test(test_cache_equals_recompute_stories),
         cmocka_unit_test(test_cache_equals_recompute_shapes),
