@@ -267,6 +267,27 @@ static void ix_enforce_cap(disk_tier *t, const kv_key *keep) {
     }
 }
 
+/* The filesystem is full (ENOSPC, EDQUOT) before the cap: unlinks least
+ * recently used files worth at least twice the block, or a sixteenth of
+ * what the tier holds, so the writes go on as an LRU over the space there
+ * is. Returns whether anything was freed. */
+static bool make_room(disk_tier *t, size_t len) {
+    char path[PATH_MAX];
+    pthread_mutex_lock(&t->imu);
+    uint64_t want = 2 * (uint64_t)len > t->total / 16 ? 2 * (uint64_t)len : t->total / 16, freed = 0;
+    while (freed < want && t->lru.next != &t->lru) {
+        disk_ent *e = t->lru.next;
+        kv_tier_disk_path(t->dir, &e->key, path, sizeof path);
+        if (unlink(path) != 0 && errno != ENOENT) note_error(t, errno, "evicting", path);
+        atomic_fetch_add(&t->evicted, 1);
+        freed += e->bytes;
+        kv_key k = e->key;
+        ix_remove(t, &k);
+    }
+    pthread_mutex_unlock(&t->imu);
+    return freed > 0;
+}
+
 /* ---- writer -------------------------------------------------------------- */
 
 static int write_all(int fd, const unsigned char *p, size_t n) {
@@ -341,7 +362,9 @@ static void *writer_main(void *arg) {
         t->busy = true;
         pthread_mutex_unlock(&t->qmu);
 
-        if (write_block(t, it) == 0) {
+        int e = write_block(t, it);
+        if ((e == ENOSPC || e == EDQUOT) && make_room(t, it->len)) e = write_block(t, it);
+        if (e == 0) {
             atomic_fetch_add(&t->writes, 1);
             atomic_fetch_add(&t->write_bytes, it->len);
             atomic_store(&t->up, true);

@@ -51,6 +51,9 @@ typedef struct srv_job {
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
     bool http11;           /* an interim 1xx response may be sent */
+    bool half_closed;      /* whole answer, the client's sending side ended: the watcher writes it */
+    char *raw;             /* ... the answer it writes (HTTP head and JSON body), raw_off sent */
+    size_t raw_len, raw_off;
     struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
 } srv_job;
 
@@ -66,6 +69,7 @@ static void job_release(srv_job *j) {
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->ch);
     free(j->out);
+    free(j->raw);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -235,6 +239,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
         if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
         c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
+        if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
         if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
@@ -285,7 +290,18 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         }
         emit(j, c, false);
     }
-    if (j->suspended && (j->complete || (j->stream && j->out_len > j->out_off))) {
+    if (j->complete && !j->stream && !j->half_closed && !j->srv->tls_key && j->fd >= 0 && !j->error[0]) {
+        /* the client may have half-closed since: its hang-up event may not have been handled yet */
+        char b;
+        if (recv(j->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) j->half_closed = true;
+    }
+    if (j->complete && j->half_closed) {
+        /* libmicrohttpd would read the end of the client's stream on resuming and close
+         * the connection unanswered: the watcher writes the answer, then resumes */
+        struct epoll_event we = {.events = EPOLLOUT | EPOLLONESHOT, .data.u64 = j->id};
+        if (epoll_ctl(j->srv->watch_fd, EPOLL_CTL_MOD, j->fd, &we)) j->half_closed = false;
+    }
+    if (j->suspended && !j->half_closed && (j->complete || (j->stream && j->out_len > j->out_off))) {
         j->suspended = false;
         MHD_resume_connection(j->conn);
     }
@@ -672,9 +688,33 @@ static void unwatch(kvlm_server *s, srv_conn *cn) {
  * a hang-up shows only when the answer cannot be written. Over TLS nothing
  * can be slipped into the stream, and the end of the sending side counts as
  * a hang-up (TLS clients close, they do not half-close). */
+static json_t *whole_answer(srv_job *j);
+
+/* The whole answer of a half-closed request as raw HTTP (under j->mu). */
+static bool raw_answer(srv_job *j) {
+    json_t *o = whole_answer(j);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!body) return false;
+    size_t n = strlen(body);
+    char head[192];
+    int h = snprintf(head, sizeof head,
+                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", n);
+    j->raw = malloc((size_t)h + n);
+    if (j->raw) {
+        memcpy(j->raw, head, (size_t)h);
+        memcpy(j->raw + h, body, n);
+        j->raw_len = (size_t)h + n;
+    }
+    free(body);
+    return j->raw != NULL;
+}
+
 void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
     static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
-    bool gone = events & (EPOLLHUP | EPOLLERR), rearm = false;
+    bool gone = events & (EPOLLHUP | EPOLLERR), resume = false;
+    uint32_t rearm = 0; /* events to watch next (EPOLLHUP and EPOLLERR always are) */
+    bool watch_on = false;
     pthread_mutex_lock(&s->watch_mu);
     srv_job *j = s->watched;
     while (j && j->id != id) j = j->wnext;
@@ -683,23 +723,44 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
         return;
     }
     pthread_mutex_lock(&j->mu);
-    if (!gone && !j->complete) {
+    if (j->complete && j->half_closed) {
+        /* a half-closed client's whole answer: written here, then the connection resumes
+         * (libmicrohttpd reads the end of the stream and closes it) */
+        bool cancelled = j->error[0] != '\0';
+        for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+        resume = true;
+        if (!gone && !cancelled && (j->raw || raw_answer(j))) {
+            ssize_t w = send(j->fd, j->raw + j->raw_off, j->raw_len - j->raw_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0) j->raw_off += (size_t)w;
+            if (j->raw_off < j->raw_len && (w > 0 || errno == EAGAIN || errno == EWOULDBLOCK)) {
+                resume = false;
+                watch_on = true;
+                rearm = EPOLLOUT;
+            }
+        }
+        gone = false; /* complete: nothing left to cancel */
+    } else if (!gone && !j->complete) {
         if (j->stream) { /* a comment line: MHD writes it as a chunk of its own */
-            rearm = append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3);
-            if (rearm && j->suspended) {
+            watch_on = append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3);
+            if (watch_on && j->suspended) {
                 j->suspended = false;
                 MHD_resume_connection(j->conn);
             }
         } else if (!s->tls_key) {
             /* listed, so srv_answer has not begun: nothing of the answer is written */
-            rearm = !j->http11 ||
-                    send(j->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)(sizeof probe - 1);
+            watch_on = !j->http11 ||
+                       send(j->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)(sizeof probe - 1);
+            j->half_closed = watch_on;
         }
-        gone = !rearm;
+        gone = !watch_on;
+    }
+    if (resume && j->suspended) {
+        j->suspended = false;
+        MHD_resume_connection(j->conn);
     }
     pthread_mutex_unlock(&j->mu);
-    if (rearm) { /* from now on only a hang-up (EPOLLHUP, EPOLLERR: always reported) */
-        struct epoll_event ev = {.events = EPOLLONESHOT, .data.u64 = id};
+    if (watch_on) {
+        struct epoll_event ev = {.events = rearm | EPOLLONESHOT, .data.u64 = id};
         if (epoll_ctl(s->watch_fd, EPOLL_CTL_MOD, j->fd, &ev)) gone = true;
     }
     pthread_mutex_unlock(&s->watch_mu);
@@ -854,7 +915,8 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
     enum MHD_Result ret;
     bool cancelled = false; /* by a hang-up (no one to answer) or by the server stopping */
     for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-    if (cancelled && !client_alive(j->fd)) ret = MHD_NO;
+    if (j->raw) ret = MHD_NO; /* answered by the watcher (a half-closed client) */
+    else if (cancelled && !client_alive(j->fd)) ret = MHD_NO;
     else if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
     else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
     else ret = srv_json(c, 200, whole_answer(j));

@@ -231,6 +231,12 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
     metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
     metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
+    static const char *const reasons[6] = {NULL, "stop", "length", "cancelled", "error", "kv_cache_full"};
+    tput(&b, "# HELP kvlm_completions_finished_total Completions (choices) ended, by finish reason\n"
+             "# TYPE kvlm_completions_finished_total counter\n");
+    for (int i = 1; i < 6; i++)
+        tput(&b, "kvlm_completions_finished_total{reason=\"%s\"} %llu\n", reasons[i],
+             (unsigned long long)__atomic_load_n(&s->finished[i], __ATOMIC_RELAXED));
     metric(&b, "kvlm_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", (double)st.preemptions);
     metric(&b, "kvlm_swaps_out_total", "counter", "Preemptions by swap: sequences moved to the swap space",
            (double)st.swaps_out);

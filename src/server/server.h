@@ -23,6 +23,7 @@ struct kvlm_server {
     pthread_mutex_t mu;         /* guards sched's lifetime and the figures below */
     uint64_t ttft_counts[SRV_TTFT_BUCKETS], tpot_counts[SRV_TPOT_BUCKETS], ttft_n, tpot_n, http_errors;
     double ttft_sum, tpot_sum;
+    uint64_t finished[6];       /* choices ended, by KVLM_FINISH_* (atomic adds) */
     int active;                 /* requests between their first byte and their answer's last (under mu) */
     int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
     int stop_fd;                /* eventfd in that set: the watcher ends */
