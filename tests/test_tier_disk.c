@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/mount.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -381,6 +382,50 @@ static void test_cap_lru(void **state) {
     remove_dir(dir);
 }
 
+/* The filesystem fills up before the cap (a 256 KiB tmpfs, where this test
+ * may mount one: root with CAP_SYS_ADMIN; skipped otherwise): every write
+ * that meets ENOSPC evicts the least recently used blocks and is retried, so
+ * the tier goes on as an LRU over the space there is: the newest blocks are
+ * there and intact, errors are counted, the tier is up. */
+static void test_filesystem_full(void **state) {
+    (void)state;
+    char *dir = fresh_dir();
+    if (geteuid() != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=256k") != 0) {
+        print_message("    SKIP: cannot mount a tmpfs here (%s): the full-filesystem case is not run\n",
+                      geteuid() ? "not root" : strerror(errno));
+        remove_dir(dir);
+        skip();
+    }
+    kv_tier *t = open_ok(dir, 64u << 20);
+    enum { N = 200, LEN = 10000 };
+    kv_key k[N];
+    for (int i = 0; i < N; i++) {
+        k[i] = key_of(9, (uint32_t)i);
+        put_blob(t, &k[i], LEN);
+        if (i % 8 == 7) kv_tier_flush(t);
+    }
+    kv_tier_flush(t);
+    kv_tier_stats s = stats_of(t);
+    print_message("    256 KiB filesystem, %d blocks of %d bytes: %llu written, %llu errors, %llu evicted, %llu dropped, "
+                  "%llu held\n", N, LEN, (unsigned long long)s.writes, (unsigned long long)s.errors,
+                  (unsigned long long)s.evicted, (unsigned long long)s.dropped_writes, (unsigned long long)s.blocks);
+    assert_true(s.errors > 0);             /* it did meet ENOSPC */
+    assert_true(s.writes >= N - 4);        /* and went on writing */
+    assert_true(s.blocks >= 8 && s.blocks < N);
+    assert_true(s.up);
+    unsigned char *buf = malloc(LEN);
+    size_t len;
+    void *bufs[1] = {buf};
+    for (int i = N - 4; i < N; i++) { /* the newest are there and intact */
+        assert_int_equal(kv_tier_get(t, 1, &k[i], bufs, LEN, &len), 1);
+        assert_true(blob_ok(&k[i], buf, len, LEN));
+    }
+    free(buf);
+    kv_tier_close(t);
+    umount(dir);
+    remove_dir(dir);
+}
+
 static void test_queue_overflow(void **state) {
     (void)state;
     char *dir = fresh_dir();
@@ -746,6 +791,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_round_trip, teardown_dir),
         cmocka_unit_test_teardown(test_leading_contains_drop, teardown_dir),
         cmocka_unit_test_teardown(test_restart, teardown_dir),
+        cmocka_unit_test_teardown(test_filesystem_full, teardown_dir),
         cmocka_unit_test_teardown(test_cap_lru, teardown_dir),
         cmocka_unit_test_teardown(test_queue_overflow, teardown_dir),
         cmocka_unit_test_teardown(test_damaged_files, teardown_dir),
