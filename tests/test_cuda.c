@@ -95,7 +95,7 @@ static void step(kvlm_ctx *ctx, const int32_t *tok, const int32_t *seq, int n, f
  * sequence 0 (the GEMM path), a 5-token one of sequence 1 (the
  * matrix-vector path at T = 5), then mixed steps: one decode token of 0 and
  * 1 beside a prefill chunk of sequence 2, then decode steps of all three. */
-static void same_script(const char *what, kvlm_ctx *cpu, kvlm_ctx *gpu, double tol) {
+static void same_script(const char *what, kvlm_ctx *cpu, kvlm_ctx *gpu, double tol, double tol_mv) {
     int32_t ids[64], seq[64];
     float *a = malloc(sizeof(float) * 64 * V_SYNTH), *b = malloc(sizeof(float) * 64 * V_SYNTH);
     char label[160];
@@ -110,7 +110,7 @@ static void same_script(const char *what, kvlm_ctx *cpu, kvlm_ctx *gpu, double t
     step(cpu, ids, seq, 5, a, V_SYNTH);
     step(gpu, ids, seq, 5, b, V_SYNTH);
     snprintf(label, sizeof label, "%s: prefill 5", what);
-    check_close(label, b, a, (size_t)5 * V_SYNTH, tol);
+    check_close(label, b, a, (size_t)5 * V_SYNTH, tol_mv);
     for (int s = 0; s < 4; s++) {
         int n = 0;
         random_ids(ids, 16, V_SYNTH, 100 + s);
@@ -137,17 +137,21 @@ typedef struct {
 
 static void test_shapes(void **state) {
     (void)state;
-    /* the CPU quantizes activations to 8 bits for quantized weights, the GPU
-     * keeps them in f32 (matrix-vector) or f16 (GEMM): those differ by more */
+    /* the CPU quantizes activations to 8 bits for quantized weights; the GPU
+     * does too in its Q8_0 and Q4_0 matrix-vector kernels (dp4a), so the 5
+     * tokens of a fresh sequence (T = 5: matrix-vector) agree to float
+     * rounding there; elsewhere it keeps them in f32 (matrix-vector of the
+     * K-quants) or f16 (GEMM: the 37- and 14-token steps, whose cache the
+     * later steps read), which differ by more */
     const shape shapes[] = {
         {KVLM_ARCH_LLAMA, 128, 2, 2, 288, "f32", 1e-4, "MHA hd 64 f32"},
         {KVLM_ARCH_LLAMA, 128, 2, 2, 288, "f16", 5e-3, "MHA hd 64 f16"},
         {KVLM_ARCH_LLAMA, 128, 2, 2, 288, "bf16", 5e-3, "MHA hd 64 bf16"},
-        {KVLM_ARCH_LLAMA, 256, 8, 2, 544, "q8_0", 2e-2, "GQA 8/2 hd 32 q8_0"},
+        {KVLM_ARCH_LLAMA, 256, 8, 2, 544, "q8_0", 3e-2, "GQA 8/2 hd 32 q8_0"},
         {KVLM_ARCH_LLAMA, 256, 4, 1, 544, "q4_0", 4e-2, "MQA 4/1 hd 64 q4_0"},
         {KVLM_ARCH_LLAMA, 256, 2, 2, 512, "q4_k", 4e-2, "MHA hd 128 q4_K"},
         {KVLM_ARCH_LLAMA, 256, 8, 4, 512, "q6_k", 4e-2, "GQA 8/4 hd 32 q6_K"},
-        {KVLM_ARCH_LLAMA, 512, 2, 1, 768, "q8_0", 2e-2, "MQA hd 256 q8_0"},
+        {KVLM_ARCH_LLAMA, 512, 2, 1, 768, "q8_0", 3e-2, "MQA hd 256 q8_0"},
         {KVLM_ARCH_QWEN2, 256, 4, 2, 544, "f16", 5e-3, "qwen2 biases GQA 4/2 hd 64 f16"},
         {KVLM_ARCH_LLAMA, 256, 16, 1, 544, "f32", 1e-4, "16 query heads per KV head f32"},
         {KVLM_ARCH_LLAMA, 256, 4, 2, 544, "q5_0", 4e-2, "q5_0 (converted to f16 on the GPU)"},
@@ -159,7 +163,8 @@ static void test_shapes(void **state) {
         kvlm_model *m = synth(s->arch, s->dim, s->heads, s->kv, s->hidden, s->type, 1000 + (uint64_t)i);
         kvlm_ctx *cpu = make_ctx(m, KVLM_DEVICE_CPU, 4, 256, KVLM_CACHE_F32, KVLM_CACHE_F32);
         kvlm_ctx *gpu = make_ctx(m, KVLM_DEVICE_CUDA, 4, 256, KVLM_CACHE_F32, KVLM_CACHE_F32);
-        same_script(s->what, cpu, gpu, s->tol);
+        bool dp4a = !strcmp(s->type, "q8_0") || !strcmp(s->type, "q4_0");
+        same_script(s->what, cpu, gpu, s->tol, dp4a ? 1e-4 : s->tol);
         kvlm_ctx_free(cpu);
         kvlm_ctx_free(gpu);
         kvlm_model_free(m);
@@ -179,7 +184,7 @@ static void test_cache_types(void **state) {
         snprintf(what, sizeof what, "cache K %s V %s", kvlm_cache_type_name(types[i][0]),
                  kvlm_cache_type_name(types[i][1]));
         /* the CPU's q8_0/q4_0 keys meet an int8-rounded query; the GPU's a float one */
-        same_script(what, cpu, gpu, types[i][0] == KVLM_CACHE_Q4_0 ? 3e-2 : 1e-2);
+        { double t = types[i][0] == KVLM_CACHE_Q4_0 ? 3e-2 : 1e-2; same_script(what, cpu, gpu, t, t); }
         kvlm_ctx_free(cpu);
         kvlm_ctx_free(gpu);
     }

@@ -25,7 +25,12 @@ struct cu_dev {
     __half *wscratch, *xscratch;  /* the GEMM path's f16 weights and activations */
     size_t wscratch_cap, xscratch_cap;
     int gemm_min;
+    int8_t *xq;                   /* matvec of Q8_0/Q4_0 weights: activations quantized to 8 bits */
+    float *xqd;                   /* ... one scale per 32 (allocated at open: graph capture cannot) */
+    int xq_disabled;              /* KVLM_CUDA_DP4A=0: the float kernels instead (for comparison) */
 };
+/* The 8-bit activations' room: up to 8 rows of up to XQ_MAX_IN elements. */
+#define XQ_MAX_IN 65536
 
 /* Records the first error (a launch's, a copy's); cu_sync reports it. */
 void cu_note(cu_dev *d, cudaError_t e, const char *where);

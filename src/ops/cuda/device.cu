@@ -65,6 +65,15 @@ cu_dev *cu_open(int device, kvlm_error *err) {
         return NULL;
     }
     cublasSetStream(d->blas, d->stream);
+    const char *dp = getenv("KVLM_CUDA_DP4A");
+    d->xq_disabled = dp && !strcmp(dp, "0");
+    if (cudaMalloc((void **)&d->xq, 8 * (size_t)XQ_MAX_IN) != cudaSuccess ||
+        cudaMalloc((void **)&d->xqd, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d->xq);
+        d->xq = NULL;
+        d->xqd = NULL; /* the float kernels then */
+    }
     return d;
 }
 
@@ -74,6 +83,8 @@ void cu_close(cu_dev *d) {
     cudaStreamSynchronize(d->stream);
     cudaFree(d->wscratch);
     cudaFree(d->xscratch);
+    cudaFree(d->xq);
+    cudaFree(d->xqd);
     cudaFreeHost(d->pinned);
     cublasDestroy(d->blas);
     cudaStreamDestroy(d->stream);

@@ -295,6 +295,83 @@ __global__ void __launch_bounds__(MV_THREADS) k_matvec_float(mv_jobs J, const fl
     mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
 }
 
+/* Q8_0 and Q4_0 weights with 8-bit activations (as the CPU kernels do):
+ * the rows of x quantized in groups of 32 (one scale each), then each group's
+ * dot product in integers with dp4a, scaled once. A lane reads a group's 32
+ * weights (8 words) and the T rows' 32 activations (8 words each): a quarter
+ * of the float activations' bytes. */
+__global__ void k_quant_x(int8_t *xq, float *xd, const float *x, int n_groups) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (g >= n_groups) return;
+    float v = x[(size_t)g * 32 + lane], a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
+    xq[(size_t)g * 32 + lane] = (int8_t)__float2int_rn(v * id);
+    if (lane == 0) xd[g] = d;
+}
+
+/* The 8 words of group g of row r as signed bytes in element order, and its scale. */
+template <int TYPE>
+__device__ __forceinline__ float load_group_i8(const cu_wview &w, int r, int g, int *q) {
+    float s = __half2float(w.d[(size_t)r * (w.n_in / 32) + g]);
+    if (TYPE == CT_Q8_0) {
+        const int4 *p = (const int4 *)(w.q + (size_t)r * w.n_in + (size_t)g * 32);
+        int4 a = __ldg(p), b = __ldg(p + 1);
+        q[0] = a.x, q[1] = a.y, q[2] = a.z, q[3] = a.w, q[4] = b.x, q[5] = b.y, q[6] = b.z, q[7] = b.w;
+    } else { /* Q4_0: low nibbles are elements 0-15, high nibbles 16-31, each less 8 */
+        int4 a = __ldg((const int4 *)(w.q + (size_t)r * (w.n_in / 2) + (size_t)g * 16));
+        int words[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            q[i] = __vsub4(words[i] & 0x0f0f0f0f, 0x08080808);
+            q[4 + i] = __vsub4((words[i] >> 4) & 0x0f0f0f0f, 0x08080808);
+        }
+    }
+    return s;
+}
+
+template <int TYPE, int NT, int R>
+__global__ void __launch_bounds__(MV_THREADS)
+    k_matvec_dp4a(mv_jobs J, const int8_t *xq, const float *xd, int T, int S) {
+    int row0, part, lane = threadIdx.x & 31;
+    int j = mv_job(J, S, R, row0, part);
+    const cu_wview &w = J.w[j];
+    int n_out = J.n_out[j], ng = w.n_in / 32, step = 32 * S;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    for (int g = part * 32 + lane; g < ng; g += step) {
+        int xs[NT][8];
+        float xsc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tt = t < T ? t : 0;
+            const int4 *xp = (const int4 *)(xq + (size_t)tt * w.n_in + (size_t)g * 32);
+            int4 a = __ldg(xp), b = __ldg(xp + 1);
+            xs[t][0] = a.x, xs[t][1] = a.y, xs[t][2] = a.z, xs[t][3] = a.w;
+            xs[t][4] = b.x, xs[t][5] = b.y, xs[t][6] = b.z, xs[t][7] = b.w;
+            xsc[t] = __ldg(xd + (size_t)tt * ng + g);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= n_out) break;
+            int q[8];
+            float ws = load_group_i8<TYPE>(w, row0 + r, g, q);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int si = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) si = __dp4a(q[i], xs[t][i], si);
+                acc[r][t] += ws * xsc[t] * (float)si;
+            }
+        }
+    }
+    mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
+}
+
 template <int NT, int R>
 static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weight *const *ws, int n, int T) {
     /* warps per row: enough warps in all to fill the SMs (32 each) */
@@ -318,6 +395,16 @@ static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weigh
     const cu_weight *w = ws[0];
     bool vec = w->n_in % 8 == 0;
     dim3 grid(blocks), block(MV_THREADS);
+    bool dp4a = (w->type == CT_Q8_0 || w->type == CT_Q4_0) && d->xq && !d->xq_disabled && w->n_in <= XQ_MAX_IN &&
+                w->n_in % 32 == 0;
+    if (dp4a) {
+        int n_groups = T * (w->n_in / 32);
+        k_quant_x<<<(n_groups + 7) / 8, 256, 0, d->stream>>>(d->xq, d->xqd, x, n_groups);
+        if (w->type == CT_Q8_0) k_matvec_dp4a<CT_Q8_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
+        else k_matvec_dp4a<CT_Q4_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
+        CU_LAUNCHED(d, "matrix-vector product (dp4a)");
+        return;
+    }
     switch (w->type) {
     case CT_Q8_0: k_matvec_grouped<CT_Q8_0, NT, R><<<grid, block, 0, d->stream>>>(J, x, T, S); break;
     case CT_Q4_0: k_matvec_grouped<CT_Q4_0, NT, R><<<grid, block, 0, d->stream>>>(J, x, T, S); break;
