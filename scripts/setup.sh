@@ -2,13 +2,15 @@
 # Installs the Debian packages kvlm needs to build and test. Idempotent,
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev redis-server redis-tools curl openssl)
+PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools curl openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 # curl and openssl: tests/cli_serve_auth (a self-signed certificate, an HTTPS round trip).
 # clang: the libFuzzer harnesses (fuzz/, tests/cli_fuzz.sh).
+# libunistring-dev: `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
+# which Debian's libgnutls28-dev leaves out; tests/cli_install links examples/ that way.
 # The web tests (tests/web): node and npm (kept if already there, e.g. from NodeSource), Debian's chromium.
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
