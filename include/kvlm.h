@@ -28,7 +28,9 @@ typedef struct kvlm_error {
 const char *kvlm_status_name(int code);
 
 /* ---- models ------------------------------------------------------------ */
-typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1 } kvlm_arch;
+/* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (4k-context
+ * variants; LongRoPE factors are refused) */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;

@@ -122,9 +122,10 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     const char *arch = m->arch_name;
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
+    else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
     else
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2)",
-                            m->path, arch);
+        return util_err_set(err, KVLM_EUNSUPPORTED,
+                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3)", m->path, arch);
     int64_t v;
     bool found;
     int hrc;
@@ -171,7 +172,21 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
-    c->rope_neox = c->arch == KVLM_ARCH_QWEN2;
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_PHI3;
+    if (c->arch == KVLM_ARCH_PHI3) {
+        /* The 128k variants scale RoPE per frequency (LongRoPE: these factor
+         * tensors plus rope.scaling.* keys); plain RoPE would be wrong there. */
+        static const char *const factors[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+        for (int i = 0; i < 2; i++)
+            if (gguf_find_tensor(f, factors[i]))
+                return util_err_set(err, KVLM_EUNSUPPORTED,
+                                    "%s: tensor %s: LongRoPE scaling (the 128k-context Phi-3 variants) is not "
+                                    "supported; the 4k-context variants (plain RoPE) are", m->path, factors[i]);
+        /* phi3.attention.sliding_window (2047 in Phi-3-mini-4k) is read and
+         * ignored, as llama.cpp does (its converters do not describe which
+         * layers use it): attention is full-context. It must still be an integer. */
+        if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
+    }
 
     const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb) return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor token_embd.weight", m->path);
@@ -190,7 +205,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->weight_type = m->output.type;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    bool bias = c->arch == KVLM_ARCH_QWEN2;
+    bool bias = c->arch == KVLM_ARCH_QWEN2, phi3 = c->arch == KVLM_ARCH_PHI3;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
         char n[96];
@@ -198,22 +213,57 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                  \
     if ((rc = take_tensor(m, &L->field, n, nin, nout, opt, err))) return rc;
         TAKE(attn_norm, "attn_norm.weight", c->dim, 0, false);
-        TAKE(wq, "attn_q.weight", c->dim, q_dim, false);
-        TAKE(wk, "attn_k.weight", c->dim, kv_dim, false);
-        TAKE(wv, "attn_v.weight", c->dim, kv_dim, false);
+        /* phi3 stores Q, K, V as one matrix (rows: Q, then K, then V) and the
+         * gate and up projections as one (rows: gate, then up). They become
+         * row views here, so everything past loading sees llama's layout. */
+        model_tensor fused = {0};
+        if (phi3) { TAKE(wq, "attn_qkv.weight", c->dim, q_dim + 2 * kv_dim, true); }
+        if (phi3 && L->wq.data) {
+            fused = L->wq;
+            L->wq = model_tensor_rows(&fused, 0, q_dim);
+            L->wk = model_tensor_rows(&fused, q_dim, kv_dim);
+            L->wv = model_tensor_rows(&fused, q_dim + kv_dim, kv_dim);
+        } else {
+            /* separate projections are allowed for phi3 too, as llama.cpp does */
+            snprintf(n, sizeof n, "blk.%d.attn_q.weight", l);
+            if (phi3 && !gguf_find_tensor(f, n))
+                return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor blk.%d.attn_qkv.weight", m->path, l);
+            TAKE(wq, "attn_q.weight", c->dim, q_dim, false);
+            TAKE(wk, "attn_k.weight", c->dim, kv_dim, false);
+            TAKE(wv, "attn_v.weight", c->dim, kv_dim, false);
+        }
         TAKE(wo, "attn_output.weight", q_dim, c->dim, false);
         TAKE(bq, "attn_q.bias", q_dim, 0, !bias);
         TAKE(bk, "attn_k.bias", kv_dim, 0, !bias);
         TAKE(bv, "attn_v.bias", kv_dim, 0, !bias);
         TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false);
-        TAKE(w_gate, "ffn_gate.weight", c->dim, c->hidden_dim, false);
+        if (phi3) {
+            TAKE(w_up, "ffn_up.weight", c->dim, 2 * (int64_t)c->hidden_dim, false);
+            fused = L->w_up;
+            L->w_gate = model_tensor_rows(&fused, 0, c->hidden_dim);
+            L->w_up = model_tensor_rows(&fused, c->hidden_dim, c->hidden_dim);
+        } else {
+            TAKE(w_gate, "ffn_gate.weight", c->dim, c->hidden_dim, false);
+            TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
+        }
         TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false);
-        TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
 #undef TAKE
         if (l == 0) c->weight_type = L->wq.type;
     }
     for (uint64_t i = 0; i < f->n_tensors; i++) m->weight_bytes += f->tensors[i].nbytes;
     return KVLM_OK;
+}
+
+model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n) {
+    model_tensor v = *t;
+    v.data = (const char *)t->data + (size_t)row0 * dt_row_size(t->type, t->n_in);
+    v.n_out = n;
+    v.packed = NULL;
+    return v;
+}
+
+const char *model_arch_name(kvlm_arch arch) {
+    return arch == KVLM_ARCH_QWEN2 ? "qwen2" : arch == KVLM_ARCH_PHI3 ? "phi3" : "llama";
 }
 
 /* ---- llama2.c ------------------------------------------------------------ */

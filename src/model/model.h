@@ -44,6 +44,15 @@ struct kvlm_model {
     size_t packed_bytes;
 };
 
+/* A view of rows [row0, row0 + n) of a 2-D weight: a pointer offset, since
+ * rows are stored whole (a quantized row is whole blocks). The fused phi3
+ * tensors become separate Q, K, V and gate, up views this way, so the
+ * forward pass and the per-matrix kernels see ordinary weights. */
+model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
+
+/* The GGUF name of an architecture ("llama", "qwen2", "phi3"). */
+const char *model_arch_name(kvlm_arch arch);
+
 /* Loads weights and vocabulary (params may be NULL: defaults). */
 int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *params, kvlm_error *err);
 void model_unload(struct kvlm_model *m);
