@@ -48,7 +48,7 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2] [--dim D] [--hidden F] [--layers L]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3] [--dim D] [--hidden F] [--layers L]\n"
                    "       [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C] [--rope-base B]\n"
                    "       [--type T] [--tied] [--seed S]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
@@ -77,7 +77,8 @@ int cmd_synth(int argc, char **argv) {
     if (arch) {
         if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2)", arch);
+        else if (!strcmp(arch, "phi3")) p.arch = KVLM_ARCH_PHI3;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3)", arch);
     }
     if (type_name && (p.type = kvlm_type_from_name(type_name)) < 0)
         return cli_fail("synth", "unknown type '%s'", type_name);

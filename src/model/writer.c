@@ -11,15 +11,60 @@
 typedef struct {
     char name[64];
     model_tensor t;
+    void *own; /* a fused tensor's data, when its parts were not adjacent */
 } named_tensor;
 
-/* Every tensor of m under its GGUF name; returns the count (n <= cap). */
+/* One matrix of the rows of parts[0], parts[1], ... (phi3's attn_qkv and
+ * gate+up ffn_up). Views of one fused tensor (a loaded phi3 file, or synth)
+ * are adjacent already; other parts are copied, through f32 if their types
+ * differ. Returns false if out of memory. */
+static bool fuse_rows(named_tensor *out, const model_tensor *const *parts, int n_parts) {
+    model_tensor t = *parts[0];
+    bool adjacent = true, same_type = true;
+    size_t row = dt_row_size(t.type, t.n_in);
+    for (int i = 1; i < n_parts; i++) {
+        same_type &= parts[i]->type == t.type;
+        adjacent &= same_type && parts[i]->data == (const char *)t.data + (size_t)t.n_out * row;
+        t.n_out += parts[i]->n_out;
+    }
+    out->own = NULL;
+    if (!adjacent) {
+        int type = same_type ? t.type : DT_F32;
+        size_t out_row = dt_row_size(type, t.n_in);
+        char *buf = malloc(out_row * (size_t)t.n_out), *p = buf;
+        if (!buf) return false;
+        for (int i = 0; i < n_parts; i++) {
+            const model_tensor *s = parts[i];
+            if (same_type) memcpy(p, s->data, out_row * (size_t)s->n_out);
+            else
+                for (int64_t r = 0; r < s->n_out; r++)
+                    dt_dequantize_row(s->type, (const char *)s->data + (size_t)r * dt_row_size(s->type, s->n_in),
+                                      (float *)(p + (size_t)r * out_row), s->n_in);
+            p += out_row * (size_t)s->n_out;
+        }
+        t.data = out->own = buf;
+        t.type = type;
+    }
+    t.packed = NULL;
+    out->t = t;
+    return true;
+}
+
+/* Every tensor of m under its GGUF name; returns the count (n <= cap), or -1
+ * if out of memory. */
 static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) {
     int n = 0;
+    bool phi3 = m->cfg.arch == KVLM_ARCH_PHI3;
 #define ADD(fmt, l, tensor)                                                  \
     if ((tensor).data && n < cap) {                                          \
         snprintf(out[n].name, sizeof out[n].name, fmt, l);                   \
         out[n++].t = (tensor);                                               \
+    }
+#define ADD_FUSED(fmt, l, ...)                                                                  \
+    if (n < cap) {                                                                              \
+        const model_tensor *parts[] = {__VA_ARGS__};                                            \
+        snprintf(out[n].name, sizeof out[n].name, fmt, l);                                      \
+        if (!fuse_rows(&out[n++], parts, (int)(sizeof parts / sizeof parts[0]))) return -1;     \
     }
     ADD("token_embd.weight%.0d", 0, m->tok_embd);
     ADD("output_norm.weight%.0d", 0, m->output_norm);
@@ -27,24 +72,33 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const model_layer *L = &m->layers[l];
         ADD("blk.%d.attn_norm.weight", l, L->attn_norm);
-        ADD("blk.%d.attn_q.weight", l, L->wq);
-        ADD("blk.%d.attn_k.weight", l, L->wk);
-        ADD("blk.%d.attn_v.weight", l, L->wv);
+        if (phi3) {
+            ADD_FUSED("blk.%d.attn_qkv.weight", l, &L->wq, &L->wk, &L->wv);
+        } else {
+            ADD("blk.%d.attn_q.weight", l, L->wq);
+            ADD("blk.%d.attn_k.weight", l, L->wk);
+            ADD("blk.%d.attn_v.weight", l, L->wv);
+        }
         ADD("blk.%d.attn_output.weight", l, L->wo);
         ADD("blk.%d.attn_q.bias", l, L->bq);
         ADD("blk.%d.attn_k.bias", l, L->bk);
         ADD("blk.%d.attn_v.bias", l, L->bv);
         ADD("blk.%d.ffn_norm.weight", l, L->ffn_norm);
-        ADD("blk.%d.ffn_gate.weight", l, L->w_gate);
+        if (phi3) {
+            ADD_FUSED("blk.%d.ffn_up.weight", l, &L->w_gate, &L->w_up); /* gate rows first */
+        } else {
+            ADD("blk.%d.ffn_gate.weight", l, L->w_gate);
+            ADD("blk.%d.ffn_up.weight", l, L->w_up);
+        }
         ADD("blk.%d.ffn_down.weight", l, L->w_down);
-        ADD("blk.%d.ffn_up.weight", l, L->w_up);
     }
 #undef ADD
+#undef ADD_FUSED
     return n;
 }
 
 static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name) {
-    const char *arch = c->arch == KVLM_ARCH_QWEN2 ? "qwen2" : "llama";
+    const char *arch = model_arch_name(c->arch);
     char k[128];
     gguf_writer_set_str(w, "general.architecture", arch);
     gguf_writer_set_str(w, "general.name", name);
@@ -125,11 +179,13 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
     write_hparams(w, &m->cfg, base ? base + 1 : m->path);
     vocab_to_gguf(&m->vocab, w);
     int n = list_tensors(m, ts, cap);
-    rc = write_tensors(w, ts, n, type, owned, err);
+    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, owned, err);
     if (!rc) rc = gguf_writer_write(w, path, err);
 done:
     if (owned)
         for (int i = 0; i < cap; i++) free(owned[i]);
+    if (ts)
+        for (int i = 0; i < cap; i++) free(ts[i].own);
     free(owned);
     gguf_writer_free(w);
     free(ts);
@@ -210,8 +266,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     struct kvlm_model m;
     memset(&m, 0, sizeof m);
     m.cfg = c;
-    snprintf(m.path, sizeof m.path, "synthetic-%s-d%d-l%d", c.arch == KVLM_ARCH_QWEN2 ? "qwen2" : "llama", c.dim,
-             c.n_layers);
+    snprintf(m.path, sizeof m.path, "synthetic-%s-d%d-l%d", model_arch_name(c.arch), c.dim, c.n_layers);
     int rc = KVLM_OK;
     if (synth_vocab(&m.vocab, c.vocab_size)) { vocab_free(&m.vocab); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
@@ -239,9 +294,18 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     for (int l = 0; l < c.n_layers; l++) {
         model_layer *L = &m.layers[l];
         MAKE(L->attn_norm, c.dim, 1, 1);
-        MAKE(L->wq, c.dim, q_dim, 0);
-        MAKE(L->wk, c.dim, kv_dim, 0);
-        MAKE(L->wv, c.dim, kv_dim, 0);
+        if (c.arch == KVLM_ARCH_PHI3) {
+            /* one buffer, as the file stores it (written back fused) */
+            model_tensor fused = {0};
+            MAKE(fused, c.dim, q_dim + 2 * kv_dim, 0);
+            L->wq = model_tensor_rows(&fused, 0, q_dim);
+            L->wk = model_tensor_rows(&fused, q_dim, kv_dim);
+            L->wv = model_tensor_rows(&fused, q_dim + kv_dim, kv_dim);
+        } else {
+            MAKE(L->wq, c.dim, q_dim, 0);
+            MAKE(L->wk, c.dim, kv_dim, 0);
+            MAKE(L->wv, c.dim, kv_dim, 0);
+        }
         MAKE(L->wo, q_dim, c.dim, 0);
         if (c.arch == KVLM_ARCH_QWEN2) {
             MAKE(L->bq, q_dim, 1, 2);
@@ -249,9 +313,17 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->bv, kv_dim, 1, 2);
         }
         MAKE(L->ffn_norm, c.dim, 1, 1);
-        MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
-        MAKE(L->w_down, c.hidden_dim, c.dim, 0);
-        MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+        if (c.arch == KVLM_ARCH_PHI3) {
+            model_tensor fused = {0};
+            MAKE(fused, c.dim, 2 * c.hidden_dim, 0);
+            L->w_gate = model_tensor_rows(&fused, 0, c.hidden_dim);
+            L->w_up = model_tensor_rows(&fused, c.hidden_dim, c.hidden_dim);
+            MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+        } else { /* this order keeps the random stream of earlier versions */
+            MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
+            MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+            MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+        }
     }
 #undef MAKE
     if (p->chat_template && !(m.vocab.chat_template = strdup(p->chat_template))) {
