@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""llama_ref: an independent, slow, float64 reference of the llama / qwen2
-forward pass, tokenizer and greedy decoding, used to cross-check kvlm.
+"""llama_ref: an independent, slow, float64 reference of the llama / qwen2 /
+phi3 forward pass, tokenizer and greedy decoding, used to cross-check kvlm.
 
 Reads GGUF v2/v3 (F32, F16, Q8_0 tensors) and llama2.c version-0 checkpoints
 (.bin, with a tokenizer.bin). Depends on numpy only. No KV cache: every
@@ -135,7 +135,7 @@ def read_gguf(path):
 # Model: hyper-parameters + weights in one plain structure
 
 class Model:
-    arch = "llama"      # "llama" (RoPE on consecutive pairs) or "qwen2" (NeoX)
+    arch = "llama"      # "llama" (RoPE on consecutive pairs), "qwen2" or "phi3" (NeoX)
     dim = hidden = n_layers = n_heads = n_kv_heads = vocab = ctx = 0
     head_dim = rope_dim = 0
     eps = 1e-5
@@ -143,19 +143,41 @@ class Model:
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
-    #         ffn_norm, w1, w2, w3 (matrices as [out, in])
+    #         ffn_norm, w1, w2, w3 (matrices as [out, in]); phi3 layers have
+    #         wqkv (rows Q, K, V) instead of wq, wk, wv and w13 (rows: gate,
+    #         then up) instead of w1, w3 -- used fused, outputs split after
     tok_emb = out_norm = out = None
     out_type = GGML_F32
     layers = ()  # each layer's "types": {weight: GGML type} (absent = F32)
     act_q8 = False  # emulate kvlm's rounding of activations for Q8_0 weights
 
 
+def load_phi3_layer(m, t, types, p):
+    """phi3: fused attn_qkv [q_dim + 2 kv_dim, dim] and ffn_up [2 hidden, dim]
+    (gate rows first, as Hugging Face's gate_up_proj.chunk(2)); no biases."""
+    q_dim, kv_dim = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    wqkv, w13 = t[p + "attn_qkv.weight"], t[p + "ffn_up.weight"]
+    if wqkv.shape != (q_dim + 2 * kv_dim, m.dim):
+        raise ValueError("%sattn_qkv.weight: shape %s" % (p, wqkv.shape))
+    if w13.shape != (2 * m.hidden, m.dim):
+        raise ValueError("%sffn_up.weight: shape %s" % (p, w13.shape))
+    L = {"attn_norm": t[p + "attn_norm.weight"], "wqkv": wqkv,
+         "wo": t[p + "attn_output.weight"], "ffn_norm": t[p + "ffn_norm.weight"],
+         "w13": w13, "w2": t[p + "ffn_down.weight"], "bq": None}
+    L["types"] = {k: types[p + n] for k, n in (
+        ("wqkv", "attn_qkv.weight"), ("wo", "attn_output.weight"),
+        ("w13", "ffn_up.weight"), ("w2", "ffn_down.weight"))}
+    return L
+
+
 def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "qwen2"):
+    if m.arch not in ("llama", "qwen2", "phi3"):
         raise ValueError("architecture %r not supported" % m.arch)
+    if m.arch == "phi3" and ("rope_factors_long.weight" in t or "rope_factors_short.weight" in t):
+        raise ValueError("phi3 with LongRoPE factors (128k variants) not supported")
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
     m.n_layers = int(meta[a + ".block_count"])
@@ -175,6 +197,9 @@ def load_gguf(path):
     m.layers = []
     for i in range(m.n_layers):
         p = "blk.%d." % i
+        if m.arch == "phi3":
+            m.layers.append(load_phi3_layer(m, t, types, p))
+            continue
         L = {"attn_norm": t[p + "attn_norm.weight"],
              "wq": t[p + "attn_q.weight"], "wk": t[p + "attn_k.weight"],
              "wv": t[p + "attn_v.weight"], "wo": t[p + "attn_output.weight"],
@@ -311,15 +336,20 @@ def forward(m, ids):
     for L in m.layers:
         h = rmsnorm(x, L["attn_norm"], m.eps)
         ty = L["types"]
-        q = matmul(m, h, L["wq"], ty.get("wq"))
-        k = matmul(m, h, L["wk"], ty.get("wk"))
-        v = matmul(m, h, L["wv"], ty.get("wv"))
+        if "wqkv" in L:  # phi3: one product, its output columns split
+            qkv = matmul(m, h, L["wqkv"], ty.get("wqkv"))
+            nq, nkv = m.n_heads * hd, m.n_kv_heads * hd
+            q, k, v = qkv[:, :nq], qkv[:, nq:nq + nkv], qkv[:, nq + nkv:]
+        else:
+            q = matmul(m, h, L["wq"], ty.get("wq"))
+            k = matmul(m, h, L["wk"], ty.get("wk"))
+            v = matmul(m, h, L["wv"], ty.get("wv"))
         if L["bq"] is not None:
             q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
         q = q.reshape(T, m.n_heads, hd)
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
-        neox = m.arch == "qwen2"
+        neox = m.arch in ("qwen2", "phi3")
         q = rope(q, pos, m.rope_dim, m.rope_base, neox)
         k = rope(k, pos, m.rope_dim, m.rope_base, neox)
         att = np.empty((T, m.n_heads, hd))
@@ -331,7 +361,11 @@ def forward(m, ids):
             att[:, hh, :] = s @ v[:, kh, :]
         x = x + matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
         h = rmsnorm(x, L["ffn_norm"], m.eps)
-        g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
+        if "w13" in L:  # phi3: gate = first half of the fused output, up = second
+            gu = matmul(m, h, L["w13"], ty.get("w13"))
+            g = silu(gu[:, :m.hidden]) * gu[:, m.hidden:]
+        else:
+            g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
         x = x + matmul(m, g, L["w2"], ty.get("w2"))
     return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type)
 
