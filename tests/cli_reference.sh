@@ -150,8 +150,8 @@ synth_check() {
 }
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
-# fallback) and the qwen2 path. Random logits have gaps far above float error.
-for arch in llama qwen2; do
+# fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
+for arch in llama qwen2 phi3; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -173,6 +173,35 @@ synth_check qwen2-63-tied-f16      1e-4 --arch qwen2 --dim 96  --heads 6 --kv-he
 synth_check gqa82-hd16-f16         1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f16 --seed 7 "${common[@]}"
 synth_check gqa82-hd16-q8_0        6e-2 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 8 "${common[@]}"
 synth_check qwen2-gqa82-hd16-q8_0  6e-2 --arch qwen2 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 9 "${common[@]}"
+# phi3: fused attn_qkv and gate+up ffn_up (kvlm splits them into row views at
+# load; the reference multiplies by the fused matrices and splits the outputs)
+synth_check phi3-gqa42-hd32-f32    1e-4 --arch phi3  --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 12 "${common[@]}"
+synth_check phi3-gqa82-hd16-f16    1e-4 --arch phi3  --dim 128 --heads 8 --kv-heads 2 --hidden 192 --type f16 --seed 13 --tied --layers 3 --vocab 300 --ctx 64
+synth_check phi3-gqa42-hd32-q8_0   6e-2 --arch phi3  --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type q8_0 --seed 14 "${common[@]}"
+
+# phi3 as `kvlm plan` and `inspect` show it: the architecture, the fused
+# tensors, and the KV cache per token (2 layers x 2 KV heads x 32 head dim x
+# (2 + 2) bytes of the default f16 cache = 512 bytes, the same as a llama of
+# that shape: fusing changes the weights' layout, not the cache)
+model="$tmp/phi3-gqa42-hd32-f32.gguf"
+if [ -f "$model" ]; then
+    plan=$("$bin" plan -m "$model" 2>&1 || true)
+    if grep -q "^  phi3: 2 layers, dim 128, 4 heads (2 KV heads, head dim 32)" <<< "$plan" &&
+       grep -q "^KV per token: *512 bytes" <<< "$plan"; then
+        pass "phi3: kvlm plan shows the architecture and 512 bytes of KV per token"
+    else
+        fail "phi3: kvlm plan output unexpected:"; echo "$plan" | head -5 | sed 's/^/    /'
+    fi
+    insp=$("$bin" inspect "$model" 2>&1 || true)
+    if grep -q 'general.architecture *= "phi3"' <<< "$insp" &&
+       grep -q "blk.0.attn_qkv.weight *f32 *128 x 256 " <<< "$insp" &&
+       grep -q "blk.0.ffn_up.weight *f32 *128 x 512 " <<< "$insp" &&
+       ! grep -q "attn_q.weight\|ffn_gate.weight" <<< "$insp"; then
+        pass "phi3: kvlm inspect shows the architecture and the fused tensors"
+    else
+        fail "phi3: kvlm inspect output unexpected"; echo "$insp" | grep "arch\|blk.0" | sed 's/^/    /'
+    fi
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

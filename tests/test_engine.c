@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "helpers/testutil.h"
 #include "kvlm.h"
+#include "model/gguf.h"
 
 static const char *GOLDEN =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -158,6 +159,8 @@ static void test_cache_equals_recompute_shapes(void **state) {
         {KVLM_ARCH_LLAMA, 256, 8, 2, 0, "q8_0", "q8_0 weights 8:2"},
         {KVLM_ARCH_QWEN2, 256, 8, 4, 0, "q4_k", "qwen2 q4_k weights 8:4"},
         {KVLM_ARCH_LLAMA, 256, 8, 8, 0, "f16", "f16 weights"},
+        {KVLM_ARCH_PHI3, 128, 4, 2, 0, "f32", "phi3 fused qkv/gate-up 4:2"},
+        {KVLM_ARCH_PHI3, 256, 8, 2, 0, "q8_0", "phi3 q8_0 weights 8:2"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         kvlm_synth_params sp = {0};
@@ -179,6 +182,74 @@ static void test_cache_equals_recompute_shapes(void **state) {
         check_cache_equals_recompute(m, shapes[i].name);
         kvlm_model_free(m);
     }
+}
+
+/* Rewrites the phi3 file src as dst with one change: tensor `drop` left out,
+ * tensor `shrink` given `rows` rows (its first ones), and an f32 tensor `add`
+ * of 16 values added (each NULL: no such change). */
+static void rewrite_gguf(const char *src, const char *dst, const char *drop, const char *shrink, int64_t rows,
+                         const char *add) {
+    kvlm_error err = {0};
+    gguf_file *f = gguf_open(src, &err);
+    if (!f) fail_msg("open %s: %s", src, err.msg);
+    gguf_writer *w = gguf_writer_create();
+    gguf_writer_copy_kv(w, f, "");
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        if (drop && !strcmp(t->cname, drop)) continue;
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (shrink && !strcmp(t->cname, shrink)) ne[1] = rows;
+        assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, ne, t->data, &err), KVLM_OK);
+    }
+    static const float factors[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    if (add) assert_int_equal(gguf_writer_add_tensor(w, add, 0, 1, (const int64_t[]){16}, factors, &err), KVLM_OK);
+    if (gguf_writer_write(w, dst, &err)) fail_msg("write %s: %s", dst, err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+}
+
+/* phi3: the fused tensors' shapes are checked, LongRoPE files are refused
+ * with a message that says so, and convert writes the tensors fused again
+ * (same logits after a round trip). */
+static void test_phi3(void **state) {
+    (void)state;
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_PHI3;
+    sp.dim = 64, sp.hidden_dim = 96, sp.n_layers = 2, sp.n_heads = 4, sp.n_kv_heads = 2;
+    sp.vocab_size = 300, sp.n_ctx = 64, sp.type = kvlm_type_from_name("f32"), sp.seed = 3;
+    char src[4096];
+    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, src, &err)) fail_msg("synth phi3: %s", err.msg);
+    /* q rows 64 + k, v rows 32 each = 128; gate + up rows 2 x 96 = 192 */
+    struct { const char *drop, *shrink; int64_t rows; const char *add, *needle; } bad[] = {
+        {NULL, "blk.1.attn_qkv.weight", 127, NULL, "tensor blk.1.attn_qkv.weight: shape 64x127, expected 64x128"},
+        {NULL, "blk.0.ffn_up.weight", 96, NULL, "tensor blk.0.ffn_up.weight: shape 64x96, expected 64x192"},
+        {"blk.0.attn_qkv.weight", NULL, 0, NULL, "missing tensor blk.0.attn_qkv.weight"},
+        {NULL, NULL, 0, "rope_factors_long.weight", "rope_factors_long.weight: LongRoPE scaling"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *dst = tu_tmp_path(".gguf");
+        rewrite_gguf(src, dst, bad[i].drop, bad[i].shrink, bad[i].rows, bad[i].add);
+        kvlm_error e = {0};
+        kvlm_model *m = kvlm_model_load(dst, NULL, &e);
+        if (m) fail_msg("accepted a bad phi3 file (expected \"%s\")", bad[i].needle);
+        if (!strstr(e.msg, bad[i].needle)) fail_msg("error \"%s\" lacks \"%s\"", e.msg, bad[i].needle);
+    }
+    kvlm_model *a = load(src, NULL);
+    char desc[512];
+    kvlm_model_describe(a, desc, sizeof desc);
+    assert_non_null(strstr(desc, "phi3"));
+    const char *out = tu_tmp_path(".gguf");
+    if (kvlm_model_save_gguf(a, out, -1, &err)) fail_msg("convert phi3: %s", err.msg);
+    kvlm_model *b = load(out, NULL);
+    int32_t ids[10] = {1, 50, 99, 7, 250, 3, 18, 200, 77, 5};
+    float *la = logits_of(a, ids, 10, false, false, 1), *lb = logits_of(b, ids, 10, false, false, 1);
+    assert_memory_equal(la, lb, sizeof(float) * 10 * 300);
+    free(la);
+    free(lb);
+    kvlm_model_free(a);
+    kvlm_model_free(b);
 }
 
 /* The two files of stories260K hold the same weights: same logits. */
@@ -489,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_equals_llama2c),
         cmocka_unit_test(test_cache_equals_recompute_stories),
         cmocka_unit_test(test_cache_equals_recompute_shapes),
+        cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_convert),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_sampler_penalties),
