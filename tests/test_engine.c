@@ -185,10 +185,11 @@ static void test_cache_equals_recompute_shapes(void **state) {
 }
 
 /* Rewrites the phi3 file src as dst with one change: tensor `drop` left out,
- * tensor `shrink` given `rows` rows (its first ones), and an f32 tensor `add`
- * of 16 values added (each NULL: no such change). */
+ * tensor `shrink` given `rows` rows (its first ones), an f32 tensor `add` of
+ * 16 values added (each NULL: no such change), or, with q_rows > 0, each f32
+ * attn_qkv split into separate attn_q (q_rows rows), attn_k and attn_v. */
 static void rewrite_gguf(const char *src, const char *dst, const char *drop, const char *shrink, int64_t rows,
-                         const char *add) {
+                         const char *add, int64_t q_rows) {
     kvlm_error err = {0};
     gguf_file *f = gguf_open(src, &err);
     if (!f) fail_msg("open %s: %s", src, err.msg);
@@ -199,6 +200,20 @@ static void rewrite_gguf(const char *src, const char *dst, const char *drop, con
         if (drop && !strcmp(t->cname, drop)) continue;
         int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
         if (shrink && !strcmp(t->cname, shrink)) ne[1] = rows;
+        const char *qkv = strstr(t->cname, "attn_qkv.weight");
+        if (q_rows > 0 && qkv) {
+            int64_t kv_rows = (t->ne[1] - q_rows) / 2, r0 = 0;
+            const char *parts[3] = {"attn_q", "attn_k", "attn_v"};
+            for (int p = 0; p < 3; p++) {
+                char name[128];
+                snprintf(name, sizeof name, "%.*s%s.weight", (int)(qkv - t->cname), t->cname, parts[p]);
+                int64_t pne[2] = {t->ne[0], p ? kv_rows : q_rows};
+                const float *data = (const float *)t->data + r0 * t->ne[0];
+                assert_int_equal(gguf_writer_add_tensor(w, name, t->type, 2, pne, data, &err), KVLM_OK);
+                r0 += pne[1];
+            }
+            continue;
+        }
         assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, ne, t->data, &err), KVLM_OK);
     }
     static const float factors[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
@@ -230,7 +245,7 @@ static void test_phi3(void **state) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *dst = tu_tmp_path(".gguf");
-        rewrite_gguf(src, dst, bad[i].drop, bad[i].shrink, bad[i].rows, bad[i].add);
+        rewrite_gguf(src, dst, bad[i].drop, bad[i].shrink, bad[i].rows, bad[i].add, 0);
         kvlm_error e = {0};
         kvlm_model *m = kvlm_model_load(dst, NULL, &e);
         if (m) fail_msg("accepted a bad phi3 file (expected \"%s\")", bad[i].needle);
@@ -246,10 +261,32 @@ static void test_phi3(void **state) {
     int32_t ids[10] = {1, 50, 99, 7, 250, 3, 18, 200, 77, 5};
     float *la = logits_of(a, ids, 10, false, false, 1), *lb = logits_of(b, ids, 10, false, false, 1);
     assert_memory_equal(la, lb, sizeof(float) * 10 * 300);
+    /* Separate attn_q/k/v in a phi3 file are accepted (as llama.cpp does):
+     * same logits; convert fuses them again (copying: not adjacent now). */
+    char sep[4096];
+    snprintf(sep, sizeof sep, "%s", tu_tmp_path(".gguf"));
+    rewrite_gguf(src, sep, NULL, NULL, 0, NULL, 64);
+    kvlm_model *c = load(sep, NULL);
+    float *lc = logits_of(c, ids, 10, false, false, 1);
+    assert_memory_equal(la, lc, sizeof(float) * 10 * 300);
+    const char *fused_again = tu_tmp_path(".gguf");
+    if (kvlm_model_save_gguf(c, fused_again, -1, &err)) fail_msg("convert separate phi3: %s", err.msg);
+    gguf_file *f = gguf_open(fused_again, &err);
+    assert_non_null(f);
+    assert_non_null(gguf_find_tensor(f, "blk.1.attn_qkv.weight"));
+    assert_null(gguf_find_tensor(f, "blk.1.attn_q.weight"));
+    gguf_close(f);
+    kvlm_model *d = load(fused_again, NULL);
+    float *ld = logits_of(d, ids, 10, false, false, 1);
+    assert_memory_equal(la, ld, sizeof(float) * 10 * 300);
     free(la);
     free(lb);
+    free(lc);
+    free(ld);
     kvlm_model_free(a);
     kvlm_model_free(b);
+    kvlm_model_free(c);
+    kvlm_model_free(d);
 }
 
 /* The two files of stories260K hold the same weights: same logits. */
