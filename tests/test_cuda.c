@@ -155,6 +155,9 @@ static void test_shapes(void **state) {
         {KVLM_ARCH_QWEN2, 256, 4, 2, 544, "f16", 5e-3, "qwen2 biases GQA 4/2 hd 64 f16"},
         {KVLM_ARCH_LLAMA, 256, 16, 1, 544, "f32", 1e-4, "16 query heads per KV head f32"},
         {KVLM_ARCH_LLAMA, 256, 4, 2, 544, "q5_0", 4e-2, "q5_0 (converted to f16 on the GPU)"},
+        /* fused QKV and gate-up tensors, loaded as row views of one matrix */
+        {KVLM_ARCH_PHI3, 256, 8, 2, 544, "f16", 5e-3, "phi3 GQA 8/2 hd 32 f16"},
+        {KVLM_ARCH_PHI3, 256, 4, 2, 544, "q8_0", 3e-2, "phi3 GQA 4/2 hd 64 q8_0"},
     };
     int n = sizeof shapes / sizeof shapes[0];
     if (tu_quick()) n = 4;
