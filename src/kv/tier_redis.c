@@ -40,6 +40,7 @@
 #include "kv/tier.h"
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -110,6 +111,7 @@ typedef struct {
     char host[256];
     int port, db;
     int timeout_ms;
+    bool proxy; /* a twemproxy in front (?proxy=1): it has no DBSIZE, INFO or SELECT */
 
     /* queue: q_mu guards it, the writer's state and the flush sequence */
     pthread_mutex_t q_mu;
@@ -630,10 +632,19 @@ static void writer_break(redis_tier *t) {
     set_up(t);
 }
 
-/* DBSIZE and INFO memory in one round trip. */
+/* DBSIZE and INFO memory in one round trip (a proxy: PING, to notice it
+ * is gone while idle; its figures stay 0). */
 static void writer_poll(redis_tier *t) {
     double deadline = util_now_s() + t->timeout_ms / 1000.0, set_s = 0;
     redisContext *c = t->w;
+    if (t->proxy) {
+        redisReply *r = NULL;
+        if (redisAppendCommand(c, "PING") == REDIS_OK && rt_send(c, deadline, &set_s)) r = rt_recv(c, deadline, &set_s, NULL);
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r) freeReplyObject(r);
+        if (!ok) writer_break(t);
+        return;
+    }
     bool ok = redisAppendCommand(c, "DBSIZE") == REDIS_OK && redisAppendCommand(c, "INFO memory") == REDIS_OK &&
               rt_send(c, deadline, &set_s);
     redisReply *a = ok ? rt_recv(c, deadline, &set_s, NULL) : NULL;
@@ -873,8 +884,8 @@ static bool parse_hostport(const char *url, const char *h, const char *stops, ch
     return true;
 }
 
-/* redis://HOST:PORT[/DB] */
-static bool parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, kvlm_error *err) {
+/* redis://HOST:PORT[/DB][?proxy=1] */
+static bool parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, bool *proxy, kvlm_error *err) {
     static const char scheme[] = "redis://";
     const char *want = "expected redis://HOST:PORT[/DB] or redis-cluster://HOST:PORT[,HOST:PORT...]";
     if (!url) return util_err_set(err, KVLM_EINVAL, "redis tier: no URL (%s)", want), false;
@@ -884,21 +895,31 @@ static bool parse_url(const char *url, char *host, size_t host_cap, int *port, i
     if (strchr(h, '@'))
         return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url),
                false;
-    if (!parse_hostport(url, h, "/", host, host_cap, port, &pe, want, err)) return false;
+    if (!parse_hostport(url, h, "/?", host, host_cap, port, &pe, want, err)) return false;
     *db = 0;
+    *proxy = false;
+    const char *q = strchr(pe, '?');
+    if (q) {
+        if (strcmp(q, "?proxy=1") != 0)
+            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': the one option is ?proxy=1", url), false;
+        *proxy = true;
+    }
     if (*pe == '/') {
         const char *d = pe + 1;
         long v;
-        if (!parse_uint(d, strlen(d), &v))
+        if (!parse_uint(d, (size_t)((q ? q : d + strlen(d)) - d), &v))
             return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': database must be a number (%s)", url, want),
                    false;
         *db = (int)v;
     }
+    if (*proxy && *db)
+        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': a proxy has only database 0", url), false;
     return true;
 }
 
 /* One server's tier (a single server, or one node of a cluster). */
-static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, _Atomic bool *refresh, kvlm_error *err) {
+static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, _Atomic bool *refresh, bool proxy,
+                             kvlm_error *err) {
     redis_tier *t = calloc(1, sizeof *t);
     if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
     t->base.ops = &redis_ops;
@@ -907,6 +928,7 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
     t->db = db;
     t->timeout_ms = timeout_ms;
     t->refresh = refresh;
+    t->proxy = proxy;
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_mutex_init(&t->r_mu, NULL);
     cond_init_mono(&t->q_cv);
@@ -1052,7 +1074,7 @@ static int cluster_node_add(cluster_tier *t, const char *host, int port) {
     int n = atomic_load(&t->n_nodes);
     if (n >= KV_CLUSTER_MAX_NODES) return -1;
     kvlm_error err = {0};
-    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, &t->refresh, &err);
+    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, &t->refresh, false, &err);
     if (!nd) return -1;
     atomic_store(&t->nodes[n], nd);
     atomic_store(&t->n_nodes, n + 1);
@@ -1215,6 +1237,29 @@ static int redirect_target(cluster_tier *t, const char *e, bool *ask) {
     return cluster_find_node(t, host, (int)port);
 }
 
+/* Parses one reply already in c's read buffer into the sink, no I/O:
+ * 1 one parsed, 0 not whole yet, -1 a protocol error or an unexpected shape. */
+static int psink_try(redisContext *c, pipe_sink *s, int cur) {
+    redisReader *rd = c->reader;
+    redisReplyObjectFunctions *fn = rd->fn;
+    void *priv = rd->privdata;
+    rd->fn = &psink_fns;
+    rd->privdata = s;
+    s->cur = cur;
+    s->kind = RK_NONE;
+    void *r = NULL;
+    int st = redisReaderGetReply(rd, &r) == REDIS_OK ? (r ? 1 : 0) : -1;
+    if (st == 1 && (r != (void *)s || s->kind == RK_OTHER || s->kind == RK_NONE)) st = -1;
+    if (st != 1) rd->reply = NULL; /* a half-built reply is the sink's */
+    rd->fn = fn;
+    rd->privdata = priv;
+    return st;
+}
+
+/* A node's pipeline is over: its reader goes back, closed if broken (its
+ * unread replies would reach the next caller); its blocks not read miss. */
+static void leg_end(cluster_tier *t, int nd, int slot, bool broken) { reader_give(atomic_load(&t->nodes[nd]), slot, broken); }
+
 /* GET (bufs != NULL) or EXISTS of n blocks over the cluster: lens[i] > 0
  * for a block found (EXISTS: 1). One pipeline per node, sent to every node
  * before any reply is read; one deadline for all. */
@@ -1263,31 +1308,69 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
         legs[n_legs].broken = !ok;
         n_legs++;
     }
-    /* receive, node after node (the others' replies wait in their sockets) */
+    /* receive from every node at once (poll): a node that hangs costs its
+     * own blocks at the deadline, not the others' */
+    struct pollfd pfd[KV_CLUSTER_MAX_NODES];
+    int next[KV_CLUSTER_MAX_NODES], open_legs = 0;
     for (int l = 0; l < n_legs; l++) {
-        redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
-        redisContext *c = r->readers[legs[l].slot].c;
-        pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
-        double set_s = 0;
-        for (int j = 0; !legs[l].broken && j < n; j++) {
-            if (node[j] != legs[l].node) continue;
-            if (!psink_recv(c, &s, j, deadline, &set_s, r->rbuf[legs[l].slot])) {
-                legs[l].broken = true;
-                lens[j] = 0;
-                break;
+        next[l] = 0;
+        if (!legs[l].broken) open_legs++;
+        else leg_end(t, legs[l].node, legs[l].slot, true);
+    }
+    while (open_legs > 0) {
+        int np = 0, map_[KV_CLUSTER_MAX_NODES];
+        for (int l = 0; l < n_legs; l++) {
+            if (legs[l].broken || next[l] > n) continue; /* ended */
+            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
+            redisContext *c = r->readers[legs[l].slot].c;
+            /* parse what has arrived */
+            for (;;) {
+                while (next[l] < n && node[next[l]] != legs[l].node) next[l]++;
+                if (next[l] == n) break;
+                int j = next[l];
+                pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
+                int got = psink_try(c, &s, j);
+                if (got == 0) break;
+                if (got < 0) { legs[l].broken = true; break; }
+                if (s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
+                else if (s.kind == RK_ERR) {
+                    bool ask;
+                    int to = redirect_target(t, s.err, &ask);
+                    if (to >= 0) redir[j] = to + (ask ? KV_CLUSTER_MAX_NODES : 0);
+                    else if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
+                }
+                next[l]++;
             }
-            if (s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
-            else if (s.kind == RK_ERR) {
-                bool ask;
-                int to = redirect_target(t, s.err, &ask);
-                if (to >= 0) redir[j] = to + (ask ? KV_CLUSTER_MAX_NODES : 0);
-                else if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
+            if (legs[l].broken || next[l] == n) {
+                leg_end(t, legs[l].node, legs[l].slot, legs[l].broken);
+                next[l] = n + 1;
+                open_legs--;
+                continue;
+            }
+            pfd[np] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+            map_[np++] = l;
+        }
+        if (np == 0) break;
+        double left = deadline - util_now_s();
+        int pr = left > 0 ? poll(pfd, (nfds_t)np, (int)(left * 1000) + 1) : 0;
+        if (pr < 0 && errno == EINTR) continue;
+        for (int k = 0; k < np; k++) {
+            int l = map_[k];
+            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
+            redisContext *c = r->readers[legs[l].slot].c;
+            bool end = pr <= 0; /* the deadline passed (or poll failed) */
+            if (!end && pfd[k].revents) {
+                ssize_t got = read(c->fd, r->rbuf[legs[l].slot], KV_REDIS_READ_CHUNK);
+                if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+                end = got <= 0 || redisReaderFeed(c->reader, (const char *)r->rbuf[legs[l].slot], (size_t)got) != REDIS_OK;
+            }
+            if (end) {
+                legs[l].broken = true;
+                leg_end(t, legs[l].node, legs[l].slot, true);
+                next[l] = n + 1;
+                open_legs--;
             }
         }
-        if (legs[l].broken) /* what was read is good; the rest misses */
-            for (int j = 0; j < n; j++)
-                if (node[j] == legs[l].node && !lens[j]) redir[j] = -1;
-        reader_give(r, legs[l].slot, legs[l].broken);
     }
     /* redirections: once each, one round trip per block (they are rare: a
      * slot moved since the map was read) */
@@ -1500,7 +1583,8 @@ kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err) {
     if (url && !strncmp(url, CLUSTER_SCHEME, sizeof CLUSTER_SCHEME - 1)) return cluster_open(url, timeout_ms, err);
     char host[256];
     int port, db;
-    if (!parse_url(url, host, sizeof host, &port, &db, err)) return NULL;
-    redis_tier *t = node_open(host, port, db, timeout_ms, NULL, err);
+    bool proxy;
+    if (!parse_url(url, host, sizeof host, &port, &db, &proxy, err)) return NULL;
+    redis_tier *t = node_open(host, port, db, timeout_ms, NULL, proxy, err);
     return t ? &t->base : NULL;
 }
