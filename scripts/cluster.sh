@@ -48,7 +48,9 @@ wait_for() {
     sleep 0.1
   done
 }
-alive() { kill -0 "$1" 2>/dev/null; }
+# running, not a zombie (a process killed from outside whose parent, this
+# script's shell, is gone may wait unreaped where PID 1 does not reap)
+alive() { kill -0 "$1" 2>/dev/null && ! grep -q '^[0-9]* ([^)]*) Z' "/proc/$1/stat" 2>/dev/null; }
 record() { echo "$1 $2" >>"$pids"; }
 redis_port() { echo $(( port + 100 + $1 )); }
 kvlm_port() { echo $(( port + $1 )); }
@@ -77,7 +79,7 @@ start() {
   for t in redis-server redis-cli haproxy; do command -v $t >/dev/null || die "$t missing (scripts/setup.sh)"; done
   mkdir -p "$dir"
   : >"$pids"
-  trap 'say "start failed: stopping what started"; stop' ERR
+  trap 'rc=$?; if [ $rc != 0 ]; then say "start failed: stopping what started"; stop; fi' EXIT
   local url="" nodes=()
   if [ "$n_redis" -gt 0 ]; then
     for i in $(seq "$n_redis"); do start_redis_node "$i"; nodes+=("127.0.0.1:$(redis_port "$i")"); done
@@ -110,13 +112,14 @@ import sys
 src, dst, bind, servers = sys.argv[1:]
 open(dst, "w").write(open(src).read().replace("@BIND@", bind).replace("@SERVERS@", servers.rstrip("\n")))
 PY
-    haproxy -c -q -f "$dir/haproxy.cfg" || die "haproxy rejected $dir/haproxy.cfg"
+    haproxy -c -q -f "$dir/haproxy.cfg" >"$dir/haproxy-check.log" 2>&1 ||
+      die "haproxy rejected $dir/haproxy.cfg: $(cat "$dir/haproxy-check.log")"
     haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
     record haproxy $!
     wait_for 10 curl -sf "http://127.0.0.1:$port/health" || die "haproxy on $port did not answer within 10 s"
     say "$n_kvlm kvlm instances on $(kvlm_port 1)..$(kvlm_port "$n_kvlm"), HAProxy on http://127.0.0.1:$port"
   fi
-  trap - ERR
+  trap - EXIT
 }
 
 stop() {
