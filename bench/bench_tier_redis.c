@@ -1,6 +1,9 @@
 /* bench/bench_tier_redis: the Redis tier's put and get speed (MB/s) against a
- * running server (bench/bench_tier_redis.sh starts one and compares with
- * redis-benchmark in the same run).
+ * running server, a Redis Cluster (redis-cluster://...) or a twemproxy
+ * (redis://...?proxy=1) (bench/bench_tier_redis.sh starts them and compares
+ * with redis-benchmark in the same run). -x CMD runs a shell command between
+ * the puts and the gets (the script kills a node with it) and reports the
+ * hits and the slowest get.
  *
  * Block sizes (default): 720,896 bytes, a TinyLlama-1.1B block of 16 tokens
  * (22 layers x K,V x 4 KV heads x 64 x 16 tokens at 4 bytes: f32, or f16 at
@@ -20,10 +23,13 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_tier_redis redis://HOST:PORT[/DB] [-n blocks] [-s size,size,...] [-b batch] [-t timeout_ms]\n"
+            "usage: bench_tier_redis URL [-n blocks] [-s size,size,...] [-b batch] [-t timeout_ms] [-x command]\n"
+            "  URL: redis://HOST:PORT[/DB][?proxy=1] or redis-cluster://HOST:PORT[,HOST:PORT...]\n"
             "  defaults: -n 200 -s 720896,45056 -b 8 -t 2000\n");
     exit(2);
 }
+
+static const char *g_between; /* -x */
 
 static void bench_size(kv_tier *t, size_t size, int n, int batch, uint64_t seed) {
     unsigned char *blk = malloc(size);
@@ -53,7 +59,9 @@ static void bench_size(kv_tier *t, size_t size, int n, int batch, uint64_t seed)
         if (!kv_tier_put(t, &keys[i], blk, size)) { /* queue full: let it drain, once */
             kv_tier_flush(t);
             retries++;
-            if (!kv_tier_put(t, &keys[i], blk, size)) { fprintf(stderr, "put %d failed twice (is the server up?)\n", i); exit(1); }
+            if (!kv_tier_put(t, &keys[i], blk, size)) { /* down (a dead node's slots): counted below */
+                if (!g_between) { fprintf(stderr, "put %d failed twice (is the server up?)\n", i); exit(1); }
+            }
         }
     }
     kv_tier_flush(t);
@@ -62,16 +70,25 @@ static void bench_size(kv_tier *t, size_t size, int n, int batch, uint64_t seed)
     uint64_t written = st.writes - st0.writes;
     if (written != (uint64_t)n) fprintf(stderr, "warning: %llu of %d blocks written\n", (unsigned long long)written, n);
 
-    int hits = 0;
+    if (g_between) {
+        if (system(g_between) != 0) fprintf(stderr, "warning: -x command failed\n");
+        nanosleep(&(struct timespec){0, 500000000}, NULL);
+    }
+    int hits = 0, found = 0;
+    double slowest = 0;
     t0 = util_now_s();
     for (int i = 0; i < n; i += batch) {
         int m = n - i < batch ? n - i : batch;
+        double c0 = util_now_s();
         hits += kv_tier_get(t, m, keys + i, bufs, size, lens);
+        double dt = util_now_s() - c0;
+        if (dt > slowest) slowest = dt;
+        for (int j = 0; j < m; j++) found += lens[j] == size;
     }
     double get_s = util_now_s() - t0;
     /* check the last batch's bytes (outside the timing) */
     int last = (n - 1) / batch * batch;
-    for (int i = last; i < n; i++) {
+    for (int i = last; i < n && !g_between; i++) {
         blk[0] = (unsigned char)i;
         if (lens[i - last] != size || memcmp(bufs[i - last], blk, size) != 0) {
             fprintf(stderr, "block %d came back wrong\n", i);
@@ -79,9 +96,11 @@ static void bench_size(kv_tier *t, size_t size, int n, int batch, uint64_t seed)
         }
     }
     double mb = (double)size * n / 1e6;
-    printf("size %zu: put %.1f MB/s (%d blocks, %.3f s, %d queue-full retries), get %.1f MB/s (MGET of %d, %d/%d hits, %.3f s)\n",
-           size, mb / put_s, n, put_s, retries, mb / get_s, batch, hits, n, get_s);
+    printf("size %zu: put %.1f MB/s (%d blocks, %.3f s, %d queue-full retries), get %.1f MB/s (batches of %d, %d/%d found, "
+           "%d in leading runs, %.3f s, slowest batch %.1f ms)\n",
+           size, mb / put_s, n, put_s, retries, mb / get_s, batch, found, n, hits, get_s, slowest * 1e3);
     printf("TIER %zu %.1f %.1f\n", size, mb / put_s, mb / get_s);
+    printf("FOUND %zu %d %d %.1f\n", size, found, n, slowest * 1e3);
     for (int i = 0; i < batch; i++) free(bufs[i]);
     free(bufs);
     free(lens);
@@ -99,6 +118,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-s")) sizes = argv[++i];
         else if (!strcmp(argv[i], "-b")) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t")) timeout = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-x")) g_between = argv[++i];
         else usage();
     }
     if (n < 1 || batch < 1 || batch > 1024) usage();

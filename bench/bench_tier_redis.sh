@@ -4,8 +4,14 @@
 # connection, 8 pipelined, random keys: what the tier's writer and a reader
 # do) against
 # it in the same run, prints the tier's MB/s as a ratio of redis-benchmark's,
-# and stops the server.
+# and stops the server. Then the same tier over several nodes, for each node
+# count in $NODES (default "3"): a Redis Cluster (redis-cluster://) and
+# twemproxy (nutcracker, ketama) in front of as many plain servers
+# (redis://...?proxy=1), against one server, same sizes and blocks: put/get
+# MB/s (best of 2), then one node killed between the puts and the gets:
+# blocks found and the slowest get. docs/cluster.md has the figures.
 # usage: bench/bench_tier_redis.sh [build dir (default build)] [MB per size (default 256)]
+#   NODES="3 6" SKIP_SINGLE=1 (skip the redis-benchmark comparison)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
@@ -37,7 +43,8 @@ echo "redis-server $(redis-server --version | grep -o 'v=[0-9.]*') on 127.0.0.1:
 # its GETs read one stored key of the same size over and over.
 flush() { redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null; }
 best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a + 0 > b + 0) ? a : b }'; }
-for size in "${sizes[@]}"; do
+[ -n "${SKIP_SINGLE:-}" ] && sizes_single=() || sizes_single=("${sizes[@]}")
+for size in "${sizes_single[@]}"; do
   n=$(( mb * 1000000 / size ))
   tput=0 tget=0 set_rps=0 get_rps=0
   for run in 1 2; do
@@ -66,4 +73,76 @@ for size in "${sizes[@]}"; do
     printf "=> size %d (best of 2): tier put %.1f MB/s vs redis-benchmark SET %.1f MB/s: ratio %.2f; tier get %.1f MB/s vs GET %.1f MB/s: ratio %.2f\n",
       s, tp, rs, tp / rs, tg, rg, tg / rg }'
   echo
+done
+
+# ---- several nodes: Redis Cluster and twemproxy against one server ----
+command -v nutcracker >/dev/null || { echo "nutcracker missing (scripts/setup.sh installs it): no twemproxy figures" >&2; }
+pids=()
+stop_all() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; { wait "$p"; } 2>/dev/null || true; done; pids=(); }
+trap 'stop_all; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+node() { # port [cluster]: a redis-server; its pid in $last
+  local i
+  mkdir -p "$dir/n$1"
+  redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/n$1" --daemonize no --loglevel warning \
+    ${2:+--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 --cluster-require-full-coverage no} \
+    >"$dir/n$1.log" 2>&1 &
+  last=$!; pids+=("$last")
+  for i in $(seq 100); do redis-cli -p "$1" ping 2>/dev/null | grep -q PONG && return; sleep 0.1; done
+  echo "redis-server on $1 did not start" >&2; exit 1
+}
+free_base() { python3 -c '
+import random, socket
+while True:
+    b = random.randrange(20000, 40000)
+    try:
+        for p in list(range(b, b + 20)) + list(range(b + 10000, b + 10020)):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); s.close()
+        print(b); break
+    except OSError: pass'; }
+# deploy KIND N: starts it; sets $url and $victim (the pid of the node to kill)
+deploy() {
+  local kind=$1 n=$2 base; base=$(free_base)
+  case $kind in
+    single) node "$base"; url="redis://127.0.0.1:$base"; victim=$last ;;
+    cluster)
+      local addrs=()
+      for i in $(seq "$n"); do node $((base + i)) c; addrs+=("127.0.0.1:$((base + i))"); if [ "$i" = 1 ]; then victim=$last; fi; done
+      redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1 || { cat "$dir/create.log"; exit 1; }
+      for i in $(seq 200); do
+        ok=1; for a in "${addrs[@]}"; do redis-cli -p "${a#*:}" cluster info | grep -q cluster_state:ok || ok=0; done
+        [ $ok = 1 ] && break; sleep 0.1
+      done
+      url="redis-cluster://$(IFS=,; echo "${addrs[*]}")" ;;
+    twemproxy)
+      { echo "kvlm:"; echo "  listen: 127.0.0.1:$base"; echo "  hash: fnv1a_64"; echo "  distribution: ketama"
+        echo "  redis: true"; echo "  auto_eject_hosts: true"; echo "  server_retry_timeout: 2000"
+        echo "  server_failure_limit: 1"; echo "  timeout: 2000"; echo "  servers:"; } >"$dir/nc.yml"
+      for i in $(seq "$n"); do node $((base + i)); echo "   - 127.0.0.1:$((base + i)):1" >>"$dir/nc.yml"; if [ "$i" = 1 ]; then victim=$last; fi; done
+      nutcracker -c "$dir/nc.yml" -o "$dir/nc.log" & pids+=($!)
+      for i in $(seq 100); do redis-cli -p "$base" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+      url="redis://127.0.0.1:$base?proxy=1" ;;
+  esac
+}
+printf '\n%-10s %5s %9s | %14s %14s | %s\n' deployment nodes "size" "put MB/s" "get MB/s" "one node killed: blocks found, slowest get"
+for n in ${NODES:-3}; do
+  for kind in single cluster twemproxy; do
+    [ $kind = twemproxy ] && ! command -v nutcracker >/dev/null && continue
+    [ $kind = single ] && [ "$n" != "$(echo ${NODES:-3} | cut -d' ' -f1)" ] && continue
+    nn=$n; [ $kind = single ] && nn=1
+    for size in "${sizes[@]}"; do
+      blocks=$(( mb * 1000000 / size ))
+      deploy $kind "$nn"
+      tp=0 tg=0
+      for run in 1 2; do
+        out=$("$bin" "$url" -n "$blocks" -s "$size" -b 8)
+        read -r _ _ p g <<<"$(echo "$out" | grep "^TIER $size ")"
+        tp=$(best "$tp" "$p"); tg=$(best "$tg" "$g")
+      done
+      # a node killed after the puts (a fresh set of blocks)
+      out=$("$bin" "$url" -n "$blocks" -s "$size" -b 8 -x "kill -9 $victim")
+      read -r _ _ found total slow <<<"$(echo "$out" | grep "^FOUND $size ")"
+      printf '%-10s %5s %9s | %14s %14s | %s/%s found, slowest get %s ms\n' $kind "$nn" "$size" "$tp" "$tg" "$found" "$total" "$slow"
+      stop_all
+    done
+  done
 done

@@ -2,7 +2,7 @@
 # Installs the Debian packages kvlm needs to build and test. Idempotent,
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools curl openssl)
+PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

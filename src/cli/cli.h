@@ -59,7 +59,8 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-disk DIR       a disk tier: cached blocks dropped from the pool are kept in DIR and\n" \
     "                          found again, also after a restart (docs/kv-tiers.md)\n" \
     "      --kv-disk-size SIZE its cap (default 20GiB)\n" \
-    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it\n" \
+    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it;\n" \
+    "                          redis-cluster://HOST:PORT[,HOST:PORT...]: over a Redis Cluster's nodes\n" \
     "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
     "                          0: none, preemption recomputes)\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */

@@ -92,8 +92,11 @@ void kv_tier_note_corrupt(kv_tier *t);
  * its own, rebuilt from the directory at open; several processes may share
  * dir. */
 kv_tier *kv_tier_disk_open(const char *dir, uint64_t max_bytes, kvlm_error *err);
-/* Redis: url "redis://HOST:PORT[/DB]"; a writer thread pipelines puts; reads
- * are bounded by timeout_ms (0: 200); reconnects on its own. Redis evicts
- * (maxmemory + allkeys-lru). */
+/* Redis: url "redis://HOST:PORT[/DB]" (one server; "?proxy=1": a twemproxy
+ * in front), or "redis-cluster://HOST:PORT[,HOST:PORT...]" (a Redis Cluster:
+ * seed nodes, the rest discovered; blocks spread over the masters by slot);
+ * a writer thread per server pipelines puts; reads are bounded by timeout_ms
+ * (0: 200) as a whole; reconnects on its own. Redis evicts (maxmemory +
+ * allkeys-lru). */
 kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err);
 #endif

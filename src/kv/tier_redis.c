@@ -40,6 +40,7 @@
 #include "kv/tier.h"
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -110,6 +111,7 @@ typedef struct {
     char host[256];
     int port, db;
     int timeout_ms;
+    bool proxy; /* a twemproxy in front (?proxy=1): it has no DBSIZE, INFO or SELECT */
 
     /* queue: q_mu guards it, the writer's state and the flush sequence */
     pthread_mutex_t q_mu;
@@ -133,6 +135,11 @@ typedef struct {
     reader readers[KV_REDIS_READERS];
     unsigned r_next;
     unsigned char *rbuf[KV_REDIS_READERS]; /* read chunk per slot */
+
+    /* a node of a cluster tier: set when the server answers a write with a
+     * redirection (MOVED, ASK) or CLUSTERDOWN, so the cluster re-reads its
+     * slot map; NULL for a single server */
+    _Atomic bool *refresh;
 
     _Atomic bool up;
     _Atomic uint64_t hits, misses, writes, write_bytes, dropped, errors, reads, read_ns;
@@ -267,16 +274,16 @@ static redisReply *rt_recv(redisContext *c, double deadline, double *set_s, unsi
 
 /* Connects, selects the database and checks the server answers (PING),
  * all within timeout_ms. NULL if it is not there or not answering. */
-static redisContext *rconnect(redis_tier *t) {
-    double deadline = util_now_s() + t->timeout_ms / 1000.0;
-    redisContext *c = redisConnectWithTimeout(t->host, t->port, tv_of(t->timeout_ms / 1000.0));
+static redisContext *rconnect_to(const char *host, int port, int db, int timeout_ms) {
+    double deadline = util_now_s() + timeout_ms / 1000.0;
+    redisContext *c = redisConnectWithTimeout(host, port, tv_of(timeout_ms / 1000.0));
     if (!c) return NULL;
     if (c->err) { redisFree(c); return NULL; }
     double set_s = 0;
     bool ok = true;
     int n = 1;
-    if (t->db) {
-        ok = redisAppendCommand(c, "SELECT %d", t->db) == REDIS_OK;
+    if (db) {
+        ok = redisAppendCommand(c, "SELECT %d", db) == REDIS_OK;
         n++;
     }
     ok = ok && redisAppendCommand(c, "PING") == REDIS_OK && rt_send(c, deadline, &set_s);
@@ -292,6 +299,8 @@ static redisContext *rconnect(redis_tier *t) {
     c->reader->maxbuf = 0;
     return c;
 }
+
+static redisContext *rconnect(redis_tier *t) { return rconnect_to(t->host, t->port, t->db, t->timeout_ms); }
 
 /* ---- readers (callers' threads) ---- */
 
@@ -623,10 +632,19 @@ static void writer_break(redis_tier *t) {
     set_up(t);
 }
 
-/* DBSIZE and INFO memory in one round trip. */
+/* DBSIZE and INFO memory in one round trip (a proxy: PING, to notice it
+ * is gone while idle; its figures stay 0). */
 static void writer_poll(redis_tier *t) {
     double deadline = util_now_s() + t->timeout_ms / 1000.0, set_s = 0;
     redisContext *c = t->w;
+    if (t->proxy) {
+        redisReply *r = NULL;
+        if (redisAppendCommand(c, "PING") == REDIS_OK && rt_send(c, deadline, &set_s)) r = rt_recv(c, deadline, &set_s, NULL);
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r) freeReplyObject(r);
+        if (!ok) writer_break(t);
+        return;
+    }
     bool ok = redisAppendCommand(c, "DBSIZE") == REDIS_OK && redisAppendCommand(c, "INFO memory") == REDIS_OK &&
               rt_send(c, deadline, &set_s);
     redisReply *a = ok ? rt_recv(c, deadline, &set_s, NULL) : NULL;
@@ -664,6 +682,9 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
             } else { /* e.g. OOM under maxmemory with noeviction */
                 atomic_fetch_add(&t->dropped, 1);
                 atomic_fetch_add(&t->errors, 1);
+                if (t->refresh && r->type == REDIS_REPLY_ERROR && r->str &&
+                    (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4) || !strncmp(r->str, "CLUSTERDOWN", 11)))
+                    atomic_store(t->refresh, true);
             }
         }
         freeReplyObject(r);
@@ -825,18 +846,11 @@ static bool parse_uint(const char *s, size_t n, long *out) {
     return true;
 }
 
-/* redis://HOST:PORT[/DB]; HOST a name or IPv4 address (letters, digits,
- * '.', '-') or [IPv6]. */
-static bool parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, kvlm_error *err) {
-    static const char scheme[] = "redis://";
-    const char *want = "expected redis://HOST:PORT[/DB]";
-    if (!url) return util_err_set(err, KVLM_EINVAL, "redis tier: no URL (%s)", want), false;
-    if (strncmp(url, scheme, sizeof scheme - 1) != 0)
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': %s", url, want), false;
-    const char *h = url + sizeof scheme - 1, *he, *p;
-    if (strchr(h, '@'))
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url),
-               false;
+/* HOST:PORT at h, HOST a name or IPv4 address (letters, digits, '.', '-')
+ * or [IPv6]; the port ends at any of `stops` or the string's end (*end). */
+static bool parse_hostport(const char *url, const char *h, const char *stops, char *host, size_t host_cap, int *port,
+                           const char **end, const char *want, kvlm_error *err) {
+    const char *he, *p;
     if (*h == '[') {
         he = strchr(h, ']');
         if (!he) return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': unclosed '[' in the host", url), false;
@@ -859,39 +873,62 @@ static bool parse_url(const char *url, char *host, size_t host_cap, int *port, i
         return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': no port after the host (%s)", url, want), false;
     p++;
     const char *pe = p;
-    while (*pe && *pe != '/') pe++;
+    while (*pe && !strchr(stops, *pe)) pe++;
     long v;
     if (!parse_uint(p, (size_t)(pe - p), &v) || v < 1 || v > 65535)
         return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': port must be 1-65535", url), false;
     *port = (int)v;
+    memcpy(host, h, (size_t)(he - h));
+    host[he - h] = 0;
+    *end = pe;
+    return true;
+}
+
+/* redis://HOST:PORT[/DB][?proxy=1] */
+static bool parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, bool *proxy, kvlm_error *err) {
+    static const char scheme[] = "redis://";
+    const char *want = "expected redis://HOST:PORT[/DB] or redis-cluster://HOST:PORT[,HOST:PORT...]";
+    if (!url) return util_err_set(err, KVLM_EINVAL, "redis tier: no URL (%s)", want), false;
+    if (strncmp(url, scheme, sizeof scheme - 1) != 0)
+        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': %s", url, want), false;
+    const char *h = url + sizeof scheme - 1, *pe;
+    if (strchr(h, '@'))
+        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url),
+               false;
+    if (!parse_hostport(url, h, "/?", host, host_cap, port, &pe, want, err)) return false;
     *db = 0;
+    *proxy = false;
+    const char *q = strchr(pe, '?');
+    if (q) {
+        if (strcmp(q, "?proxy=1") != 0)
+            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': the one option is ?proxy=1", url), false;
+        *proxy = true;
+    }
     if (*pe == '/') {
         const char *d = pe + 1;
-        if (!parse_uint(d, strlen(d), &v))
+        long v;
+        if (!parse_uint(d, (size_t)((q ? q : d + strlen(d)) - d), &v))
             return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': database must be a number (%s)", url, want),
                    false;
         *db = (int)v;
     }
-    memcpy(host, h, (size_t)(he - h));
-    host[he - h] = 0;
+    if (*proxy && *db)
+        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': a proxy has only database 0", url), false;
     return true;
 }
 
-kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err) {
-    char host[256];
-    int port, db;
-    if (!parse_url(url, host, sizeof host, &port, &db, err)) return NULL;
-    if (timeout_ms < 0 || timeout_ms > 60000) {
-        util_err_set(err, KVLM_EINVAL, "redis tier: timeout %d ms: must be 0 (default 200) to 60000", timeout_ms);
-        return NULL;
-    }
+/* One server's tier (a single server, or one node of a cluster). */
+static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, _Atomic bool *refresh, bool proxy,
+                             kvlm_error *err) {
     redis_tier *t = calloc(1, sizeof *t);
     if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
     t->base.ops = &redis_ops;
-    memcpy(t->host, host, sizeof host);
+    snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
     t->db = db;
-    t->timeout_ms = timeout_ms ? timeout_ms : 200;
+    t->timeout_ms = timeout_ms;
+    t->refresh = refresh;
+    t->proxy = proxy;
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_mutex_init(&t->r_mu, NULL);
     cond_init_mono(&t->q_cv);
@@ -933,5 +970,621 @@ kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err) {
         return NULL;
     }
     t->thread_started = true;
+    return t;
+}
+
+/* ---- Redis Cluster: the tier over several nodes ----
+ *
+ * redis-cluster://HOST:PORT[,HOST:PORT...]: seed nodes; the rest of the
+ * cluster is discovered from CLUSTER SLOTS. hiredis 0.14 knows nothing of
+ * clusters, so this does what a cluster client does:
+ * - a block's key "kvlm:blk:<hex>" goes to slot CRC16(key) mod 16384 (no
+ *   hash tag: the blocks of one prompt spread over every node);
+ * - the slot map (slot -> master) comes from CLUSTER SLOTS, asked of any
+ *   node that answers, at open, every KV_CLUSTER_MAP_MS, and at once after
+ *   a redirection or CLUSTERDOWN;
+ * - every master is a node tier of its own (the single-server code above:
+ *   its writer thread and queue for puts, its reader connections, its
+ *   reconnects), so a dead node costs only its own blocks: its puts drop
+ *   and its gets miss at once (no connection: no wait), other nodes serve;
+ * - a get of n blocks is one pipeline of GETs per node (keys of one MGET
+ *   must share a slot), all sent before any is read, under one deadline;
+ *   MOVED (the slot changed master) and ASK (being migrated) are followed
+ *   once (ASK with ASKING first) on a node already known, and refresh the
+ *   map; an unknown target is a miss until the map has it;
+ * - writes answered MOVED/ASK are dropped (counted) and refresh the map.
+ * Only database 0 exists in a cluster. Run the nodes with
+ * cluster-require-full-coverage no, or a single dead master stops every
+ * node from serving any slot (docs/cluster.md). */
+
+#define CLUSTER_SCHEME "redis-cluster://"
+#define KV_CLUSTER_SLOTS 16384
+#define KV_CLUSTER_MAX_NODES 64
+#define KV_CLUSTER_MAX_SEEDS 16
+#define KV_CLUSTER_NO_NODE 0xff
+/* Slot map re-read this often (the answer is a few hundred bytes). */
+#define KV_CLUSTER_MAP_MS 1000
+
+typedef struct {
+    char host[256];
+    int port;
+} hostport;
+
+typedef struct {
+    kv_tier base;
+    int timeout_ms;
+    int n_seeds;
+    hostport seeds[KV_CLUSTER_MAX_SEEDS];
+    /* append-only (by open and the mapper thread); a node is closed only at close */
+    _Atomic(redis_tier *) nodes[KV_CLUSTER_MAX_NODES];
+    _Atomic int n_nodes;
+    _Atomic uint8_t slot_node[KV_CLUSTER_SLOTS]; /* index into nodes, or KV_CLUSTER_NO_NODE */
+    _Atomic bool refresh, mapped;
+    uint8_t map_scratch[KV_CLUSTER_SLOTS]; /* the map being read */
+
+    pthread_mutex_t m_mu;
+    pthread_cond_t m_cv;
+    bool stop;
+    pthread_t thread;
+    bool thread_started;
+
+    _Atomic uint64_t hits, misses, reads, read_ns, dropped, errors;
+} cluster_tier;
+
+/* CRC16-CCITT (XMODEM), Redis Cluster's key hash. */
+static uint16_t crc16(const char *buf, size_t len) {
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((unsigned char)buf[i] << 8);
+        for (int b = 0; b < 8; b++) crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+/* Redis's key slot: a {hash tag} if the key has a non-empty one. */
+static int key_slot(const char *key, size_t len) {
+    size_t s, e;
+    for (s = 0; s < len && key[s] != '{'; s++) {}
+    if (s < len) {
+        for (e = s + 1; e < len && key[e] != '}'; e++) {}
+        if (e < len && e != s + 1) return crc16(key + s + 1, e - s - 1) & (KV_CLUSTER_SLOTS - 1);
+    }
+    return crc16(key, len) & (KV_CLUSTER_SLOTS - 1);
+}
+
+/* The node index serving a block, or -1 (no map yet, or slot unassigned). */
+static int cluster_node_of(cluster_tier *t, const char name[KEY_LEN + 1]) {
+    int n = atomic_load(&t->slot_node[key_slot(name, KEY_LEN)]);
+    return n == KV_CLUSTER_NO_NODE ? -1 : n;
+}
+
+static int cluster_find_node(cluster_tier *t, const char *host, int port) {
+    int n = atomic_load(&t->n_nodes);
+    for (int i = 0; i < n; i++) {
+        redis_tier *nd = atomic_load(&t->nodes[i]);
+        if (nd->port == port && !strcmp(nd->host, host)) return i;
+    }
+    return -1;
+}
+
+/* Finds or opens the node (mapper thread and open only). -1: no room. */
+static int cluster_node_add(cluster_tier *t, const char *host, int port) {
+    int i = cluster_find_node(t, host, port);
+    if (i >= 0) return i;
+    int n = atomic_load(&t->n_nodes);
+    if (n >= KV_CLUSTER_MAX_NODES) return -1;
+    kvlm_error err = {0};
+    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, &t->refresh, false, &err);
+    if (!nd) return -1;
+    atomic_store(&t->nodes[n], nd);
+    atomic_store(&t->n_nodes, n + 1);
+    return n;
+}
+
+/* Reads CLUSTER SLOTS from one node and installs the map. */
+static bool cluster_map_from(cluster_tier *t, const char *host, int port) {
+    redisContext *c = rconnect_to(host, port, 0, t->timeout_ms);
+    if (!c) return false;
+    double deadline = util_now_s() + t->timeout_ms / 1000.0, set_s = 0;
+    redisReply *r = NULL;
+    if (redisAppendCommand(c, "CLUSTER SLOTS") == REDIS_OK && rt_send(c, deadline, &set_s))
+        r = rt_recv(c, deadline, &set_s, NULL);
+    bool ok = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+    uint8_t *map = t->map_scratch; /* the mapper thread's (open runs before it starts) */
+    memset(map, KV_CLUSTER_NO_NODE, KV_CLUSTER_SLOTS);
+    for (size_t i = 0; ok && i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
+            e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
+            e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+            ok = false;
+            break;
+        }
+        long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+        const char *mh = e->element[2]->element[0]->str;
+        long long mp = e->element[2]->element[1]->integer;
+        if (lo < 0 || hi >= KV_CLUSTER_SLOTS || lo > hi || mp < 1 || mp > 65535) { ok = false; break; }
+        /* "" or "?": the node does not know its own address; it is the one asked */
+        if (!*mh || !strcmp(mh, "?")) mh = host;
+        if (strlen(mh) >= sizeof ((hostport *)0)->host) continue;
+        int nd = cluster_node_add(t, mh, (int)mp);
+        if (nd < 0) continue; /* no room: its slots miss */
+        for (long long s = lo; s <= hi; s++) map[s] = (uint8_t)nd;
+    }
+    if (r) freeReplyObject(r);
+    redisFree(c);
+    if (!ok) return false;
+    for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_store_explicit(&t->slot_node[s], map[s], memory_order_relaxed);
+    atomic_store(&t->mapped, true);
+    return true;
+}
+
+/* Asks the known nodes that are up, then the seeds, until one answers. */
+static bool cluster_refresh(cluster_tier *t) {
+    int n = atomic_load(&t->n_nodes);
+    for (int i = 0; i < n; i++) {
+        redis_tier *nd = atomic_load(&t->nodes[i]);
+        if (atomic_load(&nd->up) && cluster_map_from(t, nd->host, nd->port)) return true;
+    }
+    for (int i = 0; i < t->n_seeds; i++)
+        if (cluster_map_from(t, t->seeds[i].host, t->seeds[i].port)) return true;
+    atomic_fetch_add(&t->errors, 1);
+    return false;
+}
+
+static void *mapper_main(void *arg) {
+    cluster_tier *t = arg;
+    double next = util_now_s() + KV_CLUSTER_MAP_MS / 1000.0;
+    pthread_mutex_lock(&t->m_mu);
+    while (!t->stop) {
+        struct timespec ts;
+        abs_deadline(&ts, util_now_s() + 0.05);
+        pthread_cond_timedwait(&t->m_cv, &t->m_mu, &ts);
+        if (t->stop) break;
+        double now = util_now_s();
+        if (now < next && !atomic_load(&t->refresh)) continue;
+        pthread_mutex_unlock(&t->m_mu);
+        atomic_store(&t->refresh, false);
+        cluster_refresh(t);
+        next = util_now_s() + KV_CLUSTER_MAP_MS / 1000.0;
+        pthread_mutex_lock(&t->m_mu);
+    }
+    pthread_mutex_unlock(&t->m_mu);
+    return NULL;
+}
+
+/* Replies of a pipeline of GETs or EXISTS parsed straight into the caller's
+ * buffers (as mget_sink does for MGET): one top-level reply at a time, the
+ * caller sets `cur` before each and reads `kind` after. */
+enum { RK_NONE, RK_STR, RK_NIL, RK_INT, RK_ERR, RK_STATUS, RK_OTHER };
+typedef struct {
+    void *const *bufs; /* NULL: EXISTS */
+    size_t cap;
+    size_t *lens;
+    int cur, kind;
+    long long ival;
+    char err[160];
+} pipe_sink;
+
+static void *psink_string(const redisReadTask *task, char *str, size_t len) {
+    pipe_sink *s = task->privdata;
+    if (task->parent) s->kind = RK_OTHER;
+    else if (task->type == REDIS_REPLY_STRING) {
+        s->kind = RK_STR;
+        if (s->bufs && len > 0 && len <= s->cap) {
+            memcpy(s->bufs[s->cur], str, len);
+            s->lens[s->cur] = len;
+        }
+    } else if (task->type == REDIS_REPLY_ERROR) {
+        s->kind = RK_ERR;
+        size_t m = len < sizeof s->err - 1 ? len : sizeof s->err - 1;
+        memcpy(s->err, str, m);
+        s->err[m] = 0;
+    } else {
+        s->kind = RK_STATUS;
+    }
+    return s;
+}
+static void *psink_array(const redisReadTask *task, int elements) {
+    (void)elements;
+    ((pipe_sink *)task->privdata)->kind = RK_OTHER;
+    return task->privdata;
+}
+static void *psink_integer(const redisReadTask *task, long long v) {
+    pipe_sink *s = task->privdata;
+    if (task->parent) s->kind = RK_OTHER;
+    else { s->kind = RK_INT; s->ival = v; }
+    return s;
+}
+static void *psink_nil(const redisReadTask *task) {
+    pipe_sink *s = task->privdata;
+    s->kind = task->parent ? RK_OTHER : RK_NIL;
+    return s;
+}
+static redisReplyObjectFunctions psink_fns = {psink_string, psink_array, psink_integer, psink_nil, sink_free};
+
+/* Reads one reply of a pipeline into the sink (false: connection broken). */
+static bool psink_recv(redisContext *c, pipe_sink *s, int cur, double deadline, double *set_s, unsigned char *rbuf) {
+    redisReader *rd = c->reader;
+    redisReplyObjectFunctions *fn = rd->fn;
+    void *priv = rd->privdata;
+    rd->fn = &psink_fns;
+    rd->privdata = s;
+    s->cur = cur;
+    s->kind = RK_NONE;
+    bool ok = rt_recv(c, deadline, set_s, rbuf) == (void *)s && s->kind != RK_OTHER && s->kind != RK_NONE;
+    rd->reply = NULL; /* a half-built reply is the sink's */
+    rd->fn = fn;
+    rd->privdata = priv;
+    return ok;
+}
+
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the target node's index if known
+ * (*ask set for ASK); -1 otherwise. Either way the map gets re-read. */
+static int redirect_target(cluster_tier *t, const char *e, bool *ask) {
+    *ask = !strncmp(e, "ASK ", 4);
+    if (!*ask && strncmp(e, "MOVED ", 6) != 0) return -1;
+    atomic_store(&t->refresh, true);
+    const char *a = strchr(e, ' ');
+    a = a ? strchr(a + 1, ' ') : NULL;
+    const char *colon = a ? strrchr(a, ':') : NULL;
+    if (!colon || colon - a - 1 <= 0 || colon - a - 1 >= 256) return -1;
+    char host[256];
+    memcpy(host, a + 1, (size_t)(colon - a - 1));
+    host[colon - a - 1] = 0;
+    long port = strtol(colon + 1, NULL, 10);
+    return cluster_find_node(t, host, (int)port);
+}
+
+/* Parses one reply already in c's read buffer into the sink, no I/O:
+ * 1 one parsed, 0 not whole yet, -1 a protocol error or an unexpected shape. */
+static int psink_try(redisContext *c, pipe_sink *s, int cur) {
+    redisReader *rd = c->reader;
+    redisReplyObjectFunctions *fn = rd->fn;
+    void *priv = rd->privdata;
+    rd->fn = &psink_fns;
+    rd->privdata = s;
+    s->cur = cur;
+    s->kind = RK_NONE;
+    void *r = NULL;
+    int st = redisReaderGetReply(rd, &r) == REDIS_OK ? (r ? 1 : 0) : -1;
+    if (st == 1 && (r != (void *)s || s->kind == RK_OTHER || s->kind == RK_NONE)) st = -1;
+    if (st != 1) rd->reply = NULL; /* a half-built reply is the sink's */
+    rd->fn = fn;
+    rd->privdata = priv;
+    return st;
+}
+
+/* A node's pipeline is over: its reader goes back, closed if broken (its
+ * unread replies would reach the next caller); its blocks not read miss. */
+static void leg_end(cluster_tier *t, int nd, int slot, bool broken) { reader_give(atomic_load(&t->nodes[nd]), slot, broken); }
+
+/* GET (bufs != NULL) or EXISTS of n blocks over the cluster: lens[i] > 0
+ * for a block found (EXISTS: 1). One pipeline per node, sent to every node
+ * before any reply is read; one deadline for all. */
+static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens,
+                          double deadline) {
+    const char *cmd = bufs ? "GET" : "EXISTS";
+    int *node = malloc(sizeof *node * (size_t)n * 2);
+    char(*names)[KEY_LEN + 1] = malloc(sizeof *names * (size_t)n);
+    if (!node || !names) { free(node); free(names); return; }
+    int *redir = node + n; /* per key: -1, or the node a redirection named (+ KV_CLUSTER_MAX_NODES for ASK) */
+    struct { int node, slot; bool broken; } legs[KV_CLUSTER_MAX_NODES];
+    int n_legs = 0;
+    pipe_guard g;
+    pipe_block(&g);
+    for (int i = 0; i < n; i++) {
+        key_name(&keys[i], names[i]);
+        node[i] = cluster_node_of(t, names[i]);
+        redir[i] = -1;
+    }
+    /* send: one pipeline per node, nodes in index order (callers that wait
+     * for a busy reader while holding others' all take them in one order) */
+    int n_nodes = atomic_load(&t->n_nodes);
+    for (int nd = 0; nd < n_nodes; nd++) {
+        int i = 0;
+        while (i < n && node[i] != nd) i++;
+        if (i == n) continue;
+        redis_tier *r = atomic_load(&t->nodes[nd]);
+        int slot = reader_take(r, deadline);
+        if (slot < 0) { /* down (or every reader busy until the deadline): its blocks miss */
+            for (int j = i; j < n; j++)
+                if (node[j] == nd) node[j] = -1;
+            continue;
+        }
+        redisContext *c = r->readers[slot].c;
+        bool ok = true;
+        for (int j = i; ok && j < n; j++) {
+            if (node[j] != nd) continue;
+            const char *argv[2] = {cmd, names[j]};
+            size_t alen[2] = {strlen(cmd), KEY_LEN};
+            ok = redisAppendCommandArgv(c, 2, argv, alen) == REDIS_OK;
+        }
+        double set_s = 0;
+        ok = ok && rt_send(c, deadline, &set_s);
+        legs[n_legs].node = nd;
+        legs[n_legs].slot = slot;
+        legs[n_legs].broken = !ok;
+        n_legs++;
+    }
+    /* receive from every node at once (poll): a node that hangs costs its
+     * own blocks at the deadline, not the others' */
+    struct pollfd pfd[KV_CLUSTER_MAX_NODES];
+    int next[KV_CLUSTER_MAX_NODES], open_legs = 0;
+    for (int l = 0; l < n_legs; l++) {
+        next[l] = 0;
+        if (!legs[l].broken) open_legs++;
+        else leg_end(t, legs[l].node, legs[l].slot, true);
+    }
+    while (open_legs > 0) {
+        int np = 0, map_[KV_CLUSTER_MAX_NODES];
+        for (int l = 0; l < n_legs; l++) {
+            if (legs[l].broken || next[l] > n) continue; /* ended */
+            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
+            redisContext *c = r->readers[legs[l].slot].c;
+            /* parse what has arrived */
+            for (;;) {
+                while (next[l] < n && node[next[l]] != legs[l].node) next[l]++;
+                if (next[l] == n) break;
+                int j = next[l];
+                pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
+                int got = psink_try(c, &s, j);
+                if (got == 0) break;
+                if (got < 0) { legs[l].broken = true; break; }
+                if (s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
+                else if (s.kind == RK_ERR) {
+                    bool ask;
+                    int to = redirect_target(t, s.err, &ask);
+                    if (to >= 0) redir[j] = to + (ask ? KV_CLUSTER_MAX_NODES : 0);
+                    else if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
+                }
+                next[l]++;
+            }
+            if (legs[l].broken || next[l] == n) {
+                leg_end(t, legs[l].node, legs[l].slot, legs[l].broken);
+                next[l] = n + 1;
+                open_legs--;
+                continue;
+            }
+            pfd[np] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+            map_[np++] = l;
+        }
+        if (np == 0) break;
+        double left = deadline - util_now_s();
+        int pr = left > 0 ? poll(pfd, (nfds_t)np, (int)(left * 1000) + 1) : 0;
+        if (pr < 0 && errno == EINTR) continue;
+        for (int k = 0; k < np; k++) {
+            int l = map_[k];
+            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
+            redisContext *c = r->readers[legs[l].slot].c;
+            bool end = pr <= 0; /* the deadline passed (or poll failed) */
+            if (!end && pfd[k].revents) {
+                ssize_t got = read(c->fd, r->rbuf[legs[l].slot], KV_REDIS_READ_CHUNK);
+                if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+                end = got <= 0 || redisReaderFeed(c->reader, (const char *)r->rbuf[legs[l].slot], (size_t)got) != REDIS_OK;
+            }
+            if (end) {
+                legs[l].broken = true;
+                leg_end(t, legs[l].node, legs[l].slot, true);
+                next[l] = n + 1;
+                open_legs--;
+            }
+        }
+    }
+    /* redirections: once each, one round trip per block (they are rare: a
+     * slot moved since the map was read) */
+    for (int j = 0; j < n; j++) {
+        if (redir[j] < 0 || lens[j]) continue;
+        bool ask = redir[j] >= KV_CLUSTER_MAX_NODES;
+        redis_tier *r = atomic_load(&t->nodes[redir[j] % KV_CLUSTER_MAX_NODES]);
+        int slot = reader_take(r, deadline);
+        if (slot < 0) continue;
+        redisContext *c = r->readers[slot].c;
+        const char *argv[2] = {cmd, names[j]};
+        size_t alen[2] = {strlen(cmd), KEY_LEN};
+        double set_s = 0;
+        pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
+        bool ok = (!ask || redisAppendCommand(c, "ASKING") == REDIS_OK) &&
+                  redisAppendCommandArgv(c, 2, argv, alen) == REDIS_OK && rt_send(c, deadline, &set_s) &&
+                  (!ask || psink_recv(c, &s, j, deadline, &set_s, r->rbuf[slot])) &&
+                  psink_recv(c, &s, j, deadline, &set_s, r->rbuf[slot]);
+        if (ok && s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
+        if (!ok) lens[j] = 0;
+        reader_give(r, slot, !ok);
+    }
+    pipe_restore(&g);
+    free(node);
+    free(names);
+}
+
+static int leading(int n, const size_t *lens, int *found) {
+    int lead = 0;
+    bool gap = false;
+    *found = 0;
+    for (int i = 0; i < n; i++) {
+        if (lens[i]) {
+            (*found)++;
+            if (!gap) lead++;
+        } else {
+            gap = true;
+        }
+    }
+    return lead;
+}
+
+static int cluster_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
+    cluster_tier *t = (cluster_tier *)base;
+    if (n <= 0) return 0;
+    double t0 = util_now_s();
+    for (int i = 0; i < n; i++) lens[i] = 0;
+    atomic_fetch_add(&t->reads, 1);
+    cluster_fetch(t, n, keys, bufs, cap, lens, t0 + t->timeout_ms / 1000.0);
+    int found, lead = leading(n, lens, &found);
+    atomic_fetch_add(&t->hits, (uint64_t)found);
+    atomic_fetch_add(&t->misses, (uint64_t)(n - found));
+    atomic_fetch_add(&t->read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    return lead;
+}
+
+static int cluster_contains(kv_tier *base, int n, const kv_key *keys) {
+    cluster_tier *t = (cluster_tier *)base;
+    if (n <= 0) return 0;
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    if (!lens) return 0;
+    cluster_fetch(t, n, keys, NULL, 0, lens, util_now_s() + t->timeout_ms / 1000.0);
+    int found, lead = leading(n, lens, &found);
+    free(lens);
+    return lead;
+}
+
+static redis_tier *cluster_route(cluster_tier *t, const kv_key *key) {
+    char name[KEY_LEN + 1];
+    key_name(key, name);
+    int nd = cluster_node_of(t, name);
+    return nd < 0 ? NULL : atomic_load(&t->nodes[nd]);
+}
+
+static bool cluster_put(kv_tier *base, const kv_key *key, const void *data, size_t len) {
+    cluster_tier *t = (cluster_tier *)base;
+    redis_tier *r = cluster_route(t, key);
+    if (r) return redis_put(&r->base, key, data, len); /* the node counts a drop */
+    atomic_fetch_add(&t->dropped, 1);
+    return false;
+}
+
+static void cluster_drop(kv_tier *base, const kv_key *key) {
+    redis_tier *r = cluster_route((cluster_tier *)base, key);
+    if (r) redis_drop(&r->base, key);
+}
+
+static void cluster_flush(kv_tier *base) {
+    cluster_tier *t = (cluster_tier *)base;
+    int n = atomic_load(&t->n_nodes);
+    for (int i = 0; i < n; i++) redis_flush(&atomic_load(&t->nodes[i])->base);
+}
+
+/* Sums of the nodes' figures (blocks: keys over every master; bytes: their
+ * used_memory); up while the map is known and at least one node answers. */
+static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
+    cluster_tier *t = (cluster_tier *)base;
+    memset(out, 0, sizeof *out);
+    bool any_up = false;
+    int n = atomic_load(&t->n_nodes);
+    for (int i = 0; i < n; i++) {
+        kv_tier_stats s;
+        redis_stats(&atomic_load(&t->nodes[i])->base, &s);
+        out->blocks += s.blocks;
+        out->bytes += s.bytes;
+        out->writes += s.writes;
+        out->write_bytes += s.write_bytes;
+        out->dropped_writes += s.dropped_writes;
+        out->errors += s.errors;
+        any_up |= s.up;
+    }
+    out->hits = atomic_load(&t->hits);
+    out->misses = atomic_load(&t->misses);
+    out->reads = atomic_load(&t->reads);
+    out->read_seconds = (double)atomic_load(&t->read_ns) / 1e9;
+    out->dropped_writes += atomic_load(&t->dropped);
+    out->errors += atomic_load(&t->errors);
+    out->up = any_up && atomic_load(&t->mapped);
+}
+
+static void cluster_free(cluster_tier *t) {
+    int n = atomic_load(&t->n_nodes);
+    for (int i = 0; i < n; i++) redis_close(&atomic_load(&t->nodes[i])->base);
+    pthread_mutex_destroy(&t->m_mu);
+    pthread_cond_destroy(&t->m_cv);
+    free(t);
+}
+
+static void cluster_close(kv_tier *base) {
+    cluster_tier *t = (cluster_tier *)base;
+    pthread_mutex_lock(&t->m_mu);
+    t->stop = true;
+    pthread_cond_broadcast(&t->m_cv);
+    pthread_mutex_unlock(&t->m_mu);
+    if (t->thread_started) pthread_join(t->thread, NULL);
+    cluster_free(t); /* each node flushes as it closes */
+}
+
+static const kv_tier_ops cluster_ops = {
+    .name = "redis",
+    .put = cluster_put,
+    .get = cluster_get,
+    .contains = cluster_contains,
+    .drop = cluster_drop,
+    .flush = cluster_flush,
+    .stats = cluster_stats,
+    .close = cluster_close,
+};
+
+static kv_tier *cluster_open(const char *url, int timeout_ms, kvlm_error *err) {
+    const char *want = "expected redis-cluster://HOST:PORT[,HOST:PORT...]";
+    cluster_tier *t = calloc(1, sizeof *t);
+    if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
+    t->base.ops = &cluster_ops;
+    t->timeout_ms = timeout_ms;
+    for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_init(&t->slot_node[s], KV_CLUSTER_NO_NODE);
+    pthread_mutex_init(&t->m_mu, NULL);
+    cond_init_mono(&t->m_cv);
+    const char *p = url + sizeof CLUSTER_SCHEME - 1;
+    if (strchr(p, '@')) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url);
+        cluster_free(t);
+        return NULL;
+    }
+    for (;;) {
+        if (t->n_seeds == KV_CLUSTER_MAX_SEEDS) {
+            util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': more than %d seed nodes", url, KV_CLUSTER_MAX_SEEDS);
+            cluster_free(t);
+            return NULL;
+        }
+        hostport *h = &t->seeds[t->n_seeds];
+        const char *end;
+        if (!parse_hostport(url, p, ",", h->host, sizeof h->host, &h->port, &end, want, err)) {
+            cluster_free(t);
+            return NULL;
+        }
+        t->n_seeds++;
+        if (!*end) break;
+        p = end + 1; /* a ',' */
+    }
+    /* One map now (each seed at most one timeout), so puts route at once; a
+     * cluster that is not there is not an error (the mapper keeps asking). */
+    pipe_guard g;
+    pipe_block(&g);
+    bool mapped = false;
+    for (int i = 0; i < t->n_seeds && !mapped; i++) mapped = cluster_map_from(t, t->seeds[i].host, t->seeds[i].port);
+    pipe_restore(&g);
+    if (!mapped) atomic_fetch_add(&t->errors, 1);
+
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&t->thread, NULL, mapper_main, t);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        cluster_free(t);
+        util_err_set(err, KVLM_ENOMEM, "redis tier: cannot start its slot-map thread (%s)", strerror(rc));
+        return NULL;
+    }
+    t->thread_started = true;
     return &t->base;
+}
+
+kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err) {
+    if (timeout_ms < 0 || timeout_ms > 60000) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: timeout %d ms: must be 0 (default 200) to 60000", timeout_ms);
+        return NULL;
+    }
+    if (!timeout_ms) timeout_ms = 200;
+    if (url && !strncmp(url, CLUSTER_SCHEME, sizeof CLUSTER_SCHEME - 1)) return cluster_open(url, timeout_ms, err);
+    char host[256];
+    int port, db;
+    bool proxy;
+    if (!parse_url(url, host, sizeof host, &port, &db, &proxy, err)) return NULL;
+    redis_tier *t = node_open(host, port, db, timeout_ms, NULL, proxy, err);
+    return t ? &t->base : NULL;
 }
