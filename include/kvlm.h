@@ -637,6 +637,13 @@ typedef struct kvlm_server_params {
     const char *const *cors_origins; /* origins allowed cross-origin requests (exact match) */
     int n_cors_origins;
     const char *ssl_key_file, *ssl_cert_file; /* PEM; both set: HTTPS only */
+    /* KV events for prefix-aware routers (docs/kv-events.md): the prefix
+     * index's changes in vLLM's format on a ZeroMQ PUB socket at this
+     * endpoint, tcp://HOST:PORT or ipc://PATH: it listens when the host is
+     * the wildcard star (or "::", or ipc), else connects to a subscriber that
+     * listens (vLLM's rule); NULL: none. */
+    const char *kv_events;
+    const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);
