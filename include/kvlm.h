@@ -379,6 +379,40 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
  * tiers' queues (kvlm_ctx_free does it too). */
 void kvlm_ctx_kv_persist(kvlm_ctx *ctx);
 
+/* KV events (docs/kv-events.md): the prefix index's changes as they
+ * happen, for a publisher that tells routers which blocks this engine holds
+ * (the server's --kv-events). STORED: a full block entered the index (its
+ * tokens are valid during the call only); REMOVED: it left it (reused for
+ * other data, or changed by eviction). Every stored block is removed at most
+ * once; kvlm_ctx_free drops the rest without events. Called on the thread
+ * that changes the cache (the engine thread), so the sink must not block. */
+enum { KVLM_KV_EVENT_STORED = 1, KVLM_KV_EVENT_REMOVED = 2 };
+typedef struct kvlm_kv_event {
+    int kind;                /* KVLM_KV_EVENT_* */
+    uint8_t hash[16];        /* the block's chained key (XXH3-128, canonical big-endian bytes) */
+    uint8_t parent[16];      /* STORED: the previous block's key (all zero when has_parent is false) */
+    bool has_parent;         /* false: the first block of a sequence */
+    const int32_t *tokens;   /* STORED: its n_tokens (the block size) tokens */
+    int n_tokens;
+} kvlm_kv_event;
+typedef struct kvlm_kv_event_sink {
+    void (*event)(void *user, const kvlm_kv_event *ev);
+    void (*flush)(void *user); /* may be NULL: kvlm_ctx_kv_events_flush, a batch boundary */
+    void *user;
+} kvlm_kv_event_sink;
+/* Installs the sink (copied; NULL or no event function: none). Not while
+ * another thread uses the context. */
+void kvlm_ctx_set_kv_event_sink(kvlm_ctx *ctx, const kvlm_kv_event_sink *sink);
+/* Calls the sink's flush: the events since the last call form one batch
+ * (kvlm_sched calls it after every step). */
+void kvlm_ctx_kv_events_flush(kvlm_ctx *ctx);
+/* The keys of the blocks the prefix index holds now, in block order: returns
+ * how many (at most cap written), -1 out of memory. The thread that uses the
+ * context only (a server: kvlm_sched_kv_blocks). */
+int kvlm_kv_cached_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap);
+/* The device the context computes on (KVLM_DEVICE_*). */
+int kvlm_ctx_device(const kvlm_ctx *ctx);
+
 /* Sessions (like llama.cpp's --prompt-cache): a sequence's tokens and full
  * KV blocks saved to a file, each block in the tiers' checked format
  * (src/kv/session.h). kvlm_session_load, for an empty sequence about to take
@@ -562,6 +596,13 @@ typedef struct kvlm_sched_stats {
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 
+/* The keys of the blocks in the prefix index (kvlm_kv_cached_blocks) as of
+ * the end of the last step: returns how many (at most cap written), or -1
+ * when none has been taken yet. The first call asks the engine thread to
+ * take them after every step from then on (and once now, if it is idle):
+ * call again shortly. Any thread. */
+int kvlm_sched_kv_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap);
+
 typedef struct kvlm_sched_req_info {
     uint64_t id;
     int state;           /* 0 waiting, 1 prefill, 2 running */
@@ -598,6 +639,13 @@ typedef struct kvlm_server_params {
     const char *const *cors_origins; /* origins allowed cross-origin requests (exact match) */
     int n_cors_origins;
     const char *ssl_key_file, *ssl_cert_file; /* PEM; both set: HTTPS only */
+    /* KV events for prefix-aware routers (docs/kv-events.md): the prefix
+     * index's changes in vLLM's format on a ZeroMQ PUB socket at this
+     * endpoint, tcp://HOST:PORT or ipc://PATH: it listens when the host is
+     * the wildcard star (or "::", or ipc), else connects to a subscriber that
+     * listens (vLLM's rule); NULL: none. */
+    const char *kv_events;
+    const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

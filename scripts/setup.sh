@@ -3,6 +3,9 @@
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl)
+# KV events (serve --kv-events): ZeroMQ and msgpack-c to build; Debian's Python
+# bindings for the subscriber test (tests/cli_serve_kv_events.sh runs /usr/bin/python3).
+PKGS+=(libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -152,10 +152,46 @@ static void test_full_pool(void **state) {
     kv_free(c);
 }
 
+/* The index listener's view (KV events): keys added and removed, mirrored. */
+typedef struct { kv_key keys[64]; int n; uint64_t added, removed; } index_mirror;
+
+static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
+    index_mirror *m = user;
+    const kv_key *k = kv_block_key_of(c, b);
+    int at = -1;
+    for (int i = 0; i < m->n; i++)
+        if (!memcmp(m->keys[i].b, k->b, 16)) at = i;
+    if (what == KV_INDEX_ADDED) {
+        if (at >= 0 || m->n == 64) fail_msg("block %d added twice, or more than the pool", b);
+        assert_true(kv_block_indexed(c, b));
+        m->keys[m->n++] = *k;
+        m->added++;
+    } else {
+        if (at < 0) fail_msg("block %d removed but never added", b);
+        assert_true(kv_block_indexed(c, b)); /* still readable during the call */
+        m->keys[at] = m->keys[--m->n];
+        m->removed++;
+    }
+}
+
+static void check_mirror(const kv_cache *c, const index_mirror *m) {
+    int32_t blocks[64];
+    int n = kv_indexed_blocks(c, blocks, 64);
+    assert_int_equal(n, m->n);
+    for (int i = 0; i < n; i++) {
+        bool found = false;
+        for (int j = 0; j < m->n && !found; j++) found = !memcmp(m->keys[j].b, kv_block_key_of(c, blocks[i])->b, 16);
+        if (!found) fail_msg("indexed block %d is not in the listener's mirror", blocks[i]);
+    }
+}
+
 static void test_randomized(void **state) {
     (void)state;
     int max_seqs = 8, iters = tu_quick() ? 3000 : 20000;
     kv_cache *c = make(40, 4, max_seqs, true);
+    static index_mirror mirror;
+    memset(&mirror, 0, sizeof mirror);
+    kv_set_index_listener(c, on_index, &mirror);
     kvlm_error err = {0};
     uint64_t rng = 42;
     int ok_ops = 0, full = 0;
@@ -187,7 +223,10 @@ static void test_randomized(void **state) {
         const char *bad = kv_check(c);
         if (bad) fail_msg("after op %d: %s", it, bad);
         if (it % 64 == 0) check_contents(c, max_seqs);
+        if (it % 64 == 0) check_mirror(c, &mirror);
     }
+    check_mirror(c, &mirror);
+    assert_true(mirror.added > 0 && mirror.removed > 0);
     check_contents(c, max_seqs);
     for (int s = 0; s < max_seqs; s++) kv_seq_release(c, s);
     kv_stats st;

@@ -40,7 +40,13 @@ static void serve_usage(FILE *f) {
             "      --metrics-auth      /metrics needs the key too\n"
             "      --cors-origin ORIGIN  let web pages from ORIGIN (e.g. https://app.example.com) call the API\n"
             "                          (repeatable; by default no cross-origin page can read the answers)\n"
-            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n"
+            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n\n"
+            "For prefix-aware routers (docs/kv-events.md):\n"
+            "      --kv-events URL     publish the KV cache's block changes in vLLM's KV-events format (ZeroMQ\n"
+            "                          PUB, msgpack): tcp://*:5557 listens, tcp://HOST:5557 connects to a\n"
+            "                          subscriber that listens (also ipc://PATH)\n"
+            "      --kv-events-topic T the topic frame of every message (default empty, as vLLM; llm-d\n"
+            "                          reads kv@POD@MODEL)\n"
             "  -h, --help              this help\n");
 }
 
@@ -85,6 +91,8 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-key-file", &sp.ssl_key_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }

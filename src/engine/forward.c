@@ -63,6 +63,8 @@ struct kvlm_ctx {
     double evict_seconds;
     double attn_seconds;
     engine_cuda *cuda;         /* device CUDA: weights, KV blocks and the forward pass on the GPU */
+    kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
+    int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -323,6 +325,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
     free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
+    free(ctx->blocks_tmp);
     free(ctx);
 }
 
@@ -522,6 +525,45 @@ size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
     return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + kv_store_stage_bytes(ctx->kv);
 }
+
+/* ---- KV events ---------------------------------------------------------------- */
+
+static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
+    kvlm_ctx *ctx = user;
+    kvlm_kv_event ev;
+    memset(&ev, 0, sizeof ev);
+    memcpy(ev.hash, kv_block_key_of(c, b)->b, 16);
+    if (what == KV_INDEX_ADDED) {
+        static const uint8_t zero[16];
+        ev.kind = KVLM_KV_EVENT_STORED;
+        memcpy(ev.parent, kv_block_parent_of(c, b)->b, 16);
+        ev.has_parent = memcmp(ev.parent, zero, 16) != 0;
+        ev.tokens = kv_block_tokens(c, b);
+        ev.n_tokens = kv_get_params(c)->block_size;
+    } else ev.kind = KVLM_KV_EVENT_REMOVED;
+    ctx->events.event(ctx->events.user, &ev);
+}
+
+void kvlm_ctx_set_kv_event_sink(kvlm_ctx *ctx, const kvlm_kv_event_sink *sink) {
+    if (sink && sink->event) ctx->events = *sink;
+    else memset(&ctx->events, 0, sizeof ctx->events);
+    kv_store_set_index_listener(ctx->kv, ctx->events.event ? on_index : NULL, ctx);
+}
+
+void kvlm_ctx_kv_events_flush(kvlm_ctx *ctx) {
+    if (ctx->events.flush) ctx->events.flush(ctx->events.user);
+}
+
+int kvlm_kv_cached_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap) {
+    int nb = kv_store_params_of(ctx->kv)->n_blocks;
+    if (!ctx->blocks_tmp && !(ctx->blocks_tmp = malloc((size_t)nb * sizeof(int32_t)))) return -1;
+    int n = kv_store_indexed_blocks(ctx->kv, ctx->blocks_tmp, nb);
+    kv_cache *c = kv_store_pool(ctx->kv);
+    for (int i = 0; i < n && i < cap; i++) memcpy(keys[i], kv_block_key_of(c, ctx->blocks_tmp[i])->b, 16);
+    return n;
+}
+
+int kvlm_ctx_device(const kvlm_ctx *ctx) { return ctx->p.device; }
 
 void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     kv_stats s;

@@ -66,6 +66,11 @@ struct kvlm_sched {
     kvlm_sched_stats snap;
     kvlm_sched_req_info *snap_req, *work_req; /* published, and being filled */
     int n_snap_req, cap_snap_req, cap_work_req;
+    /* kvlm_sched_kv_blocks: once asked for (want_blocks, under mu), the
+     * prefix index's keys are taken after every step; published (-1: not yet) and being filled */
+    bool want_blocks;
+    uint8_t (*blk_snap)[16], (*blk_work)[16];
+    int n_blk_snap;
 };
 
 /* Tokens a sequence of n tokens holds in the cache once settled: the budget caps it. */
@@ -92,6 +97,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->n_blocks = st.n_blocks;
     s->block_bytes = st.block_bytes;
     s->next_id = 1;
+    s->n_blk_snap = -1;
     s->snap.kv = st;
     s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
     int cap = s->batch_tokens + s->max_seqs;
@@ -188,6 +194,8 @@ void kvlm_sched_free(kvlm_sched *s) {
     free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
     free(s->snap_req);
     free(s->work_req);
+    free(s->blk_snap);
+    free(s->blk_work);
     free(s);
 }
 
@@ -561,6 +569,40 @@ static void publish(kvlm_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Engine thread, between steps: the prefix index's keys, if anyone asked. */
+static void take_blocks(kvlm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    bool want = s->want_blocks;
+    pthread_mutex_unlock(&s->mu);
+    if (!want) return;
+    int n = -1;
+    if (s->blk_work || (s->blk_work = malloc((size_t)s->n_blocks * 16)))
+        n = kvlm_kv_cached_blocks(s->ctx, s->blk_work, s->n_blocks);
+    pthread_mutex_lock(&s->mu);
+    if (n < 0) { /* out of memory: until asked again */
+        s->want_blocks = false;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    uint8_t (*t)[16] = s->blk_snap;
+    s->blk_snap = s->blk_work;
+    s->blk_work = t;
+    s->n_blk_snap = n < s->n_blocks ? n : s->n_blocks;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvlm_sched_kv_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap) {
+    pthread_mutex_lock(&s->mu);
+    if (!s->want_blocks) {
+        s->want_blocks = true;
+        pthread_cond_signal(&s->cv); /* an idle engine thread takes them now */
+    }
+    int n = s->n_blk_snap;
+    if (n > 0) memcpy(keys, s->blk_snap, (size_t)(n < cap ? n : cap) * 16);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 int kvlm_sched_step(kvlm_sched *s) {
     pthread_mutex_lock(&s->mu);
     if (s->incoming) {
@@ -633,6 +675,8 @@ int kvlm_sched_step(kvlm_sched *s) {
         sample(s, u, logits);
     }
     reap(s);
+    kvlm_ctx_kv_events_flush(s->ctx); /* this step's KV events form one batch */
+    take_blocks(s);
     publish(s);
     pthread_mutex_lock(&s->mu);
     int left = 0;
@@ -647,6 +691,12 @@ void kvlm_sched_run(kvlm_sched *s) {
     while (!s->stop) {
         bool work = s->incoming != NULL;
         for (req *r = s->live; r && !work; r = r->next) work = true;
+        if (!work && s->want_blocks && s->n_blk_snap < 0) { /* the first kvlm_sched_kv_blocks, while idle */
+            pthread_mutex_unlock(&s->mu);
+            take_blocks(s);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
         if (!work) { pthread_cond_wait(&s->cv, &s->mu); continue; }
         pthread_mutex_unlock(&s->mu);
         kvlm_sched_step(s);

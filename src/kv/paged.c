@@ -36,6 +36,8 @@ struct kv_cache {
     kv_seq *seqs;
     uint64_t hits, misses, evictions;
     kv_hooks hooks;
+    kv_index_fn on_index;       /* KV events: blocks entering and leaving the index */
+    void *on_index_user;
 };
 
 static void *host_alloc(void *user, size_t bytes) { (void)user; return util_big_alloc(bytes, true); }
@@ -46,6 +48,17 @@ const kv_storage kv_storage_host = {"host", host_alloc, host_free, host_copy, ho
 static const kv_key k_no_parent; /* zeros: a sequence's first block */
 
 static bool key_eq(const kv_key *a, const kv_key *b) { return !memcmp(a->b, b->b, 16); }
+
+/* Every change of the prefix index goes through these two, so the index
+ * listener (KV events) sees each block enter and leave exactly once. */
+static void index_insert(kv_cache *c, int32_t b, const kv_key *key, const kv_key *parent, const int32_t *tokens) {
+    kv_prefix_insert(c->ix, b, key, parent, tokens);
+    if (c->on_index) c->on_index(c->on_index_user, c, KV_INDEX_ADDED, b);
+}
+static void index_remove(kv_cache *c, int32_t b) {
+    if (c->on_index && kv_prefix_indexed(c->ix, b)) c->on_index(c->on_index_user, c, KV_INDEX_REMOVED, b);
+    kv_prefix_remove(c->ix, b);
+}
 
 /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this pads
  * only odd cases (odd block sizes with q8_0/q4_0/q4_kc rows of an odd byte
@@ -159,7 +172,7 @@ static int32_t block_alloc(kv_cache *c) {
     if (c->n_free > 0) b = c->free_stack[--c->n_free];
     else if ((b = kv_prefix_lru_head(c->ix)) >= 0) { /* reuse the least recently used cached block */
         if (c->hooks.demote) c->hooks.demote(c->hooks.user, c, b);
-        kv_prefix_remove(c->ix, b);
+        index_remove(c, b);
         c->evictions++;
     } else return -1;
     c->ref[b] = 1;
@@ -253,7 +266,7 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
         /* Index it unless an identical block already is (e.g. two requests
          * computed the same prefix at once): then this copy stays private. */
         if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
-            kv_prefix_insert(c->ix, b, &s->keys[i], parent, bt);
+            index_insert(c, b, &s->keys[i], parent, bt);
             if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
         }
     }
@@ -319,6 +332,20 @@ void kv_set_hooks(kv_cache *c, const kv_hooks *h) {
     else memset(&c->hooks, 0, sizeof c->hooks);
 }
 const kv_key *kv_block_key_of(const kv_cache *c, int32_t b) { return kv_prefix_key(c->ix, b); }
+const kv_key *kv_block_parent_of(const kv_cache *c, int32_t b) { return kv_prefix_parent(c->ix, b); }
+void kv_set_index_listener(kv_cache *c, kv_index_fn fn, void *user) {
+    c->on_index = fn;
+    c->on_index_user = user;
+}
+int kv_indexed_blocks(const kv_cache *c, int32_t *out, int cap) {
+    int n = 0;
+    for (int32_t b = 0; b < c->p.n_blocks; b++)
+        if (kv_prefix_indexed(c->ix, b)) {
+            if (n < cap) out[n] = b;
+            n++;
+        }
+    return n;
+}
 const int32_t *kv_block_tokens(const kv_cache *c, int32_t b) { return kv_prefix_tokens(c->ix, b); }
 bool kv_block_indexed(const kv_cache *c, int32_t b) { return kv_prefix_indexed(c->ix, b); }
 const kv_key *kv_seq_key(const kv_cache *c, int seq, int i) { return &c->seqs[seq].keys[i]; }
@@ -341,7 +368,7 @@ int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const k
     s->keys[i] = *key;
     memcpy(s->tokens + (size_t)i * bs, tokens, (size_t)bs * sizeof(int32_t));
     s->len += bs;
-    if (kv_prefix_find(c->ix, key, parent, tokens) < 0) kv_prefix_insert(c->ix, b, key, parent, tokens);
+    if (kv_prefix_find(c->ix, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
     return b;
 }
 
@@ -457,7 +484,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
             c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
             block_unref(c, b);
             s->blocks[j] = nb;
-        } else kv_prefix_remove(c->ix, b); /* indexed: its contents change */
+        } else index_remove(c, b); /* indexed: its contents change */
     }
     if (kc) compact_kc_keys(c, seq, keep, n_keep, first, rekey, user, rows, kc_tmp);
     free(kc_tmp);

@@ -147,8 +147,10 @@ typedef struct {
     void *user;
 } kv_hooks;
 void kv_set_hooks(kv_cache *c, const kv_hooks *h);
-/* An indexed block's key and tokens (block_size of them). */
+/* An indexed block's key, its parent's key (all zero for a sequence's first
+ * block) and tokens (block_size of them). */
 const kv_key *kv_block_key_of(const kv_cache *c, int32_t block);
+const kv_key *kv_block_parent_of(const kv_cache *c, int32_t block);
 const int32_t *kv_block_tokens(const kv_cache *c, int32_t block);
 bool kv_block_indexed(const kv_cache *c, int32_t block);
 /* The key of a sequence's full block i (computed when it was committed or matched). */
@@ -162,6 +164,18 @@ void kv_block_write(kv_cache *c, int32_t block, const void *host_src);
  * committed. The caller writes its bytes (kv_block_write) before anything
  * reads them. Returns the block, or -1 when the pool has no block to give. */
 int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key);
+
+/* ---- changes of the prefix index (KV events: kv/store passes them up) ---- */
+enum { KV_INDEX_ADDED = 1, KV_INDEX_REMOVED = 2 };
+/* Called right after a full block enters the index and right before it
+ * leaves it (reused for other data, or changed by compaction): its key,
+ * parent and tokens are readable during the call. Every block that enters
+ * leaves exactly once, so a listener can mirror the index; kv_free drops the
+ * rest without calls. */
+typedef void (*kv_index_fn)(void *user, const kv_cache *c, int what, int32_t block);
+void kv_set_index_listener(kv_cache *c, kv_index_fn fn, void *user);
+/* The indexed blocks, in block order: returns how many (at most cap written). */
+int kv_indexed_blocks(const kv_cache *c, int32_t *out, int cap);
 
 typedef struct {
     int n_blocks, used, cached, free;   /* used: referenced; cached: unreferenced but indexed */

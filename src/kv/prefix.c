@@ -90,6 +90,7 @@ void kv_prefix_remove(kv_prefix *x, int32_t b) {
 
 bool kv_prefix_indexed(const kv_prefix *x, int32_t b) { return x->e[b].indexed; }
 const kv_key *kv_prefix_key(const kv_prefix *x, int32_t b) { return &x->e[b].key; }
+const kv_key *kv_prefix_parent(const kv_prefix *x, int32_t b) { return &x->e[b].parent; }
 const int32_t *kv_prefix_tokens(const kv_prefix *x, int32_t b) { return x->tokens + (size_t)b * x->block_size; }
 
 void kv_prefix_lru_push(kv_prefix *x, int32_t b) {

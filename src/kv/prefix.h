@@ -22,6 +22,7 @@ void kv_prefix_insert(kv_prefix *x, int32_t b, const kv_key *key, const kv_key *
 void kv_prefix_remove(kv_prefix *x, int32_t b);
 bool kv_prefix_indexed(const kv_prefix *x, int32_t b);
 const kv_key *kv_prefix_key(const kv_prefix *x, int32_t b);
+const kv_key *kv_prefix_parent(const kv_prefix *x, int32_t b); /* all zero: a first block */
 const int32_t *kv_prefix_tokens(const kv_prefix *x, int32_t b);
 
 /* The LRU of cached (indexed, unheld) blocks: pushed at the tail when the

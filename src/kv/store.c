@@ -265,6 +265,8 @@ void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, siz
 }
 
 kv_cache *kv_store_pool(kv_store *s) { return s->c; }
+void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user) { kv_set_index_listener(s->c, fn, user); }
+int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return kv_indexed_blocks(s->c, out, cap); }
 
 /* ---- sequences ---- */
 

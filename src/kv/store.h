@@ -155,6 +155,10 @@ void kv_store_persist(kv_store *s);
  * + head) * head_bytes, its V region v_offset after it. */
 const int32_t *kv_store_seq_table(const kv_store *s, int seq, int *n_blocks);
 void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, size_t *head_bytes, size_t *v_offset);
+/* KV events: the pool's prefix index as it changes (kv/paged's
+ * kv_set_index_listener; fn NULL: none), and the blocks it holds now. */
+void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user);
+int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap);
 /* The pool underneath, for tests and kv_check. */
 kv_cache *kv_store_pool(kv_store *s);
 #endif

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "model/model.h"
+#include "server/kv_events.h"
 #include "util/error.h"
 #include "util/timing.h"
 
@@ -209,6 +210,44 @@ static json_t *tiers_json(const kvlm_sched_stats *st) {
     return a;
 }
 
+/* A Prometheus label value: backslash, quote and newline escaped. */
+static void label_value(char *out, size_t cap, const char *v) {
+    size_t k = 0;
+    for (; *v && k + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"') out[k++] = '\\';
+        if (*v == '\n') { out[k++] = '\\'; out[k++] = 'n'; continue; }
+        out[k++] = *v;
+    }
+    out[k] = '\0';
+}
+
+/* The vLLM-named series that routers and dashboards built for vLLM read
+ * (llm-d's endpoint picker, the production-stack router): same names, types,
+ * units and labels as vLLM v1 (model_name, engine). */
+static void vllm_metrics(kvlm_server *s, tbuf *b, const kvlm_sched_stats *st) {
+    char model[600], lab[700];
+    label_value(model, sizeof model, s->model_id);
+    snprintf(lab, sizeof lab, "{engine=\"0\",model_name=\"%s\"}", model);
+    const kvlm_kv_stats *kv = &st->kv;
+#define VLLM(name, type, help, v) \
+    tput(b, "# HELP " name " " help "\n# TYPE " name " " type "\n" name "%s %.17g\n", lab, (double)(v))
+    VLLM("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", st->running);
+    VLLM("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", st->waiting);
+    VLLM("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+         kv->n_blocks ? (double)kv->used / kv->n_blocks : 0.0);
+    VLLM("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+         st->prompt_tokens);
+    VLLM("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+         st->cached_tokens);
+#undef VLLM
+    const char *kt = kvlm_cache_type_name(kv->type_k), *vt = kvlm_cache_type_name(kv->type_v);
+    tput(b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\",cache_dtype_v=\"%s\",engine=\"0\","
+            "model_name=\"%s\",num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%d\",prefix_caching_hash_algo=\"xxh3_128\"} 1\n",
+         kv->block_size, kt ? kt : "?", vt ? vt : "?", model, (unsigned long long)kv->swap_slots, kv->n_blocks);
+}
+
 static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     kvlm_sched_stats st;
     if (!get_stats(s, &st)) return srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
@@ -228,6 +267,17 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
            (double)kv->prefix_misses);
     metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
     tier_metrics(&b, &st);
+    if (s->events) {
+        srv_kv_events_stats es;
+        srv_kv_events_stats_get(s->events, &es);
+        metric(&b, "kvlm_kv_events_total", "counter", "KV events published (--kv-events)", (double)es.events);
+        metric(&b, "kvlm_kv_event_batches_total", "counter", "KV event batches published (one per engine step with "
+               "changes)", (double)es.batches);
+        metric(&b, "kvlm_kv_events_dropped_total", "counter", "KV events dropped: the publisher's queue was full",
+               (double)es.dropped_events);
+        metric(&b, "kvlm_kv_events_queued", "gauge", "KV events waiting to be published", (double)es.queued);
+    }
+    vllm_metrics(s, &b, &st);
     metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
     metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
     metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
@@ -262,6 +312,32 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len);
     free(b.s);
     return r;
+}
+
+/* /kvlm/status?blocks=1: the keys of the blocks in the prefix index as of the
+ * end of the engine's last step (hex; KV events carry the last 16 hex
+ * digits as an integer). The first call waits for the engine thread to take
+ * them (a step, or at once when idle). */
+static json_t *cached_blocks_json(kvlm_server *s, int n_blocks) {
+    uint8_t (*keys)[16] = malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * 16);
+    if (!keys) return NULL;
+    int n = -1;
+    for (int tries = 0; tries < 1000 && n < 0; tries++) { /* at most about 5 s */
+        pthread_mutex_lock(&s->mu);
+        bool up = s->sched != NULL;
+        if (up) n = kvlm_sched_kv_blocks(s->sched, keys, n_blocks);
+        pthread_mutex_unlock(&s->mu);
+        if (!up) break;
+        if (n < 0) usleep(5000);
+    }
+    json_t *a = n >= 0 ? json_array() : NULL;
+    for (int i = 0; a && i < n && i < n_blocks; i++) {
+        char hex[33];
+        for (int k = 0; k < 16; k++) snprintf(hex + 2 * k, 3, "%02x", keys[i][k]);
+        json_array_append_new(a, json_string(hex));
+    }
+    free(keys);
+    return a;
 }
 
 static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
@@ -307,6 +383,15 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "swap_bytes", json_integer((json_int_t)st.swap_bytes));
         json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
         json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
+    }
+    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "blocks");
+    if (j && want && (!strcmp(want, "1") || !strcmp(want, "true"))) {
+        json_t *blocks = cached_blocks_json(s, kv->n_blocks);
+        if (!blocks) {
+            json_decref(j);
+            return srv_error(c, s, 503, NULL, NULL, "the engine did not list its cached blocks in time");
+        }
+        json_object_set_new(j, "cached_blocks", blocks);
     }
     return srv_json(c, 200, j);
 }
@@ -749,6 +834,15 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     }
     if (v6) a6->sin6_port = htons((uint16_t)s->p.port);
     else a4->sin_port = htons((uint16_t)s->p.port);
+    if (s->p.kv_events) { /* before the engine thread: the sink is its */
+        kvlm_kv_stats kst;
+        kvlm_kv_stats_get(ctx, &kst);
+        const char *medium = kvlm_ctx_device(ctx) == KVLM_DEVICE_CUDA ? "GPU" : "CPU";
+        if (!(s->events = srv_kv_events_start(s->p.kv_events, s->p.kv_events_topic, medium, kst.block_size, err)))
+            goto fail;
+        kvlm_kv_event_sink sink = srv_kv_events_sink(s->events);
+        kvlm_ctx_set_kv_event_sink(ctx, &sink);
+    }
     kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs};
     if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
     if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
@@ -806,6 +900,10 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     s->port = di ? di->port : s->p.port;
     return s;
 fail:
+    if (s->events) {
+        kvlm_ctx_set_kv_event_sink(ctx, NULL);
+        srv_kv_events_stop(s->events);
+    }
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
     free_config(s);
@@ -827,6 +925,10 @@ void kvlm_server_stop(kvlm_server *s) {
     pthread_mutex_unlock(&s->mu);
     stop_threads(s, sched);
     kvlm_sched_free(sched); /* every request ends (cancelled): suspended connections resume and answer */
+    if (s->events) { /* the engine thread is gone: the last batch says the cache went with the server */
+        kvlm_ctx_set_kv_event_sink(s->ctx, NULL);
+        srv_kv_events_stop(s->events);
+    }
     /* let them send those answers (a stalled upload is not waited for long) */
     for (int i = 0; i < 200; i++) {
         pthread_mutex_lock(&s->mu);

@@ -38,6 +38,7 @@ struct kvlm_server {
     size_t api_key_len;
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
     char **cors;                /* copies of p.cors_origins (p.cors_origins points here) */
+    struct srv_kv_events *events; /* --kv-events publisher (NULL: none) */
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it

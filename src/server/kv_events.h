@@ -1,0 +1,48 @@
+/* server/kv_events: `--kv-events`: the KV pool's prefix-index changes
+ * published in vLLM's KV-events wire format (ZeroMQ PUB, msgpack; see
+ * docs/kv-events.md) so prefix-aware routers (llm-d, Dynamo) can track what
+ * this engine holds. The engine thread only copies events into a per-step
+ * batch and queues it; a publisher thread encodes and sends. */
+#ifndef KVLM_SERVER_KV_EVENTS_H
+#define KVLM_SERVER_KV_EVENTS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "kvlm.h"
+
+typedef struct srv_kv_events srv_kv_events;
+
+/* Most events queued and not yet sent: a step that would exceed it drops
+ * its batch (counted; its sequence number is skipped, so subscribers see the
+ * gap) rather than block the engine. */
+#define SRV_KV_EVENTS_MAX_QUEUED 100000
+
+/* endpoint: tcp://HOST:PORT, ipc://PATH ...; bound when it holds '*' or '::'
+ * or is ipc:// or inproc:// (vLLM's rule), else connected to a subscriber
+ * that binds. topic: the first frame of every message (NULL: ""). medium:
+ * "CPU" or "GPU". Queues AllBlocksCleared as the first batch (seq 0): a
+ * restarted engine holds nothing. */
+srv_kv_events *srv_kv_events_start(const char *endpoint, const char *topic, const char *medium, int block_size,
+                                   kvlm_error *err);
+/* The sink to install with kvlm_ctx_set_kv_event_sink (its flush ends a batch). */
+kvlm_kv_event_sink srv_kv_events_sink(srv_kv_events *e);
+/* Once the engine thread has stopped: queues AllBlocksCleared, sends what is
+ * queued (waiting at most a second for slow subscribers), closes, frees. */
+void srv_kv_events_stop(srv_kv_events *e);
+
+typedef struct {
+    uint64_t batches, events;     /* sent */
+    uint64_t dropped_batches, dropped_events; /* queue full */
+    uint64_t queued;              /* events waiting now */
+} srv_kv_events_stats;
+void srv_kv_events_stats_get(srv_kv_events *e, srv_kv_events_stats *st);
+
+/* The msgpack payload of one batch (the third frame): [ts, [event...], 0],
+ * consecutive events merged as vLLM does (a run of stored blocks that chain
+ * into one BlockStored, a run of removals into one BlockRemoved). kind 0 is
+ * AllBlocksCleared. Returns a malloc'ed buffer (*len bytes), NULL out of memory. */
+uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int block_size, const char *medium,
+                              size_t *len);
+/* The 64-bit integer a block key travels as: its last 8 bytes, big-endian
+ * (XXH3-128's low half; what llm-d takes from a byte-string hash too). */
+uint64_t srv_kv_hash64(const uint8_t key[16]);
+#endif
