@@ -62,8 +62,10 @@ try {
   const before = Number(await page.getAttribute('#kv-blocks-used', 'data-value'));
   const question = 'Once upon a time there was a little girl named Lily who loved to play in the park with her dog. ' +
                    'Tell me what happened one sunny day.';
-  await page.fill('#max-tokens', '400');
-  await page.fill('#temperature', '0'); /* greedy: this question's answer runs the whole 400 tokens */
+  /* 1,500 tokens: stories260K makes 400 in ~35 ms on one thread, too quick for a browser
+   * on a loaded machine to be seen rendering more than the end */
+  await page.fill('#max-tokens', '1500');
+  await page.fill('#temperature', '0'); /* greedy: this question's answer runs the whole 1,500 tokens */
   await page.fill('#chat-input', question);
   await page.press('#chat-input', 'Enter');
   await page.waitForSelector('.msg.assistant[data-done]', { timeout: 60000 });
@@ -88,6 +90,7 @@ try {
 
   // A second turn starts with the first one's prompt: its blocks come from the prefix index.
   const hitsBefore = Number(await page.getAttribute('#kv-hits', 'data-value'));
+  await page.fill('#max-tokens', '64'); /* the history is ~1,550 tokens of the 2,048 */
   await page.fill('#chat-input', 'And then?');
   await page.click('#send');
   await page.waitForSelector('.msg.assistant:nth-of-type(4)[data-done]', { timeout: 60000 });
