@@ -119,6 +119,15 @@ int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool ad
 /* Text of one token (spaces and byte tokens decoded; control tokens give "").
  * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+/* The pre-tokenizer's chunks of text (what byte-level BPE merges within):
+ * ends[i] is the byte offset where chunk i ends; the chunks cover the text in
+ * order. pre names a tokenizer.ggml.pre pre-tokenizer ("llama-bpe",
+ * "qwen2", ...; model may then be NULL); NULL uses the model's (the whole
+ * text is one chunk for a SentencePiece vocabulary). Returns the number of
+ * chunks (only the first max are written), or -1 with err filled (an unknown
+ * name: the message lists the known ones). */
+int kvlm_pretokenize(const kvlm_model *model, const char *pre, const char *text, size_t len, size_t *ends,
+                     int max, kvlm_error *err);
 
 /* Streaming detokenizer: emits only whole UTF-8 sequences, and drops the
  * leading space SentencePiece adds to the first word (after BOS, or at the

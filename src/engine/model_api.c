@@ -9,6 +9,7 @@
 #include "model/dtype.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "tok/pretok.h"
 #include "tok/tok.h"
 #include "util/error.h"
 #include "util/mem.h"
@@ -81,6 +82,9 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
             free(m);
             return NULL;
         }
+        /* Without tokenizer.ggml.add_bos_token, some pre-tokenizers (Llama 3,
+         * Tekken, Chameleon) add BOS by default, as llama.cpp has it. */
+        if (!m->vocab.add_bos_key && tok_default_add_bos(m->tok)) m->vocab.add_bos = true;
     }
     return m;
 }
@@ -196,6 +200,43 @@ int kvlm_tokenize(const kvlm_model *m, const char *text, size_t len, bool add_bo
                   int32_t *tokens, int max_tokens, kvlm_error *err) {
     if (!m->tok) return util_err_set(err, KVLM_EINVAL, "%s has no tokenizer", m->path), -1;
     return tok_encode(m->tok, text, len, add_bos, parse_special, tokens, max_tokens, err);
+}
+
+typedef struct {
+    const char *text;
+    size_t *ends;
+    int64_t max, n;
+} pretok_ends;
+
+static int pretok_end(void *ctx, const char *chunk, size_t n) {
+    pretok_ends *c = ctx;
+    if (c->n < c->max) c->ends[c->n] = (size_t)(chunk - c->text) + n;
+    c->n++;
+    return 0;
+}
+
+int kvlm_pretokenize(const kvlm_model *m, const char *pre, const char *text, size_t len, size_t *ends, int max,
+                     kvlm_error *err) {
+    if (!text && len) return util_err_set(err, KVLM_EINVAL, "kvlm_pretokenize: no text"), -1;
+    if (len > (size_t)INT32_MAX) return util_err_set(err, KVLM_ERANGE, "kvlm_pretokenize: text of %zu bytes is too long", len), -1;
+    if (!pre) {
+        if (!m || !m->tok) return util_err_set(err, KVLM_EINVAL, "kvlm_pretokenize: no model tokenizer or pre-tokenizer name"), -1;
+        /* Through the model's tokenizer: one call for the count, one to fill. */
+        int n = tok_pretokenize(m->tok, text, len, NULL, 0, err);
+        if (n <= 0 || !ends || max <= 0) return n;
+        tok_span *sp = malloc((size_t)(n < max ? n : max) * sizeof *sp);
+        if (!sp) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
+        int k = tok_pretokenize(m->tok, text, len, sp, n < max ? n : max, err);
+        for (int i = 0; i < k && i < max; i++) ends[i] = sp[i].off + sp[i].len;
+        free(sp);
+        return k;
+    }
+    tok_pretok *p = tok_pretok_create(pre, err);
+    if (!p) return -1;
+    pretok_ends c = {.text = text, .ends = ends, .max = ends && max > 0 ? max : 0, .n = 0};
+    int rc = tok_pretok_split(p, text, len, pretok_end, &c, err);
+    tok_pretok_free(p);
+    return rc ? -1 : (int)c.n;
 }
 
 int kvlm_token_to_text(const kvlm_model *m, int32_t token, char *buf, size_t cap) {

@@ -201,6 +201,7 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
     v->add_bos = llama;
     v->add_eos = false;
     v->add_space_prefix = llama;
+    v->add_bos_key = gguf_find(f, KEY_ADD_BOS) != NULL;
     if ((rc = get_flag(f, KEY_ADD_BOS, &v->add_bos, err)) || (rc = get_flag(f, KEY_ADD_EOS, &v->add_eos, err)) ||
         (rc = get_flag(f, KEY_ADD_SPACE, &v->add_space_prefix, err)))
         return rc;

@@ -28,6 +28,7 @@ typedef struct model_vocab {
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */
+    bool add_bos_key;      /* tokenizer.ggml.add_bos_token was in the file (else add_bos is a default) */
 } model_vocab;
 
 /* Reads the tokenizer.ggml.* keys (and tokenizer.chat_template) of f into v

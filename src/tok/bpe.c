@@ -91,9 +91,76 @@ static bool try_pair(const struct tok_tokenizer *t, tok_scratch *s, int32_t l, i
     return tok_heap_push(s, p);
 }
 
+/* Merges the symbols s->sym[0..ns) (ns > 0) by rank until none applies. */
+static bool merge_syms(const struct tok_tokenizer *t, tok_scratch *s, int32_t ns) {
+    s->heap_n = 0;
+    for (int32_t i = 0; i + 1 < ns; i++)
+        if (!try_pair(t, s, i, i + 1)) return false;
+    while (s->heap_n > 0) {
+        tok_pair p = tok_heap_pop(s);
+        tok_sym *a = &s->sym[p.left], *b = &s->sym[p.right];
+        if (a->n == 0 || b->n == 0 || a->n + b->n != p.size) continue; /* stale */
+        a->n += b->n;
+        a->id = p.id;
+        a->next = b->next;
+        if (b->next >= 0) s->sym[b->next].prev = p.left;
+        b->n = 0;
+        if (!try_pair(t, s, a->prev, p.left) || !try_pair(t, s, p.left, a->next)) return false;
+    }
+    return true;
+}
+
+/* Raw (non-byte-level) BPE, as llama.cpp does it for Gemma 4: the chunk
+ * (spaces as U+2581 when escape) splits into UTF-8 characters, which merge
+ * by rank; a final symbol that is no token becomes the <0xHH> tokens of its
+ * bytes (bytes without one are dropped, as there). */
+static int raw_encode(const struct tok_tokenizer *t, const char *text, size_t len, tok_scratch *s, tok_out *o,
+                      kvlm_error *err) {
+    size_t n = 0;
+    if (!tok_scratch_buf(s, 3 * len)) goto nomem;
+    for (size_t i = 0; i < len; i++) {
+        if (t->escape && text[i] == ' ') { memcpy(s->buf + n, "\xE2\x96\x81", 3); n += 3; }
+        else s->buf[n++] = text[i];
+    }
+    const char *b = s->buf;
+    /* Gemma 4: a run of newlines that is a token is taken whole. */
+    size_t nl = 0;
+    while (nl < n && b[nl] == '\n') nl++;
+    if (t->escape && nl == n) {
+        int32_t id = tok_strmap_get(&t->map, b, n);
+        if (id >= 0) { tok_out_push(o, id); return 0; }
+    }
+    if (!tok_scratch_syms(s, n)) goto nomem;
+    int32_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = tok_utf8_decode((const uint8_t *)b + i, n - i, &cp);
+        if (l <= 0) l = 1; /* a stray byte is a symbol of its own */
+        s->sym[ns] = (tok_sym){.start = (uint32_t)i, .n = (uint32_t)l, .prev = ns - 1, .next = ns + 1,
+                               .id = tok_strmap_get(&t->map, b + i, (size_t)l)};
+        ns++;
+        i += (size_t)l;
+    }
+    s->sym[ns - 1].next = -1;
+    if (!merge_syms(t, s, ns)) goto nomem;
+    for (int32_t i = 0; i >= 0; i = s->sym[i].next) {
+        const tok_sym *y = &s->sym[i];
+        if (y->id >= 0) { tok_out_push(o, y->id); continue; }
+        for (uint32_t j = 0; j < y->n; j++) {
+            int32_t id = t->byte_tok[(uint8_t)b[y->start + j]];
+            if (id >= 0) tok_out_push(o, id);
+        }
+    }
+    return 0;
+nomem:
+    util_err_set(err, KVLM_ENOMEM, "out of memory tokenizing %zu bytes", len);
+    return -1;
+}
+
 int tok_bpe_encode(const struct tok_tokenizer *t, const char *text, size_t len, tok_scratch *s,
                    tok_out *o, kvlm_error *err) {
     if (len == 0) return 0;
+    if (t->raw) return raw_encode(t, text, len, s, o, err);
     if (t->ignore_merges) {
         /* Llama 3 (ignore_merges): a chunk that is itself a token is that
          * token, whatever the merges would make of it. */
@@ -115,21 +182,7 @@ int tok_bpe_encode(const struct tok_tokenizer *t, const char *text, size_t len, 
         s->sym[i] = (tok_sym){.start = (uint32_t)i, .n = 1, .prev = i - 1, .next = i + 1,
                               .id = t->byte_sym[(uint8_t)text[i]]};
     s->sym[ns - 1].next = -1;
-
-    s->heap_n = 0;
-    for (int32_t i = 0; i + 1 < ns; i++)
-        if (!try_pair(t, s, i, i + 1)) goto nomem;
-    while (s->heap_n > 0) {
-        tok_pair p = tok_heap_pop(s);
-        tok_sym *a = &s->sym[p.left], *b = &s->sym[p.right];
-        if (a->n == 0 || b->n == 0 || a->n + b->n != p.size) continue; /* stale */
-        a->n += b->n;
-        a->id = p.id;
-        a->next = b->next;
-        if (b->next >= 0) s->sym[b->next].prev = p.left;
-        b->n = 0;
-        if (!try_pair(t, s, a->prev, p.left) || !try_pair(t, s, p.left, a->next)) goto nomem;
-    }
+    if (!merge_syms(t, s, ns)) goto nomem;
     for (int32_t i = 0; i >= 0; i = s->sym[i].next) {
         /* A byte whose character is not in the vocabulary: unknown, if any. */
         int32_t id = s->sym[i].id >= 0 ? s->sym[i].id : t->v->unk;

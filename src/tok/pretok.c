@@ -187,11 +187,12 @@ static bool name_in(const char *names, const char *name) {
     }
 }
 
-const char *tok_pretok_names(char *buf, size_t cap) {
+const char *tok_pretok_names(char *buf, size_t cap, bool aliases) {
     size_t o = 0;
     if (cap < 4) return "";
     for (size_t i = 0; i < N_PRE_DEFS; i++)
         for (const char *c = PRE_DEFS[i].names; *c && o + 3 < cap; c++) {
+            if (*c == '|' && !aliases) break;
             if (*c == '|' || (c == PRE_DEFS[i].names && i > 0)) { buf[o++] = ','; buf[o++] = ' '; }
             if (*c != '|') buf[o++] = *c;
         }
@@ -255,9 +256,13 @@ tok_pretok *tok_pretok_create(const char *pre, kvlm_error *err) {
     for (size_t i = 0; i < N_PRE_DEFS && !d; i++)
         if (name_in(PRE_DEFS[i].names, name)) d = &PRE_DEFS[i];
     if (!d) {
-        char names[2048];
-        util_err_set(err, KVLM_EUNSUPPORTED, "unknown pre-tokenizer \"%s\" (tokenizer.ggml.pre); supported: %s",
-                     name, tok_pretok_names(names, sizeof names));
+        /* The message has room for one name per row; the log gets them all. */
+        char names[400], all[4096];
+        LOG_DEBUG("pre-tokenizers: %s", tok_pretok_names(all, sizeof all, true));
+        util_err_set(err, KVLM_EUNSUPPORTED,
+                     "unknown pre-tokenizer \"%.40s\" (tokenizer.ggml.pre); supported: %s and their aliases "
+                     "(docs/tokenizers.md)",
+                     name, tok_pretok_names(names, sizeof names, false));
         return NULL;
     }
     tok_pretok *p = calloc(1, sizeof *p);

@@ -26,9 +26,9 @@ bool tok_pretok_escape_spaces(const tok_pretok *p);
 /* The table's rows, for tests: how many, and row i's '|'-separated names. */
 int tok_pretok_n_defs(void);
 const char *tok_pretok_def_names(int i);
-/* Writes the names tok_pretok_create accepts, comma-separated, into buf;
- * returns buf. */
-const char *tok_pretok_names(char *buf, size_t cap);
+/* Writes the names tok_pretok_create accepts, comma-separated, into buf
+ * (with aliases: all of them; else the first of each kind); returns buf. */
+const char *tok_pretok_names(char *buf, size_t cap, bool aliases);
 
 /* Splits text into chunks, calling fn(ctx, chunk, n) for each in order; the
  * chunks cover every byte exactly once (bytes no regex matches, such as

@@ -65,6 +65,19 @@ static size_t decode_token(const tok_tokenizer *t, int32_t id, char *out) {
         memcpy(out, s, n);
         return n;
     }
+    if (t->raw) {
+        /* Plain UTF-8 tokens: <0xHH> byte tokens, U+2581 for spaces. */
+        int b;
+        if (type == VOCAB_T_BYTE && (b = parse_byte_token(s, n)) >= 0) {
+            out[0] = (char)b;
+            return 1;
+        }
+        for (size_t i = 0; i < n;) {
+            if (t->escape && i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0) { out[o++] = ' '; i += 3; }
+            else out[o++] = s[i++];
+        }
+        return o;
+    }
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int l = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
@@ -152,6 +165,17 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     t->dec = malloc(total + 1);
     if (!t->flags || !t->dec_off || !t->dec_len || !t->spec || !t->dec) goto nomem;
 
+    if (kind == TOK_KIND_BPE) {
+        /* The pre-tokenizer first: it says how tokens are written. */
+        if (!(t->pre = tok_pretok_create(v->pre, err))) {
+            tok_free(t);
+            return NULL;
+        }
+        t->ignore_merges = tok_pretok_ignore_merges(t->pre);
+        t->raw = tok_pretok_raw(t->pre);
+        t->escape = tok_pretok_escape_spaces(t->pre);
+    }
+
     /* Display bytes of every token, once, so decoding is a copy. */
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -176,7 +200,7 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     if (v->eot >= 0 && v->eot < n) t->flags[v->eot] |= TOK_F_EOG;
     qsort(t->spec, (size_t)t->n_spec, sizeof *t->spec, cmp_spec);
 
-    if (kind == TOK_KIND_SPM) {
+    if (kind == TOK_KIND_SPM || t->raw) {
         /* A token holding "x▁" (U+2581 after something else) could span a
          * word boundary; SentencePiece vocabularies have none, but check. */
         t->spm_split = true;
@@ -198,12 +222,8 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
                 t->byte_tok[b] = tok_strmap_get(&t->map, buf, 1);
             }
         }
-    } else {
-        if (!(t->pre = tok_pretok_create(v->pre, err))) {
-            tok_free(t);
-            return NULL;
-        }
-        t->ignore_merges = tok_pretok_ignore_merges(t->pre);
+    }
+    if (kind == TOK_KIND_BPE) {
         if (tok_bpe_init(t, err)) {
             tok_free(t);
             return NULL;
@@ -328,6 +348,8 @@ bool tok_is_eog(const tok_tokenizer *t, int32_t id) {
 }
 
 bool tok_is_spm(const tok_tokenizer *t) { return t && t->kind == TOK_KIND_SPM; }
+
+bool tok_default_add_bos(const tok_tokenizer *t) { return t && t->pre && tok_pretok_add_bos(t->pre); }
 
 typedef struct {
     const char *text;

@@ -32,6 +32,8 @@ int tok_token_to_bytes(const tok_tokenizer *t, int32_t id, bool show_special, ch
 int tok_n_vocab(const tok_tokenizer *t);
 bool tok_is_eog(const tok_tokenizer *t, int32_t id); /* EOS, EOT and other end-of-generation tokens */
 bool tok_is_spm(const tok_tokenizer *t);
+/* Whether the pre-tokenizer adds BOS when the vocabulary does not say (Llama 3, ...). */
+bool tok_default_add_bos(const tok_tokenizer *t);
 
 /* The pre-tokenizer's chunks of text (byte-level BPE; SentencePiece gives the
  * whole text as one chunk), for tests and tools. Returns the chunk count

@@ -82,6 +82,10 @@ struct tok_tokenizer {
     char byte_utf8[256][2];    /* that character as UTF-8 */
     uint8_t byte_utf8_len[256];
     bool ignore_merges;        /* Llama 3: a chunk that is a whole token skips the merges */
+    /* BPE over plain UTF-8 tokens (Gemma 4, whitespace): symbols start as
+     * characters, leftovers fall back to <0xHH> tokens (byte_tok). */
+    bool raw;
+    bool escape;               /* raw: spaces are U+2581 in the tokens */
 };
 
 /* Encoders for one stretch of ordinary text. Return 0, or -1 with err. */
