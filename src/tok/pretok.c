@@ -80,6 +80,16 @@
     "\\x{FF65}-\\x{FF9F}\\x{2F00}-\\x{2FDF}\\x{E40}-\\x{E7F}\\x{E80}-\\x{EFF}\\x{1780}-\\x{17FF}\\x{1000}-\\x{109F}"   \
     "\\x{AA60}-\\x{AA7F}\\x{A9E0}-\\x{A9FF}\\x{AC00}-\\x{D7AF}\\x{1100}-\\x{11FF}]+"
 #define RE_LINES "[^\\n]+|[\\n]+"
+/* Not regexes: runs of \p{N} (or \d) cut into threes from the right, the
+ * first group taking what is left over ("1234567" -> 1|234|567). A regex
+ * says the same with a lookahead over the rest of the run at every position
+ * (AFMoE's "\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))", SuperBPE's
+ * "(?=(\d{3})+(?!\d))"), which is quadratic in the run's length. */
+#define THIRDS_N "=thirds:\\p{N}+"
+#define THIRDS_ND "=thirds:\\d+"
+/* Tiny Aya's "\d{1,3}(?=(?:\d{3})*\b)" only matches in a run of digits
+ * that no word character follows, and there it makes the same threes. */
+#define THIRDS_ND_B "=thirds:(?<!\\d)\\d++(?!\\w)"
 
 #define MAX_RE 6
 enum { F_IGNORE_MERGES = 1, F_ADD_BOS = 2, F_RAW = 4, F_ESCAPE = 8 };
@@ -126,7 +136,7 @@ static const pre_def PRE_DEFS[] = {
      F_IGNORE_MERGES},
     /* AFMoE: digit runs cut into threes from the right (llama.cpp's own
      * \p{AFMoE_digits} code), then CJK and other scripts, then DeepSeek V3's. */
-    {"afmoe", {"\\p{N}{1,3}(?=(?:\\p{N}{3})*(?!\\p{N}))", RE_AFMOE_CJK, RE_DS3(RE_DS3_TAIL)}, 0},
+    {"afmoe", {THIRDS_N, RE_AFMOE_CJK, RE_DS3(RE_DS3_TAIL)}, 0},
     {"bloom|gpt3-finnish|poro-chat", {RE_BLOOM}, 0},
     {"viking", {RE_BLOOM, "\\p{N}"}, 0},
     {"tekken", {RE_CASE_APPROX("\\p{L}", "", "\\p{N}", "[\\r\\n/]*")}, F_IGNORE_MERGES | F_ADD_BOS},
@@ -140,11 +150,11 @@ static const pre_def PRE_DEFS[] = {
      {RE_CASE_APPROX("\\p{L}", CONTR "?", "\\p{N}{1,3}", "[\\r\\n/]*")}, 0},
     {"granite-embed-multi-97m",
      {RE_CASE_APPROX("\\p{L}\\p{M}", CONTR "?", "\\p{N}{1,3}", "[\\r\\n/]*")}, F_IGNORE_MERGES},
-    {"tiny_aya|cohere2moe", {"\\d{1,3}(?=(?:\\d{3})*\\b)", RE_CASED("\\p{N}{1,3}")}, 0},
+    {"tiny_aya|cohere2moe", {THIRDS_ND_B, RE_CASED("\\p{N}{1,3}")}, 0},
     {"kimi-k2", {RE_KIMI}, 0},
     /* SuperBPE: digit runs alone, cut into threes from the right by an
      * empty lookahead match. */
-    {"superbpe", {"\\p{N}+", "(?=(\\d{3})+(?!\\d))"}, 0},
+    {"superbpe", {"\\p{N}+", THIRDS_ND}, 0},
     {"bailingmoe|bailingmoe2|llada-moe",
      {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
       "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
@@ -172,6 +182,7 @@ static const pre_def PRE_DEFS[] = {
 
 struct tok_pretok {
     pcre2_code *re[MAX_RE];
+    bool thirds[MAX_RE]; /* re[i] finds runs to cut into threes (THIRDS_*) */
     int n_re;
     unsigned flags;
 };
@@ -211,13 +222,13 @@ void tok_pretok_free(tok_pretok *p) {
 }
 
 /* \s as llama.cpp (and Python, and Unicode's White_Space) mean it: PCRE2's
- * own \s also takes U+180E MONGOLIAN VOWEL SEPARATOR. \p{Xsp} is Z plus
- * \t\n\v\f\r; U+0085 is the one White_Space character it lacks. */
-#define WS_SET "\\p{Xsp}\\x{85}"
+ * own \s (and \p{Xsp}) also take U+180E MONGOLIAN VOWEL SEPARATOR. */
+#define WS_SET "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
 /* Copies re with \s and \S spelled as WS_SET; NULL if out of memory. */
 static char *expand_ws(const char *re) {
-    size_t n = strlen(re), cap = n * 8 + 1, o = 0;
+    size_t n = strlen(re), o = 0, cap = n + 1;
+    for (size_t i = 0; i < n; i++) cap += re[i] == '\\' ? sizeof "[^" WS_SET "]" : 0;
     char *out = malloc(cap);
     if (!out) return NULL;
     bool in_class = false;
@@ -271,7 +282,8 @@ tok_pretok *tok_pretok_create(const char *pre, kvlm_error *err) {
     for (int i = 0; i < MAX_RE && d->re[i]; i++) {
         int ec;
         PCRE2_SIZE eo;
-        char *src = expand_ws(d->re[i]);
+        bool thirds = strncmp(d->re[i], "=thirds:", 8) == 0;
+        char *src = expand_ws(thirds ? d->re[i] + 8 : d->re[i]);
         if (!src) { util_err_set(err, KVLM_ENOMEM, "out of memory"); tok_pretok_free(p); return NULL; }
         /* MATCH_INVALID_UTF: arbitrary bytes are allowed in the subject;
          * invalid sequences simply never match and end up as gap chunks.
@@ -290,6 +302,7 @@ tok_pretok *tok_pretok_create(const char *pre, kvlm_error *err) {
             return NULL;
         }
         (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
+        p->thirds[p->n_re] = thirds;
         p->re[p->n_re++] = re;
     }
     return p;
@@ -304,6 +317,7 @@ typedef struct {
     const tok_pretok *p;
     pcre2_match_data *md[MAX_RE];
     pcre2_match_context *mc;
+    pcre2_jit_stack *js; /* made when the default 32 KiB is not enough */
     tok_chunk_fn fn;
     void *ctx;
     kvlm_error *err;
@@ -318,6 +332,41 @@ static size_t utf8_step(const char *text, size_t pos, size_t len) {
     return k;
 }
 
+static int split_level(split_state *st, int level, const char *text, size_t len);
+
+/* pcre2_match, with room to spare when a long run needs it: patterns that
+ * repeat a group ("((?=[\p{L}])([^a-z]))*", "(?:\p{L}\p{M}*)+") take JIT
+ * stack in proportion to the run. First a bigger JIT stack, then the
+ * interpreter (whose heap limit grows with the text). */
+static int match(split_state *st, const pcre2_code *re, const char *text, size_t len, size_t pos, uint32_t opts,
+                 pcre2_match_data *md) {
+    int rc = pcre2_match(re, (PCRE2_SPTR)text, len, pos, opts, md, st->mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !st->js) {
+        if ((st->js = pcre2_jit_stack_create(64 * 1024, 256 * 1024 * 1024, NULL))) {
+            pcre2_jit_stack_assign(st->mc, NULL, st->js);
+            rc = pcre2_match(re, (PCRE2_SPTR)text, len, pos, opts, md, st->mc);
+        }
+    }
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) rc = pcre2_match(re, (PCRE2_SPTR)text, len, pos, opts | PCRE2_NO_JIT, md, st->mc);
+    return rc;
+}
+
+/* THIRDS_*: text is one run; cut it into threes from the right. */
+static int split_thirds(split_state *st, int level, const char *text, size_t len) {
+    size_t n = 0; /* characters in the run */
+    for (size_t i = 0; i < len; i += utf8_step(text, i, len)) n++;
+    size_t first = n % 3 ? n % 3 : 3, k = 0, start = 0;
+    for (size_t i = 0; i < len; i += utf8_step(text, i, len)) {
+        if (k == first || (k > first && (k - first) % 3 == 0)) {
+            int r = split_level(st, level + 1, text + start, i - start);
+            if (r) return r;
+            start = i;
+        }
+        k++;
+    }
+    return split_level(st, level + 1, text + start, len - start);
+}
+
 static int split_level(split_state *st, int level, const char *text, size_t len) {
     if (len == 0) return 0;
     if (level == st->p->n_re) return st->fn(st->ctx, text, len);
@@ -327,7 +376,7 @@ static int split_level(split_state *st, int level, const char *text, size_t len)
     size_t pos = 0; /* where the next search starts */
     uint32_t opts = 0;
     while (pos <= len) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)text, len, pos, opts, md, st->mc);
+        int rc = match(st, re, text, len, pos, opts, md);
         if (rc == PCRE2_ERROR_NOMATCH) {
             if (!opts) break;
             /* No non-empty match where an empty one was: step one character on. */
@@ -349,7 +398,9 @@ static int split_level(split_state *st, int level, const char *text, size_t len)
         int r;
         if (s > off && (r = split_level(st, level + 1, text + off, s - off))) return r;
         if (e > s) {
-            if ((r = split_level(st, level + 1, text + s, e - s))) return r;
+            if (st->p->thirds[level]) r = split_thirds(st, level, text + s, e - s);
+            else r = split_level(st, level + 1, text + s, e - s);
+            if (r) return r;
             off = pos = e;
             opts = 0;
         } else {
@@ -376,9 +427,13 @@ int tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_chun
      * for runs of some megabytes. Allow work in proportion to the text. */
     uint64_t limit = 10000000u + 64u * (uint64_t)len;
     pcre2_set_match_limit(st.mc, limit > UINT32_MAX ? UINT32_MAX : (uint32_t)limit);
+    /* The interpreter's backtracking memory, in KiB: 20 MiB and 256 bytes a byte. */
+    uint64_t heap = 20480u + (uint64_t)len / 4;
+    pcre2_set_heap_limit(st.mc, heap > UINT32_MAX ? UINT32_MAX : (uint32_t)heap);
     r = split_level(&st, 0, text, len);
 done:
     pcre2_match_context_free(st.mc);
+    pcre2_jit_stack_free(st.js);
     for (int i = 0; i < p->n_re; i++) pcre2_match_data_free(st.md[i]);
     return r;
 nomem:
