@@ -38,9 +38,11 @@
     "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" CONTR \
     "?|" num "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* Kimi K2 (tokenization_kimi.py): the cased classes without Han, which goes
- * alone. PCRE2 10.42 has no class intersection (&&): a lookahead does it. */
-#define NOHAN(cls) "(?:(?!\\p{Han})[" cls "])"
-#define RE_KIMI "\\p{Han}+|[^\\r\\n\\p{L}\\p{N}]?" NOHAN("\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}") "*"          \
+ * alone. PCRE2 10.42 has no class intersection (&&): a lookahead does it.
+ * sc=Han: PCRE2's \p{Han} also takes what Script_Extensions gives Han
+ * (U+3002 IDEOGRAPHIC FULL STOP, ...); Python's and Rust's do not. */
+#define NOHAN(cls) "(?:(?!\\p{sc=Han})[" cls "])"
+#define RE_KIMI "\\p{sc=Han}+|[^\\r\\n\\p{L}\\p{N}]?" NOHAN("\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}") "*"          \
     NOHAN("\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}") "+" CONTR "?|[^\\r\\n\\p{L}\\p{N}]?"                             \
     NOHAN("\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}") "+" NOHAN("\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}") "*" CONTR \
     "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
@@ -80,16 +82,21 @@
     "\\x{FF65}-\\x{FF9F}\\x{2F00}-\\x{2FDF}\\x{E40}-\\x{E7F}\\x{E80}-\\x{EFF}\\x{1780}-\\x{17FF}\\x{1000}-\\x{109F}"   \
     "\\x{AA60}-\\x{AA7F}\\x{A9E0}-\\x{A9FF}\\x{AC00}-\\x{D7AF}\\x{1100}-\\x{11FF}]+"
 #define RE_LINES "[^\\n]+|[\\n]+"
-/* Not regexes: runs of \p{N} (or \d) cut into threes from the right, the
+/* Not plain regexes: runs of digits cut into threes from the right, the
  * first group taking what is left over ("1234567" -> 1|234|567). A regex
- * says the same with a lookahead over the rest of the run at every position
- * (AFMoE's "\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))", SuperBPE's
- * "(?=(\d{3})+(?!\d))"), which is quadratic in the run's length. */
-#define THIRDS_N "=thirds:\\p{N}+"
-#define THIRDS_ND "=thirds:\\d+"
-/* Tiny Aya's "\d{1,3}(?=(?:\d{3})*\b)" only matches in a run of digits
- * that no word character follows, and there it makes the same threes. */
-#define THIRDS_ND_B "=thirds:(?<!\\d)\\d++(?!\\w)"
+ * says it with a lookahead over the rest of the run at every position,
+ * which is quadratic in the run's length; here the regex after "=thirds:"
+ * finds the runs, which become chunks of their own cut into threes, and
+ * the one after "=cuts:" finds runs that are only cut where a group of
+ * three starts (the text around them stays joined).
+ * AFMoE: llama.cpp's own \p{AFMoE_digits} code, on runs of \p{N}. */
+#define THIRDS_AFMOE "=thirds:\\p{N}+"
+/* SuperBPE: the empty match "(?=(\d{3})+(?!\d))" cuts a run of \d where a
+ * multiple of three digits is left. */
+#define CUTS_SUPERBPE "=cuts:\\d+"
+/* Tiny Aya: "\d{1,3}(?=(?:\d{3})*\b)" only matches in a run of \d that no
+ * word character follows (\w as Python, Rust and Oniguruma have it). */
+#define THIRDS_AYA "=thirds:(?<!\\d)\\d++(?![\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}])"
 
 #define MAX_RE 6
 enum { F_IGNORE_MERGES = 1, F_ADD_BOS = 2, F_RAW = 4, F_ESCAPE = 8 };
@@ -136,7 +143,7 @@ static const pre_def PRE_DEFS[] = {
      F_IGNORE_MERGES},
     /* AFMoE: digit runs cut into threes from the right (llama.cpp's own
      * \p{AFMoE_digits} code), then CJK and other scripts, then DeepSeek V3's. */
-    {"afmoe", {THIRDS_N, RE_AFMOE_CJK, RE_DS3(RE_DS3_TAIL)}, 0},
+    {"afmoe", {THIRDS_AFMOE, RE_AFMOE_CJK, RE_DS3(RE_DS3_TAIL)}, 0},
     {"bloom|gpt3-finnish|poro-chat", {RE_BLOOM}, 0},
     {"viking", {RE_BLOOM, "\\p{N}"}, 0},
     {"tekken", {RE_CASE_APPROX("\\p{L}", "", "\\p{N}", "[\\r\\n/]*")}, F_IGNORE_MERGES | F_ADD_BOS},
@@ -150,11 +157,11 @@ static const pre_def PRE_DEFS[] = {
      {RE_CASE_APPROX("\\p{L}", CONTR "?", "\\p{N}{1,3}", "[\\r\\n/]*")}, 0},
     {"granite-embed-multi-97m",
      {RE_CASE_APPROX("\\p{L}\\p{M}", CONTR "?", "\\p{N}{1,3}", "[\\r\\n/]*")}, F_IGNORE_MERGES},
-    {"tiny_aya|cohere2moe", {THIRDS_ND_B, RE_CASED("\\p{N}{1,3}")}, 0},
+    {"tiny_aya|cohere2moe", {THIRDS_AYA, RE_CASED("\\p{N}{1,3}")}, 0},
     {"kimi-k2", {RE_KIMI}, 0},
     /* SuperBPE: digit runs alone, cut into threes from the right by an
      * empty lookahead match. */
-    {"superbpe", {"\\p{N}+", THIRDS_ND}, 0},
+    {"superbpe", {"\\p{N}+", CUTS_SUPERBPE}, 0},
     {"bailingmoe|bailingmoe2|llada-moe",
      {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
       "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"},
@@ -182,7 +189,7 @@ static const pre_def PRE_DEFS[] = {
 
 struct tok_pretok {
     pcre2_code *re[MAX_RE];
-    bool thirds[MAX_RE]; /* re[i] finds runs to cut into threes (THIRDS_*) */
+    char mode[MAX_RE]; /* 'r': regex, 't': "=thirds:", 'c': "=cuts:" */
     int n_re;
     unsigned flags;
 };
@@ -282,8 +289,11 @@ tok_pretok *tok_pretok_create(const char *pre, kvlm_error *err) {
     for (int i = 0; i < MAX_RE && d->re[i]; i++) {
         int ec;
         PCRE2_SIZE eo;
-        bool thirds = strncmp(d->re[i], "=thirds:", 8) == 0;
-        char *src = expand_ws(thirds ? d->re[i] + 8 : d->re[i]);
+        const char *re_src = d->re[i];
+        char mode = 'r';
+        if (!strncmp(re_src, "=thirds:", 8)) mode = 't', re_src += 8;
+        else if (!strncmp(re_src, "=cuts:", 6)) mode = 'c', re_src += 6;
+        char *src = expand_ws(re_src);
         if (!src) { util_err_set(err, KVLM_ENOMEM, "out of memory"); tok_pretok_free(p); return NULL; }
         /* MATCH_INVALID_UTF: arbitrary bytes are allowed in the subject;
          * invalid sequences simply never match and end up as gap chunks.
@@ -302,7 +312,7 @@ tok_pretok *tok_pretok_create(const char *pre, kvlm_error *err) {
             return NULL;
         }
         (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
-        p->thirds[p->n_re] = thirds;
+        p->mode[p->n_re] = mode;
         p->re[p->n_re++] = re;
     }
     return p;
@@ -351,20 +361,28 @@ static int match(split_state *st, const pcre2_code *re, const char *text, size_t
     return rc;
 }
 
-/* THIRDS_*: text is one run; cut it into threes from the right. */
-static int split_thirds(split_state *st, int level, const char *text, size_t len) {
+/* "=thirds:" and "=cuts:": the run text[s, e) is cut where a group of three
+ * characters starts, counting from its end; *off is where the pending text
+ * starts. thirds: the run is a chunk of its own (cut at s and e too). */
+static int split_run(split_state *st, int level, const char *text, size_t *off, size_t s, size_t e, bool thirds) {
     size_t n = 0; /* characters in the run */
-    for (size_t i = 0; i < len; i += utf8_step(text, i, len)) n++;
-    size_t first = n % 3 ? n % 3 : 3, k = 0, start = 0;
-    for (size_t i = 0; i < len; i += utf8_step(text, i, len)) {
-        if (k == first || (k > first && (k - first) % 3 == 0)) {
-            int r = split_level(st, level + 1, text + start, i - start);
-            if (r) return r;
-            start = i;
-        }
-        k++;
+    for (size_t i = s; i < e; i += utf8_step(text, i, e)) n++;
+    size_t k = 0;
+    int r;
+    if (thirds && s > *off) {
+        if ((r = split_level(st, level + 1, text + *off, s - *off))) return r;
+        *off = s;
     }
-    return split_level(st, level + 1, text + start, len - start);
+    for (size_t i = s; i < e; i += utf8_step(text, i, e), k++) {
+        if ((n - k) % 3 || n - k < 3 || i <= *off) continue;
+        if ((r = split_level(st, level + 1, text + *off, i - *off))) return r;
+        *off = i;
+    }
+    if (thirds && e > *off) {
+        if ((r = split_level(st, level + 1, text + *off, e - *off))) return r;
+        *off = e;
+    }
+    return 0;
 }
 
 static int split_level(split_state *st, int level, const char *text, size_t len) {
@@ -396,11 +414,15 @@ static int split_level(split_state *st, int level, const char *text, size_t len)
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t s = ov[0], e = ov[1];
         int r;
+        char mode = st->p->mode[level];
+        if (mode != 'r') {
+            if ((r = split_run(st, level, text, &off, s, e, mode == 't'))) return r;
+            pos = e > s ? e : s + utf8_step(text, s, len);
+            continue;
+        }
         if (s > off && (r = split_level(st, level + 1, text + off, s - off))) return r;
         if (e > s) {
-            if (st->p->thirds[level]) r = split_thirds(st, level, text + s, e - s);
-            else r = split_level(st, level + 1, text + s, e - s);
-            if (r) return r;
+            if ((r = split_level(st, level + 1, text + s, e - s))) return r;
             off = pos = e;
             opts = 0;
         } else {
