@@ -6,6 +6,8 @@ PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjanss
 # KV events (serve --kv-events): ZeroMQ and msgpack-c to build; Debian's Python
 # bindings for the subscriber test (tests/cli_serve_kv_events.sh runs /usr/bin/python3).
 PKGS+=(libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack)
+# tests/cli_pretok.sh checks every pre-tokenizer against Python's regex module.
+PKGS+=(python3-regex)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,16 +6,17 @@
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 CORPORA="${KVLM_CORPORA:-${KVLM_CORPORA_DEFAULT:-../shared/corpora}}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 PY=/usr/bin/python3
 if [ ! -x "$PY" ] || ! "$PY" -c 'import regex' 2>/dev/null; then
   echo "SKIP: /usr/bin/python3 with the regex module (Debian python3-regex, scripts/setup.sh) is missing" >&2
   exit 77
 fi
-exec "$PY" - "$KVLM" "$CORPORA" <<'PYEOF'
+exec "$PY" - "$KVLM" "$CORPORA" "$MODELS" <<'PYEOF'
 import os, random, subprocess, sys, tempfile, unicodedata
 import regex
 
-kvlm, corpora = sys.argv[1], sys.argv[2]
+kvlm, corpora, models = sys.argv[1], sys.argv[2], sys.argv[3]
 
 # ---- llama.cpp's regex lists per tokenizer.ggml.pre (llama-vocab.cpp) -------------------
 CONTR = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -146,8 +147,9 @@ def unescape(line):
         out.append({"n": 10, "r": 13, "t": 9, "\\": 92, '"': 34}[d]); i += 2
     return bytes(out)
 
-def kvlm_chunks(name, path):
-    r = subprocess.run([kvlm, "tokenize", "--pre", name, "--chunks", "-f", path], capture_output=True)
+def kvlm_chunks(name, path, model=None):
+    how = ["-m", model] if model else ["--pre", name]
+    r = subprocess.run([kvlm, "tokenize"] + how + ["--chunks", "-f", path], capture_output=True)
     if r.returncode != 0:
         return None, r.stderr.decode(errors="replace").strip()
     lines = r.stdout.decode("utf-8").split("\n")
@@ -217,7 +219,18 @@ for names, regs in TABLE:
         i = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), min(len(got), len(want)))
         print("FAIL %s: %d chunks, want %d; first difference at chunk %d:\n  got  %r\n  want %r"
               % (name, len(got), len(want), i, got[max(0, i - 3):i + 4], want[max(0, i - 3):i + 4]))
-print("ok   %d names x %d bytes of text (%d chunks for gpt-2)" % (passed, len(text.encode()), len(split(text, [GPT2]))))
+# A model's own pre-tokenizer (tokenizer.ggml.pre "gpt-2") through -m.
+vocab = os.path.join(models, "vocab", "ggml-vocab-gpt-2.gguf")
+if os.path.exists(vocab):
+    got, err = kvlm_chunks(None, path, vocab)
+    if got == split(text, [GPT2]):
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL -m %s --chunks: %s" % (vocab, err or "chunks differ from GPT-2's"))
+else:
+    print("note: %s not found; -m MODEL --chunks not checked" % vocab)
+print("ok   %d checks (every name; -m MODEL) on %d bytes of text (%d chunks for gpt-2)" % (passed, len(text.encode()), len(split(text, [GPT2]))))
 
 # Every kind kvlm lists when refusing a name is one llama.cpp knows, and
 # the refusal lists what is supported.

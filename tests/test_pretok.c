@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "helpers/testutil.h"
+#include "kvlm.h"
+#include "model/gguf.h"
 #include "model/vocab.h"
 #include "tok/pretok.h"
 #include "tok/tok.h"
@@ -476,11 +478,97 @@ static void test_raw_encoding(void **state) {
     vocab_free(&v);
 }
 
+/* Without tokenizer.ggml.add_bos_token, kvlm_add_bos follows the
+ * pre-tokenizer (Llama 3 adds BOS, Qwen2 does not), as llama.cpp does; the
+ * key, when there, wins. */
+static bool load_add_bos(const char *pre, int key) {
+    static const char *const toks[] = {"a", "b", "<|begin_of_text|>"};
+    gguf_writer *w = gguf_writer_create();
+    gguf_writer_set_str(w, "general.architecture", "llama");
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", pre);
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+    static const int32_t types[] = {1, 1, 3};
+    gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, 3);
+    static const char *const merges[] = {"a b"};
+    gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    if (key >= 0) gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", key);
+    void *mem;
+    size_t size;
+    kvlm_error err = {0};
+    assert_int_equal(gguf_writer_write_mem(w, &mem, &size, &err), KVLM_OK);
+    gguf_writer_free(w);
+    const char *path = tu_tmp_path(".gguf");
+    assert_int_equal(tu_write_file(path, mem, size), 0);
+    free(mem);
+    kvlm_model_params mp = {0};
+    mp.vocab_only = true;
+    kvlm_model *m = kvlm_model_load(path, &mp, &err);
+    if (!m) fail_msg("%s: %s", pre, err.msg);
+    bool add = kvlm_add_bos(m);
+    /* The pre-tokenizer's chunks through the public API. */
+    size_t ends[4];
+    assert_int_equal(kvlm_pretokenize(m, NULL, "ab  a", 5, ends, 4, &err), 3);
+    assert_int_equal(ends[0], 2);
+    assert_int_equal(ends[2], 5);
+    kvlm_model_free(m);
+    return add;
+}
+
+static void test_default_add_bos(void **state) {
+    (void)state;
+    assert_true(load_add_bos("llama-bpe", -1));
+    assert_true(load_add_bos("tekken", -1));
+    assert_false(load_add_bos("llama-bpe", 0));
+    assert_false(load_add_bos("qwen2", -1));
+    assert_true(load_add_bos("qwen2", 1));
+    /* kvlm_pretokenize with a name needs no model; an unknown one is refused. */
+    kvlm_error err = {0};
+    size_t ends[8];
+    assert_int_equal(kvlm_pretokenize(NULL, "qwen2", "x 12", 4, ends, 8, &err), 4);
+    assert_int_equal(ends[3], 4);
+    assert_int_equal(kvlm_pretokenize(NULL, "no-such", "x", 1, ends, 8, &err), -1);
+    assert_int_equal(err.code, KVLM_EUNSUPPORTED);
+    assert_int_equal(kvlm_pretokenize(NULL, NULL, "x", 1, ends, 8, &err), -1);
+}
+
+/* Real text through every pre-tokenizer and the small vocabulary. */
+static void test_corpus_round_trips(void **state) {
+    (void)state;
+    const char *path = tu_corpus_path("wiki.test.raw");
+    if (!path) skip();
+    size_t len;
+    char *text = tu_read_file(path, &len);
+    assert_non_null(text);
+    if (len > 30000) len = 30000;
+    while (len > 0 && ((unsigned char)text[len] & 0xC0) == 0x80) len--; /* whole characters */
+    for (int r = 0; r < tok_pretok_n_defs(); r++) {
+        char first[64];
+        const char *list = tok_pretok_def_names(r);
+        snprintf(first, sizeof first, "%.*s", (int)strcspn(list, "|"), list);
+        kvlm_error err = {0};
+        tok_pretok *p = tok_pretok_create(first, &err);
+        if (!p) fail_msg("%s: %s", first, err.msg);
+        bool raw = tok_pretok_raw(p);
+        tok_pretok_free(p);
+        model_vocab v;
+        build_vocab(&v, first, raw);
+        tok_tokenizer *t = tok_create(&v, &err);
+        if (!t) fail_msg("%s: %s", first, err.msg);
+        round_trip(t, first, text, len);
+        tok_free(t);
+        vocab_free(&v);
+    }
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_splits),     cmocka_unit_test(test_aliases),     cmocka_unit_test(test_flags),
         cmocka_unit_test(test_unknown),    cmocka_unit_test(test_hostile),     cmocka_unit_test(test_round_trips),
-        cmocka_unit_test(test_raw_encoding),
+        cmocka_unit_test(test_raw_encoding), cmocka_unit_test(test_default_add_bos),
+        cmocka_unit_test(test_corpus_round_trips),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -567,7 +567,7 @@ static void test_errors(void **state) {
     assert_null(tok_create(&v, &err));
     assert_int_equal(err.code, KVLM_EUNSUPPORTED);
     vocab_free(&v);
-    /* Absent pre on a gpt2 vocabulary means GPT-2's own pattern. */
+    /* Absent pre on a gpt2 vocabulary means llama.cpp's "default". */
     mini_vocab(&v, "gpt2", "", toks, 1, NULL, 0);
     tok_tokenizer *t = tok_create(&v, &err);
     assert_non_null(t);
