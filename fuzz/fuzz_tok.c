@@ -10,13 +10,14 @@
 #include "kvlm.h"
 #include "model/vocab.h"
 #include "model/model.h" /* struct kvlm_model: the vocabulary a loaded model holds */
+#include "tok/pretok.h"
 #include "tok/tok.h"
 
-enum { MAX_TOK = 8 };
+enum { MAX_TOK = 48 };
 static struct { tok_tokenizer *t; bool spm, exact; const char *name; } toks[MAX_TOK];
 static int n_toks;
 static kvlm_model *models[4];
-static model_vocab variants[4]; /* GPT-2's vocabulary under other pre-tokenizers (shallow copies) */
+static model_vocab variants[MAX_TOK]; /* GPT-2's vocabulary under other pre-tokenizers (shallow copies) */
 
 static const kvlm_model *load_vocab(const char *name) {
     char path[1024];
@@ -101,10 +102,28 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if ((m = load_vocab("vocab/ggml-vocab-gpt-2.gguf"))) *g = m->vocab;
     else gpt2_vocab(g);
     static const char *pres[] = {"gpt-2", "llama-bpe", "qwen2"};
-    for (int i = 0; i < 3; i++) {
+    int nv = 0;
+    for (int i = 0; i < 3; i++, nv++) {
         if (i) variants[i] = *g;
         snprintf(variants[i].pre, sizeof variants[i].pre, "%s", pres[i]);
         add(&variants[i], false, true, pres[i]);
+    }
+    /* Then every other pre-tokenizer kind (the first name of each row).
+     * Exact round trips only for byte-level ones: GPT-2's vocabulary has no
+     * <0xHH> tokens for the raw (Gemma 4, whitespace) ones to fall back on. */
+    static char names[MAX_TOK][32];
+    for (int r = 0; r < tok_pretok_n_defs() && n_toks < MAX_TOK; r++) {
+        const char *list = tok_pretok_def_names(r);
+        snprintf(names[r], sizeof names[r], "%.*s", (int)strcspn(list, "|"), list);
+        if (!strcmp(names[r], "gpt-2") || !strcmp(names[r], "llama-bpe") || !strcmp(names[r], "qwen2")) continue;
+        kvlm_error err = {0};
+        tok_pretok *pt = tok_pretok_create(names[r], &err);
+        if (!pt) { fprintf(stderr, "fuzz_tok: %s: %s\n", names[r], err.msg); abort(); }
+        bool raw = tok_pretok_raw(pt);
+        tok_pretok_free(pt);
+        variants[nv] = *g;
+        snprintf(variants[nv].pre, sizeof variants[nv].pre, "%s", names[r]);
+        add(&variants[nv++], false, !raw, names[r]);
     }
     return 0;
 }
