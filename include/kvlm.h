@@ -30,7 +30,9 @@ const char *kvlm_status_name(int code);
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (4k-context
  * variants; LongRoPE factors are refused) */
-typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2 } kvlm_arch;
+/* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
+ * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -47,6 +49,15 @@ typedef struct kvlm_config {
     bool rope_neox;     /* rotate (i, i + rope_dim/2) instead of (2i, 2i+1) */
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
+    /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);
+     * a cache row is kv_lora_rank + rope_dim elements (docs/mla.md). */
+    int q_lora_rank;    /* 0: queries straight from the input (attn_q) */
+    int kv_lora_rank;
+    int v_head_dim;     /* value length per head */
+    int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff;
+    float expert_weights_scale;
+    bool expert_weights_norm;
+    int expert_gating;  /* 1 softmax (V2), 2 sigmoid with exp_probs_b selection bias (V3) */
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -86,6 +97,12 @@ typedef struct kvlm_synth_params {
     bool tied_output;
     uint64_t seed;
     const char *chat_template; /* tokenizer.chat_template to store (NULL: none) */
+    /* deepseek2: latent ranks (q_lora_rank 0: attn_q), RoPE part of a key
+     * (0: 16), value length (0: head_dim - rope_dim), experts (n_expert 0:
+     * 4, used 0: 2, shared 0: 1, expert_ff 0: hidden_dim / 2), leading dense
+     * layers (0: 1); expert_gating 2: V3's sigmoid with a selection bias */
+    int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
+    int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
