@@ -485,6 +485,11 @@ typedef struct kvlm_plan {
     long fit_paged_avg;       /* ... paged takes only the blocks they fill */
     size_t stored_block_bytes; /* a block as the tiers store it (header, token ids, checksum) */
     uint64_t tokens_ram, tokens_host, tokens_disk, tokens_redis; /* cached tokens each level holds */
+    /* deepseek2 (0 otherwise): the cache holds one latent row per token
+     * (bytes_per_token = layers x (kv_lora_rank + rope_dim) x elem_bytes, the
+     * keys' type); what full per-head keys and values of the same model
+     * would take: layers x heads x (key length + value length) x elem_bytes */
+    size_t mha_bytes_per_token;
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 
