@@ -5,6 +5,7 @@
  * experts feed-forward (engine/moe.c). */
 #include "engine/forward_mla.h"
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/moe.h"
@@ -21,6 +22,8 @@ struct engine_mla {
     float **uk_t, **uv;
     /* scratch for n_batch tokens */
     float *x, *xb, *qa, *q, *kva, *row, *ql, *ol, *av, *hb, *hb2, *cs, *sn, *outs;
+    float *gin, *gout;  /* per thread: one head's rows of the chunk, gathered for the absorption products */
+    size_t g_floats;    /* floats of each thread's gin (and gout) */
     void *mm_work, *attn_work;
     size_t attn_work_bytes;
     const float **block_ptrs;
@@ -75,7 +78,7 @@ void engine_mla_free(engine_mla *e) {
     for (int l = 0; e->uv && l < e->m->cfg.n_layers; l++) free(e->uv[l]);
     free(e->uk_t); free(e->uv);
     free(e->x); free(e->xb); free(e->qa); free(e->q); free(e->kva); free(e->row); free(e->ql); free(e->ol);
-    free(e->av); free(e->hb); free(e->hb2); free(e->cs); free(e->sn); free(e->outs);
+    free(e->av); free(e->hb); free(e->hb2); free(e->cs); free(e->sn); free(e->outs); free(e->gin); free(e->gout);
     free(e->mm_work); free(e->attn_work); free(e->block_ptrs);
     engine_moe_free(e->moe);
     free(e);
@@ -107,6 +110,11 @@ engine_mla *engine_mla_create(const kvlm_model *m, int n_batch, int n_ctx, int b
     e->cs = malloc(T * (size_t)c->rope_dim / 2 * sizeof(float));
     e->sn = malloc(T * (size_t)c->rope_dim / 2 * sizeof(float));
     e->outs = malloc(T * c->dim * sizeof(float));
+    size_t wide = (size_t)c->kv_lora_rank > Dk ? (size_t)c->kv_lora_rank : Dk;
+    if (V > wide) wide = V;
+    e->g_floats = T * wide;
+    e->gin = malloc((size_t)(n_threads > 0 ? n_threads : 1) * e->g_floats * sizeof(float));
+    e->gout = malloc((size_t)(n_threads > 0 ? n_threads : 1) * e->g_floats * sizeof(float));
     e->block_ptrs = malloc(((size_t)n_ctx / block_size + 2) * sizeof(float *));
     size_t w = mm_need(&m->output, n_batch);
     for (int l = 0; l < c->n_layers; l++) {
@@ -120,7 +128,8 @@ engine_mla *engine_mla_create(const kvlm_model *m, int n_batch, int n_ctx, int b
     e->attn_work_bytes = op_attention_mla_work_size(n_threads, c->n_heads, (int)row, n_ctx);
     e->attn_work = malloc(e->attn_work_bytes);
     if (!e->x || !e->xb || !e->qa || !e->q || !e->kva || !e->row || !e->ql || !e->ol || !e->av || !e->hb ||
-        !e->hb2 || !e->cs || !e->sn || !e->outs || !e->block_ptrs || !e->mm_work || !e->attn_work) {
+        !e->hb2 || !e->cs || !e->sn || !e->outs || !e->block_ptrs || !e->mm_work || !e->attn_work || !e->gin ||
+        !e->gout) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the MLA scratch buffers");
         engine_mla_free(e);
         return NULL;
@@ -133,9 +142,52 @@ engine_mla *engine_mla_create(const kvlm_model *m, int n_batch, int n_ctx, int b
     return e;
 }
 
+/* Per head: y[t] (n_out wide, stride ys) = W x[t] (n_in wide, stride xs)
+ * for the chunk's T tokens, W an f32 matrix of n_out rows: the rows are
+ * gathered so one product reads W once for all of them (on this thread:
+ * the heads are the pass's units; f32 products need no work buffer). */
+static void head_product(const float *W, int n_in, int n_out, const float *x, size_t xs, float *y, size_t ys, int T,
+                         float *gin, float *gout) {
+    for (int t = 0; t < T; t++) memcpy(gin + (size_t)t * n_in, x + (size_t)t * xs, (size_t)n_in * sizeof(float));
+    op_mm_out o = {gout, W, DT_F32, n_out};
+    op_backend_cpu()->matmul_n(NULL, gin, T, n_in, &o, 1, NULL);
+    for (int t = 0; t < T; t++) memcpy(y + (size_t)t * ys, gout + (size_t)t * n_out, (size_t)n_out * sizeof(float));
+}
+
+typedef struct {
+    engine_mla *e;
+    int layer, T;
+    bool outputs;   /* W_UV on the attention outputs, else W_UK^T on the queries */
+    atomic_int next;
+} absorb_job;
+
+static void absorb_worker(void *p, int ith, int nth) {
+    (void)nth;
+    absorb_job *j = p;
+    engine_mla *e = j->e;
+    const kvlm_config *c = &e->m->cfg;
+    int H = c->n_heads, Dk = c->head_dim, nope = Dk - c->rope_dim, R = c->kv_lora_rank, W = R + c->rope_dim;
+    int V = c->v_head_dim;
+    float *gin = e->gin + (size_t)ith * e->g_floats, *gout = e->gout + (size_t)ith * e->g_floats;
+    for (int h; (h = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < H;) {
+        if (j->outputs)
+            head_product(e->uv[j->layer] + (size_t)h * V * R, R, V, e->ol + (size_t)h * R, (size_t)H * R,
+                         e->av + (size_t)h * V, (size_t)H * V, j->T, gin, gout);
+        else
+            head_product(e->uk_t[j->layer] + (size_t)h * R * nope, nope, R, e->q + (size_t)h * Dk, (size_t)H * Dk,
+                         e->ql + (size_t)h * W, (size_t)H * W, j->T, gin, gout);
+    }
+}
+
+static void absorb(engine_mla *e, util_pool *pool, int layer, int T, bool outputs) {
+    absorb_job j = {.e = e, .layer = layer, .T = T, .outputs = outputs};
+    atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+    util_pool_run(pool, absorb_worker, &j);
+}
+
 /* The layer's queries in the latent space: per head, W_UK^T q_nope (kv_lora)
  * then q_pe after RoPE (rope_dim): rows of the cache's width. */
-static void absorb_queries(engine_mla *e, int layer, int T) {
+static void absorb_queries(engine_mla *e, util_pool *pool, int layer, int T) {
     const kvlm_config *c = &e->m->cfg;
     int H = c->n_heads, Dk = c->head_dim, nope = Dk - c->rope_dim, R = c->kv_lora_rank, W = R + c->rope_dim;
     int half = c->rope_dim / 2;
@@ -143,34 +195,14 @@ static void absorb_queries(engine_mla *e, int layer, int T) {
         float *q = e->q + (size_t)t * H * Dk;
         op_backend_cpu()->rope_apply(q + nope, H, Dk, c->rope_dim, e->cs + (size_t)t * half, e->sn + (size_t)t * half,
                                      false);
-        for (int h = 0; h < H; h++) {
-            const float *qn = q + (size_t)h * Dk, *uk = e->uk_t[layer] + (size_t)h * R * nope;
-            float *dst = e->ql + ((size_t)t * H + h) * W;
-            for (int r = 0; r < R; r++) {
-                float s = 0;
-                for (int i = 0; i < nope; i++) s += uk[(size_t)r * nope + i] * qn[i];
-                dst[r] = s;
-            }
-            memcpy(dst + R, qn + nope, (size_t)c->rope_dim * sizeof(float));
-        }
+        for (int h = 0; h < H; h++)
+            memcpy(e->ql + ((size_t)t * H + h) * W + R, q + (size_t)h * Dk + nope, (size_t)c->rope_dim * sizeof(float));
     }
+    absorb(e, pool, layer, T, false);
 }
 
 /* Each head's attention output, kv_lora wide, through W_UV into v_dim. */
-static void absorb_outputs(engine_mla *e, int layer, int T) {
-    const kvlm_config *c = &e->m->cfg;
-    int H = c->n_heads, R = c->kv_lora_rank, V = c->v_head_dim;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) {
-            const float *o = e->ol + ((size_t)t * H + h) * R, *uv = e->uv[layer] + (size_t)h * V * R;
-            float *dst = e->av + ((size_t)t * H + h) * V;
-            for (int i = 0; i < V; i++) {
-                float s = 0;
-                for (int r = 0; r < R; r++) s += uv[(size_t)i * R + r] * o[r];
-                dst[i] = s;
-            }
-        }
-}
+static void absorb_outputs(engine_mla *e, util_pool *pool, int layer, int T) { absorb(e, pool, layer, T, true); }
 
 static void attention(engine_mla *e, util_pool *pool, kv_store *kv, int layer, const int32_t *seq,
                       const int32_t *pos, int T, bool naive) {
@@ -231,9 +263,9 @@ int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t
                           false);
             kv_store_write_row(kv, l, seq[t], pos[t], 0, row, NULL);
         }
-        absorb_queries(e, l, T);
+        absorb_queries(e, pool, l, T);
         attention(e, pool, kv, l, seq, pos, T, naive);
-        absorb_outputs(e, l, T);
+        absorb_outputs(e, pool, l, T);
         matmul(e, pool, e->xb, e->av, &L->wo, T);
         for (int t = 0; t < T; t++) B->add(e->x + (size_t)t * D, e->xb + (size_t)t * D, D);
         for (int t = 0; t < T; t++) B->rmsnorm(e->xb + (size_t)t * D, e->x + (size_t)t * D, L->ffn_norm.data, D, c->norm_eps);

@@ -11,7 +11,7 @@
 #include "ops/attention_internal.h"
 #include "util/pool.h"
 
-#define MLA_TILE 32      /* keys dequantized at a time */
+#define MLA_TILE 16      /* keys dequantized at a time */
 #define MLA_CHUNK 256    /* keys per work item (a multiple of MLA_TILE) */
 #define MLA_TG 4         /* query tokens per round of work items */
 
