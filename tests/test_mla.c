@@ -499,7 +499,7 @@ static void test_bad_files(void **state) {
         {NULL, "blk.2.ffn_up_exps.weight", 3, NULL, NULL, NULL, "tensor blk.2.ffn_up_exps.weight: shape 64x48x3, expected 64x48x4"},
         {"blk.1.ffn_gate_inp.weight", NULL, 0, NULL, NULL, NULL, "missing tensor blk.1.ffn_gate_inp.weight"},
         {NULL, NULL, 0, "deepseek2.rope.scaling.type", "yarn", "deepseek2.rope.scaling.factor", "RoPE scaling 'yarn'"},
-        {NULL, NULL, 0, "deepseek2.attention.key_length_mla", "x", NULL, "attn_k_b / attn_v_b"},
+        {NULL, NULL, 0, "deepseek2.attention.key_length_mla", "x", NULL, "key deepseek2.attention.key_length_mla has type"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *dst = tu_tmp_path(".gguf");
@@ -522,6 +522,71 @@ static void test_bad_files(void **state) {
     kvlm_model_free(m);
 }
 
+/* attn_kv_b split per head into attn_k_b (W_UK^T) and attn_v_b (W_UV), with
+ * the keys of llama.cpp's MLA conversion (the row as the "head", the real
+ * lengths in *_mla): the same logits; convert writes the split form back. */
+static void test_split_kv_b(void **state) {
+    (void)state;
+    char src[4096], dst[4096];
+    snprintf(src, sizeof src, "%s", synth(k_shapes[1], 91));
+    snprintf(dst, sizeof dst, "%s", tu_tmp_path(".gguf"));
+    int H = 4, nope = 16, V = 16, R = 32;
+    kvlm_error err = {0};
+    gguf_file *f = gguf_open(src, &err);
+    assert_non_null(f);
+    gguf_writer *w = gguf_writer_create();
+    gguf_writer_copy_kv(w, f, "");
+    gguf_writer_set_u32(w, "deepseek2.attention.key_length", 40);
+    gguf_writer_set_u32(w, "deepseek2.attention.value_length", 32);
+    gguf_writer_set_u32(w, "deepseek2.attention.key_length_mla", 24);
+    gguf_writer_set_u32(w, "deepseek2.attention.value_length_mla", 16);
+    gguf_writer_set_u32(w, "deepseek2.attention.head_count_kv", 1);
+    float *kb[3], *vb[3];
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        int l;
+        if (strstr(t->cname, ".attn_kv_b.weight") && sscanf(t->cname, "blk.%d.", &l) == 1) {
+            const float *kv = t->data; /* H x (nope + V) rows of R */
+            kb[l] = malloc(sizeof(float) * (size_t)H * R * nope);
+            vb[l] = malloc(sizeof(float) * (size_t)H * V * R);
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < R; r++) {
+                    for (int d = 0; d < nope; d++)
+                        kb[l][((size_t)h * R + r) * nope + d] = kv[((size_t)h * (nope + V) + d) * R + r];
+                    for (int d = 0; d < V; d++)
+                        vb[l][((size_t)h * V + d) * R + r] = kv[((size_t)h * (nope + V) + nope + d) * R + r];
+                }
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_k_b.weight", l);
+            if (gguf_writer_add_tensor(w, name, 0, 3, (const int64_t[]){nope, R, H}, kb[l], &err)) fail_msg("%s", err.msg);
+            snprintf(name, sizeof name, "blk.%d.attn_v_b.weight", l);
+            assert_int_equal(gguf_writer_add_tensor(w, name, 0, 3, (const int64_t[]){R, V, H}, vb[l], &err), 0);
+            continue;
+        }
+        assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, t->ne, t->data, &err), 0);
+    }
+    if (gguf_writer_write(w, dst, &err)) fail_msg("write: %s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+    for (int l = 0; l < 3; l++) free(kb[l]), free(vb[l]);
+    kvlm_model *a = load(src), *b = load(dst);
+    assert_int_equal(kvlm_model_config(b)->head_dim, 24);
+    assert_int_equal(kvlm_model_config(b)->v_head_dim, 16);
+    int32_t ids[30];
+    make_ids(ids, 30, 23);
+    float *la = run(a, ids, 30, (run_opts){.cache = KVLM_CACHE_F32, .step = 10});
+    float *lb = run(b, ids, 30, (run_opts){.cache = KVLM_CACHE_F32, .step = 10});
+    printf("  attn_k_b / attn_v_b against attn_kv_b: %.1e\n", logit_err(lb, la, 30, 300));
+    assert_memory_equal(la, lb, sizeof(float) * 30 * 300);
+    const char *back = tu_tmp_path(".gguf");
+    if (kvlm_model_save_gguf(b, back, -1, &err)) fail_msg("convert: %s", err.msg);
+    kvlm_model *c = load(back);
+    float *lc = run(c, ids, 30, (run_opts){.cache = KVLM_CACHE_F32, .step = 10});
+    assert_memory_equal(la, lc, sizeof(float) * 30 * 300);
+    free(la); free(lb); free(lc);
+    kvlm_model_free(a); kvlm_model_free(b); kvlm_model_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel),
@@ -532,6 +597,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_fork_session),
         cmocka_unit_test(test_batched_sequences),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_split_kv_b),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

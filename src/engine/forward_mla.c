@@ -45,7 +45,8 @@ static void weight_row(const model_tensor *t, int64_t r, float *y) {
 }
 
 /* W_UK^T and W_UV of every layer from attn_kv_b (rows per head: nope key
- * rows, then v_dim value rows, each kv_lora wide). */
+ * rows, then v_dim value rows, each kv_lora wide), or from attn_k_b and
+ * attn_v_b, which hold them per head already. */
 static int make_absorbed(engine_mla *e, kvlm_error *err) {
     const kvlm_config *c = &e->m->cfg;
     int H = c->n_heads, R = c->kv_lora_rank, nope = c->head_dim - c->rope_dim, V = c->v_head_dim;
@@ -58,6 +59,12 @@ static int make_absorbed(engine_mla *e, kvlm_error *err) {
         e->uk_t[l] = malloc((size_t)H * R * nope * sizeof(float));
         e->uv[l] = malloc((size_t)H * V * R * sizeof(float));
         if (!e->uk_t[l] || !e->uv[l]) { free(tmp); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
+        const model_tensor *kb = &e->m->layers[l].wk_b, *vb = &e->m->layers[l].wv_b;
+        if (!kvb->data) {
+            for (int64_t r = 0; r < (int64_t)H * R; r++) weight_row(kb, r, e->uk_t[l] + (size_t)r * nope);
+            for (int64_t r = 0; r < (int64_t)H * V; r++) weight_row(vb, r, e->uv[l] + (size_t)r * R);
+            continue;
+        }
         for (int h = 0; h < H; h++) {
             int64_t base = (int64_t)h * (nope + V);
             float *uk = e->uk_t[l] + (size_t)h * R * nope;

@@ -162,7 +162,8 @@ void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
                                     &L->ffn_norm, &L->w_gate, &L->w_down, &L->w_up};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) hash_tensor(&st, ts[i], "layer");
         if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* its attention's tensors and latent shape (other models: unchanged) */
-            const model_tensor *ds[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b};
+            const model_tensor *ds[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b,
+                                        &L->wk_b, &L->wv_b};
             for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) hash_tensor(&st, ds[i], "mla");
             uint8_t b[12];
             put32(b, (uint32_t)c->q_lora_rank);

@@ -25,8 +25,9 @@ static int key_int(struct kvlm_model *m, const char *key, bool required, int lo,
     return KVLM_OK;
 }
 
-/* A 3-D expert tensor {n_in, n_out, n_expert} as one 2-D view of
- * n_out x n_expert rows (expert e: model_tensor_rows(t, e * n_out, n_out)). */
+/* A 3-D tensor {n_in, n_out, n_expert} (experts, or attn_k_b / attn_v_b's
+ * heads) as one 2-D view of n_out x n_expert rows (expert e:
+ * model_tensor_rows(t, e * n_out, n_out)). */
 static int take_experts(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
                         int n_expert, kvlm_error *err) {
     const gguf_tensor *gt = gguf_find_tensor(m->gguf, name);
@@ -53,12 +54,10 @@ static int read_hparams(struct kvlm_model *m, kvlm_error *err) {
     const gguf_file *f = m->gguf;
     int rc;
     char s[64];
-    /* Files converted for llama.cpp's MLA path give the real key and value
-     * lengths here and split attn_kv_b into attn_k_b / attn_v_b. */
-    if (gguf_find(f, "deepseek2.attention.key_length_mla") || gguf_find_tensor(f, "blk.0.attn_k_b.weight"))
-        return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: this deepseek2 file splits attn_kv_b into attn_k_b / attn_v_b (llama.cpp's MLA "
-                            "conversion); kvlm reads files with attn_kv_b (convert without the split)", m->path);
+    /* Files of llama.cpp's MLA conversion describe the cached row as the
+     * "head" (key_length = kv_lora + rope, value_length = kv_lora) and give
+     * the real per-head lengths in *_mla keys. */
+    bool mla_keys = gguf_find(f, "deepseek2.attention.key_length_mla") != NULL;
     if (gguf_get_str(f, "deepseek2.rope.scaling.type", s, sizeof s) && strcmp(s, "none")) {
         double factor = 1.0;
         if ((rc = model_hp_float(m, "rope.scaling.factor", 0, true, &factor, err))) return rc;
@@ -73,6 +72,10 @@ static int read_hparams(struct kvlm_model *m, kvlm_error *err) {
     if ((rc = key_int(m, "attention.kv_lora_rank", true, 2, 1 << 16, &c->kv_lora_rank, err))) return rc;
     c->v_head_dim = c->head_dim - c->rope_dim;
     if ((rc = key_int(m, "attention.value_length", false, 1, 1 << 16, &c->v_head_dim, err))) return rc;
+    if (mla_keys) {
+        if ((rc = key_int(m, "attention.key_length_mla", true, 2, 1024, &c->head_dim, err))) return rc;
+        if ((rc = key_int(m, "attention.value_length_mla", true, 1, 1 << 16, &c->v_head_dim, err))) return rc;
+    }
     if (c->rope_dim >= c->head_dim)
         return util_err_set(err, KVLM_EFORMAT, "%s: key length %d leaves no part without RoPE (rope dimension %d)",
                             m->path, c->head_dim, c->rope_dim);
@@ -128,7 +131,15 @@ int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err) {
         }
         TAKE(wkv_a, "attn_kv_a_mqa.weight", c->dim, c->kv_lora_rank + c->rope_dim, false);
         TAKE(kv_a_norm, "attn_kv_a_norm.weight", c->kv_lora_rank, 0, false);
-        TAKE(wkv_b, "attn_kv_b.weight", c->kv_lora_rank, H * (nope + c->v_head_dim), false);
+        snprintf(n, sizeof n, "blk.%d.attn_kv_b.weight", l);
+        if (gguf_find_tensor(m->gguf, n) || !(snprintf(n, sizeof n, "blk.%d.attn_k_b.weight", l), gguf_find_tensor(m->gguf, n))) {
+            TAKE(wkv_b, "attn_kv_b.weight", c->kv_lora_rank, H * (nope + c->v_head_dim), false);
+        } else { /* split per head (llama.cpp's MLA conversion) */
+            snprintf(n, sizeof n, "blk.%d.attn_k_b.weight", l);
+            if ((rc = take_experts(m, &L->wk_b, n, nope, c->kv_lora_rank, (int)H, err))) return rc;
+            snprintf(n, sizeof n, "blk.%d.attn_v_b.weight", l);
+            if ((rc = take_experts(m, &L->wv_b, n, c->kv_lora_rank, c->v_head_dim, (int)H, err))) return rc;
+        }
         TAKE(wo, "attn_output.weight", H * c->v_head_dim, c->dim, false);
         TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false);
         if (l < c->n_dense_lead) {

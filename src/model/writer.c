@@ -99,6 +99,10 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.attn_kv_a_mqa.weight", l, L->wkv_a);
         ADD("blk.%d.attn_kv_a_norm.weight", l, L->kv_a_norm);
         ADD("blk.%d.attn_kv_b.weight", l, L->wkv_b);
+        int heads_at = n;
+        ADD("blk.%d.attn_k_b.weight", l, L->wk_b);
+        ADD("blk.%d.attn_v_b.weight", l, L->wv_b);
+        for (int i = heads_at; i < n; i++) out[i].n_expert = m->cfg.n_heads; /* stacked per head */
         ADD("blk.%d.ffn_gate_inp.weight", l, L->ffn_gate_inp);
         ADD("blk.%d.exp_probs_b.bias", l, L->exp_probs_b);
         int first = n;
@@ -115,7 +119,9 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     return n;
 }
 
-static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name) {
+/* mla_split: deepseek2 with attn_k_b / attn_v_b (llama.cpp's MLA form: the
+ * cached row is the "head", the real lengths in *_mla keys) */
+static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name, bool mla_split) {
     const char *arch = model_arch_name(c->arch);
     char k[128];
     gguf_writer_set_str(w, "general.architecture", arch);
@@ -131,8 +137,15 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     gguf_writer_set_u32(w, KEY("attention.head_count_kv"),
                         (uint32_t)(c->arch == KVLM_ARCH_DEEPSEEK2 ? c->n_heads : c->n_kv_heads));
     if (c->arch == KVLM_ARCH_DEEPSEEK2) {
-        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
-        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->v_head_dim);
+        if (mla_split) {
+            gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)(c->kv_lora_rank + c->rope_dim));
+            gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->kv_lora_rank);
+            gguf_writer_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)c->head_dim);
+            gguf_writer_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)c->v_head_dim);
+        } else {
+            gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
+            gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->v_head_dim);
+        }
         if (c->q_lora_rank) gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)c->q_lora_rank);
         gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)c->kv_lora_rank);
         if (c->n_expert) {
@@ -217,7 +230,8 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
         goto done;
     }
     const char *base = strrchr(m->path, '/');
-    write_hparams(w, &m->cfg, base ? base + 1 : m->path);
+    write_hparams(w, &m->cfg, base ? base + 1 : m->path,
+                  m->cfg.arch == KVLM_ARCH_DEEPSEEK2 && m->cfg.n_layers > 0 && m->layers[0].wk_b.data);
     vocab_to_gguf(&m->vocab, w);
     int n = list_tensors(m, ts, cap);
     rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, owned, err);
