@@ -58,6 +58,12 @@ typedef struct kvlm_config {
     float expert_weights_scale;
     bool expert_weights_norm;
     int expert_gating;  /* 1 softmax (V2), 2 sigmoid with exp_probs_b selection bias (V3) */
+    /* deepseek2's YaRN RoPE scaling (rope.scaling.type "yarn"; factor 0: none):
+     * frequencies interpolated by 1/factor outside the ramp between the
+     * dimensions that beta_fast and beta_slow rotations name at the original
+     * context; attention scale (1 + log_mul ln factor)^2 / sqrt(key length) */
+    float yarn_factor, yarn_log_mul, yarn_beta_fast, yarn_beta_slow;
+    int yarn_orig_ctx;
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -103,6 +109,7 @@ typedef struct kvlm_synth_params {
      * layers (0: 1); expert_gating 2: V3's sigmoid with a selection bias */
     int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
     int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
+    float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 

@@ -215,6 +215,9 @@ synth_check deepseek2-sigmoid-f32    1e-4 "${ds[@]}" --q-lora 64 --experts 6 --e
 synth_check deepseek2-f16            1e-4 "${ds[@]}" --type f16 --seed 24
 synth_check deepseek2-qlora-q8_0     6e-2 "${ds[@]}" --q-lora 96 --type q8_0 --seed 25
 synth_check deepseek2-q8_0           6e-2 "${ds[@]}" --type q8_0 --seed 26
+# YaRN (DeepSeek-V2's RoPE scaling): factor 40 from an original context of
+# 4096 / 40 = 102 tokens, log multiplier 0.0707 (attention scale x 1.59)
+synth_check deepseek2-yarn-f32       1e-4 "${ds[@]}" --ctx 4096 --yarn 40 --q-lora 96 --type f32 --seed 27
 # kvlm plan: the latent cache per token (3 layers x (64 + 16) x 2 bytes of
 # the default f16 = 480 bytes) next to MHA of the same model (3 layers x 4
 # heads x (48 + 32) x 2 = 1920 bytes)

@@ -498,7 +498,10 @@ static void test_bad_files(void **state) {
         {NULL, "blk.0.attn_kv_b.weight", 64, NULL, NULL, NULL, "tensor blk.0.attn_kv_b.weight: shape 32x64, expected 32x128"},
         {NULL, "blk.2.ffn_up_exps.weight", 3, NULL, NULL, NULL, "tensor blk.2.ffn_up_exps.weight: shape 64x48x3, expected 64x48x4"},
         {"blk.1.ffn_gate_inp.weight", NULL, 0, NULL, NULL, NULL, "missing tensor blk.1.ffn_gate_inp.weight"},
-        {NULL, NULL, 0, "deepseek2.rope.scaling.type", "yarn", "deepseek2.rope.scaling.factor", "RoPE scaling 'yarn'"},
+        {NULL, NULL, 0, "deepseek2.rope.scaling.type", "linear", "deepseek2.rope.scaling.factor", "RoPE scaling 'linear'"},
+        /* yarn needs the original context */
+        {NULL, NULL, 0, "deepseek2.rope.scaling.type", "yarn", "deepseek2.rope.scaling.factor",
+         "missing key deepseek2.rope.scaling.original_context_length"},
         {NULL, NULL, 0, "deepseek2.attention.key_length_mla", "x", NULL, "key deepseek2.attention.key_length_mla has type"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

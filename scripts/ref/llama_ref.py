@@ -176,8 +176,15 @@ def load_deepseek2(m, meta, t, types):
     keys and values per head (no absorption), so it checks kvlm's absorbed
     latent path. Expert tensors [n_expert, rows, n_in]."""
     a = "deepseek2"
-    if meta.get(a + ".rope.scaling.type", "none") not in ("none",):
-        raise ValueError("deepseek2 with RoPE scaling not supported")
+    m.yarn = None
+    stype, factor = meta.get(a + ".rope.scaling.type", "none"), float(meta.get(a + ".rope.scaling.factor", 1.0))
+    if stype == "yarn" and factor != 1.0:
+        m.yarn = (factor, int(meta[a + ".rope.scaling.original_context_length"]),
+                  float(meta.get(a + ".rope.scaling.yarn_log_multiplier", 0.0)),
+                  float(meta.get(a + ".rope.scaling.yarn_beta_fast", 32.0)),
+                  float(meta.get(a + ".rope.scaling.yarn_beta_slow", 1.0)))
+    elif stype != "none" and factor != 1.0:
+        raise ValueError("deepseek2 with RoPE scaling %r not supported" % stype)
     m.q_lora = int(meta.get(a + ".attention.q_lora_rank", 0))
     m.kv_lora = int(meta[a + ".attention.kv_lora_rank"])
     m.v_dim = int(meta.get(a + ".attention.value_length", m.head_dim - m.rope_dim))
@@ -206,6 +213,31 @@ def load_deepseek2(m, meta, t, types):
         m.layers.append(L)
 
 
+def rope_yarn(x, positions, rope_dim, base, yarn):
+    """YaRN on consecutive pairs (2i, 2i+1), written from the YaRN paper's
+    definition as llama.cpp applies it (ext_factor 1): per pair, the angle
+    pos * base^(-2i/d) extrapolated where its wavelength is short against the
+    original context (pair index below the beta_fast bound), interpolated
+    (angle / factor) above the beta_slow bound, a linear ramp between. The
+    rotation's magnitude stays 1 for deepseek2 (its attention factor cancels
+    YaRN's 1 + 0.1 ln factor); the attention scale carries mscale^2."""
+    factor, orig, _, beta_fast, beta_slow = yarn
+    half = rope_dim // 2
+    i = np.arange(half)
+    extrap = positions[:, None] * base ** (-2.0 * i / rope_dim)
+    def corr(n_rot):  # the pair index whose wavelength makes n_rot turns over the original context
+        return rope_dim * np.log(orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+    lo, hi = max(0.0, np.floor(corr(beta_fast))), min(rope_dim - 1.0, np.ceil(corr(beta_slow)))
+    mix = 1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)
+    theta = extrap / factor * (1 - mix) + extrap * mix
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x = x.copy()
+    a, b = x[..., 0:rope_dim:2].copy(), x[..., 1:rope_dim:2].copy()
+    x[..., 0:rope_dim:2] = a * cos - b * sin
+    x[..., 1:rope_dim:2] = a * sin + b * cos
+    return x
+
+
 def forward_deepseek2(m, ids):
     """Naive MLA: per head, k = [W_UK c ; k_pe], v = W_UV c, full softmax
     attention with scale 1/sqrt(key_length); then the dense or MoE FFN."""
@@ -214,6 +246,12 @@ def forward_deepseek2(m, ids):
     pos = np.arange(T, dtype=np.float64)
     mask = np.triu(np.full((T, T), -np.inf), k=1)
     x = m.tok_emb[np.asarray(ids)]
+    if m.yarn:
+        rot = lambda v: rope_yarn(v, pos, rd, m.rope_base, m.yarn)
+        mscale = 1.0 + m.yarn[2] * np.log(m.yarn[0])
+    else:
+        rot = lambda v: rope(v, pos, rd, m.rope_base, False)
+        mscale = 1.0
     for li, L in enumerate(m.layers):
         ty = L["types"]
         h = rmsnorm(x, L["attn_norm"], m.eps)
@@ -225,14 +263,14 @@ def forward_deepseek2(m, ids):
         q = q.reshape(T, H, m.head_dim)
         kva = matmul(m, h, L["wkv_a"], ty.get("wkv_a"))
         c = rmsnorm(kva[:, :R], L["kv_a_norm"], m.eps)
-        k_pe = rope(kva[:, None, R:], pos, rd, m.rope_base, False)[:, 0, :]
-        q_pe = rope(q[:, :, nope:], pos, rd, m.rope_base, False)
+        k_pe = rot(kva[:, None, R:])[:, 0, :]
+        q_pe = rot(q[:, :, nope:])
         kv = (c @ L["wkv_b"].T).reshape(T, H, nope + V)  # decompressed: per head nope keys, then values
         att = np.empty((T, H, V))
         for hh in range(H):
             k = np.concatenate([kv[:, hh, :nope], k_pe], axis=1)
             qh = np.concatenate([q[:, hh, :nope], q_pe[:, hh, :]], axis=1)
-            s = qh @ k.T / np.sqrt(m.head_dim) + mask
+            s = qh @ k.T * (mscale * mscale / np.sqrt(m.head_dim)) + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             att[:, hh, :] = s @ kv[:, hh, nope:]

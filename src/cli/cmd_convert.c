@@ -53,7 +53,8 @@ int cmd_synth(int argc, char **argv) {
                    "       [--type T] [--tied] [--seed S]\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
                    "       [--experts N] [--experts-used K] [--experts-shared S] [--dense-layers D] [--expert-ff F]\n"
-                   "       [--gating softmax|sigmoid]  (-1 for a count means none; --head-dim is the key length)\n\n"
+                   "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
+                   "       key length; --yarn: YaRN RoPE scaling from a context of ctx / FACTOR)\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
                    "the same cost to run as a real model of that shape. Defaults: llama, dim 64,\n"
                    "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n");
@@ -80,6 +81,7 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--dense-layers", &p.n_dense_lead, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--expert-ff", &p.expert_ff, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
         else if (argv[i][0] == '-') return cli_fail("synth", "unknown option '%s'", argv[i]);
         else if (!out) out = argv[i];

@@ -149,6 +149,41 @@ engine_mla *engine_mla_create(const kvlm_model *m, int n_batch, int n_ctx, int b
     return e;
 }
 
+/* YaRN (as llama.cpp's ggml rope with ext_factor 1): pair i rotates by a mix
+ * of the position's angle (high frequencies: extrapolation) and that angle
+ * over the factor (low: interpolation), the mix ramping between the pair
+ * indices where beta_fast and beta_slow rotations fit the original context;
+ * the magnitude correction (1 + 0.1 ln factor) cancels against the one the
+ * attention factor takes out for deepseek2, and the attention scale gets
+ * mscale^2 instead (mla_scale). */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+static void yarn_cossin(const kvlm_config *c, float *cs, float *sn, int pos) {
+    int n = c->rope_dim;
+    float fs = 1.0f / c->yarn_factor;
+    float lo = floorf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_fast, c->rope_base));
+    float hi = ceilf(yarn_corr_dim(n, c->yarn_orig_ctx, c->yarn_beta_slow, c->rope_base));
+    lo = lo > 0 ? lo : 0;
+    hi = hi < n - 1 ? hi : (float)(n - 1);
+    float mag = 1.0f / (1.0f + 0.1f * logf(1.0f / fs)) * (1.0f + 0.1f * logf(1.0f / fs));
+    for (int i = 0; i < n / 2; i++) {
+        float extrap = (float)pos * powf(c->rope_base, -2.0f * (float)i / (float)n), interp = fs * extrap;
+        float y = ((float)i - lo) / fmaxf(0.001f, hi - lo);
+        float mix = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+        float theta = interp * (1 - mix) + extrap * mix;
+        cs[i] = cosf(theta) * mag;
+        sn[i] = sinf(theta) * mag;
+    }
+}
+
+/* q.k of the decompressed heads over sqrt(key length); YaRN: times mscale^2 */
+static float mla_scale(const kvlm_config *c) {
+    float ms = c->yarn_factor > 0 ? 1.0f + c->yarn_log_mul * logf(c->yarn_factor) : 1.0f;
+    return ms * ms / sqrtf((float)c->head_dim);
+}
+
 /* Per head: y[t] (n_out wide, stride ys) = W x[t] (n_in wide, stride xs)
  * for the chunk's T tokens, W an f32 matrix of n_out rows: the rows are
  * gathered so one product reads W once for all of them (on this thread:
@@ -228,7 +263,7 @@ static void attention(engine_mla *e, util_pool *pool, kv_store *kv, int layer, c
         a.head_dim = W;
         a.v_dim = R;
         /* the scores equal q.k of the decompressed heads: 1/sqrt(key length) */
-        a.scale = 1.0f / sqrtf((float)c->head_dim);
+        a.scale = mla_scale(c);
         float *out = e->ol + (size_t)t0 * H * R;
         const float *q = e->ql + (size_t)t0 * H * W;
         if (naive) op_attention_ref(out, q, &a);
@@ -247,7 +282,8 @@ int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t
         dt_dequantize_row(m->tok_embd.type,
                           (const char *)m->tok_embd.data + (size_t)tokens[t] * dt_row_size(m->tok_embd.type, D),
                           e->x + (size_t)t * D, D);
-        B->rope_cossin(e->cs + (size_t)t * half, e->sn + (size_t)t * half, c->rope_dim, pos[t], c->rope_base);
+        if (c->yarn_factor > 0) yarn_cossin(c, e->cs + (size_t)t * half, e->sn + (size_t)t * half, pos[t]);
+        else B->rope_cossin(e->cs + (size_t)t * half, e->sn + (size_t)t * half, c->rope_dim, pos[t], c->rope_base);
     }
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];

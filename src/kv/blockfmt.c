@@ -165,10 +165,15 @@ void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
             const model_tensor *ds[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b,
                                         &L->wk_b, &L->wv_b};
             for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) hash_tensor(&st, ds[i], "mla");
-            uint8_t b[12];
+            uint8_t b[20];
+            uint32_t yf, ym;
+            memcpy(&yf, &c->yarn_factor, 4);
+            memcpy(&ym, &c->yarn_log_mul, 4);
             put32(b, (uint32_t)c->q_lora_rank);
             put32(b + 4, (uint32_t)c->kv_lora_rank);
             put32(b + 8, (uint32_t)c->v_head_dim);
+            put32(b + 12, yf); /* YaRN changes every rotated key */
+            put32(b + 16, ym ^ (uint32_t)c->yarn_orig_ctx);
             XXH3_128bits_update(&st, b, sizeof b);
         }
     }

@@ -59,12 +59,23 @@ static int read_hparams(struct kvlm_model *m, kvlm_error *err) {
      * the real per-head lengths in *_mla keys. */
     bool mla_keys = gguf_find(f, "deepseek2.attention.key_length_mla") != NULL;
     if (gguf_get_str(f, "deepseek2.rope.scaling.type", s, sizeof s) && strcmp(s, "none")) {
-        double factor = 1.0;
+        double factor = 1.0, log_mul = 0, fast = 32, slow = 1;
         if ((rc = model_hp_float(m, "rope.scaling.factor", 0, true, &factor, err))) return rc;
-        if (factor != 1.0)
+        if (strcmp(s, "yarn") && factor != 1.0)
             return util_err_set(err, KVLM_EUNSUPPORTED,
-                                "%s: RoPE scaling '%s' (factor %g) is not supported for deepseek2 yet (YaRN: "
-                                "DeepSeek-V2/V3 and V2-Lite use it); only unscaled RoPE is", m->path, s, factor);
+                                "%s: RoPE scaling '%s' (factor %g) is not supported for deepseek2 (yarn is)", m->path,
+                                s, factor);
+        if (!strcmp(s, "yarn") && factor != 1.0) {
+            if ((rc = key_int(m, "rope.scaling.original_context_length", true, 1, 1 << 24, &c->yarn_orig_ctx, err)))
+                return rc;
+            if ((rc = model_hp_float(m, "rope.scaling.yarn_log_multiplier", 0, false, &log_mul, err))) return rc;
+            if ((rc = model_hp_float(m, "rope.scaling.yarn_beta_fast", 0, true, &fast, err))) return rc;
+            if ((rc = model_hp_float(m, "rope.scaling.yarn_beta_slow", 0, true, &slow, err))) return rc;
+            c->yarn_factor = (float)factor;
+            c->yarn_log_mul = (float)log_mul;
+            c->yarn_beta_fast = (float)fast;
+            c->yarn_beta_slow = (float)slow;
+        }
     }
     c->n_kv_heads = 1; /* one latent row per token, shared by every query head */
     c->q_lora_rank = 0;

@@ -147,6 +147,14 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
             gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->v_head_dim);
         }
         if (c->q_lora_rank) gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)c->q_lora_rank);
+        if (c->yarn_factor > 0) {
+            gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn");
+            gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->yarn_factor);
+            gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), c->yarn_log_mul);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), c->yarn_beta_fast);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), c->yarn_beta_slow);
+        }
         gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)c->kv_lora_rank);
         if (c->n_expert) {
             gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)c->n_dense_lead);
@@ -334,6 +342,12 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.expert_gating = p->expert_gating == 2 ? 2 : 1;
         c.expert_weights_scale = c.expert_gating == 2 ? 2.5f : 1.0f;
         c.expert_weights_norm = c.expert_gating == 2;
+        if (p->yarn_factor > 1) { /* DeepSeek-V2's multiplier; the context stretched by the factor */
+            c.yarn_factor = p->yarn_factor;
+            c.yarn_orig_ctx = (int)(c.n_ctx_train / p->yarn_factor) > 0 ? (int)(c.n_ctx_train / p->yarn_factor) : 1;
+            c.yarn_log_mul = 0.0707f;
+            c.yarn_beta_fast = 32, c.yarn_beta_slow = 1;
+        }
         if (c.rope_dim & 1 || c.rope_dim >= c.head_dim || c.v_head_dim <= 0 || (c.kv_lora_rank & 1) ||
             (c.n_expert && (c.n_expert_used > c.n_expert || c.n_expert > 1024)))
             return util_err_set(err, KVLM_EINVAL,
