@@ -81,9 +81,9 @@ int main(int argc, char **argv) {
      * does not land on one side only */
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < 2; i++) {
-            double t = decode_at(ctx[i], 128, 8);
+            double t = decode_at(ctx[i], 128, 32);
             if (t > f[i].tps_short) f[i].tps_short = t;
-            t = decode_at(ctx[i], n, 8);
+            t = decode_at(ctx[i], n, 32);
             if (t > f[i].tps_long) f[i].tps_long = t;
             kvlm_kv_stats st;
             kvlm_kv_stats_get(ctx[i], &st);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include "ops/attention_internal.h"
 #include "util/pool.h"
+#include <immintrin.h>
 
 #define MLA_TILE 16      /* keys dequantized at a time */
 #define MLA_CHUNK 256    /* keys per work item (a multiple of MLA_TILE) */
@@ -18,7 +19,7 @@
 static size_t r64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static size_t per_thread_bytes(int H, int hd) {
-    return r64((size_t)MLA_TILE * hd * sizeof(float)) + r64((size_t)MLA_TILE * sizeof(float)) +
+    return r64((size_t)MLA_TILE * hd * sizeof(float)) + r64((size_t)H * MLA_TILE * sizeof(float)) +
            r64((size_t)H * ((size_t)hd + 2) * sizeof(float));
 }
 
@@ -36,11 +37,107 @@ typedef struct {
     float *part;          /* [token][chunk][H][hd + 2]: o, then m, l */
     uint8_t *thread_work;
     int t0, n_tok, max_chunks;
+    bool avx2;            /* the SIMD level has AVX2: heads four at a time */
     int item_tok[MLA_TG + 1]; /* prefix sums of each token's chunk count */
     atomic_int next;
 } mla_job;
 
 static int visible(const op_attn_args *a, int t) { return a->q_pos0 + t + 1; }
+
+/* One tile of n key rows k (hd floats each) for every head: S[h][0..n) the
+ * scores, then each head's online softmax (m at o[hd], l at o[hd + 1]; the
+ * output o rescaled when the max grows) and o += P k. o of head h is at
+ * part + h * (hd + 2). This level: the table's row kernels, head by head. */
+static void tile_rows(const op_att_kernels *K, const float *q, const float *k, int n, int H, int hd, float scale,
+                      float *S, float *part) {
+    int n8 = (n + 7) & ~7;
+    for (int h = 0; h < H; h++) {
+        float *o = part + (size_t)h * (hd + 2), *s = S + (size_t)h * MLA_TILE;
+        K->scores(s, q + (size_t)h * hd, k, n, hd, scale);
+        float mx = o[hd];
+        for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+        for (int i = n; i < n8; i++) s[i] = -INFINITY;
+        float corr = expf(o[hd] - mx); /* 0 on the first tile (-inf) */
+        if (corr != 1.0f)
+            for (int i = 0; i < hd; i++) o[i] *= corr;
+        float sum = K->exp_sum(s, n8, mx);
+        o[hd] = mx;
+        o[hd + 1] = o[hd + 1] * corr + sum;
+        K->pv(o, s, k, n, hd);
+    }
+}
+
+/* AVX2: the same, heads four at a time so a loaded key chunk serves four
+ * queries (scores: 4 heads x 2 keys per chunk; P.V: 4 heads x 16 dims in
+ * registers while the tile's keys pass, the rescale folded in). Each head's
+ * result equals tile_rows' up to float rounding (sums in another order). */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+__attribute__((target("avx2,fma"))) static void tile_rows_avx2(const op_att_kernels *K, const float *q,
+                                                                const float *k, int n, int H, int hd, float scale,
+                                                                float *S, float *part) {
+    int n8 = (n + 7) & ~7, h = 0;
+    for (; h + 4 <= H && hd % 16 == 0; h += 4) {
+        const float *q0 = q + (size_t)h * hd, *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
+        float *s0 = S + (size_t)h * MLA_TILE;
+        for (int j = 0; j < n; j += 2) {
+            const float *ka = k + (size_t)j * hd, *kb = j + 1 < n ? ka + hd : ka;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int i = 0; i < hd; i += 8) {
+                __m256 x = _mm256_loadu_ps(ka + i), y = _mm256_loadu_ps(kb + i), v;
+                v = _mm256_loadu_ps(q0 + i), a0 = _mm256_fmadd_ps(v, x, a0), b0 = _mm256_fmadd_ps(v, y, b0);
+                v = _mm256_loadu_ps(q1 + i), a1 = _mm256_fmadd_ps(v, x, a1), b1 = _mm256_fmadd_ps(v, y, b1);
+                v = _mm256_loadu_ps(q2 + i), a2 = _mm256_fmadd_ps(v, x, a2), b2 = _mm256_fmadd_ps(v, y, b2);
+                v = _mm256_loadu_ps(q3 + i), a3 = _mm256_fmadd_ps(v, x, a3), b3 = _mm256_fmadd_ps(v, y, b3);
+            }
+            s0[j] = hsum8(a0) * scale, s0[MLA_TILE + j] = hsum8(a1) * scale;
+            s0[2 * MLA_TILE + j] = hsum8(a2) * scale, s0[3 * MLA_TILE + j] = hsum8(a3) * scale;
+            if (j + 1 < n) {
+                s0[j + 1] = hsum8(b0) * scale, s0[MLA_TILE + j + 1] = hsum8(b1) * scale;
+                s0[2 * MLA_TILE + j + 1] = hsum8(b2) * scale, s0[3 * MLA_TILE + j + 1] = hsum8(b3) * scale;
+            }
+        }
+        float corr[4];
+        for (int g = 0; g < 4; g++) {
+            float *o = part + (size_t)(h + g) * (hd + 2), *s = s0 + (size_t)g * MLA_TILE;
+            float mx = o[hd];
+            for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+            for (int i = n; i < n8; i++) s[i] = -INFINITY;
+            corr[g] = expf(o[hd] - mx);
+            float sum = K->exp_sum(s, n8, mx);
+            o[hd] = mx;
+            o[hd + 1] = o[hd + 1] * corr[g] + sum;
+        }
+        float *o0 = part + (size_t)h * (hd + 2), *o1 = o0 + hd + 2, *o2 = o1 + hd + 2, *o3 = o2 + hd + 2;
+        __m256 c0 = _mm256_set1_ps(corr[0]), c1 = _mm256_set1_ps(corr[1]), c2 = _mm256_set1_ps(corr[2]),
+               c3 = _mm256_set1_ps(corr[3]);
+        for (int i = 0; i < hd; i += 16) {
+            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(o0 + i), c0), y0 = _mm256_mul_ps(_mm256_loadu_ps(o0 + i + 8), c0);
+            __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(o1 + i), c1), y1 = _mm256_mul_ps(_mm256_loadu_ps(o1 + i + 8), c1);
+            __m256 x2 = _mm256_mul_ps(_mm256_loadu_ps(o2 + i), c2), y2 = _mm256_mul_ps(_mm256_loadu_ps(o2 + i + 8), c2);
+            __m256 x3 = _mm256_mul_ps(_mm256_loadu_ps(o3 + i), c3), y3 = _mm256_mul_ps(_mm256_loadu_ps(o3 + i + 8), c3);
+            for (int j = 0; j < n; j++) {
+                __m256 va = _mm256_loadu_ps(k + (size_t)j * hd + i), vb = _mm256_loadu_ps(k + (size_t)j * hd + i + 8), p;
+                p = _mm256_broadcast_ss(s0 + j), x0 = _mm256_fmadd_ps(p, va, x0), y0 = _mm256_fmadd_ps(p, vb, y0);
+                p = _mm256_broadcast_ss(s0 + MLA_TILE + j), x1 = _mm256_fmadd_ps(p, va, x1), y1 = _mm256_fmadd_ps(p, vb, y1);
+                p = _mm256_broadcast_ss(s0 + 2 * MLA_TILE + j), x2 = _mm256_fmadd_ps(p, va, x2), y2 = _mm256_fmadd_ps(p, vb, y2);
+                p = _mm256_broadcast_ss(s0 + 3 * MLA_TILE + j), x3 = _mm256_fmadd_ps(p, va, x3), y3 = _mm256_fmadd_ps(p, vb, y3);
+            }
+            _mm256_storeu_ps(o0 + i, x0), _mm256_storeu_ps(o0 + i + 8, y0);
+            _mm256_storeu_ps(o1 + i, x1), _mm256_storeu_ps(o1 + i + 8, y1);
+            _mm256_storeu_ps(o2 + i, x2), _mm256_storeu_ps(o2 + i + 8, y2);
+            _mm256_storeu_ps(o3 + i, x3), _mm256_storeu_ps(o3 + i + 8, y3);
+        }
+    }
+    if (h < H) /* the heads left over (or a width that is not whole 16-float chunks) */
+        tile_rows(K, q + (size_t)h * hd, k, n, H - h, hd, scale, S + (size_t)h * MLA_TILE,
+                  part + (size_t)h * (hd + 2));
+}
 
 /* Keys [k0, k1) against the H query rows of token t: o (hd wide: the first
  * v_dim are the output, the rest is the RoPE part carried along), m, l. */
@@ -71,21 +168,8 @@ static void mla_item(const mla_job *j, int t, int chunk, uint8_t *w) {
             K->deq_rows(a->k_type, row0, tile, n, hd);
             k = tile;
         }
-        int n8 = (n + 7) & ~7;
-        for (int h = 0; h < H; h++) {
-            float *o = part + (size_t)h * (hd + 2);
-            K->scores(s, q + (size_t)h * hd, k, n, hd, a->scale);
-            float mx = o[hd];
-            for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
-            for (int i = n; i < n8; i++) s[i] = -INFINITY;
-            float corr = expf(o[hd] - mx); /* 0 on the first tile (-inf) */
-            if (corr != 1.0f)
-                for (int i = 0; i < hd; i++) o[i] *= corr;
-            float sum = K->exp_sum(s, n8, mx);
-            o[hd] = mx;
-            o[hd + 1] = o[hd + 1] * corr + sum;
-            K->pv(o, s, k, n, hd);
-        }
+        if (j->avx2) tile_rows_avx2(K, q, k, n, H, hd, a->scale, s, part);
+        else tile_rows(K, q, k, n, H, hd, a->scale, s, part);
     }
 }
 
@@ -121,7 +205,8 @@ void op_attention_mla(util_pool *pool, float *out, const float *q, const op_attn
     int n_ctx = a->q_pos0 + a->T, max_chunks = (n_ctx + MLA_CHUNK - 1) / MLA_CHUNK;
     int nth = pool ? util_pool_size(pool) : 1;
     uint8_t *w = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    mla_job j = {.a = a, .K = op_att_kernels_at(op_simd_level()), .max_chunks = max_chunks};
+    mla_job j = {.a = a, .K = op_att_kernels_at(op_simd_level()), .max_chunks = max_chunks,
+                 .avx2 = op_simd_level() >= OP_SIMD_AVX2};
     float *qr = (float *)w;
     j.part = (float *)(w + r64((size_t)MLA_TG * H * hd * sizeof(float)));
     j.thread_work = (uint8_t *)j.part + r64((size_t)MLA_TG * max_chunks * H * ((size_t)hd + 2) * sizeof(float));
