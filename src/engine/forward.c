@@ -805,7 +805,8 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     if (ctx->mla) {
         kv_store_rows_written(ctx->kv, seq, pos, T);
         ctx->n_logits += engine_mla_chunk(ctx->mla, ctx->pool, ctx->kv, tokens, seq, pos, T, want,
-                                          ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->naive_attention);
+                                          ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->naive_attention,
+                                          &ctx->attn_seconds);
         ctx->tokens_computed += (uint64_t)T;
         return;
     }

@@ -13,6 +13,7 @@
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "util/error.h"
+#include "util/timing.h"
 
 struct engine_mla {
     const kvlm_model *m;
@@ -273,7 +274,7 @@ static void attention(engine_mla *e, util_pool *pool, kv_store *kv, int layer, c
 }
 
 int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t *tokens, const int32_t *seq,
-                     const int32_t *pos, int T, const int8_t *want, float *logits, bool naive) {
+                     const int32_t *pos, int T, const int8_t *want, float *logits, bool naive, double *attn_seconds) {
     const kvlm_model *m = e->m;
     const kvlm_config *c = &m->cfg;
     const op_backend *B = op_backend_cpu();
@@ -307,7 +308,9 @@ int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t
             kv_store_write_row(kv, l, seq[t], pos[t], 0, row, NULL);
         }
         absorb_queries(e, pool, l, T);
+        double t_attn = util_now_s();
         attention(e, pool, kv, l, seq, pos, T, naive);
+        *attn_seconds += util_now_s() - t_attn;
         absorb_outputs(e, pool, l, T);
         matmul(e, pool, e->xb, e->av, &L->wo, T);
         for (int t = 0; t < T; t++) B->add(e->x + (size_t)t * D, e->xb + (size_t)t * D, D);

@@ -17,8 +17,9 @@ engine_mla *engine_mla_create(const kvlm_model *m, int n_batch, int n_ctx, int b
 void engine_mla_free(engine_mla *e);
 /* T tokens (slots reserved in kv) through every layer, their latent rows
  * written to the cache; the logits of the tokens with want[t] go to logits
- * (vocab floats each, in token order). naive: the reference attention.
- * Returns the number of logit rows. */
+ * (vocab floats each, in token order). naive: the reference attention;
+ * *attn_seconds grows by the time spent in attention. Returns the number of
+ * logit rows. */
 int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t *tokens, const int32_t *seq,
-                     const int32_t *pos, int T, const int8_t *want, float *logits, bool naive);
+                     const int32_t *pos, int T, const int8_t *want, float *logits, bool naive, double *attn_seconds);
 #endif

@@ -47,7 +47,8 @@ static int visible(const op_attn_args *a, int t) { return a->q_pos0 + t + 1; }
 /* One tile of n key rows k (hd floats each) for every head: S[h][0..n) the
  * scores, then each head's online softmax (m at o[hd], l at o[hd + 1]; the
  * output o rescaled when the max grows) and o += P k. o of head h is at
- * part + h * (hd + 2). This level: the table's row kernels, head by head. */
+ * part + h * (hd + 2); only its first v_dim floats are read at the end.
+ * This level: the table's row kernels, head by head. */
 static void tile_rows(const op_att_kernels *K, const float *q, const float *k, int n, int H, int hd, float scale,
                       float *S, float *part) {
     int n8 = (n + 7) & ~7;
@@ -79,8 +80,11 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
 }
 
 __attribute__((target("avx2,fma"))) static void tile_rows_avx2(const op_att_kernels *K, const float *q,
-                                                                const float *k, int n, int H, int hd, float scale,
-                                                                float *S, float *part) {
+                                                                const float *k, int n, int H, int hd, int vd,
+                                                                float scale, float *S, float *part) {
+    /* P.V only over the value's width when it is whole chunks (the RoPE part
+     * of the rows is never output) */
+    int pd = vd % 16 == 0 ? vd : hd;
     int n8 = (n + 7) & ~7, h = 0;
     for (; h + 4 <= H && hd % 16 == 0; h += 4) {
         const float *q0 = q + (size_t)h * hd, *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
@@ -116,7 +120,7 @@ __attribute__((target("avx2,fma"))) static void tile_rows_avx2(const op_att_kern
         float *o0 = part + (size_t)h * (hd + 2), *o1 = o0 + hd + 2, *o2 = o1 + hd + 2, *o3 = o2 + hd + 2;
         __m256 c0 = _mm256_set1_ps(corr[0]), c1 = _mm256_set1_ps(corr[1]), c2 = _mm256_set1_ps(corr[2]),
                c3 = _mm256_set1_ps(corr[3]);
-        for (int i = 0; i < hd; i += 16) {
+        for (int i = 0; i < pd; i += 16) {
             __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(o0 + i), c0), y0 = _mm256_mul_ps(_mm256_loadu_ps(o0 + i + 8), c0);
             __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(o1 + i), c1), y1 = _mm256_mul_ps(_mm256_loadu_ps(o1 + i + 8), c1);
             __m256 x2 = _mm256_mul_ps(_mm256_loadu_ps(o2 + i), c2), y2 = _mm256_mul_ps(_mm256_loadu_ps(o2 + i + 8), c2);
@@ -168,7 +172,7 @@ static void mla_item(const mla_job *j, int t, int chunk, uint8_t *w) {
             K->deq_rows(a->k_type, row0, tile, n, hd);
             k = tile;
         }
-        if (j->avx2) tile_rows_avx2(K, q, k, n, H, hd, a->scale, s, part);
+        if (j->avx2) tile_rows_avx2(K, q, k, n, H, hd, a->v_dim > 0 ? a->v_dim : hd, a->scale, s, part);
         else tile_rows(K, q, k, n, H, hd, a->scale, s, part);
     }
 }
