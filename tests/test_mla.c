@@ -464,6 +464,58 @@ static void test_batched_sequences(void **state) {
     kvlm_model_free(m);
 }
 
+/* Eviction on latent rows (window, sinks): kept rows move, their RoPE part
+ * turned to the new places. With one layer a token's row depends only on it
+ * and its position, so the evicted cache must give what a fresh run over
+ * the kept tokens gives. */
+static void test_eviction(void **state) {
+    (void)state;
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_DEEPSEEK2;
+    sp.dim = 64, sp.hidden_dim = 96, sp.n_layers = 1, sp.n_heads = 4, sp.head_dim = 24;
+    sp.vocab_size = 300, sp.n_ctx = 256, sp.seed = 5, sp.kv_lora_rank = 32, sp.rope_dim = 8;
+    const char *path = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
+    kvlm_model *m = load(path);
+    int n = 150, V = 300;
+    int32_t ids[150];
+    make_ids(ids, n, 29);
+    int types[] = {KVLM_CACHE_F32, KVLM_CACHE_Q8_0, KVLM_CACHE_F16};
+    double tols[] = {1e-4, 3e-2, 1e-2};
+    for (int t = 0; t < 3; t++)
+        for (int pol = KVLM_EVICT_WINDOW; pol <= KVLM_EVICT_SINKS; pol++) {
+            kvlm_ctx_params cp = kvlm_ctx_default_params();
+            cp.n_threads = 2, cp.n_ctx = 256, cp.block_size = 8, cp.kv_budget = 40, cp.kv_evict = pol;
+            cp.cache_type_k = cp.cache_type_v = types[t];
+            kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+            if (!ctx) fail_msg("ctx: %s", err.msg);
+            int step = pol == KVLM_EVICT_SINKS ? 3 : 1;
+            for (int i = 0; i < n; i += step) {
+                kvlm_batch b = {n - i < step ? n - i : step, ids + i, NULL, NULL, NULL};
+                if (kvlm_decode(ctx, &b, &err)) fail_msg("decode at %d: %s", i, err.msg);
+            }
+            float got[300];
+            memcpy(got, kvlm_get_logits(ctx, -1), sizeof got);
+            int n_kept = kvlm_seq_n_past(ctx, 0);
+            assert_true(n_kept <= 40 && n_kept >= 32);
+            assert_int_equal(n_kept + kvlm_seq_n_evicted(ctx, 0), n);
+            /* the kept tokens: the newest, after the first 4 (sinks) */
+            int32_t kept[40];
+            int sinks = pol == KVLM_EVICT_SINKS ? 4 : 0;
+            memcpy(kept, ids, sizeof(int32_t) * (size_t)sinks);
+            memcpy(kept + sinks, ids + n - (n_kept - sinks), sizeof(int32_t) * (size_t)(n_kept - sinks));
+            float *fresh = run(m, kept, n_kept, (run_opts){.cache = types[t], .block_size = 8});
+            double e = logit_err(got, fresh + (size_t)(n_kept - 1) * V, 1, V);
+            printf("  %-5s cache, %-6s: %d kept, %ld evicted, vs a fresh run of the kept tokens %.1e\n",
+                   kvlm_cache_type_name(types[t]), kvlm_evict_name(pol), n_kept, kvlm_seq_n_evicted(ctx, 0), e);
+            assert_true(e < tols[t]);
+            free(fresh);
+            kvlm_ctx_free(ctx);
+        }
+    kvlm_model_free(m);
+}
+
 /* ---- bad files --------------------------------------------------------------------- */
 
 /* src rewritten as dst: tensor `drop` left out, tensor `shrink` given `rows`
@@ -518,7 +570,7 @@ static void test_bad_files(void **state) {
     kvlm_error e = {0};
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_ctx = 64;
-    cp.kv_evict = KVLM_EVICT_WINDOW;
+    cp.kv_evict = KVLM_EVICT_H2O;
     cp.kv_budget = 32;
     assert_null(kvlm_ctx_create(m, &cp, &e));
     assert_non_null(strstr(e.msg, "deepseek2"));
@@ -601,6 +653,7 @@ int main(void) {
         cmocka_unit_test(test_batched_sequences),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_split_kv_b),
+        cmocka_unit_test(test_eviction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

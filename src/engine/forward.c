@@ -256,11 +256,13 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
                      ctx->ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
         goto fail;
     }
+    /* latent rows: eviction re-rotates their RoPE part with plain RoPE (not
+     * YaRN's angles), and h2o would need the latent kernel's weights */
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
-        (p->device != KVLM_DEVICE_CPU || p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx ||
-         p->cache_type_k == KVLM_CACHE_Q4_KC)) {
-        util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU without eviction "
-                                             "(--kv-evict, --kv-budget) and without q4_kc keys");
+        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || p->cache_type_k == KVLM_CACHE_Q4_KC ||
+         (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx)))) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU, without q4_kc keys, and "
+                                             "evicts by window or sinks only (not h2o; not with YaRN)");
         goto fail;
     }
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
@@ -888,6 +890,11 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
 /* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
 static void rekey(void *user, float *keys, int n_rows, int shift) {
     const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* latent rows: only the shared key part at their end turns */
+        int W = kv_store_params_of(((const kvlm_ctx *)user)->kv)->head_dim;
+        op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, false);
+        return;
+    }
     op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
 }
 
