@@ -30,7 +30,9 @@ const char *kvlm_status_name(int code);
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (4k-context
  * variants; LongRoPE factors are refused) */
-typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2 } kvlm_arch;
+/* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
+ * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -47,6 +49,21 @@ typedef struct kvlm_config {
     bool rope_neox;     /* rotate (i, i + rope_dim/2) instead of (2i, 2i+1) */
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
+    /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);
+     * a cache row is kv_lora_rank + rope_dim elements (docs/mla.md). */
+    int q_lora_rank;    /* 0: queries straight from the input (attn_q) */
+    int kv_lora_rank;
+    int v_head_dim;     /* value length per head */
+    int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff;
+    float expert_weights_scale;
+    bool expert_weights_norm;
+    int expert_gating;  /* 1 softmax (V2), 2 sigmoid with exp_probs_b selection bias (V3) */
+    /* deepseek2's YaRN RoPE scaling (rope.scaling.type "yarn"; factor 0: none):
+     * frequencies interpolated by 1/factor outside the ramp between the
+     * dimensions that beta_fast and beta_slow rotations name at the original
+     * context; attention scale (1 + log_mul ln factor)^2 / sqrt(key length) */
+    float yarn_factor, yarn_log_mul, yarn_beta_fast, yarn_beta_slow;
+    int yarn_orig_ctx;
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -86,6 +103,13 @@ typedef struct kvlm_synth_params {
     bool tied_output;
     uint64_t seed;
     const char *chat_template; /* tokenizer.chat_template to store (NULL: none) */
+    /* deepseek2: latent ranks (q_lora_rank 0: attn_q), RoPE part of a key
+     * (0: 16), value length (0: head_dim - rope_dim), experts (n_expert 0:
+     * 4, used 0: 2, shared 0: 1, expert_ff 0: hidden_dim / 2), leading dense
+     * layers (0: 1); expert_gating 2: V3's sigmoid with a selection bias */
+    int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
+    int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
+    float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
@@ -477,6 +501,11 @@ typedef struct kvlm_plan {
     long fit_paged_avg;       /* ... paged takes only the blocks they fill */
     size_t stored_block_bytes; /* a block as the tiers store it (header, token ids, checksum) */
     uint64_t tokens_ram, tokens_host, tokens_disk, tokens_redis; /* cached tokens each level holds */
+    /* deepseek2 (0 otherwise): the cache holds one latent row per token
+     * (bytes_per_token = layers x (kv_lora_rank + rope_dim) x elem_bytes, the
+     * keys' type); what full per-head keys and values of the same model
+     * would take: layers x heads x (key length + value length) x elem_bytes */
+    size_t mha_bytes_per_token;
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 

@@ -203,5 +203,34 @@ if [ -f "$model" ]; then
     fi
 fi
 
+# deepseek2 (docs/mla.md): kvlm attends in the latent space (queries and
+# outputs absorbed through attn_kv_b, one latent row per token cached); the
+# reference decompresses keys and values per head and attends naively. Dense
+# first layer, then experts (softmax top-2 of 4 + 1 shared; sigmoid with a
+# selection bias); q_lora on and off; f32 and q8_0 weights.
+ds=(--arch deepseek2 --dim 128 --heads 4 --head-dim 48 --kv-lora 64 --rope-dim 16 --hidden 256 --layers 3 --vocab 384 --ctx 64)
+synth_check deepseek2-f32            1e-4 "${ds[@]}" --type f32 --seed 21
+synth_check deepseek2-qlora-f32      1e-4 "${ds[@]}" --q-lora 96 --type f32 --seed 22
+synth_check deepseek2-sigmoid-f32    1e-4 "${ds[@]}" --q-lora 64 --experts 6 --experts-used 3 --experts-shared 2 --gating sigmoid --type f32 --seed 23
+synth_check deepseek2-f16            1e-4 "${ds[@]}" --type f16 --seed 24
+synth_check deepseek2-qlora-q8_0     6e-2 "${ds[@]}" --q-lora 96 --type q8_0 --seed 25
+synth_check deepseek2-q8_0           6e-2 "${ds[@]}" --type q8_0 --seed 26
+# YaRN (DeepSeek-V2's RoPE scaling): factor 40 from an original context of
+# 4096 / 40 = 102 tokens, log multiplier 0.0707 (attention scale x 1.59)
+synth_check deepseek2-yarn-f32       1e-4 "${ds[@]}" --ctx 4096 --yarn 40 --q-lora 96 --type f32 --seed 27
+# kvlm plan: the latent cache per token (3 layers x (64 + 16) x 2 bytes of
+# the default f16 = 480 bytes) next to MHA of the same model (3 layers x 4
+# heads x (48 + 32) x 2 = 1920 bytes)
+model="$tmp/deepseek2-f32.gguf"
+if [ -f "$model" ]; then
+    plan=$("$bin" plan -m "$model" 2>&1 || true)
+    if grep -q "^KV per token: *480 bytes  (MLA: 3 layers x (64 latent + 16 RoPE)" <<< "$plan" &&
+       grep -q "^MHA of this model: *1920 bytes per token .*: 4.0x the MLA cache" <<< "$plan"; then
+        pass "deepseek2: kvlm plan shows 480 bytes of latent cache per token against 1920 for MHA"
+    else
+        fail "deepseek2: kvlm plan output unexpected:"; echo "$plan" | head -6 | sed 's/^/    /'
+    fi
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -37,7 +37,7 @@ static void spec_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *
 }
 
 static kv_blockfmt small_fmt(void) {
-    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000};
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000, false};
     for (int i = 0; i < 16; i++) f.model.b[i] = (uint8_t)(i * 7 + 1);
     return f;
 }
@@ -258,7 +258,7 @@ static int g_roles = KV_TIER_DEMOTE; /* make_store: the tiers' roles */
 static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers, int n_tiers) {
     kv_store_params sp = {0};
     sp.swap_bytes = g_swap_bytes;
-    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}};
+    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false};
     sp.pool = p;
     for (int t = 0; t < n_tiers; t++) {
         sp.tiers[t] = tiers[t];

@@ -673,7 +673,7 @@ static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
     /* a few sharp score peaks so the online max changes between key blocks */
     for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
     op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0};
+                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
     op_attention_ref(ref, q, &a);
     for (int level = 0; level < n_levels() && level <= OP_SIMD_AVX2; level++) {
@@ -762,7 +762,7 @@ static void test_attention_paged(void **state) {
                     }
             }
             op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0};
+                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
             op_attn_args ap = a;
             ap.k = ap.v = NULL;
             ap.blocks = blocks;
@@ -807,7 +807,7 @@ static void test_attention_n(void **state) {
         o1[i] = malloc(nq * sizeof(float));
         o2[i] = malloc(nq * sizeof(float));
         op_attn_args c = {Ts[i], pos0[i], n_heads, n_kv, hd, k[i], v[i], stride, 1.0f / sqrtf((float)hd),
-                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0};
+                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
         a[i] = c;
     }
     a[10].key_weights = kw2; /* H2O: its own pass */

@@ -170,11 +170,146 @@ def load_phi3_layer(m, t, types, p):
     return L
 
 
+def load_deepseek2(m, meta, t, types):
+    """deepseek2 (DeepSeek-V2/V3): multi-head latent attention and a
+    mixture of experts. Kept as the file has it: the reference decompresses
+    keys and values per head (no absorption), so it checks kvlm's absorbed
+    latent path. Expert tensors [n_expert, rows, n_in]."""
+    a = "deepseek2"
+    m.yarn = None
+    stype, factor = meta.get(a + ".rope.scaling.type", "none"), float(meta.get(a + ".rope.scaling.factor", 1.0))
+    if stype == "yarn" and factor != 1.0:
+        m.yarn = (factor, int(meta[a + ".rope.scaling.original_context_length"]),
+                  float(meta.get(a + ".rope.scaling.yarn_log_multiplier", 0.0)),
+                  float(meta.get(a + ".rope.scaling.yarn_beta_fast", 32.0)),
+                  float(meta.get(a + ".rope.scaling.yarn_beta_slow", 1.0)))
+    elif stype != "none" and factor != 1.0:
+        raise ValueError("deepseek2 with RoPE scaling %r not supported" % stype)
+    m.q_lora = int(meta.get(a + ".attention.q_lora_rank", 0))
+    m.kv_lora = int(meta[a + ".attention.kv_lora_rank"])
+    m.v_dim = int(meta.get(a + ".attention.value_length", m.head_dim - m.rope_dim))
+    m.n_expert = int(meta.get(a + ".expert_count", 0))
+    m.n_used = int(meta.get(a + ".expert_used_count", 0))
+    m.n_dense = int(meta.get(a + ".leading_dense_block_count", m.n_layers)) if m.n_expert else m.n_layers
+    m.w_scale = float(meta.get(a + ".expert_weights_scale", 1.0))
+    m.w_norm = bool(meta.get(a + ".expert_weights_norm", False))
+    m.gating = int(meta.get(a + ".expert_gating_func", 1))
+    for i in range(m.n_layers):
+        p = "blk.%d." % i
+        L = {"bq": None, "types": {}}
+        for key, name in (("attn_norm", "attn_norm.weight"), ("wq", "attn_q.weight"),
+                          ("wq_a", "attn_q_a.weight"), ("q_a_norm", "attn_q_a_norm.weight"),
+                          ("wq_b", "attn_q_b.weight"), ("wkv_a", "attn_kv_a_mqa.weight"),
+                          ("kv_a_norm", "attn_kv_a_norm.weight"), ("wkv_b", "attn_kv_b.weight"),
+                          ("wo", "attn_output.weight"), ("ffn_norm", "ffn_norm.weight"),
+                          ("w1", "ffn_gate.weight"), ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"),
+                          ("router", "ffn_gate_inp.weight"), ("probs_b", "exp_probs_b.bias"),
+                          ("g_exps", "ffn_gate_exps.weight"), ("u_exps", "ffn_up_exps.weight"),
+                          ("d_exps", "ffn_down_exps.weight"), ("g_sh", "ffn_gate_shexp.weight"),
+                          ("u_sh", "ffn_up_shexp.weight"), ("d_sh", "ffn_down_shexp.weight")):
+            if p + name in t:
+                L[key] = t[p + name]
+                L["types"][key] = types[p + name]
+        m.layers.append(L)
+
+
+def rope_yarn(x, positions, rope_dim, base, yarn):
+    """YaRN on consecutive pairs (2i, 2i+1), written from the YaRN paper's
+    definition as llama.cpp applies it (ext_factor 1): per pair, the angle
+    pos * base^(-2i/d) extrapolated where its wavelength is short against the
+    original context (pair index below the beta_fast bound), interpolated
+    (angle / factor) above the beta_slow bound, a linear ramp between. The
+    rotation's magnitude stays 1 for deepseek2 (its attention factor cancels
+    YaRN's 1 + 0.1 ln factor); the attention scale carries mscale^2."""
+    factor, orig, _, beta_fast, beta_slow = yarn
+    half = rope_dim // 2
+    i = np.arange(half)
+    extrap = positions[:, None] * base ** (-2.0 * i / rope_dim)
+    def corr(n_rot):  # the pair index whose wavelength makes n_rot turns over the original context
+        return rope_dim * np.log(orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+    lo, hi = max(0.0, np.floor(corr(beta_fast))), min(rope_dim - 1.0, np.ceil(corr(beta_slow)))
+    mix = 1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)
+    theta = extrap / factor * (1 - mix) + extrap * mix
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x = x.copy()
+    a, b = x[..., 0:rope_dim:2].copy(), x[..., 1:rope_dim:2].copy()
+    x[..., 0:rope_dim:2] = a * cos - b * sin
+    x[..., 1:rope_dim:2] = a * sin + b * cos
+    return x
+
+
+def forward_deepseek2(m, ids):
+    """Naive MLA: per head, k = [W_UK c ; k_pe], v = W_UV c, full softmax
+    attention with scale 1/sqrt(key_length); then the dense or MoE FFN."""
+    T, H = len(ids), m.n_heads
+    nope, rd, R, V = m.head_dim - m.rope_dim, m.rope_dim, m.kv_lora, m.v_dim
+    pos = np.arange(T, dtype=np.float64)
+    mask = np.triu(np.full((T, T), -np.inf), k=1)
+    x = m.tok_emb[np.asarray(ids)]
+    if m.yarn:
+        rot = lambda v: rope_yarn(v, pos, rd, m.rope_base, m.yarn)
+        mscale = 1.0 + m.yarn[2] * np.log(m.yarn[0])
+    else:
+        rot = lambda v: rope(v, pos, rd, m.rope_base, False)
+        mscale = 1.0
+    for li, L in enumerate(m.layers):
+        ty = L["types"]
+        h = rmsnorm(x, L["attn_norm"], m.eps)
+        if "wq_a" in L:
+            qa = rmsnorm(matmul(m, h, L["wq_a"], ty.get("wq_a")), L["q_a_norm"], m.eps)
+            q = matmul(m, qa, L["wq_b"], ty.get("wq_b"))
+        else:
+            q = matmul(m, h, L["wq"], ty.get("wq"))
+        q = q.reshape(T, H, m.head_dim)
+        kva = matmul(m, h, L["wkv_a"], ty.get("wkv_a"))
+        c = rmsnorm(kva[:, :R], L["kv_a_norm"], m.eps)
+        k_pe = rot(kva[:, None, R:])[:, 0, :]
+        q_pe = rot(q[:, :, nope:])
+        kv = (c @ L["wkv_b"].T).reshape(T, H, nope + V)  # decompressed: per head nope keys, then values
+        att = np.empty((T, H, V))
+        for hh in range(H):
+            k = np.concatenate([kv[:, hh, :nope], k_pe], axis=1)
+            qh = np.concatenate([q[:, hh, :nope], q_pe[:, hh, :]], axis=1)
+            s = qh @ k.T * (mscale * mscale / np.sqrt(m.head_dim)) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            att[:, hh, :] = s @ kv[:, hh, nope:]
+        x = x + matmul(m, att.reshape(T, H * V), L["wo"], ty.get("wo"))
+        h = rmsnorm(x, L["ffn_norm"], m.eps)
+        if li < m.n_dense:
+            g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
+            x = x + matmul(m, g, L["w2"], ty.get("w2"))
+            continue
+        logits = matmul(m, h, L["router"], ty.get("router"))
+        if m.gating == 2:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+        sel = probs + (L["probs_b"] if "probs_b" in L else 0.0)
+        out = np.zeros_like(x)
+        for t in range(T):
+            top = np.argsort(-sel[t], kind="stable")[:m.n_used]
+            w = probs[t, top]
+            if m.w_norm:
+                w = w / w.sum()
+            w = w * m.w_scale
+            for e, we in zip(top, w):
+                ht = h[t:t + 1]
+                g = silu(matmul(m, ht, L["g_exps"][e], ty.get("g_exps"))) * matmul(m, ht, L["u_exps"][e], ty.get("u_exps"))
+                out[t] += we * matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0]
+        if "g_sh" in L:
+            g = silu(matmul(m, h, L["g_sh"], ty.get("g_sh"))) * matmul(m, h, L["u_sh"], ty.get("u_sh"))
+            out += matmul(m, g, L["d_sh"], ty.get("d_sh"))
+        x = x + out
+    return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type)
+
+
 def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "qwen2", "phi3"):
+    if m.arch not in ("llama", "qwen2", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     if m.arch == "phi3" and ("rope_factors_long.weight" in t or "rope_factors_short.weight" in t):
         raise ValueError("phi3 with LongRoPE factors (128k variants) not supported")
@@ -195,8 +330,12 @@ def load_gguf(path):
     out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
     m.out, m.out_type = t[out_name], types[out_name]  # absent: tied embeddings
     m.layers = []
+    if m.arch == "deepseek2":
+        load_deepseek2(m, meta, t, types)
     for i in range(m.n_layers):
         p = "blk.%d." % i
+        if m.arch == "deepseek2":
+            break
         if m.arch == "phi3":
             m.layers.append(load_phi3_layer(m, t, types, p))
             continue
@@ -327,6 +466,8 @@ def matmul(m, x, w, wtype):
 
 def forward(m, ids):
     """Returns logits [T, vocab] for the token sequence ids (positions 0..T-1)."""
+    if m.arch == "deepseek2":
+        return forward_deepseek2(m, ids)
     T = len(ids)
     hd = m.head_dim
     group = m.n_heads // m.n_kv_heads

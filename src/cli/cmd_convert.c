@@ -44,13 +44,17 @@ int cmd_synth(int argc, char **argv) {
     p.arch = KVLM_ARCH_LLAMA;
     p.dim = 64; p.hidden_dim = 160; p.n_layers = 2; p.n_heads = 8; p.n_kv_heads = 0;
     p.vocab_size = 512; p.n_ctx = 2048; p.type = 0; p.seed = 1;
-    const char *out = NULL, *arch = NULL, *type_name = NULL;
+    const char *out = NULL, *arch = NULL, *type_name = NULL, *gating = NULL;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3] [--dim D] [--hidden F] [--layers L]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3|deepseek2] [--dim D] [--hidden F] [--layers L]\n"
                    "       [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C] [--rope-base B]\n"
-                   "       [--type T] [--tied] [--seed S]\n\n"
+                   "       [--type T] [--tied] [--seed S]\n"
+                   "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
+                   "       [--experts N] [--experts-used K] [--experts-shared S] [--dense-layers D] [--expert-ff F]\n"
+                   "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
+                   "       key length; --yarn: YaRN RoPE scaling from a context of ctx / FACTOR)\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
                    "the same cost to run as a real model of that shape. Defaults: llama, dim 64,\n"
                    "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n");
@@ -67,6 +71,17 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-base", &p.rope_base, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
         else if (cli_opt_u64(argc, argv, &i, NULL, "--seed", &p.seed, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--q-lora", &p.q_lora_rank, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-lora", &p.kv_lora_rank, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--rope-dim", &p.rope_dim, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--v-head-dim", &p.v_head_dim, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--experts", &p.n_expert, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--experts-used", &p.n_expert_used, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--experts-shared", &p.n_expert_shared, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--dense-layers", &p.n_dense_lead, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--expert-ff", &p.expert_ff, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
         else if (argv[i][0] == '-') return cli_fail("synth", "unknown option '%s'", argv[i]);
         else if (!out) out = argv[i];
@@ -78,7 +93,13 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
         else if (!strcmp(arch, "phi3")) p.arch = KVLM_ARCH_PHI3;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3)", arch);
+        else if (!strcmp(arch, "deepseek2")) p.arch = KVLM_ARCH_DEEPSEEK2;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3, deepseek2)", arch);
+    }
+    if (gating) {
+        if (!strcmp(gating, "softmax")) p.expert_gating = 1;
+        else if (!strcmp(gating, "sigmoid")) p.expert_gating = 2;
+        else return cli_fail("synth", "unknown gating '%s' (softmax, sigmoid)", gating);
     }
     if (type_name && (p.type = kvlm_type_from_name(type_name)) < 0)
         return cli_fail("synth", "unknown type '%s'", type_name);

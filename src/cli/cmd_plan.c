@@ -67,6 +67,8 @@ int cmd_plan(int argc, char **argv) {
     double ek = kvlm_cache_type_elem_bytes(tk, c->head_dim, pp.block_size),
            ev = kvlm_cache_type_elem_bytes(tv, c->head_dim, pp.block_size);
     pp.elem_bytes = (ek + ev) / 2;
+    int mla_row = c->arch == KVLM_ARCH_DEEPSEEK2 ? c->kv_lora_rank + c->rope_dim : 0;
+    if (mla_row) pp.elem_bytes = ek = ev = kvlm_cache_type_elem_bytes(tk, mla_row, pp.block_size);
     kvlm_plan p;
     kvlm_plan_memory(m, &pp, &p);
     char a[32], b[32], d[32], e[32], f[32];
@@ -75,6 +77,15 @@ int cmd_plan(int argc, char **argv) {
     printf("model: %s\n  %s\n", model_path, desc);
     mib(a, sizeof a, p.weight_bytes);
     printf("weights:              %s\n", a);
+    if (mla_row) {
+        /* latent attention: one row per token and layer, values inside it (docs/mla.md) */
+        printf("KV per token:         %zu bytes  (MLA: %d layers x (%d latent + %d RoPE) x %.4g bytes, %s; "
+               "values are the latent)\n", p.bytes_per_token, c->n_layers, c->kv_lora_rank, c->rope_dim, ek,
+               kvlm_cache_type_name(tk));
+        printf("MHA of this model:    %zu bytes per token  (%d layers x %d heads x (%d key + %d value) x %.4g "
+               "bytes): %.1fx the MLA cache\n", p.mha_bytes_per_token, c->n_layers, c->n_heads, c->head_dim,
+               c->v_head_dim, ek, p.bytes_per_token ? (double)p.mha_bytes_per_token / (double)p.bytes_per_token : 0);
+    } else
     printf("KV per token:         %zu bytes  (%d layers x %d KV heads x %d head dim x (%.4g + %.4g) bytes, %s/%s)\n",
            p.bytes_per_token, c->n_layers, c->n_kv_heads, c->head_dim, ek, ev, kvlm_cache_type_name(tk),
            kvlm_cache_type_name(tv));

@@ -22,6 +22,7 @@
 #include "util/timing.h"
 #include "engine/engine.h"
 #include "engine/forward_cuda.h"
+#include "engine/forward_mla.h"
 
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
@@ -65,6 +66,7 @@ struct kvlm_ctx {
     engine_cuda *cuda;         /* device CUDA: weights, KV blocks and the forward pass on the GPU */
     kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
     int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
+    engine_mla *mla;           /* deepseek2: the latent-attention forward pass (engine/forward_mla.c) */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -148,6 +150,12 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
     kp.k_type = ctx->p.cache_type_k;
     kp.v_type = ctx->p.cache_type_v;
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* one latent row per token: docs/mla.md */
+        kp.n_kv_heads = 1;
+        kp.head_dim = c->kv_lora_rank + c->rope_dim;
+        kp.v_in_k = true;
+        kp.v_type = kp.k_type;
+    }
     /* block keys name the model by its fingerprint (kv/blockfmt.h) */
     kv_model_fingerprint(ctx->model, &kp.model);
     kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
@@ -248,6 +256,15 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
                      ctx->ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
         goto fail;
     }
+    /* latent rows: eviction re-rotates their RoPE part with plain RoPE (not
+     * YaRN's angles), and h2o would need the latent kernel's weights */
+    if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
+        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || p->cache_type_k == KVLM_CACHE_Q4_KC ||
+         (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx)))) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU, without q4_kc keys, and "
+                                             "evicts by window or sinks only (not h2o; not with YaRN)");
+        goto fail;
+    }
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
@@ -266,8 +283,14 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
             goto fail;
     }
     if (make_cache(ctx, err)) goto fail;
+    if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
+        !(ctx->mla = engine_mla_create(model, ctx->n_batch, p->n_ctx, p->block_size, util_pool_size(ctx->pool), err)))
+        goto fail;
     size_t T = (size_t)ctx->n_batch, q_dim = (size_t)c->n_heads * c->head_dim,
            kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    /* engine_seq_fill_synthetic writes rows of the cache's width */
+    const kv_params *ckp = kv_store_params_of(ctx->kv);
+    if ((size_t)ckp->n_kv_heads * ckp->head_dim > kv_dim) kv_dim = (size_t)ckp->n_kv_heads * ckp->head_dim;
     size_t wide = q_dim > (size_t)c->dim ? q_dim : (size_t)c->dim;
     ctx->x = malloc(T * c->dim * sizeof(float));
     ctx->xb = malloc(T * wide * sizeof(float));
@@ -326,6 +349,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
     free(ctx->blocks_tmp);
+    engine_mla_free(ctx->mla);
     free(ctx);
 }
 
@@ -780,6 +804,14 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
                           const int8_t *want) {
     const kvlm_model *m = ctx->model;
     const kvlm_config *c = &m->cfg;
+    if (ctx->mla) {
+        kv_store_rows_written(ctx->kv, seq, pos, T);
+        ctx->n_logits += engine_mla_chunk(ctx->mla, ctx->pool, ctx->kv, tokens, seq, pos, T, want,
+                                          ctx->logits + (size_t)ctx->n_logits * c->vocab_size, ctx->naive_attention,
+                                          &ctx->attn_seconds);
+        ctx->tokens_computed += (uint64_t)T;
+        return;
+    }
     fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T};
     int n_out = 0;
     for (int t = 0; t < T; t++)
@@ -858,6 +890,11 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
 /* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
 static void rekey(void *user, float *keys, int n_rows, int shift) {
     const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* latent rows: only the shared key part at their end turns */
+        int W = kv_store_params_of(((const kvlm_ctx *)user)->kv)->head_dim;
+        op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, false);
+        return;
+    }
     op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
 }
 
@@ -1028,7 +1065,9 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     int rc = kv_store_reserve(ctx->kv, seq, n, err);
     if (rc) return rc;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    const kv_params *kp = kv_store_params_of(ctx->kv); /* a latent cache: one row of its own width */
+    int n_kv_heads = kp->n_kv_heads, head_dim = kp->head_dim;
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
     uint64_t s = seed * 2654435761u + 1;
     for (int done = 0; done < n;) {
         int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_store_seq_len(ctx->kv, seq);
@@ -1043,8 +1082,8 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
                 ctx->v[i] = (float)(((s >> 16) & 0xffffff) * (2.0 / 16777216.0)) - 1.0f;
             }
             for (int t = 0; t < T; t++)
-                for (int h = 0; h < c->n_kv_heads; h++) {
-                    size_t row = ((size_t)t * c->n_kv_heads + h) * c->head_dim;
+                for (int h = 0; h < n_kv_heads; h++) {
+                    size_t row = ((size_t)t * n_kv_heads + h) * head_dim;
                     kv_store_write_row(ctx->kv, l, seq, past + t, h, ctx->k + row, ctx->v + row);
                 }
         }

@@ -107,6 +107,11 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
              "weights %s, %.1f MiB",
              m->arch_name, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim,
              c->vocab_size, c->n_ctx_train, kvlm_type_name(c->weight_type), (double)m->weight_bytes / (1 << 20));
+    size_t len = strlen(buf);
+    if (c->arch == KVLM_ARCH_DEEPSEEK2 && len < cap) /* docs/mla.md */
+        snprintf(buf + len, cap - len, "; MLA: latent %d + RoPE %d, value %d, q_lora %d; experts %d of %d "
+                 "(+%d shared), %d dense layers", c->kv_lora_rank, c->rope_dim, c->v_head_dim, c->q_lora_rank,
+                 c->n_expert_used, c->n_expert, c->n_expert_shared, c->n_dense_lead);
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {

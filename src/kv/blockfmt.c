@@ -66,7 +66,7 @@ void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *t
     put32(out + 64, (uint32_t)f->n_kv_heads);
     put32(out + 68, (uint32_t)f->head_dim);
     put32(out + 72, (uint32_t)f->block_size);
-    put32(out + 76, 0);
+    put32(out + 76, f->v_in_k ? 1u : 0u);
     put64(out + 80, (uint64_t)f->payload_bytes);
     for (int i = 0; i < f->block_size; i++) put32(out + KV_BLOCKFMT_FIXED + 4 * (size_t)i, (uint32_t)tokens[i]);
 }
@@ -89,6 +89,7 @@ bool kv_blockfmt_peek(const uint8_t *d, size_t len, kv_blockfmt *f, kv_key *key,
     f->head_dim = (int)get32(d + 68);
     *n_tokens = (int)get32(d + 72);
     f->payload_bytes = (size_t)get64(d + 80);
+    f->v_in_k = get32(d + 76) & 1u;
     return true;
 }
 
@@ -105,7 +106,7 @@ const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const 
     else if (get32(d + 48) != (uint32_t)f->k_type || get32(d + 52) != (uint32_t)f->v_type) w = "other element types";
     else if (get32(d + 56) != (uint32_t)f->block_size || get32(d + 60) != (uint32_t)f->n_layers ||
              get32(d + 64) != (uint32_t)f->n_kv_heads || get32(d + 68) != (uint32_t)f->head_dim ||
-             get32(d + 72) != (uint32_t)f->block_size)
+             get32(d + 72) != (uint32_t)f->block_size || get32(d + 76) != (f->v_in_k ? 1u : 0u))
         w = "another cache geometry";
     else if (get64(d + len - 8) != XXH3_64bits(d, len - 8)) w = "checksum mismatch";
     else
@@ -160,6 +161,21 @@ void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
         const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                                     &L->ffn_norm, &L->w_gate, &L->w_down, &L->w_up};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) hash_tensor(&st, ts[i], "layer");
+        if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* its attention's tensors and latent shape (other models: unchanged) */
+            const model_tensor *ds[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b,
+                                        &L->wk_b, &L->wv_b};
+            for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) hash_tensor(&st, ds[i], "mla");
+            uint8_t b[20];
+            uint32_t yf, ym;
+            memcpy(&yf, &c->yarn_factor, 4);
+            memcpy(&ym, &c->yarn_log_mul, 4);
+            put32(b, (uint32_t)c->q_lora_rank);
+            put32(b + 4, (uint32_t)c->kv_lora_rank);
+            put32(b + 8, (uint32_t)c->v_head_dim);
+            put32(b + 12, yf); /* YaRN changes every rotated key */
+            put32(b + 16, ym ^ (uint32_t)c->yarn_orig_ctx);
+            XXH3_128bits_update(&st, b, sizeof b);
+        }
     }
     hash_tensor(&st, &m->output_norm, "output_norm");
     hash_tensor(&st, &m->output, "output");

@@ -29,7 +29,8 @@
  *   56      4  block size    60  4  layers
  *   64      4  KV heads      68  4  head dim
  *   72      4  tokens (= block size: only full blocks are stored)
- *   76      4  reserved (0)
+ *   76      4  flags: bit 0 = values inside keys (a latent MLA cache,
+ *                 docs/mla.md: no V regions); other bits 0
  *   80      8  payload bytes
  *   88   4 x n token ids (i32)
  *   then the payload: the block's bytes exactly as the pool lays them out
@@ -54,6 +55,7 @@ typedef struct {
     kv_key model;
     int k_type, v_type, block_size, n_layers, n_kv_heads, head_dim;
     size_t payload_bytes; /* one block's bytes (kv_block_bytes) */
+    bool v_in_k;          /* a latent (MLA) cache: no V regions; header flags bit 0 */
 } kv_blockfmt;
 
 /* The key of a full block of f->block_size tokens after parent (NULL: the first). */

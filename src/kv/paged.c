@@ -68,7 +68,8 @@ static size_t region_bytes(int type, const kv_params *p) {
 }
 
 size_t kv_params_block_bytes(const kv_params *p) {
-    return (size_t)p->n_layers * p->n_kv_heads * (region_bytes(p->k_type, p) + region_bytes(p->v_type, p));
+    return (size_t)p->n_layers * p->n_kv_heads *
+           (region_bytes(p->k_type, p) + (p->v_in_k ? 0 : region_bytes(p->v_type, p)));
 }
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
@@ -79,6 +80,10 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     }
     if (!op_kv_type_valid(p->k_type, false) || !op_kv_type_valid(p->v_type, true)) {
         util_err_set(err, KVLM_EINVAL, "bad KV cache element types (keys %d, values %d)", p->k_type, p->v_type);
+        return NULL;
+    }
+    if (p->v_in_k && (p->v_type != p->k_type || p->k_type == KVLM_CACHE_Q4_KC)) {
+        util_err_set(err, KVLM_EINVAL, "a latent cache (values inside keys) needs one per-token element type");
         return NULL;
     }
     kv_cache *c = calloc(1, sizeof *c);
@@ -98,7 +103,8 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     c->fmt.n_kv_heads = p->n_kv_heads;
     c->fmt.head_dim = p->head_dim;
     c->k_bytes = region_bytes(p->k_type, p);
-    c->v_bytes = region_bytes(p->v_type, p);
+    c->v_bytes = p->v_in_k ? 0 : region_bytes(p->v_type, p);
+    c->fmt.v_in_k = p->v_in_k;
     c->block_bytes = kv_params_block_bytes(p);
     c->fmt.payload_bytes = c->block_bytes;
     size_t nb = (size_t)p->n_blocks;
@@ -505,7 +511,8 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
             if (kc) {} /* moved above */
             else if (rekey) op_kv_quantize_row(c->p.k_type, rows + (size_t)r * hd, kd, hd);
             else memmove(kd, kv_block_k(c, src, l, h) + ss * krow, krow);
-            memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
+            if (!c->p.v_in_k) /* else the value moved with its key */
+                memmove(kv_block_v(c, dst, l, h) + ds * vrow, kv_block_v(c, src, l, h) + ss * vrow, vrow);
         }
         s->tokens[i] = s->tokens[keep[i]];
     }

@@ -41,6 +41,10 @@ typedef struct {
     int k_type, v_type;   /* element types (KVLM_CACHE_*; 0 = f32) */
     const kv_storage *storage; /* NULL: host memory */
     kv_key model;         /* the model's fingerprint (kv/blockfmt.h), part of every block key */
+    /* Multi-head latent attention (docs/mla.md): a token's value is the first
+     * elements of its key row, so blocks have no V regions (kv_block_v is
+     * kv_block_k, v_type must equal k_type, a per-token type). */
+    bool v_in_k;
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);

@@ -17,6 +17,12 @@ void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *
     o->avg_tokens = avg;
     o->weight_bytes = weight_bytes;
     o->bytes_per_token = (size_t)(2.0 * c->n_layers * c->n_kv_heads * c->head_dim * elem + 0.5);
+    o->mha_bytes_per_token = 0;
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* one latent row, values inside it (docs/mla.md) */
+        o->bytes_per_token = (size_t)((double)c->n_layers * (c->kv_lora_rank + c->rope_dim) * elem + 0.5);
+        o->mha_bytes_per_token =
+            (size_t)((double)c->n_layers * c->n_heads * (c->head_dim + c->v_head_dim) * elem + 0.5);
+    }
     o->bytes_per_seq = o->bytes_per_token * (size_t)n_ctx;
     o->bytes_total = o->bytes_per_seq * (size_t)n_seq;
     o->block_bytes = o->bytes_per_token * (size_t)bs;

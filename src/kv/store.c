@@ -306,7 +306,7 @@ void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, cons
         for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
         if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
     } else op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * s->k_row, HD);
-    op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->v_row, HD);
+    if (!s->p.v_in_k) op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->v_row, HD);
 }
 
 void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T) {

@@ -65,7 +65,8 @@ int kv_store_match_prefix(kv_store *s, int seq, const int32_t *tokens, int n);
 int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                      kvlm_error *err);
 
-/* Writes one token's key and value rows of one KV head (head_dim floats each)
+/* Writes one token's key and value rows of one KV head (head_dim floats each;
+ * a latent cache, kv_params.v_in_k, writes only the key row and v may be NULL)
  * into slot pos of the sequence for this layer, quantized to the cache's
  * types. q4_kc keys go to the sequence's f16 staging and the block is
  * quantized per channel when its last slot fills, so one sequence's tokens

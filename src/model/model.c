@@ -123,9 +123,11 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
+    else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3)", m->path, arch);
+                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3, deepseek2)",
+                            m->path, arch);
     int64_t v;
     bool found;
     int hrc;
@@ -205,6 +207,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->weight_type = m->output.type;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) return model_deepseek2_layers(m, err);
     bool bias = c->arch == KVLM_ARCH_QWEN2, phi3 = c->arch == KVLM_ARCH_PHI3;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
@@ -263,6 +266,7 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n) {
 }
 
 const char *model_arch_name(kvlm_arch arch) {
+    if (arch == KVLM_ARCH_DEEPSEEK2) return "deepseek2";
     return arch == KVLM_ARCH_QWEN2 ? "qwen2" : arch == KVLM_ARCH_PHI3 ? "phi3" : "llama";
 }
 
@@ -411,4 +415,18 @@ void model_unload(struct kvlm_model *m) {
     m->gguf = NULL;
     if (m->map) munmap(m->map, m->map_size);
     m->map = NULL;
+}
+
+/* ---- for the other architectures' loaders (model_deepseek2.c) -------------- */
+
+int model_hp_int(const struct kvlm_model *m, const char *key, int64_t *out, bool *found, kvlm_error *err) {
+    return hp_int(m, m->arch_name, key, out, found, err);
+}
+int model_hp_float(const struct kvlm_model *m, const char *key, double lo, bool lo_open, double *out,
+                   kvlm_error *err) {
+    return hp_float(m, m->arch_name, key, lo, lo_open, out, err);
+}
+int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
+                      bool optional, kvlm_error *err) {
+    return take_tensor(m, t, name, n_in, n_out, optional, err);
 }

@@ -23,6 +23,18 @@ typedef struct {
 typedef struct {
     model_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv;
     model_tensor ffn_norm, w_gate, w_down, w_up;
+    /* deepseek2 (docs/mla.md): wq is attn_q when q_lora_rank is 0, else
+     * wq_a, q_a_norm, wq_b; wkv_a gives the latent and the shared RoPE key
+     * part, wkv_b the per-head no-RoPE keys and values (rows per head: nope
+     * key rows, then value rows). MoE layers (past n_dense_lead): the
+     * router, the experts stacked (expert e's rows [e x rows, (e+1) x rows):
+     * model_tensor_rows), the shared experts, V3's selection bias. */
+    model_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wkv_b;
+    model_tensor ffn_gate_inp, gate_exps, up_exps, down_exps, gate_shexp, up_shexp, down_shexp, exp_probs_b;
+    /* deepseek2 files of llama.cpp's MLA conversion: attn_kv_b split per
+     * head into W_UK^T (kv_lora rows of nope) and W_UV (v rows of kv_lora),
+     * stacked over the heads; used when wkv_b is absent */
+    model_tensor wk_b, wv_b;
 } model_layer;
 
 struct tok_tokenizer;
@@ -56,6 +68,18 @@ const char *model_arch_name(kvlm_arch arch);
 /* Loads weights and vocabulary (params may be NULL: defaults). */
 int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *params, kvlm_error *err);
 void model_unload(struct kvlm_model *m);
+
+/* deepseek2's hyper-parameters past the common ones and its layers
+ * (model_deepseek2.c); called by model_load with m->layers allocated. */
+int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err);
+/* model.c's key and tensor readers, for the architecture loaders: a key of
+ * the file's architecture ("attention.kv_lora_rank"), a tensor of n_in x
+ * n_out (n_out 0: 1-D) checked against the file. */
+int model_hp_int(const struct kvlm_model *m, const char *key, int64_t *out, bool *found, kvlm_error *err);
+int model_hp_float(const struct kvlm_model *m, const char *key, double lo, bool lo_open, double *out,
+                   kvlm_error *err);
+int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
+                      bool optional, kvlm_error *err);
 
 /* Synthetic random-weight models (kvlm_synth_params in kvlm.h). */
 int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err);

@@ -12,6 +12,7 @@ typedef struct {
     char name[64];
     model_tensor t;
     void *own; /* a fused tensor's data, when its parts were not adjacent */
+    int n_expert; /* > 0: stacked experts, written 3-D {n_in, n_out / n_expert, n_expert} */
 } named_tensor;
 
 /* One matrix of the rows of parts[0], parts[1], ... (phi3's attn_qkv and
@@ -91,13 +92,36 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
             ADD("blk.%d.ffn_up.weight", l, L->w_up);
         }
         ADD("blk.%d.ffn_down.weight", l, L->w_down);
+        /* deepseek2 (absent elsewhere): attention, then the MoE tensors */
+        ADD("blk.%d.attn_q_a.weight", l, L->wq_a);
+        ADD("blk.%d.attn_q_a_norm.weight", l, L->q_a_norm);
+        ADD("blk.%d.attn_q_b.weight", l, L->wq_b);
+        ADD("blk.%d.attn_kv_a_mqa.weight", l, L->wkv_a);
+        ADD("blk.%d.attn_kv_a_norm.weight", l, L->kv_a_norm);
+        ADD("blk.%d.attn_kv_b.weight", l, L->wkv_b);
+        int heads_at = n;
+        ADD("blk.%d.attn_k_b.weight", l, L->wk_b);
+        ADD("blk.%d.attn_v_b.weight", l, L->wv_b);
+        for (int i = heads_at; i < n; i++) out[i].n_expert = m->cfg.n_heads; /* stacked per head */
+        ADD("blk.%d.ffn_gate_inp.weight", l, L->ffn_gate_inp);
+        ADD("blk.%d.exp_probs_b.bias", l, L->exp_probs_b);
+        int first = n;
+        ADD("blk.%d.ffn_gate_exps.weight", l, L->gate_exps);
+        ADD("blk.%d.ffn_up_exps.weight", l, L->up_exps);
+        ADD("blk.%d.ffn_down_exps.weight", l, L->down_exps);
+        for (int i = first; i < n; i++) out[i].n_expert = m->cfg.n_expert;
+        ADD("blk.%d.ffn_gate_shexp.weight", l, L->gate_shexp);
+        ADD("blk.%d.ffn_up_shexp.weight", l, L->up_shexp);
+        ADD("blk.%d.ffn_down_shexp.weight", l, L->down_shexp);
     }
 #undef ADD
 #undef ADD_FUSED
     return n;
 }
 
-static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name) {
+/* mla_split: deepseek2 with attn_k_b / attn_v_b (llama.cpp's MLA form: the
+ * cached row is the "head", the real lengths in *_mla keys) */
+static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name, bool mla_split) {
     const char *arch = model_arch_name(c->arch);
     char k[128];
     gguf_writer_set_str(w, "general.architecture", arch);
@@ -109,8 +133,40 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)c->n_layers);
     gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->hidden_dim);
     gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads);
-    gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_kv_heads);
-    if (c->head_dim != c->dim / c->n_heads) {
+    /* deepseek2 files give every query head a "KV head" (kvlm reads one latent) */
+    gguf_writer_set_u32(w, KEY("attention.head_count_kv"),
+                        (uint32_t)(c->arch == KVLM_ARCH_DEEPSEEK2 ? c->n_heads : c->n_kv_heads));
+    if (c->arch == KVLM_ARCH_DEEPSEEK2) {
+        if (mla_split) {
+            gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)(c->kv_lora_rank + c->rope_dim));
+            gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->kv_lora_rank);
+            gguf_writer_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)c->head_dim);
+            gguf_writer_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)c->v_head_dim);
+        } else {
+            gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
+            gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->v_head_dim);
+        }
+        if (c->q_lora_rank) gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)c->q_lora_rank);
+        if (c->yarn_factor > 0) {
+            gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn");
+            gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->yarn_factor);
+            gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), c->yarn_log_mul);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), c->yarn_beta_fast);
+            gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), c->yarn_beta_slow);
+        }
+        gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)c->kv_lora_rank);
+        if (c->n_expert) {
+            gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)c->n_dense_lead);
+            gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
+            gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
+            gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)c->n_expert_shared);
+            gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ff);
+            gguf_writer_set_f32(w, KEY("expert_weights_scale"), c->expert_weights_scale);
+            gguf_writer_set_bool(w, KEY("expert_weights_norm"), c->expert_weights_norm);
+            gguf_writer_set_u32(w, KEY("expert_gating_func"), (uint32_t)c->expert_gating);
+        }
+    } else if (c->head_dim != c->dim / c->n_heads) {
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
     }
@@ -156,8 +212,14 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void
             data = owned[i] = convert_rows(t, dst);
             if (!data) return util_err_set(err, KVLM_ENOMEM, "out of memory converting %s", ts[i].name);
         }
-        int64_t ne[2] = {t->n_in, t->n_out};
-        int rc = gguf_writer_add_tensor(w, ts[i].name, dst, is_1d ? 1 : 2, ne, data, err);
+        int64_t ne[3] = {t->n_in, t->n_out, 1};
+        int n_dims = is_1d ? 1 : 2;
+        if (ts[i].n_expert > 0) {
+            ne[1] = t->n_out / ts[i].n_expert;
+            ne[2] = ts[i].n_expert;
+            n_dims = 3;
+        }
+        int rc = gguf_writer_add_tensor(w, ts[i].name, dst, n_dims, ne, data, err);
         if (rc) return rc;
     }
     return KVLM_OK;
@@ -166,7 +228,7 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void
 int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
-    int cap = 3 + 12 * m->cfg.n_layers;
+    int cap = 3 + 26 * m->cfg.n_layers;
     named_tensor *ts = calloc((size_t)cap, sizeof *ts);
     void **owned = calloc((size_t)cap, sizeof *owned);
     gguf_writer *w = gguf_writer_create();
@@ -176,7 +238,8 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
         goto done;
     }
     const char *base = strrchr(m->path, '/');
-    write_hparams(w, &m->cfg, base ? base + 1 : m->path);
+    write_hparams(w, &m->cfg, base ? base + 1 : m->path,
+                  m->cfg.arch == KVLM_ARCH_DEEPSEEK2 && m->cfg.n_layers > 0 && m->layers[0].wk_b.data);
     vocab_to_gguf(&m->vocab, w);
     int n = list_tensors(m, ts, cap);
     rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, owned, err);
@@ -262,6 +325,36 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
                             c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size);
     const dt_traits *tr = dt_info(p->type);
     if (!tr || p->type == DT_Q8_K) return util_err_set(err, KVLM_EINVAL, "bad weight type id %d", p->type);
+    if (c.arch == KVLM_ARCH_DEEPSEEK2) {
+        /* defaults: a small model of DeepSeek-V2's layout (docs/mla.md);
+         * -1 asks for 0 where 0 means "default" */
+        c.n_kv_heads = 1;
+        c.rope_dim = p->rope_dim > 0 ? p->rope_dim : 16;
+        c.q_lora_rank = p->q_lora_rank > 0 ? p->q_lora_rank : 0;
+        c.kv_lora_rank = p->kv_lora_rank > 0 ? p->kv_lora_rank : 32;
+        c.v_head_dim = p->v_head_dim > 0 ? p->v_head_dim : c.head_dim - c.rope_dim;
+        c.n_expert = p->n_expert > 0 ? p->n_expert : p->n_expert < 0 ? 0 : 4;
+        c.n_expert_used = p->n_expert_used > 0 ? p->n_expert_used : 2;
+        c.n_expert_shared = p->n_expert_shared > 0 ? p->n_expert_shared : p->n_expert_shared < 0 ? 0 : 1;
+        c.n_dense_lead = p->n_dense_lead > 0 ? p->n_dense_lead : p->n_dense_lead < 0 ? 0 : 1;
+        if (c.n_expert == 0 || c.n_dense_lead > c.n_layers) c.n_dense_lead = c.n_layers;
+        c.expert_ff = p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
+        c.expert_gating = p->expert_gating == 2 ? 2 : 1;
+        c.expert_weights_scale = c.expert_gating == 2 ? 2.5f : 1.0f;
+        c.expert_weights_norm = c.expert_gating == 2;
+        if (p->yarn_factor > 1) { /* DeepSeek-V2's multiplier; the context stretched by the factor */
+            c.yarn_factor = p->yarn_factor;
+            c.yarn_orig_ctx = (int)(c.n_ctx_train / p->yarn_factor) > 0 ? (int)(c.n_ctx_train / p->yarn_factor) : 1;
+            c.yarn_log_mul = 0.0707f;
+            c.yarn_beta_fast = 32, c.yarn_beta_slow = 1;
+        }
+        if (c.rope_dim & 1 || c.rope_dim >= c.head_dim || c.v_head_dim <= 0 || (c.kv_lora_rank & 1) ||
+            (c.n_expert && (c.n_expert_used > c.n_expert || c.n_expert > 1024)))
+            return util_err_set(err, KVLM_EINVAL,
+                                "bad deepseek2 shape: key length %d, rope dim %d, value length %d, kv_lora_rank %d, "
+                                "%d of %d experts", c.head_dim, c.rope_dim, c.v_head_dim, c.kv_lora_rank,
+                                c.n_expert_used, c.n_expert);
+    }
 
     struct kvlm_model m;
     memset(&m, 0, sizeof m);
@@ -272,7 +365,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
     int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
     /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
-    int max_tensors = 3 + 12 * c.n_layers, n_alloc = 0;
+    int max_tensors = 3 + 26 * c.n_layers, n_alloc = 0;
     float **bufs = calloc((size_t)max_tensors, sizeof *bufs);
     uint64_t s = p->seed * 2654435761u + 0x9e3779b97f4a7c15ull;
     if (!m.layers || !bufs) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
@@ -291,7 +384,39 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     MAKE(m.output_norm, c.dim, 1, 1);
     if (p->tied_output) m.output = m.tok_embd;
     else MAKE(m.output, c.dim, c.vocab_size, 0);
-    for (int l = 0; l < c.n_layers; l++) {
+    for (int l = 0; l < c.n_layers && c.arch == KVLM_ARCH_DEEPSEEK2; l++) {
+        model_layer *L = &m.layers[l];
+        int64_t nope = c.head_dim - c.rope_dim, H = c.n_heads;
+        MAKE(L->attn_norm, c.dim, 1, 1);
+        if (c.q_lora_rank) {
+            MAKE(L->wq_a, c.dim, c.q_lora_rank, 0);
+            MAKE(L->q_a_norm, c.q_lora_rank, 1, 1);
+            MAKE(L->wq_b, c.q_lora_rank, q_dim, 0);
+        } else MAKE(L->wq, c.dim, q_dim, 0);
+        MAKE(L->wkv_a, c.dim, c.kv_lora_rank + c.rope_dim, 0);
+        MAKE(L->kv_a_norm, c.kv_lora_rank, 1, 1);
+        MAKE(L->wkv_b, c.kv_lora_rank, H * (nope + c.v_head_dim), 0);
+        MAKE(L->wo, H * c.v_head_dim, c.dim, 0);
+        MAKE(L->ffn_norm, c.dim, 1, 1);
+        if (l < c.n_dense_lead) {
+            MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
+            MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+            MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+            continue;
+        }
+        MAKE(L->ffn_gate_inp, c.dim, c.n_expert, 0);
+        if (c.expert_gating == 2) MAKE(L->exp_probs_b, c.n_expert, 1, 2);
+        MAKE(L->gate_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
+        MAKE(L->up_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
+        MAKE(L->down_exps, c.expert_ff, (int64_t)c.dim * c.n_expert, 0);
+        if (c.n_expert_shared) {
+            int64_t sf = (int64_t)c.expert_ff * c.n_expert_shared;
+            MAKE(L->gate_shexp, c.dim, sf, 0);
+            MAKE(L->up_shexp, c.dim, sf, 0);
+            MAKE(L->down_shexp, sf, c.dim, 0);
+        }
+    }
+    for (int l = 0; l < c.n_layers && c.arch != KVLM_ARCH_DEEPSEEK2; l++) {
         model_layer *L = &m.layers[l];
         MAKE(L->attn_norm, c.dim, 1, 1);
         if (c.arch == KVLM_ARCH_PHI3) {

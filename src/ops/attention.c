@@ -129,7 +129,7 @@ done:
 
 /* ---- reference ---------------------------------------------------------------- */
 static void attention_ref_f32(float *out, const float *q, const op_attn_args *a) {
-    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    int hd = a->head_dim, G = a->n_heads / a->n_kv_heads, vd = a->v_dim > 0 ? a->v_dim : hd;
     int n_max = a->q_pos0 + a->T;
     double *s = malloc((size_t)n_max * sizeof(double));
     double *o = malloc((size_t)hd * sizeof(double));
@@ -147,13 +147,13 @@ static void attention_ref_f32(float *out, const float *q, const op_attn_args *a)
                 if (s[p] > mx) mx = s[p];
             }
             for (int p = 0; p < n; p++) sum += (s[p] = exp(s[p] - mx));
-            for (int i = 0; i < hd; i++) o[i] = 0;
+            for (int i = 0; i < vd; i++) o[i] = 0;
             for (int p = 0; p < n; p++) {
                 const float *vp = value_at(a, hq / G, p);
-                for (int i = 0; i < hd; i++) o[i] += s[p] * vp[i];
+                for (int i = 0; i < vd; i++) o[i] += s[p] * vp[i];
             }
-            float *dst = out + ((size_t)t * a->n_heads + hq) * hd;
-            for (int i = 0; i < hd; i++) dst[i] = (float)(o[i] / sum);
+            float *dst = out + ((size_t)t * a->n_heads + hq) * vd;
+            for (int i = 0; i < vd; i++) dst[i] = (float)(o[i] / sum);
         }
     }
     free(s);

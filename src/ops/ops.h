@@ -203,6 +203,11 @@ typedef struct {
     float *key_weights;
     float *score_work;
     size_t score_work_floats;
+    /* Values narrower than keys (0: head_dim): a value row is read as its
+     * first v_dim elements and out is [T][n_heads][v_dim]. With a latent
+     * (MLA) cache the value rows are the key rows themselves (v_bytes 0,
+     * v_type = k_type). Only op_attention_ref and op_attention_mla take it. */
+    int v_dim;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
@@ -219,4 +224,12 @@ void op_attention_n(util_pool *pool, int n, float *const *out, const float *cons
 /* Reference: materialises each query's full score row, softmax, weighted sum;
  * with a typed cache it first dequantizes all visible K/V (allocates). */
 void op_attention_ref(float *out, const float *q, const op_attn_args *a);
+/* Attention over a latent (MLA) cache (docs/mla.md): one KV head, paged
+ * (blocks, block_size, k_type a per-token type, head_bytes), values the
+ * first v_dim elements of each key row; every query head reads each key row
+ * once per tile. No key_weights. Matches op_attention_ref to float rounding
+ * and gives the same bits on any thread count. work: op_attention_mla_work_size
+ * bytes for queries up to position n_ctx - 1. */
+size_t op_attention_mla_work_size(int n_threads, int n_heads, int head_dim, int n_ctx);
+void op_attention_mla(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
 #endif
