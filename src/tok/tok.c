@@ -199,7 +199,10 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
             }
         }
     } else {
-        if (!(t->pre = tok_pretok_create(v->pre, err))) {
+        t->pre = v->has_pre_regex ? tok_pretok_create_regex((const char *const *)v->pre_regex, v->n_pre_regex,
+                                                            v->pre_ignore_merges, err)
+                                  : tok_pretok_create(v->pre, err);
+        if (!t->pre) {
             tok_free(t);
             return NULL;
         }

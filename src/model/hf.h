@@ -1,0 +1,37 @@
+/* model/hf: Hugging Face model directories (config.json, safetensors with or
+ * without an index, tokenizer.json, tokenizer_config.json) as a kvlm_model:
+ * the families llama, mistral, qwen2, phi3 (gemma2: one row of the family
+ * table, refused until its forward pass is in). */
+#ifndef KVLM_MODEL_HF_H
+#define KVLM_MODEL_HF_H
+#include <stdbool.h>
+#include "kvlm.h"
+#include "model/safetensors.h"
+#include "model/vocab.h"
+
+struct kvlm_model;
+
+/* What a directory holds beyond the config: its safetensors and the few
+ * tensors made at load (norms and biases widened to f32). */
+typedef struct model_hf {
+    st_set *st;
+    void **owned;
+    int n_owned, cap_owned;
+    char family[32];             /* config.json model_type */
+    int sliding_window;          /* config.json sliding_window, recorded (0: none); see docs/hf-checkpoints.md */
+} model_hf;
+
+/* Whether path is a directory (then model_load reads it as a HF checkpoint). */
+bool model_hf_is_dir(const char *path);
+/* Loads m from directory dir: vocabulary (tokenizer.json), then unless
+ * vocab_only the config and weights. m is zeroed by the caller. */
+int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_error *err);
+void model_hf_free(struct kvlm_model *m);
+
+/* tokenizer.json + tokenizer_config.json (+ config.json for ids) of dir
+ * into v (overwritten): byte-level BPE as "gpt2" (the pre-tokenizer named
+ * when kvlm knows its regexes, else its own regexes in v->pre_regex), BPE
+ * with byte_fallback (SentencePiece converted) as "llama" with scores from
+ * the merge ranks. Padded to n_rows tokens when n_rows > 0. */
+int vocab_from_hf(const char *dir, int n_rows, model_vocab *v, kvlm_error *err);
+#endif
