@@ -181,6 +181,15 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
                                 "supported: kvlm applies plain RoPE (rope_theta only)", path, t,
                                 json_is_number(f) ? json_number_value(f) : 0.0);
     }
+    if (fam->arch < 0) {
+        /* config keys of the row checked above; the rest needs the family's own forward pass */
+        double cap;
+        if ((rc = cfg_float(cfg, path, "attn_logit_softcapping", 50.0, &cap, err)) ||
+            (rc = cfg_float(cfg, path, "final_logit_softcapping", 30.0, &cap, err)))
+            return rc;
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%s\" is recognised but this build has no "
+                            "forward pass for it (supported: llama, mistral, qwen2, phi3)", path, type);
+    }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
     json_t *act = json_object_get(cfg, act_key);
     if (!act && fam->post_norms) act = json_object_get(cfg, "hidden_act");
@@ -203,15 +212,6 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     if (m->hf->sliding_window && m->hf->sliding_window < c->n_ctx_train && fam->arch >= 0)
         LOG_INFO("%s: sliding_window %d recorded, not applied: kvlm attends to the whole context (as llama.cpp "
                  "does for %s)", path, m->hf->sliding_window, type);
-    if (fam->arch < 0) {
-        /* config keys of the row checked above; the rest needs the family's own forward pass */
-        double cap;
-        if ((rc = cfg_float(cfg, path, "attn_logit_softcapping", 50.0, &cap, err)) ||
-            (rc = cfg_float(cfg, path, "final_logit_softcapping", 30.0, &cap, err)))
-            return rc;
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%s\" is recognised but this build has no "
-                            "forward pass for it (supported: llama, mistral, qwen2, phi3)", path, type);
-    }
     c->arch = (kvlm_arch)fam->arch;
     c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
     snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(c->arch));
