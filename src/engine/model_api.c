@@ -189,11 +189,13 @@ bool kvlm_model_meta(const kvlm_model *m, int i, char *key, size_t kcap, char *v
 
 int kvlm_model_n_tensors(const kvlm_model *m) {
     if (m->gguf) return (int)m->gguf->n_tensors;
+    if (m->hf) return model_hf_n_tensors(m);
     return m->layers ? 3 + 9 * m->cfg.n_layers - (m->output.data == m->tok_embd.data) : 0;
 }
 
 bool kvlm_model_tensor(const kvlm_model *m, int i, kvlm_tensor_info *info) {
     if (i < 0 || i >= kvlm_model_n_tensors(m)) return false;
+    if (m->hf) return model_hf_tensor(m, i, info);
     memset(info, 0, sizeof *info);
     if (m->gguf) {
         const gguf_tensor *t = &m->gguf->tensors[i];

@@ -397,3 +397,22 @@ int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_e
     if ((rc = vocab_from_hf(dir, m->cfg.vocab_size, &m->vocab, err))) return rc;
     return KVLM_OK;
 }
+
+int model_hf_n_tensors(const struct kvlm_model *m) {
+    return m->hf && m->hf->st ? m->hf->st->n_index : 0;
+}
+
+bool model_hf_tensor(const struct kvlm_model *m, int i, kvlm_tensor_info *info) {
+    if (i < 0 || i >= model_hf_n_tensors(m)) return false;
+    const st_set *s = m->hf->st;
+    const st_tensor *t = s->index[i];
+    memset(info, 0, sizeof *info);
+    info->name = t->name;
+    info->type = t->dtype == ST_F32 ? DT_F32 : t->dtype == ST_F16 ? DT_F16 : t->dtype == ST_BF16 ? DT_BF16 : -1;
+    info->n_dims = t->n_dims > 4 ? 4 : t->n_dims;
+    for (int d = 0; d < 4; d++) info->ne[d] = d < t->n_dims ? t->shape[t->n_dims - 1 - d] : 1;
+    const st_file *f = s->files[t->file];
+    info->offset = (uint64_t)((const uint8_t *)t->data - f->map);
+    info->nbytes = t->nbytes;
+    return true;
+}

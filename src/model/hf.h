@@ -27,6 +27,10 @@ bool model_hf_is_dir(const char *path);
  * vocab_only the config and weights. m is zeroed by the caller. */
 int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_error *err);
 void model_hf_free(struct kvlm_model *m);
+/* The safetensors tensors of a loaded directory, for listing (kvlm inspect):
+ * ne in GGUF order (innermost first), offset within its file. */
+int model_hf_n_tensors(const struct kvlm_model *m);
+bool model_hf_tensor(const struct kvlm_model *m, int i, kvlm_tensor_info *info);
 
 /* tokenizer.json + tokenizer_config.json (+ config.json for ids) of dir
  * into v (overwritten): byte-level BPE as "gpt2" (the pre-tokenizer named
