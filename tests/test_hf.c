@@ -366,6 +366,8 @@ static void test_shards_and_errors(void **state) {
     assert_int_equal(unlink(p), 0);
     load_fails(one, "no tokenizer.json", NULL);
     load_fails(g_tmp, "no config.json", NULL);
+    snprintf(p, sizeof p, "%s/model.safetensors", one);
+    load_fails(p, "give the directory", NULL);
 }
 
 /* convert: the GGUF written from a directory holds the original GGUF's

@@ -60,6 +60,18 @@ bool model_hf_is_dir(const char *path) {
     return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+int model_hf_file_hint(const char *path, kvlm_error *err) {
+    static const char *const ends[] = {".safetensors", "/config.json", "/tokenizer.json", ".safetensors.index.json"};
+    size_t n = strlen(path);
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        size_t k = strlen(ends[i]);
+        if (n >= k && !strcmp(path + n - k, ends[i]))
+            return util_err_set(err, KVLM_EINVAL, "%s is a file of a Hugging Face model directory: give the "
+                                "directory that holds it (-m DIR)", path);
+    }
+    return KVLM_OK;
+}
+
 static void *own(model_hf *h, size_t bytes) {
     if (h->n_owned == h->cap_owned) {
         int cap = h->cap_owned ? 2 * h->cap_owned : 64;

@@ -23,6 +23,9 @@ typedef struct model_hf {
 
 /* Whether path is a directory (then model_load reads it as a HF checkpoint). */
 bool model_hf_is_dir(const char *path);
+/* A file of a HF directory given instead of the directory (*.safetensors,
+ * config.json, ...): fills err saying to give the directory; 0 otherwise. */
+int model_hf_file_hint(const char *path, kvlm_error *err);
 /* Loads m from directory dir: vocabulary (tokenizer.json), then unless
  * vocab_only the config and weights. m is zeroed by the caller. */
 int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_error *err);

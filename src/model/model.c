@@ -376,6 +376,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
         if ((rc = model_hf_load(m, path, vocab_only, err))) goto fail;
         return KVLM_OK;
     }
+    if ((rc = model_hf_file_hint(path, err))) goto fail;
     FILE *fp = fopen(path, "rb");
     if (!fp) return util_err_set(err, KVLM_EIO, "cannot open %s: %s", path, strerror(errno));
     char magic[4] = {0};
