@@ -10,7 +10,8 @@ int cmd_convert(int argc, char **argv) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
             printf("usage: kvlm convert IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--tokenizer FILE]\n\n"
-                   "Writes IN (GGUF or llama2.c .bin with its tokenizer.bin) as a GGUF v3 file with\n"
+                   "Writes IN (GGUF, llama2.c .bin with its tokenizer.bin, or a Hugging Face model\n"
+                   "directory: docs/hf-checkpoints.md) as a GGUF v3 file with\n"
                    "its hyper-parameters and tokenizer. --type converts the 2-D weights (norms stay\n"
                    "f32; a tensor whose rows do not fit the type's block falls back to a smaller block\n"
                    "type, as llama.cpp's quantizer does). Default: keep each tensor's type.\n");

@@ -8,9 +8,12 @@
 #include "kv/planner.h"
 #include "model/dtype.h"
 #include "model/model.h"
+#include "model/hf.h"
 #include "ops/ops.h"
+#include "tok/chat.h"
 #include "tok/pretok.h"
 #include "tok/tok.h"
+#include "util/log.h"
 #include "util/error.h"
 #include "util/mem.h"
 
@@ -67,12 +70,48 @@ static bool pack_weights(kvlm_model *m) {
     return true;
 }
 
+/* A pre-tokenizer given by its regexes (tokenizer.json) that kvlm knows
+ * gets its name, so a converted GGUF says what llama.cpp expects. */
+static void name_pre_regex(model_vocab *v) {
+    char name[sizeof v->pre];
+    if (!v->has_pre_regex ||
+        !tok_pretok_find((const char *const *)v->pre_regex, v->n_pre_regex, name, sizeof name))
+        return;
+    tok_pretok *p = tok_pretok_create(name, NULL);
+    bool same = p && tok_pretok_ignore_merges(p) == v->pre_ignore_merges;
+    tok_pretok_free(p);
+    if (!same) return; /* same regexes, other merge rule: keep the file's own */
+    for (int i = 0; i < v->n_pre_regex; i++) free(v->pre_regex[i]);
+    free(v->pre_regex);
+    v->pre_regex = NULL;
+    v->n_pre_regex = 0;
+    v->has_pre_regex = false;
+    snprintf(v->pre, sizeof v->pre, "%s", name);
+}
+
+/* tokenizer_config.json's chat template, matched to the families kvlm renders. */
+static void check_hf_template(const kvlm_model *m) {
+    const char *t = m->vocab.chat_template;
+    if (!t) return;
+    const char *f = tok_chat_family(t);
+    if (f) { LOG_INFO("%s: chat template recognised as %s", m->path, f); return; }
+    char head[64];
+    size_t n = 0;
+    for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
+    head[n] = 0;
+    LOG_WARN("%s: tokenizer_config.json's chat template (%zu bytes, \"%s%s\") is none kvlm knows (chatml, "
+             "llama2, llama3, zephyr): /v1/chat/completions needs --chat-template NAME", m->path, strlen(t), head,
+             strlen(t) > n ? "..." : "");
+}
+
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
     if (!m) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     if (model_load(m, path, params, err)) { free(m); return NULL; }
     m->packed_buf = NULL;
+    name_pre_regex(&m->vocab);
+    if (m->hf) check_hf_template(m);
     pack_weights(m);
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
@@ -158,11 +197,13 @@ bool kvlm_model_meta(const kvlm_model *m, int i, char *key, size_t kcap, char *v
 
 int kvlm_model_n_tensors(const kvlm_model *m) {
     if (m->gguf) return (int)m->gguf->n_tensors;
+    if (m->hf) return model_hf_n_tensors(m);
     return m->layers ? 3 + 9 * m->cfg.n_layers - (m->output.data == m->tok_embd.data) : 0;
 }
 
 bool kvlm_model_tensor(const kvlm_model *m, int i, kvlm_tensor_info *info) {
     if (i < 0 || i >= kvlm_model_n_tensors(m)) return false;
+    if (m->hf) return model_hf_tensor(m, i, info);
     memset(info, 0, sizeof *info);
     if (m->gguf) {
         const gguf_tensor *t = &m->gguf->tensors[i];

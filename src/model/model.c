@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "model/dtype.h"
+#include "model/hf.h"
 #include "util/error.h"
 
 /* ---- GGUF ---------------------------------------------------------------- */
@@ -373,12 +374,18 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     memset(m, 0, sizeof *m);
     m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = -1;
     snprintf(m->path, sizeof m->path, "%s", path);
+    int rc;
+    if (model_hf_is_dir(path)) {
+        /* a Hugging Face directory: config.json, safetensors, tokenizer.json */
+        if ((rc = model_hf_load(m, path, vocab_only, err))) goto fail;
+        return KVLM_OK;
+    }
+    if ((rc = model_hf_file_hint(path, err))) goto fail;
     FILE *fp = fopen(path, "rb");
     if (!fp) return util_err_set(err, KVLM_EIO, "cannot open %s: %s", path, strerror(errno));
     char magic[4] = {0};
     size_t got = fread(magic, 1, 4, fp);
     fclose(fp);
-    int rc;
     if (got == 4 && !memcmp(magic, "GGUF", 4)) {
         m->gguf = gguf_open(path, err);
         if (!m->gguf) return err ? err->code : KVLM_EFORMAT;
@@ -411,6 +418,7 @@ void model_unload(struct kvlm_model *m) {
     free(m->layers);
     m->layers = NULL;
     vocab_free(&m->vocab);
+    model_hf_free(m);
     if (m->gguf) gguf_close(m->gguf);
     m->gguf = NULL;
     if (m->map) munmap(m->map, m->map_size);

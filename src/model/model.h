@@ -54,6 +54,7 @@ struct kvlm_model {
     size_t weight_bytes;
     void *packed_buf;   /* owned by the engine: every tensor's packed copy */
     size_t packed_bytes;
+    struct model_hf *hf; /* a Hugging Face directory's files (model/hf.h), or NULL */
 };
 
 /* A view of rows [row0, row0 + n) of a 2-D weight: a pointer offset, since

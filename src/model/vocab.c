@@ -23,6 +23,9 @@
 #define KEY_ADD_EOS "tokenizer.ggml.add_eos_token"
 #define KEY_ADD_SPACE "tokenizer.ggml.add_space_prefix"
 #define KEY_TEMPLATE "tokenizer.chat_template"
+/* kvlm's own: a byte-level pre-tokenizer by its regexes (model_vocab.pre_regex) */
+#define KEY_PRE_REGEX "tokenizer.kvlm.pre_regex"
+#define KEY_PRE_IGNORE_MERGES "tokenizer.kvlm.pre_ignore_merges"
 
 /* Vocabularies beyond this are certainly corrupt (the largest real ones are ~256k). */
 #define MAX_VOCAB (1 << 24)
@@ -36,6 +39,8 @@ void vocab_free(model_vocab *v) {
     if (!v) return;
     for (int i = 0; v->tokens && i < v->n_tokens; i++) free(v->tokens[i]);
     for (int i = 0; v->merges && i < v->n_merges; i++) free(v->merges[i]);
+    for (int i = 0; v->pre_regex && i < v->n_pre_regex; i++) free(v->pre_regex[i]);
+    free(v->pre_regex);
     free(v->tokens);
     free(v->lens);
     free(v->scores);
@@ -205,6 +210,23 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
     if ((rc = get_flag(f, KEY_ADD_BOS, &v->add_bos, err)) || (rc = get_flag(f, KEY_ADD_EOS, &v->add_eos, err)) ||
         (rc = get_flag(f, KEY_ADD_SPACE, &v->add_space_prefix, err)))
         return rc;
+    const gguf_kv *pre_re;
+    if ((rc = get_str_array(f, KEY_PRE_REGEX, &pre_re, err))) return rc;
+    if (pre_re) {
+        if (pre_re->arr_n > 8)
+            return util_err_set(err, KVLM_EFORMAT, "%s has %" PRIu64 " regexes (at most 8)", KEY_PRE_REGEX,
+                                pre_re->arr_n);
+        v->has_pre_regex = true;
+        if (!(v->pre_regex = calloc((size_t)pre_re->arr_n + 1, sizeof *v->pre_regex)))
+            return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (uint64_t i = 0; i < pre_re->arr_n; i++) {
+            gguf_str s = pre_re->arr_strs[i];
+            if (!(v->pre_regex[i] = memdup_z(s.data, (size_t)s.len)))
+                return util_err_set(err, KVLM_ENOMEM, "out of memory");
+            v->n_pre_regex++;
+        }
+        if ((rc = get_flag(f, KEY_PRE_IGNORE_MERGES, &v->pre_ignore_merges, err))) return rc;
+    }
     const gguf_kv *tmpl = gguf_find(f, KEY_TEMPLATE);
     if (tmpl) {
         if (tmpl->type != GGUF_STRING)
@@ -360,4 +382,8 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     gguf_writer_set_bool(w, KEY_ADD_EOS, v->add_eos);
     gguf_writer_set_bool(w, KEY_ADD_SPACE, v->add_space_prefix);
     if (v->chat_template) gguf_writer_set_str(w, KEY_TEMPLATE, v->chat_template);
+    if (v->has_pre_regex) {
+        gguf_writer_set_arr_str(w, KEY_PRE_REGEX, (const char *const *)v->pre_regex, (uint64_t)v->n_pre_regex);
+        gguf_writer_set_bool(w, KEY_PRE_IGNORE_MERGES, v->pre_ignore_merges);
+    }
 }

@@ -29,6 +29,14 @@ typedef struct model_vocab {
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */
     bool add_bos_key;      /* tokenizer.ggml.add_bos_token was in the file (else add_bos is a default) */
+    /* A byte-level pre-tokenizer given as its regexes (tokenizer.json, or
+     * tokenizer.kvlm.pre_regex in a GGUF kvlm wrote): applied in order when
+     * has_pre_regex, instead of the one `pre` names. The engine replaces a
+     * list kvlm knows by its name (tok_pretok_find). */
+    bool has_pre_regex;
+    char **pre_regex;
+    int n_pre_regex;
+    bool pre_ignore_merges; /* with pre_regex: a chunk that is a token skips the merges */
 } model_vocab;
 
 /* Reads the tokenizer.ggml.* keys (and tokenizer.chat_template) of f into v

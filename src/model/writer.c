@@ -51,11 +51,34 @@ static bool fuse_rows(named_tensor *out, const model_tensor *const *parts, int n
     return true;
 }
 
+/* A Hugging Face Llama's query or key rows (rotate-half order within each
+ * head, loaded with NeoX RoPE: model/hf.c) in GGUF's interleaved order, as
+ * llama.cpp's converter permutes them: GGUF row h*d + 2i + j is row
+ * h*d + j*d/2 + i. Returns false if out of memory. */
+static bool interleave_rows(named_tensor *out, const model_tensor *t, int head_dim) {
+    size_t row = dt_row_size(t->type, t->n_in);
+    int64_t half = head_dim / 2, n_head = t->n_out / head_dim;
+    char *buf = malloc(row * (size_t)t->n_out);
+    if (!buf) return false;
+    const char *src = t->data;
+    for (int64_t h = 0; h < n_head; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t j = 0; j < 2; j++)
+                memcpy(buf + (size_t)(h * head_dim + 2 * i + j) * row, src + (size_t)(h * head_dim + j * half + i) * row,
+                       row);
+    out->t = *t;
+    out->t.data = out->own = buf;
+    out->t.packed = NULL;
+    return true;
+}
+
 /* Every tensor of m under its GGUF name; returns the count (n <= cap), or -1
  * if out of memory. */
 static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) {
     int n = 0;
     bool phi3 = m->cfg.arch == KVLM_ARCH_PHI3;
+    /* a llama with NeoX RoPE is a Hugging Face directory's: GGUF's llama is interleaved */
+    bool interleave = m->cfg.arch == KVLM_ARCH_LLAMA && m->cfg.rope_neox;
 #define ADD(fmt, l, tensor)                                                  \
     if ((tensor).data && n < cap) {                                          \
         snprintf(out[n].name, sizeof out[n].name, fmt, l);                   \
@@ -75,6 +98,13 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.attn_norm.weight", l, L->attn_norm);
         if (phi3) {
             ADD_FUSED("blk.%d.attn_qkv.weight", l, &L->wq, &L->wk, &L->wv);
+        } else if (interleave) {
+            const model_tensor *qk[2] = {&L->wq, &L->wk};
+            for (int i = 0; i < 2 && n < cap; i++) {
+                snprintf(out[n].name, sizeof out[n].name, "blk.%d.attn_%c.weight", l, i ? 'k' : 'q');
+                if (!interleave_rows(&out[n++], qk[i], m->cfg.head_dim)) return -1;
+            }
+            ADD("blk.%d.attn_v.weight", l, L->wv);
         } else {
             ADD("blk.%d.attn_q.weight", l, L->wq);
             ADD("blk.%d.attn_k.weight", l, L->wk);

@@ -463,3 +463,81 @@ nomem:
     r = -1;
     goto done;
 }
+
+/* ---- pre-tokenizers from regex lists (tokenizer.json) ------------------------ */
+
+/* Hugging Face writes Llama 3's and Qwen2's contractions case-insensitively;
+ * the table spells them out (see CONTR). */
+#define HF_CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+
+static char *canon_regex(const char *re) {
+    size_t n = strlen(re), hl = strlen(HF_CONTRACTIONS), cl = strlen(CONTR), extra = 0;
+    for (const char *p = strstr(re, HF_CONTRACTIONS); p; p = strstr(p + hl, HF_CONTRACTIONS)) extra += cl;
+    char *out = malloc(n + extra + 1), *o = out;
+    if (!out) return NULL;
+    for (const char *p = re; *p;) {
+        if (!strncmp(p, HF_CONTRACTIONS, hl)) { memcpy(o, CONTR, cl); o += cl; p += hl; }
+        else *o++ = *p++;
+    }
+    *o = 0;
+    return out;
+}
+
+bool tok_pretok_find(const char *const *re, int n_re, char *name, size_t cap) {
+    if (n_re <= 0 || n_re > MAX_RE) return false;
+    char *canon[MAX_RE] = {0};
+    bool found = false, ok = true;
+    for (int i = 0; i < n_re; i++) ok &= (canon[i] = canon_regex(re[i])) != NULL;
+    for (size_t d = 0; ok && d < N_PRE_DEFS && !found; d++) {
+        const pre_def *def = &PRE_DEFS[d];
+        int k = 0;
+        while (k < MAX_RE && def->re[k]) k++;
+        if (k != n_re) continue;
+        bool same = true;
+        for (int i = 0; i < n_re && same; i++) same = !strcmp(def->re[i], canon[i]);
+        if (!same) continue;
+        const char *bar = strchr(def->names, '|');
+        size_t len = bar ? (size_t)(bar - def->names) : strlen(def->names);
+        if (cap) {
+            if (len >= cap) len = cap - 1;
+            memcpy(name, def->names, len);
+            name[len] = 0;
+        }
+        found = true;
+    }
+    for (int i = 0; i < n_re; i++) free(canon[i]);
+    return found;
+}
+
+tok_pretok *tok_pretok_create_regex(const char *const *re, int n_re, bool ignore_merges, kvlm_error *err) {
+    if (n_re < 0 || n_re > MAX_RE) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "pre-tokenizer of %d regexes: at most %d are supported", n_re, MAX_RE);
+        return NULL;
+    }
+    tok_pretok *p = calloc(1, sizeof *p);
+    if (!p) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    p->flags = ignore_merges ? F_IGNORE_MERGES : 0;
+    for (int i = 0; i < n_re; i++) {
+        int ec;
+        PCRE2_SIZE eo;
+        char *src = expand_ws(re[i]);
+        if (!src) { util_err_set(err, KVLM_ENOMEM, "out of memory"); tok_pretok_free(p); return NULL; }
+        /* as in tok_pretok_create: invalid UTF-8 never matches and becomes gap chunks */
+        pcre2_code *c = pcre2_compile((PCRE2_SPTR)src, PCRE2_ZERO_TERMINATED,
+                                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY, &ec,
+                                      &eo, NULL);
+        free(src);
+        if (!c) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(ec, msg, sizeof msg);
+            util_err_set(err, KVLM_EFORMAT, "pre-tokenizer regex %d (\"%.60s\"): error at %zu: %s", i, re[i],
+                         (size_t)eo, (const char *)msg);
+            tok_pretok_free(p);
+            return NULL;
+        }
+        (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);
+        p->mode[p->n_re] = 'r';
+        p->re[p->n_re++] = c;
+    }
+    return p;
+}

@@ -37,4 +37,12 @@ const char *tok_pretok_names(char *buf, size_t cap, bool aliases);
 typedef int (*tok_chunk_fn)(void *ctx, const char *chunk, size_t n);
 int tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_chunk_fn fn, void *ctx,
                      kvlm_error *err);
+
+/* Pre-tokenizers given as regexes (tokenizer.json's Split patterns):
+ * tok_pretok_find names the known pre-tokenizer with exactly these regexes
+ * (Hugging Face's case-insensitive contractions group counts as the
+ * spelled-out one), writing its first name into name; false if none.
+ * tok_pretok_create_regex builds one from the list itself. */
+bool tok_pretok_find(const char *const *re, int n_re, char *name, size_t cap);
+tok_pretok *tok_pretok_create_regex(const char *const *re, int n_re, bool ignore_merges, kvlm_error *err);
 #endif

@@ -167,7 +167,10 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
 
     if (kind == TOK_KIND_BPE) {
         /* The pre-tokenizer first: it says how tokens are written. */
-        if (!(t->pre = tok_pretok_create(v->pre, err))) {
+        t->pre = v->has_pre_regex ? tok_pretok_create_regex((const char *const *)v->pre_regex, v->n_pre_regex,
+                                                            v->pre_ignore_merges, err)
+                                  : tok_pretok_create(v->pre, err);
+        if (!t->pre) {
             tok_free(t);
             return NULL;
         }

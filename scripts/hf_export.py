@@ -1,0 +1,340 @@
+#!/usr/bin/python3
+"""hf_export: writes a GGUF model (or vocabulary) as a Hugging Face model
+directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
+of its HF loader (tests/test_hf.c). NumPy only.
+
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|qwen2|phi3]
+        [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
+        [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
+        [--vocab-only]
+
+Weights keep their GGUF type (F32, F16, BF16 -> the same safetensors dtype);
+norms and biases are written in --norm-dtype. Llama and Mistral query/key
+rows are put in Hugging Face's rotate-half order: the inverse of llama.cpp's
+converter's permutation (HF row h*d + j*d/2 + i holds GGUF row h*d + 2i + j).
+The tokenizer becomes tokenizer.json: a SentencePiece ("llama") vocabulary
+as the BPE model with byte_fallback and merges that Hugging Face's
+SentencePiece converter would list (every split of a piece into two pieces,
+ordered by the piece's score); a byte-level ("gpt2") one as BPE with a
+ByteLevel pre-tokenizer (or a Split of Llama 3's / Qwen2's regex).
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                12: "<d"}
+T_F32, T_F16, T_BF16 = 0, 1, 30
+LLAMA3_RE = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+             "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+QWEN2_RE = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+            "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+# a pattern kvlm has no name for: words, single digits, the rest one by one
+CUSTOM_RE = " ?\\p{L}+|\\p{N}|\\s+|[^\\s\\p{L}\\p{N}]"
+SPACE = "\u2581"
+
+
+def read_gguf(path):
+    buf = open(path, "rb").read()
+    pos = [0]
+
+    def take(fmt):
+        v = struct.unpack_from(fmt, buf, pos[0])[0]
+        pos[0] += struct.calcsize(fmt)
+        return v
+
+    def gstr():
+        n = take("<Q")
+        s = buf[pos[0]:pos[0] + n]
+        pos[0] += n
+        return s
+
+    def value(t):
+        if t in GGUF_SCALARS:
+            return take(GGUF_SCALARS[t])
+        if t == 8:
+            return gstr()
+        if t == 9:
+            et, n = take("<I"), take("<Q")
+            return [value(et) for _ in range(n)]
+        raise ValueError("GGUF value type %d" % t)
+
+    if buf[:4] != b"GGUF":
+        raise ValueError("%s: not GGUF" % path)
+    pos[0] = 4
+    take("<I")
+    n_t, n_kv = take("<Q"), take("<Q")
+    meta = {}
+    for _ in range(n_kv):
+        k = gstr().decode()
+        meta[k] = value(take("<I"))
+    infos = []
+    for _ in range(n_t):
+        name = gstr().decode()
+        nd = take("<I")
+        ne = [take("<Q") for _ in range(nd)]
+        infos.append((name, ne, take("<I"), take("<Q")))
+    align = meta.get("general.alignment", 32)
+    start = (pos[0] + align - 1) // align * align
+    tensors = {}
+    for name, ne, t, off in infos:
+        n = int(np.prod(ne))
+        dt = {T_F32: "<f4", T_F16: "<f2", T_BF16: "<u2"}.get(t)
+        if dt is None:
+            raise ValueError("%s: GGUF type %d cannot be exported (f32, f16, bf16)" % (name, t))
+        a = np.frombuffer(buf, dtype=dt, count=n, offset=start + off).reshape(list(reversed(ne)))
+        tensors[name] = (a, t)
+    return meta, tensors
+
+
+def f32_to(a, dtype):
+    """f32 array -> (array, safetensors dtype) in dtype; bf16 as raw u16 bits, rounded to nearest even."""
+    a = np.asarray(a, dtype=np.float32)
+    if dtype == "f32":
+        return a, "F32"
+    if dtype == "f16":
+        return a.astype("<f2"), "F16"
+    bits = a.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return bits.astype("<u2"), "BF16"
+
+
+def to_f32(a, t):
+    if t == T_BF16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def write_safetensors(path, items, pad=True):
+    """items: list of (name, array, dtype string)."""
+    header, off, blobs = {}, 0, []
+    for name, a, dt in items:
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * ((8 - len(h) % 8) % 8)
+    elif len(h) % 2 == 0:
+        h += b" "  # odd: every tensor's data starts misaligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def rotate_half_rows(w, n_head):
+    """GGUF's interleaved rows -> HF's rotate-half rows (inverse of llama.cpp's permute)."""
+    d = w.shape[0] // n_head
+    return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def export_weights(meta, tensors, out, fam, args):
+    arch = meta["general.architecture"].decode()
+    g = lambda k, d=None: meta.get("%s.%s" % (arch, k), d)
+    n_layers, dim = g("block_count"), g("embedding_length")
+    n_head = g("attention.head_count")
+    n_kv = g("attention.head_count_kv", n_head)
+    head_dim = g("attention.key_length", dim // n_head)
+    items = []
+    rot = fam in ("llama", "mistral")
+
+    def put(hf, gg, perm_heads=0):
+        a, t = tensors[gg]
+        if a.ndim == 1:
+            arr, dt = f32_to(to_f32(a, t), args.norm_dtype)
+        else:
+            arr, dt = a, {T_F32: "F32", T_F16: "F16", T_BF16: "BF16"}[t]
+            if perm_heads:
+                arr = rotate_half_rows(arr, perm_heads)
+        items.append((hf, arr, dt))
+
+    put("model.embed_tokens.weight", "token_embd.weight")
+    put("model.norm.weight", "output_norm.weight")
+    tied = "output.weight" not in tensors
+    if not tied:
+        put("lm_head.weight", "output.weight")
+    for l in range(n_layers):
+        p, b = "model.layers.%d." % l, "blk.%d." % l
+        put(p + "input_layernorm.weight", b + "attn_norm.weight")
+        if fam == "phi3":
+            put(p + "self_attn.qkv_proj.weight", b + "attn_qkv.weight")
+            put(p + "mlp.gate_up_proj.weight", b + "ffn_up.weight")
+        else:
+            put(p + "self_attn.q_proj.weight", b + "attn_q.weight", n_head if rot else 0)
+            put(p + "self_attn.k_proj.weight", b + "attn_k.weight", n_kv if rot else 0)
+            put(p + "self_attn.v_proj.weight", b + "attn_v.weight")
+            put(p + "mlp.gate_proj.weight", b + "ffn_gate.weight")
+            put(p + "mlp.up_proj.weight", b + "ffn_up.weight")
+        for x in "qkv":
+            if b + "attn_%s.bias" % x in tensors:
+                put(p + "self_attn.%s_proj.bias" % x, b + "attn_%s.bias" % x)
+        put(p + "self_attn.o_proj.weight", b + "attn_output.weight")
+        put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
+        put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
+
+    vocab = tensors["token_embd.weight"][0].shape[0]
+    cfg = {
+        "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "phi3": "Phi3ForCausalLM"}[fam]],
+        "model_type": fam,
+        "hidden_size": dim,
+        "intermediate_size": g("feed_forward_length"),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "hidden_act": "silu",
+        "max_position_embeddings": g("context_length", 2048),
+        "rms_norm_eps": g("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": g("rope.freq_base", 10000.0),
+        "rope_scaling": None,
+        "tie_word_embeddings": tied,
+        "vocab_size": vocab,
+        "torch_dtype": {T_F32: "float32", T_F16: "float16", T_BF16: "bfloat16"}[tensors["blk.0.attn_output.weight"][1]],
+    }
+    if head_dim != dim // n_head:
+        cfg["head_dim"] = head_dim
+    if fam == "mistral":
+        cfg["sliding_window"] = 4096
+    if fam == "qwen2":
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = 4096
+    if fam == "phi3":
+        cfg["sliding_window"] = 2047
+        cfg["original_max_position_embeddings"] = cfg["max_position_embeddings"]
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    if bos is not None and bos < vocab:
+        cfg["bos_token_id"] = bos
+    if eos is not None and eos < vocab:
+        cfg["eos_token_id"] = eos
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+    n = max(1, args.shards)
+    if n == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), items, pad=not args.no_pad)
+        return
+    chunks = [items[i::n] for i in range(n)]
+    wm = {}
+    for i, ch in enumerate(chunks):
+        fn = "model-%05d-of-%05d.safetensors" % (i + 1, n)
+        write_safetensors(os.path.join(out, fn), ch, pad=not args.no_pad)
+        for name, _, _ in ch:
+            wm[name] = fn
+    total = sum(np.asarray(a).nbytes for _, a, _ in items)
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}, f, indent=2)
+
+
+def export_tokenizer(meta, out, args):
+    model = meta["tokenizer.ggml.model"].decode()
+    toks = [t.decode("utf-8", errors="surrogateescape") for t in meta["tokenizer.ggml.tokens"]]
+    types = meta.get("tokenizer.ggml.token_type", [1] * len(toks))
+    scores = meta.get("tokenizer.ggml.scores", [0.0] * len(toks))
+    bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    ok = lambda i: i is not None and 0 <= i < len(toks)
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": types[i] in (2, 3)} for i, t in enumerate(toks) if types[i] in (2, 3, 4)]
+    vocab = {}
+    for i, t in enumerate(toks):
+        vocab.setdefault(t, i)
+    tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added}
+    if model == "llama":
+        # SentencePiece -> BPE as transformers' SentencePieceExtractor does it
+        merges = []
+        for i, t in enumerate(toks):
+            if types[i] != 1:
+                continue
+            local = []
+            for k in range(1, len(t)):
+                a, b = t[:k], t[k:]
+                if a in vocab and b in vocab:
+                    local.append((a, b, scores[i]))
+            local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
+            merges.extend(local)
+        merges.sort(key=lambda x: x[2], reverse=True)
+        space = meta.get("tokenizer.ggml.add_space_prefix", True)
+        norms = ([{"type": "Prepend", "prepend": SPACE}] if space else []) + \
+            [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
+        tj["normalizer"] = {"type": "Sequence", "normalizers": norms}
+        tj["pre_tokenizer"] = None
+        tj["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+        byte_fallback = True
+    elif model == "gpt2":
+        merges = [tuple(m.decode("utf-8", errors="surrogateescape").split(" ", 1))
+                  for m in meta.get("tokenizer.ggml.merges", [])]
+        tj["normalizer"] = None
+        bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        if args.pre == "bytelevel":
+            tj["pre_tokenizer"] = bl
+        else:
+            if args.pre == "qwen2":
+                tj["normalizer"] = {"type": "NFC"}
+            pat = {"llama3": LLAMA3_RE, "qwen2": QWEN2_RE, "custom": CUSTOM_RE}[args.pre]
+            tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pat}, "behavior": "Isolated", "invert": False},
+                dict(bl, use_regex=False)]}
+        tj["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        byte_fallback = False
+    else:
+        raise ValueError("tokenizer model %s cannot be exported" % model)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama"))
+    if add_bos and ok(bos):
+        tj["post_processor"] = {"type": "TemplateProcessing",
+                                "single": [{"SpecialToken": {"id": toks[bos], "type_id": 0}},
+                                           {"Sequence": {"id": "A", "type_id": 0}}],
+                                "special_tokens": {toks[bos]: {"id": toks[bos], "ids": [bos], "tokens": [toks[bos]]}}}
+    else:
+        tj["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                "use_regex": False} if model == "gpt2" else None
+    mlist = [[m[0], m[1]] for m in merges] if args.merges == "list" else ["%s %s" % (m[0], m[1]) for m in merges]
+    tj["model"] = {"type": "BPE", "dropout": None, "unk_token": toks[unk] if ok(unk) else None,
+                   "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": model == "llama",
+                   "byte_fallback": byte_fallback, "ignore_merges": args.pre == "llama3", "vocab": vocab,
+                   "merges": mlist}
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8", errors="surrogateescape") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    tc = {"add_bos_token": add_bos, "add_eos_token": False, "model_max_length": 2048,
+          "bos_token": toks[bos] if ok(bos) else None, "eos_token": toks[eos] if ok(eos) else None,
+          "unk_token": toks[unk] if ok(unk) else None, "clean_up_tokenization_spaces": False}
+    tmpl = args.template if args.template is not None else (
+        meta["tokenizer.chat_template"].decode() if "tokenizer.chat_template" in meta else None)
+    if tmpl:
+        tc["chat_template"] = tmpl
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f, indent=2)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("gguf")
+    ap.add_argument("out")
+    ap.add_argument("--family", default=None)
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--norm-dtype", default="f32", choices=["f32", "bf16", "f16"])
+    ap.add_argument("--merges", default="string", choices=["string", "list"])
+    ap.add_argument("--pre", default="bytelevel", choices=["bytelevel", "llama3", "qwen2", "custom"])
+    ap.add_argument("--template", default=None)
+    ap.add_argument("--no-pad", action="store_true", help="leave the header unpadded (misaligned data)")
+    ap.add_argument("--vocab-only", action="store_true")
+    args = ap.parse_args(argv)
+    meta, tensors = read_gguf(args.gguf)
+    os.makedirs(args.out, exist_ok=True)
+    if not args.vocab_only:
+        fam = args.family or meta["general.architecture"].decode()
+        export_weights(meta, tensors, args.out, fam, args)
+    export_tokenizer(meta, args.out, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

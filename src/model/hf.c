@@ -1,0 +1,430 @@
+/* model/hf: a Hugging Face model directory as a kvlm_model: config.json per
+ * family (one row of a table each), tensor views over the safetensors maps
+ * (F32/F16/BF16 matrices are used in place; norms and biases are widened to
+ * f32 copies), and the vocabulary from tokenizer.json (hf_tok.c). */
+#include "model/hf.h"
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "model/dtype.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/log.h"
+
+/* One family of config.json's model_type.
+ *
+ * RoPE layout: HF's Llama and Mistral checkpoints keep each head's query and
+ * key rows in "rotate half" order (rotated pairs are (i, i + d/2)), where
+ * Meta's original weights and GGUF's llama use interleaved pairs (2i, 2i+1):
+ * HF's conversion script permuted the rows, and llama.cpp's converter undoes
+ * that (row h*d + 2i + j of GGUF = row h*d + j*d/2 + i of HF). Rotating the
+ * pairs (i, i + d/2) of the HF rows (NeoX RoPE) computes the same queries and
+ * keys, only in that permuted order within each head, and attention scores
+ * are sums over the head: so a directory loads with rope_neox and no copy,
+ * and `convert` permutes the rows as llama.cpp does (writer.c). */
+typedef struct {
+    const char *model_type;
+    int arch;              /* kvlm_arch; -1: this build has no forward pass for it */
+    const char *act;       /* hidden_act (gemma2: hidden_activation) it must have */
+    bool rotate_half;      /* llama, mistral: HF's q/k row order (see above) */
+    bool qkv_bias;         /* qwen2: q, k, v projections have biases */
+    bool fused;            /* phi3: qkv_proj and gate_up_proj */
+    bool norm_plus_one;    /* gemma: RMSNorm scales by (1 + w); GGUF stores 1 + w (llama.cpp adds 1) */
+    bool post_norms;       /* gemma2: post_attention_layernorm after attention, pre/post_feedforward_layernorm */
+    bool tie_default;      /* tie_word_embeddings when config.json does not say */
+    const char *ffn_norm;  /* the norm before the FFN */
+} hf_family;
+
+static const hf_family k_families[] = {
+    {"llama", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm"},
+    {"mistral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm"},
+    {"qwen2", KVLM_ARCH_QWEN2, "silu", false, true, false, false, false, false, "post_attention_layernorm"},
+    {"phi3", KVLM_ARCH_PHI3, "silu", false, false, true, false, false, false, "post_attention_layernorm"},
+    /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
+     * pre_feedforward_layernorm, post_feedforward_layernorm} -> GGUF blk.N.{attn_norm,
+     * post_attention_norm, ffn_norm, post_ffw_norm}, every norm + 1; tied embeddings
+     * (scaled by sqrt(hidden_size) in the forward pass); config keys
+     * attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar,
+     * sliding_window (every other layer local, from layer 0). */
+    {"gemma2", -1, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm"},
+};
+
+bool model_hf_is_dir(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int model_hf_file_hint(const char *path, kvlm_error *err) {
+    static const char *const ends[] = {".safetensors", "/config.json", "/tokenizer.json", ".safetensors.index.json"};
+    size_t n = strlen(path);
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
+        size_t k = strlen(ends[i]);
+        if (n >= k && !strcmp(path + n - k, ends[i]))
+            return util_err_set(err, KVLM_EINVAL, "%s is a file of a Hugging Face model directory: give the "
+                                "directory that holds it (-m DIR)", path);
+    }
+    return KVLM_OK;
+}
+
+static void *own(model_hf *h, size_t bytes) {
+    if (h->n_owned == h->cap_owned) {
+        int cap = h->cap_owned ? 2 * h->cap_owned : 64;
+        void **p = realloc(h->owned, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        h->owned = p;
+        h->cap_owned = cap;
+    }
+    void *b = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (b) h->owned[h->n_owned++] = b;
+    return b;
+}
+
+void model_hf_free(struct kvlm_model *m) {
+    model_hf *h = m->hf;
+    if (!h) return;
+    for (int i = 0; i < h->n_owned; i++) free(h->owned[i]);
+    free(h->owned);
+    st_set_close(h->st);
+    free(h);
+    m->hf = NULL;
+}
+
+/* ---- config.json ---------------------------------------------------------- */
+
+/* An integer key (absent or null: def, or an error if required). */
+static int cfg_int(json_t *cfg, const char *path, const char *key, bool required, int64_t def, int64_t lo,
+                   int64_t hi, int *out, kvlm_error *err) {
+    json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) {
+        if (required) return util_err_set(err, KVLM_EFORMAT, "%s: missing key \"%s\"", path, key);
+        *out = (int)def;
+        return KVLM_OK;
+    }
+    if (!json_is_integer(v))
+        return util_err_set(err, KVLM_EFORMAT, "%s: \"%s\" is not an integer", path, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return util_err_set(err, KVLM_EFORMAT, "%s: \"%s\" = %lld is out of range (%lld..%lld)", path, key,
+                            (long long)x, (long long)lo, (long long)hi);
+    *out = (int)x;
+    return KVLM_OK;
+}
+
+static int cfg_float(json_t *cfg, const char *path, const char *key, double def, double *out, kvlm_error *err) {
+    json_t *v = json_object_get(cfg, key);
+    *out = def;
+    if (!v || json_is_null(v)) return KVLM_OK;
+    if (!json_is_number(v)) return util_err_set(err, KVLM_EFORMAT, "%s: \"%s\" is not a number", path, key);
+    double d = json_number_value(v);
+    if (!isfinite(d) || !(d > 0) || !isfinite((float)d))
+        return util_err_set(err, KVLM_EFORMAT, "%s: \"%s\" = %g must be finite and above 0", path, key, d);
+    *out = d;
+    return KVLM_OK;
+}
+
+static int cfg_bool(json_t *cfg, const char *path, const char *key, bool def, bool *out, kvlm_error *err) {
+    json_t *v = json_object_get(cfg, key);
+    *out = def;
+    if (!v || json_is_null(v)) return KVLM_OK;
+    if (!json_is_boolean(v)) return util_err_set(err, KVLM_EFORMAT, "%s: \"%s\" is not true or false", path, key);
+    *out = json_is_true(v);
+    return KVLM_OK;
+}
+
+static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
+                       kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    json_t *mt = json_object_get(cfg, "model_type");
+    if (!json_is_string(mt)) return util_err_set(err, KVLM_EFORMAT, "%s: no \"model_type\" string", path);
+    const char *type = json_string_value(mt);
+    const hf_family *fam = NULL;
+    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+        if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
+    if (!fam)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
+                            "mistral, qwen2, phi3)", path, type);
+    *famp = fam;
+    snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
+    if (json_object_get(cfg, "quantization_config"))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: quantized checkpoints (quantization_config: GPTQ, AWQ, "
+                            "bitsandbytes, ...) are not supported; F32, F16 and BF16 safetensors are", path);
+    int rc;
+    const int big = 1 << 20;
+    if ((rc = cfg_int(cfg, path, "hidden_size", true, 0, 1, big, &c->dim, err)) ||
+        (rc = cfg_int(cfg, path, "intermediate_size", true, 0, 1, big, &c->hidden_dim, err)) ||
+        (rc = cfg_int(cfg, path, "num_hidden_layers", true, 0, 1, 4096, &c->n_layers, err)) ||
+        (rc = cfg_int(cfg, path, "num_attention_heads", true, 0, 1, big, &c->n_heads, err)) ||
+        (rc = cfg_int(cfg, path, "vocab_size", true, 0, 1, 1 << 24, &c->vocab_size, err)))
+        return rc;
+    if ((rc = cfg_int(cfg, path, "num_key_value_heads", false, c->n_heads, 1, big, &c->n_kv_heads, err))) return rc;
+    if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
+        return util_err_set(err, KVLM_EFORMAT, "%s: num_key_value_heads %d does not divide num_attention_heads %d",
+                            path, c->n_kv_heads, c->n_heads);
+    if ((rc = cfg_int(cfg, path, "head_dim", false, c->dim / c->n_heads, 1, 1024, &c->head_dim, err))) return rc;
+    if (c->head_dim <= 0 || (c->head_dim & 1))
+        return util_err_set(err, KVLM_EFORMAT, "%s: head dimension %d is not supported (hidden_size %d, %d heads)",
+                            path, c->head_dim, c->dim, c->n_heads);
+    if ((rc = cfg_int(cfg, path, "max_position_embeddings", false, 2048, 1, INT32_MAX, &c->n_ctx_train, err)))
+        return rc;
+    if (c->n_ctx_train > (1 << 24)) c->n_ctx_train = 1 << 24;
+    double d;
+    if ((rc = cfg_float(cfg, path, "rope_theta", 10000.0, &d, err))) return rc;
+    c->rope_base = (float)d;
+    if ((rc = cfg_float(cfg, path, "rms_norm_eps", 1e-6, &d, err))) return rc;
+    c->norm_eps = (float)d;
+    c->rope_dim = c->head_dim;
+    json_t *prf = json_object_get(cfg, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && (!json_is_number(prf) || json_number_value(prf) != 1.0))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: partial_rotary_factor other than 1 is not supported", path);
+    json_t *rs = json_object_get(cfg, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        json_t *rt = json_object_get(rs, "rope_type");
+        if (!rt) rt = json_object_get(rs, "type");
+        const char *t = json_is_string(rt) ? json_string_value(rt) : "?";
+        json_t *f = json_object_get(rs, "factor");
+        if (strcmp(t, "default"))
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling of type \"%.32s\" (factor %g) is not "
+                                "supported: kvlm applies plain RoPE (rope_theta only)", path, t,
+                                json_is_number(f) ? json_number_value(f) : 0.0);
+    }
+    if (fam->arch < 0) {
+        /* config keys of the row checked above; the rest needs the family's own forward pass */
+        double cap;
+        if ((rc = cfg_float(cfg, path, "attn_logit_softcapping", 50.0, &cap, err)) ||
+            (rc = cfg_float(cfg, path, "final_logit_softcapping", 30.0, &cap, err)))
+            return rc;
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%s\" is recognised but this build has no "
+                            "forward pass for it (supported: llama, mistral, qwen2, phi3)", path, type);
+    }
+    const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
+    json_t *act = json_object_get(cfg, act_key);
+    if (!act && fam->post_norms) act = json_object_get(cfg, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), fam->act)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s \"%.32s\" is not supported for %s (%s is)", path, act_key,
+                            json_is_string(act) ? json_string_value(act) : "?", fam->model_type, fam->act);
+    bool b;
+    if ((rc = cfg_bool(cfg, path, "attention_bias", false, &b, err))) return rc;
+    if (b && !fam->qkv_bias)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: attention_bias is not supported for %s", path, type);
+    if ((rc = cfg_bool(cfg, path, "mlp_bias", false, &b, err))) return rc;
+    if (b) return util_err_set(err, KVLM_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
+    if ((rc = cfg_bool(cfg, path, "tie_word_embeddings", fam->tie_default, tied, err))) return rc;
+    /* Sliding-window attention is recorded, not applied (docs/hf-checkpoints.md). */
+    bool use_sw = true;
+    if ((rc = cfg_bool(cfg, path, "use_sliding_window", true, &use_sw, err))) return rc;
+    int sw = 0;
+    if ((rc = cfg_int(cfg, path, "sliding_window", false, 0, 0, INT32_MAX, &sw, err))) return rc;
+    m->hf->sliding_window = use_sw ? sw : 0;
+    if (m->hf->sliding_window && m->hf->sliding_window < c->n_ctx_train && fam->arch >= 0)
+        LOG_INFO("%s: sliding_window %d recorded, not applied: kvlm attends to the whole context (as llama.cpp "
+                 "does for %s)", path, m->hf->sliding_window, type);
+    c->arch = (kvlm_arch)fam->arch;
+    c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(c->arch));
+    return KVLM_OK;
+}
+
+/* ---- tensors --------------------------------------------------------------- */
+
+static const char *shape_str(const st_tensor *t, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->n_dims && o + 24 < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    return buf;
+}
+
+/* Takes tensor `name` as t: a matrix of n_out rows of n_in (HF shape
+ * [n_out, n_in]) used in place, or (n_out 0) a vector of n_in widened to an
+ * f32 copy, plus `add` (gemma's + 1). */
+static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out, bool optional,
+                float add, kvlm_error *err) {
+    memset(t, 0, sizeof *t);
+    const st_tensor *s = st_set_find(m->hf->st, name);
+    if (!s) {
+        if (optional) return KVLM_OK;
+        return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor %s (in none of the safetensors files)", m->path,
+                            name);
+    }
+    bool vec = n_out == 0;
+    bool ok = vec ? s->n_dims == 1 && s->shape[0] == n_in : s->n_dims == 2 && s->shape[0] == n_out && s->shape[1] == n_in;
+    char sh[96];
+    if (!ok) {
+        if (vec)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape [%s], expected [%lld] (config.json)", m->path,
+                                name, shape_str(s, sh, sizeof sh), (long long)n_in);
+        return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape [%s], expected [%lld, %lld] (config.json)",
+                            m->path, name, shape_str(s, sh, sizeof sh), (long long)n_out, (long long)n_in);
+    }
+    int type = s->dtype == ST_F32 ? DT_F32 : s->dtype == ST_F16 ? DT_F16 : s->dtype == ST_BF16 ? DT_BF16 : -1;
+    if (type < 0)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: dtype %s is not supported (F32, F16 and BF16 are)",
+                            m->path, name, st_dtype_name(s->dtype));
+    t->name = s->name;
+    t->n_in = n_in;
+    t->n_out = vec ? 1 : n_out;
+    if (vec) {
+        float *f = own(m->hf, (size_t)n_in * sizeof *f);
+        if (!f) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        const uint8_t *p = s->data;
+        for (int64_t i = 0; i < n_in; i++) {
+            if (type == DT_F32) memcpy(&f[i], p + 4 * i, 4);
+            else {
+                uint16_t hb;
+                memcpy(&hb, p + 2 * i, 2);
+                f[i] = type == DT_F16 ? dt_f16_to_f32(hb) : dt_bf16_to_f32(hb);
+            }
+            f[i] += add;
+        }
+        t->data = f;
+        t->type = DT_F32;
+        return KVLM_OK;
+    }
+    t->type = type;
+    t->data = s->data;
+    /* Headers are padded so data lands aligned; a file that is not gets a copy
+     * (the kernels read whole elements). */
+    if ((uintptr_t)s->data % st_dtype_size(s->dtype)) {
+        void *b = own(m->hf, s->nbytes);
+        if (!b) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        memcpy(b, s->data, s->nbytes);
+        t->data = b;
+    }
+    return KVLM_OK;
+}
+
+/* Tensors model.layers.N.* must have N < num_hidden_layers. */
+static int check_layers(const struct kvlm_model *m, kvlm_error *err) {
+    const st_set *s = m->hf->st;
+    for (int i = 0; i < s->n_index; i++) {
+        const char *n = s->index[i]->name;
+        if (strncmp(n, "model.layers.", 13)) continue;
+        char *end;
+        errno = 0;
+        unsigned long long l = strtoull(n + 13, &end, 10);
+        if (end != n + 13 && *end == '.' && !errno && l >= (unsigned long long)m->cfg.n_layers)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s belongs to layer %llu, but config.json has "
+                                "num_hidden_layers %d", m->path, n, l, m->cfg.n_layers);
+    }
+    return KVLM_OK;
+}
+
+static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    int rc;
+    float add = fam->norm_plus_one ? 1.0f : 0.0f;
+    if ((rc = check_layers(m, err))) return rc;
+    if ((rc = take(m, &m->tok_embd, "model.embed_tokens.weight", c->dim, c->vocab_size, false, 0, err)) ||
+        (rc = take(m, &m->output_norm, "model.norm.weight", c->dim, 0, false, add, err)))
+        return rc;
+    if (tied) m->output = m->tok_embd; /* a stored lm_head.weight is the same matrix */
+    else if ((rc = take(m, &m->output, "lm_head.weight", c->dim, c->vocab_size, false, 0, err))) return rc;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        model_layer *L = &m->layers[l];
+        char n[160];
+#define TAKE(field, suffix, nin, nout, opt, plus)                                   \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                         \
+    if ((rc = take(m, &L->field, n, nin, nout, opt, plus, err))) return rc;
+        TAKE(attn_norm, "input_layernorm.weight", c->dim, 0, false, add);
+        if (fam->fused) {
+            /* phi3: rows Q, K, V of one matrix; gate then up of another */
+            model_tensor f;
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.qkv_proj.weight", l);
+            if ((rc = take(m, &f, n, c->dim, q_dim + 2 * kv_dim, false, 0, err))) return rc;
+            L->wq = model_tensor_rows(&f, 0, q_dim);
+            L->wk = model_tensor_rows(&f, q_dim, kv_dim);
+            L->wv = model_tensor_rows(&f, q_dim + kv_dim, kv_dim);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.gate_up_proj.weight", l);
+            if ((rc = take(m, &f, n, c->dim, 2 * (int64_t)c->hidden_dim, false, 0, err))) return rc;
+            L->w_gate = model_tensor_rows(&f, 0, c->hidden_dim);
+            L->w_up = model_tensor_rows(&f, c->hidden_dim, c->hidden_dim);
+        } else {
+            TAKE(wq, "self_attn.q_proj.weight", c->dim, q_dim, false, 0);
+            TAKE(wk, "self_attn.k_proj.weight", c->dim, kv_dim, false, 0);
+            TAKE(wv, "self_attn.v_proj.weight", c->dim, kv_dim, false, 0);
+            TAKE(w_gate, "mlp.gate_proj.weight", c->dim, c->hidden_dim, false, 0);
+            TAKE(w_up, "mlp.up_proj.weight", c->dim, c->hidden_dim, false, 0);
+        }
+        TAKE(wo, "self_attn.o_proj.weight", q_dim, c->dim, false, 0);
+        TAKE(bq, "self_attn.q_proj.bias", q_dim, 0, !fam->qkv_bias, 0);
+        TAKE(bk, "self_attn.k_proj.bias", kv_dim, 0, !fam->qkv_bias, 0);
+        TAKE(bv, "self_attn.v_proj.bias", kv_dim, 0, !fam->qkv_bias, 0);
+        snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, fam->ffn_norm);
+        if ((rc = take(m, &L->ffn_norm, n, c->dim, 0, false, add, err))) return rc;
+        TAKE(w_down, "mlp.down_proj.weight", c->hidden_dim, c->dim, false, 0);
+#undef TAKE
+        if (!fam->qkv_bias) {
+            /* a bias the family does not use would be silently dropped */
+            const char *b[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                               "self_attn.o_proj.bias"};
+            for (int i = 0; i < 4; i++) {
+                snprintf(n, sizeof n, "model.layers.%d.%s", l, b[i]);
+                if (st_set_find(m->hf->st, n))
+                    return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: biases are not supported for %s",
+                                        m->path, n, fam->model_type);
+            }
+        }
+    }
+    c->weight_type = m->layers[0].wq.type;
+    m->weight_bytes = m->hf->st->total_bytes;
+    return KVLM_OK;
+}
+
+int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_error *err) {
+    if (!(m->hf = calloc(1, sizeof *m->hf))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    size_t len = strlen(m->path);
+    while (len > 1 && m->path[len - 1] == '/') m->path[--len] = 0; /* "dir/" names the model "dir" */
+    dir = m->path;
+    if (vocab_only) {
+        int rc = vocab_from_hf(dir, 0, &m->vocab, err);
+        m->cfg.vocab_size = m->vocab.n_tokens;
+        return rc;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    if (!cfg) {
+        if (access(path, F_OK) != 0)
+            return util_err_set(err, KVLM_EIO, "%s: no config.json: not a Hugging Face model directory", dir);
+        return util_err_set(err, KVLM_EFORMAT, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    }
+    const hf_family *fam = NULL;
+    bool tied = false;
+    int rc = json_is_object(cfg) ? read_config(m, cfg, path, &fam, &tied, err)
+                                 : util_err_set(err, KVLM_EFORMAT, "%s: not a JSON object", path);
+    json_decref(cfg);
+    if (rc) return rc;
+    if (!(m->hf->st = st_set_open_dir(dir, err))) return err ? err->code : KVLM_EFORMAT;
+    if ((rc = load_weights(m, fam, tied, err))) return rc;
+    if ((rc = vocab_from_hf(dir, m->cfg.vocab_size, &m->vocab, err))) return rc;
+    return KVLM_OK;
+}
+
+int model_hf_n_tensors(const struct kvlm_model *m) {
+    return m->hf && m->hf->st ? m->hf->st->n_index : 0;
+}
+
+bool model_hf_tensor(const struct kvlm_model *m, int i, kvlm_tensor_info *info) {
+    if (i < 0 || i >= model_hf_n_tensors(m)) return false;
+    const st_set *s = m->hf->st;
+    const st_tensor *t = s->index[i];
+    memset(info, 0, sizeof *info);
+    info->name = t->name;
+    info->type = t->dtype == ST_F32 ? DT_F32 : t->dtype == ST_F16 ? DT_F16 : t->dtype == ST_BF16 ? DT_BF16 : -1;
+    info->n_dims = t->n_dims > 4 ? 4 : t->n_dims;
+    for (int d = 0; d < 4; d++) info->ne[d] = d < t->n_dims ? t->shape[t->n_dims - 1 - d] : 1;
+    const st_file *f = s->files[t->file];
+    info->offset = (uint64_t)((const uint8_t *)t->data - f->map);
+    info->nbytes = t->nbytes;
+    return true;
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# cli_hf: the `kvlm` command on Hugging Face model directories written by
+# scripts/hf_export.py: `run -m DIR` gives the GGUF's greedy text, `convert
+# DIR` gives the GGUF back (and quantizes as converting the GGUF does),
+# `inspect DIR` lists the safetensors, the chat template is matched or named
+# in a warning, a missing shard is an error naming it, and the real
+# vocabularies' reference tokenizations (vocab/*.inp, *.out) hold through
+# tokenizer.json.
+#
+# Env: KVLM_BIN, KVLM_MODELS or KVLM_MODELS_DEFAULT.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+py=/usr/bin/python3
+bin=${KVLM_BIN:-$root/build/kvlm}
+models=${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-$root/../shared/models}}
+export="$py $root/scripts/hf_export.py"
+
+if [ ! -x "$bin" ]; then echo "FAIL: kvlm binary not found at '$bin' (set KVLM_BIN)"; exit 1; fi
+if ! "$py" -c 'import numpy' 2>/dev/null; then
+    echo "SKIP: numpy not available to $py (apt-get install python3-numpy)"; exit 77
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+    --type "$3" --seed 5 > /dev/null; }
+
+# ---- run -m DIR == run -m GGUF -------------------------------------------------
+for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16; do
+    IFS=: read -r arch fam type <<< "$spec"
+    synth "$tmp/$fam.gguf" "$arch" "$type"
+    $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam" || { fail "$fam: export"; continue; }
+    run=(run -p "once upon a time" -n 24 --temp 0 --cache-type-k f32 --cache-type-v f32)
+    want=$("$bin" "${run[@]}" -m "$tmp/$fam.gguf" 2>/dev/null)
+    # llama/mistral from HF: same logits to ~1e-7 (q.k summed in another
+    # order); convert gives the very GGUF back, so compare through it there
+    if [ "$arch" = llama ]; then
+        "$bin" convert "$tmp/$fam" "$tmp/$fam.back.gguf" 2>/dev/null || { fail "$fam: convert"; continue; }
+        got=$("$bin" "${run[@]}" -m "$tmp/$fam.back.gguf" 2>/dev/null)
+        got_dir=$("$bin" "${run[@]}" -m "$tmp/$fam" 2>/dev/null)
+        if [ "$got_dir" = "$want" ]; then pass "$fam ($type): greedy text of the directory itself = the GGUF's"
+        else fail "$fam ($type): run -m DIR: want '$want', got '$got_dir'"; fi
+    else
+        got=$("$bin" "${run[@]}" -m "$tmp/$fam" 2>/dev/null)
+    fi
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "$fam ($type): greedy text of the directory$([ "$arch" = llama ] && echo "'s convert") = the GGUF's"
+    else fail "$fam ($type): text differs: want '$want', got '$got'"; fi
+done
+
+# ---- convert --type q8_0: the same file contents as converting the GGUF ----------
+"$bin" convert "$tmp/qwen2" "$tmp/a.gguf" --type q8_0 2>/dev/null
+"$bin" convert "$tmp/qwen2.gguf" "$tmp/b.gguf" --type q8_0 2>/dev/null
+la=$("$bin" logits -m "$tmp/a.gguf" --ids "1 300 17 402" 2>/dev/null | md5sum)
+lb=$("$bin" logits -m "$tmp/b.gguf" --ids "1 300 17 402" 2>/dev/null | md5sum)
+if [ "$la" = "$lb" ]; then pass "convert DIR --type q8_0: logits = converting the GGUF"; else fail "q8_0 conversions differ"; fi
+
+# ---- inspect lists the safetensors ------------------------------------------------
+out=$("$bin" inspect "$tmp/phi3" 2>&1)
+if grep -q "model.layers.1.self_attn.qkv_proj.weight *f16 *64 x 128" <<< "$out"; then pass "inspect DIR lists the safetensors tensors"
+else fail "inspect: $out"; fi
+
+# ---- chat templates: known -> quiet, unknown -> a warning naming it ----------------
+$export "$tmp/qwen2.gguf" "$tmp/t_known" --template "{% for m in messages %}<|im_start|>{{ m.role }}..." > /dev/null
+$export "$tmp/qwen2.gguf" "$tmp/t_odd" --template "{{ bos_token }}{% for m in messages %}### {{ m.role }}: {{ m.content }}{% endfor %}" > /dev/null
+err=$("$bin" tokenize -m "$tmp/t_known" "hi" 2>&1 >/dev/null)
+if ! grep -qi "chat template" <<< "$err"; then pass "a ChatML template loads without a warning"; else fail "known template warned: $err"; fi
+err=$("$bin" tokenize -m "$tmp/t_odd" "hi" 2>&1 >/dev/null)
+if grep -q "chat template" <<< "$err" && grep -q "### {{ m.role }}" <<< "$err"; then pass "unknown template named in a warning: $err"
+else fail "no warning naming the unknown template: '$err'"; fi
+
+# ---- a missing shard --------------------------------------------------------------
+$export "$tmp/qwen2.gguf" "$tmp/sh" --shards 2 > /dev/null
+rm "$tmp/sh/model-00001-of-00002.safetensors"
+if err=$("$bin" run -m "$tmp/sh" -p hi -n 1 2>&1); then fail "a directory missing a shard ran"
+elif grep -q "model-00001-of-00002.safetensors" <<< "$err"; then pass "missing shard: $err"
+else fail "missing shard error does not name it: $err"; fi
+
+# ---- real vocabularies through tokenizer.json -----------------------------------------
+for v in llama-spm gpt-2; do
+    g="$models/vocab/ggml-vocab-$v.gguf"
+    if [ ! -f "$g" ]; then echo "SKIP: $g not found"; continue; fi
+    $export "$g" "$tmp/v-$v" --vocab-only > /dev/null
+    if "$py" - "$bin" "$g.inp" "$tmp/v-$v" <<'PYEOF'
+import subprocess, sys
+kvlm, inp, model = sys.argv[1:4]
+strings = open(inp, "rb").read().decode("utf-8").split("\n__ggml_vocab_test__\n")
+if strings and strings[-1] == "":
+    strings = strings[:-1]
+expected = open(inp[:-4] + ".out", encoding="utf-8").read().split("\n")
+bad = 0
+for i, text in enumerate(strings):
+    r = subprocess.run([kvlm, "tokenize", "-m", model, "--no-bos", "-f", "/dev/stdin"], input=text.encode(),
+                       capture_output=True)
+    if r.returncode or r.stdout.decode().strip() != expected[i].strip():
+        bad += 1
+        print("   string %d %r: got %r want %r %s" % (i, text, r.stdout.decode().strip(), expected[i].strip(),
+                                                     r.stderr.decode().strip()))
+print("   %d strings, %d differ" % (len(strings), bad))
+sys.exit(1 if bad else 0)
+PYEOF
+    then pass "$v: tokenizer.json reproduces $(basename "$g").out"; else fail "$v: tokenizer.json tokenizes differently"; fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
