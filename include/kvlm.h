@@ -30,7 +30,11 @@ const char *kvlm_status_name(int code);
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (4k-context
  * variants; LongRoPE factors are refused) */
-typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2 } kvlm_arch;
+/* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
+ * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
+ * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_GEMMA2 = 3,
+               KVLM_ARCH_GEMMA3 = 4 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -47,6 +51,17 @@ typedef struct kvlm_config {
     bool rope_neox;     /* rotate (i, i + rope_dim/2) instead of (2i, 2i+1) */
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
+    /* Sliding-window attention (docs/sliding-window.md): a local layer's query
+     * at position p sees keys p - sliding_window < k <= p (llama.cpp's and Hugging
+     * Face's convention); 0: every layer global. swa_period 0: every layer is
+     * local; n > 0: layer l is global when (l + 1) % n == 0 (gemma2: 2, gemma3: 6). */
+    int sliding_window;
+    int swa_period;
+    int n_local_layers;
+    float rope_base_local;  /* local layers' RoPE base (gemma3: 10000); rope_base otherwise */
+    float attn_softcap;     /* scores become cap * tanh(s / cap); 0: none (gemma2: 50) */
+    float final_softcap;    /* likewise the logits (gemma2: 30) */
+    float attn_scale;       /* multiplies q.k: 1/sqrt(head_dim), or gemma's query_pre_attn_scalar */
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -86,6 +101,8 @@ typedef struct kvlm_synth_params {
     bool tied_output;
     uint64_t seed;
     const char *chat_template; /* tokenizer.chat_template to store (NULL: none) */
+    int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
+    float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 

@@ -48,12 +48,16 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3] [--dim D] [--hidden F] [--layers L]\n"
-                   "       [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C] [--rope-base B]\n"
-                   "       [--type T] [--tied] [--seed S]\n\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3|gemma2|gemma3] [--dim D] [--hidden F]\n"
+                   "       [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C]\n"
+                   "       [--rope-base B] [--type T] [--tied] [--seed S] [--sliding-window W]\n"
+                   "       [--attn-softcap X] [--final-softcap X]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
                    "the same cost to run as a real model of that shape. Defaults: llama, dim 64,\n"
-                   "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n");
+                   "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n"
+                   "--sliding-window W: llama with every layer local (Mistral-style), or gemma's local\n"
+                   "layers' window (default 16 for synthetic gemma); gemma2's soft-caps default to 50 and\n"
+                   "30 (a negative value: none). See docs/sliding-window.md.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--arch", &arch, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--dim", &p.dim, &bad)) {}
@@ -68,6 +72,9 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
         else if (cli_opt_u64(argc, argv, &i, NULL, "--seed", &p.seed, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
+        else if (cli_opt_int(argc, argv, &i, NULL, "--sliding-window", &p.sliding_window, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--attn-softcap", &p.attn_softcap, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--final-softcap", &p.final_softcap, &bad)) {}
         else if (argv[i][0] == '-') return cli_fail("synth", "unknown option '%s'", argv[i]);
         else if (!out) out = argv[i];
         else return cli_fail("synth", "too many arguments");
@@ -78,7 +85,9 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
         else if (!strcmp(arch, "phi3")) p.arch = KVLM_ARCH_PHI3;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3)", arch);
+        else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
+        else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3, gemma2, gemma3)", arch);
     }
     if (type_name && (p.type = kvlm_type_from_name(type_name)) < 0)
         return cli_fail("synth", "unknown type '%s'", type_name);

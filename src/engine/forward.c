@@ -65,6 +65,9 @@ struct kvlm_ctx {
     engine_cuda *cuda;         /* device CUDA: weights, KV blocks and the forward pass on the GPU */
     kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
     int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
+    /* gemma3: the local layers' RoPE cos/sin (their own base), NULL when
+     * every layer has the same base */
+    float *rope_cs_local, *rope_sn_local;
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -198,6 +201,21 @@ tier_fail:
     return err ? err->code : KVLM_EINVAL;
 }
 
+/* What sliding windows and gemma do not run with (docs/sliding-window.md). */
+static int swa_refuse(const kvlm_ctx *ctx, kvlm_error *err) {
+    const kvlm_config *c = &ctx->model->cfg;
+    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
+    if (!gemma && c->sliding_window <= 0) return KVLM_OK;
+    if (ctx->p.device == KVLM_DEVICE_CUDA)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s%s runs on the CPU only", model_arch_name(c->arch),
+                            c->sliding_window > 0 ? " with a sliding window" : "");
+    if (ctx->p.kv_evict != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "eviction policies (--kv-evict, --kv-budget) compact a sequence's "
+                            "positions; a model with sliding-window layers (window %d) masks by position instead: "
+                            "run it without them", c->sliding_window);
+    return KVLM_OK;
+}
+
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
     if (!model || !model->layers) {
         util_err_set(err, KVLM_EINVAL, "the model has no weights (vocabulary-only file?)");
@@ -248,6 +266,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
                      ctx->ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
         goto fail;
     }
+    if (swa_refuse(ctx, err)) goto fail;
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
@@ -286,6 +305,11 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
     ctx->rope_cs = malloc(T * half * sizeof(float));
     ctx->rope_sn = malloc(T * half * sizeof(float));
+    if (c->rope_base_local > 0 && c->rope_base_local != c->rope_base &&
+        (!(ctx->rope_cs_local = malloc(T * half * sizeof(float))) || !(ctx->rope_sn_local = malloc(T * half * sizeof(float))))) {
+        util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
+        goto fail;
+    }
     ctx->out_tok = malloc(T * sizeof(int));
     ctx->tok_next = malloc(T * sizeof(int));
     ctx->grp_first = malloc(T * sizeof(int));
@@ -326,6 +350,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
     free(ctx->blocks_tmp);
+    free(ctx->rope_cs_local); free(ctx->rope_sn_local);
     free(ctx);
 }
 
@@ -640,7 +665,9 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->n_heads = c->n_heads;
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
-        a->scale = 1.0f / sqrtf((float)HD);
+        a->scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HD);
+        a->window = model_layer_window(c, layer);
+        a->softcap = c->attn_softcap;
         a->key_weights = h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
         a->score_work_floats = ctx->h2o_work_floats;
@@ -667,6 +694,8 @@ typedef struct {
     const model_layer *L;
     const float *norm;   /* prep_residual's rmsnorm weights */
     atomic_int next;
+    const float *post_norm; /* gemma: the norm of the product in xb before it joins the residual (NULL: none) */
+    const float *rcs, *rsn; /* this layer's RoPE cos/sin (rope_cs, or gemma3's local ones) */
 } fwd_pass;
 
 static int next_unit(fwd_pass *j) {
@@ -681,11 +710,14 @@ static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
     else fn(j, 0, 1);
 }
 
-/* x[t] += xb[t] (add), then dst = rmsnorm(x[t]) with weights w. */
-static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w) {
+/* x[t] += xb[t] (add; normed first with post when non-NULL), then dst =
+ * rmsnorm(x[t]) with weights w. */
+static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w, const float *post) {
     const kvlm_config *c = &ctx->model->cfg;
     float *x = ctx->x + (size_t)t * c->dim;
-    if (add) op_backend_cpu()->add(x, ctx->xb + (size_t)t * c->dim, c->dim);
+    float *xb = ctx->xb + (size_t)t * c->dim;
+    if (add && post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
+    if (add) op_backend_cpu()->add(x, xb, c->dim);
     op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
 }
 
@@ -695,31 +727,39 @@ static void prep_embed(void *p, int t) {
     fwd_pass *j = p;
     const kvlm_model *m = j->ctx->model;
     int D = m->cfg.dim, half = m->cfg.rope_dim / 2;
+    float *x = j->ctx->x + (size_t)t * D;
     dt_dequantize_row(m->tok_embd.type,
-                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D),
-                      j->ctx->x + (size_t)t * D, D);
+                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D), x, D);
+    float es = model_embed_scale(&m->cfg);
+    if (es != 1.0f)
+        for (int i = 0; i < D; i++) x[i] *= es;
     op_backend_cpu()->rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
                    j->pos[t], m->cfg.rope_base);
-    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm);
+    if (j->ctx->rope_cs_local)
+        op_backend_cpu()->rope_cossin(j->ctx->rope_cs_local + (size_t)t * half, j->ctx->rope_sn_local + (size_t)t * half,
+                                      m->cfg.rope_dim, j->pos[t], m->cfg.rope_base_local);
+    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm, NULL);
 }
 
 /* The residual of the product in xb, then the next rmsnorm, back into xb. */
 static void prep_residual(void *p, int t) {
     fwd_pass *j = p;
-    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm);
+    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm, j->post_norm);
 }
 
 static void prep_swiglu(void *p, int t) {
     fwd_pass *j = p;
     size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
-    op_backend_cpu()->swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+    kvlm_arch arch = j->ctx->model->cfg.arch;
+    if (arch == KVLM_ARCH_GEMMA2 || arch == KVLM_ARCH_GEMMA3) op_geglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+    else op_backend_cpu()->swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
 }
 
 /* Row r of out_rows: its token's last residual and the output norm. */
 static void prep_output(void *p, int r) {
     fwd_pass *j = p;
     residual_norm(j->ctx, j->ctx->out_tok[r], true, j->ctx->out_rows + (size_t)r * j->ctx->model->cfg.dim,
-                  j->ctx->model->output_norm.data);
+                  j->ctx->model->output_norm.data, j->post_norm);
 }
 
 /* KV head h of token t: biases, RoPE of the key, both rows into the cache. */
@@ -730,7 +770,8 @@ static void kv_head(fwd_pass *j, int t, int h) {
     size_t row = ((size_t)t * c->n_kv_heads + h) * HD;
     add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
-    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
+    if (j->L->k_norm.data) op_backend_cpu()->rmsnorm(ctx->k + row, ctx->k + row, j->L->k_norm.data, HD, c->norm_eps);
+    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, j->rcs + (size_t)t * half, j->rsn + (size_t)t * half,
                   c->rope_neox);
     kv_store_write_row(ctx->kv, j->layer, j->seq[t], j->pos[t], h, ctx->k + row, ctx->v + row);
 }
@@ -750,8 +791,12 @@ static void qkv_worker(void *p, int ith, int nth) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
             add_bias(q, &j->L->bq, 0, QD);
-            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, ctx->rope_cs + (size_t)u * half,
-                          ctx->rope_sn + (size_t)u * half, c->rope_neox);
+            if (j->L->q_norm.data)
+                for (int h = 0; h < c->n_heads; h++)
+                    op_backend_cpu()->rmsnorm(q + (size_t)h * c->head_dim, q + (size_t)h * c->head_dim, j->L->q_norm.data,
+                                              c->head_dim, c->norm_eps);
+            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, j->rcs + (size_t)u * half,
+                          j->rsn + (size_t)u * half, c->rope_neox);
             for (int h = 0; !kc && h < H; h++) kv_head(j, u, h);
         } else {
             u -= j->T;
@@ -791,6 +836,10 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         j.L = L;
         j.layer = l;
         j.norm = L->attn_norm.data;
+        j.post_norm = l ? m->layers[l - 1].post_ffn_norm.data : NULL;
+        bool local_rope = ctx->rope_cs_local && model_layer_window(c, l) > 0;
+        j.rcs = local_rope ? ctx->rope_cs_local : ctx->rope_cs;
+        j.rsn = local_rope ? ctx->rope_sn_local : ctx->rope_sn;
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
@@ -798,14 +847,18 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         j.norm = L->ffn_norm.data;
+        j.post_norm = L->post_attn_norm.data;
         const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
         const op_mm_out down = mm_out(ctx->xb, &L->w_down);
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
     }
     if (n_out) {
+        j.post_norm = m->layers[c->n_layers - 1].post_ffn_norm.data;
         const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
+        if (c->final_softcap > 0)
+            op_softcap(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, n_out * c->vocab_size, c->final_softcap);
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;

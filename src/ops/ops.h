@@ -203,6 +203,16 @@ typedef struct {
     float *key_weights;
     float *score_work;
     size_t score_work_floats;
+    /* Sliding window (0: none): the query at position p sees only keys
+     * p - window < k <= p (llama.cpp / Hugging Face: masked when p - k >=
+     * window). Keys before the window of the first query are never read, so
+     * blocks[] entries wholly before it may point anywhere readable; the work
+     * is O(window), not O(position). Soft-capping (0: none): each score s =
+     * scale * q.k becomes softcap * tanh(s / softcap) before the softmax
+     * (gemma2). Both run the tiled kernel of each level (not the fused
+     * decode or VNNI tile kernels) and are not for H2O's key_weights. */
+    int window;
+    float softcap;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
@@ -219,4 +229,8 @@ void op_attention_n(util_pool *pool, int n, float *const *out, const float *cons
 /* Reference: materialises each query's full score row, softmax, weighted sum;
  * with a typed cache it first dequantizes all visible K/V (allocates). */
 void op_attention_ref(float *out, const float *q, const op_attn_args *a);
+/* Gemma's FFN: gate[i] = gelu_tanh(gate[i]) * up[i] (ops/geglu.c). */
+void op_geglu(float *gate, const float *up, int n);
+/* x[i] = cap * tanh(x[i] / cap): gemma2's final-logit soft-capping. */
+void op_softcap(float *x, int n, float cap);
 #endif
