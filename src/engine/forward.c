@@ -139,6 +139,37 @@ static size_t max_mm_work(const kvlm_model *m, int T) {
     return w;
 }
 
+static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub, kvlm_error *err);
+
+/* How the layers' caches split under sliding windows: the local layers'
+ * pool (its geometry and size) and the blocks one sequence holds there. */
+typedef struct {
+    int window, n_local;   /* window 0: no windowed store (none, or --no-kv-cache) */
+    int per_seq;           /* local blocks one sequence holds at most */
+    kv_params local;       /* with global layers too: the local layers' pool */
+} swa_split;
+
+static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
+    const kvlm_config *c = &ctx->model->cfg;
+    swa_split w = {0};
+    if (c->sliding_window <= 0 || c->n_local_layers <= 0 || ctx->p.no_kv_cache) return w;
+    w.window = c->sliding_window;
+    w.n_local = c->n_local_layers;
+    int bs = kp->block_size, all = (ctx->p.n_ctx + bs - 1) / bs;
+    /* kv_store_blocks_held's bound: the window, one step and two partial
+     * blocks; one more for a copy-on-write of a shared last block */
+    w.per_seq = (w.window + ctx->n_batch + 2 * bs - 3) / bs + 1;
+    if (w.per_seq > all + 1) w.per_seq = all + 1;
+    if (w.n_local < c->n_layers) {
+        w.local = *kp;
+        w.local.n_layers = w.n_local;
+        w.local.model.b[15] ^= 0x5a; /* other bytes than the global layers' blocks of the same tokens */
+        /* every sequence's window twice over: live, and cached for prefix reuse */
+        w.local.n_blocks = 2 * w.per_seq * ctx->p.n_seq_max;
+    }
+    return w;
+}
+
 static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     kv_params kp = {0};
@@ -154,12 +185,20 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     /* block keys name the model by its fingerprint (kv/blockfmt.h) */
     kv_model_fingerprint(ctx->model, &kp.model);
     kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
+    swa_split win = swa_plan(ctx, &kp);
+    if (win.window > 0 && win.n_local < c->n_layers) kp.n_layers = c->n_layers - win.n_local;
     size_t block_bytes = kv_params_block_bytes(&kp);
     /* a sequence holds at most budget tokens; evicting may copy one shared block */
     int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
+    if (win.window > 0 && win.n_local == c->n_layers && win.per_seq < per_seq) per_seq = win.per_seq;
+    size_t local_bytes = win.local.n_layers ? kv_params_block_bytes(&win.local) * (size_t)win.local.n_blocks : 0;
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
     else if (ctx->p.kv_mem > 0) {
-        size_t nb = ctx->p.kv_mem / block_bytes;
+        if (local_bytes + block_bytes > ctx->p.kv_mem)
+            return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes is less than the local layers' %zu "
+                                "bytes (their windows) and one block of the global layers (%zu)", ctx->p.kv_mem,
+                                local_bytes, block_bytes);
+        size_t nb = (ctx->p.kv_mem - local_bytes) / block_bytes;
         if (nb < 1)
             return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes holds no block (one block is %zu bytes)",
                                 ctx->p.kv_mem, block_bytes);
@@ -176,28 +215,64 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
                             kp.n_blocks, want / (1 << 30), ctx->p.n_ctx,
                             ctx->ctx_from_file ? " (the model file's context length)" : "", ctx->p.n_seq_max,
                             have / (1 << 30));
-    kv_store_params sp = {.pool = kp};
+    kv_store_params sp = {.pool = kp}, lp = {0};
+    /* sliding-window layers (docs/sliding-window.md): all local, one store
+     * with the window; some local, a second store for them */
+    uint8_t *layer_local = NULL;
+    if (win.window > 0 && win.n_local == c->n_layers) {
+        sp.window = win.window;
+        sp.window_slack = ctx->n_batch;
+    } else if (win.window > 0) {
+        lp = sp;
+        lp.pool = win.local;
+        lp.window = win.window;
+        lp.window_slack = ctx->n_batch;
+        sp.local = &lp;
+        if (!(layer_local = malloc((size_t)c->n_layers))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (int l = 0; l < c->n_layers; l++) layer_local[l] = model_layer_window(c, l) > 0;
+        sp.layer_local = layer_local;
+    }
     /* swap space: by default as large as the pool (every sequence could be out at once) */
-    if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache)
+    if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache) {
         sp.swap_bytes = ctx->p.kv_swap_size ? (size_t)ctx->p.kv_swap_size : block_bytes * (size_t)kp.n_blocks;
-    /* tiers in lookup order: nearest first */
+        if (sp.local)
+            lp.swap_bytes = ctx->p.kv_swap_size ? (size_t)ctx->p.kv_swap_size
+                                                : kv_params_block_bytes(&lp.pool) * (size_t)lp.pool.n_blocks;
+    }
+    if (open_tiers(ctx, &sp, NULL, err) || (sp.local && open_tiers(ctx, &lp, "swa-local", err))) {
+        for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+        free(layer_local);
+        return err ? err->code : KVLM_EINVAL;
+    }
+    ctx->kv = kv_store_create(&sp, err);
+    free(layer_local);
+    return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+}
+
+/* The context's tiers into sp, in lookup order (nearest first); sub: a
+ * folder of the disk tier's for the local layers' store, whose blocks are
+ * other bytes under other keys (NULL: the folder itself). On failure the
+ * ones opened are closed. */
+static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub, kvlm_error *err) {
     if (ctx->p.kv_host_size) {
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE;
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_DEMOTE;
     }
     if (ctx->p.kv_disk && *ctx->p.kv_disk) {
         uint64_t cap = ctx->p.kv_disk_size ? ctx->p.kv_disk_size : (uint64_t)20 << 30;
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_disk_open(ctx->p.kv_disk, cap, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
+        char path[4096];
+        snprintf(path, sizeof path, "%s%s%s", ctx->p.kv_disk, sub ? "/" : "", sub ? sub : "");
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_disk_open(path, cap, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
     }
     if (ctx->p.kv_redis && *ctx->p.kv_redis) {
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_THROUGH;
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_THROUGH;
     }
-    ctx->kv = kv_store_create(&sp, err);
-    return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+    return KVLM_OK;
 tier_fail:
-    for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+    for (int t = 0; t < sp->n_tiers; t++) kv_tier_close(sp->tiers[t]);
+    sp->n_tiers = 0;
     return err ? err->code : KVLM_EINVAL;
 }
 
@@ -541,6 +616,9 @@ void kvlm_ctx_kv_persist(kvlm_ctx *ctx) {
 static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_store_token_bytes(ctx->kv); }
 
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
+    /* a sliding window holds blocks, not tokens: what they take */
+    const kvlm_config *c = &ctx->model->cfg;
+    if (c->sliding_window > 0 && c->n_local_layers > 0 && !ctx->p.no_kv_cache) return kv_store_held_bytes(ctx->kv);
     size_t tokens = 0;
     for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
     /* from the block bytes, so q4_kc's per-block figures stay exact */
@@ -548,7 +626,10 @@ size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
 }
 
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
-    return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + kv_store_stage_bytes(ctx->kv);
+    kv_store *l = kv_store_local(ctx->kv);
+    size_t local = l ? kv_store_block_bytes(l) * (size_t)kv_store_params_of(l)->n_blocks : 0;
+    return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + local +
+           kv_store_stage_bytes(ctx->kv);
 }
 
 /* ---- KV events ---------------------------------------------------------------- */
@@ -952,7 +1033,7 @@ static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_er
     int32_t *all = malloc((size_t)n * sizeof(int32_t));
     int8_t *want = calloc((size_t)n, 1);
     int rc = KVLM_OK;
-    if (!all || !want || grow_batch_arrays(ctx, n, n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (!all || !want || grow_batch_arrays(ctx, n, ctx->n_logits + n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     if (past) memcpy(all, kv_store_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
     memcpy(all + past, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
     for (int i = 0; i < b->n_tokens; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
@@ -970,11 +1051,35 @@ done:
     return rc;
 }
 
+static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err);
+
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
+    ctx->n_logits = 0;
+    return decode(ctx, b, err);
+}
+
+/* A sliding-window cache holds a sequence's window and one step of at most
+ * n_batch tokens (its pools are sized so): a longer batch goes through in
+ * slices of n_batch, each committed before the next (so a failure leaves
+ * the slices before it appended). */
+static int decode_sliced(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
+    int n = b->n_tokens, rc = KVLM_OK;
+    int8_t *want = malloc((size_t)n);
+    if (!want) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
+    for (int i0 = 0; i0 < n && !rc; i0 += ctx->n_batch) {
+        kvlm_batch sb = {n - i0 < ctx->n_batch ? n - i0 : ctx->n_batch, b->tokens + i0, b->pos ? b->pos + i0 : NULL,
+                         want + i0, b->seq ? b->seq + i0 : NULL};
+        rc = decode(ctx, &sb, err);
+    }
+    free(want);
+    return rc;
+}
+
+static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
     int n = b->n_tokens, n_seq = ctx->p.n_seq_max;
-    ctx->n_logits = 0;
     int *count = calloc((size_t)n_seq, sizeof(int));
     int *order = malloc((size_t)n_seq * sizeof(int)); /* sequences in order of first appearance */
     int n_order = 0, rc = KVLM_OK, n_want = 0;
@@ -1018,7 +1123,11 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         rc = decode_recompute(ctx, b, order[0], err);
         goto done;
     }
-    if (grow_batch_arrays(ctx, n, n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (n > ctx->n_batch && c->sliding_window > 0 && c->n_local_layers > 0) {
+        rc = decode_sliced(ctx, b, err);
+        goto done;
+    }
+    if (grow_batch_arrays(ctx, n, ctx->n_logits + n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     /* Reserve every sequence's slots first: all or nothing. */
     for (int k = 0; k < n_order; k++) {
         if ((rc = kv_store_reserve(ctx->kv, order[k], count[order[k]], err))) {
