@@ -1174,6 +1174,7 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+struct kv_store *engine_kv_store(kvlm_ctx *ctx) { return ctx->kv; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {
     return kv_store_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;

@@ -384,21 +384,28 @@ bool kv_seq_compacted(const kv_cache *c, int seq) { return c->seqs[seq].compacte
 
 int kv_seq_restore(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
                    int32_t *blocks_out, kvlm_error *err) {
+    return kv_seq_restore_from(c, seq, tokens, keys, len, compacted, 0, blocks_out, err);
+}
+
+int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
+                        int first, int32_t *blocks_out, kvlm_error *err) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, nb = (len + bs - 1) / bs;
+    if (first < 0 || first > nb) return util_err_set(err, KVLM_EINVAL, "sequence %d: %d dropped blocks of %d", seq, first, nb);
     if (s->len != 0 || s->n_blocks != 0) return util_err_set(err, KVLM_EINVAL, "sequence %d is not empty", seq);
     if (len > c->p.max_seq_tokens)
         return util_err_set(err, KVLM_ERANGE, "%d tokens are more than the context of %d", len, c->p.max_seq_tokens);
-    if (nb > available(c))
+    if (nb - first > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: swapping sequence %d in needs %d blocks, %d are free",
-                            seq, nb, available(c));
+                            seq, nb - first, available(c));
     if (len == 0) return KVLM_OK;
     if (seq_grow(c, s, len)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     for (int i = 0; i < nb; i++) {
-        s->blocks[i] = block_alloc(c);
-        if (blocks_out) blocks_out[i] = s->blocks[i];
+        s->blocks[i] = i < first ? c->p.n_blocks : block_alloc(c);
+        if (blocks_out && i >= first) blocks_out[i - first] = s->blocks[i];
     }
     s->n_blocks = nb;
+    s->n_dropped = first;
     memcpy(s->tokens, tokens, (size_t)len * sizeof(int32_t));
     memcpy(s->keys, keys, (size_t)(len / bs) * sizeof(kv_key));
     s->len = len;

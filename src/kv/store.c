@@ -60,6 +60,7 @@ struct kv_swap {
     kv_key *dkeys;     /* or, when the swap space was full, its key in the swap tier */
     uint16_t *stage;   /* q4_kc: the sequence's staging; NULL otherwise */
     struct kv_swap *local; /* the local layers' store's part, or NULL */
+    int first;         /* sliding window: blocks before this one were dropped (not kept; n_blocks counts from it) */
 };
 
 static void on_demote(void *user, kv_cache *c, int32_t b);
@@ -517,6 +518,7 @@ static size_t stage_per_seq(const kv_store *s) { return kv_store_stage_bytes(s) 
 size_t kv_store_swap_bytes(const kv_store *s, int seq) {
     int n = 0;
     kv_seq_blocks(s->c, seq, &n);
+    n -= kv_seq_dropped(s->c, seq);
     return (size_t)n * kv_block_bytes(s->c) + stage_per_seq(s) + (s->local ? kv_store_swap_bytes(s->local, seq) : 0);
 }
 
@@ -525,6 +527,7 @@ static int swap_free_slots(const kv_store *s) { return s->swap_mem ? s->swap_n_f
 bool kv_store_swap_fits(const kv_store *s, int seq) {
     int n = 0;
     kv_seq_blocks(s->c, seq, &n);
+    n -= kv_seq_dropped(s->c, seq);
     /* the swap tier takes what the swap space cannot (its puts may still be
      * dropped: kv_store_swap_out then answers EFULL) */
     return s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0) &&
@@ -556,6 +559,7 @@ static uint8_t *slot_at(const kv_store *s, int32_t slot) {
  * partial last block padded with zeros. */
 static const int32_t *swap_block_tokens(const kv_store *s, const kv_swap *h, int i, int32_t *pad) {
     int bs = s->p.block_size;
+    i += h->first; /* the handle's block i is the sequence's block first + i */
     if ((i + 1) * bs <= h->len) return h->tokens + (size_t)i * bs;
     memset(pad, 0, (size_t)bs * sizeof *pad);
     memcpy(pad, h->tokens + (size_t)i * bs, (size_t)(h->len - i * bs) * sizeof *pad);
@@ -628,9 +632,12 @@ static int swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     if (rc) return rc;
     int n = 0, len = kv_seq_len(s->c, seq), bs = s->p.block_size;
     const int32_t *blocks = kv_seq_blocks(s->c, seq, &n);
-    /* blocks beyond len (reserved, not committed) are not kept */
-    int keep = (len + bs - 1) / bs;
+    /* blocks beyond len (reserved, not committed) are not kept, nor those a
+     * sliding window dropped: keep counts from `first` */
+    int first = kv_seq_dropped(s->c, seq), keep = (len + bs - 1) / bs;
     if (keep > n) keep = n;
+    keep -= first;
+    blocks += first;
     bool to_tier = keep > s->swap_n_free;
     size_t st = stage_per_seq(s);
     kv_swap *h = calloc(1, sizeof *h);
@@ -645,6 +652,7 @@ static int swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     }
     h->len = len;
     h->n_blocks = keep;
+    h->first = first;
     h->compacted = kv_seq_compacted(s->c, seq);
     h->stage_block = s->stage_block[seq];
     if (len) memcpy(h->tokens, kv_seq_tokens(s->c, seq), (size_t)len * sizeof(int32_t));
@@ -747,7 +755,7 @@ static int swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
         return util_err_set(err, KVLM_EIO, "a swapped-out block of sequence %d was lost or damaged in the %s tier",
                             seq, s->tiers[s->swap_tier]->ops->name);
     }
-    int rc = kv_seq_restore(s->c, seq, h->tokens, h->keys, h->len, h->compacted, blocks, err);
+    int rc = kv_seq_restore_from(s->c, seq, h->tokens, h->keys, h->len, h->compacted, h->first, blocks, err);
     if (rc) { free(blocks); free(host); return rc; }
     for (int i = 0; i < h->n_blocks; i++)
         kv_block_write(s->c, blocks[i], h->dkeys ? host + (size_t)i * bb : slot_at(s, h->slots[i]));
@@ -756,7 +764,6 @@ static int swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
     size_t st = stage_per_seq(s);
     if (st) memcpy(kv_seq_stage(s->c, seq, 0, 0), h->stage, st);
     s->stage_block[seq] = h->stage_block;
-    window_drop(s, seq); /* the swap space kept the null block's places as blocks */
     s->swap.swaps_in++;
     if (h->dkeys) s->swap.disk_swaps_in++;
     s->swap.bytes_in += (uint64_t)h->n_blocks * bb + st;
