@@ -485,6 +485,13 @@ typedef struct kvlm_plan {
     long fit_paged_avg;       /* ... paged takes only the blocks they fill */
     size_t stored_block_bytes; /* a block as the tiers store it (header, token ids, checksum) */
     uint64_t tokens_ram, tokens_host, tokens_disk, tokens_redis; /* cached tokens each level holds */
+    /* Sliding window (docs/sliding-window.md; 0: none): the local layers hold
+     * at most local_cap_tokens tokens of a sequence (its window in whole
+     * blocks, plus the block filling), the global ones all of them. */
+    int window, n_local_layers, local_cap_tokens;
+    size_t bytes_per_token_local, bytes_per_token_global; /* the two parts of bytes_per_token */
+    size_t bytes_per_seq_window;   /* a sequence of n_ctx tokens as the windowed cache holds it */
+    long fit_window_full;          /* sequences of n_ctx that fit kv_mem so */
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 

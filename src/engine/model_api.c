@@ -103,6 +103,10 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
              "weights %s, %.1f MiB",
              m->arch_name, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim,
              c->vocab_size, c->n_ctx_train, kvlm_type_name(c->weight_type), (double)m->weight_bytes / (1 << 20));
+    size_t len = strlen(buf);
+    if (c->sliding_window > 0 && c->n_local_layers > 0 && len < cap)
+        snprintf(buf + len, cap - len, ", sliding window %d on %d of %d layers", c->sliding_window, c->n_local_layers,
+                 c->n_layers);
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {

@@ -124,6 +124,9 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     /* llama.cpp's keys; gemma's defaults hold when absent, so write them always */
     bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
     if (c->sliding_window > 0 || gemma) gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window);
+    int period = c->arch == KVLM_ARCH_GEMMA2 ? 2 : c->arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
+    if (c->sliding_window > 0 && c->swa_period != period)
+        gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)c->swa_period);
     if (c->arch == KVLM_ARCH_GEMMA2) {
         gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), c->attn_softcap);
         gguf_writer_set_f32(w, KEY("final_logit_softcapping"), c->final_softcap);
@@ -268,6 +271,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.norm_eps = 1e-5f;
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
+    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
     if (c.arch == KVLM_ARCH_GEMMA2) {
         c.attn_softcap = p->attn_softcap > 0 ? p->attn_softcap : p->attn_softcap < 0 ? 0 : 50.0f;
         c.final_softcap = p->final_softcap > 0 ? p->final_softcap : p->final_softcap < 0 ? 0 : 30.0f;
