@@ -1189,12 +1189,13 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
     if (!kv_store_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
     if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    int rc = kv_store_reserve(ctx->kv, seq, n, err);
-    if (rc) return rc;
+    int rc;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     uint64_t s = seed * 2654435761u + 1;
     for (int done = 0; done < n;) {
         int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_store_seq_len(ctx->kv, seq);
+        /* a chunk at a time: a sliding-window cache releases blocks at each commit */
+        if ((rc = kv_store_reserve(ctx->kv, seq, T, err))) return rc;
         for (int t = 0; t < T; t++) {
             ctx->tok_seq[t] = seq;
             ctx->tok_pos[t] = past + t;
