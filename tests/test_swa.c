@@ -212,6 +212,17 @@ static void test_cache_equals_recompute(void **state) {
                SHAPES[i].name, e1, e2, e3);
         assert_true(e1 < 1e-4 && e2 < 1e-4 && e3 < 1e-4);
         check_pools(paged);
+        /* an f16 cache (typed tiles over blocks with null entries) == its reference attention */
+        kvlm_ctx *h = make_ctx(m, BS, 1, 0, false), *hn = make_ctx(m, BS, 1, 0, false);
+        engine_set_naive_attention(hn, true);
+        float *f = run(h, 0, t, N_LONG, true), *fn = run(hn, 0, t, N_LONG, true);
+        double e4 = row_err(f, fn, N_LONG, V);
+        printf("    f16 cache: decode vs reference attention %.2g\n", e4);
+        /* each context rounds its own keys to f16: a float-level difference
+         * that lands on an f16 rounding edge moves a key by 2^-11 of itself */
+        assert_true(e4 < 1e-3);
+        free(f); free(fn);
+        kvlm_ctx_free(h); kvlm_ctx_free(hn);
         free(a); free(b); free(c); free(d);
         kvlm_ctx_free(paged); kvlm_ctx_free(contig); kvlm_ctx_free(naive); kvlm_ctx_free(nokv);
         kvlm_model_free(m);
