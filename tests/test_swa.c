@@ -494,6 +494,15 @@ static void test_refused(void **state) {
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     assert_null(ctx);
     assert_non_null(strstr(err.msg, "sliding-window"));
+    /* sessions: the saved blocks would not be the whole cache */
+    ctx = make_ctx(m, BS, 1, 0, false);
+    int32_t t[20];
+    tokens(t, 20, 30);
+    float *l = run(ctx, 0, t, 20, false);
+    free(l);
+    assert_int_equal(kvlm_session_save(ctx, 0, tu_tmp_path(".kvs"), &err), KVLM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "sliding-window"));
+    kvlm_ctx_free(ctx);
     kvlm_model_free(m);
     /* a window for an architecture that has none */
     kvlm_synth_params p = {0};

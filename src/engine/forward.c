@@ -594,16 +594,27 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
     return n;
 }
 
+/* Whether the cache has sliding-window stores (kv_store_params.window, .local). */
+static bool swa_cache(const kvlm_ctx *ctx) {
+    const kvlm_config *c = &ctx->model->cfg;
+    return c->sliding_window > 0 && c->n_local_layers > 0 && !ctx->p.no_kv_cache;
+}
+
 int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, seq) || !path)
         return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
     if (ctx->n_evicted[seq])
         return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
+    if (swa_cache(ctx))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported (its cache "
+                            "released the blocks before the window, and keeps the local layers apart)");
     return kv_session_save(ctx->kv, seq, path, err);
 }
 
 int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
+    if (swa_cache(ctx))
+        return -util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported");
     return kv_session_load(ctx->kv, seq, tokens, n, path, err);
 }
 
@@ -617,8 +628,7 @@ static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_store_token_bytes
 
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
     /* a sliding window holds blocks, not tokens: what they take */
-    const kvlm_config *c = &ctx->model->cfg;
-    if (c->sliding_window > 0 && c->n_local_layers > 0 && !ctx->p.no_kv_cache) return kv_store_held_bytes(ctx->kv);
+    if (swa_cache(ctx)) return kv_store_held_bytes(ctx->kv);
     size_t tokens = 0;
     for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
     /* from the block bytes, so q4_kc's per-block figures stay exact */
