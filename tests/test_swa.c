@@ -410,6 +410,64 @@ static void test_fork_swap(void **state) {
     }
 }
 
+/* The host tier: blocks pushed out of small pools are demoted (each store's
+ * to its own tier: the global layers' blocks and the local layers' blocks
+ * apart), promoted back for a later request, and its logits equal a fresh
+ * context's. */
+static void test_tiers(void **state) {
+    (void)state;
+    enum { N = 48, TAIL = 5 };
+    int32_t a[N + TAIL], b[N + TAIL], c[N];
+    tokens(a, N + TAIL, 40);
+    memcpy(b, a, N * sizeof(int32_t));
+    tokens(b + N, TAIL, 41);
+    tokens(c, N, 42);
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        int V = kvlm_model_config(m)->vocab_size;
+        kvlm_error err = {0};
+        kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.n_ctx = 256;
+        cp.block_size = BS;
+        cp.n_seq_max = 1;
+        cp.n_batch = 8;
+        cp.n_threads = 2;
+        cp.kv_blocks = SHAPES[i].arch == KVLM_ARCH_LLAMA ? 8 : N / BS + 4; /* a's blocks go when c runs */
+        cp.kv_host_size = 8 << 20;
+        cp.cache_type_k = cp.cache_type_v = KVLM_CACHE_F32;
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+        if (!ctx) fail_msg("context: %s", err.msg);
+        free(run(ctx, 0, a, N + TAIL, false));
+        kvlm_seq_free(ctx, 0);
+        free(run(ctx, 0, c, N, false));
+        kvlm_seq_free(ctx, 0);
+        int hit = kvlm_seq_reuse_prefix(ctx, 0, b, N + TAIL), past = kvlm_seq_n_past(ctx, 0);
+        check_pools(ctx);
+        float *lb = run(ctx, 0, b + past, N + TAIL - past, false);
+        kvlm_kv_tier_stats ts[4];
+        int nt = kvlm_kv_tier_stats_get(ctx, ts, 4);
+        kvlm_ctx_params fp = cp;
+        fp.kv_host_size = 0;
+        fp.kv_blocks = 0;
+        fp.no_prefix_cache = true;
+        kvlm_ctx *fresh = kvlm_ctx_create(m, &fp, &err);
+        float *lf = run(fresh, 0, b, N + TAIL, false);
+        double e = row_err(lb, lf + (size_t)past * V, N + TAIL - past, V);
+        printf("  %s: host tier demoted %llu, promoted %llu blocks (global layers' store); hit %d of %d; logits vs "
+               "fresh %.2g\n", SHAPES[i].name, nt ? (unsigned long long)ts[0].demoted : 0ULL,
+               nt ? (unsigned long long)ts[0].promoted : 0ULL, hit, N, e);
+        assert_int_equal(nt, 1);
+        assert_true(ts[0].demoted > 0 && ts[0].promoted > 0);
+        assert_true(hit >= N - BS);
+        assert_true(e < 1e-4);
+        free(lb);
+        free(lf);
+        kvlm_ctx_free(fresh);
+        kvlm_ctx_free(ctx);
+        kvlm_model_free(m);
+    }
+}
+
 typedef struct {
     int n;
     int32_t out[64];
@@ -521,6 +579,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_prefix_reuse_evicted),
         cmocka_unit_test(test_fork_swap),
+        cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_sched),
         cmocka_unit_test(test_refused),
     };

@@ -63,6 +63,7 @@ struct kv_swap {
     int first;         /* sliding window: blocks before this one were dropped (not kept; n_blocks counts from it) */
 };
 
+static void window_drop(kv_store *s, int seq);
 static void on_demote(void *user, kv_cache *c, int32_t b);
 static void on_indexed(void *user, kv_cache *c, int32_t b);
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
@@ -261,6 +262,9 @@ static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int
                 kv_block_write(c, b, payload);
                 s->in_tier[b] = (uint8_t)(1u << t);
                 s->promoted[t]++;
+                /* a windowed store lets the blocks before the window go as it
+                 * promotes, so a prefix longer than its pool still comes back */
+                window_drop(s, seq);
             }
             got += k;
         }
