@@ -164,7 +164,7 @@ static void test_reference(void **state) {
         int V = kvlm_model_config(m)->vocab_size;
         kvlm_ctx *a = make_ctx(m, BS, 1, 0, true), *b = make_ctx(m, BS, 1, 0, true);
         float *pre = run(a, 0, t, N_LONG, false), *dec = run(b, 0, t, N_LONG, true);
-        char fp[4096], fd[4096], cmd[16384];
+        char fp[4096], fd[4096], cmd[32768];
         snprintf(fp, sizeof fp, "%s", tu_tmp_path(".pre"));
         snprintf(fd, sizeof fd, "%s", tu_tmp_path(".dec"));
         write_logits(fp, pre, N_LONG, V);
@@ -342,7 +342,12 @@ static void test_prefix_reuse_evicted(void **state) {
         /* a's own run cycled its early local blocks out of the small local pool */
         kv_stats st;
         kv_get_stats(lp, &st);
+        kvlm_prefix_probe pr; /* admission's view, without side effects, agrees */
+        kvlm_seq_probe_prefix(ctx, b, N + TAIL, N + TAIL, &pr);
         int hit = kvlm_seq_reuse_prefix(ctx, 1, b, N + TAIL), past = kvlm_seq_n_past(ctx, 1);
+        printf("  %s: the probe finds %d tokens and needs %d blocks (%d available)\n", SHAPES[i].name, pr.cached_tokens,
+               pr.blocks_needed, pr.blocks_available);
+        assert_int_equal(pr.cached_tokens, hit);
         int nb = 0;
         kv_seq_blocks(lp, 1, &nb);
         printf("  %s: local pool of %d blocks, %llu evictions; hit %d tokens, %d of its local blocks are the null block\n",

@@ -603,6 +603,42 @@ int kv_seq_drop_front(kv_cache *c, int seq, int n) {
     return dropped;
 }
 
+/* The longest hit of at most `eligible` blocks under the window rule, from
+ * the blocks found (-1: not in the index); *first gets the blocks before
+ * its window. */
+static int window_hit(const int32_t *found, int eligible, int bs, int window, int *first) {
+    int best = 0;
+    for (int i = eligible; i > 0 && !best; i--) {
+        int lo = i * bs - window + 1 > 0 ? (i * bs - window + 1) / bs : 0, j = i - 1;
+        while (j >= lo && found[j] >= 0) j--;
+        if (j < lo) best = i;
+    }
+    *first = best * bs - window + 1 > 0 ? (best * bs - window + 1) / bs : 0;
+    return best;
+}
+
+int kv_prefix_probe_window(const kv_cache *c, const int32_t *tokens, int n, int window, int max_blocks, int *live) {
+    int bs = c->p.block_size, eligible = n > 0 ? (n - 1) / bs : 0, first = 0;
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    if (eligible > max_blocks) eligible = max_blocks;
+    *live = 0;
+    if (!c->p.prefix_cache || eligible <= 0) return 0;
+    int32_t *found = malloc((size_t)eligible * sizeof *found);
+    kv_key *keys = malloc((size_t)eligible * sizeof *keys);
+    int best = 0;
+    if (found && keys) {
+        for (int i = 0; i < eligible; i++) {
+            kv_block_key(&c->fmt, i == 0 ? NULL : &keys[i - 1], tokens + (size_t)i * bs, &keys[i]);
+            found[i] = kv_prefix_find(c->ix, &keys[i], i == 0 ? &k_no_parent : &keys[i - 1], tokens + (size_t)i * bs);
+        }
+        best = window_hit(found, eligible, bs, window, &first);
+    }
+    free(found);
+    free(keys);
+    *live = best - first;
+    return best;
+}
+
 int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int n, int window, int max_blocks) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size;
@@ -621,13 +657,7 @@ int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int 
     }
     /* the longest hit of i blocks whose next token's window is all there:
      * blocks [(i * bs - window + 1) / bs, i) (vLLM's sliding-window rule) */
-    int best = 0;
-    for (int i = eligible; i > 0 && !best; i--) {
-        int lo = i * bs - window + 1 > 0 ? (i * bs - window + 1) / bs : 0, j = i - 1;
-        while (j >= lo && found[j] >= 0) j--;
-        if (j < lo) best = i;
-    }
-    int first = best * bs - window + 1 > 0 ? (best * bs - window + 1) / bs : 0;
+    int first, best = window_hit(found, eligible, bs, window, &first);
     for (int i = 0; i < best; i++) {
         if (i < first) s->blocks[s->n_blocks++] = c->p.n_blocks;
         else {

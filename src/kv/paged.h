@@ -205,6 +205,9 @@ int kv_seq_dropped(const kv_cache *c, int seq);
  * the index (the blocks before it need not be: they become the null block),
  * as vLLM's sliding-window manager does. No tier promotion. */
 int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int n, int window, int max_blocks);
+/* What kv_seq_match_prefix_window would attach (blocks), without attaching;
+ * *live gets how many of them it would hold (the rest: the null block). */
+int kv_prefix_probe_window(const kv_cache *c, const int32_t *tokens, int n, int window, int max_blocks, int *live);
 /* kv_seq_restore for a sequence whose first `first` blocks were dropped:
  * those become the null block; blocks_out gets the other ones. */
 int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,

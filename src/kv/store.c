@@ -476,9 +476,29 @@ void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_looku
             free(keys);
         }
     }
-    /* under a window the matched blocks before it are not held */
+    /* under a window: the window rule may find a longer hit, and the
+     * blocks before its window are not held */
+    int live = matched;
+    if (s->window > 0 && n_lookup > 0) {
+        int wl, wm = kv_prefix_probe_window(s->c, tokens, n_lookup, s->window, eligible, &wl);
+        if (wm > matched) {
+            out->ram_tokens = out->cached_tokens = wm * bs;
+            memset(out->tier_tokens, 0, sizeof out->tier_tokens);
+            matched = wm;
+        }
+        live = wm >= matched ? wl : matched;
+    }
+    /* gemma: the local layers' window rule caps the hit */
+    if (s->local && n_lookup > 0 && matched > 0) {
+        int wl, wm = kv_prefix_probe_window(s->local->c, tokens, n_lookup, s->local->window, matched, &wl);
+        if (wm < matched) {
+            out->ram_tokens = out->cached_tokens = wm * bs;
+            memset(out->tier_tokens, 0, sizeof out->tier_tokens);
+            matched = live = wm;
+        }
+    }
     int held = kv_store_blocks_held(s, matched * bs);
-    out->blocks_needed = kv_store_blocks_held(s, n_hold) - (matched < held ? matched : held);
+    out->blocks_needed = kv_store_blocks_held(s, n_hold) - (live < held ? live : held);
     if (out->blocks_needed < 0) out->blocks_needed = 0;
     out->blocks_available = kv_available_blocks(s->c) - unref;
 }
