@@ -302,7 +302,10 @@ const op_att_kernels *op_att_kernels_at(int level) {
 
 /* The kernel of an item of R rows with a level's kernels. */
 static int pick_kernel(const op_attn_args *a, int R, const op_att_kernels *K) {
-    if (a->window > 0 || a->softcap > 0) return K->fused_ok ? OP_ATT_AVX2_TILE : OP_ATT_SCALAR;
+    /* soft-capping, and windows over rows of several positions (each row's
+     * own first key), need the tiled kernel; one position's rows (decode)
+     * share their window, which the item's key range already is */
+    if (a->softcap > 0 || (a->window > 0 && a->T > 1)) return K->fused_ok ? OP_ATT_AVX2_TILE : OP_ATT_SCALAR;
     if (K->tile_ok && K->tile_ok(a, R)) return OP_ATT_VNNI_TILE;
     if (K->fused_ok)
         return is_typed(a) && R <= ATT_FUSED_ROWS && K->fused_ok(a) ? OP_ATT_AVX2_FUSED : OP_ATT_AVX2_TILE;

@@ -209,8 +209,9 @@ typedef struct {
      * blocks[] entries wholly before it may point anywhere readable; the work
      * is O(window), not O(position). Soft-capping (0: none): each score s =
      * scale * q.k becomes softcap * tanh(s / softcap) before the softmax
-     * (gemma2). Both run the tiled kernel of each level (not the fused
-     * decode or VNNI tile kernels) and are not for H2O's key_weights. */
+     * (gemma2). Soft-capping, and windows in prefill (T > 1), run the tiled
+     * kernel of each level (not the fused decode or VNNI tile kernels); a
+     * window in decode runs them all. Neither is for H2O's key_weights. */
     int window;
     float softcap;
 } op_attn_args;
