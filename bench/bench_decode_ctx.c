@@ -121,12 +121,64 @@ static void target(int threads, int rounds) {
     kvlm_model_free(m);
 }
 
-/* bench_decode_ctx [threads] [max context] [sweep|target] [cache type of the sweep] */
+/* (c) Sliding window (docs/sliding-window.md): SmolLM2-135M's shape as a
+ * llama with every layer local (Mistral-style) and as gemma2 (every second
+ * layer local), window 1024, against the same weights without a window, at
+ * a long context: decode tokens/s and the KV bytes held, each as a ratio
+ * measured in the same run (rounds alternate, each keeps its best). */
+static void window_line(int threads, int n_ctx, int rounds) {
+    const int W = 1024;
+    const char *dir = getenv("KVLM_BENCH_DIR") ? getenv("KVLM_BENCH_DIR") : "/tmp/kvlm-bench";
+    mkdir(dir, 0755);
+    printf("sliding window %d, SmolLM2-135M's shape (q8_0 weights, f16 cache), decode at %d tokens, best of %d:\n", W,
+           n_ctx, rounds);
+    printf("  %-8s %14s %14s %10s %16s %16s %10s\n", "arch", "tok/s window", "tok/s full", "speed", "KV held window",
+           "KV held full", "bytes");
+    const kvlm_arch archs[2] = {KVLM_ARCH_LLAMA, KVLM_ARCH_GEMMA2};
+    for (int a = 0; a < 2; a++) {
+        kvlm_model *m[2];
+        for (int w = 0; w < 2; w++) {
+            char path[600];
+            snprintf(path, sizeof path, "%s/swa-%s-%s.gguf", dir, a ? "gemma2" : "llama", w ? "full" : "w1024");
+            struct stat st;
+            if (stat(path, &st) != 0) {
+                kvlm_synth_params p = {0};
+                p.arch = archs[a];
+                p.dim = 576; p.hidden_dim = 1536; p.n_layers = 30; p.n_heads = 9; p.n_kv_heads = 3;
+                p.head_dim = 64; p.vocab_size = 49152; p.n_ctx = 32768; p.seed = 1; p.tied_output = true;
+                p.type = kvlm_type_from_name("q8_0");
+                /* gemma: a window longer than the context is no window */
+                p.sliding_window = w ? (a ? 1 << 20 : 0) : W;
+                kvlm_error err = {0};
+                fprintf(stderr, "  (writing %s ...)\n", path);
+                if (kvlm_model_synth(&p, path, &err)) { fprintf(stderr, "synth: %s\n", err.msg); exit(1); }
+            }
+            m[w] = bench_load(path);
+        }
+        double best[2] = {0, 0}, held[2] = {0, 0};
+        for (int r = 0; r < rounds; r++)
+            for (int w = 0; w < 2; w++) {
+                kvlm_ctx *ctx = make_ctx(m[w], n_ctx + 64, "f16", threads);
+                double s, t = decode_at(ctx, n_ctx, 16, false, &s);
+                held[w] = (double)kvlm_ctx_kv_bytes(ctx);
+                if (t > best[w]) best[w] = t;
+                kvlm_ctx_free(ctx);
+            }
+        printf("  %-8s %14.1f %14.1f %9.2fx %13.1f MB %13.1f MB %9.3fx\n", a ? "gemma2" : "llama", best[0], best[1],
+               best[0] / best[1], held[0] / 1e6, held[1] / 1e6, held[0] / held[1]);
+        fflush(stdout);
+        kvlm_model_free(m[0]);
+        kvlm_model_free(m[1]);
+    }
+}
+
+/* bench_decode_ctx [threads] [max context] [sweep|target|window] [cache type of the sweep] */
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int max_ctx = argc > 2 ? atoi(argv[2]) : 16384;
     const char *what = argc > 3 ? argv[3] : "all";
-    if (strcmp(what, "target")) context_sweep(threads, max_ctx, argc > 4 ? argv[4] : NULL);
-    if (strcmp(what, "sweep")) target(threads, 3);
+    if (!strcmp(what, "all") || !strcmp(what, "sweep")) context_sweep(threads, max_ctx, argc > 4 ? argv[4] : NULL);
+    if (!strcmp(what, "all") || !strcmp(what, "target")) target(threads, 3);
+    if (!strcmp(what, "all") || !strcmp(what, "window")) window_line(threads, max_ctx < 8192 ? max_ctx : 8192, 2);
     return 0;
 }

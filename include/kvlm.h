@@ -32,7 +32,11 @@ const char *kvlm_status_name(int code);
  * variants; LongRoPE factors are refused) */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
-typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3 } kvlm_arch;
+/* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
+ * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
+ * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
+typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
+               KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -64,6 +68,17 @@ typedef struct kvlm_config {
      * context; attention scale (1 + log_mul ln factor)^2 / sqrt(key length) */
     float yarn_factor, yarn_log_mul, yarn_beta_fast, yarn_beta_slow;
     int yarn_orig_ctx;
+    /* Sliding-window attention (docs/sliding-window.md): a local layer's query
+     * at position p sees keys p - sliding_window < k <= p (llama.cpp's and Hugging
+     * Face's convention); 0: every layer global. swa_period 0: every layer is
+     * local; n > 0: layer l is global when (l + 1) % n == 0 (gemma2: 2, gemma3: 6). */
+    int sliding_window;
+    int swa_period;
+    int n_local_layers;
+    float rope_base_local;  /* local layers' RoPE base (gemma3: 10000); rope_base otherwise */
+    float attn_softcap;     /* scores become cap * tanh(s / cap); 0: none (gemma2: 50) */
+    float final_softcap;    /* likewise the logits (gemma2: 30) */
+    float attn_scale;       /* multiplies q.k: 1/sqrt(head_dim), or gemma's query_pre_attn_scalar */
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -110,6 +125,8 @@ typedef struct kvlm_synth_params {
     int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
     int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
     float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
+    int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
+    float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
@@ -506,6 +523,13 @@ typedef struct kvlm_plan {
      * keys' type); what full per-head keys and values of the same model
      * would take: layers x heads x (key length + value length) x elem_bytes */
     size_t mha_bytes_per_token;
+    /* Sliding window (docs/sliding-window.md; 0: none): the local layers hold
+     * at most local_cap_tokens tokens of a sequence (its window in whole
+     * blocks, plus the block filling), the global ones all of them. */
+    int window, n_local_layers, local_cap_tokens;
+    size_t bytes_per_token_local, bytes_per_token_global; /* the two parts of bytes_per_token */
+    size_t bytes_per_seq_window;   /* a sequence of n_ctx tokens as the windowed cache holds it */
+    long fit_window_full;          /* sequences of n_ctx that fit kv_mem so */
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 

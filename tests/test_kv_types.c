@@ -395,6 +395,61 @@ static void test_attention_typed(void **state) {
     util_pool_free(p3);
 }
 
+/* Sliding windows over typed paged caches, at every level against the
+ * reference: decode (the fused and VNNI kernels, a key split at long
+ * windows) and prefill (the tiled kernel), soft-capped or not. The blocks
+ * wholly before the first query's window point at a block of NaN bytes (as
+ * the pool's null block stands in for released ones): reading one would show. */
+static void test_attention_window(void **state) {
+    (void)state;
+    enum { F32 = KVLM_CACHE_F32, F16 = KVLM_CACHE_F16, BF16 = KVLM_CACHE_BF16, Q8 = KVLM_CACHE_Q8_0,
+           Q4 = KVLM_CACHE_Q4_0 };
+    const int types[][2] = {{F32, F32}, {F16, F16}, {BF16, F32}, {Q8, Q8}, {F16, Q8}, {Q4, F16}};
+    const acase cases[] = {{1, 1500, 8, 2, 64, 16}, {1, 3000, 8, 1, 64, 16}, {1, 300, 12, 12, 64, 7},
+                           {20, 400, 4, 2, 64, 16}, {3, 90, 8, 4, 128, 7}};
+    const int windows[] = {1, 100, 1300};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (int wi = 0; wi < 3; wi++)
+                for (int cap = 0; cap < 2; cap++) {
+                    acase c = cases[ci];
+                    int W = windows[wi], n_pos = c.q_pos0 + c.T, hd = c.hd;
+                    size_t stride = (size_t)n_pos * hd, nq = (size_t)c.T * c.n_heads * hd;
+                    float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
+                    float *q = rand_floats(nq, 1.0f);
+                    typed_cache tc;
+                    build_cache(&tc, &c, types[ti][0], types[ti][1], k, v);
+                    size_t blk = ((op_kv_region_bytes(types[ti][0], hd, c.bs) + 3) & ~(size_t)3) +
+                                 ((op_kv_region_bytes(types[ti][1], hd, c.bs) + 3) & ~(size_t)3);
+                    uint8_t *nan_block = malloc(blk * c.n_kv_heads);
+                    memset(nan_block, 0xff, blk * c.n_kv_heads);
+                    int lo = c.q_pos0 + 1 - W > 0 ? c.q_pos0 + 1 - W : 0;
+                    for (int b = 0; b < lo / c.bs; b++) tc.blocks[b] = (const float *)nan_block;
+                    tc.a.window = W;
+                    tc.a.softcap = cap ? 2.0f : 0;
+                    float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));
+                    op_attention_ref(ref, q, &tc.a);
+                    uint8_t *work = malloc(op_attention_work_size(1, hd));
+                    for (int level = 0; level <= op_cpu_simd_level(); level++) {
+                        op_set_simd_level(level);
+                        op_attention(NULL, o, q, &tc.a, work);
+                        double md = 0;
+                        for (size_t i = 0; i < nq; i++) {
+                            double d = fabs((double)o[i] - ref[i]);
+                            md = d > md || d != d ? d : md;
+                        }
+                        if (!(md <= 2e-5))
+                            fail_msg("window %d softcap %d %s/%s T=%d pos0=%d heads %d/%d hd %d bs %d level %d "
+                                     "(kernel %d): max diff %.3g", W, cap, kvlm_cache_type_name(types[ti][0]),
+                                     kvlm_cache_type_name(types[ti][1]), c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd,
+                                     c.bs, level, op_attention_kernel(&tc.a), md);
+                    }
+                    op_set_simd_level(-1);
+                    free(work); free(ref); free(o); free(nan_block); free(k); free(v); free(q);
+                    free_cache(&tc);
+                }
+}
+
 /* Which kernel runs, by SIMD level, cache types, head dim and rows per item
  * (op_attention_kernel); H2O's weights and key splits do not change it. */
 static int kernel_of(int kt, int vt, int hd, int T, int heads, int kv, int n_pos, bool h2o) {
@@ -769,6 +824,7 @@ int main(void) {
         cmocka_unit_test(test_f16_write),
         cmocka_unit_test(test_attention_typed),
         cmocka_unit_test(test_attention_kernels),
+        cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_attention_f32_unchanged),
         cmocka_unit_test(test_bytes_and_errors),
         cmocka_unit_test(test_perplexity_q8),

@@ -673,7 +673,7 @@ static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
     /* a few sharp score peaks so the online max changes between key blocks */
     for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
     op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
+                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
     op_attention_ref(ref, q, &a);
     for (int level = 0; level < n_levels() && level <= OP_SIMD_AVX2; level++) {
@@ -706,6 +706,52 @@ static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
     }
     op_set_simd_level(-1);
     free(k); free(v); free(q); free(ref); free(o); free(o2);
+}
+
+/* Sliding window and soft-capping (gemma2): every level against the
+ * reference, decode (key-split at long positions) and prefill; the keys and
+ * values before the first query's window are NaN, so reading one would show. */
+static void test_attention_window(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2);
+    const int windows[] = {1, 3, 64, 100, 700, 2000}; /* 2000: decode at 3000 splits the window's keys */
+    const att_case cases[] = {{1, 3000, 8, 2, 64}, {1, 40, 4, 4, 16}, {70, 200, 8, 2, 32}, {19, 5, 4, 1, 16},
+                              {130, 1000, 4, 2, 64}};
+    for (int wi = 0; wi < 6; wi++)
+        for (int ci = 0; ci < 5; ci++)
+            for (int cap = 0; cap < 2; cap++) {
+                att_case c = cases[ci];
+                int n_pos = c.q_pos0 + c.T, hd = c.head_dim, W = windows[wi];
+                size_t stride = (size_t)n_pos * hd, nq = (size_t)c.T * c.n_heads * hd;
+                float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
+                float *q = rand_floats(nq, 1.0f);
+                for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
+                int lo = c.q_pos0 + 1 - W > 0 ? c.q_pos0 + 1 - W : 0;
+                for (int h = 0; h < c.n_kv_heads; h++)
+                    for (size_t i = 0; i < (size_t)lo * hd; i++) k[h * stride + i] = v[h * stride + i] = NAN;
+                op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
+                                  NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, W, cap ? 1.5f : 0};
+                float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+                op_attention_ref(ref, q, &a);
+                for (int level = 0; level < n_levels(); level++) {
+                    op_set_simd_level(level);
+                    uint8_t *work = malloc(op_attention_work_size(2, hd));
+                    op_attention(NULL, o, q, &a, work);
+                    double md = 0;
+                    for (size_t i = 0; i < nq; i++) md = tu_worse(md, fabs((double)o[i] - ref[i]));
+                    if (md > 2e-5) {
+                        fprintf(stderr, "window %d softcap %d T=%d pos0=%d heads %d/%d hd %d level %d: max diff %.3g\n",
+                                W, cap, c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, level, md);
+                        fail();
+                    }
+                    op_attention(p2, o2, q, &a, work);
+                    assert_memory_equal(o, o2, nq * sizeof(float));
+                    free(work);
+                }
+                op_set_simd_level(-1);
+                free(k); free(v); free(q); free(ref); free(o); free(o2);
+            }
+    util_pool_free(p2);
 }
 
 static void test_attention_shapes(void **state) {
@@ -762,7 +808,7 @@ static void test_attention_paged(void **state) {
                     }
             }
             op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
+                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
             op_attn_args ap = a;
             ap.k = ap.v = NULL;
             ap.blocks = blocks;
@@ -807,7 +853,7 @@ static void test_attention_n(void **state) {
         o1[i] = malloc(nq * sizeof(float));
         o2[i] = malloc(nq * sizeof(float));
         op_attn_args c = {Ts[i], pos0[i], n_heads, n_kv, hd, k[i], v[i], stride, 1.0f / sqrtf((float)hd),
-                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0};
+                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
         a[i] = c;
     }
     a[10].key_weights = kw2; /* H2O: its own pass */
@@ -878,6 +924,7 @@ int main(void) {
         cmocka_unit_test(test_type_traits),
         cmocka_unit_test(test_backend_levels),
         cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_n),
         cmocka_unit_test(test_attention_flash_decode),

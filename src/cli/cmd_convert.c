@@ -49,16 +49,21 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3|deepseek2] [--dim D] [--hidden F] [--layers L]\n"
-                   "       [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V] [--ctx C] [--rope-base B]\n"
-                   "       [--type T] [--tied] [--seed S]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
+                   "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
+                   "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
                    "       [--experts N] [--experts-used K] [--experts-shared S] [--dense-layers D] [--expert-ff F]\n"
                    "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
-                   "       key length; --yarn: YaRN RoPE scaling from a context of ctx / FACTOR)\n\n"
+                   "       key length; --yarn: YaRN RoPE scaling from a context of ctx / FACTOR)\n"
+                   "  sliding window, gemma2/3 (docs/sliding-window.md): [--sliding-window W]\n"
+                   "       [--attn-softcap X] [--final-softcap X]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
                    "the same cost to run as a real model of that shape. Defaults: llama, dim 64,\n"
-                   "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n");
+                   "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n"
+                   "--sliding-window W: llama with every layer local (Mistral-style), or gemma's local\n"
+                   "layers' window (default 16 for synthetic gemma); gemma2's soft-caps default to 50 and\n"
+                   "30 (a negative value: none). See docs/sliding-window.md.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--arch", &arch, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--dim", &p.dim, &bad)) {}
@@ -84,6 +89,9 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
+        else if (cli_opt_int(argc, argv, &i, NULL, "--sliding-window", &p.sliding_window, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--attn-softcap", &p.attn_softcap, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--final-softcap", &p.final_softcap, &bad)) {}
         else if (argv[i][0] == '-') return cli_fail("synth", "unknown option '%s'", argv[i]);
         else if (!out) out = argv[i];
         else return cli_fail("synth", "too many arguments");
@@ -95,7 +103,9 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
         else if (!strcmp(arch, "phi3")) p.arch = KVLM_ARCH_PHI3;
         else if (!strcmp(arch, "deepseek2")) p.arch = KVLM_ARCH_DEEPSEEK2;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3, deepseek2)", arch);
+        else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
+        else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3, deepseek2, gemma2, gemma3)", arch);
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;

@@ -94,6 +94,19 @@ int cmd_plan(int argc, char **argv) {
     mib(d, sizeof d, p.bytes_total + p.weight_bytes);
     printf("KV per sequence:      %s at %d tokens\n", a, p.n_ctx);
     printf("KV for %d sequences:  %s   (weights + KV: %s)\n", p.n_seq, b, d);
+    if (p.window > 0) {
+        char g[32], h[32];
+        mib(a, sizeof a, p.bytes_per_seq_window);
+        printf("sliding window:       %d tokens on %d of %d layers: their cache holds at most %d tokens of a "
+               "sequence\n", p.window, p.n_local_layers, c->n_layers, p.local_cap_tokens);
+        printf("  KV per token:       %zu bytes global + %zu bytes local (up to %d tokens)\n",
+               p.bytes_per_token_global, p.bytes_per_token_local, p.local_cap_tokens);
+        mib(g, sizeof g, p.bytes_per_seq);
+        mib(h, sizeof h, p.kv_mem);
+        printf("  KV per sequence:    %s at %d tokens (%.2fx the %s without the window); %ld fit %s\n", a, p.n_ctx,
+               p.bytes_per_seq ? (double)p.bytes_per_seq_window / (double)p.bytes_per_seq : 0.0, g,
+               p.fit_window_full, h);
+    }
     mib(e, sizeof e, p.kv_mem);
     mib(f, sizeof f, p.block_bytes);
     printf("budget %s, blocks of %d tokens (%s each), %d blocks per full sequence:\n", e, p.block_size, f,

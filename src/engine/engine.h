@@ -25,4 +25,6 @@ const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq);
 double engine_evict_seconds(const kvlm_ctx *ctx);
 /* Seconds spent in attention since the context was created. */
 double engine_attention_seconds(const kvlm_ctx *ctx);
+/* The context's KV store (tests: pool counts, kv_check). */
+struct kv_store *engine_kv_store(kvlm_ctx *ctx);
 #endif

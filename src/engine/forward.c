@@ -67,6 +67,9 @@ struct kvlm_ctx {
     kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
     int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
     engine_mla *mla;           /* deepseek2: the latent-attention forward pass (engine/forward_mla.c) */
+    /* gemma3: the local layers' RoPE cos/sin (their own base), NULL when
+     * every layer has the same base */
+    float *rope_cs_local, *rope_sn_local;
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -138,6 +141,37 @@ static size_t max_mm_work(const kvlm_model *m, int T) {
     return w;
 }
 
+static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub, kvlm_error *err);
+
+/* How the layers' caches split under sliding windows: the local layers'
+ * pool (its geometry and size) and the blocks one sequence holds there. */
+typedef struct {
+    int window, n_local;   /* window 0: no windowed store (none, or --no-kv-cache) */
+    int per_seq;           /* local blocks one sequence holds at most */
+    kv_params local;       /* with global layers too: the local layers' pool */
+} swa_split;
+
+static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
+    const kvlm_config *c = &ctx->model->cfg;
+    swa_split w = {0};
+    if (c->sliding_window <= 0 || c->n_local_layers <= 0 || ctx->p.no_kv_cache) return w;
+    w.window = c->sliding_window;
+    w.n_local = c->n_local_layers;
+    int bs = kp->block_size, all = (ctx->p.n_ctx + bs - 1) / bs;
+    /* kv_store_blocks_held's bound: the window, one step and two partial
+     * blocks; one more for a copy-on-write of a shared last block */
+    w.per_seq = (w.window + ctx->n_batch + 2 * bs - 3) / bs + 1;
+    if (w.per_seq > all + 1) w.per_seq = all + 1;
+    if (w.n_local < c->n_layers) {
+        w.local = *kp;
+        w.local.n_layers = w.n_local;
+        w.local.model.b[15] ^= 0x5a; /* other bytes than the global layers' blocks of the same tokens */
+        /* every sequence's window twice over: live, and cached for prefix reuse */
+        w.local.n_blocks = 2 * w.per_seq * ctx->p.n_seq_max;
+    }
+    return w;
+}
+
 static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     kv_params kp = {0};
@@ -159,12 +193,20 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     /* block keys name the model by its fingerprint (kv/blockfmt.h) */
     kv_model_fingerprint(ctx->model, &kp.model);
     kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
+    swa_split win = swa_plan(ctx, &kp);
+    if (win.window > 0 && win.n_local < c->n_layers) kp.n_layers = c->n_layers - win.n_local;
     size_t block_bytes = kv_params_block_bytes(&kp);
     /* a sequence holds at most budget tokens; evicting may copy one shared block */
     int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
+    if (win.window > 0 && win.n_local == c->n_layers && win.per_seq < per_seq) per_seq = win.per_seq;
+    size_t local_bytes = win.local.n_layers ? kv_params_block_bytes(&win.local) * (size_t)win.local.n_blocks : 0;
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
     else if (ctx->p.kv_mem > 0) {
-        size_t nb = ctx->p.kv_mem / block_bytes;
+        if (local_bytes + block_bytes > ctx->p.kv_mem)
+            return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes is less than the local layers' %zu "
+                                "bytes (their windows) and one block of the global layers (%zu)", ctx->p.kv_mem,
+                                local_bytes, block_bytes);
+        size_t nb = (ctx->p.kv_mem - local_bytes) / block_bytes;
         if (nb < 1)
             return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes holds no block (one block is %zu bytes)",
                                 ctx->p.kv_mem, block_bytes);
@@ -181,29 +223,80 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
                             kp.n_blocks, want / (1 << 30), ctx->p.n_ctx,
                             ctx->ctx_from_file ? " (the model file's context length)" : "", ctx->p.n_seq_max,
                             have / (1 << 30));
-    kv_store_params sp = {.pool = kp};
+    kv_store_params sp = {.pool = kp}, lp = {0};
+    /* sliding-window layers (docs/sliding-window.md): all local, one store
+     * with the window; some local, a second store for them */
+    uint8_t *layer_local = NULL;
+    if (win.window > 0 && win.n_local == c->n_layers) {
+        sp.window = win.window;
+        sp.window_slack = ctx->n_batch;
+    } else if (win.window > 0) {
+        lp = sp;
+        lp.pool = win.local;
+        lp.window = win.window;
+        lp.window_slack = ctx->n_batch;
+        sp.local = &lp;
+        if (!(layer_local = malloc((size_t)c->n_layers))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (int l = 0; l < c->n_layers; l++) layer_local[l] = model_layer_window(c, l) > 0;
+        sp.layer_local = layer_local;
+    }
     /* swap space: by default as large as the pool (every sequence could be out at once) */
-    if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache)
+    if (!ctx->p.no_kv_swap && !ctx->p.no_kv_cache) {
         sp.swap_bytes = ctx->p.kv_swap_size ? (size_t)ctx->p.kv_swap_size : block_bytes * (size_t)kp.n_blocks;
-    /* tiers in lookup order: nearest first */
+        if (sp.local)
+            lp.swap_bytes = ctx->p.kv_swap_size ? (size_t)ctx->p.kv_swap_size
+                                                : kv_params_block_bytes(&lp.pool) * (size_t)lp.pool.n_blocks;
+    }
+    if (open_tiers(ctx, &sp, NULL, err) || (sp.local && open_tiers(ctx, &lp, "swa-local", err))) {
+        for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+        free(layer_local);
+        return err ? err->code : KVLM_EINVAL;
+    }
+    ctx->kv = kv_store_create(&sp, err);
+    free(layer_local);
+    return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+}
+
+/* The context's tiers into sp, in lookup order (nearest first); sub: a
+ * folder of the disk tier's for the local layers' store, whose blocks are
+ * other bytes under other keys (NULL: the folder itself). On failure the
+ * ones opened are closed. */
+static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub, kvlm_error *err) {
     if (ctx->p.kv_host_size) {
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE;
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_host_open(ctx->p.kv_host_size, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_DEMOTE;
     }
     if (ctx->p.kv_disk && *ctx->p.kv_disk) {
         uint64_t cap = ctx->p.kv_disk_size ? ctx->p.kv_disk_size : (uint64_t)20 << 30;
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_disk_open(ctx->p.kv_disk, cap, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
+        char path[4096];
+        snprintf(path, sizeof path, "%s%s%s", ctx->p.kv_disk, sub ? "/" : "", sub ? sub : "");
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_disk_open(path, cap, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
     }
     if (ctx->p.kv_redis && *ctx->p.kv_redis) {
-        if (!(sp.tiers[sp.n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
-        sp.roles[sp.n_tiers++] = KV_TIER_THROUGH;
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
+        sp->roles[sp->n_tiers++] = KV_TIER_THROUGH;
     }
-    ctx->kv = kv_store_create(&sp, err);
-    return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+    return KVLM_OK;
 tier_fail:
-    for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+    for (int t = 0; t < sp->n_tiers; t++) kv_tier_close(sp->tiers[t]);
+    sp->n_tiers = 0;
     return err ? err->code : KVLM_EINVAL;
+}
+
+/* What sliding windows and gemma do not run with (docs/sliding-window.md). */
+static int swa_refuse(const kvlm_ctx *ctx, kvlm_error *err) {
+    const kvlm_config *c = &ctx->model->cfg;
+    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
+    if (!gemma && c->sliding_window <= 0) return KVLM_OK;
+    if (ctx->p.device == KVLM_DEVICE_CUDA)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s%s runs on the CPU only", model_arch_name(c->arch),
+                            c->sliding_window > 0 ? " with a sliding window" : "");
+    if (ctx->p.kv_evict != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "eviction policies (--kv-evict, --kv-budget) compact a sequence's "
+                            "positions; a model with sliding-window layers (window %d) masks by position instead: "
+                            "run it without them", c->sliding_window);
+    return KVLM_OK;
 }
 
 kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
@@ -265,6 +358,7 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
                                              "evicts by window or sinks only (not h2o; not with YaRN)");
         goto fail;
     }
+    if (swa_refuse(ctx, err)) goto fail;
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
@@ -309,6 +403,11 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
     ctx->rope_cs = malloc(T * half * sizeof(float));
     ctx->rope_sn = malloc(T * half * sizeof(float));
+    if (c->rope_base_local > 0 && c->rope_base_local != c->rope_base &&
+        (!(ctx->rope_cs_local = malloc(T * half * sizeof(float))) || !(ctx->rope_sn_local = malloc(T * half * sizeof(float))))) {
+        util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
+        goto fail;
+    }
     ctx->out_tok = malloc(T * sizeof(int));
     ctx->tok_next = malloc(T * sizeof(int));
     ctx->grp_first = malloc(T * sizeof(int));
@@ -350,6 +449,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->seq_at);
     free(ctx->blocks_tmp);
     engine_mla_free(ctx->mla);
+    free(ctx->rope_cs_local); free(ctx->rope_sn_local);
     free(ctx);
 }
 
@@ -518,16 +618,27 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
     return n;
 }
 
+/* Whether the cache has sliding-window stores (kv_store_params.window, .local). */
+static bool swa_cache(const kvlm_ctx *ctx) {
+    const kvlm_config *c = &ctx->model->cfg;
+    return c->sliding_window > 0 && c->n_local_layers > 0 && !ctx->p.no_kv_cache;
+}
+
 int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, seq) || !path)
         return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
     if (ctx->n_evicted[seq])
         return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
+    if (swa_cache(ctx))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported (its cache "
+                            "released the blocks before the window, and keeps the local layers apart)");
     return kv_session_save(ctx->kv, seq, path, err);
 }
 
 int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
+    if (swa_cache(ctx))
+        return -util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported");
     return kv_session_load(ctx->kv, seq, tokens, n, path, err);
 }
 
@@ -540,6 +651,8 @@ void kvlm_ctx_kv_persist(kvlm_ctx *ctx) {
 static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_store_token_bytes(ctx->kv); }
 
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
+    /* a sliding window holds blocks, not tokens: what they take */
+    if (swa_cache(ctx)) return kv_store_held_bytes(ctx->kv);
     size_t tokens = 0;
     for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
     /* from the block bytes, so q4_kc's per-block figures stay exact */
@@ -547,7 +660,10 @@ size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
 }
 
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
-    return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + kv_store_stage_bytes(ctx->kv);
+    kv_store *l = kv_store_local(ctx->kv);
+    size_t local = l ? kv_store_block_bytes(l) * (size_t)kv_store_params_of(l)->n_blocks : 0;
+    return kv_store_block_bytes(ctx->kv) * (size_t)kv_store_params_of(ctx->kv)->n_blocks + local +
+           kv_store_stage_bytes(ctx->kv);
 }
 
 /* ---- KV events ---------------------------------------------------------------- */
@@ -664,7 +780,9 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->n_heads = c->n_heads;
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
-        a->scale = 1.0f / sqrtf((float)HD);
+        a->scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HD);
+        a->window = model_layer_window(c, layer);
+        a->softcap = c->attn_softcap;
         a->key_weights = h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
         a->score_work_floats = ctx->h2o_work_floats;
@@ -691,6 +809,8 @@ typedef struct {
     const model_layer *L;
     const float *norm;   /* prep_residual's rmsnorm weights */
     atomic_int next;
+    const float *post_norm; /* gemma: the norm of the product in xb before it joins the residual (NULL: none) */
+    const float *rcs, *rsn; /* this layer's RoPE cos/sin (rope_cs, or gemma3's local ones) */
 } fwd_pass;
 
 static int next_unit(fwd_pass *j) {
@@ -705,11 +825,14 @@ static void run_pass(kvlm_ctx *ctx, util_pool_fn fn, fwd_pass *j, int n_units) {
     else fn(j, 0, 1);
 }
 
-/* x[t] += xb[t] (add), then dst = rmsnorm(x[t]) with weights w. */
-static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w) {
+/* x[t] += xb[t] (add; normed first with post when non-NULL), then dst =
+ * rmsnorm(x[t]) with weights w. */
+static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const float *w, const float *post) {
     const kvlm_config *c = &ctx->model->cfg;
     float *x = ctx->x + (size_t)t * c->dim;
-    if (add) op_backend_cpu()->add(x, ctx->xb + (size_t)t * c->dim, c->dim);
+    float *xb = ctx->xb + (size_t)t * c->dim;
+    if (add && post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
+    if (add) op_backend_cpu()->add(x, xb, c->dim);
     op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
 }
 
@@ -719,31 +842,39 @@ static void prep_embed(void *p, int t) {
     fwd_pass *j = p;
     const kvlm_model *m = j->ctx->model;
     int D = m->cfg.dim, half = m->cfg.rope_dim / 2;
+    float *x = j->ctx->x + (size_t)t * D;
     dt_dequantize_row(m->tok_embd.type,
-                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D),
-                      j->ctx->x + (size_t)t * D, D);
+                      (const char *)m->tok_embd.data + (size_t)j->tokens[t] * dt_row_size(m->tok_embd.type, D), x, D);
+    float es = model_embed_scale(&m->cfg);
+    if (es != 1.0f)
+        for (int i = 0; i < D; i++) x[i] *= es;
     op_backend_cpu()->rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
                    j->pos[t], m->cfg.rope_base);
-    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm);
+    if (j->ctx->rope_cs_local)
+        op_backend_cpu()->rope_cossin(j->ctx->rope_cs_local + (size_t)t * half, j->ctx->rope_sn_local + (size_t)t * half,
+                                      m->cfg.rope_dim, j->pos[t], m->cfg.rope_base_local);
+    residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm, NULL);
 }
 
 /* The residual of the product in xb, then the next rmsnorm, back into xb. */
 static void prep_residual(void *p, int t) {
     fwd_pass *j = p;
-    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm);
+    residual_norm(j->ctx, t, true, j->ctx->xb + (size_t)t * j->ctx->model->cfg.dim, j->norm, j->post_norm);
 }
 
 static void prep_swiglu(void *p, int t) {
     fwd_pass *j = p;
     size_t F = (size_t)j->ctx->model->cfg.hidden_dim;
-    op_backend_cpu()->swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+    kvlm_arch arch = j->ctx->model->cfg.arch;
+    if (arch == KVLM_ARCH_GEMMA2 || arch == KVLM_ARCH_GEMMA3) op_geglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
+    else op_backend_cpu()->swiglu(j->ctx->hb + t * F, j->ctx->hb2 + t * F, (int)F);
 }
 
 /* Row r of out_rows: its token's last residual and the output norm. */
 static void prep_output(void *p, int r) {
     fwd_pass *j = p;
     residual_norm(j->ctx, j->ctx->out_tok[r], true, j->ctx->out_rows + (size_t)r * j->ctx->model->cfg.dim,
-                  j->ctx->model->output_norm.data);
+                  j->ctx->model->output_norm.data, j->post_norm);
 }
 
 /* KV head h of token t: biases, RoPE of the key, both rows into the cache. */
@@ -754,7 +885,8 @@ static void kv_head(fwd_pass *j, int t, int h) {
     size_t row = ((size_t)t * c->n_kv_heads + h) * HD;
     add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
-    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, ctx->rope_cs + (size_t)t * half, ctx->rope_sn + (size_t)t * half,
+    if (j->L->k_norm.data) op_backend_cpu()->rmsnorm(ctx->k + row, ctx->k + row, j->L->k_norm.data, HD, c->norm_eps);
+    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, j->rcs + (size_t)t * half, j->rsn + (size_t)t * half,
                   c->rope_neox);
     kv_store_write_row(ctx->kv, j->layer, j->seq[t], j->pos[t], h, ctx->k + row, ctx->v + row);
 }
@@ -774,8 +906,12 @@ static void qkv_worker(void *p, int ith, int nth) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
             add_bias(q, &j->L->bq, 0, QD);
-            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, ctx->rope_cs + (size_t)u * half,
-                          ctx->rope_sn + (size_t)u * half, c->rope_neox);
+            if (j->L->q_norm.data)
+                for (int h = 0; h < c->n_heads; h++)
+                    op_backend_cpu()->rmsnorm(q + (size_t)h * c->head_dim, q + (size_t)h * c->head_dim, j->L->q_norm.data,
+                                              c->head_dim, c->norm_eps);
+            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, j->rcs + (size_t)u * half,
+                          j->rsn + (size_t)u * half, c->rope_neox);
             for (int h = 0; !kc && h < H; h++) kv_head(j, u, h);
         } else {
             u -= j->T;
@@ -823,6 +959,10 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         j.L = L;
         j.layer = l;
         j.norm = L->attn_norm.data;
+        j.post_norm = l ? m->layers[l - 1].post_ffn_norm.data : NULL;
+        bool local_rope = ctx->rope_cs_local && model_layer_window(c, l) > 0;
+        j.rcs = local_rope ? ctx->rope_cs_local : ctx->rope_cs;
+        j.rsn = local_rope ? ctx->rope_sn_local : ctx->rope_sn;
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
@@ -830,14 +970,18 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         j.norm = L->ffn_norm.data;
+        j.post_norm = L->post_attn_norm.data;
         const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
         const op_mm_out down = mm_out(ctx->xb, &L->w_down);
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->hb, T, c->hidden_dim, &down, 1, ctx->mm_work, prep_swiglu, &j);
     }
     if (n_out) {
+        j.post_norm = m->layers[c->n_layers - 1].post_ffn_norm.data;
         const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
+        if (c->final_softcap > 0)
+            op_softcap(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, n_out * c->vocab_size, c->final_softcap);
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;
@@ -936,7 +1080,7 @@ static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_er
     int32_t *all = malloc((size_t)n * sizeof(int32_t));
     int8_t *want = calloc((size_t)n, 1);
     int rc = KVLM_OK;
-    if (!all || !want || grow_batch_arrays(ctx, n, n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (!all || !want || grow_batch_arrays(ctx, n, ctx->n_logits + n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     if (past) memcpy(all, kv_store_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
     memcpy(all + past, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
     for (int i = 0; i < b->n_tokens; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
@@ -954,11 +1098,35 @@ done:
     return rc;
 }
 
+static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err);
+
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
+    ctx->n_logits = 0;
+    return decode(ctx, b, err);
+}
+
+/* A sliding-window cache holds a sequence's window and one step of at most
+ * n_batch tokens (its pools are sized so): a longer batch goes through in
+ * slices of n_batch, each committed before the next (so a failure leaves
+ * the slices before it appended). */
+static int decode_sliced(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
+    int n = b->n_tokens, rc = KVLM_OK;
+    int8_t *want = malloc((size_t)n);
+    if (!want) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
+    for (int i0 = 0; i0 < n && !rc; i0 += ctx->n_batch) {
+        kvlm_batch sb = {n - i0 < ctx->n_batch ? n - i0 : ctx->n_batch, b->tokens + i0, b->pos ? b->pos + i0 : NULL,
+                         want + i0, b->seq ? b->seq + i0 : NULL};
+        rc = decode(ctx, &sb, err);
+    }
+    free(want);
+    return rc;
+}
+
+static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
     int n = b->n_tokens, n_seq = ctx->p.n_seq_max;
-    ctx->n_logits = 0;
     int *count = calloc((size_t)n_seq, sizeof(int));
     int *order = malloc((size_t)n_seq * sizeof(int)); /* sequences in order of first appearance */
     int n_order = 0, rc = KVLM_OK, n_want = 0;
@@ -1002,7 +1170,11 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         rc = decode_recompute(ctx, b, order[0], err);
         goto done;
     }
-    if (grow_batch_arrays(ctx, n, n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (n > ctx->n_batch && c->sliding_window > 0 && c->n_local_layers > 0) {
+        rc = decode_sliced(ctx, b, err);
+        goto done;
+    }
+    if (grow_batch_arrays(ctx, n, ctx->n_logits + n_want)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     /* Reserve every sequence's slots first: all or nothing. */
     for (int k = 0; k < n_order; k++) {
         if ((rc = kv_store_reserve(ctx->kv, order[k], count[order[k]], err))) {
@@ -1049,6 +1221,7 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+struct kv_store *engine_kv_store(kvlm_ctx *ctx) { return ctx->kv; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {
     return kv_store_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;
@@ -1063,14 +1236,15 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
     if (!kv_store_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
     if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    int rc = kv_store_reserve(ctx->kv, seq, n, err);
-    if (rc) return rc;
+    int rc;
     const kv_params *kp = kv_store_params_of(ctx->kv); /* a latent cache: one row of its own width */
     int n_kv_heads = kp->n_kv_heads, head_dim = kp->head_dim;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     uint64_t s = seed * 2654435761u + 1;
     for (int done = 0; done < n;) {
         int T = n - done < ctx->n_batch ? n - done : ctx->n_batch, past = kv_store_seq_len(ctx->kv, seq);
+        /* a chunk at a time: a sliding-window cache releases blocks at each commit */
+        if ((rc = kv_store_reserve(ctx->kv, seq, T, err))) return rc;
         for (int t = 0; t < T; t++) {
             ctx->tok_seq[t] = seq;
             ctx->tok_pos[t] = past + t;

@@ -151,6 +151,10 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, "; MLA: latent %d + RoPE %d, value %d, q_lora %d; experts %d of %d "
                  "(+%d shared), %d dense layers", c->kv_lora_rank, c->rope_dim, c->v_head_dim, c->q_lora_rank,
                  c->n_expert_used, c->n_expert, c->n_expert_shared, c->n_dense_lead);
+    len = strlen(buf);
+    if (c->sliding_window > 0 && c->n_local_layers > 0 && len < cap)
+        snprintf(buf + len, cap - len, ", sliding window %d on %d of %d layers", c->sliding_window, c->n_local_layers,
+                 c->n_layers);
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {

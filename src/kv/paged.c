@@ -20,6 +20,7 @@ typedef struct {
     kv_key *keys;               /* chained key of each full block */
     int len;                    /* tokens committed */
     bool compacted;             /* evicted: its tokens no longer match the text, do not index */
+    int n_dropped;              /* sliding window: blocks [0, n_dropped) are the null block */
 } kv_seq;
 
 struct kv_cache {
@@ -108,7 +109,9 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     c->block_bytes = kv_params_block_bytes(p);
     c->fmt.payload_bytes = c->block_bytes;
     size_t nb = (size_t)p->n_blocks;
-    c->data = c->p.storage->alloc(c->p.storage->user, nb * c->block_bytes);
+    /* one block more: the null block (kv_null_block), which sliding-window
+     * sequences hold in place of blocks before their window */
+    c->data = c->p.storage->alloc(c->p.storage->user, (nb + 1) * c->block_bytes);
     if (p->k_type == KVLM_CACHE_Q4_KC) {
         c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
@@ -139,7 +142,7 @@ void kv_free(kv_cache *c) {
             free(c->seqs[s].keys);
         }
     free(c->seqs);
-    if (c->data) c->p.storage->free(c->p.storage->user, c->data, (size_t)c->p.n_blocks * c->block_bytes);
+    if (c->data) c->p.storage->free(c->p.storage->user, c->data, ((size_t)c->p.n_blocks + 1) * c->block_bytes);
     free(c->stage);
     free(c->ref);
     kv_prefix_free(c->ix);
@@ -186,12 +189,14 @@ static int32_t block_alloc(kv_cache *c) {
 }
 
 static void block_unref(kv_cache *c, int32_t b) {
+    if (b == c->p.n_blocks) return; /* the null block is nobody's */
     if (--c->ref[b] > 0) return;
     if (kv_prefix_indexed(c->ix, b)) kv_prefix_lru_push(c->ix, b);
     else c->free_stack[c->n_free++] = b;
 }
 
 static void block_ref(kv_cache *c, int32_t b) {
+    if (b == c->p.n_blocks) return;
     if (c->ref[b]++ == 0) kv_prefix_lru_remove(c->ix, b);
 }
 
@@ -256,6 +261,7 @@ void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
     int bs = c->p.block_size, keep = (n_keep + bs - 1) / bs;
     while (s->n_blocks > keep) block_unref(c, s->blocks[--s->n_blocks]);
     if (s->len > n_keep) s->len = n_keep;
+    if (s->n_dropped > s->n_blocks) s->n_dropped = s->n_blocks;
 }
 
 void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
@@ -284,6 +290,7 @@ void kv_seq_release(kv_cache *c, int seq) {
     while (s->n_blocks > 0) block_unref(c, s->blocks[--s->n_blocks]);
     s->len = 0;
     s->compacted = false;
+    s->n_dropped = 0;
 }
 
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
@@ -302,6 +309,7 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     }
     b->len = a->len;
     b->compacted = a->compacted;
+    b->n_dropped = a->n_dropped;
     if (c->stage) /* the shared partial block's keys are in src's staging */
         memcpy(c->stage + (size_t)dst * c->stage_per_seq, c->stage + (size_t)src * c->stage_per_seq,
                c->stage_per_seq * sizeof(uint16_t));
@@ -382,21 +390,28 @@ bool kv_seq_compacted(const kv_cache *c, int seq) { return c->seqs[seq].compacte
 
 int kv_seq_restore(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
                    int32_t *blocks_out, kvlm_error *err) {
+    return kv_seq_restore_from(c, seq, tokens, keys, len, compacted, 0, blocks_out, err);
+}
+
+int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
+                        int first, int32_t *blocks_out, kvlm_error *err) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, nb = (len + bs - 1) / bs;
+    if (first < 0 || first > nb) return util_err_set(err, KVLM_EINVAL, "sequence %d: %d dropped blocks of %d", seq, first, nb);
     if (s->len != 0 || s->n_blocks != 0) return util_err_set(err, KVLM_EINVAL, "sequence %d is not empty", seq);
     if (len > c->p.max_seq_tokens)
         return util_err_set(err, KVLM_ERANGE, "%d tokens are more than the context of %d", len, c->p.max_seq_tokens);
-    if (nb > available(c))
+    if (nb - first > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: swapping sequence %d in needs %d blocks, %d are free",
-                            seq, nb, available(c));
+                            seq, nb - first, available(c));
     if (len == 0) return KVLM_OK;
     if (seq_grow(c, s, len)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     for (int i = 0; i < nb; i++) {
-        s->blocks[i] = block_alloc(c);
-        if (blocks_out) blocks_out[i] = s->blocks[i];
+        s->blocks[i] = i < first ? c->p.n_blocks : block_alloc(c);
+        if (blocks_out && i >= first) blocks_out[i - first] = s->blocks[i];
     }
     s->n_blocks = nb;
+    s->n_dropped = first;
     memcpy(s->tokens, tokens, (size_t)len * sizeof(int32_t));
     memcpy(s->keys, keys, (size_t)(len / bs) * sizeof(kv_key));
     s->len = len;
@@ -551,7 +566,14 @@ const char *kv_check(const kv_cache *c) {
         const kv_seq *q = &c->seqs[s];
         int bs = c->p.block_size;
         if (q->len > q->n_blocks * bs) { snprintf(msg, sizeof msg, "seq %d: %d tokens in %d blocks", s, q->len, q->n_blocks); bad = msg; }
-        for (int i = 0; i < q->n_blocks; i++) refs[q->blocks[i]]++;
+        for (int i = 0; i < q->n_blocks; i++) {
+            bool null = q->blocks[i] == nb;
+            if (null != (i < q->n_dropped)) {
+                snprintf(msg, sizeof msg, "seq %d: block %d is %sthe null block, %d dropped", s, i, null ? "" : "not ",
+                         q->n_dropped);
+                bad = msg;
+            } else if (!null) refs[q->blocks[i]]++;
+        }
     }
     for (int b = 0; b < nb && !bad; b++)
         if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }
@@ -567,4 +589,94 @@ const char *kv_check(const kv_cache *c) {
     free(refs);
     free(state);
     return bad;
+}
+
+/* ---- sliding window ------------------------------------------------------ */
+
+int32_t kv_null_block(const kv_cache *c) { return c->p.n_blocks; }
+int kv_seq_dropped(const kv_cache *c, int seq) { return c->seqs[seq].n_dropped; }
+
+int kv_seq_drop_front(kv_cache *c, int seq, int n) {
+    kv_seq *s = &c->seqs[seq];
+    if (n > s->n_blocks) n = s->n_blocks;
+    int dropped = 0;
+    /* newest first, so the LRU evicts a prefix's first blocks last, as release does */
+    for (int i = n - 1; i >= s->n_dropped; i--) {
+        block_unref(c, s->blocks[i]);
+        s->blocks[i] = c->p.n_blocks;
+        dropped++;
+    }
+    if (n > s->n_dropped) s->n_dropped = n;
+    return dropped;
+}
+
+/* The longest hit of at most `eligible` blocks under the window rule, from
+ * the blocks found (-1: not in the index); *first gets the blocks before
+ * its window. */
+static int window_hit(const int32_t *found, int eligible, int bs, int window, int *first) {
+    int best = 0;
+    for (int i = eligible; i > 0 && !best; i--) {
+        int lo = i * bs - window + 1 > 0 ? (i * bs - window + 1) / bs : 0, j = i - 1;
+        while (j >= lo && found[j] >= 0) j--;
+        if (j < lo) best = i;
+    }
+    *first = best * bs - window + 1 > 0 ? (best * bs - window + 1) / bs : 0;
+    return best;
+}
+
+int kv_prefix_probe_window(const kv_cache *c, const int32_t *tokens, int n, int window, int max_blocks, int *live) {
+    int bs = c->p.block_size, eligible = n > 0 ? (n - 1) / bs : 0, first = 0;
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    if (eligible > max_blocks) eligible = max_blocks;
+    *live = 0;
+    if (!c->p.prefix_cache || eligible <= 0) return 0;
+    int32_t *found = malloc((size_t)eligible * sizeof *found);
+    kv_key *keys = malloc((size_t)eligible * sizeof *keys);
+    int best = 0;
+    if (found && keys) {
+        for (int i = 0; i < eligible; i++) {
+            kv_block_key(&c->fmt, i == 0 ? NULL : &keys[i - 1], tokens + (size_t)i * bs, &keys[i]);
+            found[i] = kv_prefix_find(c->ix, &keys[i], i == 0 ? &k_no_parent : &keys[i - 1], tokens + (size_t)i * bs);
+        }
+        best = window_hit(found, eligible, bs, window, &first);
+    }
+    free(found);
+    free(keys);
+    *live = best - first;
+    return best;
+}
+
+int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int n, int window, int max_blocks) {
+    kv_seq *s = &c->seqs[seq];
+    int bs = c->p.block_size;
+    if (!c->p.prefix_cache || s->len != 0 || s->n_blocks != 0) return s->len;
+    int eligible = (n - 1) / bs;
+    if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
+    if (eligible > max_blocks) eligible = max_blocks;
+    if (eligible <= 0 || seq_grow(c, s, eligible * bs)) return 0;
+    /* every block's key (they chain on tokens, not on blocks), and where the
+     * index has it */
+    int32_t *found = malloc((size_t)eligible * sizeof *found);
+    if (!found) return 0;
+    for (int i = 0; i < eligible; i++) {
+        kv_block_key(&c->fmt, i == 0 ? NULL : &s->keys[i - 1], tokens + (size_t)i * bs, &s->keys[i]);
+        found[i] = kv_prefix_find(c->ix, &s->keys[i], i == 0 ? &k_no_parent : &s->keys[i - 1], tokens + (size_t)i * bs);
+    }
+    /* the longest hit of i blocks whose next token's window is all there:
+     * blocks [(i * bs - window + 1) / bs, i) (vLLM's sliding-window rule) */
+    int first, best = window_hit(found, eligible, bs, window, &first);
+    for (int i = 0; i < best; i++) {
+        if (i < first) s->blocks[s->n_blocks++] = c->p.n_blocks;
+        else {
+            block_ref(c, found[i]);
+            s->blocks[s->n_blocks++] = found[i];
+        }
+    }
+    s->n_dropped = first;
+    c->hits += (uint64_t)(best - first);
+    c->misses += (uint64_t)(eligible - best);
+    free(found);
+    memcpy(s->tokens, tokens, (size_t)best * bs * sizeof(int32_t));
+    s->len = best * bs;
+    return s->len;
 }

@@ -192,4 +192,28 @@ int kv_block_refs(const kv_cache *c, int32_t block);
 /* Checks every invariant (reference counts equal table references, lists
  * consistent, index consistent); returns NULL or a description. For tests. */
 const char *kv_check(const kv_cache *c);
+/* ---- sliding window (docs/sliding-window.md) ---- */
+/* A block that belongs to no one and is never written: sliding-window
+ * sequences hold it in place of the blocks before their window, so block
+ * tables keep one entry per block_size positions (attention never reads it:
+ * it skips keys before the window). Reference counts ignore it. */
+int32_t kv_null_block(const kv_cache *c);
+/* Releases the sequence's blocks [0, n) (they go back to the pool; indexed
+ * ones stay cached on the LRU for prefix reuse) and puts the null block in
+ * their place. Returns how many were released now. */
+int kv_seq_drop_front(kv_cache *c, int seq, int n);
+/* How many of the sequence's first blocks are the null block. */
+int kv_seq_dropped(const kv_cache *c, int seq);
+/* kv_seq_match_prefix for a pool whose layers see `window` keys: the longest
+ * run of at most max_blocks full blocks whose next token's window is all in
+ * the index (the blocks before it need not be: they become the null block),
+ * as vLLM's sliding-window manager does. No tier promotion. */
+int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int n, int window, int max_blocks);
+/* What kv_seq_match_prefix_window would attach (blocks), without attaching;
+ * *live gets how many of them it would hold (the rest: the null block). */
+int kv_prefix_probe_window(const kv_cache *c, const int32_t *tokens, int n, int window, int max_blocks, int *live);
+/* kv_seq_restore for a sequence whose first `first` blocks were dropped:
+ * those become the null block; blocks_out gets the other ones. */
+int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_key *keys, int len, bool compacted,
+                        int first, int32_t *blocks_out, kvlm_error *err);
 #endif

@@ -42,4 +42,15 @@ void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *
     o->tokens_host = p->host_bytes / o->stored_block_bytes * (uint64_t)bs;
     o->tokens_disk = p->disk_bytes / o->stored_block_bytes * (uint64_t)bs;
     o->tokens_redis = p->redis_bytes / o->stored_block_bytes * (uint64_t)bs;
+    /* sliding window: the local layers' part stops growing at the window */
+    int n_local = c->sliding_window > 0 ? c->n_local_layers : 0;
+    o->window = n_local ? c->sliding_window : 0;
+    o->n_local_layers = n_local;
+    o->bytes_per_token_local = (size_t)(2.0 * n_local * c->n_kv_heads * c->head_dim * elem + 0.5);
+    o->bytes_per_token_global = o->bytes_per_token - o->bytes_per_token_local;
+    int cap = n_local ? ((c->sliding_window - 1 + bs - 1) / bs + 1) * bs : n_ctx;
+    o->local_cap_tokens = cap < n_ctx ? cap : n_ctx;
+    o->bytes_per_seq_window = o->bytes_per_token_global * (size_t)n_ctx +
+                              o->bytes_per_token_local * (size_t)o->local_cap_tokens;
+    o->fit_window_full = o->bytes_per_seq_window ? (long)(o->kv_mem / o->bytes_per_seq_window) : 0;
 }

@@ -44,6 +44,11 @@ struct kv_store {
     double copy_rate;
     int swap_tier;         /* the durable (disk) tier that takes what the swap space cannot; -1: none */
     uint64_t swap_nonce, swap_count; /* names of swapped blocks there: never a content key */
+    /* sliding window (kv_store_params.window, .local) */
+    int window, slack;
+    kv_store *local;       /* the local layers' store, or NULL */
+    int *layer_at;         /* with local: per model layer, its index in its store */
+    uint8_t *is_local;     /* with local: per model layer */
 };
 
 struct kv_swap {
@@ -54,19 +59,66 @@ struct kv_swap {
     int32_t *slots;    /* per block: its slot in the swap space */
     kv_key *dkeys;     /* or, when the swap space was full, its key in the swap tier */
     uint16_t *stage;   /* q4_kc: the sequence's staging; NULL otherwise */
+    struct kv_swap *local; /* the local layers' store's part, or NULL */
+    int first;         /* sliding window: blocks before this one were dropped (not kept; n_blocks counts from it) */
 };
 
+static void window_drop(kv_store *s, int seq);
 static void on_demote(void *user, kv_cache *c, int32_t b);
 static void on_indexed(void *user, kv_cache *c, int32_t b);
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
 
+static kv_store *store_create(const kv_store_params *p, kvlm_error *err);
+
 kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
+    kv_store *local = NULL;
+    if (p->local) {
+        if (p->local->local || !p->layer_local || p->local->window <= 0) {
+            for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
+            for (int t = 0; t < p->local->n_tiers; t++) kv_tier_close(p->local->tiers[t]);
+            util_err_set(err, KVLM_EINVAL, "a local layers' store needs a window, a layer map and no store of its own");
+            return NULL;
+        }
+        if (!(local = store_create(p->local, err))) {
+            for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
+            return NULL;
+        }
+    }
+    kv_store *s = store_create(p, err);
+    if (!s) { kv_store_free(local); return NULL; }
+    if (local) {
+        int n = p->pool.n_layers + p->local->pool.n_layers, at[2] = {0, 0};
+        s->local = local;
+        s->layer_at = malloc((size_t)n * sizeof(int));
+        s->is_local = malloc((size_t)n);
+        if (!s->layer_at || !s->is_local) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            kv_store_free(s);
+            return NULL;
+        }
+        for (int l = 0; l < n; l++) {
+            s->is_local[l] = p->layer_local[l] ? 1 : 0;
+            s->layer_at[l] = at[s->is_local[l]]++;
+        }
+        if (at[0] != p->pool.n_layers || at[1] != p->local->pool.n_layers) {
+            util_err_set(err, KVLM_EINVAL, "the layer map names %d global and %d local layers; the stores have %d and %d",
+                         at[0], at[1], p->pool.n_layers, p->local->pool.n_layers);
+            kv_store_free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
     kv_store *s = calloc(1, sizeof *s);
     if (!s) {
         for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         return NULL;
     }
+    s->window = p->window > 0 ? p->window : 0;
+    s->slack = p->window_slack > 0 ? p->window_slack : 1;
     for (int t = 0; t < p->n_tiers && t < KV_STORE_MAX_TIERS; t++)
         if (p->tiers[t]) {
             s->tiers[s->n_tiers] = p->tiers[t];
@@ -113,6 +165,10 @@ kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
 
 void kv_store_free(kv_store *s) {
     if (!s) return;
+    kv_store_free(s->local); /* persists itself */
+    s->local = NULL;
+    free(s->layer_at);
+    free(s->is_local);
     if (s->c) kv_store_persist(s);
     for (int t = 0; t < s->n_tiers; t++) kv_tier_close(s->tiers[t]);
     kv_free(s->c);
@@ -206,6 +262,9 @@ static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int
                 kv_block_write(c, b, payload);
                 s->in_tier[b] = (uint8_t)(1u << t);
                 s->promoted[t]++;
+                /* a windowed store lets the blocks before the window go as it
+                 * promotes, so a prefix longer than its pool still comes back */
+                window_drop(s, seq);
             }
             got += k;
         }
@@ -230,6 +289,7 @@ int kv_store_tier_stats_get(const kv_store *s, kv_store_tier_stats *out, int cap
 }
 
 void kv_store_persist(kv_store *s) {
+    if (s->local) kv_store_persist(s->local);
     if (!s->n_tiers) return;
     for (int32_t b = 0; b < s->p.n_blocks; b++) {
         if (!kv_block_indexed(s->c, b)) continue;
@@ -273,21 +333,67 @@ int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return k
 bool kv_store_seq_valid(const kv_store *s, int seq) { return kv_seq_valid(s->c, seq); }
 int kv_store_seq_len(const kv_store *s, int seq) { return kv_seq_len(s->c, seq); }
 const int32_t *kv_store_seq_tokens(const kv_store *s, int seq) { return kv_seq_tokens(s->c, seq); }
-int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err) { return kv_seq_reserve(s->c, seq, n_new, err); }
-void kv_store_trim(kv_store *s, int seq, int n_keep) { kv_seq_trim(s->c, seq, n_keep); }
-void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) { kv_seq_commit(s->c, seq, tokens, n); }
-void kv_store_release(kv_store *s, int seq) { kv_seq_release(s->c, seq); }
+/* Sliding window: the next query (position len) and every later one see
+ * keys from len - window + 1 on; the blocks wholly before that go back. */
+static void window_drop(kv_store *s, int seq) {
+    int first = kv_seq_len(s->c, seq) - s->window + 1;
+    if (s->window > 0 && first >= s->p.block_size) kv_seq_drop_front(s->c, seq, first / s->p.block_size);
+}
+
+int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err) {
+    int rc = kv_seq_reserve(s->c, seq, n_new, err);
+    if (rc || !s->local) return rc;
+    if ((rc = kv_store_reserve(s->local, seq, n_new, err))) kv_seq_trim(s->c, seq, kv_seq_len(s->c, seq));
+    return rc;
+}
+void kv_store_trim(kv_store *s, int seq, int n_keep) {
+    kv_seq_trim(s->c, seq, n_keep);
+    if (s->local) kv_store_trim(s->local, seq, n_keep);
+}
+void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) {
+    kv_seq_commit(s->c, seq, tokens, n);
+    window_drop(s, seq);
+    if (s->local) kv_store_commit(s->local, seq, tokens, n);
+}
+void kv_store_release(kv_store *s, int seq) {
+    kv_seq_release(s->c, seq);
+    if (s->local) kv_store_release(s->local, seq);
+}
 int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err) {
     int rc = kv_seq_fork(s->c, src, dst, err);
     if (!rc) s->stage_block[dst] = s->stage_block[src];
+    if (!rc && s->local && (rc = kv_store_fork(s->local, src, dst, err))) kv_seq_release(s->c, dst);
     return rc;
 }
+
+/* A windowed store: the ordinary match first (it promotes from the tiers
+ * into RAM), then vLLM's rule over what RAM now holds, which may find a
+ * longer hit whose early blocks were dropped. At most max_blocks blocks. */
+static int match_window(kv_store *s, int seq, const int32_t *tokens, int n, int max_blocks) {
+    int bs = s->p.block_size, cap = max_blocks * bs + 1;
+    if (s->n_tiers) {
+        kv_seq_match_prefix(s->c, seq, tokens, n < cap ? n : cap);
+        kv_seq_release(s->c, seq);
+    }
+    return kv_seq_match_prefix_window(s->c, seq, tokens, n, s->window, max_blocks);
+}
+
 int kv_store_match_prefix(kv_store *s, int seq, const int32_t *tokens, int n) {
-    return kv_seq_match_prefix(s->c, seq, tokens, n);
+    if (!s->window && !s->local) return kv_seq_match_prefix(s->c, seq, tokens, n);
+    int bs = s->p.block_size, max = n > 0 ? (n - 1) / bs : 0;
+    int m = s->window ? match_window(s, seq, tokens, n, max) : kv_seq_match_prefix(s->c, seq, tokens, n);
+    if (!s->local || m == 0) return m;
+    /* the local layers' hit decides; the global layers keep as much of theirs
+     * (a hit of fewer blocks is always one for them) */
+    int ml = match_window(s->local, seq, tokens, n, m / bs);
+    if (ml < m) kv_seq_trim(s->c, seq, ml);
+    return ml;
 }
 
 int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_rekey_fn rekey, void *user,
                      kvlm_error *err) {
+    if (s->window || s->local)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window cache keeps absolute positions: no compaction");
     int rc = kv_seq_compact(s->c, seq, keep, n_keep, rekey, user, err);
     if (rc) return rc;
     /* q4_kc: a partial last block's keys now sit in the staging */
@@ -298,7 +404,16 @@ int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_r
 
 /* ---- the write path and the attention view ---- */
 
+/* The store that holds a model layer, and the layer's index there. */
+static kv_store *store_of(const kv_store *s, int *layer) {
+    if (!s->local) return (kv_store *)s;
+    int l = *layer;
+    *layer = s->layer_at[l];
+    return s->is_local[l] ? s->local : (kv_store *)s;
+}
+
 void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v) {
+    s = store_of(s, &layer);
     int HD = s->p.head_dim, bs = s->p.block_size, slot = pos % bs;
     int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
     if (s->p.k_type == KVLM_CACHE_Q4_KC) {
@@ -313,9 +428,11 @@ void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, 
     int bs = s->p.block_size;
     bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
     for (int t = 0; t < T; t++) s->stage_block[seq[t]] = kc && pos[t] % bs != bs - 1 ? pos[t] / bs : -1;
+    if (s->local) kv_store_rows_written(s->local, seq, pos, T);
 }
 
 void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, const float **bp, op_attn_args *a) {
+    s = store_of(s, &layer);
     const int32_t *blocks = kv_seq_blocks(s->c, seq, NULL);
     int need = last_pos / s->p.block_size + 1;
     for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(s->c, blocks[i], layer, 0);
@@ -359,15 +476,47 @@ void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_looku
             free(keys);
         }
     }
-    out->blocks_needed = blocks_for(s, n_hold) - matched;
+    /* under a window: the window rule may find a longer hit, and the
+     * blocks before its window are not held */
+    int live = matched;
+    if (s->window > 0 && n_lookup > 0) {
+        int wl, wm = kv_prefix_probe_window(s->c, tokens, n_lookup, s->window, eligible, &wl);
+        if (wm > matched) {
+            out->ram_tokens = out->cached_tokens = wm * bs;
+            memset(out->tier_tokens, 0, sizeof out->tier_tokens);
+            matched = wm;
+        }
+        live = wm >= matched ? wl : matched;
+    }
+    /* gemma: the local layers' window rule caps the hit */
+    if (s->local && n_lookup > 0 && matched > 0) {
+        int wl, wm = kv_prefix_probe_window(s->local->c, tokens, n_lookup, s->local->window, matched, &wl);
+        if (wm < matched) {
+            out->ram_tokens = out->cached_tokens = wm * bs;
+            memset(out->tier_tokens, 0, sizeof out->tier_tokens);
+            matched = live = wm;
+        }
+    }
+    int held = kv_store_blocks_held(s, matched * bs);
+    out->blocks_needed = kv_store_blocks_held(s, n_hold) - (live < held ? live : held);
     if (out->blocks_needed < 0) out->blocks_needed = 0;
     out->blocks_available = kv_available_blocks(s->c) - unref;
+}
+
+int kv_store_blocks_held(const kv_store *s, int n) {
+    int all = blocks_for(s, n);
+    if (s->window <= 0) return all;
+    /* the blocks from the one holding position n - window - slack on: one
+     * step's tokens are reserved before the blocks before their window drop */
+    int first = n - s->window - s->slack + 1, gone = first > 0 ? first / s->p.block_size : 0;
+    return all - gone;
 }
 
 int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold) {
     int have = 0;
     kv_seq_blocks(s->c, seq, &have);
-    int need = blocks_for(s, n_hold) - have;
+    have -= kv_seq_dropped(s->c, seq);
+    int need = kv_store_blocks_held(s, n_hold) - have;
     return need > 0 ? need : 0;
 }
 
@@ -375,6 +524,13 @@ void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared)
     int n = 0, shared = 0;
     const int32_t *b = kv_seq_blocks(s->c, seq, &n);
     for (int i = 0; i < n; i++) shared += kv_block_refs(s->c, b[i]) > 1;
+    n -= kv_seq_dropped(s->c, seq);
+    if (s->local) { /* both stores' blocks */
+        int nl = 0, sl = 0;
+        kv_store_seq_info(s->local, seq, &nl, &sl);
+        n += nl;
+        shared += sl;
+    }
     if (n_blocks) *n_blocks = n;
     if (n_shared) *n_shared = shared;
 }
@@ -386,7 +542,8 @@ static size_t stage_per_seq(const kv_store *s) { return kv_store_stage_bytes(s) 
 size_t kv_store_swap_bytes(const kv_store *s, int seq) {
     int n = 0;
     kv_seq_blocks(s->c, seq, &n);
-    return (size_t)n * kv_block_bytes(s->c) + stage_per_seq(s);
+    n -= kv_seq_dropped(s->c, seq);
+    return (size_t)n * kv_block_bytes(s->c) + stage_per_seq(s) + (s->local ? kv_store_swap_bytes(s->local, seq) : 0);
 }
 
 static int swap_free_slots(const kv_store *s) { return s->swap_mem ? s->swap_n_free : s->swap_slots; }
@@ -394,9 +551,11 @@ static int swap_free_slots(const kv_store *s) { return s->swap_mem ? s->swap_n_f
 bool kv_store_swap_fits(const kv_store *s, int seq) {
     int n = 0;
     kv_seq_blocks(s->c, seq, &n);
+    n -= kv_seq_dropped(s->c, seq);
     /* the swap tier takes what the swap space cannot (its puts may still be
      * dropped: kv_store_swap_out then answers EFULL) */
-    return s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0);
+    return s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0) &&
+           (!s->local || kv_store_swap_fits(s->local, seq));
 }
 
 /* The swap space, at the first swap: most contexts never preempt. */
@@ -424,6 +583,7 @@ static uint8_t *slot_at(const kv_store *s, int32_t slot) {
  * partial last block padded with zeros. */
 static const int32_t *swap_block_tokens(const kv_store *s, const kv_swap *h, int i, int32_t *pad) {
     int bs = s->p.block_size;
+    i += h->first; /* the handle's block i is the sequence's block first + i */
     if ((i + 1) * bs <= h->len) return h->tokens + (size_t)i * bs;
     memset(pad, 0, (size_t)bs * sizeof *pad);
     memcpy(pad, h->tokens + (size_t)i * bs, (size_t)(h->len - i * bs) * sizeof *pad);
@@ -432,6 +592,7 @@ static const int32_t *swap_block_tokens(const kv_store *s, const kv_swap *h, int
 
 void kv_store_swap_drop(kv_store *s, kv_swap *h) {
     if (!h) return;
+    if (s->local) kv_store_swap_drop(s->local, h->local);
     if (h->dkeys) {
         for (int i = 0; i < h->n_blocks; i++) kv_tier_drop(s->tiers[s->swap_tier], &h->dkeys[i]);
         s->swap.disk_blocks_used -= (uint64_t)h->n_blocks;
@@ -469,7 +630,25 @@ static bool swap_out_tier(kv_store *s, kv_swap *h, const int32_t *blocks, int32_
     return true;
 }
 
+static int swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err);
+
+/* With a local layers' store, its part first: undone if the rest fails. */
 int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
+    *out = NULL;
+    if (!s->local) return swap_out(s, seq, out, err);
+    kv_swap *lh = NULL;
+    int rc = swap_out(s->local, seq, &lh, err);
+    if (rc) return rc;
+    if ((rc = swap_out(s, seq, out, err))) {
+        kvlm_error e2 = {0};
+        if (kv_store_swap_in(s->local, seq, lh, &e2)) kv_store_swap_drop(s->local, lh);
+        return rc;
+    }
+    (*out)->local = lh;
+    return KVLM_OK;
+}
+
+static int swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     *out = NULL;
     if (!kv_store_swap_fits(s, seq))
         return util_err_set(err, KVLM_EFULL, "the KV swap space has no room for sequence %d", seq);
@@ -477,9 +656,12 @@ int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     if (rc) return rc;
     int n = 0, len = kv_seq_len(s->c, seq), bs = s->p.block_size;
     const int32_t *blocks = kv_seq_blocks(s->c, seq, &n);
-    /* blocks beyond len (reserved, not committed) are not kept */
-    int keep = (len + bs - 1) / bs;
+    /* blocks beyond len (reserved, not committed) are not kept, nor those a
+     * sliding window dropped: keep counts from `first` */
+    int first = kv_seq_dropped(s->c, seq), keep = (len + bs - 1) / bs;
     if (keep > n) keep = n;
+    keep -= first;
+    blocks += first;
     bool to_tier = keep > s->swap_n_free;
     size_t st = stage_per_seq(s);
     kv_swap *h = calloc(1, sizeof *h);
@@ -494,6 +676,7 @@ int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     }
     h->len = len;
     h->n_blocks = keep;
+    h->first = first;
     h->compacted = kv_seq_compacted(s->c, seq);
     h->stage_block = s->stage_block[seq];
     if (len) memcpy(h->tokens, kv_seq_tokens(s->c, seq), (size_t)len * sizeof(int32_t));
@@ -553,7 +736,27 @@ static bool swap_in_tier(kv_store *s, kv_swap *h, uint8_t *host) {
     return ok;
 }
 
+static int swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err);
+
+/* With a local layers' store: the global part must fit before the local
+ * part comes in; a global part lost in a tier takes the local part with it. */
 int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
+    if (!s->local) return swap_in(s, seq, h, err);
+    if (kv_available_blocks(s->c) < h->n_blocks)
+        return util_err_set(err, KVLM_EFULL, "the KV cache is full: swapping sequence %d in needs %d blocks", seq,
+                            h->n_blocks);
+    int rc = swap_in(s->local, seq, h->local, err);
+    if (rc == KVLM_EIO) {
+        h->local = NULL;
+        kv_store_swap_drop(s, h);
+    }
+    if (rc) return rc;
+    h->local = NULL;
+    if ((rc = swap_in(s, seq, h, err))) kv_store_release(s->local, seq);
+    return rc;
+}
+
+static int swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
     size_t bb = kv_block_bytes(s->c);
     int32_t *blocks = malloc((size_t)(h->n_blocks + 1) * sizeof(int32_t));
     uint8_t *host = h->dkeys ? malloc((size_t)h->n_blocks * bb + 1) : NULL;
@@ -576,7 +779,7 @@ int kv_store_swap_in(kv_store *s, int seq, kv_swap *h, kvlm_error *err) {
         return util_err_set(err, KVLM_EIO, "a swapped-out block of sequence %d was lost or damaged in the %s tier",
                             seq, s->tiers[s->swap_tier]->ops->name);
     }
-    int rc = kv_seq_restore(s->c, seq, h->tokens, h->keys, h->len, h->compacted, blocks, err);
+    int rc = kv_seq_restore_from(s->c, seq, h->tokens, h->keys, h->len, h->compacted, h->first, blocks, err);
     if (rc) { free(blocks); free(host); return rc; }
     for (int i = 0; i < h->n_blocks; i++)
         kv_block_write(s->c, blocks[i], h->dkeys ? host + (size_t)i * bb : slot_at(s, h->slots[i]));
@@ -623,6 +826,30 @@ void kv_store_swap_stats_get(const kv_store *s, kv_store_swap_stats *st) { *st =
 /* ---- sizes and statistics ---- */
 
 size_t kv_store_block_bytes(const kv_store *s) { return kv_block_bytes(s->c); }
-size_t kv_store_token_bytes(const kv_store *s) { return kv_token_bytes(s->c); }
-size_t kv_store_stage_bytes(const kv_store *s) { return kv_stage_bytes(s->c); }
-void kv_store_stats(const kv_store *s, kv_stats *st) { kv_get_stats(s->c, st); }
+size_t kv_store_token_bytes(const kv_store *s) {
+    return kv_token_bytes(s->c) + (s->local ? kv_store_token_bytes(s->local) : 0);
+}
+size_t kv_store_stage_bytes(const kv_store *s) {
+    return kv_stage_bytes(s->c) + (s->local ? kv_store_stage_bytes(s->local) : 0);
+}
+/* With a local layers' store, both pools' blocks are counted together. */
+void kv_store_stats(const kv_store *s, kv_stats *st) {
+    kv_get_stats(s->c, st);
+    if (!s->local) return;
+    kv_stats l;
+    kv_store_stats(s->local, &l);
+    st->n_blocks += l.n_blocks;
+    st->used += l.used;
+    st->cached += l.cached;
+    st->free += l.free;
+    st->hits += l.hits;
+    st->misses += l.misses;
+    st->evictions += l.evictions;
+    st->shared += l.shared;
+}
+kv_store *kv_store_local(kv_store *s) { return s->local; }
+size_t kv_store_held_bytes(const kv_store *s) {
+    kv_stats st;
+    kv_get_stats(s->c, &st);
+    return (size_t)st.used * kv_block_bytes(s->c) + (s->local ? kv_store_held_bytes(s->local) : 0);
+}

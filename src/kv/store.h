@@ -24,7 +24,7 @@ enum {
     KV_TIER_DURABLE = 4,   /* survives the process: kv_store_persist writes what it lacks (disk) */
 };
 
-typedef struct {
+typedef struct kv_store_params {
     kv_params pool;
     /* Colder tiers in the order they are asked (host, disk, redis); the store
      * owns them (closes them in kv_store_free). */
@@ -34,6 +34,19 @@ typedef struct {
     /* Bytes of the swap space (kv_store_swap_out): preempted sequences' blocks
      * in host memory outside the pool, allocated at the first swap; 0: none. */
     size_t swap_bytes;
+    /* Sliding-window attention (docs/sliding-window.md). window > 0: this
+     * store's layers see only the last `window` keys, so blocks wholly before
+     * every future query's window are released as sequences grow (the null
+     * block takes their place); window_slack: the most tokens one step adds
+     * to a sequence (the engine's batch), for the blocks a sequence holds at
+     * most. local (NULL: none): a second store for the layers with a window
+     * when others have none (gemma); layer_local then says, per model layer
+     * (pool.n_layers of this store plus local->pool.n_layers), which store
+     * holds it. The local store is sized so it never refuses what the global
+     * one admitted: admission counts this store's blocks. */
+    int window, window_slack;
+    const struct kv_store_params *local;
+    const uint8_t *layer_local;
 } kv_store_params;
 
 /* On failure the tiers in p are closed too. */
@@ -162,4 +175,11 @@ void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user);
 int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap);
 /* The pool underneath, for tests and kv_check. */
 kv_cache *kv_store_pool(kv_store *s);
+/* The local layers' store (kv_store_params.local), or NULL. */
+kv_store *kv_store_local(kv_store *s);
+/* The most blocks a sequence of n tokens holds in this store (fewer than
+ * n / block_size under a sliding window). */
+int kv_store_blocks_held(const kv_store *s, int n);
+/* Blocks of both stores held by sequences now, and the bytes they take. */
+size_t kv_store_held_bytes(const kv_store *s);
 #endif

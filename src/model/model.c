@@ -115,6 +115,80 @@ static int take_tensor(const struct kvlm_model *m, model_tensor *t, const char *
     return KVLM_OK;
 }
 
+/* Sliding windows, soft-capping, the query scale and the local RoPE base
+ * (docs/sliding-window.md). What llama.cpp reads, with its defaults:
+ *  - llama: llama.attention.sliding_window, if present, makes every layer
+ *    local (Mistral's convention; kvlm's own choice: llama.cpp's llama graph
+ *    reads no window for arch llama and attends to the whole context).
+ *  - gemma2: every second layer local (layer 0 first), window
+ *    gemma2.attention.sliding_window (default 4096), attention and final
+ *    soft-capping gemma2.attn_logit_softcapping / final_logit_softcapping
+ *    (defaults 50 and 30).
+ *  - gemma3: five local layers then one global, window as above (default
+ *    512), local layers' RoPE base 10000 (global: rope.freq_base), no
+ *    soft-capping; linear RoPE scaling (the 4B and larger) is refused.
+ *  - gemma: the queries are scaled by 1/sqrt(key_length), except the 27B
+ *    models (46 layers for gemma2, 62 for gemma3) whose query_pre_attn_scalar
+ *    is dim / heads: llama.cpp decides it by the model's size the same way,
+ *    as no GGUF key carries it.
+ *  - phi3's sliding_window is read and ignored, as llama.cpp does. */
+static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    bool g2 = c->arch == KVLM_ARCH_GEMMA2, g3 = c->arch == KVLM_ARCH_GEMMA3;
+    int64_t v;
+    bool found;
+    int hrc;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->rope_base_local = c->rope_base;
+    if (g2 || g3) {
+        c->rope_neox = true;
+        if ((g2 && c->n_layers == 46) || (g3 && c->n_layers == 62)) c->attn_scale = 1.0f / sqrtf((float)c->dim / c->n_heads);
+        if (g3) c->rope_base_local = 10000.0f;
+        c->swa_period = g2 ? 2 : 6;
+        c->sliding_window = g2 ? 4096 : 512;
+    }
+    if (c->arch == KVLM_ARCH_LLAMA || g2 || g3) {
+        if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
+        if (found && (v < 0 || v > (1 << 24)))
+            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.attention.sliding_window = %lld is out of range", m->path,
+                                arch, (long long)v);
+        if (found) c->sliding_window = (int)v;
+        /* llama.cpp's optional per-architecture override of the period */
+        if ((hrc = hp_int(m, arch, "attention.sliding_window_pattern", &v, &found, err))) return hrc;
+        if (found && (v < 0 || v > c->n_layers + 1))
+            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.attention.sliding_window_pattern = %lld is out of range",
+                                m->path, arch, (long long)v);
+        if (found) c->swa_period = (int)v;
+    }
+    if (g2) {
+        double d = 50.0;
+        if ((hrc = hp_float(m, arch, "attn_logit_softcapping", 0, false, &d, err))) return hrc;
+        c->attn_softcap = (float)d;
+        d = 30.0;
+        if ((hrc = hp_float(m, arch, "final_logit_softcapping", 0, false, &d, err))) return hrc;
+        c->final_softcap = (float)d;
+    }
+    if (g3) {
+        char key[128], type[32] = "";
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        if (gguf_get_str(m->gguf, key, type, sizeof type) && strcmp(type, "none"))
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of the global layers (Gemma 3 "
+                                "4B and larger) is not supported; gemma3 files without it (1B) are", m->path, key, type);
+    }
+    for (int l = 0; l < c->n_layers; l++) c->n_local_layers += model_layer_window(c, l) > 0;
+    return KVLM_OK;
+}
+
+int model_layer_window(const kvlm_config *c, int l) {
+    if (c->sliding_window <= 0) return 0;
+    if (c->swa_period > 0 && (l + 1) % c->swa_period == 0) return 0;
+    return c->sliding_window;
+}
+
+float model_embed_scale(const kvlm_config *c) {
+    return c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3 ? sqrtf((float)c->dim) : 1.0f;
+}
+
 static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     const gguf_file *f = m->gguf;
     kvlm_config *c = &m->cfg;
@@ -125,9 +199,12 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
     else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
+    else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
+    else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3, deepseek2)",
+                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3, deepseek2, gemma2, "
+                            "gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -176,6 +253,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_PHI3;
+    if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_PHI3) {
         /* The 128k variants scale RoPE per frequency (LongRoPE: these factor
          * tensors plus rope.scaling.* keys); plain RoPE would be wrong there. */
@@ -210,6 +288,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (c->arch == KVLM_ARCH_DEEPSEEK2) return model_deepseek2_layers(m, err);
     bool bias = c->arch == KVLM_ARCH_QWEN2, phi3 = c->arch == KVLM_ARCH_PHI3;
+    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
         char n[96];
@@ -251,6 +330,16 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
         }
         TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false);
+        if (gemma) {
+            TAKE(post_attn_norm, "post_attention_norm.weight", c->dim, 0, false);
+            TAKE(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, false);
+        }
+        if (c->arch == KVLM_ARCH_GEMMA3) {
+            TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
+            TAKE(k_norm, "attn_k_norm.weight", c->head_dim, 0, false);
+        }
+        L->window = model_layer_window(c, l);
+        L->rope_base = L->window ? c->rope_base_local : c->rope_base;
 #undef TAKE
         if (l == 0) c->weight_type = L->wq.type;
     }
@@ -267,8 +356,14 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n) {
 }
 
 const char *model_arch_name(kvlm_arch arch) {
-    if (arch == KVLM_ARCH_DEEPSEEK2) return "deepseek2";
-    return arch == KVLM_ARCH_QWEN2 ? "qwen2" : arch == KVLM_ARCH_PHI3 ? "phi3" : "llama";
+    switch (arch) {
+    case KVLM_ARCH_QWEN2: return "qwen2";
+    case KVLM_ARCH_PHI3: return "phi3";
+    case KVLM_ARCH_GEMMA2: return "gemma2";
+    case KVLM_ARCH_GEMMA3: return "gemma3";
+    case KVLM_ARCH_DEEPSEEK2: return "deepseek2";
+    default: return "llama";
+    }
 }
 
 /* ---- llama2.c ------------------------------------------------------------ */
@@ -326,6 +421,8 @@ static int load_llama2c(struct kvlm_model *m, const char *tokenizer_path, bool v
     c->rope_neox = false;
     c->norm_eps = 1e-5f;
     c->weight_type = DT_F32;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->rope_base_local = c->rope_base;
     int64_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
     int64_t KV = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t n_floats = V * D + L * (D + D * D + 2 * KV * D + D * D + D + 3 * F * D) + D +

@@ -35,6 +35,11 @@ typedef struct {
      * head into W_UK^T (kv_lora rows of nope) and W_UV (v rows of kv_lora),
      * stacked over the heads; used when wkv_b is absent */
     model_tensor wk_b, wv_b;
+    /* gemma2/3: norms of the attention and FFN outputs (before the residual
+     * add); gemma3: per-head norms of q and k (before RoPE). Absent: NULL data. */
+    model_tensor post_attn_norm, post_ffn_norm, q_norm, k_norm;
+    int window;         /* sliding window of this layer's attention, 0: global */
+    float rope_base;    /* this layer's RoPE base */
 } model_layer;
 
 struct tok_tokenizer;
@@ -63,7 +68,12 @@ struct kvlm_model {
  * forward pass and the per-matrix kernels see ordinary weights. */
 model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
 
-/* The GGUF name of an architecture ("llama", "qwen2", "phi3"). */
+/* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */
+int model_layer_window(const kvlm_config *c, int l);
+/* Gemma's scale of the token embeddings (sqrt(dim)); 1 otherwise. */
+float model_embed_scale(const kvlm_config *c);
+
+/* The GGUF name of an architecture ("llama", "qwen2", "phi3", "gemma2", "gemma3"). */
 const char *model_arch_name(kvlm_arch arch);
 
 /* Loads weights and vocabulary (params may be NULL: defaults). */

@@ -143,6 +143,10 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.ffn_gate_shexp.weight", l, L->gate_shexp);
         ADD("blk.%d.ffn_up_shexp.weight", l, L->up_shexp);
         ADD("blk.%d.ffn_down_shexp.weight", l, L->down_shexp);
+        ADD("blk.%d.post_attention_norm.weight", l, L->post_attn_norm);
+        ADD("blk.%d.post_ffw_norm.weight", l, L->post_ffn_norm);
+        ADD("blk.%d.attn_q_norm.weight", l, L->q_norm);
+        ADD("blk.%d.attn_k_norm.weight", l, L->k_norm);
     }
 #undef ADD
 #undef ADD_FUSED
@@ -203,6 +207,16 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
     gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_base);
     gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)c->rope_dim);
+    /* llama.cpp's keys; gemma's defaults hold when absent, so write them always */
+    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
+    if (c->sliding_window > 0 || gemma) gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window);
+    int period = c->arch == KVLM_ARCH_GEMMA2 ? 2 : c->arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
+    if (c->sliding_window > 0 && c->swa_period != period)
+        gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)c->swa_period);
+    if (c->arch == KVLM_ARCH_GEMMA2) {
+        gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), c->attn_softcap);
+        gguf_writer_set_f32(w, KEY("final_logit_softcapping"), c->final_softcap);
+    }
 #undef KEY
 }
 
@@ -258,7 +272,7 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void
 int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
-    int cap = 3 + 26 * m->cfg.n_layers;
+    int cap = 3 + 30 * m->cfg.n_layers;
     named_tensor *ts = calloc((size_t)cap, sizeof *ts);
     void **owned = calloc((size_t)cap, sizeof *owned);
     gguf_writer *w = gguf_writer_create();
@@ -348,6 +362,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.rope_dim = c.head_dim;
     c.rope_base = p->rope_base > 0 ? p->rope_base : 10000.0f;
     c.norm_eps = 1e-5f;
+    bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
+    c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
+    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
+    if (c.arch == KVLM_ARCH_GEMMA2) {
+        c.attn_softcap = p->attn_softcap > 0 ? p->attn_softcap : p->attn_softcap < 0 ? 0 : 50.0f;
+        c.final_softcap = p->final_softcap > 0 ? p->final_softcap : p->final_softcap < 0 ? 0 : 30.0f;
+    }
+    if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && !gemma))
+        return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2 and gemma3");
     if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
         (c.head_dim & 1) || c.n_heads % c.n_kv_heads || c.vocab_size < 3)
         return util_err_set(err, KVLM_EINVAL,
@@ -395,7 +418,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
     int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
     /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
-    int max_tensors = 3 + 26 * c.n_layers, n_alloc = 0;
+    int max_tensors = 3 + 30 * c.n_layers, n_alloc = 0;
     float **bufs = calloc((size_t)max_tensors, sizeof *bufs);
     uint64_t s = p->seed * 2654435761u + 0x9e3779b97f4a7c15ull;
     if (!m.layers || !bufs) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
@@ -478,6 +501,14 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
             MAKE(L->w_down, c.hidden_dim, c.dim, 0);
             MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+        }
+        if (gemma) {
+            MAKE(L->post_attn_norm, c.dim, 1, 1);
+            MAKE(L->post_ffn_norm, c.dim, 1, 1);
+        }
+        if (c.arch == KVLM_ARCH_GEMMA3) {
+            MAKE(L->q_norm, c.head_dim, 1, 1);
+            MAKE(L->k_norm, c.head_dim, 1, 1);
         }
     }
 #undef MAKE

@@ -135,20 +135,22 @@ static void attention_ref_f32(float *out, const float *q, const op_attn_args *a)
     double *o = malloc((size_t)hd * sizeof(double));
     if (!s || !o) { free(s); free(o); return; }
     for (int t = 0; t < a->T; t++) {
-        int n = a->q_pos0 + t + 1; /* visible keys */
+        int n = a->q_pos0 + t + 1; /* visible keys: lo .. n-1 */
+        int lo = a->window > 0 && n > a->window ? n - a->window : 0;
         for (int hq = 0; hq < a->n_heads; hq++) {
             const float *qr = q + ((size_t)t * a->n_heads + hq) * hd;
             double mx = -INFINITY, sum = 0;
-            for (int p = 0; p < n; p++) {
+            for (int p = lo; p < n; p++) {
                 const float *kp = key_at(a, hq / G, p);
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)qr[i] * kp[i];
                 s[p] = d * a->scale;
+                if (a->softcap > 0) s[p] = a->softcap * tanh(s[p] / a->softcap);
                 if (s[p] > mx) mx = s[p];
             }
-            for (int p = 0; p < n; p++) sum += (s[p] = exp(s[p] - mx));
+            for (int p = lo; p < n; p++) sum += (s[p] = exp(s[p] - mx));
             for (int i = 0; i < vd; i++) o[i] = 0;
-            for (int p = 0; p < n; p++) {
+            for (int p = lo; p < n; p++) {
                 const float *vp = value_at(a, hq / G, p);
                 for (int i = 0; i < vd; i++) o[i] += s[p] * vp[i];
             }
@@ -213,7 +215,9 @@ static att_plan make_plan(const op_attn_args *a) {
     p.n_split = 1;
     if (p.n_items < ATT_SPLIT_ITEMS) {
         int s = (ATT_TARGET_TASKS + p.n_items - 1) / p.n_items;
-        int by_len = (a->q_pos0 + a->T) / ATT_MIN_CHUNK;
+        int span = a->q_pos0 + a->T;
+        if (a->window > 0 && span > a->window + a->T - 1) span = a->window + a->T - 1;
+        int by_len = span / ATT_MIN_CHUNK;
         int by_mem = ATT_PART_ROWS / (p.n_items * p.rows);
         if (s > by_len) s = by_len;
         if (s > by_mem) s = by_mem;
@@ -298,6 +302,10 @@ const op_att_kernels *op_att_kernels_at(int level) {
 
 /* The kernel of an item of R rows with a level's kernels. */
 static int pick_kernel(const op_attn_args *a, int R, const op_att_kernels *K) {
+    /* soft-capping, and windows over rows of several positions (each row's
+     * own first key), need the tiled kernel; one position's rows (decode)
+     * share their window, which the item's key range already is */
+    if (a->softcap > 0 || (a->window > 0 && a->T > 1)) return K->fused_ok ? OP_ATT_AVX2_TILE : OP_ATT_SCALAR;
     if (K->tile_ok && K->tile_ok(a, R)) return OP_ATT_VNNI_TILE;
     if (K->fused_ok)
         return is_typed(a) && R <= ATT_FUSED_ROWS && K->fused_ok(a) ? OP_ATT_AVX2_FUSED : OP_ATT_AVX2_TILE;
@@ -329,11 +337,14 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     float *L = (float *)((uint8_t *)M + round64(sizeof(float) * ATT_RMAX));
 
     int n_keys = a->q_pos0 + t1;
-    int k0 = 0, k1 = n_keys;
+    /* a sliding window: nothing before the first row's window is read */
+    const int W = a->window;
+    int lo = W > 0 && a->q_pos0 + t0 + 1 > W ? a->q_pos0 + t0 + 1 - W : 0;
+    int k0 = lo, k1 = n_keys;
     if (p->n_split > 1) {
-        int per = (n_keys + p->n_split - 1) / p->n_split;
+        int span = n_keys - lo, per = (span + p->n_split - 1) / p->n_split;
         per = (per + ATT_BK - 1) / ATT_BK * ATT_BK;
-        k0 = split * per < n_keys ? split * per : n_keys;
+        k0 = lo + (split * per < span ? split * per : span);
         k1 = k0 + per < n_keys ? k0 + per : n_keys;
     }
     for (int r = 0; r < R; r++) { M[r] = -INFINITY; L[r] = 0; }
@@ -412,6 +423,10 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             int vis = a->q_pos0 + t0 + ti - kb + 1;
             if (vis > nk) vis = nk;
             if (vis <= 0) continue;
+            /* keys kb .. kb+skip-1 are before this token's window */
+            int skip = W > 0 ? a->q_pos0 + t0 + ti + 1 - W - kb : 0;
+            if (skip < 0) skip = 0;
+            if (skip >= vis) continue;
             int vpad = (vis + 7) & ~7;
             for (int gi = 0; gi < ng; gi++) {
                 int r = ti * ng + gi;
@@ -420,8 +435,8 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 float *s = S + (size_t)r * ATT_BK, *o = O + (size_t)r * hd;
                 float mx = -INFINITY, sum;
                 /* key block in runs that are contiguous in the cache */
-                for (int x = 0, len; x < vis; x += len) {
-                    len = typed && !kc ? vis : run_from(a, kb + x, vis - x);
+                for (int x = skip, len; x < vis; x += len) {
+                    len = typed && !kc ? vis - x : run_from(a, kb + x, vis - x);
                     int b = kc ? (kb + x) / a->block_size : -1;
                     if (kc && b != a->stage_block) {
                         const uint8_t *region = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes;
@@ -432,8 +447,11 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                     const float *kx = typed ? Kt + (size_t)x * hd : key_at(a, h, kb + x);
                     K->scores(s + x, qr, kx, len, hd, a->scale);
                 }
+                for (int x = 0; x < skip; x++) s[x] = -INFINITY;
+                if (a->softcap > 0)
+                    for (int x = skip; x < vis; x++) s[x] = a->softcap * tanhf(s[x] / a->softcap);
                 if (j->W) memcpy(j->W + (size_t)row_of(a, p, t0 + ti, h, g0 + gi) * j->wn + kb, s, sizeof(float) * vis);
-                for (int x = 0; x < vis; x++) mx = s[x] > mx ? s[x] : mx;
+                for (int x = skip; x < vis; x++) mx = s[x] > mx ? s[x] : mx;
                 for (int x = vis; x < vpad; x++) s[x] = -INFINITY;
                 float m_new = M[r] > mx ? M[r] : mx;
                 /* over the padding too (its -inf gives 0): the same sum */
@@ -445,9 +463,9 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
                 }
                 L[r] += sum;
                 M[r] = m_new;
-                for (int x = 0, len; x < vis; x += len) {
-                    len = typed ? vis : run_from(a, kb + x, vis - x);
-                    const float *vx = typed ? Vt : value_at(a, h, kb + x);
+                for (int x = skip, len; x < vis; x += len) {
+                    len = typed ? vis - x : run_from(a, kb + x, vis - x);
+                    const float *vx = typed ? Vt + (size_t)x * hd : value_at(a, h, kb + x);
                     K->pv(o, s + x, vx, len, hd);
                 }
             }

@@ -208,6 +208,17 @@ typedef struct {
      * (MLA) cache the value rows are the key rows themselves (v_bytes 0,
      * v_type = k_type). Only op_attention_ref and op_attention_mla take it. */
     int v_dim;
+    /* Sliding window (0: none): the query at position p sees only keys
+     * p - window < k <= p (llama.cpp / Hugging Face: masked when p - k >=
+     * window). Keys before the window of the first query are never read, so
+     * blocks[] entries wholly before it may point anywhere readable; the work
+     * is O(window), not O(position). Soft-capping (0: none): each score s =
+     * scale * q.k becomes softcap * tanh(s / softcap) before the softmax
+     * (gemma2). Soft-capping, and windows in prefill (T > 1), run the tiled
+     * kernel of each level (not the fused decode or VNNI tile kernels); a
+     * window in decode runs them all. Neither is for H2O's key_weights. */
+    int window;
+    float softcap;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
@@ -232,4 +243,8 @@ void op_attention_ref(float *out, const float *q, const op_attn_args *a);
  * bytes for queries up to position n_ctx - 1. */
 size_t op_attention_mla_work_size(int n_threads, int n_heads, int head_dim, int n_ctx);
 void op_attention_mla(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
+/* Gemma's FFN: gate[i] = gelu_tanh(gate[i]) * up[i] (ops/geglu.c). */
+void op_geglu(float *gate, const float *up, int n);
+/* x[i] = cap * tanh(x[i] / cap): gemma2's final-logit soft-capping. */
+void op_softcap(float *x, int n, float cap);
 #endif
