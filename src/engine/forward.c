@@ -26,6 +26,17 @@
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
 
+/* A sequence taking speculative (unverified) tokens: from kvlm_seq_spec_begin
+ * until kvlm_seq_trim. Under h2o the attention of its unverified query rows
+ * is kept apart, one row of budget floats per token, and added to the scores
+ * only for the tokens kept, in their order. */
+typedef struct {
+    bool on;
+    int from;        /* its first unverified position (-1: none fed yet) */
+    float *rows;     /* h2o: rows_cap rows of budget floats */
+    int rows_cap;
+} spec_seq;
+
 struct kvlm_ctx {
     const kvlm_model *model;
     kvlm_ctx_params p;
@@ -65,6 +76,7 @@ struct kvlm_ctx {
     engine_cuda *cuda;         /* device CUDA: weights, KV blocks and the forward pass on the GPU */
     kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
     int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
+    spec_seq *spec;            /* speculative decoding, per sequence (allocated at the first kvlm_seq_spec_begin) */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -326,6 +338,8 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
     free(ctx->seq_at);
     free(ctx->blocks_tmp);
+    for (int s = 0; ctx->spec && s < ctx->p.n_seq_max; s++) free(ctx->spec[s].rows);
+    free(ctx->spec);
     free(ctx);
 }
 
@@ -354,6 +368,7 @@ void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
     kv_store_release(ctx->kv, seq);
     ctx->n_evicted[seq] = 0;
     if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
+    if (ctx->spec) { ctx->spec[seq].on = false; ctx->spec[seq].from = -1; }
 }
 
 /* ---- swap ---- */
@@ -430,6 +445,9 @@ void kvlm_ctx_reset(kvlm_ctx *ctx) {
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, src) || !kv_store_seq_valid(ctx->kv, dst))
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (ctx->spec && (ctx->spec[src].on || ctx->spec[dst].on) && src != dst)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d holds unverified tokens: trim it before forking",
+                            ctx->spec[src].on ? src : dst);
     int rc = kv_store_fork(ctx->kv, src, dst, err);
     if (rc || src == dst) return rc;
     ctx->n_evicted[dst] = ctx->n_evicted[src];
@@ -616,6 +634,13 @@ static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *co
     else op_backend_cpu()->attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
 }
 
+/* h2o, an unverified token of a speculating sequence: where its query's
+ * attention goes until kvlm_seq_trim keeps or drops it; else NULL. */
+static float *spec_row(const kvlm_ctx *ctx, int seq, int pos) {
+    if (!ctx->h2o || !ctx->spec || !ctx->spec[seq].on || ctx->spec[seq].from < 0) return NULL;
+    return ctx->spec[seq].rows + (size_t)(pos - ctx->spec[seq].from) * ctx->budget;
+}
+
 /* Attention for tokens [0, T): each run of consecutive positions of one
  * sequence is one call over that sequence's blocks; the calls of a step (one
  * per sequence in batched decode) go to the threads together. */
@@ -631,7 +656,8 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
     double t_start = util_now_s();
     for (int t0 = 0; t0 < T;) {
         int t1 = t0 + 1;
-        while (t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
+        float *kw = spec_row(ctx, seq[t0], pos[t0]);
+        while (!kw && t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
         op_attn_args *a = &args[n];
         memset(a, 0, sizeof *a);
         kv_store_attn_view(ctx->kv, layer, seq[t0], pos[t1 - 1], ctx->block_ptrs + (size_t)n * per_run, a);
@@ -641,7 +667,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
         a->scale = 1.0f / sqrtf((float)HD);
-        a->key_weights = h2o_scores(ctx, seq[t0]);
+        a->key_weights = kw ? kw : h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
         a->score_work_floats = ctx->h2o_work_floats;
         outs[n] = ctx->att + (size_t)t0 * QD;
@@ -867,6 +893,9 @@ static void rekey(void *user, float *keys, int n_rows, int shift) {
 static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
     int len = kv_store_seq_len(ctx->kv, s), budget = ctx->budget, bs = kv_store_params_of(ctx->kv)->block_size;
     if (len + n_new <= budget) return KVLM_OK;
+    if (ctx->spec && ctx->spec[s].on && ctx->spec[s].from >= 0 && len > ctx->spec[s].from)
+        return util_err_set(err, KVLM_ERANGE, "sequence %d: %d unverified tokens and %d more exceed the KV budget of %d; "
+                            "trim (kvlm_seq_trim) before it evicts", s, len - ctx->spec[s].from, n_new, budget);
     if (ctx->ev.policy == KVLM_EVICT_NONE)
         return util_err_set(err, KVLM_ERANGE, "sequence %d: %d more tokens exceed the KV budget of %d tokens (%d held; "
                             "eviction policy none stops there: window, sinks or h2o evict instead)", s, n_new, budget, len);
@@ -917,6 +946,28 @@ done:
     return rc;
 }
 
+/* A speculating sequence about to take n more tokens (after any eviction):
+ * its first unverified position, the blocks held from it, and h2o rows. */
+static int spec_prepare(kvlm_ctx *ctx, int s, int n, kvlm_error *err) {
+    if (!ctx->spec || !ctx->spec[s].on) return KVLM_OK;
+    spec_seq *sp = &ctx->spec[s];
+    int len = kv_store_seq_len(ctx->kv, s);
+    if (sp->from < 0) {
+        sp->from = len;
+        kv_store_hold(ctx->kv, s, len);
+    }
+    if (!ctx->h2o) return KVLM_OK;
+    int need = len + n - sp->from;
+    if (need > sp->rows_cap) {
+        float *r = realloc(sp->rows, (size_t)need * ctx->budget * sizeof(float));
+        if (!r) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        sp->rows = r;
+        sp->rows_cap = need;
+    }
+    memset(sp->rows + (size_t)(len - sp->from) * ctx->budget, 0, (size_t)n * ctx->budget * sizeof(float));
+    return KVLM_OK;
+}
+
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
@@ -959,6 +1010,7 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
                               s, count[s], ctx->p.n_ctx, kv_store_seq_len(ctx->kv, s));
             goto done;
         }
+        if ((rc = spec_prepare(ctx, s, count[s], err))) goto done;
     }
     if (ctx->p.no_kv_cache) {
         if (n_order != 1) { rc = util_err_set(err, KVLM_EINVAL, "--no-kv-cache runs one sequence per batch"); goto done; }
@@ -1000,6 +1052,56 @@ done:
     free(count);
     free(order);
     return rc;
+}
+
+/* ---- speculative decoding: unverified tokens and rollback ---- */
+
+int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (ctx->p.no_kv_cache)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding needs the KV cache (not --no-kv-cache)");
+    if (!ctx->spec) {
+        ctx->spec = calloc((size_t)ctx->p.n_seq_max, sizeof *ctx->spec);
+        if (!ctx->spec) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (int s = 0; s < ctx->p.n_seq_max; s++) ctx->spec[s].from = -1;
+    }
+    if (!ctx->spec[seq].on) {
+        ctx->spec[seq].on = true;
+        ctx->spec[seq].from = -1;
+    }
+    return KVLM_OK;
+}
+
+int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    int len = kv_store_seq_len(ctx->kv, seq);
+    spec_seq *sp = ctx->spec && ctx->spec[seq].on ? &ctx->spec[seq] : NULL;
+    int from = sp && sp->from >= 0 ? sp->from : len;
+    if (n_keep < 0 || n_keep > len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d holds %d tokens: cannot keep %d", seq, len, n_keep);
+    if (sp && n_keep < from)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens, fewer than the %d verified ones",
+                            seq, n_keep, from);
+    if (!sp && ctx->h2o && n_keep < len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: under h2o the scores hold what the tokens to drop attended; "
+                            "mark them unverified first (kvlm_seq_spec_begin)", seq);
+    if (ctx->p.no_kv_cache && n_keep < len)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "--no-kv-cache keeps no cache to take back");
+    int rc = kv_store_rollback(ctx->kv, seq, n_keep, err);
+    if (rc) return rc;
+    if (sp) {
+        float *sc = h2o_scores(ctx, seq);
+        /* the kept tokens' attention, in their order, as if fed one by one */
+        for (int r = 0; sc && r < n_keep - from; r++) {
+            const float *row = sp->rows + (size_t)r * ctx->budget;
+            for (int i = 0; i <= from + r; i++) sc[i] += row[i];
+        }
+        sp->on = false;
+        sp->from = -1;
+    }
+    return KVLM_OK;
 }
 
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {

@@ -277,6 +277,24 @@ int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err) { return 
 void kv_store_trim(kv_store *s, int seq, int n_keep) { kv_seq_trim(s->c, seq, n_keep); }
 void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) { kv_seq_commit(s->c, seq, tokens, n); }
 void kv_store_release(kv_store *s, int seq) { kv_seq_release(s->c, seq); }
+
+void kv_store_hold(kv_store *s, int seq, int from) { kv_seq_hold(s->c, seq, from); }
+
+int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
+    int len = kv_seq_len(s->c, seq), bs = s->p.block_size;
+    if (n_keep < 0 || n_keep > len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens of %d", seq, n_keep, len);
+    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
+    /* q4_kc: a block cut back to partial needs its f16 keys, which the
+     * staging keeps only until the next block's first row overwrites them */
+    if (kc && n_keep % bs && n_keep < len && len > (n_keep / bs + 1) * bs)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d: q4_kc keys cannot be taken back across a block "
+                            "boundary (from %d to %d tokens, blocks of %d)", seq, len, n_keep, bs);
+    kv_seq_trim(s->c, seq, n_keep);
+    if (kc && n_keep < len) s->stage_block[seq] = n_keep % bs ? n_keep / bs : -1;
+    kv_seq_unhold(s->c, seq);
+    return KVLM_OK;
+}
 int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err) {
     int rc = kv_seq_fork(s->c, src, dst, err);
     if (!rc) s->stage_block[dst] = s->stage_block[src];
