@@ -77,6 +77,7 @@ struct kvlm_ctx {
     kvlm_kv_event_sink events; /* KV events (kvlm_ctx_set_kv_event_sink); event NULL: none */
     int32_t *blocks_tmp;       /* kvlm_kv_cached_blocks' scratch, n_blocks */
     spec_seq *spec;            /* speculative decoding, per sequence (allocated at the first kvlm_seq_spec_begin) */
+    bool spec_h2o_direct;      /* engine.h, tests: unverified attention not kept apart */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -637,7 +638,7 @@ static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *co
 /* h2o, an unverified token of a speculating sequence: where its query's
  * attention goes until kvlm_seq_trim keeps or drops it; else NULL. */
 static float *spec_row(const kvlm_ctx *ctx, int seq, int pos) {
-    if (!ctx->h2o || !ctx->spec || !ctx->spec[seq].on || ctx->spec[seq].from < 0) return NULL;
+    if (!ctx->h2o || !ctx->spec || !ctx->spec[seq].on || ctx->spec[seq].from < 0 || ctx->spec_h2o_direct) return NULL;
     return ctx->spec[seq].rows + (size_t)(pos - ctx->spec[seq].from) * ctx->budget;
 }
 
@@ -1094,7 +1095,7 @@ int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err) {
     if (sp) {
         float *sc = h2o_scores(ctx, seq);
         /* the kept tokens' attention, in their order, as if fed one by one */
-        for (int r = 0; sc && r < n_keep - from; r++) {
+        for (int r = 0; sc && !ctx->spec_h2o_direct && r < n_keep - from; r++) {
             const float *row = sp->rows + (size_t)r * ctx->budget;
             for (int i = 0; i <= from + r; i++) sc[i] += row[i];
         }
@@ -1113,6 +1114,8 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 /* ---- engine.h hooks ------------------------------------------------------------ */
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
+const char *engine_kv_check(const kvlm_ctx *ctx) { return kv_check(kv_store_pool(ctx->kv)); }
+void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec_h2o_direct = !defer; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {

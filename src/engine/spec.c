@@ -11,7 +11,7 @@
 struct kvlm_spec {
     kvlm_ctx *ctx, *draft;
     int seq, mode, K, ng_max, ng_min, vocab, block_size;
-    bool q4kc;                 /* q4_kc keys: drafts stay within the block being filled */
+    bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
     int n_hist, cap_hist;
     int draft_len;             /* tokens of hist the draft context holds */
@@ -237,8 +237,12 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     int len = kvlm_seq_n_past(ctx, sp->seq), room = kvlm_ctx_kv_budget(ctx) - len - 1;
     if (room > kvlm_ctx_n_ctx(ctx) - len - 1) room = kvlm_ctx_n_ctx(ctx) - len - 1;
     if (sp->q4kc) {
-        int end = ((len + 1) / sp->block_size + 1) * sp->block_size;
-        if (room > end - len - 1) room = end - len - 1;
+        /* q4_kc keys: a block is quantized per channel when its last slot is
+         * written, and the batch's queries would then see keys quantized with
+         * the drafts among them; so drafts never reach the block's last slot
+         * (and a rollback never crosses a block) */
+        int end = (len / sp->block_size + 1) * sp->block_size;
+        if (room > end - len - 2) room = end - len - 2 > 0 ? end - len - 2 : 0;
     }
     if (room < 0 && !kvlm_ctx_kv_evict(ctx)) { /* the cache is full: given out, not fed, as a plain loop would */
         out[0] = x;

@@ -22,6 +22,8 @@ typedef struct {
     bool compacted;             /* evicted: its tokens no longer match the text, do not index */
     bool held;                  /* speculative: blocks reaching past hold_from are not indexed yet */
     int hold_from;
+    int32_t held_cow1;          /* held: 1 + the shared partial block copied at the first unverified write
+                                   (its reference kept, so a rollback to hold_from takes it back); 0: none */
 } kv_seq;
 
 struct kv_cache {
@@ -242,7 +244,8 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         /* raw bytes: a q4_kc block still filling has no valid K here yet
          * (its keys are in the sequence's staging), which copies harmlessly */
         c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
-        block_unref(c, old);
+        if (s->held && s->len == s->hold_from && !s->held_cow1) s->held_cow1 = old + 1;
+        else block_unref(c, old);
         s->blocks[s->len / bs] = nb;
     }
     while (s->n_blocks < need_blocks) s->blocks[s->n_blocks++] = block_alloc(c);
@@ -252,6 +255,15 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
 void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, keep = (n_keep + bs - 1) / bs;
+    if (s->held_cow1) { /* back to hold_from or before: the shared block again, not its copy */
+        int32_t old = s->held_cow1 - 1;
+        int i = s->hold_from / bs;
+        s->held_cow1 = 0;
+        if (n_keep <= s->hold_from && i < keep && i < s->n_blocks) {
+            block_unref(c, s->blocks[i]);
+            s->blocks[i] = old;
+        } else block_unref(c, old);
+    }
     while (s->n_blocks > keep) block_unref(c, s->blocks[--s->n_blocks]);
     if (s->len > n_keep) s->len = n_keep;
 }
@@ -309,6 +321,8 @@ void kv_seq_release(kv_cache *c, int seq) {
     s->len = 0;
     s->compacted = false;
     s->held = false;
+    if (s->held_cow1) block_unref(c, s->held_cow1 - 1);
+    s->held_cow1 = 0;
 }
 
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
@@ -578,6 +592,7 @@ const char *kv_check(const kv_cache *c) {
         int bs = c->p.block_size;
         if (q->len > q->n_blocks * bs) { snprintf(msg, sizeof msg, "seq %d: %d tokens in %d blocks", s, q->len, q->n_blocks); bad = msg; }
         for (int i = 0; i < q->n_blocks; i++) refs[q->blocks[i]]++;
+        if (q->held_cow1) refs[q->held_cow1 - 1]++;
     }
     for (int b = 0; b < nb && !bad; b++)
         if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }
