@@ -158,7 +158,9 @@ int cmd_run(int argc, char **argv) {
         kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL};
         if (draft_path) {
             kvlm_model_params dmp = {0};
-            if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &cp, &err))) {
+            kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
+            if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;
+            if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &dcp, &err))) {
                 fputc('\n', stdout);
                 cli_fail("run", "draft model %s: %s", draft_path, err.msg);
                 goto done;

@@ -14,7 +14,7 @@ struct kvlm_spec {
     bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
     int n_hist, cap_hist;
-    int draft_len;             /* tokens of hist the draft context holds */
+    int draft_len;             /* tokens of hist the draft context has been fed */
     bool have_next;            /* next: chosen, not yet given out or fed */
     int32_t next;
     float *logits;             /* the target's logits after its last fed token */
@@ -178,19 +178,28 @@ static int draft_lookup(const kvlm_spec *sp, int K, int32_t *out) {
 
 /* The draft model: catches up with the text (all verified), then proposes
  * up to K tokens greedily, each fed as unverified; returns how many. */
+/* Tokens the draft context has been fed (its cache holds fewer after eviction). */
+static int draft_fed(const kvlm_spec *sp) {
+    return kvlm_seq_n_past(sp->draft, sp->seq) + (int)kvlm_seq_n_evicted(sp->draft, sp->seq);
+}
+
 static int draft_model(kvlm_spec *sp, int K, int32_t *out, kvlm_error *err) {
     kvlm_ctx *d = sp->draft;
-    int behind = sp->n_hist - sp->draft_len;
-    if (behind > 0) {
-        int32_t *bs = malloc((size_t)behind * sizeof(int32_t));
-        if (!bs) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
-        for (int i = 0; i < behind; i++) bs[i] = sp->seq;
-        kvlm_batch b = {behind, sp->hist + sp->draft_len, NULL, NULL, bs};
-        int rc = kvlm_decode(d, &b, err);
-        free(bs);
-        if (rc) return -1;
-        sp->draft_len = sp->n_hist;
+    /* catch up with the text (all verified), in pieces its budget takes */
+    int piece = kvlm_ctx_kv_max_feed(d) / 2 > 0 ? kvlm_ctx_kv_max_feed(d) / 2 : 1;
+    if (piece > 64) piece = 64;
+    int32_t bs[64];
+    for (int i = 0; i < piece; i++) bs[i] = sp->seq;
+    while (sp->draft_len < sp->n_hist) {
+        int m = sp->n_hist - sp->draft_len < piece ? sp->n_hist - sp->draft_len : piece;
+        kvlm_batch b = {m, sp->hist + sp->draft_len, NULL, NULL, bs};
+        if (kvlm_decode(d, &b, err)) return -1;
+        sp->draft_len += m;
     }
+    /* no eviction among its drafts: at most what its budget holds */
+    int room = kvlm_ctx_kv_budget(d) - kvlm_seq_n_past(d, sp->seq);
+    if (room < K) K = room;
+    if (K <= 0) return 0;
     if (kvlm_seq_spec_begin(d, sp->seq, err)) return -1;
     int k = 0;
     kvlm_error e2;
@@ -202,19 +211,17 @@ static int draft_model(kvlm_spec *sp, int K, int32_t *out, kvlm_error *err) {
         out[k++] = best;
         if (k == K) break;
         kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->seq};
-        if (kvlm_decode(d, &b, &e2)) break; /* out of room in the draft's cache: fewer drafts */
+        if (kvlm_decode(d, &b, &e2)) break; /* no room in the draft's cache: fewer drafts */
     }
     return k;
 }
 
-/* After the target kept n_kept tokens of the text (hist already holds
- * them), the draft context keeps what it holds of them. */
+/* After the target kept its tokens (hist holds them), the draft context
+ * keeps what it was fed of them: its drafts past the kept ones go. */
 static int draft_rollback(kvlm_spec *sp, kvlm_error *err) {
     if (!sp->draft) return KVLM_OK;
-    /* what the draft fed agrees with the text up to the text's end (its
-     * drafts past the kept ones were rejected) */
-    int len = kvlm_seq_n_past(sp->draft, sp->seq), keep = len < sp->n_hist ? len : sp->n_hist;
-    if (kvlm_seq_trim(sp->draft, sp->seq, keep, err)) return -1;
+    int fed = draft_fed(sp), keep = fed < sp->n_hist ? fed : sp->n_hist;
+    if (kvlm_seq_trim(sp->draft, sp->seq, kvlm_seq_n_past(sp->draft, sp->seq) - (fed - keep), err)) return -1;
     sp->draft_len = keep;
     return KVLM_OK;
 }
