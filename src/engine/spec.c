@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "kvlm.h"
 #include "util/error.h"
 
@@ -158,12 +159,8 @@ fail:
 
 void kvlm_spec_stats_get(const kvlm_spec *sp, kvlm_spec_stats *st) { *st = sp->st; }
 
-/* Prompt lookup: continues the latest earlier occurrence of the text's last
- * n tokens, n from ng_max down to ng_min; returns the drafts written. */
-static int draft_lookup(const kvlm_spec *sp, int K, int32_t *out) {
-    const int32_t *h = sp->hist;
-    int m = sp->n_hist;
-    for (int n = sp->ng_max; n >= sp->ng_min; n--) {
+int spec_lookup(const int32_t *h, int m, int ng_max, int ng_min, int K, int32_t *out) {
+    for (int n = ng_max; n >= ng_min; n--) {
         if (m < n + 1) continue;
         const int32_t *tail = h + m - n;
         for (int i = m - n - 1; i >= 0; i--) {
@@ -176,8 +173,33 @@ static int draft_lookup(const kvlm_spec *sp, int K, int32_t *out) {
     return 0;
 }
 
-/* The draft model: catches up with the text (all verified), then proposes
- * up to K tokens greedily, each fed as unverified; returns how many. */
+static int draft_lookup(const kvlm_spec *sp, int K, int32_t *out) {
+    return spec_lookup(sp->hist, sp->n_hist, sp->ng_max, sp->ng_min, K, out);
+}
+
+bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, float *probs, int32_t *next) {
+    int nc = sampler_dist(smp, row, ids, probs);
+    double pd = 0;
+    for (int i = 0; i < nc; i++)
+        if (ids[i] == d) pd = probs[i];
+    if (pd >= 1.0 || (pd > 0 && sampler_uniform(smp) < pd)) {
+        sampler_picked(smp, d);
+        return true;
+    }
+    /* rejected: draw from the residual norm(max(0, p - q)), q = the point mass at d */
+    double rest = 1.0 - pd, r = nc > 1 ? sampler_uniform(smp) * rest : 0, cum = 0;
+    int32_t pick = -1;
+    for (int i = 0; i < nc; i++) {
+        if (ids[i] == d) continue;
+        pick = ids[i];
+        cum += probs[i];
+        if (r < cum) break;
+    }
+    sampler_picked(smp, pick);
+    *next = pick;
+    return false;
+}
+
 /* Tokens the draft context has been fed (its cache holds fewer after eviction). */
 static int draft_fed(const kvlm_spec *sp) {
     return kvlm_seq_n_past(sp->draft, sp->seq) + (int)kvlm_seq_n_evicted(sp->draft, sp->seq);
@@ -290,27 +312,11 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     for (; j < nd; j++) {
         const float *row = kvlm_get_logits(ctx, j);
         int32_t d = sp->batch[j + 1];
-        int nc = sampler_dist(smp, row, sp->ids, sp->probs);
-        double pd = 0;
-        for (int i = 0; i < nc; i++)
-            if (sp->ids[i] == d) pd = sp->probs[i];
-        if (pd >= 1.0 || (pd > 0 && sampler_uniform(smp) < pd)) {
-            sampler_picked(smp, d);
+        if (spec_check(smp, row, d, sp->ids, sp->probs, &sp->next)) {
             out[j + 1] = d;
             continue;
         }
-        /* rejected: draw from the residual norm(max(0, p - q)), q = the point mass at d */
-        double rest = 1.0 - pd, r = nc > 1 ? sampler_uniform(smp) * rest : 0, cum = 0;
-        int32_t pick = -1;
-        for (int i = 0; i < nc; i++) {
-            if (sp->ids[i] == d) continue;
-            pick = sp->ids[i];
-            cum += sp->probs[i];
-            if (r < cum) break;
-        }
-        sp->next = pick;
         sp->have_next = true;
-        sampler_picked(smp, pick);
         break;
     }
     if (kvlm_seq_trim(ctx, sp->seq, len + 1 + j, err)) return -1;
