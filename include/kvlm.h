@@ -599,6 +599,11 @@ typedef struct kvlm_sched kvlm_sched;
 typedef struct kvlm_sched_params {
     int batch_tokens;   /* most tokens per step; 0: 512 */
     int max_seqs;       /* sequences running at once; 0 or more than the context holds: its n_seq_max */
+    /* Speculative decoding (docs/speculative.md): KVLM_SPEC_LOOKUP drafts up
+     * to spec_n_draft tokens (0: 8; at most 16) by prompt lookup after each
+     * running sequence's token, checked in the same step's batch; output as
+     * without speculation (greedy: the same tokens). 0: none. */
+    int spec_mode, spec_n_draft;
 } kvlm_sched_params;
 
 typedef struct kvlm_request_params {
@@ -664,6 +669,7 @@ typedef struct kvlm_sched_stats {
     kvlm_kv_stats kv;         /* as of the end of the last step */
     kvlm_kv_tier_stats tiers[KVLM_MAX_KV_TIERS];
     int n_tiers;
+    uint64_t spec_drafted, spec_accepted; /* speculation: draft tokens checked, and kept */
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 
@@ -717,6 +723,7 @@ typedef struct kvlm_server_params {
      * listens (vLLM's rule); NULL: none. */
     const char *kv_events;
     const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
+    int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);
