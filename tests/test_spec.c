@@ -166,7 +166,7 @@ static void rollback_walk(const kvlm_model *m, int k_type, int v_type, int steps
 static void test_rollback_random(void **state) {
     (void)state;
     kvlm_model *m = load(synth(64, 2, 4, 2, 64, "f32", 7));
-    int steps = tu_quick() ? 150 : 600;
+    int steps = tu_quick() ? 100 : 300;
     rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 11, false);
     rollback_walk(m, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, steps, 12, false);
     rollback_walk(m, KVLM_CACHE_F32, KVLM_CACHE_Q4_0, steps / 2, 13, false);
@@ -313,7 +313,7 @@ static void test_greedy_real(void **state) {
         ran++;
         int32_t prompt[256];
         int n = tokenize(m, k_story, prompt, 256);
-        int n_gen = tu_quick() ? 60 : 160;
+        int n_gen = tu_quick() ? 50 : 100;
         kvlm_ctx_params p = kvlm_ctx_default_params();
         p.n_ctx = 512;
         char what[96];
@@ -519,7 +519,7 @@ static void test_sampling_distribution(void **state) {
             for (int t = 0; t < SV; t++) ex[2][t] += pab * p3[t];
         }
     }
-    long N = tu_quick() ? 1500 : 6000;
+    long N = tu_quick() ? 1500 : 4000;
     for (int mode = 0; mode < 3; mode++) { /* plain sampler, lookup, q4_0 draft */
         long got[3][SV + 1] = {{0}};
         for (long i = 0; i < N; i++) {
