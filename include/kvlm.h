@@ -533,7 +533,9 @@ void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
 enum { KVLM_SPEC_NONE = 0, KVLM_SPEC_LOOKUP = 1, KVLM_SPEC_DRAFT = 2 };
 typedef struct kvlm_spec_params {
     int mode;            /* KVLM_SPEC_* */
-    int n_draft;         /* K, most drafts per step; 0: 8 (lookup), 4 (draft) */
+    int n_draft;         /* K, most drafts per step; 0: 8 (lookup), 4 (draft). A step drafts
+                            fewer after rejections: halved when none was kept, doubled
+                            (up to K) when all were */
     int ngram_max, ngram_min; /* lookup; 0: 3 and 1 */
     kvlm_ctx *draft_ctx; /* draft: the draft model's context (same sequence id; not owned) */
 } kvlm_spec_params;

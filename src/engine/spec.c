@@ -12,6 +12,7 @@
 struct kvlm_spec {
     kvlm_ctx *ctx, *draft;
     int seq, mode, K, ng_max, ng_min, vocab, block_size;
+    int k_cur;                 /* drafts this step: halved after a step that kept none, doubled after one that kept all */
     bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
     int n_hist, cap_hist;
@@ -108,6 +109,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     sp->seq = seq;
     sp->mode = p->mode;
     sp->K = p->n_draft ? p->n_draft : p->mode == KVLM_SPEC_LOOKUP ? 8 : 4;
+    sp->k_cur = sp->K;
     sp->ng_max = p->ngram_max ? p->ngram_max : 3;
     sp->ng_min = p->ngram_min ? p->ngram_min : 1;
     if (sp->ng_min > sp->ng_max) sp->ng_min = sp->ng_max;
@@ -278,7 +280,7 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
         sp->st.emitted++;
         return hist_push(sp, &x, 1) ? (util_err_set(err, KVLM_ENOMEM, "out of memory"), -1) : 1;
     }
-    int K = sp->K < room ? sp->K : room, nd = 0;
+    int K = sp->k_cur < room ? sp->k_cur : room, nd = 0;
     if (K > cap - 1) K = cap - 1;
     if (hist_push(sp, &x, 1)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
     if (K > 0) {
@@ -327,6 +329,8 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     /* the logits after the last kept token, for a caller that goes on plainly */
     memcpy(sp->logits, kvlm_get_logits(ctx, j), (size_t)sp->vocab * sizeof(float));
     if (hist_push(sp, sp->batch + 1, j)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
+    if (j == 0) sp->k_cur = sp->k_cur > 1 ? sp->k_cur / 2 : 1;
+    else if (j == nd && nd == sp->k_cur) sp->k_cur = sp->k_cur * 2 < sp->K ? sp->k_cur * 2 : sp->K;
     sp->st.drafted += (uint64_t)nd;
     sp->st.accepted += (uint64_t)j;
     sp->st.emitted += (uint64_t)j + 1;
