@@ -32,6 +32,7 @@ typedef struct {
     bool done;
     int n_draft;       /* speculation: drafts after its token in this step's batch */
     int32_t draft[SCHED_MAX_DRAFT];
+    int k_cur;         /* drafts per step now (0: spec_k): halved after none kept, doubled after all */
 } unit;
 
 struct req {
@@ -474,7 +475,7 @@ static unit *newest_active(kvlm_sched *s, bool only_preemptable, int *n_active) 
  * without evicting (the cache then evolves as without speculation). */
 static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
     if (!s->spec_k || s->spec_skip) return 0;
-    int len = kvlm_seq_n_past(s->ctx, u->seq), K = s->spec_k;
+    int len = kvlm_seq_n_past(s->ctx, u->seq), K = u->k_cur ? u->k_cur : s->spec_k;
     int room = (s->budget < s->n_ctx ? s->budget : s->n_ctx) - len - 1;
     if (s->spec_q4kc) {
         int end = (len / s->block_size + 1) * s->block_size;
@@ -581,6 +582,9 @@ static void verify(kvlm_sched *s, unit *u, int li) {
         if (!spec_check(u->smp, kvlm_get_logits(s->ctx, li + j), u->draft[j], s->spec_ids, s->spec_probs, &next)) break;
     s->spec_drafted += (uint64_t)nd;
     s->spec_accepted += (uint64_t)j;
+    int k = u->k_cur ? u->k_cur : s->spec_k;
+    if (j == 0) u->k_cur = k > 1 ? k / 2 : 1;
+    else if (j == nd && nd == k) u->k_cur = k * 2 < s->spec_k ? k * 2 : s->spec_k;
     kvlm_error err = {0};
     int keep = kvlm_seq_n_past(s->ctx, u->seq) - (nd - j);
     if (kvlm_seq_trim(s->ctx, u->seq, keep, &err)) { finish(s, u, KVLM_FINISH_ERROR, err.msg); return; }
