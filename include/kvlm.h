@@ -473,6 +473,23 @@ int kvlm_ctx_device(const kvlm_ctx *ctx);
 int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err);
 int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err);
 
+/* Rollback, for speculative decoding (docs/speculative.md). After
+ * kvlm_seq_spec_begin, the tokens a sequence is fed are unverified until
+ * kvlm_seq_trim: blocks they reach are not offered for prefix reuse (no index
+ * entry, no tier write-through) and, under h2o, their queries' attention is
+ * kept apart. kvlm_seq_trim keeps the first n_keep tokens of the cache (at
+ * least those fed before spec_begin) and takes back the rest: the block table
+ * is cut, blocks return to the pool (shared ones lose a reference), the held
+ * full blocks that remain are indexed, and h2o scores get the attention of
+ * the kept tokens only, as if the others had never been fed (to float
+ * rounding: sums regrouped). A sequence holding unverified tokens does not
+ * evict (KVLM_ERANGE: trim first) and is not forked. Without spec_begin,
+ * kvlm_seq_trim takes back any tail, except under h2o (KVLM_EINVAL). q4_kc
+ * keys: not back across a block boundary once the next block was written
+ * (KVLM_EUNSUPPORTED). */
+int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err);
+int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err);
+
 /* ---- perplexity ---------------------------------------------------------------- */
 /* As llama.cpp's perplexity tool computes it, so figures compare: the tokens
  * (of the whole text, BOS first where the model adds one) are cut into
@@ -556,6 +573,62 @@ int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
 /* Records a token (e.g. of the prompt) for the repetition penalty. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
 
+/* ---- speculative decoding ---------------------------------------------- */
+/* Several tokens per read of the weights (docs/speculative.md): drafts are
+ * guessed cheaply, then the target checks them all in one batch (the token
+ * it had picked plus K drafts, logits for each) and keeps the longest run it
+ * agrees with, by the rule that keeps its distribution: greedy, a draft is
+ * kept while it equals the target's pick; sampling, a draft d (proposed with
+ * certainty: q is a point mass) is kept with probability p(d), and on the
+ * first rejection the next token is drawn from p with d taken out,
+ * renormalised (the standard rejection scheme, min(1, p/q) and
+ * norm(max(0, p - q)), for that q). Rejected tokens are taken back from the
+ * cache (kvlm_seq_trim). Under eviction, or near the context's end, a step
+ * drafts only what fits without evicting, so the cache evolves exactly as
+ * without speculation.
+ *   lookup: the draft continues the latest earlier occurrence of the last n
+ *           tokens (n from ngram_max down to ngram_min) in the prompt and
+ *           the text so far; no second model.
+ *   draft:  a second model with the same vocabulary proposes K tokens
+ *           greedily in its own context (a kvlm_ctx of its own: the pool's
+ *           blocks have one model's layout), rolled back with the target. */
+enum { KVLM_SPEC_NONE = 0, KVLM_SPEC_LOOKUP = 1, KVLM_SPEC_DRAFT = 2 };
+typedef struct kvlm_spec_params {
+    int mode;            /* KVLM_SPEC_* */
+    int n_draft;         /* K, most drafts per step; 0: 8 (lookup), 4 (draft). A step drafts
+                            fewer after rejections: halved when none was kept, doubled
+                            (up to K) when all were */
+    int ngram_max, ngram_min; /* lookup; 0: 3 and 1 */
+    kvlm_ctx *draft_ctx; /* draft: the draft model's context (same sequence id; not owned) */
+} kvlm_spec_params;
+typedef struct kvlm_spec kvlm_spec;
+typedef struct kvlm_spec_stats {
+    uint64_t steps;      /* verification passes (or plain steps when nothing was drafted) */
+    uint64_t drafted;    /* draft tokens checked */
+    uint64_t accepted;   /* of them kept */
+    uint64_t emitted;    /* tokens given out (accepted + one per step) */
+} kvlm_spec_stats;
+/* Mode id for "none", "lookup", "draft", or -1. */
+int kvlm_spec_mode_from_name(const char *name);
+/* Speculation for sequence seq of ctx, which has just been fed its prompt
+ * prompt[0..n) (the logits of its last token are the context's last,
+ * kvlm_get_logits(ctx, -1)). Draft mode: checks the draft model's vocabulary
+ * (size and every token's text: KVLM_EINVAL naming the first difference) and
+ * feeds it the prompt. */
+kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n, const kvlm_spec_params *p,
+                            kvlm_error *err);
+void kvlm_spec_free(kvlm_spec *sp);
+/* One step: the next tokens of the text, at least one, at most n_draft + 1
+ * (out holds cap >= n_draft + 1): the first was picked by smp from the
+ * target's logits, the others are drafts the target kept; they are in the
+ * cache when it returns, and the token after them is already chosen (and
+ * recorded by smp) for the next call to give out first. An end-of-generation
+ * first token is given out alone and not fed, and so is the first token when
+ * the cache is full (kv_evict none: n_past at the budget). Returns the count, or -1 with
+ * err filled (the sequence keeps the tokens given out before). */
+int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm_error *err);
+void kvlm_spec_stats_get(const kvlm_spec *sp, kvlm_spec_stats *st);
+
 /* ---- chat templates ------------------------------------------------------ */
 /* Renders a conversation (roles "system", "user", "assistant") as a prompt,
  * ending with the assistant's turn opened. The family comes from name (one of
@@ -590,6 +663,11 @@ typedef struct kvlm_sched kvlm_sched;
 typedef struct kvlm_sched_params {
     int batch_tokens;   /* most tokens per step; 0: 512 */
     int max_seqs;       /* sequences running at once; 0 or more than the context holds: its n_seq_max */
+    /* Speculative decoding (docs/speculative.md): KVLM_SPEC_LOOKUP drafts up
+     * to spec_n_draft tokens (0: 8; at most 16) by prompt lookup after each
+     * running sequence's token, checked in the same step's batch; output as
+     * without speculation (greedy: the same tokens). 0: none. */
+    int spec_mode, spec_n_draft;
 } kvlm_sched_params;
 
 typedef struct kvlm_request_params {
@@ -655,6 +733,7 @@ typedef struct kvlm_sched_stats {
     kvlm_kv_stats kv;         /* as of the end of the last step */
     kvlm_kv_tier_stats tiers[KVLM_MAX_KV_TIERS];
     int n_tiers;
+    uint64_t spec_drafted, spec_accepted; /* speculation: draft tokens checked, and kept */
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 
@@ -708,6 +787,7 @@ typedef struct kvlm_server_params {
      * listens (vLLM's rule); NULL: none. */
     const char *kv_events;
     const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
+    int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

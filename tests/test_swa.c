@@ -496,7 +496,7 @@ static void test_sched(void **state) {
         kvlm_model *m = load(i);
         kvlm_ctx *ctx = make_ctx(m, BS, R, 0, false);
         kvlm_error err = {0};
-        kvlm_sched_params sp = {32, R};
+        kvlm_sched_params sp = {.batch_tokens = 32, .max_seqs = R};
         kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
         assert_non_null(s);
         int32_t prompts[R][NP];

@@ -29,13 +29,18 @@ static void run_usage(FILE *f) {
             "      --no-kv-cache       recompute the whole sequence for every token (the naive baseline)\n"
             "      --session FILE      reuse the cache FILE saved for a prompt this one starts with, and save\n"
             "                          this run's tokens and cache there at the end (like --prompt-cache)\n"
+            "      --spec MODE         speculative decoding: lookup (drafts from n-grams of the prompt and text)\n"
+            "                          or draft (a smaller model's drafts, --draft); same output (docs/speculative.md)\n"
+            "      --draft FILE        the draft model (same vocabulary; implies --spec draft)\n"
+            "      --draft-n K         most draft tokens checked per step (default 8 lookup, 4 draft)\n"
+            "      --spec-ngram N      lookup: longest n-gram matched (default 3; then down to 1)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_run(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL,
-               *evict = NULL, *session = NULL;
-    int n_predict = 256;
+               *evict = NULL, *session = NULL, *spec_name = NULL, *draft_path = NULL;
+    int n_predict = 256, draft_n = 0, spec_ngram = 0;
     bool special = false, no_bos = false, seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     kvlm_sampler_params sp = kvlm_sampler_default_params();
@@ -48,6 +53,10 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &prompt_file, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--session", &session, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &draft_n, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--spec-ngram", &spec_ngram, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &sp.top_k, &bad)) {}
@@ -68,6 +77,13 @@ int cmd_run(int argc, char **argv) {
     if (session && (cp.kv_evict || cp.no_kv_cache))
         return cli_fail("run", "--session keeps the whole cache: not with --kv-evict or --no-kv-cache");
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
+    int spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
+    if (spec_mode < 0) return cli_fail("run", "--spec %s: expected lookup, draft or none", spec_name);
+    if (spec_mode == KVLM_SPEC_DRAFT && !draft_path) return cli_fail("run", "--spec draft needs --draft MODEL");
+    if (draft_path && spec_mode != KVLM_SPEC_DRAFT) return cli_fail("run", "--draft goes with --spec draft");
+    if (draft_n < 0 || draft_n > 64) return cli_fail("run", "--draft-n %d: expected 1..64", draft_n);
+    if (spec_ngram < 0 || spec_ngram > 16) return cli_fail("run", "--spec-ngram %d: expected 1..16", spec_ngram);
+    if (spec_mode && cp.no_kv_cache) return cli_fail("run", "--spec needs the KV cache (not --no-kv-cache)");
 
     char *file_text = NULL;
     size_t prompt_len = prompt ? strlen(prompt) : 0;
@@ -83,7 +99,9 @@ int cmd_run(int argc, char **argv) {
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_model *model = NULL;
-    kvlm_ctx *ctx = NULL;
+    kvlm_ctx *ctx = NULL, *dctx = NULL;
+    kvlm_model *dmodel = NULL;
+    kvlm_spec *spec = NULL;
     kvlm_sampler *smp = NULL;
     int32_t *toks = NULL;
     model = kvlm_model_load(model_path, &mp, &err);
@@ -136,7 +154,56 @@ int cmd_run(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     int n_gen = 0, n_decoded = 0;
     const char *stop = NULL;
-    while (n_gen < n_predict) {
+    if (spec_mode) {
+        kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL};
+        if (draft_path) {
+            kvlm_model_params dmp = {0};
+            kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
+            if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;
+            if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &dcp, &err))) {
+                fputc('\n', stdout);
+                cli_fail("run", "draft model %s: %s", draft_path, err.msg);
+                goto done;
+            }
+            spp.draft_ctx = dctx;
+        }
+        if (!(spec = kvlm_spec_create(ctx, 0, toks, n_prompt, &spp, &err))) {
+            fputc('\n', stdout);
+            cli_fail("run", "%s", err.msg);
+            goto done;
+        }
+    }
+    int32_t spec_out[65];
+    int spec_n = 0, spec_i = 0; /* tokens of the last step, and how many were given out */
+    bool spec_unfed = false;    /* the last step's token is not in the cache (it was full) */
+    while (spec && n_gen < n_predict) {
+        if (spec_i == spec_n) {
+            if (spec_unfed) { /* the last token did not fit in the cache: as the plain loop, stop after it */
+                stop = budget < n_ctx ? "KV budget full (--kv-evict none; use sinks or h2o to go on)" : "context full";
+                break;
+            }
+            int past0 = kvlm_ctx_n_past(ctx);
+            spec_n = kvlm_spec_next(spec, smp, spec_out, 65, &err);
+            spec_unfed = spec_n == 1 && kvlm_ctx_n_past(ctx) == past0;
+            spec_i = 0;
+            if (spec_n < 0) {
+                if (err.code == KVLM_EFULL) { stop = "KV cache budget full (raise --kv-mem)"; break; }
+                fputc('\n', stdout);
+                cli_fail("run", "%s", err.msg);
+                goto done;
+            }
+        }
+        int32_t next = spec_out[spec_i++];
+        n_gen++;
+        if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
+        int len = kvlm_detok_push(&dt, next, text, sizeof text);
+        if (len > 0) {
+            fwrite(text, 1, (size_t)len, stdout);
+            fflush(stdout);
+        }
+        if (!spec_unfed) n_decoded++; /* fed */
+    }
+    while (!spec && n_gen < n_predict) {
         int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
         n_gen++;
         if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
@@ -172,6 +239,15 @@ int cmd_run(int argc, char **argv) {
             n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? n_decoded / decode_s : 0.0,
             n_decoded, kv, (double)kv / (1 << 20));
     if (cached) fprintf(stderr, " | cached: %d tokens", cached);
+    if (spec) {
+        kvlm_spec_stats ss;
+        kvlm_spec_stats_get(spec, &ss);
+        fprintf(stderr, " | spec %s: %llu steps, %llu/%llu drafts accepted (%.0f%%), %.2f tokens/step",
+                spec_mode == KVLM_SPEC_LOOKUP ? "lookup" : "draft", (unsigned long long)ss.steps,
+                (unsigned long long)ss.accepted, (unsigned long long)ss.drafted,
+                ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
+                ss.steps ? (double)ss.emitted / (double)ss.steps : 0.0);
+    }
     if (cp.kv_evict)
         fprintf(stderr, " | %s: %d tokens kept, %ld evicted", kvlm_evict_name(cp.kv_evict), kvlm_ctx_n_past(ctx),
                 kvlm_seq_n_evicted(ctx, 0));
@@ -182,6 +258,9 @@ done:
     free(toks);
     free(file_text);
     kvlm_sampler_free(smp);
+    kvlm_spec_free(spec);
+    kvlm_ctx_free(dctx);
+    kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);
     kvlm_model_free(model);
     return rc;

@@ -47,12 +47,15 @@ static void serve_usage(FILE *f) {
             "                          subscriber that listens (also ipc://PATH)\n"
             "      --kv-events-topic T the topic frame of every message (default empty, as vLLM; llm-d\n"
             "                          reads kv@POD@MODEL)\n"
+            "      --spec lookup       speculative decoding by prompt lookup: each running request's drafts\n"
+            "                          checked in the same step (same output; docs/speculative.md)\n"
+            "      --draft-n K         most drafts per request and step (default 8, at most 16)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
-    const char *key_file = NULL, *origin = NULL;
+    const char *key_file = NULL, *origin = NULL, *spec_name = NULL;
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
@@ -93,6 +96,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -107,6 +112,12 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
+    if (spec_name && (sp.spec_mode = kvlm_spec_mode_from_name(spec_name)) != KVLM_SPEC_LOOKUP &&
+        sp.spec_mode != KVLM_SPEC_NONE) {
+        cli_fail("serve", "--spec %s: the server speculates by lookup only (or none)", spec_name);
+        goto out;
+    }
+    if (sp.spec_n_draft < 0 || sp.spec_n_draft > 16) { cli_fail("serve", "--draft-n must be in 1..16"); goto out; }
     if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0)) {
         cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
         goto out;

@@ -27,4 +27,9 @@ double engine_evict_seconds(const kvlm_ctx *ctx);
 double engine_attention_seconds(const kvlm_ctx *ctx);
 /* The context's KV store (tests: pool counts, kv_check). */
 struct kv_store *engine_kv_store(kvlm_ctx *ctx);
+/* Tests: kv_check of the context's pool (NULL: every invariant holds). */
+const char *engine_kv_check(const kvlm_ctx *ctx);
+/* Tests: with defer false, unverified tokens' attention goes straight into
+ * the h2o scores (the wrong way, to show a test sees the difference). */
+void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer);
 #endif

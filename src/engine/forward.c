@@ -27,6 +27,17 @@
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
 
+/* A sequence taking speculative (unverified) tokens: from kvlm_seq_spec_begin
+ * until kvlm_seq_trim. Under h2o the attention of its unverified query rows
+ * is kept apart, one row of budget floats per token, and added to the scores
+ * only for the tokens kept, in their order. */
+typedef struct {
+    bool on;
+    int from;        /* its first unverified position (-1: none fed yet) */
+    float *rows;     /* h2o: rows_cap rows of budget floats */
+    int rows_cap;
+} spec_seq;
+
 struct kvlm_ctx {
     const kvlm_model *model;
     kvlm_ctx_params p;
@@ -70,6 +81,8 @@ struct kvlm_ctx {
     /* gemma3: the local layers' RoPE cos/sin (their own base), NULL when
      * every layer has the same base */
     float *rope_cs_local, *rope_sn_local;
+    spec_seq *spec;            /* speculative decoding, per sequence (allocated at the first kvlm_seq_spec_begin) */
+    bool spec_h2o_direct;      /* engine.h, tests: unverified attention not kept apart */
 };
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
@@ -450,6 +463,8 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->blocks_tmp);
     engine_mla_free(ctx->mla);
     free(ctx->rope_cs_local); free(ctx->rope_sn_local);
+    for (int s = 0; ctx->spec && s < ctx->p.n_seq_max; s++) free(ctx->spec[s].rows);
+    free(ctx->spec);
     free(ctx);
 }
 
@@ -478,6 +493,7 @@ void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
     kv_store_release(ctx->kv, seq);
     ctx->n_evicted[seq] = 0;
     if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
+    if (ctx->spec) { ctx->spec[seq].on = false; ctx->spec[seq].from = -1; }
 }
 
 /* ---- swap ---- */
@@ -554,6 +570,9 @@ void kvlm_ctx_reset(kvlm_ctx *ctx) {
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
     if (!kv_store_seq_valid(ctx->kv, src) || !kv_store_seq_valid(ctx->kv, dst))
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (ctx->spec && (ctx->spec[src].on || ctx->spec[dst].on) && src != dst)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d holds unverified tokens: trim it before forking",
+                            ctx->spec[src].on ? src : dst);
     int rc = kv_store_fork(ctx->kv, src, dst, err);
     if (rc || src == dst) return rc;
     ctx->n_evicted[dst] = ctx->n_evicted[src];
@@ -756,6 +775,13 @@ static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *co
     else op_backend_cpu()->attention_n(ctx->pool, n, out, q, a, ctx->attn_work);
 }
 
+/* h2o, an unverified token of a speculating sequence: where its query's
+ * attention goes until kvlm_seq_trim keeps or drops it; else NULL. */
+static float *spec_row(const kvlm_ctx *ctx, int seq, int pos) {
+    if (!ctx->h2o || !ctx->spec || !ctx->spec[seq].on || ctx->spec[seq].from < 0 || ctx->spec_h2o_direct) return NULL;
+    return ctx->spec[seq].rows + (size_t)(pos - ctx->spec[seq].from) * ctx->budget;
+}
+
 /* Attention for tokens [0, T): each run of consecutive positions of one
  * sequence is one call over that sequence's blocks; the calls of a step (one
  * per sequence in batched decode) go to the threads together. */
@@ -771,7 +797,8 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
     double t_start = util_now_s();
     for (int t0 = 0; t0 < T;) {
         int t1 = t0 + 1;
-        while (t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
+        float *kw = spec_row(ctx, seq[t0], pos[t0]);
+        while (!kw && t1 < T && seq[t1] == seq[t0] && pos[t1] == pos[t1 - 1] + 1) t1++;
         op_attn_args *a = &args[n];
         memset(a, 0, sizeof *a);
         kv_store_attn_view(ctx->kv, layer, seq[t0], pos[t1 - 1], ctx->block_ptrs + (size_t)n * per_run, a);
@@ -783,7 +810,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HD);
         a->window = model_layer_window(c, layer);
         a->softcap = c->attn_softcap;
-        a->key_weights = h2o_scores(ctx, seq[t0]);
+        a->key_weights = kw ? kw : h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
         a->score_work_floats = ctx->h2o_work_floats;
         outs[n] = ctx->att + (size_t)t0 * QD;
@@ -1048,6 +1075,9 @@ static void rekey(void *user, float *keys, int n_rows, int shift) {
 static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
     int len = kv_store_seq_len(ctx->kv, s), budget = ctx->budget, bs = kv_store_params_of(ctx->kv)->block_size;
     if (len + n_new <= budget) return KVLM_OK;
+    if (ctx->spec && ctx->spec[s].on && ctx->spec[s].from >= 0 && len > ctx->spec[s].from)
+        return util_err_set(err, KVLM_ERANGE, "sequence %d: %d unverified tokens and %d more exceed the KV budget of %d; "
+                            "trim (kvlm_seq_trim) before it evicts", s, len - ctx->spec[s].from, n_new, budget);
     if (ctx->ev.policy == KVLM_EVICT_NONE)
         return util_err_set(err, KVLM_ERANGE, "sequence %d: %d more tokens exceed the KV budget of %d tokens (%d held; "
                             "eviction policy none stops there: window, sinks or h2o evict instead)", s, n_new, budget, len);
@@ -1099,6 +1129,27 @@ done:
 }
 
 static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err);
+/* A speculating sequence about to take n more tokens (after any eviction):
+ * its first unverified position, the blocks held from it, and h2o rows. */
+static int spec_prepare(kvlm_ctx *ctx, int s, int n, kvlm_error *err) {
+    if (!ctx->spec || !ctx->spec[s].on) return KVLM_OK;
+    spec_seq *sp = &ctx->spec[s];
+    int len = kv_store_seq_len(ctx->kv, s);
+    if (sp->from < 0) {
+        sp->from = len;
+        kv_store_hold(ctx->kv, s, len);
+    }
+    if (!ctx->h2o) return KVLM_OK;
+    int need = len + n - sp->from;
+    if (need > sp->rows_cap) {
+        float *r = realloc(sp->rows, (size_t)need * ctx->budget * sizeof(float));
+        if (!r) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        sp->rows = r;
+        sp->rows_cap = need;
+    }
+    memset(sp->rows + (size_t)(len - sp->from) * ctx->budget, 0, (size_t)n * ctx->budget * sizeof(float));
+    return KVLM_OK;
+}
 
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     ctx->n_logits = 0;
@@ -1164,6 +1215,7 @@ static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
                               s, count[s], ctx->p.n_ctx, kv_store_seq_len(ctx->kv, s));
             goto done;
         }
+        if ((rc = spec_prepare(ctx, s, count[s], err))) goto done;
     }
     if (ctx->p.no_kv_cache) {
         if (n_order != 1) { rc = util_err_set(err, KVLM_EINVAL, "--no-kv-cache runs one sequence per batch"); goto done; }
@@ -1211,6 +1263,56 @@ done:
     return rc;
 }
 
+/* ---- speculative decoding: unverified tokens and rollback ---- */
+
+int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (ctx->p.no_kv_cache)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding needs the KV cache (not --no-kv-cache)");
+    if (!ctx->spec) {
+        ctx->spec = calloc((size_t)ctx->p.n_seq_max, sizeof *ctx->spec);
+        if (!ctx->spec) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (int s = 0; s < ctx->p.n_seq_max; s++) ctx->spec[s].from = -1;
+    }
+    if (!ctx->spec[seq].on) {
+        ctx->spec[seq].on = true;
+        ctx->spec[seq].from = -1;
+    }
+    return KVLM_OK;
+}
+
+int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err) {
+    if (!kv_store_seq_valid(ctx->kv, seq))
+        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    int len = kv_store_seq_len(ctx->kv, seq);
+    spec_seq *sp = ctx->spec && ctx->spec[seq].on ? &ctx->spec[seq] : NULL;
+    int from = sp && sp->from >= 0 ? sp->from : len;
+    if (n_keep < 0 || n_keep > len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d holds %d tokens: cannot keep %d", seq, len, n_keep);
+    if (sp && n_keep < from)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens, fewer than the %d verified ones",
+                            seq, n_keep, from);
+    if (!sp && ctx->h2o && n_keep < len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: under h2o the scores hold what the tokens to drop attended; "
+                            "mark them unverified first (kvlm_seq_spec_begin)", seq);
+    if (ctx->p.no_kv_cache && n_keep < len)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "--no-kv-cache keeps no cache to take back");
+    int rc = kv_store_rollback(ctx->kv, seq, n_keep, err);
+    if (rc) return rc;
+    if (sp) {
+        float *sc = h2o_scores(ctx, seq);
+        /* the kept tokens' attention, in their order, as if fed one by one */
+        for (int r = 0; sc && !ctx->spec_h2o_direct && r < n_keep - from; r++) {
+            const float *row = sp->rows + (size_t)r * ctx->budget;
+            for (int i = 0; i <= from + r; i++) sc[i] += row[i];
+        }
+        sp->on = false;
+        sp->from = -1;
+    }
+    return KVLM_OK;
+}
+
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
     if (i < 0) i = ctx->n_logits - 1;
     if (i < 0 || i >= ctx->n_logits) return NULL;
@@ -1220,6 +1322,8 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 /* ---- engine.h hooks ------------------------------------------------------------ */
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
+const char *engine_kv_check(const kvlm_ctx *ctx) { return kv_check(kv_store_pool(ctx->kv)); }
+void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec_h2o_direct = !defer; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
 struct kv_store *engine_kv_store(kvlm_ctx *ctx) { return ctx->kv; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
+#include "engine/sampler.h"
 #include "ops/ops.h"
 
 typedef struct { float logit; int32_t id; } cand;
@@ -97,13 +98,17 @@ static void top_k_sort(cand *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, by_logit_desc);
 }
 
-int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
+/* The distribution the sampler draws from: s->c[0, n) holds the candidates
+ * with their probabilities, largest first, after the penalties, top-k,
+ * temperature, top-p and min-p (their sum, *total, is not renormalised after
+ * the cuts); greedy: the one pick with probability 1. Returns n. */
+static int build_dist(kvlm_sampler *s, const float *logits, float *total) {
     int n = s->vocab;
     bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
     if (s->p.temperature <= 0 && !penalty && !s->count) { /* greedy: the first largest logit */
-        int best = op_argmax(logits, n);
-        kvlm_sampler_accept(s, best);
-        return best;
+        s->c[0].id = op_argmax(logits, n);
+        s->c[0].logit = *total = 1;
+        return 1;
     }
     for (int i = 0; i < n; i++) { s->c[i].logit = logits[i]; s->c[i].id = i; }
     if (penalty) {
@@ -122,45 +127,73 @@ int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
         for (int i = 0; i < n; i++)
             if (s->count[i])
                 s->c[i].logit -= s->p.frequency_penalty * (float)s->count[i] + s->p.presence_penalty;
-    int32_t pick;
     if (s->p.temperature <= 0) {
         int best = 0;
         for (int i = 1; i < n; i++)
             if (s->c[i].logit > s->c[best].logit) best = i;
-        pick = s->c[best].id;
-    } else {
-        int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
-        top_k_sort(s->c, n, k);
-        n = k;
-        float maxl = s->c[0].logit, sum = 0;
+        s->c[0].id = s->c[best].id;
+        s->c[0].logit = *total = 1;
+        return 1;
+    }
+    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    top_k_sort(s->c, n, k);
+    n = k;
+    float maxl = s->c[0].logit, sum = 0;
+    for (int i = 0; i < n; i++) {
+        s->c[i].logit = expf((s->c[i].logit - maxl) / s->p.temperature);
+        sum += s->c[i].logit;
+    }
+    for (int i = 0; i < n; i++) s->c[i].logit /= sum;   /* now probabilities, descending */
+    if (s->p.top_p < 1.0f && s->p.top_p > 0) {
+        float cum = 0;
         for (int i = 0; i < n; i++) {
-            s->c[i].logit = expf((s->c[i].logit - maxl) / s->p.temperature);
-            sum += s->c[i].logit;
+            cum += s->c[i].logit;
+            if (cum >= s->p.top_p) { n = i + 1; break; }
         }
-        for (int i = 0; i < n; i++) s->c[i].logit /= sum;   /* now probabilities, descending */
-        if (s->p.top_p < 1.0f && s->p.top_p > 0) {
-            float cum = 0;
-            for (int i = 0; i < n; i++) {
-                cum += s->c[i].logit;
-                if (cum >= s->p.top_p) { n = i + 1; break; }
-            }
-        }
-        if (s->p.min_p > 0) {
-            float floor = s->p.min_p * s->c[0].logit;
-            int keep = 1;
-            while (keep < n && s->c[keep].logit >= floor) keep++;
-            n = keep;
-        }
-        float total = 0;
-        for (int i = 0; i < n; i++) total += s->c[i].logit;
-        double r = (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0) * total, cum = 0;
+    }
+    if (s->p.min_p > 0) {
+        float floor = s->p.min_p * s->c[0].logit;
+        int keep = 1;
+        while (keep < n && s->c[keep].logit >= floor) keep++;
+        n = keep;
+    }
+    float t = 0;
+    for (int i = 0; i < n; i++) t += s->c[i].logit;
+    *total = t;
+    return n;
+}
+
+double sampler_uniform(kvlm_sampler *s) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+void sampler_picked(kvlm_sampler *s, int32_t token) {
+    kvlm_sampler_accept(s, token);
+    if (s->count && token >= 0 && token < s->vocab && s->count[token] < INT32_MAX) s->count[token]++;
+}
+
+int sampler_dist(kvlm_sampler *s, const float *logits, int32_t *ids, float *probs) {
+    float total;
+    int n = build_dist(s, logits, &total);
+    for (int i = 0; i < n; i++) {
+        ids[i] = s->c[i].id;
+        probs[i] = s->c[i].logit / total;
+    }
+    return n;
+}
+
+bool sampler_greedy(const kvlm_sampler *s) { return s->p.temperature <= 0; }
+
+int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits) {
+    float total;
+    int n = build_dist(s, logits, &total);
+    int32_t pick = s->c[0].id;
+    if (s->p.temperature > 0) {
+        double r = sampler_uniform(s) * total, cum = 0;
         pick = s->c[n - 1].id;
         for (int i = 0; i < n; i++) {
             cum += s->c[i].logit;
             if (r < cum) { pick = s->c[i].id; break; }
         }
     }
-    kvlm_sampler_accept(s, pick);
-    if (s->count && s->count[pick] < INT32_MAX) s->count[pick]++;
+    sampler_picked(s, pick);
     return pick;
 }

@@ -7,6 +7,7 @@
  * the prompt's blocks, cancellation; under an eviction policy, sequences that
  * run past the context within their KV budget. */
 #include "engine/sched.h"
+#include "engine/spec.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@
 #include "util/timing.h"
 
 typedef struct req req;
+
+#define SCHED_MAX_DRAFT 16
 
 /* One completion: a sequence whose history is the prompt then what it generated. */
 typedef struct {
@@ -27,6 +30,9 @@ typedef struct {
     kvlm_sampler *smp;
     kvlm_swap *swap;   /* preempted by swap: its cache, waiting to come back */
     bool done;
+    int n_draft;       /* speculation: drafts after its token in this step's batch */
+    int32_t draft[SCHED_MAX_DRAFT];
+    int k_cur;         /* drafts per step now (0: spec_k): halved after none kept, doubled after all */
 } unit;
 
 struct req {
@@ -71,6 +77,13 @@ struct kvlm_sched {
     bool want_blocks;
     uint8_t (*blk_snap)[16], (*blk_work)[16];
     int n_blk_snap;
+    /* speculative decoding (prompt lookup): drafts per decode token; 0: off */
+    int spec_k;
+    bool spec_q4kc;        /* q4_kc keys: drafts stop short of the filling block's last slot */
+    bool spec_skip;        /* this step: no drafts (the pool had no room for them) */
+    int32_t *spec_ids;
+    float *spec_probs;
+    uint64_t spec_drafted, spec_accepted;
 };
 
 /* Tokens a sequence of n tokens holds in the cache once settled: the budget caps it. */
@@ -107,6 +120,23 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->want = malloc((size_t)cap);
     s->who = malloc((size_t)cap * sizeof(unit *));
     s->lp = malloc((size_t)s->vocab * sizeof(float));
+    if (params && params->spec_mode == KVLM_SPEC_LOOKUP) {
+        s->spec_k = params->spec_n_draft > 0 ? params->spec_n_draft : 8;
+        if (s->spec_k > SCHED_MAX_DRAFT) s->spec_k = SCHED_MAX_DRAFT;
+        s->spec_q4kc = st.type_k == KVLM_CACHE_Q4_KC;
+        s->spec_ids = malloc((size_t)s->vocab * sizeof(int32_t));
+        s->spec_probs = malloc((size_t)s->vocab * sizeof(float));
+        if (!s->spec_ids || !s->spec_probs) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            kvlm_sched_free(s);
+            return NULL;
+        }
+    } else if (params && params->spec_mode != KVLM_SPEC_NONE) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "the scheduler speculates by prompt lookup only (spec mode %d)",
+                     params->spec_mode);
+        kvlm_sched_free(s);
+        return NULL;
+    }
     if (!s->slot_used || !s->tok || !s->seqv || !s->want || !s->who || !s->lp) {
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         kvlm_sched_free(s);
@@ -192,6 +222,7 @@ void kvlm_sched_free(kvlm_sched *s) {
         pthread_cond_destroy(&s->cv);
     }
     free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
+    free(s->spec_ids); free(s->spec_probs);
     free(s->snap_req);
     free(s->work_req);
     free(s->blk_snap);
@@ -439,6 +470,27 @@ static unit *newest_active(kvlm_sched *s, bool only_preemptable, int *n_active) 
     return best;
 }
 
+/* Speculation: drafts by prompt lookup after the unit's token (the last of
+ * its history), as many as fit the batch's tokens left and the cache
+ * without evicting (the cache then evolves as without speculation). */
+static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
+    if (!s->spec_k || s->spec_skip) return 0;
+    int len = kvlm_seq_n_past(s->ctx, u->seq), K = u->k_cur ? u->k_cur : s->spec_k;
+    int room = (s->budget < s->n_ctx ? s->budget : s->n_ctx) - len - 1;
+    if (s->spec_q4kc) {
+        int end = (len / s->block_size + 1) * s->block_size;
+        if (room > end - len - 2) room = end - len - 2;
+    }
+    if (K > room) K = room;
+    if (K > budget_left) K = budget_left;
+    if (K > s->max_feed - 1) K = s->max_feed - 1;
+    if (K <= 0) return 0;
+    int nd = spec_lookup(u->hist, u->n_hist, 3, 1, K, u->draft);
+    kvlm_error err;
+    if (nd && kvlm_seq_spec_begin(s->ctx, u->seq, &err)) nd = 0;
+    return nd;
+}
+
 static int build_batch(kvlm_sched *s) {
     int n = 0, budget = s->batch_tokens;
     for (int pass = 0; pass < 2; pass++) /* decode tokens first, then prefill chunks */
@@ -458,6 +510,15 @@ static int build_batch(kvlm_sched *s) {
                     n++;
                 }
                 budget -= take;
+                u->n_draft = pass == 0 ? spec_drafts(s, u, budget) : 0;
+                for (int t = 0; t < u->n_draft; t++) {
+                    s->tok[n] = u->draft[t];
+                    s->seqv[n] = u->seq;
+                    s->want[n] = 1;
+                    s->who[n] = u;
+                    n++;
+                }
+                budget -= u->n_draft;
                 if (budget == 0) return n;
             }
     return n;
@@ -487,9 +548,10 @@ static void logprobs(kvlm_sched *s, const float *logits, kvlm_sched_event *ev, i
     }
 }
 
-static void sample(kvlm_sched *s, unit *u, const float *logits) {
+/* Gives out a token the sampler picked from logits (recorded there). */
+static void emit(kvlm_sched *s, unit *u, int32_t token, const float *logits) {
     kvlm_sched_event ev = event_for(u);
-    ev.token = kvlm_sampler_sample(u->smp, logits);
+    ev.token = token;
     if (kvlm_token_is_eog(s->model, ev.token)) { finish(s, u, KVLM_FINISH_STOP, NULL); return; }
     if (u->r->p.logprobs >= 0) logprobs(s, logits, &ev, u->r->p.logprobs);
     if (u->n_hist == u->cap) {
@@ -504,6 +566,32 @@ static void sample(kvlm_sched *s, unit *u, const float *logits) {
     if (!u->r->cb(u->r->user, &ev)) finish(s, u, KVLM_FINISH_STOP, NULL);
     else if (u->n_gen >= u->r->p.max_tokens || (!s->evicts && u->n_hist > s->budget))
         finish(s, u, KVLM_FINISH_LENGTH, NULL);
+}
+
+static void sample(kvlm_sched *s, unit *u, const float *logits) { emit(s, u, kvlm_sampler_sample(u->smp, logits), logits); }
+
+/* A unit whose token came with drafts: rows li .. li + n_draft hold the
+ * target's logits after each; the drafts it agrees with are kept (the rule
+ * of engine/spec.h), the rest taken back from the cache, then the kept ones
+ * and the next token are given out. */
+static void verify(kvlm_sched *s, unit *u, int li) {
+    int nd = u->n_draft, j = 0;
+    int32_t next = -1;
+    u->n_draft = 0;
+    for (; j < nd; j++)
+        if (!spec_check(u->smp, kvlm_get_logits(s->ctx, li + j), u->draft[j], s->spec_ids, s->spec_probs, &next)) break;
+    s->spec_drafted += (uint64_t)nd;
+    s->spec_accepted += (uint64_t)j;
+    int k = u->k_cur ? u->k_cur : s->spec_k;
+    if (j == 0) u->k_cur = k > 1 ? k / 2 : 1;
+    else if (j == nd && nd == k) u->k_cur = k * 2 < s->spec_k ? k * 2 : s->spec_k;
+    kvlm_error err = {0};
+    int keep = kvlm_seq_n_past(s->ctx, u->seq) - (nd - j);
+    if (kvlm_seq_trim(s->ctx, u->seq, keep, &err)) { finish(s, u, KVLM_FINISH_ERROR, err.msg); return; }
+    for (int k = 0; k < j && !u->done; k++) emit(s, u, u->draft[k], kvlm_get_logits(s->ctx, li + k));
+    if (u->done) return;
+    if (j < nd) emit(s, u, next, kvlm_get_logits(s->ctx, li + j));
+    else sample(s, u, kvlm_get_logits(s->ctx, li + nd));
 }
 
 static void publish(kvlm_sched *s) {
@@ -563,6 +651,8 @@ static void publish(kvlm_sched *s) {
     s->snap.prompt_tokens = s->prompt_tokens;
     s->snap.cached_tokens = s->cached_tokens;
     s->snap.generated_tokens = s->generated;
+    s->snap.spec_drafted = s->spec_drafted;
+    s->snap.spec_accepted = s->spec_accepted;
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
     s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
@@ -603,6 +693,22 @@ int kvlm_sched_kv_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap) {
     return n;
 }
 
+/* After a failed decode: ends the speculation of the batch's units; true
+ * when there was any (the step is then tried again without drafts). */
+static bool spec_undo(kvlm_sched *s, int n) {
+    bool any = false;
+    kvlm_error err;
+    for (int i = 0; i < n; i++) {
+        unit *u = s->who[i];
+        if (!u->n_draft) continue;
+        u->n_draft = 0;
+        kvlm_seq_trim(s->ctx, u->seq, kvlm_seq_n_past(s->ctx, u->seq), &err);
+        any = true;
+    }
+    if (any) s->spec_skip = true;
+    return any;
+}
+
 int kvlm_sched_step(kvlm_sched *s) {
     pthread_mutex_lock(&s->mu);
     if (s->incoming) {
@@ -618,6 +724,7 @@ int kvlm_sched_step(kvlm_sched *s) {
             for (int i = 0; i < r->n; i++) finish(s, &r->u[i], KVLM_FINISH_CANCELLED, NULL);
     reap(s);
     admit(s);
+    s->spec_skip = false;
     int n = 0;
     kvlm_error err = {0};
     for (;;) {
@@ -626,6 +733,7 @@ int kvlm_sched_step(kvlm_sched *s) {
         kvlm_batch b = {n, s->tok, NULL, s->want, s->seqv};
         int rc = kvlm_decode(s->ctx, &b, &err);
         if (rc == KVLM_OK) break;
+        if (spec_undo(s, n)) continue; /* no room for the drafts: first try without them */
         int n_active;
         unit *victim = newest_active(s, true, &n_active), *newest = newest_active(s, false, NULL);
         if (rc == KVLM_EFULL && newest) {
@@ -657,8 +765,16 @@ int kvlm_sched_step(kvlm_sched *s) {
     if (n > 0) s->steps++;
     for (int i = 0, li = 0; i < n; i++) {
         if (!s->want[i]) continue;
-        const float *logits = kvlm_get_logits(s->ctx, li++);
         unit *u = s->who[i];
+        if (u->n_draft) { /* its token and drafts: rows li .. li + n_draft */
+            verify(s, u, li);
+            int k = i + 1;
+            while (k < n && s->who[k] == u) k++;
+            li += k - i;
+            i = k - 1;
+            continue;
+        }
+        const float *logits = kvlm_get_logits(s->ctx, li++);
         req *r = u->r;
         if (u->index == 0 && !r->forked) {
             r->forked = true;

@@ -21,6 +21,10 @@ typedef struct {
     int len;                    /* tokens committed */
     bool compacted;             /* evicted: its tokens no longer match the text, do not index */
     int n_dropped;              /* sliding window: blocks [0, n_dropped) are the null block */
+    bool held;                  /* speculative: blocks reaching past hold_from are not indexed yet */
+    int hold_from;
+    int32_t held_cow1;          /* held: 1 + the shared partial block copied at the first unverified write
+                                   (its reference kept, so a rollback to hold_from takes it back); 0: none */
 } kv_seq;
 
 struct kv_cache {
@@ -238,7 +242,9 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         return util_err_set(err, KVLM_ERANGE, "sequence %d would hold %d tokens, more than the context of %d", seq,
                             need_tokens, c->p.max_seq_tokens);
     int need_blocks = (need_tokens + bs - 1) / bs;
-    bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks && c->ref[s->blocks[s->len / bs]] > 1;
+    /* (an indexed partial block: kept by kv_seq_trim, its bytes name its key) */
+    bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks &&
+               (c->ref[s->blocks[s->len / bs]] > 1 || kv_prefix_indexed(c->ix, s->blocks[s->len / bs]));
     int extra = need_blocks - s->n_blocks + (cow ? 1 : 0);
     if (extra > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: sequence %d needs %d more blocks, %d are free", seq,
@@ -249,7 +255,8 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         /* raw bytes: a q4_kc block still filling has no valid K here yet
          * (its keys are in the sequence's staging), which copies harmlessly */
         c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
-        block_unref(c, old);
+        if (s->held && s->len == s->hold_from && !s->held_cow1) s->held_cow1 = old + 1;
+        else block_unref(c, old);
         s->blocks[s->len / bs] = nb;
     }
     while (s->n_blocks < need_blocks) s->blocks[s->n_blocks++] = block_alloc(c);
@@ -259,9 +266,38 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
 void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, keep = (n_keep + bs - 1) / bs;
+    if (s->held_cow1) { /* back to hold_from or before: the shared block again, not its copy */
+        int32_t old = s->held_cow1 - 1;
+        int i = s->hold_from / bs;
+        s->held_cow1 = 0;
+        if (n_keep <= s->hold_from && i < keep && i < s->n_blocks) {
+            block_unref(c, s->blocks[i]);
+            s->blocks[i] = old;
+        } else block_unref(c, old);
+    }
     while (s->n_blocks > keep) block_unref(c, s->blocks[--s->n_blocks]);
     if (s->len > n_keep) s->len = n_keep;
     if (s->n_dropped > s->n_blocks) s->n_dropped = s->n_blocks;
+}
+
+/* Keys and indexes the sequence's full blocks [i0, i1): each is indexed
+ * unless an identical block already is (e.g. two requests computed the same
+ * prefix at once: then this copy stays private). */
+static void index_full(kv_cache *c, kv_seq *s, int i0, int i1) {
+    int bs = c->p.block_size;
+    for (int i = i0; i < i1; i++) {
+        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+        const int32_t *bt = s->tokens + (size_t)i * bs;
+        int32_t b = s->blocks[i];
+        if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
+        /* speculative tokens: no key, no index entry until they are verified */
+        if (s->held && (i + 1) * bs > s->hold_from) break;
+        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
+        if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
+            index_insert(c, b, &s->keys[i], parent, bt);
+            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
+        }
+    }
 }
 
 void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
@@ -269,19 +305,25 @@ void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
     int bs = c->p.block_size, old = s->len;
     memcpy(s->tokens + old, tokens, (size_t)n * sizeof(int32_t));
     s->len += n;
-    for (int i = old / bs; i < s->len / bs; i++) {
-        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
-        const int32_t *bt = s->tokens + (size_t)i * bs;
-        int32_t b = s->blocks[i];
-        if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
-        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
-        /* Index it unless an identical block already is (e.g. two requests
-         * computed the same prefix at once): then this copy stays private. */
-        if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
-            index_insert(c, b, &s->keys[i], parent, bt);
-            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
-        }
-    }
+    index_full(c, s, old / bs, s->len / bs);
+}
+
+void kv_seq_hold(kv_cache *c, int seq, int from) {
+    kv_seq *s = &c->seqs[seq];
+    s->held = true;
+    s->hold_from = from;
+}
+
+void kv_seq_unhold(kv_cache *c, int seq) {
+    kv_seq *s = &c->seqs[seq];
+    if (!s->held) return;
+    s->held = false;
+    index_full(c, s, s->hold_from / c->p.block_size, s->len / c->p.block_size);
+}
+
+bool kv_seq_held(const kv_cache *c, int seq, int *from) {
+    if (from) *from = c->seqs[seq].hold_from;
+    return c->seqs[seq].held;
 }
 
 void kv_seq_release(kv_cache *c, int seq) {
@@ -291,6 +333,9 @@ void kv_seq_release(kv_cache *c, int seq) {
     s->len = 0;
     s->compacted = false;
     s->n_dropped = 0;
+    s->held = false;
+    if (s->held_cow1) block_unref(c, s->held_cow1 - 1);
+    s->held_cow1 = 0;
 }
 
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
@@ -310,6 +355,8 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     b->len = a->len;
     b->compacted = a->compacted;
     b->n_dropped = a->n_dropped;
+    b->held = a->held;
+    b->hold_from = a->hold_from;
     if (c->stage) /* the shared partial block's keys are in src's staging */
         memcpy(c->stage + (size_t)dst * c->stage_per_seq, c->stage + (size_t)src * c->stage_per_seq,
                c->stage_per_seq * sizeof(uint16_t));
@@ -574,6 +621,7 @@ const char *kv_check(const kv_cache *c) {
                 bad = msg;
             } else if (!null) refs[q->blocks[i]]++;
         }
+        if (q->held_cow1) refs[q->held_cow1 - 1]++;
     }
     for (int b = 0; b < nb && !bad; b++)
         if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }

@@ -98,6 +98,15 @@ void kv_seq_trim(kv_cache *c, int seq, int n_keep);
 void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n);
 /* Frees the sequence's blocks (indexed ones stay cached, on the LRU). */
 void kv_seq_release(kv_cache *c, int seq);
+/* Speculative decoding: while held, blocks that reach past position `from`
+ * are neither keyed nor indexed as they fill (their tokens are unverified:
+ * no prefix-index entry, no tier write-through, no demotion); unhold, after
+ * kv_seq_trim took the rejected tokens back, indexes the full blocks then
+ * held. A partial block left indexed by a trim is copied before it is
+ * written to (kv_seq_reserve). */
+void kv_seq_hold(kv_cache *c, int seq, int from);
+void kv_seq_unhold(kv_cache *c, int seq);
+bool kv_seq_held(const kv_cache *c, int seq, int *from);
 /* dst (empty or not: it is released first) shares all of src's blocks. */
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err);
 /* For an empty sequence about to take `tokens`: attaches the longest run of

@@ -336,7 +336,11 @@ const int32_t *kv_store_seq_tokens(const kv_store *s, int seq) { return kv_seq_t
 /* Sliding window: the next query (position len) and every later one see
  * keys from len - window + 1 on; the blocks wholly before that go back. */
 static void window_drop(kv_store *s, int seq) {
-    int first = kv_seq_len(s->c, seq) - s->window + 1;
+    /* speculating: the window of the first unverified position, which a
+     * rollback may return to */
+    int len = kv_seq_len(s->c, seq), from;
+    if (kv_seq_held(s->c, seq, &from) && from < len) len = from;
+    int first = len - s->window + 1;
     if (s->window > 0 && first >= s->p.block_size) kv_seq_drop_front(s->c, seq, first / s->p.block_size);
 }
 
@@ -358,6 +362,28 @@ void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) {
 void kv_store_release(kv_store *s, int seq) {
     kv_seq_release(s->c, seq);
     if (s->local) kv_store_release(s->local, seq);
+}
+
+void kv_store_hold(kv_store *s, int seq, int from) {
+    kv_seq_hold(s->c, seq, from);
+    if (s->local) kv_store_hold(s->local, seq, from);
+}
+
+int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
+    int len = kv_seq_len(s->c, seq), bs = s->p.block_size;
+    if (n_keep < 0 || n_keep > len)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens of %d", seq, n_keep, len);
+    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
+    /* q4_kc: a block cut back to partial needs its f16 keys, which the
+     * staging keeps only until the next block's first row overwrites them */
+    if (kc && n_keep % bs && n_keep < len && len > (n_keep / bs + 1) * bs)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d: q4_kc keys cannot be taken back across a block "
+                            "boundary (from %d to %d tokens, blocks of %d)", seq, len, n_keep, bs);
+    kv_seq_trim(s->c, seq, n_keep);
+    if (kc && n_keep < len) s->stage_block[seq] = n_keep % bs ? n_keep / bs : -1;
+    kv_seq_unhold(s->c, seq);
+    window_drop(s, seq);
+    return s->local ? kv_store_rollback(s->local, seq, n_keep, err) : KVLM_OK;
 }
 int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err) {
     int rc = kv_seq_fork(s->c, src, dst, err);

@@ -65,6 +65,13 @@ int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err);
 void kv_store_trim(kv_store *s, int seq, int n_keep);
 void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n);
 void kv_store_release(kv_store *s, int seq);
+/* Speculative decoding (kv_seq_hold / unhold): tokens from position `from`
+ * on are unverified until kv_store_rollback keeps the first n_keep tokens
+ * (n_keep >= from), takes the rest back and indexes what was held. q4_kc
+ * keys: only while the staging still holds the block n_keep falls in (no
+ * token past that block's end was written), else KVLM_EUNSUPPORTED. */
+void kv_store_hold(kv_store *s, int seq, int from);
+int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err);
 int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err);
 /* For an empty sequence about to take `tokens`: attaches the longest run of
  * cached full blocks matching them, from RAM and then from the tiers

@@ -1,0 +1,19 @@
+/* engine/spec: the parts of speculative decoding the scheduler shares with
+ * kvlm_spec (engine/spec.c): prompt lookup and the acceptance rule. */
+#ifndef KVLM_ENGINE_SPEC_H
+#define KVLM_ENGINE_SPEC_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvlm.h"
+
+/* Prompt lookup over the text h[0, m): continues the latest earlier
+ * occurrence of its last n tokens, n from ng_max down to ng_min; writes at
+ * most K drafts to out and returns how many. */
+int spec_lookup(const int32_t *h, int m, int ng_max, int ng_min, int K, int32_t *out);
+/* The rule that keeps the target's distribution for a draft d proposed with
+ * certainty: true, d is kept (with probability p(d) under smp's
+ * distribution for row; greedy: iff it is the pick); false, *next is drawn
+ * from p without d, renormalised. Either way smp records the token. ids and
+ * probs: vocabulary-sized scratch. */
+bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, float *probs, int32_t *next);
+#endif

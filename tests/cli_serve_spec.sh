@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# tests/cli_serve_spec: `kvlm serve --spec lookup` end to end (python3 stdlib
+# only): 32 concurrent streaming greedy requests with repetitive prompts, in a
+# pool small enough to force preemption, each equal to `kvlm run` of that
+# prompt without speculation; drafts were checked and kept (/metrics); n > 1
+# and sampling work; bad --spec refused.
+set -uo pipefail
+KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
+MODEL="$MODELS/stories260K.gguf"
+if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
+exec /usr/bin/python3 - "$KVLM" "$MODEL" <<'PY'
+import http.client, json, re, signal, subprocess, sys, threading
+
+kvlm, model = sys.argv[1], sys.argv[2]
+failures = 0
+def check(cond, name, detail=""):
+    global failures
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else " %s" % (detail,)))
+    failures += 0 if cond else 1
+
+r = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--spec", "draft"], capture_output=True, text=True, timeout=30)
+check(r.returncode == 1 and "lookup only" in r.stderr, "serve --spec draft refused", r.stderr)
+
+# 40 blocks of 16 tokens: 32 requests of ~60-160 tokens need far more at once
+proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "--max-seqs", "16", "--kv-mem", "400KiB",
+                         "-t", "2", "--spec", "lookup", "--draft-n", "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", proc.stdout.readline())
+if not m:
+    print("FAIL: no listening line; stderr: %s" % proc.stderr.read())
+    sys.exit(1)
+port = int(m.group(1))
+
+def request(method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request(method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode("utf-8", "replace")
+    c.close()
+    try:
+        return r.status, json.loads(text)
+    except ValueError:
+        return r.status, text
+
+def stream(body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text, finish = "", None
+    for raw in r:
+        line = raw.decode().rstrip("\r\n")
+        if line == "data: [DONE]":
+            break
+        if line.startswith("data: "):
+            ch = json.loads(line[6:])["choices"][0]
+            text += ch.get("text") or ""
+            finish = ch.get("finish_reason") or finish
+    c.close()
+    return text, finish
+
+names = ["Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe"]
+things = ["red ball", "big dog", "little cat", "blue box"]
+prompts = ["%s had a %s. %s liked the %s. One day %s lost the %s. %s looked for the %s" %
+           (n, t, n, t, n, t, n, t) for n in names for t in things][:32]
+max_tokens = [60 + 13 * (i % 8) for i in range(32)]
+alone = []
+for p, n in zip(prompts, max_tokens):
+    run = subprocess.run([kvlm, "run", "-m", model, "-p", p, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
+                         capture_output=True, text=True, timeout=120)
+    alone.append(run.stdout[len(p):-1] if run.stdout.startswith(p) else None)
+
+results = [None] * 32
+def worker(i):
+    try:
+        results[i] = stream({"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0})
+    except Exception as e:
+        results[i] = (None, repr(e))
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+for t in threads: t.start()
+for t in threads: t.join()
+same = sum(1 for i in range(32) if results[i][0] is not None and results[i][0] == alone[i])
+bad = [(prompts[i], results[i][0], alone[i]) for i in range(32) if results[i][0] != alone[i]][:2]
+check(same == 32, "32 concurrent streams with lookup speculation equal kvlm run of each prompt alone (%d/32)" % same, bad)
+
+text = request("GET", "/metrics")[1]
+def metric(name):
+    m = re.search(r"^%s (\S+)$" % name, text, re.M)
+    return float(m.group(1)) if m else -1
+drafted, kept, pre = metric("kvlm_spec_draft_tokens_total"), metric("kvlm_spec_accepted_tokens_total"), metric("kvlm_preemptions_total")
+check(drafted > 0 and kept > 0 and kept <= drafted, "drafts checked and kept: %d of %d (%.0f%%), %d preemptions" %
+      (kept, drafted, 100.0 * kept / max(drafted, 1), pre))
+
+st, r = request("POST", "/v1/completions", {"prompt": prompts[0], "max_tokens": 40, "temperature": 0, "n": 3})
+check(st == 200 and len(r["choices"]) == 3 and all(c["text"] == alone[0][:len(c["text"])] and len(c["text"]) > 0 for c in r["choices"]),
+      "n = 3 greedy: three copies of the text alone", r)
+st, r = request("POST", "/v1/completions", {"prompt": prompts[1], "max_tokens": 50, "temperature": 0.9, "seed": 5, "n": 2})
+check(st == 200 and r["usage"]["completion_tokens"] > 0, "sampling with speculation answers", r)
+
+proc.send_signal(signal.SIGTERM)
+check(proc.wait(timeout=30) == 0, "server stops on SIGTERM")
+print("cli_serve_spec: %s" % ("all passed" if failures == 0 else "%d failed" % failures))
+sys.exit(1 if failures else 0)
+PY

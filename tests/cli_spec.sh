@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/cli_spec: `kvlm run --spec` end to end: greedy text with prompt lookup
+# and with a q4_0 draft of the same model equals the text without
+# speculation (stories260K, stories4M_hd64; f16, q8_0 and q4_kc caches; h2o
+# and sinks eviction; the context's end), acceptance figures on stderr, a
+# draft of another vocabulary refused by name.
+set -uo pipefail
+KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
+if [ ! -f "$MODELS/stories260K.gguf" ]; then echo "SKIP: $MODELS/stories260K.gguf not found (set KVLM_MODELS)"; exit 77; fi
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+P="Lily had a red ball. She liked to play with the red ball in the park. One day, Lily lost the red ball. She looked for the red ball"
+
+same() { # name, options...: greedy text with and without --spec lookup / --draft
+  local name="$1"; shift
+  "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" "$@" >"$tmp/plain.txt" 2>"$tmp/plain.err" || { bad "$name: plain run: $(cat "$tmp/plain.err")"; return; }
+  for spec in "--spec lookup --draft-n 2" "--spec lookup" "--spec lookup --draft-n 12 --spec-ngram 4" "--draft $tmp/draft.gguf --draft-n 4"; do
+    case "$spec" in *draft.gguf*) [ -f "$tmp/draft.gguf" ] || continue;; esac
+    # shellcheck disable=SC2086
+    "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" "$@" $spec >"$tmp/spec.txt" 2>"$tmp/spec.err" || { bad "$name $spec: $(cat "$tmp/spec.err")"; continue; }
+    if cmp -s "$tmp/plain.txt" "$tmp/spec.txt" && grep -q 'drafts accepted' "$tmp/spec.err"; then
+      ok "$name $spec: same text ($(sed -n 's/.*| spec \(.*\)$/\1/p' "$tmp/spec.err"))"
+    else bad "$name $spec: text differs or no figures"; diff "$tmp/plain.txt" "$tmp/spec.txt" | head -5; fi
+  done
+}
+
+for model in stories260K.gguf stories4M_hd64.gguf; do
+  M="$MODELS/$model"
+  [ -f "$M" ] || { echo "SKIP part: $M not found"; continue; }
+  rm -f "$tmp/draft.gguf"
+  "$KVLM" convert "$M" "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1 || bad "$model: convert to q4_0"
+  same "$model" -m "$M"
+  same "$model q8_0 cache" -m "$M" --cache-type-k q8_0 --cache-type-v q8_0
+  same "$model q4_kc keys" -m "$M" --cache-type-k q4_kc
+  same "$model h2o" -m "$M" --kv-budget 96 --kv-evict h2o
+  same "$model sinks" -m "$M" --kv-budget 80 --kv-evict sinks
+  same "$model context end" -m "$M" -c 80
+done
+
+# other cache shapes, random weights: a window of 8 on every layer (blocks
+# before the window go back while drafts are held), gemma2's local store
+# beside the global one, deepseek2's latent rows
+"$KVLM" synth "$tmp/swa.gguf" --arch llama --dim 64 --layers 2 --heads 4 --kv-heads 2 --hidden 128 --sliding-window 8 --seed 5 >/dev/null 2>&1
+"$KVLM" synth "$tmp/gemma2.gguf" --arch gemma2 --dim 64 --layers 4 --heads 4 --kv-heads 2 --hidden 128 --sliding-window 8 --tied --seed 6 >/dev/null 2>&1
+"$KVLM" synth "$tmp/ds2.gguf" --arch deepseek2 --dim 128 --heads 4 --head-dim 48 --kv-lora 64 --rope-dim 16 --hidden 256 --layers 3 --seed 7 >/dev/null 2>&1
+for model in swa gemma2 ds2; do
+  [ -f "$tmp/$model.gguf" ] || { bad "$model: synth"; continue; }
+  rm -f "$tmp/draft.gguf"
+  "$KVLM" convert "$tmp/$model.gguf" "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1 || bad "$model: convert to q4_0"
+  same "$model (random weights)" -m "$tmp/$model.gguf" --block-size 4
+done
+
+M="$MODELS/stories260K.gguf"
+"$KVLM" synth "$tmp/other.gguf" --dim 64 --layers 1 --heads 4 --kv-heads 4 --hidden 128 --vocab 300 --type f32 >/dev/null 2>&1
+out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --draft "$tmp/other.gguf" 2>&1)"
+[ $? -ne 0 ] && printf '%s' "$out" | grep -q "vocabulary" && ok "a draft of another vocabulary is refused: $(printf '%s' "$out" | tail -1)" || bad "other vocabulary: $out"
+out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec guess 2>&1)"
+[ $? -ne 0 ] && printf '%s' "$out" | grep -q "expected lookup, draft or none" && ok "unknown --spec refused" || bad "--spec guess: $out"
+out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec draft 2>&1)"
+[ $? -ne 0 ] && printf '%s' "$out" | grep -q "needs --draft" && ok "--spec draft without a model refused" || bad "--spec draft: $out"
+# sampling runs (its distribution is test_spec's)
+"$KVLM" run -m "$M" -p "$P" -n 100 --temp 0.8 --seed 3 --spec lookup >"$tmp/s.txt" 2>"$tmp/s.err" && [ -s "$tmp/s.txt" ] &&
+  ok "sampling with lookup: $(sed -n 's/.*| spec \(.*\)$/\1/p' "$tmp/s.err")" || bad "sampling: $(cat "$tmp/s.err")"
+
+echo "cli_spec: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
