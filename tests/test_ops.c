@@ -74,7 +74,8 @@ typedef struct {
 } wtype;
 static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
                                 {DT_Q4_0, "q4_0"}, {DT_Q4_1, "q4_1"}, {DT_Q5_0, "q5_0"}, {DT_Q5_1, "q5_1"},
-                                {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}};
+                                {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}, {DT_Q2_K, "q2_K"},
+                                {DT_Q3_K, "q3_K"}, {DT_IQ4_NL, "iq4_nl"}, {DT_IQ4_XS, "iq4_xs"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -210,6 +211,7 @@ static void test_matmul_odd_sizes(void **state) {
     for (int i = 0; i < 4; i++) {
         check_matmul(DT_Q8_0, "q8_0", 1, q_ins[i], 13, p2, p3);
         check_matmul(DT_Q4_0, "q4_0", 5, q_ins[i], 13, p2, p3);
+        check_matmul(DT_IQ4_NL, "iq4_nl", 2, q_ins[i], 13, p2, p3);
     }
     util_pool_free(p2);
     util_pool_free(p3);

@@ -158,6 +158,91 @@ static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS -------------------------------------------------
+ * The 2-bit field of element e in Q2_K's and Q3_K's qs (model/dtype.h). */
+static inline int q2_field(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+/* Q2_K: per 16-element sub-block the code dot times its 4-bit scale, the
+ * mins against the activation's sums of 16; then q4k_step. */
+static float dot_q2_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q2_K *wb = (const block_q2_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0, summ = 0;
+        for (int g = 0; g < 16; g++) {
+            int isum = 0;
+            for (int l = 0; l < 16; l++) isum += q2_field(wb[b].qs, 16 * g + l) * xb[b].qs[16 * g + l];
+            sumi += (wb[b].scales[g] & 15) * isum;
+            summ += (wb[b].scales[g] >> 4) * xb[b].bsums[g];
+        }
+        s = q4k_step(s, xb[b].d, wb[b].d, wb[b].dmin, sumi, summ);
+    }
+    return s;
+}
+
+/* Q3_K: signed codes (2 bits, less 4 unless the hmask bit is set) times the
+ * signed 6-bit scales per 16 elements; then q6k_step. */
+static float dot_q3_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q3_K *wb = (const block_q3_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int8_t sc[16];
+        op_q3k_scales(wb[b].scales, sc);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int isum = 0;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * g + l, hbit = (wb[b].hmask[e % 32] >> (4 * (e / 128) + (e % 128) / 32)) & 1;
+                isum += (q2_field(wb[b].qs, e) - (hbit ? 0 : 4)) * xb[b].qs[e];
+            }
+            sumi += sc[g] * isum;
+        }
+        s = q6k_step(s, xb[b].d, wb[b].d, sumi);
+    }
+    return s;
+}
+
+/* IQ4_NL: Q8_0's loop with the nibbles looked up in the levels. */
+static float dot_iq4_nl(int n, const uint8_t *w, const uint8_t *x) {
+    const block_iq4_nl *wb = (const block_iq4_nl *)w;
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const int8_t *xb = xq + b * 32;
+        int isum = 0;
+        for (int i = 0; i < 16; i++)
+            isum += dt_kvalues_iq4nl[wb[b].qs[i] & 15] * xb[i] + dt_kvalues_iq4nl[wb[b].qs[i] >> 4] * xb[i + 16];
+        s = fmaf((float)isum, dt_f16_to_f32(wb[b].d) * xd[b], s);
+    }
+    return s;
+}
+
+/* IQ4_XS: per 32-element sub-block the level dot times its signed 6-bit
+ * scale; then q6k_step. */
+static float dot_iq4_xs(int n, const uint8_t *w, const uint8_t *x) {
+    const block_iq4_xs *wb = (const block_iq4_xs *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0;
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = wb[b].qs + 16 * g;
+            const int8_t *a = xb[b].qs + 32 * g;
+            int isum = 0;
+            for (int i = 0; i < 16; i++)
+                isum += dt_kvalues_iq4nl[q[i] & 15] * a[i] + dt_kvalues_iq4nl[q[i] >> 4] * a[i + 16];
+            sumi += op_iq4xs_scale(&wb[b], g) * isum;
+        }
+        s = q6k_step(s, xb[b].d, wb[b].d, sumi);
+    }
+    return s;
+}
+
 static inline void tile(dot_fn f, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                         float *y, size_t ys, int nr, int nc) {
     for (int c = 0; c < nc; c++)
@@ -180,6 +265,10 @@ TILE(q5_1)
 TILE(q4_K)
 TILE(q5_K)
 TILE(q6_K)
+TILE(q2_K)
+TILE(q3_K)
+TILE(iq4_nl)
+TILE(iq4_xs)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
