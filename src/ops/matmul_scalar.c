@@ -272,14 +272,15 @@ TILE(iq4_xs)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
-/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1 (ops.h); dot_legacy's operations for the last three. */
+/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1, 5 IQ4_NL (ops.h); dot_legacy's
+ * operations for Q4_1 / Q5_0 / Q5_1, dot_iq4_nl's for IQ4_NL. */
 static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
     const int32_t *xc = op_q8a_xc(x, n);
-    const int q5 = q4 == 2 || q4 == 4, hm = q4 >= 3, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
+    const int q5 = q4 == 2 || q4 == 4, hm = q4 == 3 || q4 == 4, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
     const size_t bs = 16 * (q4 == 0 ? sizeof(block_q8_0) : q4 == 1 ? sizeof(block_q4_0) : q4 == 2 ? sizeof(block_q5_0)
-                            : q4 == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
+                            : q4 == 3 ? sizeof(block_q4_1) : q4 == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = g + (size_t)b * bs;
@@ -288,7 +289,9 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++) {
                 int q = blk[qs_at + 64 * k + 4 * j + i];
-                if (q4) {
+                if (q4 == 5) {
+                    isum += dt_kvalues_iq4nl[q & 15] * xb[4 * k + i] + dt_kvalues_iq4nl[q >> 4] * xb[16 + 4 * k + i];
+                } else if (q4) {
                     int h = q5 ? blk[qs_at + 256 + 4 * j + i] : 0; /* the 5th bits (ops.h) */
                     isum += (((q & 0x0f) | (h >> k & 1) << 4) - off) * xb[4 * k + i] +
                             (((q >> 4) | (h >> (4 + k) & 1) << 4) - off) * xb[16 + 4 * k + i];
@@ -321,6 +324,7 @@ R16_SCALAR(op_mm_q4_0_r16_scalar, dot_r16(1, n, g, j, xr))
 R16_SCALAR(op_mm_q5_0_r16_scalar, dot_r16(2, n, g, j, xr))
 R16_SCALAR(op_mm_q4_1_r16_scalar, dot_r16(3, n, g, j, xr))
 R16_SCALAR(op_mm_q5_1_r16_scalar, dot_r16(4, n, g, j, xr))
+R16_SCALAR(op_mm_iq4_nl_r16_scalar, dot_r16(5, n, g, j, xr))
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
 static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {

@@ -1,6 +1,6 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights (OP_Q8_0_R16, OP_Q4_0_R16,
- * OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
+ * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K weights
+ * (OP_*_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/type_traits.h"
@@ -57,12 +57,18 @@ AI void r16_prefetch(const uint8_t *p, size_t bytes) {
 /* Q: 0 Q8_0, 1 Q4_0, 2 Q5_0 (Q4_0's chunks, then 64 bytes of 5th bits:
  * byte 4j + i holds bit k for element 4k + i, bit 4 + k for 16 + 4k + i),
  * 3 Q4_1 and 4 Q5_1 (the 16 f16 mins after the scales, then as Q4_0 / Q5_0;
- * no offset, and per block the min times dx times the token's sum). */
+ * no offset, and per block the min times dx times the token's sum), 5 IQ4_NL
+ * (Q4_0's chunks, the nibbles looked up as level + 128 by vpshufb: Q8_0's
+ * -128 x sum start). */
 AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
-    const int nb = n / 32, Q4 = Q > 0, HM = Q >= 3, H5 = Q == 2 || Q == 4, qs_at = HM ? 64 : 32;
+    const int nb = n / 32, Q4 = Q > 0, HM = Q == 3 || Q == 4, H5 = Q == 2 || Q == 4, IQ = Q == 5, qs_at = HM ? 64 : 32;
     const size_t bsz = 16 * (Q == 0 ? sizeof(block_q8_0) : Q == 1 ? sizeof(block_q4_0) : Q == 2 ? sizeof(block_q5_0)
-                             : Q == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
+                             : Q == 3 ? sizeof(block_q4_1) : Q == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
+    /* IQ4_NL's levels + 128 in every 128-bit lane */
+    const __m512i kvu = IQ ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl),
+                                                                  _mm_set1_epi8((char)0x80)))
+                           : _mm512_setzero_si512();
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[R16_C];
 #pragma GCC unroll 16
@@ -83,6 +89,10 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
                     const __m512i hb = _mm512_loadu_si512(blk + qs_at + 256);
                     wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(_mm512_slli_epi16(hb, 4 - k), m10));
                     wk[k + 4] = _mm512_or_si512(wk[k + 4], _mm512_and_si512(_mm512_srli_epi16(hb, k), m10));
+                }
+                if (IQ) {
+                    wk[k] = _mm512_shuffle_epi8(kvu, wk[k]);
+                    wk[k + 4] = _mm512_shuffle_epi8(kvu, wk[k + 4]);
                 }
             }
         } else {
@@ -127,8 +137,8 @@ typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, flo
     {r16_##q4##_1,  r16_##q4##_2,  r16_##q4##_3,  r16_##q4##_4,  r16_##q4##_5,  r16_##q4##_6,  r16_##q4##_7,  \
      r16_##q4##_8,  r16_##q4##_9,  r16_##q4##_10, r16_##q4##_11, r16_##q4##_12, r16_##q4##_13, r16_##q4##_14, \
      r16_##q4##_15, r16_##q4##_16}
-R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4)
-static const r16_fn r16_tab[5][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4)};
+R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4) R16_ROW(5)
+static const r16_fn r16_tab[6][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4), R16_TAB(5)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
@@ -153,6 +163,7 @@ R16_TILE(op_mm_q4_0_r16_vnni, r16_tab[1])
 R16_TILE(op_mm_q5_0_r16_vnni, r16_tab[2])
 R16_TILE(op_mm_q4_1_r16_vnni, r16_tab[3])
 R16_TILE(op_mm_q5_1_r16_vnni, r16_tab[4])
+R16_TILE(op_mm_iq4_nl_r16_vnni, r16_tab[5])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the

@@ -99,6 +99,11 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * the bottom; 2 x 8 chunks). Results equal the scalar Q6_K kernel bit for
  * bit (integer group dots times the scales, then fma(d xd, sumi, s)). */
 #define OP_Q6_K_R16 0x10e
+/* OP_IQ4_NL_R16: OP_Q4_0_R16's layout (IQ4_NL's block is Q4_0's: an f16 scale,
+ * nibbles in the same order); the kernel looks the nibbles up as level + 128
+ * (unsigned) and starts each block's dot from -128 x the token's sum of
+ * quants. Results equal the scalar IQ4_NL kernel bit for bit. */
+#define OP_IQ4_NL_R16 0x114
 /* Bytes between the rows of weights of type wtype (packed or not), 0 if
  * n_in is not whole blocks; a packed group is 16 such rows. */
 size_t op_pack_row_size(int wtype, int n_in);

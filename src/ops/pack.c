@@ -97,7 +97,7 @@ void op_pack_q6_K(int wtype, const void *src, void *dst, int n_in, int n_out) {
         }
 }
 
-/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 into their packed types (ops.h): per group
+/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL into their packed types (ops.h): per group
  * and block the 16 rows' scales (and mins), then the quants in 4-byte chunks
  * (and Q5's 5th bits regrouped). */
 void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) {
