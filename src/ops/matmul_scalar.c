@@ -380,5 +380,30 @@ static float dot_q6k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
 
 R16_SCALAR(op_mm_q6_K_r16_scalar, dot_q6k_r16(n, g, j, xr))
 
+/* Row j of a group of OP_IQ4_XS_R16 (ops.h): dot_iq4_xs's operations. */
+static float dot_iq4xs_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_IQ4XS_R16_BYTES;
+        int sumi = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            const int8_t *a = xb[b].qs + 32 * sb;
+            int isum = 0;
+            for (int k = 0; k < 4; k++)
+                for (int i = 0; i < 4; i++) {
+                    int q = blk[160 + 256 * sb + 64 * k + 4 * j + i];
+                    isum += dt_kvalues_iq4nl[q & 15] * a[4 * k + i] + dt_kvalues_iq4nl[q >> 4] * a[16 + 4 * k + i];
+                }
+            sumi += (int8_t)blk[32 + 16 * sb + j] * isum;
+        }
+        dt_f16 d;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        s = q6k_step(s, xb[b].d, d, sumi);
+    }
+    return s;
+}
+R16_SCALAR(op_mm_iq4_xs_r16_scalar, dot_iq4xs_r16(n, g, j, xr))
+
 R16_SCALAR(op_mm_q4_K_r16_scalar, dot_qk_r16(0, n, g, j, xr))
 R16_SCALAR(op_mm_q5_K_r16_scalar, dot_qk_r16(1, n, g, j, xr))

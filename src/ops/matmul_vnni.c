@@ -1,5 +1,5 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K weights
+ * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights
  * (OP_*_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
@@ -290,6 +290,73 @@ static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)}
 R16_TILE(op_mm_q4_K_r16_vnni, r16k_tab[0])
 R16_TILE(op_mm_q5_K_r16_vnni, r16k_tab[1])
 R16_TILE(op_mm_q6_K_r16_vnni, r16k_tab[2])
+
+/* ---- OP_IQ4_XS_R16 -------------------------------------------------------------
+ * Per 32-column sub-block 4 chunks, their nibbles looked up as level + 128
+ * (unsigned) by vpshufb: 8 vpdpbusd from -128 x the sub-block's sum of quants
+ * (two bsums), the exact dot times the 16 rows' signed scales (vpmulld) into
+ * the super-block's integer sum; then fma(d xd, sumi, s) as q6k_step. The
+ * running sums live in L1 between super-blocks, as in kq_r16_tile. */
+AI void iq4xs_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
+                       __mmask16 rows) {
+    const int nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i kvu = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl), _mm_set1_epi8((char)0x80)));
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_IQ4XS_R16_BYTES;
+        r16_prefetch(blk, OP_IQ4XS_R16_BYTES);
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 8; sb++) {
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * sb)));
+            __m512i wk[8];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i raw = _mm512_loadu_si512(blk + 160 + 256 * sb + 64 * k);
+                wk[k] = _mm512_shuffle_epi8(kvu, _mm512_and_si512(raw, m4));
+                wk[k + 4] = _mm512_shuffle_epi8(kvu, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                const int8_t *a = xb->qs + 32 * sb;
+                __m512i i0 = _mm512_set1_epi32(-128 * (xb->bsums[2 * sb] + xb->bsums[2 * sb + 1])), i1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
+                    i1 = _mm512_dpbusd_epi32(i1, wk[k + 1], _mm512_set1_epi32(ld32(a + 4 * k + 4)));
+                }
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) {
+            const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+            const __m512 acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(sumi[c]),
+                                               _mm512_load_ps(accm[c]));
+            _mm512_store_ps(accm[c], acc);
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16X(rn)                                                                                          \
+    static void r16x_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,        \
+                          __mmask16 rows) {                                                               \
+        iq4xs_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                     \
+    }
+R16X(1) R16X(2) R16X(3) R16X(4) R16X(5) R16X(6) R16X(7) R16X(8)
+R16X(9) R16X(10) R16X(11) R16X(12) R16X(13) R16X(14) R16X(15) R16X(16)
+static const r16_fn r16x_tab[R16_C] = {r16x_1, r16x_2,  r16x_3,  r16x_4,  r16x_5,  r16x_6,  r16x_7,  r16x_8,
+                                       r16x_9, r16x_10, r16x_11, r16x_12, r16x_13, r16x_14, r16x_15, r16x_16};
+R16_TILE(op_mm_iq4_xs_r16_vnni, r16x_tab)
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -104,6 +104,14 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * (unsigned) and starts each block's dot from -128 x the token's sum of
  * quants. Results equal the scalar IQ4_NL kernel bit for bit. */
 #define OP_IQ4_NL_R16 0x114
+/* OP_IQ4_XS_R16: IQ4_XS rows in groups of 16, per group and super-block
+ * (2,208 bytes, 138 per row where IQ4_XS takes 136): the 16 rows' f16 d,
+ * their 8 sub-block scales [8][16] unpacked to signed bytes (ls - 32), then
+ * per 32-column sub-block 4 chunks of 64 bytes, chunk k holding bytes
+ * 4k..4k+3 of each row's 16 quant bytes of that sub-block (low nibbles:
+ * columns 4k.., high: 16 + 4k..). Results equal the scalar IQ4_XS kernel bit
+ * for bit (integer sub-block dots times the scales, then fma(d xd, sumi, s)). */
+#define OP_IQ4_XS_R16 0x117
 /* Bytes between the rows of weights of type wtype (packed or not), 0 if
  * n_in is not whole blocks; a packed group is 16 such rows. */
 size_t op_pack_row_size(int wtype, int n_in);

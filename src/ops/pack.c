@@ -134,3 +134,25 @@ void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) 
             }
 }
 
+
+/* IQ4_XS into OP_IQ4_XS_R16 (ops.h): per group and super-block the d and
+ * signed sub-block scales of the 16 rows, then each sub-block's quant bytes
+ * in 4-byte chunks. */
+void op_pack_iq4_xs(int wtype, const void *src, void *dst, int n_in, int n_out) {
+    (void)wtype;
+    const int nb = n_in / QK_K;
+    const size_t rs = dt_row_size(DT_IQ4_XS, n_in);
+    static const block_iq4_xs zero; /* rows past n_out: d 0 */
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += OP_IQ4XS_R16_BYTES)
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                const block_iq4_xs *blk = r < n_out ? (const block_iq4_xs *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
+                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
+                for (int s = 0; s < 8; s++) {
+                    d[32 + 16 * s + j] = (uint8_t)(int8_t)op_iq4xs_scale(blk, s);
+                    for (int k = 0; k < 4; k++) memcpy(d + 160 + 256 * s + 64 * k + 4 * j, blk->qs + 16 * s + 4 * k, 4);
+                }
+            }
+}

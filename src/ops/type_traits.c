@@ -48,7 +48,7 @@ static const op_type_traits traits[] = {
     PLAIN_TYPE(Q2_K, q2_K, OP_ACT_Q8K),
     PLAIN_TYPE(Q3_K, q3_K, OP_ACT_Q8K),
     BASE_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, op_pack_legacy),
-    PLAIN_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K),
+    BASE_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, op_pack_iq4_xs),
     PACKED_TYPE(Q8_0, q8_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q4_0, q4_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q5_0, q5_0, OP_ACT_Q8A, 0),
@@ -58,6 +58,7 @@ static const op_type_traits traits[] = {
     PACKED_TYPE(Q5_K, q5_K, OP_ACT_Q8K, OP_Q5K_R16_BYTES),
     PACKED_TYPE(Q6_K, q6_K, OP_ACT_Q8K, 0),
     PACKED_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, 0),
+    PACKED_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, OP_IQ4XS_R16_BYTES),
 };
 
 const op_type_traits *op_type_traits_of(int wtype) {
