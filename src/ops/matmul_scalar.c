@@ -405,5 +405,44 @@ static float dot_iq4xs_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
 }
 R16_SCALAR(op_mm_iq4_xs_r16_scalar, dot_iq4xs_r16(n, g, j, xr))
 
+/* Row j of a group of OP_Q2_K_R16 / OP_Q3_K_R16 (ops.h): dot_q2_K's /
+ * dot_q3_K's operations. */
+static float dot_q23k_r16(int q3, int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    const int sc_at = q3 ? 32 : 64, qs_at = q3 ? 288 : 320;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * (q3 ? OP_Q3K_R16_BYTES : OP_Q2K_R16_BYTES);
+        const int8_t *a = xb[b].qs;
+        int sumi = 0, summ = 0;
+        for (int sub = 0; sub < 16; sub++) {
+            const int h = sub / 8, u = (sub % 8) / 2, half = sub % 2;
+            int isum = 0;
+            for (int k = 4 * half; k < 4 * half + 4; k++)
+                for (int i = 0; i < 4; i++) {
+                    int q = (blk[qs_at + 512 * h + 64 * k + 4 * j + i] >> (2 * u)) & 3;
+                    if (q3) q |= ((blk[1312 + 64 * k + 4 * j + i] >> (4 * h + u)) & 1) << 2;
+                    isum += q * a[128 * h + 32 * u + 4 * k + i];
+                }
+            const int sc = blk[sc_at + 16 * sub + j];
+            if (q3) sumi += (int8_t)sc * (isum - 4 * xb[b].bsums[sub]);
+            else {
+                sumi += (sc & 15) * isum;
+                summ += (sc >> 4) * xb[b].bsums[sub];
+            }
+        }
+        dt_f16 d, dmin;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        if (q3) s = q6k_step(s, xb[b].d, d, sumi);
+        else {
+            memcpy(&dmin, blk + 32 + 2 * j, sizeof dmin);
+            s = q4k_step(s, xb[b].d, d, dmin, sumi, summ);
+        }
+    }
+    return s;
+}
+R16_SCALAR(op_mm_q2_K_r16_scalar, dot_q23k_r16(0, n, g, j, xr))
+R16_SCALAR(op_mm_q3_K_r16_scalar, dot_q23k_r16(1, n, g, j, xr))
+
 R16_SCALAR(op_mm_q4_K_r16_scalar, dot_qk_r16(0, n, g, j, xr))
 R16_SCALAR(op_mm_q5_K_r16_scalar, dot_qk_r16(1, n, g, j, xr))

@@ -1,5 +1,5 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights
+ * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights
  * (OP_*_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
@@ -357,6 +357,111 @@ R16X(9) R16X(10) R16X(11) R16X(12) R16X(13) R16X(14) R16X(15) R16X(16)
 static const r16_fn r16x_tab[R16_C] = {r16x_1, r16x_2,  r16x_3,  r16x_4,  r16x_5,  r16x_6,  r16x_7,  r16x_8,
                                        r16x_9, r16x_10, r16x_11, r16x_12, r16x_13, r16x_14, r16x_15, r16x_16};
 R16_TILE(op_mm_iq4_xs_r16_vnni, r16x_tab)
+
+/* ---- OP_Q2_K_R16, OP_Q3_K_R16 ------------------------------------------------------
+ * Per 32-column unit (h, j) 8 chunks of 2-bit fields shifted down by 2j
+ * (Q3_K: or-ed with the hmask bit 4h + j as +4, codes 0..7): 4 vpdpbusd per
+ * 16-column sub-block (Q3_K from -4 x its bsum), times the rows' scales
+ * (vpmulld) into the integer sum; Q2_K's mins meet the bsums through
+ * vpdpwssd (two mins per dword); then q4k_step's / q6k_step's float steps. */
+AI void q23k_r16_tile(const int Q3, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+                      size_t ys, __mmask16 rows) {
+    const int nb = n / QK_K, sc_at = Q3 ? 32 : 64, qs_at = Q3 ? 288 : 320;
+    const size_t bsz = Q3 ? OP_Q3K_R16_BYTES : OP_Q2K_R16_BYTES;
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), m4 = _mm512_set1_epi32(15);
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * bsz;
+        r16_prefetch(blk, bsz);
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int unit = 0; unit < 8; unit++) {
+            const int h = unit / 4, j = unit % 4, sh = 4 * h + j; /* Q3_K: the hmask bit to bit 2 */
+            __m512i wk[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i lo = _mm512_loadu_si512(blk + qs_at + 512 * h + 64 * k);
+                wk[k] = _mm512_and_si512(_mm512_srli_epi16(lo, 2 * j), m3);
+                if (Q3) {
+                    const __m512i hb = _mm512_loadu_si512(blk + 1312 + 64 * k);
+                    const __m512i hv = sh < 2 ? _mm512_slli_epi16(hb, 2 - sh) : _mm512_srli_epi16(hb, sh - 2);
+                    wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(hv, four));
+                }
+            }
+            const int s0 = 2 * unit; /* sub-blocks s0, s0 + 1 */
+            __m512i sc0, sc1;
+            if (Q3) {
+                sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0)));
+                sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0 + 16)));
+            } else {
+                sc0 = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0))), m4);
+                sc1 = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0 + 16))), m4);
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                const int8_t *a = xb->qs + 32 * unit;
+                __m512i i0 = Q3 ? _mm512_set1_epi32(-4 * xb->bsums[s0]) : _mm512_setzero_si512();
+                __m512i i1 = Q3 ? _mm512_set1_epi32(-4 * xb->bsums[s0 + 1]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
+                    i1 = _mm512_dpbusd_epi32(i1, wk[k + 4], _mm512_set1_epi32(ld32(a + 16 + 4 * k)));
+                }
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1)));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        if (Q3) {
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+                _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(sumi[c]),
+                                                         _mm512_load_ps(accm[c])));
+            }
+        } else {
+            __m512i pr[8]; /* mins 2t (low half) and 2t + 1 (high half) of each row */
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m512i v0 = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * t))), 4);
+                const __m512i v1 = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * t))), 4);
+                pr[t] = _mm512_or_si512(v0, _mm512_slli_epi32(v1, 16));
+            }
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                __m512i sm = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) sm = _mm512_dpwssd_epi32(sm, pr[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
+                const __m512 m = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(sm));
+                const __m512 t = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(sumi[c]), m);
+                _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_set1_ps(xb->d), t, _mm512_load_ps(accm[c])));
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16Q(q3, rn)                                                                                      \
+    static void r16q_##q3##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                                 __mmask16 rows) {                                                        \
+        q23k_r16_tile(q3, rn, n, g, x, xs, y, ys, rows);                                                  \
+    }
+#define R16Q_ROW(q3) R16Q(q3, 1) R16Q(q3, 2) R16Q(q3, 3) R16Q(q3, 4) R16Q(q3, 5) R16Q(q3, 6) R16Q(q3, 7) \
+    R16Q(q3, 8) R16Q(q3, 9) R16Q(q3, 10) R16Q(q3, 11) R16Q(q3, 12) R16Q(q3, 13) R16Q(q3, 14) R16Q(q3, 15) R16Q(q3, 16)
+#define R16Q_TAB(q3)                                                                                         \
+    {r16q_##q3##_1,  r16q_##q3##_2,  r16q_##q3##_3,  r16q_##q3##_4,  r16q_##q3##_5,  r16q_##q3##_6,          \
+     r16q_##q3##_7,  r16q_##q3##_8,  r16q_##q3##_9,  r16q_##q3##_10, r16q_##q3##_11, r16q_##q3##_12,         \
+     r16q_##q3##_13, r16q_##q3##_14, r16q_##q3##_15, r16q_##q3##_16}
+R16Q_ROW(0) R16Q_ROW(1)
+static const r16_fn r16q_tab[2][R16_C] = {R16Q_TAB(0), R16Q_TAB(1)};
+R16_TILE(op_mm_q2_K_r16_vnni, r16q_tab[0])
+R16_TILE(op_mm_q3_K_r16_vnni, r16q_tab[1])
 
 #if defined(__clang__)
 #pragma clang attribute pop

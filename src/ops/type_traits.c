@@ -45,8 +45,8 @@ static const op_type_traits traits[] = {
     BASE_TYPE(Q4_K, q4_K, OP_ACT_Q8K, op_pack_kquant),
     BASE_TYPE(Q5_K, q5_K, OP_ACT_Q8K, op_pack_kquant),
     BASE_TYPE(Q6_K, q6_K, OP_ACT_Q8K, op_pack_q6_K),
-    PLAIN_TYPE(Q2_K, q2_K, OP_ACT_Q8K),
-    PLAIN_TYPE(Q3_K, q3_K, OP_ACT_Q8K),
+    BASE_TYPE(Q2_K, q2_K, OP_ACT_Q8K, op_pack_q23k),
+    BASE_TYPE(Q3_K, q3_K, OP_ACT_Q8K, op_pack_q23k),
     BASE_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, op_pack_legacy),
     BASE_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, op_pack_iq4_xs),
     PACKED_TYPE(Q8_0, q8_0, OP_ACT_Q8A, 0),
@@ -59,6 +59,8 @@ static const op_type_traits traits[] = {
     PACKED_TYPE(Q6_K, q6_K, OP_ACT_Q8K, 0),
     PACKED_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, 0),
     PACKED_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, OP_IQ4XS_R16_BYTES),
+    PACKED_TYPE(Q2_K, q2_K, OP_ACT_Q8K, 0),
+    PACKED_TYPE(Q3_K, q3_K, OP_ACT_Q8K, OP_Q3K_R16_BYTES),
 };
 
 const op_type_traits *op_type_traits_of(int wtype) {
