@@ -636,6 +636,7 @@ static void iq4_table(uint8_t tab[IQ4_TAB]) {
     }
 }
 static inline int iq4_nearest(const uint8_t *tab, float v) {
+    v = fmaxf(fminf(v, 2.0f * IQ4_HI), 2.0f * IQ4_LO); /* far values (a tiny scale) convert to int safely */
     int k = (int)floorf(2.0f * (v - (float)IQ4_LO));
     return tab[k < 0 ? 0 : k >= IQ4_TAB ? IQ4_TAB - 1 : k];
 }
