@@ -1,7 +1,10 @@
 /* bench/bench_decode: decode tokens/s on random-weight models of real shapes
  * (stories15M, TinyLlama-1.1B) in F32, F16, Q8_0 and Q4_0, and the fraction of
  * the machine's read bandwidth (measured in the same run) that represents:
- * bytes of weights streamed per token x tokens/s / bandwidth. */
+ * bytes of weights streamed per token x tokens/s / bandwidth.
+ * `bench_decode THREADS --types q4_K,q2_K,...` (or --low-bit: q4_K, q2_K,
+ * q3_K, iq4_nl, iq4_xs) runs the TinyLlama shape only, those types in
+ * alternating rounds, each against the first type as the baseline. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +29,67 @@ static double streamed_bytes(kvlm_model *m) {
     return (double)(tied ? total : total - emb);
 }
 
+/* The types of `list` (comma-separated) on the TinyLlama shape: every model
+ * loaded first, then `rounds` rounds of n tokens each in turn, so a busy
+ * moment of the shared machine hits all types alike; the best round counts. */
+static int typed_table(const bench_shape *shape, int threads, const char *list, double bw) {
+    enum { MAXT = 16, ROUNDS = 3, N = 12 };
+    char buf[256], *names[MAXT], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", list);
+    int nt = 0;
+    for (char *t = strtok_r(buf, ",", &save); t && nt < MAXT; t = strtok_r(NULL, ",", &save)) {
+        if (kvlm_type_from_name(t) < 0) { fprintf(stderr, "bench_decode: unknown type '%s'\n", t); return 1; }
+        names[nt++] = t;
+    }
+    kvlm_model *m[MAXT];
+    kvlm_ctx *ctx[MAXT];
+    double best[MAXT] = {0}, bytes[MAXT];
+    int32_t tok[MAXT];
+    for (int i = 0; i < nt; i++) {
+        char path[4096];
+        m[i] = bench_load(bench_model_path(shape, names[i], path, sizeof path));
+        kvlm_error err = {0};
+        kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.n_threads = threads;
+        cp.n_ctx = 256;
+        if (!(ctx[i] = kvlm_ctx_create(m[i], &cp, &err))) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        bytes[i] = streamed_bytes(m[i]);
+        tok[i] = 1;
+    }
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < nt; i++) {
+            kvlm_error err = {0};
+            double t0 = 0;
+            for (int k = 0; k < 2 + N; k++) { /* 2 warm-up tokens: the weights back in the caches' way */
+                if (k == 2) t0 = util_now_s();
+                kvlm_batch b = {1, &tok[i], NULL, NULL, NULL};
+                if (kvlm_decode(ctx[i], &b, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+                tok[i] = 1 + (tok[i] * 7919) % 31000;
+            }
+            double tps = N / (util_now_s() - t0);
+            if (tps > best[i]) best[i] = tps;
+        }
+    printf("  %-16s %-7s %10s %12s %10s %8s %12s %12s\n", "model", "type", "MiB/token", "tokens/s", "GB/s", "of bw",
+           "tok/s ratio", "share ratio");
+    for (int i = 0; i < nt; i++) {
+        double share = bytes[i] * best[i] / bw, share0 = bytes[0] * best[0] / bw;
+        printf("  %-16s %-7s %10.1f %12.2f %10.2f %7.0f%% %12.2f %12.2f\n", shape->name, names[i], bytes[i] / (1 << 20),
+               best[i], bytes[i] * best[i] / 1e9, 100.0 * share, best[i] / best[0], share / share0);
+        kvlm_ctx_free(ctx[i]);
+        kvlm_model_free(m[i]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
-    bool big = !(argc > 2 && !strcmp(argv[2], "--small"));
+    bool big = true;
+    const char *list = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--small")) big = false;
+        else if (!strcmp(argv[i], "--low-bit")) list = "q4_K,q2_K,q3_K,iq4_nl,iq4_xs";
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc) list = argv[++i];
+    }
     bench_shape shapes[] = {
         {"stories15M", 288, 768, 6, 6, 6, 32000, 2048},
         {"tinyllama-1.1B", 2048, 5632, 22, 32, 4, 32000, 2048},
@@ -38,6 +99,7 @@ int main(int argc, char **argv) {
     double bw = op_measure_read_bandwidth(pool, (size_t)1 << 30);
     printf("bench_decode: %d threads, read bandwidth %.1f GB/s (measured now)\n", util_pool_size(pool), bw / 1e9);
     util_pool_free(pool);
+    if (list) return typed_table(&shapes[1], threads, list, bw);
     printf("  %-16s %-5s %10s %12s %10s %10s\n", "model", "type", "MiB/token", "tokens/s", "GB/s", "of bw");
     for (int si = 0; si < (big ? 2 : 1); si++)
         for (int ti = 0; ti < 4; ti++) {

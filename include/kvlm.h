@@ -102,7 +102,7 @@ void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
  * type: a GGUF type id for the 2-D weights, or -1 to keep each tensor's type.
  * Norms and biases stay F32. */
 int kvlm_model_save_gguf(const kvlm_model *model, const char *path, int type, kvlm_error *err);
-/* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", or -1. */
+/* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k", "iq4_xs", ... (docs/weights.md), or -1. */
 int kvlm_type_from_name(const char *name);
 const char *kvlm_type_name(int type);
 

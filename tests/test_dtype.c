@@ -20,8 +20,8 @@ static uint32_t f32_bits(float f) {
 
 static void test_traits(void **state) {
     (void)state;
-    const int ok[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
-                      DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
+    const int ok[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0,   DT_Q5_1,
+                      DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K, DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         const dt_traits *t = dt_info(ok[i]);
         assert_non_null(t);
@@ -34,12 +34,21 @@ static void test_traits(void **state) {
     assert_int_equal(dt_info(DT_Q6_K)->type_size, 210);
     assert_int_equal(dt_info(DT_Q8_K)->type_size, 292);
     assert_int_equal(dt_info(DT_Q8_K)->block_size, 256);
+    /* ggml's sizes: Q2_K 2 + 2 + 16 + 64, Q3_K 2 + 12 + 32 + 64, IQ4_NL 2 + 16, IQ4_XS 2 + 2 + 4 + 128 */
+    assert_int_equal(dt_info(DT_Q2_K)->type_size, 84);
+    assert_int_equal(dt_info(DT_Q3_K)->type_size, 110);
+    assert_int_equal(dt_info(DT_IQ4_NL)->type_size, 18);
+    assert_int_equal(dt_info(DT_IQ4_NL)->block_size, 32);
+    assert_int_equal(dt_info(DT_IQ4_XS)->type_size, 136);
+    assert_int_equal(dt_info(DT_IQ4_XS)->block_size, 256);
+    assert_int_equal(dt_from_name("IQ4_XS"), DT_IQ4_XS);
+    assert_int_equal(dt_from_name("q2_k"), DT_Q2_K);
     /* ggml types kvlm does not compute with: known layout, no traits */
     assert_null(dt_info(DT_Q8_1));
-    assert_null(dt_info(DT_Q3_K));
-    assert_non_null(dt_layout(DT_Q3_K));
-    assert_int_equal(dt_layout(DT_Q3_K)->type_size, 110);
-    assert_string_equal(dt_name(DT_Q3_K), "q3_K");
+    assert_null(dt_info(16)); /* iq2_xxs */
+    assert_non_null(dt_layout(16));
+    assert_int_equal(dt_layout(16)->type_size, 66);
+    assert_string_equal(dt_name(16), "iq2_xxs");
     assert_null(dt_info(-1));
     assert_null(dt_info(4));
     assert_null(dt_layout(4));
@@ -52,7 +61,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_from_name("BF16"), DT_BF16);
     assert_int_equal(dt_from_name("q8_k"), DT_Q8_K);
     assert_int_equal(dt_from_name("q5_k"), DT_Q5_K);
-    assert_int_equal(dt_from_name("q3_k"), -1); /* not supported */
+    assert_int_equal(dt_from_name("iq2_xxs"), -1); /* not supported */
     assert_int_equal(dt_from_name("nope"), -1);
     assert_int_equal(dt_from_name(NULL), -1);
     assert_int_equal(dt_row_size(DT_F32, 7), 28);
@@ -62,7 +71,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_row_size(99, 32), 0);
     float x[32] = {0};
     uint8_t out[64];
-    assert_int_equal(dt_quantize_row(DT_Q3_K, x, out, 256), -1);
+    assert_int_equal(dt_quantize_row(16, x, out, 256), -1);
     assert_int_equal(dt_quantize_row(DT_Q8_0, x, out, 31), -1);
 }
 
@@ -259,6 +268,120 @@ static void test_deq_q6_K_q8_K(void **state) {
     for (int j = 0; j < 256; j++) assert_true(y[j] == (float)(j - 128) * 0.125f);
 }
 
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS against ggml's layout ------------------------
+ * The blocks are raw bytes at ggml's offsets (block_q2_K: scales[16], qs[64],
+ * d, dmin; block_q3_K: hmask[32], qs[64], scales[12], d; block_iq4_nl: d,
+ * qs[16]; block_iq4_xs: d, scales_h, scales_l[4], qs[128]), and the expected
+ * values follow the loop structure of ggml's dequantize_row_* (not kvlm's
+ * code), so both the struct offsets and every bit field are checked. */
+static const int8_t k_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void test_deq_q2_K_layout(void **state) {
+    (void)state;
+    uint8_t blk[84];
+    for (int k = 0; k < 16; k++) blk[k] = (uint8_t)(k | ((k * 7 + 3) & 15) << 4); /* every scale and min nibble */
+    for (int k = 0; k < 64; k++) blk[16 + k] = (uint8_t)(k * 37 + 11);
+    blk[80] = 0x00, blk[81] = 0x3c; /* d = 1 (f16 0x3c00, little-endian) */
+    blk[82] = 0x00, blk[83] = 0x38; /* dmin = 0.5 */
+    float y[256], want[256];
+    dt_dequantize_row(DT_Q2_K, blk, y, 256);
+    int o = 0, is = 0;
+    for (int n = 0; n < 256; n += 128) {
+        const uint8_t *q = blk + 16 + n / 4;
+        for (int shift = 0; shift < 8; shift += 2)
+            for (int half = 0; half < 2; half++) {
+                int sc = blk[is++];
+                for (int l = 0; l < 16; l++) want[o++] = (float)(sc & 15) * (float)((q[l + 16 * half] >> shift) & 3) - 0.5f * (float)(sc >> 4);
+            }
+    }
+    for (int e = 0; e < 256; e++) assert_true(y[e] == want[e]);
+    /* by hand: element 0: qs[0] = 11 -> bits 0..1 = 3, scale 0, min 3 -> -1.5;
+     * element 17: qs[17] = 0x80 -> 0, scale 1, min 10 -> -5; element 200 (half 1,
+     * j 2, l 8): qs[40] = 0xd3 -> bits 4..5 = 1, sub-block 12: scale 12, min 7 -> 12 - 3.5 */
+    assert_true(y[0] == -1.5f);
+    assert_true(y[17] == -5.0f);
+    assert_true(y[200] == 8.5f);
+}
+
+static void test_deq_q3_K_layout(void **state) {
+    (void)state;
+    uint8_t blk[110];
+    for (int k = 0; k < 32; k++) blk[k] = (uint8_t)(k * 29 + 5);           /* hmask */
+    for (int k = 0; k < 64; k++) blk[32 + k] = (uint8_t)(k * 53 + 7);      /* qs */
+    const uint8_t sc12[12] = {0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe, 0xe4, 0x1b, 0x4e, 0xb1};
+    memcpy(blk + 96, sc12, 12);
+    blk[108] = 0x00, blk[109] = 0x38; /* d = 0.5 */
+    float y[256], want[256];
+    dt_dequantize_row(DT_Q3_K, blk, y, 256);
+    /* ggml's scale unpacking: four 32-bit words and the masks 0x03030303 / 0x0f0f0f0f */
+    uint32_t aux[4];
+    memcpy(aux, sc12, 12);
+    uint32_t tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+    aux[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+    aux[0] = (aux[0] & 0x0f0f0f0fu) | (((tmp >> 0) & 0x03030303u) << 4);
+    aux[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+    const uint8_t *scales = (const uint8_t *)aux;
+    int o = 0, is = 0;
+    uint8_t m = 1;
+    for (int n = 0; n < 256; n += 128) {
+        const uint8_t *q = blk + 32 + n / 4, *hm = blk;
+        for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1))
+            for (int half = 0; half < 2; half++) {
+                float dl = 0.5f * (float)(scales[is++] - 32);
+                for (int l = 16 * half; l < 16 * half + 16; l++)
+                    want[o++] = dl * (float)(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+            }
+    }
+    for (int e = 0; e < 256; e++) assert_true(y[e] == want[e]);
+    /* by hand: scale 0 = low nibble of 0x10 (0) | bits 0..1 of 0xe4 (0) << 4 = 0 -> -32;
+     * element 0: qs 7 -> 3, hmask[0] = 5 bit 0 set -> q 3: 0.5 * -32 * 3 = -48.
+     * scale 15 = high nibble of 0xfe (15) | bits 6..7 of 0xb1 (2) << 4 = 47 -> 15;
+     * element 255 (half 1, j 3, l 31): qs[63] = 0x12 -> bits 6..7 = 0, hmask[31] = 0x88
+     * bit 7 set -> q 0. element 254: qs[62] = 0xdd -> 3, hmask[30] = 0x6b bit 7 clear
+     * -> q -1: 0.5 * 15 * -1 */
+    assert_true(y[0] == -48.0f);
+    assert_true(y[255] == 0.0f);
+    assert_true(y[254] == -7.5f);
+}
+
+static void test_deq_iq4_layout(void **state) {
+    (void)state;
+    uint8_t nl[18];
+    nl[0] = 0x00, nl[1] = 0x34; /* d = 0.25 */
+    for (int k = 0; k < 16; k++) nl[2 + k] = (uint8_t)(k | (15 - k) << 4);
+    float y[256];
+    dt_dequantize_row(DT_IQ4_NL, nl, y, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == 0.25f * k_iq4[j]);
+        assert_true(y[j + 16] == 0.25f * k_iq4[15 - j]);
+    }
+    assert_true(y[0] == -31.75f && y[16] == 28.25f); /* -127 / 4, 113 / 4 */
+
+    uint8_t xs[136];
+    xs[0] = 0x00, xs[1] = 0x38;   /* d = 0.5 */
+    xs[2] = 0xe4, xs[3] = 0xb1;   /* scales_h = 0xb1e4: high bits 0,1,2,3,1,0,3,2 */
+    const uint8_t sl[4] = {0x1f, 0x2e, 0x3d, 0x4c};
+    memcpy(xs + 4, sl, 4);
+    for (int k = 0; k < 128; k++) xs[8 + k] = (uint8_t)(k * 71 + 3);
+    dt_dequantize_row(DT_IQ4_XS, xs, y, 256);
+    const uint16_t sh = 0xb1e4;
+    for (int ib = 0; ib < 8; ib++) {
+        int ls = ((sl[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4);
+        float dl = 0.5f * (float)(ls - 32);
+        const uint8_t *q = xs + 8 + 16 * ib;
+        for (int j = 0; j < 16; j++) {
+            assert_true(y[32 * ib + j] == dl * k_iq4[q[j] & 0xf]);
+            assert_true(y[32 * ib + j + 16] == dl * k_iq4[q[j] >> 4]);
+        }
+    }
+    /* by hand: sub-block 0: ls = 15 | 0 << 4 -> -17; qs[0] = 3: level -65 -> 0.5 * -17 * -65;
+     * sub-block 7: ls = 4 | 2 << 4 = 36 -> 4; qs[127] = 0x3c (127 * 71 + 3 = 9020):
+     * high nibble 3, level -65, element 255: 0.5 * 4 * -65 */
+    assert_true(y[0] == 552.5f);
+    assert_true(y[255] == -130.0f);
+}
+
 /* ---- quantize -> dequantize ---- */
 
 static double rel_rms_err(int type, const float *x, int n) {
@@ -303,6 +426,7 @@ static void test_round_trip(void **state) {
         {DT_F16, 0.0005, 0.0005}, {DT_BF16, 0.004, 0.004}, {DT_Q8_0, 0.006, 0.008}, {DT_Q8_K, 0.006, 0.012},
         {DT_Q6_K, 0.02, 0.03},    {DT_Q5_K, 0.04, 0.06},   {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
         {DT_Q5_0, 0.045, 0.065},  {DT_Q5_1, 0.04, 0.06},   {DT_Q4_1, 0.08, 0.12},
+        {DT_Q3_K, 0.135, 0.165},  {DT_Q2_K, 0.26, 0.31},   {DT_IQ4_NL, 0.07, 0.085}, {DT_IQ4_XS, 0.07, 0.085},
     };
     uint64_t s = 42;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -325,7 +449,8 @@ static void test_round_trip(void **state) {
 
 static void test_quantize_special(void **state) {
     (void)state;
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K};
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K,
+                         DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS};
     float x[512], y[512];
     uint8_t q[2048];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -381,6 +506,8 @@ int main(void) {
         cmocka_unit_test(test_deq_q4_K),
         cmocka_unit_test(test_deq_q5_K),
         cmocka_unit_test(test_deq_legacy),       cmocka_unit_test(test_deq_q6_K_q8_K),
+        cmocka_unit_test(test_deq_q2_K_layout),  cmocka_unit_test(test_deq_q3_K_layout),
+        cmocka_unit_test(test_deq_iq4_layout),
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,7 +74,8 @@ typedef struct {
 } wtype;
 static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
                                 {DT_Q4_0, "q4_0"}, {DT_Q4_1, "q4_1"}, {DT_Q5_0, "q5_0"}, {DT_Q5_1, "q5_1"},
-                                {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}};
+                                {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}, {DT_Q2_K, "q2_K"},
+                                {DT_Q3_K, "q3_K"}, {DT_IQ4_NL, "iq4_nl"}, {DT_IQ4_XS, "iq4_xs"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -210,6 +211,7 @@ static void test_matmul_odd_sizes(void **state) {
     for (int i = 0; i < 4; i++) {
         check_matmul(DT_Q8_0, "q8_0", 1, q_ins[i], 13, p2, p3);
         check_matmul(DT_Q4_0, "q4_0", 5, q_ins[i], 13, p2, p3);
+        check_matmul(DT_IQ4_NL, "iq4_nl", 2, q_ins[i], 13, p2, p3);
     }
     util_pool_free(p2);
     util_pool_free(p3);
@@ -269,15 +271,15 @@ static void test_matmul_batch_bits(void **state) {
 static void test_matmul_packed(void **state) {
     (void)state;
     util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q5_0, DT_Q4_1, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K},
-              packed[] = {OP_Q8_0_R16, OP_Q4_0_R16, OP_Q5_0_R16, OP_Q4_1_R16,
-                          OP_Q5_1_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16};
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q5_0, DT_Q4_1, DT_Q5_1, DT_IQ4_NL, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_IQ4_XS, DT_Q2_K, DT_Q3_K},
+              packed[] = {OP_Q8_0_R16, OP_Q4_0_R16, OP_Q5_0_R16, OP_Q4_1_R16, OP_Q5_1_R16,
+                          OP_IQ4_NL_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16, OP_IQ4_XS_R16, OP_Q2_K_R16, OP_Q3_K_R16};
     const int n_ins[] = {32, 96, 288, 768, 64}, n_outs[] = {16, 37, 13, 64, 200};
     const int TM = 21;
-    for (int ti = 0; ti < 8; ti++)
+    for (int ti = 0; ti < 12; ti++)
         for (int a = 0; a < 5; a++) {
             /* K-quants: 256-column super-blocks */
-            int n_in = ti >= 5 ? 256 * (1 + a % 3) : n_ins[a], n_out = n_outs[a];
+            int n_in = ti >= 6 ? 256 * (1 + a % 3) : n_ins[a], n_out = n_outs[a];
             float *wf;
             void *W = make_weights(types[ti], n_in, n_out, &wf);
             size_t ps = op_pack_size(types[ti], n_in, n_out);

@@ -135,9 +135,10 @@ static void test_packed_weights(void **state) {
         printf("  SKIP: this CPU has no AVX512-VNNI, nothing is packed\n");
         return;
     }
-    const char *types[] = {"q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "q4_K", "q5_K", "q6_K"};
+    const char *types[] = {"q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "q4_K", "q5_K", "q6_K",
+                           "q2_K", "q3_K", "iq4_nl", "iq4_xs"};
     enum { N = 40, V = 300 };
-    for (int ti = 0; ti < 8; ti++) {
+    for (int ti = 0; ti < 12; ti++) {
         int32_t ids[N];
         random_ids(ids, N, V, 70 + ti);
         float *logits[2];

@@ -9,7 +9,7 @@ int cmd_convert(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm convert IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--tokenizer FILE]\n\n"
+            printf("usage: kvlm convert IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k|q2_k|q3_k|iq4_nl|iq4_xs] [--tokenizer FILE]\n\n"
                    "Writes IN (GGUF, llama2.c .bin with its tokenizer.bin, or a Hugging Face model\n"
                    "directory: docs/hf-checkpoints.md) as a GGUF v3 file with\n"
                    "its hyper-parameters and tokenizer. --type converts the 2-D weights (norms stay\n"
@@ -27,7 +27,7 @@ int cmd_convert(int argc, char **argv) {
     if (!in || !out) return cli_fail("convert", "usage: kvlm convert IN OUT.gguf [--type T]");
     int type = -1;
     if (type_name && (type = kvlm_type_from_name(type_name)) < 0)
-        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)", type_name);
+        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)", type_name);
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;

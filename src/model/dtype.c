@@ -1,6 +1,6 @@
 /* model/dtype: type traits and the scalar reference quantizers/dequantizers for
- * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and Q8_K
- * (block layouts as in GGUF). */
+ * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL, IQ4_XS and Q8_K (block layouts as in GGUF). */
 #include "model/dtype.h"
 #include <math.h>
 #include <strings.h>
@@ -22,8 +22,8 @@ static const dt_entry k_types[DT_COUNT] = {
     [DT_Q5_1] = {{"q5_1", 32, sizeof(block_q5_1)}, 1},
     [DT_Q8_0] = {{"q8_0", QK8_0, sizeof(block_q8_0)}, 1},
     [DT_Q8_1] = {{"q8_1", 32, 36}, 0},
-    [DT_Q2_K] = {{"q2_K", QK_K, 84}, 0},
-    [DT_Q3_K] = {{"q3_K", QK_K, 110}, 0},
+    [DT_Q2_K] = {{"q2_K", QK_K, sizeof(block_q2_K)}, 1},
+    [DT_Q3_K] = {{"q3_K", QK_K, sizeof(block_q3_K)}, 1},
     [DT_Q4_K] = {{"q4_K", QK_K, sizeof(block_q4_K)}, 1},
     [DT_Q5_K] = {{"q5_K", QK_K, sizeof(block_q5_K)}, 1},
     [DT_Q6_K] = {{"q6_K", QK_K, sizeof(block_q6_K)}, 1},
@@ -32,10 +32,10 @@ static const dt_entry k_types[DT_COUNT] = {
     [17] = {{"iq2_xs", QK_K, 74}, 0},
     [18] = {{"iq3_xxs", QK_K, 98}, 0},
     [19] = {{"iq1_s", QK_K, 50}, 0},
-    [20] = {{"iq4_nl", 32, 18}, 0},
+    [DT_IQ4_NL] = {{"iq4_nl", QK4_NL, sizeof(block_iq4_nl)}, 1},
     [21] = {{"iq3_s", QK_K, 110}, 0},
     [22] = {{"iq2_s", QK_K, 82}, 0},
-    [23] = {{"iq4_xs", QK_K, 136}, 0},
+    [DT_IQ4_XS] = {{"iq4_xs", QK_K, sizeof(block_iq4_xs)}, 1},
     [24] = {{"i8", 1, 1}, 0},
     [25] = {{"i16", 1, 2}, 0},
     [26] = {{"i32", 1, 4}, 0},
@@ -190,6 +190,70 @@ static void deq_q8_K(const block_q8_K *b, float *y, int64_t nb) {
         for (int j = 0; j < QK_K; j++) y[j] = b[i].d * (float)b[i].qs[j];
 }
 
+const int8_t dt_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* The 2-bit field of element e (0..255) in Q2_K's and Q3_K's qs: bits
+ * 2j..2j+1 of byte 32h + l for e = 128h + 32j + l. */
+static inline int q2_field(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static void deq_q2_K(const block_q2_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        float d = dt_f16_to_f32(b[i].d), dmin = dt_f16_to_f32(b[i].dmin);
+        for (int e = 0; e < QK_K; e++) {
+            int sc = b[i].scales[e / 16];
+            float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+            y[e] = dl * (float)q2_field(b[i].qs, e) - ml;
+        }
+    }
+}
+
+/* Q3_K scale i (0..15) less its +32 bias. */
+static inline int q3k_scale(const uint8_t *s, int i) {
+    return (((s[i % 8] >> (4 * (i / 8))) & 15) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32;
+}
+
+static void deq_q3_K(const block_q3_K *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int e = 0; e < QK_K; e++) {
+            int hbit = (b[i].hmask[e % 32] >> (4 * (e / 128) + (e % 128) / 32)) & 1;
+            float dl = d * (float)q3k_scale(b[i].scales, e / 16);
+            y[e] = dl * (float)(q2_field(b[i].qs, e) - (hbit ? 0 : 4));
+        }
+    }
+}
+
+static void deq_iq4_nl(const block_iq4_nl *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_NL) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] & 15];
+            y[j + 16] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS sub-block i's 6-bit scale less its +32 bias. */
+static inline int iq4xs_scale(const block_iq4_xs *b, int i) {
+    return (((b->scales_l[i / 2] >> (4 * (i % 2))) & 15) | (((b->scales_h >> (2 * i)) & 3) << 4)) - 32;
+}
+
+static void deq_iq4_xs(const block_iq4_xs *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = dt_f16_to_f32(b[i].d);
+        for (int s = 0; s < 8; s++, y += 32) {
+            float dl = d * (float)iq4xs_scale(&b[i], s);
+            const uint8_t *q = b[i].qs + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * (float)dt_kvalues_iq4nl[q[j] & 15];
+                y[j + 16] = dl * (float)dt_kvalues_iq4nl[q[j] >> 4];
+            }
+        }
+    }
+}
+
 void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     const dt_traits *t = dt_info(type);
     if (!t || n <= 0 || n % t->block_size) return;
@@ -215,6 +279,10 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case DT_Q5_K: deq_qk(1, src, dst, nb); break;
     case DT_Q6_K: deq_q6_K(src, dst, nb); break;
     case DT_Q8_K: deq_q8_K(src, dst, nb); break;
+    case DT_Q2_K: deq_q2_K(src, dst, nb); break;
+    case DT_Q3_K: deq_q3_K(src, dst, nb); break;
+    case DT_IQ4_NL: deq_iq4_nl(src, dst, nb); break;
+    case DT_IQ4_XS: deq_iq4_xs(src, dst, nb); break;
     default: break;
     }
 }
@@ -416,22 +484,23 @@ static void q_q5_K(const float *x, block_q5_K *b, int64_t nb) {
     }
 }
 
-/* Signed scale for one Q6_K sub-block (value = s*q, q in -32..31): the
- * largest-magnitude element maps near -32 (the longer side of the range);
- * several step sizes are tried with a least-squares refit of s. */
-static float q6k_sub_block(const float *x, int n) {
+/* Signed scale for one Q6_K (nmax 32) or Q3_K (nmax 4) sub-block (value =
+ * s*q, q in -nmax..nmax-1): the largest-magnitude element maps near -nmax
+ * (the longer side of the range); several step sizes are tried with a
+ * least-squares refit of s. */
+static float sym_sub_block(const float *x, int n, int nmax) {
     float amax = 0, vmax = 0;
     for (int i = 0; i < n; i++)
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); vmax = x[i]; }
     if (amax < 1e-30f) return 0;
     /* With the least-squares scale s = sum(xq)/sum(q^2) the error is
      * sum(x^2) - sum(xq)^2/sum(q^2): the best candidate maximises the ratio. */
-    float best_s = vmax / -32.0f, best_gain = -1;
+    float best_s = vmax / -(float)nmax, best_gain = -1;
     for (int step = -10; step <= 10; step++) {
-        float iscale = -(32.0f + 0.1f * (float)step) / vmax;
+        float iscale = -((float)nmax + 0.1f * (float)step) / vmax;
         float sxq = 0, sq2 = 0;
         for (int i = 0; i < n; i++) {
-            int q = clampi(round_int(iscale * x[i]), -32, 31);
+            int q = clampi(round_int(iscale * x[i]), -nmax, nmax - 1);
             sxq += x[i] * (float)q;
             sq2 += (float)(q * q);
         }
@@ -441,6 +510,7 @@ static float q6k_sub_block(const float *x, int n) {
     }
     return best_s;
 }
+static float q6k_sub_block(const float *x, int n) { return sym_sub_block(x, n, 32); }
 
 static void q_q6_K(const float *x, block_q6_K *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
@@ -494,6 +564,147 @@ static void q_q8_K(const float *x, block_q8_K *b, int64_t nb) {
     }
 }
 
+/* Q2_K: each 16-element sub-block's scale and min fitted as Q4_K's (codes
+ * 0..3), then both as 4-bit codes of two f16 super-block scales, and the
+ * codes against the scales as stored. */
+static void q_q2_K(const float *x, block_q2_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float s[16], m[16], smax = 0, mmax = 0;
+        for (int j = 0; j < 16; j++) {
+            qk_sub_block(x + 16 * j, 16, 3, &s[j], &m[j]);
+            smax = fmaxf(smax, s[j]);
+            mmax = fmaxf(mmax, m[j]);
+        }
+        float d = dt_f16_to_f32(dt_f32_to_f16(smax / 15.0f)), dmin = dt_f16_to_f32(dt_f32_to_f16(mmax / 15.0f));
+        b[i].d = dt_f32_to_f16(d);
+        b[i].dmin = dt_f32_to_f16(dmin);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int ls = d > 0 ? clampi(round_int(s[j] / d), 0, 15) : 0;
+            int lm = dmin > 0 ? clampi(round_int(m[j] / dmin), 0, 15) : 0;
+            b[i].scales[j] = (uint8_t)(ls | lm << 4);
+            float sj = d * (float)ls, mj = dmin * (float)lm;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l;
+                int q = sj > 0 ? clampi(round_int((x[e] + mj) / sj), 0, 3) : 0;
+                b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e % 128) / 32)));
+            }
+        }
+    }
+}
+
+/* Q3_K: signed scales per 16 elements (codes -4..3), as 6-bit codes (biased
+ * by 32) of one f16 scale whose sign lets the largest map to -32. */
+static void q_q3_K(const float *x, block_q3_K *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float s[16], smax = 0, vmax = 0;
+        for (int j = 0; j < 16; j++) {
+            s[j] = sym_sub_block(x + 16 * j, 16, 4);
+            if (fabsf(s[j]) > smax) { smax = fabsf(s[j]); vmax = s[j]; }
+        }
+        float d = vmax != 0 ? dt_f16_to_f32(dt_f32_to_f16(vmax / -32.0f)) : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        for (int j = 0; j < 16; j++) {
+            int sc = d != 0 ? clampi(round_int(s[j] / d), -32, 31) : 0, u6 = sc + 32;
+            b[i].scales[j % 8] |= (uint8_t)((u6 & 15) << (4 * (j / 8)));
+            b[i].scales[8 + j % 4] |= (uint8_t)((u6 >> 4) << (2 * (j / 4)));
+            float sj = d * (float)sc;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l;
+                int u = (sj != 0 ? clampi(round_int(x[e] / sj), -4, 3) : 0) + 4; /* 0..7 */
+                b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * ((e % 128) / 32)));
+                b[i].hmask[e % 32] |= (uint8_t)((u >> 2) << (4 * (e / 128) + (e % 128) / 32));
+            }
+        }
+    }
+}
+
+/* Nearest IQ4 level to v (in level units) by a table over half-unit steps:
+ * the levels are integers, so every midpoint between two falls on a step
+ * boundary. */
+enum { IQ4_LO = -128, IQ4_HI = 114, IQ4_TAB = 2 * (IQ4_HI - IQ4_LO) };
+static void iq4_table(uint8_t tab[IQ4_TAB]) {
+    for (int k = 0; k < IQ4_TAB; k++) {
+        float v = (float)IQ4_LO + 0.5f * (float)k + 0.25f; /* the step's centre */
+        int best = 0;
+        for (int q = 1; q < 16; q++)
+            if (fabsf(v - dt_kvalues_iq4nl[q]) < fabsf(v - dt_kvalues_iq4nl[best])) best = q;
+        tab[k] = (uint8_t)best;
+    }
+}
+static inline int iq4_nearest(const uint8_t *tab, float v) {
+    v = fmaxf(fminf(v, 2.0f * IQ4_HI), 2.0f * IQ4_LO); /* far values (a tiny scale) convert to int safely */
+    int k = (int)floorf(2.0f * (v - (float)IQ4_LO));
+    return tab[k < 0 ? 0 : k >= IQ4_TAB ? IQ4_TAB - 1 : k];
+}
+
+/* Signed scale of n values on the IQ4 levels: the largest magnitude maps
+ * near -127 or near +113 (the two ends), several step sizes each, each with
+ * a least-squares refit; the best by the error left. */
+static float iq4_sub_block(const uint8_t *tab, const float *x, int n) {
+    float amax = 0, vmax = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); vmax = x[i]; }
+    if (amax < 1e-30f) return 0;
+    float best_s = vmax / -127.0f, best_gain = -1;
+    for (int end = 0; end < 2; end++)
+        for (int step = -6; step <= 6; step++) {
+            float iscale = (end ? 113.0f : -127.0f) * (1.0f + 0.02f * (float)step) / vmax;
+            float sxq = 0, sq2 = 0;
+            for (int i = 0; i < n; i++) {
+                float q = (float)dt_kvalues_iq4nl[iq4_nearest(tab, iscale * x[i])];
+                sxq += x[i] * q;
+                sq2 += q * q;
+            }
+            float gain = sxq * sxq / sq2;
+            if (gain > best_gain) { best_gain = gain; best_s = sxq / sq2; }
+        }
+    return best_s;
+}
+
+/* Nibbles of 32 values against the stored scale dl, as Q4_0 packs them. */
+static void iq4_pack32(const uint8_t *tab, const float *x, float dl, uint8_t qs[16]) {
+    float id = dl != 0 ? 1.0f / dl : 0.0f;
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)(iq4_nearest(tab, x[j] * id) | iq4_nearest(tab, x[j + 16] * id) << 4);
+}
+
+static void q_iq4_nl(const float *x, block_iq4_nl *b, int64_t nb) {
+    uint8_t tab[IQ4_TAB];
+    iq4_table(tab);
+    for (int64_t i = 0; i < nb; i++, x += QK4_NL) {
+        b[i].d = dt_f32_to_f16(iq4_sub_block(tab, x, QK4_NL));
+        iq4_pack32(tab, x, dt_f16_to_f32(b[i].d), b[i].qs);
+    }
+}
+
+/* IQ4_XS: IQ4_NL's scale per 32 elements, then as 6-bit codes (biased by 32)
+ * of one f16 scale whose sign lets the largest map to -32. */
+static void q_iq4_xs(const float *x, block_iq4_xs *b, int64_t nb) {
+    uint8_t tab[IQ4_TAB];
+    iq4_table(tab);
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float s[8], smax = 0, vmax = 0;
+        for (int j = 0; j < 8; j++) {
+            s[j] = iq4_sub_block(tab, x + 32 * j, 32);
+            if (fabsf(s[j]) > smax) { smax = fabsf(s[j]); vmax = s[j]; }
+        }
+        float d = vmax != 0 ? dt_f16_to_f32(dt_f32_to_f16(vmax / -32.0f)) : 0.0f;
+        b[i].d = dt_f32_to_f16(d);
+        b[i].scales_h = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int j = 0; j < 8; j++) {
+            int ls = d != 0 ? clampi(round_int(s[j] / d), -32, 31) : 0, u6 = ls + 32;
+            b[i].scales_l[j / 2] |= (uint8_t)((u6 & 15) << (4 * (j % 2)));
+            b[i].scales_h |= (uint16_t)((u6 >> 4) << (2 * j));
+            iq4_pack32(tab, x + 32 * j, d * (float)ls, b[i].qs + 16 * j);
+        }
+    }
+}
+
 int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     const dt_traits *t = dt_info(type);
     if (!t || n < 0 || n % t->block_size) return -1;
@@ -519,6 +730,10 @@ int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     case DT_Q5_K: q_q5_K(src, dst, nb); return 0;
     case DT_Q6_K: q_q6_K(src, dst, nb); return 0;
     case DT_Q8_K: q_q8_K(src, dst, nb); return 0;
+    case DT_Q2_K: q_q2_K(src, dst, nb); return 0;
+    case DT_Q3_K: q_q3_K(src, dst, nb); return 0;
+    case DT_IQ4_NL: q_iq4_nl(src, dst, nb); return 0;
+    case DT_IQ4_XS: q_iq4_xs(src, dst, nb); return 0;
     default: return -1;
     }
 }

@@ -24,6 +24,8 @@ typedef enum {
     DT_Q6_K = 14,
     DT_Q8_K = 15,
     DT_BF16 = 30,
+    DT_IQ4_NL = 20,
+    DT_IQ4_XS = 23,
     DT_COUNT = 40
 } dt_type;
 
@@ -68,6 +70,40 @@ typedef struct {
     int8_t qs[QK_K];
     int16_t bsums[QK_K / 16];
 } block_q8_K;                       /* activation type for K-quant dot products */
+/* value = d (sc & 15) q - dmin (sc >> 4), 16 sub-blocks of 16, q 0..3: element
+ * 128h + 32j + l (l < 32) is bits 2j..2j+1 of qs[32h + l], its sub-block 8h + 2j + l / 16 */
+typedef struct {
+    uint8_t scales[QK_K / 16];      /* per sub-block: scale in the low nibble, min in the high one */
+    uint8_t qs[QK_K / 4];           /* 2-bit quants */
+    dt_f16 d;                       /* super-block scale for the scales */
+    dt_f16 dmin;                    /* super-block scale for the mins */
+} block_q2_K;                       /* 84 bytes */
+/* value = d (s - 32) q, q = low 2 bits (as Q2_K's) - 4 unless the element's
+ * hmask bit is set: element 128h + 32j + l has bit 4h + j of hmask[l]. The 16
+ * 6-bit scales s: low 4 bits in nibble i / 8 of scales[i % 8], high 2 bits at
+ * bit 2 (i / 4) of scales[8 + i % 4]. */
+typedef struct {
+    uint8_t hmask[QK_K / 8];        /* high bits of the quants */
+    uint8_t qs[QK_K / 4];           /* low 2 bits */
+    uint8_t scales[K_SCALE_SIZE];   /* 16 scales, 6 bits each, packed */
+    dt_f16 d;                       /* super-block scale */
+} block_q3_K;                       /* 110 bytes */
+#define QK4_NL 32
+/* value = d dt_kvalues_iq4nl[nibble], nibbles as Q4_0's (element j in byte j % 16, low for j < 16) */
+typedef struct { dt_f16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;       /* 18 bytes */
+/* 8 sub-blocks of 32 laid out as IQ4_NL's quants, value = d (ls - 32)
+ * kvalue[nibble]; the 6-bit ls of sub-block i: nibble i % 2 of scales_l[i / 2],
+ * high 2 bits at bit 2i of scales_h */
+typedef struct {
+    dt_f16 d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+} block_iq4_xs;                     /* 136 bytes */
+/* The 16 non-uniform levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
+extern const int8_t dt_kvalues_iq4nl[16];
+_Static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110, "q2_K q3_K layouts");
+_Static_assert(sizeof(block_iq4_nl) == 18 && sizeof(block_iq4_xs) == 136, "iq4_nl iq4_xs layouts");
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");

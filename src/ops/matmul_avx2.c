@@ -510,6 +510,167 @@ AI void q6k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
     for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
 }
 
+/* ---- Q2_K, Q3_K, IQ4_XS x Q8_K; IQ4_NL x Q8_0-style --------------------------
+ * One weight row x RN tokens, as qk_tile. Q2_K / Q3_K: per 128 elements one
+ * 32-byte load of qs gives four vectors of 2-bit codes (shifts by 2j); a
+ * vector's low lane is one 16-element sub-block, its high lane the next, so
+ * its scale vector is one 16-bit scale per lane, picked by a shuffle from the
+ * half's 8 scales. Q3_K's codes keep the hmask bit as +4 (0..7, unsigned for
+ * maddubs) and the 4 x scale x sum of x comes back out through the bsums.
+ * IQ4: the nibbles (Q4_0's order) index the 16 levels with one vpshufb; the
+ * signed levels meet the signed quants as |w| x sign(x, w). */
+
+/* Words 2j (low lane) and 2j + 1 (high lane) of a vector holding 8 words in
+ * each lane, broadcast across their lanes. */
+AI __m256i q2_pair_scales(__m256i s16, int j) {
+    const __m128i lo = _mm_set1_epi16((short)((4 * j + 1) << 8 | 4 * j));
+    const __m128i hi = _mm_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2)));
+    return _mm256_shuffle_epi8(s16, _mm256_set_m128i(hi, lo));
+}
+
+AI void q23k_tile(const int Q3, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                  size_t ys) {
+    const int nb = n / QK_K;
+    const size_t bsz = Q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const pf_plan pf = pf_plan_for((size_t)nb * bsz, 32768, 4, 16384);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (RN == 1) pf_step(w, (size_t)b * bsz, (int)bsz, pf); /* decode */
+        const block_q2_K *b2 = (const block_q2_K *)w + b;
+        const block_q3_K *b3 = (const block_q3_K *)w + b;
+        __m128i sc8, mn8 = _mm_setzero_si128(); /* 16 scales (Q3_K: signed), Q2_K's 16 mins */
+        __m256i hm = _mm256_setzero_si256();
+        if (Q3) { /* op_q3k_scales four at a time in 32-bit words */
+            uint32_t u[3];
+            memcpy(u, b3->scales, sizeof u);
+            const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
+            sc8 = _mm_setr_epi32((int)((u[0] & lo4) | (u[2] & hi2) << 4), (int)((u[1] & lo4) | (u[2] >> 2 & hi2) << 4),
+                                 (int)((u[0] >> 4 & lo4) | (u[2] >> 4 & hi2) << 4),
+                                 (int)((u[1] >> 4 & lo4) | (u[2] >> 6 & hi2) << 4));
+            sc8 = _mm_sub_epi8(sc8, _mm_set1_epi8(32));
+            hm = _mm256_loadu_si256((const __m256i *)b3->hmask);
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)b2->scales);
+            sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+            mn8 = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f));
+        }
+        const uint8_t *qs = Q3 ? b3->qs : b2->qs;
+        __m256i sumi[MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m128i s8h = h ? _mm_srli_si128(sc8, 8) : sc8;
+            const __m256i s16 = _mm256_broadcastsi128_si256(Q3 ? _mm_cvtepi8_epi16(s8h) : _mm_cvtepu8_epi16(s8h));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i u = _mm256_and_si256(j ? _mm256_srli_epi16(raw, 2 * j) : raw, m3);
+                if (Q3) { /* bit 4h + j of hmask[l]: +4 */
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+                    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four));
+                }
+                const __m256i sv = q2_pair_scales(s16, j);
+#pragma GCC unroll 4
+                for (int c = 0; c < RN; c++) {
+                    const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 128 * h + 32 * j;
+                    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sv));
+                }
+            }
+        }
+        const __m256i corr16 = Q3 ? _mm256_cvtepi8_epi16(sc8) : _mm256_cvtepu8_epi16(mn8);
+        const float d = _cvtsh_ss(Q3 ? b3->d : b2->d), dmin = Q3 ? 0.0f : _cvtsh_ss(b2->dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+            const __m256i m = _mm256_madd_epi16(corr16, _mm256_loadu_si256((const __m256i *)xb->bsums));
+            if (Q3) { /* codes were stored + 4: less 4 x scale x sum of each 16 */
+                const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(m, 2));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(d * xb->d), acc[c]);
+            } else {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(d * xb->d), acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * xb->d), acc[c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+AI void q2k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    q23k_tile(0, RN, n, w, x, xs, y, ys);
+}
+AI void q3k_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    q23k_tile(1, RN, n, w, x, xs, y, ys);
+}
+
+/* 32 IQ4 levels of the nibbles at qs (Q4_0's order) as signed bytes. */
+AI __m256i iq4_levels(const uint8_t *qs) {
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl));
+    return _mm256_shuffle_epi8(kv, q4_unpack(qs));
+}
+
+AI void iq4nl_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    const int nb = n / 32;
+    const block_iq4_nl *wb = (const block_iq4_nl *)w;
+    const pf_plan pf = pf_plan_for((size_t)nb * sizeof(block_iq4_nl), 32768, 4, 16384);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (RN == 1) pf_step(w, (size_t)b * sizeof(block_iq4_nl), (int)sizeof(block_iq4_nl), pf); /* decode */
+        const __m256i wv = iq4_levels(wb[b].qs), wa = _mm256_abs_epi8(wv);
+        const float dw = _cvtsh_ss(wb[b].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const uint8_t *xr = x + (size_t)c * xs;
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(op_q8a_qs(xr) + b * 32));
+            const __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq, wv)), ones);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * op_q8a_d(xr, n)[b]), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+
+AI void iq4xs_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    const int nb = n / QK_K;
+    const block_iq4_xs *wb = (const block_iq4_xs *)w;
+    const pf_plan pf = pf_plan_for((size_t)nb * sizeof(block_iq4_xs), 32768, 4, 16384);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (RN == 1) pf_step(w, (size_t)b * sizeof(block_iq4_xs), (int)sizeof(block_iq4_xs), pf); /* decode */
+        __m256i sumi[MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i wv = iq4_levels(wb[b].qs + 16 * g), wa = _mm256_abs_epi8(wv);
+            const __m256i sv = _mm256_set1_epi16((short)op_iq4xs_scale(&wb[b], g));
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 32 * g;
+                const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), wv));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sv));
+            }
+        }
+        const float d = _cvtsh_ss(wb[b].d);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(d * xd), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+
 /* ---- tile drivers: full RM x RN register tiles, then the edges ------------- */
 #define FT(kind, rm, rn) \
     static void ft_##kind##_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys) { \
@@ -561,6 +722,10 @@ K_TILE(q6_K, q6k_tile)
 K_TILE(q4_1, q41_tile)
 K_TILE(q5_0, q50_tile)
 K_TILE(q5_1, q51_tile)
+K_TILE(q2_K, q2k_tile)
+K_TILE(q3_K, q3k_tile)
+K_TILE(iq4_nl, iq4nl_tile)
+K_TILE(iq4_xs, iq4xs_tile)
 
 /* Bandwidth probe: 4 independent accumulators keep several loads in flight;
  * with prefetch, lines are also requested 4 KiB ahead into L2, which on some

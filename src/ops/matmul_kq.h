@@ -33,4 +33,18 @@ static inline void op_q6k_unpack(const block_q6_K *b, int8_t q[QK_K]) {
         }
     }
 }
+
+/* The 16 signed scales (6-bit codes less 32) of a Q3_K block: scale i has its
+ * low 4 bits in nibble i / 8 of byte i % 8 and its high 2 bits at bit
+ * 2 (i / 4) of byte 8 + i % 4. */
+static inline void op_q3k_scales(const uint8_t s[K_SCALE_SIZE], int8_t sc[16]) {
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int8_t)((((s[i % 8] >> (4 * (i / 8))) & 15) | (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32);
+}
+
+/* IQ4_XS sub-block i's signed scale: nibble i % 2 of scales_l[i / 2], high
+ * bits at bit 2i of scales_h, less 32. */
+static inline int op_iq4xs_scale(const block_iq4_xs *b, int i) {
+    return (((b->scales_l[i / 2] >> (4 * (i % 2))) & 15) | (((b->scales_h >> (2 * i)) & 3) << 4)) - 32;
+}
 #endif

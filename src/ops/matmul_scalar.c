@@ -158,6 +158,91 @@ static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS -------------------------------------------------
+ * The 2-bit field of element e in Q2_K's and Q3_K's qs (model/dtype.h). */
+static inline int q2_field(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+/* Q2_K: per 16-element sub-block the code dot times its 4-bit scale, the
+ * mins against the activation's sums of 16; then q4k_step. */
+static float dot_q2_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q2_K *wb = (const block_q2_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0, summ = 0;
+        for (int g = 0; g < 16; g++) {
+            int isum = 0;
+            for (int l = 0; l < 16; l++) isum += q2_field(wb[b].qs, 16 * g + l) * xb[b].qs[16 * g + l];
+            sumi += (wb[b].scales[g] & 15) * isum;
+            summ += (wb[b].scales[g] >> 4) * xb[b].bsums[g];
+        }
+        s = q4k_step(s, xb[b].d, wb[b].d, wb[b].dmin, sumi, summ);
+    }
+    return s;
+}
+
+/* Q3_K: signed codes (2 bits, less 4 unless the hmask bit is set) times the
+ * signed 6-bit scales per 16 elements; then q6k_step. */
+static float dot_q3_K(int n, const uint8_t *w, const uint8_t *x) {
+    const block_q3_K *wb = (const block_q3_K *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int8_t sc[16];
+        op_q3k_scales(wb[b].scales, sc);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int isum = 0;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * g + l, hbit = (wb[b].hmask[e % 32] >> (4 * (e / 128) + (e % 128) / 32)) & 1;
+                isum += (q2_field(wb[b].qs, e) - (hbit ? 0 : 4)) * xb[b].qs[e];
+            }
+            sumi += sc[g] * isum;
+        }
+        s = q6k_step(s, xb[b].d, wb[b].d, sumi);
+    }
+    return s;
+}
+
+/* IQ4_NL: Q8_0's loop with the nibbles looked up in the levels. */
+static float dot_iq4_nl(int n, const uint8_t *w, const uint8_t *x) {
+    const block_iq4_nl *wb = (const block_iq4_nl *)w;
+    const int8_t *xq = op_q8a_qs(x);
+    const float *xd = op_q8a_d(x, n);
+    float s = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const int8_t *xb = xq + b * 32;
+        int isum = 0;
+        for (int i = 0; i < 16; i++)
+            isum += dt_kvalues_iq4nl[wb[b].qs[i] & 15] * xb[i] + dt_kvalues_iq4nl[wb[b].qs[i] >> 4] * xb[i + 16];
+        s = fmaf((float)isum, dt_f16_to_f32(wb[b].d) * xd[b], s);
+    }
+    return s;
+}
+
+/* IQ4_XS: per 32-element sub-block the level dot times its signed 6-bit
+ * scale; then q6k_step. */
+static float dot_iq4_xs(int n, const uint8_t *w, const uint8_t *x) {
+    const block_iq4_xs *wb = (const block_iq4_xs *)w;
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int sumi = 0;
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = wb[b].qs + 16 * g;
+            const int8_t *a = xb[b].qs + 32 * g;
+            int isum = 0;
+            for (int i = 0; i < 16; i++)
+                isum += dt_kvalues_iq4nl[q[i] & 15] * a[i] + dt_kvalues_iq4nl[q[i] >> 4] * a[i + 16];
+            sumi += op_iq4xs_scale(&wb[b], g) * isum;
+        }
+        s = q6k_step(s, xb[b].d, wb[b].d, sumi);
+    }
+    return s;
+}
+
 static inline void tile(dot_fn f, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                         float *y, size_t ys, int nr, int nc) {
     for (int c = 0; c < nc; c++)
@@ -180,17 +265,22 @@ TILE(q5_1)
 TILE(q4_K)
 TILE(q5_K)
 TILE(q6_K)
+TILE(q2_K)
+TILE(q3_K)
+TILE(iq4_nl)
+TILE(iq4_xs)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
-/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1 (ops.h); dot_legacy's operations for the last three. */
+/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1, 5 IQ4_NL (ops.h); dot_legacy's
+ * operations for Q4_1 / Q5_0 / Q5_1, dot_iq4_nl's for IQ4_NL. */
 static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
     const int32_t *xc = op_q8a_xc(x, n);
-    const int q5 = q4 == 2 || q4 == 4, hm = q4 >= 3, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
+    const int q5 = q4 == 2 || q4 == 4, hm = q4 == 3 || q4 == 4, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
     const size_t bs = 16 * (q4 == 0 ? sizeof(block_q8_0) : q4 == 1 ? sizeof(block_q4_0) : q4 == 2 ? sizeof(block_q5_0)
-                            : q4 == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
+                            : q4 == 3 ? sizeof(block_q4_1) : q4 == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = g + (size_t)b * bs;
@@ -199,7 +289,9 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++) {
                 int q = blk[qs_at + 64 * k + 4 * j + i];
-                if (q4) {
+                if (q4 == 5) {
+                    isum += dt_kvalues_iq4nl[q & 15] * xb[4 * k + i] + dt_kvalues_iq4nl[q >> 4] * xb[16 + 4 * k + i];
+                } else if (q4) {
                     int h = q5 ? blk[qs_at + 256 + 4 * j + i] : 0; /* the 5th bits (ops.h) */
                     isum += (((q & 0x0f) | (h >> k & 1) << 4) - off) * xb[4 * k + i] +
                             (((q >> 4) | (h >> (4 + k) & 1) << 4) - off) * xb[16 + 4 * k + i];
@@ -232,6 +324,7 @@ R16_SCALAR(op_mm_q4_0_r16_scalar, dot_r16(1, n, g, j, xr))
 R16_SCALAR(op_mm_q5_0_r16_scalar, dot_r16(2, n, g, j, xr))
 R16_SCALAR(op_mm_q4_1_r16_scalar, dot_r16(3, n, g, j, xr))
 R16_SCALAR(op_mm_q5_1_r16_scalar, dot_r16(4, n, g, j, xr))
+R16_SCALAR(op_mm_iq4_nl_r16_scalar, dot_r16(5, n, g, j, xr))
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
 static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {
@@ -286,6 +379,70 @@ static float dot_q6k_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
 }
 
 R16_SCALAR(op_mm_q6_K_r16_scalar, dot_q6k_r16(n, g, j, xr))
+
+/* Row j of a group of OP_IQ4_XS_R16 (ops.h): dot_iq4_xs's operations. */
+static float dot_iq4xs_r16(int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_IQ4XS_R16_BYTES;
+        int sumi = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            const int8_t *a = xb[b].qs + 32 * sb;
+            int isum = 0;
+            for (int k = 0; k < 4; k++)
+                for (int i = 0; i < 4; i++) {
+                    int q = blk[160 + 256 * sb + 64 * k + 4 * j + i];
+                    isum += dt_kvalues_iq4nl[q & 15] * a[4 * k + i] + dt_kvalues_iq4nl[q >> 4] * a[16 + 4 * k + i];
+                }
+            sumi += (int8_t)blk[32 + 16 * sb + j] * isum;
+        }
+        dt_f16 d;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        s = q6k_step(s, xb[b].d, d, sumi);
+    }
+    return s;
+}
+R16_SCALAR(op_mm_iq4_xs_r16_scalar, dot_iq4xs_r16(n, g, j, xr))
+
+/* Row j of a group of OP_Q2_K_R16 / OP_Q3_K_R16 (ops.h): dot_q2_K's /
+ * dot_q3_K's operations. */
+static float dot_q23k_r16(int q3, int n, const uint8_t *g, int j, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    const int sc_at = q3 ? 32 : 64, qs_at = q3 ? 288 : 320;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *blk = g + (size_t)b * (q3 ? OP_Q3K_R16_BYTES : OP_Q2K_R16_BYTES);
+        const int8_t *a = xb[b].qs;
+        int sumi = 0, summ = 0;
+        for (int sub = 0; sub < 16; sub++) {
+            const int h = sub / 8, u = (sub % 8) / 2, half = sub % 2;
+            int isum = 0;
+            for (int k = 4 * half; k < 4 * half + 4; k++)
+                for (int i = 0; i < 4; i++) {
+                    int q = (blk[qs_at + 512 * h + 64 * k + 4 * j + i] >> (2 * u)) & 3;
+                    if (q3) q |= ((blk[1312 + 64 * k + 4 * j + i] >> (4 * h + u)) & 1) << 2;
+                    isum += q * a[128 * h + 32 * u + 4 * k + i];
+                }
+            const int sc = blk[sc_at + 16 * sub + j];
+            if (q3) sumi += (int8_t)sc * (isum - 4 * xb[b].bsums[sub]);
+            else {
+                sumi += (sc & 15) * isum;
+                summ += (sc >> 4) * xb[b].bsums[sub];
+            }
+        }
+        dt_f16 d, dmin;
+        memcpy(&d, blk + 2 * j, sizeof d);
+        if (q3) s = q6k_step(s, xb[b].d, d, sumi);
+        else {
+            memcpy(&dmin, blk + 32 + 2 * j, sizeof dmin);
+            s = q4k_step(s, xb[b].d, d, dmin, sumi, summ);
+        }
+    }
+    return s;
+}
+R16_SCALAR(op_mm_q2_K_r16_scalar, dot_q23k_r16(0, n, g, j, xr))
+R16_SCALAR(op_mm_q3_K_r16_scalar, dot_q23k_r16(1, n, g, j, xr))
 
 R16_SCALAR(op_mm_q4_K_r16_scalar, dot_qk_r16(0, n, g, j, xr))
 R16_SCALAR(op_mm_q5_K_r16_scalar, dot_qk_r16(1, n, g, j, xr))

@@ -1,6 +1,6 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights (OP_Q8_0_R16, OP_Q4_0_R16,
- * OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
+ * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights
+ * (OP_*_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
 #include "ops/type_traits.h"
@@ -57,12 +57,18 @@ AI void r16_prefetch(const uint8_t *p, size_t bytes) {
 /* Q: 0 Q8_0, 1 Q4_0, 2 Q5_0 (Q4_0's chunks, then 64 bytes of 5th bits:
  * byte 4j + i holds bit k for element 4k + i, bit 4 + k for 16 + 4k + i),
  * 3 Q4_1 and 4 Q5_1 (the 16 f16 mins after the scales, then as Q4_0 / Q5_0;
- * no offset, and per block the min times dx times the token's sum). */
+ * no offset, and per block the min times dx times the token's sum), 5 IQ4_NL
+ * (Q4_0's chunks, the nibbles looked up as level + 128 by vpshufb: Q8_0's
+ * -128 x sum start). */
 AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
-    const int nb = n / 32, Q4 = Q > 0, HM = Q >= 3, H5 = Q == 2 || Q == 4, qs_at = HM ? 64 : 32;
+    const int nb = n / 32, Q4 = Q > 0, HM = Q == 3 || Q == 4, H5 = Q == 2 || Q == 4, IQ = Q == 5, qs_at = HM ? 64 : 32;
     const size_t bsz = 16 * (Q == 0 ? sizeof(block_q8_0) : Q == 1 ? sizeof(block_q4_0) : Q == 2 ? sizeof(block_q5_0)
-                             : Q == 3 ? sizeof(block_q4_1) : sizeof(block_q5_1));
+                             : Q == 3 ? sizeof(block_q4_1) : Q == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
+    /* IQ4_NL's levels + 128 in every 128-bit lane */
+    const __m512i kvu = IQ ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl),
+                                                                  _mm_set1_epi8((char)0x80)))
+                           : _mm512_setzero_si512();
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[R16_C];
 #pragma GCC unroll 16
@@ -83,6 +89,10 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
                     const __m512i hb = _mm512_loadu_si512(blk + qs_at + 256);
                     wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(_mm512_slli_epi16(hb, 4 - k), m10));
                     wk[k + 4] = _mm512_or_si512(wk[k + 4], _mm512_and_si512(_mm512_srli_epi16(hb, k), m10));
+                }
+                if (IQ) {
+                    wk[k] = _mm512_shuffle_epi8(kvu, wk[k]);
+                    wk[k + 4] = _mm512_shuffle_epi8(kvu, wk[k + 4]);
                 }
             }
         } else {
@@ -127,8 +137,8 @@ typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, flo
     {r16_##q4##_1,  r16_##q4##_2,  r16_##q4##_3,  r16_##q4##_4,  r16_##q4##_5,  r16_##q4##_6,  r16_##q4##_7,  \
      r16_##q4##_8,  r16_##q4##_9,  r16_##q4##_10, r16_##q4##_11, r16_##q4##_12, r16_##q4##_13, r16_##q4##_14, \
      r16_##q4##_15, r16_##q4##_16}
-R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4)
-static const r16_fn r16_tab[5][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4)};
+R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4) R16_ROW(5)
+static const r16_fn r16_tab[6][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4), R16_TAB(5)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
@@ -153,6 +163,7 @@ R16_TILE(op_mm_q4_0_r16_vnni, r16_tab[1])
 R16_TILE(op_mm_q5_0_r16_vnni, r16_tab[2])
 R16_TILE(op_mm_q4_1_r16_vnni, r16_tab[3])
 R16_TILE(op_mm_q5_1_r16_vnni, r16_tab[4])
+R16_TILE(op_mm_iq4_nl_r16_vnni, r16_tab[5])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the
@@ -279,6 +290,178 @@ static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)}
 R16_TILE(op_mm_q4_K_r16_vnni, r16k_tab[0])
 R16_TILE(op_mm_q5_K_r16_vnni, r16k_tab[1])
 R16_TILE(op_mm_q6_K_r16_vnni, r16k_tab[2])
+
+/* ---- OP_IQ4_XS_R16 -------------------------------------------------------------
+ * Per 32-column sub-block 4 chunks, their nibbles looked up as level + 128
+ * (unsigned) by vpshufb: 8 vpdpbusd from -128 x the sub-block's sum of quants
+ * (two bsums), the exact dot times the 16 rows' signed scales (vpmulld) into
+ * the super-block's integer sum; then fma(d xd, sumi, s) as q6k_step. The
+ * running sums live in L1 between super-blocks, as in kq_r16_tile. */
+AI void iq4xs_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,
+                       __mmask16 rows) {
+    const int nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i kvu = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl), _mm_set1_epi8((char)0x80)));
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * OP_IQ4XS_R16_BYTES;
+        r16_prefetch(blk, OP_IQ4XS_R16_BYTES);
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 8; sb++) {
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * sb)));
+            __m512i wk[8];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i raw = _mm512_loadu_si512(blk + 160 + 256 * sb + 64 * k);
+                wk[k] = _mm512_shuffle_epi8(kvu, _mm512_and_si512(raw, m4));
+                wk[k + 4] = _mm512_shuffle_epi8(kvu, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                const int8_t *a = xb->qs + 32 * sb;
+                __m512i i0 = _mm512_set1_epi32(-128 * (xb->bsums[2 * sb] + xb->bsums[2 * sb + 1])), i1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 8; k += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
+                    i1 = _mm512_dpbusd_epi32(i1, wk[k + 1], _mm512_set1_epi32(ld32(a + 4 * k + 4)));
+                }
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(_mm512_add_epi32(i0, i1), sc));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) {
+            const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+            const __m512 acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(sumi[c]),
+                                               _mm512_load_ps(accm[c]));
+            _mm512_store_ps(accm[c], acc);
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16X(rn)                                                                                          \
+    static void r16x_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,        \
+                          __mmask16 rows) {                                                               \
+        iq4xs_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                     \
+    }
+R16X(1) R16X(2) R16X(3) R16X(4) R16X(5) R16X(6) R16X(7) R16X(8)
+R16X(9) R16X(10) R16X(11) R16X(12) R16X(13) R16X(14) R16X(15) R16X(16)
+static const r16_fn r16x_tab[R16_C] = {r16x_1, r16x_2,  r16x_3,  r16x_4,  r16x_5,  r16x_6,  r16x_7,  r16x_8,
+                                       r16x_9, r16x_10, r16x_11, r16x_12, r16x_13, r16x_14, r16x_15, r16x_16};
+R16_TILE(op_mm_iq4_xs_r16_vnni, r16x_tab)
+
+/* ---- OP_Q2_K_R16, OP_Q3_K_R16 ------------------------------------------------------
+ * Per 32-column unit (h, j) 8 chunks of 2-bit fields shifted down by 2j
+ * (Q3_K: or-ed with the hmask bit 4h + j as +4, codes 0..7): 4 vpdpbusd per
+ * 16-column sub-block (Q3_K from -4 x its bsum), times the rows' scales
+ * (vpmulld) into the integer sum; Q2_K's mins meet the bsums through
+ * vpdpwssd (two mins per dword); then q4k_step's / q6k_step's float steps. */
+AI void q23k_r16_tile(const int Q3, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
+                      size_t ys, __mmask16 rows) {
+    const int nb = n / QK_K, sc_at = Q3 ? 32 : 64, qs_at = Q3 ? 288 : 320;
+    const size_t bsz = Q3 ? OP_Q3K_R16_BYTES : OP_Q2K_R16_BYTES;
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), m4 = _mm512_set1_epi32(15);
+    float accm[R16_C][16] __attribute__((aligned(64)));
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_store_ps(accm[c], _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * bsz;
+        r16_prefetch(blk, bsz);
+        __m512i sumi[R16_C];
+#pragma GCC unroll 16
+        for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+        for (int unit = 0; unit < 8; unit++) {
+            const int h = unit / 4, j = unit % 4, sh = 4 * h + j; /* Q3_K: the hmask bit to bit 2 */
+            __m512i wk[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i lo = _mm512_loadu_si512(blk + qs_at + 512 * h + 64 * k);
+                wk[k] = _mm512_and_si512(_mm512_srli_epi16(lo, 2 * j), m3);
+                if (Q3) {
+                    const __m512i hb = _mm512_loadu_si512(blk + 1312 + 64 * k);
+                    const __m512i hv = sh < 2 ? _mm512_slli_epi16(hb, 2 - sh) : _mm512_srli_epi16(hb, sh - 2);
+                    wk[k] = _mm512_or_si512(wk[k], _mm512_and_si512(hv, four));
+                }
+            }
+            const int s0 = 2 * unit; /* sub-blocks s0, s0 + 1 */
+            __m512i sc0, sc1;
+            if (Q3) {
+                sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0)));
+                sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0 + 16)));
+            } else {
+                sc0 = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0))), m4);
+                sc1 = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + sc_at + 16 * s0 + 16))), m4);
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                const int8_t *a = xb->qs + 32 * unit;
+                __m512i i0 = Q3 ? _mm512_set1_epi32(-4 * xb->bsums[s0]) : _mm512_setzero_si512();
+                __m512i i1 = Q3 ? _mm512_set1_epi32(-4 * xb->bsums[s0 + 1]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    i0 = _mm512_dpbusd_epi32(i0, wk[k], _mm512_set1_epi32(ld32(a + 4 * k)));
+                    i1 = _mm512_dpbusd_epi32(i1, wk[k + 4], _mm512_set1_epi32(ld32(a + 16 + 4 * k)));
+                }
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1)));
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        if (Q3) {
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+                _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(sumi[c]),
+                                                         _mm512_load_ps(accm[c])));
+            }
+        } else {
+            __m512i pr[8]; /* mins 2t (low half) and 2t + 1 (high half) of each row */
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const __m512i v0 = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * t))), 4);
+                const __m512i v1 = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 80 + 32 * t))), 4);
+                pr[t] = _mm512_or_si512(v0, _mm512_slli_epi32(v1, 16));
+            }
+            const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+#pragma GCC unroll 16
+            for (int c = 0; c < RN; c++) {
+                const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+                __m512i sm = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++) sm = _mm512_dpwssd_epi32(sm, pr[t], _mm512_set1_epi32(ld32(xb->bsums + 2 * t)));
+                const __m512 m = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(sm));
+                const __m512 t = _mm512_fmsub_ps(dv, _mm512_cvtepi32_ps(sumi[c]), m);
+                _mm512_store_ps(accm[c], _mm512_fmadd_ps(_mm512_set1_ps(xb->d), t, _mm512_load_ps(accm[c])));
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
+}
+
+#define R16Q(q3, rn)                                                                                      \
+    static void r16q_##q3##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
+                                 __mmask16 rows) {                                                        \
+        q23k_r16_tile(q3, rn, n, g, x, xs, y, ys, rows);                                                  \
+    }
+#define R16Q_ROW(q3) R16Q(q3, 1) R16Q(q3, 2) R16Q(q3, 3) R16Q(q3, 4) R16Q(q3, 5) R16Q(q3, 6) R16Q(q3, 7) \
+    R16Q(q3, 8) R16Q(q3, 9) R16Q(q3, 10) R16Q(q3, 11) R16Q(q3, 12) R16Q(q3, 13) R16Q(q3, 14) R16Q(q3, 15) R16Q(q3, 16)
+#define R16Q_TAB(q3)                                                                                         \
+    {r16q_##q3##_1,  r16q_##q3##_2,  r16q_##q3##_3,  r16q_##q3##_4,  r16q_##q3##_5,  r16q_##q3##_6,          \
+     r16q_##q3##_7,  r16q_##q3##_8,  r16q_##q3##_9,  r16q_##q3##_10, r16q_##q3##_11, r16q_##q3##_12,         \
+     r16q_##q3##_13, r16q_##q3##_14, r16q_##q3##_15, r16q_##q3##_16}
+R16Q_ROW(0) R16Q_ROW(1)
+static const r16_fn r16q_tab[2][R16_C] = {R16Q_TAB(0), R16Q_TAB(1)};
+R16_TILE(op_mm_q2_K_r16_vnni, r16q_tab[0])
+R16_TILE(op_mm_q3_K_r16_vnni, r16q_tab[1])
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -99,6 +99,30 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * the bottom; 2 x 8 chunks). Results equal the scalar Q6_K kernel bit for
  * bit (integer group dots times the scales, then fma(d xd, sumi, s)). */
 #define OP_Q6_K_R16 0x10e
+/* OP_IQ4_NL_R16: OP_Q4_0_R16's layout (IQ4_NL's block is Q4_0's: an f16 scale,
+ * nibbles in the same order); the kernel looks the nibbles up as level + 128
+ * (unsigned) and starts each block's dot from -128 x the token's sum of
+ * quants. Results equal the scalar IQ4_NL kernel bit for bit. */
+#define OP_IQ4_NL_R16 0x114
+/* OP_IQ4_XS_R16: IQ4_XS rows in groups of 16, per group and super-block
+ * (2,208 bytes, 138 per row where IQ4_XS takes 136): the 16 rows' f16 d,
+ * their 8 sub-block scales [8][16] unpacked to signed bytes (ls - 32), then
+ * per 32-column sub-block 4 chunks of 64 bytes, chunk k holding bytes
+ * 4k..4k+3 of each row's 16 quant bytes of that sub-block (low nibbles:
+ * columns 4k.., high: 16 + 4k..). Results equal the scalar IQ4_XS kernel bit
+ * for bit (integer sub-block dots times the scales, then fma(d xd, sumi, s)). */
+#define OP_IQ4_XS_R16 0x117
+/* OP_Q2_K_R16 (1,344 bytes per group and super-block, Q2_K's 84 per row):
+ * the 16 rows' f16 d, their f16 dmin, their 16 scale bytes [16][16] as
+ * stored (scale low nibble, min high), then per 128-column half h 8 chunks of
+ * 64 bytes, chunk k holding bytes 32h + 4k..4k+3 of each row's qs (bits 2j of
+ * a byte: column 128h + 32j + 4k + i). OP_Q3_K_R16 (1,824 bytes, 114 per row
+ * where Q3_K takes 110): d, the 16 scales [16][16] unpacked to signed bytes
+ * (s - 32), Q2_K's 16 chunks of low bits, then 8 chunks of hmask bytes (bit
+ * 4h + j of byte 4k + i: column 128h + 32j + 4k + i). Results equal the
+ * scalar Q2_K / Q3_K kernels bit for bit. */
+#define OP_Q2_K_R16 0x10a
+#define OP_Q3_K_R16 0x10b
 /* Bytes between the rows of weights of type wtype (packed or not), 0 if
  * n_in is not whole blocks; a packed group is 16 such rows. */
 size_t op_pack_row_size(int wtype, int n_in);

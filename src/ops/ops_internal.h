@@ -41,6 +41,10 @@ enum { OP_Q5K_R16_BYTES = OP_Q4K_R16_BYTES + 512 };
 /* ... of OP_Q6_K_R16: d, 16 x 16 scales, 4 x 8 chunks of low nibbles, 2 x 8
  * chunks of top bits (16 Q6_K blocks' bytes). */
 enum { OP_Q6K_R16_BYTES = 32 + 256 + 2048 + 1024 };
+/* ... of OP_IQ4_XS_R16: d, 8 x 16 scales, 8 x 4 chunks of 64 bytes. */
+enum { OP_IQ4XS_R16_BYTES = 32 + 128 + 2048 };
+/* ... of OP_Q2_K_R16 and OP_Q3_K_R16 (ops.h). */
+enum { OP_Q2K_R16_BYTES = 32 + 32 + 256 + 1024, OP_Q3K_R16_BYTES = 32 + 256 + 1024 + 512 };
 
 /* ---- quantized activations --------------------------------------------------
  * Q8_0-style rows (for Q8_0 and Q4_0 weights), one per token, laid out as

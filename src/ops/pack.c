@@ -97,7 +97,7 @@ void op_pack_q6_K(int wtype, const void *src, void *dst, int n_in, int n_out) {
         }
 }
 
-/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 into their packed types (ops.h): per group
+/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL into their packed types (ops.h): per group
  * and block the 16 rows' scales (and mins), then the quants in 4-byte chunks
  * (and Q5's 5th bits regrouped). */
 void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) {
@@ -134,3 +134,58 @@ void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) 
             }
 }
 
+
+/* IQ4_XS into OP_IQ4_XS_R16 (ops.h): per group and super-block the d and
+ * signed sub-block scales of the 16 rows, then each sub-block's quant bytes
+ * in 4-byte chunks. */
+void op_pack_iq4_xs(int wtype, const void *src, void *dst, int n_in, int n_out) {
+    (void)wtype;
+    const int nb = n_in / QK_K;
+    const size_t rs = dt_row_size(DT_IQ4_XS, n_in);
+    static const block_iq4_xs zero; /* rows past n_out: d 0 */
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += OP_IQ4XS_R16_BYTES)
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                const block_iq4_xs *blk = r < n_out ? (const block_iq4_xs *)((const uint8_t *)src + (size_t)r * rs) + b : &zero;
+                memcpy(d + 2 * j, &blk->d, sizeof(dt_f16));
+                for (int s = 0; s < 8; s++) {
+                    d[32 + 16 * s + j] = (uint8_t)(int8_t)op_iq4xs_scale(blk, s);
+                    for (int k = 0; k < 4; k++) memcpy(d + 160 + 256 * s + 64 * k + 4 * j, blk->qs + 16 * s + 4 * k, 4);
+                }
+            }
+}
+
+/* Q2_K / Q3_K into OP_Q2_K_R16 / OP_Q3_K_R16 (ops.h): per group and
+ * super-block the 16 rows' d (and Q2_K's dmin), their scales, then the 2-bit
+ * fields in 4-byte chunks (and Q3_K's hmask in 4-byte chunks). */
+void op_pack_q23k(int wtype, const void *src, void *dst, int n_in, int n_out) {
+    const int q3 = wtype == DT_Q3_K, nb = n_in / QK_K;
+    const size_t rs = dt_row_size(wtype, n_in), bs = q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+    static const block_q3_K zero; /* rows past n_out: d 0 (the larger of the two blocks) */
+    const int qs_at = q3 ? 288 : 320;
+    uint8_t *d = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++)
+        for (int b = 0; b < nb; b++, d += q3 ? OP_Q3K_R16_BYTES : OP_Q2K_R16_BYTES)
+            for (int j = 0; j < 16; j++) {
+                int r = g * 16 + j;
+                const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : (const uint8_t *)&zero;
+                const block_q2_K *b2 = (const block_q2_K *)blk;
+                const block_q3_K *b3 = (const block_q3_K *)blk;
+                const uint8_t *qs = q3 ? b3->qs : b2->qs;
+                if (q3) {
+                    int8_t sc[16];
+                    op_q3k_scales(b3->scales, sc);
+                    memcpy(d + 2 * j, &b3->d, sizeof(dt_f16));
+                    for (int s = 0; s < 16; s++) d[32 + 16 * s + j] = (uint8_t)sc[s];
+                    for (int k = 0; k < 8; k++) memcpy(d + 1312 + 64 * k + 4 * j, b3->hmask + 4 * k, 4);
+                } else {
+                    memcpy(d + 2 * j, &b2->d, sizeof(dt_f16));
+                    memcpy(d + 32 + 2 * j, &b2->dmin, sizeof(dt_f16));
+                    for (int s = 0; s < 16; s++) d[64 + 16 * s + j] = b2->scales[s];
+                }
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 8; k++) memcpy(d + qs_at + 512 * h + 64 * k + 4 * j, qs + 32 * h + 4 * k, 4);
+            }
+}

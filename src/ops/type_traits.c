@@ -23,6 +23,9 @@ static const op_act_traits act_traits[OP_ACT_COUNT] = {
 /* A quantized base type with its packed form. */
 #define BASE_TYPE(T, nm, act, packer)                                                                          \
     [DT_##T] = {#nm, DT_##T, OP_##T##_R16, act, 4, 0, packer, {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2)}}
+/* A quantized base type without a packed form (every level above AVX2 uses
+ * the AVX2 kernel). */
+#define PLAIN_TYPE(T, nm, act) [DT_##T] = {#nm, DT_##T, -1, act, 4, 0, NULL, {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2)}}
 /* A packed type: groups of 16 rows, read by the VNNI kernels (and by the
  * scalar ones elsewhere; no AVX2 kernel). */
 #define PACKED_TYPE(T, nm, act, gbytes)                                                                     \
@@ -42,6 +45,10 @@ static const op_type_traits traits[] = {
     BASE_TYPE(Q4_K, q4_K, OP_ACT_Q8K, op_pack_kquant),
     BASE_TYPE(Q5_K, q5_K, OP_ACT_Q8K, op_pack_kquant),
     BASE_TYPE(Q6_K, q6_K, OP_ACT_Q8K, op_pack_q6_K),
+    BASE_TYPE(Q2_K, q2_K, OP_ACT_Q8K, op_pack_q23k),
+    BASE_TYPE(Q3_K, q3_K, OP_ACT_Q8K, op_pack_q23k),
+    BASE_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, op_pack_legacy),
+    BASE_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, op_pack_iq4_xs),
     PACKED_TYPE(Q8_0, q8_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q4_0, q4_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q5_0, q5_0, OP_ACT_Q8A, 0),
@@ -50,6 +57,10 @@ static const op_type_traits traits[] = {
     PACKED_TYPE(Q4_K, q4_K, OP_ACT_Q8K, OP_Q4K_R16_BYTES),
     PACKED_TYPE(Q5_K, q5_K, OP_ACT_Q8K, OP_Q5K_R16_BYTES),
     PACKED_TYPE(Q6_K, q6_K, OP_ACT_Q8K, 0),
+    PACKED_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, 0),
+    PACKED_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, OP_IQ4XS_R16_BYTES),
+    PACKED_TYPE(Q2_K, q2_K, OP_ACT_Q8K, 0),
+    PACKED_TYPE(Q3_K, q3_K, OP_ACT_Q8K, OP_Q3K_R16_BYTES),
 };
 
 const op_type_traits *op_type_traits_of(int wtype) {
