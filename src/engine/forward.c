@@ -1270,6 +1270,9 @@ int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err) {
         return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
     if (ctx->p.no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding needs the KV cache (not --no-kv-cache)");
+    /* rollback of GPU-resident blocks has not run on a GPU yet (docs/cuda.md) */
+    if (ctx->cuda)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding runs on the CPU only (not --device cuda yet)");
     if (!ctx->spec) {
         ctx->spec = calloc((size_t)ctx->p.n_seq_max, sizeof *ctx->spec);
         if (!ctx->spec) return util_err_set(err, KVLM_ENOMEM, "out of memory");
