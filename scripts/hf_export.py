@@ -293,6 +293,10 @@ def export_tokenizer(meta, out, args):
             [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
         tj["normalizer"] = {"type": "Sequence", "normalizers": norms}
         tj["pre_tokenizer"] = None
+        if args.family == "gemma2" or meta.get("general.architecture") == b"gemma2":
+            # Gemma's tokenizer.json: a split on " ", after the normalizer made every space U+2581
+            tj["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                                   "invert": False}
         tj["decoder"] = {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
             {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}

@@ -365,7 +365,20 @@ static void test_gemma2_config(void **state) {
         kvlm_model_free(m);
         printf("  query_pre_attn_scalar 64: attention scale 1/8\n");
     }
+    assert_int_equal(tu_write_file(path, cfg, len), 0);
     free(cfg);
+    kvlm_model_free(load(dir));
+    /* Gemma's Split(" ", MergedWithPrevious) splits nothing (compare_models
+     * tokenized through it above); an Isolated split could not be applied by
+     * the SentencePiece path, so it is refused rather than dropped */
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char *tj = tu_read_file(path, &len);
+    char *at = strstr(tj, "\"MergedWithPrevious\"");
+    assert_non_null(at);
+    memcpy(at, "\"Isolated\"          ", 20);
+    assert_int_equal(tu_write_file(path, tj, len), 0);
+    free(tj);
+    load_fails(dir, "with a byte_fallback (SentencePiece) BPE are not supported", NULL);
 }
 
 static void test_shards_and_errors(void **state) {
