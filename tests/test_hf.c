@@ -362,8 +362,11 @@ static void test_gemma2_config(void **state) {
         }
         m = load(dir);
         assert_true(m->cfg.attn_scale == 1.0f / 8.0f);
+        /* no GGUF key could carry it: convert refuses rather than change the model */
+        assert_int_equal(kvlm_model_save_gguf(m, tmp("g2_out.gguf"), -1, &err), KVLM_EUNSUPPORTED);
+        if (!strstr(err.msg, "query_pre_attn_scalar 64")) fail_msg("convert error: %s", err.msg);
         kvlm_model_free(m);
-        printf("  query_pre_attn_scalar 64: attention scale 1/8\n");
+        printf("  query_pre_attn_scalar 64: attention scale 1/8; convert refuses: %s\n", err.msg);
     }
     assert_int_equal(tu_write_file(path, cfg, len), 0);
     free(cfg);
