@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|qwen2|phi3]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|qwen2|phi3|gemma2]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -12,6 +12,9 @@ Weights keep their GGUF type (F32, F16, BF16 -> the same safetensors dtype);
 norms and biases are written in --norm-dtype. Llama and Mistral query/key
 rows are put in Hugging Face's rotate-half order: the inverse of llama.cpp's
 converter's permutation (HF row h*d + j*d/2 + i holds GGUF row h*d + 2i + j).
+Gemma 2 keeps its rows (NeoX RoPE on both sides); its norms are stored as w
+where GGUF holds 1 + w (Gemma's RMSNorm scales by 1 + w), and its four
+norms per layer get Gemma's names.
 The tokenizer becomes tokenizer.json: a SentencePiece ("llama") vocabulary
 as the BPE model with byte_fallback and merges that Hugging Face's
 SentencePiece converter would list (every split of a piece into two pieces,
@@ -145,11 +148,15 @@ def export_weights(meta, tensors, out, fam, args):
     head_dim = g("attention.key_length", dim // n_head)
     items = []
     rot = fam in ("llama", "mistral")
+    gemma = fam == "gemma2"
 
     def put(hf, gg, perm_heads=0):
         a, t = tensors[gg]
         if a.ndim == 1:
-            arr, dt = f32_to(to_f32(a, t), args.norm_dtype)
+            v = to_f32(a, t)
+            if gemma:  # exact for the values near 1 that norms hold (Sterbenz)
+                v = (v - np.float32(1)).astype(np.float32)
+            arr, dt = f32_to(v, args.norm_dtype)
         else:
             arr, dt = a, {T_F32: "F32", T_F16: "F16", T_BF16: "BF16"}[t]
             if perm_heads:
@@ -177,13 +184,18 @@ def export_weights(meta, tensors, out, fam, args):
             if b + "attn_%s.bias" % x in tensors:
                 put(p + "self_attn.%s_proj.bias" % x, b + "attn_%s.bias" % x)
         put(p + "self_attn.o_proj.weight", b + "attn_output.weight")
-        put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
+        if gemma:
+            put(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight")
+            put(p + "pre_feedforward_layernorm.weight", b + "ffn_norm.weight")
+            put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
+        else:
+            put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
         put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
 
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "phi3": "Phi3ForCausalLM"}[fam]],
+                           "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
         "intermediate_size": g("feed_forward_length"),
@@ -209,6 +221,21 @@ def export_weights(meta, tensors, out, fam, args):
     if fam == "phi3":
         cfg["sliding_window"] = 2047
         cfg["original_max_position_embeddings"] = cfg["max_position_embeddings"]
+    if gemma:
+        # Gemma2Config's keys; llama.cpp's converter copies them to these GGUF keys
+        cfg["hidden_act"] = cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["head_dim"] = head_dim
+        if g("attention.sliding_window_pattern", 2) != 2:
+            raise ValueError("gemma2: sliding_window_pattern %d has no Gemma2Config key (every other layer is "
+                             "local)" % g("attention.sliding_window_pattern"))
+        cfg["sliding_window"] = g("attention.sliding_window", 4096)
+        cfg["cache_implementation"] = "hybrid"
+        caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+        for k, d in caps.items():
+            v = g(k, d)
+            cfg[k] = float(v) if v else None  # 0 in GGUF: none
+        # llama.cpp derives the scale (27B: hidden_size / heads); HF states it
+        cfg["query_pre_attn_scalar"] = dim // n_head if n_layers == 46 else head_dim
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     if bos is not None and bos < vocab:
         cfg["bos_token_id"] = bos
@@ -266,6 +293,10 @@ def export_tokenizer(meta, out, args):
             [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
         tj["normalizer"] = {"type": "Sequence", "normalizers": norms}
         tj["pre_tokenizer"] = None
+        if args.family == "gemma2" or meta.get("general.architecture") == b"gemma2":
+            # Gemma's tokenizer.json: a split on " ", after the normalizer made every space U+2581
+            tj["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                                   "invert": False}
         tj["decoder"] = {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
             {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}

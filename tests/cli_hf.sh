@@ -2,7 +2,8 @@
 # cli_hf: the `kvlm` command on Hugging Face model directories written by
 # scripts/hf_export.py: `run -m DIR` gives the GGUF's greedy text, `convert
 # DIR` gives the GGUF back (and quantizes as converting the GGUF does),
-# `inspect DIR` lists the safetensors, the chat template is matched or named
+# gemma2 (window 8) gives the GGUF's logits at every position and converts with
+# its keys, `inspect DIR` lists the safetensors, the chat template is matched or named
 # in a warning, a missing shard is an error naming it, and the real
 # vocabularies' reference tokenizations (vocab/*.inp, *.out) hold through
 # tokenizer.json.
@@ -29,11 +30,12 @@ failed=0
 pass() { passed=$((passed + 1)); echo "PASS: $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
+# gemma2: a window of 8, shorter than the texts and id lists below, tied embeddings
 synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
-    --type "$3" --seed 5 > /dev/null; }
+    --type "$3" --seed 5 $([ "$2" = gemma2 ] && echo --sliding-window 8 --tied) > /dev/null; }
 
 # ---- run -m DIR == run -m GGUF -------------------------------------------------
-for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16; do
+for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 gemma2:gemma2:bf16; do
     IFS=: read -r arch fam type <<< "$spec"
     synth "$tmp/$fam.gguf" "$arch" "$type"
     $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam" || { fail "$fam: export"; continue; }
@@ -53,6 +55,19 @@ for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16; d
     if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "$fam ($type): greedy text of the directory$([ "$arch" = llama ] && echo "'s convert") = the GGUF's"
     else fail "$fam ($type): text differs: want '$want', got '$got'"; fi
 done
+
+# ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
+ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"
+la=$("$bin" logits -m "$tmp/gemma2" --ids "$ids" 2>/dev/null)
+lb=$("$bin" logits -m "$tmp/gemma2.gguf" --ids "$ids" 2>/dev/null)
+if [ "$(wc -l <<< "$la")" -eq 20 ] && [ "$la" = "$lb" ]; then pass "gemma2: logits at all 20 positions of the directory = the GGUF's"
+else fail "gemma2: logits differ"; fi
+"$bin" convert "$tmp/gemma2" "$tmp/gemma2.back.gguf" 2>/dev/null
+keys=$("$bin" inspect "$tmp/gemma2.back.gguf" 2>&1)
+if grep -q "gemma2.attention.sliding_window *= 8" <<< "$keys" && grep -q "gemma2.attn_logit_softcapping *= 50" <<< "$keys" &&
+   grep -q "gemma2.final_logit_softcapping *= 30" <<< "$keys" && grep -q "blk.1.post_ffw_norm.weight" <<< "$keys"; then
+    pass "convert gemma2 DIR: sliding_window, soft-caps and post norms in the GGUF"
+else fail "convert gemma2 DIR: keys missing: $keys"; fi
 
 # ---- convert --type q8_0: the same file contents as converting the GGUF ----------
 "$bin" convert "$tmp/qwen2" "$tmp/a.gguf" --type q8_0 2>/dev/null

@@ -30,7 +30,7 @@
  * and `convert` permutes the rows as llama.cpp does (writer.c). */
 typedef struct {
     const char *model_type;
-    int arch;              /* kvlm_arch; -1: this build has no forward pass for it */
+    int arch;              /* kvlm_arch */
     const char *act;       /* hidden_act (gemma2: hidden_activation) it must have */
     bool rotate_half;      /* llama, mistral: HF's q/k row order (see above) */
     bool qkv_bias;         /* qwen2: q, k, v projections have biases */
@@ -52,7 +52,7 @@ static const hf_family k_families[] = {
      * (scaled by sqrt(hidden_size) in the forward pass); config keys
      * attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar,
      * sliding_window (every other layer local, from layer 0). */
-    {"gemma2", -1, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm"},
+    {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm"},
 };
 
 bool model_hf_is_dir(const char *path) {
@@ -137,6 +137,34 @@ static int cfg_bool(json_t *cfg, const char *path, const char *key, bool def, bo
     return KVLM_OK;
 }
 
+/* A soft-capping key: absent, the default; null, none (0). */
+static int cfg_softcap(json_t *cfg, const char *path, const char *key, double def, float *out, kvlm_error *err) {
+    json_t *v = json_object_get(cfg, key);
+    double d = 0;
+    int rc = v && json_is_null(v) ? KVLM_OK : cfg_float(cfg, path, key, def, &d, err);
+    *out = (float)d;
+    return rc;
+}
+
+/* Gemma 2's keys, over model_swa_defaults' values (the GGUF loader's): the
+ * window (every other layer local from layer 0: swa_period 2, as
+ * Gemma2DecoderLayer's is_sliding = not layer_idx % 2), the soft-caps and
+ * the attention scale 1/sqrt(query_pre_attn_scalar). */
+static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int window, kvlm_error *err) {
+    int rc;
+    c->sliding_window = window;
+    if ((rc = cfg_softcap(cfg, path, "attn_logit_softcapping", 50.0, &c->attn_softcap, err)) ||
+        (rc = cfg_softcap(cfg, path, "final_logit_softcapping", 30.0, &c->final_softcap, err)))
+        return rc;
+    json_t *q = json_object_get(cfg, "query_pre_attn_scalar");
+    if (q && !json_is_null(q)) {
+        double d;
+        if ((rc = cfg_float(cfg, path, "query_pre_attn_scalar", 0, &d, err))) return rc;
+        c->attn_scale = 1.0f / sqrtf((float)d);
+    }
+    return KVLM_OK;
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -148,7 +176,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, qwen2, phi3)", path, type);
+                            "mistral, qwen2, phi3, gemma2)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -193,15 +221,6 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
                                 "supported: kvlm applies plain RoPE (rope_theta only)", path, t,
                                 json_is_number(f) ? json_number_value(f) : 0.0);
     }
-    if (fam->arch < 0) {
-        /* config keys of the row checked above; the rest needs the family's own forward pass */
-        double cap;
-        if ((rc = cfg_float(cfg, path, "attn_logit_softcapping", 50.0, &cap, err)) ||
-            (rc = cfg_float(cfg, path, "final_logit_softcapping", 30.0, &cap, err)))
-            return rc;
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%s\" is recognised but this build has no "
-                            "forward pass for it (supported: llama, mistral, qwen2, phi3)", path, type);
-    }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
     json_t *act = json_object_get(cfg, act_key);
     if (!act && fam->post_norms) act = json_object_get(cfg, "hidden_act");
@@ -215,17 +234,22 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     if ((rc = cfg_bool(cfg, path, "mlp_bias", false, &b, err))) return rc;
     if (b) return util_err_set(err, KVLM_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
     if ((rc = cfg_bool(cfg, path, "tie_word_embeddings", fam->tie_default, tied, err))) return rc;
-    /* Sliding-window attention is recorded, not applied (docs/hf-checkpoints.md). */
+    c->arch = (kvlm_arch)fam->arch;
+    c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
+    model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
+    /* Sliding-window attention is recorded, not applied (docs/hf-checkpoints.md),
+     * except for gemma2, whose forward pass has local layers. */
     bool use_sw = true;
     if ((rc = cfg_bool(cfg, path, "use_sliding_window", true, &use_sw, err))) return rc;
     int sw = 0;
-    if ((rc = cfg_int(cfg, path, "sliding_window", false, 0, 0, INT32_MAX, &sw, err))) return rc;
+    if ((rc = cfg_int(cfg, path, "sliding_window", false, c->sliding_window, 0, 1 << 24, &sw, err))) return rc;
     m->hf->sliding_window = use_sw ? sw : 0;
-    if (m->hf->sliding_window && m->hf->sliding_window < c->n_ctx_train && fam->arch >= 0)
+    if (fam->post_norms) {
+        if ((rc = gemma_config(c, cfg, path, m->hf->sliding_window, err))) return rc;
+    } else if (m->hf->sliding_window && m->hf->sliding_window < c->n_ctx_train)
         LOG_INFO("%s: sliding_window %d recorded, not applied: kvlm attends to the whole context (as llama.cpp "
                  "does for %s)", path, m->hf->sliding_window, type);
-    c->arch = (kvlm_arch)fam->arch;
-    c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
+    model_swa_count(c);
     snprintf(m->arch_name, sizeof m->arch_name, "%s", model_arch_name(c->arch));
     return KVLM_OK;
 }
@@ -361,6 +385,11 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
         snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, fam->ffn_norm);
         if ((rc = take(m, &L->ffn_norm, n, c->dim, 0, false, add, err))) return rc;
         TAKE(w_down, "mlp.down_proj.weight", c->hidden_dim, c->dim, false, 0);
+        if (fam->post_norms) {
+            TAKE(post_attn_norm, "post_attention_layernorm.weight", c->dim, 0, false, add);
+            TAKE(post_ffn_norm, "post_feedforward_layernorm.weight", c->dim, 0, false, add);
+        }
+        model_layer_swa(c, L, l);
 #undef TAKE
         if (!fam->qkv_bias) {
             /* a bias the family does not use would be silently dropped */

@@ -24,6 +24,7 @@ typedef struct {
     bool prefix_space;    /* Prepend("▁") or Metaspace prepending */
     bool replace_space;   /* Replace(" " -> "▁") */
     char *re[MAX_PRE_REGEX];
+    bool split_space;     /* Split(" ", MergedWithPrevious): Gemma's, a no-op after replace_space */
     int n_re;
 } hf_pre;
 
@@ -84,7 +85,15 @@ static int walk_pre(hf_pre *p, json_t *pt, kvlm_error *err) {
         return ur && json_is_false(ur) ? KVLM_OK : add_re(p, HF_BYTELEVEL_RE, err);
     }
     if (!strcmp(type, "Split")) {
-        const char *beh = jstr(pt, "behavior");
+        const char *beh = jstr(pt, "behavior"), *str = jstr(json_object_get(pt, "pattern"), "String");
+        /* Gemma's tokenizer.json: the normalizer (which runs first) has
+         * already made every space U+2581, so this split never matches; checked
+         * once the normalizer is read */
+        if (beh && !strcmp(beh, "MergedWithPrevious") && str && !strcmp(str, " ") &&
+            !json_is_true(json_object_get(pt, "invert"))) {
+            p->split_space = true;
+            return KVLM_OK;
+        }
         if (!beh || strcmp(beh, "Isolated") || json_is_true(json_object_get(pt, "invert")))
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: Split pre-tokenizer with behavior \"%s\"%s is not "
                                 "supported (Isolated is)", p->path, beh ? beh : "?",
@@ -313,6 +322,18 @@ static int load_vocab(const char *dir, int n_rows, model_vocab *v, kvlm_error *e
     if (spm && !pre.metaspace && !pre.replace_space) {
         rc = util_err_set(err, KVLM_EUNSUPPORTED, "%s: byte_fallback BPE without the U+2581 space (a Metaspace "
                           "pre-tokenizer or a Replace normalizer) is not supported", path);
+        goto done;
+    }
+    if (pre.split_space && !(spm && pre.replace_space)) {
+        rc = util_err_set(err, KVLM_EUNSUPPORTED, "%s: a Split pre-tokenizer on \" \" (MergedWithPrevious) is "
+                          "supported only after a Replace(\" \" -> \"" SPM_SPACE "\") normalizer, where it splits nothing "
+                          "(Gemma's tokenizer.json)", path);
+        goto done;
+    }
+    if (spm && pre.n_re) {
+        /* the SentencePiece path has no pre-tokenizer splits: refuse rather than drop them */
+        rc = util_err_set(err, KVLM_EUNSUPPORTED, "%s: pre-tokenizer splits (\"%.40s\") with a byte_fallback "
+                          "(SentencePiece) BPE are not supported", path, pre.re[0]);
         goto done;
     }
 

@@ -138,15 +138,7 @@ static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *
     int64_t v;
     bool found;
     int hrc;
-    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
-    c->rope_base_local = c->rope_base;
-    if (g2 || g3) {
-        c->rope_neox = true;
-        if ((g2 && c->n_layers == 46) || (g3 && c->n_layers == 62)) c->attn_scale = 1.0f / sqrtf((float)c->dim / c->n_heads);
-        if (g3) c->rope_base_local = 10000.0f;
-        c->swa_period = g2 ? 2 : 6;
-        c->sliding_window = g2 ? 4096 : 512;
-    }
+    model_swa_defaults(c);
     if (c->arch == KVLM_ARCH_LLAMA || g2 || g3) {
         if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
         if (found && (v < 0 || v > (1 << 24)))
@@ -175,8 +167,31 @@ static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of the global layers (Gemma 3 "
                                 "4B and larger) is not supported; gemma3 files without it (1B) are", m->path, key, type);
     }
-    for (int l = 0; l < c->n_layers; l++) c->n_local_layers += model_layer_window(c, l) > 0;
+    model_swa_count(c);
     return KVLM_OK;
+}
+
+void model_swa_defaults(kvlm_config *c) {
+    bool g2 = c->arch == KVLM_ARCH_GEMMA2, g3 = c->arch == KVLM_ARCH_GEMMA3;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->rope_base_local = c->rope_base;
+    if (g2 || g3) {
+        c->rope_neox = true;
+        if ((g2 && c->n_layers == 46) || (g3 && c->n_layers == 62)) c->attn_scale = 1.0f / sqrtf((float)c->dim / c->n_heads);
+        if (g3) c->rope_base_local = 10000.0f;
+        c->swa_period = g2 ? 2 : 6;
+        c->sliding_window = g2 ? 4096 : 512;
+    }
+}
+
+void model_swa_count(kvlm_config *c) {
+    c->n_local_layers = 0;
+    for (int l = 0; l < c->n_layers; l++) c->n_local_layers += model_layer_window(c, l) > 0;
+}
+
+void model_layer_swa(const kvlm_config *c, model_layer *L, int l) {
+    L->window = model_layer_window(c, l);
+    L->rope_base = L->window ? c->rope_base_local : c->rope_base;
 }
 
 int model_layer_window(const kvlm_config *c, int l) {
@@ -338,8 +353,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
             TAKE(k_norm, "attn_k_norm.weight", c->head_dim, 0, false);
         }
-        L->window = model_layer_window(c, l);
-        L->rope_base = L->window ? c->rope_base_local : c->rope_base;
+        model_layer_swa(c, L, l);
 #undef TAKE
         if (l == 0) c->weight_type = L->wq.type;
     }

@@ -70,6 +70,13 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
 
 /* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */
 int model_layer_window(const kvlm_config *c, int l);
+/* Shared by the GGUF and HF loaders, so both derive the same config:
+ * gemma's defaults before the file's keys are read (attention scale, local
+ * RoPE base, window and period), then the count of local layers, then each
+ * layer's window and RoPE base. */
+void model_swa_defaults(kvlm_config *c);
+void model_swa_count(kvlm_config *c);
+void model_layer_swa(const kvlm_config *c, model_layer *L, int l);
 /* Gemma's scale of the token embeddings (sqrt(dim)); 1 otherwise. */
 float model_embed_scale(const kvlm_config *c);
 

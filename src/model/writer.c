@@ -274,6 +274,16 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void
 int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
+    /* No GGUF key holds the attention scale: a reader derives it (llama.cpp's
+     * rule, model_swa_defaults), so a scale it would not derive (an HF
+     * directory's query_pre_attn_scalar) cannot be written. */
+    kvlm_config d = m->cfg;
+    model_swa_defaults(&d);
+    if (m->hf && d.attn_scale != m->cfg.attn_scale)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: attention scale %g (query_pre_attn_scalar %g) has no GGUF "
+                            "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
+                            "the 46- and 62-layer gemmas)", m->path, m->cfg.attn_scale,
+                            1.0 / ((double)m->cfg.attn_scale * m->cfg.attn_scale), d.attn_scale);
     int cap = 3 + 30 * m->cfg.n_layers;
     named_tensor *ts = calloc((size_t)cap, sizeof *ts);
     void **owned = calloc((size_t)cap, sizeof *owned);
