@@ -265,7 +265,7 @@ static void test_matmul_batch_bits(void **state) {
     util_pool_free(p3);
 }
 
-/* F16 and BF16 at every SIMD level (the AVX-512 kernels at the top one): a
+/* F16 and BF16 at every SIMD level: a
  * (row, token) result may not depend on T, the thread count or the tile it
  * lands in, n_in with a partial 16- or 8-wide tail included; check_matmul
  * bounds the error against the exact dot product. */

@@ -20,11 +20,6 @@ static const op_act_traits act_traits[OP_ACT_COUNT] = {
 /* Float rows: f32 activations, 4-row register tiles. */
 #define FLOAT_TYPE(T, nm)                                                                         \
     [DT_##T] = {#nm, DT_##T, -1, OP_ACT_F32, 4, 0, NULL, {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2)}}
-/* 2-byte float rows, with an AVX-512 kernel at the VNNI level (it needs only
- * AVX-512 F/BW/VL, which every CPU of that level has). */
-#define HALF_TYPE(T, nm)                                                                          \
-    [DT_##T] = {#nm, DT_##T, -1, OP_ACT_F32, 4, 0, NULL,                                          \
-                {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2), VNNI(op_mm_##nm##_avx512)}}
 /* A quantized base type with its packed form. */
 #define BASE_TYPE(T, nm, act, packer)                                                                          \
     [DT_##T] = {#nm, DT_##T, OP_##T##_R16, act, 4, 0, packer, {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2)}}
@@ -40,8 +35,8 @@ static const op_act_traits act_traits[OP_ACT_COUNT] = {
 /* Indexed by type id: GGUF ids below 0x100, packed ones 0x100 + their base's. */
 static const op_type_traits traits[] = {
     FLOAT_TYPE(F32, f32),
-    HALF_TYPE(F16, f16),
-    HALF_TYPE(BF16, bf16),
+    FLOAT_TYPE(F16, f16),
+    FLOAT_TYPE(BF16, bf16),
     BASE_TYPE(Q8_0, q8_0, OP_ACT_Q8A, op_pack_legacy),
     BASE_TYPE(Q4_0, q4_0, OP_ACT_Q8A, op_pack_legacy),
     BASE_TYPE(Q5_0, q5_0, OP_ACT_Q8A, op_pack_legacy),

@@ -102,8 +102,6 @@ OP_MM_TILE_DECL(op_mm_iq4_nl_r16_vnni);
 OP_MM_TILE_DECL(op_mm_iq4_xs_r16_vnni);
 OP_MM_TILE_DECL(op_mm_q2_K_r16_vnni);
 OP_MM_TILE_DECL(op_mm_q3_K_r16_vnni);
-OP_MM_TILE_DECL(op_mm_f16_avx512);
-OP_MM_TILE_DECL(op_mm_bf16_avx512);
 
 /* Packers (pack.c): Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL; Q4_K / Q5_K; Q6_K; IQ4_XS; Q2_K / Q3_K. */
 void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out);
