@@ -3,6 +3,7 @@
  * fraction of bandwidth, prefill (T=64) per-token time against T=1, and
  * batched decode (T = 1..64 for Q8_0 and Q4_0) against T=1.
  * Usage: bench_matmul [threads (default 2)] [--quick: one shape] [--scalar]
+ * [--avx2: kernels capped at the AVX2 level, to compare with the level above]
  * Env BENCH_TYPES=q4_0,f16 limits the types. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 #include "model/dtype.h"
 #include "ops/ops.h"
+#include "ops/ops_internal.h"
 #include "util/pool.h"
 #include "util/timing.h"
 
@@ -90,6 +92,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--scalar")) op_set_simd(false);
+        else if (!strcmp(argv[i], "--avx2")) op_set_simd_level(OP_SIMD_AVX2);
         else nth = atoi(argv[i]);
     }
     if (nth < 1) nth = 1;

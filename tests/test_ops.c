@@ -265,6 +265,49 @@ static void test_matmul_batch_bits(void **state) {
     util_pool_free(p3);
 }
 
+/* F16 and BF16 at every SIMD level: a
+ * (row, token) result may not depend on T, the thread count or the tile it
+ * lands in, n_in with a partial 16- or 8-wide tail included; check_matmul
+ * bounds the error against the exact dot product. */
+static void test_matmul_half_bits(void **state) {
+    (void)state;
+    util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
+    const int types[] = {DT_F16, DT_BF16};
+    const char *names[] = {"f16", "bf16"};
+    const int n_ins[] = {17, 33, 100, 768}, n_outs[] = {13, 6, 37, 9};
+    const int TM = 23;
+    for (int ti = 0; ti < 2; ti++)
+        for (int a = 0; a < 4; a++) {
+            int n_in = n_ins[a], n_out = n_outs[a];
+            float *wf;
+            void *W = make_weights(types[ti], n_in, n_out, &wf);
+            float *X = rand_floats((size_t)TM * n_in, 1.5f);
+            float *Yall = malloc(sizeof(float) * TM * n_out), *Y = malloc(sizeof(float) * TM * n_out);
+            for (int level = 0; level < n_levels(); level++) {
+                op_set_simd_level(level);
+                run_matmul(p2, Yall, X, W, types[ti], TM, n_in, n_out);
+                for (int T = 1; T <= TM; T += 1 + (tu_quick() ? 3 : 0)) {
+                    run_matmul(T & 1 ? p3 : NULL, Y, X, W, types[ti], T, n_in, n_out);
+                    if (memcmp(Y, Yall, sizeof(float) * T * n_out)) {
+                        fprintf(stderr, "%s level %d n_in %d: T=%d differs from T=%d\n", names[ti], level, n_in,
+                                T, TM);
+                        fail();
+                    }
+                }
+                for (int t = 0; t < TM; t++) {
+                    run_matmul(t & 1 ? p2 : NULL, Y, X + (size_t)t * n_in, W, types[ti], 1, n_in, n_out);
+                    assert_memory_equal(Y, Yall + (size_t)t * n_out, sizeof(float) * n_out);
+                }
+            }
+            op_set_simd_level(-1);
+            free(W); free(wf); free(X); free(Yall); free(Y);
+            check_matmul(types[ti], names[ti], 1, n_in, n_out, p2, p3);
+            check_matmul(types[ti], names[ti], 7, n_in, n_out, p2, p3);
+        }
+    util_pool_free(p2);
+    util_pool_free(p3);
+}
+
 /* Packed weights (OP_Q8_0_R16, OP_Q4_0_R16 and the K-quants': 16-row groups) at every SIMD
  * level, T and thread count: bit-identical to the scalar kernel of the base
  * type on the unpacked weights, rows of a last partial group included. */
@@ -913,6 +956,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_all_types),
         cmocka_unit_test(test_matmul_odd_sizes),
         cmocka_unit_test(test_matmul_batch_bits),
+        cmocka_unit_test(test_matmul_half_bits),
         cmocka_unit_test(test_matmul_packed),
         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_matmul_prep),
