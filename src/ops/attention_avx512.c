@@ -212,14 +212,20 @@ static inline __attribute__((always_inline)) __m512 vf_sum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xdd));
 }
 
-/* Prefetches the K and V rows of keys lo..hi-1 (of n) at kp[], vp[]. */
+/* Prefetches the K and V rows of keys lo..hi-1 (of n) at kp[], vp[], into
+ * L2 (prefetcht1), not L1: a prefetcht0 holds one of the L1's few miss
+ * buffers until its line arrives from DRAM, and with a tile of prefetches in
+ * flight the core stalled on them (a third of the scoring loop's cycles on
+ * the instruction after the prefetch, perf); the L2 tracks many more misses,
+ * and the tile's loads then hit it. Attention at 4,096 keys took about half
+ * the cycles (bench_attn, docs/attention.md). */
 static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *kp, const uint8_t *const *vp, int n,
                                                           int lo, int hi, size_t krb, size_t vrb) {
     for (int x = lo; x < hi && x < n; x++) {
         for (uintptr_t q = (uintptr_t)kp[x] & ~(uintptr_t)63; q < (uintptr_t)kp[x] + krb; q += 64)
-            __builtin_prefetch((const void *)q);
+            __builtin_prefetch((const void *)q, 0, 2);
         for (uintptr_t q = (uintptr_t)vp[x] & ~(uintptr_t)63; q < (uintptr_t)vp[x] + vrb; q += 64)
-            __builtin_prefetch((const void *)q);
+            __builtin_prefetch((const void *)q, 0, 2);
     }
 }
 
