@@ -21,8 +21,9 @@ static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
         const uint8_t *k = a->k_type == KVLM_CACHE_Q4_KC ? region : region + slot * krb;
         size_t kn = a->k_type == KVLM_CACHE_Q4_KC ? op_kv_region_bytes(a->k_type, hd, a->block_size) : len * krb;
         const uint8_t *v = region + a->v_bytes + slot * vrb;
-        for (size_t i = 0; i < kn; i += 64) __builtin_prefetch(k + i);
-        for (size_t i = 0; i < len * vrb; i += 64) __builtin_prefetch(v + i);
+        /* into L2 (prefetcht1): see pf_rows in attention_avx512.c */
+        for (size_t i = 0; i < kn; i += 64) __builtin_prefetch(k + i, 0, 2);
+        for (size_t i = 0; i < len * vrb; i += 64) __builtin_prefetch(v + i, 0, 2);
     }
 }
 

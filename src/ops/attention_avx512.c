@@ -212,14 +212,20 @@ static inline __attribute__((always_inline)) __m512 vf_sum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xdd));
 }
 
-/* Prefetches the K and V rows of keys lo..hi-1 (of n) at kp[], vp[]. */
+/* Prefetches the K and V rows of keys lo..hi-1 (of n) at kp[], vp[], into
+ * L2 (prefetcht1), not L1: a prefetcht0 holds one of the L1's few miss
+ * buffers until its line arrives from DRAM, and with a tile of prefetches in
+ * flight the core stalled on them (a third of the scoring loop's cycles on
+ * the instruction after the prefetch, perf); the L2 tracks many more misses,
+ * and the tile's loads then hit it. Attention at 4,096 keys took about half
+ * the cycles (bench_attn, docs/attention.md). */
 static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *kp, const uint8_t *const *vp, int n,
                                                           int lo, int hi, size_t krb, size_t vrb) {
     for (int x = lo; x < hi && x < n; x++) {
         for (uintptr_t q = (uintptr_t)kp[x] & ~(uintptr_t)63; q < (uintptr_t)kp[x] + krb; q += 64)
-            __builtin_prefetch((const void *)q);
+            __builtin_prefetch((const void *)q, 0, 2);
         for (uintptr_t q = (uintptr_t)vp[x] & ~(uintptr_t)63; q < (uintptr_t)vp[x] + vrb; q += 64)
-            __builtin_prefetch((const void *)q);
+            __builtin_prefetch((const void *)q, 0, 2);
     }
 }
 
@@ -408,12 +414,14 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     int vr[ATT_RMAX];
     for (int r = 0; r < R; r++) vr[r] = vis[r] < n ? (vis[r] > 0 ? vis[r] : 0) : n;
     const uint8_t *kp[ATT_BK], *vp[ATT_BK], *kpn[ATT_BK], *vpn[ATT_BK];
-    /* the next tile's rows, prefetched while this one is scored where a
-     * cache block holds less than a 4 KiB page of a head's keys: the hardware
-     * prefetcher follows a page, not the jump to the next scattered block
-     * (f32 at head dim 64 fills pages, and extra prefetches only slow it) */
+    /* the next tile's rows, prefetched into L2 while this one is scored: the
+     * hardware prefetcher follows a page, not the jump to the next scattered
+     * block. (With prefetcht0, f32 blocks that fill a page were better left
+     * to the hardware; into L2, f32 at 4,096 keys took 40% fewer cycles with
+     * them: 510 -> 310 Mcycles in bench_attn, 1 thread. A tile further
+     * ahead took more cycles for f16 and q8_0.) */
     int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
-    if (!a->blocks || (size_t)bs * krb >= 4096) nn = 0;
+    if (!a->blocks) nn = 0;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
     if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
     if (kt == KVLM_CACHE_Q8_0) {
