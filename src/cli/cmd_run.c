@@ -6,6 +6,19 @@
 #include <time.h>
 #include "cli/cli.h"
 
+/* Streams a generated token's text to stdout; false (nothing written) for an
+ * end-of-generation token. */
+static bool emit_token(const kvlm_model *model, kvlm_detok *dt, int32_t token) {
+    if (kvlm_token_is_eog(model, token)) return false;
+    char text[1024];
+    int len = kvlm_detok_push(dt, token, text, sizeof text);
+    if (len > 0) {
+        fwrite(text, 1, (size_t)len, stdout);
+        fflush(stdout);
+    }
+    return true;
+}
+
 static void run_usage(FILE *f) {
     fprintf(f,
             "usage: kvlm run -m MODEL [-p PROMPT | -f FILE] [-n N] [options]\n\n"
@@ -195,23 +208,13 @@ int cmd_run(int argc, char **argv) {
         }
         int32_t next = spec_out[spec_i++];
         n_gen++;
-        if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
-        int len = kvlm_detok_push(&dt, next, text, sizeof text);
-        if (len > 0) {
-            fwrite(text, 1, (size_t)len, stdout);
-            fflush(stdout);
-        }
+        if (!emit_token(model, &dt, next)) { stop = "end of text"; break; }
         if (!spec_unfed) n_decoded++; /* fed */
     }
     while (!spec && n_gen < n_predict) {
         int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
         n_gen++;
-        if (kvlm_token_is_eog(model, next)) { stop = "end of text"; break; }
-        int len = kvlm_detok_push(&dt, next, text, sizeof text);
-        if (len > 0) {
-            fwrite(text, 1, (size_t)len, stdout);
-            fflush(stdout);
-        }
+        if (!emit_token(model, &dt, next)) { stop = "end of text"; break; }
         if (n_gen >= n_predict) break;
         if (!cp.kv_evict && kvlm_ctx_n_past(ctx) >= budget) {
             stop = budget < n_ctx ? "KV budget full (--kv-evict none; use sinks or h2o to go on)" : "context full";

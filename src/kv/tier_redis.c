@@ -720,6 +720,17 @@ static void readers_reconnect(redis_tier *t) {
     }
 }
 
+/* Starts a thread that takes no signals (and so no SIGPIPE from a server
+ * that went away); the pthread_create status. */
+static int start_unsignalled(pthread_t *th, void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(th, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 static void *writer_main(void *arg) {
     redis_tier *t = arg;
     pthread_mutex_lock(&t->q_mu);
@@ -958,12 +969,7 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
     pipe_restore(&g);
     set_up(t);
 
-    /* The writer thread takes no signals (and so no SIGPIPE). */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&t->thread, NULL, writer_main, t);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = start_unsignalled(&t->thread, writer_main, t);
     if (rc != 0) {
         tier_free(t);
         util_err_set(err, KVLM_ENOMEM, "redis tier: cannot start its writer thread (%s)", strerror(rc));
@@ -1560,11 +1566,7 @@ static kv_tier *cluster_open(const char *url, int timeout_ms, kvlm_error *err) {
     pipe_restore(&g);
     if (!mapped) atomic_fetch_add(&t->errors, 1);
 
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&t->thread, NULL, mapper_main, t);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = start_unsignalled(&t->thread, mapper_main, t);
     if (rc != 0) {
         cluster_free(t);
         util_err_set(err, KVLM_ENOMEM, "redis tier: cannot start its slot-map thread (%s)", strerror(rc));
