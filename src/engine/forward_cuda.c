@@ -190,24 +190,23 @@ static void run_pass(engine_cuda *e, kv_store *kv, int T, int n_out, int max_pos
     cu_embed(d, e->x, &e->tok_embd, d_tok, T);
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &e->layers[l];
-        cu_rmsnorm(d, e->xb, e->x, l ? e->fo : NULL, L->attn_norm, NULL, T, D, c->norm_eps);
+        cu_rmsnorm(d, e->xb, e->x, l ? e->fo : NULL, L->attn_norm, NULL, T, D, c->norm_eps, &L->wq);
         float *qkv_y[3] = {e->q, e->k, e->v};
         const cu_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         cu_matmul_n(d, qkv_y, e->xb, qkv_w, 3, T);
-        cu_qkv_post(d, e->q, e->k, e->v, L->bq, L->bk, L->bv, d_pos, T, c->n_heads, c->n_kv_heads, c->head_dim,
-                    c->rope_dim, c->rope_base, c->rope_neox);
-        cu_kv_store(d, &ckv, l, &b, e->k, e->v);
+        cu_qkv_rope_store(d, e->q, e->k, e->v, L->bq, L->bk, L->bv, c->n_heads, c->rope_dim, c->rope_base,
+                          c->rope_neox, &ckv, l, &b);
         cu_attention(d, e->att, e->q, &ckv, l, &b, c->n_heads, scale, e->att_work);
         cu_matmul(d, e->ao, e->att, &L->wo, T);
-        cu_rmsnorm(d, e->xb, e->x, e->ao, L->ffn_norm, NULL, T, D, c->norm_eps);
+        cu_rmsnorm(d, e->xb, e->x, e->ao, L->ffn_norm, NULL, T, D, c->norm_eps, &L->w_gate);
         float *gu_y[2] = {e->hb, e->hb2};
         const cu_weight *gu_w[2] = {&L->w_gate, &L->w_up};
         cu_matmul_n(d, gu_y, e->xb, gu_w, 2, T);
-        cu_swiglu(d, e->hb, e->hb2, (size_t)T * c->hidden_dim);
+        cu_swiglu(d, e->hb, e->hb2, T, c->hidden_dim, &L->w_down);
         cu_matmul(d, e->fo, e->hb, &L->w_down, T);
     }
     if (n_out) {
-        cu_rmsnorm(d, e->out_rows, e->x, e->fo, e->output_norm, d_rows, n_out, D, c->norm_eps);
+        cu_rmsnorm(d, e->out_rows, e->x, e->fo, e->output_norm, d_rows, n_out, D, c->norm_eps, &e->output);
         cu_matmul(d, e->logits, e->out_rows, &e->output, n_out);
     }
 }

@@ -1,5 +1,6 @@
-/* ops/cuda/attention: the paged KV cache on the GPU: writing each token's
- * key and value rows into its block (in the cache's element type), and
+/* ops/cuda/attention: the paged KV cache on the GPU: each token's q and k
+ * biased and rotated (RoPE), its key and value rows written into its block
+ * (in the cache's element type), and
  * flash-decoding attention over the blocks: every token's keys are split
  * across thread blocks, each computes a partial softmax-weighted sum with its
  * running max and sum, and a second kernel merges the parts by their
@@ -11,6 +12,9 @@
 #define ATT_THREADS 128
 #define ATT_TILE 128
 #define ATT_MAX_HD 256
+/* A split's part of one head: head_dim weighted sums, then its max and sum,
+ * padded to whole 16-byte pieces (the merge reads four floats at a time). */
+#define ATT_PSTRIDE(hd) ((size_t)(hd) + 4)
 
 __device__ __forceinline__ int kv_group(int type, int hd) {
     return (type == KVLM_CACHE_Q8_0 || type == KVLM_CACHE_Q4_0) ? (hd % 32 == 0 ? 32 : hd) : 1;
@@ -135,29 +139,155 @@ __device__ void store_row(int type, const float *x, uint8_t *dst, int hd, int ti
     }
 }
 
-__global__ void k_kv_store(cu_kv kv, int layer, cu_kv_batch b, const float *k, const float *v) {
-    int t = blockIdx.x, h = blockIdx.y, hd = kv.head_dim;
+/* Block per token: q's and k's biases and RoPE (each pair index's angle
+ * computed once, in double as ops/rope.c does, and shared by every head),
+ * v's bias, then the key and value rows into the token's slot, a warp per KV
+ * head. */
+#define ROPE_MAX_HALF (ATT_MAX_HD / 2)
+__global__ void k_qkv_rope_store(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
+                                 int n_heads, int rope_dim, float base, bool neox, cu_kv kv, int layer, cu_kv_batch b) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    int t = blockIdx.x, hd = kv.head_dim, half = hd / 2, rhalf = rope_dim / 2, nkv = kv.n_kv_heads;
     int p = b.pos[t];
+    for (int i = threadIdx.x; i < rhalf; i += blockDim.x) {
+        double th = (double)p * pow((double)base, -2.0 * i / rope_dim);
+        cs[i] = (float)cos(th);
+        sn[i] = (float)sin(th);
+    }
+    __syncthreads();
+    int nq = n_heads * half, nk = nkv * half;
+    for (int u = threadIdx.x; u < nq + nk; u += blockDim.x) {
+        bool isq = u < nq;
+        int uu = isq ? u : u - nq, h = uu / half, i = uu % half;
+        float *row = (isq ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * nkv + h) * hd);
+        const float *bias = isq ? (bq ? bq + h * hd : NULL) : (bk ? bk + h * hd : NULL);
+        int a, c;
+        if (i < rhalf) {
+            a = neox ? i : 2 * i;
+            c = neox ? i + rhalf : 2 * i + 1;
+        } else {
+            a = rope_dim + 2 * (i - rhalf);
+            c = a + 1;
+        }
+        float x0 = row[a], x1 = row[c];
+        if (bias) x0 += bias[a], x1 += bias[c];
+        if (i < rhalf) {
+            row[a] = x0 * cs[i] - x1 * sn[i];
+            row[c] = x0 * sn[i] + x1 * cs[i];
+        } else {
+            row[a] = x0;
+            row[c] = x1;
+        }
+    }
+    if (bv)
+        for (int u = threadIdx.x; u < nkv * hd; u += blockDim.x) v[(size_t)t * nkv * hd + u] += bv[u];
+    __syncthreads(); /* the rotated k and biased v rows are in */
     int32_t blk = b.tables[b.table_at[t] + p / kv.block_size];
-    int slot = p % kv.block_size;
-    const float *kr = k + ((size_t)t * kv.n_kv_heads + h) * hd, *vr = v + ((size_t)t * kv.n_kv_heads + h) * hd;
-    store_row(kv.k_type, kr, kv_row(kv, blk, layer, h, false, slot), hd, threadIdx.x, blockDim.x);
-    store_row(kv.v_type, vr, kv_row(kv, blk, layer, h, true, slot), hd, threadIdx.x, blockDim.x);
+    int slot = p % kv.block_size, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < nkv; h += blockDim.x >> 5) {
+        const float *kr = k + ((size_t)t * nkv + h) * hd, *vr = v + ((size_t)t * nkv + h) * hd;
+        store_row(kv.k_type, kr, kv_row(kv, blk, layer, h, false, slot), hd, lane, 32);
+        store_row(kv.v_type, vr, kv_row(kv, blk, layer, h, true, slot), hd, lane, 32);
+    }
 }
 
-void cu_kv_store(cu_dev *d, const cu_kv *kv, int layer, const cu_kv_batch *b, const float *k, const float *v) {
+void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
+                       int n_heads, int rope_dim, float rope_base, bool neox, const cu_kv *kv, int layer,
+                       const cu_kv_batch *b) {
     if (b->T <= 0) return;
-    dim3 grid(b->T, kv->n_kv_heads);
-    k_kv_store<<<grid, 64, 0, d->stream>>>(*kv, layer, *b, k, v);
-    CU_LAUNCHED(d, "KV cache write");
+    if (rope_dim / 2 > ROPE_MAX_HALF || kv->head_dim > ATT_MAX_HD) {
+        cu_note(d, cudaErrorInvalidValue, "RoPE: head_dim over 256");
+        return;
+    }
+    k_qkv_rope_store<<<b->T, 256, 0, d->stream>>>(q, k, v, bq, bk, bv, n_heads, rope_dim, rope_base, neox, *kv, layer,
+                                                  *b);
+    CU_LAUNCHED(d, "bias, RoPE and KV cache write");
 }
 
 /* ---- attention ---- */
 
+/* After a split has written its part: the last of the n_splits blocks of
+ * (token, KV head) to finish merges every split's part of its G heads by
+ * log-sum-exp into out, and sets the counter back to zero, so no second
+ * kernel is launched for the merge. sw: G * (n_splits + 1) floats. */
+__device__ void attn_merge_last(float *out, const float *part, int *count, int t, int kvh, int G, int n_heads, int HD,
+                                int n_splits, float *sw) {
+    __shared__ int last;
+    __threadfence(); /* this block's part is visible before it is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *c = count + (size_t)t * gridDim.y + kvh;
+        last = atomicAdd(c, 1) == n_splits - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const size_t stride = ATT_PSTRIDE(HD);
+    const float *p0 = part + ((size_t)t * n_heads + (size_t)kvh * G) * n_splits * stride;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int g = warp; g < G; g += nw) {
+        const float *pg = p0 + (size_t)g * n_splits * stride;
+        float M = -INFINITY;
+        for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, __ldcg(pg + s * stride + HD));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0;
+        for (int s = lane; s < n_splits; s += 32) {
+            float m = __ldcg(pg + s * stride + HD), w = m > -INFINITY ? expf(m - M) : 0.0f;
+            sw[g * n_splits + s] = w;
+            L += w * __ldcg(pg + s * stride + HD + 1);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) sw[G * n_splits + g] = 1.0f / L;
+    }
+    __syncthreads();
+    if (HD % 4 == 0) { /* four floats a load, four splits' loads at a time */
+        int n4 = HD / 4;
+        for (int i = threadIdx.x; i < G * n4; i += blockDim.x) {
+            int g = i / n4, d4 = i % n4;
+            const float *pg = p0 + (size_t)g * n_splits * stride + d4 * 4;
+            const float *wg = sw + g * n_splits;
+            float4 a = make_float4(0, 0, 0, 0);
+            int s = 0;
+#pragma unroll 2
+            for (; s + 4 <= n_splits; s += 4) {
+                float4 v[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[k] = __ldcg((const float4 *)(pg + (s + k) * stride));
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float wk = wg[s + k];
+                    a.x += wk * v[k].x, a.y += wk * v[k].y, a.z += wk * v[k].z, a.w += wk * v[k].w;
+                }
+            }
+            for (; s < n_splits; s++) {
+                float4 v = __ldcg((const float4 *)(pg + s * stride));
+                float wk = wg[s];
+                a.x += wk * v.x, a.y += wk * v.y, a.z += wk * v.z, a.w += wk * v.w;
+            }
+            float inv = sw[G * n_splits + g];
+            a.x *= inv, a.y *= inv, a.z *= inv, a.w *= inv;
+            *(float4 *)(out + ((size_t)t * n_heads + (size_t)kvh * G + g) * HD + d4 * 4) = a;
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        int g = i / HD, dd = i % HD;
+        const float *pg = p0 + (size_t)g * n_splits * stride + dd;
+        const float *wg = sw + g * n_splits;
+        float a0 = 0;
+        for (int s = 0; s < n_splits; s++) a0 += wg[s] * __ldcg(pg + s * stride);
+        out[((size_t)t * n_heads + (size_t)kvh * G + g) * HD + dd] = a0 * sw[G * n_splits + g];
+    }
+}
+
 /* Partial results: [T][n_heads][n_splits] of head_dim sums, then max, sum. */
 template <int GMAX, int DPT>
-__global__ void __launch_bounds__(ATT_THREADS) k_attn_split(float *part, const float *q, cu_kv kv, int layer,
-                                                            cu_kv_batch b, int n_heads, int G, float scale, int n_splits) {
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_split(float *out, float *part, int *count, const float *q, cu_kv kv,
+                                                            int layer, cu_kv_batch b, int n_heads, int G, float scale,
+                                                            int n_splits) {
     int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int HD = kv.head_dim;
     extern __shared__ float smem[];
@@ -275,7 +405,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_split(float *part, const f
             }
         }
     __syncthreads();
-    size_t stride = (size_t)HD + 2;
+    size_t stride = ATT_PSTRIDE(HD);
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         int g = i / HD, dd = i % HD;
         float s = 0;
@@ -288,26 +418,41 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_split(float *part, const f
         o[HD] = sm_m[tid];
         o[HD + 1] = sm_l[tid];
     }
+    attn_merge_last(out, part, count, t, kvh, G, n_heads, HD, n_splits, sm_a + GMAX);
 }
 
 /* The same for caches of f16, bf16 or f32 keys and values with head_dim a
  * multiple of 8 whose rows split into a power-of-two count of 16-byte pieces
- * (L = head_dim / 8 lanes per key): L lanes share a key, each loading 8 of
- * its elements at once, so a warp reads whole rows; 128 / L keys at a time,
- * two passes' loads in flight before they are used. */
-template <int TYPE>
-__device__ __forceinline__ void row8(const uint8_t *row, int sub, float *v) {
-    if (TYPE == KVLM_CACHE_F32) {
-        const float4 *p = (const float4 *)(row + (size_t)sub * 32);
-        float4 a = __ldg(p), b = __ldg(p + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+ * (L = head_dim / 8 lanes per key, each holding 8 of its elements): P = 128
+ * / L key slots, each taking KPT keys a pass: a pass's K and V pieces are
+ * loaded while the pass before computes (and the block numbers of the pass
+ * after while they load). Each slot keeps its own running max, sum and
+ * weighted values (online softmax), so a pass needs no barrier; the slots
+ * are merged at the end, within each warp by shuffles, then across warps. */
+template <int TY>
+struct kv_piece {
+    uint4 w[TY == KVLM_CACHE_F32 ? 2 : 1];
+};
+
+template <int TY>
+__device__ __forceinline__ void piece_load(kv_piece<TY> &p, const uint8_t *row, int sub) {
+    const uint4 *src = (const uint4 *)(row + (size_t)sub * sizeof(kv_piece<TY>));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof p.w / sizeof p.w[0]); i++) p.w[i] = __ldg(src + i);
+}
+
+template <int TY>
+__device__ __forceinline__ void piece_float(const kv_piece<TY> &p, float *v) {
+    if (TY == KVLM_CACHE_F32) {
+        const float *f = (const float *)p.w;
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = f[e];
     } else {
-        int4 a = __ldg((const int4 *)(row + (size_t)sub * 16));
-        uint32_t u[4] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w};
+        const uint32_t *u = (const uint32_t *)p.w;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            if (TYPE == KVLM_CACHE_F16) {
-                float2 f = __half22float2(*(__half2 *)&u[k]);
+            if (TY == KVLM_CACHE_F16) {
+                float2 f = __half22float2(*(const __half2 *)&u[k]);
                 v[2 * k] = f.x, v[2 * k + 1] = f.y;
             } else {
                 v[2 * k] = __uint_as_float(u[k] << 16);
@@ -317,169 +462,180 @@ __device__ __forceinline__ void row8(const uint8_t *row, int sub, float *v) {
     }
 }
 
-template <int GMAX, int KT, int VT>
-__global__ void __launch_bounds__(ATT_THREADS) k_attn_split_vec(float *part, const float *q, cu_kv kv, int layer,
-                                                                cu_kv_batch b, int n_heads, int G, float scale,
-                                                                int n_splits) {
+template <int GMAX, int TY, int KPT>
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_vec(float *out, float *part, int *count, const float *q, cu_kv kv,
+                                                          int layer, cu_kv_batch b, int n_heads, int G, float scale,
+                                                          int n_splits) {
     int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int HD = kv.head_dim, L = HD / 8, P = ATT_THREADS / L;
-    const int sub = tid % L, slot = tid / L;
+    const int HD = kv.head_dim, L = HD / 8, P = ATT_THREADS / L, bs = kv.block_size;
+    const int sub = tid % L, slot = tid / L, warp = tid >> 5, lane = tid & 31;
     extern __shared__ float smem[];
-    float *sq = smem;                 /* [G][HD] */
-    float *ss = sq + G * HD;          /* [G][ATT_TILE] */
-    float *red = ss + G * ATT_TILE;   /* [4 warps][G][HD] */
-    float *sm_m = red + 4 * G * HD, *sm_l = sm_m + GMAX, *sm_a = sm_l + GMAX;
+    float *sq = smem;                   /* [G][HD] scaled queries */
+    float *red = sq + G * HD;           /* [4 warps][G][HD + 2] */
+    float *sw = red + 4 * G * (HD + 2); /* the merge's weights */
     int p = b.pos[t], n_keys = p + 1;
     int per = (n_keys + n_splits - 1) / n_splits;
     int k_begin = split * per, k_end = min(n_keys, k_begin + per);
     for (int i = tid; i < G * HD; i += ATT_THREADS) sq[i] = q[((size_t)t * n_heads + (size_t)kvh * G) * HD + i] * scale;
-    if (tid < G) {
-        sm_m[tid] = -INFINITY;
-        sm_l[tid] = 0;
-    }
     const int32_t *table = b.tables + b.table_at[t];
-    const size_t krow = kv_row_bytes(KT, HD), vrow = kv_row_bytes(VT, HD);
-    const size_t head_off = ((size_t)layer * kv.n_kv_heads + kvh) * kv.head_bytes;
-    float acc[GMAX][8];
+    const size_t row_b = kv_row_bytes(TY, HD);
+    const uint8_t *head = kv.base + ((size_t)layer * kv.n_kv_heads + kvh) * kv.head_bytes;
+    const int step = KPT * P;
+    float m[GMAX], l[GMAX], acc[GMAX][8];
 #pragma unroll
-    for (int g = 0; g < GMAX; g++)
+    for (int g = 0; g < GMAX; g++) {
+        m[g] = -INFINITY, l[g] = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[g][e] = 0;
-    for (int k0 = k_begin; k0 < k_end; k0 += ATT_TILE) {
-        int n = min(ATT_TILE, k_end - k0);
-        __syncthreads();
-        /* scores: keys j = slot, slot + P, ...; two rows' loads at a time */
-        for (int j = slot; j < ATT_TILE; j += 2 * P) {
-            float k0v[8], k1v[8];
-            int ja = j, jb = j + P;
-            bool va = ja < n, vb = jb < n;
-            if (va) {
-                int key = k0 + ja;
-                row8<KT>(kv.base + (size_t)table[key / kv.block_size] * kv.block_bytes + head_off +
-                             (size_t)(key % kv.block_size) * krow, sub, k0v);
+    }
+    /* keys of pass n: base_n + slot + i P. Pass n's pieces are loaded while
+     * pass n - 1 computes, pass n + 1's block numbers while pass n loads. */
+    int32_t blk[KPT];
+    kv_piece<TY> kn[KPT], vn[KPT];
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        int key = k_begin + slot + i * P;
+        blk[i] = key < k_end ? __ldg(table + key / bs) : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        int key = k_begin + slot + i * P;
+        if (key < k_end) {
+            const uint8_t *r = head + (size_t)blk[i] * kv.block_bytes + (size_t)(key % bs) * row_b;
+            piece_load<TY>(kn[i], r, sub);
+            piece_load<TY>(vn[i], r + kv.v_offset, sub);
+        } else kn[i] = vn[i] = kv_piece<TY>{};
+    }
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        int key = k_begin + step + slot + i * P;
+        blk[i] = key < k_end ? __ldg(table + key / bs) : 0;
+    }
+    __syncthreads(); /* the queries are in */
+    for (int base = k_begin; base < k_end; base += step) {
+        kv_piece<TY> kp[KPT], vp[KPT];
+        bool ok[KPT];
+#pragma unroll
+        for (int i = 0; i < KPT; i++) {
+            kp[i] = kn[i], vp[i] = vn[i];
+            ok[i] = base + slot + i * P < k_end;
+        }
+        /* the next pass's pieces, then the one after's block numbers */
+#pragma unroll
+        for (int i = 0; i < KPT; i++) {
+            int key = base + step + slot + i * P;
+            if (key < k_end) {
+                const uint8_t *r = head + (size_t)blk[i] * kv.block_bytes + (size_t)(key % bs) * row_b;
+                piece_load<TY>(kn[i], r, sub);
+                piece_load<TY>(vn[i], r + kv.v_offset, sub);
             }
-            if (vb) {
-                int key = k0 + jb;
-                row8<KT>(kv.base + (size_t)table[key / kv.block_size] * kv.block_bytes + head_off +
-                             (size_t)(key % kv.block_size) * krow, sub, k1v);
-            }
+        }
+#pragma unroll
+        for (int i = 0; i < KPT; i++) {
+            int key = base + 2 * step + slot + i * P;
+            blk[i] = key < k_end ? __ldg(table + key / bs) : 0;
+        }
+        float sc[GMAX][KPT];
+#pragma unroll
+        for (int i = 0; i < KPT; i++) {
+            float kf[8];
+            piece_float<TY>(kp[i], kf);
 #pragma unroll
             for (int g = 0; g < GMAX; g++) {
                 if (g >= G) break;
                 const float *qg = sq + g * HD + sub * 8;
-                float da = 0, db = 0;
+                float d = 0;
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    da += va ? qg[e] * k0v[e] : 0.0f;
-                    db += vb ? qg[e] * k1v[e] : 0.0f;
-                }
-                for (int o = L / 2; o > 0; o >>= 1) {
-                    da += __shfl_xor_sync(0xffffffffu, da, o);
-                    db += __shfl_xor_sync(0xffffffffu, db, o);
-                }
-                if (sub == 0) {
-                    if (va) ss[g * ATT_TILE + ja] = da;
-                    if (vb) ss[g * ATT_TILE + jb] = db;
-                }
+                for (int e = 0; e < 8; e++) d += qg[e] * kf[e];
+                sc[g][i] = d;
             }
         }
-        __syncthreads();
-        int warp = tid >> 5, lane = tid & 31;
-        for (int g = warp; g < G; g += ATT_THREADS / 32) {
-            float mx = -INFINITY;
-            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ss[g * ATT_TILE + j]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float m_old = sm_m[g], m_new = fmaxf(m_old, mx), sum = 0;
-            for (int j = lane; j < n; j += 32) {
-                float e = expf(ss[g * ATT_TILE + j] - m_new);
-                ss[g * ATT_TILE + j] = e;
-                sum += e;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane == 0) {
-                float a = expf(m_old - m_new);
-                sm_a[g] = a;
-                sm_l[g] = sm_l[g] * a + sum;
-                sm_m[g] = m_new;
-            }
-        }
-        __syncthreads();
 #pragma unroll
         for (int g = 0; g < GMAX; g++) {
             if (g >= G) break;
-            float a = sm_a[g];
+#pragma unroll
+            for (int i = 0; i < KPT; i++) {
+                float d = sc[g][i];
+                for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc[g][i] = ok[i] ? d : -INFINITY;
+            }
+        }
+        float vf[KPT][8];
+#pragma unroll
+        for (int i = 0; i < KPT; i++) piece_float<TY>(vp[i], vf[i]);
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) {
+            if (g >= G) break;
+            float mx = sc[g][0];
+#pragma unroll
+            for (int i = 1; i < KPT; i++) mx = fmaxf(mx, sc[g][i]);
+            float mn = fmaxf(m[g], mx);
+            if (mn == -INFINITY) continue; /* no key of this slot yet */
+            float a = __expf(m[g] - mn);
+            l[g] *= a;
 #pragma unroll
             for (int e = 0; e < 8; e++) acc[g][e] *= a;
-        }
-        for (int j = slot; j < n; j += 2 * P) {
-            float v0[8], v1[8];
-            int jb = j + P;
-            bool vb = jb < n;
-            int key = k0 + j;
-            row8<VT>(kv.base + (size_t)table[key / kv.block_size] * kv.block_bytes + head_off + kv.v_offset +
-                         (size_t)(key % kv.block_size) * vrow, sub, v0);
-            if (vb) {
-                key = k0 + jb;
-                row8<VT>(kv.base + (size_t)table[key / kv.block_size] * kv.block_bytes + head_off + kv.v_offset +
-                             (size_t)(key % kv.block_size) * vrow, sub, v1);
-            }
 #pragma unroll
-            for (int g = 0; g < GMAX; g++) {
-                if (g >= G) break;
-                float pa = ss[g * ATT_TILE + j], pb = vb ? ss[g * ATT_TILE + jb] : 0.0f;
+            for (int i = 0; i < KPT; i++) {
+                float pi = ok[i] ? __expf(sc[g][i] - mn) : 0.0f;
+                l[g] += pi;
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[g][e] += pa * v0[e] + (vb ? pb * v1[e] : 0.0f);
+                for (int e = 0; e < 8; e++) acc[g][e] += pi * vf[i][e];
             }
+            m[g] = mn;
         }
     }
-    /* sum the key slots: within the warp by shuffles, then the 4 warps */
-    int warp = tid >> 5, lane = tid & 31;
+    /* the slots of a warp, by shuffles (the partner has the same sub) */
+    for (int o = L; o < 32; o <<= 1) {
 #pragma unroll
-    for (int g = 0; g < GMAX; g++) {
-        if (g >= G) break;
+        for (int g = 0; g < GMAX; g++) {
+            if (g >= G) break;
+            float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+            float mn = fmaxf(m[g], m2);
+            float a = mn > -INFINITY ? expf(m[g] - mn) : 0.0f, a2 = mn > -INFINITY ? expf(m2 - mn) : 0.0f;
+            l[g] = l[g] * a + l2 * a2;
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float v = acc[g][e];
-            for (int o = L; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane < L) red[((size_t)warp * G + g) * HD + sub * 8 + e] = v;
+            for (int e = 0; e < 8; e++) {
+                float x2 = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                acc[g][e] = acc[g][e] * a + x2 * a2;
+            }
+            m[g] = mn;
         }
     }
+    const size_t rs = (size_t)HD + 2;
+    if (lane < L)
+#pragma unroll
+        for (int g = 0; g < GMAX; g++) {
+            if (g >= G) break;
+            float *rg = red + ((size_t)warp * G + g) * rs;
+#pragma unroll
+            for (int e = 0; e < 8; e++) rg[sub * 8 + e] = acc[g][e];
+            if (lane == 0) rg[HD] = m[g], rg[HD + 1] = l[g];
+        }
     __syncthreads();
-    size_t stride = (size_t)HD + 2;
+    /* the 4 warps: this split's result, or the answer when it is the only one */
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         int g = i / HD, dd = i % HD;
-        float s = red[(size_t)g * HD + dd] + red[((size_t)G + g) * HD + dd] + red[((size_t)2 * G + g) * HD + dd] +
-                  red[((size_t)3 * G + g) * HD + dd];
-        part[(((size_t)t * n_heads + (size_t)kvh * G + g) * n_splits + split) * stride + dd] = s;
-    }
-    if (tid < G) {
-        float *o = part + (((size_t)t * n_heads + (size_t)kvh * G + tid) * n_splits + split) * stride;
-        o[HD] = sm_m[tid];
-        o[HD + 1] = sm_l[tid];
-    }
-}
-
-__global__ void k_attn_merge(float *out, const float *part, int n_heads, int hd, int n_splits) {
-    int th = blockIdx.x; /* token * n_heads + head */
-    size_t stride = (size_t)hd + 2;
-    const float *p = part + (size_t)th * n_splits * stride;
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, p[s * stride + hd]);
-    float L = 0;
-    for (int s = 0; s < n_splits; s++) {
-        float m = p[s * stride + hd];
-        if (m > -INFINITY) L += p[s * stride + hd + 1] * expf(m - M);
-    }
-    for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-        float acc = 0;
-        for (int s = 0; s < n_splits; s++) {
-            float m = p[s * stride + hd];
-            if (m > -INFINITY) acc += p[s * stride + dd] * expf(m - M);
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 4; w++) M = fmaxf(M, red[((size_t)w * G + g) * rs + HD]);
+        float sum = 0, v = 0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float *rg = red + ((size_t)w * G + g) * rs;
+            float a = rg[HD] > -INFINITY ? expf(rg[HD] - M) : 0.0f;
+            sum += a * rg[HD + 1];
+            v += a * rg[dd];
         }
-        out[(size_t)th * hd + dd] = acc / L;
+        if (n_splits == 1) {
+            out[((size_t)t * n_heads + (size_t)kvh * G + g) * HD + dd] = v / sum;
+        } else {
+            float *o = part + (((size_t)t * n_heads + (size_t)kvh * G + g) * n_splits + split) * ATT_PSTRIDE(HD);
+            o[dd] = v;
+            if (dd == 0) o[HD] = M, o[HD + 1] = sum;
+        }
     }
+    if (n_splits > 1) attn_merge_last(out, part, count, t, kvh, G, n_heads, HD, n_splits, sw);
 }
 
 /* The work buffer holds max(max_T, ATT_PART_ROWS) token-splits per head. */
@@ -488,16 +644,18 @@ __global__ void k_attn_merge(float *out, const float *part, int n_heads, int hd,
 size_t cu_attention_work_bytes(int max_T, int n_heads, int n_kv_heads, int head_dim) {
     (void)n_kv_heads;
     size_t rows = (size_t)(max_T > ATT_PART_ROWS ? max_T : ATT_PART_ROWS);
-    return rows * n_heads * ((size_t)head_dim + 2) * sizeof(float);
+    return rows * n_heads * ATT_PSTRIDE(head_dim) * sizeof(float);
 }
 
 template <int GMAX, int DPT>
-static void launch_split(cu_dev *d, float *part, const float *q, const cu_kv *kv, int layer, const cu_kv_batch *b,
-                         int n_heads, int G, float scale, int n_splits) {
+static void launch_split(cu_dev *d, float *out, float *part, const float *q, const cu_kv *kv, int layer,
+                         const cu_kv_batch *b, int n_heads, int G, float scale, int n_splits) {
     dim3 grid(n_splits, kv->n_kv_heads, b->T);
     int hd = kv->head_dim;
-    size_t sm = ((size_t)G * hd + (size_t)G * (hd > ATT_TILE ? hd : ATT_TILE) + 3 * GMAX) * sizeof(float);
-    k_attn_split<GMAX, DPT><<<grid, ATT_THREADS, sm, d->stream>>>(part, q, *kv, layer, *b, n_heads, G, scale, n_splits);
+    size_t sm = ((size_t)G * hd + (size_t)G * (hd > ATT_TILE ? hd : ATT_TILE) + 3 * GMAX + (size_t)G * (n_splits + 1)) *
+                sizeof(float);
+    k_attn_split<GMAX, DPT><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G,
+                                                                   scale, n_splits);
 }
 
 void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int layer, const cu_kv_batch *b, int n_heads,
@@ -508,26 +666,37 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         cu_note(d, cudaErrorInvalidValue, "attention: head_dim over 256 or more than 16 query heads per KV head");
         return;
     }
+    if ((size_t)T * kv->n_kv_heads > ATT_COUNT_MAX) {
+        cu_note(d, cudaErrorInvalidValue, "attention: more than 65536 token x KV head pairs in one batch");
+        return;
+    }
+    /* the vector kernel: 16-byte rows of a power-of-two count of pieces,
+     * float element types, K and V of one type, at most 8 heads a group */
+    int L = hd / 8;
+    bool fl = kv->k_type == KVLM_CACHE_F16 || kv->k_type == KVLM_CACHE_BF16 || kv->k_type == KVLM_CACHE_F32;
+    bool vec = fl && kv->k_type == kv->v_type && hd % 8 == 0 && L <= 32 && (L & (L - 1)) == 0 && G <= 8;
+    /* shared memory before the merge's weights (floats) */
+    size_t sm_base = vec ? (size_t)G * hd + 4 * (size_t)G * (hd + 2)
+                         : (size_t)G * hd + (size_t)G * (hd > ATT_TILE ? hd : ATT_TILE) + 3 * 16;
     /* enough thread blocks to fill the GPU twice over, keys of at least 64
-     * per split, and no more parts than the work buffer holds */
+     * per split, no more parts than the work buffer holds, and the merge's
+     * weights within the default 48 KB of shared memory */
     int sms = d->prop.multiProcessorCount, max_keys = b->max_pos + 1;
-    int want = (2 * sms + T * kv->n_kv_heads - 1) / (T * kv->n_kv_heads);
+    int want = 2 * sms / (T * kv->n_kv_heads); /* one wave of two blocks an SM */
     int by_keys = (max_keys + 63) / 64;
     int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
+    int by_smem = (int)((48 * 1024 / sizeof(float) - sm_base) / G) - 1;
     int n_splits = want < by_keys ? want : by_keys;
     if (n_splits > cap) n_splits = cap;
+    if (n_splits > by_smem) n_splits = by_smem;
     if (n_splits < 1) n_splits = 1;
     float *part = (float *)work;
-    /* the vector kernel: 16-byte rows of a power-of-two count of pieces,
-     * float element types, shared memory within the default 48 KB */
-    int L = hd / 8;
-    bool fl_k = kv->k_type == KVLM_CACHE_F16 || kv->k_type == KVLM_CACHE_BF16 || kv->k_type == KVLM_CACHE_F32;
-    bool fl_v = kv->v_type == KVLM_CACHE_F16 || kv->v_type == KVLM_CACHE_BF16 || kv->v_type == KVLM_CACHE_F32;
-    size_t vec_sm = ((size_t)G * hd + (size_t)G * ATT_TILE + 4 * (size_t)G * hd + 48) * sizeof(float);
-    if (fl_k && fl_v && kv->k_type == kv->v_type && hd % 8 == 0 && L <= 32 && (L & (L - 1)) == 0 &&
-        vec_sm <= 48 * 1024 && G <= 8) {
+    if (vec) {
         dim3 grid(n_splits, kv->n_kv_heads, T);
-#define LV(GM, TY) k_attn_split_vec<GM, TY, TY><<<grid, ATT_THREADS, vec_sm, d->stream>>>(part, q, *kv, layer, *b, n_heads, G, scale, n_splits)
+        size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
+#define LV(GM, TY)                                                                                                  \
+    k_attn_vec<GM, TY, (GM >= 8 ? 2 : 4)><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G, \
+                                                             scale, n_splits)
 #define LVT(TY) \
     if (G <= 1) LV(1, TY); \
     else if (G <= 2) LV(2, TY); \
@@ -538,13 +707,11 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         else { LVT(KVLM_CACHE_F32) }
 #undef LVT
 #undef LV
-        CU_LAUNCHED(d, "attention (split, vector)");
-        k_attn_merge<<<T * n_heads, hd < 32 ? 32 : (hd > 256 ? 256 : hd), 0, d->stream>>>(out, part, n_heads, hd, n_splits);
-        CU_LAUNCHED(d, "attention (merge)");
+        CU_LAUNCHED(d, "attention (vector)");
         return;
     }
     int dpt = hd > ATT_THREADS ? 2 : 1;
-#define L(GM, DP) launch_split<GM, DP>(d, part, q, kv, layer, b, n_heads, G, scale, n_splits)
+#define L(GM, DP) launch_split<GM, DP>(d, out, part, q, kv, layer, b, n_heads, G, scale, n_splits)
     if (dpt == 1) {
         if (G <= 1) L(1, 1);
         else if (G <= 2) L(2, 1);
@@ -559,7 +726,5 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         else L(16, 2);
     }
 #undef L
-    CU_LAUNCHED(d, "attention (split)");
-    k_attn_merge<<<T * n_heads, hd < 32 ? 32 : (hd > 256 ? 256 : hd), 0, d->stream>>>(out, part, n_heads, hd, n_splits);
-    CU_LAUNCHED(d, "attention (merge)");
+    CU_LAUNCHED(d, "attention");
 }

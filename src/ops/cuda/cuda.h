@@ -59,9 +59,11 @@ size_t cu_weight_bytes(int type, int64_t n_in, int64_t n_out);
 /* x[t] = row tokens[t] of the embedding table (dequantized). */
 void cu_embed(cu_dev *d, float *x, const cu_weight *emb, const int32_t *tokens, int T);
 /* For each of n rows: if add, x[r] += add[r] (kept); out[i] = rmsnorm(x[r]) * w,
- * r = rows ? rows[i] : i. */
+ * r = rows ? rows[i] : i. next: the weight the next cu_matmul of out
+ * multiplies (or NULL); when that product takes 8-bit activations, the rows
+ * are quantized here too, and the product skips its own quantizing pass. */
 void cu_rmsnorm(cu_dev *d, float *out, float *x, const float *add, const float *w, const int32_t *rows, int n,
-                int dim, float eps);
+                int dim, float eps, const cu_weight *next);
 /* Y[T][n_out] = X[T][n_in] W^T. Few rows: one pass over W in its own type
  * (matrix-vector kernels); many: W dequantized to f16 and cuBLAS's GEMM
  * (F32 weights: SGEMM on the f32 activations). */
@@ -74,12 +76,8 @@ void cu_matmul_n(cu_dev *d, float *const *ys, const float *x, const cu_weight *c
  * GEMM path at small sizes. */
 int cu_matmul_gemm_min_rows(cu_dev *d);
 void cu_set_matmul_gemm_min_rows(cu_dev *d, int t);
-/* q, k: biases (may be NULL) then RoPE at each token's position; v: bias. */
-void cu_qkv_post(cu_dev *d, float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
-                 const int32_t *pos, int T, int n_heads, int n_kv_heads, int head_dim, int rope_dim,
-                 float rope_base, bool neox);
-/* gate[i] = silu(gate[i]) * up[i] */
-void cu_swiglu(cu_dev *d, float *gate, const float *up, size_t n);
+/* gate[i] = silu(gate[i]) * up[i] over T rows of n; next as for cu_rmsnorm. */
+void cu_swiglu(cu_dev *d, float *gate, const float *up, int T, int n, const cu_weight *next);
 
 /* The paged KV cache in device memory, laid out as kv/paged lays it out on
  * the host: block b's (layer, KV head) K region at
@@ -98,9 +96,12 @@ typedef struct {
     int T;
     int max_pos; /* the largest pos[t] */
 } cu_kv_batch;
-/* Writes each token's key and value rows (converted to the cache's types)
- * into its slot of the layer. */
-void cu_kv_store(cu_dev *d, const cu_kv *kv, int layer, const cu_kv_batch *b, const float *k, const float *v);
+/* Per token of the batch: the biases of q, k, v (each may be NULL), RoPE of
+ * q and k at its position (angles in double, as ops/rope.c), then its key and
+ * value rows into its slot of the layer, converted to the cache's types. */
+void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
+                       int n_heads, int rope_dim, float rope_base, bool neox, const cu_kv *kv, int layer,
+                       const cu_kv_batch *b);
 /* Causal attention of every token of the batch over its sequence's cached
  * keys and values up to its position (flash-decoding: each token's keys
  * split across thread blocks, partial softmaxes merged by their

@@ -27,8 +27,14 @@ struct cu_dev {
     int gemm_min;
     int8_t *xq;                   /* matvec of Q8_0/Q4_0 weights: activations quantized to 8 bits */
     float *xqd;                   /* ... one scale per 32 (allocated at open: graph capture cannot) */
+    float *xqs;                   /* ... and each group's sum of its dequantized elements (K-quants' mins) */
+    const float *xq_of;           /* the float rows whose 8-bit version xq holds now (fused into a norm or SwiGLU), */
+    int xq_rows;                  /* ... and how many, until a product uses them */
     int xq_disabled;              /* KVLM_CUDA_DP4A=0: the float kernels instead (for comparison) */
+    int *att_count;               /* attention: per (token, KV head), the splits done (zero between launches) */
 };
+/* The attention counters' room: tokens x KV heads of one launch. */
+#define ATT_COUNT_MAX (1 << 16)
 /* The 8-bit activations' room: up to 8 rows of up to XQ_MAX_IN elements. */
 #define XQ_MAX_IN 65536
 

@@ -68,11 +68,27 @@ cu_dev *cu_open(int device, kvlm_error *err) {
     const char *dp = getenv("KVLM_CUDA_DP4A");
     d->xq_disabled = dp && !strcmp(dp, "0");
     if (cudaMalloc((void **)&d->xq, 8 * (size_t)XQ_MAX_IN) != cudaSuccess ||
-        cudaMalloc((void **)&d->xqd, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess) {
+        cudaMalloc((void **)&d->xqd, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&d->xqs, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess) {
         cudaGetLastError();
         cudaFree(d->xq);
-        d->xq = NULL;
-        d->xqd = NULL; /* the float kernels then */
+        cudaFree(d->xqd);
+        cudaFree(d->xqs);
+        d->xq = NULL; /* the float kernels then */
+        d->xqd = d->xqs = NULL;
+    }
+    if (cudaMalloc((void **)&d->att_count, ATT_COUNT_MAX * sizeof(int)) != cudaSuccess ||
+        cudaMemset(d->att_count, 0, ATT_COUNT_MAX * sizeof(int)) != cudaSuccess) {
+        set_err(err, KVLM_ENOMEM, "CUDA: out of device memory%s%s", "", "");
+        cudaGetLastError();
+        cudaFree(d->att_count);
+        cudaFree(d->xq);
+        cudaFree(d->xqd);
+        cudaFree(d->xqs);
+        cublasDestroy(d->blas);
+        cudaStreamDestroy(d->stream);
+        free(d);
+        return NULL;
     }
     return d;
 }
@@ -85,6 +101,8 @@ void cu_close(cu_dev *d) {
     cudaFree(d->xscratch);
     cudaFree(d->xq);
     cudaFree(d->xqd);
+    cudaFree(d->xqs);
+    cudaFree(d->att_count);
     cudaFreeHost(d->pinned);
     cublasDestroy(d->blas);
     cudaStreamDestroy(d->stream);

@@ -1,7 +1,8 @@
 /* ops/cuda/kernels: the forward pass's kernels other than attention:
  * embedding, rmsnorm (with the residual add), matmul (matrix-vector kernels
  * that read each weight once for up to 8 rows; above that the weight
- * dequantized to f16 and cuBLAS's GEMM), bias + RoPE, SwiGLU. */
+ * dequantized to f16 and cuBLAS's GEMM), SwiGLU. (Bias + RoPE go with the
+ * cache writes, in attention.cu.) */
 #include <math.h>
 #include <string.h>
 #include "ops/cuda/cuda_internal.cuh"
@@ -58,38 +59,133 @@ void cu_embed(cu_dev *d, float *x, const cu_weight *emb, const int32_t *tokens, 
     CU_LAUNCHED(d, "embedding");
 }
 
+/* ---- 8-bit activations (Q8_0, Q4_0 and Q4_K products with dp4a) ---- */
+
+/* Whether cu_matmul of w over T rows takes a dp4a kernel, whose input is x
+ * quantized in groups of 32 (one scale each, and each group's sum). */
+static bool dp4a_for(const cu_dev *d, const cu_weight *w, int T) {
+    return T < d->gemm_min && T <= 8 && (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K) && d->xq &&
+           !d->xq_disabled && w->n_in <= XQ_MAX_IN && w->n_in % (w->type == CT_Q4_K ? 256 : 32) == 0;
+}
+
+/* Group of 32 quantized as k_quant_x does, from the 4 values each of 8
+ * consecutive lanes hold (lane & 7 == 0 the first): the packed bytes, and
+ * the group's scale and sum of its dequantized elements. */
+__device__ __forceinline__ int quant4_of8(float4 o, float &d, float &sum) {
+    float a = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+    for (int k = 1; k < 8; k <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, k));
+    d = a / 127.0f;
+    float id = a > 0 ? 127.0f / a : 0.0f;
+    int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id), q2 = __float2int_rn(o.z * id),
+        q3 = __float2int_rn(o.w * id), s = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int k = 1; k < 8; k <<= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
+    sum = d * (float)s;
+    return (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((int)(unsigned)q3 << 24);
+}
+
 /* ---- rmsnorm ---- */
 
-__global__ void k_rmsnorm(float *out, float *x, const float *add, const float *w, const int32_t *rows, int dim,
-                          float eps) {
+/* One block per row. Every load is issued before the first store (the
+ * residual's add writes x back), four floats at a time: a row's loads in
+ * flight together instead of one round trip per pass of the loop. V: the
+ * float4s each thread holds (dim <= 4 * V * RN_THREADS); V = 0 for rows
+ * that are not whole float4s or longer, element by element. */
+#define RN_THREADS 256
+
+__device__ __forceinline__ float block_sum(float v, float *part) {
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float u = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0;
+        u = warp_sum(u);
+        if (threadIdx.x == 0) part[0] = u;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+template <int V, bool QX>
+__global__ void __launch_bounds__(RN_THREADS) k_rmsnorm(float *out, float *x, const float *add, const float *w,
+                                                        const int32_t *rows, int dim, float eps, int8_t *xq, float *xd,
+                                                        float *xs) {
+    __shared__ float part[32];
     int i = blockIdx.x, r = rows ? rows[i] : i;
     float *xr = x + (size_t)r * dim;
     const float *ar = add ? add + (size_t)r * dim : NULL;
     float ss = 0;
-    for (int k = threadIdx.x; k < dim; k += blockDim.x) {
-        float v = xr[k];
-        if (ar) xr[k] = v = v + ar[k];
-        ss += v * v;
+    if (V > 0) {
+        int n4 = dim / 4;
+        float4 v[V > 0 ? V : 1], a[V > 0 ? V : 1];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int k = threadIdx.x + j * RN_THREADS;
+            v[j] = k < n4 ? ((const float4 *)xr)[k] : make_float4(0, 0, 0, 0);
+            a[j] = ar && k < n4 ? ((const float4 *)ar)[k] : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int k = threadIdx.x + j * RN_THREADS;
+            if (ar) {
+                v[j].x += a[j].x, v[j].y += a[j].y, v[j].z += a[j].z, v[j].w += a[j].w;
+                if (k < n4) ((float4 *)xr)[k] = v[j];
+            }
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, part) / dim + eps);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int k = threadIdx.x + j * RN_THREADS;
+            float4 o = make_float4(0, 0, 0, 0);
+            if (k < n4) {
+                float4 wv = ((const float4 *)w)[k];
+                o.x = v[j].x * inv * wv.x, o.y = v[j].y * inv * wv.y, o.z = v[j].z * inv * wv.z, o.w = v[j].w * inv * wv.w;
+                ((float4 *)(out + (size_t)i * dim))[k] = o;
+            }
+            if (QX) { /* dim is whole groups: a group's 8 lanes are all in or all out */
+                float gd, gs;
+                int packed = quant4_of8(o, gd, gs);
+                if (k < n4) {
+                    ((int *)(xq + (size_t)i * dim))[k] = packed;
+                    if ((threadIdx.x & 7) == 0) {
+                        size_t g = (size_t)i * (dim / 32) + k / 8;
+                        xd[g] = gd, xs[g] = gs;
+                    }
+                }
+            }
+        }
+    } else {
+        for (int k = threadIdx.x; k < dim; k += blockDim.x) {
+            float v = xr[k];
+            if (ar) xr[k] = v = v + ar[k];
+            ss += v * v;
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, part) / dim + eps);
+        for (int k = threadIdx.x; k < dim; k += blockDim.x) out[(size_t)i * dim + k] = xr[k] * inv * w[k];
     }
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(part[0] / dim + eps);
-    for (int k = threadIdx.x; k < dim; k += blockDim.x) out[(size_t)i * dim + k] = xr[k] * inv * w[k];
 }
 
 void cu_rmsnorm(cu_dev *d, float *out, float *x, const float *add, const float *w, const int32_t *rows, int n,
-                int dim, float eps) {
+                int dim, float eps, const cu_weight *next) {
+    d->xq_of = NULL;
     if (n <= 0) return;
-    k_rmsnorm<<<n, 256, 0, d->stream>>>(out, x, add, w, rows, dim, eps);
+    int n4 = dim % 4 == 0 ? dim / 4 : 1 << 30;
+    bool qx = next && dim % 32 == 0 && n4 <= 8 * RN_THREADS && next->n_in == dim && dp4a_for(d, next, n);
+#define RN(V, Q) k_rmsnorm<V, Q><<<n, RN_THREADS, 0, d->stream>>>(out, x, add, w, rows, dim, eps, d->xq, d->xqd, d->xqs)
+#define RNV(Q)                                       \
+    if (n4 <= RN_THREADS) RN(1, Q);                  \
+    else if (n4 <= 2 * RN_THREADS) RN(2, Q);         \
+    else if (n4 <= 4 * RN_THREADS) RN(4, Q);         \
+    else if (n4 <= 8 * RN_THREADS) RN(8, Q);         \
+    else RN(0, false);
+    if (qx) { RNV(true) }
+    else { RNV(false) }
+#undef RNV
+#undef RN
     CU_LAUNCHED(d, "rmsnorm");
+    if (qx) d->xq_of = out, d->xq_rows = n;
 }
 
 /* ---- matmul: matrix-vector kernels (T <= 8) ----
@@ -300,15 +396,18 @@ __global__ void __launch_bounds__(MV_THREADS) k_matvec_float(mv_jobs J, const fl
  * dot product in integers with dp4a, scaled once. A lane reads a group's 32
  * weights (8 words) and the T rows' 32 activations (8 words each): a quarter
  * of the float activations' bytes. */
-__global__ void k_quant_x(int8_t *xq, float *xd, const float *x, int n_groups) {
+__global__ void k_quant_x(int8_t *xq, float *xd, float *xs, const float *x, int n_groups) {
     int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (g >= n_groups) return;
     float v = x[(size_t)g * 32 + lane], a = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     float d = a / 127.0f, id = a > 0 ? 127.0f / a : 0.0f;
-    xq[(size_t)g * 32 + lane] = (int8_t)__float2int_rn(v * id);
-    if (lane == 0) xd[g] = d;
+    int q = __float2int_rn(v * id), sum = q;
+    xq[(size_t)g * 32 + lane] = (int8_t)q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xd[g] = d, xs[g] = d * (float)sum;
 }
 
 /* The 8 words of group g of row r as signed bytes in element order, and its scale. */
@@ -372,13 +471,99 @@ __global__ void __launch_bounds__(MV_THREADS)
     mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
 }
 
+
+/* Q4_K with 8-bit activations: a lane takes 64 elements of a super-block
+ * (its groups 2u and 2u + 1, whose quants share 32 bytes: low nibbles the
+ * first, high the second) and the super-block's 16-byte head (d, dmin, the
+ * 12 bytes of 6-bit scales and mins, read by the 4 lanes of the super-block
+ * at once). Each group: d sc_j xd_g dot(q, xq) - dmin m_j (xd_g sum xq). */
+__device__ __forceinline__ int q4k_byte(uint32_t s0, uint32_t s1, uint32_t s2, int k) {
+    uint32_t w = k < 4 ? s0 : k < 8 ? s1 : s2;
+    return (int)((w >> (8 * (k & 3))) & 0xff);
+}
+
+__device__ __forceinline__ void q4k_sm(uint32_t s0, uint32_t s1, uint32_t s2, int j, float &sc, float &m) {
+    if (j < 4) {
+        sc = (float)(q4k_byte(s0, s1, s2, j) & 63);
+        m = (float)(q4k_byte(s0, s1, s2, j + 4) & 63);
+    } else {
+        int hi = q4k_byte(s0, s1, s2, j + 4);
+        sc = (float)((hi & 0xf) | ((q4k_byte(s0, s1, s2, j - 4) >> 6) << 4));
+        m = (float)((hi >> 4) | ((q4k_byte(s0, s1, s2, j) >> 6) << 4));
+    }
+}
+
+template <int NT, int R>
+__global__ void __launch_bounds__(MV_THREADS)
+    k_matvec_q4k_dp4a(mv_jobs J, const int8_t *xq, const float *xd, const float *xsum, int T, int S) {
+    int row0, part, lane = threadIdx.x & 31;
+    int j = mv_job(J, S, R, row0, part);
+    const cu_wview &w = J.w[j];
+    int n_out = J.n_out[j], nu = w.n_in / 64, ng = w.n_in / 32, step = 32 * S;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    for (int U = part * 32 + lane; U < nu; U += step) {
+        int sbi = U >> 2, u = U & 3, g0 = 2 * U;
+        int xs[NT][16];
+        float xd0[NT], xd1[NT], xs0[NT], xs1[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tt = t < T ? t : 0;
+            const int4 *xp = (const int4 *)(xq + (size_t)tt * w.n_in + (size_t)U * 64);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int4 a = __ldg(xp + i);
+                xs[t][4 * i] = a.x, xs[t][4 * i + 1] = a.y, xs[t][4 * i + 2] = a.z, xs[t][4 * i + 3] = a.w;
+            }
+            xd0[t] = __ldg(xd + (size_t)tt * ng + g0), xd1[t] = __ldg(xd + (size_t)tt * ng + g0 + 1);
+            xs0[t] = __ldg(xsum + (size_t)tt * ng + g0), xs1[t] = __ldg(xsum + (size_t)tt * ng + g0 + 1);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= n_out) break;
+            const uint8_t *sb = w.q + (size_t)(row0 + r) * w.row_bytes + (size_t)sbi * 144;
+            int4 h = __ldg((const int4 *)sb);
+            const int4 *qp = (const int4 *)(sb + 16 + u * 32);
+            int4 qa = __ldg(qp), qb = __ldg(qp + 1);
+            int q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            float2 dm = __half22float2(*(const __half2 *)&h.x);
+            float sc0, m0, sc1, m1;
+            q4k_sm((uint32_t)h.y, (uint32_t)h.z, (uint32_t)h.w, 2 * u, sc0, m0);
+            q4k_sm((uint32_t)h.y, (uint32_t)h.z, (uint32_t)h.w, 2 * u + 1, sc1, m1);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int d0 = 0, d1 = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    d0 = __dp4a(q[i] & 0x0f0f0f0f, xs[t][i], d0);
+                    d1 = __dp4a((q[i] >> 4) & 0x0f0f0f0f, xs[t][8 + i], d1);
+                }
+                acc[r][t] += dm.x * (sc0 * xd0[t] * (float)d0 + sc1 * xd1[t] * (float)d1) -
+                             dm.y * (m0 * xs0[t] + m1 * xs1[t]);
+            }
+        }
+    }
+    mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
+}
+
 template <int NT, int R>
 static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weight *const *ws, int n, int T) {
-    /* warps per row: enough warps in all to fill the SMs (32 each) */
+    const cu_weight *w = ws[0];
+    bool vec = w->n_in % 8 == 0;
+    bool dp4a = dp4a_for(d, w, T);
+    /* warps per row: enough warps in all to fill the SMs (32 each), but no
+     * more than a row's lanes' worth of units (a lane takes 64 elements of
+     * Q4_K with dp4a, 32 of the grouped types, 8 of float rows) */
+    int unit = dp4a && w->type == CT_Q4_K ? 64 : (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K ||
+                                                   w->type == CT_Q6_K) ? 32 : vec ? 8 : 1;
+    int s_max = w->n_in / unit / 32;
     size_t rows = 0;
     for (int i = 0; i < n; i++) rows += ((size_t)ws[i]->n_out + R - 1) / R;
     int want = 32 * d->prop.multiProcessorCount, S = 1;
-    while (S < MV_WARPS && rows * S < (size_t)want) S *= 2;
+    while (S < MV_WARPS && 2 * S <= s_max && rows * S < (size_t)want) S *= 2;
     mv_jobs J;
     memset(&J, 0, sizeof J);
     int blocks = 0, per_block = (MV_WARPS / S) * R;
@@ -392,16 +577,15 @@ static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weigh
         } else J.first_block[i] = 1 << 30;
     }
     J.first_block[MV_JOBS] = 1 << 30;
-    const cu_weight *w = ws[0];
-    bool vec = w->n_in % 8 == 0;
     dim3 grid(blocks), block(MV_THREADS);
-    bool dp4a = (w->type == CT_Q8_0 || w->type == CT_Q4_0) && d->xq && !d->xq_disabled && w->n_in <= XQ_MAX_IN &&
-                w->n_in % 32 == 0;
     if (dp4a) {
         int n_groups = T * (w->n_in / 32);
-        k_quant_x<<<(n_groups + 7) / 8, 256, 0, d->stream>>>(d->xq, d->xqd, x, n_groups);
+        if (d->xq_of != x || d->xq_rows != T) /* not quantized by the kernel that wrote x */
+            k_quant_x<<<(n_groups + 7) / 8, 256, 0, d->stream>>>(d->xq, d->xqd, d->xqs, x, n_groups);
+        d->xq_of = NULL;
         if (w->type == CT_Q8_0) k_matvec_dp4a<CT_Q8_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
-        else k_matvec_dp4a<CT_Q4_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
+        else if (w->type == CT_Q4_0) k_matvec_dp4a<CT_Q4_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
+        else k_matvec_q4k_dp4a<NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, d->xqs, T, S);
         CU_LAUNCHED(d, "matrix-vector product (dp4a)");
         return;
     }
@@ -525,53 +709,7 @@ void cu_matmul_n(cu_dev *d, float *const *ys, const float *x, const cu_weight *c
 
 void cu_matmul(cu_dev *d, float *y, const float *x, const cu_weight *w, int T) { cu_matmul_n(d, &y, x, &w, 1, T); }
 
-/* ---- bias + RoPE, SwiGLU ---- */
-
-/* Block per token; thread u < n_heads * half + n_kv_heads * half handles one
- * pair of a q or k head (bias, then rotation; pairs past rope_dim only the
- * bias); the v row's bias after. half = head_dim / 2. */
-__global__ void k_qkv_post(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
-                           const int32_t *pos, int n_heads, int n_kv_heads, int hd, int rope_dim, float base, bool neox) {
-    int t = blockIdx.x, half = hd / 2, rhalf = rope_dim / 2;
-    int p = pos[t];
-    int nq = n_heads * half, nk = n_kv_heads * half;
-    for (int u = threadIdx.x; u < nq + nk; u += blockDim.x) {
-        bool isq = u < nq;
-        int uu = isq ? u : u - nq, h = uu / half, i = uu % half;
-        float *row = (isq ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv_heads + h) * hd);
-        const float *b = isq ? (bq ? bq + h * hd : NULL) : (bk ? bk + h * hd : NULL);
-        int a, c;
-        if (i < rhalf) {
-            a = neox ? i : 2 * i;
-            c = neox ? i + rhalf : 2 * i + 1;
-        } else {
-            a = rope_dim + 2 * (i - rhalf);
-            c = a + 1;
-        }
-        float x0 = row[a], x1 = row[c];
-        if (b) x0 += b[a], x1 += b[c];
-        if (i < rhalf) {
-            double th = (double)p * pow((double)base, -2.0 * i / rope_dim);
-            float cs = (float)cos(th), sn = (float)sin(th);
-            row[a] = x0 * cs - x1 * sn;
-            row[c] = x0 * sn + x1 * cs;
-        } else {
-            row[a] = x0;
-            row[c] = x1;
-        }
-    }
-    if (bv)
-        for (int u = threadIdx.x; u < n_kv_heads * hd; u += blockDim.x) v[(size_t)t * n_kv_heads * hd + u] += bv[u];
-}
-
-void cu_qkv_post(cu_dev *d, float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
-                 const int32_t *pos, int T, int n_heads, int n_kv_heads, int head_dim, int rope_dim, float rope_base,
-                 bool neox) {
-    if (T <= 0) return;
-    k_qkv_post<<<T, 256, 0, d->stream>>>(q, k, v, bq, bk, bv, pos, n_heads, n_kv_heads, head_dim, rope_dim, rope_base,
-                                         neox);
-    CU_LAUNCHED(d, "bias and RoPE");
-}
+/* ---- SwiGLU ---- */
 
 __global__ void k_swiglu(float *g, const float *u, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -580,8 +718,36 @@ __global__ void k_swiglu(float *g, const float *u, size_t n) {
     }
 }
 
-void cu_swiglu(cu_dev *d, float *gate, const float *up, size_t n) {
-    if (!n) return;
-    k_swiglu<<<blocks_for(n, 256), 256, 0, d->stream>>>(gate, up, n);
+/* The same, four elements a lane, and each group of 32 quantized for the
+ * down product's dp4a kernel (n a multiple of 32). */
+__global__ void k_swiglu_q(float *g, const float *u, size_t n, int8_t *xq, float *xd, float *xs) {
+    size_t n4 = n / 4, stride = (size_t)gridDim.x * blockDim.x;
+    /* whole warps step together, so a group's 8 lanes are all in or all out */
+    for (size_t base = blockIdx.x * (size_t)blockDim.x; base < n4; base += stride) {
+        size_t k = base + threadIdx.x;
+        float4 o = make_float4(0, 0, 0, 0);
+        if (k < n4) {
+            float4 x = ((const float4 *)g)[k], v = ((const float4 *)u)[k];
+            o.x = x.x / (1.0f + expf(-x.x)) * v.x, o.y = x.y / (1.0f + expf(-x.y)) * v.y;
+            o.z = x.z / (1.0f + expf(-x.z)) * v.z, o.w = x.w / (1.0f + expf(-x.w)) * v.w;
+            ((float4 *)g)[k] = o;
+        }
+        float gd, gs;
+        int packed = quant4_of8(o, gd, gs);
+        if (k < n4) {
+            ((int *)xq)[k] = packed;
+            if ((threadIdx.x & 7) == 0) xd[k / 8] = gd, xs[k / 8] = gs;
+        }
+    }
+}
+
+void cu_swiglu(cu_dev *d, float *gate, const float *up, int T, int n, const cu_weight *next) {
+    d->xq_of = NULL;
+    size_t all = (size_t)T * n;
+    if (!all) return;
+    if (next && n % 32 == 0 && next->n_in == n && dp4a_for(d, next, T)) {
+        k_swiglu_q<<<blocks_for(all / 4, 256), 256, 0, d->stream>>>(gate, up, all, d->xq, d->xqd, d->xqs);
+        d->xq_of = gate, d->xq_rows = T;
+    } else k_swiglu<<<blocks_for(all, 256), 256, 0, d->stream>>>(gate, up, all);
     CU_LAUNCHED(d, "SwiGLU");
 }
