@@ -139,28 +139,27 @@ __device__ void store_row(int type, const float *x, uint8_t *dst, int hd, int ti
     }
 }
 
-/* Block per token: q's and k's biases and RoPE (each pair index's angle
- * computed once, in double as ops/rope.c does, and shared by every head),
- * v's bias, then the key and value rows into the token's slot, a warp per KV
- * head. */
+/* A block per (token, head): the pair indices' angles (in double, as
+ * ops/rope.c computes them), then the head's bias and rotation; a KV head's
+ * block also adds v's bias and writes both rows into the token's slot.
+ * Heads in parallel blocks keep each block's chain of loads short. */
 #define ROPE_MAX_HALF (ATT_MAX_HD / 2)
 __global__ void k_qkv_rope_store(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
                                  int n_heads, int rope_dim, float base, bool neox, cu_kv kv, int layer, cu_kv_batch b) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    int t = blockIdx.x, hd = kv.head_dim, half = hd / 2, rhalf = rope_dim / 2, nkv = kv.n_kv_heads;
+    int t = blockIdx.x, h = blockIdx.y, hd = kv.head_dim, half = hd / 2, rhalf = rope_dim / 2, nkv = kv.n_kv_heads;
+    bool isq = h < n_heads;
+    int hk = h - n_heads;
     int p = b.pos[t];
     for (int i = threadIdx.x; i < rhalf; i += blockDim.x) {
         double th = (double)p * pow((double)base, -2.0 * i / rope_dim);
         cs[i] = (float)cos(th);
         sn[i] = (float)sin(th);
     }
+    float *row = isq ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * nkv + hk) * hd;
+    const float *bias = isq ? (bq ? bq + (size_t)h * hd : NULL) : (bk ? bk + (size_t)hk * hd : NULL);
     __syncthreads();
-    int nq = n_heads * half, nk = nkv * half;
-    for (int u = threadIdx.x; u < nq + nk; u += blockDim.x) {
-        bool isq = u < nq;
-        int uu = isq ? u : u - nq, h = uu / half, i = uu % half;
-        float *row = (isq ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * nkv + h) * hd);
-        const float *bias = isq ? (bq ? bq + h * hd : NULL) : (bk ? bk + h * hd : NULL);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int a, c;
         if (i < rhalf) {
             a = neox ? i : 2 * i;
@@ -179,16 +178,15 @@ __global__ void k_qkv_rope_store(float *q, float *k, float *v, const float *bq, 
             row[c] = x1;
         }
     }
+    if (isq) return;
+    float *vr = v + ((size_t)t * nkv + hk) * hd;
     if (bv)
-        for (int u = threadIdx.x; u < nkv * hd; u += blockDim.x) v[(size_t)t * nkv * hd + u] += bv[u];
+        for (int u = threadIdx.x; u < hd; u += blockDim.x) vr[u] += bv[(size_t)hk * hd + u];
     __syncthreads(); /* the rotated k and biased v rows are in */
     int32_t blk = b.tables[b.table_at[t] + p / kv.block_size];
-    int slot = p % kv.block_size, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int h = warp; h < nkv; h += blockDim.x >> 5) {
-        const float *kr = k + ((size_t)t * nkv + h) * hd, *vr = v + ((size_t)t * nkv + h) * hd;
-        store_row(kv.k_type, kr, kv_row(kv, blk, layer, h, false, slot), hd, lane, 32);
-        store_row(kv.v_type, vr, kv_row(kv, blk, layer, h, true, slot), hd, lane, 32);
-    }
+    int slot = p % kv.block_size;
+    store_row(kv.k_type, row, kv_row(kv, blk, layer, hk, false, slot), hd, threadIdx.x, blockDim.x);
+    store_row(kv.v_type, vr, kv_row(kv, blk, layer, hk, true, slot), hd, threadIdx.x, blockDim.x);
 }
 
 void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
@@ -199,7 +197,9 @@ void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq,
         cu_note(d, cudaErrorInvalidValue, "RoPE: head_dim over 256");
         return;
     }
-    k_qkv_rope_store<<<b->T, 256, 0, d->stream>>>(q, k, v, bq, bk, bv, n_heads, rope_dim, rope_base, neox, *kv, layer,
+    int threads = kv->head_dim / 2 <= 32 ? 32 : kv->head_dim / 2 <= 64 ? 64 : 128;
+    dim3 grid(b->T, n_heads + kv->n_kv_heads);
+    k_qkv_rope_store<<<grid, threads, 0, d->stream>>>(q, k, v, bq, bk, bv, n_heads, rope_dim, rope_base, neox, *kv, layer,
                                                   *b);
     CU_LAUNCHED(d, "bias, RoPE and KV cache write");
 }

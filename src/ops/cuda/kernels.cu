@@ -693,16 +693,35 @@ int cu_matmul_gemm_min_rows(cu_dev *d) { return d->gemm_min; }
 
 void cu_set_matmul_gemm_min_rows(cu_dev *d, int t) { d->gemm_min = t < 1 ? 1 : t > 9 ? 9 : t; }
 
+/* Quantized weights for 9 to MV_CHUNK_ROWS rows: the matrix-vector kernels
+ * over chunks of 8 rows (the weight read once a chunk) cost less than the
+ * GEMM path, which first writes the whole matrix out in f16 and reads it
+ * back (about five times the weight's bytes). */
+#define MV_CHUNK_ROWS 32
+static bool chunked_mv(const cu_dev *d, const cu_weight *w, int T) {
+    return d->gemm_min > 8 && T <= MV_CHUNK_ROWS &&
+           (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K || w->type == CT_Q6_K);
+}
+
 void cu_matmul_n(cu_dev *d, float *const *ys, const float *x, const cu_weight *const *ws, int n, int T) {
     if (T <= 0 || n <= 0) return;
-    bool same = n <= MV_JOBS;
+    bool same = n <= MV_JOBS, mv = true;
     for (int i = 1; i < n; i++) same = same && ws[i]->type == ws[0]->type && ws[i]->n_in == ws[0]->n_in;
-    if (T < d->gemm_min && T <= 8 && same) {
-        matvec(d, ys, x, ws, n, T);
+    for (int i = 0; i < n; i++) mv = mv && ((T < d->gemm_min && T <= 8) || chunked_mv(d, ws[i], T));
+    if (mv && same) {
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            float *yc[MV_JOBS];
+            for (int i = 0; i < n; i++) yc[i] = ys[i] + (size_t)t0 * ws[i]->n_out;
+            matvec(d, yc, x + (size_t)t0 * ws[0]->n_in, ws, n, T - t0 < 8 ? T - t0 : 8);
+        }
         return;
     }
     for (int i = 0; i < n; i++) {
-        if (T < d->gemm_min && T <= 8) matvec(d, &ys[i], x, &ws[i], 1, T);
+        if ((T < d->gemm_min && T <= 8) || chunked_mv(d, ws[i], T))
+            for (int t0 = 0; t0 < T; t0 += 8) {
+                float *yc = ys[i] + (size_t)t0 * ws[i]->n_out;
+                matvec(d, &yc, x + (size_t)t0 * ws[i]->n_in, &ws[i], 1, T - t0 < 8 ? T - t0 : 8);
+            }
         else gemm(d, ys[i], x, ws[i], T);
     }
 }
