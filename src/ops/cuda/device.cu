@@ -81,13 +81,7 @@ cu_dev *cu_open(int device, kvlm_error *err) {
         cudaMemset(d->att_count, 0, ATT_COUNT_MAX * sizeof(int)) != cudaSuccess) {
         set_err(err, KVLM_ENOMEM, "CUDA: out of device memory%s%s", "", "");
         cudaGetLastError();
-        cudaFree(d->att_count);
-        cudaFree(d->xq);
-        cudaFree(d->xqd);
-        cudaFree(d->xqs);
-        cublasDestroy(d->blas);
-        cudaStreamDestroy(d->stream);
-        free(d);
+        cu_close(d);
         return NULL;
     }
     return d;
