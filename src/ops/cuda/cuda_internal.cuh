@@ -47,7 +47,14 @@ struct cu_wview {
     const uint8_t *q;
     const __half *d;
     int n_in;
-    size_t row_bytes; /* Q4_K, Q6_K: bytes per row */
+    size_t row_bytes; /* Q4_K: bytes per row */
+    /* Q6_K, split at upload into planes so every part loads 16 bytes at a
+     * time (its 210-byte super-blocks are only 2-byte aligned): q holds the
+     * low 4 bits (128 bytes a super-block), qh the high 2 bits (64), sc the
+     * 16 scales, d the super-block scales; super-block i = row * (n_in / 256)
+     * + s of each at i times its size. */
+    const uint8_t *qh;
+    const int8_t *sc;
 };
 
 __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int &sc, int &m) {
@@ -100,18 +107,24 @@ __device__ __forceinline__ void load_group(const cu_wview &w, int r, int g, floa
 #pragma unroll
             for (int k = 0; k < 4; k++) v[4 * i + k] = d1 * (float)((words[i] >> (8 * k + shift)) & 15) - m1;
     } else if (TYPE == CT_Q6_K) {
-        const uint8_t *sb = w.q + (size_t)r * w.row_bytes + (size_t)(g >> 3) * 210;
+        size_t i = (size_t)r * (w.n_in / 256) + (g >> 3);
         int j = g & 7, n = j >> 2, sub = j & 3;
-        const uint8_t *ql = sb + n * 64 + (sub & 1) * 32, *qh = sb + 128 + n * 32;
-        const int8_t *sc = (const int8_t *)(sb + 192) + n * 8 + sub * 2;
-        float dd = __half2float(*(const __half *)(sb + 208));
+        const int4 *lp = (const int4 *)(w.q + i * 128 + n * 64 + (sub & 1) * 32);
+        const int4 *hp = (const int4 *)(w.qh + i * 64 + n * 32);
+        int4 l0 = __ldg(lp), l1 = __ldg(lp + 1), h0 = __ldg(hp), h1 = __ldg(hp + 1);
+        int lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w}, hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int8_t *sc = w.sc + i * 16 + n * 8 + sub * 2;
+        float dd = __half2float(w.d[i]);
         float s0 = dd * sc[0], s1 = dd * sc[1];
         int lshift = (sub >> 1) * 4, hshift = 2 * sub;
 #pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int q = ((ql[l] >> lshift) & 15) | (((qh[l] >> hshift) & 3) << 4);
-            v[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
-        }
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int l = 4 * k + b;
+                int q = ((lw[k] >> (8 * b + lshift)) & 15) | (((hw[k] >> (8 * b + hshift)) & 3) << 4);
+                v[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
+            }
     }
 }
 #endif

@@ -215,7 +215,23 @@ int cu_weight_upload(cu_dev *d, cu_weight *w, const void *host, int type, int64_
     std::vector<uint8_t> tmp;
     const void *src = host;
     size_t main_bytes;
-    if (type == CT_Q8_0 || type == CT_Q4_0) {
+    if (type == CT_Q6_K && n_in % 256 == 0) {
+        /* split the super-blocks into planes (cuda_internal.cuh's cu_wview) */
+        size_t nb = (size_t)(n_in / 256) * n_out;
+        main_bytes = nb * 208;
+        tmp.resize(nb * 210);
+        uint8_t *ql = tmp.data(), *qh = ql + nb * 128, *sc = qh + nb * 64, *dp = sc + nb * 16;
+        const uint8_t *s = (const uint8_t *)host;
+        for (size_t i = 0; i < nb; i++) {
+            const uint8_t *b = s + i * 210; /* ql[128], qh[64], scales[16], d */
+            memcpy(ql + i * 128, b, 128);
+            memcpy(qh + i * 64, b + 128, 64);
+            memcpy(sc + i * 16, b + 192, 16);
+            memcpy(dp + i * 2, b + 208, 2);
+        }
+        src = tmp.data();
+        w->type = type;
+    } else if (type == CT_Q8_0 || type == CT_Q4_0) {
         /* split the blocks into quants and scales */
         int per = type == CT_Q8_0 ? 32 : 16, blk = 2 + per;
         size_t nb = (size_t)(n_in / 32) * n_out;
@@ -253,7 +269,7 @@ int cu_weight_upload(cu_dev *d, cu_weight *w, const void *host, int type, int64_
         return set_err(err, KVLM_EIO, "CUDA: weight upload failed%s%s", "", "");
     }
     w->q = p;
-    w->d = (w->type == CT_Q8_0 || w->type == CT_Q4_0) ? p + main_bytes : NULL;
+    w->d = (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q6_K) ? p + main_bytes : NULL;
     w->bytes = total;
     return KVLM_OK;
 }

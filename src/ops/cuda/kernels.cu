@@ -12,7 +12,13 @@ static cu_wview view_of(const cu_weight *w) {
     v.q = (const uint8_t *)w->q;
     v.d = (const __half *)w->d;
     v.n_in = w->n_in;
-    v.row_bytes = w->type == CT_Q4_K ? (size_t)w->n_in / 256 * 144 : w->type == CT_Q6_K ? (size_t)w->n_in / 256 * 210 : 0;
+    v.row_bytes = w->type == CT_Q4_K ? (size_t)w->n_in / 256 * 144 : 0;
+    v.qh = NULL;
+    v.sc = NULL;
+    if (w->type == CT_Q6_K) {
+        v.qh = v.q + (size_t)w->n_out * w->n_in / 2;
+        v.sc = (const int8_t *)(v.qh + (size_t)w->n_out * w->n_in / 4);
+    }
     return v;
 }
 
@@ -64,8 +70,9 @@ void cu_embed(cu_dev *d, float *x, const cu_weight *emb, const int32_t *tokens, 
 /* Whether cu_matmul of w over T rows takes a dp4a kernel, whose input is x
  * quantized in groups of 32 (one scale each, and each group's sum). */
 static bool dp4a_for(const cu_dev *d, const cu_weight *w, int T) {
-    return T < d->gemm_min && T <= 8 && (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K) && d->xq &&
-           !d->xq_disabled && w->n_in <= XQ_MAX_IN && w->n_in % (w->type == CT_Q4_K ? 256 : 32) == 0;
+    bool k = w->type == CT_Q4_K || w->type == CT_Q6_K;
+    return T < d->gemm_min && T <= 8 && (w->type == CT_Q8_0 || w->type == CT_Q4_0 || k) && d->xq && !d->xq_disabled &&
+           w->n_in <= XQ_MAX_IN && w->n_in % (k ? 256 : 32) == 0;
 }
 
 /* Group of 32 quantized as k_quant_x does, from the 4 values each of 8
@@ -549,6 +556,80 @@ __global__ void __launch_bounds__(MV_THREADS)
     mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
 }
 
+
+/* Q6_K with 8-bit activations: a lane takes 64 elements of a super-block,
+ * groups sub and sub + 2 of one half (their low bits share 32 bytes of q, low
+ * and high nibbles; all four groups of the half share its 32 bytes of qh);
+ * each 16 elements have a scale: d sc_k dot(q - 32, xq) xd_g. */
+template <int NT, int R>
+__global__ void __launch_bounds__(MV_THREADS)
+    k_matvec_q6k_dp4a(mv_jobs J, const int8_t *xq, const float *xd, int T, int S) {
+    int row0, part, lane = threadIdx.x & 31;
+    int j = mv_job(J, S, R, row0, part);
+    const cu_wview &w = J.w[j];
+    int n_out = J.n_out[j], nu = w.n_in / 64, ng = w.n_in / 32, nsb = w.n_in / 256, step = 32 * S;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    for (int U = part * 32 + lane; U < nu; U += step) {
+        int sbi = U >> 2, u = U & 3, n = u >> 1, sub = u & 1;
+        int ga = sbi * 8 + n * 4 + sub, gb = ga + 2; /* the groups' indices among the row's 32-element groups */
+        int xa[NT][8], xb[NT][8];
+        float xda[NT], xdb[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tt = t < T ? t : 0;
+            const int4 *pa = (const int4 *)(xq + (size_t)tt * w.n_in + (size_t)ga * 32);
+            const int4 *pb = (const int4 *)(xq + (size_t)tt * w.n_in + (size_t)gb * 32);
+            int4 a0 = __ldg(pa), a1 = __ldg(pa + 1), b0 = __ldg(pb), b1 = __ldg(pb + 1);
+            xa[t][0] = a0.x, xa[t][1] = a0.y, xa[t][2] = a0.z, xa[t][3] = a0.w;
+            xa[t][4] = a1.x, xa[t][5] = a1.y, xa[t][6] = a1.z, xa[t][7] = a1.w;
+            xb[t][0] = b0.x, xb[t][1] = b0.y, xb[t][2] = b0.z, xb[t][3] = b0.w;
+            xb[t][4] = b1.x, xb[t][5] = b1.y, xb[t][6] = b1.z, xb[t][7] = b1.w;
+            xda[t] = __ldg(xd + (size_t)tt * ng + ga), xdb[t] = __ldg(xd + (size_t)tt * ng + gb);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= n_out) break;
+            size_t i = (size_t)(row0 + r) * nsb + sbi;
+            const int4 *lp = (const int4 *)(w.q + i * 128 + n * 64 + sub * 32);
+            const int4 *hp = (const int4 *)(w.qh + i * 64 + n * 32);
+            int4 l0 = __ldg(lp), l1 = __ldg(lp + 1), h0 = __ldg(hp), h1 = __ldg(hp + 1);
+            int2 scw = __ldg((const int2 *)(w.sc + i * 16 + n * 8));
+            float dd = __half2float(__ldg(w.d + i));
+            int lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+            int hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+            /* scales of group sub (bytes 2 sub, 2 sub + 1) and of sub + 2 (bytes 2 sub + 4, + 5) */
+            int sa = sub ? scw.x >> 16 : scw.x, sb2 = sub ? scw.y >> 16 : scw.y;
+            float sa0 = (float)(int8_t)(sa & 0xff), sa1 = (float)(int8_t)((sa >> 8) & 0xff);
+            float sb0 = (float)(int8_t)(sb2 & 0xff), sb1 = (float)(int8_t)((sb2 >> 8) & 0xff);
+            int qa[8], qb[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                qa[k] = __vsub4((lw[k] & 0x0f0f0f0f) | (((hw[k] >> (2 * sub)) & 0x03030303) << 4), 0x20202020);
+                qb[k] = __vsub4(((lw[k] >> 4) & 0x0f0f0f0f) | (((hw[k] >> (2 * sub + 4)) & 0x03030303) << 4),
+                                0x20202020);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    a0 = __dp4a(qa[k], xa[t][k], a0);
+                    a1 = __dp4a(qa[k + 4], xa[t][k + 4], a1);
+                    b0 = __dp4a(qb[k], xb[t][k], b0);
+                    b1 = __dp4a(qb[k + 4], xb[t][k + 4], b1);
+                }
+                acc[r][t] += dd * (xda[t] * (sa0 * (float)a0 + sa1 * (float)a1) +
+                                   xdb[t] * (sb0 * (float)b0 + sb1 * (float)b1));
+            }
+        }
+    }
+    mv_finish<NT, R>(acc, J.y[j], n_out, row0, part, S, T);
+}
+
 template <int NT, int R>
 static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weight *const *ws, int n, int T) {
     const cu_weight *w = ws[0];
@@ -556,8 +637,8 @@ static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weigh
     bool dp4a = dp4a_for(d, w, T);
     /* warps per row: enough warps in all to fill the SMs (32 each), but no
      * more than a row's lanes' worth of units (a lane takes 64 elements of
-     * Q4_K with dp4a, 32 of the grouped types, 8 of float rows) */
-    int unit = dp4a && w->type == CT_Q4_K ? 64 : (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K ||
+     * Q4_K and Q6_K with dp4a, 32 of the grouped types, 8 of float rows) */
+    int unit = dp4a && (w->type == CT_Q4_K || w->type == CT_Q6_K) ? 64 : (w->type == CT_Q8_0 || w->type == CT_Q4_0 || w->type == CT_Q4_K ||
                                                    w->type == CT_Q6_K) ? 32 : vec ? 8 : 1;
     int s_max = w->n_in / unit / 32;
     size_t rows = 0;
@@ -585,7 +666,9 @@ static void matvec_r(cu_dev *d, float *const *ys, const float *x, const cu_weigh
         d->xq_of = NULL;
         if (w->type == CT_Q8_0) k_matvec_dp4a<CT_Q8_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
         else if (w->type == CT_Q4_0) k_matvec_dp4a<CT_Q4_0, NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
-        else k_matvec_q4k_dp4a<NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, d->xqs, T, S);
+        else if (w->type == CT_Q4_K)
+            k_matvec_q4k_dp4a<NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, d->xqs, T, S);
+        else k_matvec_q6k_dp4a<NT, R><<<grid, block, 0, d->stream>>>(J, d->xq, d->xqd, T, S);
         CU_LAUNCHED(d, "matrix-vector product (dp4a)");
         return;
     }
