@@ -378,6 +378,7 @@ AI void q23k_r16_tile(const int Q3, const int RN, int n, const uint8_t *g, const
         __m512i sumi[R16_C];
 #pragma GCC unroll 16
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
         for (int unit = 0; unit < 8; unit++) {
             const int h = unit / 4, j = unit % 4, sh = 4 * h + j; /* Q3_K: the hmask bit to bit 2 */
             __m512i wk[8];
