@@ -421,7 +421,7 @@ static float dot_q23k_r16(int q3, int n, const uint8_t *g, int j, const uint8_t 
             for (int k = 4 * half; k < 4 * half + 4; k++)
                 for (int i = 0; i < 4; i++) {
                     int q = (blk[qs_at + 512 * h + 64 * k + 4 * j + i] >> (2 * u)) & 3;
-                    if (q3) q |= ((blk[1312 + 64 * k + 4 * j + i] >> (4 * h + u)) & 1) << 2;
+                    if (q3) q |= ((blk[1312 + 64 * (4 * h + u) + 8 * k + j / 2] >> (4 * (j % 2) + i)) & 1) << 2;
                     isum += q * a[128 * h + 32 * u + 4 * k + i];
                 }
             const int sc = blk[sc_at + 16 * sub + j];

@@ -118,8 +118,10 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * 64 bytes, chunk k holding bytes 32h + 4k..4k+3 of each row's qs (bits 2j of
  * a byte: column 128h + 32j + 4k + i). OP_Q3_K_R16 (1,824 bytes, 114 per row
  * where Q3_K takes 110): d, the 16 scales [16][16] unpacked to signed bytes
- * (s - 32), Q2_K's 16 chunks of low bits, then 8 chunks of hmask bytes (bit
- * 4h + j of byte 4k + i: column 128h + 32j + 4k + i). Results equal the
+ * (s - 32), Q2_K's 16 chunks of low bits, then the hmask bits as 64 masks
+ * of 64 bits, mask 8(4h + j) + k (little-endian) holding in bit 4r + i the
+ * hmask bit of row r's column 128h + 32j + 4k + i (one bit per byte of the
+ * matching chunk of low bits, for AVX-512's byte masks). Results equal the
  * scalar Q2_K / Q3_K kernels bit for bit. */
 #define OP_Q2_K_R16 0x10a
 #define OP_Q3_K_R16 0x10b

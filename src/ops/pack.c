@@ -159,7 +159,8 @@ void op_pack_iq4_xs(int wtype, const void *src, void *dst, int n_in, int n_out) 
 
 /* Q2_K / Q3_K into OP_Q2_K_R16 / OP_Q3_K_R16 (ops.h): per group and
  * super-block the 16 rows' d (and Q2_K's dmin), their scales, then the 2-bit
- * fields in 4-byte chunks (and Q3_K's hmask in 4-byte chunks). */
+ * fields in 4-byte chunks (and Q3_K's hmask bits as one 64-bit mask per
+ * 32-column unit and chunk). */
 void op_pack_q23k(int wtype, const void *src, void *dst, int n_in, int n_out) {
     const int q3 = wtype == DT_Q3_K, nb = n_in / QK_K;
     const size_t rs = dt_row_size(wtype, n_in), bs = q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
@@ -179,7 +180,11 @@ void op_pack_q23k(int wtype, const void *src, void *dst, int n_in, int n_out) {
                     op_q3k_scales(b3->scales, sc);
                     memcpy(d + 2 * j, &b3->d, sizeof(dt_f16));
                     for (int s = 0; s < 16; s++) d[32 + 16 * s + j] = (uint8_t)sc[s];
-                    for (int k = 0; k < 8; k++) memcpy(d + 1312 + 64 * k + 4 * j, b3->hmask + 4 * k, 4);
+                    if (j == 0) memset(d + 1312, 0, 512); /* the hmask bits are or-ed in row by row */
+                    for (int sh = 0; sh < 8; sh++)
+                        for (int k = 0; k < 8; k++)
+                            for (int i = 0; i < 4; i++)
+                                d[1312 + 64 * sh + 8 * k + j / 2] |= (uint8_t)(((b3->hmask[4 * k + i] >> sh) & 1) << (4 * (j % 2) + i));
                 } else {
                     memcpy(d + 2 * j, &b2->d, sizeof(dt_f16));
                     memcpy(d + 32 + 2 * j, &b2->dmin, sizeof(dt_f16));
