@@ -126,19 +126,27 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
 }
 
 typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, __mmask16 rows);
-#define R16(q4, rn)                                                                                       \
-    static void r16_##q4##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                                __mmask16 rows) {                                                        \
-        r16_tile(q4, rn, n, g, x, xs, y, ys, rows);                                                      \
+/* The 16 token counts of a tile as functions, and their table: R16_FNS(pfx,
+ * tile, v) defines pfx_v_1 .. pfx_v_16, each tile(v, rn, ...) with rn fixed;
+ * R16_FNTAB(pfx, v) lists them. */
+#define R16_FN(pfx, tile, v, rn)                                                                              \
+    static void pfx##_##v##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,     \
+                                 __mmask16 rows) {                                                           \
+        tile(v, rn, n, g, x, xs, y, ys, rows);                                                               \
     }
-#define R16_ROW(q4) R16(q4, 1) R16(q4, 2) R16(q4, 3) R16(q4, 4) R16(q4, 5) R16(q4, 6) R16(q4, 7) R16(q4, 8) \
-    R16(q4, 9) R16(q4, 10) R16(q4, 11) R16(q4, 12) R16(q4, 13) R16(q4, 14) R16(q4, 15) R16(q4, 16)
-#define R16_TAB(q4)                                                                                        \
-    {r16_##q4##_1,  r16_##q4##_2,  r16_##q4##_3,  r16_##q4##_4,  r16_##q4##_5,  r16_##q4##_6,  r16_##q4##_7,  \
-     r16_##q4##_8,  r16_##q4##_9,  r16_##q4##_10, r16_##q4##_11, r16_##q4##_12, r16_##q4##_13, r16_##q4##_14, \
-     r16_##q4##_15, r16_##q4##_16}
-R16_ROW(0) R16_ROW(1) R16_ROW(2) R16_ROW(3) R16_ROW(4) R16_ROW(5)
-static const r16_fn r16_tab[6][R16_C] = {R16_TAB(0), R16_TAB(1), R16_TAB(2), R16_TAB(3), R16_TAB(4), R16_TAB(5)};
+#define R16_FNS(pfx, tile, v)                                                                                 \
+    R16_FN(pfx, tile, v, 1) R16_FN(pfx, tile, v, 2) R16_FN(pfx, tile, v, 3) R16_FN(pfx, tile, v, 4)           \
+    R16_FN(pfx, tile, v, 5) R16_FN(pfx, tile, v, 6) R16_FN(pfx, tile, v, 7) R16_FN(pfx, tile, v, 8)           \
+    R16_FN(pfx, tile, v, 9) R16_FN(pfx, tile, v, 10) R16_FN(pfx, tile, v, 11) R16_FN(pfx, tile, v, 12)        \
+    R16_FN(pfx, tile, v, 13) R16_FN(pfx, tile, v, 14) R16_FN(pfx, tile, v, 15) R16_FN(pfx, tile, v, 16)
+#define R16_FNTAB(pfx, v)                                                                                     \
+    {pfx##_##v##_1,  pfx##_##v##_2,  pfx##_##v##_3,  pfx##_##v##_4,  pfx##_##v##_5,  pfx##_##v##_6,            \
+     pfx##_##v##_7,  pfx##_##v##_8,  pfx##_##v##_9,  pfx##_##v##_10, pfx##_##v##_11, pfx##_##v##_12,           \
+     pfx##_##v##_13, pfx##_##v##_14, pfx##_##v##_15, pfx##_##v##_16}
+R16_FNS(r16, r16_tile, 0) R16_FNS(r16, r16_tile, 1) R16_FNS(r16, r16_tile, 2) R16_FNS(r16, r16_tile, 3)
+R16_FNS(r16, r16_tile, 4) R16_FNS(r16, r16_tile, 5)
+static const r16_fn r16_tab[6][R16_C] = {R16_FNTAB(r16, 0), R16_FNTAB(r16, 1), R16_FNTAB(r16, 2),
+                                         R16_FNTAB(r16, 3), R16_FNTAB(r16, 4), R16_FNTAB(r16, 5)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
@@ -273,19 +281,8 @@ AI void kq_r16_tile(const int KB, const int RN, int n, const uint8_t *g, const u
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
 }
 
-#define R16K(kb, rn)                                                                                      \
-    static void r16k_##kb##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                                 __mmask16 rows) {                                                        \
-        kq_r16_tile(kb, rn, n, g, x, xs, y, ys, rows);                                                    \
-    }
-#define R16K_ROW(q6) R16K(q6, 1) R16K(q6, 2) R16K(q6, 3) R16K(q6, 4) R16K(q6, 5) R16K(q6, 6) R16K(q6, 7) \
-    R16K(q6, 8) R16K(q6, 9) R16K(q6, 10) R16K(q6, 11) R16K(q6, 12) R16K(q6, 13) R16K(q6, 14) R16K(q6, 15) R16K(q6, 16)
-#define R16K_TAB(q6)                                                                                         \
-    {r16k_##q6##_1,  r16k_##q6##_2,  r16k_##q6##_3,  r16k_##q6##_4,  r16k_##q6##_5,  r16k_##q6##_6,          \
-     r16k_##q6##_7,  r16k_##q6##_8,  r16k_##q6##_9,  r16k_##q6##_10, r16k_##q6##_11, r16k_##q6##_12,         \
-     r16k_##q6##_13, r16k_##q6##_14, r16k_##q6##_15, r16k_##q6##_16}
-R16K_ROW(4) R16K_ROW(5) R16K_ROW(6)
-static const r16_fn r16k_tab[3][R16_C] = {R16K_TAB(4), R16K_TAB(5), R16K_TAB(6)};
+R16_FNS(r16k, kq_r16_tile, 4) R16_FNS(r16k, kq_r16_tile, 5) R16_FNS(r16k, kq_r16_tile, 6)
+static const r16_fn r16k_tab[3][R16_C] = {R16_FNTAB(r16k, 4), R16_FNTAB(r16k, 5), R16_FNTAB(r16k, 6)};
 
 R16_TILE(op_mm_q4_K_r16_vnni, r16k_tab[0])
 R16_TILE(op_mm_q5_K_r16_vnni, r16k_tab[1])
@@ -347,15 +344,9 @@ AI void iq4xs_r16_tile(const int RN, int n, const uint8_t *g, const uint8_t *x, 
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
 }
 
-#define R16X(rn)                                                                                          \
-    static void r16x_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys,        \
-                          __mmask16 rows) {                                                               \
-        iq4xs_r16_tile(rn, n, g, x, xs, y, ys, rows);                                                     \
-    }
-R16X(1) R16X(2) R16X(3) R16X(4) R16X(5) R16X(6) R16X(7) R16X(8)
-R16X(9) R16X(10) R16X(11) R16X(12) R16X(13) R16X(14) R16X(15) R16X(16)
-static const r16_fn r16x_tab[R16_C] = {r16x_1, r16x_2,  r16x_3,  r16x_4,  r16x_5,  r16x_6,  r16x_7,  r16x_8,
-                                       r16x_9, r16x_10, r16x_11, r16x_12, r16x_13, r16x_14, r16x_15, r16x_16};
+#define IQ4XS_TILE(v, rn, ...) iq4xs_r16_tile(rn, __VA_ARGS__)
+R16_FNS(r16x, IQ4XS_TILE, 0)
+static const r16_fn r16x_tab[R16_C] = R16_FNTAB(r16x, 0);
 R16_TILE(op_mm_iq4_xs_r16_vnni, r16x_tab)
 
 /* ---- OP_Q2_K_R16, OP_Q3_K_R16 ------------------------------------------------------
@@ -472,19 +463,8 @@ AI void q23k_r16_tile(const int Q3, const int RN, int n, const uint8_t *g, const
     for (int c = 0; c < RN; c++) _mm512_mask_storeu_ps(y + (size_t)c * ys, rows, _mm512_load_ps(accm[c]));
 }
 
-#define R16Q(q3, rn)                                                                                      \
-    static void r16q_##q3##_##rn(int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y, size_t ys, \
-                                 __mmask16 rows) {                                                        \
-        q23k_r16_tile(q3, rn, n, g, x, xs, y, ys, rows);                                                  \
-    }
-#define R16Q_ROW(q3) R16Q(q3, 1) R16Q(q3, 2) R16Q(q3, 3) R16Q(q3, 4) R16Q(q3, 5) R16Q(q3, 6) R16Q(q3, 7) \
-    R16Q(q3, 8) R16Q(q3, 9) R16Q(q3, 10) R16Q(q3, 11) R16Q(q3, 12) R16Q(q3, 13) R16Q(q3, 14) R16Q(q3, 15) R16Q(q3, 16)
-#define R16Q_TAB(q3)                                                                                         \
-    {r16q_##q3##_1,  r16q_##q3##_2,  r16q_##q3##_3,  r16q_##q3##_4,  r16q_##q3##_5,  r16q_##q3##_6,          \
-     r16q_##q3##_7,  r16q_##q3##_8,  r16q_##q3##_9,  r16q_##q3##_10, r16q_##q3##_11, r16q_##q3##_12,         \
-     r16q_##q3##_13, r16q_##q3##_14, r16q_##q3##_15, r16q_##q3##_16}
-R16Q_ROW(0) R16Q_ROW(1)
-static const r16_fn r16q_tab[2][R16_C] = {R16Q_TAB(0), R16Q_TAB(1)};
+R16_FNS(r16q, q23k_r16_tile, 0) R16_FNS(r16q, q23k_r16_tile, 1)
+static const r16_fn r16q_tab[2][R16_C] = {R16_FNTAB(r16q, 0), R16_FNTAB(r16q, 1)};
 R16_TILE(op_mm_q2_K_r16_vnni, r16q_tab[0])
 R16_TILE(op_mm_q3_K_r16_vnni, r16q_tab[1])
 
