@@ -65,5 +65,30 @@ out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec draft 2>&1)"
 "$KVLM" run -m "$M" -p "$P" -n 100 --temp 0.8 --seed 3 --spec lookup >"$tmp/s.txt" 2>"$tmp/s.err" && [ -s "$tmp/s.txt" ] &&
   ok "sampling with lookup: $(sed -n 's/.*| spec \(.*\)$/\1/p' "$tmp/s.err")" || bad "sampling: $(cat "$tmp/s.err")"
 
+# a model that copies its context (bench/copy_model.py sets an induction
+# circuit into random weights): on a passage and its beginning again, the
+# text equals plain decoding's, and lookup's drafts must mostly be kept
+# (a lookup that drafted the wrong tokens, or rolled back too much, would
+# keep few); the q4_0 copy drafts too
+COPY="$(cd "$(dirname "$0")/.." && pwd)/bench/copy_model.py"
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null && [ -f "$COPY" ]; then
+  "$KVLM" synth "$tmp/rand.gguf" --dim 384 --hidden 256 --layers 2 --heads 6 --vocab 2000 --ctx 2048 --seed 9 >/dev/null 2>&1
+  if /usr/bin/python3 "$COPY" "$tmp/rand.gguf" "$tmp/copy.gguf" >"$tmp/copy.err" 2>&1; then
+    E="Spot saw the shiny car and said, Wow, Kitty, your car is so bright and clean! Kitty smiled and replied, Thank you, Spot. I polish it every day. After playing with the car, they felt thirsty. They found a small pond with clear water."
+    printf '%s\n\n%s' "$E" "${E:0:40}" >"$tmp/edit.txt"
+    rm -f "$tmp/draft.gguf"
+    "$KVLM" convert "$tmp/copy.gguf" "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1 || bad "copy model: convert to q4_0"
+    "$KVLM" run -m "$tmp/copy.gguf" -f "$tmp/edit.txt" -c 1024 -t 2 --temp 0 -n 120 >"$tmp/plain.txt" 2>/dev/null
+    for spec in "--spec lookup" "--draft $tmp/draft.gguf --draft-n 4"; do
+      # shellcheck disable=SC2086
+      "$KVLM" run -m "$tmp/copy.gguf" -f "$tmp/edit.txt" -c 1024 -t 2 --temp 0 -n 120 $spec >"$tmp/spec.txt" 2>"$tmp/spec.err"
+      rate="$(sed -n 's/.*drafts accepted (\([0-9]*\)%).*/\1/p' "$tmp/spec.err")"
+      if cmp -s "$tmp/plain.txt" "$tmp/spec.txt" && [ "${rate:-0}" -ge 80 ]; then
+        ok "copy model $spec: same text, $(sed -n 's/.*| spec \(.*\)$/\1/p' "$tmp/spec.err")"
+      else bad "copy model $spec: text differs or few drafts kept ($(tail -1 "$tmp/spec.err"))"; fi
+    done
+  else bad "bench/copy_model.py: $(tail -1 "$tmp/copy.err")"; fi
+else echo "SKIP part: /usr/bin/python3 with numpy or bench/copy_model.py missing: no copy-model check"; fi
+
 echo "cli_spec: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
