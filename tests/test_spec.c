@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/engine.h"
+#include "engine/spec.h"
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
@@ -570,6 +571,78 @@ static void test_sampling_distribution(void **state) {
     kvlm_model_free(m);
 }
 
+/* The rule for a sampled draft (spec_check_q) alone: d drawn from q, the
+ * token given out must follow p (chi-square at p = 1e-4), and drafts must
+ * be kept at the rate sum_t min(p(t), q(t)) (within 4.5 standard
+ * deviations). Three q: close to p, far from it, and with tokens p has
+ * and q lacks (q(t) = 0 where p(t) > 0). Two other rules show the checks
+ * can fail: the point-mass rule (keep d with probability p(d), else draw
+ * from p without d) gives p too, but keeps far fewer drafts; keeping d with
+ * probability min(1, p(d) / q(d)) but drawing from p itself on a rejection
+ * keeps the right share and gives the wrong distribution. */
+static void test_soft_rule(void **state) {
+    (void)state;
+    float logits[SV];
+    double p[SV];
+    for (int i = 0; i < SV; i++) logits[i] = (float)sin(1.7 * i) * 2.0f;
+    softmax(logits, p);
+    int32_t ids[SV];
+    float probs[SV];
+    long N = tu_quick() ? 20000 : 60000;
+    for (int variant = 0; variant < 5; variant++) {
+        float q[SV];
+        double z = 0;
+        for (int i = 0; i < SV; i++) {
+            double w = variant == 0 ? p[i] * (1 + 0.3 * cos(i)) : variant == 2 && i % 3 == 0 ? 0 : exp(cos(2.3 * i));
+            q[i] = (float)w;
+            z += w;
+        }
+        for (int i = 0; i < SV; i++) q[i] = (float)(q[i] / z);
+        double accept_expect = 0;
+        for (int i = 0; i < SV; i++) accept_expect += p[i] < q[i] ? p[i] : q[i];
+        kvlm_sampler_params sp = kvlm_sampler_default_params();
+        sp.temperature = 1;
+        sp.top_k = 0;
+        sp.top_p = 1;
+        sp.min_p = 0;
+        sp.seed = 77 + (uint64_t)variant;
+        kvlm_sampler *smp = kvlm_sampler_create(&sp, SV);
+        long got[SV + 1] = {0}, kept = 0;
+        uint64_t rs = 12345 + (uint64_t)variant;
+        for (long n = 0; n < N; n++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            double u = (double)(rs >> 11) / 9007199254740992.0, cum = 0;
+            int32_t d = SV - 1;
+            for (int i = 0; i < SV; i++)
+                if (q[i] > 0 && u < (cum += q[i])) { d = i; break; }
+            while (q[d] <= 0) d--;
+            int32_t next = -1, tok;
+            bool keep;
+            if (variant < 3) keep = spec_check_q(smp, logits, d, q, ids, probs, &next);
+            else if (variant == 3) keep = spec_check(smp, logits, d, ids, probs, &next);
+            else { /* rejection draws from p: wrong */
+                rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+                keep = (double)(rs >> 11) / 9007199254740992.0 * q[d] < p[d];
+                if (!keep) next = kvlm_sampler_sample(smp, logits);
+            }
+            tok = keep ? d : next;
+            kept += keep;
+            got[tok]++;
+        }
+        kvlm_sampler_free(smp);
+        int dof;
+        double x = chi2(p, got, SV, N, &dof);
+        double a = (double)kept / (double)N, sd = sqrt(accept_expect * (1 - accept_expect) / (double)N);
+        printf("  q %s: chi-square %.1f (%d dof, critical %.1f); kept %.4f, expected %.4f (sd %.4f)\n",
+               variant == 0 ? "near p" : variant == 1 ? "far from p" : variant == 2 ? "lacking tokens"
+               : variant == 3 ? "far, point-mass rule (keeps too few)" : "far, draws from p on rejection (wrong p)",
+               x, dof, chi2_crit(dof), a, accept_expect, sd);
+        bool ok = x < chi2_crit(dof) && fabs(a - accept_expect) < 4.5 * sd;
+        if (variant < 3) assert_true(ok);
+        else assert_false(ok);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rollback_random),
@@ -578,6 +651,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_real),
         cmocka_unit_test(test_h2o_exact),
         cmocka_unit_test(test_draft_model),
+        cmocka_unit_test(test_soft_rule),
         cmocka_unit_test(test_sampling_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

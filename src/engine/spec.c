@@ -23,6 +23,9 @@ struct kvlm_spec {
     int32_t *batch, *bseq, *ids;
     int8_t *want;
     float *probs;
+    /* draft model under sampling: the draft's distribution for each draft,
+     * dense rows of vocab floats (K of them, allocated at the first use) */
+    float *q;
     kvlm_spec_stats st;
 };
 
@@ -70,7 +73,7 @@ static int same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err)
 void kvlm_spec_free(kvlm_spec *sp) {
     if (!sp) return;
     free(sp->hist); free(sp->logits); free(sp->batch); free(sp->bseq); free(sp->want); free(sp->ids);
-    free(sp->probs);
+    free(sp->probs); free(sp->q);
     free(sp);
 }
 
@@ -202,12 +205,64 @@ bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, fl
     return false;
 }
 
+bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q, int32_t *ids, float *probs,
+                  int32_t *next) {
+    int nc = sampler_dist(smp, row, ids, probs);
+    double pd = 0, qd = q[d];
+    for (int i = 0; i < nc; i++)
+        if (ids[i] == d) pd = probs[i];
+    /* kept with probability min(1, p(d) / q(d)) */
+    if (pd >= qd || sampler_uniform(smp) * qd < pd) {
+        sampler_picked(smp, d);
+        return true;
+    }
+    /* rejected: draw from norm(max(0, p - q)); p(d) < q(d) leaves d out */
+    double rest = 0;
+    for (int i = 0; i < nc; i++) rest += probs[i] > q[ids[i]] ? probs[i] - q[ids[i]] : 0;
+    double r = sampler_uniform(smp) * rest, cum = 0;
+    int32_t pick = -1;
+    for (int i = 0; i < nc; i++) {
+        double w = probs[i] > q[ids[i]] ? probs[i] - q[ids[i]] : 0;
+        if (w <= 0) continue;
+        pick = ids[i];
+        cum += w;
+        if (r < cum) break;
+    }
+    if (pick < 0) pick = ids[0]; /* p == q up to rounding: rejection had probability ~0 */
+    sampler_picked(smp, pick);
+    *next = pick;
+    return false;
+}
+
 /* Tokens the draft context has been fed (its cache holds fewer after eviction). */
 static int draft_fed(const kvlm_spec *sp) {
     return kvlm_seq_n_past(sp->draft, sp->seq) + (int)kvlm_seq_n_evicted(sp->draft, sp->seq);
 }
 
-static int draft_model(kvlm_spec *sp, int K, int32_t *out, kvlm_error *err) {
+/* The draft's token after logits l: its argmax when the sampler is greedy,
+ * else a draw from the sampler's distribution for l (penalties and
+ * truncation as of the text so far), which row q (vocab floats) receives
+ * for the acceptance test. */
+static int32_t draft_pick(kvlm_spec *sp, kvlm_sampler *smp, const float *l, float *q) {
+    if (!q) {
+        int best = 0;
+        for (int i = 1; i < sp->vocab; i++)
+            if (l[i] > l[best]) best = i;
+        return best;
+    }
+    int nc = sampler_dist(smp, l, sp->ids, sp->probs);
+    memset(q, 0, (size_t)sp->vocab * sizeof *q);
+    double r = sampler_uniform(smp), cum = 0;
+    int32_t pick = sp->ids[nc - 1];
+    for (int i = 0; i < nc; i++) q[sp->ids[i]] = sp->probs[i];
+    for (int i = 0; i < nc; i++) {
+        cum += sp->probs[i];
+        if (r < cum) { pick = sp->ids[i]; break; }
+    }
+    return pick;
+}
+
+static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kvlm_error *err) {
     kvlm_ctx *d = sp->draft;
     /* catch up with the text (all verified), in pieces its budget takes */
     int piece = kvlm_ctx_kv_max_feed(d) / 2 > 0 ? kvlm_ctx_kv_max_feed(d) / 2 : 1;
@@ -224,15 +279,15 @@ static int draft_model(kvlm_spec *sp, int K, int32_t *out, kvlm_error *err) {
     int room = kvlm_ctx_kv_budget(d) - kvlm_seq_n_past(d, sp->seq);
     if (room < K) K = room;
     if (K <= 0) return 0;
+    bool soft = !sampler_greedy(smp);
+    if (soft && !sp->q && !(sp->q = malloc((size_t)sp->K * (size_t)sp->vocab * sizeof(float))))
+        return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
     if (kvlm_seq_spec_begin(d, sp->seq, err)) return -1;
     int k = 0;
     kvlm_error e2;
     while (k < K) {
-        const float *l = kvlm_get_logits(d, -1);
-        int best = 0;
-        for (int i = 1; i < sp->vocab; i++)
-            if (l[i] > l[best]) best = i;
-        out[k++] = best;
+        out[k] = draft_pick(sp, smp, kvlm_get_logits(d, -1), soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL);
+        k++;
         if (k == K) break;
         kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->seq};
         if (kvlm_decode(d, &b, &e2)) break; /* no room in the draft's cache: fewer drafts */
@@ -284,7 +339,7 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     if (K > cap - 1) K = cap - 1;
     if (hist_push(sp, &x, 1)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
     if (K > 0) {
-        nd = sp->mode == KVLM_SPEC_LOOKUP ? draft_lookup(sp, K, sp->batch + 1) : draft_model(sp, K, sp->batch + 1, err);
+        nd = sp->mode == KVLM_SPEC_LOOKUP ? draft_lookup(sp, K, sp->batch + 1) : draft_model(sp, smp, K, sp->batch + 1, err);
         if (nd < 0) { sp->n_hist--; return -1; }
     }
     sp->batch[0] = x;
@@ -308,13 +363,17 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     }
     /* row j holds the target's logits after batch[j]; draft batch[j + 1] is
      * kept with probability p(d) (1 or 0 when greedy), else the next token
-     * comes from p without d */
+     * comes from p without d; a draft model's sampled draft d ~ q is kept
+     * with probability min(1, p(d) / q(d)), else the next token comes from
+     * norm(max(0, p - q)) */
     int j = 0;
     out[0] = x;
+    bool soft = sp->draft && !sampler_greedy(smp);
     for (; j < nd; j++) {
         const float *row = kvlm_get_logits(ctx, j);
         int32_t d = sp->batch[j + 1];
-        if (spec_check(smp, row, d, sp->ids, sp->probs, &sp->next)) {
+        if (soft ? spec_check_q(smp, row, d, sp->q + (size_t)j * (size_t)sp->vocab, sp->ids, sp->probs, &sp->next)
+                 : spec_check(smp, row, d, sp->ids, sp->probs, &sp->next)) {
             out[j + 1] = d;
             continue;
         }

@@ -16,4 +16,10 @@ int spec_lookup(const int32_t *h, int m, int ng_max, int ng_min, int K, int32_t 
  * from p without d, renormalised. Either way smp records the token. ids and
  * probs: vocabulary-sized scratch. */
 bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, float *probs, int32_t *next);
+/* The standard rule for a draft d drawn from a distribution q (vocab floats,
+ * q[d] > 0): d is kept with probability min(1, p(d) / q(d)), else *next is
+ * drawn from norm(max(0, p - q)). The token given out has distribution p
+ * whatever q is; acceptance is sum_t min(p(t), q(t)). */
+bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q, int32_t *ids, float *probs,
+                  int32_t *next);
 #endif
