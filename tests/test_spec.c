@@ -489,6 +489,17 @@ static double chi2(const double *expect, const long *got, int n, long N, int *do
     return x;
 }
 
+/* Temperature 1 and no truncation: the sampler draws from softmax(logits). */
+static kvlm_sampler *plain_sampler(uint64_t seed) {
+    kvlm_sampler_params sp = kvlm_sampler_default_params();
+    sp.temperature = 1;
+    sp.top_k = 0;
+    sp.top_p = 1;
+    sp.min_p = 0;
+    sp.seed = seed;
+    return kvlm_sampler_create(&sp, SV);
+}
+
 static void test_sampling_distribution(void **state) {
     (void)state;
     const char *tp = synth(32, 1, 2, 1, SV, "f32", 41);
@@ -524,13 +535,7 @@ static void test_sampling_distribution(void **state) {
     for (int mode = 0; mode < 3; mode++) { /* plain sampler, lookup, q4_0 draft */
         long got[3][SV + 1] = {{0}};
         for (long i = 0; i < N; i++) {
-            kvlm_sampler_params sp = kvlm_sampler_default_params();
-            sp.temperature = 1;
-            sp.top_k = 0;
-            sp.top_p = 1;
-            sp.min_p = 0;
-            sp.seed = 1000 + (uint64_t)i;
-            kvlm_sampler *s = kvlm_sampler_create(&sp, SV);
+            kvlm_sampler *s = plain_sampler(1000 + (uint64_t)i);
             kvlm_ctx_reset(c);
             decode(c, 0, prompt, n, false);
             int32_t out[3];
@@ -600,13 +605,7 @@ static void test_soft_rule(void **state) {
         for (int i = 0; i < SV; i++) q[i] = (float)(q[i] / z);
         double accept_expect = 0;
         for (int i = 0; i < SV; i++) accept_expect += p[i] < q[i] ? p[i] : q[i];
-        kvlm_sampler_params sp = kvlm_sampler_default_params();
-        sp.temperature = 1;
-        sp.top_k = 0;
-        sp.top_p = 1;
-        sp.min_p = 0;
-        sp.seed = 77 + (uint64_t)variant;
-        kvlm_sampler *smp = kvlm_sampler_create(&sp, SV);
+        kvlm_sampler *smp = plain_sampler(77 + (uint64_t)variant);
         long got[SV + 1] = {0}, kept = 0;
         uint64_t rs = 12345 + (uint64_t)variant;
         for (long n = 0; n < N; n++) {
