@@ -1,5 +1,6 @@
 /* engine/spec: the parts of speculative decoding the scheduler shares with
- * kvlm_spec (engine/spec.c): prompt lookup and the acceptance rule. */
+ * kvlm_spec (engine/spec.c): prompt lookup, the acceptance rule, the
+ * vocabulary check. */
 #ifndef KVLM_ENGINE_SPEC_H
 #define KVLM_ENGINE_SPEC_H
 #include <stdbool.h>
@@ -16,4 +17,7 @@ int spec_lookup(const int32_t *h, int m, int ng_max, int ng_min, int K, int32_t 
  * from p without d, renormalised. Either way smp records the token. ids and
  * probs: vocabulary-sized scratch. */
 bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, float *probs, int32_t *next);
+/* KVLM_OK when the draft model b has model a's vocabulary (size, every
+ * token's text, BOS/EOS), else KVLM_EINVAL naming the first difference. */
+int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err);
 #endif
