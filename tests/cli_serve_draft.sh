@@ -86,7 +86,7 @@ things = ["red ball", "big dog", "little cat", "blue box"]
 prompts = ["%s had a %s. One day %s went to the park with the %s" % (n, t, n, t) for n in names for t in things][:32]
 max_tokens = [60 + 13 * (i % 8) for i in range(32)]
 
-def concurrent(model, extra, label, want_preempt=True):
+def concurrent(model, extra, label, want_preempt=True, min_accept=0.5):
     """32 concurrent streams against kvlm run alone; drafts checked and kept."""
     alone = [run_alone(model, p, n) for p, n in zip(prompts, max_tokens)]
     p = serve(model, extra)
@@ -109,9 +109,11 @@ def concurrent(model, extra, label, want_preempt=True):
     m = metrics()
     drafted, kept, pre = m("kvlm_spec_draft_tokens_total"), m("kvlm_spec_accepted_tokens_total"), m("kvlm_preemptions_total")
     steps, fails = m("kvlm_spec_draft_model_steps_total"), m("kvlm_spec_draft_model_failures_total")
-    check(drafted > 0 and kept > 0 and kept <= drafted and steps > 0,
-          "%s: drafts checked and kept: %d of %d (%.0f%%) in %d draft steps (%d draft-context failures), %d preemptions" %
-          (label, kept, drafted, 100.0 * kept / max(drafted, 1), steps, fails, pre))
+    # a draft context that mixed up its sequences (rows, catch-up) would still give the same text, but keep few drafts
+    check(drafted > 0 and kept >= min_accept * drafted and kept <= drafted and steps > 0,
+          "%s: drafts checked and kept: %d of %d (%.0f%%, at least %.0f%% expected) in %d draft steps (%d draft-context "
+          "failures), %d preemptions" % (label, kept, drafted, 100.0 * kept / max(drafted, 1), 100 * min_accept, steps,
+                                         fails, pre))
     if want_preempt:
         check(pre > 0, "%s: the small pool forced preemption (%d)" % (label, pre))
 
@@ -149,6 +151,28 @@ def concurrent(model, extra, label, want_preempt=True):
     check(st == 200 and r["usage"]["completion_tokens"] > 0, "%s: sampling with top-k and top-p answers" % label, r)
     check(stop(p) == 0, "%s: server stops on SIGTERM" % label)
 
+def same_drafts_as_run(model, draft, label):
+    """One request alone: the batched drafter proposes what kvlm run --draft proposes (the draft context's
+    cache kept right across rejections), so the drafts checked and kept are the same numbers."""
+    P = "Lily had a red ball. One day Lily went to the park with the red ball"
+    r = subprocess.run([kvlm, "run", "-m", model, "-p", P, "-n", "150", "--temp", "0", "-t", "1", "-c", "512",
+                        "--draft", draft, "--draft-n", "4"], capture_output=True, text=True, timeout=120)
+    m = re.search(r"(\d+)/(\d+) drafts accepted", r.stderr)
+    p = serve(model, ["-c", "512", "-t", "1", "--draft", draft, "--draft-n", "4"])
+    st, out = request("POST", "/v1/completions", {"prompt": P, "max_tokens": 150, "temperature": 0}) if port else (0, {})
+    for _ in range(100): # the figures are published after the step that ended it
+        g = metrics()
+        if g("kvlm_requests_total") >= 1: break
+        time.sleep(0.05)
+    stop(p)
+    kept, drafted = g("kvlm_spec_accepted_tokens_total"), g("kvlm_spec_draft_tokens_total")
+    # kvlm run gives out the last token with the step after it, which drafts too: that one step more at most
+    rk, rd = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+    check(st == 200 and out["choices"][0]["text"] == r.stdout[len(P):-1] and drafted > kept and
+          0 <= rd - drafted <= 4 and 0 <= rk - kept <= rd - drafted,
+          "%s: one request alone: the drafts of kvlm run --draft (%d of %d kept; run: %s, one step more at most)" %
+          (label, kept, drafted, m.group(0) if m else r.stderr))
+
 # the pools: 40 blocks of 16 tokens (stories260K: 10 KiB a block, stories4M_hd64: 48 KiB), its draft as many
 for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920KiB")):
     path = os.path.join(models, model)
@@ -158,14 +182,16 @@ for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920
     draft = os.path.join(tmp, model.replace(".gguf", "-q4_0.gguf"))
     r = subprocess.run([kvlm, "convert", path, draft, "--type", "q4_0"], capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, "%s: q4_0 copy" % model, r.stderr)
+    same_drafts_as_run(path, draft, model + " q4_0 draft")
     concurrent(path, ["-c", "512", "--max-seqs", "16", "--kv-mem", mem, "-t", "2", "--draft", draft, "--draft-n", "4"],
                model + " q4_0 draft")
 
 # a smaller model as the draft: stories260K for stories4M_hd64 (the same 512-token vocabulary), K = 6, a roomy pool
 big, small = os.path.join(models, "stories4M_hd64.gguf"), os.path.join(models, "stories260K.gguf")
 if os.path.isfile(big):
+    same_drafts_as_run(big, small, "stories4M_hd64 with stories260K drafting")
     concurrent(big, ["-c", "512", "--max-seqs", "16", "-t", "2", "--draft", small, "--draft-n", "6"],
-               "stories4M_hd64 with stories260K drafting", want_preempt=False)
+               "stories4M_hd64 with stories260K drafting", want_preempt=False, min_accept=0.25)
 
 # refusals
 other = os.path.join(tmp, "other.gguf")

@@ -51,7 +51,7 @@ static void serve_usage(FILE *f) {
             "                          checked in the same step (same output; docs/speculative.md)\n"
             "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
             "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
-            "                          all requests, its own KV pool of as many blocks as the model's\n"
+            "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "  -h, --help              this help\n");
 }
@@ -164,8 +164,10 @@ int cmd_serve(int argc, char **argv) {
     if (draft_path) {
         /* One context for every request's draft sequence (the same ids): the
          * model's sequences and context, a pool of as many blocks as the
-         * model's, no eviction (drafts are taken back; a sequence drafts
-         * while it fits), no tiers and no swap (it rebuilds what it lost). */
+         * model's plus room for every sequence's drafts (K - 1 tokens past its
+         * text: the blocks they may open), no eviction (drafts are taken back;
+         * a sequence drafts while it fits), no tiers and no swap (it rebuilds
+         * what it lost). */
         kvlm_model_params dmp = {0};
         kvlm_ctx_params dcp = kvlm_ctx_default_params();
         dcp.n_ctx = kvlm_ctx_n_ctx(ctx);
@@ -173,7 +175,8 @@ int cmd_serve(int argc, char **argv) {
         dcp.n_batch = cp.n_batch;
         dcp.n_seq_max = cp.n_seq_max;
         dcp.block_size = st.block_size;
-        dcp.kv_blocks = st.n_blocks;
+        int k = sp.spec_n_draft ? sp.spec_n_draft : 4;
+        dcp.kv_blocks = st.n_blocks + cp.n_seq_max * ((k - 1 + st.block_size - 1) / st.block_size + 1);
         dcp.no_prefix_cache = cp.no_prefix_cache;
         dcp.cache_type_k = cp.cache_type_k == KVLM_CACHE_Q4_KC ? KVLM_CACHE_F16 : cp.cache_type_k;
         dcp.cache_type_v = cp.cache_type_v;

@@ -495,6 +495,9 @@ static unit *newest_active(kvlm_sched *s, bool only_preemptable, int *n_active) 
  * its history), as many as fit the batch's tokens left and the cache
  * without evicting (the cache then evolves as without speculation). */
 static int spec_room(const kvlm_sched *s, const unit *u) {
+    /* a leader's first token forks its followers (in the plain path): a
+     * prompt found whole in the prefix index decodes its last token alone */
+    if (u->index == 0 && !u->r->forked) return 0;
     int len = kvlm_seq_n_past(s->ctx, u->seq), K = u->k_cur ? u->k_cur : s->spec_k;
     int room = (s->budget < s->n_ctx ? s->budget : s->n_ctx) - len - 1;
     if (s->spec_q4kc) {
