@@ -6,7 +6,7 @@
 # without speculation; drafts were checked and kept (/metrics); a client that
 # hangs up mid-stream frees its sequences; n > 1 and sampling work. Also
 # stories260K drafting for stories4M_hd64 (the same vocabulary), a windowed
-# cache on random weights, and the refusals: a draft of another vocabulary,
+# cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -205,6 +205,9 @@ check(r.returncode == 1 and "needs --draft" in r.stderr, "--spec draft without -
 r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--spec", "lookup", "--draft", small], capture_output=True,
                    text=True, timeout=30)
 check(r.returncode == 1 and "--draft goes with --spec draft" in r.stderr, "--draft with --spec lookup refused", r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", small, "--device", "cuda"], capture_output=True,
+                   text=True, timeout=30)
+check(r.returncode == 1 and "CPU only" in r.stderr, "--draft with --device cuda refused", r.stderr)
 r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", os.path.join(tmp, "missing.gguf")],
                    capture_output=True, text=True, timeout=30)
 check(r.returncode == 1 and "draft model" in r.stderr and "listening" not in r.stdout, "a missing draft file refused", r.stderr)
@@ -236,6 +239,26 @@ same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
 check(same == 8 and m("kvlm_spec_accepted_tokens_total") > 0,
       "windowed llama: 8 concurrent answers with a q4_0 draft equal the plain server's (%d/8; %d of %d drafts kept)" %
       (same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1]))
+
+# under sinks eviction (a budget of 96 in a context of 128, answers of 250 tokens): drafts while the text
+# fits the draft's context, none after; 6 concurrent answers equal the plain server's asked one at a time
+ev = ["-c", "128", "--kv-budget", "96", "--kv-evict", "sinks", "-t", "1"]
+asks = ["Tom had a big dog %d. One day" % i for i in range(6)]
+body = lambda q: {"prompt": q, "max_tokens": 250, "temperature": 0}
+p = serve(small, ev)
+plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
+stop(p)
+p = serve(small, ev + ["--draft", os.path.join(tmp, "stories260K-q4_0.gguf")])
+got = [None] * 6
+ts = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+for t in ts: t.start()
+for t in ts: t.join()
+m = metrics() if port else (lambda name: -1)
+stop(p)
+same = sum(1 for i in range(6) if plain and got[i] == plain[i] and len(got[i]) > 300)
+check(same == 6 and m("kvlm_spec_accepted_tokens_total") > 0,
+      "sinks eviction past the context: 6 concurrent answers with a q4_0 draft equal the plain server's (%d/6; %d of %d "
+      "drafts kept)" % (same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1]))
 
 shutil.rmtree(tmp, ignore_errors=True)
 print("cli_serve_draft: %s" % ("all passed" if failures == 0 else "%d failed" % failures))

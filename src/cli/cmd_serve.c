@@ -120,6 +120,10 @@ int cmd_serve(int argc, char **argv) {
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
     if (sp.spec_mode == KVLM_SPEC_DRAFT && !draft_path) { cli_fail("serve", "--spec draft needs --draft MODEL"); goto out; }
     if (draft_path && sp.spec_mode != KVLM_SPEC_DRAFT) { cli_fail("serve", "--draft goes with --spec draft"); goto out; }
+    if (draft_path && cp.device == KVLM_DEVICE_CUDA) { /* its rollback has not run on a GPU (docs/speculative.md) */
+        cli_fail("serve", "--draft: speculative decoding runs on the CPU only (not --device cuda yet)");
+        goto out;
+    }
     if (sp.spec_n_draft < 0 || sp.spec_n_draft > 16) { cli_fail("serve", "--draft-n must be in 1..16"); goto out; }
     if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0)) {
         cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
