@@ -102,6 +102,8 @@ static int prompt_blocks(const kvlm_sched *s, int n) { return (hold(s, n) + s->b
 kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err) {
     kvlm_sched *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    pthread_mutex_init(&s->mu, NULL); /* first: kvlm_sched_free takes it on the error paths below */
+    pthread_cond_init(&s->cv, NULL);
     s->ctx = ctx;
     s->model = kvlm_ctx_model(ctx);
     s->batch_tokens = params && params->batch_tokens > 0 ? params->batch_tokens : 512;
@@ -159,8 +161,6 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         kvlm_sched_free(s);
         return NULL;
     }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     return s;
 }
 
