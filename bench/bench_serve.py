@@ -11,6 +11,7 @@ Bounded: a fixed number of requests per level, and no new request after --second
 usage: python3 bench/bench_serve.py [--kvlm build/kvlm] [--model M.gguf] [--levels 1,4,16,64]
                                     [--max-tokens 64] [--rounds 2] [--seconds 60] [--threads T]
                                     [--cache-type f32|f16|q8_0|...] [--no-stream]
+                                    [--serve-args "--draft D.gguf --draft-n 4"]
 """
 import argparse
 import http.client
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import selectors
+import shlex
 import socket
 import subprocess
 import sys
@@ -213,6 +215,7 @@ def main():
     ap.add_argument("--cache-type", help="kvlm serve --cache-type-k and -v (default: its own)")
     ap.add_argument("--no-stream", action="store_true",
                     help="whole answers instead of streamed tokens (no TTFT / TPOT): the cost of streaming")
+    ap.add_argument("--serve-args", default="", help="more kvlm serve options, e.g. \"--draft D.gguf\" or \"--spec lookup\"")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
 
@@ -234,6 +237,7 @@ def main():
         cmd += ["-t", str(a.threads)]
     if a.cache_type:
         cmd += ["--cache-type-k", a.cache_type, "--cache-type-v", a.cache_type]
+    cmd += shlex.split(a.serve_args)
     srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = srv.stdout.readline()
@@ -244,7 +248,7 @@ def main():
             threading.Thread(target=pipe.read, daemon=True).start()
         host, port = line.strip().rsplit("//", 1)[1].rsplit(":", 1)
         port = int(port)
-        print(f"kvlm serve {os.path.basename(model)} on {host}:{port}, {os.cpu_count()} cores, "
+        print(f"kvlm serve {os.path.basename(model)} {a.serve_args} on {host}:{port}, {os.cpu_count()} cores, "
               f"{'whole' if a.no_stream else 'streaming'} greedy completions of {a.max_tokens} tokens, distinct prompts")
         run_level(host, port, 1, 1, 8, a.seconds, 10 ** 6)  # warm-up: page the weights in
         print(f"{'streams':>7} {'requests':>8} {'tokens':>7} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "

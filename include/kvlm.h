@@ -668,6 +668,13 @@ typedef struct kvlm_sched_params {
      * running sequence's token, checked in the same step's batch; output as
      * without speculation (greedy: the same tokens). 0: none. */
     int spec_mode, spec_n_draft;
+    /* KVLM_SPEC_DRAFT: the draft model's context (same vocabulary, no
+     * eviction, no q4_kc keys, at least n_seq_max sequences; not owned; used
+     * by the engine thread only). Its sequence ids mirror the context's: each
+     * step it catches up on every decoding sequence's new tokens in one
+     * batch, then drafts spec_n_draft tokens (0: 4) for all of them in one
+     * batch per round (greedy), checked as lookup drafts are. */
+    kvlm_ctx *draft_ctx;
 } kvlm_sched_params;
 
 typedef struct kvlm_request_params {
@@ -734,6 +741,9 @@ typedef struct kvlm_sched_stats {
     kvlm_kv_tier_stats tiers[KVLM_MAX_KV_TIERS];
     int n_tiers;
     uint64_t spec_drafted, spec_accepted; /* speculation: draft tokens checked, and kept */
+    /* draft model: steps it proposed in, and failures of its context (pool
+     * full, errors) that cost drafts (the step went on without them) */
+    uint64_t spec_draft_steps, spec_draft_failures;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 
@@ -788,6 +798,7 @@ typedef struct kvlm_server_params {
     const char *kv_events;
     const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
+    kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

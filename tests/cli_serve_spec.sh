@@ -3,7 +3,7 @@
 # only): 32 concurrent streaming greedy requests with repetitive prompts, in a
 # pool small enough to force preemption, each equal to `kvlm run` of that
 # prompt without speculation; drafts were checked and kept (/metrics); n > 1
-# and sampling work; bad --spec refused.
+# and sampling work; bad --spec refused (--draft: tests/cli_serve_draft.sh).
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -19,8 +19,8 @@ def check(cond, name, detail=""):
     print(("ok   " if cond else "FAIL ") + name + ("" if cond else " %s" % (detail,)))
     failures += 0 if cond else 1
 
-r = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--spec", "draft"], capture_output=True, text=True, timeout=30)
-check(r.returncode == 1 and "lookup only" in r.stderr, "serve --spec draft refused", r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--spec", "guess"], capture_output=True, text=True, timeout=30)
+check(r.returncode == 1 and "expected lookup, draft or none" in r.stderr, "serve --spec guess refused", r.stderr)
 
 # 40 blocks of 16 tokens: 32 requests of ~60-160 tokens need far more at once
 proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "--max-seqs", "16", "--kv-mem", "400KiB",

@@ -49,13 +49,16 @@ static void serve_usage(FILE *f) {
             "                          reads kv@POD@MODEL)\n"
             "      --spec lookup       speculative decoding by prompt lookup: each running request's drafts\n"
             "                          checked in the same step (same output; docs/speculative.md)\n"
-            "      --draft-n K         most drafts per request and step (default 8, at most 16)\n"
+            "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
+            "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
+            "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
+            "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
-    const char *key_file = NULL, *origin = NULL, *spec_name = NULL;
+    const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
@@ -98,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -112,9 +116,12 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
-    if (spec_name && (sp.spec_mode = kvlm_spec_mode_from_name(spec_name)) != KVLM_SPEC_LOOKUP &&
-        sp.spec_mode != KVLM_SPEC_NONE) {
-        cli_fail("serve", "--spec %s: the server speculates by lookup only (or none)", spec_name);
+    sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
+    if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
+    if (sp.spec_mode == KVLM_SPEC_DRAFT && !draft_path) { cli_fail("serve", "--spec draft needs --draft MODEL"); goto out; }
+    if (draft_path && sp.spec_mode != KVLM_SPEC_DRAFT) { cli_fail("serve", "--draft goes with --spec draft"); goto out; }
+    if (draft_path && cp.device == KVLM_DEVICE_CUDA) { /* its rollback has not run on a GPU (docs/speculative.md) */
+        cli_fail("serve", "--draft: speculative decoding runs on the CPU only (not --device cuda yet)");
         goto out;
     }
     if (sp.spec_n_draft < 0 || sp.spec_n_draft > 16) { cli_fail("serve", "--draft-n must be in 1..16"); goto out; }
@@ -150,20 +157,59 @@ int cmd_serve(int argc, char **argv) {
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
-    kvlm_ctx *ctx = NULL;
+    kvlm_ctx *ctx = NULL, *dctx = NULL;
+    kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
     kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
     if (!(ctx = kvlm_ctx_create(model, &cp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
-    if (!(srv = kvlm_server_start(ctx, &sp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
+    if (draft_path) {
+        /* One context for every request's draft sequence (the same ids): the
+         * model's sequences and context, a pool of as many blocks as the
+         * model's plus room for every sequence's drafts (K - 1 tokens past its
+         * text: the blocks they may open), no eviction (drafts are taken back;
+         * a sequence drafts while it fits), no tiers and no swap (it rebuilds
+         * what it lost). */
+        kvlm_model_params dmp = {0};
+        kvlm_ctx_params dcp = kvlm_ctx_default_params();
+        dcp.n_ctx = kvlm_ctx_n_ctx(ctx);
+        dcp.n_threads = cp.n_threads;
+        dcp.n_batch = cp.n_batch;
+        dcp.n_seq_max = cp.n_seq_max;
+        dcp.block_size = st.block_size;
+        int k = sp.spec_n_draft ? sp.spec_n_draft : 4;
+        dcp.kv_blocks = st.n_blocks + cp.n_seq_max * ((k - 1 + st.block_size - 1) / st.block_size + 1);
+        dcp.no_prefix_cache = cp.no_prefix_cache;
+        dcp.cache_type_k = cp.cache_type_k == KVLM_CACHE_Q4_KC ? KVLM_CACHE_F16 : cp.cache_type_k;
+        dcp.cache_type_v = cp.cache_type_v;
+        dcp.device = cp.device;
+        dcp.no_kv_swap = true;
+        if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &dcp, &err))) {
+            cli_fail("serve", "draft model %s: %s", draft_path, err.msg);
+            goto done;
+        }
+        sp.draft_ctx = dctx;
+    }
+    if (!(srv = kvlm_server_start(ctx, &sp, &err))) {
+        if (draft_path) cli_fail("serve", "draft model %s: %s", draft_path, err.msg);
+        else cli_fail("serve", "%s", err.msg);
+        goto done;
+    }
     fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)",
             kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
             (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20));
     if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
         fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
     fputc('\n', stderr);
+    if (dctx) {
+        kvlm_kv_stats ds;
+        kvlm_kv_stats_get(dctx, &ds);
+        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)\n",
+                draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, ds.n_blocks, ds.block_size,
+                (double)kvlm_ctx_kv_capacity_bytes(dctx) / (1 << 20));
+    }
     const char *host = sp.host ? sp.host : "127.0.0.1";
     bool v6 = strchr(host, ':') != NULL; /* a literal IPv6 address goes in brackets in a URL */
     printf("kvlm serve: listening on %s://%s%s%s:%d\n", sp.ssl_key_file ? "https" : "http", v6 ? "[" : "", host,
@@ -175,6 +221,8 @@ int cmd_serve(int argc, char **argv) {
     rc = 0;
 done:
     kvlm_server_stop(srv);
+    kvlm_ctx_free(dctx);
+    kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);
     kvlm_model_free(model);
 out:

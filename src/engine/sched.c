@@ -8,6 +8,7 @@
  * run past the context within their KV budget. */
 #include "engine/sched.h"
 #include "engine/spec.h"
+#include "engine/spec_draft.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@ typedef struct {
     int n_draft;       /* speculation: drafts after its token in this step's batch */
     int32_t draft[SCHED_MAX_DRAFT];
     int k_cur;         /* drafts per step now (0: spec_k): halved after none kept, doubled after all */
+    int n_prop;        /* draft model: drafts it proposed this step (in draft[]) */
 } unit;
 
 struct req {
@@ -84,6 +86,12 @@ struct kvlm_sched {
     int32_t *spec_ids;
     float *spec_probs;
     uint64_t spec_drafted, spec_accepted;
+    /* speculation by a draft model (KVLM_SPEC_DRAFT): its context drafts for
+     * the step's decoding units together (engine/spec_draft) */
+    spec_drafter *drafter;
+    spec_draft_req *dreq;
+    unit **dunit;
+    int n_dreq;
 };
 
 /* Tokens a sequence of n tokens holds in the cache once settled: the budget caps it. */
@@ -94,6 +102,8 @@ static int prompt_blocks(const kvlm_sched *s, int n) { return (hold(s, n) + s->b
 kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kvlm_error *err) {
     kvlm_sched *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    pthread_mutex_init(&s->mu, NULL); /* first: kvlm_sched_free takes it on the error paths below */
+    pthread_cond_init(&s->cv, NULL);
     s->ctx = ctx;
     s->model = kvlm_ctx_model(ctx);
     s->batch_tokens = params && params->batch_tokens > 0 ? params->batch_tokens : 512;
@@ -120,20 +130,29 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->want = malloc((size_t)cap);
     s->who = malloc((size_t)cap * sizeof(unit *));
     s->lp = malloc((size_t)s->vocab * sizeof(float));
-    if (params && params->spec_mode == KVLM_SPEC_LOOKUP) {
-        s->spec_k = params->spec_n_draft > 0 ? params->spec_n_draft : 8;
+    if (params && (params->spec_mode == KVLM_SPEC_LOOKUP || params->spec_mode == KVLM_SPEC_DRAFT)) {
+        bool draft = params->spec_mode == KVLM_SPEC_DRAFT;
+        if (draft) {
+            int n = kvlm_ctx_n_seq_max(ctx);
+            if (!(s->drafter = spec_drafter_create(ctx, params->draft_ctx, err))) {
+                kvlm_sched_free(s);
+                return NULL;
+            }
+            s->dreq = calloc((size_t)n, sizeof *s->dreq);
+            s->dunit = calloc((size_t)n, sizeof *s->dunit);
+        }
+        s->spec_k = params->spec_n_draft > 0 ? params->spec_n_draft : draft ? 4 : 8;
         if (s->spec_k > SCHED_MAX_DRAFT) s->spec_k = SCHED_MAX_DRAFT;
         s->spec_q4kc = st.type_k == KVLM_CACHE_Q4_KC;
         s->spec_ids = malloc((size_t)s->vocab * sizeof(int32_t));
         s->spec_probs = malloc((size_t)s->vocab * sizeof(float));
-        if (!s->spec_ids || !s->spec_probs) {
+        if (!s->spec_ids || !s->spec_probs || (draft && (!s->dreq || !s->dunit))) {
             util_err_set(err, KVLM_ENOMEM, "out of memory");
             kvlm_sched_free(s);
             return NULL;
         }
     } else if (params && params->spec_mode != KVLM_SPEC_NONE) {
-        util_err_set(err, KVLM_EUNSUPPORTED, "the scheduler speculates by prompt lookup only (spec mode %d)",
-                     params->spec_mode);
+        util_err_set(err, KVLM_EUNSUPPORTED, "unknown speculation mode %d (lookup, draft)", params->spec_mode);
         kvlm_sched_free(s);
         return NULL;
     }
@@ -142,8 +161,6 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         kvlm_sched_free(s);
         return NULL;
     }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     return s;
 }
 
@@ -170,6 +187,7 @@ static kvlm_sched_event event_for(const unit *u) {
 static void release(kvlm_sched *s, unit *u) {
     if (u->seq < 0) return;
     kvlm_seq_free(s->ctx, u->seq);
+    spec_drafter_drop(s->drafter, u->seq);
     s->slot_used[u->seq] = false;
     u->seq = -1;
 }
@@ -223,6 +241,8 @@ void kvlm_sched_free(kvlm_sched *s) {
     }
     free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
     free(s->spec_ids); free(s->spec_probs);
+    spec_drafter_free(s->drafter);
+    free(s->dreq); free(s->dunit);
     free(s->snap_req);
     free(s->work_req);
     free(s->blk_snap);
@@ -356,6 +376,7 @@ static void preempt(kvlm_sched *s, unit *u) {
         int rc = kvlm_seq_swap_out(s->ctx, seq, &u->swap, &err);
         if (rc == KVLM_OK) {
             s->swaps_evicted += evicted;
+            spec_drafter_drop(s->drafter, seq);
             s->slot_used[seq] = false;
             u->seq = -1;
             s->swaps_out++;
@@ -473,8 +494,10 @@ static unit *newest_active(kvlm_sched *s, bool only_preemptable, int *n_active) 
 /* Speculation: drafts by prompt lookup after the unit's token (the last of
  * its history), as many as fit the batch's tokens left and the cache
  * without evicting (the cache then evolves as without speculation). */
-static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
-    if (!s->spec_k || s->spec_skip) return 0;
+static int spec_room(const kvlm_sched *s, const unit *u) {
+    /* a leader's first token forks its followers (in the plain path): a
+     * prompt found whole in the prefix index decodes its last token alone */
+    if (u->index == 0 && !u->r->forked) return 0;
     int len = kvlm_seq_n_past(s->ctx, u->seq), K = u->k_cur ? u->k_cur : s->spec_k;
     int room = (s->budget < s->n_ctx ? s->budget : s->n_ctx) - len - 1;
     if (s->spec_q4kc) {
@@ -482,13 +505,48 @@ static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
         if (room > end - len - 2) room = end - len - 2;
     }
     if (K > room) K = room;
-    if (K > budget_left) K = budget_left;
     if (K > s->max_feed - 1) K = s->max_feed - 1;
+    return K;
+}
+
+static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
+    if (!s->spec_k || s->spec_skip) return 0;
+    int K = spec_room(s, u);
+    if (K > budget_left) K = budget_left;
     if (K <= 0) return 0;
-    int nd = spec_lookup(u->hist, u->n_hist, 3, 1, K, u->draft);
+    int nd = s->drafter ? (u->n_prop < K ? u->n_prop : K) : spec_lookup(u->hist, u->n_hist, 3, 1, K, u->draft);
     kvlm_error err;
     if (nd && kvlm_seq_spec_begin(s->ctx, u->seq, &err)) nd = 0;
     return nd;
+}
+
+/* Speculation by a draft model: before the step's batch is built, the
+ * draft context proposes for every unit that decodes in it, all together
+ * (engine/spec_draft); build_batch then takes the drafts that fit. */
+static void draft_propose(kvlm_sched *s) {
+    s->n_dreq = 0;
+    for (req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            unit *u = &r->u[i];
+            u->n_prop = 0;
+            if (u->done || u->seq < 0 || follower(u) || u->n_hist - fed(s, u) != 1) continue;
+            int K = spec_room(s, u);
+            if (K <= 0) continue;
+            s->dunit[s->n_dreq] = u;
+            s->dreq[s->n_dreq++] = (spec_draft_req){u->seq, u->hist, u->n_hist, K, u->draft, 0};
+        }
+    spec_drafter_propose(s->drafter, s->dreq, s->n_dreq, s->batch_tokens);
+    for (int i = 0; i < s->n_dreq; i++) s->dunit[i]->n_prop = s->dreq[i].n_out;
+}
+
+/* After the check: the draft context keeps what the target kept. */
+static void draft_sync(kvlm_sched *s) {
+    for (int i = 0; i < s->n_dreq; i++) {
+        unit *u = s->dunit[i];
+        u->n_prop = 0;
+        if (!u->done && u->seq >= 0) spec_drafter_sync(s->drafter, u->seq, u->hist, u->n_hist);
+    }
+    s->n_dreq = 0;
 }
 
 static int build_batch(kvlm_sched *s) {
@@ -653,6 +711,7 @@ static void publish(kvlm_sched *s) {
     s->snap.generated_tokens = s->generated;
     s->snap.spec_drafted = s->spec_drafted;
     s->snap.spec_accepted = s->spec_accepted;
+    if (s->drafter) spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures);
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
     s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
@@ -725,6 +784,7 @@ int kvlm_sched_step(kvlm_sched *s) {
     reap(s);
     admit(s);
     s->spec_skip = false;
+    if (s->drafter) draft_propose(s);
     int n = 0;
     kvlm_error err = {0};
     for (;;) {
@@ -790,6 +850,7 @@ int kvlm_sched_step(kvlm_sched *s) {
         }
         sample(s, u, logits);
     }
+    if (s->drafter) draft_sync(s);
     reap(s);
     kvlm_ctx_kv_events_flush(s->ctx); /* this step's KV events form one batch */
     take_blocks(s);

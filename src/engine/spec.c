@@ -70,6 +70,8 @@ static int same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err)
     return KVLM_OK;
 }
 
+int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err) { return same_vocab(a, b, err); }
+
 void kvlm_spec_free(kvlm_spec *sp) {
     if (!sp) return;
     free(sp->hist); free(sp->logits); free(sp->batch); free(sp->bseq); free(sp->want); free(sp->ids);

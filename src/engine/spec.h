@@ -1,5 +1,6 @@
 /* engine/spec: the parts of speculative decoding the scheduler shares with
- * kvlm_spec (engine/spec.c): prompt lookup and the acceptance rule. */
+ * kvlm_spec (engine/spec.c): prompt lookup, the acceptance rule, the
+ * vocabulary check. */
 #ifndef KVLM_ENGINE_SPEC_H
 #define KVLM_ENGINE_SPEC_H
 #include <stdbool.h>
@@ -22,4 +23,7 @@ bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, fl
  * whatever q is; acceptance is sum_t min(p(t), q(t)). */
 bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q, int32_t *ids, float *probs,
                   int32_t *next);
+/* KVLM_OK when the draft model b has model a's vocabulary (size, every
+ * token's text, BOS/EOS), else KVLM_EINVAL naming the first difference. */
+int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err);
 #endif

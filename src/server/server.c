@@ -301,6 +301,11 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
     metric(&b, "kvlm_spec_draft_tokens_total", "counter", "Speculative draft tokens checked", (double)st.spec_drafted);
     metric(&b, "kvlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens kept", (double)st.spec_accepted);
+    metric(&b, "kvlm_spec_draft_model_steps_total", "counter", "Engine steps in which the draft model proposed",
+           (double)st.spec_draft_steps);
+    metric(&b, "kvlm_spec_draft_model_failures_total", "counter",
+           "Draft-model decodes that failed (pool full, error); their steps went on with fewer drafts",
+           (double)st.spec_draft_failures);
     metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
     metric(&b, "kvlm_tokens_per_second", "gauge", "Tokens generated per second, recently", st.tokens_per_second);
     pthread_mutex_lock(&s->mu);
@@ -846,7 +851,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         kvlm_ctx_set_kv_event_sink(ctx, &sink);
     }
     kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs, .spec_mode = p->spec_mode,
-                            .spec_n_draft = p->spec_n_draft};
+                            .spec_n_draft = p->spec_n_draft, .draft_ctx = p->draft_ctx};
     if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
     if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
         util_err_set(err, KVLM_ENOMEM, "cannot start the engine thread");

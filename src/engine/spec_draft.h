@@ -1,0 +1,47 @@
+/* engine/spec_draft: a draft model's proposals for many sequences at once,
+ * for the scheduler (kvlm_sched with KVLM_SPEC_DRAFT): one draft kvlm_ctx
+ * whose sequence ids mirror the target's, caught up and drafting in batches. */
+#ifndef KVLM_ENGINE_SPEC_DRAFT_H
+#define KVLM_ENGINE_SPEC_DRAFT_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvlm.h"
+
+#define SPEC_DRAFT_MAX 16 /* most drafts per sequence and step */
+
+typedef struct spec_drafter spec_drafter;
+
+/* One sequence to draft for: its text is hist[0, n_hist), whose last token
+ * the target has chosen and not yet fed; at most k drafts go to out. */
+typedef struct spec_draft_req {
+    int seq;
+    const int32_t *hist;
+    int n_hist;
+    int k;
+    int32_t *out;
+    int n_out;           /* set by spec_drafter_propose: drafts written (0: none this step) */
+} spec_draft_req;
+
+/* Checks that draft can draft for target: the same vocabulary (as
+ * kvlm_spec_create), no eviction and no q4_kc keys in its cache (drafts are
+ * taken back across blocks), and at least the target's sequences. */
+spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error *err);
+void spec_drafter_free(spec_drafter *d);
+/* Proposes drafts: first one batched kvlm_decode of the draft context
+ * catches every sequence up on the tokens of its text it lacks (at most
+ * max_catchup tokens in all; a sequence that needs more is fed a piece and
+ * drafts a later step), then rounds of one batched decode over all drafting
+ * sequences, each taking every sequence's argmax. A failure of the draft
+ * context (its pool full, an error) never fails: the sequences it touches
+ * get fewer or no drafts this step. The drafts stay in the draft context,
+ * unverified, until spec_drafter_sync. */
+void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchup);
+/* After the target's check: the sequence's text is now hist[0, n_hist); the
+ * draft context keeps the tokens that agree with it and takes back the rest. */
+void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist);
+/* The target's sequence seq was freed (finished, cancelled, preempted):
+ * so is the draft's (a later owner of the id is caught up from nothing). */
+void spec_drafter_drop(spec_drafter *d, int seq);
+/* Steps with proposals; draft-context failures that cost drafts. */
+void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures);
+#endif

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# tests/cli_serve_draft: `kvlm serve --draft MODEL` end to end (python3 stdlib
+# only). On stories260K and stories4M_hd64, each with a q4_0 copy of itself
+# (kvlm convert) as its draft, in a pool small enough to force preemption:
+# 32 concurrent streaming greedy requests each equal `kvlm run` of that prompt
+# without speculation; drafts were checked and kept (/metrics); a client that
+# hangs up mid-stream frees its sequences; n > 1 and sampling work. Also
+# stories260K drafting for stories4M_hd64 (the same vocabulary), a windowed
+# cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
+# --spec draft without --draft, --draft with --spec lookup.
+set -uo pipefail
+KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
+if [ ! -f "$MODELS/stories260K.gguf" ]; then echo "SKIP: $MODELS/stories260K.gguf not found (set KVLM_MODELS)"; exit 77; fi
+exec /usr/bin/python3 - "$KVLM" "$MODELS" <<'PY'
+import http.client, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+
+kvlm, models = sys.argv[1], sys.argv[2]
+tmp = tempfile.mkdtemp()
+failures = 0
+def check(cond, name, detail=""):
+    global failures
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else " %s" % (detail,)), flush=True)
+    failures += 0 if cond else 1
+
+port = 0
+def serve(model, extra):
+    global port
+    p = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0"] + extra, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p.stdout.readline())
+    port = int(m.group(1)) if m else 0
+    if not m:
+        print("no listening line; stderr: %s" % p.stderr.read())
+    return p
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return -1
+
+def request(method, path, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request(method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode("utf-8", "replace")
+    c.close()
+    try:
+        return r.status, json.loads(text)
+    except ValueError:
+        return r.status, text
+
+def stream(body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text, finish = "", None
+    for raw in r:
+        line = raw.decode().rstrip("\r\n")
+        if line == "data: [DONE]":
+            break
+        if line.startswith("data: "):
+            ch = json.loads(line[6:])["choices"][0]
+            text += ch.get("text") or ""
+            finish = ch.get("finish_reason") or finish
+    c.close()
+    return text, finish
+
+def metrics():
+    text = request("GET", "/metrics")[1]
+    def get(name):
+        m = re.search(r"^%s (\S+)$" % name, text, re.M)
+        return float(m.group(1)) if m else -1
+    return get
+
+def run_alone(model, prompt, n):
+    r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
+                       capture_output=True, text=True, timeout=120)
+    return r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
+
+names = ["Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe"]
+things = ["red ball", "big dog", "little cat", "blue box"]
+prompts = ["%s had a %s. One day %s went to the park with the %s" % (n, t, n, t) for n in names for t in things][:32]
+max_tokens = [60 + 13 * (i % 8) for i in range(32)]
+
+def concurrent(model, extra, label, want_preempt=True, min_accept=0.5):
+    """32 concurrent streams against kvlm run alone; drafts checked and kept."""
+    alone = [run_alone(model, p, n) for p, n in zip(prompts, max_tokens)]
+    p = serve(model, extra)
+    if not port:
+        check(False, "%s: server starts" % label)
+        return
+    results = [None] * 32
+    def worker(i):
+        try:
+            results[i] = stream({"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0})
+        except Exception as e:
+            results[i] = (None, repr(e))
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    same = sum(1 for i in range(32) if results[i][0] is not None and results[i][0] == alone[i])
+    bad = [(prompts[i], results[i][0], alone[i]) for i in range(32) if results[i][0] != alone[i]][:2]
+    check(same == 32, "%s: 32 concurrent streams with draft-model speculation equal kvlm run of each prompt alone (%d/32)"
+          % (label, same), bad)
+    m = metrics()
+    drafted, kept, pre = m("kvlm_spec_draft_tokens_total"), m("kvlm_spec_accepted_tokens_total"), m("kvlm_preemptions_total")
+    steps, fails = m("kvlm_spec_draft_model_steps_total"), m("kvlm_spec_draft_model_failures_total")
+    # a draft context that mixed up its sequences (rows, catch-up) would still give the same text, but keep few drafts
+    check(drafted > 0 and kept >= min_accept * drafted and kept <= drafted and steps > 0,
+          "%s: drafts checked and kept: %d of %d (%.0f%%, at least %.0f%% expected) in %d draft steps (%d draft-context "
+          "failures), %d preemptions" % (label, kept, drafted, 100.0 * kept / max(drafted, 1), 100 * min_accept, steps,
+                                         fails, pre))
+    if want_preempt:
+        check(pre > 0, "%s: the small pool forced preemption (%d)" % (label, pre))
+
+    # a client that hangs up mid-stream: its sequences (and draft sequences) go
+    s = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"prompt": prompts[3], "max_tokens": 400, "temperature": 0, "stream": True})
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    got = b""
+    while got.count(b"data: ") < 5:
+        chunk = s.recv(4096)
+        if not chunk: break
+        got += chunk
+    s.close()
+    idle = False
+    for _ in range(100):
+        st = request("GET", "/kvlm/status")[1]
+        if isinstance(st, dict) and json.dumps(st).find('"running": 0') >= 0 and json.dumps(st).find('"waiting": 0') >= 0:
+            idle = True
+            break
+        time.sleep(0.1)
+    check(idle and got.count(b"data: ") >= 5, "%s: a client hanging up mid-stream is cancelled (server idle after)" % label)
+    text, _ = stream({"prompt": prompts[5], "max_tokens": max_tokens[5], "temperature": 0})
+    check(text == alone[5], "%s: after the cancel a greedy stream still equals kvlm run" % label, (text, alone[5]))
+
+    st, r = request("POST", "/v1/completions", {"prompt": prompts[0], "max_tokens": 40, "temperature": 0, "n": 3})
+    check(st == 200 and len(r["choices"]) == 3 and all(c["text"] == alone[0][:len(c["text"])] and len(c["text"]) > 0
+                                                       for c in r["choices"]),
+          "%s: n = 3 greedy: three copies of the text alone" % label, r)
+    st, r = request("POST", "/v1/completions", {"prompt": prompts[1], "max_tokens": 50, "temperature": 0.9, "seed": 5, "n": 2})
+    check(st == 200 and r["usage"]["completion_tokens"] > 0 and all(len(c["text"]) > 0 for c in r["choices"]),
+          "%s: sampling with a draft model answers" % label, r)
+    st, r = request("POST", "/v1/completions", {"prompt": prompts[2], "max_tokens": 60, "temperature": 0.8, "top_k": 20,
+                                                 "top_p": 0.9, "seed": 11})
+    check(st == 200 and r["usage"]["completion_tokens"] > 0, "%s: sampling with top-k and top-p answers" % label, r)
+    check(stop(p) == 0, "%s: server stops on SIGTERM" % label)
+
+def same_drafts_as_run(model, draft, label):
+    """One request alone: the batched drafter proposes what kvlm run --draft proposes (the draft context's
+    cache kept right across rejections), so the drafts checked and kept are the same numbers."""
+    P = "Lily had a red ball. One day Lily went to the park with the red ball"
+    r = subprocess.run([kvlm, "run", "-m", model, "-p", P, "-n", "150", "--temp", "0", "-t", "1", "-c", "512",
+                        "--draft", draft, "--draft-n", "4"], capture_output=True, text=True, timeout=120)
+    m = re.search(r"(\d+)/(\d+) drafts accepted", r.stderr)
+    p = serve(model, ["-c", "512", "-t", "1", "--draft", draft, "--draft-n", "4"])
+    st, out = request("POST", "/v1/completions", {"prompt": P, "max_tokens": 150, "temperature": 0}) if port else (0, {})
+    for _ in range(100): # the figures are published after the step that ended it
+        g = metrics()
+        if g("kvlm_requests_total") >= 1: break
+        time.sleep(0.05)
+    stop(p)
+    kept, drafted = g("kvlm_spec_accepted_tokens_total"), g("kvlm_spec_draft_tokens_total")
+    # kvlm run gives out the last token with the step after it, which drafts too: that one step more at most
+    rk, rd = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+    check(st == 200 and out["choices"][0]["text"] == r.stdout[len(P):-1] and drafted > kept and
+          0 <= rd - drafted <= 4 and 0 <= rk - kept <= rd - drafted,
+          "%s: one request alone: the drafts of kvlm run --draft (%d of %d kept; run: %s, one step more at most)" %
+          (label, kept, drafted, m.group(0) if m else r.stderr))
+
+# the pools: 40 blocks of 16 tokens (stories260K: 10 KiB a block, stories4M_hd64: 48 KiB), its draft as many
+for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920KiB")):
+    path = os.path.join(models, model)
+    if not os.path.isfile(path):
+        print("SKIP part: %s not found" % path)
+        continue
+    draft = os.path.join(tmp, model.replace(".gguf", "-q4_0.gguf"))
+    r = subprocess.run([kvlm, "convert", path, draft, "--type", "q4_0"], capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0, "%s: q4_0 copy" % model, r.stderr)
+    same_drafts_as_run(path, draft, model + " q4_0 draft")
+    concurrent(path, ["-c", "512", "--max-seqs", "16", "--kv-mem", mem, "-t", "2", "--draft", draft, "--draft-n", "4"],
+               model + " q4_0 draft")
+
+# a smaller model as the draft: stories260K for stories4M_hd64 (the same 512-token vocabulary), K = 6, a roomy pool
+big, small = os.path.join(models, "stories4M_hd64.gguf"), os.path.join(models, "stories260K.gguf")
+if os.path.isfile(big):
+    same_drafts_as_run(big, small, "stories4M_hd64 with stories260K drafting")
+    concurrent(big, ["-c", "512", "--max-seqs", "16", "-t", "2", "--draft", small, "--draft-n", "6"],
+               "stories4M_hd64 with stories260K drafting", want_preempt=False, min_accept=0.25)
+
+# refusals
+other = os.path.join(tmp, "other.gguf")
+subprocess.run([kvlm, "synth", other, "--dim", "64", "--layers", "1", "--heads", "4", "--kv-heads", "4", "--hidden", "128",
+                "--vocab", "300", "--type", "f32"], capture_output=True, timeout=60)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", other], capture_output=True, text=True, timeout=60)
+check(r.returncode == 1 and "vocabulary" in r.stderr and "300" in r.stderr and "listening" not in r.stdout,
+      "a draft of another vocabulary is refused at startup: %s" % r.stderr.strip().splitlines()[-1:], r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--spec", "draft"], capture_output=True, text=True, timeout=30)
+check(r.returncode == 1 and "needs --draft" in r.stderr, "--spec draft without --draft refused", r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--spec", "lookup", "--draft", small], capture_output=True,
+                   text=True, timeout=30)
+check(r.returncode == 1 and "--draft goes with --spec draft" in r.stderr, "--draft with --spec lookup refused", r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", small, "--device", "cuda"], capture_output=True,
+                   text=True, timeout=30)
+check(r.returncode == 1 and "CPU only" in r.stderr, "--draft with --device cuda refused", r.stderr)
+r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", os.path.join(tmp, "missing.gguf")],
+                   capture_output=True, text=True, timeout=30)
+check(r.returncode == 1 and "draft model" in r.stderr and "listening" not in r.stdout, "a missing draft file refused", r.stderr)
+
+# a windowed cache (random weights, window 8 on every layer, blocks of 4) and its q4_0 copy as the draft:
+# 8 concurrent answers equal the plain server's, asked one at a time
+swa, swa_draft = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "swa-q4_0.gguf")
+subprocess.run([kvlm, "synth", swa, "--arch", "llama", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
+                "--sliding-window", "8", "--layers", "2", "--seed", "5"], capture_output=True, timeout=60)
+subprocess.run([kvlm, "convert", swa, swa_draft, "--type", "q4_0"], capture_output=True, timeout=60)
+asks = ["once upon a time %d the cat sat on the mat and the cat" % i for i in range(8)]
+body = lambda q: {"prompt": q, "max_tokens": 80, "temperature": 0}
+p = serve(swa, ["--block-size", "4", "-t", "1"])
+plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
+stop(p)
+p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", swa_draft])
+got = [None] * 8
+def ask(i):
+    try:
+        got[i] = request("POST", "/v1/completions", body(asks[i]))[1]["choices"][0]["text"]
+    except Exception as e:
+        got[i] = repr(e)
+ts = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+for t in ts: t.start()
+for t in ts: t.join()
+m = metrics() if port else (lambda name: -1)
+stop(p)
+same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
+check(same == 8 and m("kvlm_spec_accepted_tokens_total") > 0,
+      "windowed llama: 8 concurrent answers with a q4_0 draft equal the plain server's (%d/8; %d of %d drafts kept)" %
+      (same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1]))
+
+# under sinks eviction (a budget of 96 in a context of 128, answers of 250 tokens): drafts while the text
+# fits the draft's context, none after; 6 concurrent answers equal the plain server's asked one at a time
+ev = ["-c", "128", "--kv-budget", "96", "--kv-evict", "sinks", "-t", "1"]
+asks = ["Tom had a big dog %d. One day" % i for i in range(6)]
+body = lambda q: {"prompt": q, "max_tokens": 250, "temperature": 0}
+p = serve(small, ev)
+plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
+stop(p)
+p = serve(small, ev + ["--draft", os.path.join(tmp, "stories260K-q4_0.gguf")])
+got = [None] * 6
+ts = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+for t in ts: t.start()
+for t in ts: t.join()
+m = metrics() if port else (lambda name: -1)
+stop(p)
+same = sum(1 for i in range(6) if plain and got[i] == plain[i] and len(got[i]) > 300)
+check(same == 6 and m("kvlm_spec_accepted_tokens_total") > 0,
+      "sinks eviction past the context: 6 concurrent answers with a q4_0 draft equal the plain server's (%d/6; %d of %d "
+      "drafts kept)" % (same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1]))
+
+shutil.rmtree(tmp, ignore_errors=True)
+print("cli_serve_draft: %s" % ("all passed" if failures == 0 else "%d failed" % failures))
+sys.exit(1 if failures else 0)
+PY
