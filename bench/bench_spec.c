@@ -159,10 +159,11 @@ static void bench_model(const char *name, const char *target_path, int threads, 
  * occurrences: acceptance is not 100%. Lookup with K = 8, a q4_0 copy of the
  * model as its draft, and a smaller model as its draft. */
 static void bench_copy(const char *path, const char *small_draft, const char *text_model, int threads) {
-    char name[23];
+    char name[256];
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     snprintf(name, sizeof name, "%s", base);
     if (strstr(name, ".gguf")) *strstr(name, ".gguf") = 0;
+    name[22] = 0;
     kvlm_error err = {0};
     kvlm_model_params vp = {.vocab_only = true};
     kvlm_model *tm = kvlm_model_load(text_model, &vp, &err);
