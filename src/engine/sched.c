@@ -8,6 +8,7 @@
  * run past the context within their KV budget. */
 #include "engine/sched.h"
 #include "engine/spec.h"
+#include "engine/sampler.h"
 #include "engine/spec_draft.h"
 #include <math.h>
 #include <pthread.h>
@@ -35,6 +36,8 @@ typedef struct {
     int32_t draft[SCHED_MAX_DRAFT];
     int k_cur;         /* drafts per step now (0: spec_k): halved after none kept, doubled after all */
     int n_prop;        /* draft model: drafts it proposed this step (in draft[]) */
+    float *q;          /* draft model, sampling: the draft's distribution for each draft (spec_k rows of vocab) */
+    bool soft;         /* this step's drafts were drawn from q (spec_check_q), not the draft's argmax */
 } unit;
 
 struct req {
@@ -167,6 +170,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
 static void req_free(req *r) {
     for (int i = 0; r->u && i < r->n; i++) {
         free(r->u[i].hist);
+        free(r->u[i].q);
         kvlm_sampler_free(r->u[i].smp);
     }
     free(r->u);
@@ -532,8 +536,13 @@ static void draft_propose(kvlm_sched *s) {
             if (u->done || u->seq < 0 || follower(u) || u->n_hist - fed(s, u) != 1) continue;
             int K = spec_room(s, u);
             if (K <= 0) continue;
+            /* sampling: drafts drawn from the draft's distribution, kept with min(1, p/q) */
+            u->soft = !sampler_greedy(u->smp) &&
+                      (u->q || (u->q = malloc((size_t)s->spec_k * (size_t)s->vocab * sizeof(float))));
+            if (K > s->spec_k) K = s->spec_k;
             s->dunit[s->n_dreq] = u;
-            s->dreq[s->n_dreq++] = (spec_draft_req){u->seq, u->hist, u->n_hist, K, u->draft, 0};
+            s->dreq[s->n_dreq++] =
+                (spec_draft_req){u->seq, u->hist, u->n_hist, K, u->draft, 0, u->soft ? u->smp : NULL, u->soft ? u->q : NULL};
         }
     spec_drafter_propose(s->drafter, s->dreq, s->n_dreq, s->batch_tokens);
     for (int i = 0; i < s->n_dreq; i++) s->dunit[i]->n_prop = s->dreq[i].n_out;
@@ -636,8 +645,14 @@ static void verify(kvlm_sched *s, unit *u, int li) {
     int nd = u->n_draft, j = 0;
     int32_t next = -1;
     u->n_draft = 0;
-    for (; j < nd; j++)
-        if (!spec_check(u->smp, kvlm_get_logits(s->ctx, li + j), u->draft[j], s->spec_ids, s->spec_probs, &next)) break;
+    for (; j < nd; j++) {
+        const float *row = kvlm_get_logits(s->ctx, li + j);
+        if (!(s->drafter && u->soft
+                  ? spec_check_q(u->smp, row, u->draft[j], u->q + (size_t)j * (size_t)s->vocab, s->spec_ids,
+                                 s->spec_probs, &next)
+                  : spec_check(u->smp, row, u->draft[j], s->spec_ids, s->spec_probs, &next)))
+            break;
+    }
     s->spec_drafted += (uint64_t)nd;
     s->spec_accepted += (uint64_t)j;
     int k = u->k_cur ? u->k_cur : s->spec_k;

@@ -241,25 +241,21 @@ static int draft_fed(const kvlm_spec *sp) {
     return kvlm_seq_n_past(sp->draft, sp->seq) + (int)kvlm_seq_n_evicted(sp->draft, sp->seq);
 }
 
-/* The draft's token after logits l: its argmax when the sampler is greedy,
- * else a draw from the sampler's distribution for l (penalties and
- * truncation as of the text so far), which row q (vocab floats) receives
- * for the acceptance test. */
-static int32_t draft_pick(kvlm_spec *sp, kvlm_sampler *smp, const float *l, float *q) {
+int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs) {
     if (!q) {
         int best = 0;
-        for (int i = 1; i < sp->vocab; i++)
+        for (int i = 1; i < vocab; i++)
             if (l[i] > l[best]) best = i;
         return best;
     }
-    int nc = sampler_dist(smp, l, sp->ids, sp->probs);
-    memset(q, 0, (size_t)sp->vocab * sizeof *q);
+    int nc = sampler_dist(smp, l, ids, probs);
+    memset(q, 0, (size_t)vocab * sizeof *q);
     double r = sampler_uniform(smp), cum = 0;
-    int32_t pick = sp->ids[nc - 1];
-    for (int i = 0; i < nc; i++) q[sp->ids[i]] = sp->probs[i];
+    int32_t pick = ids[nc - 1];
+    for (int i = 0; i < nc; i++) q[ids[i]] = probs[i];
     for (int i = 0; i < nc; i++) {
-        cum += sp->probs[i];
-        if (r < cum) { pick = sp->ids[i]; break; }
+        cum += probs[i];
+        if (r < cum) { pick = ids[i]; break; }
     }
     return pick;
 }
@@ -288,7 +284,8 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
     int k = 0;
     kvlm_error e2;
     while (k < K) {
-        out[k] = draft_pick(sp, smp, kvlm_get_logits(d, -1), soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL);
+        out[k] = spec_draft_pick(smp, kvlm_get_logits(d, -1), sp->vocab,
+                                 soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL, sp->ids, sp->probs);
         k++;
         if (k == K) break;
         kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->seq};

@@ -23,6 +23,11 @@ bool spec_check(kvlm_sampler *smp, const float *row, int32_t d, int32_t *ids, fl
  * whatever q is; acceptance is sum_t min(p(t), q(t)). */
 bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q, int32_t *ids, float *probs,
                   int32_t *next);
+/* A draft model's next draft after its logits l: the argmax when q is NULL
+ * (greedy), else a draw from smp's distribution for l (penalties and
+ * truncation as of smp's history), which q (vocab floats) receives for
+ * spec_check_q. ids, probs: vocabulary-sized scratch. */
+int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs);
 /* KVLM_OK when the draft model b has model a's vocabulary (size, every
  * token's text, BOS/EOS), else KVLM_EINVAL naming the first difference. */
 int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err);

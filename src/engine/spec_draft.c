@@ -17,6 +17,8 @@ struct spec_drafter {
     int32_t *tok, *bseq;            /* batch scratch, grown as needed */
     int8_t *want;
     int cap;
+    int32_t *ids;                   /* vocabulary-sized scratch for sampled drafts */
+    float *probs;
     int *pre;                       /* per request: its draft length before the batch; -1: not in it */
     int n_pre;
     bool *live;                     /* per request: drafting this step */
@@ -24,11 +26,9 @@ struct spec_drafter {
     uint64_t steps, failures;
 };
 
-static int argmax(const float *l, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return best;
+/* Request r's draft number k after the draft's logits l (spec_draft_pick). */
+static int32_t pick(spec_drafter *d, spec_draft_req *r, int k, const float *l) {
+    return spec_draft_pick(r->smp, l, d->vocab, r->q ? r->q + (size_t)k * (size_t)d->vocab : NULL, d->ids, d->probs);
 }
 
 spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error *err) {
@@ -63,7 +63,9 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
     d->base = malloc((size_t)d->n_seq * sizeof *d->base);
     d->n_fed = calloc((size_t)d->n_seq, sizeof *d->n_fed);
     d->fed = calloc((size_t)d->n_seq, sizeof *d->fed);
-    if (!d->base || !d->n_fed || !d->fed) {
+    d->ids = malloc((size_t)d->vocab * sizeof *d->ids);
+    d->probs = malloc((size_t)d->vocab * sizeof *d->probs);
+    if (!d->base || !d->n_fed || !d->fed || !d->ids || !d->probs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         spec_drafter_free(d);
         return NULL;
@@ -77,7 +79,7 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
 
 void spec_drafter_free(spec_drafter *d) {
     if (!d) return;
-    free(d->base); free(d->n_fed); free(d->fed);
+    free(d->base); free(d->n_fed); free(d->fed); free(d->ids); free(d->probs);
     free(d->tok); free(d->bseq); free(d->want);
     free(d->pre); free(d->live); free(d->cand);
     free(d);
@@ -224,7 +226,7 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
     for (int i = 0; i < n; i++) {
         if (!d->live[i]) continue;
         spec_draft_req *r = &reqs[i];
-        r->out[0] = argmax(kvlm_get_logits(d->draft, row++), d->vocab);
+        r->out[0] = pick(d, r, 0, kvlm_get_logits(d->draft, row++));
         r->n_out = 1;
         if (r->k > 1 && kvlm_seq_spec_begin(d->draft, r->seq, &err) == KVLM_OK) {
             d->base[r->seq] = kvlm_seq_n_past(d->draft, r->seq);
@@ -261,7 +263,8 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
             if (d->pre[i] < 0) continue;
             spec_draft_req *r = &reqs[i];
             d->fed[r->seq][d->n_fed[r->seq]++] = r->out[round - 1];
-            r->out[r->n_out++] = argmax(kvlm_get_logits(d->draft, row++), d->vocab);
+            r->out[r->n_out] = pick(d, r, r->n_out, kvlm_get_logits(d->draft, row++));
+            r->n_out++;
         }
     }
 }

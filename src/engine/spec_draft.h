@@ -20,6 +20,11 @@ typedef struct spec_draft_req {
     int k;
     int32_t *out;
     int n_out;           /* set by spec_drafter_propose: drafts written (0: none this step) */
+    /* Sampling (q non-NULL): drafts are drawn from smp's distribution for
+     * the draft's logits, and q receives it, k rows of vocab floats, for the
+     * check (spec_check_q); NULL: the draft's argmax. */
+    kvlm_sampler *smp;
+    float *q;
 } spec_draft_req;
 
 /* Checks that draft can draft for target: the same vocabulary (as
