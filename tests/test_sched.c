@@ -81,32 +81,9 @@ static int make_prompt(kvlm_model *m, int i, int32_t *toks, int cap) {
 /* The reference: the prompt alone through kvlm_decode, greedy. */
 static int greedy_alone(kvlm_model *m, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
     kvlm_ctx *ctx = make_ctx(m, 1, 0);
-    kvlm_error err = {0};
-    kvlm_batch b = {n, prompt, NULL, NULL, NULL};
-    int n_out = 0;
-    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
-    while (n_out < max_tokens) {
-        const float *l = kvlm_get_logits(ctx, -1);
-        int32_t best = 0;
-        for (int v = 1; v < kvlm_vocab_size(m); v++)
-            if (l[v] > l[best]) best = v;
-        if (kvlm_token_is_eog(m, best)) break;
-        out[n_out++] = best;
-        kvlm_batch one = {1, &best, NULL, NULL, NULL};
-        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
-    }
+    int n_out = tu_greedy_alone(ctx, prompt, n, max_tokens, out);
     kvlm_ctx_free(ctx);
     return n_out;
-}
-
-static kvlm_request_params greedy_params(int max_tokens) {
-    kvlm_request_params p = {0};
-    p.sampling = kvlm_sampler_default_params();
-    p.sampling.temperature = 0;
-    p.max_tokens = max_tokens;
-    p.n = 1;
-    p.logprobs = -1;
-    return p;
 }
 
 static void print_preempt(const kvlm_sched_stats *st) {
@@ -131,7 +108,7 @@ static void concurrent_equals_alone(bool swap) {
     int n_prompt[32];
     for (int i = 0; i < R; i++) {
         n_prompt[i] = make_prompt(m, i, prompts[i], 64);
-        kvlm_request_params p = greedy_params(max_tokens);
+        kvlm_request_params p = tu_greedy_params(max_tokens);
         p.logprobs = i % 4 == 0 ? 5 : -1;
         p.n = i % 5 == 2 ? 3 : 1; /* forks, preempted with or without their leader */
         res[i].logprobs_ok = true;
@@ -243,7 +220,7 @@ static void swap_tight_pool(int cache_k, int n_modes) {
         assert_non_null(s);
         result *res = calloc(R, sizeof *res);
         for (int i = 0; i < R; i++) {
-            kvlm_request_params p = greedy_params(max_tokens);
+            kvlm_request_params p = tu_greedy_params(max_tokens);
             assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
         }
         int steps = 0;
@@ -302,7 +279,7 @@ static void test_cancel_and_stop(void **state) {
     int n = make_prompt(m, 5, prompt, 64);
     result a = {0}, b = {0};
     b.stop_after = 3; /* the callback ends it after 3 tokens */
-    kvlm_request_params p = greedy_params(60);
+    kvlm_request_params p = tu_greedy_params(60);
     uint64_t ida = kvlm_sched_submit(s, prompt, n, &p, on_event, &a, &err);
     kvlm_sched_submit(s, prompt, n, &p, on_event, &b, &err);
     for (int i = 0; i < 5; i++) kvlm_sched_step(s);
@@ -340,7 +317,7 @@ static void test_fork_n(void **state) {
     int n = make_prompt(m, 9, prompt, 64);
     for (int n0 = n; n < 40; n++) prompt[n] = prompt[1 + (n - n0) % (n0 - 1)]; /* two full blocks */
     result r = {0};
-    kvlm_request_params p = greedy_params(20);
+    kvlm_request_params p = tu_greedy_params(20);
     p.n = 3;
     kvlm_sched_submit(s, prompt, n, &p, on_event, &r, &err);
     kvlm_sched_step(s);
@@ -383,7 +360,7 @@ static void test_kv_full_finish(void **state) {
     int32_t prompt[64];
     int n_prompt = make_prompt(m, 1, prompt, 64);
     result *res = calloc(1, sizeof *res);
-    kvlm_request_params p = greedy_params(MAXGEN);
+    kvlm_request_params p = tu_greedy_params(MAXGEN);
     assert_true(kvlm_sched_submit(s, prompt, n_prompt, &p, on_event, res, &err) > 0);
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 1000);
@@ -476,7 +453,7 @@ static void test_evict_past_context(void **state) {
         n_prompt[1] += make_prompt(m, 3 + n_prompt[1], prompts[1] + n_prompt[1], 200 - n_prompt[1]);
     ev_result *res = calloc(2, sizeof *res);
     for (int i = 0; i < 2; i++) {
-        kvlm_request_params p = greedy_params(EV_MAX);
+        kvlm_request_params p = tu_greedy_params(EV_MAX);
         assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
     }
     int steps = 0, most_blocks = 0, cap = (64 + 15) / 16;
@@ -534,7 +511,7 @@ static void test_evict_preempt(void **state) {
         n_prompt[i] = make_prompt(m, 5 * i + 1, prompts[i], 200);
         while (i == R - 1 && n_prompt[i] < 100)
             n_prompt[i] += make_prompt(m, n_prompt[i], prompts[i] + n_prompt[i], 200 - n_prompt[i]);
-        kvlm_request_params p = greedy_params(max_tokens);
+        kvlm_request_params p = tu_greedy_params(max_tokens);
         assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
     }
     int steps = 0;
@@ -645,7 +622,7 @@ static void evict_swap(int policy) {
         n_prompt[i] = make_prompt(m, 7 * i + 2, prompts[i], 200);
         while (i >= 2 && n_prompt[i] < 80)
             n_prompt[i] += make_prompt(m, n_prompt[i] + i, prompts[i] + n_prompt[i], 200 - n_prompt[i]);
-        kvlm_request_params p = greedy_params(max_tokens);
+        kvlm_request_params p = tu_greedy_params(max_tokens);
         assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_ev_event, &res[i], &err) > 0);
     }
     int steps = 0;

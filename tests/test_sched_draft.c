@@ -72,32 +72,9 @@ static int make_prompt(const kvlm_model *m, int i, int32_t *toks, int cap) {
 /* The reference: the prompt alone through kvlm_decode, greedy. */
 static int greedy_alone(const kvlm_model *m, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
     kvlm_ctx *ctx = make_ctx(m, 1, 0, 0);
-    kvlm_error err = {0};
-    kvlm_batch b = {n, prompt, NULL, NULL, NULL};
-    int n_out = 0;
-    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
-    while (n_out < max_tokens) {
-        const float *l = kvlm_get_logits(ctx, -1);
-        int32_t best = 0;
-        for (int v = 1; v < kvlm_vocab_size(m); v++)
-            if (l[v] > l[best]) best = v;
-        if (kvlm_token_is_eog(m, best)) break;
-        out[n_out++] = best;
-        kvlm_batch one = {1, &best, NULL, NULL, NULL};
-        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
-    }
+    int n_out = tu_greedy_alone(ctx, prompt, n, max_tokens, out);
     kvlm_ctx_free(ctx);
     return n_out;
-}
-
-static kvlm_request_params greedy_params(int max_tokens) {
-    kvlm_request_params p = {0};
-    p.sampling = kvlm_sampler_default_params();
-    p.sampling.temperature = 0;
-    p.max_tokens = max_tokens;
-    p.n = 1;
-    p.logprobs = -1;
-    return p;
 }
 
 /* R requests (every fifth n = 3) in a target pool of 40 blocks (quick: 20),
@@ -116,7 +93,7 @@ static void draft_concurrent(const kvlm_model *m, const kvlm_model *dm, int draf
     int n_prompt[32];
     for (int i = 0; i < R; i++) {
         n_prompt[i] = make_prompt(m, i, prompts[i], 64);
-        kvlm_request_params p = greedy_params(max_tokens);
+        kvlm_request_params p = tu_greedy_params(max_tokens);
         p.n = i % 5 == 2 ? 3 : 1;
         assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
     }
@@ -206,7 +183,7 @@ static void test_draft_cancel_and_sample(void **state) {
     result a[4];
     memset(a, 0, sizeof a);
     uint64_t id[4];
-    kvlm_request_params p = greedy_params(60);
+    kvlm_request_params p = tu_greedy_params(60);
     for (int i = 0; i < 4; i++) id[i] = kvlm_sched_submit(s, prompt, n, &p, on_event, &a[i], &err);
     for (int i = 0; i < 4; i++) kvlm_sched_step(s);
     kvlm_kv_stats dk;
@@ -225,7 +202,7 @@ static void test_draft_cancel_and_sample(void **state) {
     kvlm_sched_stats_get(s, &st0);
     result b;
     memset(&b, 0, sizeof b);
-    p = greedy_params(40);
+    p = tu_greedy_params(40);
     p.sampling.temperature = 0.9f;
     p.sampling.seed = 7;
     p.n = 3;

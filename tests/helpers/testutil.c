@@ -80,3 +80,32 @@ void tu_fill_random(float *x, size_t n, uint64_t *state, float scale) {
         x[i] = scale * (2.0f * ((float)r / 2147483648.0f) - 1.0f);
     }
 }
+
+int tu_greedy_alone(kvlm_ctx *ctx, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
+    const kvlm_model *m = kvlm_ctx_model(ctx);
+    kvlm_error err = {0};
+    kvlm_batch b = {n, prompt, NULL, NULL, NULL};
+    int n_out = 0;
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    while (n_out < max_tokens) {
+        const float *l = kvlm_get_logits(ctx, -1);
+        int32_t best = 0;
+        for (int v = 1; v < kvlm_vocab_size(m); v++)
+            if (l[v] > l[best]) best = v;
+        if (kvlm_token_is_eog(m, best)) break;
+        out[n_out++] = best;
+        kvlm_batch one = {1, &best, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
+    }
+    return n_out;
+}
+
+kvlm_request_params tu_greedy_params(int max_tokens) {
+    kvlm_request_params p = {0};
+    p.sampling = kvlm_sampler_default_params();
+    p.sampling.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.n = 1;
+    p.logprobs = -1;
+    return p;
+}

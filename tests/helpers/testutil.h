@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdbool.h>
+#include "kvlm.h"
 
 /* Path of a file in the models folder ($KVLM_MODELS, else the build's
  * default ../shared/models). Returns NULL (and prints a loud SKIP line) if the
@@ -30,4 +31,11 @@ static inline double tu_worse(double worst, double e) { return e <= worst ? wors
 double tu_max_rel_diff(const float *a, const float *b, int n, double floor);
 /* Deterministic random floats in [-scale, scale]. */
 void tu_fill_random(float *x, size_t n, uint64_t *state, float scale);
+/* Greedy decoding of the prompt alone in ctx (sequence 0, which must be
+ * empty): the tokens before an end token, at most max_tokens, into out;
+ * returns their count. The reference scheduler outputs are checked
+ * against. */
+int tu_greedy_alone(kvlm_ctx *ctx, const int32_t *prompt, int n, int max_tokens, int32_t *out);
+/* Request parameters: greedy, max_tokens, n = 1, no logprobs. */
+kvlm_request_params tu_greedy_params(int max_tokens);
 #endif
