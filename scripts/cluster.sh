@@ -63,7 +63,8 @@ start_redis_node() { # i
     --save '' --appendonly no --dir "$dir/redis-$p" --maxmemory 256mb --maxmemory-policy allkeys-lru \
     --daemonize no --loglevel warning >>"$dir/redis-$p/log" 2>&1 &
   record "redis-$p" $!
-  wait_for 10 sh -c "redis-cli -p $p ping | grep -q PONG" || die "redis on $p did not answer within 10 s (see $dir/redis-$p/log)"
+  wait_for 10 sh -c "redis-cli -p $p ping | grep -q PONG" ||
+    die "redis on $p did not answer within 10 s; its log ends: $(tail -3 "$dir/redis-$p/log" 2>/dev/null | tr '\n' ' ')"
 }
 
 cluster_ok() { # every node says cluster_state:ok and knows all 16384 slots
