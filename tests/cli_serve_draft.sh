@@ -12,10 +12,12 @@ set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 if [ ! -f "$MODELS/stories260K.gguf" ]; then echo "SKIP: $MODELS/stories260K.gguf not found (set KVLM_MODELS)"; exit 77; fi
-exec /usr/bin/python3 - "$KVLM" "$MODELS" <<'PY'
-import http.client, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+exec /usr/bin/python3 - "$KVLM" "$MODELS" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
+import json, os, re, shutil, socket, subprocess, sys, tempfile, threading, time
 
 kvlm, models = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import serve_http
 tmp = tempfile.mkdtemp()
 failures = 0
 def check(cond, name, detail=""):
@@ -26,48 +28,12 @@ def check(cond, name, detail=""):
 port = 0
 def serve(model, extra):
     global port
-    p = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0"] + extra, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p.stdout.readline())
-    port = int(m.group(1)) if m else 0
-    if not m:
-        print("no listening line; stderr: %s" % p.stderr.read())
+    p, port = serve_http.start(kvlm, model, extra)
     return p
 
-def stop(p):
-    p.send_signal(signal.SIGTERM)
-    try:
-        return p.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        return -1
-
-def request(method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request(method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text = r.read().decode("utf-8", "replace")
-    c.close()
-    try:
-        return r.status, json.loads(text)
-    except ValueError:
-        return r.status, text
-
-def stream(body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text, finish = "", None
-    for raw in r:
-        line = raw.decode().rstrip("\r\n")
-        if line == "data: [DONE]":
-            break
-        if line.startswith("data: "):
-            ch = json.loads(line[6:])["choices"][0]
-            text += ch.get("text") or ""
-            finish = ch.get("finish_reason") or finish
-    c.close()
-    return text, finish
+stop = serve_http.stop
+def request(method, path, body=None): return serve_http.request(port, method, path, body)
+def stream(body): return serve_http.stream(port, body)
 
 def metrics():
     text = request("GET", "/metrics")[1]

@@ -9,10 +9,12 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
-exec /usr/bin/python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, re, signal, subprocess, sys, threading
+exec /usr/bin/python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
+import re, subprocess, sys, threading
 
 kvlm, model = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import serve_http
 failures = 0
 def check(cond, name, detail=""):
     global failures
@@ -23,40 +25,14 @@ r = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--spec", "guess"
 check(r.returncode == 1 and "expected lookup, draft or none" in r.stderr, "serve --spec guess refused", r.stderr)
 
 # 40 blocks of 16 tokens: 32 requests of ~60-160 tokens need far more at once
-proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "--max-seqs", "16", "--kv-mem", "400KiB",
-                         "-t", "2", "--spec", "lookup", "--draft-n", "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", proc.stdout.readline())
-if not m:
-    print("FAIL: no listening line; stderr: %s" % proc.stderr.read())
+proc, port = serve_http.start(kvlm, model, ["-c", "512", "--max-seqs", "16", "--kv-mem", "400KiB", "-t", "2",
+                                             "--spec", "lookup", "--draft-n", "6"])
+if not port:
+    print("FAIL: no listening line")
     sys.exit(1)
-port = int(m.group(1))
 
-def request(method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request(method, path, body=json.dumps(body) if body is not None else None, headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text = r.read().decode("utf-8", "replace")
-    c.close()
-    try:
-        return r.status, json.loads(text)
-    except ValueError:
-        return r.status, text
-
-def stream(body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    text, finish = "", None
-    for raw in r:
-        line = raw.decode().rstrip("\r\n")
-        if line == "data: [DONE]":
-            break
-        if line.startswith("data: "):
-            ch = json.loads(line[6:])["choices"][0]
-            text += ch.get("text") or ""
-            finish = ch.get("finish_reason") or finish
-    c.close()
-    return text, finish
+def request(method, path, body=None): return serve_http.request(port, method, path, body)
+def stream(body): return serve_http.stream(port, body)
 
 names = ["Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe"]
 things = ["red ball", "big dog", "little cat", "blue box"]
@@ -96,8 +72,7 @@ check(st == 200 and len(r["choices"]) == 3 and all(c["text"] == alone[0][:len(c[
 st, r = request("POST", "/v1/completions", {"prompt": prompts[1], "max_tokens": 50, "temperature": 0.9, "seed": 5, "n": 2})
 check(st == 200 and r["usage"]["completion_tokens"] > 0, "sampling with speculation answers", r)
 
-proc.send_signal(signal.SIGTERM)
-check(proc.wait(timeout=30) == 0, "server stops on SIGTERM")
+check(serve_http.stop(proc) == 0, "server stops on SIGTERM")
 
 # Windowed caches (random weights, window 8, blocks of 4): a llama with every
 # layer local and gemma2's local store beside its global one. 8 concurrent
@@ -109,10 +84,7 @@ shapes = {"windowed llama": ["--arch", "llama", "--layers", "2", "--seed", "5"],
           "gemma2": ["--arch", "gemma2", "--layers", "4", "--tied", "--seed", "9"]}
 def serve(path, extra):
     global port
-    p = subprocess.Popen([kvlm, "serve", "-m", path, "--port", "0", "--block-size", "4", "-t", "1"] + extra,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p.stdout.readline())
-    port = int(m.group(1)) if m else 0
+    p, port = serve_http.start(kvlm, path, ["--block-size", "4", "-t", "1"] + extra)
     return p
 for name, args in shapes.items():
     path = os.path.join(tmp, name.replace(" ", "_") + ".gguf")
@@ -122,7 +94,7 @@ for name, args in shapes.items():
     body = lambda q: {"prompt": q, "max_tokens": 80, "temperature": 0}
     p = serve(path, [])
     plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
-    p.send_signal(signal.SIGTERM); p.wait(timeout=30)
+    serve_http.stop(p)
     p = serve(path, ["--spec", "lookup"])
     got = [None] * 8
     def ask(i):
@@ -134,7 +106,7 @@ for name, args in shapes.items():
     for t in ts: t.start()
     for t in ts: t.join()
     text = request("GET", "/metrics")[1] if port else ""
-    p.send_signal(signal.SIGTERM); p.wait(timeout=30)
+    serve_http.stop(p)
     same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
     check(same == 8, "%s: 8 concurrent answers with lookup speculation equal the plain server's (%d/8; %d drafts kept)" %
           (name, same, metric("kvlm_spec_accepted_tokens_total")), (got[:1], plain[:1]))

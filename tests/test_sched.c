@@ -414,21 +414,7 @@ static int greedy_evict_alone(kvlm_model *m, const int32_t *prompt, int n, int m
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     assert_non_null(ctx);
-    for (int i = 0, piece = kvlm_ctx_kv_max_feed(ctx); i < n; i += piece) {
-        kvlm_batch b = {n - i < piece ? n - i : piece, prompt + i, NULL, NULL, NULL};
-        assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
-    }
-    int n_out = 0;
-    while (n_out < max_tokens) {
-        const float *l = kvlm_get_logits(ctx, -1);
-        int32_t best = 0;
-        for (int v = 1; v < kvlm_vocab_size(m); v++)
-            if (l[v] > l[best]) best = v;
-        if (kvlm_token_is_eog(m, best)) break;
-        out[n_out++] = best;
-        kvlm_batch one = {1, &best, NULL, NULL, NULL};
-        assert_int_equal(kvlm_decode(ctx, &one, &err), KVLM_OK);
-    }
+    int n_out = tu_greedy_alone(ctx, prompt, n, max_tokens, out);
     kvlm_ctx_free(ctx);
     return n_out;
 }

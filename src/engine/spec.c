@@ -52,7 +52,7 @@ static int hist_push(kvlm_spec *sp, const int32_t *t, int n) {
 
 /* Same tokens, same texts: a draft of another vocabulary would be
  * checked token by token against ids that mean something else. */
-static int same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err) {
+int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err) {
     int n = kvlm_vocab_size(a);
     if (n != kvlm_vocab_size(b))
         return util_err_set(err, KVLM_EINVAL, "the draft model's vocabulary has %d tokens, the model's %d: they must "
@@ -69,8 +69,6 @@ static int same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err)
                             kvlm_token_bos(b), kvlm_token_eos(b), kvlm_token_bos(a), kvlm_token_eos(a));
     return KVLM_OK;
 }
-
-int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err) { return same_vocab(a, b, err); }
 
 void kvlm_spec_free(kvlm_spec *sp) {
     if (!sp) return;
@@ -105,7 +103,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
                          kvlm_ctx_n_seq_max(p->draft_ctx) - 1, seq);
             return NULL;
         }
-        if (same_vocab(kvlm_ctx_model(ctx), kvlm_ctx_model(p->draft_ctx), err)) return NULL;
+        if (spec_same_vocab(kvlm_ctx_model(ctx), kvlm_ctx_model(p->draft_ctx), err)) return NULL;
     }
     kvlm_spec *sp = calloc(1, sizeof *sp);
     if (!sp) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }

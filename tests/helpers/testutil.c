@@ -84,9 +84,12 @@ void tu_fill_random(float *x, size_t n, uint64_t *state, float scale) {
 int tu_greedy_alone(kvlm_ctx *ctx, const int32_t *prompt, int n, int max_tokens, int32_t *out) {
     const kvlm_model *m = kvlm_ctx_model(ctx);
     kvlm_error err = {0};
-    kvlm_batch b = {n, prompt, NULL, NULL, NULL};
+    int piece = kvlm_ctx_kv_max_feed(ctx) > 0 ? kvlm_ctx_kv_max_feed(ctx) : n;
+    for (int i = 0; i < n; i += piece) {
+        kvlm_batch b = {n - i < piece ? n - i : piece, prompt + i, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    }
     int n_out = 0;
-    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
     while (n_out < max_tokens) {
         const float *l = kvlm_get_logits(ctx, -1);
         int32_t best = 0;

@@ -32,7 +32,8 @@ double tu_max_rel_diff(const float *a, const float *b, int n, double floor);
 /* Deterministic random floats in [-scale, scale]. */
 void tu_fill_random(float *x, size_t n, uint64_t *state, float scale);
 /* Greedy decoding of the prompt alone in ctx (sequence 0, which must be
- * empty): the tokens before an end token, at most max_tokens, into out;
+ * empty; the prompt fed in pieces of at most kvlm_ctx_kv_max_feed tokens):
+ * the tokens before an end token, at most max_tokens, into out;
  * returns their count. The reference scheduler outputs are checked
  * against. */
 int tu_greedy_alone(kvlm_ctx *ctx, const int32_t *prompt, int n, int max_tokens, int32_t *out);
