@@ -25,6 +25,7 @@ typedef struct {
     int hold_from;
     int32_t held_cow1;          /* held: 1 + the shared partial block copied at the first unverified write
                                    (its reference kept, so a rollback to hold_from takes it back); 0: none */
+    kv_key root;                /* the parent of its first block's key (kv_seq_set_root; zeros: none) */
 } kv_seq;
 
 struct kv_cache {
@@ -207,6 +208,13 @@ static void block_ref(kv_cache *c, int32_t b) {
 /* ---- sequences ------------------------------------------------------------- */
 
 bool kv_seq_valid(const kv_cache *c, int seq) { return seq >= 0 && seq < c->p.max_seqs; }
+
+void kv_seq_set_root(kv_cache *c, int seq, const kv_key *root) {
+    static const kv_key zero;
+    c->seqs[seq].root = root ? *root : zero;
+}
+
+const kv_key *kv_seq_root(const kv_cache *c, int seq) { return &c->seqs[seq].root; }
 int kv_seq_len(const kv_cache *c, int seq) { return c->seqs[seq].len; }
 const int32_t *kv_seq_tokens(const kv_cache *c, int seq) { return c->seqs[seq].tokens; }
 const int32_t *kv_seq_blocks(const kv_cache *c, int seq, int *n) {
@@ -286,13 +294,13 @@ void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
 static void index_full(kv_cache *c, kv_seq *s, int i0, int i1) {
     int bs = c->p.block_size;
     for (int i = i0; i < i1; i++) {
-        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+        const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
         const int32_t *bt = s->tokens + (size_t)i * bs;
         int32_t b = s->blocks[i];
         if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
         /* speculative tokens: no key, no index entry until they are verified */
         if (s->held && (i + 1) * bs > s->hold_from) break;
-        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
+        kv_block_key(&c->fmt, parent, bt, &s->keys[i]);
         if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
             index_insert(c, b, &s->keys[i], parent, bt);
             if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
@@ -373,8 +381,8 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     int i = 0;
     for (; i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
-        const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
-        kv_block_key(&c->fmt, i == 0 ? NULL : parent, bt, &s->keys[i]);
+        const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
+        kv_block_key(&c->fmt, parent, bt, &s->keys[i]);
         int32_t b = kv_prefix_find(c->ix, &s->keys[i], parent, bt);
         if (b < 0) break;
         block_ref(c, b);
@@ -423,7 +431,7 @@ int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const k
     int bs = c->p.block_size, i = s->n_blocks;
     if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted) return -1;
     if (available(c) < 1 || seq_grow(c, s, (i + 1) * bs)) return -1;
-    const kv_key *parent = i == 0 ? &k_no_parent : &s->keys[i - 1];
+    const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
     int32_t b = block_alloc(c);
     s->blocks[s->n_blocks++] = b;
     s->keys[i] = *key;
@@ -707,8 +715,9 @@ int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int 
     int32_t *found = malloc((size_t)eligible * sizeof *found);
     if (!found) return 0;
     for (int i = 0; i < eligible; i++) {
-        kv_block_key(&c->fmt, i == 0 ? NULL : &s->keys[i - 1], tokens + (size_t)i * bs, &s->keys[i]);
-        found[i] = kv_prefix_find(c->ix, &s->keys[i], i == 0 ? &k_no_parent : &s->keys[i - 1], tokens + (size_t)i * bs);
+        const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
+        kv_block_key(&c->fmt, parent, tokens + (size_t)i * bs, &s->keys[i]);
+        found[i] = kv_prefix_find(c->ix, &s->keys[i], parent, tokens + (size_t)i * bs);
     }
     /* the longest hit of i blocks whose next token's window is all there:
      * blocks [(i * bs - window + 1) / bs, i) (vLLM's sliding-window rule) */

@@ -84,6 +84,15 @@ int kv_seq_len(const kv_cache *c, int seq);
 const int32_t *kv_seq_blocks(const kv_cache *c, int seq, int *n_blocks);
 const int32_t *kv_seq_tokens(const kv_cache *c, int seq);
 bool kv_seq_valid(const kv_cache *c, int seq);
+/* The parent of the sequence's first block key (default zeros, as a NULL
+ * parent): a second model whose sequences share this pool (a draft model,
+ * engine/forward's kvlm_ctx_create_draft) roots its keys at its own
+ * fingerprint, so its blocks and the pool model's never match one another in
+ * the prefix index or the tiers. Kept across kv_seq_release. The
+ * sequence-less probes (kv_prefix_probe, kv_prefix_probe_window) look up
+ * zero-rooted keys. */
+void kv_seq_set_root(kv_cache *c, int seq, const kv_key *root);
+const kv_key *kv_seq_root(const kv_cache *c, int seq);
 
 /* Makes room for n_new more tokens after the sequence's current length:
  * allocates blocks and copies a shared partly-filled last block (copy-on-

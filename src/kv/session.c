@@ -67,7 +67,7 @@ int kv_session_save(kv_store *s, int seq, const char *path, kvlm_error *err) {
     }
     kv_key key, parent;
     for (int i = 0; ok && i < nb && i < have; i++) {
-        kv_block_key(f, i ? &parent : NULL, tokens + (size_t)i * bs, &key);
+        kv_block_key(f, i ? &parent : kv_seq_root(c, seq), tokens + (size_t)i * bs, &key);
         kv_blockfmt_begin(f, &key, tokens + (size_t)i * bs, buf);
         kv_block_read(c, blocks[i], buf + kv_blockfmt_payload_offset(f));
         kv_blockfmt_seal(f, buf);
@@ -146,7 +146,7 @@ int kv_session_load(kv_store *s, int seq, const int32_t *tokens, int n, const ch
     for (int i = 0; i < use; i++) {
         const char *why = NULL;
         const uint8_t *payload = NULL;
-        kv_block_key(f, i ? &parent : NULL, tokens + (size_t)i * bs, &key);
+        kv_block_key(f, i ? &parent : kv_seq_root(c, seq), tokens + (size_t)i * bs, &key);
         if (fread(buf, 1, blob, fp) == blob)
             payload = kv_blockfmt_check(f, &key, tokens + (size_t)i * bs, buf, blob, &why);
         if (!payload) {

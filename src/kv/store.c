@@ -229,7 +229,7 @@ static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why)
     }
 }
 
-/* The keys of blocks [i, i + n) of tokens after parent (NULL: i is the first). */
+/* The keys of blocks [i, i + n) of tokens after parent (i == 0: the sequence's root). */
 static void chain_keys(const kv_store *s, const kv_key *parent, const int32_t *tokens, int i, int n, kv_key *out) {
     int bs = s->p.block_size;
     for (int j = 0; j < n; j++)
@@ -239,11 +239,10 @@ static void chain_keys(const kv_store *s, const kv_key *parent, const int32_t *t
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want) {
     kv_store *s = user;
     int bs = s->p.block_size, i = have;
-    kv_key parent;
-    if (i > 0) parent = *kv_seq_key(c, seq, i - 1);
+    kv_key parent = i > 0 ? *kv_seq_key(c, seq, i - 1) : *kv_seq_root(c, seq);
     while (i < want) {
         int n = want - i < PROMOTE_BATCH ? want - i : PROMOTE_BATCH, got = 0;
-        chain_keys(s, i ? &parent : NULL, tokens, i, n, s->keys);
+        chain_keys(s, &parent, tokens, i, n, s->keys);
         for (int t = 0; t < s->n_tiers && got < n; t++) {
             int k = kv_tier_get(s->tiers[t], n - got, s->keys + got, s->bufs + got, s->blob_bytes, s->lens + got);
             for (int j = got; j < got + k; j++) {
@@ -331,6 +330,11 @@ int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return k
 /* ---- sequences ---- */
 
 bool kv_store_seq_valid(const kv_store *s, int seq) { return kv_seq_valid(s->c, seq); }
+
+void kv_store_set_root(kv_store *s, int seq, const kv_key *root) {
+    kv_seq_set_root(s->c, seq, root);
+    if (s->local) kv_store_set_root(s->local, seq, root);
+}
 int kv_store_seq_len(const kv_store *s, int seq) { return kv_seq_len(s->c, seq); }
 const int32_t *kv_store_seq_tokens(const kv_store *s, int seq) { return kv_seq_tokens(s->c, seq); }
 /* Sliding window: the next query (position len) and every later one see

@@ -58,6 +58,9 @@ const kv_params *kv_store_params_of(const kv_store *s);
 
 /* ---- sequences (the engine) ---- */
 bool kv_store_seq_valid(const kv_store *s, int seq);
+/* As kv/paged's kv_seq_set_root: the sequence's block keys are rooted at
+ * root (a second model's sequences in this store). */
+void kv_store_set_root(kv_store *s, int seq, const kv_key *root);
 int kv_store_seq_len(const kv_store *s, int seq);
 const int32_t *kv_store_seq_tokens(const kv_store *s, int seq);
 /* As kv/paged's kv_seq_reserve / trim / commit / release / fork. */
