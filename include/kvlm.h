@@ -225,6 +225,10 @@ typedef struct kvlm_ctx_params {
      * the pool (kvlm_seq_swap_out), allocated at the first swap. */
     uint64_t kv_swap_size; /* its bytes; 0: the pool's size */
     bool no_kv_swap;       /* none: preemption always recomputes */
+    /* Sequences the pool keeps for a draft model's context (kvlm_ctx_create_draft),
+     * after this context's own; without kv_mem or kv_blocks the pool is sized
+     * for them too. 0: none. */
+    int n_seq_draft;
 } kvlm_ctx_params;
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
@@ -295,6 +299,26 @@ int kvlm_ctx_kv_budget(const kvlm_ctx *ctx);
 int kvlm_ctx_kv_evict(const kvlm_ctx *ctx);
 int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx);
 int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx);
+/* The id of the context's first sequence: 0, but for a draft context
+ * (kvlm_ctx_create_draft), whose ids follow its model's context's in their
+ * shared pool. Its ids are first .. first + n_seq_max - 1. */
+int kvlm_ctx_seq_first(const kvlm_ctx *ctx);
+/* A context for a draft model (speculative decoding) whose KV cache is the
+ * model's pool: target was created with n_seq_draft > 0, and the draft
+ * context's n_seq_draft sequences are the pool's ids after target's
+ * (kvlm_ctx_seq_first). Its blocks come from, and count in, the one pool;
+ * its block keys chain from the draft model's fingerprint, so neither model
+ * ever reuses the other's blocks (in the pool, its prefix index or the
+ * tiers). It takes target's context, block layout and cache types; from
+ * params only threads and batch. The draft model's cache must have the
+ * model's shape (kvlm_draft_shares_pool), the context no eviction and no
+ * q4_kc keys, on the CPU. One draft context per target; free it first. */
+kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
+                                kvlm_error *err);
+/* Whether kvlm_ctx_create_draft would take draft for a context of target
+ * made with target_params: the same layers, KV heads and head dimension, no
+ * sliding window or latent cache, and the conditions above. */
+bool kvlm_draft_shares_pool(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *target_params);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
 /* A batch of tokens for one forward pass, possibly of several sequences.
@@ -744,6 +768,9 @@ typedef struct kvlm_sched_stats {
     /* draft model: steps it proposed in, and failures of its context (pool
      * full, errors) that cost drafts (the step went on without them) */
     uint64_t spec_draft_steps, spec_draft_failures;
+    /* a draft model sharing the pool: its sequences dropped to give the
+     * model's sequences room (before any of them was preempted) */
+    uint64_t spec_draft_released;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 

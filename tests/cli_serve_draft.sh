@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # tests/cli_serve_draft: `kvlm serve --draft MODEL` end to end (python3 stdlib
 # only). On stories260K and stories4M_hd64, each with a q4_0 copy of itself
-# (kvlm convert) as its draft, in a pool small enough to force preemption:
+# (kvlm convert) as its draft, whose cache shares the model's pool (the same
+# layout), in a pool small enough to force preemption:
 # 32 concurrent streaming greedy requests each equal `kvlm run` of that prompt
 # without speculation; drafts were checked and kept (/metrics); a client that
-# hangs up mid-stream frees its sequences; n > 1 and sampling work. Also
+# hangs up mid-stream frees its sequences; n > 1 and sampling work; the
+# draft gave its blocks back to the model's sequences. Also
 # stories260K drafting for stories4M_hd64 (the same vocabulary), a windowed
 # cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
@@ -52,7 +54,7 @@ things = ["red ball", "big dog", "little cat", "blue box"]
 prompts = ["%s had a %s. One day %s went to the park with the %s" % (n, t, n, t) for n in names for t in things][:32]
 max_tokens = [60 + 13 * (i % 8) for i in range(32)]
 
-def concurrent(model, extra, label, want_preempt=True, min_accept=0.5):
+def concurrent(model, extra, label, want_preempt=True, min_accept=0.5, shared=False):
     """32 concurrent streams against kvlm run alone; drafts checked and kept."""
     alone = [run_alone(model, p, n) for p, n in zip(prompts, max_tokens)]
     p = serve(model, extra)
@@ -82,6 +84,10 @@ def concurrent(model, extra, label, want_preempt=True, min_accept=0.5):
                                          fails, pre))
     if want_preempt:
         check(pre > 0, "%s: the small pool forced preemption (%d)" % (label, pre))
+    released = m("kvlm_spec_draft_model_released_total")
+    check(released > 0 if shared else released == 0,
+          "%s: draft sequences given back to the model's sequences: %d (%s)" %
+          (label, released, "one pool" if shared else "a pool of its own"))
 
     # a client that hangs up mid-stream: its sequences (and draft sequences) go
     s = socket.create_connection(("127.0.0.1", port))
@@ -116,6 +122,9 @@ def concurrent(model, extra, label, want_preempt=True, min_accept=0.5):
                                                  "top_p": 0.9, "seed": 11})
     check(st == 200 and r["usage"]["completion_tokens"] > 0, "%s: sampling with top-k and top-p answers" % label, r)
     check(stop(p) == 0, "%s: server stops on SIGTERM" % label)
+    err = p.stderr.read()
+    check(("its KV cache in the model's pool" in err) == shared, "%s: the draft's cache is %s" %
+          (label, "in the model's pool" if shared else "a pool of its own"), err)
 
 def same_drafts_as_run(model, draft, label):
     """One request alone: the batched drafter proposes what kvlm run --draft proposes (the draft context's
@@ -139,7 +148,7 @@ def same_drafts_as_run(model, draft, label):
           "%s: one request alone: the drafts of kvlm run --draft (%d of %d kept; run: %s, one step more at most)" %
           (label, kept, drafted, m.group(0) if m else r.stderr))
 
-# the pools: 40 blocks of 16 tokens (stories260K: 10 KiB a block, stories4M_hd64: 48 KiB), its draft as many
+# the pools: 40 blocks of 16 tokens (stories260K: 10 KiB a block, stories4M_hd64: 48 KiB) for both models' sequences
 for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920KiB")):
     path = os.path.join(models, model)
     if not os.path.isfile(path):
@@ -150,7 +159,7 @@ for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920
     check(r.returncode == 0, "%s: q4_0 copy" % model, r.stderr)
     same_drafts_as_run(path, draft, model + " q4_0 draft")
     concurrent(path, ["-c", "512", "--max-seqs", "16", "--kv-mem", mem, "-t", "2", "--draft", draft, "--draft-n", "4"],
-               model + " q4_0 draft")
+               model + " q4_0 draft", shared=True)
 
 # a smaller model as the draft: stories260K for stories4M_hd64 (the same 512-token vocabulary), K = 6, a roomy pool
 big, small = os.path.join(models, "stories4M_hd64.gguf"), os.path.join(models, "stories260K.gguf")

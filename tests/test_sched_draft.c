@@ -6,11 +6,16 @@
  * a draft pool far too small costs drafts, never requests; finished and
  * cancelled requests leave the draft context empty; sampling runs; a draft
  * of another vocabulary, an evicting draft context and one with fewer
- * sequences are refused. */
+ * sequences are refused. A draft context in the model's pool
+ * (kvlm_ctx_create_draft): the same outputs; under a pool the model's
+ * sequences fill, the draft gives its blocks back and no request is
+ * preempted; the two models' blocks of the same tokens are never shared;
+ * drafts of another cache shape are refused there. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "engine/engine.h"
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
@@ -39,7 +44,7 @@ static kvlm_model *load(const char *path) {
     return m;
 }
 
-static kvlm_ctx *make_ctx(const kvlm_model *m, int n_seq, int kv_blocks, int evict) {
+static kvlm_ctx_params ctx_params(int n_seq, int kv_blocks, int evict) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_threads = 2;
     cp.n_ctx = 256;
@@ -52,6 +57,11 @@ static kvlm_ctx *make_ctx(const kvlm_model *m, int n_seq, int kv_blocks, int evi
         cp.kv_evict = evict;
         cp.kv_budget = 128;
     }
+    return cp;
+}
+
+static kvlm_ctx *make_ctx(const kvlm_model *m, int n_seq, int kv_blocks, int evict) {
+    kvlm_ctx_params cp = ctx_params(n_seq, kv_blocks, evict);
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) fail_msg("ctx: %s", err.msg);
@@ -78,13 +88,28 @@ static int greedy_alone(const kvlm_model *m, const int32_t *prompt, int n, int m
 }
 
 /* R requests (every fifth n = 3) in a target pool of 40 blocks (quick: 20),
- * drafted by dm in a pool of draft_blocks; outputs against greedy_alone. */
+ * drafted by dm in a pool of draft_blocks; outputs against greedy_alone.
+ * draft_blocks < 0: dm's cache in the target's pool, of -draft_blocks blocks;
+ * dm NULL: no speculation, in a pool of -draft_blocks blocks. */
 static void draft_concurrent(const kvlm_model *m, const kvlm_model *dm, int draft_blocks, int K, bool preempts,
                              kvlm_sched_stats *st) {
     int R = tu_quick() ? 12 : 32, max_tokens = tu_quick() ? 24 : 48;
-    kvlm_ctx *ctx = make_ctx(m, 32, tu_quick() ? 20 : 40, 0), *dctx = make_ctx(dm, 32, draft_blocks, 0);
-    kvlm_sched_params sp = {.batch_tokens = 64, .max_seqs = 32, .spec_mode = KVLM_SPEC_DRAFT, .spec_n_draft = K,
-                            .draft_ctx = dctx};
+    kvlm_ctx *ctx, *dctx = NULL;
+    if (!dm) {
+        ctx = make_ctx(m, 32, -draft_blocks, 0);
+    } else if (draft_blocks < 0) {
+        kvlm_ctx_params cp = ctx_params(32, -draft_blocks, 0);
+        cp.n_seq_draft = 32;
+        kvlm_error e = {0};
+        if (!(ctx = kvlm_ctx_create(m, &cp, &e)) || !(dctx = kvlm_ctx_create_draft(dm, ctx, &cp, &e)))
+            fail_msg("shared pool: %s", e.msg);
+        assert_int_equal(kvlm_ctx_seq_first(dctx), 32);
+    } else {
+        ctx = make_ctx(m, 32, tu_quick() ? 20 : 40, 0);
+        dctx = make_ctx(dm, 32, draft_blocks, 0);
+    }
+    kvlm_sched_params sp = {.batch_tokens = 64, .max_seqs = 32, .spec_mode = dm ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE,
+                            .spec_n_draft = dm ? K : 0, .draft_ctx = dctx};
     kvlm_error err = {0};
     kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
     if (!s) fail_msg("sched: %s", err.msg);
@@ -100,14 +125,17 @@ static void draft_concurrent(const kvlm_model *m, const kvlm_model *dm, int draf
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
     kvlm_sched_stats_get(s, st);
-    kvlm_kv_stats dk;
-    kvlm_kv_stats_get(dctx, &dk);
-    printf("  draft pool of %d blocks, K = %d: %d requests in %d steps, %llu preemptions, %llu/%llu drafts kept, "
-           "%llu draft steps, %llu draft-context failures\n", draft_blocks, K, R, steps,
+    kvlm_kv_stats dk = {0};
+    if (dctx) kvlm_kv_stats_get(dctx, &dk);
+    printf("  %s pool of %d blocks, K = %d: %d requests in %d steps, %llu preemptions, %llu/%llu drafts kept, "
+           "%llu draft steps, %llu draft-context failures, %llu draft sequences given back\n",
+           !dm ? "no draft," : draft_blocks < 0 ? "shared" : "draft", abs(draft_blocks), K, R, steps,
            (unsigned long long)st->preemptions, (unsigned long long)st->spec_accepted,
            (unsigned long long)st->spec_drafted, (unsigned long long)st->spec_draft_steps,
-           (unsigned long long)st->spec_draft_failures);
+           (unsigned long long)st->spec_draft_failures, (unsigned long long)st->spec_draft_released);
     if (preempts) assert_true(st->preemptions > 0);
+    const char *bad = engine_kv_check(ctx);
+    if (bad) fail_msg("pool invariants: %s", bad);
     assert_int_equal(st->kv.used, 0);
     assert_int_equal(dk.used, 0); /* every finished request's draft sequence went */
     for (int i = 0; i < R; i++) {
@@ -230,6 +258,100 @@ static void test_draft_cancel_and_sample(void **state) {
     kvlm_model_free(m);
 }
 
+/* The draft model's cache in the model's pool. A pool the model's own
+ * sequences fit (no preemption without drafts) but not with every draft
+ * sequence beside them: the drafts give their blocks back, no request is
+ * preempted, and the outputs are the same. */
+static void test_draft_shared_pool(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path);
+    const char *q = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_save_gguf(m, q, kvlm_type_from_name("q4_0"), &err)) fail_msg("convert: %s", err.msg);
+    kvlm_model *dm = load(q);
+    kvlm_ctx_params tp = ctx_params(32, 0, 0);
+    assert_true(kvlm_draft_shares_pool(m, dm, &tp));
+    kvlm_sched_stats st;
+    /* roomy: every sequence of both models at once */
+    draft_concurrent(m, dm, -1000, 4, false, &st);
+    assert_int_equal(st.preemptions, 0);
+    assert_true(st.spec_accepted * 2 > st.spec_drafted);
+    /* a pool too small for every draft sequence beside the model's: the
+     * drafts give their blocks back, and no request is preempted for them
+     * (measured: none, where the same requests without speculation are
+     * preempted 5 times in the full run) */
+    int tight = tu_quick() ? 50 : 100;
+    draft_concurrent(m, NULL, -tight, 4, false, &st);
+    uint64_t plain_preempt = st.preemptions;
+    draft_concurrent(m, dm, -tight, 4, false, &st);
+    assert_true(st.preemptions <= plain_preempt);
+    assert_true(st.spec_draft_released > 0);
+    assert_true(st.spec_accepted > 0);
+    /* the model drafting for itself: blocks of the same tokens, other keys */
+    draft_concurrent(m, m, -1000, 4, false, &st);
+    assert_true(st.spec_accepted * 100 >= st.spec_drafted * 95);
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
+/* The two models' blocks of the same tokens never meet: the draft's
+ * sequence finds none of the model's blocks, and each finds its own again. */
+static void test_draft_shared_keys(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path);
+    kvlm_ctx_params cp = ctx_params(1, 0, 0);
+    cp.n_seq_draft = 1;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx = NULL;
+    assert_non_null(ctx);
+    /* the model itself as the draft: the same bytes, so only the keys keep them apart */
+    assert_non_null(dctx = kvlm_ctx_create_draft(m, ctx, NULL, &err));
+    int d = kvlm_ctx_seq_first(dctx);
+    assert_int_equal(d, 1);
+    int32_t prompt[80];
+    for (int i = 0; i < 80; i++) prompt[i] = 1 + (i * 37) % 200;
+    kvlm_batch b = {80, prompt, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, 80), 0); /* the model's 5 full blocks: not the draft's */
+    kvlm_batch db = {80, prompt, NULL, NULL, NULL};                  /* seq NULL: the draft context's first */
+    assert_int_equal(kvlm_decode(dctx, &db, &err), KVLM_OK);
+    assert_int_equal(kvlm_seq_n_past(dctx, d), 80);
+    int nb, shared;
+    kvlm_seq_kv_info(ctx, 0, &nb, &shared);
+    assert_int_equal(nb, 5);
+    assert_int_equal(shared, 0);
+    kvlm_kv_stats ks;
+    kvlm_kv_stats_get(ctx, &ks);
+    assert_int_equal(ks.used, 10); /* one pool: both sequences' blocks */
+    /* each finds its own blocks again */
+    kvlm_seq_free(ctx, 0);
+    kvlm_seq_free(dctx, d);
+    assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, 80), 64);
+    assert_int_equal(kvlm_seq_reuse_prefix(ctx, 0, prompt, 80), 64);
+    kvlm_seq_kv_info(ctx, 0, &nb, &shared);
+    assert_int_equal(shared, 0);
+    /* ids: each context only its own */
+    kvlm_batch wrong = {1, prompt, NULL, NULL, (int32_t[]){0}};
+    assert_int_equal(kvlm_decode(dctx, &wrong, &err), KVLM_EINVAL);
+    printf("  refused: %s\n", err.msg);
+    wrong.seq = (int32_t[]){1};
+    assert_int_equal(kvlm_decode(ctx, &wrong, &err), KVLM_EINVAL);
+    /* one draft context a model's context */
+    assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
+    printf("  refused: %s\n", err.msg);
+    const char *bad = engine_kv_check(ctx);
+    if (bad) fail_msg("pool invariants: %s", bad);
+    kvlm_ctx_free(dctx);
+    kvlm_kv_stats_get(ctx, &ks);
+    assert_int_equal(ks.used, 4); /* the draft's sequence went with its context; the model's holds 4 cached blocks */
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 static void test_draft_refused(void **state) {
     (void)state;
     const char *path = tu_model_path("stories260K.gguf");
@@ -266,6 +388,19 @@ static void test_draft_refused(void **state) {
     sp.draft_ctx = NULL;
     assert_null(kvlm_sched_create(ctx, &sp, &err));
     printf("  refused: %s\n", err.msg);
+    /* the shared pool: another cache shape, and a context without sequences for a draft */
+    assert_false(kvlm_draft_shares_pool(m, om, NULL));
+    kvlm_ctx_params cp = ctx_params(4, 0, 0);
+    cp.n_seq_draft = 4;
+    kvlm_ctx *host = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(host);
+    assert_null(kvlm_ctx_create_draft(om, host, NULL, &err));
+    assert_non_null(strstr(err.msg, "block layout"));
+    printf("  refused: %s\n", err.msg);
+    assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
+    assert_non_null(strstr(err.msg, "n_seq_draft"));
+    printf("  refused: %s\n", err.msg);
+    kvlm_ctx_free(host);
     kvlm_ctx_free(small);
     kvlm_ctx_free(ec);
     kvlm_ctx_free(oc);
@@ -279,6 +414,8 @@ int main(void) {
         cmocka_unit_test(test_draft_equals_alone),
         cmocka_unit_test(test_draft_q4_0_copy),
         cmocka_unit_test(test_draft_cancel_and_sample),
+        cmocka_unit_test(test_draft_shared_pool),
+        cmocka_unit_test(test_draft_shared_keys),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

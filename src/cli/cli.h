@@ -69,4 +69,9 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 int cli_parse_size(const char *s, size_t *out);
 /* Reads a whole file as text (NUL-terminated); NULL with a message on error. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
+/* --draft FILE: the draft model; when its cache fits the model's pool
+ * (kvlm_draft_shares_pool), the pool keeps sequences for it
+ * (cp->n_seq_draft = n_seq_max) and *shared is set. NULL after cli_fail. */
+kvlm_model *cli_load_draft(const char *cmd, const char *path, const kvlm_model *model, kvlm_ctx_params *cp,
+                           bool *shared);
 #endif

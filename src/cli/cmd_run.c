@@ -119,6 +119,9 @@ int cmd_run(int argc, char **argv) {
     int32_t *toks = NULL;
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("run", "%s", err.msg); goto done; }
+    bool draft_shared = false;
+    /* its cache in the model's pool when the shapes allow (kvlm_ctx_create_draft) */
+    if (draft_path && !(dmodel = cli_load_draft("run", draft_path, model, &cp, &draft_shared))) goto done;
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("run", "%s", err.msg); goto done; }
     int n_ctx = kvlm_ctx_n_ctx(ctx), budget = kvlm_ctx_kv_budget(ctx);
@@ -170,10 +173,11 @@ int cmd_run(int argc, char **argv) {
     if (spec_mode) {
         kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL};
         if (draft_path) {
-            kvlm_model_params dmp = {0};
             kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
             if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;
-            if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &dcp, &err))) {
+            dcp.n_seq_draft = 0;
+            dctx = draft_shared ? kvlm_ctx_create_draft(dmodel, ctx, &dcp, &err) : kvlm_ctx_create(dmodel, &dcp, &err);
+            if (!dctx) {
                 fputc('\n', stdout);
                 cli_fail("run", "draft model %s: %s", draft_path, err.msg);
                 goto done;

@@ -162,17 +162,20 @@ int cmd_serve(int argc, char **argv) {
     kvlm_server *srv = NULL;
     kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
+    bool draft_shared = false;
+    /* its cache in the model's pool when the shapes allow: one memory
+     * budget, the model's sequences first (docs/speculative.md) */
+    if (draft_path && !(dmodel = cli_load_draft("serve", draft_path, model, &cp, &draft_shared))) goto done;
     if (!(ctx = kvlm_ctx_create(model, &cp, &err))) { cli_fail("serve", "%s", err.msg); goto done; }
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
     if (draft_path) {
-        /* One context for every request's draft sequence (the same ids): the
-         * model's sequences and context, a pool of as many blocks as the
-         * model's plus room for every sequence's drafts (K - 1 tokens past its
-         * text: the blocks they may open), no eviction (drafts are taken back;
-         * a sequence drafts while it fits), no tiers and no swap (it rebuilds
-         * what it lost). */
-        kvlm_model_params dmp = {0};
+        /* One context for every request's draft sequence (the same ids, after
+         * the model's in a shared pool). Else a pool of its own: as many
+         * blocks as the model's plus room for every sequence's drafts (K - 1
+         * tokens past its text: the blocks they may open), no eviction
+         * (drafts are taken back; a sequence drafts while it fits), no tiers
+         * and no swap (it rebuilds what it lost). */
         kvlm_ctx_params dcp = kvlm_ctx_default_params();
         dcp.n_ctx = kvlm_ctx_n_ctx(ctx);
         dcp.n_threads = cp.n_threads;
@@ -186,7 +189,8 @@ int cmd_serve(int argc, char **argv) {
         dcp.cache_type_v = cp.cache_type_v;
         dcp.device = cp.device;
         dcp.no_kv_swap = true;
-        if (!(dmodel = kvlm_model_load(draft_path, &dmp, &err)) || !(dctx = kvlm_ctx_create(dmodel, &dcp, &err))) {
+        dctx = draft_shared ? kvlm_ctx_create_draft(dmodel, ctx, &dcp, &err) : kvlm_ctx_create(dmodel, &dcp, &err);
+        if (!dctx) {
             cli_fail("serve", "draft model %s: %s", draft_path, err.msg);
             goto done;
         }
@@ -203,7 +207,12 @@ int cmd_serve(int argc, char **argv) {
     if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
         fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
     fputc('\n', stderr);
-    if (dctx) {
+    if (dctx && draft_shared) {
+        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
+                "(sequences %d..%d; given back before any request is preempted)\n", draft_path,
+                sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
+                kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1);
+    } else if (dctx) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
         fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)\n",

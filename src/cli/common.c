@@ -202,3 +202,16 @@ int cli_parse_size(const char *s, size_t *out) {
     *out = (size_t)bytes;
     return 0;
 }
+
+kvlm_model *cli_load_draft(const char *cmd, const char *path, const kvlm_model *model, kvlm_ctx_params *cp,
+                           bool *shared) {
+    kvlm_error err = {0};
+    kvlm_model_params dmp = {0};
+    kvlm_model *dm = kvlm_model_load(path, &dmp, &err);
+    if (!dm) {
+        cli_fail(cmd, "draft model %s: %s", path, err.msg);
+        return NULL;
+    }
+    if ((*shared = kvlm_draft_shares_pool(model, dm, cp))) cp->n_seq_draft = cp->n_seq_max > 0 ? cp->n_seq_max : 1;
+    return dm;
+}

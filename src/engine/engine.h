@@ -27,6 +27,8 @@ double engine_evict_seconds(const kvlm_ctx *ctx);
 double engine_attention_seconds(const kvlm_ctx *ctx);
 /* The context's KV store (tests: pool counts, kv_check). */
 struct kv_store *engine_kv_store(kvlm_ctx *ctx);
+/* A draft context's host (kvlm_ctx_create_draft), whose store it uses; NULL: none. */
+kvlm_ctx *engine_ctx_host(const kvlm_ctx *ctx);
 /* Tests: kv_check of the context's pool (NULL: every invariant holds). */
 const char *engine_kv_check(const kvlm_ctx *ctx);
 /* Tests: with defer false, unverified tokens' attention goes straight into

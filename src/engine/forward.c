@@ -83,7 +83,20 @@ struct kvlm_ctx {
     float *rope_cs_local, *rope_sn_local;
     spec_seq *spec;            /* speculative decoding, per sequence (allocated at the first kvlm_seq_spec_begin) */
     bool spec_h2o_direct;      /* engine.h, tests: unverified attention not kept apart */
+    /* Its sequences are the store's ids [seq_lo, seq_end): a draft context
+     * (kvlm_ctx_create_draft) takes those after its host's, in the host's
+     * store, which it does not own. Per-sequence arrays have seq_end entries. */
+    int seq_lo, seq_end;
+    kvlm_ctx *host;
+    bool hosts;                /* a draft context uses this one's store */
 };
+
+/* Whether seq is one of the context's sequences. */
+static bool seq_ok(const kvlm_ctx *ctx, int seq) { return seq >= ctx->seq_lo && seq < ctx->seq_end; }
+
+static int bad_seq(const kvlm_ctx *ctx, kvlm_error *err) {
+    return util_err_set(err, KVLM_EINVAL, "sequence ids must be in %d..%d", ctx->seq_lo, ctx->seq_end - 1);
+}
 
 kvlm_ctx_params kvlm_ctx_default_params(void) {
     kvlm_ctx_params p = {0};
@@ -192,7 +205,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     kp.n_kv_heads = c->n_kv_heads;
     kp.head_dim = c->head_dim;
     kp.block_size = ctx->p.block_size;
-    kp.max_seqs = ctx->p.n_seq_max;
+    kp.max_seqs = ctx->p.n_seq_max + ctx->p.n_seq_draft; /* a draft context's sequences after the model's */
     kp.max_seq_tokens = ctx->p.n_ctx;
     kp.prefix_cache = !ctx->p.no_prefix_cache && !ctx->p.no_kv_cache;
     kp.k_type = ctx->p.cache_type_k;
@@ -224,7 +237,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
             return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes holds no block (one block is %zu bytes)",
                                 ctx->p.kv_mem, block_bytes);
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
-    } else kp.n_blocks = per_seq * ctx->p.n_seq_max;
+    } else kp.n_blocks = per_seq * kp.max_seqs;
     /* the pool is allocated up front: one clear error rather than an
      * allocation the machine cannot back (a file claiming a huge context) */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -312,7 +325,8 @@ static int swa_refuse(const kvlm_ctx *ctx, kvlm_error *err) {
     return KVLM_OK;
 }
 
-kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
+/* A context; host non-NULL: a draft context in host's store (kvlm_ctx_create_draft). */
+static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_ctx *host, kvlm_error *err) {
     if (!model || !model->layers) {
         util_err_set(err, KVLM_EINVAL, "the model has no weights (vocabulary-only file?)");
         return NULL;
@@ -329,6 +343,10 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     if (p->n_seq_max <= 0) p->n_seq_max = 1;
     if (p->block_size <= 0) p->block_size = 16;
     if (p->block_size > p->n_ctx) p->block_size = p->n_ctx;
+    if (p->n_seq_draft < 0) p->n_seq_draft = 0;
+    ctx->host = host;
+    ctx->seq_lo = host ? host->p.n_seq_max : 0;
+    ctx->seq_end = ctx->seq_lo + p->n_seq_max;
     if (!op_kv_type_valid(p->cache_type_k, false)) {
         util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for keys", p->cache_type_k);
         goto fail;
@@ -389,7 +407,13 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
                                              p->n_seq_max, err)))
             goto fail;
     }
-    if (make_cache(ctx, err)) goto fail;
+    if (host) {
+        ctx->kv = host->kv;
+        /* its blocks' keys chain from its model's fingerprint: never the host model's */
+        kv_key root;
+        kv_model_fingerprint(model, &root);
+        for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kv_store_set_root(ctx->kv, s, &root);
+    } else if (make_cache(ctx, err)) goto fail;
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
         !(ctx->mla = engine_mla_create(model, ctx->n_batch, p->n_ctx, p->block_size, util_pool_size(ctx->pool), err)))
         goto fail;
@@ -424,12 +448,12 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
     ctx->out_tok = malloc(T * sizeof(int));
     ctx->tok_next = malloc(T * sizeof(int));
     ctx->grp_first = malloc(T * sizeof(int));
-    ctx->seq_at = malloc((size_t)p->n_seq_max * sizeof(int));
-    for (int s = 0; ctx->seq_at && s < p->n_seq_max; s++) ctx->seq_at[s] = -1;
-    ctx->n_evicted = calloc((size_t)p->n_seq_max, sizeof(long));
+    ctx->seq_at = malloc((size_t)ctx->seq_end * sizeof(int));
+    for (int s = 0; ctx->seq_at && s < ctx->seq_end; s++) ctx->seq_at[s] = -1;
+    ctx->n_evicted = calloc((size_t)ctx->seq_end, sizeof(long));
     ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
     if (p->kv_evict == KVLM_EVICT_H2O) {
-        ctx->h2o = calloc((size_t)p->n_seq_max * ctx->budget, sizeof(float));
+        ctx->h2o = calloc((size_t)ctx->seq_end * ctx->budget, sizeof(float));
         /* scores of up to 32 query tokens over the budget's keys; longer
          * prefill pieces go 32 tokens at a time */
         int n_tok = ctx->n_batch < 32 ? ctx->n_batch : 32;
@@ -449,10 +473,82 @@ fail:
     return NULL;
 }
 
+kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params, kvlm_error *err) {
+    return ctx_create(model, params, NULL, err);
+}
+
+/* Why a draft model's cache cannot be a sequence range of the target's pool
+ * (KVLM_OK: it can): the pool holds one block layout. */
+static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *tp,
+                             kvlm_error *err) {
+    const kvlm_config *t = &target->cfg, *d = &draft->cfg;
+    if (d->n_layers != t->n_layers || d->n_kv_heads != t->n_kv_heads || d->head_dim != t->head_dim)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache is %d layers x %d KV heads x %d, the "
+                            "model's %d x %d x %d: a pool holds one block layout", d->n_layers, d->n_kv_heads,
+                            d->head_dim, t->n_layers, t->n_kv_heads, t->head_dim);
+    if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2 || t->sliding_window > 0 ||
+        d->sliding_window > 0)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
+                            "layouts: the draft model's cache cannot join the model's pool");
+    if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache || tp->cache_type_k == KVLM_CACHE_Q4_KC ||
+        tp->kv_evict != KVLM_EVICT_NONE || (tp->kv_budget > 0 && tp->kv_budget < tp->n_ctx))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
+                            "cache, without q4_kc keys and without eviction");
+    return KVLM_OK;
+}
+
+bool kvlm_draft_shares_pool(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *target_params) {
+    kvlm_ctx_params p = target_params ? *target_params : kvlm_ctx_default_params();
+    return target && draft && target->layers && draft->layers && draft_pool_refuse(target, draft, &p, NULL) == KVLM_OK;
+}
+
+kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
+                                kvlm_error *err) {
+    if (!draft || !draft->layers || !target) {
+        util_err_set(err, KVLM_EINVAL, "a draft context needs the draft model and the model's context");
+        return NULL;
+    }
+    if (target->host || target->p.n_seq_draft <= 0 || target->hosts) {
+        if (target->hosts) util_err_set(err, KVLM_EINVAL, "the model's context already has a draft context");
+        else util_err_set(err, KVLM_EINVAL, "the model's context keeps no sequences for a draft context (n_seq_draft)");
+        return NULL;
+    }
+    if (draft_pool_refuse(target->model, draft, &target->p, err)) return NULL;
+    kvlm_ctx_params p = params ? *params : kvlm_ctx_default_params();
+    const kvlm_ctx_params *tp = &target->p;
+    /* the pool's: context, block layout, types, prefix cache; no eviction */
+    p.n_ctx = tp->n_ctx;
+    p.n_seq_max = tp->n_seq_draft;
+    p.n_seq_draft = 0;
+    p.block_size = tp->block_size;
+    p.cache_type_k = tp->cache_type_k;
+    p.cache_type_v = tp->cache_type_v;
+    p.no_kv_cache = false;
+    p.no_prefix_cache = tp->no_prefix_cache;
+    p.kv_budget = 0;
+    p.kv_evict = KVLM_EVICT_NONE;
+    p.device = KVLM_DEVICE_CPU;
+    p.kv_mem = 0;
+    p.kv_blocks = 0;
+    p.kv_host_size = p.kv_disk_size = p.kv_swap_size = 0;
+    p.kv_disk = p.kv_redis = NULL;
+    p.no_kv_swap = true;
+    if (!p.n_threads) p.n_threads = util_pool_size(target->pool);
+    kvlm_ctx *ctx = ctx_create(draft, &p, target, err);
+    if (ctx) target->hosts = true;
+    return ctx;
+}
+
+int kvlm_ctx_seq_first(const kvlm_ctx *ctx) { return ctx->seq_lo; }
+
 void kvlm_ctx_free(kvlm_ctx *ctx) {
     if (!ctx) return;
     util_pool_free(ctx->pool);
-    kv_store_free(ctx->kv); /* before the device its blocks live on */
+    if (ctx->host) { /* its sequences' blocks go back to the host's pool */
+        if (ctx->kv) kvlm_ctx_reset(ctx);
+        ctx->host->hosts = false;
+    }
+    else kv_store_free(ctx->kv); /* before the device its blocks live on */
     engine_cuda_free(ctx->cuda);
     free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
     free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
@@ -463,7 +559,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->blocks_tmp);
     engine_mla_free(ctx->mla);
     free(ctx->rope_cs_local); free(ctx->rope_sn_local);
-    for (int s = 0; ctx->spec && s < ctx->p.n_seq_max; s++) free(ctx->spec[s].rows);
+    for (int s = 0; ctx->spec && s < ctx->seq_end; s++) free(ctx->spec[s].rows);
     free(ctx->spec);
     free(ctx);
 }
@@ -472,16 +568,16 @@ int kvlm_ctx_n_ctx(const kvlm_ctx *ctx) { return ctx->p.n_ctx; }
 int kvlm_ctx_n_seq_max(const kvlm_ctx *ctx) { return ctx->p.n_seq_max; }
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx) { return ctx->model; }
 int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
-    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_len(ctx->kv, seq) : 0;
+    return seq_ok(ctx, seq) ? kv_store_seq_len(ctx->kv, seq) : 0;
 }
-int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, 0); }
+int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, ctx->seq_lo); }
 int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->budget; }
 int kvlm_ctx_kv_evict(const kvlm_ctx *ctx) { return ctx->ev.policy; }
 int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx) {
     return ctx->budget - (ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0);
 }
 long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
-    return kv_store_seq_valid(ctx->kv, seq) ? ctx->n_evicted[seq] : 0;
+    return seq_ok(ctx, seq) ? ctx->n_evicted[seq] : 0;
 }
 
 static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
@@ -489,7 +585,7 @@ static float *h2o_scores(const kvlm_ctx *ctx, int seq) {
 }
 
 void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
-    if (!kv_store_seq_valid(ctx->kv, seq)) return;
+    if (!seq_ok(ctx, seq)) return;
     kv_store_release(ctx->kv, seq);
     ctx->n_evicted[seq] = 0;
     if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
@@ -505,17 +601,16 @@ struct kvlm_swap {
 };
 
 size_t kvlm_seq_swap_bytes(const kvlm_ctx *ctx, int seq) {
-    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_swap_bytes(ctx->kv, seq) : 0;
+    return seq_ok(ctx, seq) ? kv_store_swap_bytes(ctx->kv, seq) : 0;
 }
 
 bool kvlm_seq_swap_fits(const kvlm_ctx *ctx, int seq) {
-    return kv_store_seq_valid(ctx->kv, seq) && kv_store_swap_fits(ctx->kv, seq);
+    return seq_ok(ctx, seq) && kv_store_swap_fits(ctx->kv, seq);
 }
 
 int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err) {
     *out = NULL;
-    if (!kv_store_seq_valid(ctx->kv, seq))
-        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (!seq_ok(ctx, seq)) return bad_seq(ctx, err);
     kvlm_swap *h = calloc(1, sizeof *h);
     if (!h || (ctx->h2o && !(h->h2o = malloc((size_t)ctx->budget * sizeof(float))))) {
         free(h);
@@ -531,8 +626,7 @@ int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err) 
 }
 
 int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, seq) || !h)
-        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (!seq_ok(ctx, seq) || !h) return bad_seq(ctx, err);
     kvlm_seq_free(ctx, seq);
     int rc = kv_store_swap_in(ctx->kv, seq, h->kv, err);
     if (rc == KVLM_EIO) { /* the store freed its part: lost in the tier */
@@ -563,13 +657,12 @@ void kvlm_ctx_preempt_rates(kvlm_ctx *ctx, double *copy_bytes_per_s, double *tok
 }
 
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
-    for (int s = 0; s < ctx->p.n_seq_max; s++) kvlm_seq_free(ctx, s);
+    for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kvlm_seq_free(ctx, s);
     ctx->n_logits = 0;
 }
 
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, src) || !kv_store_seq_valid(ctx->kv, dst))
-        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (!seq_ok(ctx, src) || !seq_ok(ctx, dst)) return bad_seq(ctx, err);
     if (ctx->spec && (ctx->spec[src].on || ctx->spec[dst].on) && src != dst)
         return util_err_set(err, KVLM_EINVAL, "sequence %d holds unverified tokens: trim it before forking",
                             ctx->spec[src].on ? src : dst);
@@ -581,13 +674,13 @@ int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
 }
 
 int kvlm_seq_reuse_prefix(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n) {
-    if (!kv_store_seq_valid(ctx->kv, seq) || n <= 0) return 0;
+    if (!seq_ok(ctx, seq) || n <= 0) return 0;
     return kv_store_match_prefix(ctx->kv, seq, tokens, n);
 }
 
 void kvlm_seq_kv_info(const kvlm_ctx *ctx, int seq, int *n_blocks, int *n_shared) {
     int n = 0, shared = 0;
-    if (kv_store_seq_valid(ctx->kv, seq)) kv_store_seq_info(ctx->kv, seq, &n, &shared);
+    if (seq_ok(ctx, seq)) kv_store_seq_info(ctx->kv, seq, &n, &shared);
     if (n_blocks) *n_blocks = n;
     if (n_shared) *n_shared = shared;
 }
@@ -605,7 +698,7 @@ void kvlm_seq_probe_prefix(const kvlm_ctx *ctx, const int32_t *tokens, int n_loo
 }
 
 int kvlm_seq_blocks_needed(const kvlm_ctx *ctx, int seq, int n_hold) {
-    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_blocks_needed(ctx->kv, seq, n_hold) : 0;
+    return seq_ok(ctx, seq) ? kv_store_seq_blocks_needed(ctx->kv, seq, n_hold) : 0;
 }
 
 int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap) {
@@ -644,7 +737,7 @@ static bool swa_cache(const kvlm_ctx *ctx) {
 }
 
 int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, seq) || !path)
+    if (!seq_ok(ctx, seq) || !path)
         return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
     if (ctx->n_evicted[seq])
         return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
@@ -655,7 +748,7 @@ int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err)
 }
 
 int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
+    if (!seq_ok(ctx, seq) || !path || n <= 0) return -util_err_set(err, KVLM_EINVAL, "bad arguments");
     if (swa_cache(ctx))
         return -util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported");
     return kv_session_load(ctx->kv, seq, tokens, n, path, err);
@@ -673,7 +766,7 @@ size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
     /* a sliding window holds blocks, not tokens: what they take */
     if (swa_cache(ctx)) return kv_store_held_bytes(ctx->kv);
     size_t tokens = 0;
-    for (int s = 0; s < ctx->p.n_seq_max; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
+    for (int s = 0; s < kv_store_params_of(ctx->kv)->max_seqs; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
     /* from the block bytes, so q4_kc's per-block figures stay exact */
     return tokens * kv_store_block_bytes(ctx->kv) / (size_t)kv_store_params_of(ctx->kv)->block_size;
 }
@@ -1177,15 +1270,16 @@ static int decode_sliced(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
 static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
-    int n = b->n_tokens, n_seq = ctx->p.n_seq_max;
+    int n = b->n_tokens, n_seq = ctx->seq_end;
     int *count = calloc((size_t)n_seq, sizeof(int));
     int *order = malloc((size_t)n_seq * sizeof(int)); /* sequences in order of first appearance */
     int n_order = 0, rc = KVLM_OK, n_want = 0;
     if (!count || !order) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < n; i++) {
-        int s = b->seq ? b->seq[i] : 0;
-        if (s < 0 || s >= n_seq) {
-            rc = util_err_set(err, KVLM_EINVAL, "batch index %d: sequence %d is outside 0..%d", i, s, n_seq - 1);
+        int s = b->seq ? b->seq[i] : ctx->seq_lo;
+        if (!seq_ok(ctx, s)) {
+            rc = util_err_set(err, KVLM_EINVAL, "batch index %d: sequence %d is outside %d..%d", i, s, ctx->seq_lo,
+                              n_seq - 1);
             goto done;
         }
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size) {
@@ -1238,7 +1332,7 @@ static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     int8_t *want = malloc((size_t)n);
     if (!want) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < n; i++) {
-        int s = b->seq ? b->seq[i] : 0;
+        int s = b->seq ? b->seq[i] : ctx->seq_lo;
         ctx->tok_seq[i] = s;
         ctx->tok_pos[i] = kv_store_seq_len(ctx->kv, s) + count[s]++;
         want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
@@ -1266,17 +1360,16 @@ done:
 /* ---- speculative decoding: unverified tokens and rollback ---- */
 
 int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, seq))
-        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (!seq_ok(ctx, seq)) return bad_seq(ctx, err);
     if (ctx->p.no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding needs the KV cache (not --no-kv-cache)");
     /* rollback of GPU-resident blocks has not run on a GPU yet (docs/cuda.md) */
     if (ctx->cuda)
         return util_err_set(err, KVLM_EUNSUPPORTED, "speculative decoding runs on the CPU only (not --device cuda yet)");
     if (!ctx->spec) {
-        ctx->spec = calloc((size_t)ctx->p.n_seq_max, sizeof *ctx->spec);
+        ctx->spec = calloc((size_t)ctx->seq_end, sizeof *ctx->spec);
         if (!ctx->spec) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-        for (int s = 0; s < ctx->p.n_seq_max; s++) ctx->spec[s].from = -1;
+        for (int s = 0; s < ctx->seq_end; s++) ctx->spec[s].from = -1;
     }
     if (!ctx->spec[seq].on) {
         ctx->spec[seq].on = true;
@@ -1286,8 +1379,7 @@ int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err) {
 }
 
 int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err) {
-    if (!kv_store_seq_valid(ctx->kv, seq))
-        return util_err_set(err, KVLM_EINVAL, "sequence ids must be in 0..%d", ctx->p.n_seq_max - 1);
+    if (!seq_ok(ctx, seq)) return bad_seq(ctx, err);
     int len = kv_store_seq_len(ctx->kv, seq);
     spec_seq *sp = ctx->spec && ctx->spec[seq].on ? &ctx->spec[seq] : NULL;
     int from = sp && sp->from >= 0 ? sp->from : len;
@@ -1329,18 +1421,19 @@ const char *engine_kv_check(const kvlm_ctx *ctx) { return kv_check(kv_store_pool
 void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec_h2o_direct = !defer; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
 struct kv_store *engine_kv_store(kvlm_ctx *ctx) { return ctx->kv; }
+kvlm_ctx *engine_ctx_host(const kvlm_ctx *ctx) { return ctx->host; }
 double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
 const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq) {
-    return kv_store_seq_valid(ctx->kv, seq) ? h2o_scores(ctx, seq) : NULL;
+    return seq_ok(ctx, seq) ? h2o_scores(ctx, seq) : NULL;
 }
 const int32_t *engine_seq_tokens(const kvlm_ctx *ctx, int seq, int *n) {
     *n = kvlm_seq_n_past(ctx, seq);
-    return kv_store_seq_valid(ctx->kv, seq) ? kv_store_seq_tokens(ctx->kv, seq) : NULL;
+    return seq_ok(ctx, seq) ? kv_store_seq_tokens(ctx->kv, seq) : NULL;
 }
 
 int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
-    if (!kv_store_seq_valid(ctx->kv, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
+    if (!seq_ok(ctx, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
     if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     int rc;

@@ -86,6 +86,7 @@ struct kvlm_sched {
     int spec_k;
     bool spec_q4kc;        /* q4_kc keys: drafts stop short of the filling block's last slot */
     bool spec_skip;        /* this step: no drafts (the pool had no room for them) */
+    int draft_pause;       /* steps the draft model waits after giving its blocks back (shared pool) */
     int32_t *spec_ids;
     float *spec_probs;
     uint64_t spec_drafted, spec_accepted;
@@ -432,6 +433,15 @@ static bool swap_in(kvlm_sched *s, unit *u, bool any_active, int promised) {
     return true;
 }
 
+/* A draft model's cache in the pool (kvlm_ctx_create_draft) gives its blocks
+ * back for the model's sequences, and drafts again only some steps later
+ * (rebuilding its sequences from the prefix index); true when it held any. */
+static bool release_drafts(kvlm_sched *s) {
+    if (!s->drafter || !spec_drafter_release(s->drafter)) return false;
+    s->draft_pause = 8;
+    return true;
+}
+
 /* FCFS admission of waiting completions while slots and blocks last. */
 static void admit(kvlm_sched *s) {
     int n_free = 0, promised = 0;
@@ -457,7 +467,11 @@ static void admit(kvlm_sched *s) {
                 /* ask first (no side effects), attach only what is admitted */
                 kvlm_prefix_probe pr;
                 kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
-                if (any_active && pr.blocks_needed > pr.blocks_available - promised) return;
+                if (any_active && pr.blocks_needed > pr.blocks_available - promised) {
+                    if (!release_drafts(s)) return;
+                    kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                    if (pr.blocks_needed > pr.blocks_available - promised) return;
+                }
                 u->seq = free_slot(s);
                 s->slot_used[u->seq] = true;
                 int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
@@ -726,7 +740,9 @@ static void publish(kvlm_sched *s) {
     s->snap.generated_tokens = s->generated;
     s->snap.spec_drafted = s->spec_drafted;
     s->snap.spec_accepted = s->spec_accepted;
-    if (s->drafter) spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures);
+    if (s->drafter)
+        spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures,
+                            &s->snap.spec_draft_released);
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
     s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
@@ -799,7 +815,8 @@ int kvlm_sched_step(kvlm_sched *s) {
     reap(s);
     admit(s);
     s->spec_skip = false;
-    if (s->drafter) draft_propose(s);
+    if (s->drafter && s->draft_pause > 0) s->draft_pause--;
+    else if (s->drafter) draft_propose(s);
     int n = 0;
     kvlm_error err = {0};
     for (;;) {
@@ -809,6 +826,8 @@ int kvlm_sched_step(kvlm_sched *s) {
         int rc = kvlm_decode(s->ctx, &b, &err);
         if (rc == KVLM_OK) break;
         if (spec_undo(s, n)) continue; /* no room for the drafts: first try without them */
+        /* a draft model's cache in the pool gives its blocks back before any sequence is preempted */
+        if (rc == KVLM_EFULL && release_drafts(s)) continue;
         int n_active;
         unit *victim = newest_active(s, true, &n_active), *newest = newest_active(s, false, NULL);
         if (rc == KVLM_EFULL && newest) {

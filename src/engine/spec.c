@@ -12,6 +12,7 @@
 struct kvlm_spec {
     kvlm_ctx *ctx, *draft;
     int seq, mode, K, ng_max, ng_min, vocab, block_size;
+    int dseq;                  /* the draft context's id of seq (kvlm_ctx_seq_first: after the target's in a shared pool) */
     int k_cur;                 /* drafts this step: halved after a step that kept none, doubled after one that kept all */
     bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
@@ -110,6 +111,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     sp->ctx = ctx;
     sp->draft = p->mode == KVLM_SPEC_DRAFT ? p->draft_ctx : NULL;
     sp->seq = seq;
+    sp->dseq = sp->draft ? kvlm_ctx_seq_first(sp->draft) + seq : seq;
     sp->mode = p->mode;
     sp->K = p->n_draft ? p->n_draft : p->mode == KVLM_SPEC_LOOKUP ? 8 : 4;
     sp->k_cur = sp->K;
@@ -143,12 +145,12 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
                          "back across blocks)");
             goto fail;
         }
-        kvlm_seq_free(sp->draft, seq);
-        int cached = kvlm_ctx_kv_evict(sp->draft) ? 0 : kvlm_seq_reuse_prefix(sp->draft, seq, prompt, n);
+        kvlm_seq_free(sp->draft, sp->dseq);
+        int cached = kvlm_ctx_kv_evict(sp->draft) ? 0 : kvlm_seq_reuse_prefix(sp->draft, sp->dseq, prompt, n);
         int piece = kvlm_ctx_kv_max_feed(sp->draft) / 2 > 0 ? kvlm_ctx_kv_max_feed(sp->draft) / 2 : 1;
         int32_t *ps = malloc((size_t)piece * sizeof(int32_t));
         if (!ps) { util_err_set(err, KVLM_ENOMEM, "out of memory"); goto fail; }
-        for (int i = 0; i < piece; i++) ps[i] = seq;
+        for (int i = 0; i < piece; i++) ps[i] = sp->dseq;
         for (int i = cached; i < n; i += piece) {
             kvlm_batch b = {n - i < piece ? n - i : piece, prompt + i, NULL, NULL, ps};
             if (kvlm_decode(sp->draft, &b, err)) { free(ps); goto fail; }
@@ -236,7 +238,7 @@ bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q
 
 /* Tokens the draft context has been fed (its cache holds fewer after eviction). */
 static int draft_fed(const kvlm_spec *sp) {
-    return kvlm_seq_n_past(sp->draft, sp->seq) + (int)kvlm_seq_n_evicted(sp->draft, sp->seq);
+    return kvlm_seq_n_past(sp->draft, sp->dseq) + (int)kvlm_seq_n_evicted(sp->draft, sp->dseq);
 }
 
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs) {
@@ -264,7 +266,7 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
     int piece = kvlm_ctx_kv_max_feed(d) / 2 > 0 ? kvlm_ctx_kv_max_feed(d) / 2 : 1;
     if (piece > 64) piece = 64;
     int32_t bs[64];
-    for (int i = 0; i < piece; i++) bs[i] = sp->seq;
+    for (int i = 0; i < piece; i++) bs[i] = sp->dseq;
     while (sp->draft_len < sp->n_hist) {
         int m = sp->n_hist - sp->draft_len < piece ? sp->n_hist - sp->draft_len : piece;
         kvlm_batch b = {m, sp->hist + sp->draft_len, NULL, NULL, bs};
@@ -272,13 +274,13 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
         sp->draft_len += m;
     }
     /* no eviction among its drafts: at most what its budget holds */
-    int room = kvlm_ctx_kv_budget(d) - kvlm_seq_n_past(d, sp->seq);
+    int room = kvlm_ctx_kv_budget(d) - kvlm_seq_n_past(d, sp->dseq);
     if (room < K) K = room;
     if (K <= 0) return 0;
     bool soft = !sampler_greedy(smp);
     if (soft && !sp->q && !(sp->q = malloc((size_t)sp->K * (size_t)sp->vocab * sizeof(float))))
         return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
-    if (kvlm_seq_spec_begin(d, sp->seq, err)) return -1;
+    if (kvlm_seq_spec_begin(d, sp->dseq, err)) return -1;
     int k = 0;
     kvlm_error e2;
     while (k < K) {
@@ -286,7 +288,7 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
                                  soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL, sp->ids, sp->probs);
         k++;
         if (k == K) break;
-        kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->seq};
+        kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->dseq};
         if (kvlm_decode(d, &b, &e2)) break; /* no room in the draft's cache: fewer drafts */
     }
     return k;
@@ -297,7 +299,7 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
 static int draft_rollback(kvlm_spec *sp, kvlm_error *err) {
     if (!sp->draft) return KVLM_OK;
     int fed = draft_fed(sp), keep = fed < sp->n_hist ? fed : sp->n_hist;
-    if (kvlm_seq_trim(sp->draft, sp->seq, kvlm_seq_n_past(sp->draft, sp->seq) - (fed - keep), err)) return -1;
+    if (kvlm_seq_trim(sp->draft, sp->dseq, kvlm_seq_n_past(sp->draft, sp->dseq) - (fed - keep), err)) return -1;
     sp->draft_len = keep;
     return KVLM_OK;
 }

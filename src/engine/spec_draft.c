@@ -4,6 +4,7 @@
 #include "engine/spec_draft.h"
 #include <stdlib.h>
 #include <string.h>
+#include "engine/engine.h"
 #include "engine/spec.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -11,6 +12,8 @@
 struct spec_drafter {
     kvlm_ctx *target, *draft;
     int n_seq, vocab, limit;        /* limit: tokens a draft sequence may hold (its budget) */
+    int lo;                         /* the draft context's id of the target's sequence 0 (kvlm_ctx_seq_first) */
+    bool shared;                    /* the draft context's cache is the target's pool (kvlm_ctx_create_draft) */
     int *base;                      /* per sequence: its length at spec_begin; -1: holds no drafts */
     int *n_fed;                     /* drafts fed since base */
     int32_t (*fed)[SPEC_DRAFT_MAX]; /* ... and which */
@@ -23,7 +26,7 @@ struct spec_drafter {
     int n_pre;
     bool *live;                     /* per request: drafting this step */
     bool *cand;                     /* per request: may take part in the catch-up */
-    uint64_t steps, failures;
+    uint64_t steps, failures, released;
 };
 
 /* Request r's draft number k after the draft's logits l (spec_draft_pick). */
@@ -57,6 +60,8 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
     if (!d) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     d->target = target;
     d->draft = draft;
+    d->lo = kvlm_ctx_seq_first(draft);
+    d->shared = engine_ctx_host(draft) == target;
     d->n_seq = kvlm_ctx_n_seq_max(target);
     d->vocab = kvlm_vocab_size(kvlm_ctx_model(draft));
     d->limit = kvlm_ctx_kv_budget(draft);
@@ -72,7 +77,7 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
     }
     for (int i = 0; i < d->n_seq; i++) {
         d->base[i] = -1;
-        kvlm_seq_free(draft, i); /* the ids are the target's from now on */
+        kvlm_seq_free(draft, d->lo + i); /* the ids are the target's from now on */
     }
     return d;
 }
@@ -85,14 +90,27 @@ void spec_drafter_free(spec_drafter *d) {
     free(d);
 }
 
-void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures) {
+int spec_drafter_release(spec_drafter *d) {
+    if (!d || !d->shared) return 0;
+    int n = 0;
+    for (int i = 0; i < d->n_seq; i++)
+        if (kvlm_seq_n_past(d->draft, d->lo + i) > 0) {
+            spec_drafter_drop(d, i);
+            n++;
+        }
+    d->released += (uint64_t)n;
+    return n;
+}
+
+void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released) {
     *steps = d->steps;
     *failures = d->failures;
+    *released = d->released;
 }
 
 void spec_drafter_drop(spec_drafter *d, int seq) {
     if (!d || seq < 0 || seq >= d->n_seq) return;
-    kvlm_seq_free(d->draft, seq);
+    kvlm_seq_free(d->draft, d->lo + seq);
     d->base[seq] = -1;
     d->n_fed[seq] = 0;
 }
@@ -104,7 +122,7 @@ void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist
     kvlm_error err;
     d->base[seq] = -1;
     d->n_fed[seq] = 0;
-    if (kvlm_seq_trim(d->draft, seq, b + j, &err)) { /* cannot happen without eviction: start it afresh */
+    if (kvlm_seq_trim(d->draft, d->lo + seq, b + j, &err)) { /* cannot happen without eviction: start it afresh */
         LOG_WARN("draft model: sequence %d: %s (rebuilt from its tokens)", seq, err.msg);
         spec_drafter_drop(d, seq);
     }
@@ -139,7 +157,7 @@ static int grow(spec_drafter *d, int n_tok, int n_req) {
  * commits slice by slice) is dropped, to be rebuilt from its tokens. */
 static void undo_failed(spec_drafter *d, spec_draft_req *reqs, int n) {
     for (int i = 0; i < n; i++)
-        if (d->pre[i] >= 0 && kvlm_seq_n_past(d->draft, reqs[i].seq) != d->pre[i]) {
+        if (d->pre[i] >= 0 && kvlm_seq_n_past(d->draft, d->lo + reqs[i].seq) != d->pre[i]) {
             spec_drafter_drop(d, reqs[i].seq);
             d->live[i] = d->cand[i] = false;
         }
@@ -158,13 +176,13 @@ static int catch_up(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchu
             d->live[i] = false;
             if (!d->cand[i]) continue;
             spec_draft_req *r = &reqs[i];
-            int dn = kvlm_seq_n_past(d->draft, r->seq), pend = r->n_hist - dn;
+            int dn = kvlm_seq_n_past(d->draft, d->lo + r->seq), pend = r->n_hist - dn;
             int take = pend <= left ? pend : left;
             if (take <= 0) continue;
             d->pre[i] = dn;
             for (int t = 0; t < take; t++) {
                 d->tok[nt] = r->hist[dn + t];
-                d->bseq[nt] = r->seq;
+                d->bseq[nt] = d->lo + r->seq;
                 d->want[nt] = take == pend && t == take - 1;
                 nt++;
             }
@@ -211,13 +229,13 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
         if (r->k > room) r->k = room;
         if (r->k > SPEC_DRAFT_MAX) r->k = SPEC_DRAFT_MAX;
         if (r->k <= 0) continue;
-        int dn = kvlm_seq_n_past(d->draft, r->seq);
+        int dn = kvlm_seq_n_past(d->draft, d->lo + r->seq);
         /* it holds at most the text before its last token, whose logits give the first draft */
-        if (dn >= r->n_hist && kvlm_seq_trim(d->draft, r->seq, r->n_hist - 1, &err)) {
+        if (dn >= r->n_hist && kvlm_seq_trim(d->draft, d->lo + r->seq, r->n_hist - 1, &err)) {
             spec_drafter_drop(d, r->seq);
             dn = 0;
         }
-        if (dn == 0) kvlm_seq_reuse_prefix(d->draft, r->seq, r->hist, r->n_hist);
+        if (dn == 0) kvlm_seq_reuse_prefix(d->draft, d->lo + r->seq, r->hist, r->n_hist);
         d->live[i] = true;
     }
     if (catch_up(d, reqs, n, max_catchup) <= 0) return;
@@ -228,8 +246,8 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
         spec_draft_req *r = &reqs[i];
         r->out[0] = pick(d, r, 0, kvlm_get_logits(d->draft, row++));
         r->n_out = 1;
-        if (r->k > 1 && kvlm_seq_spec_begin(d->draft, r->seq, &err) == KVLM_OK) {
-            d->base[r->seq] = kvlm_seq_n_past(d->draft, r->seq);
+        if (r->k > 1 && kvlm_seq_spec_begin(d->draft, d->lo + r->seq, &err) == KVLM_OK) {
+            d->base[r->seq] = kvlm_seq_n_past(d->draft, d->lo + r->seq);
             d->n_fed[r->seq] = 0;
             if (r->k > kmax) kmax = r->k;
         } else {
@@ -244,9 +262,9 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
             if (!d->live[i]) continue;
             spec_draft_req *r = &reqs[i];
             if (r->n_out != round || r->k <= round) { d->live[i] = false; continue; }
-            d->pre[i] = kvlm_seq_n_past(d->draft, r->seq);
+            d->pre[i] = kvlm_seq_n_past(d->draft, d->lo + r->seq);
             d->tok[nt] = r->out[round - 1];
-            d->bseq[nt] = r->seq;
+            d->bseq[nt] = d->lo + r->seq;
             d->want[nt] = 1;
             nt++;
         }

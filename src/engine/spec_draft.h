@@ -47,6 +47,12 @@ void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist
 /* The target's sequence seq was freed (finished, cancelled, preempted):
  * so is the draft's (a later owner of the id is caught up from nothing). */
 void spec_drafter_drop(spec_drafter *d, int seq);
-/* Steps with proposals; draft-context failures that cost drafts. */
-void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures);
+/* The draft context's cache in the target's pool (kvlm_ctx_create_draft):
+ * drops every draft sequence holding tokens, giving its blocks back (full
+ * ones stay cached for its catch-up), before the target preempts any of its
+ * own; returns how many (0: none, or a pool of its own). */
+int spec_drafter_release(spec_drafter *d);
+/* Steps with proposals; draft-context failures that cost drafts; draft
+ * sequences dropped by spec_drafter_release. */
+void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released);
 #endif
