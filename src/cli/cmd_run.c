@@ -175,7 +175,6 @@ int cmd_run(int argc, char **argv) {
         if (draft_path) {
             kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
             if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;
-            dcp.n_seq_draft = 0;
             dctx = draft_shared ? kvlm_ctx_create_draft(dmodel, ctx, &dcp, &err) : kvlm_ctx_create(dmodel, &dcp, &err);
             if (!dctx) {
                 fputc('\n', stdout);

@@ -491,7 +491,7 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
         return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
                             "layouts: the draft model's cache cannot join the model's pool");
     if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache || tp->cache_type_k == KVLM_CACHE_Q4_KC ||
-        tp->kv_evict != KVLM_EVICT_NONE || (tp->kv_budget > 0 && tp->kv_budget < tp->n_ctx))
+        tp->kv_evict != KVLM_EVICT_NONE || (tp->kv_budget > 0 && (tp->n_ctx <= 0 || tp->kv_budget < tp->n_ctx)))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
                             "cache, without q4_kc keys and without eviction");
     return KVLM_OK;
