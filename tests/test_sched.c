@@ -14,30 +14,8 @@
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
-enum { MAXGEN = 64, MAXN = 4 };
-typedef struct {
-    int32_t out[MAXN][MAXGEN];
-    int n_out[MAXN], finish[MAXN], n_final, stop_after;
-    bool logprobs_ok;
-} result;
-
-static bool on_event(void *user, const kvlm_sched_event *ev) {
-    result *r = user;
-    if (ev->finish) {
-        r->finish[ev->index] = ev->finish;
-        r->n_final++;
-        return true;
-    }
-    assert_true(r->n_out[ev->index] < MAXGEN);
-    r->out[ev->index][r->n_out[ev->index]++] = ev->token;
-    if (ev->n_top > 0) { /* greedy: the chosen token is the most likely one */
-        bool ok = ev->top_tokens[0] == ev->token && fabsf(ev->top_logprobs[0] - ev->logprob) < 1e-6f &&
-                  ev->logprob <= 0;
-        for (int i = 1; i < ev->n_top; i++) ok &= ev->top_logprobs[i] <= ev->top_logprobs[i - 1];
-        r->logprobs_ok &= ok;
-    }
-    return r->stop_after == 0 || r->n_out[ev->index] < r->stop_after;
-}
+enum { MAXGEN = TU_SCHED_MAXGEN };
+typedef tu_sched_result result;
 
 static kvlm_model *load_stories(void) {
     const char *path = tu_model_path("stories260K.gguf");
@@ -112,7 +90,7 @@ static void concurrent_equals_alone(bool swap) {
         p.logprobs = i % 4 == 0 ? 5 : -1;
         p.n = i % 5 == 2 ? 3 : 1; /* forks, preempted with or without their leader */
         res[i].logprobs_ok = true;
-        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, tu_sched_collect, &res[i], &err) > 0);
     }
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
@@ -221,7 +199,7 @@ static void swap_tight_pool(int cache_k, int n_modes) {
         result *res = calloc(R, sizeof *res);
         for (int i = 0; i < R; i++) {
             kvlm_request_params p = tu_greedy_params(max_tokens);
-            assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
+            assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, tu_sched_collect, &res[i], &err) > 0);
         }
         int steps = 0;
         while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
@@ -280,8 +258,8 @@ static void test_cancel_and_stop(void **state) {
     result a = {0}, b = {0};
     b.stop_after = 3; /* the callback ends it after 3 tokens */
     kvlm_request_params p = tu_greedy_params(60);
-    uint64_t ida = kvlm_sched_submit(s, prompt, n, &p, on_event, &a, &err);
-    kvlm_sched_submit(s, prompt, n, &p, on_event, &b, &err);
+    uint64_t ida = kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &a, &err);
+    kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &b, &err);
     for (int i = 0; i < 5; i++) kvlm_sched_step(s);
     assert_int_equal(b.n_out[0], 3);
     assert_int_equal(b.finish[0], KVLM_FINISH_STOP);
@@ -297,10 +275,10 @@ static void test_cancel_and_stop(void **state) {
     assert_int_equal(st.kv.used, 0);
     /* bad requests are refused at submit */
     int32_t big[300] = {1};
-    assert_int_equal(kvlm_sched_submit(s, big, 300, &p, on_event, &a, &err), 0);
+    assert_int_equal(kvlm_sched_submit(s, big, 300, &p, tu_sched_collect, &a, &err), 0);
     assert_int_equal(err.code, KVLM_ERANGE);
     p.max_tokens = 0;
-    assert_int_equal(kvlm_sched_submit(s, prompt, n, &p, on_event, &a, &err), 0);
+    assert_int_equal(kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &a, &err), 0);
     kvlm_sched_free(s);
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
@@ -319,7 +297,7 @@ static void test_fork_n(void **state) {
     result r = {0};
     kvlm_request_params p = tu_greedy_params(20);
     p.n = 3;
-    kvlm_sched_submit(s, prompt, n, &p, on_event, &r, &err);
+    kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &r, &err);
     kvlm_sched_step(s);
     kvlm_sched_step(s);
     kvlm_sched_req_info info[4];
@@ -361,7 +339,7 @@ static void test_kv_full_finish(void **state) {
     int n_prompt = make_prompt(m, 1, prompt, 64);
     result *res = calloc(1, sizeof *res);
     kvlm_request_params p = tu_greedy_params(MAXGEN);
-    assert_true(kvlm_sched_submit(s, prompt, n_prompt, &p, on_event, res, &err) > 0);
+    assert_true(kvlm_sched_submit(s, prompt, n_prompt, &p, tu_sched_collect, res, &err) > 0);
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 1000);
     int32_t want[MAXGEN];

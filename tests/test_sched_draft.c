@@ -19,23 +19,8 @@
 #include "helpers/testutil.h"
 #include "kvlm.h"
 
-enum { MAXGEN = 64, MAXN = 3 };
-typedef struct {
-    int32_t out[MAXN][MAXGEN];
-    int n_out[MAXN], finish[MAXN], n_final;
-} result;
-
-static bool on_event(void *user, const kvlm_sched_event *ev) {
-    result *r = user;
-    if (ev->finish) {
-        r->finish[ev->index] = ev->finish;
-        r->n_final++;
-        return true;
-    }
-    assert_true(r->n_out[ev->index] < MAXGEN);
-    r->out[ev->index][r->n_out[ev->index]++] = ev->token;
-    return true;
-}
+enum { MAXGEN = TU_SCHED_MAXGEN };
+typedef tu_sched_result result;
 
 static kvlm_model *load(const char *path) {
     kvlm_error err = {0};
@@ -120,7 +105,7 @@ static void draft_concurrent(const kvlm_model *m, const kvlm_model *dm, int draf
         n_prompt[i] = make_prompt(m, i, prompts[i], 64);
         kvlm_request_params p = tu_greedy_params(max_tokens);
         p.n = i % 5 == 2 ? 3 : 1;
-        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, on_event, &res[i], &err) > 0);
+        assert_true(kvlm_sched_submit(s, prompts[i], n_prompt[i], &p, tu_sched_collect, &res[i], &err) > 0);
     }
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 100000);
@@ -212,7 +197,7 @@ static void test_draft_cancel_and_sample(void **state) {
     memset(a, 0, sizeof a);
     uint64_t id[4];
     kvlm_request_params p = tu_greedy_params(60);
-    for (int i = 0; i < 4; i++) id[i] = kvlm_sched_submit(s, prompt, n, &p, on_event, &a[i], &err);
+    for (int i = 0; i < 4; i++) id[i] = kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &a[i], &err);
     for (int i = 0; i < 4; i++) kvlm_sched_step(s);
     kvlm_kv_stats dk;
     kvlm_kv_stats_get(dctx, &dk);
@@ -234,7 +219,7 @@ static void test_draft_cancel_and_sample(void **state) {
     p.sampling.temperature = 0.9f;
     p.sampling.seed = 7;
     p.n = 3;
-    assert_true(kvlm_sched_submit(s, prompt, n, &p, on_event, &b, &err) > 0);
+    assert_true(kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &b, &err) > 0);
     int steps = 0;
     while (kvlm_sched_step(s) > 0) assert_true(++steps < 10000);
     assert_int_equal(b.n_final, 3);

@@ -112,3 +112,21 @@ kvlm_request_params tu_greedy_params(int max_tokens) {
     p.logprobs = -1;
     return p;
 }
+
+bool tu_sched_collect(void *user, const kvlm_sched_event *ev) {
+    tu_sched_result *r = user;
+    if (ev->finish) {
+        r->finish[ev->index] = ev->finish;
+        r->n_final++;
+        return true;
+    }
+    assert_true(r->n_out[ev->index] < TU_SCHED_MAXGEN);
+    r->out[ev->index][r->n_out[ev->index]++] = ev->token;
+    if (ev->n_top > 0) { /* greedy: the chosen token is the most likely one */
+        bool ok = ev->top_tokens[0] == ev->token && fabsf(ev->top_logprobs[0] - ev->logprob) < 1e-6f &&
+                  ev->logprob <= 0;
+        for (int i = 1; i < ev->n_top; i++) ok &= ev->top_logprobs[i] <= ev->top_logprobs[i - 1];
+        r->logprobs_ok &= ok;
+    }
+    return r->stop_after == 0 || r->n_out[ev->index] < r->stop_after;
+}

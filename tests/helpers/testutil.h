@@ -37,6 +37,18 @@ void tu_fill_random(float *x, size_t n, uint64_t *state, float scale);
  * returns their count. The reference scheduler outputs are checked
  * against. */
 int tu_greedy_alone(kvlm_ctx *ctx, const int32_t *prompt, int n, int max_tokens, int32_t *out);
+/* What a scheduler request gave, collected by tu_sched_collect (the
+ * callback of kvlm_sched_submit): each choice's tokens and finish reason,
+ * how many choices finished. stop_after > 0 ends a choice after that many
+ * tokens; logprobs_ok (set it true first) stays true while every event with
+ * top logprobs has the chosen token first and the list in order. */
+enum { TU_SCHED_MAXN = 4, TU_SCHED_MAXGEN = 64 };
+typedef struct {
+    int32_t out[TU_SCHED_MAXN][TU_SCHED_MAXGEN];
+    int n_out[TU_SCHED_MAXN], finish[TU_SCHED_MAXN], n_final, stop_after;
+    bool logprobs_ok;
+} tu_sched_result;
+bool tu_sched_collect(void *user, const kvlm_sched_event *ev);
 /* Request parameters: greedy, max_tokens, n = 1, no logprobs. */
 kvlm_request_params tu_greedy_params(int max_tokens);
 #endif
