@@ -37,17 +37,8 @@ stop = serve_http.stop
 def request(method, path, body=None): return serve_http.request(port, method, path, body)
 def stream(body): return serve_http.stream(port, body)
 
-def metrics():
-    text = request("GET", "/metrics")[1]
-    def get(name):
-        m = re.search(r"^%s (\S+)$" % name, text, re.M)
-        return float(m.group(1)) if m else -1
-    return get
-
-def run_alone(model, prompt, n):
-    r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
-                       capture_output=True, text=True, timeout=120)
-    return r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
+def metrics(): return serve_http.metrics(port)
+def run_alone(model, prompt, n): return serve_http.run_alone(kvlm, model, prompt, n)
 
 names = ["Lily", "Tom", "Sue", "Max", "Ben", "Mia", "Sam", "Zoe"]
 things = ["red ball", "big dog", "little cat", "blue box"]
@@ -61,15 +52,8 @@ def concurrent(model, extra, label, want_preempt=True, min_accept=0.5, shared=Fa
     if not port:
         check(False, "%s: server starts" % label)
         return
-    results = [None] * 32
-    def worker(i):
-        try:
-            results[i] = stream({"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0})
-        except Exception as e:
-            results[i] = (None, repr(e))
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
-    for t in threads: t.start()
-    for t in threads: t.join()
+    results = serve_http.stream_all(port, [{"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0}
+                                           for i in range(32)])
     same = sum(1 for i in range(32) if results[i][0] is not None and results[i][0] == alone[i])
     bad = [(prompts[i], results[i][0], alone[i]) for i in range(32) if results[i][0] != alone[i]][:2]
     check(same == 32, "%s: 32 concurrent streams with draft-model speculation equal kvlm run of each prompt alone (%d/32)"

@@ -10,7 +10,7 @@ MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
 exec /usr/bin/python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
-import re, subprocess, sys, threading
+import subprocess, sys, threading
 
 kvlm, model = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
@@ -39,29 +39,14 @@ things = ["red ball", "big dog", "little cat", "blue box"]
 prompts = ["%s had a %s. %s liked the %s. One day %s lost the %s. %s looked for the %s" %
            (n, t, n, t, n, t, n, t) for n in names for t in things][:32]
 max_tokens = [60 + 13 * (i % 8) for i in range(32)]
-alone = []
-for p, n in zip(prompts, max_tokens):
-    run = subprocess.run([kvlm, "run", "-m", model, "-p", p, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
-                         capture_output=True, text=True, timeout=120)
-    alone.append(run.stdout[len(p):-1] if run.stdout.startswith(p) else None)
-
-results = [None] * 32
-def worker(i):
-    try:
-        results[i] = stream({"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0})
-    except Exception as e:
-        results[i] = (None, repr(e))
-threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
-for t in threads: t.start()
-for t in threads: t.join()
+alone = [serve_http.run_alone(kvlm, model, p, n) for p, n in zip(prompts, max_tokens)]
+results = serve_http.stream_all(port, [{"prompt": prompts[i], "max_tokens": max_tokens[i], "temperature": 0}
+                                       for i in range(32)])
 same = sum(1 for i in range(32) if results[i][0] is not None and results[i][0] == alone[i])
 bad = [(prompts[i], results[i][0], alone[i]) for i in range(32) if results[i][0] != alone[i]][:2]
 check(same == 32, "32 concurrent streams with lookup speculation equal kvlm run of each prompt alone (%d/32)" % same, bad)
 
-text = request("GET", "/metrics")[1]
-def metric(name):
-    m = re.search(r"^%s (\S+)$" % name, text, re.M)
-    return float(m.group(1)) if m else -1
+metric = serve_http.metrics(port)
 drafted, kept, pre = metric("kvlm_spec_draft_tokens_total"), metric("kvlm_spec_accepted_tokens_total"), metric("kvlm_preemptions_total")
 check(drafted > 0 and kept > 0 and kept <= drafted, "drafts checked and kept: %d of %d (%.0f%%), %d preemptions" %
       (kept, drafted, 100.0 * kept / max(drafted, 1), pre))

@@ -1,11 +1,13 @@
 """tests/helpers/serve_http: the HTTP client side the `kvlm serve` script tests
 share (python3 stdlib only): start a server on a free port, stop it, one
-request, one streamed completion."""
+request, one streamed completion, many at once, the metrics, and `kvlm run`
+alone as the reference."""
 import http.client
 import json
 import re
 import signal
 import subprocess
+import threading
 
 
 def start(kvlm, model, extra):
@@ -60,3 +62,41 @@ def stream(port, body):
             finish = ch.get("finish_reason") or finish
     c.close()
     return text, finish
+
+
+def stream_all(port, bodies):
+    """The streamed completions of bodies, all at once (a thread each): a list
+    of (text, finish reason), or (None, the exception's text) for one that
+    failed."""
+    results = [None] * len(bodies)
+
+    def worker(i):
+        try:
+            results[i] = stream(port, bodies[i])
+        except Exception as e:  # a failed stream is a result the test checks
+            results[i] = (None, repr(e))
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def metrics(port):
+    """GET /metrics; returns a function from a metric's name to its value
+    (-1 when it is not there)."""
+    text = request(port, "GET", "/metrics")[1]
+
+    def get(name):
+        m = re.search(r"^%s (\S+)$" % name, text, re.M)
+        return float(m.group(1)) if m else -1
+    return get
+
+
+def run_alone(kvlm, model, prompt, n):
+    """`kvlm run` greedy on the prompt alone (1 thread, context 512): the text
+    after the prompt, None when the output does not start with it."""
+    r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
+                       capture_output=True, text=True, timeout=120)
+    return r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
