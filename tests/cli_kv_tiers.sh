@@ -15,10 +15,12 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
-exec timeout 540 python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+exec timeout 540 python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
+import http.client, json, os, random, re, shutil, socket, subprocess, sys, tempfile, threading, time
 
 kvlm, model = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import serve_http
 failures = 0
 procs = []
 tmp = tempfile.mkdtemp(prefix="kvlm-tiers-")
@@ -39,25 +41,15 @@ def free_port():
     return p
 
 def start(*extra):
-    p = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "-t", "2", "--max-seqs", "4"]
-                         + list(extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, p.port = serve_http.start(kvlm, model, ["-c", "512", "-t", "2", "--max-seqs", "4"] + list(extra))
     procs.append(p)
-    line = p.stdout.readline()
-    m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", line)
-    if not m:
-        print("FAIL: no listening line, got %r; stderr: %s" % (line, p.stderr.read()))
+    if not p.port:
+        print("FAIL: no listening line")
         cleanup()
         sys.exit(1)
-    p.port = int(m.group(1))
     return p
 
-def stop(p):
-    p.send_signal(signal.SIGTERM)
-    try:
-        return p.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        return -1
+stop = serve_http.stop
 
 def cleanup():
     for p in procs:

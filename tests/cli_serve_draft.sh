@@ -15,7 +15,7 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 if [ ! -f "$MODELS/stories260K.gguf" ]; then echo "SKIP: $MODELS/stories260K.gguf not found (set KVLM_MODELS)"; exit 77; fi
 exec /usr/bin/python3 - "$KVLM" "$MODELS" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
-import json, os, re, shutil, socket, subprocess, sys, tempfile, threading, time
+import json, os, re, shutil, socket, subprocess, sys, tempfile, time
 
 kvlm, models = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
@@ -183,15 +183,7 @@ p = serve(swa, ["--block-size", "4", "-t", "1"])
 plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
 stop(p)
 p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", swa_draft])
-got = [None] * 8
-def ask(i):
-    try:
-        got[i] = request("POST", "/v1/completions", body(asks[i]))[1]["choices"][0]["text"]
-    except Exception as e:
-        got[i] = repr(e)
-ts = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-for t in ts: t.start()
-for t in ts: t.join()
+got = serve_http.complete_all(port, [body(q) for q in asks])
 m = metrics() if port else (lambda name: -1)
 stop(p)
 same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
@@ -208,10 +200,7 @@ p = serve(small, ev)
 plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
 stop(p)
 p = serve(small, ev + ["--draft", os.path.join(tmp, "stories260K-q4_0.gguf")])
-got = [None] * 6
-ts = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
-for t in ts: t.start()
-for t in ts: t.join()
+got = serve_http.complete_all(port, [body(q) for q in asks])
 m = metrics() if port else (lambda name: -1)
 stop(p)
 same = sum(1 for i in range(6) if plain and got[i] == plain[i] and len(got[i]) > 300)

@@ -10,7 +10,7 @@ MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
 exec /usr/bin/python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
-import subprocess, sys, threading
+import subprocess, sys
 
 kvlm, model = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
@@ -81,16 +81,8 @@ for name, args in shapes.items():
     plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
     serve_http.stop(p)
     p = serve(path, ["--spec", "lookup"])
-    got = [None] * 8
-    def ask(i):
-        try:
-            got[i] = request("POST", "/v1/completions", body(asks[i]))[1]["choices"][0]["text"]
-        except Exception as e:
-            got[i] = repr(e)
-    ts = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-    for t in ts: t.start()
-    for t in ts: t.join()
-    text = request("GET", "/metrics")[1] if port else ""
+    got = serve_http.complete_all(port, [body(q) for q in asks])
+    metric = serve_http.metrics(port) if port else (lambda name: -1)
     serve_http.stop(p)
     same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
     check(same == 8, "%s: 8 concurrent answers with lookup speculation equal the plain server's (%d/8; %d drafts kept)" %

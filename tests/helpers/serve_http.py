@@ -1,6 +1,6 @@
 """tests/helpers/serve_http: the HTTP client side the `kvlm serve` script tests
 share (python3 stdlib only): start a server on a free port, stop it, one
-request, one streamed completion, many at once, the metrics, and `kvlm run`
+request, one streamed completion, many completions at once, the metrics, and `kvlm run`
 alone as the reference."""
 import http.client
 import json
@@ -64,23 +64,34 @@ def stream(port, body):
     return text, finish
 
 
-def stream_all(port, bodies):
-    """The streamed completions of bodies, all at once (a thread each): a list
-    of (text, finish reason), or (None, the exception's text) for one that
-    failed."""
-    results = [None] * len(bodies)
+def at_once(fn, items, failed):
+    """fn(item) for every item at once, a thread each: their results in order,
+    failed(the exception) for one that raised."""
+    results = [None] * len(items)
 
     def worker(i):
         try:
-            results[i] = stream(port, bodies[i])
-        except Exception as e:  # a failed stream is a result the test checks
-            results[i] = (None, repr(e))
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(bodies))]
+            results[i] = fn(items[i])
+        except Exception as e:  # a failed request is a result the test checks
+            results[i] = failed(e)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(items))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return results
+
+
+def stream_all(port, bodies):
+    """The streamed completions of bodies, all at once: a list of (text,
+    finish reason), (None, the exception's text) for one that failed."""
+    return at_once(lambda b: stream(port, b), bodies, lambda e: (None, repr(e)))
+
+
+def complete_all(port, bodies):
+    """The /v1/completions of bodies, all at once, not streamed: each first
+    choice's text, the exception's text for one that failed."""
+    return at_once(lambda b: request(port, "POST", "/v1/completions", b)[1]["choices"][0]["text"], bodies, repr)
 
 
 def metrics(port):

@@ -130,3 +130,12 @@ bool tu_sched_collect(void *user, const kvlm_sched_event *ev) {
     }
     return r->stop_after == 0 || r->n_out[ev->index] < r->stop_after;
 }
+
+void tu_sched_expect_alone(const tu_sched_result *r, int n, const int32_t *want, int n_want, int max_tokens) {
+    assert_int_equal(r->n_final, n);
+    for (int k = 0; k < n; k++) {
+        assert_int_equal(r->finish[k], n_want < max_tokens ? KVLM_FINISH_STOP : KVLM_FINISH_LENGTH);
+        assert_int_equal(r->n_out[k], n_want);
+        assert_memory_equal(r->out[k], want, (size_t)n_want * sizeof(int32_t));
+    }
+}

@@ -49,6 +49,10 @@ typedef struct {
     bool logprobs_ok;
 } tu_sched_result;
 bool tu_sched_collect(void *user, const kvlm_sched_event *ev);
+/* Each of r's n choices is what greedy decoding alone gave (want, n_want
+ * tokens): the same tokens, ended by an end token if there were fewer than
+ * max_tokens, else by the length; and n choices finished. */
+void tu_sched_expect_alone(const tu_sched_result *r, int n, const int32_t *want, int n_want, int max_tokens);
 /* Request parameters: greedy, max_tokens, n = 1, no logprobs. */
 kvlm_request_params tu_greedy_params(int max_tokens);
 #endif
