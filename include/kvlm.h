@@ -309,15 +309,20 @@ int kvlm_ctx_seq_first(const kvlm_ctx *ctx);
  * (kvlm_ctx_seq_first). Its blocks come from, and count in, the one pool;
  * its block keys chain from the draft model's fingerprint, so neither model
  * ever reuses the other's blocks (in the pool, its prefix index or the
- * tiers). It takes target's context, block layout and cache types; from
- * params only threads and batch. The draft model's cache must have the
- * model's shape (kvlm_draft_shares_pool), the context no eviction and no
- * q4_kc keys, on the CPU. One draft context per target; free it first. */
+ * tiers). It takes target's context, block size and cache types; from
+ * params only threads and batch. A draft model of another cache shape
+ * (fewer layers, other KV heads or head dimension) takes no more bytes per
+ * token than the model's: its blocks are the pool's blocks laid out for its
+ * shape, holding the most whole multiples of the model's block size that fit
+ * (kvlm_kv_stats_get on the draft context gives it); those blocks never go
+ * to a tier. The context must have no eviction and no q4_kc keys, on the
+ * CPU (kvlm_draft_shares_pool). One draft context per target; free it
+ * first. */
 kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
                                 kvlm_error *err);
 /* Whether kvlm_ctx_create_draft would take draft for a context of target
- * made with target_params: the same layers, KV heads and head dimension, no
- * sliding window or latent cache, and the conditions above. */
+ * made with target_params: the same cache shape or one no larger per token,
+ * no sliding window or latent cache, and the conditions above. */
 bool kvlm_draft_shares_pool(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *target_params);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 

@@ -9,8 +9,12 @@
  * sequences are refused. A draft context in the model's pool
  * (kvlm_ctx_create_draft): the same outputs; under a pool the model's
  * sequences fill, the draft gives its blocks back and no request is
- * preempted; the two models' blocks of the same tokens are never shared;
- * drafts of another cache shape are refused there. */
+ * preempted; the two models' blocks of the same tokens are never shared.
+ * A smaller model of another cache shape (stories260K drafting for
+ * stories4M_hd64) keeps its cache in the model's pool too, in blocks of its
+ * own layout (more of its tokens a block): the same outputs, its blocks
+ * given back before a request is preempted; a draft whose cache is larger
+ * per token than the model's is refused there. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,6 +279,82 @@ static void test_draft_shared_pool(void **state) {
     kvlm_model_free(m);
 }
 
+/* stories260K (5 layers x 4 KV heads x 8) drafting for stories4M_hd64
+ * (6 x 2 x 64) in one pool: 4 blocks' worth of its tokens fit in one of the
+ * model's blocks. The same outputs; under a pool the model's sequences fill,
+ * the draft gives its blocks back and no request is preempted for it. */
+static void test_draft_guest_pool(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories4M_hd64.gguf"); /* one buffer: load before the next path */
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path);
+    path = tu_model_path("stories260K.gguf");
+    if (!path) kvlm_model_free(m);
+    TU_REQUIRE(path);
+    kvlm_model *dm = load(path);
+    kvlm_ctx_params cp = ctx_params(32, 0, 0);
+    assert_true(kvlm_draft_shares_pool(m, dm, &cp));
+    kvlm_sched_stats st;
+    draft_concurrent(m, dm, -1000, 4, false, &st);
+    assert_int_equal(st.preemptions, 0);
+    assert_true(st.spec_accepted > 0);
+    int tight = tu_quick() ? 40 : 80;
+    draft_concurrent(m, NULL, -tight, 4, false, &st);
+    uint64_t plain_preempt = st.preemptions;
+    draft_concurrent(m, dm, -tight, 4, false, &st);
+    assert_true(st.preemptions <= plain_preempt);
+    assert_true(st.spec_draft_released > 0);
+    /* the layout: the draft context's own block size, its blocks found again
+     * by its sequences only, and all of it gone with the context (a second
+     * draft context then takes the layout again) */
+    cp = ctx_params(1, 0, 0);
+    cp.n_seq_draft = 1;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx;
+    assert_non_null(ctx);
+    for (int round = 0; round < 2; round++) {
+        kvlm_kv_stats ks, ds, ks0;
+        kvlm_kv_stats_get(ctx, &ks0); /* round 1: the model's blocks of round 0, cached */
+        assert_non_null(dctx = kvlm_ctx_create_draft(dm, ctx, NULL, &err));
+        kvlm_kv_stats_get(ctx, &ks);
+        kvlm_kv_stats_get(dctx, &ds);
+        assert_int_equal(ks.block_size, 16);
+        assert_int_equal(ds.block_size, 64);
+        int d = kvlm_ctx_seq_first(dctx);
+        int32_t prompt[150];
+        for (int i = 0; i < 150; i++) prompt[i] = 1 + (i * 37) % 200;
+        kvlm_batch b = {150, prompt, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+        assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, 150), 0);
+        assert_int_equal(kvlm_decode(dctx, &b, &err), KVLM_OK);
+        const float *l = kvlm_get_logits(dctx, -1);
+        int V = kvlm_vocab_size(dm);
+        float *want = malloc((size_t)V * sizeof *want);
+        memcpy(want, l, (size_t)V * sizeof *want);
+        kvlm_kv_stats_get(ctx, &ks);
+        assert_int_equal(ks.used, 10 + 3); /* 150 tokens: the model's 10 blocks of 16, the draft's 3 of 64 */
+        kvlm_seq_free(dctx, d);
+        assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, 150), 128);
+        kvlm_batch rest = {22, prompt + 128, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(dctx, &rest, &err), KVLM_OK);
+        /* its cached blocks' bytes are its own: the same logits as computed whole */
+        assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), want, V, 1e-2) < 1e-3);
+        free(want);
+        const char *bad = engine_kv_check(ctx);
+        if (bad) fail_msg("pool invariants: %s", bad);
+        kvlm_ctx_free(dctx);
+        kvlm_kv_stats_get(ctx, &ks);
+        assert_int_equal(ks.used, 10);
+        assert_int_equal(ks.cached, ks0.cached); /* the guest's cached blocks went with its layout */
+        bad = engine_kv_check(ctx);
+        if (bad) fail_msg("pool invariants after the draft context: %s", bad);
+        kvlm_seq_free(ctx, 0);
+    }
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
 /* The two models' blocks of the same tokens never meet: the draft's
  * sequence finds none of the model's blocks, and each finds its own again. */
 static void test_draft_shared_keys(void **state) {
@@ -340,7 +420,7 @@ static void test_draft_refused(void **state) {
     syp.arch = KVLM_ARCH_LLAMA;
     syp.dim = 64;
     syp.hidden_dim = 144;
-    syp.n_layers = 1;
+    syp.n_layers = 8; /* 8 x 4 KV heads x 16: more bytes per token than stories260K's 5 x 4 x 8 */
     syp.n_heads = 4;
     syp.n_kv_heads = 4;
     syp.vocab_size = 300;
@@ -367,14 +447,14 @@ static void test_draft_refused(void **state) {
     sp.draft_ctx = NULL;
     assert_null(kvlm_sched_create(ctx, &sp, &err));
     printf("  refused: %s\n", err.msg);
-    /* the shared pool: another cache shape, and a context without sequences for a draft */
+    /* the shared pool: a cache larger per token than the model's, and a context without sequences for a draft */
     assert_false(kvlm_draft_shares_pool(m, om, NULL));
     kvlm_ctx_params cp = ctx_params(4, 0, 0);
     cp.n_seq_draft = 4;
     kvlm_ctx *host = kvlm_ctx_create(m, &cp, &err);
     assert_non_null(host);
     assert_null(kvlm_ctx_create_draft(om, host, NULL, &err));
-    assert_non_null(strstr(err.msg, "block layout"));
+    assert_non_null(strstr(err.msg, "bytes per token"));
     printf("  refused: %s\n", err.msg);
     assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
     assert_non_null(strstr(err.msg, "n_seq_draft"));
@@ -395,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_draft_cancel_and_sample),
         cmocka_unit_test(test_draft_shared_pool),
         cmocka_unit_test(test_draft_shared_keys),
+        cmocka_unit_test(test_draft_guest_pool),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,8 +84,12 @@ static void expect_index(kvlm_ctx *a, kvlm_ctx *r, bool subset, int step) {
 
 /* ---- rollback: a random walk of speculative steps against a context fed
  * only what was kept. Both must hold the same blocks (used, cached, free),
- * the same prefix index, and give the same logits. ---- */
-static void rollback_walk(const kvlm_model *m, int k_type, int v_type, int steps, uint64_t seed, bool small_pool) {
+ * the same prefix index, and give the same logits. host (NULL: none): the
+ * speculating context is a draft context in host's pool, with another cache
+ * shape (the pool's guest layout), beside a sequence of host's; the
+ * reference has a pool of its own with the guest's block size. ---- */
+static void rollback_walk(const kvlm_model *m, int k_type, int v_type, int steps, uint64_t seed, bool small_pool,
+                          const kvlm_model *host) {
     kvlm_ctx_params p = kvlm_ctx_default_params();
     p.n_ctx = 160;
     p.n_seq_max = 3;
@@ -97,41 +101,61 @@ static void rollback_walk(const kvlm_model *m, int k_type, int v_type, int steps
     p.kv_blocks = small_pool ? 130 : 4000;
     p.cache_type_k = k_type;
     p.cache_type_v = v_type;
-    kvlm_ctx *a = mkctx(m, &p), *r = mkctx(m, &p);
+    kvlm_ctx *hc = NULL, *a, *r;
+    int lo = 0, host_used = 0; /* a's first sequence id; the blocks host's sequence holds */
+    kvlm_kv_stats ks;
+    if (host) {
+        kvlm_ctx_params hp = p;
+        hp.n_seq_max = 1;
+        hp.n_seq_draft = 3;
+        hc = mkctx(host, &hp);
+        int32_t ht[21];
+        for (int i = 0; i < 21; i++) ht[i] = 3 + i;
+        decode(hc, 0, ht, 21, false);
+        kvlm_error e = {0};
+        if (!(a = kvlm_ctx_create_draft(m, hc, &p, &e))) fail_msg("draft context: %s", e.msg);
+        lo = kvlm_ctx_seq_first(a);
+        kvlm_kv_stats_get(a, &ks);
+        assert_true(ks.block_size > p.block_size); /* more of the smaller model's tokens in a block */
+        p.block_size = ks.block_size;
+        kvlm_kv_stats_get(hc, &ks);
+        host_used = ks.used;
+    } else a = mkctx(m, &p);
+    r = mkctx(m, &p);
     int V = kvlm_vocab_size(m);
     uint64_t s = seed;
 #define RND(n) (s ^= s << 13, s ^= s >> 7, s ^= s << 17, (int)(s % (uint64_t)(n)))
     int32_t prompt[12];
     for (int i = 0; i < 12; i++) prompt[i] = 3 + RND(V - 3);
-    decode(a, 0, prompt, 12, false);
+    decode(a, lo, prompt, 12, false);
     decode(r, 0, prompt, 12, false);
     kvlm_error err = {0};
     for (int step = 0; step < steps; step++) {
         int op = RND(10), seq = RND(3);
         if (op == 0) { /* fork: shared blocks, copy-on-write when a rollback leaves a shared partial block */
             int src = RND(3);
-            if (kvlm_seq_n_past(a, src) == 0 || src == seq) continue;
-            assert_int_equal(kvlm_seq_fork(a, src, seq, &err), KVLM_OK);
+            if (kvlm_seq_n_past(a, lo + src) == 0 || src == seq) continue;
+            assert_int_equal(kvlm_seq_fork(a, lo + src, lo + seq, &err), KVLM_OK);
             assert_int_equal(kvlm_seq_fork(r, src, seq, &err), KVLM_OK);
         } else if (op == 1) {
-            kvlm_seq_free(a, seq);
+            kvlm_seq_free(a, lo + seq);
             kvlm_seq_free(r, seq);
         } else {
-            int len = kvlm_seq_n_past(a, seq), n = 1 + RND(9);
-            if (len + n > p.n_ctx) { kvlm_seq_free(a, seq); kvlm_seq_free(r, seq); continue; }
+            int len = kvlm_seq_n_past(a, lo + seq), n = 1 + RND(9);
+            if (len + n > p.n_ctx) { kvlm_seq_free(a, lo + seq); kvlm_seq_free(r, seq); continue; }
             int32_t t[10];
             for (int i = 0; i < n; i++) t[i] = 3 + RND(V - 3);
-            if (len == 0) { decode(a, seq, t, 1, false); decode(r, seq, t, 1, false); continue; }
-            assert_int_equal(kvlm_seq_spec_begin(a, seq, &err), KVLM_OK);
-            decode(a, seq, t, n, true);
+            if (len == 0) { decode(a, lo + seq, t, 1, false); decode(r, seq, t, 1, false); continue; }
+            assert_int_equal(kvlm_seq_spec_begin(a, lo + seq, &err), KVLM_OK);
+            decode(a, lo + seq, t, n, true);
             /* no block holding unverified tokens entered the index */
-            expect_index(a, r, small_pool, step);
+            if (!host) expect_index(a, r, small_pool, step);
             int keep = RND(n + 1);
             const float *la = keep ? kvlm_get_logits(a, keep - 1) : NULL;
             float *row = NULL;
             if (la) { row = malloc((size_t)V * sizeof *row); memcpy(row, la, (size_t)V * sizeof *row); }
-            assert_int_equal(kvlm_seq_trim(a, seq, len + keep, &err), KVLM_OK);
-            assert_int_equal(kvlm_seq_n_past(a, seq), len + keep);
+            assert_int_equal(kvlm_seq_trim(a, lo + seq, len + keep, &err), KVLM_OK);
+            assert_int_equal(kvlm_seq_n_past(a, lo + seq), len + keep);
             if (keep) {
                 decode(r, seq, t, keep, false);
                 /* the kept tokens' logits equal the reference's (same cache before them) */
@@ -139,39 +163,54 @@ static void rollback_walk(const kvlm_model *m, int k_type, int v_type, int steps
             }
             free(row);
         }
-        const char *bad = engine_kv_check(a);
+        const char *bad = engine_kv_check(hc ? hc : a);
         if (bad) fail_msg("step %d: kv_check: %s", step, bad);
         kvlm_kv_stats sa, sr;
         kvlm_kv_stats_get(a, &sa);
         kvlm_kv_stats_get(r, &sr);
+        sa.used -= host_used; /* host's sequence holds its blocks throughout */
+        sa.free += host_used;
         if (sa.used != sr.used || sa.shared != sr.shared ||
             (!small_pool && (sa.cached != sr.cached || sa.free != sr.free)))
             fail_msg("step %d: blocks used/cached/free/shared %d/%d/%d/%d, reference %d/%d/%d/%d", step, sa.used,
                      sa.cached, sa.free, sa.shared, sr.used, sr.cached, sr.free, sr.shared);
-        expect_index(a, r, small_pool, step);
-        for (int q = 0; q < 3; q++) assert_int_equal(kvlm_seq_n_past(a, q), kvlm_seq_n_past(r, q));
+        if (!host) expect_index(a, r, small_pool, step); /* a guest's keys are its own model's */
+        for (int q = 0; q < 3; q++) assert_int_equal(kvlm_seq_n_past(a, lo + q), kvlm_seq_n_past(r, q));
     }
     /* the caches hold the same keys and values: one more token gives the same logits */
     for (int q = 0; q < 3; q++) {
-        if (!kvlm_seq_n_past(a, q)) continue;
+        if (!kvlm_seq_n_past(a, lo + q)) continue;
         int32_t t = 5;
-        decode(a, q, &t, 1, false);
+        decode(a, lo + q, &t, 1, false);
         decode(r, q, &t, 1, false);
         assert_true(tu_max_rel_diff(kvlm_get_logits(a, -1), kvlm_get_logits(r, -1), V, 1e-2) < 1e-3);
     }
 #undef RND
     kvlm_ctx_free(a);
     kvlm_ctx_free(r);
+    if (hc) { /* the guest's blocks went back with its context; host's sequence is intact */
+        const char *bad = engine_kv_check(hc);
+        if (bad) fail_msg("after the draft context: kv_check: %s", bad);
+        kvlm_kv_stats_get(hc, &ks);
+        assert_int_equal(ks.used, host_used);
+        kvlm_ctx_free(hc);
+    }
 }
 
 static void test_rollback_random(void **state) {
     (void)state;
     kvlm_model *m = load(synth(64, 2, 4, 2, 64, "f32", 7));
     int steps = tu_quick() ? 100 : 300;
-    rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 11, false);
-    rollback_walk(m, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, steps, 12, false);
-    rollback_walk(m, KVLM_CACHE_F32, KVLM_CACHE_Q4_0, steps / 2, 13, false);
-    rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 14, true);
+    rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 11, false, NULL);
+    rollback_walk(m, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, steps, 12, false, NULL);
+    rollback_walk(m, KVLM_CACHE_F32, KVLM_CACHE_Q4_0, steps / 2, 13, false, NULL);
+    rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 14, true, NULL);
+    /* m as a draft of another cache shape in a larger model's pool (4 layers
+     * x 4 KV heads against m's 2 x 2: 4 of its blocks' tokens in one) */
+    kvlm_model *h = load(synth(64, 4, 4, 4, 64, "f32", 8));
+    rollback_walk(m, KVLM_CACHE_F16, KVLM_CACHE_F16, steps, 15, false, h);
+    rollback_walk(m, KVLM_CACHE_Q8_0, KVLM_CACHE_Q4_0, steps / 2, 16, false, h);
+    kvlm_model_free(h);
     kvlm_model_free(m);
 }
 

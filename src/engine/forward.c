@@ -177,6 +177,10 @@ typedef struct {
     kv_params local;       /* with global layers too: the local layers' pool */
 } swa_split;
 
+static bool same_cache_shape(const kvlm_config *a, const kvlm_config *b) {
+    return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim;
+}
+
 static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     const kvlm_config *c = &ctx->model->cfg;
     swa_split w = {0};
@@ -412,6 +416,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         /* its blocks' keys chain from its model's fingerprint: never the host model's */
         kv_key root;
         kv_model_fingerprint(model, &root);
+        /* another cache shape: the pool's guest layout, as many of its tokens
+         * per block as the model's block bytes hold */
+        if (!same_cache_shape(c, &host->model->cfg) &&
+            kv_store_add_guest(ctx->kv, ctx->seq_lo, c->n_layers, c->n_kv_heads, c->head_dim, &root, NULL, err))
+            goto fail;
         for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kv_store_set_root(ctx->kv, s, &root);
     } else if (make_cache(ctx, err)) goto fail;
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
@@ -478,14 +487,25 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
 }
 
 /* Why a draft model's cache cannot be a sequence range of the target's pool
- * (KVLM_OK: it can): the pool holds one block layout. */
+ * (KVLM_OK: it can). Another cache shape is the pool's guest layout
+ * (kv_add_guest): it must take no more bytes per block than the model's. */
 static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *tp,
                              kvlm_error *err) {
     const kvlm_config *t = &target->cfg, *d = &draft->cfg;
-    if (d->n_layers != t->n_layers || d->n_kv_heads != t->n_kv_heads || d->head_dim != t->head_dim)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache is %d layers x %d KV heads x %d, the "
-                            "model's %d x %d x %d: a pool holds one block layout", d->n_layers, d->n_kv_heads,
-                            d->head_dim, t->n_layers, t->n_kv_heads, t->head_dim);
+    if (!same_cache_shape(t, d)) {
+        kv_params tk = {.n_layers = t->n_layers, .n_kv_heads = t->n_kv_heads, .head_dim = t->head_dim,
+                        .block_size = tp->block_size > 0 ? tp->block_size : 16, .k_type = tp->cache_type_k,
+                        .v_type = tp->cache_type_v};
+        kv_params dk = tk;
+        dk.n_layers = d->n_layers;
+        dk.n_kv_heads = d->n_kv_heads;
+        dk.head_dim = d->head_dim;
+        if (kv_params_block_bytes(&dk) > kv_params_block_bytes(&tk))
+            return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache (%d layers x %d KV heads x %d) takes "
+                                "more bytes per token than the model's (%d x %d x %d): it cannot live in the model's "
+                                "blocks", d->n_layers, d->n_kv_heads, d->head_dim, t->n_layers, t->n_kv_heads,
+                                t->head_dim);
+    }
     if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2 || t->sliding_window > 0 ||
         d->sliding_window > 0)
         return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
@@ -544,8 +564,11 @@ int kvlm_ctx_seq_first(const kvlm_ctx *ctx) { return ctx->seq_lo; }
 void kvlm_ctx_free(kvlm_ctx *ctx) {
     if (!ctx) return;
     util_pool_free(ctx->pool);
-    if (ctx->host) { /* its sequences' blocks go back to the host's pool */
-        if (ctx->kv) kvlm_ctx_reset(ctx);
+    if (ctx->host) { /* its sequences' blocks go back to the host's pool (and its layout, if a guest's) */
+        if (ctx->kv) {
+            kvlm_ctx_reset(ctx);
+            kv_store_drop_guest(ctx->kv, NULL);
+        }
         ctx->host->hosts = false;
     }
     else kv_store_free(ctx->kv); /* before the device its blocks live on */
@@ -765,10 +788,12 @@ static size_t bytes_per_token(const kvlm_ctx *ctx) { return kv_store_token_bytes
 size_t kvlm_ctx_kv_bytes(const kvlm_ctx *ctx) {
     /* a sliding window holds blocks, not tokens: what they take */
     if (swa_cache(ctx)) return kv_store_held_bytes(ctx->kv);
-    size_t tokens = 0;
-    for (int s = 0; s < kv_store_params_of(ctx->kv)->max_seqs; s++) tokens += (size_t)kv_store_seq_len(ctx->kv, s);
-    /* from the block bytes, so q4_kc's per-block figures stay exact */
-    return tokens * kv_store_block_bytes(ctx->kv) / (size_t)kv_store_params_of(ctx->kv)->block_size;
+    /* from the block bytes, so q4_kc's per-block figures stay exact (a
+     * draft's guest layout: more tokens a block) */
+    size_t bytes = 0, bb = kv_store_block_bytes(ctx->kv);
+    for (int s = 0; s < kv_store_params_of(ctx->kv)->max_seqs; s++)
+        bytes += (size_t)kv_store_seq_len(ctx->kv, s) * bb / (size_t)kv_store_seq_block_size(ctx->kv, s);
+    return bytes;
 }
 
 size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
@@ -791,7 +816,7 @@ static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
         memcpy(ev.parent, kv_block_parent_of(c, b)->b, 16);
         ev.has_parent = memcmp(ev.parent, zero, 16) != 0;
         ev.tokens = kv_block_tokens(c, b);
-        ev.n_tokens = kv_get_params(c)->block_size;
+        ev.n_tokens = kv_block_size_of(c, b); /* a draft's guest layout holds more */
     } else ev.kind = KVLM_KV_EVENT_REMOVED;
     ctx->events.event(ctx->events.user, &ev);
 }
@@ -821,7 +846,7 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     kv_stats s;
     kv_store_stats(ctx->kv, &s);
     memset(st, 0, sizeof *st);
-    st->block_size = kv_store_params_of(ctx->kv)->block_size;
+    st->block_size = kv_store_seq_block_size(ctx->kv, ctx->seq_lo); /* a guest layout's: a draft context's own */
     st->n_blocks = s.n_blocks;
     st->used = s.used;
     st->cached = s.cached;
@@ -1435,6 +1460,8 @@ int engine_seq_fill_synthetic(kvlm_ctx *ctx, int seq, int n, uint64_t seed, kvlm
     const kvlm_config *c = &ctx->model->cfg;
     if (!seq_ok(ctx, seq) || n < 0) return util_err_set(err, KVLM_EINVAL, "bad sequence or count");
     if (ctx->cuda) return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes the cache from the CPU");
+    if (ctx->host && !same_cache_shape(c, &ctx->host->model->cfg))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "synthetic fill writes rows of the pool's own layout");
     if (grow_batch_arrays(ctx, ctx->n_batch, 0)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     int rc;
     const kv_params *kp = kv_store_params_of(ctx->kv); /* a latent cache: one row of its own width */

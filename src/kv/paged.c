@@ -28,15 +28,25 @@ typedef struct {
     kv_key root;                /* the parent of its first block's key (kv_seq_set_root; zeros: none) */
 } kv_seq;
 
+/* How a block's bytes are laid out and indexed: the pool's own layout, or a
+ * guest's (kv_add_guest: a draft model of another cache shape). */
+typedef struct {
+    int n_layers, n_kv_heads, block_size;
+    size_t k_bytes, v_bytes;    /* one (layer, head)'s K and V regions */
+    kv_blockfmt fmt;            /* what keys (and stored blocks) depend on */
+    kv_prefix *ix;              /* the prefix index and LRU of cached blocks of this layout */
+} kv_layout;
+
 struct kv_cache {
     kv_params p;
-    kv_blockfmt fmt;            /* what keys and stored blocks depend on */
-    size_t block_bytes, k_bytes, v_bytes; /* a block; one (layer, head)'s K and V regions */
+    size_t block_bytes;         /* a block, in every layout */
+    kv_layout lay[2];           /* [0] the pool's; [1] the guest's, for sequences guest_lo.. */
+    int n_lay, guest_lo;
+    uint8_t *blay;              /* per block: the layout its bytes and index entry are in */
     uint8_t *data;
     uint16_t *stage;            /* q4_kc: per sequence, layers x heads x block_size x head_dim f16 */
     size_t stage_per_seq;       /* elements */
     int32_t *ref;               /* per block: sequences holding it */
-    kv_prefix *ix;              /* the prefix index and LRU of cached blocks */
     int32_t *free_stack;
     int n_free;
     kv_seq *seqs;
@@ -55,15 +65,20 @@ static const kv_key k_no_parent; /* zeros: a sequence's first block */
 
 static bool key_eq(const kv_key *a, const kv_key *b) { return !memcmp(a->b, b->b, 16); }
 
+static int seq_lay(const kv_cache *c, int seq) { return seq >= c->guest_lo; }
+static const kv_layout *lay_of_seq(const kv_cache *c, int seq) { return &c->lay[seq_lay(c, seq)]; }
+static const kv_layout *lay_of_block(const kv_cache *c, int32_t b) { return &c->lay[c->blay[b]]; }
+static kv_prefix *ix_of(const kv_cache *c, int32_t b) { return c->lay[c->blay[b]].ix; }
+
 /* Every change of the prefix index goes through these two, so the index
  * listener (KV events) sees each block enter and leave exactly once. */
 static void index_insert(kv_cache *c, int32_t b, const kv_key *key, const kv_key *parent, const int32_t *tokens) {
-    kv_prefix_insert(c->ix, b, key, parent, tokens);
+    kv_prefix_insert(ix_of(c, b), b, key, parent, tokens);
     if (c->on_index) c->on_index(c->on_index_user, c, KV_INDEX_ADDED, b);
 }
 static void index_remove(kv_cache *c, int32_t b) {
-    if (c->on_index && kv_prefix_indexed(c->ix, b)) c->on_index(c->on_index_user, c, KV_INDEX_REMOVED, b);
-    kv_prefix_remove(c->ix, b);
+    if (c->on_index && kv_prefix_indexed(ix_of(c, b), b)) c->on_index(c->on_index_user, c, KV_INDEX_REMOVED, b);
+    kv_prefix_remove(ix_of(c, b), b);
 }
 
 /* Regions rounded up to 4 bytes so f32 and f16 data stay aligned; this pads
@@ -76,6 +91,26 @@ static size_t region_bytes(int type, const kv_params *p) {
 size_t kv_params_block_bytes(const kv_params *p) {
     return (size_t)p->n_layers * p->n_kv_heads *
            (region_bytes(p->k_type, p) + (p->v_in_k ? 0 : region_bytes(p->v_type, p)));
+}
+
+/* Keys name the model, both element types and the geometry: blocks of
+ * another model or layout never match. payload: the pool's block bytes. */
+static void layout_init(kv_layout *L, const kv_params *p, const kv_key *model, size_t payload) {
+    L->n_layers = p->n_layers;
+    L->n_kv_heads = p->n_kv_heads;
+    L->block_size = p->block_size;
+    L->k_bytes = region_bytes(p->k_type, p);
+    L->v_bytes = p->v_in_k ? 0 : region_bytes(p->v_type, p);
+    memset(&L->fmt, 0, sizeof L->fmt);
+    L->fmt.model = *model;
+    L->fmt.k_type = p->k_type;
+    L->fmt.v_type = p->v_type;
+    L->fmt.block_size = p->block_size;
+    L->fmt.n_layers = p->n_layers;
+    L->fmt.n_kv_heads = p->n_kv_heads;
+    L->fmt.head_dim = p->head_dim;
+    L->fmt.v_in_k = p->v_in_k;
+    L->fmt.payload_bytes = payload;
 }
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
@@ -96,23 +131,14 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     if (!c) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     c->p = *p;
     if (!c->p.storage) c->p.storage = &kv_storage_host;
-    /* Keys name the model, both element types and the geometry: blocks of
-     * another model or layout never match. */
-    c->fmt.model = p->model;
-    static const kv_key zero;
-    if (key_eq(&p->model, &zero))
-        for (int i = 0; i < 8; i++) c->fmt.model.b[i] = (uint8_t)(p->salt >> (8 * i));
-    c->fmt.k_type = p->k_type;
-    c->fmt.v_type = p->v_type;
-    c->fmt.block_size = p->block_size;
-    c->fmt.n_layers = p->n_layers;
-    c->fmt.n_kv_heads = p->n_kv_heads;
-    c->fmt.head_dim = p->head_dim;
-    c->k_bytes = region_bytes(p->k_type, p);
-    c->v_bytes = p->v_in_k ? 0 : region_bytes(p->v_type, p);
-    c->fmt.v_in_k = p->v_in_k;
+    c->n_lay = 1;
+    c->guest_lo = p->max_seqs;
     c->block_bytes = kv_params_block_bytes(p);
-    c->fmt.payload_bytes = c->block_bytes;
+    static const kv_key zero;
+    kv_key model = p->model;
+    if (key_eq(&p->model, &zero))
+        for (int i = 0; i < 8; i++) model.b[i] = (uint8_t)(p->salt >> (8 * i));
+    layout_init(&c->lay[0], p, &model, c->block_bytes);
     size_t nb = (size_t)p->n_blocks;
     /* one block more: the null block (kv_null_block), which sliding-window
      * sequences hold in place of blocks before their window */
@@ -122,10 +148,11 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
     }
     c->ref = calloc(nb, sizeof *c->ref);
-    c->ix = kv_prefix_create(p->n_blocks, p->block_size);
+    c->blay = calloc(nb + 1, 1);
+    c->lay[0].ix = kv_prefix_create(p->n_blocks, p->block_size);
     c->free_stack = malloc(nb * sizeof(int32_t));
     c->seqs = calloc((size_t)p->max_seqs, sizeof *c->seqs);
-    if (!c->data || !c->ref || !c->ix || !c->free_stack || !c->seqs ||
+    if (!c->data || !c->ref || !c->blay || !c->lay[0].ix || !c->free_stack || !c->seqs ||
         (c->stage_per_seq && !c->stage)) {
         util_err_set(err, KVLM_ENOMEM, "cannot allocate a KV cache of %d blocks (%zu bytes)", p->n_blocks,
                      nb * c->block_bytes);
@@ -150,24 +177,103 @@ void kv_free(kv_cache *c) {
     if (c->data) c->p.storage->free(c->p.storage->user, c->data, ((size_t)c->p.n_blocks + 1) * c->block_bytes);
     free(c->stage);
     free(c->ref);
-    kv_prefix_free(c->ix);
+    free(c->blay);
+    for (int l = 0; l < c->n_lay; l++) kv_prefix_free(c->lay[l].ix);
     free(c->free_stack);
     free(c);
 }
 
+/* Empty sequences first.. drop their arrays (sized for another block size). */
+static void seqs_shed(kv_cache *c, int first) {
+    for (int s = first; s < c->p.max_seqs; s++) {
+        free(c->seqs[s].blocks); free(c->seqs[s].tokens); free(c->seqs[s].keys);
+        c->seqs[s].blocks = NULL; c->seqs[s].tokens = NULL; c->seqs[s].keys = NULL;
+        c->seqs[s].cap_blocks = 0;
+    }
+}
+
+int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
+                 int *block_size, kvlm_error *err) {
+    if (c->n_lay > 1) return util_err_set(err, KVLM_EINVAL, "the pool already has a guest layout");
+    if (first_seq <= 0 || first_seq >= c->p.max_seqs || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+        return util_err_set(err, KVLM_EINVAL, "bad guest layout (sequences %d.., %d x %d x %d)", first_seq, n_layers,
+                            n_kv_heads, head_dim);
+    if (c->p.k_type == KVLM_CACHE_Q4_KC || c->p.v_in_k)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "q4_kc keys and latent caches hold one layout");
+    for (int s = first_seq; s < c->p.max_seqs; s++)
+        if (c->seqs[s].len || c->seqs[s].n_blocks)
+            return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", s);
+    /* the most whole multiples of the pool's block size whose bytes fit in
+     * one block (not past the context, rounded up to a multiple) */
+    kv_params g = c->p;
+    g.n_layers = n_layers;
+    g.n_kv_heads = n_kv_heads;
+    g.head_dim = head_dim;
+    int bs = c->p.block_size, m_max = (c->p.max_seq_tokens + bs - 1) / bs, m = 0;
+    for (int t = 1; t <= m_max; t++) {
+        g.block_size = t * bs;
+        if (kv_params_block_bytes(&g) > c->block_bytes) break;
+        m = t;
+    }
+    if (m == 0) {
+        g.block_size = bs;
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a guest block of %d tokens (%d x %d x %d) takes %zu bytes, more "
+                            "than the pool's %zu: its cache must be the smaller per token", bs, n_layers, n_kv_heads,
+                            head_dim, kv_params_block_bytes(&g), c->block_bytes);
+    }
+    g.block_size = m * bs;
+    kv_layout *L = &c->lay[1];
+    layout_init(L, &g, model, c->block_bytes);
+    if (!(L->ix = kv_prefix_create(c->p.n_blocks, g.block_size)))
+        return util_err_set(err, KVLM_ENOMEM, "out of memory for the guest's prefix index");
+    seqs_shed(c, first_seq);
+    c->n_lay = 2;
+    c->guest_lo = first_seq;
+    if (block_size) *block_size = g.block_size;
+    return KVLM_OK;
+}
+
+int kv_drop_guest(kv_cache *c, kvlm_error *err) {
+    if (c->n_lay < 2) return KVLM_OK;
+    for (int s = c->guest_lo; s < c->p.max_seqs; s++)
+        if (c->seqs[s].len || c->seqs[s].n_blocks)
+            return util_err_set(err, KVLM_EINVAL, "guest sequence %d still holds blocks", s);
+    /* what is left of the guest's is cached: out of its index, onto the free stack */
+    for (int32_t b = kv_prefix_lru_head(c->lay[1].ix); b >= 0; b = kv_prefix_lru_head(c->lay[1].ix)) {
+        index_remove(c, b);
+        c->blay[b] = 0;
+        c->free_stack[c->n_free++] = b;
+    }
+    memset(c->blay, 0, (size_t)c->p.n_blocks + 1); /* every guest block is free now */
+    kv_prefix_free(c->lay[1].ix);
+    memset(&c->lay[1], 0, sizeof c->lay[1]);
+    seqs_shed(c, c->guest_lo);
+    c->n_lay = 1;
+    c->guest_lo = c->p.max_seqs;
+    return KVLM_OK;
+}
+
+int kv_seq_block_size(const kv_cache *c, int seq) { return lay_of_seq(c, seq)->block_size; }
+size_t kv_seq_head_bytes(const kv_cache *c, int seq) {
+    const kv_layout *L = lay_of_seq(c, seq);
+    return L->k_bytes + L->v_bytes;
+}
+size_t kv_seq_v_offset_bytes(const kv_cache *c, int seq) { return lay_of_seq(c, seq)->k_bytes; }
+
 const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
-const kv_blockfmt *kv_get_blockfmt(const kv_cache *c) { return &c->fmt; }
+const kv_blockfmt *kv_get_blockfmt(const kv_cache *c) { return &c->lay[0].fmt; }
 size_t kv_block_bytes(const kv_cache *c) { return c->block_bytes; }
-size_t kv_head_bytes(const kv_cache *c) { return c->k_bytes + c->v_bytes; }
-size_t kv_v_offset_bytes(const kv_cache *c) { return c->k_bytes; }
+size_t kv_head_bytes(const kv_cache *c) { return c->lay[0].k_bytes + c->lay[0].v_bytes; }
+size_t kv_v_offset_bytes(const kv_cache *c) { return c->lay[0].k_bytes; }
 size_t kv_token_bytes(const kv_cache *c) { return c->block_bytes / (size_t)c->p.block_size; }
 size_t kv_stage_bytes(const kv_cache *c) { return c->stage_per_seq * (size_t)c->p.max_seqs * sizeof(uint16_t); }
 
 uint8_t *kv_block_k(const kv_cache *c, int32_t block, int layer, int head) {
-    return c->data + (size_t)block * c->block_bytes + ((size_t)layer * c->p.n_kv_heads + head) * (c->k_bytes + c->v_bytes);
+    const kv_layout *L = lay_of_block(c, block);
+    return c->data + (size_t)block * c->block_bytes + ((size_t)layer * L->n_kv_heads + head) * (L->k_bytes + L->v_bytes);
 }
 uint8_t *kv_block_v(const kv_cache *c, int32_t block, int layer, int head) {
-    return kv_block_k(c, block, layer, head) + c->k_bytes;
+    return kv_block_k(c, block, layer, head) + lay_of_block(c, block)->k_bytes;
 }
 uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head) {
     if (!c->stage) return NULL;
@@ -179,30 +285,41 @@ uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head) {
 
 /* ---- blocks ------------------------------------------------------------------ */
 
-static int available(const kv_cache *c) { return c->n_free + kv_prefix_cached(c->ix); }
+static int cached(const kv_cache *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_lay; l++) n += kv_prefix_cached(c->lay[l].ix);
+    return n;
+}
+static int available(const kv_cache *c) { return c->n_free + cached(c); }
 
-static int32_t block_alloc(kv_cache *c) {
-    int32_t b;
+/* A block for a sequence of layout lay: a free one, else the least recently
+ * used cached one, the guest's first (a draft's cache is the cheaper one to
+ * recompute). Only the pool's own blocks go to the tiers (demote). */
+static int32_t block_alloc(kv_cache *c, int lay) {
+    int32_t b = -1;
     if (c->n_free > 0) b = c->free_stack[--c->n_free];
-    else if ((b = kv_prefix_lru_head(c->ix)) >= 0) { /* reuse the least recently used cached block */
-        if (c->hooks.demote) c->hooks.demote(c->hooks.user, c, b);
+    else {
+        for (int l = c->n_lay - 1; l >= 0 && b < 0; l--) b = kv_prefix_lru_head(c->lay[l].ix);
+        if (b < 0) return -1;
+        if (c->hooks.demote && c->blay[b] == 0) c->hooks.demote(c->hooks.user, c, b);
         index_remove(c, b);
         c->evictions++;
-    } else return -1;
+    }
     c->ref[b] = 1;
+    c->blay[b] = (uint8_t)lay;
     return b;
 }
 
 static void block_unref(kv_cache *c, int32_t b) {
     if (b == c->p.n_blocks) return; /* the null block is nobody's */
     if (--c->ref[b] > 0) return;
-    if (kv_prefix_indexed(c->ix, b)) kv_prefix_lru_push(c->ix, b);
+    if (kv_prefix_indexed(ix_of(c, b), b)) kv_prefix_lru_push(ix_of(c, b), b);
     else c->free_stack[c->n_free++] = b;
 }
 
 static void block_ref(kv_cache *c, int32_t b) {
     if (b == c->p.n_blocks) return;
-    if (c->ref[b]++ == 0) kv_prefix_lru_remove(c->ix, b);
+    if (c->ref[b]++ == 0) kv_prefix_lru_remove(ix_of(c, b), b);
 }
 
 /* ---- sequences ------------------------------------------------------------- */
@@ -224,7 +341,7 @@ const int32_t *kv_seq_blocks(const kv_cache *c, int seq, int *n) {
 
 /* Grows the per-sequence arrays to hold n_tokens tokens. */
 static int seq_grow(kv_cache *c, kv_seq *s, int n_tokens) {
-    int bs = c->p.block_size, need_blocks = (n_tokens + bs - 1) / bs;
+    int bs = lay_of_seq(c, (int)(s - c->seqs))->block_size, need_blocks = (n_tokens + bs - 1) / bs;
     if (need_blocks <= s->cap_blocks) return 0;
     int cap = s->cap_blocks ? s->cap_blocks : 4;
     while (cap < need_blocks) cap *= 2;
@@ -245,21 +362,21 @@ static int seq_grow(kv_cache *c, kv_seq *s, int n_tokens) {
 
 int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
     kv_seq *s = &c->seqs[seq];
-    int bs = c->p.block_size, need_tokens = s->len + n_new;
+    int lay = seq_lay(c, seq), bs = c->lay[lay].block_size, need_tokens = s->len + n_new;
     if (need_tokens > c->p.max_seq_tokens)
         return util_err_set(err, KVLM_ERANGE, "sequence %d would hold %d tokens, more than the context of %d", seq,
                             need_tokens, c->p.max_seq_tokens);
     int need_blocks = (need_tokens + bs - 1) / bs;
     /* (an indexed partial block: kept by kv_seq_trim, its bytes name its key) */
     bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks &&
-               (c->ref[s->blocks[s->len / bs]] > 1 || kv_prefix_indexed(c->ix, s->blocks[s->len / bs]));
+               (c->ref[s->blocks[s->len / bs]] > 1 || kv_prefix_indexed(ix_of(c, s->blocks[s->len / bs]), s->blocks[s->len / bs]));
     int extra = need_blocks - s->n_blocks + (cow ? 1 : 0);
     if (extra > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: sequence %d needs %d more blocks, %d are free", seq,
                             extra, available(c));
     if (seq_grow(c, s, need_tokens)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (cow) { /* first write into a shared, partly filled block: copy it */
-        int32_t old = s->blocks[s->len / bs], nb = block_alloc(c);
+        int32_t old = s->blocks[s->len / bs], nb = block_alloc(c, lay);
         /* raw bytes: a q4_kc block still filling has no valid K here yet
          * (its keys are in the sequence's staging), which copies harmlessly */
         c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)old * c->block_bytes, c->block_bytes);
@@ -267,13 +384,13 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
         else block_unref(c, old);
         s->blocks[s->len / bs] = nb;
     }
-    while (s->n_blocks < need_blocks) s->blocks[s->n_blocks++] = block_alloc(c);
+    while (s->n_blocks < need_blocks) s->blocks[s->n_blocks++] = block_alloc(c, lay);
     return KVLM_OK;
 }
 
 void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
     kv_seq *s = &c->seqs[seq];
-    int bs = c->p.block_size, keep = (n_keep + bs - 1) / bs;
+    int bs = lay_of_seq(c, seq)->block_size, keep = (n_keep + bs - 1) / bs;
     if (s->held_cow1) { /* back to hold_from or before: the shared block again, not its copy */
         int32_t old = s->held_cow1 - 1;
         int i = s->hold_from / bs;
@@ -292,7 +409,8 @@ void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
  * unless an identical block already is (e.g. two requests computed the same
  * prefix at once: then this copy stays private). */
 static void index_full(kv_cache *c, kv_seq *s, int i0, int i1) {
-    int bs = c->p.block_size;
+    int lay = seq_lay(c, (int)(s - c->seqs)), bs = c->lay[lay].block_size;
+    const kv_layout *L = &c->lay[lay];
     for (int i = i0; i < i1; i++) {
         const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
         const int32_t *bt = s->tokens + (size_t)i * bs;
@@ -300,17 +418,17 @@ static void index_full(kv_cache *c, kv_seq *s, int i0, int i1) {
         if (!c->p.prefix_cache || s->compacted) continue; /* keys only name blocks that can be indexed */
         /* speculative tokens: no key, no index entry until they are verified */
         if (s->held && (i + 1) * bs > s->hold_from) break;
-        kv_block_key(&c->fmt, parent, bt, &s->keys[i]);
-        if (!kv_prefix_indexed(c->ix, b) && kv_prefix_find(c->ix, &s->keys[i], parent, bt) < 0) {
+        kv_block_key(&L->fmt, parent, bt, &s->keys[i]);
+        if (!kv_prefix_indexed(L->ix, b) && kv_prefix_find(L->ix, &s->keys[i], parent, bt) < 0) {
             index_insert(c, b, &s->keys[i], parent, bt);
-            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
+            if (c->hooks.indexed && lay == 0) c->hooks.indexed(c->hooks.user, c, b);
         }
     }
 }
 
 void kv_seq_commit(kv_cache *c, int seq, const int32_t *tokens, int n) {
     kv_seq *s = &c->seqs[seq];
-    int bs = c->p.block_size, old = s->len;
+    int bs = lay_of_seq(c, seq)->block_size, old = s->len;
     memcpy(s->tokens + old, tokens, (size_t)n * sizeof(int32_t));
     s->len += n;
     index_full(c, s, old / bs, s->len / bs);
@@ -326,7 +444,8 @@ void kv_seq_unhold(kv_cache *c, int seq) {
     kv_seq *s = &c->seqs[seq];
     if (!s->held) return;
     s->held = false;
-    index_full(c, s, s->hold_from / c->p.block_size, s->len / c->p.block_size);
+    int bs = lay_of_seq(c, seq)->block_size;
+    index_full(c, s, s->hold_from / bs, s->len / bs);
 }
 
 bool kv_seq_held(const kv_cache *c, int seq, int *from) {
@@ -348,6 +467,8 @@ void kv_seq_release(kv_cache *c, int seq) {
 
 int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     if (src == dst) return KVLM_OK;
+    if (seq_lay(c, src) != seq_lay(c, dst))
+        return util_err_set(err, KVLM_EINVAL, "sequences %d and %d hold blocks of two layouts: no fork", src, dst);
     kv_seq *a = &c->seqs[src], *b = &c->seqs[dst];
     kv_seq_release(c, dst);
     if (seq_grow(c, b, a->len > 0 ? a->len : 1)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
@@ -358,7 +479,7 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
     b->n_blocks = a->n_blocks;
     if (a->len) { /* a sequence never used has no arrays */
         memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof(int32_t));
-        memcpy(b->keys, a->keys, (size_t)(a->len / c->p.block_size) * sizeof(kv_key));
+        memcpy(b->keys, a->keys, (size_t)(a->len / lay_of_seq(c, src)->block_size) * sizeof(kv_key));
     }
     b->len = a->len;
     b->compacted = a->compacted;
@@ -373,7 +494,8 @@ int kv_seq_fork(kv_cache *c, int src, int dst, kvlm_error *err) {
 
 int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     kv_seq *s = &c->seqs[seq];
-    int bs = c->p.block_size;
+    int lay = seq_lay(c, seq), bs = c->lay[lay].block_size;
+    const kv_layout *L = &c->lay[lay];
     if (!c->p.prefix_cache || s->len != 0 || s->n_blocks != 0) return s->len;
     int eligible = (n - 1) / bs; /* full blocks, leaving one token to compute */
     if (eligible * bs > c->p.max_seq_tokens) eligible = c->p.max_seq_tokens / bs;
@@ -382,8 +504,8 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     for (; i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
         const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
-        kv_block_key(&c->fmt, parent, bt, &s->keys[i]);
-        int32_t b = kv_prefix_find(c->ix, &s->keys[i], parent, bt);
+        kv_block_key(&L->fmt, parent, bt, &s->keys[i]);
+        int32_t b = kv_prefix_find(L->ix, &s->keys[i], parent, bt);
         if (b < 0) break;
         block_ref(c, b);
         s->blocks[s->n_blocks++] = b;
@@ -392,7 +514,7 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     c->misses += (uint64_t)(eligible - i);
     memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
     s->len = i * bs;
-    if (i < eligible && c->hooks.miss) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
+    if (i < eligible && c->hooks.miss && lay == 0) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
     return s->len;
 }
 
@@ -400,8 +522,8 @@ void kv_set_hooks(kv_cache *c, const kv_hooks *h) {
     if (h) c->hooks = *h;
     else memset(&c->hooks, 0, sizeof c->hooks);
 }
-const kv_key *kv_block_key_of(const kv_cache *c, int32_t b) { return kv_prefix_key(c->ix, b); }
-const kv_key *kv_block_parent_of(const kv_cache *c, int32_t b) { return kv_prefix_parent(c->ix, b); }
+const kv_key *kv_block_key_of(const kv_cache *c, int32_t b) { return kv_prefix_key(ix_of(c, b), b); }
+const kv_key *kv_block_parent_of(const kv_cache *c, int32_t b) { return kv_prefix_parent(ix_of(c, b), b); }
 void kv_set_index_listener(kv_cache *c, kv_index_fn fn, void *user) {
     c->on_index = fn;
     c->on_index_user = user;
@@ -409,14 +531,16 @@ void kv_set_index_listener(kv_cache *c, kv_index_fn fn, void *user) {
 int kv_indexed_blocks(const kv_cache *c, int32_t *out, int cap) {
     int n = 0;
     for (int32_t b = 0; b < c->p.n_blocks; b++)
-        if (kv_prefix_indexed(c->ix, b)) {
+        if (kv_prefix_indexed(ix_of(c, b), b)) {
             if (n < cap) out[n] = b;
             n++;
         }
     return n;
 }
-const int32_t *kv_block_tokens(const kv_cache *c, int32_t b) { return kv_prefix_tokens(c->ix, b); }
-bool kv_block_indexed(const kv_cache *c, int32_t b) { return kv_prefix_indexed(c->ix, b); }
+const int32_t *kv_block_tokens(const kv_cache *c, int32_t b) { return kv_prefix_tokens(ix_of(c, b), b); }
+bool kv_block_indexed(const kv_cache *c, int32_t b) { return kv_prefix_indexed(ix_of(c, b), b); }
+int kv_block_size_of(const kv_cache *c, int32_t b) { return lay_of_block(c, b)->block_size; }
+bool kv_block_guest(const kv_cache *c, int32_t b) { return c->blay[b] != 0; }
 const kv_key *kv_seq_key(const kv_cache *c, int seq, int i) { return &c->seqs[seq].keys[i]; }
 
 void kv_block_read(const kv_cache *c, int32_t b, void *host_dst) {
@@ -429,15 +553,17 @@ void kv_block_write(kv_cache *c, int32_t b, const void *host_src) {
 int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key) {
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, i = s->n_blocks;
-    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted) return -1;
+    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted ||
+        seq_lay(c, seq))
+        return -1;
     if (available(c) < 1 || seq_grow(c, s, (i + 1) * bs)) return -1;
     const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
-    int32_t b = block_alloc(c);
+    int32_t b = block_alloc(c, 0);
     s->blocks[s->n_blocks++] = b;
     s->keys[i] = *key;
     memcpy(s->tokens + (size_t)i * bs, tokens, (size_t)bs * sizeof(int32_t));
     s->len += bs;
-    if (kv_prefix_find(c->ix, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
+    if (kv_prefix_find(c->lay[0].ix, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
     return b;
 }
 
@@ -453,6 +579,7 @@ int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_ke
     kv_seq *s = &c->seqs[seq];
     int bs = c->p.block_size, nb = (len + bs - 1) / bs;
     if (first < 0 || first > nb) return util_err_set(err, KVLM_EINVAL, "sequence %d: %d dropped blocks of %d", seq, first, nb);
+    if (seq_lay(c, seq)) return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d holds a guest's blocks: no swap", seq);
     if (s->len != 0 || s->n_blocks != 0) return util_err_set(err, KVLM_EINVAL, "sequence %d is not empty", seq);
     if (len > c->p.max_seq_tokens)
         return util_err_set(err, KVLM_ERANGE, "%d tokens are more than the context of %d", len, c->p.max_seq_tokens);
@@ -462,7 +589,7 @@ int kv_seq_restore_from(kv_cache *c, int seq, const int32_t *tokens, const kv_ke
     if (len == 0) return KVLM_OK;
     if (seq_grow(c, s, len)) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     for (int i = 0; i < nb; i++) {
-        s->blocks[i] = i < first ? c->p.n_blocks : block_alloc(c);
+        s->blocks[i] = i < first ? c->p.n_blocks : block_alloc(c, 0);
         if (blocks_out && i >= first) blocks_out[i - first] = s->blocks[i];
     }
     s->n_blocks = nb;
@@ -481,8 +608,8 @@ int kv_prefix_probe(const kv_cache *c, const int32_t *tokens, int n, int *unrefe
     kv_key parent = k_no_parent, key;
     for (; c->p.prefix_cache && i < eligible; i++) {
         const int32_t *bt = tokens + (size_t)i * bs;
-        kv_block_key(&c->fmt, i == 0 ? NULL : &parent, bt, &key);
-        int32_t b = kv_prefix_find(c->ix, &key, &parent, bt);
+        kv_block_key(&c->lay[0].fmt, i == 0 ? NULL : &parent, bt, &key);
+        int32_t b = kv_prefix_find(c->lay[0].ix, &key, &parent, bt);
         if (b < 0) break;
         unref += c->ref[b] == 0;
         parent = key;
@@ -539,6 +666,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
     if (!c->p.storage->host_addressable)
         return util_err_set(err, KVLM_EUNSUPPORTED, "eviction compacts blocks on the CPU; the %s cache cannot",
                             c->p.storage->name);
+    if (seq_lay(c, seq)) return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d holds a guest's blocks: no eviction", seq);
     while (first < n_keep && keep[first] == first) first++;
     if (n_keep > s->len || (n_keep > 0 && keep[n_keep - 1] >= s->len))
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep tokens past its %d", seq, s->len);
@@ -556,7 +684,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
     for (int j = b_lo; j < b_hi; j++) {
         int32_t b = s->blocks[j];
         if (c->ref[b] > 1) { /* shared: write into a private copy */
-            int32_t nb = block_alloc(c);
+            int32_t nb = block_alloc(c, 0);
             c->p.storage->copy(c->p.storage->user, c->data + (size_t)nb * c->block_bytes, c->data + (size_t)b * c->block_bytes, c->block_bytes);
             block_unref(c, b);
             s->blocks[j] = nb;
@@ -598,7 +726,7 @@ void kv_get_stats(const kv_cache *c, kv_stats *st) {
     memset(st, 0, sizeof *st);
     st->n_blocks = c->p.n_blocks;
     st->free = c->n_free;
-    st->cached = kv_prefix_cached(c->ix);
+    st->cached = cached(c);
     st->used = c->p.n_blocks - c->n_free - st->cached;
     for (int b = 0; b < c->p.n_blocks; b++) st->shared += c->ref[b] > 1;
     st->hits = c->hits;
@@ -619,13 +747,17 @@ const char *kv_check(const kv_cache *c) {
     if (!refs || !state) { free(refs); free(state); return "out of memory in kv_check"; }
     for (int s = 0; s < c->p.max_seqs && !bad; s++) {
         const kv_seq *q = &c->seqs[s];
-        int bs = c->p.block_size;
+        int bs = lay_of_seq(c, s)->block_size;
         if (q->len > q->n_blocks * bs) { snprintf(msg, sizeof msg, "seq %d: %d tokens in %d blocks", s, q->len, q->n_blocks); bad = msg; }
         for (int i = 0; i < q->n_blocks; i++) {
             bool null = q->blocks[i] == nb;
             if (null != (i < q->n_dropped)) {
                 snprintf(msg, sizeof msg, "seq %d: block %d is %sthe null block, %d dropped", s, i, null ? "" : "not ",
                          q->n_dropped);
+                bad = msg;
+            } else if (!null && c->blay[q->blocks[i]] != seq_lay(c, s)) {
+                snprintf(msg, sizeof msg, "seq %d: block %d is in layout %d, the sequence's is %d", s, q->blocks[i],
+                         c->blay[q->blocks[i]], seq_lay(c, s));
                 bad = msg;
             } else if (!null) refs[q->blocks[i]]++;
         }
@@ -635,13 +767,17 @@ const char *kv_check(const kv_cache *c) {
         if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }
     for (int i = 0; i < c->n_free && !bad; i++) {
         int32_t b = c->free_stack[i];
-        if (state[b]++ || c->ref[b] || kv_prefix_indexed(c->ix, b)) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
+        if (state[b]++ || c->ref[b] || kv_prefix_indexed(ix_of(c, b), b)) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
     }
-    for (int32_t b = kv_prefix_lru_head(c->ix); b >= 0 && !bad; b = kv_prefix_lru_next(c->ix, b))
-        if (state[b]++ || c->ref[b]) { snprintf(msg, sizeof msg, "cached block %d is in use or free", b); bad = msg; }
-    for (int b = 0; b < nb && !bad; b++)
+    for (int l = 0; l < c->n_lay; l++)
+        for (int32_t b = kv_prefix_lru_head(c->lay[l].ix); b >= 0 && !bad; b = kv_prefix_lru_next(c->lay[l].ix, b))
+            if (state[b]++ || c->ref[b] || c->blay[b] != l) { snprintf(msg, sizeof msg, "cached block %d is in use, free or of another layout", b); bad = msg; }
+    for (int b = 0; b < nb && !bad; b++) {
         if (!state[b] && c->ref[b] == 0) { snprintf(msg, sizeof msg, "block %d is lost (unreferenced, not free, not cached)", b); bad = msg; }
-    if (!bad) bad = kv_prefix_check(c->ix, msg, sizeof msg);
+        for (int l = 0; l < c->n_lay && !bad; l++)
+            if (l != c->blay[b] && kv_prefix_indexed(c->lay[l].ix, b)) { snprintf(msg, sizeof msg, "block %d is indexed under layout %d, its bytes are in %d", b, l, c->blay[b]); bad = msg; }
+    }
+    for (int l = 0; l < c->n_lay && !bad; l++) bad = kv_prefix_check(c->lay[l].ix, msg, sizeof msg);
     free(refs);
     free(state);
     return bad;
@@ -691,8 +827,8 @@ int kv_prefix_probe_window(const kv_cache *c, const int32_t *tokens, int n, int 
     int best = 0;
     if (found && keys) {
         for (int i = 0; i < eligible; i++) {
-            kv_block_key(&c->fmt, i == 0 ? NULL : &keys[i - 1], tokens + (size_t)i * bs, &keys[i]);
-            found[i] = kv_prefix_find(c->ix, &keys[i], i == 0 ? &k_no_parent : &keys[i - 1], tokens + (size_t)i * bs);
+            kv_block_key(&c->lay[0].fmt, i == 0 ? NULL : &keys[i - 1], tokens + (size_t)i * bs, &keys[i]);
+            found[i] = kv_prefix_find(c->lay[0].ix, &keys[i], i == 0 ? &k_no_parent : &keys[i - 1], tokens + (size_t)i * bs);
         }
         best = window_hit(found, eligible, bs, window, &first);
     }
@@ -716,8 +852,8 @@ int kv_seq_match_prefix_window(kv_cache *c, int seq, const int32_t *tokens, int 
     if (!found) return 0;
     for (int i = 0; i < eligible; i++) {
         const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
-        kv_block_key(&c->fmt, parent, tokens + (size_t)i * bs, &s->keys[i]);
-        found[i] = kv_prefix_find(c->ix, &s->keys[i], parent, tokens + (size_t)i * bs);
+        kv_block_key(&c->lay[0].fmt, parent, tokens + (size_t)i * bs, &s->keys[i]);
+        found[i] = kv_prefix_find(c->lay[0].ix, &s->keys[i], parent, tokens + (size_t)i * bs);
     }
     /* the longest hit of i blocks whose next token's window is all there:
      * blocks [(i * bs - window + 1) / bs, i) (vLLM's sliding-window rule) */

@@ -3,7 +3,9 @@
  * counts with copy-on-write, a prefix index (chained keys of full blocks,
  * kv/blockfmt.h: the same keys the tiers use; kept by kv/prefix)
  * with an LRU of cached blocks that finished sequences left behind, and the
- * byte layout of keys and values of any element type (ops/kvtype.h). */
+ * byte layout of keys and values of any element type (ops/kvtype.h). A
+ * second layout, the guest's (kv_add_guest), lets a smaller draft model's
+ * sequences keep their cache in the same blocks. */
 #ifndef KVLM_KV_PAGED_H
 #define KVLM_KV_PAGED_H
 #include <stdbool.h>
@@ -67,7 +69,32 @@ size_t kv_v_offset_bytes(const kv_cache *c);
 /* Bytes of K and V of one token (block bytes / block size; exact for
  * per-token types, and for q4_kc when block_size divides 4 x head_dim). */
 size_t kv_token_bytes(const kv_cache *c);
-/* K (V) region of (layer, KV head) in a block. */
+/* A second block layout in the same pool: a draft model of another cache
+ * shape (engine/forward's kvlm_ctx_create_draft) keeps its cache in the
+ * pool's blocks. From now on sequences first_seq.. (which must be empty)
+ * hold blocks of n_layers x n_kv_heads x head_dim in the pool's element
+ * types, laid out as the pool's, in the pool's block bytes; *block_size
+ * receives their tokens per block: the most whole multiples of the pool's
+ * block size that fit (stories260K in a stories4M_hd64 pool: 4). Their keys
+ * are the guest's (its own format, under model), in a prefix index of their
+ * own; a cached guest block is reused before a cached one of the pool's.
+ * Guest blocks never reach the tier hooks, and guest sequences neither swap
+ * nor compact nor fork to the pool's. Not with q4_kc keys or a latent cache. */
+int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
+                 int *block_size, kvlm_error *err);
+/* Takes the guest layout back (its sequences must be empty): its cached
+ * blocks go back to the free stack, its sequences hold the pool's layout. */
+int kv_drop_guest(kv_cache *c, kvlm_error *err);
+/* A sequence's tokens per block, and (layer, KV head) stride and K-to-V
+ * offset in its blocks (the pool's, or the guest's for guest sequences). */
+int kv_seq_block_size(const kv_cache *c, int seq);
+size_t kv_seq_head_bytes(const kv_cache *c, int seq);
+size_t kv_seq_v_offset_bytes(const kv_cache *c, int seq);
+/* Tokens in block b (the block size of the layout its bytes are in), and
+ * whether that layout is the guest's. */
+int kv_block_size_of(const kv_cache *c, int32_t b);
+bool kv_block_guest(const kv_cache *c, int32_t b);
+/* K (V) region of (layer, KV head) in a block (in its layout). */
 uint8_t *kv_block_k(const kv_cache *c, int32_t block, int layer, int head);
 uint8_t *kv_block_v(const kv_cache *c, int32_t block, int layer, int head);
 /* q4_kc keys only (NULL otherwise): the f16 keys of the sequence's block that

@@ -21,6 +21,9 @@ struct kv_store {
     kv_params p;           /* the pool's, as it settled them */
     size_t k_row, v_row;   /* bytes of one token's row of one head (per-token types) */
     int *stage_block;      /* per sequence: q4_kc keys' block still filling, -1: none */
+    /* sequences guest_lo.. hold a guest layout's blocks (kv_store_add_guest) */
+    int guest_lo, g_head_dim;
+    size_t gk_row, gv_row;
     /* tiers */
     kv_tier *tiers[KV_STORE_MAX_TIERS];
     int roles[KV_STORE_MAX_TIERS], n_tiers;
@@ -127,6 +130,7 @@ static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
     s->c = kv_create(&p->pool, err);
     if (!s->c) { kv_store_free(s); return NULL; }
     s->p = *kv_get_params(s->c);
+    s->guest_lo = s->p.max_seqs;
     s->k_row = op_kv_row_bytes(s->p.k_type, s->p.head_dim);
     s->v_row = op_kv_row_bytes(s->p.v_type, s->p.head_dim);
     s->stage_block = malloc((size_t)s->p.max_seqs * sizeof(int));
@@ -291,7 +295,7 @@ void kv_store_persist(kv_store *s) {
     if (s->local) kv_store_persist(s->local);
     if (!s->n_tiers) return;
     for (int32_t b = 0; b < s->p.n_blocks; b++) {
-        if (!kv_block_indexed(s->c, b)) continue;
+        if (!kv_block_indexed(s->c, b) || kv_block_guest(s->c, b)) continue; /* a guest's blocks: not the tiers' */
         for (int t = 0; t < s->n_tiers; t++) {
             if (!(s->roles[t] & KV_TIER_DURABLE) || (s->in_tier[b] & (1u << t))) continue;
             serialize(s, b, s->ser);
@@ -328,6 +332,27 @@ void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user) { kv_s
 int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return kv_indexed_blocks(s->c, out, cap); }
 
 /* ---- sequences ---- */
+
+int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
+                       int *block_size, kvlm_error *err) {
+    if (s->window || s->local)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window store holds one layout");
+    int rc = kv_add_guest(s->c, first_seq, n_layers, n_kv_heads, head_dim, model, block_size, err);
+    if (rc) return rc;
+    s->guest_lo = first_seq;
+    s->g_head_dim = head_dim;
+    s->gk_row = op_kv_row_bytes(s->p.k_type, head_dim);
+    s->gv_row = op_kv_row_bytes(s->p.v_type, head_dim);
+    return KVLM_OK;
+}
+
+int kv_store_drop_guest(kv_store *s, kvlm_error *err) {
+    int rc = kv_drop_guest(s->c, err);
+    if (!rc) s->guest_lo = s->p.max_seqs;
+    return rc;
+}
+
+int kv_store_seq_block_size(const kv_store *s, int seq) { return kv_seq_block_size(s->c, seq); }
 
 bool kv_store_seq_valid(const kv_store *s, int seq) { return kv_seq_valid(s->c, seq); }
 
@@ -444,6 +469,13 @@ static kv_store *store_of(const kv_store *s, int *layer) {
 
 void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v) {
     s = store_of(s, &layer);
+    if (seq >= s->guest_lo) { /* a guest's row: its own head dimension and block size */
+        int gbs = kv_seq_block_size(s->c, seq), slot = pos % gbs;
+        int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / gbs];
+        op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * s->gk_row, s->g_head_dim);
+        op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->gv_row, s->g_head_dim);
+        return;
+    }
     int HD = s->p.head_dim, bs = s->p.block_size, slot = pos % bs;
     int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
     if (s->p.k_type == KVLM_CACHE_Q4_KC) {
@@ -464,14 +496,14 @@ void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, 
 void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, const float **bp, op_attn_args *a) {
     s = store_of(s, &layer);
     const int32_t *blocks = kv_seq_blocks(s->c, seq, NULL);
-    int need = last_pos / s->p.block_size + 1;
+    int bs = kv_seq_block_size(s->c, seq), need = last_pos / bs + 1;
     for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(s->c, blocks[i], layer, 0);
     a->blocks = bp;
-    a->block_size = s->p.block_size;
+    a->block_size = bs;
     a->k_type = s->p.k_type;
     a->v_type = s->p.v_type;
-    a->head_bytes = kv_head_bytes(s->c);
-    a->v_bytes = kv_v_offset_bytes(s->c);
+    a->head_bytes = kv_seq_head_bytes(s->c, seq);
+    a->v_bytes = kv_seq_v_offset_bytes(s->c, seq);
     a->k_stage = kv_seq_stage(s->c, seq, layer, 0);
     /* the sequence's newest block holds keys in staging only while it
      * fills; blocks before it were quantized when they filled */
@@ -543,10 +575,10 @@ int kv_store_blocks_held(const kv_store *s, int n) {
 }
 
 int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold) {
-    int have = 0;
+    int have = 0, gbs = kv_seq_block_size(s->c, seq);
     kv_seq_blocks(s->c, seq, &have);
     have -= kv_seq_dropped(s->c, seq);
-    int need = kv_store_blocks_held(s, n_hold) - have;
+    int need = (seq >= s->guest_lo ? (n_hold + gbs - 1) / gbs : kv_store_blocks_held(s, n_hold)) - have;
     return need > 0 ? need : 0;
 }
 
@@ -584,7 +616,7 @@ bool kv_store_swap_fits(const kv_store *s, int seq) {
     n -= kv_seq_dropped(s->c, seq);
     /* the swap tier takes what the swap space cannot (its puts may still be
      * dropped: kv_store_swap_out then answers EFULL) */
-    return s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0) &&
+    return seq < s->guest_lo && s->swap_slots > 0 && (n <= swap_free_slots(s) || s->swap_tier >= 0) &&
            (!s->local || kv_store_swap_fits(s->local, seq));
 }
 
@@ -680,6 +712,8 @@ int kv_store_swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
 
 static int swap_out(kv_store *s, int seq, kv_swap **out, kvlm_error *err) {
     *out = NULL;
+    if (seq >= s->guest_lo)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d holds a guest layout's blocks: no swap", seq);
     if (!kv_store_swap_fits(s, seq))
         return util_err_set(err, KVLM_EFULL, "the KV swap space has no room for sequence %d", seq);
     int rc = swap_space(s, err);
