@@ -7,7 +7,8 @@
 # without speculation; drafts were checked and kept (/metrics); a client that
 # hangs up mid-stream frees its sequences; n > 1 and sampling work; the
 # draft gave its blocks back to the model's sequences. Also
-# stories260K drafting for stories4M_hd64 (the same vocabulary), a windowed
+# stories260K drafting for stories4M_hd64 (the same vocabulary; its cache in
+# the model's pool too, in blocks of its own layout), a windowed
 # cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
 set -uo pipefail
@@ -145,12 +146,13 @@ for model, mem in (("stories260K.gguf", "400KiB"), ("stories4M_hd64.gguf", "1920
     concurrent(path, ["-c", "512", "--max-seqs", "16", "--kv-mem", mem, "-t", "2", "--draft", draft, "--draft-n", "4"],
                model + " q4_0 draft", shared=True)
 
-# a smaller model as the draft: stories260K for stories4M_hd64 (the same 512-token vocabulary), K = 6, a roomy pool
+# a smaller model as the draft: stories260K for stories4M_hd64 (the same 512-token vocabulary), K = 6; its cache
+# in the model's pool of 40 blocks, 64 of its tokens to a block (the model's: 16)
 big, small = os.path.join(models, "stories4M_hd64.gguf"), os.path.join(models, "stories260K.gguf")
 if os.path.isfile(big):
     same_drafts_as_run(big, small, "stories4M_hd64 with stories260K drafting")
-    concurrent(big, ["-c", "512", "--max-seqs", "16", "-t", "2", "--draft", small, "--draft-n", "6"],
-               "stories4M_hd64 with stories260K drafting", want_preempt=False, min_accept=0.25)
+    concurrent(big, ["-c", "512", "--max-seqs", "16", "--kv-mem", "1920KiB", "-t", "2", "--draft", small,
+                     "--draft-n", "6"], "stories4M_hd64 with stories260K drafting", min_accept=0.25, shared=True)
 
 # refusals
 other = os.path.join(tmp, "other.gguf")

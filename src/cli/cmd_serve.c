@@ -208,10 +208,12 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
     fputc('\n', stderr);
     if (dctx && draft_shared) {
+        kvlm_kv_stats ds;
+        kvlm_kv_stats_get(dctx, &ds);
         fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
-                "(sequences %d..%d; given back before any request is preempted)\n", draft_path,
-                sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
-                kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1);
+                "(sequences %d..%d, %d of its tokens a block; given back before any request is preempted)\n",
+                draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
+                kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1, ds.block_size);
     } else if (dctx) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
