@@ -1,16 +1,18 @@
 /* bench/bench_spec_pool: one memory budget for a model and its draft model.
  * R concurrent greedy requests through the scheduler, drafted by a q4_0 copy
- * of the model, with the KV memory fixed at B blocks of the model's layout:
+ * of the model (or DRAFT: a smaller model of the same vocabulary, whose
+ * cache has another shape), with the KV memory fixed at B blocks of the
+ * model's layout:
  *   plain:  no speculation, a pool of B;
- *   split:  the draft's cache in a pool of its own, B split in two halves
- *           (what a user had to choose before);
+ *   split:  the draft's cache in a pool of its own, the bytes of B split in
+ *           two halves (what a user had to choose before);
  *   shared: the draft's cache in the model's pool of B (kvlm_ctx_create_draft),
  *           given back before any request is preempted.
  * Prints tokens/s (the best of three runs), preemptions, drafts kept and
  * the ratios, in one process;
  * exits 1 unless every mode's texts are the same. On stories4M_hd64 (real
  * weights; $KVLM_MODELS, default ../shared/models) or a model path.
- * Usage: bench_spec_pool [THREADS] [MODEL] [R] [B] */
+ * Usage: bench_spec_pool [THREADS] [MODEL] [R] [B] [DRAFT] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +52,12 @@ static result run(kvlm_model *m, kvlm_model *dm, int mode, int threads, int R, i
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx = NULL;
     if (!ctx) die("context", &err);
-    if (mode == 1) {
+    if (mode == 1) { /* the other half of the bytes, in blocks of the draft's own layout */
+        kvlm_kv_stats ks;
+        kvlm_kv_stats_get(ctx, &ks);
         kvlm_ctx_params dp = cp;
-        dp.kv_blocks = B - B / 2;
+        dp.kv_blocks = 0;
+        dp.kv_mem = (size_t)(B - B / 2) * ks.block_bytes;
         if (!(dctx = kvlm_ctx_create(dm, &dp, &err))) die("draft context", &err);
     } else if (mode == 2 && !(dctx = kvlm_ctx_create_draft(dm, ctx, &cp, &err))) {
         die("draft context in the pool", &err);
@@ -98,8 +103,9 @@ int main(int argc, char **argv) {
     mkdir(bd, 0755);
     snprintf(q, sizeof q, "%s/bench_spec_pool-draft-q4_0.gguf", bd);
     kvlm_error err = {0};
-    if (kvlm_model_save_gguf(m, q, kvlm_type_from_name("q4_0"), &err)) die("q4_0 copy", &err);
-    kvlm_model *dm = bench_load(q);
+    const char *dpath = argc > 5 ? argv[5] : NULL;
+    if (!dpath && kvlm_model_save_gguf(m, q, kvlm_type_from_name("q4_0"), &err)) die("q4_0 copy", &err);
+    kvlm_model *dm = bench_load(dpath ? dpath : q);
     static const char *subj[] = {"Lily", "Tom", "A little dog", "The old man", "Sue", "Max", "A bird", "Ben"};
     static const char *verb[] = {"went to the park", "found a ball", "was very sad", "liked to play"};
     int32_t (*prompts)[64] = malloc(sizeof(int32_t[64]) * MAXR);
@@ -114,9 +120,9 @@ int main(int argc, char **argv) {
     static const char *names[] = {"plain (no speculation)", "split (draft pool of its own)", "shared (one pool)"};
     int need = 0;
     for (int i = 0; i < R; i++) need += (n_prompt[i] + GEN + 15) / 16;
-    printf("bench_spec_pool: %s, its q4_0 copy drafting 4 tokens; %d greedy requests of %d tokens; KV memory %d "
+    printf("bench_spec_pool: %s, %s%s drafting 4 tokens; %d greedy requests of %d tokens; KV memory %d "
            "blocks of 16 tokens (the requests alone need about %d); %d threads\n",
-           path, R, GEN, B, need, threads);
+           path, dpath ? dpath : "its q4_0 copy", dpath ? " (another cache shape)" : "", R, GEN, B, need, threads);
     for (int k = 0; k < 3; k++) {
         tx[k] = calloc((size_t)R, sizeof(text));
         for (int rep = 0; rep < 3; rep++) { /* the best of three: the runs are short */
