@@ -496,11 +496,7 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
         kv_params tk = {.n_layers = t->n_layers, .n_kv_heads = t->n_kv_heads, .head_dim = t->head_dim,
                         .block_size = tp->block_size > 0 ? tp->block_size : 16, .k_type = tp->cache_type_k,
                         .v_type = tp->cache_type_v};
-        kv_params dk = tk;
-        dk.n_layers = d->n_layers;
-        dk.n_kv_heads = d->n_kv_heads;
-        dk.head_dim = d->head_dim;
-        if (kv_params_block_bytes(&dk) > kv_params_block_bytes(&tk))
+        if (!kv_guest_block_size(&tk, d->n_layers, d->n_kv_heads, d->head_dim))
             return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache (%d layers x %d KV heads x %d) takes "
                                 "more bytes per token than the model's (%d x %d x %d): it cannot live in the model's "
                                 "blocks", d->n_layers, d->n_kv_heads, d->head_dim, t->n_layers, t->n_kv_heads,

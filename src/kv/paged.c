@@ -183,6 +183,21 @@ void kv_free(kv_cache *c) {
     free(c);
 }
 
+int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
+    kv_params g = *p;
+    g.n_layers = n_layers;
+    g.n_kv_heads = n_kv_heads;
+    g.head_dim = head_dim;
+    size_t block = kv_params_block_bytes(p);
+    int bs = p->block_size, m_max = p->max_seq_tokens > 0 ? (p->max_seq_tokens + bs - 1) / bs : 1, m = 0;
+    for (int t = 1; t <= m_max; t++) {
+        g.block_size = t * bs;
+        if (kv_params_block_bytes(&g) > block) break;
+        m = t;
+    }
+    return m * bs;
+}
+
 /* Empty sequences first.. drop their arrays (sized for another block size). */
 static void seqs_shed(kv_cache *c, int first) {
     for (int s = first; s < c->p.max_seqs; s++) {
@@ -203,25 +218,13 @@ int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int h
     for (int s = first_seq; s < c->p.max_seqs; s++)
         if (c->seqs[s].len || c->seqs[s].n_blocks)
             return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", s);
-    /* the most whole multiples of the pool's block size whose bytes fit in
-     * one block (not past the context, rounded up to a multiple) */
     kv_params g = c->p;
     g.n_layers = n_layers;
     g.n_kv_heads = n_kv_heads;
     g.head_dim = head_dim;
-    int bs = c->p.block_size, m_max = (c->p.max_seq_tokens + bs - 1) / bs, m = 0;
-    for (int t = 1; t <= m_max; t++) {
-        g.block_size = t * bs;
-        if (kv_params_block_bytes(&g) > c->block_bytes) break;
-        m = t;
-    }
-    if (m == 0) {
-        g.block_size = bs;
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a guest block of %d tokens (%d x %d x %d) takes %zu bytes, more "
-                            "than the pool's %zu: its cache must be the smaller per token", bs, n_layers, n_kv_heads,
-                            head_dim, kv_params_block_bytes(&g), c->block_bytes);
-    }
-    g.block_size = m * bs;
+    if (!(g.block_size = kv_guest_block_size(&c->p, n_layers, n_kv_heads, head_dim)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a guest cache of %d x %d x %d takes more bytes per token than "
+                            "the pool's: it does not fit in a block", n_layers, n_kv_heads, head_dim);
     kv_layout *L = &c->lay[1];
     layout_init(L, &g, model, c->block_bytes);
     if (!(L->ix = kv_prefix_create(c->p.n_blocks, g.block_size)))

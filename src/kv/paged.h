@@ -82,6 +82,10 @@ size_t kv_token_bytes(const kv_cache *c);
  * nor compact nor fork to the pool's. Not with q4_kc keys or a latent cache. */
 int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
                  int *block_size, kvlm_error *err);
+/* The guest's tokens per block in a pool of p: the most whole multiples of
+ * p's block size (up to its context, rounded up to one) whose bytes fit in
+ * one of p's blocks; 0 when not even one does. */
+int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim);
 /* Takes the guest layout back (its sequences must be empty): its cached
  * blocks go back to the free stack, its sequences hold the pool's layout. */
 int kv_drop_guest(kv_cache *c, kvlm_error *err);

@@ -469,21 +469,17 @@ static kv_store *store_of(const kv_store *s, int *layer) {
 
 void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v) {
     s = store_of(s, &layer);
-    if (seq >= s->guest_lo) { /* a guest's row: its own head dimension and block size */
-        int gbs = kv_seq_block_size(s->c, seq), slot = pos % gbs;
-        int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / gbs];
-        op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * s->gk_row, s->g_head_dim);
-        op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->gv_row, s->g_head_dim);
-        return;
-    }
-    int HD = s->p.head_dim, bs = s->p.block_size, slot = pos % bs;
+    bool g = seq >= s->guest_lo; /* a guest's row: its own head dimension and block size */
+    int HD = g ? s->g_head_dim : s->p.head_dim, bs = g ? kv_seq_block_size(s->c, seq) : s->p.block_size,
+        slot = pos % bs;
+    size_t k_row = g ? s->gk_row : s->k_row, v_row = g ? s->gv_row : s->v_row;
     int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
     if (s->p.k_type == KVLM_CACHE_Q4_KC) {
         uint16_t *st = kv_seq_stage(s->c, seq, layer, head);
         for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
         if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
-    } else op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * s->k_row, HD);
-    if (!s->p.v_in_k) op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * s->v_row, HD);
+    } else op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * k_row, HD);
+    if (!s->p.v_in_k) op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * v_row, HD);
 }
 
 void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T) {
@@ -575,10 +571,10 @@ int kv_store_blocks_held(const kv_store *s, int n) {
 }
 
 int kv_store_seq_blocks_needed(const kv_store *s, int seq, int n_hold) {
-    int have = 0, gbs = kv_seq_block_size(s->c, seq);
+    int have = 0, gbs = seq >= s->guest_lo ? kv_seq_block_size(s->c, seq) : 0;
     kv_seq_blocks(s->c, seq, &have);
     have -= kv_seq_dropped(s->c, seq);
-    int need = (seq >= s->guest_lo ? (n_hold + gbs - 1) / gbs : kv_store_blocks_held(s, n_hold)) - have;
+    int need = (gbs ? (n_hold + gbs - 1) / gbs : kv_store_blocks_held(s, n_hold)) - have;
     return need > 0 ? need : 0;
 }
 
