@@ -14,21 +14,19 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 0; fi
-exec python3 - "$KVLM" "$MODEL" <<'PY'
+exec python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
 import http.client, json, os, random, re, signal, socket, subprocess, sys, threading, time
 
 kvlm, model = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import serve_http
 quick = bool(os.environ.get("KVLM_TEST_QUICK"))
 # 24 blocks of 16 tokens (20 KiB each): far fewer than 12-32 requests of ~50 tokens need at once
-proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "--max-seqs", "16",
-                         "--kv-mem", "240KiB", "--timeout", "2", "-t", "2"],
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-line = proc.stdout.readline()
-m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", line)
-if not m:
-    print("FAIL: no listening line, got %r; stderr: %s" % (line, proc.stderr.read()))
+proc, port = serve_http.start(kvlm, model, ["-c", "512", "--max-seqs", "16", "--kv-mem", "240KiB", "--timeout", "2",
+                                            "-t", "2"])
+if not port:
+    print("FAIL: no listening line")
     sys.exit(1)
-port = int(m.group(1))
 failures = 0
 
 def check(cond, name, detail=""):
@@ -40,16 +38,7 @@ def check(cond, name, detail=""):
         print("FAIL %s %s" % (name, detail))
 
 def request(method, path, body=None, raw=None, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    c.request(method, path, body=data, headers={"Content-Type": "application/json"} if data is not None else {})
-    r = c.getresponse()
-    text = r.read().decode("utf-8", "replace")
-    c.close()
-    try:
-        return r.status, json.loads(text)
-    except ValueError:
-        return r.status, text
+    return serve_http.request(port, method, path, body, raw, timeout)
 
 def stream(path, body):
     """Returns (texts per choice, finish reasons, events, saw [DONE])."""

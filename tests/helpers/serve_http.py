@@ -31,11 +31,12 @@ def stop(p):
         return -1
 
 
-def request(port, method, path, body=None):
-    """(status, the JSON answer, or its text when it is not JSON)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    c.request(method, path, body=json.dumps(body) if body is not None else None,
-              headers={"Content-Type": "application/json"})
+def request(port, method, path, body=None, raw=None, timeout=300):
+    """(status, the JSON answer, or its text when it is not JSON); raw: bytes
+    sent as they are instead of body as JSON."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    c.request(method, path, body=data, headers={"Content-Type": "application/json"} if data is not None else {})
     r = c.getresponse()
     text = r.read().decode("utf-8", "replace")
     c.close()
