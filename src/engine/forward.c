@@ -27,6 +27,9 @@
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
 
+/* kvlm_ctx_params.block_size 0: tokens per KV block */
+enum { DEFAULT_BLOCK_SIZE = 16 };
+
 /* A sequence taking speculative (unverified) tokens: from kvlm_seq_spec_begin
  * until kvlm_seq_trim. Under h2o the attention of its unverified query rows
  * is kept apart, one row of budget floats per token, and added to the scores
@@ -149,7 +152,7 @@ void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap) {
 
 double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
     if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
-    if (block_size <= 0) block_size = 16;
+    if (block_size <= 0) block_size = DEFAULT_BLOCK_SIZE;
     return (double)op_kv_region_bytes(type, head_dim, block_size) / ((double)head_dim * block_size);
 }
 
@@ -345,7 +348,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     if (p->n_ctx <= 0) p->n_ctx = c->n_ctx_train;
     if (p->n_ctx > (1 << 22)) p->n_ctx = 1 << 22;
     if (p->n_seq_max <= 0) p->n_seq_max = 1;
-    if (p->block_size <= 0) p->block_size = 16;
+    if (p->block_size <= 0) p->block_size = DEFAULT_BLOCK_SIZE;
     if (p->block_size > p->n_ctx) p->block_size = p->n_ctx;
     if (p->n_seq_draft < 0) p->n_seq_draft = 0;
     ctx->host = host;
@@ -494,8 +497,8 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
     const kvlm_config *t = &target->cfg, *d = &draft->cfg;
     if (!same_cache_shape(t, d)) {
         kv_params tk = {.n_layers = t->n_layers, .n_kv_heads = t->n_kv_heads, .head_dim = t->head_dim,
-                        .block_size = tp->block_size > 0 ? tp->block_size : 16, .k_type = tp->cache_type_k,
-                        .v_type = tp->cache_type_v};
+                        .block_size = tp->block_size > 0 ? tp->block_size : DEFAULT_BLOCK_SIZE,
+                        .k_type = tp->cache_type_k, .v_type = tp->cache_type_v};
         if (!kv_guest_block_size(&tk, d->n_layers, d->n_kv_heads, d->head_dim))
             return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache (%d layers x %d KV heads x %d) takes "
                                 "more bytes per token than the model's (%d x %d x %d): it cannot live in the model's "

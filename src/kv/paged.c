@@ -198,6 +198,13 @@ int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int he
     return m * bs;
 }
 
+/* The first of sequences first.. that holds tokens or blocks; -1: none. */
+static int first_busy_seq(const kv_cache *c, int first) {
+    for (int s = first; s < c->p.max_seqs; s++)
+        if (c->seqs[s].len || c->seqs[s].n_blocks) return s;
+    return -1;
+}
+
 /* Empty sequences first.. drop their arrays (sized for another block size). */
 static void seqs_shed(kv_cache *c, int first) {
     for (int s = first; s < c->p.max_seqs; s++) {
@@ -215,9 +222,9 @@ int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int h
                             n_kv_heads, head_dim);
     if (c->p.k_type == KVLM_CACHE_Q4_KC || c->p.v_in_k)
         return util_err_set(err, KVLM_EUNSUPPORTED, "q4_kc keys and latent caches hold one layout");
-    for (int s = first_seq; s < c->p.max_seqs; s++)
-        if (c->seqs[s].len || c->seqs[s].n_blocks)
-            return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", s);
+    int busy = first_busy_seq(c, first_seq);
+    if (busy >= 0)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", busy);
     kv_params g = c->p;
     g.n_layers = n_layers;
     g.n_kv_heads = n_kv_heads;
@@ -238,13 +245,11 @@ int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int h
 
 int kv_drop_guest(kv_cache *c, kvlm_error *err) {
     if (c->n_lay < 2) return KVLM_OK;
-    for (int s = c->guest_lo; s < c->p.max_seqs; s++)
-        if (c->seqs[s].len || c->seqs[s].n_blocks)
-            return util_err_set(err, KVLM_EINVAL, "guest sequence %d still holds blocks", s);
+    int busy = first_busy_seq(c, c->guest_lo);
+    if (busy >= 0) return util_err_set(err, KVLM_EINVAL, "guest sequence %d still holds blocks", busy);
     /* what is left of the guest's is cached: out of its index, onto the free stack */
     for (int32_t b = kv_prefix_lru_head(c->lay[1].ix); b >= 0; b = kv_prefix_lru_head(c->lay[1].ix)) {
         index_remove(c, b);
-        c->blay[b] = 0;
         c->free_stack[c->n_free++] = b;
     }
     memset(c->blay, 0, (size_t)c->p.n_blocks + 1); /* every guest block is free now */

@@ -75,7 +75,8 @@ size_t kv_token_bytes(const kv_cache *c);
  * hold blocks of n_layers x n_kv_heads x head_dim in the pool's element
  * types, laid out as the pool's, in the pool's block bytes; *block_size
  * receives their tokens per block: the most whole multiples of the pool's
- * block size that fit (stories260K in a stories4M_hd64 pool: 4). Their keys
+ * block size that fit (stories260K in a stories4M_hd64 pool of 16-token
+ * blocks: 64). Their keys
  * are the guest's (its own format, under model), in a prefix index of their
  * own; a cached guest block is reused before a cached one of the pool's.
  * Guest blocks never reach the tier hooks, and guest sequences neither swap
