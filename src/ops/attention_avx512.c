@@ -218,14 +218,17 @@ static inline __attribute__((always_inline)) __m512 vf_sum16(const __m512 *v) {
  * flight the core stalled on them (a third of the scoring loop's cycles on
  * the instruction after the prefetch, perf); the L2 tracks many more misses,
  * and the tile's loads then hit it. Attention at 4,096 keys took about half
- * the cycles (bench_attn, docs/attention.md). */
+ * the cycles (bench_attn, docs/attention.md). kp or vp NULL: the other's
+ * rows alone. */
 static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *kp, const uint8_t *const *vp, int n,
                                                           int lo, int hi, size_t krb, size_t vrb) {
     for (int x = lo; x < hi && x < n; x++) {
-        for (uintptr_t q = (uintptr_t)kp[x] & ~(uintptr_t)63; q < (uintptr_t)kp[x] + krb; q += 64)
-            __builtin_prefetch((const void *)q, 0, 2);
-        for (uintptr_t q = (uintptr_t)vp[x] & ~(uintptr_t)63; q < (uintptr_t)vp[x] + vrb; q += 64)
-            __builtin_prefetch((const void *)q, 0, 2);
+        if (kp)
+            for (uintptr_t q = (uintptr_t)kp[x] & ~(uintptr_t)63; q < (uintptr_t)kp[x] + krb; q += 64)
+                __builtin_prefetch((const void *)q, 0, 2);
+        if (vp)
+            for (uintptr_t q = (uintptr_t)vp[x] & ~(uintptr_t)63; q < (uintptr_t)vp[x] + vrb; q += 64)
+                __builtin_prefetch((const void *)q, 0, 2);
     }
 }
 
@@ -233,7 +236,8 @@ static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *
  * `two` sb[j] for qb too, each key loaded and converted once for both. Per
  * key one head-dim-wide FMA chain, then vf_sum16 reduces 16 keys (one row)
  * or 8 keys of each row at once. kpn[] (nn keys): the next tile's rows,
- * prefetched chunk by chunk, ATT_BK keys ahead. */
+ * prefetched chunk by chunk, ATT_BK keys ahead (and vpn[]'s, unless NULL:
+ * float values' rows are asked for during P.V, vf_pv). */
 static inline __attribute__((always_inline)) void vf_scores(float *sa, float *sb, const float *qa, const float *qb,
                                                             const uint8_t *const *kp, int n, int hd, int type,
                                                             bool two, __m512 vscale, const uint8_t *const *kpn,
@@ -270,9 +274,15 @@ static inline __attribute__((always_inline)) void vf_scores(float *sa, float *sb
  * at vp[] (hd % 16 == 0), 64 output elements at a time in registers; keys
  * of even and odd index in the tile in two sets of accumulators (the FMA
  * chains' latency), added at the end: the sums depend on the tile alone,
- * never on how the cache splits it into blocks. */
+ * never on how the cache splits it into blocks. vpn[] (nn keys, or NULL):
+ * the next tile's value rows, asked into L2 two keys at a time as this
+ * tile's are summed. The scores ask for the next tile's keys, so the
+ * misses in flight are spread over the whole tile rather than bunched in
+ * its first half: 5-10% less time for f16 at 4k and 16k keys (bench_attn;
+ * q8_0 values were slower so, docs/attention.md). */
 static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, const float *pa, const float *pb,
-                                                        const uint8_t *const *vp, int n, int hd, int type, bool two) {
+                                                        const uint8_t *const *vp, int n, int hd, int type, bool two,
+                                                        const uint8_t *const *vpn, int nn, size_t vrb) {
     for (int i = 0; i < hd; i += 64) {
         const int nz = hd - i < 64 ? (hd - i) / 16 : 4;
         __m512 a[4], a2[4], b[4], b2[4];
@@ -285,6 +295,7 @@ static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, co
         }
         int x = 0;
         for (; x + 2 <= n; x += 2) {
+            if (vpn && i == 0) pf_rows(NULL, vpn, nn, x, x + 2, 0, vrb);
             const uint8_t *r0 = vp[x], *r1 = vp[x + 1];
             __m512 p0 = _mm512_set1_ps(pa[x]), p1 = _mm512_set1_ps(pa[x + 1]);
             __m512 q0 = two ? _mm512_set1_ps(pb[x]) : p0, q1 = two ? _mm512_set1_ps(pb[x + 1]) : p1;
@@ -317,6 +328,7 @@ static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, co
             if (two) _mm512_storeu_ps(ob + i + 16 * z, _mm512_add_ps(b[z], b2[z]));
         }
     }
+    if (vpn) pf_rows(NULL, vpn, nn, n & ~1, nn, 0, vrb); /* the rest, past this tile's keys */
 }
 
 /* vf_scores and vf_pv compiled per type, row count and head dim (64 and
@@ -348,8 +360,8 @@ static void vf_scores_any(float *sa, float *sb, const float *qa, const float *qb
 }
 
 static void vf_pv_any(float *oa, float *ob, const float *pa, const float *pb, const uint8_t *const *vp, int n,
-                      int hd, int type, bool two) {
-#define VF_P(t, tw, h) vf_pv(oa, ob, pa, pb, vp, n, h, t, tw)
+                      int hd, int type, bool two, const uint8_t *const *vpn, int nn, size_t vrb) {
+#define VF_P(t, tw, h) vf_pv(oa, ob, pa, pb, vp, n, h, t, tw, vpn, nn, vrb)
     VF_DISPATCH(VF_P, type, two, hd);
 #undef VF_P
 }
@@ -424,10 +436,13 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     if (!a->blocks) nn = 0;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
     if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
+    /* the next tile's value rows while scoring only for q8_0 values: float
+     * values' are asked for during P.V (vf_pv) */
+    const uint8_t *const *vps = vt == KVLM_CACHE_Q8_0 ? vpn : NULL;
     if (kt == KVLM_CACHE_Q8_0) {
         for (int x = 0, len, b = kb / bs, slot = kb % bs; x < n; x += len, b++, slot = 0) {
             len = bs - slot < n - x ? bs - slot : n - x;
-            if (nn > 0) pf_rows(kpn, vpn, nn, x, x + len, krb, vrb);
+            if (nn > 0) pf_rows(kpn, vps, nn, x, x + len, krb, vrb);
             for (int r = 0; r < R; r++)
                 for (int c = 0; c < len && x + c < vr[r]; c += 16) {
                     int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
@@ -443,7 +458,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
             int nv = two && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
             float *s = S + (size_t)r * ATT_BK;
             const uint8_t *const *pk = r == 0 && nn > 0 ? kpn : NULL;
-            vf_scores_any(s, s + ATT_BK, qr[r], two ? qr[r + 1] : NULL, kp, nv, hd, kt, two, vscale, pk, vpn, nn,
+            vf_scores_any(s, s + ATT_BK, qr[r], two ? qr[r + 1] : NULL, kp, nv, hd, kt, two, vscale, pk, vps, nn,
                           krb, vrb);
         }
     for (int r = 0; r < R; r++) {
@@ -497,7 +512,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
                     }
                 }
             }
-        } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two);
+        } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two, r == 0 && nn > 0 ? vpn : NULL, nn, vrb);
     }
 }
 /* The tile for an item of R rows: the types vnni_tile_ok takes, for decode,
