@@ -77,7 +77,7 @@ static void index_insert(kv_cache *c, int32_t b, const kv_key *key, const kv_key
     if (c->on_index) c->on_index(c->on_index_user, c, KV_INDEX_ADDED, b);
 }
 static void index_remove(kv_cache *c, int32_t b) {
-    if (c->on_index && kv_prefix_indexed(ix_of(c, b), b)) c->on_index(c->on_index_user, c, KV_INDEX_REMOVED, b);
+    if (c->on_index && kv_block_indexed(c, b)) c->on_index(c->on_index_user, c, KV_INDEX_REMOVED, b);
     kv_prefix_remove(ix_of(c, b), b);
 }
 
@@ -183,11 +183,17 @@ void kv_free(kv_cache *c) {
     free(c);
 }
 
-int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
+/* p with a guest's cache shape (its block size still p's) */
+static kv_params guest_params(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
     kv_params g = *p;
     g.n_layers = n_layers;
     g.n_kv_heads = n_kv_heads;
     g.head_dim = head_dim;
+    return g;
+}
+
+int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
+    kv_params g = guest_params(p, n_layers, n_kv_heads, head_dim);
     size_t block = kv_params_block_bytes(p);
     int bs = p->block_size, m_max = p->max_seq_tokens > 0 ? (p->max_seq_tokens + bs - 1) / bs : 1, m = 0;
     for (int t = 1; t <= m_max; t++) {
@@ -225,10 +231,7 @@ int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int h
     int busy = first_busy_seq(c, first_seq);
     if (busy >= 0)
         return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", busy);
-    kv_params g = c->p;
-    g.n_layers = n_layers;
-    g.n_kv_heads = n_kv_heads;
-    g.head_dim = head_dim;
+    kv_params g = guest_params(&c->p, n_layers, n_kv_heads, head_dim);
     if (!(g.block_size = kv_guest_block_size(&c->p, n_layers, n_kv_heads, head_dim)))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a guest cache of %d x %d x %d takes more bytes per token than "
                             "the pool's: it does not fit in a block", n_layers, n_kv_heads, head_dim);
@@ -321,7 +324,7 @@ static int32_t block_alloc(kv_cache *c, int lay) {
 static void block_unref(kv_cache *c, int32_t b) {
     if (b == c->p.n_blocks) return; /* the null block is nobody's */
     if (--c->ref[b] > 0) return;
-    if (kv_prefix_indexed(ix_of(c, b), b)) kv_prefix_lru_push(ix_of(c, b), b);
+    if (kv_block_indexed(c, b)) kv_prefix_lru_push(ix_of(c, b), b);
     else c->free_stack[c->n_free++] = b;
 }
 
@@ -377,7 +380,7 @@ int kv_seq_reserve(kv_cache *c, int seq, int n_new, kvlm_error *err) {
     int need_blocks = (need_tokens + bs - 1) / bs;
     /* (an indexed partial block: kept by kv_seq_trim, its bytes name its key) */
     bool cow = s->len % bs != 0 && s->len / bs < s->n_blocks &&
-               (c->ref[s->blocks[s->len / bs]] > 1 || kv_prefix_indexed(ix_of(c, s->blocks[s->len / bs]), s->blocks[s->len / bs]));
+               (c->ref[s->blocks[s->len / bs]] > 1 || kv_block_indexed(c, s->blocks[s->len / bs]));
     int extra = need_blocks - s->n_blocks + (cow ? 1 : 0);
     if (extra > available(c))
         return util_err_set(err, KVLM_EFULL, "the KV cache is full: sequence %d needs %d more blocks, %d are free", seq,
@@ -539,7 +542,7 @@ void kv_set_index_listener(kv_cache *c, kv_index_fn fn, void *user) {
 int kv_indexed_blocks(const kv_cache *c, int32_t *out, int cap) {
     int n = 0;
     for (int32_t b = 0; b < c->p.n_blocks; b++)
-        if (kv_prefix_indexed(ix_of(c, b), b)) {
+        if (kv_block_indexed(c, b)) {
             if (n < cap) out[n] = b;
             n++;
         }
@@ -775,7 +778,7 @@ const char *kv_check(const kv_cache *c) {
         if (refs[b] != c->ref[b]) { snprintf(msg, sizeof msg, "block %d: ref %d, referenced %d times", b, c->ref[b], refs[b]); bad = msg; }
     for (int i = 0; i < c->n_free && !bad; i++) {
         int32_t b = c->free_stack[i];
-        if (state[b]++ || c->ref[b] || kv_prefix_indexed(ix_of(c, b), b)) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
+        if (state[b]++ || c->ref[b] || kv_block_indexed(c, b)) { snprintf(msg, sizeof msg, "free block %d is in use or indexed", b); bad = msg; }
     }
     for (int l = 0; l < c->n_lay; l++)
         for (int32_t b = kv_prefix_lru_head(c->lay[l].ix); b >= 0 && !bad; b = kv_prefix_lru_next(c->lay[l].ix, b))
