@@ -6,6 +6,7 @@
  * 32k context.
  *   bench_cuda model PATH [--batches 1,16,64,256] [--ctx N]
  *   bench_cuda attn */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,49 +174,76 @@ static void bench_model(const char *path, const int *batches, int n_batches, int
     kvlm_model_free(m);
 }
 
-/* Paged attention alone: TinyLlama's attention shape (32 query heads, 4 KV
- * heads, head dim 64), f16 cache in blocks of 16, every key and value of
- * one layer read once per step: bytes = tokens x 4 x 64 x 2 x 2 per sequence. */
+/* Seconds a call of cu_attention takes: B sequences at n_ctx keys each
+ * (decode), or a prompt of B tokens of one sequence (positions 0..B-1);
+ * f16 cache in blocks of 16 scattered over the pool. */
+static double attn_time(cu_dev *d, int H, int KVH, int HD, int n_ctx, int B, bool prompt, bool mma) {
+    kvlm_error err = {0};
+    const int BS = 16, nb = (prompt ? B : n_ctx) / BS, nseq = prompt ? 1 : B;
+    size_t row = (size_t)HD * 2, region = (size_t)BS * row, head = 2 * region, block = (size_t)KVH * head;
+    size_t pool = (size_t)nb * nseq * block;
+    uint8_t *base = cu_alloc(d, pool);
+    float *q = cu_alloc(d, sizeof(float) * (size_t)B * H * HD), *out = cu_alloc(d, sizeof(float) * (size_t)B * H * HD);
+    void *work = cu_alloc(d, cu_attention_work_bytes(B, H, KVH, HD));
+    size_t n_meta = (size_t)nb * nseq + 2 * (size_t)B;
+    int32_t *h = malloc(sizeof(int32_t) * n_meta);
+    int32_t *h_pos = h, *h_at = h + B, *h_tab = h + 2 * B;
+    for (int s = 0; s < B; s++) {
+        h_pos[s] = prompt ? s : n_ctx - 1;
+        h_at[s] = prompt ? 0 : s * nb;
+    }
+    for (int s = 0; s < nseq; s++)
+        for (int i = 0; i < nb; i++) h_tab[s * nb + i] = s * nb + (i * 37) % nb; /* scattered blocks */
+    int32_t *dm = cu_alloc(d, sizeof(int32_t) * n_meta);
+    if (!base || !q || !out || !work || !dm) must(1, &(kvlm_error){KVLM_ENOMEM, "out of device memory"});
+    cu_h2d(d, dm, h, sizeof(int32_t) * n_meta);
+    cu_kv kv = {base, block, head, region, KVLM_CACHE_F16, KVLM_CACHE_F16, BS, HD, KVH};
+    cu_kv_batch b = {dm, dm + B, dm + 2 * B, B, prompt ? B - 1 : n_ctx - 1, prompt ? 64 : 1};
+    cu_set_attention_mma(d, mma);
+    float scale = 1.0f / sqrtf((float)HD);
+    for (int i = 0; i < 3; i++) cu_attention(d, out, q, &kv, 0, &b, H, scale, work);
+    cu_timer *t = cu_timer_start(d);
+    int reps = 50;
+    for (int i = 0; i < reps; i++) cu_attention(d, out, q, &kv, 0, &b, H, scale, work);
+    double sec = cu_timer_stop(d, t) / reps;
+    must(cu_sync(d, &err), &err);
+    cu_free(d, base), cu_free(d, q), cu_free(d, out), cu_free(d, work), cu_free(d, dm);
+    free(h);
+    cu_set_attention_mma(d, true);
+    return sec;
+}
+
+/* Paged attention alone, the vector kernel against the tensor-core one in
+ * the same run: TinyLlama's attention shape (32 query heads, 4 KV heads,
+ * head dim 64) and Llama-2-7B's (32 and 32, head dim 128); decode reads
+ * every key and value of one layer once per step (bytes = tokens x KV heads
+ * x head dim x 2 x 2 per sequence); a prompt of 512 tokens of one sequence
+ * attends causally. */
 static void bench_attn(void) {
     kvlm_error err = {0};
     cu_dev *d = cu_open(0, &err);
     if (!d) must(1, &err);
     ceilings(d, NULL);
-    const int H = 32, KVH = 4, HD = 64, BS = 16;
-    size_t row = (size_t)HD * 2, region = (size_t)BS * row, head = 2 * region, block = (size_t)KVH * head;
+    struct { const char *name; int H, KVH, HD; } shapes[] = {{"TinyLlama (32/4 heads, hd 64)", 32, 4, 64},
+                                                            {"Llama-2-7B (32/32 heads, hd 128)", 32, 32, 128},
+                                                            {"Llama-3-8B (32/8 heads, hd 128)", 32, 8, 128}};
     const int ctxs[] = {4096, 32768}, seqs[] = {1, 16};
-    printf("paged attention alone (32 q heads, 4 KV heads, hd 64, f16, blocks of 16):\n");
-    printf("  %8s %6s %12s %12s %10s\n", "context", "seqs", "us/step", "GB/s", "of copy");
-    for (int ci = 0; ci < 2; ci++)
-        for (int si = 0; si < 2; si++) {
-            int n_ctx = ctxs[ci], B = seqs[si], nb = n_ctx / BS;
-            size_t pool = (size_t)nb * B * block;
-            uint8_t *base = cu_alloc(d, pool);
-            float *q = cu_alloc(d, sizeof(float) * (size_t)B * H * HD), *out = cu_alloc(d, sizeof(float) * (size_t)B * H * HD);
-            void *work = cu_alloc(d, cu_attention_work_bytes(B, H, KVH, HD));
-            int32_t *h = malloc(sizeof(int32_t) * ((size_t)nb * B + 2 * (size_t)B));
-            int32_t *h_pos = h, *h_at = h + B, *h_tab = h + 2 * B;
-            for (int s = 0; s < B; s++) {
-                h_pos[s] = n_ctx - 1;
-                h_at[s] = s * nb;
-                for (int i = 0; i < nb; i++) h_tab[s * nb + i] = s * nb + (i * 37) % nb; /* scattered blocks */
+    printf("paged attention alone (f16 cache, blocks of 16): vector kernel -> tensor cores\n");
+    for (int si = 0; si < 3; si++) {
+        int H = shapes[si].H, KVH = shapes[si].KVH, HD = shapes[si].HD;
+        printf(" %s\n  %8s %6s %22s %8s %16s\n", shapes[si].name, "context", "seqs", "us/step", "speedup", "of copy bw");
+        for (int ci = 0; ci < 2; ci++)
+            for (int bi = 0; bi < 2; bi++) {
+                int n_ctx = ctxs[ci], B = seqs[bi];
+                if ((double)B * n_ctx * KVH * HD * 4 > 6e9) continue; /* 7B shape: 16 x 32k is 8.6 GB a layer */
+                double v = attn_time(d, H, KVH, HD, n_ctx, B, false, false), m = attn_time(d, H, KVH, HD, n_ctx, B, false, true);
+                double bytes = (double)B * n_ctx * KVH * HD * 2 * 2;
+                printf("  %8d %6d %10.1f -> %8.1f %7.2fx %6.0f%% -> %4.0f%%\n", n_ctx, B, v * 1e6, m * 1e6, v / m,
+                       100 * bytes / v / g_bw, 100 * bytes / m / g_bw);
             }
-            int32_t *dm = cu_alloc(d, sizeof(int32_t) * ((size_t)nb * B + 2 * (size_t)B));
-            if (!base || !q || !out || !work || !dm) must(1, &(kvlm_error){KVLM_ENOMEM, "out of device memory"});
-            cu_h2d(d, dm, h, sizeof(int32_t) * ((size_t)nb * B + 2 * (size_t)B));
-            cu_kv kv = {base, block, head, region, KVLM_CACHE_F16, KVLM_CACHE_F16, BS, HD, KVH};
-            cu_kv_batch b = {dm, dm + B, dm + 2 * B, B, n_ctx - 1};
-            for (int i = 0; i < 3; i++) cu_attention(d, out, q, &kv, 0, &b, H, 0.125f, work);
-            cu_timer *t = cu_timer_start(d);
-            int reps = 50;
-            for (int i = 0; i < reps; i++) cu_attention(d, out, q, &kv, 0, &b, H, 0.125f, work);
-            double s = cu_timer_stop(d, t) / reps;
-            must(cu_sync(d, &err), &err);
-            double bytes = (double)B * n_ctx * KVH * HD * 2 * 2;
-            printf("  %8d %6d %12.1f %12.0f %9.0f%%\n", n_ctx, B, s * 1e6, bytes / s / 1e9, 100 * bytes / s / g_bw);
-            cu_free(d, base), cu_free(d, q), cu_free(d, out), cu_free(d, work), cu_free(d, dm);
-            free(h);
-        }
+        double v = attn_time(d, H, KVH, HD, 0, 512, true, false), m = attn_time(d, H, KVH, HD, 0, 512, true, true);
+        printf("  %8s %6d %10.1f -> %8.1f %7.2fx  (a 512-token prompt, causal)\n", "prompt", 512, v * 1e6, m * 1e6, v / m);
+    }
     cu_close(d);
 }
 

@@ -342,10 +342,10 @@ static void test_sched_32(void **state) {
 /* The attention kernel alone against a plain reference in double: one to
  * three sequences of many lengths (one tile, exactly a tile, several tiles,
  * split across thread blocks), f16 cache in scattered blocks. */
-static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
+static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD, bool one_seq) {
     const int BS = 16, nb = (n_keys + BS - 1) / BS + 1;
     size_t row = (size_t)HD * 2, region = (size_t)BS * row, head = 2 * region, block = (size_t)KVH * head;
-    size_t pool_bytes = (size_t)nb * B * block;
+    size_t pool_bytes = (size_t)nb * (one_seq ? 1 : B) * block;
     uint16_t *pool = malloc(pool_bytes);
     float *q = malloc(sizeof(float) * (size_t)B * H * HD), *out = malloc(sizeof(float) * (size_t)B * H * HD);
     int32_t *meta = malloc(sizeof(int32_t) * (2 * (size_t)B + (size_t)nb * B));
@@ -361,8 +361,11 @@ static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
     tu_fill_random(q, (size_t)B * H * HD, &st, 1.0f);
     int32_t *pos = meta, *at = meta + B, *tab = meta + 2 * B;
     for (int s = 0; s < B; s++) {
-        pos[s] = n_keys - 1 - s * 7 > 0 ? n_keys - 1 - s * 7 : 0;
-        at[s] = s * nb;
+        if (one_seq) /* a prompt's chunk: B tokens of one sequence, the last at n_keys - 1 */
+            pos[s] = n_keys - B + s > 0 ? n_keys - B + s : 0;
+        else
+            pos[s] = n_keys - 1 - s * 7 > 0 ? n_keys - 1 - s * 7 : 0;
+        at[s] = one_seq ? 0 : s * nb;
         for (int i = 0; i < nb; i++) tab[s * nb + i] = s * nb + (i * 5 + 3) % nb;
     }
     void *dpool = cu_alloc(d, pool_bytes), *dq = cu_alloc(d, sizeof(float) * (size_t)B * H * HD),
@@ -375,7 +378,7 @@ static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
     cu_kv kv = {dpool, block, head, region, KVLM_CACHE_F16, KVLM_CACHE_F16, BS, HD, KVH};
     int max_pos = 0;
     for (int s = 0; s < B; s++) max_pos = pos[s] > max_pos ? pos[s] : max_pos;
-    cu_kv_batch b = {(int32_t *)dm, (int32_t *)dm + B, (int32_t *)dm + 2 * B, B, max_pos};
+    cu_kv_batch b = {(int32_t *)dm, (int32_t *)dm + B, (int32_t *)dm + 2 * B, B, max_pos, one_seq ? 64 : 1};
     cu_attention(d, dout, dq, &kv, 0, &b, H, 1.0f / sqrtf((float)HD), work);
     kvlm_error err = {0};
     if (cu_sync(d, &err)) fail_msg("%s", err.msg);
@@ -388,7 +391,7 @@ static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
             const float *qq = q + ((size_t)s * H + h) * HD;
             double mx = -1e300, sum = 0;
             for (int k = 0; k <= pos[s]; k++) {
-                const uint16_t *kr = pool + ((size_t)tab[s * nb + k / BS] * block + (size_t)kh * head + (size_t)(k % BS) * row) / 2;
+                const uint16_t *kr = pool + ((size_t)tab[at[s] + k / BS] * block + (size_t)kh * head + (size_t)(k % BS) * row) / 2;
                 double dot = 0;
                 for (int i = 0; i < HD; i++) {
                     uint16_t hb = kr[i];
@@ -404,7 +407,7 @@ static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
             for (int k = 0; k <= pos[s]; k++) {
                 double p = exp(sc[k] - mx);
                 sum += p;
-                const uint16_t *vr = pool + ((size_t)tab[s * nb + k / BS] * block + (size_t)kh * head + region + (size_t)(k % BS) * row) / 2;
+                const uint16_t *vr = pool + ((size_t)tab[at[s] + k / BS] * block + (size_t)kh * head + region + (size_t)(k % BS) * row) / 2;
                 for (int i = 0; i < HD; i++) {
                     uint16_t hb = vr[i];
                     uint32_t u = hb ? ((uint32_t)(hb & 0x8000) << 16) | ((((hb >> 10) & 31) + 112u) << 23) | ((uint32_t)(hb & 0x3ff) << 13) : 0;
@@ -418,7 +421,8 @@ static void attn_case(cu_dev *d, int n_keys, int B, int H, int KVH, int HD) {
                 worst = tu_worse(worst, e);
             }
         }
-    printf("    attention kernel: %5d keys, %d seqs, %2d/%d heads, hd %3d: max abs err %.2e\n", n_keys, B, H, KVH, HD, worst);
+    printf("    attention kernel: %5d keys, %2d %s, %2d/%d heads, hd %3d: max abs err %.2e\n", n_keys, B,
+           one_seq ? "tokens of one seq" : "seqs", H, KVH, HD, worst);
     if (!(worst < 1e-4)) fail_msg("attention kernel: %d keys: error %.3e", n_keys, worst);
     cu_free(d, dpool), cu_free(d, dq), cu_free(d, dout), cu_free(d, dm), cu_free(d, work);
     free(pool), free(q), free(out), free(meta), free(sc), free(o);
@@ -430,13 +434,25 @@ static void test_attention_kernel(void **state) {
     cu_dev *d = cu_open(0, &err);
     if (!d) fail_msg("%s", err.msg);
     const int lens[] = {1, 37, 128, 129, 300, 1000, 5000};
-    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-        attn_case(d, lens[i], 1, 32, 4, 64);
-        attn_case(d, lens[i], 3, 4, 2, 64);
-        attn_case(d, lens[i], 2, 8, 8, 128);
+    /* the tensor-core kernel (f16, head_dim 64 and 128), then the vector one */
+    for (int mma = 1; mma >= 0; mma--) {
+        cu_set_attention_mma(d, mma);
+        printf("    %s kernel:\n", mma ? "tensor-core" : "vector");
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            attn_case(d, lens[i], 1, 32, 4, 64, false);
+            attn_case(d, lens[i], 3, 4, 2, 64, false);
+            attn_case(d, lens[i], 2, 8, 8, 128, false);
+        }
+        /* runs of one sequence: R tokens a warp, 4 warps over the rows */
+        attn_case(d, 300, 37, 32, 4, 64, true);
+        attn_case(d, 1000, 130, 8, 8, 128, true);
+        attn_case(d, 200, 64, 4, 4, 64, true);
+        attn_case(d, 129, 20, 16, 1, 64, true);
+        attn_case(d, 600, 9, 12, 4, 128, true);
+        attn_case(d, 77, 5, 4, 2, 64, true);
     }
-    attn_case(d, 700, 2, 4, 1, 256);
-    attn_case(d, 300, 2, 8, 4, 8);
+    attn_case(d, 700, 2, 4, 1, 256, false);
+    attn_case(d, 300, 2, 8, 4, 8, false);
     cu_close(d);
 }
 #endif

@@ -176,7 +176,7 @@ void engine_cuda_describe(engine_cuda *e, char *buf, size_t cap) {
 /* The kernels of one pass over the chunk whose metadata is in e->meta: T
  * tokens, n_out rows of logits into e->logits; max_pos bounds the
  * positions (it sets attention's split count). */
-static void run_pass(engine_cuda *e, kv_store *kv, int T, int n_out, int max_pos) {
+static void run_pass(engine_cuda *e, kv_store *kv, int T, int n_out, int max_pos, int run) {
     const kvlm_config *c = &e->m->cfg;
     const kv_params *kp = kv_store_params_of(kv);
     cu_dev *d = e->dev;
@@ -184,7 +184,7 @@ static void run_pass(engine_cuda *e, kv_store *kv, int T, int n_out, int max_pos
     const int32_t *d_tok = m, *d_pos = m + T, *d_at = m + 2 * T, *d_rows = m + 3 * T, *d_tab = m + 4 * T;
     cu_kv ckv = {NULL, 0, 0, 0, kp->k_type, kp->v_type, kp->block_size, c->head_dim, c->n_kv_heads};
     kv_store_layout(kv, &ckv.base, &ckv.block_bytes, &ckv.head_bytes, &ckv.v_offset);
-    cu_kv_batch b = {d_pos, d_at, d_tab, T, max_pos};
+    cu_kv_batch b = {d_pos, d_at, d_tab, T, max_pos, run};
     int D = c->dim;
     float scale = 1.0f / sqrtf((float)c->head_dim);
     cu_embed(d, e->x, &e->tok_embd, d_tok, T);
@@ -248,12 +248,23 @@ int engine_cuda_forward(engine_cuda *e, kv_store *kv, const int32_t *tokens, con
         cu_graph **g = &e->graphs[T][n_out];
         if (!*g) {
             if (cu_graph_begin(d)) return cu_sync(d, err);
-            run_pass(e, kv, T, n_out, e->max_blocks * kp->block_size - 1);
+            run_pass(e, kv, T, n_out, e->max_blocks * kp->block_size - 1, 1);
             *g = cu_graph_end(d);
             if (!*g) return cu_sync(d, err);
         }
         cu_graph_launch(d, *g);
-    } else run_pass(e, kv, T, n_out, max_pos);
+    } else {
+        /* the longest power-of-two run (up to 64) whose aligned groups of
+         * tokens each belong to one sequence: attention reads their keys
+         * once for the group (a graph, replayed for any batch, takes 1) */
+        int run = 64;
+        for (; run > 1; run >>= 1) {
+            int t = 0;
+            while (t < T && h_at[t] == h_at[t - t % run]) t++;
+            if (t == T) break;
+        }
+        run_pass(e, kv, T, n_out, max_pos, run);
+    }
     if (n_out && cu_d2h(d, logits, e->logits, (size_t)n_out * c->vocab_size * sizeof(float))) return cu_sync(d, err);
     return cu_sync(d, err);
 }

@@ -5,7 +5,9 @@
  * across thread blocks, each computes a partial softmax-weighted sum with its
  * running max and sum, and a second kernel merges the parts by their
  * log-sum-exp. One thread block serves all query heads that share a KV head
- * (GQA), so each key and value is read once per group. */
+ * (GQA), so each key and value is read once per group; f16 caches go
+ * through tensor cores (k_attn_mma), where a prompt's tokens also share
+ * their keys' reads. */
 #include <math.h>
 #include "ops/cuda/cuda_internal.cuh"
 
@@ -210,19 +212,25 @@ void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq,
  * (token, KV head) to finish merges every split's part of its G heads by
  * log-sum-exp into out, and sets the counter back to zero, so no second
  * kernel is launched for the merge. sw: G * (n_splits + 1) floats. */
-__device__ void attn_merge_last(float *out, const float *part, int *count, int t, int kvh, int G, int n_heads, int HD,
-                                int n_splits, float *sw) {
+/* Whether this block is the last of its n_splits to finish (counter c). */
+__device__ bool attn_split_last(int *c, int n_splits) {
     __shared__ int last;
     __threadfence(); /* this block's part is visible before it is counted */
     __syncthreads();
     if (threadIdx.x == 0) {
-        int *c = count + (size_t)t * gridDim.y + kvh;
         last = atomicAdd(c, 1) == n_splits - 1;
         if (last) *c = 0;
     }
     __syncthreads();
-    if (!last) return;
+    if (!last) return false;
     __threadfence();
+    return true;
+}
+
+/* Token t's G heads of KV head kvh: every split's part merged into out. */
+__device__ void attn_merge_token(float *out, const float *part, int t, int kvh, int G, int n_heads, int HD,
+                                 int n_splits, float *sw) {
+    __syncthreads(); /* sw's last readers are done */
     const size_t stride = ATT_PSTRIDE(HD);
     const float *p0 = part + ((size_t)t * n_heads + (size_t)kvh * G) * n_splits * stride;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -281,6 +289,12 @@ __device__ void attn_merge_last(float *out, const float *part, int *count, int t
         for (int s = 0; s < n_splits; s++) a0 += wg[s] * __ldcg(pg + s * stride);
         out[((size_t)t * n_heads + (size_t)kvh * G + g) * HD + dd] = a0 * sw[G * n_splits + g];
     }
+}
+
+__device__ void attn_merge_last(float *out, const float *part, int *count, int t, int kvh, int G, int n_heads, int HD,
+                                int n_splits, float *sw) {
+    if (attn_split_last(count + (size_t)t * gridDim.y + kvh, n_splits))
+        attn_merge_token(out, part, t, kvh, G, n_heads, HD, n_splits, sw);
 }
 
 /* Partial results: [T][n_heads][n_splits] of head_dim sums, then max, sum. */
@@ -638,6 +652,229 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_vec(float *out, float *par
     if (n_splits > 1) attn_merge_last(out, part, count, t, kvh, G, n_heads, HD, n_splits, sw);
 }
 
+/* ---- on tensor cores: f16 caches, head_dim 64 or 128 ----
+ *
+ * A warp takes 16 keys at a time for 8 or 16 query rows (a row: one query
+ * head of one token; the G heads of a KV head, and for a run of tokens of
+ * one sequence, R tokens' worth, so a prompt's keys are read once for R
+ * tokens): S = Q K^T and O += P V as mma.sync m16n8k16 (f16 inputs, f32
+ * sums). The keys and values go from global memory into the fragments
+ * without shared memory: the dot product's order of dimensions is free, so
+ * lane (g, t) of S's K fragment holds the contiguous quarter t of key g's
+ * row; P V's V fragment pairs two keys' halves of one dimension, built from
+ * 16-byte loads of each key's eighth g of its row by byte permutes (the
+ * output dimension each lane holds follows from that). Q and P are each
+ * split into an f16 part and the f16 of what it leaves over, two products
+ * each, so the result keeps f32's precision (the cache's f16 keys and values
+ * are exact in the products). Online softmax per row as the kernels above;
+ * 4 warps a block, split over the keys (decode) or over the rows (prompts),
+ * merged in shared memory, then across splits by attn_merge_token. */
+__device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x ~ hi + lo, both f16 pairs (x0 in the low halves) */
+__device__ __forceinline__ void split_h2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    __half2 h = __floats2half2_rn(x0, x1);
+    float2 b = __half22float2(h);
+    __half2 l = __floats2half2_rn(x0 - b.x, x1 - b.y);
+    hi = *(uint32_t *)&h;
+    lo = *(uint32_t *)&l;
+}
+
+template <int HD>
+struct mma_tile {
+    uint4 k[2][HD / 32]; /* keys g and g + 8: the quarter t of each row */
+    uint4 v[4][HD / 64]; /* keys 2t, 2t + 1, 2t + 8, 2t + 9: the eighth g of each row */
+};
+
+template <int HD>
+__device__ __forceinline__ void mma_load(mma_tile<HD> &x, const uint8_t *head, const cu_kv &kv, const int32_t *table,
+                                         int k0, int k_end, int g, int t4) {
+    const size_t rb = (size_t)HD * 2;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int key = k0 + g + 8 * j;
+        if (key < k_end) {
+            const uint4 *p = (const uint4 *)(head + (size_t)__ldg(table + key / kv.block_size) * kv.block_bytes +
+                                             (size_t)(key % kv.block_size) * rb + (size_t)t4 * (HD / 2));
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) x.k[j][u] = __ldg(p + u);
+        } else
+#pragma unroll
+            for (int u = 0; u < HD / 32; u++) x.k[j][u] = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int key = k0 + 2 * t4 + (j & 1) + 8 * (j >> 1);
+        if (key < k_end) {
+            const uint4 *p = (const uint4 *)(head + kv.v_offset + (size_t)__ldg(table + key / kv.block_size) * kv.block_bytes +
+                                             (size_t)(key % kv.block_size) * rb + (size_t)g * (HD / 4));
+#pragma unroll
+            for (int u = 0; u < HD / 64; u++) x.v[j][u] = __ldg(p + u);
+        } else
+#pragma unroll
+            for (int u = 0; u < HD / 64; u++) x.v[j][u] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int HD, bool R16, int WR>
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_mma(float *out, float *part, int *count, const float *q, cu_kv kv,
+                                                          int layer, cu_kv_batch b, int n_heads, int G, int R,
+                                                          float scale, int n_splits) {
+    constexpr int WK = 4 / WR, RW = R16 ? 16 : 8, NC = HD / 16, NT = HD / 8;
+    const int split = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3, wr = warp / WK, wk = warp % WK;
+    const int T = b.T, t_blk = blockIdx.z * WR * R, t_warp = t_blk + wr * R, rows = R * G;
+    extern __shared__ float smem[];
+    float *red = smem;                     /* [4 warps][RW rows][HD + 2] */
+    float *sw = red + 4 * RW * (HD + 2);   /* the merge's weights */
+    int maxp = -1;
+    for (int i = 0; i < WR * R && t_blk + i < T; i++) maxp = max(maxp, __ldg(b.pos + t_blk + i));
+    const int n_keys = maxp + 1, per = (n_keys + n_splits - 1) / n_splits;
+    const int k_begin = split * per, k_end = min(n_keys, k_begin + per);
+    const int32_t *table = b.tables + __ldg(b.table_at + t_blk);
+    const uint8_t *head = kv.base + ((size_t)layer * kv.n_kv_heads + kvh) * kv.head_bytes;
+    /* rows g and g + 8: their query fragments and the keys they see */
+    uint32_t qh[NC][4], ql[NC][4];
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = g + 8 * h, tok = t_warp + r / G;
+        bool ok = (h == 0 || R16) && r < rows && tok < T;
+        lim[h] = ok ? min(__ldg(b.pos + tok) + 1, k_end) : 0;
+        const float *qr = q + ((size_t)tok * n_heads + (size_t)kvh * G + r % G) * HD + t4 * (HD / 4);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            float4 x = ok ? *(const float4 *)(qr + 4 * c) : make_float4(0, 0, 0, 0);
+            split_h2(x.x * scale, x.y * scale, qh[c][h], ql[c][h]);
+            split_h2(x.z * scale, x.w * scale, qh[c][2 + h], ql[c][2 + h]);
+        }
+    }
+    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0;
+    /* head_dim 64: the next tile loads while this one computes (128 has no
+     * registers for that; more warps in flight hide its loads) */
+    constexpr bool PIPE = HD <= 64;
+    const int step = 16 * WK;
+    mma_tile<HD> cur, nxt;
+    int k0 = k_begin + 16 * wk;
+    if (PIPE && k0 < k_end) mma_load<HD>(cur, head, kv, table, k0, k_end, g, t4);
+    for (; k0 < k_end; k0 += step) {
+        if (!PIPE) mma_load<HD>(cur, head, kv, table, k0, k_end, g, t4);
+        else if (k0 + step < k_end) mma_load<HD>(nxt, head, kv, table, k0 + step, k_end, g, t4);
+        /* S: keys k0 + [0, 8) and k0 + [8, 16) */
+        float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            const uint32_t *kw = (const uint32_t *)cur.k[n];
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                mma_f16(s[n], qh[c], kw[2 * c], kw[2 * c + 1]);
+                mma_f16(s[n], ql[c], kw[2 * c], kw[2 * c + 1]);
+            }
+        }
+        /* online softmax: s[n][e] is row g (e < 2) or g + 8, key k0 + 8n + 2t + e % 2 */
+        float p[2][4], a[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = k0 + 8 * n + 2 * t4 + e;
+                    float v = key < lim[h] ? s[n][2 * h + e] : -INFINITY;
+                    s[n][2 * h + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mn = fmaxf(m[h], mx);
+            a[h] = mn == -INFINITY ? 1.0f : __expf(m[h] - mn);
+            float sum = 0;
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float v = mn == -INFINITY ? 0.0f : __expf(s[n][2 * h + e] - mn);
+                    p[n][2 * h + e] = v;
+                    sum += v;
+                }
+            l[h] = l[h] * a[h] + sum;
+            m[h] = mn;
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++) o[i][0] *= a[0], o[i][1] *= a[0], o[i][2] *= a[1], o[i][3] *= a[1];
+        /* P as the A operand: rows g, g + 8 by keys 2t, 2t + 1 (+ 8) */
+        uint32_t ph[4], pl[4];
+        split_h2(p[0][0], p[0][1], ph[0], pl[0]);
+        split_h2(p[0][2], p[0][3], ph[1], pl[1]);
+        split_h2(p[1][0], p[1][1], ph[2], pl[2]);
+        split_h2(p[1][2], p[1][3], ph[3], pl[3]);
+        /* O += P V: n-tile i is dims g' HD / 8 + i of lane (g', t) */
+        const uint32_t *v0 = (const uint32_t *)cur.v[0], *v1 = (const uint32_t *)cur.v[1],
+                       *v2 = (const uint32_t *)cur.v[2], *v3 = (const uint32_t *)cur.v[3];
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            const unsigned sel = (i & 1) ? 0x7632u : 0x5410u;
+            uint32_t b0 = __byte_perm(v0[i >> 1], v1[i >> 1], sel), b1 = __byte_perm(v2[i >> 1], v3[i >> 1], sel);
+            mma_f16(o[i], ph, b0, b1);
+            mma_f16(o[i], pl, b0, b1);
+        }
+        if (PIPE) cur = nxt;
+    }
+    /* each row's sum over its 4 lanes; the warp's rows into shared memory */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    const int rs = HD + 2;
+#pragma unroll
+    for (int h = 0; h < (R16 ? 2 : 1); h++) {
+        float *rr = red + ((size_t)warp * RW + g + 8 * h) * rs;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            rr[(2 * t4) * (HD / 8) + i] = o[i][2 * h];
+            rr[(2 * t4 + 1) * (HD / 8) + i] = o[i][2 * h + 1];
+        }
+        if (t4 == 0) rr[HD] = m[h], rr[HD + 1] = l[h];
+    }
+    __syncthreads();
+    /* the WK warps of each row: this split's part, or the answer */
+    for (int i = tid; i < WR * RW * HD; i += ATT_THREADS) {
+        int rb = i / HD, dd = i % HD, w0 = rb / RW * WK, rl = rb % RW;
+        int tok = t_blk + rb / RW * R + rl / G;
+        if (rl >= rows || tok >= T) continue;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WK; w++) M = fmaxf(M, red[((size_t)(w0 + w) * RW + rl) * rs + HD]);
+        float sum = 0, v = 0;
+#pragma unroll
+        for (int w = 0; w < WK; w++) {
+            const float *rr = red + ((size_t)(w0 + w) * RW + rl) * rs;
+            float aw = rr[HD] > -INFINITY ? expf(rr[HD] - M) : 0.0f;
+            sum += aw * rr[HD + 1];
+            v += aw * rr[dd];
+        }
+        size_t hrow = (size_t)tok * n_heads + (size_t)kvh * G + rl % G;
+        if (n_splits == 1) {
+            out[hrow * HD + dd] = v / sum;
+        } else {
+            float *po = part + (hrow * n_splits + split) * ATT_PSTRIDE(HD);
+            po[dd] = v;
+            if (dd == 0) po[HD] = M, po[HD + 1] = sum;
+        }
+    }
+    if (n_splits > 1 && attn_split_last(count + (size_t)blockIdx.z * gridDim.y + kvh, n_splits))
+        for (int i = 0; i < WR * R && t_blk + i < T; i++)
+            attn_merge_token(out, part, t_blk + i, kvh, G, n_heads, HD, n_splits, sw);
+}
+
 /* The work buffer holds max(max_T, ATT_PART_ROWS) token-splits per head. */
 #define ATT_PART_ROWS 1024
 
@@ -658,6 +895,57 @@ static void launch_split(cu_dev *d, float *out, float *part, const float *q, con
                                                                    scale, n_splits);
 }
 
+/* The tensor-core kernel takes f16 keys and values of head_dim 64 or 128
+ * whose rows start on 16 bytes. */
+static bool mma_fits(const cu_dev *d, const cu_kv *kv) {
+    return d->att_mma && kv->k_type == KVLM_CACHE_F16 && kv->v_type == KVLM_CACHE_F16 &&
+           (kv->head_dim == 64 || kv->head_dim == 128) &&
+           ((uintptr_t)kv->base | kv->block_bytes | kv->head_bytes | kv->v_offset) % 16 == 0;
+}
+
+static void launch_mma(cu_dev *d, float *out, float *part, const float *q, const cu_kv *kv, int layer,
+                       const cu_kv_batch *b, int n_heads, int G, float scale) {
+    int T = b->T, hd = kv->head_dim, nkv = kv->n_kv_heads, run = b->run > 1 ? b->run : 1;
+    /* rows of a warp: G heads of R tokens (a run of one sequence: a prompt's
+     * chunk) in 8 or 16; 4 warps over the rows when a block's run has them */
+    int R = 1, WR = 1;
+    if (run > 1 && (G & (G - 1)) == 0 && G < 16) {
+        R = 16 / G < run ? 16 / G : run;
+        if (run >= 4 * R && T >= 4 * R) WR = 4;
+    }
+    bool r16 = R * G > 8;
+    int WK = 4 / WR, RW = r16 ? 16 : 8, NZ = (T + WR * R - 1) / (WR * R);
+    size_t sm_base = 4 * (size_t)RW * (hd + 2);
+    /* no split when the blocks fill the GPU (a prompt); else two blocks an
+     * SM, or keys of 2,048 a split where that gives more (blocks spread
+     * evenly); two tiles of keys a warp at least, the work buffer's parts,
+     * the merge's weights in 48 KB (measured on an H100: fewer splits lose
+     * warps in flight, more lose to the merge) */
+    int sms = d->prop.multiProcessorCount, max_keys = b->max_pos + 1;
+    int blocks = NZ * nkv, by_keys = (max_keys + 32 * WK - 1) / (32 * WK);
+    int want = blocks >= sms ? 1 : 2 * sms / blocks, by_long = (max_keys + 2047) / 2048;
+    if (blocks < sms && want < by_long) want = by_long;
+    int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
+    int by_smem = (int)((48 * 1024 / sizeof(float) - sm_base) / G) - 1;
+    int n_splits = want < by_keys ? want : by_keys;
+    if (n_splits > cap) n_splits = cap;
+    if (n_splits > by_smem) n_splits = by_smem;
+    if (n_splits < 1) n_splits = 1;
+    dim3 grid(n_splits, nkv, NZ);
+    size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
+#define LM(HD, R16, W) \
+    k_attn_mma<HD, R16, W><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G, R, scale, n_splits)
+#define LMH(HD) \
+    if (WR == 4) { if (r16) LM(HD, true, 4); else LM(HD, false, 4); } \
+    else { if (r16) LM(HD, true, 1); else LM(HD, false, 1); }
+    if (hd == 64) { LMH(64) } else { LMH(128) }
+#undef LMH
+#undef LM
+    CU_LAUNCHED(d, "attention (tensor cores)");
+}
+
+void cu_set_attention_mma(cu_dev *d, bool on) { d->att_mma = on; }
+
 void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int layer, const cu_kv_batch *b, int n_heads,
                   float scale, void *work) {
     int T = b->T, hd = kv->head_dim, G = n_heads / kv->n_kv_heads;
@@ -668,6 +956,15 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
     }
     if ((size_t)T * kv->n_kv_heads > ATT_COUNT_MAX) {
         cu_note(d, cudaErrorInvalidValue, "attention: more than 65536 token x KV head pairs in one batch");
+        return;
+    }
+    int sms = d->prop.multiProcessorCount, max_keys = b->max_pos + 1;
+    float *part = (float *)work;
+    /* tensor cores where they fit, but for one query head a KV head (MHA)
+     * in decode, where 15 of 16 rows would be idle (the vector kernel
+     * reads at the bandwidth there) */
+    if (mma_fits(d, kv) && (G > 1 || b->run > 1)) {
+        launch_mma(d, out, part, q, kv, layer, b, n_heads, G, scale);
         return;
     }
     /* the vector kernel: 16-byte rows of a power-of-two count of pieces,
@@ -681,7 +978,6 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
     /* enough thread blocks to fill the GPU twice over, keys of at least 64
      * per split, no more parts than the work buffer holds, and the merge's
      * weights within the default 48 KB of shared memory */
-    int sms = d->prop.multiProcessorCount, max_keys = b->max_pos + 1;
     int want = 2 * sms / (T * kv->n_kv_heads); /* one wave of two blocks an SM */
     int by_keys = (max_keys + 63) / 64;
     int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
@@ -690,7 +986,6 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
     if (n_splits > cap) n_splits = cap;
     if (n_splits > by_smem) n_splits = by_smem;
     if (n_splits < 1) n_splits = 1;
-    float *part = (float *)work;
     if (vec) {
         dim3 grid(n_splits, kv->n_kv_heads, T);
         size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);

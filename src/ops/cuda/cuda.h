@@ -95,6 +95,7 @@ typedef struct {
     const int32_t *pos, *table_at, *tables;
     int T;
     int max_pos; /* the largest pos[t] */
+    int run;     /* every aligned group of this many tokens (a power of two; 0: 1) is of one sequence */
 } cu_kv_batch;
 /* Per token of the batch: the biases of q, k, v (each may be NULL), RoPE of
  * q and k at its position (angles in double, as ops/rope.c), then its key and
@@ -109,6 +110,10 @@ void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq,
 size_t cu_attention_work_bytes(int max_T, int n_heads, int n_kv_heads, int head_dim);
 void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int layer, const cu_kv_batch *b,
                   int n_heads, float scale, void *work);
+/* f16 caches of head_dim 64 or 128 take a tensor-core kernel (a warp: 16
+ * keys by the G query heads of up to 16 / G tokens of a run); off, the
+ * vector kernel (for comparison; KVLM_CUDA_MMA_ATTN=0 sets it off at open). */
+void cu_set_attention_mma(cu_dev *d, bool on);
 
 /* ---- CUDA graphs: a recorded sequence of kernels replayed in one launch ---- */
 typedef struct cu_graph cu_graph;

@@ -31,6 +31,7 @@ struct cu_dev {
     const float *xq_of;           /* the float rows whose 8-bit version xq holds now (fused into a norm or SwiGLU), */
     int xq_rows;                  /* ... and how many, until a product uses them */
     int xq_disabled;              /* KVLM_CUDA_DP4A=0: the float kernels instead (for comparison) */
+    bool att_mma;                 /* attention on tensor cores where it fits (KVLM_CUDA_MMA_ATTN=0: off) */
     int *att_count;               /* attention: per (token, KV head), the splits done (zero between launches) */
 };
 /* The attention counters' room: tokens x KV heads of one launch. */

@@ -67,6 +67,8 @@ cu_dev *cu_open(int device, kvlm_error *err) {
     cublasSetStream(d->blas, d->stream);
     const char *dp = getenv("KVLM_CUDA_DP4A");
     d->xq_disabled = dp && !strcmp(dp, "0");
+    const char *am = getenv("KVLM_CUDA_MMA_ATTN");
+    d->att_mma = !(am && !strcmp(am, "0"));
     if (cudaMalloc((void **)&d->xq, 8 * (size_t)XQ_MAX_IN) != cudaSuccess ||
         cudaMalloc((void **)&d->xqd, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess ||
         cudaMalloc((void **)&d->xqs, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess) {
