@@ -48,8 +48,8 @@ struct engine_cuda {
 static void *st_alloc(void *u, size_t n) { return cu_alloc(u, n); }
 static void st_free(void *u, void *p, size_t n) { (void)n; cu_free(u, p); }
 static void st_copy(void *u, void *dst, const void *src, size_t n) { cu_d2d(u, dst, src, n); }
-static void st_read(void *u, void *dst, const void *src, size_t n) { cu_d2h(u, dst, src, n); }
-static void st_write(void *u, void *dst, const void *src, size_t n) { cu_h2d(u, dst, src, n); }
+static void st_read(void *u, void *dst, const void *src, size_t n) { cu_tier_read(u, dst, src, n); }
+static void st_write(void *u, void *dst, const void *src, size_t n) { cu_tier_write(u, dst, src, n); }
 
 static int upload_vec(engine_cuda *e, float **out, const model_tensor *t, size_t n, kvlm_error *err) {
     *out = NULL;
@@ -240,6 +240,7 @@ int engine_cuda_forward(engine_cuda *e, kv_store *kv, const int32_t *tokens, con
     }
     for (int t = 0; t < T; t++) e->seq_at[seq[t]] = -1;
     cu_dev *d = e->dev;
+    cu_tier_join(d); /* blocks the tiers brought back are in before the kernels read them */
     cu_h2d_async(d, e->meta, h, (size_t)(4 * T + n_tab) * sizeof(int32_t));
     if (e->use_graphs && T <= GRAPH_T) {
         /* a recorded pass: attention's split count set for the longest

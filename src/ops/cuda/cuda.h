@@ -36,6 +36,15 @@ void cu_d2d(cu_dev *d, void *dst, const void *src, size_t n);
 /* Queued upload of a small host buffer (copied into pinned staging first, so
  * src may be reused at once). */
 int cu_h2d_async(cu_dev *d, void *dst, const void *src, size_t n);
+/* The KV cache's block copies to and from the tiers (the pool's storage),
+ * on a copy stream of their own through pinned staging: a write returns once
+ * its bytes are staged (the host goes on fetching the next block while the
+ * copy runs), a read once its bytes are back; both come after the compute
+ * stream's work queued so far. Kernels see the writes after cu_tier_join,
+ * which makes the compute stream wait for them (cu_d2d joins by itself). */
+int cu_tier_write(cu_dev *d, void *dst, const void *src, size_t n);
+int cu_tier_read(cu_dev *d, void *dst, const void *src, size_t n);
+void cu_tier_join(cu_dev *d);
 /* Waits for the stream; returns KVLM_OK or the first error with err filled. */
 int cu_sync(cu_dev *d, kvlm_error *err);
 

@@ -13,6 +13,7 @@
 /* GGUF type ids (model/dtype.h, whose C11 header C++ cannot include) */
 enum { CT_F32 = 0, CT_F16 = 1, CT_Q4_0 = 2, CT_Q8_0 = 8, CT_Q4_K = 12, CT_Q6_K = 14, CT_BF16 = 30 };
 
+#define TC_SLOTS 16
 struct cu_dev {
     int id;
     cudaStream_t stream;
@@ -32,6 +33,18 @@ struct cu_dev {
     int xq_rows;                  /* ... and how many, until a product uses them */
     int xq_disabled;              /* KVLM_CUDA_DP4A=0: the float kernels instead (for comparison) */
     bool att_mma;                 /* attention on tensor cores where it fits (KVLM_CUDA_MMA_ATTN=0: off) */
+    /* the KV cache's tier copies (cu_tier_read / cu_tier_write): a stream of
+     * their own, pinned staging slots each with its copy's event, and the
+     * events that order the two streams; copy == NULL (KVLM_CUDA_TIER_ASYNC=0):
+     * synchronous copies on the compute stream */
+    cudaStream_t copy;
+    cudaEvent_t copy_done, compute_done;
+    uint8_t *tc_pin[TC_SLOTS];
+    cudaEvent_t tc_ev[TC_SLOTS];
+    bool tc_used[TC_SLOTS];
+    size_t tc_cap;
+    int tc_n, tc_next;
+    bool copies_pending;          /* tier writes compute has not waited for yet */
     int *att_count;               /* attention: per (token, KV head), the splits done (zero between launches) */
 };
 /* The attention counters' room: tokens x KV heads of one launch. */

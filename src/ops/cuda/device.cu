@@ -67,6 +67,24 @@ cu_dev *cu_open(int device, kvlm_error *err) {
     cublasSetStream(d->blas, d->stream);
     const char *dp = getenv("KVLM_CUDA_DP4A");
     d->xq_disabled = dp && !strcmp(dp, "0");
+    const char *ta = getenv("KVLM_CUDA_TIER_ASYNC");
+    if (!(ta && !strcmp(ta, "0"))) {
+        if (cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&d->copy_done, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&d->compute_done, cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create the copy stream%s%s", "", "");
+            cu_close(d);
+            return NULL;
+        }
+        for (int i = 0; i < TC_SLOTS; i++)
+            if (cudaEventCreateWithFlags(&d->tc_ev[i], cudaEventDisableTiming) != cudaSuccess) {
+                cudaGetLastError();
+                set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create the copy events%s%s", "", "");
+                cu_close(d);
+                return NULL;
+            }
+    }
     const char *am = getenv("KVLM_CUDA_MMA_ATTN");
     d->att_mma = !(am && !strcmp(am, "0"));
     if (cudaMalloc((void **)&d->xq, 8 * (size_t)XQ_MAX_IN) != cudaSuccess ||
@@ -100,6 +118,14 @@ void cu_close(cu_dev *d) {
     cudaFree(d->xqs);
     cudaFree(d->att_count);
     cudaFreeHost(d->pinned);
+    if (d->copy) cudaStreamSynchronize(d->copy);
+    for (int i = 0; i < TC_SLOTS; i++) {
+        cudaFreeHost(d->tc_pin[i]);
+        if (d->tc_ev[i]) cudaEventDestroy(d->tc_ev[i]);
+    }
+    if (d->copy_done) cudaEventDestroy(d->copy_done);
+    if (d->compute_done) cudaEventDestroy(d->compute_done);
+    if (d->copy) cudaStreamDestroy(d->copy);
     cublasDestroy(d->blas);
     cudaStreamDestroy(d->stream);
     free(d);
@@ -154,6 +180,7 @@ int cu_d2h(cu_dev *d, void *dst, const void *src, size_t n) {
 }
 
 void cu_d2d(cu_dev *d, void *dst, const void *src, size_t n) {
+    cu_tier_join(d);
     cu_note(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, d->stream), "device-to-device copy");
 }
 
@@ -180,6 +207,82 @@ int cu_h2d_async(cu_dev *d, void *dst, const void *src, size_t n) {
     d->pinned_off += need;
     cu_note(d, cudaMemcpyAsync(dst, s, n, cudaMemcpyHostToDevice, d->stream), "staged upload");
     return KVLM_OK;
+}
+
+/* ---- the KV cache's tier copies ---- */
+
+/* A free staging slot of at least n bytes (NULL: none could be had, the
+ * caller copies synchronously). Slots are taken in turn; a slot whose last
+ * copy is still in flight is waited for. */
+static int tc_slot(cu_dev *d, size_t n) {
+    if (n > d->tc_cap) { /* bigger blocks than before (a first copy): new slots */
+        cudaStreamSynchronize(d->copy);
+        for (int i = 0; i < TC_SLOTS; i++) {
+            cudaFreeHost(d->tc_pin[i]);
+            d->tc_pin[i] = NULL;
+            d->tc_used[i] = false;
+        }
+        /* as many slots as 64 MiB of pinned memory holds, 2 to 16 */
+        size_t want = ((size_t)64 << 20) / n;
+        d->tc_n = want < 2 ? 2 : want > TC_SLOTS ? TC_SLOTS : (int)want;
+        d->tc_cap = n;
+        d->tc_next = 0;
+        for (int i = 0; i < d->tc_n; i++)
+            if (cudaMallocHost((void **)&d->tc_pin[i], n) != cudaSuccess) {
+                cudaGetLastError();
+                for (int j = 0; j < i; j++) cudaFreeHost(d->tc_pin[j]), d->tc_pin[j] = NULL;
+                d->tc_cap = 0;
+                return -1;
+            }
+    }
+    int i = d->tc_next;
+    d->tc_next = (i + 1) % d->tc_n;
+    if (d->tc_used[i]) cu_note(d, cudaEventSynchronize(d->tc_ev[i]), "tier copy");
+    return i;
+}
+
+/* The copy stream waits for the work queued on the compute stream so far
+ * (which may still read or write the blocks). */
+static void copy_after_compute(cu_dev *d) {
+    cu_note(d, cudaEventRecord(d->compute_done, d->stream), "tier copy");
+    cu_note(d, cudaStreamWaitEvent(d->copy, d->compute_done, 0), "tier copy");
+}
+
+int cu_tier_write(cu_dev *d, void *dst, const void *src, size_t n) {
+    int i = d->copy ? tc_slot(d, n) : -1;
+    if (i < 0) {
+        if (d->copy) cudaStreamSynchronize(d->copy);
+        return cu_h2d(d, dst, src, n);
+    }
+    copy_after_compute(d);
+    memcpy(d->tc_pin[i], src, n);
+    cu_note(d, cudaMemcpyAsync(dst, d->tc_pin[i], n, cudaMemcpyHostToDevice, d->copy), "tier copy to the device");
+    cu_note(d, cudaEventRecord(d->tc_ev[i], d->copy), "tier copy");
+    d->tc_used[i] = true;
+    d->copies_pending = true;
+    return d->first_err == cudaSuccess ? KVLM_OK : KVLM_EIO;
+}
+
+int cu_tier_read(cu_dev *d, void *dst, const void *src, size_t n) {
+    int i = d->copy ? tc_slot(d, n) : -1;
+    if (i < 0) {
+        if (d->copy) cudaStreamSynchronize(d->copy);
+        return cu_d2h(d, dst, src, n);
+    }
+    copy_after_compute(d);
+    cu_note(d, cudaMemcpyAsync(d->tc_pin[i], src, n, cudaMemcpyDeviceToHost, d->copy), "tier copy to the host");
+    cu_note(d, cudaEventRecord(d->tc_ev[i], d->copy), "tier copy");
+    cu_note(d, cudaEventSynchronize(d->tc_ev[i]), "tier copy");
+    d->tc_used[i] = false;
+    memcpy(dst, d->tc_pin[i], n);
+    return d->first_err == cudaSuccess ? KVLM_OK : KVLM_EIO;
+}
+
+void cu_tier_join(cu_dev *d) {
+    if (!d->copies_pending) return;
+    cu_note(d, cudaEventRecord(d->copy_done, d->copy), "tier copy");
+    cu_note(d, cudaStreamWaitEvent(d->stream, d->copy_done, 0), "tier copy");
+    d->copies_pending = false;
 }
 
 int cu_sync(cu_dev *d, kvlm_error *err) {
