@@ -290,7 +290,7 @@ static void bench_tier(const char *path) {
             t_recompute = best;
             printf("  computed again (no tier):          %8.2f ms\n", best * 1e3);
         } else {
-            double best = 1e9;
+            double best = 1e9, t_back = 0;
             int got = 0;
             for (int r = 0; r < 3; r++) {
                 must(kvlm_decode(ctx, &ba, &err), &err);
@@ -299,18 +299,19 @@ static void bench_tier(const char *path) {
                 kvlm_seq_free(ctx, 0);
                 double t0 = util_now_s();
                 got = kvlm_seq_reuse_prefix(ctx, 0, a, N);
+                double t1 = util_now_s();
                 kvlm_batch rest = {N - got, a + got, NULL, NULL, NULL};
                 must(kvlm_decode(ctx, &rest, &err), &err);
                 double t = util_now_s() - t0;
-                best = t < best ? t : best;
+                if (t < best) best = t, t_back = t1 - t0;
                 kvlm_seq_free(ctx, 0);
             }
             kvlm_kv_stats ks;
             kvlm_kv_stats_get(ctx, &ks);
             size_t bb_bytes = ks.block_bytes;
-            printf("  from host memory, copies %-6s %8.2f ms (%d tokens back, %.1f GB/s; %.1fx faster than computing)\n",
-                   mode == 1 ? "sync: " : "async:", best * 1e3, got, (double)got / 16 * bb_bytes / best / 1e9,
-                   t_recompute / best);
+            printf("  from host memory, copies %-6s %8.2f ms (%d tokens back in %.2f ms, %.1f GB/s; %.2fx the time of "
+                   "computing)\n", mode == 1 ? "sync: " : "async:", best * 1e3, got, t_back * 1e3,
+                   (double)got / 16 * bb_bytes / best / 1e9, best / t_recompute);
         }
         kvlm_ctx_free(ctx);
     }
