@@ -312,6 +312,39 @@ static void test_probe_and_promotion(void **state) {
     kv_store_free(s);
 }
 
+/* A block pushed out of the pool while the tier still holds its key (it was
+ * computed again, not brought back) is neither read nor written again. */
+static void test_demote_known(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    kv_tier *host = kv_tier_host_open(1 << 20, &err);
+    kv_store *s = make_store(5, 4, 2, &host, 1);
+    int32_t a[17], b[17];
+    for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+    kv_store_tier_stats ts;
+    uint64_t demoted[4], writes[4];
+    for (int round = 0; round < 4; round++) { /* a, b, a, b: each computed from scratch, pushing the other out */
+        const int32_t *x = round % 2 ? b : a;
+        assert_int_equal(kv_store_reserve(s, 0, 17, &err), KVLM_OK);
+        write_tokens(s, 0, x, 17);
+        kv_store_release(s, 0);
+        kv_store_tier_stats_get(s, &ts, 1);
+        demoted[round] = ts.demoted;
+        writes[round] = ts.st.writes;
+    }
+    /* round 1 pushes a's 4 blocks out (written), round 2 b's (written),
+     * round 3 a's again: the tier has them */
+    assert_true(demoted[1] >= 4 && demoted[2] >= demoted[1] + 4);
+    assert_int_equal(demoted[3], demoted[2]);
+    assert_int_equal(writes[3], writes[2]);
+    kv_store_probe pr;
+    kv_store_probe_prefix(s, a, 17, 17, &pr);
+    assert_int_equal(pr.tier_tokens[0], 16); /* still there, and still good */
+    assert_int_equal(kv_store_match_prefix(s, 0, a, 17), 16);
+    check_contents(s, 2);
+    kv_store_free(s);
+}
+
 static void test_randomized_tiers(void **state) {
     (void)state;
     int max_seqs = 8, iters = tu_quick() ? 3000 : 20000;
@@ -570,7 +603,7 @@ int main(void) {
         cmocka_unit_test(test_blockfmt_damage),
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_probe_and_promotion),
-        cmocka_unit_test(test_randomized_tiers),
+        cmocka_unit_test(test_demote_known), cmocka_unit_test(test_randomized_tiers),
         cmocka_unit_test(test_randomized_swap),
         cmocka_unit_test(test_randomized_swap_tier),
         cmocka_unit_test(test_engine_host_tier),

@@ -193,11 +193,19 @@ static void serialize(kv_store *s, int32_t b, uint8_t *out) {
     kv_blockfmt_seal(&s->fmt, out);
 }
 
-/* Puts block b to every tier with one of these roles that lacks it. */
-static void put_block(kv_store *s, int32_t b, int role, uint64_t *count) {
+/* Puts block b to every tier with one of these roles that lacks it. ask:
+ * ask each tier first (a block's key names its bytes, so a tier that has
+ * the key has the block: a block pushed out again after it came back from
+ * another instance, or after being computed again, costs no read from the
+ * pool and no write). */
+static void put_block(kv_store *s, int32_t b, int role, uint64_t *count, bool ask) {
     bool done = false;
     for (int t = 0; t < s->n_tiers; t++) {
         if (!(s->roles[t] & role) || (s->in_tier[b] & (1u << t))) continue;
+        if (ask && kv_tier_contains(s->tiers[t], 1, kv_block_key_of(s->c, b)) == 1) {
+            s->in_tier[b] |= (uint8_t)(1u << t);
+            continue;
+        }
         if (!done) serialize(s, b, s->ser);
         done = true;
         if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, s->blob_bytes)) {
@@ -210,7 +218,7 @@ static void put_block(kv_store *s, int32_t b, int role, uint64_t *count) {
 static void on_demote(void *user, kv_cache *c, int32_t b) {
     (void)c;
     kv_store *s = user;
-    put_block(s, b, KV_TIER_DEMOTE, s->demoted);
+    put_block(s, b, KV_TIER_DEMOTE, s->demoted, true);
     s->in_tier[b] = 0; /* the block is about to hold something else */
 }
 
@@ -218,7 +226,7 @@ static void on_indexed(void *user, kv_cache *c, int32_t b) {
     (void)c;
     kv_store *s = user;
     s->in_tier[b] = 0;
-    put_block(s, b, KV_TIER_THROUGH, s->through);
+    put_block(s, b, KV_TIER_THROUGH, s->through, false);
 }
 
 static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why) {
@@ -257,6 +265,14 @@ static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int
                                : NULL;
                 if (!payload) { /* damaged: recompute it (a colder tier may still have it) */
                     if (why) note_corrupt(s, t, &s->keys[j], why);
+                    /* the ones after it are not used: each damaged one is
+                     * still counted and dropped, not met again later */
+                    for (int u = j + 1; u < got + k; u++) {
+                        const char *w2 = NULL;
+                        if (s->lens[u] && !kv_blockfmt_check(&s->fmt, &s->keys[u], tokens + (size_t)(i + u) * bs,
+                                                             s->bufs[u], s->lens[u], &w2) && w2)
+                            note_corrupt(s, t, &s->keys[u], w2);
+                    }
                     k = j - got;
                     break;
                 }
