@@ -443,7 +443,7 @@ static void test_attention_kernel(void **state) {
             attn_case(d, lens[i], 3, 4, 2, 64, false);
             attn_case(d, lens[i], 2, 8, 8, 128, false);
         }
-        /* runs of one sequence: R tokens a warp, 4 warps over the rows */
+        /* runs of one sequence: R tokens a block (16 / G), partial last blocks */
         attn_case(d, 300, 37, 32, 4, 64, true);
         attn_case(d, 1000, 130, 8, 8, 128, true);
         attn_case(d, 200, 64, 4, 4, 64, true);
