@@ -690,34 +690,30 @@ struct mma_tile {
     uint4 v[4][HD / 64]; /* keys 2t, 2t + 1, 2t + 8, 2t + 9: the eighth g of each row */
 };
 
+/* N 16-byte pieces from byte off of key's row in a region (head: the K
+ * regions, head + v_offset: the V regions); zeros past k_end */
+template <int N>
+__device__ __forceinline__ void mma_row_part(uint4 *dst, const uint8_t *region, const cu_kv &kv,
+                                             const int32_t *table, int key, int k_end, size_t off) {
+    if (key < k_end) {
+        const uint4 *p = (const uint4 *)(region + (size_t)__ldg(table + key / kv.block_size) * kv.block_bytes +
+                                         (size_t)(key % kv.block_size) * kv.head_dim * 2 + off);
+#pragma unroll
+        for (int u = 0; u < N; u++) dst[u] = __ldg(p + u);
+    } else
+#pragma unroll
+        for (int u = 0; u < N; u++) dst[u] = make_uint4(0, 0, 0, 0);
+}
+
 template <int HD>
 __device__ __forceinline__ void mma_load(mma_tile<HD> &x, const uint8_t *head, const cu_kv &kv, const int32_t *table,
                                          int k0, int k_end, int g, int t4) {
-    const size_t rb = (size_t)HD * 2;
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int key = k0 + g + 8 * j;
-        if (key < k_end) {
-            const uint4 *p = (const uint4 *)(head + (size_t)__ldg(table + key / kv.block_size) * kv.block_bytes +
-                                             (size_t)(key % kv.block_size) * rb + (size_t)t4 * (HD / 2));
+    for (int j = 0; j < 2; j++) mma_row_part<HD / 32>(x.k[j], head, kv, table, k0 + g + 8 * j, k_end, (size_t)t4 * (HD / 2));
 #pragma unroll
-            for (int u = 0; u < HD / 32; u++) x.k[j][u] = __ldg(p + u);
-        } else
-#pragma unroll
-            for (int u = 0; u < HD / 32; u++) x.k[j][u] = make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int key = k0 + 2 * t4 + (j & 1) + 8 * (j >> 1);
-        if (key < k_end) {
-            const uint4 *p = (const uint4 *)(head + kv.v_offset + (size_t)__ldg(table + key / kv.block_size) * kv.block_bytes +
-                                             (size_t)(key % kv.block_size) * rb + (size_t)g * (HD / 4));
-#pragma unroll
-            for (int u = 0; u < HD / 64; u++) x.v[j][u] = __ldg(p + u);
-        } else
-#pragma unroll
-            for (int u = 0; u < HD / 64; u++) x.v[j][u] = make_uint4(0, 0, 0, 0);
-    }
+    for (int j = 0; j < 4; j++)
+        mma_row_part<HD / 64>(x.v[j], head + kv.v_offset, kv, table, k0 + 2 * t4 + (j & 1) + 8 * (j >> 1), k_end,
+                              (size_t)g * (HD / 4));
 }
 
 template <int HD, bool R16>
@@ -894,6 +890,17 @@ static void launch_split(cu_dev *d, float *out, float *part, const float *q, con
                                                                    scale, n_splits);
 }
 
+/* n splits at most, no more parts than the work buffer holds and the
+ * merge's weights (G per split) within 48 KB of shared memory beside
+ * sm_base floats; at least one. */
+static int splits_within(int n, int T, size_t sm_base, int G) {
+    int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
+    int by_smem = (int)((48 * 1024 / sizeof(float) - sm_base) / G) - 1;
+    if (n > cap) n = cap;
+    if (n > by_smem) n = by_smem;
+    return n < 1 ? 1 : n;
+}
+
 /* The tensor-core kernel takes f16 keys and values of head_dim 64 or 128
  * whose rows start on 16 bytes. */
 static bool mma_fits(const cu_dev *d, const cu_kv *kv) {
@@ -923,12 +930,7 @@ static void launch_mma(cu_dev *d, float *out, float *part, const float *q, const
     int blocks = NZ * nkv, by_keys = (max_keys + 127) / 128;
     int want = blocks >= sms ? 1 : 2 * sms / blocks, by_long = (max_keys + 2047) / 2048;
     if (blocks < sms && want < by_long) want = by_long;
-    int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
-    int by_smem = (int)((48 * 1024 / sizeof(float) - sm_base) / G) - 1;
-    int n_splits = want < by_keys ? want : by_keys;
-    if (n_splits > cap) n_splits = cap;
-    if (n_splits > by_smem) n_splits = by_smem;
-    if (n_splits < 1) n_splits = 1;
+    int n_splits = splits_within(want < by_keys ? want : by_keys, T, sm_base, G);
     dim3 grid(n_splits, nkv, NZ);
     size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
 #define LM(HD, R16) \
@@ -975,12 +977,7 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
      * weights within the default 48 KB of shared memory */
     int want = 2 * sms / (T * kv->n_kv_heads); /* one wave of two blocks an SM */
     int by_keys = (max_keys + 63) / 64;
-    int cap = (T > ATT_PART_ROWS ? T : ATT_PART_ROWS) / T;
-    int by_smem = (int)((48 * 1024 / sizeof(float) - sm_base) / G) - 1;
-    int n_splits = want < by_keys ? want : by_keys;
-    if (n_splits > cap) n_splits = cap;
-    if (n_splits > by_smem) n_splits = by_smem;
-    if (n_splits < 1) n_splits = 1;
+    int n_splits = splits_within(want < by_keys ? want : by_keys, T, sm_base, G);
     if (vec) {
         dim3 grid(n_splits, kv->n_kv_heads, T);
         size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
