@@ -26,7 +26,10 @@ typedef struct {
     void (*free)(void *user, void *p, size_t bytes);
     void (*copy)(void *user, void *dst, const void *src, size_t n);       /* within the storage */
     void (*read)(void *user, void *host_dst, const void *src, size_t n);  /* storage -> host */
-    void (*write)(void *user, void *dst, const void *host_src, size_t n); /* host -> storage */
+    /* host -> storage: host_src may be reused at once; the bytes may land
+     * later, but before anything on the storage's device reads the block
+     * (the CUDA storage stages them and copies on a stream of its own) */
+    void (*write)(void *user, void *dst, const void *host_src, size_t n);
     bool host_addressable;                              /* the CPU may dereference block addresses */
     void *user;
 } kv_storage;
