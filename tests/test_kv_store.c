@@ -271,13 +271,20 @@ static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers,
     return s;
 }
 
+/* A pool of 5 blocks of 4 tokens over a host tier, and two 17-token
+ * prompts that each fill it. */
+static kv_store *ab_store(int32_t *a, int32_t *b) {
+    kvlm_error err = {0};
+    kv_tier *host = kv_tier_host_open(1 << 20, &err);
+    for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+    return make_store(5, 4, 2, &host, 1);
+}
+
 static void test_probe_and_promotion(void **state) {
     (void)state;
     kvlm_error err = {0};
-    kv_tier *host = kv_tier_host_open(1 << 20, &err);
-    kv_store *s = make_store(5, 4, 2, &host, 1);
     int32_t a[17], b[17];
-    for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+    kv_store *s = ab_store(a, b);
     assert_int_equal(kv_store_reserve(s, 0, 17, &err), KVLM_OK);
     write_tokens(s, 0, a, 17);
     kv_store_release(s, 0);  /* 4 full blocks cached, in RAM */
@@ -317,10 +324,8 @@ static void test_probe_and_promotion(void **state) {
 static void test_demote_known(void **state) {
     (void)state;
     kvlm_error err = {0};
-    kv_tier *host = kv_tier_host_open(1 << 20, &err);
-    kv_store *s = make_store(5, 4, 2, &host, 1);
     int32_t a[17], b[17];
-    for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+    kv_store *s = ab_store(a, b);
     kv_store_tier_stats ts;
     uint64_t demoted[4], writes[4];
     for (int round = 0; round < 4; round++) { /* a, b, a, b: each computed from scratch, pushing the other out */

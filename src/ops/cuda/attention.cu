@@ -208,11 +208,8 @@ void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq,
 
 /* ---- attention ---- */
 
-/* After a split has written its part: the last of the n_splits blocks of
- * (token, KV head) to finish merges every split's part of its G heads by
- * log-sum-exp into out, and sets the counter back to zero, so no second
- * kernel is launched for the merge. sw: G * (n_splits + 1) floats. */
-/* Whether this block is the last of its n_splits to finish (counter c). */
+/* Whether this block is the last of its n_splits to finish (counter c, set
+ * back to zero by the last). */
 __device__ bool attn_split_last(int *c, int n_splits) {
     __shared__ int last;
     __threadfence(); /* this block's part is visible before it is counted */
@@ -291,6 +288,10 @@ __device__ void attn_merge_token(float *out, const float *part, int t, int kvh, 
     }
 }
 
+/* After a split has written its part: the last of the n_splits blocks of
+ * (token, KV head) to finish merges every split's part of its G heads by
+ * log-sum-exp into out, so no second kernel is launched for the merge.
+ * sw: G * (n_splits + 1) floats. */
 __device__ void attn_merge_last(float *out, const float *part, int *count, int t, int kvh, int G, int n_heads, int HD,
                                 int n_splits, float *sw) {
     if (attn_split_last(count + (size_t)t * gridDim.y + kvh, n_splits))

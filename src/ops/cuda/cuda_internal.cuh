@@ -41,7 +41,6 @@ struct cu_dev {
     cudaEvent_t copy_done, compute_done;
     uint8_t *tc_pin[TC_SLOTS];
     cudaEvent_t tc_ev[TC_SLOTS];
-    bool tc_used[TC_SLOTS];
     size_t tc_cap;
     int tc_n, tc_next;
     bool copies_pending;          /* tier writes compute has not waited for yet */

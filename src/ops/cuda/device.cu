@@ -69,21 +69,17 @@ cu_dev *cu_open(int device, kvlm_error *err) {
     d->xq_disabled = dp && !strcmp(dp, "0");
     const char *ta = getenv("KVLM_CUDA_TIER_ASYNC");
     if (!(ta && !strcmp(ta, "0"))) {
-        if (cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking) != cudaSuccess ||
-            cudaEventCreateWithFlags(&d->copy_done, cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&d->compute_done, cudaEventDisableTiming) != cudaSuccess) {
+        bool ok = cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&d->copy_done, cudaEventDisableTiming) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&d->compute_done, cudaEventDisableTiming) == cudaSuccess;
+        for (int i = 0; ok && i < TC_SLOTS; i++)
+            ok = cudaEventCreateWithFlags(&d->tc_ev[i], cudaEventDisableTiming) == cudaSuccess;
+        if (!ok) {
             cudaGetLastError();
-            set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create the copy stream%s%s", "", "");
+            set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create the copy stream and its events%s%s", "", "");
             cu_close(d);
             return NULL;
         }
-        for (int i = 0; i < TC_SLOTS; i++)
-            if (cudaEventCreateWithFlags(&d->tc_ev[i], cudaEventDisableTiming) != cudaSuccess) {
-                cudaGetLastError();
-                set_err(err, KVLM_EUNSUPPORTED, "CUDA: cannot create the copy events%s%s", "", "");
-                cu_close(d);
-                return NULL;
-            }
     }
     const char *am = getenv("KVLM_CUDA_MMA_ATTN");
     d->att_mma = !(am && !strcmp(am, "0"));
@@ -211,16 +207,15 @@ int cu_h2d_async(cu_dev *d, void *dst, const void *src, size_t n) {
 
 /* ---- the KV cache's tier copies ---- */
 
-/* A free staging slot of at least n bytes (NULL: none could be had, the
- * caller copies synchronously). Slots are taken in turn; a slot whose last
- * copy is still in flight is waited for. */
+/* A free staging slot of at least n bytes, or -1 (no pinned memory could
+ * be had). Slots are taken in turn; a slot whose last copy is still in
+ * flight is waited for (an event never recorded is complete). */
 static int tc_slot(cu_dev *d, size_t n) {
     if (n > d->tc_cap) { /* bigger blocks than before (a first copy): new slots */
         cudaStreamSynchronize(d->copy);
         for (int i = 0; i < TC_SLOTS; i++) {
             cudaFreeHost(d->tc_pin[i]);
             d->tc_pin[i] = NULL;
-            d->tc_used[i] = false;
         }
         /* as many slots as 64 MiB of pinned memory holds, 2 to 16 */
         size_t want = ((size_t)64 << 20) / n;
@@ -237,43 +232,42 @@ static int tc_slot(cu_dev *d, size_t n) {
     }
     int i = d->tc_next;
     d->tc_next = (i + 1) % d->tc_n;
-    if (d->tc_used[i]) cu_note(d, cudaEventSynchronize(d->tc_ev[i]), "tier copy");
+    cu_note(d, cudaEventSynchronize(d->tc_ev[i]), "tier copy");
     return i;
 }
 
-/* The copy stream waits for the work queued on the compute stream so far
- * (which may still read or write the blocks). */
-static void copy_after_compute(cu_dev *d) {
+/* A staging slot for a tier copy of n bytes, the copy stream ordered after
+ * the work queued on the compute stream so far (which may still read or
+ * write the blocks); -1: copy synchronously (no copy stream or no pinned
+ * memory; the copy stream's work is done by then). */
+static int tc_begin(cu_dev *d, size_t n) {
+    if (!d->copy) return -1;
+    int i = tc_slot(d, n);
+    if (i < 0) {
+        cudaStreamSynchronize(d->copy);
+        return -1;
+    }
     cu_note(d, cudaEventRecord(d->compute_done, d->stream), "tier copy");
     cu_note(d, cudaStreamWaitEvent(d->copy, d->compute_done, 0), "tier copy");
+    return i;
 }
 
 int cu_tier_write(cu_dev *d, void *dst, const void *src, size_t n) {
-    int i = d->copy ? tc_slot(d, n) : -1;
-    if (i < 0) {
-        if (d->copy) cudaStreamSynchronize(d->copy);
-        return cu_h2d(d, dst, src, n);
-    }
-    copy_after_compute(d);
+    int i = tc_begin(d, n);
+    if (i < 0) return cu_h2d(d, dst, src, n);
     memcpy(d->tc_pin[i], src, n);
     cu_note(d, cudaMemcpyAsync(dst, d->tc_pin[i], n, cudaMemcpyHostToDevice, d->copy), "tier copy to the device");
     cu_note(d, cudaEventRecord(d->tc_ev[i], d->copy), "tier copy");
-    d->tc_used[i] = true;
     d->copies_pending = true;
     return d->first_err == cudaSuccess ? KVLM_OK : KVLM_EIO;
 }
 
 int cu_tier_read(cu_dev *d, void *dst, const void *src, size_t n) {
-    int i = d->copy ? tc_slot(d, n) : -1;
-    if (i < 0) {
-        if (d->copy) cudaStreamSynchronize(d->copy);
-        return cu_d2h(d, dst, src, n);
-    }
-    copy_after_compute(d);
+    int i = tc_begin(d, n);
+    if (i < 0) return cu_d2h(d, dst, src, n);
     cu_note(d, cudaMemcpyAsync(d->tc_pin[i], src, n, cudaMemcpyDeviceToHost, d->copy), "tier copy to the host");
     cu_note(d, cudaEventRecord(d->tc_ev[i], d->copy), "tier copy");
     cu_note(d, cudaEventSynchronize(d->tc_ev[i]), "tier copy");
-    d->tc_used[i] = false;
     memcpy(dst, d->tc_pin[i], n);
     return d->first_err == cudaSuccess ? KVLM_OK : KVLM_EIO;
 }
