@@ -314,10 +314,11 @@ int kvlm_ctx_seq_first(const kvlm_ctx *ctx);
  * (fewer layers, other KV heads or head dimension) takes no more bytes per
  * token than the model's: its blocks are the pool's blocks laid out for its
  * shape, holding the most whole multiples of the model's block size that fit
- * (kvlm_kv_stats_get on the draft context gives it); those blocks never go
- * to a tier. The context must have no eviction and no q4_kc keys, on the
- * CPU (kvlm_draft_shares_pool). One draft context per target; free it
- * first. */
+ * (kvlm_kv_stats_get on the draft context gives it). Its blocks go to the
+ * context's tiers as the model's do, in their own stored form; freeing the
+ * draft context writes its cached blocks to the disk tier. The context must
+ * have no eviction and no q4_kc keys, on the CPU (kvlm_draft_shares_pool).
+ * One draft context per target; free it first. */
 kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
                                 kvlm_error *err);
 /* Whether kvlm_ctx_create_draft would take draft for a context of target

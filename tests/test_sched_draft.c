@@ -14,7 +14,10 @@
  * stories4M_hd64) keeps its cache in the model's pool too, in blocks of its
  * own layout (more of its tokens a block): the same outputs, its blocks
  * given back before a request is preempted; a draft whose cache is larger
- * per token than the model's is refused there. */
+ * per token than the model's is refused there. Its blocks reach the tiers
+ * in their own stored form: pushed out to host memory and brought back, and
+ * found on disk by the next context. */
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,19 +288,28 @@ static void test_draft_shared_pool(void **state) {
     kvlm_model_free(m);
 }
 
+/* stories4M_hd64 and stories260K (a draft of another cache shape), loaded;
+ * false when either file is absent. */
+static bool load_guest_pair(kvlm_model **m, kvlm_model **dm) {
+    const char *path = tu_model_path("stories4M_hd64.gguf"); /* one buffer: load before the next path */
+    if (!path) return false;
+    *m = load(path);
+    if (!(path = tu_model_path("stories260K.gguf"))) {
+        kvlm_model_free(*m);
+        return false;
+    }
+    *dm = load(path);
+    return true;
+}
+
 /* stories260K (5 layers x 4 KV heads x 8) drafting for stories4M_hd64
  * (6 x 2 x 64) in one pool: 4 blocks' worth of its tokens fit in one of the
  * model's blocks. The same outputs; under a pool the model's sequences fill,
  * the draft gives its blocks back and no request is preempted for it. */
 static void test_draft_guest_pool(void **state) {
     (void)state;
-    const char *path = tu_model_path("stories4M_hd64.gguf"); /* one buffer: load before the next path */
-    TU_REQUIRE(path);
-    kvlm_model *m = load(path);
-    path = tu_model_path("stories260K.gguf");
-    if (!path) kvlm_model_free(m);
-    TU_REQUIRE(path);
-    kvlm_model *dm = load(path);
+    kvlm_model *m, *dm;
+    TU_REQUIRE(load_guest_pair(&m, &dm));
     kvlm_ctx_params cp = ctx_params(32, 0, 0);
     assert_true(kvlm_draft_shares_pool(m, dm, &cp));
     kvlm_sched_stats st;
@@ -352,6 +364,107 @@ static void test_draft_guest_pool(void **state) {
         kvlm_seq_free(ctx, 0);
     }
     kvlm_ctx_free(ctx);
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* The context's figures for its tier called name. */
+static kvlm_kv_tier_stats tier_named(const kvlm_ctx *ctx, const char *name) {
+    kvlm_kv_tier_stats ts[KVLM_MAX_KV_TIERS];
+    int n = kvlm_kv_tier_stats_get(ctx, ts, KVLM_MAX_KV_TIERS);
+    for (int t = 0; t < n; t++)
+        if (!strcmp(ts[t].name, name)) return ts[t];
+    fail_msg("no %s tier", name);
+    return ts[0];
+}
+
+/* The draft's sequence d computes the n-token prompt whole (its logits into
+ * out), then lets it go: its full blocks stay cached. */
+static void draft_computes(kvlm_ctx *dctx, int d, const int32_t *prompt, int n, float *out, int V) {
+    kvlm_error err = {0};
+    kvlm_batch b = {n, (int32_t *)prompt, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(dctx, &b, &err), KVLM_OK);
+    memcpy(out, kvlm_get_logits(dctx, -1), (size_t)V * sizeof *out);
+    kvlm_seq_free(dctx, d);
+}
+
+/* The draft's sequence d finds the prompt's 2 full blocks (128 tokens)
+ * again, the tier called tier then counting `promoted` blocks brought back;
+ * the rest of the prompt gives the logits computed whole, the pool's
+ * invariants hold, and d lets it go. */
+static void draft_finds(kvlm_ctx *ctx, kvlm_ctx *dctx, int d, const int32_t *prompt, int n, const char *tier,
+                        uint64_t promoted, const float *want, int V) {
+    kvlm_error err = {0};
+    assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, n), 128);
+    assert_int_equal(tier_named(ctx, tier).promoted, promoted);
+    kvlm_batch rest = {n - 128, (int32_t *)prompt + 128, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(dctx, &rest, &err), KVLM_OK);
+    assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), want, V, 1e-2) < 1e-3);
+    const char *bad = engine_kv_check(ctx);
+    if (bad) fail_msg("pool invariants: %s", bad);
+    kvlm_seq_free(dctx, d);
+}
+
+/* The guest layout's blocks (stories260K drafting for stories4M_hd64, 64 of
+ * its tokens a block) go to the tiers as the model's do, in their own
+ * stored form: pushed out of a full pool into host memory and brought back
+ * on the draft's prefix miss; those it still holds written to disk when
+ * the draft context is freed, and found there by the next context's draft.
+ * Their bytes come back whole (the logits of the prompt computed whole), the
+ * model's sequences never find them, and the pool's invariants hold. */
+static void test_draft_guest_tiers(void **state) {
+    (void)state;
+    kvlm_model *m, *dm;
+    TU_REQUIRE(load_guest_pair(&m, &dm));
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvlm-guest-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    enum { N = 150, FILL = 320 };
+    int32_t prompt[N], prompt2[N], other[FILL];
+    for (int i = 0; i < N; i++) prompt[i] = 1 + (i * 37) % 200;
+    for (int i = 0; i < N; i++) prompt2[i] = 3 + (i * 41) % 250;
+    for (int i = 0; i < FILL; i++) other[i] = 2 + (i * 53) % 300;
+    int V = kvlm_vocab_size(dm);
+    float *want = malloc((size_t)V * sizeof *want), *want2 = malloc((size_t)V * sizeof *want2);
+    for (int round = 0; round < 2; round++) {
+        kvlm_ctx_params cp = ctx_params(1, FILL / 16, 0); /* the model's FILL tokens take every block */
+        cp.n_ctx = 512;
+        cp.n_seq_draft = 1;
+        cp.kv_host_size = 16 << 20;
+        cp.kv_disk = dir;
+        kvlm_error err = {0};
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx;
+        assert_non_null(ctx);
+        assert_non_null(dctx = kvlm_ctx_create_draft(dm, ctx, NULL, &err));
+        int d = kvlm_ctx_seq_first(dctx);
+        if (round == 0) {
+            assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, N), 0);
+            draft_computes(dctx, d, prompt, N, want, V); /* its 2 full blocks of 64 stay cached */
+            kvlm_batch fill = {FILL, other, NULL, NULL, NULL};
+            assert_int_equal(kvlm_decode(ctx, &fill, &err), KVLM_OK);
+            assert_int_equal(tier_named(ctx, "host").demoted, 2); /* the model's blocks were all in use */
+            kvlm_seq_free(ctx, 0);
+            draft_finds(ctx, dctx, d, prompt, N, "host", 2, want, V);
+            /* blocks only the pool holds when the draft context goes: to disk then */
+            draft_computes(dctx, d, prompt2, N, want2, V);
+        } else { /* a new context: host memory is empty, the disk kept the draft's blocks */
+            assert_int_equal(kvlm_seq_reuse_prefix(ctx, 0, prompt, N), 0); /* the model's keys are not the draft's */
+            draft_finds(ctx, dctx, d, prompt, N, "disk", 2, want, V);
+            draft_finds(ctx, dctx, d, prompt2, N, "disk", 4, want2, V);
+        }
+        uint64_t persisted = tier_named(ctx, "disk").persisted;
+        kvlm_ctx_free(dctx);
+        if (round == 0) assert_true(tier_named(ctx, "disk").persisted >= persisted + 2);
+        kvlm_ctx_free(ctx);
+    }
+    free(want);
+    free(want2);
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     kvlm_model_free(dm);
     kvlm_model_free(m);
 }
@@ -477,6 +590,7 @@ int main(void) {
         cmocka_unit_test(test_draft_shared_pool),
         cmocka_unit_test(test_draft_shared_keys),
         cmocka_unit_test(test_draft_guest_pool),
+        cmocka_unit_test(test_draft_guest_tiers),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

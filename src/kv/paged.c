@@ -236,7 +236,7 @@ int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int h
         return util_err_set(err, KVLM_EUNSUPPORTED, "a guest cache of %d x %d x %d takes more bytes per token than "
                             "the pool's: it does not fit in a block", n_layers, n_kv_heads, head_dim);
     kv_layout *L = &c->lay[1];
-    layout_init(L, &g, model, c->block_bytes);
+    layout_init(L, &g, model, kv_params_block_bytes(&g)); /* stored blocks carry the bytes it uses */
     if (!(L->ix = kv_prefix_create(c->p.n_blocks, g.block_size)))
         return util_err_set(err, KVLM_ENOMEM, "out of memory for the guest's prefix index");
     seqs_shed(c, first_seq);
@@ -273,6 +273,8 @@ size_t kv_seq_v_offset_bytes(const kv_cache *c, int seq) { return lay_of_seq(c, 
 
 const kv_params *kv_get_params(const kv_cache *c) { return &c->p; }
 const kv_blockfmt *kv_get_blockfmt(const kv_cache *c) { return &c->lay[0].fmt; }
+const kv_blockfmt *kv_seq_blockfmt(const kv_cache *c, int seq) { return &lay_of_seq(c, seq)->fmt; }
+const kv_blockfmt *kv_block_blockfmt(const kv_cache *c, int32_t b) { return &lay_of_block(c, b)->fmt; }
 size_t kv_block_bytes(const kv_cache *c) { return c->block_bytes; }
 size_t kv_head_bytes(const kv_cache *c) { return c->lay[0].k_bytes + c->lay[0].v_bytes; }
 size_t kv_v_offset_bytes(const kv_cache *c) { return c->lay[0].k_bytes; }
@@ -305,14 +307,14 @@ static int available(const kv_cache *c) { return c->n_free + cached(c); }
 
 /* A block for a sequence of layout lay: a free one, else the least recently
  * used cached one, the guest's first (a draft's cache is the cheaper one to
- * recompute). Only the pool's own blocks go to the tiers (demote). */
+ * recompute), offered to the tiers first (demote). */
 static int32_t block_alloc(kv_cache *c, int lay) {
     int32_t b = -1;
     if (c->n_free > 0) b = c->free_stack[--c->n_free];
     else {
         for (int l = c->n_lay - 1; l >= 0 && b < 0; l--) b = kv_prefix_lru_head(c->lay[l].ix);
         if (b < 0) return -1;
-        if (c->hooks.demote && c->blay[b] == 0) c->hooks.demote(c->hooks.user, c, b);
+        if (c->hooks.demote) c->hooks.demote(c->hooks.user, c, b);
         index_remove(c, b);
         c->evictions++;
     }
@@ -432,7 +434,7 @@ static void index_full(kv_cache *c, kv_seq *s, int i0, int i1) {
         kv_block_key(&L->fmt, parent, bt, &s->keys[i]);
         if (!kv_prefix_indexed(L->ix, b) && kv_prefix_find(L->ix, &s->keys[i], parent, bt) < 0) {
             index_insert(c, b, &s->keys[i], parent, bt);
-            if (c->hooks.indexed && lay == 0) c->hooks.indexed(c->hooks.user, c, b);
+            if (c->hooks.indexed) c->hooks.indexed(c->hooks.user, c, b);
         }
     }
 }
@@ -525,7 +527,7 @@ int kv_seq_match_prefix(kv_cache *c, int seq, const int32_t *tokens, int n) {
     c->misses += (uint64_t)(eligible - i);
     memcpy(s->tokens, tokens, (size_t)i * bs * sizeof(int32_t));
     s->len = i * bs;
-    if (i < eligible && c->hooks.miss && lay == 0) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
+    if (i < eligible && c->hooks.miss) c->hooks.miss(c->hooks.user, c, seq, tokens, i, eligible);
     return s->len;
 }
 
@@ -555,26 +557,26 @@ bool kv_block_guest(const kv_cache *c, int32_t b) { return c->blay[b] != 0; }
 const kv_key *kv_seq_key(const kv_cache *c, int seq, int i) { return &c->seqs[seq].keys[i]; }
 
 void kv_block_read(const kv_cache *c, int32_t b, void *host_dst) {
-    c->p.storage->read(c->p.storage->user, host_dst, c->data + (size_t)b * c->block_bytes, c->block_bytes);
+    c->p.storage->read(c->p.storage->user, host_dst, c->data + (size_t)b * c->block_bytes,
+                       lay_of_block(c, b)->fmt.payload_bytes);
 }
 void kv_block_write(kv_cache *c, int32_t b, const void *host_src) {
-    c->p.storage->write(c->p.storage->user, c->data + (size_t)b * c->block_bytes, host_src, c->block_bytes);
+    c->p.storage->write(c->p.storage->user, c->data + (size_t)b * c->block_bytes, host_src,
+                        lay_of_block(c, b)->fmt.payload_bytes);
 }
 
 int32_t kv_seq_attach_block(kv_cache *c, int seq, const int32_t *tokens, const kv_key *key) {
     kv_seq *s = &c->seqs[seq];
-    int bs = c->p.block_size, i = s->n_blocks;
-    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted ||
-        seq_lay(c, seq))
-        return -1;
+    int lay = seq_lay(c, seq), bs = c->lay[lay].block_size, i = s->n_blocks;
+    if (s->len != i * bs || (i + 1) * bs > c->p.max_seq_tokens || !c->p.prefix_cache || s->compacted) return -1;
     if (available(c) < 1 || seq_grow(c, s, (i + 1) * bs)) return -1;
     const kv_key *parent = i == 0 ? &s->root : &s->keys[i - 1];
-    int32_t b = block_alloc(c, 0);
+    int32_t b = block_alloc(c, lay);
     s->blocks[s->n_blocks++] = b;
     s->keys[i] = *key;
     memcpy(s->tokens + (size_t)i * bs, tokens, (size_t)bs * sizeof(int32_t));
     s->len += bs;
-    if (kv_prefix_find(c->lay[0].ix, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
+    if (kv_prefix_find(c->lay[lay].ix, key, parent, tokens) < 0) index_insert(c, b, key, parent, tokens);
     return b;
 }
 

@@ -57,6 +57,10 @@ void kv_free(kv_cache *c);
 const kv_params *kv_get_params(const kv_cache *c);
 /* What this pool's block keys and stored blocks depend on. */
 const kv_blockfmt *kv_get_blockfmt(const kv_cache *c);
+/* The same for a sequence's blocks and for block b: the pool's, or the
+ * guest layout's (kv_add_guest) for a guest sequence or a block in its layout. */
+const kv_blockfmt *kv_seq_blockfmt(const kv_cache *c, int seq);
+const kv_blockfmt *kv_block_blockfmt(const kv_cache *c, int32_t b);
 
 /* A block holds, for each (layer, KV head) in turn, [K region][V region],
  * each op_kv_region_bytes(type, head_dim, block_size) bytes: for per-token
@@ -82,8 +86,10 @@ size_t kv_token_bytes(const kv_cache *c);
  * blocks: 64). Their keys
  * are the guest's (its own format, under model), in a prefix index of their
  * own; a cached guest block is reused before a cached one of the pool's.
- * Guest blocks never reach the tier hooks, and guest sequences neither swap
- * nor compact nor fork to the pool's. Not with q4_kc keys or a latent cache. */
+ * Guest blocks reach the tier hooks as the pool's do, stored in the guest's
+ * format (kv_block_blockfmt: its geometry, the bytes it uses of a block).
+ * Guest sequences neither swap nor compact nor fork to the pool's. Not with
+ * q4_kc keys or a latent cache. */
 int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
                  int *block_size, kvlm_error *err);
 /* The guest's tokens per block in a pool of p: the most whole multiples of
@@ -212,11 +218,12 @@ const int32_t *kv_block_tokens(const kv_cache *c, int32_t block);
 bool kv_block_indexed(const kv_cache *c, int32_t block);
 /* The key of a sequence's full block i (computed when it was committed or matched). */
 const kv_key *kv_seq_key(const kv_cache *c, int seq, int i);
-/* Whole block bytes through the storage table (kv_block_bytes of them). */
+/* A block's bytes through the storage table: the payload_bytes of its
+ * layout's format (kv_block_bytes for the pool's own layout). */
 void kv_block_read(const kv_cache *c, int32_t block, void *host_dst);
 void kv_block_write(kv_cache *c, int32_t block, const void *host_src);
-/* For a sequence that holds only full blocks (len = blocks x block_size):
- * appends a fresh block for these block_size tokens under key (which must
+/* For a sequence that holds only full blocks (len = blocks x its block size):
+ * appends a fresh block (in the sequence's layout) for these tokens under key (which must
  * chain on the sequence's last key), indexes it and counts its tokens as
  * committed. The caller writes its bytes (kv_block_write) before anything
  * reads them. Returns the block, or -1 when the pool has no block to give. */

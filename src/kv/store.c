@@ -27,8 +27,9 @@ struct kv_store {
     /* tiers */
     kv_tier *tiers[KV_STORE_MAX_TIERS];
     int roles[KV_STORE_MAX_TIERS], n_tiers;
-    kv_blockfmt fmt;
-    size_t blob_bytes;     /* a serialized block */
+    kv_blockfmt fmt;       /* the pool's layout's (a guest's: kv_block_blockfmt) */
+    size_t blob_bytes;     /* one of the pool's blocks serialized */
+    size_t blob_cap;       /* room for one serialized block of either layout */
     uint8_t *ser;          /* one serialized block (demote, write-through, persist) */
     uint8_t *in_tier;      /* per block: bit t set when tier t is known to hold its current contents */
     uint8_t *pbuf;         /* promotion: PROMOTE_BATCH serialized blocks */
@@ -72,6 +73,7 @@ static void on_indexed(void *user, kv_cache *c, int32_t b);
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
 
 static kv_store *store_create(const kv_store_params *p, kvlm_error *err);
+static int tier_buffers(kv_store *s, size_t blob, kvlm_error *err);
 
 kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
     kv_store *local = NULL;
@@ -152,15 +154,12 @@ static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
     if (s->n_tiers) {
         s->fmt = *kv_get_blockfmt(s->c);
         s->blob_bytes = kv_blockfmt_bytes(&s->fmt);
-        s->ser = malloc(s->blob_bytes);
         s->in_tier = calloc((size_t)s->p.n_blocks, 1);
-        s->pbuf = malloc(PROMOTE_BATCH * s->blob_bytes);
-        if (!s->ser || !s->in_tier || !s->pbuf) {
+        if (!s->in_tier || tier_buffers(s, s->blob_bytes, err)) {
             util_err_set(err, KVLM_ENOMEM, "out of memory for the KV tiers' buffers");
             kv_store_free(s);
             return NULL;
         }
-        for (int i = 0; i < PROMOTE_BATCH; i++) s->bufs[i] = s->pbuf + (size_t)i * s->blob_bytes;
         kv_hooks h = {on_demote, on_indexed, on_miss, s};
         kv_set_hooks(s->c, &h);
     }
@@ -187,10 +186,32 @@ void kv_store_free(kv_store *s) {
 
 /* ---- tiers ---- */
 
-static void serialize(kv_store *s, int32_t b, uint8_t *out) {
-    kv_blockfmt_begin(&s->fmt, kv_block_key_of(s->c, b), kv_block_tokens(s->c, b), out);
-    kv_block_read(s->c, b, out + kv_blockfmt_payload_offset(&s->fmt));
-    kv_blockfmt_seal(&s->fmt, out);
+/* Room for serialized blocks of up to blob bytes (one to write, a promotion's
+ * batch to read); grows only. */
+static int tier_buffers(kv_store *s, size_t blob, kvlm_error *err) {
+    if (blob <= s->blob_cap) return KVLM_OK;
+    uint8_t *ser = malloc(blob), *pbuf = malloc(PROMOTE_BATCH * blob);
+    if (!ser || !pbuf) {
+        free(ser);
+        free(pbuf);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory for the KV tiers' buffers");
+    }
+    free(s->ser);
+    free(s->pbuf);
+    s->ser = ser;
+    s->pbuf = pbuf;
+    s->blob_cap = blob;
+    for (int i = 0; i < PROMOTE_BATCH; i++) s->bufs[i] = s->pbuf + (size_t)i * blob;
+    return KVLM_OK;
+}
+
+/* Block b in its layout's stored form into out; returns its bytes. */
+static size_t serialize(kv_store *s, int32_t b, uint8_t *out) {
+    const kv_blockfmt *f = kv_block_blockfmt(s->c, b);
+    kv_blockfmt_begin(f, kv_block_key_of(s->c, b), kv_block_tokens(s->c, b), out);
+    kv_block_read(s->c, b, out + kv_blockfmt_payload_offset(f));
+    kv_blockfmt_seal(f, out);
+    return kv_blockfmt_bytes(f);
 }
 
 /* Puts block b to every tier with one of these roles that lacks it. ask:
@@ -199,16 +220,15 @@ static void serialize(kv_store *s, int32_t b, uint8_t *out) {
  * another instance, or after being computed again, costs no read from the
  * pool and no write). */
 static void put_block(kv_store *s, int32_t b, int role, uint64_t *count, bool ask) {
-    bool done = false;
+    size_t len = 0;
     for (int t = 0; t < s->n_tiers; t++) {
         if (!(s->roles[t] & role) || (s->in_tier[b] & (1u << t))) continue;
         if (ask && kv_tier_contains(s->tiers[t], 1, kv_block_key_of(s->c, b)) == 1) {
             s->in_tier[b] |= (uint8_t)(1u << t);
             continue;
         }
-        if (!done) serialize(s, b, s->ser);
-        done = true;
-        if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, s->blob_bytes)) {
+        if (!len) len = serialize(s, b, s->ser);
+        if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, len)) {
             s->in_tier[b] |= (uint8_t)(1u << t);
             count[t]++;
         }
@@ -241,26 +261,27 @@ static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why)
     }
 }
 
-/* The keys of blocks [i, i + n) of tokens after parent (i == 0: the sequence's root). */
-static void chain_keys(const kv_store *s, const kv_key *parent, const int32_t *tokens, int i, int n, kv_key *out) {
-    int bs = s->p.block_size;
-    for (int j = 0; j < n; j++)
-        kv_block_key(&s->fmt, j ? &out[j - 1] : parent, tokens + (size_t)(i + j) * bs, &out[j]);
+/* The keys of blocks [i, i + n) of tokens after parent (i == 0: the
+ * sequence's root), blocks of format f. */
+static void chain_keys(const kv_blockfmt *f, const kv_key *parent, const int32_t *tokens, int i, int n, kv_key *out) {
+    int bs = f->block_size;
+    for (int j = 0; j < n; j++) kv_block_key(f, j ? &out[j - 1] : parent, tokens + (size_t)(i + j) * bs, &out[j]);
 }
 
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want) {
     kv_store *s = user;
-    int bs = s->p.block_size, i = have;
+    const kv_blockfmt *f = kv_seq_blockfmt(c, seq); /* the pool's, or a guest sequence's */
+    int bs = f->block_size, i = have;
     kv_key parent = i > 0 ? *kv_seq_key(c, seq, i - 1) : *kv_seq_root(c, seq);
     while (i < want) {
         int n = want - i < PROMOTE_BATCH ? want - i : PROMOTE_BATCH, got = 0;
-        chain_keys(s, &parent, tokens, i, n, s->keys);
+        chain_keys(f, &parent, tokens, i, n, s->keys);
         for (int t = 0; t < s->n_tiers && got < n; t++) {
-            int k = kv_tier_get(s->tiers[t], n - got, s->keys + got, s->bufs + got, s->blob_bytes, s->lens + got);
+            int k = kv_tier_get(s->tiers[t], n - got, s->keys + got, s->bufs + got, s->blob_cap, s->lens + got);
             for (int j = got; j < got + k; j++) {
                 const char *why = NULL;
                 const uint8_t *payload =
-                    s->lens[j] ? kv_blockfmt_check(&s->fmt, &s->keys[j], tokens + (size_t)(i + j) * bs, s->bufs[j],
+                    s->lens[j] ? kv_blockfmt_check(f, &s->keys[j], tokens + (size_t)(i + j) * bs, s->bufs[j],
                                                    s->lens[j], &why)
                                : NULL;
                 if (!payload) { /* damaged: recompute it (a colder tier may still have it) */
@@ -269,7 +290,7 @@ static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int
                      * still counted and dropped, not met again later */
                     for (int u = j + 1; u < got + k; u++) {
                         const char *w2 = NULL;
-                        if (s->lens[u] && !kv_blockfmt_check(&s->fmt, &s->keys[u], tokens + (size_t)(i + u) * bs,
+                        if (s->lens[u] && !kv_blockfmt_check(f, &s->keys[u], tokens + (size_t)(i + u) * bs,
                                                              s->bufs[u], s->lens[u], &w2) && w2)
                             note_corrupt(s, t, &s->keys[u], w2);
                     }
@@ -307,20 +328,20 @@ int kv_store_tier_stats_get(const kv_store *s, kv_store_tier_stats *out, int cap
     return s->n_tiers;
 }
 
-void kv_store_persist(kv_store *s) {
-    if (s->local) kv_store_persist(s->local);
-    if (!s->n_tiers) return;
+/* Every indexed block (only_guest: of the guest layout) to each durable
+ * tier that lacks it, then waits for the writes. */
+static void persist_blocks(kv_store *s, bool only_guest) {
     for (int32_t b = 0; b < s->p.n_blocks; b++) {
-        if (!kv_block_indexed(s->c, b) || kv_block_guest(s->c, b)) continue; /* a guest's blocks: not the tiers' */
+        if (!kv_block_indexed(s->c, b) || (only_guest && !kv_block_guest(s->c, b))) continue;
         for (int t = 0; t < s->n_tiers; t++) {
             if (!(s->roles[t] & KV_TIER_DURABLE) || (s->in_tier[b] & (1u << t))) continue;
-            serialize(s, b, s->ser);
+            size_t len = serialize(s, b, s->ser);
             const kv_key *key = kv_block_key_of(s->c, b);
             /* a full queue: wait for it once rather than lose the block */
-            bool ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+            bool ok = kv_tier_put(s->tiers[t], key, s->ser, len);
             if (!ok) {
                 kv_tier_flush(s->tiers[t]);
-                ok = kv_tier_put(s->tiers[t], key, s->ser, s->blob_bytes);
+                ok = kv_tier_put(s->tiers[t], key, s->ser, len);
             }
             if (ok) {
                 s->in_tier[b] |= (uint8_t)(1u << t);
@@ -329,6 +350,11 @@ void kv_store_persist(kv_store *s) {
         }
     }
     for (int t = 0; t < s->n_tiers; t++) kv_tier_flush(s->tiers[t]);
+}
+
+void kv_store_persist(kv_store *s) {
+    if (s->local) kv_store_persist(s->local);
+    if (s->n_tiers) persist_blocks(s, false);
 }
 
 const kv_params *kv_store_params_of(const kv_store *s) { return &s->p; }
@@ -355,6 +381,10 @@ int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads,
         return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window store holds one layout");
     int rc = kv_add_guest(s->c, first_seq, n_layers, n_kv_heads, head_dim, model, block_size, err);
     if (rc) return rc;
+    if (s->n_tiers && (rc = tier_buffers(s, kv_blockfmt_bytes(kv_seq_blockfmt(s->c, first_seq)), err))) {
+        kv_drop_guest(s->c, NULL);
+        return rc;
+    }
     s->guest_lo = first_seq;
     s->g_head_dim = head_dim;
     s->gk_row = op_kv_row_bytes(s->p.k_type, head_dim);
@@ -362,7 +392,16 @@ int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads,
     return KVLM_OK;
 }
 
+/* The guest's cached blocks go to the durable tiers first, as every block
+ * does at a clean stop: the draft context is freed before the pool is. */
 int kv_store_drop_guest(kv_store *s, kvlm_error *err) {
+    if (s->guest_lo >= s->p.max_seqs) return KVLM_OK;
+    for (int q = s->guest_lo, nb; q < s->p.max_seqs; q++)
+        if (kv_seq_blocks(s->c, q, &nb), nb || kv_seq_len(s->c, q))
+            return util_err_set(err, KVLM_EINVAL, "guest sequence %d still holds blocks", q);
+    if (s->n_tiers) persist_blocks(s, true);
+    for (int32_t b = 0; s->n_tiers && b < s->p.n_blocks; b++)
+        if (kv_block_guest(s->c, b)) s->in_tier[b] = 0; /* its bytes are about to be free */
     int rc = kv_drop_guest(s->c, err);
     if (!rc) s->guest_lo = s->p.max_seqs;
     return rc;
@@ -540,7 +579,7 @@ void kv_store_probe_prefix(const kv_store *s, const int32_t *tokens, int n_looku
         int n = eligible - matched, at = 0;
         kv_key *keys = malloc((size_t)n * sizeof *keys);
         if (keys) {
-            chain_keys(s, matched ? &last : NULL, tokens, matched, n, keys);
+            chain_keys(&s->fmt, matched ? &last : NULL, tokens, matched, n, keys);
             for (int t = 0; t < s->n_tiers && at < n; t++) {
                 int k = kv_tier_contains(s->tiers[t], n - at, keys + at);
                 out->tier_tokens[t] = k * bs;
