@@ -200,7 +200,7 @@ static int f_get(kv_tier *t, int n, const kv_key *k, void *const *bufs, size_t c
 static int f_contains(kv_tier *t, int n, const kv_key *k) { return kv_tier_contains(((faulty_tier *)t)->inner, n, k); }
 static void f_drop(kv_tier *t, const kv_key *k) { kv_tier_drop(((faulty_tier *)t)->inner, k); }
 static void f_flush(kv_tier *t) { kv_tier_flush(((faulty_tier *)t)->inner); }
-static void f_stats(kv_tier *t, kv_tier_stats *o) { ((faulty_tier *)t)->inner->ops->stats(((faulty_tier *)t)->inner, o); }
+static void f_stats(kv_tier *t, kv_tier_stats *o) { kv_tier_stats_get(((faulty_tier *)t)->inner, o); }
 static void f_close(kv_tier *t) { kv_tier_close(((faulty_tier *)t)->inner); free(t); }
 static const kv_tier_ops k_faulty = {"faulty", f_put, f_get, f_contains, f_drop, f_flush, f_stats, f_close};
 

@@ -1,5 +1,5 @@
-/* kv/tier: what every tier shares: key spelling and the readers' corruption
- * count. The tiers themselves are kv/tier_disk.c and kv/tier_redis.c. */
+/* kv/tier: what every tier shares: key spelling, the counters and the
+ * readers' corruption count. The tiers themselves are kv/tier_disk.c and kv/tier_redis.c. */
 #include "kv/tier.h"
 #include <stdatomic.h>
 #include <string.h>
@@ -29,8 +29,23 @@ bool kv_key_parse(const char *s, kv_key *k) {
     return true;
 }
 
+void kv_tier_counters_get(kv_tier *t, kv_tier_stats *out) {
+    const kv_tier_counters *n = &t->n;
+    out->hits = atomic_load(&n->hits);
+    out->misses = atomic_load(&n->misses);
+    out->writes = atomic_load(&n->writes);
+    out->write_bytes = atomic_load(&n->write_bytes);
+    out->dropped_writes = atomic_load(&n->dropped);
+    out->errors = atomic_load(&n->errors);
+    out->reads = atomic_load(&n->reads);
+    out->read_seconds = (double)atomic_load(&n->read_ns) / 1e9;
+    out->evicted = atomic_load(&n->evicted);
+    out->up = atomic_load(&n->up);
+}
+
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out) {
     memset(out, 0, sizeof *out);
+    kv_tier_counters_get(t, out);
     t->ops->stats(t, out);
     out->corrupt = atomic_load(&t->corrupt);
 }

@@ -65,10 +65,17 @@ typedef struct {
     void (*close)(kv_tier *t); /* flushes, stops threads, frees */
 } kv_tier_ops;
 
+/* What a tier counts, from any thread (the tier updates its own;
+ * kv_tier_stats_get reads them before the tier's stats op adds the rest). */
+typedef struct {
+    _Atomic uint64_t hits, misses, writes, write_bytes, dropped, errors, reads, read_ns, evicted;
+    _Atomic bool up;
+} kv_tier_counters;
 /* Implementations put this first in their own struct. */
 struct kv_tier {
     const kv_tier_ops *ops;
     _Atomic uint64_t corrupt;
+    kv_tier_counters n;
 };
 
 static inline bool kv_tier_put(kv_tier *t, const kv_key *k, const void *d, size_t n) { return t->ops->put(t, k, d, n); }
@@ -81,8 +88,10 @@ static inline void kv_tier_flush(kv_tier *t) { t->ops->flush(t); }
 static inline void kv_tier_close(kv_tier *t) {
     if (t) t->ops->close(t);
 }
-/* Fills out, with corrupt from the readers' notes. */
+/* Fills out: t's counters, then its stats op, then corrupt from the readers' notes. */
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out);
+/* Fills the counters' fields of out from t's counters alone. */
+void kv_tier_counters_get(kv_tier *t, kv_tier_stats *out);
 /* A reader found a block of this tier damaged: counts it (the reader also drops it). */
 void kv_tier_note_corrupt(kv_tier *t);
 

@@ -100,16 +100,13 @@ typedef struct {
     bool busy, stop, paused;
     pthread_t writer;
 
-    /* index, under imu (also read_seconds) */
+    /* index, under imu */
     pthread_mutex_t imu;
     disk_ent **buckets;
     size_t nbuckets, nents;
     uint64_t total;
     disk_ent lru; /* sentinel of the LRU list */
-    double read_seconds;
 
-    _Atomic uint64_t hits, misses, writes, write_bytes, dropped, errors, reads, evicted;
-    _Atomic bool up;
     _Atomic uint64_t logged[4]; /* errnos already logged (bit per errno < 256) */
 } disk_tier;
 
@@ -136,9 +133,9 @@ static void sub_path(const disk_tier *t, const kv_key *key, char *out, size_t ca
 /* Counts an I/O error, logs the first of each errno, and marks the tier down
  * when it is one that makes the folder unusable. */
 static void note_error(disk_tier *t, int e, const char *what, const char *path) {
-    atomic_fetch_add(&t->errors, 1);
+    atomic_fetch_add(&t->base.n.errors, 1);
     if (e == ENOSPC || e == EACCES || e == EROFS || e == EIO || e == EDQUOT || e == ENOTDIR || e == EPERM)
-        atomic_store(&t->up, false);
+        atomic_store(&t->base.n.up, false);
     int b = e >= 0 && e < 256 ? e : 255;
     uint64_t bit = 1ull << (b & 63);
     if (atomic_fetch_or(&t->logged[b >> 6], bit) & bit) return;
@@ -261,7 +258,7 @@ static void ix_enforce_cap(disk_tier *t, const kv_key *keep) {
         if (keep && !memcmp(e->key.b, keep->b, 16)) break;
         kv_tier_disk_path(t->dir, &e->key, path, sizeof path);
         if (unlink(path) != 0 && errno != ENOENT) note_error(t, errno, "evicting", path);
-        atomic_fetch_add(&t->evicted, 1);
+        atomic_fetch_add(&t->base.n.evicted, 1);
         kv_key k = e->key;
         ix_remove(t, &k);
     }
@@ -279,7 +276,7 @@ static bool make_room(disk_tier *t, size_t len) {
         disk_ent *e = t->lru.next;
         kv_tier_disk_path(t->dir, &e->key, path, sizeof path);
         if (unlink(path) != 0 && errno != ENOENT) note_error(t, errno, "evicting", path);
-        atomic_fetch_add(&t->evicted, 1);
+        atomic_fetch_add(&t->base.n.evicted, 1);
         freed += e->bytes;
         kv_key k = e->key;
         ix_remove(t, &k);
@@ -365,11 +362,11 @@ static void *writer_main(void *arg) {
         int e = write_block(t, it);
         if ((e == ENOSPC || e == EDQUOT) && make_room(t, it->len)) e = write_block(t, it);
         if (e == 0) {
-            atomic_fetch_add(&t->writes, 1);
-            atomic_fetch_add(&t->write_bytes, it->len);
-            atomic_store(&t->up, true);
+            atomic_fetch_add(&t->base.n.writes, 1);
+            atomic_fetch_add(&t->base.n.write_bytes, it->len);
+            atomic_store(&t->base.n.up, true);
         } else {
-            atomic_fetch_add(&t->dropped, 1);
+            atomic_fetch_add(&t->base.n.dropped, 1);
         }
         free(it);
 
@@ -386,7 +383,7 @@ static void *writer_main(void *arg) {
 static bool disk_put(kv_tier *tt, const kv_key *key, const void *data, size_t len) {
     disk_tier *t = (disk_tier *)tt;
     if (!key || !data || len == 0 || (t->max_bytes && len > t->max_bytes)) {
-        atomic_fetch_add(&t->dropped, 1);
+        atomic_fetch_add(&t->base.n.dropped, 1);
         return false;
     }
     /* a cheap look first, so a full queue costs no copy */
@@ -395,7 +392,7 @@ static bool disk_put(kv_tier *tt, const kv_key *key, const void *data, size_t le
     pthread_mutex_unlock(&t->qmu);
     disk_item *it = full ? NULL : malloc(sizeof *it + len);
     if (!it) {
-        atomic_fetch_add(&t->dropped, 1);
+        atomic_fetch_add(&t->base.n.dropped, 1);
         return false;
     }
     it->next = NULL;
@@ -406,7 +403,7 @@ static bool disk_put(kv_tier *tt, const kv_key *key, const void *data, size_t le
     if (t->qn >= t->qmax || t->qbytes + len > t->qmax_bytes) {
         pthread_mutex_unlock(&t->qmu);
         free(it);
-        atomic_fetch_add(&t->dropped, 1);
+        atomic_fetch_add(&t->base.n.dropped, 1);
         return false;
     }
     if (t->qtail) t->qtail->next = it;
@@ -525,19 +522,16 @@ static int disk_get(kv_tier *tt, int n, const kv_key *keys, void *const *bufs, s
             pthread_mutex_unlock(&t->imu);
             if (res[j] == R_HIT) {
                 close(fd);
-                atomic_fetch_add(&t->hits, 1);
+                atomic_fetch_add(&t->base.n.hits, 1);
                 if (!broken) lead++;
             } else {
-                atomic_fetch_add(&t->misses, 1);
+                atomic_fetch_add(&t->base.n.misses, 1);
                 broken = true;
             }
         }
     }
-    double dt = util_now_s() - t0;
-    atomic_fetch_add(&t->reads, 1);
-    pthread_mutex_lock(&t->imu);
-    t->read_seconds += dt;
-    pthread_mutex_unlock(&t->imu);
+    atomic_fetch_add(&t->base.n.reads, 1);
+    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
     return lead;
 }
 
@@ -579,17 +573,7 @@ static void disk_stats(kv_tier *tt, kv_tier_stats *out) {
     pthread_mutex_lock(&t->imu);
     out->blocks = t->nents;
     out->bytes = t->total;
-    out->read_seconds = t->read_seconds;
     pthread_mutex_unlock(&t->imu);
-    out->hits = atomic_load(&t->hits);
-    out->misses = atomic_load(&t->misses);
-    out->writes = atomic_load(&t->writes);
-    out->write_bytes = atomic_load(&t->write_bytes);
-    out->dropped_writes = atomic_load(&t->dropped);
-    out->errors = atomic_load(&t->errors);
-    out->reads = atomic_load(&t->reads);
-    out->evicted = atomic_load(&t->evicted);
-    out->up = atomic_load(&t->up);
 }
 
 static void disk_free(disk_tier *t) {
@@ -790,7 +774,7 @@ kv_tier *kv_tier_disk_open(const char *dir, uint64_t max_bytes, kvlm_error *err)
     t->qmax = DISK_QUEUE_BLOCKS;
     t->qmax_bytes = DISK_QUEUE_BYTES;
     t->lru.prev = t->lru.next = &t->lru;
-    atomic_store(&t->up, true);
+    atomic_store(&t->base.n.up, true);
     pthread_mutex_init(&t->qmu, NULL);
     pthread_mutex_init(&t->imu, NULL);
     pthread_cond_init(&t->work, NULL);

@@ -141,8 +141,6 @@ typedef struct {
      * slot map; NULL for a single server */
     _Atomic bool *refresh;
 
-    _Atomic bool up;
-    _Atomic uint64_t hits, misses, writes, write_bytes, dropped, errors, reads, read_ns;
     _Atomic uint64_t blocks, bytes;
 } redis_tier;
 
@@ -340,7 +338,7 @@ static void reader_give(redis_tier *t, int i, bool broken) {
         redisFree(r->c);
         r->c = NULL;
         r->next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
-        atomic_fetch_add(&t->errors, 1);
+        atomic_fetch_add(&t->base.n.errors, 1);
     }
     r->busy = false;
     pthread_cond_broadcast(&t->r_cv);
@@ -416,7 +414,7 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
     if (n <= 0) return 0;
     double t0 = util_now_s(), deadline = t0 + t->timeout_ms / 1000.0;
     for (int i = 0; i < n; i++) lens[i] = 0;
-    atomic_fetch_add(&t->reads, 1);
+    atomic_fetch_add(&t->base.n.reads, 1);
     int lead = 0, found = 0;
     key_argv a;
     int slot = reader_take(t, deadline);
@@ -459,9 +457,9 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
             reader_give(t, slot, !ok);
         }
     }
-    atomic_fetch_add(&t->hits, (uint64_t)found);
-    atomic_fetch_add(&t->misses, (uint64_t)(n - found));
-    atomic_fetch_add(&t->read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    atomic_fetch_add(&t->base.n.hits, (uint64_t)found);
+    atomic_fetch_add(&t->base.n.misses, (uint64_t)(n - found));
+    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
     return lead;
 }
 
@@ -547,16 +545,16 @@ static bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t
     redis_tier *t = (redis_tier *)base;
     qnode *q = NULL;
     /* down: drop without copying; the writer drops what was queued before */
-    if (atomic_load(&t->up) && len > 0 && len <= KV_REDIS_MAX_BLOCK && (q = qnode_make(OP_SET, key, data, len))) {
+    if (atomic_load(&t->base.n.up) && len > 0 && len <= KV_REDIS_MAX_BLOCK && (q = qnode_make(OP_SET, key, data, len))) {
         if (enqueue(t, q)) return true;
     }
-    atomic_fetch_add(&t->dropped, 1);
+    atomic_fetch_add(&t->base.n.dropped, 1);
     return false;
 }
 
 static void redis_drop(kv_tier *base, const kv_key *key) {
     redis_tier *t = (redis_tier *)base;
-    if (!atomic_load(&t->up)) return; /* nothing to do that would reach it */
+    if (!atomic_load(&t->base.n.up)) return; /* nothing to do that would reach it */
     qnode *q = qnode_make(OP_DEL, key, NULL, 0);
     if (q) enqueue(t, q); /* a full queue loses the DEL; a reader's checksum still guards the block */
 }
@@ -570,7 +568,7 @@ static void dequeue_n(redis_tier *t, int n, bool dropped) {
         if (!t->head) t->tail = NULL;
         t->q_count--;
         t->q_bytes -= q->cmd_len;
-        if (q->op == OP_SET && dropped) atomic_fetch_add(&t->dropped, 1);
+        if (q->op == OP_SET && dropped) atomic_fetch_add(&t->base.n.dropped, 1);
         t->done_seq = q->seq;
         qnode_free(q);
     }
@@ -607,7 +605,7 @@ static void redis_flush(kv_tier *base) {
                     nx = q->next;
                     t->q_count--;
                     t->q_bytes -= q->cmd_len;
-                    if (q->op == OP_SET) atomic_fetch_add(&t->dropped, 1);
+                    if (q->op == OP_SET) atomic_fetch_add(&t->base.n.dropped, 1);
                     qnode_free(q);
                 }
             }
@@ -622,13 +620,13 @@ static void redis_flush(kv_tier *base) {
 
 /* ---- the writer thread ---- */
 
-static void set_up(redis_tier *t) { atomic_store(&t->up, t->w != NULL); }
+static void set_up(redis_tier *t) { atomic_store(&t->base.n.up, t->w != NULL); }
 
 static void writer_break(redis_tier *t) {
     redisFree(t->w);
     t->w = NULL;
     t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
-    atomic_fetch_add(&t->errors, 1);
+    atomic_fetch_add(&t->base.n.errors, 1);
     set_up(t);
 }
 
@@ -677,11 +675,11 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
         if (!r) { ok = false; break; }
         if (q->op == OP_SET) {
             if (r->type == REDIS_REPLY_STATUS) {
-                atomic_fetch_add(&t->writes, 1);
-                atomic_fetch_add(&t->write_bytes, q->len);
+                atomic_fetch_add(&t->base.n.writes, 1);
+                atomic_fetch_add(&t->base.n.write_bytes, q->len);
             } else { /* e.g. OOM under maxmemory with noeviction */
-                atomic_fetch_add(&t->dropped, 1);
-                atomic_fetch_add(&t->errors, 1);
+                atomic_fetch_add(&t->base.n.dropped, 1);
+                atomic_fetch_add(&t->base.n.errors, 1);
                 if (t->refresh && r->type == REDIS_REPLY_ERROR && r->str &&
                     (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4) || !strncmp(r->str, "CLUSTERDOWN", 11)))
                     atomic_store(t->refresh, true);
@@ -691,7 +689,7 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
     }
     if (!ok) {
         for (; done < n; done++)
-            if (batch[done]->op == OP_SET) atomic_fetch_add(&t->dropped, 1);
+            if (batch[done]->op == OP_SET) atomic_fetch_add(&t->base.n.dropped, 1);
         writer_break(t);
     }
 }
@@ -714,7 +712,7 @@ static void readers_reconnect(redis_tier *t) {
         pthread_cond_broadcast(&t->r_cv);
         pthread_mutex_unlock(&t->r_mu);
         if (!c) {
-            atomic_fetch_add(&t->errors, 1);
+            atomic_fetch_add(&t->base.n.errors, 1);
             break;
         }
     }
@@ -749,7 +747,7 @@ static void *writer_main(void *arg) {
             t->w = rconnect(t);
             if (!t->w) {
                 t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
-                atomic_fetch_add(&t->errors, 1);
+                atomic_fetch_add(&t->base.n.errors, 1);
             }
             set_up(t);
         }
@@ -791,16 +789,7 @@ static void redis_stats(kv_tier *base, kv_tier_stats *out) {
     redis_tier *t = (redis_tier *)base;
     out->blocks = atomic_load(&t->blocks);
     out->bytes = atomic_load(&t->bytes);
-    out->hits = atomic_load(&t->hits);
-    out->misses = atomic_load(&t->misses);
-    out->writes = atomic_load(&t->writes);
-    out->write_bytes = atomic_load(&t->write_bytes);
-    out->dropped_writes = atomic_load(&t->dropped);
-    out->errors = atomic_load(&t->errors);
-    out->reads = atomic_load(&t->reads);
-    out->read_seconds = (double)atomic_load(&t->read_ns) / 1e9;
-    out->evicted = 0; /* Redis evicts on its own and does not say which */
-    out->up = atomic_load(&t->up);
+    /* the counters come from the base; evicted stays 0: Redis evicts on its own and does not say which */
 }
 
 static void tier_free(redis_tier *t) {
@@ -962,7 +951,7 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
     if (t->w) {
         t->readers[0].c = rconnect(t);
     } else {
-        atomic_fetch_add(&t->errors, 1);
+        atomic_fetch_add(&t->base.n.errors, 1);
         t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
         for (int i = 0; i < KV_REDIS_READERS; i++) t->readers[i].next_try = t->w_next_try;
     }
@@ -1034,7 +1023,6 @@ typedef struct {
     pthread_t thread;
     bool thread_started;
 
-    _Atomic uint64_t hits, misses, reads, read_ns, dropped, errors;
 } cluster_tier;
 
 /* CRC16-CCITT (XMODEM), Redis Cluster's key hash. */
@@ -1131,11 +1119,11 @@ static bool cluster_refresh(cluster_tier *t) {
     int n = atomic_load(&t->n_nodes);
     for (int i = 0; i < n; i++) {
         redis_tier *nd = atomic_load(&t->nodes[i]);
-        if (atomic_load(&nd->up) && cluster_map_from(t, nd->host, nd->port)) return true;
+        if (atomic_load(&nd->base.n.up) && cluster_map_from(t, nd->host, nd->port)) return true;
     }
     for (int i = 0; i < t->n_seeds; i++)
         if (cluster_map_from(t, t->seeds[i].host, t->seeds[i].port)) return true;
-    atomic_fetch_add(&t->errors, 1);
+    atomic_fetch_add(&t->base.n.errors, 1);
     return false;
 }
 
@@ -1424,12 +1412,12 @@ static int cluster_get(kv_tier *base, int n, const kv_key *keys, void *const *bu
     if (n <= 0) return 0;
     double t0 = util_now_s();
     for (int i = 0; i < n; i++) lens[i] = 0;
-    atomic_fetch_add(&t->reads, 1);
+    atomic_fetch_add(&t->base.n.reads, 1);
     cluster_fetch(t, n, keys, bufs, cap, lens, t0 + t->timeout_ms / 1000.0);
     int found, lead = leading(n, lens, &found);
-    atomic_fetch_add(&t->hits, (uint64_t)found);
-    atomic_fetch_add(&t->misses, (uint64_t)(n - found));
-    atomic_fetch_add(&t->read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    atomic_fetch_add(&t->base.n.hits, (uint64_t)found);
+    atomic_fetch_add(&t->base.n.misses, (uint64_t)(n - found));
+    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
     return lead;
 }
 
@@ -1455,7 +1443,7 @@ static bool cluster_put(kv_tier *base, const kv_key *key, const void *data, size
     cluster_tier *t = (cluster_tier *)base;
     redis_tier *r = cluster_route(t, key);
     if (r) return redis_put(&r->base, key, data, len); /* the node counts a drop */
-    atomic_fetch_add(&t->dropped, 1);
+    atomic_fetch_add(&t->base.n.dropped, 1);
     return false;
 }
 
@@ -1472,14 +1460,17 @@ static void cluster_flush(kv_tier *base) {
 
 /* Sums of the nodes' figures (blocks: keys over every master; bytes: their
  * used_memory); up while the map is known and at least one node answers. */
+/* Its own counters (reads, hits, misses, what it dropped before a node had
+ * it) are in out already; the nodes' sizes, writes and errors add to them. */
 static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
     cluster_tier *t = (cluster_tier *)base;
-    memset(out, 0, sizeof *out);
     bool any_up = false;
     int n = atomic_load(&t->n_nodes);
     for (int i = 0; i < n; i++) {
-        kv_tier_stats s;
-        redis_stats(&atomic_load(&t->nodes[i])->base, &s);
+        kv_tier_stats s = {0};
+        kv_tier *node = &atomic_load(&t->nodes[i])->base;
+        kv_tier_counters_get(node, &s);
+        redis_stats(node, &s);
         out->blocks += s.blocks;
         out->bytes += s.bytes;
         out->writes += s.writes;
@@ -1488,12 +1479,6 @@ static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
         out->errors += s.errors;
         any_up |= s.up;
     }
-    out->hits = atomic_load(&t->hits);
-    out->misses = atomic_load(&t->misses);
-    out->reads = atomic_load(&t->reads);
-    out->read_seconds = (double)atomic_load(&t->read_ns) / 1e9;
-    out->dropped_writes += atomic_load(&t->dropped);
-    out->errors += atomic_load(&t->errors);
     out->up = any_up && atomic_load(&t->mapped);
 }
 
@@ -1564,7 +1549,7 @@ static kv_tier *cluster_open(const char *url, int timeout_ms, kvlm_error *err) {
     bool mapped = false;
     for (int i = 0; i < t->n_seeds && !mapped; i++) mapped = cluster_map_from(t, t->seeds[i].host, t->seeds[i].port);
     pipe_restore(&g);
-    if (!mapped) atomic_fetch_add(&t->errors, 1);
+    if (!mapped) atomic_fetch_add(&t->base.n.errors, 1);
 
     int rc = start_unsignalled(&t->thread, mapper_main, t);
     if (rc != 0) {
