@@ -396,15 +396,14 @@ int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads,
  * does at a clean stop: the draft context is freed before the pool is. */
 int kv_store_drop_guest(kv_store *s, kvlm_error *err) {
     if (s->guest_lo >= s->p.max_seqs) return KVLM_OK;
-    for (int q = s->guest_lo, nb; q < s->p.max_seqs; q++)
-        if (kv_seq_blocks(s->c, q, &nb), nb || kv_seq_len(s->c, q))
-            return util_err_set(err, KVLM_EINVAL, "guest sequence %d still holds blocks", q);
     if (s->n_tiers) persist_blocks(s, true);
-    for (int32_t b = 0; s->n_tiers && b < s->p.n_blocks; b++)
-        if (kv_block_guest(s->c, b)) s->in_tier[b] = 0; /* its bytes are about to be free */
     int rc = kv_drop_guest(s->c, err);
-    if (!rc) s->guest_lo = s->p.max_seqs;
-    return rc;
+    if (rc) return rc;
+    s->guest_lo = s->p.max_seqs;
+    /* the guest's blocks are free now: what the tiers hold names no block's bytes */
+    for (int32_t b = 0; s->n_tiers && b < s->p.n_blocks; b++)
+        if (!kv_block_indexed(s->c, b)) s->in_tier[b] = 0;
+    return KVLM_OK;
 }
 
 int kv_store_seq_block_size(const kv_store *s, int seq) { return kv_seq_block_size(s->c, seq); }

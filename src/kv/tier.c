@@ -29,7 +29,7 @@ bool kv_key_parse(const char *s, kv_key *k) {
     return true;
 }
 
-void kv_tier_counters_get(kv_tier *t, kv_tier_stats *out) {
+static void counters_get(const kv_tier *t, kv_tier_stats *out) {
     const kv_tier_counters *n = &t->n;
     out->hits = atomic_load(&n->hits);
     out->misses = atomic_load(&n->misses);
@@ -45,7 +45,7 @@ void kv_tier_counters_get(kv_tier *t, kv_tier_stats *out) {
 
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out) {
     memset(out, 0, sizeof *out);
-    kv_tier_counters_get(t, out);
+    counters_get(t, out);
     t->ops->stats(t, out);
     out->corrupt = atomic_load(&t->corrupt);
 }

@@ -90,8 +90,6 @@ static inline void kv_tier_close(kv_tier *t) {
 }
 /* Fills out: t's counters, then its stats op, then corrupt from the readers' notes. */
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out);
-/* Fills the counters' fields of out from t's counters alone. */
-void kv_tier_counters_get(kv_tier *t, kv_tier_stats *out);
 /* A reader found a block of this tier damaged: counts it (the reader also drops it). */
 void kv_tier_note_corrupt(kv_tier *t);
 

@@ -1467,10 +1467,8 @@ static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
     bool any_up = false;
     int n = atomic_load(&t->n_nodes);
     for (int i = 0; i < n; i++) {
-        kv_tier_stats s = {0};
-        kv_tier *node = &atomic_load(&t->nodes[i])->base;
-        kv_tier_counters_get(node, &s);
-        redis_stats(node, &s);
+        kv_tier_stats s;
+        kv_tier_stats_get(&atomic_load(&t->nodes[i])->base, &s);
         out->blocks += s.blocks;
         out->bytes += s.bytes;
         out->writes += s.writes;
