@@ -1,6 +1,7 @@
 /* kv/tier: what every tier shares: key spelling, the counters and the
  * readers' corruption count. The tiers themselves are kv/tier_disk.c and kv/tier_redis.c. */
 #include "kv/tier.h"
+#include "util/timing.h"
 #include <stdatomic.h>
 #include <string.h>
 
@@ -51,3 +52,10 @@ void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out) {
 }
 
 void kv_tier_note_corrupt(kv_tier *t) { atomic_fetch_add(&t->corrupt, 1); }
+
+void kv_tier_note_read(kv_tier *t, int found, int n, double t0) {
+    atomic_fetch_add(&t->n.reads, 1);
+    atomic_fetch_add(&t->n.hits, (uint64_t)found);
+    atomic_fetch_add(&t->n.misses, (uint64_t)(n - found));
+    atomic_fetch_add(&t->n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+}

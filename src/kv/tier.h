@@ -92,6 +92,9 @@ static inline void kv_tier_close(kv_tier *t) {
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out);
 /* A reader found a block of this tier damaged: counts it (the reader also drops it). */
 void kv_tier_note_corrupt(kv_tier *t);
+/* A get of `found` blocks of n asked for, begun at t0 (util_now_s): counts
+ * the read, its hits and misses, and its time. */
+void kv_tier_note_read(kv_tier *t, int found, int n, double t0);
 
 /* Local disk: one file per block under dir (created if missing), written by
  * a writer thread with a bounded queue to a temporary name then renamed, so

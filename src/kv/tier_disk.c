@@ -486,7 +486,7 @@ static int read_block(disk_tier *t, const char *path, int fd, size_t size, void 
 static int disk_get(kv_tier *tt, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
     disk_tier *t = (disk_tier *)tt;
     double t0 = util_now_s();
-    int lead = 0;
+    int lead = 0, found = 0;
     bool broken = false;
     char path[PATH_MAX];
     for (int i0 = 0; i0 < n; i0 += DISK_GET_WINDOW) {
@@ -522,16 +522,12 @@ static int disk_get(kv_tier *tt, int n, const kv_key *keys, void *const *bufs, s
             pthread_mutex_unlock(&t->imu);
             if (res[j] == R_HIT) {
                 close(fd);
-                atomic_fetch_add(&t->base.n.hits, 1);
+                found++;
                 if (!broken) lead++;
-            } else {
-                atomic_fetch_add(&t->base.n.misses, 1);
-                broken = true;
-            }
+            } else broken = true;
         }
     }
-    atomic_fetch_add(&t->base.n.reads, 1);
-    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    kv_tier_note_read(tt, found, n, t0);
     return lead;
 }
 

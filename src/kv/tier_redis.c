@@ -414,7 +414,6 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
     if (n <= 0) return 0;
     double t0 = util_now_s(), deadline = t0 + t->timeout_ms / 1000.0;
     for (int i = 0; i < n; i++) lens[i] = 0;
-    atomic_fetch_add(&t->base.n.reads, 1);
     int lead = 0, found = 0;
     key_argv a;
     int slot = reader_take(t, deadline);
@@ -457,9 +456,7 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
             reader_give(t, slot, !ok);
         }
     }
-    atomic_fetch_add(&t->base.n.hits, (uint64_t)found);
-    atomic_fetch_add(&t->base.n.misses, (uint64_t)(n - found));
-    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    kv_tier_note_read(base, found, n, t0);
     return lead;
 }
 
@@ -1412,12 +1409,9 @@ static int cluster_get(kv_tier *base, int n, const kv_key *keys, void *const *bu
     if (n <= 0) return 0;
     double t0 = util_now_s();
     for (int i = 0; i < n; i++) lens[i] = 0;
-    atomic_fetch_add(&t->base.n.reads, 1);
     cluster_fetch(t, n, keys, bufs, cap, lens, t0 + t->timeout_ms / 1000.0);
     int found, lead = leading(n, lens, &found);
-    atomic_fetch_add(&t->base.n.hits, (uint64_t)found);
-    atomic_fetch_add(&t->base.n.misses, (uint64_t)(n - found));
-    atomic_fetch_add(&t->base.n.read_ns, (uint64_t)((util_now_s() - t0) * 1e9));
+    kv_tier_note_read(base, found, n, t0);
     return lead;
 }
 
