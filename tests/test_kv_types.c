@@ -370,10 +370,13 @@ static void test_attention_typed(void **state) {
     /* q8_0 keys and values on AVX512-VNNI CPUs (the level loop runs them
      * against the AVX2 and scalar kernels): 16-key chunks over runs cut by
      * 7-token blocks and key splits, GQA pairs, rows that see different key
-     * counts, head dim 128 */
+     * counts, head dim 128; prefill items of up to ATT_RMAX rows (GQA, and
+     * one row per query head) */
     check_typed((acase){1, n + 3, 4, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){2, 300, 9, 3, 64, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){40, 70, 8, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
+    check_typed((acase){33, 50, 6, 6, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
     /* f32 / f16 / bf16 (and mixed with q8_0) in the AVX512 tile: key splits
      * at 1,500+ keys, GQA pairs and a row left over, rows that see different
      * key counts, 7-token blocks, head dims 32 and 128, and prefill items of
@@ -488,7 +491,8 @@ static void test_attention_kernels(void **state) {
         {Q8, Q8, 64, 1, 8, 2, 90, 0, VNNI, FUSED},
         {F32, F32, 64, 40, 8, 8, 90, 0, VNNI, TILE},     /* prefill: the same kernel as decode */
         {F16, Q8, 64, 40, 8, 8, 90, 0, VNNI, TILE},
-        {Q8, Q8, 64, 40, 8, 8, 90, 0, TILE, TILE},       /* q8_0 keys: prefill dequantizes tiles */
+        {Q8, Q8, 64, 40, 8, 8, 90, 0, VNNI, TILE},       /* q8_0 keys too (AVX2: prefill dequantizes tiles) */
+        {Q8, F16, 128, 64, 8, 2, 90, 0, VNNI, TILE},     /* the most rows an item holds (ATT_RMAX) */
         {F16, F32, 80, 1, 8, 4, 90, 0, VNNI, FUSED},
         {F32, F32, 8, 1, 8, 4, 90, 0, TILE, TILE},       /* head dims that are no multiple of 16 */
         {F16, F16, 8, 1, 8, 4, 90, 0, FUSED, FUSED},
@@ -510,10 +514,11 @@ static void test_attention_kernels(void **state) {
     }
     op_set_simd_level(-1);
     if (op_cpu_simd_level() < OP_SIMD_VNNI) return;
-    /* At the VNNI level, prefill and decode run one kernel over f32 / f16
-     * caches: T tokens at once give the bits of T calls of one token each */
-    const int pairs[][2] = {{F32, F32}, {F16, F16}, {BF16, F16}};
-    for (int pi = 0; pi < 3; pi++) {
+    /* At the VNNI level, prefill and decode run one kernel over f32 / f16 /
+     * bf16 / q8_0 caches: T tokens at once give the bits of T calls of one
+     * token each (q8_0 keys: each row's query rounded to int8 alike) */
+    const int pairs[][2] = {{F32, F32}, {F16, F16}, {BF16, F16}, {Q8, Q8}, {Q8, F16}, {F16, Q8}};
+    for (int pi = 0; pi < 6; pi++) {
         acase c = {6, 40, 8, 2, 64, 16};
         int n_pos = c.q_pos0 + c.T, hd = c.hd;
         size_t stride = (size_t)n_pos * hd, per = (size_t)c.n_heads * hd, nq = c.T * per;

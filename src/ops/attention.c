@@ -10,7 +10,7 @@
  * straight from its block with fused kernels; prefill items dequantize a tile
  * once for all their rows. On AVX512-VNNI CPUs f32, f16, bf16 and q8_0 keys
  * and values (any mix) run one 512-bit tile kernel, 16 keys at a time, for
- * decode and (but for q8_0 keys) prefill alike. H2O's per-key weights come
+ * decode and prefill alike. H2O's per-key weights come
  * from the same scores, kept per row and normalised after the merge.
  * This file: the driver (plan, threads, key splits and their merge, H2O's
  * weights) and the reference; the kernels of each SIMD level are in
@@ -366,7 +366,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     const int qg = op_kv_group(a->k_type, hd);
     float *QR = (float *)((uint8_t *)QS + round64(sizeof(float) * (size_t)hd));
     int8_t *QC = (int8_t *)QR;
-    float *QD = (float *)((uint8_t *)QR + round64((size_t)ATT_FUSED_ROWS * hd));
+    float *QD = (float *)((uint8_t *)QR + round64((size_t)ATT_RMAX * hd)); /* after R <= ATT_RMAX rows of codes */
     if (iq)
         for (int r = 0; r < R; r++) {
             const float *src = j->q + ((size_t)(t0 + r / ng) * a->n_heads + (size_t)h * p->G + g0 + r % ng) * hd;

@@ -410,8 +410,7 @@ static bool vnni_tile_ok(const op_attn_args *a) {
 }
 
 /* The AVX512 tile, for the types vnni_tile_ok takes: keys kb..kb+n-1 (a
- * tile of up to ATT_BK) and the R rows of an item (decode, or prefill unless
- * the keys are q8_0). The scores of the whole tile first (f32 / f16 / bf16
+ * tile of up to ATT_BK) and the R rows of an item (decode or prefill). The scores of the whole tile first (f32 / f16 / bf16
  * keys: vf_scores, rows two at a time; q8_0 keys: vnni_qk16 run by run),
  * then the online softmax in 512-bit registers, then P.V (vf_pv, rows two at
  * a time; q8_0: vnni_pv16). k_end bounds the prefetch of the next tile. qr:
@@ -515,10 +514,11 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
         } else vf_pv_any(oa, ob, pa, pb, vp, nv, hd, vt, two, r == 0 && nn > 0 ? vpn : NULL, nn, vrb);
     }
 }
-/* The tile for an item of R rows: the types vnni_tile_ok takes, for decode,
- * and for prefill unless the keys are q8_0. */
+/* The tile for an item of any number of rows (decode and prefill alike):
+ * the types vnni_tile_ok takes. */
 static bool tile_ok(const op_attn_args *a, int R) {
-    return vnni_tile_ok(a) && (R <= ATT_FUSED_ROWS || !int_keys(tile_type(a, true)));
+    (void)R;
+    return vnni_tile_ok(a);
 }
 #if defined(__clang__)
 #pragma clang attribute pop
