@@ -377,6 +377,12 @@ static void test_attention_typed(void **state) {
     check_typed((acase){1, 1500, 12, 12, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){40, 70, 8, 2, 128, 7}, KVLM_CACHE_Q8_0, KVLM_CACHE_Q8_0, p2, p3);
     check_typed((acase){33, 50, 6, 6, 64, 16}, KVLM_CACHE_Q8_0, KVLM_CACHE_F16, p2, p3);
+    /* q4_0 keys and values in the same tile: decode with a key split, GQA
+     * pairs and a row left over, 7-token blocks, head dim 128, prefill */
+    check_typed((acase){1, 1700, 9, 3, 64, 7}, KVLM_CACHE_Q4_0, KVLM_CACHE_Q4_0, p2, p3);
+    check_typed((acase){2, 300, 4, 2, 128, 16}, KVLM_CACHE_F16, KVLM_CACHE_Q4_0, p2, p3);
+    check_typed((acase){40, 70, 8, 2, 128, 7}, KVLM_CACHE_Q4_0, KVLM_CACHE_Q4_0, p2, p3);
+    check_typed((acase){33, 50, 6, 6, 64, 16}, KVLM_CACHE_Q4_0, KVLM_CACHE_BF16, p2, p3);
     /* f32 / f16 / bf16 (and mixed with q8_0) in the AVX512 tile: key splits
      * at 1,500+ keys, GQA pairs and a row left over, rows that see different
      * key counts, 7-token blocks, head dims 32 and 128, and prefill items of
@@ -497,9 +503,11 @@ static void test_attention_kernels(void **state) {
         {F32, F32, 8, 1, 8, 4, 90, 0, TILE, TILE},       /* head dims that are no multiple of 16 */
         {F16, F16, 8, 1, 8, 4, 90, 0, FUSED, FUSED},
         {Q8, Q8, 32, 1, 8, 4, 90, 0, FUSED, FUSED},      /* q8_0 at VNNI wants hd % 64 == 0 */
-        {F16, Q4, 64, 1, 8, 4, 90, 0, FUSED, FUSED},     /* other types keep the AVX2 kernels */
-        {KC, F16, 64, 1, 8, 4, 90, 1, FUSED, FUSED},     /* q4_kc keys, staging block and all */
-        {Q4, Q8, 64, 1, 8, 4, 90, 0, FUSED, FUSED},
+        {F16, Q4, 64, 1, 8, 4, 90, 0, VNNI, FUSED},      /* q4_0 as q8_0 */
+        {Q4, Q8, 64, 1, 8, 4, 90, 0, VNNI, FUSED},
+        {Q4, Q4, 64, 40, 8, 8, 90, 0, VNNI, TILE},
+        {Q4, F16, 32, 1, 8, 4, 90, 0, FUSED, FUSED},
+        {KC, F16, 64, 1, 8, 4, 90, 1, FUSED, FUSED},     /* q4_kc keys keep the AVX2 kernels, staging block and all */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int *c = cases[i];
@@ -515,10 +523,10 @@ static void test_attention_kernels(void **state) {
     op_set_simd_level(-1);
     if (op_cpu_simd_level() < OP_SIMD_VNNI) return;
     /* At the VNNI level, prefill and decode run one kernel over f32 / f16 /
-     * bf16 / q8_0 caches: T tokens at once give the bits of T calls of one
-     * token each (q8_0 keys: each row's query rounded to int8 alike) */
-    const int pairs[][2] = {{F32, F32}, {F16, F16}, {BF16, F16}, {Q8, Q8}, {Q8, F16}, {F16, Q8}};
-    for (int pi = 0; pi < 6; pi++) {
+     * bf16 / q8_0 / q4_0 caches: T tokens at once give the bits of T calls of
+     * one token each (q8_0 / q4_0 keys: each row's query rounded to int8 alike) */
+    const int pairs[][2] = {{F32, F32}, {F16, F16}, {BF16, F16}, {Q8, Q8}, {Q8, F16}, {F16, Q8}, {Q4, Q4}, {Q4, Q8}};
+    for (int pi = 0; pi < 8; pi++) {
         acase c = {6, 40, 8, 2, 64, 16};
         int n_pos = c.q_pos0 + c.T, hd = c.hd;
         size_t stride = (size_t)n_pos * hd, per = (size_t)c.n_heads * hd, nq = c.T * per;

@@ -8,9 +8,9 @@
  * leaves a partial (max, sum, unnormalised output) that a log-sum-exp merge
  * combines. Typed caches: decode items (a few rows) read each key/value row
  * straight from its block with fused kernels; prefill items dequantize a tile
- * once for all their rows. On AVX512-VNNI CPUs f32, f16, bf16 and q8_0 keys
- * and values (any mix) run one 512-bit tile kernel, 16 keys at a time, for
- * decode and prefill alike. H2O's per-key weights come
+ * once for all their rows. On AVX512-VNNI CPUs f32, f16, bf16, q8_0 and q4_0
+ * keys and values (any mix) run one 512-bit tile kernel, 16 keys at a time,
+ * for decode and prefill alike. H2O's per-key weights come
  * from the same scores, kept per row and normalised after the merge.
  * This file: the driver (plan, threads, key splits and their merge, H2O's
  * weights) and the reference; the kernels of each SIMD level are in

@@ -1,6 +1,6 @@
 /* ops/attention_avx512: the AVX-512 (F, BW, VL, VNNI) attention kernels: the
- * tile of 16 keys over f32 / f16 / bf16 / q8_0 keys and values (decode and
- * prefill), and the q8_0 rows the AVX2 fused decode uses on these CPUs. The
+ * tile of 16 keys over f32 / f16 / bf16 / q8_0 / q4_0 keys and values (decode
+ * and prefill), and the q8_0 rows the AVX2 fused decode uses on these CPUs. The
  * rest of this level is the AVX2 kernels'. */
 #include <math.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h> /* outside the target regions: each intrinsic keeps its own target */
 
-/* ---- VNNI decode kernels for q8_0 keys and values (AVX512 F/BW/VL/VNNI) -----
+/* ---- VNNI kernels for q8_0 / q4_0 keys and values (AVX512 F/BW/VL/VNNI) -----
  * The fused AVX2 kernels spend about 35 cycles per key and head at decode
  * (the project's machine, cache hot), so long contexts were bound by
  * arithmetic rather than by reading the cache; these spend about 22. They
@@ -33,30 +33,44 @@ static inline __attribute__((always_inline)) __m512 vnni_scales(const uint8_t *r
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
 }
 
-/* q . k_j (unscaled) of m <= 16 q8_0 key rows rb bytes apart and the int8
- * query qc with group scales qd, key j in lane j (0 in lanes >= m). Per key
- * and pair of groups, vpdpbusd of the codes + 128 (unsigned) with the query,
- * from lanes preset to -128 * (the query's sums), leaves 16 lanes whose
- * halves sum to the two groups' exact integer dot products; the 16 keys'
- * registers reduce together (unpack and add, then 128-bit shuffles) to one
- * register per group with a key per lane, which the group scales multiply.
- * A key's score does not depend on its lane. */
+/* q . k_j (unscaled) of m <= 16 q8_0 (q4: q4_0) key rows rb bytes apart
+ * and the int8 query qc with group scales qd, key j in lane j (0 in lanes >=
+ * m). Per key and pair of groups, vpdpbusd of the codes as unsigned bytes
+ * (q8_0: + 128; q4_0: the nibbles, code + 8) with the query, from lanes
+ * preset to -128 (-8) * (the query's sums), leaves 16 lanes that sum to the
+ * two groups' exact integer dot products (q8_0: 128-bit lanes 0, 1 the first
+ * group, 2, 3 the second; q4_0: a row's low nibbles then its high ones, so
+ * lanes 0, 2 and 1, 3, and the query's lanes are put in that order); the 16
+ * keys' registers reduce together (unpack and add, then 128-bit shuffles) to
+ * one register per group with a key per lane, which the group scales
+ * multiply. A key's score does not depend on its lane. */
 static inline __attribute__((always_inline)) __m512 vnni_qk16(const int8_t *qc, const float *qd, const uint8_t *rows,
-                                                              size_t rb, int m, int hd) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+                                                              size_t rb, int m, int hd, bool q4) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80), nib = _mm512_set1_epi8(0x0f);
+    const size_t gb = q4 ? 18 : 34; /* bytes of a group */
     __m512 acc = _mm512_setzero_ps();
     for (int P = 0; P < hd / 64; P++) {
-        const uint8_t *g = rows + (size_t)P * 68;
+        const uint8_t *g = rows + (size_t)P * 2 * gb;
         __m512i q = _mm512_loadu_si512(qc + 64 * P);
-        __m512i bias = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, q));
+        if (q4) q = _mm512_shuffle_i64x2(q, q, 0xd8); /* elements 0-15, 32-47, 16-31, 48-63 */
+        __m512i bias = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4 ? _mm512_set1_epi8(8) : flip, q));
         __m512i v[16];
 #pragma GCC unroll 16
         for (int x = 0; x < 16; x++) {
             if (x >= m) { v[x] = _mm512_setzero_si512(); continue; }
             const uint8_t *r = g + (size_t)x * rb;
-            __m512i kc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r + 2))),
-                                            _mm256_loadu_si256((const __m256i *)(r + 36)), 1);
-            v[x] = _mm512_dpbusd_epi32(bias, _mm512_xor_si512(kc, flip), q);
+            __m512i kc;
+            if (q4) {
+                __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r + 2))),
+                                                    _mm_loadu_si128((const __m128i *)(r + 20)), 1);
+                kc = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1), nib);
+            } else
+                kc = _mm512_xor_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(r + 36)), 1),
+                    flip);
+            v[x] = _mm512_dpbusd_epi32(bias, kc, q);
         }
         __m512i t[8], u[4];
 #pragma GCC unroll 8
@@ -68,13 +82,17 @@ static inline __attribute__((always_inline)) __m512 vnni_qk16(const int8_t *qc, 
             u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
                                     _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
         /* u[i], 128-bit lane l: keys 4i..4i+3, sums of their dwords 4l..4l+3
-         * (lanes 0, 1: the first group, 2, 3: the second) */
-        __m512i z0 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
-        __m512i z1 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xdd));
+         * (q8_0: lanes 0, 1 the first group, 2, 3 the second; q4_0: 0, 2 and
+         * 1, 3); z: per key, the first group's sum then the second's */
+#define VNNI_PAIR(a_, b_)                                                                                              \
+    (q4 ? _mm512_add_epi32(_mm512_shuffle_i32x4(a_, b_, 0x44), _mm512_shuffle_i32x4(a_, b_, 0xee))                    \
+        : _mm512_add_epi32(_mm512_shuffle_i32x4(a_, b_, 0x88), _mm512_shuffle_i32x4(a_, b_, 0xdd)))
+        __m512i z0 = VNNI_PAIR(u[0], u[1]), z1 = VNNI_PAIR(u[2], u[3]);
+#undef VNNI_PAIR
         __m512 ia = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(z0, z1, 0x88));
         __m512 ib = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(z0, z1, 0xdd));
         acc = _mm512_fmadd_ps(ia, _mm512_mul_ps(vnni_scales(g, 0, rb, m), _mm512_set1_ps(qd[2 * P])), acc);
-        acc = _mm512_fmadd_ps(ib, _mm512_mul_ps(vnni_scales(g, 34, rb, m), _mm512_set1_ps(qd[2 * P + 1])), acc);
+        acc = _mm512_fmadd_ps(ib, _mm512_mul_ps(vnni_scales(g, gb, rb, m), _mm512_set1_ps(qd[2 * P + 1])), acc);
     }
     return acc;
 }
@@ -84,49 +102,68 @@ void op_att_qkey_scores_avx512(float *s, const int8_t *qc, const float *qd, cons
                                int hd, float scale) {
     for (int c = 0; c < n; c += 16) {
         int m = n - c < 16 ? n - c : 16;
-        __m512 d = vnni_qk16(qc, qd, k + (size_t)c * rb, rb, m, hd);
+        __m512 d = vnni_qk16(qc, qd, k + (size_t)c * rb, rb, m, hd, false);
         _mm512_mask_storeu_ps(s + c, (__mmask16)((1u << m) - 1), _mm512_mul_ps(d, _mm512_set1_ps(scale)));
     }
 }
 
-/* o[i] += sum_j p_j v_j[i], i < 64, for m <= 16 q8_0 value rows rb bytes
- * apart (rows: a pair of groups; p_j in lane j, 0 in lanes >= m): the keys'
- * p times their group scales in one multiply, then per key and 16 elements a
- * widening load, a conversion and an FMA into accumulators that stay in
- * registers. The probabilities stay f32: rounding them to integers per tile
- * (for vpdpbusd / vpdpwssd) would cost more accuracy than the tests allow
- * for the few cycles it saves. */
-static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, const uint8_t *rows, size_t rb, int m) {
+/* The 64 codes of a pair of groups of a q8_0 (q4: q4_0) row, as floats, 16
+ * elements a register: widening loads (q4_0: each of a group's 16 bytes
+ * holds element j in its low nibble and j + 16 in its high one, + 8) */
+static inline __attribute__((always_inline)) void vnni_codes64(const uint8_t *r, bool q4, __m512 *f) {
+    if (!q4) {
+        for (int i = 0; i < 4; i++)
+            f[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(r + 2 + 16 * i + 2 * (i / 2)))));
+        return;
+    }
+    const __m512i nib = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+    for (int g = 0; g < 2; g++) {
+        __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r + 2 + 18 * g)));
+        f[2 * g] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(z, nib), eight));
+        f[2 * g + 1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(z, 4), eight));
+    }
+}
+
+/* o[i] += sum_j p_j v_j[i], i < 64, for m <= 16 q8_0 (q4: q4_0) value rows
+ * rb bytes apart (rows: a pair of groups; p_j in lane j, 0 in lanes >= m):
+ * the keys' p times their group scales in one multiply, then per key and 16
+ * elements a widening load, a conversion and an FMA into accumulators that
+ * stay in registers. The probabilities stay f32: rounding them to integers
+ * per tile (for vpdpbusd / vpdpwssd) would cost more accuracy than the tests
+ * allow for the few cycles it saves. */
+static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, const uint8_t *rows, size_t rb, int m,
+                                                            bool q4) {
     __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + 16), a2 = _mm512_loadu_ps(o + 32),
            a3 = _mm512_loadu_ps(o + 48);
     float c0[16], c1[16];
     _mm512_storeu_ps(c0, _mm512_mul_ps(p, vnni_scales(rows, 0, rb, m)));
-    _mm512_storeu_ps(c1, _mm512_mul_ps(p, vnni_scales(rows, 34, rb, m)));
+    _mm512_storeu_ps(c1, _mm512_mul_ps(p, vnni_scales(rows, q4 ? 18 : 34, rb, m)));
     /* odd keys in a second set of accumulators: half the FMA chain */
-    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-#define VNNI_WIDEN(r_, o_) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((r_) + (o_)))))
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, f[4];
     int x = 0;
     for (; x + 2 <= m; x += 2) {
         const uint8_t *r = rows + (size_t)x * rb, *r2 = r + rb;
         __m512 w0 = _mm512_set1_ps(c0[x]), w1 = _mm512_set1_ps(c1[x]);
-        a0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 2), a0);
-        a1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 18), a1);
-        a2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 36), a2);
-        a3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 52), a3);
+        vnni_codes64(r, q4, f);
+        a0 = _mm512_fmadd_ps(w0, f[0], a0);
+        a1 = _mm512_fmadd_ps(w0, f[1], a1);
+        a2 = _mm512_fmadd_ps(w1, f[2], a2);
+        a3 = _mm512_fmadd_ps(w1, f[3], a3);
         w0 = _mm512_set1_ps(c0[x + 1]);
         w1 = _mm512_set1_ps(c1[x + 1]);
-        b0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r2, 2), b0);
-        b1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r2, 18), b1);
-        b2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r2, 36), b2);
-        b3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r2, 52), b3);
+        vnni_codes64(r2, q4, f);
+        b0 = _mm512_fmadd_ps(w0, f[0], b0);
+        b1 = _mm512_fmadd_ps(w0, f[1], b1);
+        b2 = _mm512_fmadd_ps(w1, f[2], b2);
+        b3 = _mm512_fmadd_ps(w1, f[3], b3);
     }
     if (x < m) {
-        const uint8_t *r = rows + (size_t)x * rb;
         __m512 w0 = _mm512_set1_ps(c0[x]), w1 = _mm512_set1_ps(c1[x]);
-        a0 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 2), a0);
-        a1 = _mm512_fmadd_ps(w0, VNNI_WIDEN(r, 18), a1);
-        a2 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 36), a2);
-        a3 = _mm512_fmadd_ps(w1, VNNI_WIDEN(r, 52), a3);
+        vnni_codes64(rows + (size_t)x * rb, q4, f);
+        a0 = _mm512_fmadd_ps(w0, f[0], a0);
+        a1 = _mm512_fmadd_ps(w0, f[1], a1);
+        a2 = _mm512_fmadd_ps(w1, f[2], a2);
+        a3 = _mm512_fmadd_ps(w1, f[3], a3);
     }
     _mm512_storeu_ps(o, _mm512_add_ps(a0, b0));
     _mm512_storeu_ps(o + 16, _mm512_add_ps(a1, b1));
@@ -137,20 +174,21 @@ static inline __attribute__((always_inline)) void vnni_pv16(float *o, __m512 p, 
 /* vnni_pv16 for two rows (oa, pa) and (ob, pb) sharing the values: each
  * code widened and converted once for both */
 static inline __attribute__((always_inline)) void vnni_pv16x2(float *oa, float *ob, __m512 pa, __m512 pb,
-                                                              const uint8_t *rows, size_t rb, int m) {
+                                                              const uint8_t *rows, size_t rb, int m, bool q4) {
     __m512 a0 = _mm512_loadu_ps(oa), a1 = _mm512_loadu_ps(oa + 16), a2 = _mm512_loadu_ps(oa + 32),
            a3 = _mm512_loadu_ps(oa + 48);
     __m512 b0 = _mm512_loadu_ps(ob), b1 = _mm512_loadu_ps(ob + 16), b2 = _mm512_loadu_ps(ob + 32),
            b3 = _mm512_loadu_ps(ob + 48);
     float ca0[16], ca1[16], cb0[16], cb1[16];
-    __m512 d0 = vnni_scales(rows, 0, rb, m), d1 = vnni_scales(rows, 34, rb, m);
+    __m512 d0 = vnni_scales(rows, 0, rb, m), d1 = vnni_scales(rows, q4 ? 18 : 34, rb, m);
     _mm512_storeu_ps(ca0, _mm512_mul_ps(pa, d0));
     _mm512_storeu_ps(ca1, _mm512_mul_ps(pa, d1));
     _mm512_storeu_ps(cb0, _mm512_mul_ps(pb, d0));
     _mm512_storeu_ps(cb1, _mm512_mul_ps(pb, d1));
     for (int x = 0; x < m; x++) {
-        const uint8_t *r = rows + (size_t)x * rb;
-        __m512 f0 = VNNI_WIDEN(r, 2), f1 = VNNI_WIDEN(r, 18), f2 = VNNI_WIDEN(r, 36), f3 = VNNI_WIDEN(r, 52);
+        __m512 f[4];
+        vnni_codes64(rows + (size_t)x * rb, q4, f);
+        __m512 f0 = f[0], f1 = f[1], f2 = f[2], f3 = f[3];
         __m512 wa0 = _mm512_set1_ps(ca0[x]), wa1 = _mm512_set1_ps(ca1[x]);
         __m512 wb0 = _mm512_set1_ps(cb0[x]), wb1 = _mm512_set1_ps(cb1[x]);
         a0 = _mm512_fmadd_ps(wa0, f0, a0);
@@ -171,14 +209,13 @@ static inline __attribute__((always_inline)) void vnni_pv16x2(float *oa, float *
     _mm512_storeu_ps(ob + 32, b2);
     _mm512_storeu_ps(ob + 48, b3);
 }
-#undef VNNI_WIDEN
 
 /* o[i] += sum_j p[j] * v_j[i] for n q8_0 value rows rb bytes apart */
 void op_att_qval_pv_avx512(float *o, const float *p, const uint8_t *v, size_t rb, int n, int hd) {
     for (int c = 0; c < n; c += 16) {
         int m = n - c < 16 ? n - c : 16;
         __m512 pv = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), p + c);
-        for (int i = 0; i < hd; i += 64) vnni_pv16(o + i, pv, v + (size_t)c * rb + (size_t)i / 32 * 34, rb, m);
+        for (int i = 0; i < hd; i += 64) vnni_pv16(o + i, pv, v + (size_t)c * rb + (size_t)i / 32 * 34, rb, m, false);
     }
 }
 
@@ -395,8 +432,8 @@ static void row_ptrs(const op_attn_args *a, int h, int p, int n, size_t krb, siz
 }
 
 /* The cache types the AVX512 tile takes: f32, f16, bf16 (hd % 16 == 0)
- * and q8_0 (hd % 64 == 0), keys and values chosen separately; an untyped
- * layout is f32. */
+ * and q8_0, q4_0 (hd % 64 == 0), keys and values chosen separately; an
+ * untyped layout is f32. */
 static int tile_type(const op_attn_args *a, bool key) {
     return a->blocks && a->head_bytes ? (key ? a->k_type : a->v_type) : KVLM_CACHE_F32;
 }
@@ -404,17 +441,18 @@ static bool vnni_tile_ok(const op_attn_args *a) {
     for (int i = 0; i < 2; i++) {
         int t = tile_type(a, i == 0);
         bool flt = t == KVLM_CACHE_F32 || t == KVLM_CACHE_F16 || t == KVLM_CACHE_BF16;
-        if (t == KVLM_CACHE_Q8_0 ? a->head_dim % 64 : !flt || a->head_dim % 16) return false;
+        if (int_keys(t) ? a->head_dim % 64 : !flt || a->head_dim % 16) return false;
     }
     return true;
 }
 
 /* The AVX512 tile, for the types vnni_tile_ok takes: keys kb..kb+n-1 (a
- * tile of up to ATT_BK) and the R rows of an item (decode or prefill). The scores of the whole tile first (f32 / f16 / bf16
- * keys: vf_scores, rows two at a time; q8_0 keys: vnni_qk16 run by run),
- * then the online softmax in 512-bit registers, then P.V (vf_pv, rows two at
- * a time; q8_0: vnni_pv16). k_end bounds the prefetch of the next tile. qr:
- * the rows' queries; qc, qd: as int8 for q8_0 keys; other arguments as
+ * tile of up to ATT_BK) and the R rows of an item (decode or prefill). The
+ * scores of the whole tile first (f32 / f16 / bf16 keys: vf_scores, rows two
+ * at a time; q8_0 / q4_0 keys: vnni_qk16 run by run), then the online
+ * softmax in 512-bit registers, then P.V (vf_pv, rows two at a time; q8_0 /
+ * q4_0: vnni_pv16). k_end bounds the prefetch of the next tile. qr: the rows'
+ * queries; qc, qd: as int8 for q8_0 / q4_0 keys; other arguments as
  * fused_block's. */
 static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const int *vis, const float *const *qr,
                       const int8_t *qc, const float *qd, float *S, float *O, float *M, float *L, float *const *W,
@@ -437,8 +475,9 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     if (nn > 0) row_ptrs(a, h, kb + n, nn, krb, vrb, kpn, vpn);
     /* the next tile's value rows while scoring only for q8_0 values: float
      * values' are asked for during P.V (vf_pv) */
-    const uint8_t *const *vps = vt == KVLM_CACHE_Q8_0 ? vpn : NULL;
-    if (kt == KVLM_CACHE_Q8_0) {
+    const bool kq = int_keys(kt), vq = int_keys(vt); /* q8_0 or q4_0 */
+    const uint8_t *const *vps = vq ? vpn : NULL;
+    if (kq) {
         for (int x = 0, len, b = kb / bs, slot = kb % bs; x < n; x += len, b++, slot = 0) {
             len = bs - slot < n - x ? bs - slot : n - x;
             if (nn > 0) pf_rows(kpn, vps, nn, x, x + len, krb, vrb);
@@ -446,7 +485,8 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
                 for (int c = 0; c < len && x + c < vr[r]; c += 16) {
                     int m = vr[r] - x - c < 16 ? vr[r] - x - c : 16;
                     m = len - c < m ? len - c : m;
-                    __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, kp[x + c], krb, m, hd);
+                    __m512 d = vnni_qk16(qc + (size_t)r * hd, qd + (size_t)r * nq, kp[x + c], krb, m, hd,
+                                         kt == KVLM_CACHE_Q4_0);
                     _mm512_mask_storeu_ps(S + (size_t)r * ATT_BK + x + c, (__mmask16)((1u << m) - 1),
                                           _mm512_mul_ps(d, vscale));
                 }
@@ -496,7 +536,7 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
         bool two = r + 1 < R;
         int nv = two && vr[r + 1] > vr[r] ? vr[r + 1] : vr[r];
         float *oa = O + (size_t)r * hd, *ob = oa + hd, *pa = S + (size_t)r * ATT_BK, *pb = pa + ATT_BK;
-        if (vt == KVLM_CACHE_Q8_0) {
+        if (vq) {
             for (int x = 0, len, slot = kb % bs; x < nv; x += len, slot = 0) {
                 len = bs - slot < nv - x ? bs - slot : nv - x;
                 for (int c = 0; c < len; c += 16) {
@@ -504,10 +544,11 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
                     __mmask16 mk = (__mmask16)((1u << m) - 1);
                     __m512 p0 = _mm512_maskz_loadu_ps(mk, pa + x + c);
                     for (int i = 0; i < hd; i += 64) {
-                        const uint8_t *vi = vp[x + c] + (size_t)i / 32 * 34;
+                        const uint8_t *vi = vp[x + c] + (size_t)i / 64 * (vrb * 64 / hd);
                         if (two)
-                            vnni_pv16x2(oa + i, ob + i, p0, _mm512_maskz_loadu_ps(mk, pb + x + c), vi, vrb, m);
-                        else vnni_pv16(oa + i, p0, vi, vrb, m);
+                            vnni_pv16x2(oa + i, ob + i, p0, _mm512_maskz_loadu_ps(mk, pb + x + c), vi, vrb, m,
+                                        vt == KVLM_CACHE_Q4_0);
+                        else vnni_pv16(oa + i, p0, vi, vrb, m, vt == KVLM_CACHE_Q4_0);
                     }
                 }
             }

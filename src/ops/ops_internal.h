@@ -27,7 +27,7 @@ void op_set_simd_level(int level);
  *                      (prefill of typed caches; f32 below the VNNI level)
  *   OP_ATT_AVX2_FUSED  AVX2 decode (<= 8 rows) converting typed rows in registers
  *   OP_ATT_VNNI_TILE   AVX512 tiles of 16 keys over f32 / f16 / bf16 (head dim
- *                      % 16 == 0) and q8_0 (% 64) keys and values: decode and
+ *                      % 16 == 0) and q8_0 / q4_0 (% 64) keys and values: decode and
  *                      prefill
  * H2O's weights and key splits do not change the kernel; -1: invalid args. */
 enum { OP_ATT_SCALAR = 0, OP_ATT_AVX2_TILE, OP_ATT_AVX2_FUSED, OP_ATT_VNNI_TILE };
