@@ -112,11 +112,13 @@ void op_att_qkey_scores_avx512(float *s, const int8_t *qc, const float *qd, cons
  * holds element j in its low nibble and j + 16 in its high one, + 8) */
 static inline __attribute__((always_inline)) void vnni_codes64(const uint8_t *r, bool q4, __m512 *f) {
     if (!q4) {
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++)
             f[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(r + 2 + 16 * i + 2 * (i / 2)))));
         return;
     }
     const __m512i nib = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+#pragma GCC unroll 2
     for (int g = 0; g < 2; g++) {
         __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(r + 2 + 18 * g)));
         f[2 * g] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(z, nib), eight));
