@@ -209,7 +209,8 @@ typedef struct {
      * i * op_kv_row_bytes(type, head_dim) into its region. Decode reads
      * each key/value row straight from its block, converting it in registers
      * (q8_0 / q4_0 keys: integer dot products with the query rounded to int8
-     * per group, on every path); prefill dequantizes a tile at a time into
+     * per group, on every path); prefill runs the same AVX-512 tile where
+     * the types allow it, elsewhere dequantizes a tile at a time into
      * per-thread scratch; never a copy of the cache. f32 is read directly. */
     int k_type, v_type;
     size_t head_bytes, v_bytes;
