@@ -137,6 +137,22 @@ static void bench_model(const char *path, const int *batches, int n_batches, int
         printf("  without CUDA graphs: %.3f ms/token; graphs are %.2fx faster\n", s_plain * 1e3, s_plain / s_graph);
         kvlm_ctx_free(c2);
     }
+    /* the same binary with programmatic dependent launch off
+     * (KVLM_CUDA_PDL=0), in a context of its own */
+    {
+        const char *was = getenv("KVLM_CUDA_PDL");
+        setenv("KVLM_CUDA_PDL", "0", 1);
+        kvlm_ctx *c2 = gpu_ctx(m, 1, n_ctx);
+        if (was) setenv("KVLM_CUDA_PDL", was, 1);
+        else unsetenv("KVLM_CUDA_PDL");
+        for (int i = 0; i < 512; i++) seq[i] = 0;
+        kvlm_batch b = {512, tok, NULL, NULL, seq};
+        must(kvlm_decode(c2, &b, &err), &err);
+        double s_off = decode_time(c2, 128);
+        printf("  without programmatic launch: %.3f ms/token = %.0f%% of the copy bandwidth; this run's setting is "
+               "%.2fx faster\n", s_off * 1e3, 100 * wbytes / s_off / g_bw, s_off / s_graph);
+        kvlm_ctx_free(c2);
+    }
     kvlm_seq_free(ctx, 0);
     /* batched decode: B sequences of 64 tokens, then 32 steps of B tokens */
     printf("batched decode (each sequence 64 prompt tokens, then 32 steps):\n");

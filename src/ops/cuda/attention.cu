@@ -149,6 +149,8 @@ __device__ void store_row(int type, const float *x, uint8_t *dst, int hd, int ti
 __global__ void k_qkv_rope_store(float *q, float *k, float *v, const float *bq, const float *bk, const float *bv,
                                  int n_heads, int rope_dim, float base, bool neox, cu_kv kv, int layer, cu_kv_batch b) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    pdl_wait();
+    pdl_launch();
     int t = blockIdx.x, h = blockIdx.y, hd = kv.head_dim, half = hd / 2, rhalf = rope_dim / 2, nkv = kv.n_kv_heads;
     bool isq = h < n_heads;
     int hk = h - n_heads;
@@ -201,9 +203,8 @@ void cu_qkv_rope_store(cu_dev *d, float *q, float *k, float *v, const float *bq,
     }
     int threads = kv->head_dim / 2 <= 32 ? 32 : kv->head_dim / 2 <= 64 ? 64 : 128;
     dim3 grid(b->T, n_heads + kv->n_kv_heads);
-    k_qkv_rope_store<<<grid, threads, 0, d->stream>>>(q, k, v, bq, bk, bv, n_heads, rope_dim, rope_base, neox, *kv, layer,
-                                                  *b);
-    CU_LAUNCHED(d, "bias, RoPE and KV cache write");
+    cu_launch(d, "bias, RoPE and KV cache write", k_qkv_rope_store, grid, threads, 0, q, k, v, bq, bk, bv, n_heads,
+              rope_dim, rope_base, neox, *kv, layer, *b);
 }
 
 /* ---- attention ---- */
@@ -303,6 +304,8 @@ template <int GMAX, int DPT>
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_split(float *out, float *part, int *count, const float *q, cu_kv kv,
                                                             int layer, cu_kv_batch b, int n_heads, int G, float scale,
                                                             int n_splits) {
+    pdl_wait();
+    pdl_launch();
     int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int HD = kv.head_dim;
     extern __shared__ float smem[];
@@ -481,6 +484,8 @@ template <int GMAX, int TY, int KPT>
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_vec(float *out, float *part, int *count, const float *q, cu_kv kv,
                                                           int layer, cu_kv_batch b, int n_heads, int G, float scale,
                                                           int n_splits) {
+    pdl_wait();
+    pdl_launch();
     int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int HD = kv.head_dim, L = HD / 8, P = ATT_THREADS / L, bs = kv.block_size;
     const int sub = tid % L, slot = tid / L, warp = tid >> 5, lane = tid & 31;
@@ -721,6 +726,8 @@ template <int HD, bool R16>
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_mma(float *out, float *part, int *count, const float *q, cu_kv kv,
                                                           int layer, cu_kv_batch b, int n_heads, int G, int R,
                                                           float scale, int n_splits) {
+    pdl_wait();
+    pdl_launch();
     constexpr int WK = 4, RW = R16 ? 16 : 8, NC = HD / 16, NT = HD / 8;
     const int split = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3, wk = warp;
@@ -887,8 +894,8 @@ static void launch_split(cu_dev *d, float *out, float *part, const float *q, con
     int hd = kv->head_dim;
     size_t sm = ((size_t)G * hd + (size_t)G * (hd > ATT_TILE ? hd : ATT_TILE) + 3 * GMAX + (size_t)G * (n_splits + 1)) *
                 sizeof(float);
-    k_attn_split<GMAX, DPT><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G,
-                                                                   scale, n_splits);
+    cu_launch(d, "attention", k_attn_split<GMAX, DPT>, grid, ATT_THREADS, sm, out, part, d->att_count, q, *kv, layer, *b,
+              n_heads, G, scale, n_splits);
 }
 
 /* n splits at most, no more parts than the work buffer holds and the
@@ -935,11 +942,11 @@ static void launch_mma(cu_dev *d, float *out, float *part, const float *q, const
     dim3 grid(n_splits, nkv, NZ);
     size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
 #define LM(HD, R16) \
-    k_attn_mma<HD, R16><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G, R, scale, n_splits)
+    cu_launch(d, "attention (tensor cores)", k_attn_mma<HD, R16>, grid, ATT_THREADS, sm, out, part, d->att_count, q, *kv, \
+              layer, *b, n_heads, G, R, scale, n_splits)
     if (hd == 64) { if (r16) LM(64, true); else LM(64, false); }
     else { if (r16) LM(128, true); else LM(128, false); }
 #undef LM
-    CU_LAUNCHED(d, "attention (tensor cores)");
 }
 
 void cu_set_attention_mma(cu_dev *d, bool on) { d->att_mma = on; }
@@ -983,8 +990,8 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         dim3 grid(n_splits, kv->n_kv_heads, T);
         size_t sm = (sm_base + (size_t)G * (n_splits + 1)) * sizeof(float);
 #define LV(GM, TY)                                                                                                  \
-    k_attn_vec<GM, TY, (GM >= 8 ? 2 : 4)><<<grid, ATT_THREADS, sm, d->stream>>>(out, part, d->att_count, q, *kv, layer, *b, n_heads, G, \
-                                                             scale, n_splits)
+    cu_launch(d, "attention (vector)", k_attn_vec<GM, TY, (GM >= 8 ? 2 : 4)>, grid, ATT_THREADS, sm, out, part,   \
+              d->att_count, q, *kv, layer, *b, n_heads, G, scale, n_splits)
 #define LVT(TY) \
     if (G <= 1) LV(1, TY); \
     else if (G <= 2) LV(2, TY); \
@@ -995,7 +1002,6 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         else { LVT(KVLM_CACHE_F32) }
 #undef LVT
 #undef LV
-        CU_LAUNCHED(d, "attention (vector)");
         return;
     }
     int dpt = hd > ATT_THREADS ? 2 : 1;
@@ -1014,5 +1020,4 @@ void cu_attention(cu_dev *d, float *out, const float *q, const cu_kv *kv, int la
         else L(16, 2);
     }
 #undef L
-    CU_LAUNCHED(d, "attention");
 }

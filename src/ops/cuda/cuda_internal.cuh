@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <utility>
 #include "ops/cuda/cuda.h"
 
 /* GGUF type ids (model/dtype.h, whose C11 header C++ cannot include) */
@@ -45,6 +46,11 @@ struct cu_dev {
     int tc_n, tc_next;
     bool copies_pending;          /* tier writes compute has not waited for yet */
     int *att_count;               /* attention: per (token, KV head), the splits done (zero between launches) */
+    /* programmatic dependent launch (cu_launch): pdl, whether the forward
+     * pass's kernels may start while the kernel before them finishes
+     * (KVLM_CUDA_PDL=0: never); pdl_prev, whether the stream's last work is
+     * such a kernel (anything else that goes through cu_note clears it) */
+    bool pdl, pdl_prev;
 };
 /* The attention counters' room: tokens x KV heads of one launch. */
 #define ATT_COUNT_MAX (1 << 16)
@@ -54,6 +60,45 @@ struct cu_dev {
 /* Records the first error (a launch's, a copy's); cu_sync reports it. */
 void cu_note(cu_dev *d, cudaError_t e, const char *where);
 #define CU_LAUNCHED(d, what) cu_note((d), cudaGetLastError(), (what))
+
+/* Programmatic dependent launch (sm_90). A kernel launched by cu_launch may
+ * start while the kernel before it on the stream still runs; pdl_wait, the
+ * first thing it does with memory another kernel touches, waits until that
+ * kernel is complete and its writes are visible (a no-op when not so
+ * launched). Every such kernel calls pdl_wait in every block, so the waits
+ * chain: a kernel's wait also covers the kernels before the one it follows.
+ * pdl_launch then lets the next kernel's blocks be placed while this one
+ * runs, so its launch and its blocks' start overlap this kernel's work and
+ * tail instead of following them. */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* Launches kernel k on the compute stream, as a programmatic dependent
+ * launch when d->pdl and the stream's last work is a kernel launched here
+ * (never after a copy, an event wait or cuBLAS: those keep full order).
+ * Every kernel launched here calls pdl_wait before it touches memory that
+ * another kernel reads or writes. */
+template <typename... P, typename... A>
+void cu_launch(cu_dev *d, const char *what, void (*k)(P...), dim3 grid, dim3 block, size_t smem, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = d->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (d->pdl && d->pdl_prev) cfg.attrs = at, cfg.numAttrs = 1;
+    cu_note(d, cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...), what);
+    d->pdl_prev = true;
+}
 
 /* Device-side view of a weight. */
 struct cu_wview {

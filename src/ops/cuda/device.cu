@@ -23,6 +23,7 @@ static int set_err(kvlm_error *err, int code, const char *fmt, const char *a, co
 }
 
 void cu_note(cu_dev *d, cudaError_t e, const char *where) {
+    d->pdl_prev = false;
     if (e == cudaSuccess || d->first_err != cudaSuccess) return;
     d->first_err = e;
     snprintf(d->err_where, sizeof d->err_where, "%s", where);
@@ -83,6 +84,8 @@ cu_dev *cu_open(int device, kvlm_error *err) {
     }
     const char *am = getenv("KVLM_CUDA_MMA_ATTN");
     d->att_mma = !(am && !strcmp(am, "0"));
+    const char *pd = getenv("KVLM_CUDA_PDL");
+    d->pdl = !(pd && !strcmp(pd, "0")) && d->prop.major >= 9;
     if (cudaMalloc((void **)&d->xq, 8 * (size_t)XQ_MAX_IN) != cudaSuccess ||
         cudaMalloc((void **)&d->xqd, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess ||
         cudaMalloc((void **)&d->xqs, 8 * (size_t)XQ_MAX_IN / 32 * sizeof(float)) != cudaSuccess) {
@@ -142,6 +145,7 @@ size_t cu_mem_free(cu_dev *d) {
 void *cu_alloc(cu_dev *d, size_t bytes) {
     void *p = NULL;
     cudaSetDevice(d->id);
+    d->pdl_prev = false; /* the memset below is the stream's last work */
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
@@ -427,6 +431,7 @@ cu_timer *cu_timer_start(cu_dev *d) {
     cudaEventCreate(&t->a);
     cudaEventCreate(&t->b);
     cudaEventRecord(t->a, d->stream);
+    d->pdl_prev = false;
     return t;
 }
 
