@@ -229,6 +229,10 @@ typedef struct kvlm_ctx_params {
      * after this context's own; without kv_mem or kv_blocks the pool is sized
      * for them too. 0: none. */
     int n_seq_draft;
+    /* The draft model they are for, when known: without kv_mem or kv_blocks
+     * their room is sized for its cache (fewer blocks for a smaller one, more
+     * for a larger one) rather than the model's. NULL: the model's. */
+    const struct kvlm_model *draft_model;
 } kvlm_ctx_params;
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
@@ -309,21 +313,24 @@ int kvlm_ctx_seq_first(const kvlm_ctx *ctx);
  * (kvlm_ctx_seq_first). Its blocks come from, and count in, the one pool;
  * its block keys chain from the draft model's fingerprint, so neither model
  * ever reuses the other's blocks (in the pool, its prefix index or the
- * tiers). It takes target's context, block size and cache types; from
- * params only threads and batch. A draft model of another cache shape
- * (fewer layers, other KV heads or head dimension) takes no more bytes per
- * token than the model's: its blocks are the pool's blocks laid out for its
- * shape, holding the most whole multiples of the model's block size that fit
- * (kvlm_kv_stats_get on the draft context gives it). Its blocks go to the
+ * tiers). It takes target's context, block size and cache types (but
+ * q8_0 keys where target's are q4_kc: drafts are taken back across blocks);
+ * from params only threads and batch. A draft model of another cache shape
+ * (other layers, KV heads or head dimension) or other types has the pool's
+ * blocks laid out for it: a smaller cache per token holds the most whole
+ * multiples of the model's block size that fit, a larger one the most
+ * tokens that fit (kvlm_kv_stats_get on the draft context gives it; one of
+ * its tokens must fit in a block). Its blocks go to the
  * context's tiers as the model's do, in their own stored form; freeing the
  * draft context writes its cached blocks to the disk tier. The context must
- * have no eviction and no q4_kc keys, on the CPU (kvlm_draft_shares_pool).
+ * have no eviction, on the CPU (kvlm_draft_shares_pool).
  * One draft context per target; free it first. */
 kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
                                 kvlm_error *err);
 /* Whether kvlm_ctx_create_draft would take draft for a context of target
- * made with target_params: the same cache shape or one no larger per token,
- * no sliding window or latent cache, and the conditions above. */
+ * made with target_params: a cache of which one token fits in one of the
+ * model's blocks, no sliding window or latent cache, and the conditions
+ * above. */
 bool kvlm_draft_shares_pool(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *target_params);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 

@@ -8,7 +8,8 @@
 # hangs up mid-stream frees its sequences; n > 1 and sampling work; the
 # draft gave its blocks back to the model's sequences. Also
 # stories260K drafting for stories4M_hd64 (the same vocabulary; its cache in
-# the model's pool too, in blocks of its own layout), a windowed
+# the model's pool too, in blocks of its own layout) and the other way round
+# (a larger cache per token: fewer of its tokens a block), a windowed
 # cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
 set -uo pipefail
@@ -153,6 +154,14 @@ if os.path.isfile(big):
     same_drafts_as_run(big, small, "stories4M_hd64 with stories260K drafting")
     concurrent(big, ["-c", "512", "--max-seqs", "16", "--kv-mem", "1920KiB", "-t", "2", "--draft", small,
                      "--draft-n", "6"], "stories4M_hd64 with stories260K drafting", min_accept=0.25, shared=True)
+
+# a larger one, the other way round: stories4M_hd64 (4.8 times stories260K's cache per token) drafting for
+# stories260K, its cache in the model's pool of 400 blocks, 3 of its tokens a block (its 16 sequences need up to
+# 800): the drafts run and give their blocks back
+if os.path.isfile(big):
+    concurrent(small, ["-c", "512", "--max-seqs", "16", "--kv-mem", "4000KiB", "-t", "2", "--draft", big,
+                       "--draft-n", "4"], "stories260K with stories4M_hd64 drafting", want_preempt=False,
+               min_accept=0.25, shared=True)
 
 # refusals
 other = os.path.join(tmp, "other.gguf")

@@ -2,7 +2,8 @@
 # tests/cli_spec: `kvlm run --spec` end to end: greedy text with prompt lookup
 # and with a q4_0 draft of the same model equals the text without
 # speculation (stories260K, stories4M_hd64; f16, q8_0 and q4_kc caches; h2o
-# and sinks eviction; the context's end), acceptance figures on stderr, a
+# and sinks eviction; the context's end; each model drafting for the other
+# in its pool), acceptance figures on stderr, a
 # draft of another vocabulary refused by name.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -39,6 +40,16 @@ for model in stories260K.gguf stories4M_hd64.gguf; do
   same "$model sinks" -m "$M" --kv-budget 80 --kv-evict sinks
   same "$model context end" -m "$M" -c 80
 done
+
+# a draft model of another cache shape in the model's pool: smaller per
+# token (stories260K drafting for stories4M_hd64, 64 of its tokens a block)
+# and larger (the other way round, 3 of its tokens a block)
+if [ -f "$MODELS/stories4M_hd64.gguf" ]; then
+  cp "$MODELS/stories260K.gguf" "$tmp/draft.gguf"
+  same "stories4M_hd64, stories260K drafting" -m "$MODELS/stories4M_hd64.gguf"
+  cp "$MODELS/stories4M_hd64.gguf" "$tmp/draft.gguf"
+  same "stories260K, stories4M_hd64 drafting" -m "$MODELS/stories260K.gguf"
+fi
 
 # other cache shapes, random weights: a window of 8 on every layer (blocks
 # before the window go back while drafts are held), gemma2's local store

@@ -13,8 +13,9 @@
  * A smaller model of another cache shape (stories260K drafting for
  * stories4M_hd64) keeps its cache in the model's pool too, in blocks of its
  * own layout (more of its tokens a block): the same outputs, its blocks
- * given back before a request is preempted; a draft whose cache is larger
- * per token than the model's is refused there. Its blocks reach the tiers
+ * given back before a request is preempted; so does a larger one, in blocks
+ * of fewer tokens than the model's; a draft whose one token takes more
+ * bytes than the model's block is refused there. Its blocks reach the tiers
  * in their own stored form: pushed out to host memory and brought back, and
  * found on disk by the next context. */
 #include <ftw.h>
@@ -44,8 +45,11 @@ static kvlm_model *load_q4_0_copy(const kvlm_model *m) {
     return load(q);
 }
 
+static int key_type = -1; /* >= 0: every context's keys of this type (test_draft_q4_kc_pool) */
+
 static kvlm_ctx_params ctx_params(int n_seq, int kv_blocks, int evict) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
+    if (key_type >= 0) cp.cache_type_k = key_type;
     cp.n_threads = 2;
     cp.n_ctx = 256;
     cp.n_seq_max = n_seq;
@@ -325,6 +329,16 @@ static void test_draft_guest_pool(void **state) {
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx;
     assert_non_null(ctx);
+    /* sized for the draft model: its sequence takes 256 / 64 blocks, not the model's 256 / 16 */
+    kvlm_kv_stats ks;
+    kvlm_kv_stats_get(ctx, &ks);
+    assert_int_equal(ks.n_blocks, 16 + 16);
+    cp.draft_model = dm;
+    kvlm_ctx *sized = kvlm_ctx_create(m, &cp, &err);
+    assert_non_null(sized);
+    kvlm_kv_stats_get(sized, &ks);
+    assert_int_equal(ks.n_blocks, 16 + 4);
+    kvlm_ctx_free(sized);
     for (int round = 0; round < 2; round++) {
         kvlm_kv_stats ks, ds, ks0;
         kvlm_kv_stats_get(ctx, &ks0); /* round 1: the model's blocks of round 0, cached */
@@ -364,6 +378,129 @@ static void test_draft_guest_pool(void **state) {
         kvlm_seq_free(ctx, 0);
     }
     kvlm_ctx_free(ctx);
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
+/* The other way round: stories4M_hd64 (6 x 2 x 64, 4.8 times stories260K's
+ * 5 x 4 x 8 per token) drafting for stories260K keeps its cache in the
+ * model's pool too, in blocks of fewer tokens than the model's (3 of its
+ * tokens in a 16-token f16 block): the same outputs as alone, its blocks
+ * given back before a request is preempted, its logits those of a pool of
+ * its own, its blocks found again by its prefix. */
+static void test_draft_guest_larger(void **state) {
+    (void)state;
+    kvlm_model *dm, *m; /* load_guest_pair's roles swapped */
+    TU_REQUIRE(load_guest_pair(&dm, &m));
+    kvlm_ctx_params cp = ctx_params(32, 0, 0);
+    assert_true(kvlm_draft_shares_pool(m, dm, &cp));
+    kvlm_sched_stats st;
+    draft_concurrent(m, dm, -3000, 4, false, &st);
+    assert_int_equal(st.preemptions, 0);
+    assert_true(st.spec_accepted > 0);
+    gives_back(m, dm, tu_quick() ? 40 : 80, &st);
+    cp = ctx_params(1, 0, 0);
+    cp.n_seq_draft = 1;
+    cp.draft_model = dm; /* the pool sized for its cache: 256 / 16 blocks for the model, 86 of 3 tokens for it */
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx, *own = make_ctx(dm, 1, 0, 0);
+    assert_non_null(ctx);
+    assert_non_null(dctx = kvlm_ctx_create_draft(dm, ctx, NULL, &err));
+    kvlm_kv_stats ks, ds;
+    kvlm_kv_stats_get(ctx, &ks);
+    kvlm_kv_stats_get(dctx, &ds);
+    assert_int_equal(ks.n_blocks, 16 + 86);
+    assert_int_equal(ks.block_size, 16);
+    assert_int_equal(ds.block_size, 3); /* 3 x 3,072 bytes in a block of 16 x 640 */
+    int d = kvlm_ctx_seq_first(dctx), V = kvlm_vocab_size(dm);
+    int32_t prompt[150];
+    for (int i = 0; i < 150; i++) prompt[i] = 1 + (i * 37) % 200;
+    kvlm_batch b = {150, prompt, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(own, &b, &err), KVLM_OK);
+    float *want = malloc((size_t)V * sizeof *want);
+    memcpy(want, kvlm_get_logits(own, -1), (size_t)V * sizeof *want);
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    assert_int_equal(kvlm_decode(dctx, &b, &err), KVLM_OK);
+    assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), want, V, 1e-2) < 1e-3);
+    kvlm_kv_stats_get(ctx, &ks);
+    assert_int_equal(ks.used, 10 + 50); /* 150 tokens: the model's 10 blocks of 16, the draft's 50 of 3 */
+    kvlm_seq_free(dctx, d);
+    assert_int_equal(kvlm_seq_reuse_prefix(dctx, d, prompt, 150), 147);
+    kvlm_batch rest = {3, prompt + 147, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(dctx, &rest, &err), KVLM_OK);
+    assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), want, V, 1e-2) < 1e-3);
+    const char *bad = engine_kv_check(ctx);
+    if (bad) fail_msg("pool invariants: %s", bad);
+    kvlm_ctx_free(dctx);
+    kvlm_kv_stats_get(ctx, &ks);
+    assert_int_equal(ks.used, 10);
+    free(want);
+    kvlm_ctx_free(own);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
+/* A model with q4_kc keys (stories4M_hd64) and its q4_0 copy drafting in
+ * its pool: the draft's cache is a guest layout of the same shape with q8_0
+ * keys (q4_kc's staging cannot take drafts back across blocks), fewer of
+ * its tokens a block; its logits are those of a q8_0-key context of its
+ * own, after a rollback across blocks too; 32 concurrent requests give
+ * what each gives alone with q4_kc keys. */
+static void test_draft_q4_kc_pool(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories4M_hd64.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path), *dm = load_q4_0_copy(m);
+    key_type = KVLM_CACHE_Q4_KC;
+    kvlm_ctx_params cp = ctx_params(1, 0, 0);
+    assert_true(kvlm_draft_shares_pool(m, dm, &cp));
+    cp.n_seq_draft = 1;
+    kvlm_error err = {0};
+    kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx;
+    assert_non_null(ctx);
+    assert_non_null(dctx = kvlm_ctx_create_draft(dm, ctx, NULL, &err));
+    kvlm_kv_stats ks, ds;
+    kvlm_kv_stats_get(ctx, &ks);
+    kvlm_kv_stats_get(dctx, &ds);
+    assert_int_equal(ks.type_k, KVLM_CACHE_Q4_KC);
+    assert_int_equal(ds.type_k, KVLM_CACHE_Q8_0);
+    assert_int_equal(ds.type_v, ks.type_v);
+    printf("  q4_kc pool, 16-token blocks: the draft's q8_0 keys take %d of its tokens a block\n", ds.block_size);
+    assert_true(ds.block_size > 0 && ds.block_size < 16);
+    key_type = KVLM_CACHE_Q8_0;
+    kvlm_ctx *own = make_ctx(dm, 1, 0, 0);
+    key_type = KVLM_CACHE_Q4_KC;
+    int32_t prompt[150];
+    for (int i = 0; i < 150; i++) prompt[i] = 1 + (i * 37) % 200;
+    kvlm_batch b = {150, prompt, NULL, NULL, NULL};
+    int V = kvlm_vocab_size(dm);
+    assert_int_equal(kvlm_decode(own, &b, &err), KVLM_OK);
+    assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+    assert_int_equal(kvlm_decode(dctx, &b, &err), KVLM_OK);
+    assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), kvlm_get_logits(own, -1), V, 1e-2) < 1e-3);
+    /* a rollback of the draft's sequence across its blocks (q4_kc keys would refuse it) */
+    int d = kvlm_ctx_seq_first(dctx);
+    assert_int_equal(kvlm_seq_trim(dctx, d, 100, &err), KVLM_OK);
+    assert_int_equal(kvlm_seq_trim(own, 0, 100, &err), KVLM_OK);
+    kvlm_batch rest = {50, prompt + 100, NULL, NULL, NULL};
+    assert_int_equal(kvlm_decode(dctx, &rest, &err), KVLM_OK);
+    assert_int_equal(kvlm_decode(own, &rest, &err), KVLM_OK);
+    assert_true(tu_max_rel_diff(kvlm_get_logits(dctx, -1), kvlm_get_logits(own, -1), V, 1e-2) < 1e-3);
+    const char *bad = engine_kv_check(ctx);
+    if (bad) fail_msg("pool invariants: %s", bad);
+    kvlm_ctx_free(own);
+    kvlm_ctx_free(dctx);
+    kvlm_ctx_free(ctx);
+    /* against each alone, q4_kc keys; no preemption, whose recompute of a
+     * sequence quantizes its blocks before its tokens see them, where one at
+     * a time sees their staged f16 keys (q4_kc's text then differs, with or
+     * without drafts) */
+    kvlm_sched_stats st;
+    draft_concurrent(m, dm, -1000, 4, false, &st);
+    key_type = -1;
+    assert_int_equal(st.preemptions, 0);
+    assert_true(st.spec_accepted * 2 > st.spec_drafted);
     kvlm_model_free(dm);
     kvlm_model_free(m);
 }
@@ -561,14 +698,20 @@ static void test_draft_refused(void **state) {
     sp.draft_ctx = NULL;
     assert_null(kvlm_sched_create(ctx, &sp, &err));
     printf("  refused: %s\n", err.msg);
-    /* the shared pool: a cache larger per token than the model's, and a context without sequences for a draft */
-    assert_false(kvlm_draft_shares_pool(m, om, NULL));
+    /* the shared pool: a cache larger per token than the model's whole
+     * block (om's 512 elements a token, 2-token blocks of stories260K's
+     * 160), and a context without sequences for a draft */
     kvlm_ctx_params cp = ctx_params(4, 0, 0);
+    cp.block_size = 2;
+    assert_false(kvlm_draft_shares_pool(m, om, &cp));
+    cp.block_size = 4;
+    assert_true(kvlm_draft_shares_pool(m, om, &cp)); /* 1 of its tokens a block */
+    cp.block_size = 2;
     cp.n_seq_draft = 4;
     kvlm_ctx *host = kvlm_ctx_create(m, &cp, &err);
     assert_non_null(host);
     assert_null(kvlm_ctx_create_draft(om, host, NULL, &err));
-    assert_non_null(strstr(err.msg, "bytes per token"));
+    assert_non_null(strstr(err.msg, "bytes for one token"));
     printf("  refused: %s\n", err.msg);
     assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
     assert_non_null(strstr(err.msg, "n_seq_draft"));
@@ -591,6 +734,8 @@ int main(void) {
         cmocka_unit_test(test_draft_shared_keys),
         cmocka_unit_test(test_draft_guest_pool),
         cmocka_unit_test(test_draft_guest_tiers),
+        cmocka_unit_test(test_draft_guest_larger),
+        cmocka_unit_test(test_draft_q4_kc_pool),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -212,6 +212,9 @@ kvlm_model *cli_load_draft(const char *cmd, const char *path, const kvlm_model *
         cli_fail(cmd, "draft model %s: %s", path, err.msg);
         return NULL;
     }
-    if ((*shared = kvlm_draft_shares_pool(model, dm, cp))) cp->n_seq_draft = cp->n_seq_max > 0 ? cp->n_seq_max : 1;
+    if ((*shared = kvlm_draft_shares_pool(model, dm, cp))) {
+        cp->n_seq_draft = cp->n_seq_max > 0 ? cp->n_seq_max : 1;
+        cp->draft_model = dm; /* the pool's room for its sequences sized for its cache */
+    }
     return dm;
 }

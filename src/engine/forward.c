@@ -205,6 +205,31 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     return w;
 }
 
+/* A draft model's cache d in the pool of a context with params tp: its
+ * shape, in the pool's element types but for q4_kc keys, which become q8_0
+ * (its drafts are taken back across blocks, which q4_kc's staging cannot). */
+static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
+    kv_guest g = {d->n_layers, d->n_kv_heads, d->head_dim, tp->cache_type_k, tp->cache_type_v};
+    if (g.k_type == KVLM_CACHE_Q4_KC) g.k_type = KVLM_CACHE_Q8_0;
+    return g;
+}
+
+/* Whether that cache needs the pool's guest layout (another shape or types). */
+static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp) {
+    return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC;
+}
+
+/* The blocks a draft sequence holds at most (n_seq_draft): per_seq, the
+ * model's, unless p.draft_model names a draft whose guest layout
+ * (kv_guest_block_size) holds other numbers of tokens a block. */
+static int draft_blocks_per_seq(const kvlm_ctx *ctx, const kv_params *kp, int per_seq) {
+    const kvlm_model *d = ctx->p.draft_model;
+    if (!d || !d->layers || !draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p)) return per_seq;
+    kv_guest g = draft_guest(&d->cfg, &ctx->p);
+    int gbs = kv_guest_block_size(kp, &g);
+    return gbs > 0 ? (ctx->p.n_ctx + gbs - 1) / gbs : per_seq;
+}
+
 static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     kv_params kp = {0};
@@ -244,7 +269,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
             return util_err_set(err, KVLM_EINVAL, "a KV budget of %zu bytes holds no block (one block is %zu bytes)",
                                 ctx->p.kv_mem, block_bytes);
         kp.n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
-    } else kp.n_blocks = per_seq * kp.max_seqs;
+    } else kp.n_blocks = per_seq * ctx->p.n_seq_max + draft_blocks_per_seq(ctx, &kp, per_seq) * ctx->p.n_seq_draft;
     /* the pool is allocated up front: one clear error rather than an
      * allocation the machine cannot back (a file claiming a huge context) */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -419,10 +444,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         /* its blocks' keys chain from its model's fingerprint: never the host model's */
         kv_key root;
         kv_model_fingerprint(model, &root);
-        /* another cache shape: the pool's guest layout, as many of its tokens
-         * per block as the model's block bytes hold */
-        if (!same_cache_shape(c, &host->model->cfg) &&
-            kv_store_add_guest(ctx->kv, ctx->seq_lo, c->n_layers, c->n_kv_heads, c->head_dim, &root, NULL, err))
+        /* another cache shape or types: the pool's guest layout, as many of
+         * its tokens per block as the model's block bytes hold */
+        kv_guest g = draft_guest(c, &host->p);
+        if (draft_is_guest(&host->model->cfg, c, &host->p) &&
+            kv_store_add_guest(ctx->kv, ctx->seq_lo, &g, &root, &p->block_size, err))
             goto fail;
         for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kv_store_set_root(ctx->kv, s, &root);
     } else if (make_cache(ctx, err)) goto fail;
@@ -491,28 +517,29 @@ kvlm_ctx *kvlm_ctx_create(const kvlm_model *model, const kvlm_ctx_params *params
 
 /* Why a draft model's cache cannot be a sequence range of the target's pool
  * (KVLM_OK: it can). Another cache shape is the pool's guest layout
- * (kv_add_guest): it must take no more bytes per block than the model's. */
+ * (kv_add_guest): one of its tokens must fit in one of the model's blocks. */
 static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *tp,
                              kvlm_error *err) {
     const kvlm_config *t = &target->cfg, *d = &draft->cfg;
-    if (!same_cache_shape(t, d)) {
+    if (draft_is_guest(t, d, tp)) {
         kv_params tk = {.n_layers = t->n_layers, .n_kv_heads = t->n_kv_heads, .head_dim = t->head_dim,
                         .block_size = tp->block_size > 0 ? tp->block_size : DEFAULT_BLOCK_SIZE,
                         .k_type = tp->cache_type_k, .v_type = tp->cache_type_v};
-        if (!kv_guest_block_size(&tk, d->n_layers, d->n_kv_heads, d->head_dim))
+        kv_guest g = draft_guest(d, tp);
+        if (!kv_guest_block_size(&tk, &g))
             return util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache (%d layers x %d KV heads x %d) takes "
-                                "more bytes per token than the model's (%d x %d x %d): it cannot live in the model's "
-                                "blocks", d->n_layers, d->n_kv_heads, d->head_dim, t->n_layers, t->n_kv_heads,
-                                t->head_dim);
+                                "more bytes for one token than the model's block of %d tokens (%d x %d x %d): it "
+                                "cannot live in the model's blocks", d->n_layers, d->n_kv_heads, d->head_dim,
+                                tk.block_size, t->n_layers, t->n_kv_heads, t->head_dim);
     }
     if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2 || t->sliding_window > 0 ||
         d->sliding_window > 0)
         return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
                             "layouts: the draft model's cache cannot join the model's pool");
-    if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache || tp->cache_type_k == KVLM_CACHE_Q4_KC ||
-        tp->kv_evict != KVLM_EVICT_NONE || (tp->kv_budget > 0 && (tp->n_ctx <= 0 || tp->kv_budget < tp->n_ctx)))
+    if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache || tp->kv_evict != KVLM_EVICT_NONE ||
+        (tp->kv_budget > 0 && (tp->n_ctx <= 0 || tp->kv_budget < tp->n_ctx)))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
-                            "cache, without q4_kc keys and without eviction");
+                            "cache and without eviction");
     return KVLM_OK;
 }
 
@@ -539,9 +566,11 @@ kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const
     p.n_ctx = tp->n_ctx;
     p.n_seq_max = tp->n_seq_draft;
     p.n_seq_draft = 0;
+    p.draft_model = NULL;
     p.block_size = tp->block_size;
-    p.cache_type_k = tp->cache_type_k;
-    p.cache_type_v = tp->cache_type_v;
+    kv_guest g = draft_guest(&draft->cfg, tp); /* q4_kc keys: q8_0 */
+    p.cache_type_k = g.k_type;
+    p.cache_type_v = g.v_type;
     p.no_kv_cache = false;
     p.no_prefix_cache = tp->no_prefix_cache;
     p.kv_budget = 0;
@@ -857,8 +886,8 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     st->block_bytes = kv_store_block_bytes(ctx->kv);
     st->bytes_per_token = bytes_per_token(ctx);
     st->tokens_computed = ctx->tokens_computed;
-    st->type_k = kv_store_params_of(ctx->kv)->k_type;
-    st->type_v = kv_store_params_of(ctx->kv)->v_type;
+    st->type_k = ctx->host ? ctx->p.cache_type_k : kv_store_params_of(ctx->kv)->k_type; /* a draft's own */
+    st->type_v = ctx->host ? ctx->p.cache_type_v : kv_store_params_of(ctx->kv)->v_type;
     st->stage_bytes = kv_store_stage_bytes(ctx->kv);
     kv_store_swap_stats sw;
     kv_store_swap_stats_get(ctx->kv, &sw);
@@ -904,9 +933,9 @@ static float *spec_row(const kvlm_ctx *ctx, int seq, int pos) {
  * per sequence in batched decode) go to the threads together. */
 static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_t *pos, int T) {
     const kvlm_config *c = &ctx->model->cfg;
-    const kv_params *kp = kv_store_params_of(ctx->kv);
     int HD = c->head_dim, QD = c->n_heads * HD;
-    const size_t per_run = (size_t)ctx->p.n_ctx / kp->block_size + 2;
+    /* the context's block size: a guest layout's for a draft context */
+    const size_t per_run = (size_t)ctx->p.n_ctx / ctx->p.block_size + 2;
     op_attn_args args[ATT_RUNS];
     float *outs[ATT_RUNS];
     const float *qs[ATT_RUNS];
@@ -1045,7 +1074,7 @@ static void qkv_worker(void *p, int ith, int nth) {
     kvlm_ctx *ctx = j->ctx;
     const kvlm_config *c = &ctx->model->cfg;
     int QD = c->n_heads * c->head_dim, half = c->rope_dim / 2, H = c->n_kv_heads;
-    bool kc = kv_store_params_of(ctx->kv)->k_type == KVLM_CACHE_Q4_KC;
+    bool kc = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC; /* the context's: a draft's guest keys are per-token */
     for (int u; (u = next_unit(j)) >= 0;) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
@@ -1097,7 +1126,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     for (int t = 0; t < T; t++)
         if (want[t]) ctx->out_tok[n_out++] = t;
     kv_store_rows_written(ctx->kv, seq, pos, T);
-    int n_groups = kv_store_params_of(ctx->kv)->k_type == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
+    int n_groups = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         j.L = L;

@@ -183,17 +183,19 @@ void kv_free(kv_cache *c) {
     free(c);
 }
 
-/* p with a guest's cache shape (its block size still p's) */
-static kv_params guest_params(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
+/* p with a guest's cache shape and types (its block size still p's) */
+static kv_params guest_params(const kv_params *p, const kv_guest *gu) {
     kv_params g = *p;
-    g.n_layers = n_layers;
-    g.n_kv_heads = n_kv_heads;
-    g.head_dim = head_dim;
+    g.n_layers = gu->n_layers;
+    g.n_kv_heads = gu->n_kv_heads;
+    g.head_dim = gu->head_dim;
+    g.k_type = gu->k_type;
+    g.v_type = gu->v_type;
     return g;
 }
 
-int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim) {
-    kv_params g = guest_params(p, n_layers, n_kv_heads, head_dim);
+int kv_guest_block_size(const kv_params *p, const kv_guest *gu) {
+    kv_params g = guest_params(p, gu);
     size_t block = kv_params_block_bytes(p);
     int bs = p->block_size, m_max = p->max_seq_tokens > 0 ? (p->max_seq_tokens + bs - 1) / bs : 1, m = 0;
     for (int t = 1; t <= m_max; t++) {
@@ -201,7 +203,14 @@ int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int he
         if (kv_params_block_bytes(&g) > block) break;
         m = t;
     }
-    return m * bs;
+    if (m) return m * bs;
+    /* a cache larger per token than the pool's: fewer tokens than p's */
+    int t = bs - 1;
+    for (; t > 0; t--) {
+        g.block_size = t;
+        if (kv_params_block_bytes(&g) <= block) break;
+    }
+    return t;
 }
 
 /* The first of sequences first.. that holds tokens or blocks; -1: none. */
@@ -220,21 +229,22 @@ static void seqs_shed(kv_cache *c, int first) {
     }
 }
 
-int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
-                 int *block_size, kvlm_error *err) {
+int kv_add_guest(kv_cache *c, int first_seq, const kv_guest *gu, const kv_key *model, int *block_size,
+                 kvlm_error *err) {
     if (c->n_lay > 1) return util_err_set(err, KVLM_EINVAL, "the pool already has a guest layout");
-    if (first_seq <= 0 || first_seq >= c->p.max_seqs || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
-        return util_err_set(err, KVLM_EINVAL, "bad guest layout (sequences %d.., %d x %d x %d)", first_seq, n_layers,
-                            n_kv_heads, head_dim);
-    if (c->p.k_type == KVLM_CACHE_Q4_KC || c->p.v_in_k)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "q4_kc keys and latent caches hold one layout");
+    if (first_seq <= 0 || first_seq >= c->p.max_seqs || gu->n_layers <= 0 || gu->n_kv_heads <= 0 || gu->head_dim <= 0 ||
+        !op_kv_type_valid(gu->k_type, true) || !op_kv_type_valid(gu->v_type, true))
+        return util_err_set(err, KVLM_EINVAL, "bad guest layout (sequences %d.., %d x %d x %d, types %d, %d: "
+                            "per-token types only)", first_seq, gu->n_layers, gu->n_kv_heads, gu->head_dim, gu->k_type,
+                            gu->v_type);
+    if (c->p.v_in_k) return util_err_set(err, KVLM_EUNSUPPORTED, "a latent cache holds one layout");
     int busy = first_busy_seq(c, first_seq);
     if (busy >= 0)
         return util_err_set(err, KVLM_EINVAL, "sequence %d holds tokens: a guest layout takes empty ones", busy);
-    kv_params g = guest_params(&c->p, n_layers, n_kv_heads, head_dim);
-    if (!(g.block_size = kv_guest_block_size(&c->p, n_layers, n_kv_heads, head_dim)))
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a guest cache of %d x %d x %d takes more bytes per token than "
-                            "the pool's: it does not fit in a block", n_layers, n_kv_heads, head_dim);
+    kv_params g = guest_params(&c->p, gu);
+    if (!(g.block_size = kv_guest_block_size(&c->p, gu)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a guest cache of %d x %d x %d takes more bytes for one token "
+                            "than the pool's block holds", gu->n_layers, gu->n_kv_heads, gu->head_dim);
     kv_layout *L = &c->lay[1];
     layout_init(L, &g, model, kv_params_block_bytes(&g)); /* stored blocks carry the bytes it uses */
     if (!(L->ix = kv_prefix_create(c->p.n_blocks, g.block_size)))
@@ -289,7 +299,7 @@ uint8_t *kv_block_v(const kv_cache *c, int32_t block, int layer, int head) {
     return kv_block_k(c, block, layer, head) + lay_of_block(c, block)->k_bytes;
 }
 uint16_t *kv_seq_stage(const kv_cache *c, int seq, int layer, int head) {
-    if (!c->stage) return NULL;
+    if (!c->stage || seq >= c->guest_lo) return NULL; /* a guest's keys are per-token */
     return c->stage + (size_t)seq * c->stage_per_seq +
            ((size_t)layer * c->p.n_kv_heads + head) * (size_t)c->p.block_size * c->p.head_dim;
 }

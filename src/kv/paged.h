@@ -76,26 +76,33 @@ size_t kv_v_offset_bytes(const kv_cache *c);
 /* Bytes of K and V of one token (block bytes / block size; exact for
  * per-token types, and for q4_kc when block_size divides 4 x head_dim). */
 size_t kv_token_bytes(const kv_cache *c);
+/* A guest layout's cache: its shape and element types (per-token types:
+ * not q4_kc). */
+typedef struct kv_guest {
+    int n_layers, n_kv_heads, head_dim;
+    int k_type, v_type;
+} kv_guest;
 /* A second block layout in the same pool: a draft model of another cache
- * shape (engine/forward's kvlm_ctx_create_draft) keeps its cache in the
- * pool's blocks. From now on sequences first_seq.. (which must be empty)
- * hold blocks of n_layers x n_kv_heads x head_dim in the pool's element
- * types, laid out as the pool's, in the pool's block bytes; *block_size
- * receives their tokens per block: the most whole multiples of the pool's
- * block size that fit (stories260K in a stories4M_hd64 pool of 16-token
- * blocks: 64). Their keys
+ * shape or other element types (engine/forward's kvlm_ctx_create_draft)
+ * keeps its cache in the pool's blocks. From now on sequences first_seq..
+ * (which must be empty) hold blocks of g's shape and types, laid out as the
+ * pool's, in the pool's block bytes; *block_size receives their tokens per
+ * block (kv_guest_block_size: stories260K in a stories4M_hd64 pool of
+ * 16-token f16 blocks, 64; the other way round, 3). Their keys
  * are the guest's (its own format, under model), in a prefix index of their
  * own; a cached guest block is reused before a cached one of the pool's.
  * Guest blocks reach the tier hooks as the pool's do, stored in the guest's
  * format (kv_block_blockfmt: its geometry, the bytes it uses of a block).
- * Guest sequences neither swap nor compact nor fork to the pool's. Not with
- * q4_kc keys or a latent cache. */
-int kv_add_guest(kv_cache *c, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
-                 int *block_size, kvlm_error *err);
+ * Guest sequences neither swap nor compact nor fork to the pool's, and
+ * keep no q4_kc staging (a pool of q4_kc keys takes a guest of per-token
+ * types). Not in a latent cache. */
+int kv_add_guest(kv_cache *c, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
+                 kvlm_error *err);
 /* The guest's tokens per block in a pool of p: the most whole multiples of
  * p's block size (up to its context, rounded up to one) whose bytes fit in
- * one of p's blocks; 0 when not even one does. */
-int kv_guest_block_size(const kv_params *p, int n_layers, int n_kv_heads, int head_dim);
+ * one of p's blocks; when not even one does (a cache larger per token than
+ * p's), the most tokens below p's block size that fit; 0 when not one. */
+int kv_guest_block_size(const kv_params *p, const kv_guest *g);
 /* Takes the guest layout back (its sequences must be empty): its cached
  * blocks go back to the free stack, its sequences hold the pool's layout. */
 int kv_drop_guest(kv_cache *c, kvlm_error *err);

@@ -22,7 +22,7 @@ struct kv_store {
     size_t k_row, v_row;   /* bytes of one token's row of one head (per-token types) */
     int *stage_block;      /* per sequence: q4_kc keys' block still filling, -1: none */
     /* sequences guest_lo.. hold a guest layout's blocks (kv_store_add_guest) */
-    int guest_lo, g_head_dim;
+    int guest_lo, g_head_dim, gk_type, gv_type;
     size_t gk_row, gv_row;
     /* tiers */
     kv_tier *tiers[KV_STORE_MAX_TIERS];
@@ -375,20 +375,22 @@ int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return k
 
 /* ---- sequences ---- */
 
-int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
-                       int *block_size, kvlm_error *err) {
+int kv_store_add_guest(kv_store *s, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
+                       kvlm_error *err) {
     if (s->window || s->local)
         return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window store holds one layout");
-    int rc = kv_add_guest(s->c, first_seq, n_layers, n_kv_heads, head_dim, model, block_size, err);
+    int rc = kv_add_guest(s->c, first_seq, g, model, block_size, err);
     if (rc) return rc;
     if (s->n_tiers && (rc = tier_buffers(s, kv_blockfmt_bytes(kv_seq_blockfmt(s->c, first_seq)), err))) {
         kv_drop_guest(s->c, NULL);
         return rc;
     }
     s->guest_lo = first_seq;
-    s->g_head_dim = head_dim;
-    s->gk_row = op_kv_row_bytes(s->p.k_type, head_dim);
-    s->gv_row = op_kv_row_bytes(s->p.v_type, head_dim);
+    s->g_head_dim = g->head_dim;
+    s->gk_type = g->k_type;
+    s->gv_type = g->v_type;
+    s->gk_row = op_kv_row_bytes(g->k_type, g->head_dim);
+    s->gv_row = op_kv_row_bytes(g->v_type, g->head_dim);
     return KVLM_OK;
 }
 
@@ -456,7 +458,7 @@ int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
     int len = kv_seq_len(s->c, seq), bs = s->p.block_size;
     if (n_keep < 0 || n_keep > len)
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens of %d", seq, n_keep, len);
-    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
+    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC && seq < s->guest_lo;
     /* q4_kc: a block cut back to partial needs its f16 keys, which the
      * staging keeps only until the next block's first row overwrites them */
     if (kc && n_keep % bs && n_keep < len && len > (n_keep / bs + 1) * bs)
@@ -527,19 +529,21 @@ void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, cons
     int HD = g ? s->g_head_dim : s->p.head_dim, bs = g ? kv_seq_block_size(s->c, seq) : s->p.block_size,
         slot = pos % bs;
     size_t k_row = g ? s->gk_row : s->k_row, v_row = g ? s->gv_row : s->v_row;
+    int kt = g ? s->gk_type : s->p.k_type, vt = g ? s->gv_type : s->p.v_type;
     int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
-    if (s->p.k_type == KVLM_CACHE_Q4_KC) {
+    if (kt == KVLM_CACHE_Q4_KC) {
         uint16_t *st = kv_seq_stage(s->c, seq, layer, head);
         for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
         if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
-    } else op_kv_quantize_row(s->p.k_type, k, kv_block_k(s->c, b, layer, head) + slot * k_row, HD);
-    if (!s->p.v_in_k) op_kv_quantize_row(s->p.v_type, v, kv_block_v(s->c, b, layer, head) + slot * v_row, HD);
+    } else op_kv_quantize_row(kt, k, kv_block_k(s->c, b, layer, head) + slot * k_row, HD);
+    if (!s->p.v_in_k) op_kv_quantize_row(vt, v, kv_block_v(s->c, b, layer, head) + slot * v_row, HD);
 }
 
 void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T) {
     int bs = s->p.block_size;
     bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
-    for (int t = 0; t < T; t++) s->stage_block[seq[t]] = kc && pos[t] % bs != bs - 1 ? pos[t] / bs : -1;
+    for (int t = 0; t < T; t++) /* a guest's keys are per-token */
+        s->stage_block[seq[t]] = kc && seq[t] < s->guest_lo && pos[t] % bs != bs - 1 ? pos[t] / bs : -1;
     if (s->local) kv_store_rows_written(s->local, seq, pos, T);
 }
 
@@ -550,8 +554,9 @@ void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, con
     for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(s->c, blocks[i], layer, 0);
     a->blocks = bp;
     a->block_size = bs;
-    a->k_type = s->p.k_type;
-    a->v_type = s->p.v_type;
+    bool g = seq >= s->guest_lo;
+    a->k_type = g ? s->gk_type : s->p.k_type;
+    a->v_type = g ? s->gv_type : s->p.v_type;
     a->head_bytes = kv_seq_head_bytes(s->c, seq);
     a->v_bytes = kv_seq_v_offset_bytes(s->c, seq);
     a->k_stage = kv_seq_stage(s->c, seq, layer, 0);

@@ -58,13 +58,14 @@ const kv_params *kv_store_params_of(const kv_store *s);
 
 /* ---- sequences (the engine) ---- */
 /* As kv/paged's kv_add_guest: sequences first_seq.. (empty) hold blocks of
- * another cache shape (a draft model's) in this pool; *block_size gets their
- * tokens per block. Guest sequences write their rows (kv_store_write_row)
- * with the guest's layers, heads and head dimension; their blocks go to the
- * tiers in the guest's stored form (kv_block_blockfmt), never to the swap
- * space or compaction. Not for sliding-window stores. */
-int kv_store_add_guest(kv_store *s, int first_seq, int n_layers, int n_kv_heads, int head_dim, const kv_key *model,
-                       int *block_size, kvlm_error *err);
+ * another cache shape or other types (a draft model's) in this pool;
+ * *block_size gets their tokens per block. Guest sequences write their rows
+ * (kv_store_write_row) with the guest's layers, heads, head dimension and
+ * types; their blocks go to the tiers in the guest's stored form
+ * (kv_block_blockfmt), never to the swap space or compaction. Not for
+ * sliding-window stores. */
+int kv_store_add_guest(kv_store *s, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
+                       kvlm_error *err);
 /* As kv_drop_guest: the guest's sequences, now empty, hold the pool's layout
  * again; its cached blocks first go to the durable tiers that lack them. */
 int kv_store_drop_guest(kv_store *s, kvlm_error *err);
