@@ -644,6 +644,8 @@ typedef struct kvlm_spec_stats {
     uint64_t drafted;    /* draft tokens checked */
     uint64_t accepted;   /* of them kept */
     uint64_t emitted;    /* tokens given out (accepted + one per step) */
+    uint64_t draft_windows; /* a draft context that does not evict: times its sequence started afresh on
+                               the text's last half context (the text outgrew it) */
 } kvlm_spec_stats;
 /* Mode id for "none", "lookup", "draft", or -1. */
 int kvlm_spec_mode_from_name(const char *name);
@@ -784,6 +786,9 @@ typedef struct kvlm_sched_stats {
     /* a draft model sharing the pool: its sequences dropped to give the
      * model's sequences room (before any of them was preempted) */
     uint64_t spec_draft_released;
+    /* draft model: its sequences started afresh on the text's last half
+     * context, the text having outgrown the draft's (which does not evict) */
+    uint64_t spec_draft_windows;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 

@@ -3,7 +3,8 @@
 # and with a q4_0 draft of the same model equals the text without
 # speculation (stories260K, stories4M_hd64; f16, q8_0 and q4_kc caches; h2o
 # and sinks eviction; the context's end; each model drafting for the other
-# in its pool), acceptance figures on stderr, a
+# in its pool; a draft past its context under eviction, in a window),
+# acceptance figures on stderr, a
 # draft of another vocabulary refused by name.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -40,6 +41,19 @@ for model in stories260K.gguf stories4M_hd64.gguf; do
   same "$model sinks" -m "$M" --kv-budget 80 --kv-evict sinks
   same "$model context end" -m "$M" -c 80
 done
+
+# past the context under eviction: the draft's cache in the model's pool
+# does not evict, and drafts from a window of the text's last half context,
+# started afresh each time it fills (stderr counts the moves); the same text
+M="$MODELS/stories260K.gguf"
+rm -f "$tmp/draft.gguf"
+"$KVLM" convert "$M" "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1 || bad "stories260K: convert to q4_0"
+"$KVLM" run -t 2 --temp 0 -n 300 -p "$P" -m "$M" -c 64 --kv-budget 48 --kv-evict sinks >"$tmp/plain.txt" 2>/dev/null
+"$KVLM" run -t 2 --temp 0 -n 300 -p "$P" -m "$M" -c 64 --kv-budget 48 --kv-evict sinks --draft "$tmp/draft.gguf" >"$tmp/spec.txt" 2>"$tmp/spec.err"
+moved="$(sed -n 's/.*draft window moved \([0-9]*\) times.*/\1/p' "$tmp/spec.err")"
+if cmp -s "$tmp/plain.txt" "$tmp/spec.txt" && [ "${moved:-0}" -ge 5 ]; then
+  ok "sinks past a context of 64, a q4_0 draft in the pool: same text, its window moved $moved times ($(sed -n 's/.*| spec \(.*\) | sinks.*/\1/p' "$tmp/spec.err"))"
+else bad "sinks past the context with a draft: text differs or no window ($(tail -1 "$tmp/spec.err"))"; fi
 
 # a draft model of another cache shape in the model's pool: smaller per
 # token (stories260K drafting for stories4M_hd64, 64 of its tokens a block)

@@ -46,6 +46,7 @@ static kvlm_model *load_q4_0_copy(const kvlm_model *m) {
 }
 
 static int key_type = -1; /* >= 0: every context's keys of this type (test_draft_q4_kc_pool) */
+static int evict_all;     /* every context's eviction, with a budget of 32 tokens (test_draft_shared_evict) */
 
 static kvlm_ctx_params ctx_params(int n_seq, int kv_blocks, int evict) {
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -60,6 +61,9 @@ static kvlm_ctx_params ctx_params(int n_seq, int kv_blocks, int evict) {
     if (evict) {
         cp.kv_evict = evict;
         cp.kv_budget = 128;
+    } else if (evict_all) {
+        cp.kv_evict = evict_all;
+        cp.kv_budget = 32;
     }
     return cp;
 }
@@ -505,6 +509,30 @@ static void test_draft_q4_kc_pool(void **state) {
     kvlm_model_free(m);
 }
 
+/* A model that evicts (sinks, h2o; a budget of 32 tokens, which every
+ * request but the shortest outgrows) with its q4_0 copy drafting in its pool: the draft
+ * context does not evict, and drafts while the text fits its context. The
+ * 32 requests give what each gives alone with the same eviction, and the
+ * pool's invariants hold. */
+static void test_draft_shared_evict(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path), *dm = load_q4_0_copy(m);
+    const int policies[] = {KVLM_EVICT_SINKS, KVLM_EVICT_H2O};
+    for (int i = 0; i < 2; i++) {
+        evict_all = policies[i];
+        kvlm_ctx_params cp = ctx_params(32, 0, 0);
+        assert_true(kvlm_draft_shares_pool(m, dm, &cp));
+        kvlm_sched_stats st;
+        draft_concurrent(m, dm, -1000, 4, false, &st); /* requests that end at max_tokens: they evicted */
+        assert_true(st.spec_accepted * 2 > st.spec_drafted);
+    }
+    evict_all = 0;
+    kvlm_model_free(dm);
+    kvlm_model_free(m);
+}
+
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
@@ -736,6 +764,7 @@ int main(void) {
         cmocka_unit_test(test_draft_guest_tiers),
         cmocka_unit_test(test_draft_guest_larger),
         cmocka_unit_test(test_draft_q4_kc_pool),
+        cmocka_unit_test(test_draft_shared_evict),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -253,6 +253,7 @@ int cmd_run(int argc, char **argv) {
                 (unsigned long long)ss.accepted, (unsigned long long)ss.drafted,
                 ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
                 ss.steps ? (double)ss.emitted / (double)ss.steps : 0.0);
+        if (ss.draft_windows) fprintf(stderr, ", draft window moved %llu times", (unsigned long long)ss.draft_windows);
     }
     if (cp.kv_evict)
         fprintf(stderr, " | %s: %d tokens kept, %ld evicted", kvlm_evict_name(cp.kv_evict), kvlm_ctx_n_past(ctx),

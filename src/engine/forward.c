@@ -220,14 +220,15 @@ static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvl
 }
 
 /* The blocks a draft sequence holds at most (n_seq_draft): per_seq, the
- * model's, unless p.draft_model names a draft whose guest layout
- * (kv_guest_block_size) holds other numbers of tokens a block. */
+ * model's, unless p.draft_model names the draft: then a full context (a draft
+ * context never evicts) in its layout's tokens a block (kv_guest_block_size
+ * for a guest). */
 static int draft_blocks_per_seq(const kvlm_ctx *ctx, const kv_params *kp, int per_seq) {
     const kvlm_model *d = ctx->p.draft_model;
-    if (!d || !d->layers || !draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p)) return per_seq;
+    if (!d || !d->layers) return per_seq;
     kv_guest g = draft_guest(&d->cfg, &ctx->p);
-    int gbs = kv_guest_block_size(kp, &g);
-    return gbs > 0 ? (ctx->p.n_ctx + gbs - 1) / gbs : per_seq;
+    int bs = draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p) ? kv_guest_block_size(kp, &g) : kp->block_size;
+    return bs > 0 ? (ctx->p.n_ctx + bs - 1) / bs : per_seq;
 }
 
 static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
@@ -536,10 +537,9 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
         d->sliding_window > 0)
         return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
                             "layouts: the draft model's cache cannot join the model's pool");
-    if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache || tp->kv_evict != KVLM_EVICT_NONE ||
-        (tp->kv_budget > 0 && (tp->n_ctx <= 0 || tp->kv_budget < tp->n_ctx)))
+    if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
-                            "cache and without eviction");
+                            "cache");
     return KVLM_OK;
 }
 

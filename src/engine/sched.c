@@ -742,7 +742,7 @@ static void publish(kvlm_sched *s) {
     s->snap.spec_accepted = s->spec_accepted;
     if (s->drafter)
         spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures,
-                            &s->snap.spec_draft_released);
+                            &s->snap.spec_draft_released, &s->snap.spec_draft_windows);
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
     s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);

@@ -18,6 +18,7 @@ struct kvlm_spec {
     int32_t *hist;             /* the text so far: prompt and tokens given out */
     int n_hist, cap_hist;
     int draft_len;             /* tokens of hist the draft context has been fed */
+    int draft_base;            /* the first of them its sequence holds (draft_model: a window past its context) */
     bool have_next;            /* next: chosen, not yet given out or fed */
     int32_t next;
     float *logits;             /* the target's logits after its last fed token */
@@ -146,17 +147,21 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
             goto fail;
         }
         kvlm_seq_free(sp->draft, sp->dseq);
-        int cached = kvlm_ctx_kv_evict(sp->draft) ? 0 : kvlm_seq_reuse_prefix(sp->draft, sp->dseq, prompt, n);
+        /* a draft that does not evict (one in the model's pool) takes a
+         * prompt it holds whole; a longer one, the window draft_model starts */
+        bool evicts = kvlm_ctx_kv_evict(sp->draft);
+        int fed = evicts || n < kvlm_ctx_kv_budget(sp->draft) ? n : 0;
+        int cached = evicts || !fed ? 0 : kvlm_seq_reuse_prefix(sp->draft, sp->dseq, prompt, n);
         int piece = kvlm_ctx_kv_max_feed(sp->draft) / 2 > 0 ? kvlm_ctx_kv_max_feed(sp->draft) / 2 : 1;
         int32_t *ps = malloc((size_t)piece * sizeof(int32_t));
         if (!ps) { util_err_set(err, KVLM_ENOMEM, "out of memory"); goto fail; }
         for (int i = 0; i < piece; i++) ps[i] = sp->dseq;
-        for (int i = cached; i < n; i += piece) {
-            kvlm_batch b = {n - i < piece ? n - i : piece, prompt + i, NULL, NULL, ps};
+        for (int i = cached; i < fed; i += piece) {
+            kvlm_batch b = {fed - i < piece ? fed - i : piece, prompt + i, NULL, NULL, ps};
             if (kvlm_decode(sp->draft, &b, err)) { free(ps); goto fail; }
         }
         free(ps);
-        sp->draft_len = n;
+        sp->draft_len = fed;
     }
     return sp;
 fail:
@@ -236,9 +241,10 @@ bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q
     return false;
 }
 
-/* Tokens the draft context has been fed (its cache holds fewer after eviction). */
+/* Tokens the draft context has been fed (its cache holds fewer after eviction
+ * or in a window), as an index into hist. */
 static int draft_fed(const kvlm_spec *sp) {
-    return kvlm_seq_n_past(sp->draft, sp->dseq) + (int)kvlm_seq_n_evicted(sp->draft, sp->dseq);
+    return sp->draft_base + kvlm_seq_n_past(sp->draft, sp->dseq) + (int)kvlm_seq_n_evicted(sp->draft, sp->dseq);
 }
 
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs) {
@@ -267,6 +273,17 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
     if (piece > 64) piece = 64;
     int32_t bs[64];
     for (int i = 0; i < piece; i++) bs[i] = sp->dseq;
+    /* a draft context that does not evict (its cache in the model's pool,
+     * kvlm_ctx_create_draft) and whose context the text and K drafts would
+     * outgrow: its sequence starts afresh on the text's last half context
+     * (positions from 0), a window that moves on each time it fills */
+    int limit = kvlm_ctx_kv_budget(d);
+    if (!kvlm_ctx_kv_evict(d) && sp->n_hist - sp->draft_base + K > limit) {
+        kvlm_seq_free(d, sp->dseq);
+        sp->draft_base = sp->n_hist - limit / 2 > 0 ? sp->n_hist - limit / 2 : 0;
+        sp->draft_len = sp->draft_base;
+        sp->st.draft_windows++;
+    }
     while (sp->draft_len < sp->n_hist) {
         int m = sp->n_hist - sp->draft_len < piece ? sp->n_hist - sp->draft_len : piece;
         kvlm_batch b = {m, sp->hist + sp->draft_len, NULL, NULL, bs};

@@ -15,6 +15,8 @@ struct spec_drafter {
     int lo;                         /* the draft context's id of the target's sequence 0 (kvlm_ctx_seq_first) */
     bool shared;                    /* the draft context's cache is the target's pool (kvlm_ctx_create_draft) */
     int *base;                      /* per sequence: its length at spec_begin; -1: holds no drafts */
+    int *off;                       /* per sequence: the text's token at its position 0 (a window past its
+                                       context: the text outgrew the draft's, which does not evict) */
     int *n_fed;                     /* drafts fed since base */
     int32_t (*fed)[SPEC_DRAFT_MAX]; /* ... and which */
     int32_t *tok, *bseq;            /* batch scratch, grown as needed */
@@ -26,7 +28,7 @@ struct spec_drafter {
     int n_pre;
     bool *live;                     /* per request: drafting this step */
     bool *cand;                     /* per request: may take part in the catch-up */
-    uint64_t steps, failures, released;
+    uint64_t steps, failures, released, windows;
 };
 
 /* Request r's draft number k after the draft's logits l (spec_draft_pick). */
@@ -66,11 +68,12 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
     d->vocab = kvlm_vocab_size(kvlm_ctx_model(draft));
     d->limit = kvlm_ctx_kv_budget(draft);
     d->base = malloc((size_t)d->n_seq * sizeof *d->base);
+    d->off = calloc((size_t)d->n_seq, sizeof *d->off);
     d->n_fed = calloc((size_t)d->n_seq, sizeof *d->n_fed);
     d->fed = calloc((size_t)d->n_seq, sizeof *d->fed);
     d->ids = malloc((size_t)d->vocab * sizeof *d->ids);
     d->probs = malloc((size_t)d->vocab * sizeof *d->probs);
-    if (!d->base || !d->n_fed || !d->fed || !d->ids || !d->probs) {
+    if (!d->base || !d->off || !d->n_fed || !d->fed || !d->ids || !d->probs) {
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         spec_drafter_free(d);
         return NULL;
@@ -84,7 +87,7 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
 
 void spec_drafter_free(spec_drafter *d) {
     if (!d) return;
-    free(d->base); free(d->n_fed); free(d->fed); free(d->ids); free(d->probs);
+    free(d->base); free(d->off); free(d->n_fed); free(d->fed); free(d->ids); free(d->probs);
     free(d->tok); free(d->bseq); free(d->want);
     free(d->pre); free(d->live); free(d->cand);
     free(d);
@@ -102,29 +105,33 @@ int spec_drafter_release(spec_drafter *d) {
     return n;
 }
 
-void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released) {
+void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released,
+                         uint64_t *windows) {
     *steps = d->steps;
     *failures = d->failures;
     *released = d->released;
+    *windows = d->windows;
 }
 
 void spec_drafter_drop(spec_drafter *d, int seq) {
     if (!d || seq < 0 || seq >= d->n_seq) return;
     kvlm_seq_free(d->draft, d->lo + seq);
     d->base[seq] = -1;
+    d->off[seq] = 0;
     d->n_fed[seq] = 0;
 }
 
 void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist) {
     if (!d || seq < 0 || seq >= d->n_seq || d->base[seq] < 0) return;
-    int b = d->base[seq], m = d->n_fed[seq], j = 0;
-    while (j < m && b + j < n_hist && (hist[b + j] == d->fed[seq][j])) j++;
+    int b = d->base[seq], m = d->n_fed[seq], j = 0, o = d->off[seq];
+    while (j < m && o + b + j < n_hist && (hist[o + b + j] == d->fed[seq][j])) j++;
     kvlm_error err;
     d->base[seq] = -1;
     d->n_fed[seq] = 0;
     if (kvlm_seq_trim(d->draft, d->lo + seq, b + j, &err)) { /* cannot happen without eviction: start it afresh */
         LOG_WARN("draft model: sequence %d: %s (rebuilt from its tokens)", seq, err.msg);
         spec_drafter_drop(d, seq);
+        d->off[seq] = o;
     }
 }
 
@@ -176,12 +183,12 @@ static int catch_up(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchu
             d->live[i] = false;
             if (!d->cand[i]) continue;
             spec_draft_req *r = &reqs[i];
-            int dn = kvlm_seq_n_past(d->draft, d->lo + r->seq), pend = r->n_hist - dn;
+            int o = d->off[r->seq], dn = kvlm_seq_n_past(d->draft, d->lo + r->seq), pend = r->n_hist - o - dn;
             int take = pend <= left ? pend : left;
             if (take <= 0) continue;
             d->pre[i] = dn;
             for (int t = 0; t < take; t++) {
-                d->tok[nt] = r->hist[dn + t];
+                d->tok[nt] = r->hist[o + dn + t];
                 d->bseq[nt] = d->lo + r->seq;
                 d->want[nt] = take == pend && t == take - 1;
                 nt++;
@@ -225,17 +232,26 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
         d->live[i] = false;
         if (r->seq < 0 || r->seq >= d->n_seq || r->n_hist < 1 || r->k <= 0) continue;
         spec_drafter_sync(d, r->seq, r->hist, r->n_hist); /* drafts left from a step that did not check them */
-        int room = d->limit - r->n_hist + 1; /* it will hold the text and k - 1 drafts */
-        if (r->k > room) r->k = room;
         if (r->k > SPEC_DRAFT_MAX) r->k = SPEC_DRAFT_MAX;
+        /* the text and k - 1 drafts outgrow the draft's context (it does not
+         * evict): its sequence starts afresh on the text's last half context
+         * (positions from 0), a window that moves on each time it fills */
+        if (r->n_hist - d->off[r->seq] + r->k - 1 > d->limit) {
+            spec_drafter_drop(d, r->seq);
+            d->off[r->seq] = r->n_hist - d->limit / 2 > 0 ? r->n_hist - d->limit / 2 : 0;
+            d->windows++;
+        }
+        int o = d->off[r->seq], room = d->limit - (r->n_hist - o) + 1; /* it will hold the text and k - 1 drafts */
+        if (r->k > room) r->k = room;
         if (r->k <= 0) continue;
         int dn = kvlm_seq_n_past(d->draft, d->lo + r->seq);
         /* it holds at most the text before its last token, whose logits give the first draft */
-        if (dn >= r->n_hist && kvlm_seq_trim(d->draft, d->lo + r->seq, r->n_hist - 1, &err)) {
+        if (dn >= r->n_hist - o && kvlm_seq_trim(d->draft, d->lo + r->seq, r->n_hist - o - 1, &err)) {
             spec_drafter_drop(d, r->seq);
+            d->off[r->seq] = o;
             dn = 0;
         }
-        if (dn == 0) kvlm_seq_reuse_prefix(d->draft, d->lo + r->seq, r->hist, r->n_hist);
+        if (dn == 0 && o == 0) kvlm_seq_reuse_prefix(d->draft, d->lo + r->seq, r->hist, r->n_hist);
         d->live[i] = true;
     }
     if (catch_up(d, reqs, n, max_catchup) <= 0) return;

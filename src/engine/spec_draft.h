@@ -53,6 +53,8 @@ void spec_drafter_drop(spec_drafter *d, int seq);
  * own; returns how many (0: none, or a pool of its own). */
 int spec_drafter_release(spec_drafter *d);
 /* Steps with proposals; draft-context failures that cost drafts; draft
- * sequences dropped by spec_drafter_release. */
-void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released);
+ * sequences dropped by spec_drafter_release; sequences started afresh on a
+ * window of the text (it outgrew the draft's context). */
+void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released,
+                         uint64_t *windows);
 #endif
