@@ -9,8 +9,9 @@
 # draft gave its blocks back to the model's sequences. Also
 # stories260K drafting for stories4M_hd64 (the same vocabulary; its cache in
 # the model's pool too, in blocks of its own layout) and the other way round
-# (a larger cache per token: fewer of its tokens a block), a windowed
-# cache on random weights, sinks eviction past the context, and the refusals: a draft of another vocabulary,
+# (a larger cache per token: fewer of its tokens a block), windowed
+# caches on random weights (llama, gemma2) with the draft in the model's
+# pool, sinks eviction past the context, and the refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -182,25 +183,30 @@ r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", os.pat
                    capture_output=True, text=True, timeout=30)
 check(r.returncode == 1 and "draft model" in r.stderr and "listening" not in r.stdout, "a missing draft file refused", r.stderr)
 
-# a windowed cache (random weights, window 8 on every layer, blocks of 4) and its q4_0 copy as the draft:
-# 8 concurrent answers equal the plain server's, asked one at a time
-swa, swa_draft = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "swa-q4_0.gguf")
-subprocess.run([kvlm, "synth", swa, "--arch", "llama", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
-                "--sliding-window", "8", "--layers", "2", "--seed", "5"], capture_output=True, timeout=60)
-subprocess.run([kvlm, "convert", swa, swa_draft, "--type", "q4_0"], capture_output=True, timeout=60)
+# windowed caches (random weights, blocks of 4; llama with a window of 8 on every layer, gemma2 with local
+# layers of 8 beside global ones, whose store is a second one) and their q4_0 copies as the drafts, in the
+# model's pool (the same shape and windows): 8 concurrent answers equal the plain server's, asked one at a time
 asks = ["once upon a time %d the cat sat on the mat and the cat" % i for i in range(8)]
 body = lambda q: {"prompt": q, "max_tokens": 80, "temperature": 0}
-p = serve(swa, ["--block-size", "4", "-t", "1"])
-plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
-stop(p)
-p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", swa_draft])
-got = serve_http.complete_all(port, [body(q) for q in asks])
-m = metrics() if port else (lambda name: -1)
-stop(p)
-same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
-check(same == 8 and m("kvlm_spec_accepted_tokens_total") > 0,
-      "windowed llama: 8 concurrent answers with a q4_0 draft equal the plain server's (%d/8; %d of %d drafts kept)" %
-      (same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1]))
+for name, arch in (("windowed llama", ["--arch", "llama", "--layers", "2", "--seed", "5"]),
+                   ("gemma2", ["--arch", "gemma2", "--layers", "4", "--tied", "--seed", "6"])):
+    swa, swa_draft = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "swa-q4_0.gguf")
+    subprocess.run([kvlm, "synth", swa, "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
+                    "--sliding-window", "8"] + arch, capture_output=True, timeout=60)
+    subprocess.run([kvlm, "convert", swa, swa_draft, "--type", "q4_0"], capture_output=True, timeout=60)
+    p = serve(swa, ["--block-size", "4", "-t", "1"])
+    plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
+    stop(p)
+    p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", swa_draft])
+    got = serve_http.complete_all(port, [body(q) for q in asks])
+    m = metrics() if port else (lambda name: -1)
+    stop(p)
+    err = p.stderr.read()
+    same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
+    check(same == 8 and m("kvlm_spec_accepted_tokens_total") > 0 and "its KV cache in the model's pool" in err,
+          "%s: 8 concurrent answers with a q4_0 draft in the model's pool equal the plain server's (%d/8; %d of %d "
+          "drafts kept)" % (name, same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")),
+          (got[:1], plain[:1], err[-300:]))
 
 # under sinks eviction (a budget of 96 in a context of 128, answers of 250 tokens): the draft's cache in the
 # model's pool, which does not evict: past its context it drafts from a window of the text's last 64 tokens,

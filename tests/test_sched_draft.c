@@ -744,6 +744,30 @@ static void test_draft_refused(void **state) {
     assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
     assert_non_null(strstr(err.msg, "n_seq_draft"));
     printf("  refused: %s\n", err.msg);
+    /* sliding windows: a draft with the model's shape and windows shares its
+     * pool; other windows, or none, do not */
+    syp.n_layers = 2;
+    syp.vocab_size = 512;
+    kvlm_model *wm[3];
+    for (int i = 0; i < 3; i++) {
+        syp.sliding_window = i == 2 ? 0 : 8;
+        syp.seed = 5 + (uint64_t)i;
+        const char *wp = tu_tmp_path(".gguf");
+        if (kvlm_model_synth(&syp, wp, &err)) fail_msg("synth: %s", err.msg);
+        wm[i] = load(wp);
+    }
+    kvlm_ctx_params wcp = ctx_params(2, 0, 0);
+    assert_true(kvlm_draft_shares_pool(wm[0], wm[1], &wcp));
+    assert_false(kvlm_draft_shares_pool(wm[0], wm[2], &wcp));
+    assert_false(kvlm_draft_shares_pool(wm[2], wm[0], &wcp));
+    wcp.n_seq_draft = 2;
+    kvlm_ctx *wctx = kvlm_ctx_create(wm[0], &wcp, &err);
+    assert_non_null(wctx);
+    assert_null(kvlm_ctx_create_draft(wm[2], wctx, NULL, &err));
+    assert_non_null(strstr(err.msg, "windows"));
+    printf("  refused: %s\n", err.msg);
+    kvlm_ctx_free(wctx);
+    for (int i = 0; i < 3; i++) kvlm_model_free(wm[i]);
     kvlm_ctx_free(host);
     kvlm_ctx_free(small);
     kvlm_ctx_free(ec);

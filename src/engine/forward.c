@@ -184,6 +184,15 @@ static bool same_cache_shape(const kvlm_config *a, const kvlm_config *b) {
     return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim;
 }
 
+/* The same sliding windows on every layer (of the same layer count). */
+static bool same_windows(const kvlm_config *a, const kvlm_config *b) {
+    if (a->n_layers != b->n_layers || a->sliding_window != b->sliding_window || a->n_local_layers != b->n_local_layers)
+        return false;
+    for (int l = 0; l < a->n_layers; l++)
+        if (model_layer_window(a, l) != model_layer_window(b, l)) return false;
+    return true;
+}
+
 static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     const kvlm_config *c = &ctx->model->cfg;
     swa_split w = {0};
@@ -199,8 +208,9 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
         w.local = *kp;
         w.local.n_layers = w.n_local;
         w.local.model.b[15] ^= 0x5a; /* other bytes than the global layers' blocks of the same tokens */
-        /* every sequence's window twice over: live, and cached for prefix reuse */
-        w.local.n_blocks = 2 * w.per_seq * ctx->p.n_seq_max;
+        /* every sequence's window twice over (a draft context's too): live,
+         * and cached for prefix reuse */
+        w.local.n_blocks = 2 * w.per_seq * (ctx->p.n_seq_max + ctx->p.n_seq_draft);
     }
     return w;
 }
@@ -227,7 +237,9 @@ static int draft_blocks_per_seq(const kvlm_ctx *ctx, const kv_params *kp, int pe
     const kvlm_model *d = ctx->p.draft_model;
     if (!d || !d->layers) return per_seq;
     kv_guest g = draft_guest(&d->cfg, &ctx->p);
-    int bs = draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p) ? kv_guest_block_size(kp, &g) : kp->block_size;
+    bool guest = draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p);
+    if (!guest && ctx->budget == ctx->p.n_ctx) return per_seq; /* the model's (a sliding window's, too) */
+    int bs = guest ? kv_guest_block_size(kp, &g) : kp->block_size;
     return bs > 0 ? (ctx->p.n_ctx + bs - 1) / bs : per_seq;
 }
 
@@ -533,10 +545,12 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
                                 "cannot live in the model's blocks", d->n_layers, d->n_kv_heads, d->head_dim,
                                 tk.block_size, t->n_layers, t->n_kv_heads, t->head_dim);
     }
-    if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2 || t->sliding_window > 0 ||
-        d->sliding_window > 0)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "latent (deepseek2) and sliding-window caches keep their own "
-                            "layouts: the draft model's cache cannot join the model's pool");
+    if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a latent (deepseek2) cache keeps its own layout: the draft "
+                            "model's cache cannot join the model's pool");
+    if ((t->sliding_window > 0 || d->sliding_window > 0) && (draft_is_guest(t, d, tp) || !same_windows(t, d)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window cache drops blocks by its windows: a draft model "
+                            "shares its pool only with the same cache shape and windows (a quantized copy)");
     if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
                             "cache");
