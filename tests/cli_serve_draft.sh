@@ -10,8 +10,9 @@
 # stories260K drafting for stories4M_hd64 (the same vocabulary; its cache in
 # the model's pool too, in blocks of its own layout) and the other way round
 # (a larger cache per token: fewer of its tokens a block), windowed
-# caches on random weights (llama, gemma2) with the draft in the model's
-# pool, sinks eviction past the context, and the refusals: a draft of another vocabulary,
+# caches on random weights (llama, gemma2) and deepseek2's latent cache with
+# the draft in the model's pool, sinks eviction past the context, and the
+# refusals: a draft of another vocabulary,
 # --spec draft without --draft, --draft with --spec lookup.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -184,15 +185,19 @@ r = subprocess.run([kvlm, "serve", "-m", small, "--port", "0", "--draft", os.pat
 check(r.returncode == 1 and "draft model" in r.stderr and "listening" not in r.stdout, "a missing draft file refused", r.stderr)
 
 # windowed caches (random weights, blocks of 4; llama with a window of 8 on every layer, gemma2 with local
-# layers of 8 beside global ones, whose store is a second one) and their q4_0 copies as the drafts, in the
-# model's pool (the same shape and windows): 8 concurrent answers equal the plain server's, asked one at a time
+# layers of 8 beside global ones, whose store is a second one), and deepseek2's latent rows, with their q4_0
+# copies as the drafts, in the model's pool (the same shape and windows): 8 concurrent answers equal the plain
+# server's, asked one at a time
 asks = ["once upon a time %d the cat sat on the mat and the cat" % i for i in range(8)]
 body = lambda q: {"prompt": q, "max_tokens": 80, "temperature": 0}
-for name, arch in (("windowed llama", ["--arch", "llama", "--layers", "2", "--seed", "5"]),
-                   ("gemma2", ["--arch", "gemma2", "--layers", "4", "--tied", "--seed", "6"])):
+win = ["--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128", "--sliding-window", "8"]
+for name, arch in (("windowed llama", win + ["--arch", "llama", "--layers", "2", "--seed", "5"]),
+                   ("gemma2", win + ["--arch", "gemma2", "--layers", "4", "--tied", "--seed", "6"]),
+                   ("deepseek2 (latent rows)", ["--arch", "deepseek2", "--dim", "128", "--heads", "4", "--head-dim", "48",
+                                                "--kv-lora", "64", "--rope-dim", "16", "--hidden", "256", "--layers", "3",
+                                                "--seed", "7"])):
     swa, swa_draft = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "swa-q4_0.gguf")
-    subprocess.run([kvlm, "synth", swa, "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
-                    "--sliding-window", "8"] + arch, capture_output=True, timeout=60)
+    subprocess.run([kvlm, "synth", swa] + arch, capture_output=True, timeout=60)
     subprocess.run([kvlm, "convert", swa, swa_draft, "--type", "q4_0"], capture_output=True, timeout=60)
     p = serve(swa, ["--block-size", "4", "-t", "1"])
     plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []

@@ -767,6 +767,28 @@ static void test_draft_refused(void **state) {
     assert_non_null(strstr(err.msg, "windows"));
     printf("  refused: %s\n", err.msg);
     kvlm_ctx_free(wctx);
+    /* latent rows (deepseek2): the model itself shares its pool, a llama does not (either way round) */
+    kvlm_synth_params dsp = {0};
+    dsp.arch = KVLM_ARCH_DEEPSEEK2;
+    dsp.dim = 128;
+    dsp.n_heads = 4;
+    dsp.n_kv_heads = 4;
+    dsp.head_dim = 48;
+    dsp.kv_lora_rank = 64;
+    dsp.rope_dim = 16;
+    dsp.hidden_dim = 256;
+    dsp.n_layers = 2;
+    dsp.vocab_size = 512;
+    dsp.n_ctx = 256;
+    dsp.type = kvlm_type_from_name("f32");
+    dsp.seed = 7;
+    const char *dp = tu_tmp_path(".gguf");
+    if (kvlm_model_synth(&dsp, dp, &err)) fail_msg("synth: %s", err.msg);
+    kvlm_model *ds = load(dp);
+    assert_true(kvlm_draft_shares_pool(ds, ds, &wcp));
+    assert_false(kvlm_draft_shares_pool(ds, wm[2], &wcp));
+    assert_false(kvlm_draft_shares_pool(wm[2], ds, &wcp));
+    kvlm_model_free(ds);
     for (int i = 0; i < 3; i++) kvlm_model_free(wm[i]);
     kvlm_ctx_free(host);
     kvlm_ctx_free(small);

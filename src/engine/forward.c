@@ -545,9 +545,11 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
                                 "cannot live in the model's blocks", d->n_layers, d->n_kv_heads, d->head_dim,
                                 tk.block_size, t->n_layers, t->n_kv_heads, t->head_dim);
     }
-    if (t->arch == KVLM_ARCH_DEEPSEEK2 || d->arch == KVLM_ARCH_DEEPSEEK2)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a latent (deepseek2) cache keeps its own layout: the draft "
-                            "model's cache cannot join the model's pool");
+    bool tl = t->arch == KVLM_ARCH_DEEPSEEK2, dl = d->arch == KVLM_ARCH_DEEPSEEK2;
+    if ((tl || dl) && (tl != dl || draft_is_guest(t, d, tp) || t->kv_lora_rank != d->kv_lora_rank ||
+                       t->rope_dim != d->rope_dim))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a latent (deepseek2) cache shares its pool only with a draft of "
+                            "the same latent rows (a quantized copy)");
     if ((t->sliding_window > 0 || d->sliding_window > 0) && (draft_is_guest(t, d, tp) || !same_windows(t, d)))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window cache drops blocks by its windows: a draft model "
                             "shares its pool only with the same cache shape and windows (a quantized copy)");
