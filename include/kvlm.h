@@ -322,15 +322,17 @@ int kvlm_ctx_seq_first(const kvlm_ctx *ctx);
  * tokens that fit (kvlm_kv_stats_get on the draft context gives it; one of
  * its tokens must fit in a block). Its blocks go to the
  * context's tiers as the model's do, in their own stored form; freeing the
- * draft context writes its cached blocks to the disk tier. The context must
- * have no eviction, on the CPU (kvlm_draft_shares_pool).
+ * draft context writes its cached blocks to the disk tier. The draft context
+ * never evicts, whatever target does (a kvlm_spec or scheduler drafts from a
+ * window of the text past its context). target must be on the CPU; a
+ * sliding-window or latent (deepseek2) target takes only a draft of its
+ * cache shape and windows or latent rows (kvlm_draft_shares_pool).
  * One draft context per target; free it first. */
 kvlm_ctx *kvlm_ctx_create_draft(const kvlm_model *draft, kvlm_ctx *target, const kvlm_ctx_params *params,
                                 kvlm_error *err);
 /* Whether kvlm_ctx_create_draft would take draft for a context of target
  * made with target_params: a cache of which one token fits in one of the
- * model's blocks, no sliding window or latent cache, and the conditions
- * above. */
+ * model's blocks, and the conditions above. */
 bool kvlm_draft_shares_pool(const kvlm_model *target, const kvlm_model *draft, const kvlm_ctx_params *target_params);
 const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
 
