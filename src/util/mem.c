@@ -1,12 +1,19 @@
-/* util/mem: large, long-lived buffers mapped on their own.
- * - Written once, read every step (packed weights): on transparent huge
- *   pages, 2 MiB aligned, where one TLB entry covers what takes 512 with
- *   4 KiB pages (the matmul streams ~100 MB of them per token).
+/* util/mem: large, long-lived buffers mapped on their own, 2 MiB aligned on
+ * transparent huge pages, where one TLB entry covers what takes 512 with
+ * 4 KiB pages.
+ * - Written once, read every step (packed weights): the matmul streams ~100
+ *   MB of them per token.
  * - Filled as the work goes (the KV pool): every page faulted in when it is
- *   made. Otherwise each block a step touches for the first time costs the
- *   step ~150 page faults in its critical path (kvlm serve at 16 streams:
- *   about 5% of tokens/s). Huge pages there would need the kernel to compact
- *   memory at creation (3.4 s per GiB on the development VM), so 4 KiB. */
+ *   made (populate). Otherwise each block a step touches for the first time
+ *   costs the step ~150 page faults in its critical path (kvlm serve at 16
+ *   streams: about 5% of tokens/s). Attention reads a 4 KiB region per
+ *   block, layer and head, each on a page of its own with 4 KiB pages: at
+ *   16,384 tokens of an f16 cache (604 MB) a step walked the page tables
+ *   for nearly every one. On huge pages, bench_decode_ctx (stories110M,
+ *   Q8_0, 2 threads, Intel VM) took 6-14% less attention time per token at
+ *   4k and 16k, f16 and q8_0 (docs/attention.md). The kernel may have to
+ *   compact memory to find them: making a 1 GiB pool took 0.13-2.7 s here
+ *   (4 KiB pages: 0.26 s). Where it has none, 4 KiB pages as before. */
 #include "util/mem.h"
 #include <stdint.h>
 #include <sys/mman.h>
@@ -19,10 +26,6 @@ void *util_big_alloc(size_t bytes, bool populate) {
     if (bytes == 0) return NULL;
     size_t len = round_up(bytes), span = len + BIG_ALIGN;
     if (len < bytes || span < len) return NULL;
-    if (populate) { /* every page faulted in now, in one call, not in the middle of a step */
-        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        return p == MAP_FAILED ? NULL : p;
-    }
     uint8_t *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
     /* keep the 2 MiB-aligned part, give back the ends */
@@ -32,6 +35,8 @@ void *util_big_alloc(size_t bytes, bool populate) {
 #ifdef MADV_HUGEPAGE
     madvise(p, len, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
 #endif
+    if (populate) /* every page faulted in now, not in the middle of a step */
+        for (size_t off = 0; off < len; off += 4096) ((volatile uint8_t *)p)[off] = 0;
     return p;
 }
 

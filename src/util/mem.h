@@ -1,12 +1,12 @@
-/* util/mem: large, long-lived buffers mapped on their own: packed weights on
- * transparent huge pages, the KV pool faulted in when it is made. */
+/* util/mem: large, long-lived buffers mapped on their own, on transparent
+ * huge pages: packed weights, and the KV pool faulted in when it is made. */
 #ifndef KVLM_UTIL_MEM_H
 #define KVLM_UTIL_MEM_H
 #include <stdbool.h>
 #include <stddef.h>
-/* bytes of zeroed memory, or NULL; free with util_big_free and the same size.
- * populate: every page faulted in now (MAP_POPULATE); else 2 MiB aligned and
- * advised to be transparent huge pages, faulted in as written. */
+/* bytes of zeroed memory, 2 MiB aligned and advised to be transparent huge
+ * pages, or NULL; free with util_big_free and the same size. populate: every
+ * page faulted in now; else as written. */
 void *util_big_alloc(size_t bytes, bool populate);
 void util_big_free(void *p, size_t bytes);
 #endif
