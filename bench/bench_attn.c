@@ -20,6 +20,7 @@
 #include "ops/kvtype.h"
 #include "ops/ops.h"
 #include "ops/ops_internal.h"
+#include "util/mem.h"
 #include "util/pool.h"
 #include "util/timing.h"
 
@@ -50,7 +51,7 @@ static cache make_cache(int n, int k_type, int v_type) {
     c.n_blocks = (n + BS - 1) / BS;
     size_t block_bytes = (size_t)LAYERS * HEADS * c.head_bytes;
     c.bytes = (size_t)c.n_blocks * block_bytes;
-    c.data = aligned_alloc(64, (c.bytes + 63) & ~(size_t)63);
+    c.data = util_big_alloc(c.bytes, true); /* as kv/paged's pool: on huge pages, faulted in */
     c.ptrs = malloc(sizeof(float *) * LAYERS * c.n_blocks);
     if (!c.data || !c.ptrs) { fprintf(stderr, "out of memory\n"); exit(1); }
     float x[HD];
@@ -253,7 +254,7 @@ int main(int argc, char **argv) {
             printf("          the same cache read in the kernels' order, no arithmetic: %7.3f ms, %5.1f GB/s, %5.1f%% "
                    "of the bound; the kernels reach %.0f%% of it\n",
                    1e3 * tw, wb / tw / 1e9, 100 * median(sw, nr), 100 * (bytes / t[1]) / (wb / tw));
-        free(c.data);
+        util_big_free(c.data, c.bytes);
         free(c.ptrs);
         if (long_only) continue;
         cache cs[MAX_SEQ];
@@ -264,7 +265,7 @@ int main(int argc, char **argv) {
                                "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx   %s: %5.1f MB at %5.1f GB/s, %5.1f%% of "
                                "the bound\n", tok, 1e3 * t[0], best, 1e3 * t[1], t[0] / t[1], best, bytes / 1e6,
                                bytes / t[1] / 1e9, 100 * bytes / llc / t[1]);
-        for (int i = 0; i < MAX_SEQ; i++) { free(cs[i].data); free(cs[i].ptrs); }
+        for (int i = 0; i < MAX_SEQ; i++) { util_big_free(cs[i].data, cs[i].bytes); free(cs[i].ptrs); }
         /* prefill: the last 64 of 512 tokens in one call per layer */
         int np = 512;
         cache cp = make_cache(np, type, type);
@@ -273,7 +274,7 @@ int main(int argc, char **argv) {
         T_Q = 1;
         l3 += (size_t)snprintf(line3 + l3, sizeof line3 - l3, "    %-5s avx2 %7.3f ms  %s %7.3f ms  %5.2fx\n", tok,
                                1e3 * t[0], best, 1e3 * t[1], t[0] / t[1]);
-        free(cp.data);
+        util_big_free(cp.data, cp.bytes);
         free(cp.ptrs);
     }
     if (long_only) goto done;
