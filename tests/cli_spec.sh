@@ -63,6 +63,14 @@ if [ -f "$MODELS/stories4M_hd64.gguf" ]; then
   same "stories4M_hd64, stories260K drafting" -m "$MODELS/stories4M_hd64.gguf"
   cp "$MODELS/stories4M_hd64.gguf" "$tmp/draft.gguf"
   same "stories260K, stories4M_hd64 drafting" -m "$MODELS/stories260K.gguf"
+  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$MODELS/stories260K.gguf" --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
+  case "$where" in *"draft cache in the model's pool (3 tokens a block, keys f16)"*)
+    ok "the larger draft's cache is reported in the model's pool, 3 tokens a block";;
+  *) bad "where the larger draft's cache is: $where";; esac
+  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$MODELS/stories4M_hd64.gguf" --cache-type-k q4_kc --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
+  case "$where" in *"draft cache in the model's pool (14 tokens a block, keys q8_0)"*)
+    ok "with q4_kc keys the draft's cache is in the model's pool, q8_0 keys, 14 tokens a block";;
+  *) bad "where the draft's cache is with q4_kc keys: $where";; esac
 fi
 
 # other cache shapes, random weights: a window of 8 on every layer (blocks

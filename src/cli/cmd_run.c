@@ -254,6 +254,13 @@ int cmd_run(int argc, char **argv) {
                 ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
                 ss.steps ? (double)ss.emitted / (double)ss.steps : 0.0);
         if (ss.draft_windows) fprintf(stderr, ", draft window moved %llu times", (unsigned long long)ss.draft_windows);
+        if (dctx) { /* where the draft's cache lives */
+            kvlm_kv_stats ds;
+            kvlm_kv_stats_get(dctx, &ds);
+            fprintf(stderr, ", draft cache %s (%d tokens a block, keys %s)",
+                    draft_shared ? "in the model's pool" : "in a pool of its own", ds.block_size,
+                    kvlm_cache_type_name(ds.type_k));
+        }
     }
     if (cp.kv_evict)
         fprintf(stderr, " | %s: %d tokens kept, %ld evicted", kvlm_evict_name(cp.kv_evict), kvlm_ctx_n_past(ctx),
