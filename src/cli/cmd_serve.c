@@ -211,9 +211,10 @@ int cmd_serve(int argc, char **argv) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
         fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
-                "(sequences %d..%d, %d of its tokens a block; given back before any request is preempted)\n",
+                "(sequences %d..%d, %d of its tokens a block, keys %s; given back before any request is preempted)\n",
                 draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
-                kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1, ds.block_size);
+                kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1, ds.block_size,
+                kvlm_cache_type_name(ds.type_k));
     } else if (dctx) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
