@@ -18,7 +18,8 @@
 #include "util/mem.h"
 
 /* The tensors only matmul reads: each layer's projections and the classifier
- * (a tied classifier is packed apart from the embedding rows it shares). */
+ * (a tied classifier is packed apart from the embedding rows it shares; a
+ * copied one is still the embedding's tensor, which reads the copy). */
 static int matmul_tensors(kvlm_model *m, model_tensor **out) {
     int n = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -30,12 +31,23 @@ static int matmul_tensors(kvlm_model *m, model_tensor **out) {
     return n;
 }
 
-/* Repacks the matmul weights into this CPU's fastest layout (op_pack_type),
- * once: every later step reads the packed copy. The file's pages of an
- * untied tensor are then dropped from memory (they are clean pages of a
- * read-only mapping, read back from the file if anything asks), so the copy
- * does not double the resident weights. Returns false if out of memory
- * (the model then stays unpacked, which is only slower). */
+/* Bytes of tensor t in the file, and in the buffer pack_weights copies it
+ * to: its packed form (op_pack_type), or its rows as they are. */
+static size_t file_bytes(const model_tensor *t) { return dt_row_size(t->type, (int)t->n_in) * (size_t)t->n_out; }
+static size_t copy_bytes(const model_tensor *t) {
+    return op_pack_type(t->type) >= 0 ? op_pack_size(t->type, (int)t->n_in, (int)t->n_out) : file_bytes(t);
+}
+
+/* Copies the matmul weights, once, into one buffer on transparent huge pages
+ * (util_big_alloc): repacked into this CPU's fastest layout where the type
+ * has one (op_pack_type), else their rows as they are (f32, f16, bf16: read
+ * in place from the file's 4 KiB pages, a stories110M-shape F16 decode ran
+ * 8-10% slower, BF16 11-18%, bench_decode; docs/weights.md). Every later
+ * step reads the copy. The file's pages of an untied tensor are then dropped
+ * from memory (they are clean pages of a read-only mapping, read back from
+ * the file if anything asks), so the copy does not double the resident
+ * weights. Returns false if out of memory (the model then reads the file's
+ * pages, which is only slower). */
 static bool pack_weights(kvlm_model *m) {
     if (!m->layers) return true;
     model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * 7 + 1));
@@ -43,26 +55,31 @@ static bool pack_weights(kvlm_model *m) {
     int n = matmul_tensors(m, ts);
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        if (ts[i]->data && op_pack_type(ts[i]->type) >= 0)
-            total += (op_pack_size(ts[i]->type, (int)ts[i]->n_in, (int)ts[i]->n_out) + 63) & ~(size_t)63;
+        if (ts[i]->data) total += (copy_bytes(ts[i]) + 63) & ~(size_t)63;
     uint8_t *buf = total ? util_big_alloc(total, false) : NULL;
     if (!buf) { free(ts); return total == 0; }
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         model_tensor *t = ts[i];
-        if (!t->data || op_pack_type(t->type) < 0) continue;
-        size_t sz = op_pack_size(t->type, (int)t->n_in, (int)t->n_out);
-        op_pack(t->type, t->data, buf + off, (int)t->n_in, (int)t->n_out);
-        t->packed = buf + off;
-        t->packed_type = op_pack_type(t->type);
-        if (t->data != m->tok_embd.data) {
-            uintptr_t lo = ((uintptr_t)t->data + page - 1) & ~(uintptr_t)(page - 1);
-            uintptr_t hi = ((uintptr_t)t->data + dt_row_size(t->type, (int)t->n_in) * (size_t)t->n_out) &
-                           ~(uintptr_t)(page - 1);
+        if (!t->data) continue;
+        const void *file = t->data;
+        bool tied = file == m->tok_embd.data, packed = op_pack_type(t->type) >= 0;
+        if (packed) {
+            op_pack(t->type, t->data, buf + off, (int)t->n_in, (int)t->n_out);
+            t->packed = buf + off;
+            t->packed_type = op_pack_type(t->type);
+        } else {
+            memcpy(buf + off, t->data, file_bytes(t));
+            t->data = buf + off;
+            if (tied) m->tok_embd.data = t->data; /* still the same tensor: the embedding rows read the copy */
+        }
+        if (!tied || !packed) { /* a packed tied classifier's embedding rows still read the file */
+            uintptr_t lo = ((uintptr_t)file + page - 1) & ~(uintptr_t)(page - 1);
+            uintptr_t hi = ((uintptr_t)file + file_bytes(t)) & ~(uintptr_t)(page - 1);
             if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
         }
-        off += (sz + 63) & ~(size_t)63;
+        off += (copy_bytes(t) + 63) & ~(size_t)63;
     }
     m->packed_buf = buf;
     m->packed_bytes = total;

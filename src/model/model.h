@@ -57,7 +57,7 @@ struct kvlm_model {
     void *map;
     size_t map_size;
     size_t weight_bytes;
-    void *packed_buf;   /* owned by the engine: every tensor's packed copy */
+    void *packed_buf;   /* owned by the engine: every matmul tensor's copy, packed or its rows as they are */
     size_t packed_bytes;
     struct model_hf *hf; /* a Hugging Face directory's files (model/hf.h), or NULL */
 };
