@@ -247,6 +247,11 @@ static int draft_fed(const kvlm_spec *sp) {
     return sp->draft_base + kvlm_seq_n_past(sp->draft, sp->dseq) + (int)kvlm_seq_n_evicted(sp->draft, sp->dseq);
 }
 
+int spec_window(int n_hist, int off, int extra, int limit) {
+    if (n_hist - off + extra <= limit) return off;
+    return n_hist - limit / 2 > 0 ? n_hist - limit / 2 : 0;
+}
+
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs) {
     if (!q) {
         int best = 0;
@@ -274,14 +279,11 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
     int32_t bs[64];
     for (int i = 0; i < piece; i++) bs[i] = sp->dseq;
     /* a draft context that does not evict (its cache in the model's pool,
-     * kvlm_ctx_create_draft) and whose context the text and K drafts would
-     * outgrow: its sequence starts afresh on the text's last half context
-     * (positions from 0), a window that moves on each time it fills */
-    int limit = kvlm_ctx_kv_budget(d);
-    if (!kvlm_ctx_kv_evict(d) && sp->n_hist - sp->draft_base + K > limit) {
+     * kvlm_ctx_create_draft), past its context: a window of the text */
+    int base = kvlm_ctx_kv_evict(d) ? sp->draft_base : spec_window(sp->n_hist, sp->draft_base, K, kvlm_ctx_kv_budget(d));
+    if (base != sp->draft_base) {
         kvlm_seq_free(d, sp->dseq);
-        sp->draft_base = sp->n_hist - limit / 2 > 0 ? sp->n_hist - limit / 2 : 0;
-        sp->draft_len = sp->draft_base;
+        sp->draft_base = sp->draft_len = base;
         sp->st.draft_windows++;
     }
     while (sp->draft_len < sp->n_hist) {

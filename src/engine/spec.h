@@ -28,6 +28,13 @@ bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q
  * truncation as of smp's history), which q (vocab floats) receives for
  * spec_check_q. ids, probs: vocabulary-sized scratch. */
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs);
+/* A draft context that does not evict holds at most limit tokens. Its
+ * sequence holds the text from token off on; it is about to hold the n_hist
+ * tokens of the text and extra more. The first token it should hold: off
+ * while they fit, else the start of the text's last half context (its
+ * sequence then starts afresh there, positions from 0: a window that moves
+ * on each time it fills). */
+int spec_window(int n_hist, int off, int extra, int limit);
 /* KVLM_OK when the draft model b has model a's vocabulary (size, every
  * token's text, BOS/EOS), else KVLM_EINVAL naming the first difference. */
 int spec_same_vocab(const kvlm_model *a, const kvlm_model *b, kvlm_error *err);

@@ -113,12 +113,16 @@ void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failu
     *windows = d->windows;
 }
 
-void spec_drafter_drop(spec_drafter *d, int seq) {
-    if (!d || seq < 0 || seq >= d->n_seq) return;
+/* Frees draft sequence seq, to be rebuilt from the text's token off on. */
+static void restart(spec_drafter *d, int seq, int off) {
     kvlm_seq_free(d->draft, d->lo + seq);
     d->base[seq] = -1;
-    d->off[seq] = 0;
+    d->off[seq] = off;
     d->n_fed[seq] = 0;
+}
+
+void spec_drafter_drop(spec_drafter *d, int seq) {
+    if (d && seq >= 0 && seq < d->n_seq) restart(d, seq, 0);
 }
 
 void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist) {
@@ -130,8 +134,7 @@ void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist
     d->n_fed[seq] = 0;
     if (kvlm_seq_trim(d->draft, d->lo + seq, b + j, &err)) { /* cannot happen without eviction: start it afresh */
         LOG_WARN("draft model: sequence %d: %s (rebuilt from its tokens)", seq, err.msg);
-        spec_drafter_drop(d, seq);
-        d->off[seq] = o;
+        restart(d, seq, o);
     }
 }
 
@@ -233,22 +236,19 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
         if (r->seq < 0 || r->seq >= d->n_seq || r->n_hist < 1 || r->k <= 0) continue;
         spec_drafter_sync(d, r->seq, r->hist, r->n_hist); /* drafts left from a step that did not check them */
         if (r->k > SPEC_DRAFT_MAX) r->k = SPEC_DRAFT_MAX;
-        /* the text and k - 1 drafts outgrow the draft's context (it does not
-         * evict): its sequence starts afresh on the text's last half context
-         * (positions from 0), a window that moves on each time it fills */
-        if (r->n_hist - d->off[r->seq] + r->k - 1 > d->limit) {
-            spec_drafter_drop(d, r->seq);
-            d->off[r->seq] = r->n_hist - d->limit / 2 > 0 ? r->n_hist - d->limit / 2 : 0;
+        /* the text and k - 1 drafts past the draft's context (it does not evict): a window of the text */
+        int o = spec_window(r->n_hist, d->off[r->seq], r->k - 1, d->limit);
+        if (o != d->off[r->seq]) {
+            restart(d, r->seq, o);
             d->windows++;
         }
-        int o = d->off[r->seq], room = d->limit - (r->n_hist - o) + 1; /* it will hold the text and k - 1 drafts */
+        int room = d->limit - (r->n_hist - o) + 1; /* it will hold the text and k - 1 drafts */
         if (r->k > room) r->k = room;
         if (r->k <= 0) continue;
         int dn = kvlm_seq_n_past(d->draft, d->lo + r->seq);
         /* it holds at most the text before its last token, whose logits give the first draft */
         if (dn >= r->n_hist - o && kvlm_seq_trim(d->draft, d->lo + r->seq, r->n_hist - o - 1, &err)) {
-            spec_drafter_drop(d, r->seq);
-            d->off[r->seq] = o;
+            restart(d, r->seq, o);
             dn = 0;
         }
         if (dn == 0 && o == 0) kvlm_seq_reuse_prefix(d->draft, d->lo + r->seq, r->hist, r->n_hist);
