@@ -8,7 +8,8 @@
  *           two halves (what a user had to choose before);
  *   shared: the draft's cache in the model's pool of B (kvlm_ctx_create_draft),
  *           given back before any request is preempted.
- * Prints tokens/s (the best of three runs), preemptions, drafts kept and
+ * Prints tokens/s (the best of three runs), the model's steps (reads of
+ * its weights), preemptions, drafts kept, the draft's tokens run and
  * the ratios, in one process;
  * exits 1 unless every mode's texts are the same. On stories4M_hd64 (real
  * weights; $KVLM_MODELS, default ../shared/models) or a model path.
@@ -35,7 +36,7 @@ static void die(const char *what, const kvlm_error *err) {
     exit(1);
 }
 
-typedef struct { double tps; kvlm_sched_stats st; } result;
+typedef struct { double tps; kvlm_sched_stats st; uint64_t draft_run; } result; /* draft_run: tokens the draft model ran */
 
 /* mode 0 plain, 1 split, 2 shared */
 static result run(kvlm_model *m, kvlm_model *dm, int mode, int threads, int R, int B, int32_t (*prompts)[64],
@@ -83,6 +84,12 @@ static result run(kvlm_model *m, kvlm_model *dm, int mode, int threads, int R, i
     for (int i = 0; i < R; i++) n_tok += texts[i].n;
     r.tps = (double)n_tok / (util_now_s() - t0);
     kvlm_sched_stats_get(s, &r.st);
+    r.draft_run = 0;
+    if (dctx) {
+        kvlm_kv_stats ds;
+        kvlm_kv_stats_get(dctx, &ds);
+        r.draft_run = ds.tokens_computed;
+    }
     kvlm_sched_free(s);
     kvlm_ctx_free(dctx);
     kvlm_ctx_free(ctx);
@@ -129,9 +136,12 @@ int main(int argc, char **argv) {
             result x = run(m, dm, k, threads, R, B, prompts, n_prompt, tx[k]);
             if (rep == 0 || x.tps > r[k].tps) r[k] = x;
         }
-        printf("  %-30s %7.1f tokens/s  %4llu preemptions  drafts kept %llu/%llu  draft sequences given back %llu\n",
-               names[k], r[k].tps, (unsigned long long)r[k].st.preemptions, (unsigned long long)r[k].st.spec_accepted,
-               (unsigned long long)r[k].st.spec_drafted, (unsigned long long)r[k].st.spec_draft_released);
+        printf("  %-30s %7.1f tokens/s  %4llu steps  %4llu preemptions  drafts kept %llu/%llu  draft sequences given "
+               "back %llu  draft tokens run %llu  failures %llu  waits %llu\n",
+               names[k], r[k].tps, (unsigned long long)r[k].st.steps, (unsigned long long)r[k].st.preemptions,
+               (unsigned long long)r[k].st.spec_accepted, (unsigned long long)r[k].st.spec_drafted,
+               (unsigned long long)r[k].st.spec_draft_released, (unsigned long long)r[k].draft_run,
+               (unsigned long long)r[k].st.spec_draft_failures, (unsigned long long)r[k].st.spec_draft_waits);
     }
     int bad = 0;
     for (int k = 1; k < 3; k++)

@@ -791,6 +791,10 @@ typedef struct kvlm_sched_stats {
     /* draft model: its sequences started afresh on the text's last half
      * context, the text having outgrown the draft's (which does not evict) */
     uint64_t spec_draft_windows;
+    /* a draft model sharing the pool: sequence-steps without drafts because
+     * what the sequence's draft would hold did not fit beside the model's
+     * next step (it drafts again once it fits) */
+    uint64_t spec_draft_waits;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 

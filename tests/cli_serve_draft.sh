@@ -76,6 +76,10 @@ def concurrent(model, extra, label, want_preempt=True, min_accept=0.5, shared=Fa
     check(released > 0 if shared else released == 0,
           "%s: draft sequences given back to the model's sequences: %d (%s)" %
           (label, released, "one pool" if shared else "a pool of its own"))
+    if shared:  # in one pool a draft sequence is built or grown only into what the model's next step leaves
+        waits = m("kvlm_spec_draft_model_waits_total")
+        check(fails == 0 and waits > 0, "%s: the draft waited for room %d times, its decodes failed %d times (none "
+              "expected)" % (label, waits, fails))
 
     # a client that hangs up mid-stream: its sequences (and draft sequences) go
     s = socket.create_connection(("127.0.0.1", port))

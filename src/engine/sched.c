@@ -86,7 +86,6 @@ struct kvlm_sched {
     int spec_k;
     bool spec_q4kc;        /* q4_kc keys: drafts stop short of the filling block's last slot */
     bool spec_skip;        /* this step: no drafts (the pool had no room for them) */
-    int draft_pause;       /* steps the draft model waits after giving its blocks back (shared pool) */
     int32_t *spec_ids;
     float *spec_probs;
     uint64_t spec_drafted, spec_accepted;
@@ -433,13 +432,25 @@ static bool swap_in(kvlm_sched *s, unit *u, bool any_active, int promised) {
     return true;
 }
 
-/* A draft model's cache in the pool (kvlm_ctx_create_draft) gives its blocks
- * back for the model's sequences, and drafts again only some steps later
- * (rebuilding its sequences from the prefix index); true when it held any. */
-static bool release_drafts(kvlm_sched *s) {
-    if (!s->drafter || !spec_drafter_release(s->drafter)) return false;
-    s->draft_pause = 8;
-    return true;
+/* A draft model's cache in the pool (kvlm_ctx_create_draft) gives back
+ * `want` blocks for the model's sequences (its longest sequences first; each
+ * dropped one drafts again some steps later, rebuilt from the prefix index,
+ * the others go on drafting); true when it held any. */
+static bool release_drafts(kvlm_sched *s, int want) {
+    return s->drafter && spec_drafter_release(s->drafter, want > 0 ? want : 1) > 0;
+}
+
+/* Blocks the batch's n tokens need beyond the pool's free and cached ones
+ * (its sequences' tokens are adjacent). */
+static int batch_shortfall(kvlm_sched *s, int n) {
+    int need = 0;
+    for (int i = 0, k; i < n; i = k) {
+        for (k = i; k < n && s->seqv[k] == s->seqv[i]; k++) {}
+        need += kvlm_seq_blocks_needed(s->ctx, s->seqv[i], kvlm_seq_n_past(s->ctx, s->seqv[i]) + k - i);
+    }
+    kvlm_kv_stats st;
+    kvlm_kv_stats_get(s->ctx, &st);
+    return need - st.free - st.cached;
 }
 
 /* FCFS admission of waiting completions while slots and blocks last. */
@@ -468,7 +479,7 @@ static void admit(kvlm_sched *s) {
                 kvlm_prefix_probe pr;
                 kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
                 if (any_active && pr.blocks_needed > pr.blocks_available - promised) {
-                    if (!release_drafts(s)) return;
+                    if (!release_drafts(s, pr.blocks_needed - (pr.blocks_available - promised))) return;
                     kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
                     if (pr.blocks_needed > pr.blocks_available - promised) return;
                 }
@@ -538,6 +549,22 @@ static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
     return nd;
 }
 
+/* The pool's blocks a draft model's cache in it may take this step: its
+ * free and cached ones less what every running sequence needs to hold its
+ * text and this step's drafts. */
+static int draft_spare(kvlm_sched *s) {
+    int need = 0;
+    for (req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            unit *u = &r->u[i];
+            if (!u->done && u->seq >= 0 && !follower(u))
+                need += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist + s->spec_k));
+        }
+    kvlm_kv_stats st;
+    kvlm_kv_stats_get(s->ctx, &st);
+    return st.free + st.cached - need;
+}
+
 /* Speculation by a draft model: before the step's batch is built, the
  * draft context proposes for every unit that decodes in it, all together
  * (engine/spec_draft); build_batch then takes the drafts that fit. */
@@ -558,7 +585,7 @@ static void draft_propose(kvlm_sched *s) {
             s->dreq[s->n_dreq++] =
                 (spec_draft_req){u->seq, u->hist, u->n_hist, K, u->draft, 0, u->soft ? u->smp : NULL, u->soft ? u->q : NULL};
         }
-    spec_drafter_propose(s->drafter, s->dreq, s->n_dreq, s->batch_tokens);
+    spec_drafter_propose(s->drafter, s->dreq, s->n_dreq, s->batch_tokens, draft_spare(s));
     for (int i = 0; i < s->n_dreq; i++) s->dunit[i]->n_prop = s->dreq[i].n_out;
 }
 
@@ -742,7 +769,7 @@ static void publish(kvlm_sched *s) {
     s->snap.spec_accepted = s->spec_accepted;
     if (s->drafter)
         spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures,
-                            &s->snap.spec_draft_released, &s->snap.spec_draft_windows);
+                            &s->snap.spec_draft_released, &s->snap.spec_draft_windows, &s->snap.spec_draft_waits);
     s->snap.tokens_per_second = s->tps;
     kvlm_kv_stats_get(s->ctx, &s->snap.kv);
     s->snap.n_tiers = kvlm_kv_tier_stats_get(s->ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
@@ -815,8 +842,7 @@ int kvlm_sched_step(kvlm_sched *s) {
     reap(s);
     admit(s);
     s->spec_skip = false;
-    if (s->drafter && s->draft_pause > 0) s->draft_pause--;
-    else if (s->drafter) draft_propose(s);
+    if (s->drafter) draft_propose(s);
     int n = 0;
     kvlm_error err = {0};
     for (;;) {
@@ -827,7 +853,7 @@ int kvlm_sched_step(kvlm_sched *s) {
         if (rc == KVLM_OK) break;
         if (spec_undo(s, n)) continue; /* no room for the drafts: first try without them */
         /* a draft model's cache in the pool gives its blocks back before any sequence is preempted */
-        if (rc == KVLM_EFULL && release_drafts(s)) continue;
+        if (rc == KVLM_EFULL && release_drafts(s, batch_shortfall(s, n))) continue;
         int n_active;
         unit *victim = newest_active(s, true, &n_active), *newest = newest_active(s, false, NULL);
         if (rc == KVLM_EFULL && newest) {

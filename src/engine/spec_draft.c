@@ -28,7 +28,7 @@ struct spec_drafter {
     int n_pre;
     bool *live;                     /* per request: drafting this step */
     bool *cand;                     /* per request: may take part in the catch-up */
-    uint64_t steps, failures, released, windows;
+    uint64_t steps, failures, released, windows, waits;
 };
 
 /* Request r's draft number k after the draft's logits l (spec_draft_pick). */
@@ -93,24 +93,38 @@ void spec_drafter_free(spec_drafter *d) {
     free(d);
 }
 
-int spec_drafter_release(spec_drafter *d) {
+/* Blocks the pool could hand out now: free, or cached for prefix reuse. */
+static int room(const spec_drafter *d) {
+    kvlm_kv_stats st;
+    kvlm_kv_stats_get(d->target, &st);
+    return st.free + st.cached;
+}
+
+int spec_drafter_release(spec_drafter *d, int want) {
     if (!d || !d->shared) return 0;
-    int n = 0;
-    for (int i = 0; i < d->n_seq; i++)
-        if (kvlm_seq_n_past(d->draft, d->lo + i) > 0) {
-            spec_drafter_drop(d, i);
-            n++;
+    int n = 0, before = room(d);
+    for (;;) { /* the sequence holding the most tokens first: the fewest drop out */
+        int pick = -1, most = 0;
+        for (int i = 0; i < d->n_seq; i++) {
+            int np = kvlm_seq_n_past(d->draft, d->lo + i);
+            if (np > most) { most = np; pick = i; }
         }
+        if (pick < 0) break;
+        spec_drafter_drop(d, pick);
+        n++;
+        if (want > 0 && room(d) - before >= want) break;
+    }
     d->released += (uint64_t)n;
     return n;
 }
 
 void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released,
-                         uint64_t *windows) {
+                         uint64_t *windows, uint64_t *waits) {
     *steps = d->steps;
     *failures = d->failures;
     *released = d->released;
     *windows = d->windows;
+    *waits = d->waits;
 }
 
 /* Frees draft sequence seq, to be rebuilt from the text's token off on. */
@@ -221,7 +235,7 @@ static int catch_up(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchu
     }
 }
 
-void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchup) {
+void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchup, int spare) {
     if (!d || n <= 0) return;
     if (max_catchup < 1) max_catchup = 1;
     if (grow(d, max_catchup > n ? max_catchup : n, n)) {
@@ -250,6 +264,14 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
         if (dn >= r->n_hist - o && kvlm_seq_trim(d->draft, d->lo + r->seq, r->n_hist - o - 1, &err)) {
             restart(d, r->seq, o);
             dn = 0;
+        }
+        if (d->shared) { /* the blocks it will hold, from those the model's next step leaves */
+            int cost = kvlm_seq_blocks_needed(d->draft, d->lo + r->seq, r->n_hist - o + r->k - 1);
+            if (cost > spare) {
+                d->waits++;
+                continue;
+            }
+            spare -= cost;
         }
         if (dn == 0 && o == 0) kvlm_seq_reuse_prefix(d->draft, d->lo + r->seq, r->hist, r->n_hist);
         d->live[i] = true;

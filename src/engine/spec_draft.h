@@ -39,8 +39,13 @@ void spec_drafter_free(spec_drafter *d);
  * sequences, each taking every sequence's argmax. A failure of the draft
  * context (its pool full, an error) never fails: the sequences it touches
  * get fewer or no drafts this step. The drafts stay in the draft context,
- * unverified, until spec_drafter_sync. */
-void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchup);
+ * unverified, until spec_drafter_sync. In the target's pool
+ * (kvlm_ctx_create_draft), a sequence drafts only when the blocks it will
+ * then hold (its text and drafts, the ones it has included) fit in `spare`,
+ * the pool's free and cached blocks less what the target's next step needs;
+ * else it waits, keeping what it holds. So a draft never takes the room the
+ * model grows into, and a sequence given back is rebuilt only when it fits. */
+void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_catchup, int spare);
 /* After the target's check: the sequence's text is now hist[0, n_hist); the
  * draft context keeps the tokens that agree with it and takes back the rest. */
 void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist);
@@ -48,13 +53,17 @@ void spec_drafter_sync(spec_drafter *d, int seq, const int32_t *hist, int n_hist
  * so is the draft's (a later owner of the id is caught up from nothing). */
 void spec_drafter_drop(spec_drafter *d, int seq);
 /* The draft context's cache in the target's pool (kvlm_ctx_create_draft):
- * drops every draft sequence holding tokens, giving its blocks back (full
- * ones stay cached for its catch-up), before the target preempts any of its
- * own; returns how many (0: none, or a pool of its own). */
-int spec_drafter_release(spec_drafter *d);
+ * drops draft sequences, the one holding the most tokens first, until the
+ * pool has `want` more blocks to hand out (free or cached; want <= 0: every
+ * one holding tokens), before the target preempts any of its own. Full
+ * blocks stay cached for a later catch-up; a dropped sequence drafts again
+ * once it fits (spec_drafter_propose), the others keep drafting. Returns how
+ * many (0: none, or a pool of its own). */
+int spec_drafter_release(spec_drafter *d, int want);
 /* Steps with proposals; draft-context failures that cost drafts; draft
  * sequences dropped by spec_drafter_release; sequences started afresh on a
- * window of the text (it outgrew the draft's context). */
+ * window of the text (it outgrew the draft's context); sequence-steps that
+ * waited for room in the target's pool. */
 void spec_drafter_counts(const spec_drafter *d, uint64_t *steps, uint64_t *failures, uint64_t *released,
-                         uint64_t *windows);
+                         uint64_t *windows, uint64_t *waits);
 #endif

@@ -312,6 +312,10 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_spec_draft_model_windows_total", "counter",
            "Draft-model sequences started afresh on the text's last half context (the text outgrew the draft's)",
            (double)st.spec_draft_windows);
+    metric(&b, "kvlm_spec_draft_model_waits_total", "counter",
+           "Sequence-steps without draft-model drafts: what the draft would hold did not fit beside the model's next "
+           "step in the shared KV pool",
+           (double)st.spec_draft_waits);
     metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
     metric(&b, "kvlm_tokens_per_second", "gauge", "Tokens generated per second, recently", st.tokens_per_second);
     pthread_mutex_lock(&s->mu);
