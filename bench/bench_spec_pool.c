@@ -13,7 +13,9 @@
  * the ratios, in one process;
  * exits 1 unless every mode's texts are the same. On stories4M_hd64 (real
  * weights; $KVLM_MODELS, default ../shared/models) or a model path.
- * Usage: bench_spec_pool [THREADS] [MODEL] [R] [B] [DRAFT] */
+ * K (default 4) drafts a step, ending early where the draft model gives its
+ * likeliest token less than P_MIN (default 0: never; --draft-p-min).
+ * Usage: bench_spec_pool [THREADS] [MODEL] [R] [B] [DRAFT|-] [K] [P_MIN] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,8 @@
 #include "util/timing.h"
 
 enum { GEN = 128, MAXR = 64 };
+static int K = 4;
+static float P_MIN = 0;
 
 typedef struct { int32_t out[GEN]; int n; } text; /* up to GEN tokens, or fewer at an end token */
 
@@ -64,7 +68,7 @@ static result run(kvlm_model *m, kvlm_model *dm, int mode, int threads, int R, i
         die("draft context in the pool", &err);
     }
     kvlm_sched_params sp = {.batch_tokens = 256, .max_seqs = R, .spec_mode = mode ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE,
-                            .spec_n_draft = mode ? 4 : 0, .draft_ctx = dctx};
+                            .spec_n_draft = mode ? K : 0, .draft_ctx = dctx, .spec_p_min = mode ? P_MIN : 0};
     kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
     if (!s) die("scheduler", &err);
     for (int i = 0; i < R; i++) {
@@ -110,7 +114,13 @@ int main(int argc, char **argv) {
     mkdir(bd, 0755);
     snprintf(q, sizeof q, "%s/bench_spec_pool-draft-q4_0.gguf", bd);
     kvlm_error err = {0};
-    const char *dpath = argc > 5 ? argv[5] : NULL;
+    const char *dpath = argc > 5 && strcmp(argv[5], "-") ? argv[5] : NULL;
+    if (argc > 6) K = atoi(argv[6]);
+    if (argc > 7) P_MIN = (float)atof(argv[7]);
+    if (K < 1 || K > 16 || !(P_MIN >= 0 && P_MIN < 1)) {
+        fprintf(stderr, "bench_spec_pool: K in 1..16, 0 <= P_MIN < 1\n");
+        return 2;
+    }
     if (!dpath && kvlm_model_save_gguf(m, q, kvlm_type_from_name("q4_0"), &err)) die("q4_0 copy", &err);
     kvlm_model *dm = bench_load(dpath ? dpath : q);
     static const char *subj[] = {"Lily", "Tom", "A little dog", "The old man", "Sue", "Max", "A bird", "Ben"};
@@ -127,9 +137,10 @@ int main(int argc, char **argv) {
     static const char *names[] = {"plain (no speculation)", "split (draft pool of its own)", "shared (one pool)"};
     int need = 0;
     for (int i = 0; i < R; i++) need += (n_prompt[i] + GEN + 15) / 16;
-    printf("bench_spec_pool: %s, %s%s drafting 4 tokens; %d greedy requests of %d tokens; KV memory %d "
-           "blocks of 16 tokens (the requests alone need about %d); %d threads\n",
-           path, dpath ? dpath : "its q4_0 copy", dpath ? " (another cache shape)" : "", R, GEN, B, need, threads);
+    printf("bench_spec_pool: %s, %s%s drafting %d tokens (p_min %.2f); %d greedy requests of %d tokens; KV memory "
+           "%d blocks of 16 tokens (the requests alone need about %d); %d threads\n",
+           path, dpath ? dpath : "its q4_0 copy", dpath ? " (another cache shape)" : "", K, (double)P_MIN, R, GEN, B,
+           need, threads);
     for (int k = 0; k < 3; k++) {
         tx[k] = calloc((size_t)R, sizeof(text));
         for (int rep = 0; rep < 3; rep++) { /* the best of three: the runs are short */

@@ -639,6 +639,8 @@ typedef struct kvlm_spec_params {
                             (up to K) when all were */
     int ngram_max, ngram_min; /* lookup; 0: 3 and 1 */
     kvlm_ctx *draft_ctx; /* draft: the draft model's context (same sequence id; not owned) */
+    float p_min;         /* draft: a step's drafts end before a token the draft model gives less than
+                            this probability (its likeliest; 0: never; llama.cpp's --draft-p-min) */
 } kvlm_spec_params;
 typedef struct kvlm_spec kvlm_spec;
 typedef struct kvlm_spec_stats {
@@ -716,6 +718,10 @@ typedef struct kvlm_sched_params {
      * batch, then drafts spec_n_draft tokens (0: 4) for all of them in one
      * batch per round (greedy), checked as lookup drafts are. */
     kvlm_ctx *draft_ctx;
+    /* KVLM_SPEC_DRAFT: a sequence's drafts end before a token the draft
+     * model gives less than this probability (its likeliest; 0: never;
+     * llama.cpp's --draft-p-min) */
+    float spec_p_min;
 } kvlm_sched_params;
 
 typedef struct kvlm_request_params {
@@ -850,6 +856,7 @@ typedef struct kvlm_server_params {
     const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
     kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
+    float spec_p_min;            /* kvlm_sched_params: a draft ends before a token the draft model is less sure of */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

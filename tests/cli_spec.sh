@@ -61,6 +61,20 @@ else bad "sinks past the context with a draft: text differs or no window ($(tail
 if [ -f "$MODELS/stories4M_hd64.gguf" ]; then
   cp "$MODELS/stories260K.gguf" "$tmp/draft.gguf"
   same "stories4M_hd64, stories260K drafting" -m "$MODELS/stories4M_hd64.gguf"
+  # --draft-p-min: the drafts end where the draft is unsure; the same text,
+  # fewer drafts, more of them kept
+  for pm in 0 0.7; do
+    "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" -m "$MODELS/stories4M_hd64.gguf" --draft "$tmp/draft.gguf" --draft-n 8 \
+      --draft-p-min $pm >"$tmp/pm$pm.txt" 2>"$tmp/pm$pm.err"
+  done
+  "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" -m "$MODELS/stories4M_hd64.gguf" >"$tmp/plain.txt" 2>/dev/null
+  d0="$(sed -n 's/.* \([0-9]*\)\/\([0-9]*\) drafts accepted (\([0-9]*\)%).*/\2 \3/p' "$tmp/pm0.err")"
+  d7="$(sed -n 's/.* \([0-9]*\)\/\([0-9]*\) drafts accepted (\([0-9]*\)%).*/\2 \3/p' "$tmp/pm0.7.err")"
+  read -r n0 r0 <<<"$d0"; read -r n7 r7 <<<"$d7"
+  if cmp -s "$tmp/plain.txt" "$tmp/pm0.txt" && cmp -s "$tmp/plain.txt" "$tmp/pm0.7.txt" && [ "${n7:-0}" -gt 0 ] &&
+     [ "${n7:-0}" -lt "${n0:-0}" ] && [ "${r7:-0}" -gt "${r0:-100}" ]; then
+    ok "--draft-p-min 0.7: same text, $n7 drafts checked ($r7% kept) against $n0 ($r0%) without"
+  else bad "--draft-p-min: text differs or no fewer drafts ($(tail -1 "$tmp/pm0.err"); $(tail -1 "$tmp/pm0.7.err"))"; fi
   cp "$MODELS/stories4M_hd64.gguf" "$tmp/draft.gguf"
   same "stories260K, stories4M_hd64 drafting" -m "$MODELS/stories260K.gguf"
   where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$MODELS/stories260K.gguf" --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
@@ -92,6 +106,10 @@ out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --draft "$tmp/other.gguf" 2>&1)"
 [ $? -ne 0 ] && printf '%s' "$out" | grep -q "vocabulary" && ok "a draft of another vocabulary is refused: $(printf '%s' "$out" | tail -1)" || bad "other vocabulary: $out"
 out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec guess 2>&1)"
 [ $? -ne 0 ] && printf '%s' "$out" | grep -q "expected lookup, draft or none" && ok "unknown --spec refused" || bad "--spec guess: $out"
+out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --draft "$M" --draft-p-min 1.5 2>&1)"
+[ $? -ne 0 ] && printf '%s' "$out" | grep -q "expected 0 <= P < 1" && ok "--draft-p-min 1.5 refused" || bad "--draft-p-min 1.5: $out"
+out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec lookup --draft-p-min 0.5 2>&1)"
+[ $? -ne 0 ] && printf '%s' "$out" | grep -q "goes with --draft" && ok "--draft-p-min without a draft model refused" || bad "--draft-p-min with lookup: $out"
 out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --spec draft 2>&1)"
 [ $? -ne 0 ] && printf '%s' "$out" | grep -q "needs --draft" && ok "--spec draft without a model refused" || bad "--spec draft: $out"
 # sampling runs (its distribution is test_spec's)

@@ -319,7 +319,7 @@ static void test_draft_release_some(void **state) {
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx = ctx ? kvlm_ctx_create_draft(dm, ctx, &cp, &err) : NULL;
     if (!dctx) fail_msg("shared pool: %s", err.msg);
-    spec_drafter *d = spec_drafter_create(ctx, dctx, &err);
+    spec_drafter *d = spec_drafter_create(ctx, dctx, 0, &err);
     if (!d) fail_msg("drafter: %s", err.msg);
     const int lo = kvlm_ctx_seq_first(dctx), V = kvlm_vocab_size(m);
     int32_t hist[80], out[4][SPEC_DRAFT_MAX];

@@ -283,7 +283,7 @@ static int spec_greedy(kvlm_ctx *c, kvlm_ctx *draft, const int32_t *prompt, int 
     kvlm_sampler_params sp = kvlm_sampler_default_params();
     sp.temperature = 0;
     kvlm_sampler *s = kvlm_sampler_create(&sp, kvlm_vocab_size(m));
-    kvlm_spec_params pp = {draft ? KVLM_SPEC_DRAFT : KVLM_SPEC_LOOKUP, K, 0, 0, draft};
+    kvlm_spec_params pp = {draft ? KVLM_SPEC_DRAFT : KVLM_SPEC_LOOKUP, K, 0, 0, draft, 0};
     kvlm_error err = {0};
     kvlm_spec *x = kvlm_spec_create(c, 0, prompt, n, &pp, &err);
     if (!x) fail_msg("spec: %s", err.msg);
@@ -475,7 +475,7 @@ static void test_draft_model(void **state) {
     /* another vocabulary is refused, by name */
     kvlm_model *om = load(synth(64, 2, 4, 2, 97, "f32", 31));
     kvlm_ctx *oc = mkctx(om, &p);
-    kvlm_spec_params pp = {KVLM_SPEC_DRAFT, 4, 0, 0, oc};
+    kvlm_spec_params pp = {KVLM_SPEC_DRAFT, 4, 0, 0, oc, 0};
     assert_null(kvlm_spec_create(c, 0, prompt, 20, &pp, &err));
     assert_non_null(strstr(err.msg, "vocabulary"));
     printf("  refused: %s\n", err.msg);
@@ -539,6 +539,7 @@ static kvlm_sampler *plain_sampler(uint64_t seed) {
     return kvlm_sampler_create(&sp, SV);
 }
 
+#define SPEC_P_MIN 0.3f
 static void test_sampling_distribution(void **state) {
     (void)state;
     const char *tp = synth(32, 1, 2, 1, SV, "f32", 41);
@@ -571,7 +572,11 @@ static void test_sampling_distribution(void **state) {
         }
     }
     long N = tu_quick() ? 1500 : 4000;
-    for (int mode = 0; mode < 3; mode++) { /* plain sampler, lookup, q4_0 draft */
+    /* plain sampler, lookup, q4_0 draft, the draft with --draft-p-min (its
+     * drafts end where it is unsure: a rule that looks at the draft alone
+     * keeps the distribution, and it must have ended some) */
+    uint64_t drafted[4] = {0};
+    for (int mode = 0; mode < 4; mode++) {
         long got[3][SV + 1] = {{0}};
         for (long i = 0; i < N; i++) {
             kvlm_sampler *s = plain_sampler(1000 + (uint64_t)i);
@@ -586,7 +591,8 @@ static void test_sampling_distribution(void **state) {
                     decode(c, 0, &out[g - 1], 1, false);
                 }
             } else {
-                kvlm_spec_params pp = {mode == 1 ? KVLM_SPEC_LOOKUP : KVLM_SPEC_DRAFT, 3, 0, 0, mode == 2 ? dc : NULL};
+                kvlm_spec_params pp = {mode == 1 ? KVLM_SPEC_LOOKUP : KVLM_SPEC_DRAFT, 3, 0, 0, mode >= 2 ? dc : NULL,
+                                       mode == 3 ? SPEC_P_MIN : 0};
                 kvlm_spec *x = kvlm_spec_create(c, 0, prompt, n, &pp, &err);
                 if (!x) fail_msg("spec: %s", err.msg);
                 int32_t buf[8];
@@ -596,6 +602,9 @@ static void test_sampling_distribution(void **state) {
                     if (k < 0) fail_msg("spec: %s", err.msg);
                     for (int j = 0; j < k && g < 3 && !end; j++) end = kvlm_token_is_eog(m, out[g++] = buf[j]);
                 }
+                kvlm_spec_stats st;
+                kvlm_spec_stats_get(x, &st);
+                drafted[mode] += st.drafted;
                 kvlm_spec_free(x);
             }
             kvlm_sampler_free(s);
@@ -605,10 +614,14 @@ static void test_sampling_distribution(void **state) {
             int dof;
             double x = chi2(ex[q], got[q], SV + 1, N, &dof);
             printf("  %-7s position %d: chi-square %.1f, %d dof, critical %.1f (p = 1e-4)\n",
-                   mode == 0 ? "plain" : mode == 1 ? "lookup" : "draft", q + 1, x, dof, chi2_crit(dof));
+                   mode == 0 ? "plain" : mode == 1 ? "lookup" : mode == 2 ? "draft" : "p-min", q + 1, x, dof,
+                   chi2_crit(dof));
             assert_true(x < chi2_crit(dof));
         }
     }
+    printf("  drafts checked: %llu by the draft model, %llu with p_min %.2f\n", (unsigned long long)drafted[2],
+           (unsigned long long)drafted[3], SPEC_P_MIN);
+    assert_true(drafted[3] > 0 && drafted[3] * 4 < drafted[2] * 3);
     kvlm_ctx_free(c);
     kvlm_ctx_free(dc);
     kvlm_model_free(dm);

@@ -46,6 +46,8 @@ static void run_usage(FILE *f) {
             "                          or draft (a smaller model's drafts, --draft); same output (docs/speculative.md)\n"
             "      --draft FILE        the draft model (same vocabulary; implies --spec draft)\n"
             "      --draft-n K         most draft tokens checked per step (default 8 lookup, 4 draft)\n"
+            "      --draft-p-min P     draft: a step's drafts end before a token the draft model gives less\n"
+            "                          than probability P (default 0: never; llama.cpp's --draft-p-min)\n"
             "      --spec-ngram N      lookup: longest n-gram matched (default 3; then down to 1)\n"
             "  -h, --help              this help\n");
 }
@@ -54,6 +56,7 @@ int cmd_run(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL,
                *evict = NULL, *session = NULL, *spec_name = NULL, *draft_path = NULL;
     int n_predict = 256, draft_n = 0, spec_ngram = 0;
+    float draft_p_min = 0;
     bool special = false, no_bos = false, seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     kvlm_sampler_params sp = kvlm_sampler_default_params();
@@ -69,6 +72,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &draft_n, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &draft_p_min, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--spec-ngram", &spec_ngram, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
@@ -95,6 +99,8 @@ int cmd_run(int argc, char **argv) {
     if (spec_mode == KVLM_SPEC_DRAFT && !draft_path) return cli_fail("run", "--spec draft needs --draft MODEL");
     if (draft_path && spec_mode != KVLM_SPEC_DRAFT) return cli_fail("run", "--draft goes with --spec draft");
     if (draft_n < 0 || draft_n > 64) return cli_fail("run", "--draft-n %d: expected 1..64", draft_n);
+    if (!(draft_p_min >= 0 && draft_p_min < 1)) return cli_fail("run", "--draft-p-min %g: expected 0 <= P < 1", draft_p_min);
+    if (draft_p_min > 0 && spec_mode != KVLM_SPEC_DRAFT) return cli_fail("run", "--draft-p-min goes with --draft");
     if (spec_ngram < 0 || spec_ngram > 16) return cli_fail("run", "--spec-ngram %d: expected 1..16", spec_ngram);
     if (spec_mode && cp.no_kv_cache) return cli_fail("run", "--spec needs the KV cache (not --no-kv-cache)");
 
@@ -171,7 +177,7 @@ int cmd_run(int argc, char **argv) {
     int n_gen = 0, n_decoded = 0;
     const char *stop = NULL;
     if (spec_mode) {
-        kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL};
+        kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL, draft_p_min};
         if (draft_path) {
             kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
             if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;

@@ -53,6 +53,8 @@ static void serve_usage(FILE *f) {
             "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
             "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
+            "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
+            "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
             "  -h, --help              this help\n");
 }
 
@@ -101,6 +103,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
@@ -125,6 +128,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (sp.spec_n_draft < 0 || sp.spec_n_draft > 16) { cli_fail("serve", "--draft-n must be in 1..16"); goto out; }
+    if (!(sp.spec_p_min >= 0 && sp.spec_p_min < 1) || (sp.spec_p_min > 0 && !draft_path)) {
+        cli_fail("serve", "--draft-p-min %g: expected 0 <= P < 1, with --draft", sp.spec_p_min);
+        goto out;
+    }
     if (max_body && (cli_parse_size(max_body, &sp.max_body) || sp.max_body == 0)) {
         cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
         goto out;

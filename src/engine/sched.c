@@ -137,7 +137,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         bool draft = params->spec_mode == KVLM_SPEC_DRAFT;
         if (draft) {
             int n = kvlm_ctx_n_seq_max(ctx);
-            if (!(s->drafter = spec_drafter_create(ctx, params->draft_ctx, err))) {
+            if (!(s->drafter = spec_drafter_create(ctx, params->draft_ctx, params->spec_p_min, err))) {
                 kvlm_sched_free(s);
                 return NULL;
             }

@@ -3,6 +3,7 @@
  * target in one batch, kept by the rule that keeps its distribution, the
  * rest taken back from the cache (kvlm_seq_trim). */
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include "engine/sampler.h"
 #include "engine/spec.h"
@@ -14,6 +15,7 @@ struct kvlm_spec {
     int seq, mode, K, ng_max, ng_min, vocab, block_size;
     int dseq;                  /* the draft context's id of seq (kvlm_ctx_seq_first: after the target's in a shared pool) */
     int k_cur;                 /* drafts this step: halved after a step that kept none, doubled after one that kept all */
+    float p_min;               /* draft model: its drafts end before a token it is less sure of */
     bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
     int n_hist, cap_hist;
@@ -89,6 +91,10 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
         util_err_set(err, KVLM_EINVAL, "unknown speculation mode %d (lookup, draft)", p->mode);
         return NULL;
     }
+    if (!(p->p_min >= 0 && p->p_min < 1)) {
+        util_err_set(err, KVLM_EINVAL, "the draft's least probability must be in [0, 1) (%g)", (double)p->p_min);
+        return NULL;
+    }
     if (p->n_draft < 0 || p->n_draft > 64 || p->ngram_max < 0 || p->ngram_min < 0 ||
         (p->ngram_max && p->ngram_min > p->ngram_max)) {
         util_err_set(err, KVLM_EINVAL, "draft tokens must be in 1..64 and the n-gram sizes 1 <= min <= max "
@@ -115,6 +121,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     sp->dseq = sp->draft ? kvlm_ctx_seq_first(sp->draft) + seq : seq;
     sp->mode = p->mode;
     sp->K = p->n_draft ? p->n_draft : p->mode == KVLM_SPEC_LOOKUP ? 8 : 4;
+    sp->p_min = p->p_min;
     sp->k_cur = sp->K;
     sp->ng_max = p->ngram_max ? p->ngram_max : 3;
     sp->ng_min = p->ngram_min ? p->ngram_min : 1;
@@ -252,14 +259,25 @@ int spec_window(int n_hist, int off, int extra, int limit) {
     return n_hist - limit / 2 > 0 ? n_hist - limit / 2 : 0;
 }
 
-int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs) {
+int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs,
+                        float p_min) {
     if (!q) {
         int best = 0;
         for (int i = 1; i < vocab; i++)
             if (l[i] > l[best]) best = i;
+        if (p_min > 0) { /* softmax of the best: 1 / sum exp(l_i - l_best) */
+            double z = 0;
+            for (int i = 0; i < vocab; i++) z += exp((double)l[i] - (double)l[best]);
+            if (1.0 / z < p_min) return -1;
+        }
         return best;
     }
     int nc = sampler_dist(smp, l, ids, probs);
+    if (p_min > 0) {
+        float top = 0;
+        for (int i = 0; i < nc; i++) top = probs[i] > top ? probs[i] : top;
+        if (top < p_min) return -1;
+    }
     memset(q, 0, (size_t)vocab * sizeof *q);
     double r = sampler_uniform(smp), cum = 0;
     int32_t pick = ids[nc - 1];
@@ -303,9 +321,10 @@ static int draft_model(kvlm_spec *sp, kvlm_sampler *smp, int K, int32_t *out, kv
     int k = 0;
     kvlm_error e2;
     while (k < K) {
-        out[k] = spec_draft_pick(smp, kvlm_get_logits(d, -1), sp->vocab,
-                                 soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL, sp->ids, sp->probs);
-        k++;
+        int32_t t = spec_draft_pick(smp, kvlm_get_logits(d, -1), sp->vocab,
+                                    soft ? sp->q + (size_t)k * (size_t)sp->vocab : NULL, sp->ids, sp->probs, sp->p_min);
+        if (t < 0) break; /* the draft is unsure of the next: its drafts end here */
+        out[k++] = t;
         if (k == K) break;
         kvlm_batch b = {1, &out[k - 1], NULL, NULL, &sp->dseq};
         if (kvlm_decode(d, &b, &e2)) break; /* no room in the draft's cache: fewer drafts */

@@ -26,8 +26,13 @@ bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q
 /* A draft model's next draft after its logits l: the argmax when q is NULL
  * (greedy), else a draw from smp's distribution for l (penalties and
  * truncation as of smp's history), which q (vocab floats) receives for
- * spec_check_q. ids, probs: vocabulary-sized scratch. */
-int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs);
+ * spec_check_q. ids, probs: vocabulary-sized scratch. p_min > 0: -1, with
+ * nothing drawn, when the draft gives its likeliest token less than p_min
+ * (greedy: under the softmax of l; sampling: under that distribution); the
+ * draft then ends there (llama.cpp's --draft-p-min). The rule looks at the
+ * draft alone, so the target's distribution is kept. */
+int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs,
+                        float p_min);
 /* A draft context that does not evict holds at most limit tokens. Its
  * sequence holds the text from token off on; it is about to hold the n_hist
  * tokens of the text and extra more. The first token it should hold: off

@@ -13,6 +13,7 @@ struct spec_drafter {
     kvlm_ctx *target, *draft;
     int n_seq, vocab, limit;        /* limit: tokens a draft sequence may hold (its budget) */
     int lo;                         /* the draft context's id of the target's sequence 0 (kvlm_ctx_seq_first) */
+    float p_min;                    /* a sequence's drafts end before a token the draft is less sure of */
     bool shared;                    /* the draft context's cache is the target's pool (kvlm_ctx_create_draft) */
     int *base;                      /* per sequence: its length at spec_begin; -1: holds no drafts */
     int *off;                       /* per sequence: the text's token at its position 0 (a window past its
@@ -31,17 +32,23 @@ struct spec_drafter {
     uint64_t steps, failures, released, windows, waits;
 };
 
-/* Request r's draft number k after the draft's logits l (spec_draft_pick). */
+/* Request r's draft number k after the draft's logits l (spec_draft_pick);
+ * -1: the draft is less sure of it than p_min, its drafts end there. */
 static int32_t pick(spec_drafter *d, spec_draft_req *r, int k, const float *l) {
-    return spec_draft_pick(r->smp, l, d->vocab, r->q ? r->q + (size_t)k * (size_t)d->vocab : NULL, d->ids, d->probs);
+    return spec_draft_pick(r->smp, l, d->vocab, r->q ? r->q + (size_t)k * (size_t)d->vocab : NULL, d->ids, d->probs,
+                           d->p_min);
 }
 
-spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error *err) {
+spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, float p_min, kvlm_error *err) {
     if (!target || !draft || target == draft) {
         util_err_set(err, KVLM_EINVAL, "draft speculation needs the draft model's own context");
         return NULL;
     }
     if (spec_same_vocab(kvlm_ctx_model(target), kvlm_ctx_model(draft), err)) return NULL;
+    if (!(p_min >= 0 && p_min < 1)) {
+        util_err_set(err, KVLM_EINVAL, "the draft's least probability must be in [0, 1) (%g)", (double)p_min);
+        return NULL;
+    }
     if (kvlm_ctx_kv_evict(draft) != KVLM_EVICT_NONE) {
         util_err_set(err, KVLM_EINVAL, "the draft model's context must not evict (its drafts are taken back)");
         return NULL;
@@ -62,6 +69,7 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error 
     if (!d) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     d->target = target;
     d->draft = draft;
+    d->p_min = p_min;
     d->lo = kvlm_ctx_seq_first(draft);
     d->shared = engine_ctx_host(draft) == target;
     d->n_seq = kvlm_ctx_n_seq_max(target);
@@ -282,7 +290,12 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
     for (int i = 0; i < n; i++) {
         if (!d->live[i]) continue;
         spec_draft_req *r = &reqs[i];
-        r->out[0] = pick(d, r, 0, kvlm_get_logits(d->draft, row++));
+        int32_t t = pick(d, r, 0, kvlm_get_logits(d->draft, row++));
+        if (t < 0) { /* unsure of the first: no drafts this step */
+            d->live[i] = false;
+            continue;
+        }
+        r->out[0] = t;
         r->n_out = 1;
         if (r->k > 1 && kvlm_seq_spec_begin(d->draft, d->lo + r->seq, &err) == KVLM_OK) {
             d->base[r->seq] = kvlm_seq_n_past(d->draft, d->lo + r->seq);
@@ -319,8 +332,8 @@ void spec_drafter_propose(spec_drafter *d, spec_draft_req *reqs, int n, int max_
             if (d->pre[i] < 0) continue;
             spec_draft_req *r = &reqs[i];
             d->fed[r->seq][d->n_fed[r->seq]++] = r->out[round - 1];
-            r->out[r->n_out] = pick(d, r, r->n_out, kvlm_get_logits(d->draft, row++));
-            r->n_out++;
+            int32_t t = pick(d, r, r->n_out, kvlm_get_logits(d->draft, row++));
+            if (t >= 0) r->out[r->n_out++] = t; /* else its drafts end here (it drops out next round) */
         }
     }
 }

@@ -29,8 +29,10 @@ typedef struct spec_draft_req {
 
 /* Checks that draft can draft for target: the same vocabulary (as
  * kvlm_spec_create), no eviction and no q4_kc keys in its cache (drafts are
- * taken back across blocks), and at least the target's sequences. */
-spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, kvlm_error *err);
+ * taken back across blocks), and at least the target's sequences. p_min
+ * (0: none): a sequence's drafts end before a token the draft gives less
+ * than this probability (spec_draft_pick). */
+spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, float p_min, kvlm_error *err);
 void spec_drafter_free(spec_drafter *d);
 /* Proposes drafts: first one batched kvlm_decode of the draft context
  * catches every sequence up on the tokens of its text it lacks (at most
