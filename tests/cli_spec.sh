@@ -100,6 +100,19 @@ for model in swa gemma2 ds2; do
   same "$model (random weights)" -m "$tmp/$model.gguf" --block-size 4
 done
 
+# a model with a window on every layer takes a draft of another shape or
+# other windows into its pool, as a guest that keeps all its blocks: a
+# smaller llama, and gemma2 (its own local windows)
+"$KVLM" synth "$tmp/small.gguf" --arch llama --dim 32 --layers 1 --heads 2 --kv-heads 1 --hidden 64 --seed 9 >/dev/null 2>&1
+for d in small gemma2; do
+  [ -f "$tmp/$d.gguf" ] && [ -f "$tmp/swa.gguf" ] || { bad "$d: synth"; continue; }
+  cp "$tmp/$d.gguf" "$tmp/draft.gguf"
+  same "windowed llama, $d drafting" -m "$tmp/swa.gguf" --block-size 4
+  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$tmp/swa.gguf" --block-size 4 --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
+  case "$where" in *"draft cache in the model's pool"*) ok "windowed llama, $d drafting: its cache in the model's pool";;
+  *) bad "windowed llama, $d drafting: where its cache is: $where";; esac
+done
+
 M="$MODELS/stories260K.gguf"
 "$KVLM" synth "$tmp/other.gguf" --dim 64 --layers 1 --heads 4 --kv-heads 4 --hidden 128 --vocab 300 --type f32 >/dev/null 2>&1
 out="$("$KVLM" run -m "$M" -p "Hi" -n 5 --draft "$tmp/other.gguf" 2>&1)"

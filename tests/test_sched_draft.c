@@ -17,7 +17,12 @@
  * of fewer tokens than the model's; a draft whose one token takes more
  * bytes than the model's block is refused there. Its blocks reach the tiers
  * in their own stored form: pushed out to host memory and brought back, and
- * found on disk by the next context. */
+ * found on disk by the next context. Under a model with a window on every
+ * layer, a draft of another shape or other windows is a guest that keeps all
+ * its blocks (its logits those of a context of its own); a gemma model
+ * (its windowed layers in a store of their own) refuses such a draft. The
+ * drafter takes only the pool's spare blocks and gives back as few
+ * sequences as the model's step lacks. */
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -770,6 +775,117 @@ static void test_draft_shared_keys(void **state) {
     kvlm_model_free(m);
 }
 
+/* A random-weight gemma2 of 512 tokens (the stories' and synth's vocabulary
+ * size), windows of 8 on its local layers. */
+static kvlm_model *synth_gemma2(int layers, uint64_t seed) {
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_GEMMA2;
+    sp.dim = 64;
+    sp.hidden_dim = 128;
+    sp.n_layers = layers;
+    sp.n_heads = 4;
+    sp.n_kv_heads = 2;
+    sp.vocab_size = 512;
+    sp.n_ctx = 256;
+    sp.sliding_window = 8;
+    sp.tied_output = true;
+    sp.type = kvlm_type_from_name("f32");
+    sp.seed = seed;
+    const char *p = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, p, &err)) fail_msg("synth: %s", err.msg);
+    return load(p);
+}
+
+/* A random-weight llama of 512 tokens: 2 layers x 2 KV heads x 16, a
+ * window of `window` keys on every layer (0: none). */
+static kvlm_model *synth_llama(int window, uint64_t seed) {
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_LLAMA;
+    sp.dim = 64;
+    sp.hidden_dim = 128;
+    sp.n_layers = 2;
+    sp.n_heads = 4;
+    sp.n_kv_heads = 2;
+    sp.vocab_size = 512;
+    sp.n_ctx = 256;
+    sp.sliding_window = window;
+    sp.type = kvlm_type_from_name("f32");
+    sp.seed = seed;
+    const char *p = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, p, &err)) fail_msg("synth: %s", err.msg);
+    return load(p);
+}
+
+/* A model with a window of 8 on every layer (Mistral-style: its pool's one
+ * store drops the blocks before each sequence's window) and drafts that are
+ * guests there: a gemma2 of another shape (its own local windows) and a
+ * llama of the same shape without windows. Each keeps all its blocks: over
+ * a prompt of 100 tokens fed in two pieces its logits equal those of a
+ * context of its own,
+ * and the model's sequence still holds only its window's blocks; 32
+ * concurrent requests equal each alone, roomy and in a pool small enough
+ * that the drafts give blocks back. */
+static void test_draft_guest_windows(void **state) {
+    (void)state;
+    kvlm_model *m = synth_llama(8, 11), *dms[2] = {synth_gemma2(4, 12), synth_llama(0, 13)};
+    for (int k = 0; k < 2; k++) {
+        kvlm_model *dm = dms[k];
+        kvlm_ctx_params cp = ctx_params(2, 0, 0);
+        cp.block_size = 4;
+        assert_true(kvlm_draft_shares_pool(m, dm, &cp));
+        cp.n_seq_draft = 2;
+        cp.draft_model = dm;
+        kvlm_error err = {0};
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err), *dctx = ctx ? kvlm_ctx_create_draft(dm, ctx, NULL, &err) : NULL;
+        if (!dctx) fail_msg("draft in the windowed pool: %s", err.msg);
+        kvlm_ctx_params op = ctx_params(1, 0, 0);
+        op.block_size = 4;
+        kvlm_ctx *own = kvlm_ctx_create(dm, &op, &err);
+        assert_non_null(own);
+        int32_t prompt[100];
+        for (int i = 0; i < 100; i++) prompt[i] = 3 + (i * 37) % 500;
+        kvlm_batch b = {100, prompt, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(ctx, &b, &err), KVLM_OK);
+        int V = kvlm_vocab_size(dm), d = kvlm_ctx_seq_first(dctx);
+        float *want = malloc((size_t)V * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+        draft_computes(own, 0, prompt, 100, want, V);
+        /* in two pieces: the second's queries read the blocks of the first */
+        kvlm_batch b1 = {60, prompt, NULL, NULL, NULL}, b2 = {40, prompt + 60, NULL, NULL, NULL};
+        assert_int_equal(kvlm_decode(dctx, &b1, &err), KVLM_OK);
+        assert_int_equal(kvlm_decode(dctx, &b2, &err), KVLM_OK);
+        memcpy(got, kvlm_get_logits(dctx, -1), (size_t)V * sizeof *got);
+        double diff = tu_max_rel_diff(got, want, V, 1e-2);
+        kvlm_kv_stats ks, ds;
+        kvlm_kv_stats_get(ctx, &ks);
+        kvlm_kv_stats_get(dctx, &ds);
+        int held = ks.used, dblocks = (100 + ds.block_size - 1) / ds.block_size;
+        printf("  %s drafting: %d of its tokens a block, logits against its own context %.2g; the pool holds %d "
+               "blocks (the model's window, and the draft's %d)\n",
+               k == 0 ? "gemma2 (4 x 2 x 16)" : "a llama without windows", ds.block_size, diff, held, dblocks);
+        assert_true(diff < 1e-3);
+        assert_true(held > dblocks && held <= dblocks + 5); /* the model's 100 tokens: their window's few blocks */
+        const char *bad = engine_kv_check(ctx);
+        if (bad) fail_msg("pool invariants: %s", bad);
+        kvlm_seq_free(dctx, d);
+        free(want);
+        free(got);
+        kvlm_ctx_free(own);
+        kvlm_ctx_free(dctx);
+        kvlm_ctx_free(ctx);
+        kvlm_sched_stats st;
+        draft_concurrent(m, dm, -1000, 4, false, &st);
+        assert_int_equal(st.preemptions, 0);
+        assert_true(st.spec_drafted > 0);
+        draft_concurrent(m, dm, tu_quick() ? -60 : -120, 4, false, &st);
+        assert_true(st.spec_drafted > 0);
+        assert_int_equal(st.spec_draft_failures, 0);
+    }
+    for (int k = 0; k < 2; k++) kvlm_model_free(dms[k]);
+    kvlm_model_free(m);
+}
+
 static void test_draft_refused(void **state) {
     (void)state;
     const char *path = tu_model_path("stories260K.gguf");
@@ -824,8 +940,11 @@ static void test_draft_refused(void **state) {
     assert_null(kvlm_ctx_create_draft(m, ctx, NULL, &err));
     assert_non_null(strstr(err.msg, "n_seq_draft"));
     printf("  refused: %s\n", err.msg);
-    /* sliding windows: a draft with the model's shape and windows shares its
-     * pool; other windows, or none, do not */
+    /* sliding windows on every layer: a draft with the model's shape and
+     * windows shares its pool, and so does one with other windows or none
+     * (as a guest that keeps all its blocks), either way round; gemma (its
+     * windowed layers in a store of their own) only with its own shape and
+     * windows */
     syp.n_layers = 2;
     syp.vocab_size = 512;
     kvlm_model *wm[3];
@@ -838,15 +957,23 @@ static void test_draft_refused(void **state) {
     }
     kvlm_ctx_params wcp = ctx_params(2, 0, 0);
     assert_true(kvlm_draft_shares_pool(wm[0], wm[1], &wcp));
-    assert_false(kvlm_draft_shares_pool(wm[0], wm[2], &wcp));
-    assert_false(kvlm_draft_shares_pool(wm[2], wm[0], &wcp));
+    assert_true(kvlm_draft_shares_pool(wm[0], wm[2], &wcp));
+    assert_true(kvlm_draft_shares_pool(wm[2], wm[0], &wcp));
+    kvlm_model *gm[2];
+    for (int i = 0; i < 2; i++) gm[i] = synth_gemma2(4 - 2 * i, 6 + (uint64_t)i);
+    assert_true(kvlm_draft_shares_pool(gm[0], gm[0], &wcp));
+    assert_true(kvlm_draft_shares_pool(wm[2], gm[0], &wcp)); /* a gemma draft, its layers in the guest layout */
+    assert_true(kvlm_draft_shares_pool(wm[0], gm[0], &wcp));
+    assert_false(kvlm_draft_shares_pool(gm[0], gm[1], &wcp));
+    assert_false(kvlm_draft_shares_pool(gm[0], wm[2], &wcp));
     wcp.n_seq_draft = 2;
-    kvlm_ctx *wctx = kvlm_ctx_create(wm[0], &wcp, &err);
+    kvlm_ctx *wctx = kvlm_ctx_create(gm[0], &wcp, &err);
     assert_non_null(wctx);
-    assert_null(kvlm_ctx_create_draft(wm[2], wctx, NULL, &err));
-    assert_non_null(strstr(err.msg, "windows"));
+    assert_null(kvlm_ctx_create_draft(wm[0], wctx, NULL, &err));
+    assert_non_null(strstr(err.msg, "gemma"));
     printf("  refused: %s\n", err.msg);
     kvlm_ctx_free(wctx);
+    for (int i = 0; i < 2; i++) kvlm_model_free(gm[i]);
     /* latent rows (deepseek2): the model itself shares its pool, a llama does not (either way round) */
     kvlm_synth_params dsp = {0};
     dsp.arch = KVLM_ARCH_DEEPSEEK2;
@@ -892,6 +1019,7 @@ int main(void) {
         cmocka_unit_test(test_draft_guest_larger),
         cmocka_unit_test(test_draft_q4_kc_pool),
         cmocka_unit_test(test_draft_shared_evict),
+        cmocka_unit_test(test_draft_guest_windows),
         cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

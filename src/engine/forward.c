@@ -224,9 +224,17 @@ static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
     return g;
 }
 
-/* Whether that cache needs the pool's guest layout (another shape or types). */
+/* Sliding windows on some layers only (gemma): their cache is a second store. */
+static bool local_store(const kvlm_config *c) {
+    return c->sliding_window > 0 && c->n_local_layers > 0 && c->n_local_layers < c->n_layers;
+}
+
+/* Whether that cache needs the pool's guest layout: another shape or types,
+ * or other windows than those by which the model's one windowed store drops
+ * blocks (a guest's sequences keep all theirs). */
 static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp) {
-    return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC;
+    bool windowed = t->sliding_window > 0 && t->n_local_layers > 0 && !local_store(t);
+    return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC || (windowed && !same_windows(t, d));
 }
 
 /* The blocks a draft sequence holds at most (n_seq_draft): per_seq, the
@@ -550,9 +558,11 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
                        t->rope_dim != d->rope_dim))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a latent (deepseek2) cache shares its pool only with a draft of "
                             "the same latent rows (a quantized copy)");
-    if ((t->sliding_window > 0 || d->sliding_window > 0) && (draft_is_guest(t, d, tp) || !same_windows(t, d)))
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window cache drops blocks by its windows: a draft model "
-                            "shares its pool only with the same cache shape and windows (a quantized copy)");
+    /* a guest's layers are all in the pool's one store: not beside a local one */
+    if (local_store(t) && (draft_is_guest(t, d, tp) || !same_windows(t, d)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a model whose sliding-window layers keep a store of their own "
+                            "(gemma) shares its pool only with a draft of the same cache shape and windows (a "
+                            "quantized copy)");
     if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
                             "cache");

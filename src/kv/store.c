@@ -377,8 +377,8 @@ int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return k
 
 int kv_store_add_guest(kv_store *s, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
                        kvlm_error *err) {
-    if (s->window || s->local)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a sliding-window store holds one layout");
+    if (s->local)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "a store beside a local layers' one holds one layout");
     int rc = kv_add_guest(s->c, first_seq, g, model, block_size, err);
     if (rc) return rc;
     if (s->n_tiers && (rc = tier_buffers(s, kv_blockfmt_bytes(kv_seq_blockfmt(s->c, first_seq)), err))) {
@@ -423,6 +423,7 @@ const int32_t *kv_store_seq_tokens(const kv_store *s, int seq) { return kv_seq_t
 static void window_drop(kv_store *s, int seq) {
     /* speculating: the window of the first unverified position, which a
      * rollback may return to */
+    if (seq >= s->guest_lo) return; /* a guest keeps all its blocks, whatever its model's windows */
     int len = kv_seq_len(s->c, seq), from;
     if (kv_seq_held(s->c, seq, &from) && from < len) len = from;
     int first = len - s->window + 1;
@@ -490,7 +491,7 @@ static int match_window(kv_store *s, int seq, const int32_t *tokens, int n, int 
 }
 
 int kv_store_match_prefix(kv_store *s, int seq, const int32_t *tokens, int n) {
-    if (!s->window && !s->local) return kv_seq_match_prefix(s->c, seq, tokens, n);
+    if ((!s->window && !s->local) || seq >= s->guest_lo) return kv_seq_match_prefix(s->c, seq, tokens, n);
     int bs = s->p.block_size, max = n > 0 ? (n - 1) / bs : 0;
     int m = s->window ? match_window(s, seq, tokens, n, max) : kv_seq_match_prefix(s->c, seq, tokens, n);
     if (!s->local || m == 0) return m;
