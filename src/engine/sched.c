@@ -448,9 +448,9 @@ static int batch_shortfall(kvlm_sched *s, int n) {
         for (k = i; k < n && s->seqv[k] == s->seqv[i]; k++) {}
         need += kvlm_seq_blocks_needed(s->ctx, s->seqv[i], kvlm_seq_n_past(s->ctx, s->seqv[i]) + k - i);
     }
-    kvlm_kv_stats st;
-    kvlm_kv_stats_get(s->ctx, &st);
-    return need - st.free - st.cached;
+    kvlm_prefix_probe pr;
+    kvlm_seq_probe_prefix(s->ctx, NULL, 0, 0, &pr);
+    return need - pr.blocks_available;
 }
 
 /* FCFS admission of waiting completions while slots and blocks last. */
@@ -560,9 +560,9 @@ static int draft_spare(kvlm_sched *s) {
             if (!u->done && u->seq >= 0 && !follower(u))
                 need += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist + s->spec_k));
         }
-    kvlm_kv_stats st;
-    kvlm_kv_stats_get(s->ctx, &st);
-    return st.free + st.cached - need;
+    kvlm_prefix_probe pr; /* free and cached blocks of the store admission counts (gemma: the global one) */
+    kvlm_seq_probe_prefix(s->ctx, NULL, 0, 0, &pr);
+    return pr.blocks_available - need;
 }
 
 /* Speculation by a draft model: before the step's batch is built, the
@@ -853,7 +853,7 @@ int kvlm_sched_step(kvlm_sched *s) {
         if (rc == KVLM_OK) break;
         if (spec_undo(s, n)) continue; /* no room for the drafts: first try without them */
         /* a draft model's cache in the pool gives its blocks back before any sequence is preempted */
-        if (rc == KVLM_EFULL && release_drafts(s, batch_shortfall(s, n))) continue;
+        if (rc == KVLM_EFULL && s->drafter && release_drafts(s, batch_shortfall(s, n))) continue;
         int n_active;
         unit *victim = newest_active(s, true, &n_active), *newest = newest_active(s, false, NULL);
         if (rc == KVLM_EFULL && newest) {

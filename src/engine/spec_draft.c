@@ -101,11 +101,12 @@ void spec_drafter_free(spec_drafter *d) {
     free(d);
 }
 
-/* Blocks the pool could hand out now: free, or cached for prefix reuse. */
+/* Blocks the pool could hand out now: free, or cached for prefix reuse (of
+ * the store the sequences' admission counts: gemma's global layers'). */
 static int room(const spec_drafter *d) {
-    kvlm_kv_stats st;
-    kvlm_kv_stats_get(d->target, &st);
-    return st.free + st.cached;
+    kvlm_prefix_probe pr;
+    kvlm_seq_probe_prefix(d->target, NULL, 0, 0, &pr);
+    return pr.blocks_available;
 }
 
 int spec_drafter_release(spec_drafter *d, int want) {
