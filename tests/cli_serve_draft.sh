@@ -234,26 +234,30 @@ for name, arch in (("windowed llama", win + ["--arch", "llama", "--layers", "2",
           "drafts kept)" % (name, same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")),
           (got[:1], plain[:1], err[-300:]))
 
-# a windowed llama with a draft of another shape and windows (a random gemma2, its local layers' windows its
-# attention's) in its pool, as a guest that keeps all its blocks: 8 concurrent answers equal the plain server's
-swa, other = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "gemma2-draft.gguf")
-subprocess.run([kvlm, "synth", swa] + win + ["--arch", "llama", "--layers", "2", "--seed", "5"], capture_output=True,
-               timeout=60)
-subprocess.run([kvlm, "synth", other] + win + ["--arch", "gemma2", "--layers", "4", "--tied", "--seed", "6"],
-               capture_output=True, timeout=60)
-p = serve(swa, ["--block-size", "4", "-t", "1"])
-plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
-stop(p)
-p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", other])
-got = serve_http.complete_all(port, [body(q) for q in asks])
-m = metrics() if port else (lambda name: -1)
-stop(p)
-err = p.stderr.read()
-same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
-check(same == 8 and m("kvlm_spec_draft_tokens_total") > 0 and "its KV cache in the model's pool" in err,
-      "windowed llama, a gemma2 of another shape drafting in the model's pool: 8 concurrent answers equal the plain "
-      "server's (%d/8; %d of %d drafts kept)" % (same, m("kvlm_spec_accepted_tokens_total"),
-                                                 m("kvlm_spec_draft_tokens_total")), (got[:1], plain[:1], err[-300:]))
+# drafts of another shape or windows in the model's pool, as guests that keep all their blocks (all their layers in
+# the global store): a random gemma2 of 4 layers drafting for a windowed llama (its local layers' windows its
+# attention's), and one of 2 layers drafting for a gemma2 of 4 (its local layers in a store of their own): 8
+# concurrent answers equal the plain server's
+gem = lambda n, seed: win + ["--arch", "gemma2", "--layers", str(n), "--tied", "--seed", str(seed)]
+for label, targ, darg in (("windowed llama, a gemma2 of another shape drafting",
+                           win + ["--arch", "llama", "--layers", "2", "--seed", "5"], gem(4, 6)),
+                          ("gemma2 of 4 layers, a gemma2 of 2 drafting", gem(4, 8), gem(2, 9))):
+    swa, other = os.path.join(tmp, "swa.gguf"), os.path.join(tmp, "other-draft.gguf")
+    subprocess.run([kvlm, "synth", swa] + targ, capture_output=True, timeout=60)
+    subprocess.run([kvlm, "synth", other] + darg, capture_output=True, timeout=60)
+    p = serve(swa, ["--block-size", "4", "-t", "1"])
+    plain = [request("POST", "/v1/completions", body(q))[1]["choices"][0]["text"] for q in asks] if port else []
+    stop(p)
+    p = serve(swa, ["--block-size", "4", "-t", "1", "--draft", other])
+    got = serve_http.complete_all(port, [body(q) for q in asks])
+    m = metrics() if port else (lambda name: -1)
+    stop(p)
+    err = p.stderr.read()
+    same = sum(1 for i in range(8) if plain and got[i] == plain[i] and got[i])
+    check(same == 8 and m("kvlm_spec_draft_tokens_total") > 0 and "its KV cache in the model's pool" in err,
+          "%s in the model's pool: 8 concurrent answers equal the plain server's (%d/8; %d of %d drafts kept)" %
+          (label, same, m("kvlm_spec_accepted_tokens_total"), m("kvlm_spec_draft_tokens_total")),
+          (got[:1], plain[:1], err[-300:]))
 
 # under sinks eviction (a budget of 96 in a context of 128, answers of 250 tokens): the draft's cache in the
 # model's pool, which does not evict: past its context it drafts from a window of the text's last 64 tokens,

@@ -3,9 +3,10 @@
 # and with a q4_0 draft of the same model equals the text without
 # speculation (stories260K, stories4M_hd64; f16, q8_0 and q4_kc caches; h2o
 # and sinks eviction; the context's end; each model drafting for the other
-# in its pool; a draft past its context under eviction, in a window),
-# acceptance figures on stderr, a
-# draft of another vocabulary refused by name.
+# in its pool; a draft past its context under eviction, in a window; drafts
+# of another shape or windows under windowed llama and gemma2 models;
+# --draft-p-min), acceptance figures on stderr, a draft of another
+# vocabulary refused by name.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -100,17 +101,19 @@ for model in swa gemma2 ds2; do
   same "$model (random weights)" -m "$tmp/$model.gguf" --block-size 4
 done
 
-# a model with a window on every layer takes a draft of another shape or
-# other windows into its pool, as a guest that keeps all its blocks: a
-# smaller llama, and gemma2 (its own local windows)
+# a windowed model takes a draft of another shape or other windows into its
+# pool, as a guest that keeps all its blocks: a llama with a window on every
+# layer, a smaller llama and gemma2 (its own local windows) drafting; gemma2
+# (its local layers in a store of their own), the smaller llama drafting
 "$KVLM" synth "$tmp/small.gguf" --arch llama --dim 32 --layers 1 --heads 2 --kv-heads 1 --hidden 64 --seed 9 >/dev/null 2>&1
-for d in small gemma2; do
-  [ -f "$tmp/$d.gguf" ] && [ -f "$tmp/swa.gguf" ] || { bad "$d: synth"; continue; }
+for pair in swa:small swa:gemma2 gemma2:small; do
+  t="${pair%%:*}" d="${pair##*:}"
+  [ -f "$tmp/$d.gguf" ] && [ -f "$tmp/$t.gguf" ] || { bad "$pair: synth"; continue; }
   cp "$tmp/$d.gguf" "$tmp/draft.gguf"
-  same "windowed llama, $d drafting" -m "$tmp/swa.gguf" --block-size 4
-  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$tmp/swa.gguf" --block-size 4 --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
-  case "$where" in *"draft cache in the model's pool"*) ok "windowed llama, $d drafting: its cache in the model's pool";;
-  *) bad "windowed llama, $d drafting: where its cache is: $where";; esac
+  same "$t, $d drafting" -m "$tmp/$t.gguf" --block-size 4
+  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$tmp/$t.gguf" --block-size 4 --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
+  case "$where" in *"draft cache in the model's pool"*) ok "$t, $d drafting: its cache in the model's pool";;
+  *) bad "$t, $d drafting: where its cache is: $where";; esac
 done
 
 M="$MODELS/stories260K.gguf"

@@ -193,6 +193,8 @@ static bool same_windows(const kvlm_config *a, const kvlm_config *b) {
     return true;
 }
 
+static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp);
+
 static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     const kvlm_config *c = &ctx->model->cfg;
     swa_split w = {0};
@@ -208,9 +210,12 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
         w.local = *kp;
         w.local.n_layers = w.n_local;
         w.local.model.b[15] ^= 0x5a; /* other bytes than the global layers' blocks of the same tokens */
-        /* every sequence's window twice over (a draft context's too): live,
+        /* every sequence's window twice over (a draft context's too, unless
+         * it is a guest, all of whose layers are in the global store): live,
          * and cached for prefix reuse */
-        w.local.n_blocks = 2 * w.per_seq * (ctx->p.n_seq_max + ctx->p.n_seq_draft);
+        const kvlm_model *dm = ctx->p.draft_model;
+        bool guest = dm && dm->layers && draft_is_guest(c, &dm->cfg, &ctx->p);
+        w.local.n_blocks = 2 * w.per_seq * (ctx->p.n_seq_max + (guest ? 0 : ctx->p.n_seq_draft));
     }
     return w;
 }
@@ -224,16 +229,11 @@ static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
     return g;
 }
 
-/* Sliding windows on some layers only (gemma): their cache is a second store. */
-static bool local_store(const kvlm_config *c) {
-    return c->sliding_window > 0 && c->n_local_layers > 0 && c->n_local_layers < c->n_layers;
-}
-
 /* Whether that cache needs the pool's guest layout: another shape or types,
- * or other windows than those by which the model's one windowed store drops
- * blocks (a guest's sequences keep all theirs). */
+ * or other windows than the model's windowed layers drop blocks by (a
+ * guest's sequences keep all theirs, all its layers in the global store). */
 static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp) {
-    bool windowed = t->sliding_window > 0 && t->n_local_layers > 0 && !local_store(t);
+    bool windowed = t->sliding_window > 0 && t->n_local_layers > 0;
     return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC || (windowed && !same_windows(t, d));
 }
 
@@ -558,11 +558,6 @@ static int draft_pool_refuse(const kvlm_model *target, const kvlm_model *draft, 
                        t->rope_dim != d->rope_dim))
         return util_err_set(err, KVLM_EUNSUPPORTED, "a latent (deepseek2) cache shares its pool only with a draft of "
                             "the same latent rows (a quantized copy)");
-    /* a guest's layers are all in the pool's one store: not beside a local one */
-    if (local_store(t) && (draft_is_guest(t, d, tp) || !same_windows(t, d)))
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a model whose sliding-window layers keep a store of their own "
-                            "(gemma) shares its pool only with a draft of the same cache shape and windows (a "
-                            "quantized copy)");
     if (tp->device != KVLM_DEVICE_CPU || tp->no_kv_cache)
         return util_err_set(err, KVLM_EUNSUPPORTED, "a draft model shares the model's pool on the CPU, with the KV "
                             "cache");

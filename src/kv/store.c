@@ -377,8 +377,6 @@ int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return k
 
 int kv_store_add_guest(kv_store *s, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
                        kvlm_error *err) {
-    if (s->local)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "a store beside a local layers' one holds one layout");
     int rc = kv_add_guest(s->c, first_seq, g, model, block_size, err);
     if (rc) return rc;
     if (s->n_tiers && (rc = tier_buffers(s, kv_blockfmt_bytes(kv_seq_blockfmt(s->c, first_seq)), err))) {
@@ -430,29 +428,33 @@ static void window_drop(kv_store *s, int seq) {
     if (s->window > 0 && first >= s->p.block_size) kv_seq_drop_front(s->c, seq, first / s->p.block_size);
 }
 
+/* The local layers' store, for a sequence that has blocks there: a guest's
+ * layers are all in this one (kv_store_add_guest). */
+static kv_store *local_of(const kv_store *s, int seq) { return seq < s->guest_lo ? s->local : NULL; }
+
 int kv_store_reserve(kv_store *s, int seq, int n_new, kvlm_error *err) {
     int rc = kv_seq_reserve(s->c, seq, n_new, err);
-    if (rc || !s->local) return rc;
+    if (rc || !local_of(s, seq)) return rc;
     if ((rc = kv_store_reserve(s->local, seq, n_new, err))) kv_seq_trim(s->c, seq, kv_seq_len(s->c, seq));
     return rc;
 }
 void kv_store_trim(kv_store *s, int seq, int n_keep) {
     kv_seq_trim(s->c, seq, n_keep);
-    if (s->local) kv_store_trim(s->local, seq, n_keep);
+    if (local_of(s, seq)) kv_store_trim(s->local, seq, n_keep);
 }
 void kv_store_commit(kv_store *s, int seq, const int32_t *tokens, int n) {
     kv_seq_commit(s->c, seq, tokens, n);
     window_drop(s, seq);
-    if (s->local) kv_store_commit(s->local, seq, tokens, n);
+    if (local_of(s, seq)) kv_store_commit(s->local, seq, tokens, n);
 }
 void kv_store_release(kv_store *s, int seq) {
     kv_seq_release(s->c, seq);
-    if (s->local) kv_store_release(s->local, seq);
+    if (local_of(s, seq)) kv_store_release(s->local, seq);
 }
 
 void kv_store_hold(kv_store *s, int seq, int from) {
     kv_seq_hold(s->c, seq, from);
-    if (s->local) kv_store_hold(s->local, seq, from);
+    if (local_of(s, seq)) kv_store_hold(s->local, seq, from);
 }
 
 int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
@@ -469,12 +471,12 @@ int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
     if (kc && n_keep < len) s->stage_block[seq] = n_keep % bs ? n_keep / bs : -1;
     kv_seq_unhold(s->c, seq);
     window_drop(s, seq);
-    return s->local ? kv_store_rollback(s->local, seq, n_keep, err) : KVLM_OK;
+    return local_of(s, seq) ? kv_store_rollback(s->local, seq, n_keep, err) : KVLM_OK;
 }
 int kv_store_fork(kv_store *s, int src, int dst, kvlm_error *err) {
     int rc = kv_seq_fork(s->c, src, dst, err);
     if (!rc) s->stage_block[dst] = s->stage_block[src];
-    if (!rc && s->local && (rc = kv_store_fork(s->local, src, dst, err))) kv_seq_release(s->c, dst);
+    if (!rc && local_of(s, src) && (rc = kv_store_fork(s->local, src, dst, err))) kv_seq_release(s->c, dst);
     return rc;
 }
 
@@ -516,16 +518,17 @@ int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_r
 
 /* ---- the write path and the attention view ---- */
 
-/* The store that holds a model layer, and the layer's index there. */
-static kv_store *store_of(const kv_store *s, int *layer) {
-    if (!s->local) return (kv_store *)s;
+/* The store that holds a model layer of sequence seq, and the layer's index
+ * there (a guest's layers: all in this one). */
+static kv_store *store_of(const kv_store *s, int seq, int *layer) {
+    if (!local_of(s, seq)) return (kv_store *)s;
     int l = *layer;
     *layer = s->layer_at[l];
     return s->is_local[l] ? s->local : (kv_store *)s;
 }
 
 void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, const float *k, const float *v) {
-    s = store_of(s, &layer);
+    s = store_of(s, seq, &layer);
     bool g = seq >= s->guest_lo; /* a guest's row: its own head dimension and block size */
     int HD = g ? s->g_head_dim : s->p.head_dim, bs = g ? kv_seq_block_size(s->c, seq) : s->p.block_size,
         slot = pos % bs;
@@ -549,7 +552,7 @@ void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, 
 }
 
 void kv_store_attn_view(const kv_store *s, int layer, int seq, int last_pos, const float **bp, op_attn_args *a) {
-    s = store_of(s, &layer);
+    s = store_of(s, seq, &layer);
     const int32_t *blocks = kv_seq_blocks(s->c, seq, NULL);
     int bs = kv_seq_block_size(s->c, seq), need = last_pos / bs + 1;
     for (int i = 0; i < need; i++) bp[i] = (const float *)kv_block_k(s->c, blocks[i], layer, 0);
@@ -643,7 +646,7 @@ void kv_store_seq_info(const kv_store *s, int seq, int *n_blocks, int *n_shared)
     const int32_t *b = kv_seq_blocks(s->c, seq, &n);
     for (int i = 0; i < n; i++) shared += kv_block_refs(s->c, b[i]) > 1;
     n -= kv_seq_dropped(s->c, seq);
-    if (s->local) { /* both stores' blocks */
+    if (local_of(s, seq)) { /* both stores' blocks */
         int nl = 0, sl = 0;
         kv_store_seq_info(s->local, seq, &nl, &sl);
         n += nl;
