@@ -62,9 +62,10 @@ const kv_params *kv_store_params_of(const kv_store *s);
  * *block_size gets their tokens per block. Guest sequences write their rows
  * (kv_store_write_row) with the guest's layers, heads, head dimension and
  * types; their blocks go to the tiers in the guest's stored form
- * (kv_block_blockfmt), never to the swap space or compaction. In a store
- * with a window they keep all their blocks (their model's windows, if any,
- * are its attention's); not beside a local layers' store. */
+ * (kv_block_blockfmt), never to the swap space or compaction. They keep
+ * all their blocks in a store with a window (their model's windows, if
+ * any, are its attention's), and all their layers in this store when a
+ * local layers' one is beside it. */
 int kv_store_add_guest(kv_store *s, int first_seq, const kv_guest *g, const kv_key *model, int *block_size,
                        kvlm_error *err);
 /* As kv_drop_guest: the guest's sequences, now empty, hold the pool's layout
