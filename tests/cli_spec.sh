@@ -109,10 +109,12 @@ done
 for pair in swa:small swa:gemma2 gemma2:small; do
   t="${pair%%:*}" d="${pair##*:}"
   [ -f "$tmp/$d.gguf" ] && [ -f "$tmp/$t.gguf" ] || { bad "$pair: synth"; continue; }
-  cp "$tmp/$d.gguf" "$tmp/draft.gguf"
-  same "$t, $d drafting" -m "$tmp/$t.gguf" --block-size 4
-  where="$("$KVLM" run -t 2 --temp 0 -n 20 -p "$P" -m "$tmp/$t.gguf" --block-size 4 --draft "$tmp/draft.gguf" 2>&1 >/dev/null | tail -1)"
-  case "$where" in *"draft cache in the model's pool"*) ok "$t, $d drafting: its cache in the model's pool";;
+  "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" -m "$tmp/$t.gguf" --block-size 4 >"$tmp/plain.txt" 2>/dev/null
+  "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" -m "$tmp/$t.gguf" --block-size 4 --draft "$tmp/$d.gguf" >"$tmp/spec.txt" 2>"$tmp/spec.err"
+  where="$(tail -1 "$tmp/spec.err")"
+  case "$where" in *"draft cache in the model's pool"*)
+    if cmp -s "$tmp/plain.txt" "$tmp/spec.txt"; then ok "$t, $d drafting in the model's pool: same text"
+    else bad "$t, $d drafting: text differs"; fi;;
   *) bad "$t, $d drafting: where its cache is: $where";; esac
 done
 

@@ -827,8 +827,7 @@ static kvlm_model *synth_llama(int window, uint64_t seed) {
  * 2 2B drafting for 9B). Over a prompt of 100 tokens fed in two pieces each
  * one's logits equal those of a context of its own, and the pool then holds
  * every one of its blocks beside the model's; 32 concurrent requests equal
- * each alone, roomy and in a pool small enough that the drafts give blocks
- * back. */
+ * each alone in a pool small enough that the drafts give blocks back. */
 static void test_draft_guest_windows(void **state) {
     (void)state;
     kvlm_model *wm = synth_llama(8, 11), *gm = synth_gemma2(4, 14);
@@ -882,9 +881,6 @@ static void test_draft_guest_windows(void **state) {
         kvlm_ctx_free(dctx);
         kvlm_ctx_free(ctx);
         kvlm_sched_stats st;
-        draft_concurrent(m, dm, -1000, 4, false, &st);
-        assert_int_equal(st.preemptions, 0);
-        assert_true(st.spec_drafted > 0);
         draft_concurrent(m, dm, tu_quick() ? -60 : -120, 4, false, &st);
         assert_true(st.spec_drafted > 0);
         assert_int_equal(st.spec_draft_failures, 0);
