@@ -775,11 +775,12 @@ static void test_draft_shared_keys(void **state) {
     kvlm_model_free(m);
 }
 
-/* A random-weight gemma2 of 512 tokens (the stories' and synth's vocabulary
- * size), windows of 8 on its local layers. */
-static kvlm_model *synth_gemma2(int layers, uint64_t seed) {
+/* A random-weight model of 512 tokens (the stories' and synth's vocabulary
+ * size): `layers` x 2 KV heads x 16, windows of `window` keys (gemma2: on its
+ * local layers, its classifier tied; llama: on every layer; 0: none). */
+static kvlm_model *synth_small(int arch, int layers, int window, uint64_t seed) {
     kvlm_synth_params sp = {0};
-    sp.arch = KVLM_ARCH_GEMMA2;
+    sp.arch = arch;
     sp.dim = 64;
     sp.hidden_dim = 128;
     sp.n_layers = layers;
@@ -787,29 +788,8 @@ static kvlm_model *synth_gemma2(int layers, uint64_t seed) {
     sp.n_kv_heads = 2;
     sp.vocab_size = 512;
     sp.n_ctx = 256;
-    sp.sliding_window = 8;
-    sp.tied_output = true;
-    sp.type = kvlm_type_from_name("f32");
-    sp.seed = seed;
-    const char *p = tu_tmp_path(".gguf");
-    kvlm_error err = {0};
-    if (kvlm_model_synth(&sp, p, &err)) fail_msg("synth: %s", err.msg);
-    return load(p);
-}
-
-/* A random-weight llama of 512 tokens: 2 layers x 2 KV heads x 16, a
- * window of `window` keys on every layer (0: none). */
-static kvlm_model *synth_llama(int window, uint64_t seed) {
-    kvlm_synth_params sp = {0};
-    sp.arch = KVLM_ARCH_LLAMA;
-    sp.dim = 64;
-    sp.hidden_dim = 128;
-    sp.n_layers = 2;
-    sp.n_heads = 4;
-    sp.n_kv_heads = 2;
-    sp.vocab_size = 512;
-    sp.n_ctx = 256;
     sp.sliding_window = window;
+    sp.tied_output = arch == KVLM_ARCH_GEMMA2;
     sp.type = kvlm_type_from_name("f32");
     sp.seed = seed;
     const char *p = tu_tmp_path(".gguf");
@@ -817,6 +797,8 @@ static kvlm_model *synth_llama(int window, uint64_t seed) {
     if (kvlm_model_synth(&sp, p, &err)) fail_msg("synth: %s", err.msg);
     return load(p);
 }
+static kvlm_model *synth_gemma2(int layers, uint64_t seed) { return synth_small(KVLM_ARCH_GEMMA2, layers, 8, seed); }
+static kvlm_model *synth_llama(int window, uint64_t seed) { return synth_small(KVLM_ARCH_LLAMA, 2, window, seed); }
 
 /* Drafts of another shape or other windows, as guests that keep all their
  * blocks, all their layers in the global store: under a llama with a window

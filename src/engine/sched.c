@@ -440,6 +440,14 @@ static bool release_drafts(kvlm_sched *s, int want) {
     return s->drafter && spec_drafter_release(s->drafter, want > 0 ? want : 1) > 0;
 }
 
+/* The pool's free and cached blocks, of the store admission counts (gemma:
+ * the global layers' one). */
+static int pool_room(const kvlm_sched *s) {
+    kvlm_prefix_probe pr;
+    kvlm_seq_probe_prefix(s->ctx, NULL, 0, 0, &pr);
+    return pr.blocks_available;
+}
+
 /* Blocks the batch's n tokens need beyond the pool's free and cached ones
  * (its sequences' tokens are adjacent). */
 static int batch_shortfall(kvlm_sched *s, int n) {
@@ -448,9 +456,7 @@ static int batch_shortfall(kvlm_sched *s, int n) {
         for (k = i; k < n && s->seqv[k] == s->seqv[i]; k++) {}
         need += kvlm_seq_blocks_needed(s->ctx, s->seqv[i], kvlm_seq_n_past(s->ctx, s->seqv[i]) + k - i);
     }
-    kvlm_prefix_probe pr;
-    kvlm_seq_probe_prefix(s->ctx, NULL, 0, 0, &pr);
-    return need - pr.blocks_available;
+    return need - pool_room(s);
 }
 
 /* FCFS admission of waiting completions while slots and blocks last. */
@@ -560,9 +566,7 @@ static int draft_spare(kvlm_sched *s) {
             if (!u->done && u->seq >= 0 && !follower(u))
                 need += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist + s->spec_k));
         }
-    kvlm_prefix_probe pr; /* free and cached blocks of the store admission counts (gemma: the global one) */
-    kvlm_seq_probe_prefix(s->ctx, NULL, 0, 0, &pr);
-    return pr.blocks_available - need;
+    return pool_room(s) - need;
 }
 
 /* Speculation by a draft model: before the step's batch is built, the

@@ -91,10 +91,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
         util_err_set(err, KVLM_EINVAL, "unknown speculation mode %d (lookup, draft)", p->mode);
         return NULL;
     }
-    if (!(p->p_min >= 0 && p->p_min < 1)) {
-        util_err_set(err, KVLM_EINVAL, "the draft's least probability must be in [0, 1) (%g)", (double)p->p_min);
-        return NULL;
-    }
+    if (spec_check_p_min(p->p_min, err)) return NULL;
     if (p->n_draft < 0 || p->n_draft > 64 || p->ngram_max < 0 || p->ngram_min < 0 ||
         (p->ngram_max && p->ngram_min > p->ngram_max)) {
         util_err_set(err, KVLM_EINVAL, "draft tokens must be in 1..64 and the n-gram sizes 1 <= min <= max "
@@ -257,6 +254,11 @@ static int draft_fed(const kvlm_spec *sp) {
 int spec_window(int n_hist, int off, int extra, int limit) {
     if (n_hist - off + extra <= limit) return off;
     return n_hist - limit / 2 > 0 ? n_hist - limit / 2 : 0;
+}
+
+int spec_check_p_min(float p_min, kvlm_error *err) {
+    if (p_min >= 0 && p_min < 1) return KVLM_OK;
+    return util_err_set(err, KVLM_EINVAL, "the draft's least probability must be in [0, 1) (%g)", (double)p_min);
 }
 
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs,

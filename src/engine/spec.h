@@ -33,6 +33,9 @@ bool spec_check_q(kvlm_sampler *smp, const float *row, int32_t d, const float *q
  * draft alone, so the target's distribution is kept. */
 int32_t spec_draft_pick(kvlm_sampler *smp, const float *l, int vocab, float *q, int32_t *ids, float *probs,
                         float p_min);
+/* KVLM_EINVAL unless 0 <= p_min < 1 (kvlm_spec_params.p_min,
+ * kvlm_sched_params.spec_p_min). */
+int spec_check_p_min(float p_min, kvlm_error *err);
 /* A draft context that does not evict holds at most limit tokens. Its
  * sequence holds the text from token off on; it is about to hold the n_hist
  * tokens of the text and extra more. The first token it should hold: off

@@ -45,10 +45,7 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, float p_min
         return NULL;
     }
     if (spec_same_vocab(kvlm_ctx_model(target), kvlm_ctx_model(draft), err)) return NULL;
-    if (!(p_min >= 0 && p_min < 1)) {
-        util_err_set(err, KVLM_EINVAL, "the draft's least probability must be in [0, 1) (%g)", (double)p_min);
-        return NULL;
-    }
+    if (spec_check_p_min(p_min, err)) return NULL;
     if (kvlm_ctx_kv_evict(draft) != KVLM_EVICT_NONE) {
         util_err_set(err, KVLM_EINVAL, "the draft model's context must not evict (its drafts are taken back)");
         return NULL;
