@@ -117,7 +117,8 @@ static double step(util_pool *pool, const cache *c, const int *n, int n_seq, con
 /* The long line's ceiling without the kernels' arithmetic: the same cache
  * read in their order (per layer, the KV heads shared among the threads;
  * per head, its K and V region block after block, the next block's asked
- * into L2 while this one is summed, as the kernels prefetch), pushed out of
+ * into L2 while this one is summed and the first lines of the block two
+ * tiles ahead, as the kernels prefetch), pushed out of
  * the LLC first. Best seconds of `rounds` x 4 steps. */
 typedef struct {
     const cache *c;
@@ -129,6 +130,7 @@ static void walk_worker(void *ctx, int ith, int nth) {
     walk_job *j = ctx;
     const cache *c = j->c;
     double s = 0;
+    const int kick = 2 * 64 / BS;
     for (int h = ith; h < HEADS; h += nth)
         for (int b = 0; b < c->n_blocks; b++) {
             const uint8_t *r = (const uint8_t *)c->ptrs[(size_t)j->l * c->n_blocks + b] + (size_t)h * c->head_bytes;
@@ -136,6 +138,11 @@ static void walk_worker(void *ctx, int ith, int nth) {
                 const uint8_t *nx = (const uint8_t *)c->ptrs[(size_t)j->l * c->n_blocks + b + 1] +
                                     (size_t)h * c->head_bytes;
                 for (size_t i = 0; i < c->head_bytes; i += 64) __builtin_prefetch(nx + i, 0, 2);
+            }
+            if (b + kick < c->n_blocks) { /* the kernels' start of the hardware's streams, 2 tiles ahead */
+                uintptr_t s = (uintptr_t)c->ptrs[(size_t)j->l * c->n_blocks + b + kick] + (size_t)h * c->head_bytes;
+                for (uintptr_t pg = s & ~(uintptr_t)63; pg < s + c->head_bytes; pg = (pg & ~(uintptr_t)4095) + 4096)
+                    for (int x = 0; x < 2; x++) __builtin_prefetch((const void *)(pg + 64 * x), 0, 2);
             }
             s += op_read_sum_avx2((const float *)r, c->head_bytes / sizeof(float), 0);
         }
