@@ -854,6 +854,11 @@ typedef struct kvlm_server_params {
      * listens (vLLM's rule); NULL: none. */
     const char *kv_events;
     const char *kv_events_topic; /* first frame of each message; NULL: "" (vLLM's default) */
+    /* vLLM's replay socket (needs kv_events): a ROUTER bound at this
+     * endpoint resends the last kv_events_buffer batches (0: 10,000, vLLM's
+     * buffer_steps) from a sequence number on; NULL: none */
+    const char *kv_events_replay;
+    int kv_events_buffer;
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
     kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
     float spec_p_min;            /* kvlm_sched_params: a draft ends before a token the draft model is less sure of */

@@ -5,7 +5,10 @@
 # through a pool small enough to evict; the set of cached blocks rebuilt from
 # the event stream alone equals /kvlm/status?blocks=1, sequence numbers are
 # consecutive, every message has vLLM's shape, the vllm:* metrics agree with
-# kvlm's own, and a stop publishes AllBlocksCleared last.
+# kvlm's own, and a stop publishes AllBlocksCleared last. The replay socket
+# (--kv-events-replay) resends every batch from a sequence number on, byte
+# for byte as the stream carried it (batch 0 too, which a subscriber that
+# joins as the server starts can miss), to DEALER and REQ clients.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -16,7 +19,7 @@ if ! "$PY" -c 'import zmq, msgpack' 2>/dev/null; then
   echo "SKIP: $PY lacks zmq or msgpack (scripts/setup.sh installs python3-zmq, python3-msgpack)"; exit 77
 fi
 exec "$PY" - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, re, signal, subprocess, sys, threading, time
+import http.client, json, os, re, signal, subprocess, sys, threading, time
 import msgpack, zmq
 
 kvlm, model = sys.argv[1], sys.argv[2]
@@ -34,8 +37,14 @@ sub = zctx.socket(zmq.SUB)
 sub.setsockopt(zmq.SUBSCRIBE, b"")
 mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 port = sub.bind_to_random_port("tcp://127.0.0.1")
+replay_url = "ipc:///tmp/kvlm-cli-kv-events-%d-replay" % os.getpid()
+bad = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--kv-events-replay", replay_url],
+                     capture_output=True, text=True, timeout=60)
+check(bad.returncode != 0 and "--kv-events-replay needs --kv-events" in bad.stderr,
+      "--kv-events-replay alone is refused with a message", bad.stderr[-200:])
 proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "256", "--max-seqs", "8",
-                         "--kv-mem", "480KiB", "-t", "2", "--kv-events", "tcp://127.0.0.1:%d" % port],
+                         "--kv-mem", "480KiB", "-t", "2", "--kv-events", "tcp://127.0.0.1:%d" % port,
+                         "--kv-events-replay", replay_url],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 line = proc.stdout.readline()
 m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", line)
@@ -136,6 +145,45 @@ check(seqs and seqs[0] in (0, 1) and seqs == list(range(seqs[0], seqs[0] + len(s
       "sequence numbers consecutive from %s" % (seqs[:1],), seqs[:10])
 check(n_removed > 0 and n_stored > len(engine), "blocks were evicted and re-stored (the pool was full)")
 
+# Replay from 0 on a DEALER: every batch so far, as the stream sent it, then the end mark.
+END = b"\xff" * 8
+dealer = zctx.socket(zmq.DEALER)
+dealer.connect(replay_url)
+dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+replayed, end, shapes = [], None, []
+while dealer.poll(5000):
+    fr = dealer.recv_multipart()
+    if len(fr) != 3 or fr[0] != b"" or len(fr[1]) != 8:
+        shapes.append([len(x) for x in fr]); continue
+    if fr[1] == END:
+        end = fr; break
+    replayed.append((int.from_bytes(fr[1], "big"), fr[2]))
+with lock:
+    stream = {int.from_bytes(p[1], "big"): p[2] for p in msgs}
+rseqs = [q for q, _ in replayed]
+check(end is not None and end[2] == b"" and not shapes, "a replay from 0 ends with the end mark (-1, empty)", shapes[:3])
+check(rseqs == list(range(0, len(rseqs))) and rseqs and rseqs[-1] == seqs[-1],
+      "it resends batches 0..%s, consecutive" % (rseqs[-1:] or "?"), rseqs[:5])
+check(all(stream[q] == pl for q, pl in replayed if q in stream) and len([q for q in rseqs if q in stream]) == len(seqs),
+      "each replayed batch equals the stream's, byte for byte (%d of them)" % len(seqs))
+check(msgpack.unpackb(replayed[0][1])[1] == [["AllBlocksCleared"]] if replayed else False,
+      "batch 0, AllBlocksCleared, comes back too (the stream's first was %s)" % seqs[:1])
+# From the middle, and on a REQ socket past the end: the end mark alone.
+mid = seqs[len(seqs) // 2]
+dealer.send_multipart([b"", mid.to_bytes(8, "big")])
+tail = []
+while dealer.poll(5000):
+    fr = dealer.recv_multipart()
+    if fr[1] == END: break
+    tail.append(int.from_bytes(fr[1], "big"))
+check(tail == list(range(mid, seqs[-1] + 1)), "a replay from %d resends %d..%d" % (mid, mid, seqs[-1]), tail[:3])
+req = zctx.socket(zmq.REQ)
+req.connect(replay_url)
+req.send((seqs[-1] + 1).to_bytes(8, "big"))
+fr = req.recv_multipart() if req.poll(5000) else None
+check(fr == [END, b""], "a REQ asking past the last batch gets the end mark alone", fr)
+dealer.close(0); req.close(0)
+
 _, text = request("GET", "/metrics")
 def metric(name):
     m = re.search(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), text, re.M)
@@ -159,6 +207,9 @@ ev_total, _ = metric("kvlm_kv_events_total")
 dropped, _ = metric("kvlm_kv_events_dropped_total")
 check(dropped == 0 and ev_total is not None and ev_total >= n_stored + n_removed,
       "kvlm_kv_events_total %s, none dropped" % ev_total)
+check(metric("kvlm_kv_event_replays_total")[0] == 3 and
+      metric("kvlm_kv_event_batches_replayed_total")[0] == len(replayed) + len(tail),
+      "the replays are counted", (metric("kvlm_kv_event_replays_total"), len(replayed) + len(tail)))
 
 # A clean stop: the last batch says the cache is gone.
 last = seqs[-1]

@@ -1,10 +1,15 @@
 /* tests/test_kv_events: the KV-events payload byte for byte against what
  * Python's msgpack writes for vLLM's array_like KVEventBatch (a chain of
  * stored blocks merged into one BlockStored, a second one with a parent,
- * removals merged, AllBlocksCleared), and the 64-bit form of block keys.
- * The end-to-end subscriber test is tests/cli_serve_kv_events.sh. */
+ * removals merged, AllBlocksCleared), and the 64-bit form of block keys;
+ * the replay socket's ring bounded to its last batches, and its answers to
+ * well-formed and malformed requests. The end-to-end subscriber test is
+ * tests/cli_serve_kv_events.sh. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <zmq.h>
 #include "helpers/testutil.h"
 #include "server/kv_events.h"
 
@@ -70,8 +75,106 @@ static void test_encode_golden(void **state) {
 static void test_bad_endpoint(void **state) {
     (void)state;
     kvlm_error err = {0};
-    assert_null(srv_kv_events_start("nonsense", NULL, "CPU", 16, &err));
+    srv_kv_events_params p = {.endpoint = "nonsense", .block_size = 16};
+    assert_null(srv_kv_events_start(&p, &err));
     assert_true(err.code != 0 && strstr(err.msg, "--kv-events nonsense"));
+    p.endpoint = "tcp://127.0.0.1:5557";
+    p.replay = "nonsense";
+    err = (kvlm_error){0};
+    assert_null(srv_kv_events_start(&p, &err));
+    assert_true(err.code != 0 && strstr(err.msg, "--kv-events-replay nonsense"));
+    p.replay = "tcp://127.0.0.1:0";
+    p.buffer = SRV_KV_EVENTS_BUFFER_MAX + 1;
+    assert_null(srv_kv_events_start(&p, &err));
+    assert_true(strstr(err.msg, "--kv-events-buffer"));
+}
+
+/* One replay request (frames as given, after the DEALER's own envelope)
+ * and its answer: the seqs of the batches resent (at most 64), -1 when no
+ * end mark came within 2 s; *bad when an answer frame had the wrong shape. */
+static int ask(void *d, const void *f0, size_t n0, const void *f1, size_t n1, int nf, uint64_t *seqs, bool *bad) {
+    zmq_send(d, f0, n0, nf > 1 ? ZMQ_SNDMORE : 0);
+    if (nf > 1) zmq_send(d, f1, n1, 0);
+    const bool delim = nf == 2 && n0 == 0;
+    int n = 0;
+    *bad = false;
+    for (;;) {
+        zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 2000) <= 0) return -1;
+        uint8_t fr[4][64];
+        int len[4], k = 0, more = 1;
+        size_t ms = sizeof more;
+        while (more) {
+            int r = zmq_recv(d, fr[k < 3 ? k : 3], 64, 0);
+            len[k < 3 ? k : 3] = r;
+            k++;
+            zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ms);
+        }
+        int o = delim ? 1 : 0;
+        if (k != 2 + o || (delim && len[0] != 0) || len[o] != 8) { *bad = true; return n; }
+        uint64_t q = 0;
+        for (int i = 0; i < 8; i++) q = q << 8 | fr[o][i];
+        if (q == UINT64_MAX) return len[o + 1] == 0 ? n : (*bad = true, n);
+        if (len[o + 1] < 2 || fr[o + 1][0] != 0x93) *bad = true; /* [ts, events, 0] */
+        if (n < 64) seqs[n] = q;
+        n++;
+    }
+}
+
+static void test_replay(void **state) {
+    (void)state;
+    char pub[128], rep[128];
+    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub", (int)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvlm-test-kv-events-%d-replay", (int)getpid());
+    kvlm_error err = {0};
+    srv_kv_events_params p = {.endpoint = pub, .block_size = 4, .replay = rep, .buffer = 3};
+    srv_kv_events *e = srv_kv_events_start(&p, &err);
+    assert_non_null(e);
+    kvlm_kv_event_sink sink = srv_kv_events_sink(e);
+    int32_t tok[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 6; i++) { /* batches 1..6 after AllBlocksCleared (0) */
+        kvlm_kv_event ev = {.kind = KVLM_KV_EVENT_STORED, .tokens = tok, .n_tokens = 4};
+        key(ev.hash, i);
+        sink.event(sink.user, &ev);
+        sink.flush(sink.user);
+    }
+    srv_kv_events_stats st = {0};
+    for (int t = 0; t < 200 && st.batches < 7; t++) {
+        usleep(10000);
+        srv_kv_events_stats_get(e, &st);
+    }
+    assert_int_equal(st.batches, 7);
+    assert_int_equal(st.buffered, 3);
+    void *z = zmq_ctx_new(), *d = zmq_socket(z, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(d, rep), 0);
+    uint64_t seqs[64];
+    bool bad;
+    uint8_t from0[8] = {0}, from5[8] = {0, 0, 0, 0, 0, 0, 0, 5}, past[8] = {0, 0, 0, 0, 0, 0, 0, 7};
+    /* from 0: only the last 3 are kept */
+    assert_int_equal(ask(d, "", 0, from0, 8, 2, seqs, &bad), 3);
+    assert_false(bad);
+    assert_true(seqs[0] == 4 && seqs[1] == 5 && seqs[2] == 6);
+    /* a DEALER without the empty delimiter gets answers without it */
+    assert_int_equal(ask(d, from5, 8, NULL, 0, 1, seqs, &bad), 2);
+    assert_false(bad);
+    assert_true(seqs[0] == 5 && seqs[1] == 6);
+    /* past the last batch: the end mark alone */
+    assert_int_equal(ask(d, "", 0, past, 8, 2, seqs, &bad), 0);
+    assert_false(bad);
+    /* malformed (a 3-byte seq): the end mark alone, and the socket still answers */
+    assert_int_equal(ask(d, "", 0, "abc", 3, 2, seqs, &bad), 0);
+    assert_false(bad);
+    assert_int_equal(ask(d, "", 0, from5, 8, 2, seqs, &bad), 2);
+    srv_kv_events_stats_get(e, &st);
+    assert_int_equal(st.replays, 5);
+    assert_int_equal(st.replayed, 7);
+    zmq_close(d);
+    zmq_ctx_term(z);
+    srv_kv_events_stop(e);
+    unlink(pub + 6);
+    unlink(rep + 6);
 }
 
 int main(void) {
@@ -79,6 +182,7 @@ int main(void) {
         cmocka_unit_test(test_hash64),
         cmocka_unit_test(test_encode_golden),
         cmocka_unit_test(test_bad_endpoint),
+        cmocka_unit_test(test_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

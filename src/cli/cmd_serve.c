@@ -47,6 +47,9 @@ static void serve_usage(FILE *f) {
             "                          subscriber that listens (also ipc://PATH)\n"
             "      --kv-events-topic T the topic frame of every message (default empty, as vLLM; llm-d\n"
             "                          reads kv@POD@MODEL)\n"
+            "      --kv-events-replay URL  vLLM's replay socket (ZeroMQ ROUTER, listens: tcp://*:5558): a\n"
+            "                          subscriber that missed batches asks for them from a sequence number\n"
+            "      --kv-events-buffer N  batches kept for replay (default 10000, as vLLM's buffer_steps)\n"
             "      --spec lookup       speculative decoding by prompt lookup: each running request's drafts\n"
             "                          checked in the same step (same output; docs/speculative.md)\n"
             "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
@@ -101,6 +104,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--kv-events-buffer", &sp.kv_events_buffer, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}

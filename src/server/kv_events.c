@@ -2,10 +2,13 @@
  * engine thread, a bounded queue, a publisher thread that encodes each batch
  * with msgpack-c and sends [topic, seq (8 bytes big-endian), payload] on a
  * ZeroMQ PUB socket. The engine thread never touches ZeroMQ and never waits
- * for the publisher: a full queue drops the step's batch. */
+ * for the publisher: a full queue drops the step's batch. With a replay
+ * endpoint, the publisher keeps the last batches it sent in a ring, and a
+ * replay thread answers vLLM's replay requests on a ROUTER socket from it. */
 #include "server/kv_events.h"
 #include <msgpack.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +45,14 @@ struct srv_kv_events {
     uint64_t queued;
     bool stopping;
     srv_kv_events_stats st;
+    /* replay (NULL socket: none): the ring of sent batches, oldest at
+     * ring_head, under rmu (publisher and replay threads only) */
+    void *replay;
+    pthread_t rthread;
+    atomic_bool rstop;
+    pthread_mutex_t rmu;
+    struct sent { uint64_t seq; uint8_t *payload; size_t len; } *ring;
+    int ring_cap, ring_n, ring_head;
 };
 
 static double wall_now(void) {
@@ -139,6 +150,17 @@ static void send_batch(srv_kv_events *e, batch *b) {
         /* PUB never blocks: past its high-water mark a subscriber's messages are dropped */
         ok = zmq_send(e->pub, e->topic, strlen(e->topic), ZMQ_SNDMORE) >= 0 &&
              zmq_send(e->pub, seq, 8, ZMQ_SNDMORE) >= 0 && zmq_send(e->pub, payload, len, 0) >= 0;
+        if (ok && e->replay) { /* the ring takes the payload, the oldest goes */
+            pthread_mutex_lock(&e->rmu);
+            struct sent *r = &e->ring[(e->ring_head + e->ring_n) % e->ring_cap];
+            if (e->ring_n == e->ring_cap) {
+                free(r->payload);
+                e->ring_head = (e->ring_head + 1) % e->ring_cap;
+            } else e->ring_n++;
+            *r = (struct sent){b->seq, payload, len};
+            payload = NULL;
+            pthread_mutex_unlock(&e->rmu);
+        }
         free(payload);
     }
     pthread_mutex_lock(&e->mu);
@@ -163,6 +185,79 @@ static void *publisher_main(void *arg) {
         pthread_mutex_lock(&e->mu);
     }
     pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- the replay thread ------------------------------------------------------------ */
+
+static void be64(uint8_t out[8], uint64_t v) {
+    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+/* One reply message to `id`: [id, "" (when the request had it), seq, payload].
+ * Never waits: false when the peer is gone or its queue is full. */
+static bool reply(void *sock, const zmq_msg_t *id, bool delim, const uint8_t seq[8], const void *payload,
+                  size_t len) {
+    const int more = ZMQ_SNDMORE | ZMQ_DONTWAIT;
+    return zmq_send(sock, zmq_msg_data((zmq_msg_t *)id), zmq_msg_size((zmq_msg_t *)id), more) >= 0 &&
+           (!delim || zmq_send(sock, "", 0, more) >= 0) && zmq_send(sock, seq, 8, more) >= 0 &&
+           zmq_send(sock, payload, len, ZMQ_DONTWAIT) >= 0;
+}
+
+/* A request is vLLM's: [identity, "", start seq (8 bytes big-endian)] from a
+ * REQ or DEALER socket, or [identity, start seq] from a DEALER that sends no
+ * delimiter. The answer: every batch still in the ring from that seq on, as
+ * [seq, payload] after the same envelope, then the end mark [-1 (8 bytes
+ * 0xff), ""]. A malformed request gets the end mark alone, so a REQ client
+ * never hangs on it. */
+static void serve_replay(srv_kv_events *e) {
+    zmq_msg_t f[3];
+    int n = 0;
+    size_t extra = 0;
+    for (bool more = true; more;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, e->replay, 0) < 0) { zmq_msg_close(&m); break; }
+        more = zmq_msg_more(&m);
+        if (n < 3) f[n++] = m;
+        else { extra++; zmq_msg_close(&m); }
+    }
+    if (n == 0) return;
+    bool delim = n == 3 && zmq_msg_size(&f[1]) == 0;
+    const zmq_msg_t *seqf = extra ? NULL : delim ? &f[2] : n == 2 ? &f[1] : NULL;
+    if (n >= 2 && !delim && zmq_msg_size(&f[1]) == 0) delim = true; /* malformed, but REQ's envelope */
+    uint8_t end[8];
+    memset(end, 0xff, sizeof end);
+    uint64_t sent = 0;
+    bool ok = true;
+    if (seqf && zmq_msg_size((zmq_msg_t *)seqf) == 8) {
+        const uint8_t *q = zmq_msg_data((zmq_msg_t *)seqf);
+        uint64_t start = 0;
+        for (int i = 0; i < 8; i++) start = start << 8 | q[i];
+        pthread_mutex_lock(&e->rmu);
+        for (int i = 0; i < e->ring_n && ok; i++) {
+            const struct sent *r = &e->ring[(e->ring_head + i) % e->ring_cap];
+            if (r->seq < start) continue;
+            uint8_t sq[8];
+            be64(sq, r->seq);
+            if ((ok = reply(e->replay, &f[0], delim, sq, r->payload, r->len))) sent++;
+        }
+        pthread_mutex_unlock(&e->rmu);
+    }
+    if (ok) ok = reply(e->replay, &f[0], delim, end, "", 0);
+    pthread_mutex_lock(&e->mu);
+    if (ok) e->st.replays++;
+    e->st.replayed += sent;
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+}
+
+static void *replay_main(void *arg) {
+    srv_kv_events *e = arg;
+    while (!atomic_load(&e->rstop)) {
+        zmq_pollitem_t it = {e->replay, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) > 0 && (it.revents & ZMQ_POLLIN)) serve_replay(e);
+    }
     return NULL;
 }
 
@@ -252,6 +347,9 @@ static void cleared(srv_kv_events *e) {
 
 static void release(srv_kv_events *e) {
     if (e->pub) zmq_close(e->pub);
+    if (e->replay) zmq_close(e->replay);
+    for (int i = 0; i < e->ring_n; i++) free(e->ring[(e->ring_head + i) % e->ring_cap].payload);
+    free(e->ring);
     if (e->zctx) zmq_ctx_term(e->zctx);
     for (batch *b = e->head, *nb; b; b = nb) { nb = b->next; free(b); }
     free(e->cur);
@@ -262,14 +360,27 @@ static void release(srv_kv_events *e) {
     free(e);
 }
 
-srv_kv_events *srv_kv_events_start(const char *endpoint, const char *topic, const char *medium, int block_size,
-                                   kvlm_error *err) {
+static bool binds(const char *url) {
+    return strchr(url, '*') || strstr(url, "::") || !strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9);
+}
+
+static void stop_replay(srv_kv_events *e) {
+    atomic_store(&e->rstop, true);
+    pthread_join(e->rthread, NULL);
+}
+
+srv_kv_events *srv_kv_events_start(const srv_kv_events_params *p, kvlm_error *err) {
+    const int cap = p->buffer > 0 ? p->buffer : SRV_KV_EVENTS_BUFFER;
+    if (p->replay && cap > SRV_KV_EVENTS_BUFFER_MAX) {
+        util_err_set(err, KVLM_EINVAL, "--kv-events-buffer %d: at most %d batches", cap, SRV_KV_EVENTS_BUFFER_MAX);
+        return NULL;
+    }
     srv_kv_events *e = calloc(1, sizeof *e);
     if (!e) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
-    e->block_size = block_size;
-    e->topic = strdup(topic ? topic : "");
-    e->medium = strdup(medium ? medium : "CPU");
-    e->endpoint = strdup(endpoint ? endpoint : "");
+    e->block_size = p->block_size;
+    e->topic = strdup(p->topic ? p->topic : "");
+    e->medium = strdup(p->medium ? p->medium : "CPU");
+    e->endpoint = strdup(p->endpoint ? p->endpoint : "");
     if (!e->topic || !e->medium || !e->endpoint) { release(e); util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     if (!(e->zctx = zmq_ctx_new()) || !(e->pub = zmq_socket(e->zctx, ZMQ_PUB))) {
         util_err_set(err, KVLM_EIO, "--kv-events: cannot create a ZeroMQ socket: %s", zmq_strerror(zmq_errno()));
@@ -279,8 +390,7 @@ srv_kv_events *srv_kv_events_start(const char *endpoint, const char *topic, cons
     int hwm = SRV_KV_EVENTS_MAX_QUEUED, linger = 1000;
     zmq_setsockopt(e->pub, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(e->pub, ZMQ_LINGER, &linger, sizeof linger); /* the last batches at a stop */
-    bool bind = strchr(e->endpoint, '*') || strstr(e->endpoint, "::") || !strncmp(e->endpoint, "ipc://", 6) ||
-                !strncmp(e->endpoint, "inproc://", 9);
+    bool bind = binds(e->endpoint);
     if ((bind ? zmq_bind(e->pub, e->endpoint) : zmq_connect(e->pub, e->endpoint)) != 0) {
         util_err_set(err, KVLM_EINVAL, "--kv-events %s: cannot %s: %s (give e.g. tcp://*:5557 to listen, "
                      "tcp://HOST:5557 to connect to a subscriber that listens)", e->endpoint,
@@ -288,13 +398,35 @@ srv_kv_events *srv_kv_events_start(const char *endpoint, const char *topic, cons
         release(e);
         return NULL;
     }
+    if (p->replay) { /* always bound, as vLLM's */
+        int one = 1, zero = 0, rhwm = cap + 2; /* a whole replay and its end mark fit a peer's queue */
+        if (!(e->ring = calloc((size_t)cap, sizeof *e->ring)) || !(e->replay = zmq_socket(e->zctx, ZMQ_ROUTER))) {
+            util_err_set(err, KVLM_ENOMEM, "--kv-events-replay: out of memory");
+            release(e);
+            return NULL;
+        }
+        e->ring_cap = cap;
+        zmq_setsockopt(e->replay, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(e->replay, ZMQ_SNDHWM, &rhwm, sizeof rhwm);
+        zmq_setsockopt(e->replay, ZMQ_ROUTER_MANDATORY, &one, sizeof one); /* a full peer: an error, not a loss */
+        if (zmq_bind(e->replay, p->replay) != 0) {
+            util_err_set(err, KVLM_EINVAL, "--kv-events-replay %s: cannot listen: %s (give e.g. tcp://*:5558)",
+                         p->replay, zmq_strerror(zmq_errno()));
+            release(e);
+            return NULL;
+        }
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->rmu, NULL);
     cleared(e);
-    if (pthread_create(&e->thread, NULL, publisher_main, e)) {
-        util_err_set(err, KVLM_ENOMEM, "--kv-events: cannot start the publisher thread");
+    bool replaying = e->replay && !pthread_create(&e->rthread, NULL, replay_main, e);
+    if ((e->replay && !replaying) || pthread_create(&e->thread, NULL, publisher_main, e)) {
+        util_err_set(err, KVLM_ENOMEM, "--kv-events: cannot start the publisher's threads");
+        if (replaying) stop_replay(e);
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
+        pthread_mutex_destroy(&e->rmu);
         release(e);
         return NULL;
     }
@@ -310,8 +442,10 @@ void srv_kv_events_stop(srv_kv_events *e) {
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
+    if (e->replay) stop_replay(e); /* after the publisher: the last batches stay replayable to the end */
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->rmu);
     release(e); /* zmq_ctx_term waits up to the linger for the last messages */
 }
 
@@ -320,4 +454,9 @@ void srv_kv_events_stats_get(srv_kv_events *e, srv_kv_events_stats *st) {
     *st = e->st;
     st->queued = e->queued;
     pthread_mutex_unlock(&e->mu);
+    if (e->replay) {
+        pthread_mutex_lock(&e->rmu);
+        st->buffered = (uint64_t)e->ring_n;
+        pthread_mutex_unlock(&e->rmu);
+    }
 }

@@ -16,13 +16,27 @@ typedef struct srv_kv_events srv_kv_events;
  * gap) rather than block the engine. */
 #define SRV_KV_EVENTS_MAX_QUEUED 100000
 
-/* endpoint: tcp://HOST:PORT, ipc://PATH ...; bound when it holds '*' or '::'
- * or is ipc:// or inproc:// (vLLM's rule), else connected to a subscriber
- * that binds. topic: the first frame of every message (NULL: ""). medium:
- * "CPU" or "GPU". Queues AllBlocksCleared as the first batch (seq 0): a
- * restarted engine holds nothing. */
-srv_kv_events *srv_kv_events_start(const char *endpoint, const char *topic, const char *medium, int block_size,
-                                   kvlm_error *err);
+typedef struct {
+    /* tcp://HOST:PORT, ipc://PATH ...; bound when it holds '*' or '::' or is
+     * ipc:// or inproc:// (vLLM's rule), else connected to a subscriber
+     * that binds */
+    const char *endpoint;
+    const char *topic;  /* the first frame of every message (NULL: "") */
+    const char *medium; /* "CPU" or "GPU" (NULL: "CPU") */
+    int block_size;
+    /* vLLM's replay socket (NULL: none): a ZeroMQ ROUTER bound here resends
+     * the last `buffer` batches sent, from a sequence number on */
+    const char *replay;
+    int buffer; /* batches kept for replay (0: SRV_KV_EVENTS_BUFFER) */
+} srv_kv_events_params;
+
+/* vLLM's buffer_steps; the most --kv-events-buffer takes */
+#define SRV_KV_EVENTS_BUFFER 10000
+#define SRV_KV_EVENTS_BUFFER_MAX 1000000
+
+/* Queues AllBlocksCleared as the first batch (seq 0): a restarted engine
+ * holds nothing. */
+srv_kv_events *srv_kv_events_start(const srv_kv_events_params *p, kvlm_error *err);
 /* The sink to install with kvlm_ctx_set_kv_event_sink (its flush ends a batch). */
 kvlm_kv_event_sink srv_kv_events_sink(srv_kv_events *e);
 /* Once the engine thread has stopped: queues AllBlocksCleared, sends what is
@@ -33,6 +47,8 @@ typedef struct {
     uint64_t batches, events;     /* sent */
     uint64_t dropped_batches, dropped_events; /* queue full */
     uint64_t queued;              /* events waiting now */
+    uint64_t replays, replayed;   /* replay requests answered, batches resent */
+    uint64_t buffered;            /* batches held for replay now */
 } srv_kv_events_stats;
 void srv_kv_events_stats_get(srv_kv_events *e, srv_kv_events_stats *st);
 

@@ -276,6 +276,14 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
         metric(&b, "kvlm_kv_events_dropped_total", "counter", "KV events dropped: the publisher's queue was full",
                (double)es.dropped_events);
         metric(&b, "kvlm_kv_events_queued", "gauge", "KV events waiting to be published", (double)es.queued);
+        if (s->p.kv_events_replay) {
+            metric(&b, "kvlm_kv_event_replays_total", "counter", "Replay requests answered (--kv-events-replay)",
+                   (double)es.replays);
+            metric(&b, "kvlm_kv_event_batches_replayed_total", "counter", "KV event batches resent by replays",
+                   (double)es.replayed);
+            metric(&b, "kvlm_kv_event_batches_buffered", "gauge", "KV event batches kept for replay",
+                   (double)es.buffered);
+        }
     }
     vllm_metrics(s, &b, &st);
     metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
@@ -757,6 +765,16 @@ static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *
         }
         s->p.cors_origins = (const char *const *)s->cors;
     } else s->p.n_cors_origins = 0;
+    if ((p->kv_events_replay && !p->kv_events) || (p->kv_events_buffer && !p->kv_events_replay)) {
+        util_err_set(err, KVLM_EINVAL, p->kv_events_replay ? "--kv-events-replay needs --kv-events"
+                                                           : "--kv-events-buffer needs --kv-events-replay");
+        return -1;
+    }
+    if (p->kv_events_buffer < 0) {
+        util_err_set(err, KVLM_EINVAL, "--kv-events-buffer %d: give a number of batches, 1 or more",
+                     p->kv_events_buffer);
+        return -1;
+    }
     if (!p->ssl_key_file != !p->ssl_cert_file) {
         util_err_set(err, KVLM_EINVAL, "TLS needs both a key file and a certificate file");
         return -1;
@@ -855,8 +873,10 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         kvlm_kv_stats kst;
         kvlm_kv_stats_get(ctx, &kst);
         const char *medium = kvlm_ctx_device(ctx) == KVLM_DEVICE_CUDA ? "GPU" : "CPU";
-        if (!(s->events = srv_kv_events_start(s->p.kv_events, s->p.kv_events_topic, medium, kst.block_size, err)))
-            goto fail;
+        srv_kv_events_params ep = {.endpoint = s->p.kv_events, .topic = s->p.kv_events_topic, .medium = medium,
+                                   .block_size = kst.block_size, .replay = s->p.kv_events_replay,
+                                   .buffer = s->p.kv_events_buffer};
+        if (!(s->events = srv_kv_events_start(&ep, err))) goto fail;
         kvlm_kv_event_sink sink = srv_kv_events_sink(s->events);
         kvlm_ctx_set_kv_event_sink(ctx, &sink);
     }
