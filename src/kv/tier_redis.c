@@ -20,10 +20,12 @@
  *   the deadline nears, and a caller that finds every reader busy waits at
  *   most until the same deadline.
  * - A broken connection (any I/O error, timeout or protocol surprise) is
- *   closed at once; the writer thread reconnects it, at most one attempt per
- *   connection every KV_REDIS_RETRY_MS, and only after the server answers
- *   PING. Callers never connect, so a down or hung server costs a caller at
- *   most one timeout, then nothing (immediate misses) until it is back.
+ *   closed at once, and the idle ones to the same server with it; the
+ *   writer thread reconnects them, at most one attempt per connection every
+ *   KV_REDIS_RETRY_MS, and only after the server answers PING. Callers never
+ *   connect, so a down or hung server costs one caller one timeout (and
+ *   callers already waiting on it theirs), then nothing (immediate misses)
+ *   until it is back.
  * - The writer thread also asks DBSIZE and INFO memory once a second for
  *   stats and to notice a dead server while idle. blocks is DBSIZE (every
  *   key of the database: give kvlm a database of its own) and bytes is the
@@ -329,15 +331,24 @@ static int reader_take(redis_tier *t, double deadline) {
     return got;
 }
 
-/* Gives the slot back; broken: close its connection (the writer thread
- * reconnects it after KV_REDIS_RETRY_MS). */
+/* Gives the slot back; broken: close its connection, and every idle one
+ * with it (the writer thread reconnects them after KV_REDIS_RETRY_MS, each
+ * once the server answers PING). A connection breaks when its server is
+ * gone, hung or reset, and its siblings are then in the same state: left
+ * open, each would cost its next caller a timeout of its own before it
+ * broke too (a hung node: 4 batches of 200 ms, not 1). */
 static void reader_give(redis_tier *t, int i, bool broken) {
     pthread_mutex_lock(&t->r_mu);
     reader *r = &t->readers[i];
     if (broken) {
-        redisFree(r->c);
-        r->c = NULL;
-        r->next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
+        const double retry = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
+        for (int k = 0; k < KV_REDIS_READERS; k++) {
+            reader *o = &t->readers[k];
+            if (!o->c || (k != i && o->busy)) continue;
+            redisFree(o->c);
+            o->c = NULL;
+            o->next_try = retry;
+        }
         atomic_fetch_add(&t->base.n.errors, 1);
     }
     r->busy = false;
