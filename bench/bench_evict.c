@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < 10; r++) { /* best of 10 */
         double t0 = util_now_s();
         for (int p = 0; p < budget; p++)
-            op_rope(k + (size_t)p * per_pos * c->head_dim, per_pos, c->head_dim, c->rope_dim, p + r, c->rope_base, false);
+            op_rope(k + (size_t)p * per_pos * c->head_dim, per_pos, c->head_dim, c->rope_dim, p + r, c->rope_base, NULL, false);
         if (util_now_s() - t0 < rope_per_tok) rope_per_tok = util_now_s() - t0;
     }
     free(k);

@@ -51,6 +51,10 @@ typedef struct kvlm_config {
     int rope_dim;       /* dimensions of each head that RoPE rotates */
     float rope_base;
     bool rope_neox;     /* rotate (i, i + rope_dim/2) instead of (2i, 2i+1) */
+    /* Llama 3.1's RoPE scaling: rope_dim/2 factors that divide each pair's
+     * angle (GGUF's rope_freqs.weight, or computed from a Hugging Face
+     * config's rope_scaling of type llama3; owned by the model); NULL: none */
+    const float *rope_freqs;
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
     /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);
@@ -125,6 +129,8 @@ typedef struct kvlm_synth_params {
     int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
     int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
     float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
+    float rope_llama3;  /* > 1: Llama 3.1's RoPE scaling by this factor (rope_freqs.weight; low and high frequency
+                         * factors 1 and 4, original context n_ctx / factor); not for deepseek2 */
     int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
     float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
 } kvlm_synth_params;

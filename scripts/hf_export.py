@@ -213,6 +213,10 @@ def export_weights(meta, tensors, out, fam, args):
     }
     if head_dim != dim // n_head:
         cfg["head_dim"] = head_dim
+    if args.rope_llama3:  # the GGUF's rope_freqs.weight stands for these (the converter computed it from them)
+        f, lo, hi, orig = (float(v) for v in args.rope_llama3.split(","))
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
+                               "original_max_position_embeddings": int(orig)}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
     if fam == "qwen2":
@@ -358,6 +362,8 @@ def main(argv):
     ap.add_argument("--template", default=None)
     ap.add_argument("--no-pad", action="store_true", help="leave the header unpadded (misaligned data)")
     ap.add_argument("--vocab-only", action="store_true")
+    ap.add_argument("--rope-llama3", default=None, metavar="FACTOR,LOW,HIGH,ORIG",
+                    help="config.json's rope_scaling of type llama3 (what the GGUF's rope_freqs.weight was made from)")
     args = ap.parse_args(argv)
     meta, tensors = read_gguf(args.gguf)
     os.makedirs(args.out, exist_ok=True)

@@ -56,6 +56,34 @@ for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 ge
     else fail "$fam ($type): text differs: want '$want', got '$got'"; fi
 done
 
+# ---- Llama 3.1's RoPE scaling: rope_scaling llama3 in config.json = the GGUF's rope_freqs.weight ----
+# (factor 4, low 1, high 4, from an original context of 64 / 4 = 16: what `synth --rope-llama3 4` computed)
+ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22"
+"$bin" synth "$tmp/l3.gguf" --arch llama --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+    --ctx 64 --type f32 --seed 6 --rope-llama3 4 > /dev/null
+"$bin" synth "$tmp/l3plain.gguf" --arch llama --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+    --ctx 64 --type f32 --seed 6 > /dev/null
+if $export "$tmp/l3.gguf" "$tmp/l3" --family llama --rope-llama3 4,1,4,16; then
+    "$bin" logits -m "$tmp/l3" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/l3.dir.txt" 2>/dev/null
+    "$bin" logits -m "$tmp/l3.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/l3.gguf.txt" 2>/dev/null
+    "$bin" logits -m "$tmp/l3plain.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/l3.plain.txt" 2>/dev/null
+    # HF's rotate_half layout sums q.k in another order: ~1e-5 apart, far from the unscaled model's
+    maxdiff='import sys
+a, b = ([[float(v) for v in l.split()] for l in open(f)] for f in sys.argv[1:3])
+print(max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x, y)) if len(a) == len(b) and a else 1e9)'
+    e_dir=$("$py" -c "$maxdiff" "$tmp/l3.dir.txt" "$tmp/l3.gguf.txt")
+    e_plain=$("$py" -c "$maxdiff" "$tmp/l3.gguf.txt" "$tmp/l3.plain.txt")
+    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 and $e_plain > 1e-2 else 1)"; then
+        pass "rope_scaling llama3: the directory's logits = the GGUF's (max diff $e_dir; without the scaling $e_plain)"
+    else fail "rope_scaling llama3: directory vs GGUF $e_dir, GGUF vs unscaled $e_plain"; fi
+    "$bin" convert "$tmp/l3" "$tmp/l3.back.gguf" 2>/dev/null
+    "$bin" logits -m "$tmp/l3.back.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/l3.back.txt" 2>/dev/null
+    if "$bin" inspect "$tmp/l3.back.gguf" 2>&1 | grep -q "rope_freqs.weight *f32 *8 " &&
+       cmp -s "$tmp/l3.back.txt" "$tmp/l3.gguf.txt"; then
+        pass "convert DIR with rope_scaling llama3: rope_freqs.weight in the GGUF, the same logits as the original"
+    else fail "convert DIR with rope_scaling llama3: no rope_freqs.weight"; fi
+else fail "llama3 rope: export"; fi
+
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"
 la=$("$bin" logits -m "$tmp/gemma2" --ids "$ids" 2>/dev/null)

@@ -170,6 +170,9 @@ synth_check qwen2-gqa82-hd16-f32   1e-4 --arch qwen2 --dim 128 --heads 8 --kv-he
 synth_check qwen2-gqa42-hd64-f32   1e-4 --arch qwen2 --dim 256 --heads 4 --kv-heads 2 --hidden 512 --type f32 --seed 6 "${common[@]}"
 synth_check hd32x4-tied-base5e5    1e-4 --arch llama --dim 64  --heads 4 --kv-heads 2 --head-dim 32 --hidden 160 --tied --rope-base 500000 --type f32 --seed 10 --layers 3 --vocab 300 --ctx 64
 synth_check qwen2-63-tied-f16      1e-4 --arch qwen2 --dim 96  --heads 6 --kv-heads 3 --hidden 160 --tied --type f16 --seed 11 --layers 3 --vocab 300 --ctx 64
+# Llama 3.1's RoPE scaling (rope_freqs.weight, factor 4 from an original
+# context of 16): the slow pairs' angles divided, as the reference reads the tensor
+synth_check llama3-rope-gqa82-f32  1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 31 --rope-llama3 4 "${common[@]}"
 synth_check gqa82-hd16-f16         1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f16 --seed 7 "${common[@]}"
 synth_check gqa82-hd16-q8_0        6e-2 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 8 "${common[@]}"
 synth_check qwen2-gqa82-hd16-q8_0  6e-2 --arch qwen2 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 9 "${common[@]}"

@@ -821,7 +821,7 @@ static void test_real_files(void **state) {
 
 /* ---- model files: nonsense rejected with one clear error ---- */
 
-enum { MUT_NONE, MUT_DROP_BLOCK1, MUT_EXTRA_BLOCK };
+enum { MUT_NONE, MUT_DROP_BLOCK1, MUT_EXTRA_BLOCK, MUT_FREQS_ZERO, MUT_FREQS_SHORT, MUT_FREQS_OK };
 /* A valid 2-block synthetic llama rewritten with keys overridden by set (set
  * first: copy_kv keeps what is already set) and its blocks' tensors altered;
  * returns the load's code (the model freed), err filled. */
@@ -841,6 +841,11 @@ static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
         const gguf_tensor *t = &f->tensors[i];
         if (mut == MUT_DROP_BLOCK1 && !strncmp(t->cname, "blk.1.", 6)) continue;
         assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, t->ne, t->data, err), KVLM_OK);
+        if (mut >= MUT_FREQS_ZERO && i == 0) { /* head dim 8: rope_freqs.weight of 4 factors */
+            float ff[4] = {1, 2, 4, mut == MUT_FREQS_ZERO ? 0 : 4};
+            int64_t ne[1] = {mut == MUT_FREQS_SHORT ? 3 : 4};
+            assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", 0 /* f32 */, 1, ne, ff, err), KVLM_OK);
+        }
         if (mut == MUT_EXTRA_BLOCK && !strcmp(t->cname, "blk.0.attn_norm.weight"))
             assert_int_equal(gguf_writer_add_tensor(w, "blk.7.attn_norm.weight", t->type, t->n_dims, t->ne, t->data, err),
                              KVLM_OK);
@@ -878,6 +883,8 @@ static void test_model_nonsense(void **state) {
         {NULL, MUT_DROP_BLOCK1, "block_count is 2", "tensors for 1 blocks (none for block 1)"},
         {NULL, MUT_EXTRA_BLOCK, "blk.7.attn_norm.weight belongs to block 7", "block_count is 2"},
         {set_ctx_zero, MUT_NONE, "context_length = -5", "at least 1"},
+        {NULL, MUT_FREQS_ZERO, "rope_freqs.weight: factor 3 is 0", "finite and above 0"},
+        {NULL, MUT_FREQS_SHORT, "tensor rope_freqs.weight: shape 3x1", "expected 4"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvlm_error err = {0};
@@ -889,6 +896,7 @@ static void test_model_nonsense(void **state) {
     }
     kvlm_error err = {0};
     assert_int_equal(load_mutated(NULL, MUT_NONE, &err), KVLM_OK); /* the unaltered file loads */
+    assert_int_equal(load_mutated(NULL, MUT_FREQS_OK, &err), KVLM_OK); /* and with Llama 3.1's factors */
 }
 
 /* Two tensors whose data ranges overlap, each aligned and inside the file. */

@@ -509,24 +509,30 @@ static void test_rope(void **state) {
     (void)state;
     const int pos[] = {0, 1, 17, 1000, 4095, 32767, 100000};
     const int dims[][3] = {{64, 64, 4}, {128, 128, 2}, {64, 32, 3}, {80, 80, 2}, {8, 8, 5}, {6, 4, 3}, {256, 200, 1}};
+    /* frequency factors as Llama 3.1's scaling makes them: 1 for the fast
+     * pairs, 8 for the slow ones, between in the middle */
+    float factors[128];
+    for (int i = 0; i < 128; i++) factors[i] = i < 8 ? 1.0f : i < 24 ? 1.0f + 7.0f * (float)(i - 8) / 16.0f : 8.0f;
     for (int d = 0; d < 7; d++)
-        for (int neox = 0; neox < 2; neox++)
+        for (int fi = 0; fi < 4; fi++)
             for (int pi = 0; pi < 7; pi++) {
+                const int neox = fi & 1;
+                const float *ff = fi & 2 ? factors : NULL;
                 int hd = dims[d][0], rd = dims[d][1], nh = dims[d][2], n = hd * nh;
                 float *x = rand_floats((size_t)n, 2.0f);
                 float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
                 memcpy(b, x, sizeof(float) * n);
-                op_rope_ref(b, nh, hd, rd, pos[pi], 10000.0f, neox);
+                op_rope_ref(b, nh, hd, rd, pos[pi], 10000.0f, ff, neox);
                 for (int level = 0; level < n_levels(); level++) {
                     op_set_simd_level(level);
                     memcpy(a, x, sizeof(float) * n);
-                    op_rope(a, nh, hd, rd, pos[pi], 10000.0f, neox);
+                    op_rope(a, nh, hd, rd, pos[pi], 10000.0f, ff, neox);
                     /* same cos/sin (computed in double) and same float ops */
                     assert_true(tu_max_rel_diff(a, b, n, 1.0) < 1e-6);
                     /* the angles computed once and applied: op_rope's bits */
                     float cs[128], sn[128], *t = malloc(sizeof(float) * n);
                     memcpy(t, x, sizeof(float) * n);
-                    op_rope_cossin(cs, sn, rd, pos[pi], 10000.0f);
+                    op_rope_cossin(cs, sn, rd, pos[pi], 10000.0f, ff);
                     op_rope_apply(t, nh, hd, rd, cs, sn, neox);
                     assert_memory_equal(t, a, sizeof(float) * n);
                     free(t);
@@ -548,9 +554,14 @@ static void test_rope(void **state) {
     /* an independent check of the angle at a large position: pair 1 of 8 dims,
      * theta = pos * 10000^(-2/8) */
     float v[8] = {0, 0, 1, 0, 0, 0, 0, 0};
-    op_rope(v, 1, 8, 8, 30000, 10000.0f, false);
+    op_rope(v, 1, 8, 8, 30000, 10000.0f, NULL, false);
     double th = 30000.0 * pow(10000.0, -0.25);
     assert_true(fabs(v[2] - cos(th)) < 1e-6 && fabs(v[3] - sin(th)) < 1e-6);
+    /* with a factor of 8 on that pair the angle is an eighth */
+    const float ff8[4] = {1, 8, 1, 1};
+    float w[8] = {0, 0, 1, 0, 0, 0, 0, 0};
+    op_rope(w, 1, 8, 8, 30000, 10000.0f, ff8, false);
+    assert_true(fabs(w[2] - cos(th / 8)) < 1e-6 && fabs(w[3] - sin(th / 8)) < 1e-6);
 }
 
 static void test_softmax(void **state) {

@@ -140,6 +140,7 @@ class Model:
     head_dim = rope_dim = 0
     eps = 1e-5
     rope_base = 10000.0
+    rope_freqs = None   # Llama 3.1's per-pair RoPE factors (rope_freqs.weight), or None
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
@@ -329,6 +330,7 @@ def load_gguf(path):
     m.out_norm = t["output_norm.weight"]
     out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
     m.out, m.out_type = t[out_name], types[out_name]  # absent: tied embeddings
+    m.rope_freqs = t.get("rope_freqs.weight")  # Llama 3.1's RoPE factors, or None
     m.layers = []
     if m.arch == "deepseek2":
         load_deepseek2(m, meta, t, types)
@@ -425,10 +427,14 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, rope_dim, base, neox):
-    """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head."""
+def rope(x, positions, rope_dim, base, neox, freqs=None):
+    """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head.
+    freqs: rope_freqs.weight (Llama 3.1's scaling), each pair's angle divided
+    by its factor, as llama.cpp's rope takes them (freq_factors)."""
     half = rope_dim // 2
     theta = positions[:, None] * base ** (-2.0 * np.arange(half) / rope_dim)
+    if freqs is not None:
+        theta = theta / np.asarray(freqs, dtype=np.float64)[None, :half]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     x = x.copy()
     if neox:  # pairs (i, i + rope_dim/2)
@@ -491,8 +497,8 @@ def forward(m, ids):
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
         neox = m.arch in ("qwen2", "phi3")
-        q = rope(q, pos, m.rope_dim, m.rope_base, neox)
-        k = rope(k, pos, m.rope_dim, m.rope_base, neox)
+        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs)
+        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group

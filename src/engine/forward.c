@@ -456,6 +456,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "run on the CPU only");
             goto fail;
         }
+        if (model->cfg.rope_freqs) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: Llama 3.1's RoPE scaling (rope_freqs) runs on the "
+                                                 "CPU only");
+            goto fail;
+        }
         if (!(ctx->cuda = engine_cuda_create(model, ctx->n_batch, (p->n_ctx + p->block_size - 1) / p->block_size,
                                              p->n_seq_max, err)))
             goto fail;
@@ -1043,10 +1048,10 @@ static void prep_embed(void *p, int t) {
     if (es != 1.0f)
         for (int i = 0; i < D; i++) x[i] *= es;
     op_backend_cpu()->rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
-                   j->pos[t], m->cfg.rope_base);
-    if (j->ctx->rope_cs_local)
+                   j->pos[t], m->cfg.rope_base, m->cfg.rope_freqs);
+    if (j->ctx->rope_cs_local) /* gemma3's local layers: plain RoPE */
         op_backend_cpu()->rope_cossin(j->ctx->rope_cs_local + (size_t)t * half, j->ctx->rope_sn_local + (size_t)t * half,
-                                      m->cfg.rope_dim, j->pos[t], m->cfg.rope_base_local);
+                                      m->cfg.rope_dim, j->pos[t], m->cfg.rope_base_local, NULL);
     residual_norm(j->ctx, t, false, j->ctx->xb + (size_t)t * D, j->norm, NULL);
 }
 
@@ -1230,10 +1235,10 @@ static void rekey(void *user, float *keys, int n_rows, int shift) {
     const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
     if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* latent rows: only the shared key part at their end turns */
         int W = kv_store_params_of(((const kvlm_ctx *)user)->kv)->head_dim;
-        op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, false);
+        op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, NULL, false);
         return;
     }
-    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_neox);
+    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_freqs, c->rope_neox);
 }
 
 /* Makes room for n_new tokens of sequence s within the budget: evicts by the

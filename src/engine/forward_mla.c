@@ -284,7 +284,7 @@ int engine_mla_chunk(engine_mla *e, util_pool *pool, kv_store *kv, const int32_t
                           (const char *)m->tok_embd.data + (size_t)tokens[t] * dt_row_size(m->tok_embd.type, D),
                           e->x + (size_t)t * D, D);
         if (c->yarn_factor > 0) yarn_cossin(c, e->cs + (size_t)t * half, e->sn + (size_t)t * half, pos[t]);
-        else B->rope_cossin(e->cs + (size_t)t * half, e->sn + (size_t)t * half, c->rope_dim, pos[t], c->rope_base);
+        else B->rope_cossin(e->cs + (size_t)t * half, e->sn + (size_t)t * half, c->rope_dim, pos[t], c->rope_base, NULL);
     }
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];

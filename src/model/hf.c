@@ -165,6 +165,32 @@ static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int windo
     return KVLM_OK;
 }
 
+/* rope_scaling {"rope_type": "llama3", factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings} (Llama 3.1 and 3.2):
+ * the factors llama.cpp's converter writes as rope_freqs.weight, computed
+ * here into the model (so `kvlm convert` writes them too). */
+static int llama3_rope(struct kvlm_model *m, json_t *rs, const char *path, kvlm_error *err) {
+    double factor, low, high, orig;
+    int rc;
+    if ((rc = cfg_float(rs, path, "factor", 0, &factor, err)) || (rc = cfg_float(rs, path, "low_freq_factor", 1, &low, err)) ||
+        (rc = cfg_float(rs, path, "high_freq_factor", 4, &high, err)) ||
+        (rc = cfg_float(rs, path, "original_max_position_embeddings", 8192, &orig, err)))
+        return rc;
+    if (!(factor > 0) || !(low > 0) || !(high > low) || !(orig >= 1) || !isfinite(factor) || !isfinite(high) ||
+        !isfinite(orig))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling llama3: factor %g, low_freq_factor %g, "
+                            "high_freq_factor %g, original_max_position_embeddings %g (want factor > 0, high > "
+                            "low > 0, a context of 1 or more)", path, factor, low, high, orig);
+    const kvlm_config *c = &m->cfg;
+    free(m->rope_freqs_own);
+    if (!(m->rope_freqs_own = malloc(sizeof(float) * (size_t)(c->rope_dim / 2))))
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    model_llama3_rope_freqs(m->rope_freqs_own, c->rope_dim, c->rope_base, factor, low, high, orig);
+    m->rope_freqs = (model_tensor){.data = m->rope_freqs_own, .type = DT_F32, .n_in = c->rope_dim / 2, .n_out = 1,
+                                   .name = "rope_freqs.weight"};
+    return model_set_rope_freqs(m, err);
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -216,10 +242,12 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!rt) rt = json_object_get(rs, "type");
         const char *t = json_is_string(rt) ? json_string_value(rt) : "?";
         json_t *f = json_object_get(rs, "factor");
-        if (strcmp(t, "default"))
+        if (!strcmp(t, "llama3")) {
+            if ((rc = llama3_rope(m, rs, path, err))) return rc;
+        } else if (strcmp(t, "default"))
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling of type \"%.32s\" (factor %g) is not "
-                                "supported: kvlm applies plain RoPE (rope_theta only)", path, t,
-                                json_is_number(f) ? json_number_value(f) : 0.0);
+                                "supported: kvlm applies plain RoPE (rope_theta only) or Llama 3.1's (llama3)",
+                                path, t, json_is_number(f) ? json_number_value(f) : 0.0);
     }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
     json_t *act = json_object_get(cfg, act_key);

@@ -298,6 +298,11 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((rc = take_tensor(m, &m->output_norm, "output_norm.weight", c->dim, 0, false, err))) return rc;
     if ((rc = take_tensor(m, &m->output, "output.weight", c->dim, c->vocab_size, true, err))) return rc;
     if (!m->output.data) m->output = m->tok_embd; /* tied classifier */
+    if ((rc = take_tensor(m, &m->rope_freqs, "rope_freqs.weight", c->rope_dim / 2, 0, true, err))) return rc;
+    if (m->rope_freqs.data && c->arch == KVLM_ARCH_DEEPSEEK2)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor rope_freqs.weight: RoPE frequency factors are not "
+                            "supported for deepseek2 (its scaling is YaRN)", m->path);
+    if ((rc = model_set_rope_freqs(m, err))) return rc;
     c->weight_type = m->output.type;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
@@ -528,12 +533,41 @@ fail:
 void model_unload(struct kvlm_model *m) {
     free(m->layers);
     m->layers = NULL;
+    free(m->rope_freqs_own);
+    m->rope_freqs_own = NULL;
+    m->cfg.rope_freqs = NULL;
     vocab_free(&m->vocab);
     model_hf_free(m);
     if (m->gguf) gguf_close(m->gguf);
     m->gguf = NULL;
     if (m->map) munmap(m->map, m->map_size);
     m->map = NULL;
+}
+
+void model_llama3_rope_freqs(float *out, int rope_dim, double base, double factor, double low, double high,
+                             double orig_ctx) {
+    const double lo_wave = orig_ctx / low, hi_wave = orig_ctx / high;
+    for (int i = 0; i < rope_dim / 2; i++) {
+        double wave = 6.283185307179586 * pow(base, 2.0 * i / rope_dim); /* 2 pi / the pair's frequency */
+        if (wave < hi_wave) out[i] = 1.0f;
+        else if (wave > lo_wave) out[i] = (float)factor;
+        else { /* the frequency blends f / factor and f: its factor is the inverse */
+            double smooth = (orig_ctx / wave - low) / (high - low);
+            out[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
+int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
+    const float *f = m->rope_freqs.data;
+    m->cfg.rope_freqs = NULL;
+    if (!f) return KVLM_OK;
+    for (int i = 0; i < m->cfg.rope_dim / 2; i++)
+        if (!isfinite(f[i]) || f[i] <= 0)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor rope_freqs.weight: factor %d is %g (RoPE frequency "
+                                "factors are finite and above 0)", m->path, i, (double)f[i]);
+    m->cfg.rope_freqs = f;
+    return KVLM_OK;
 }
 
 /* ---- for the other architectures' loaders (model_deepseek2.c) -------------- */

@@ -47,6 +47,8 @@ struct tok_tokenizer;
 struct kvlm_model {
     kvlm_config cfg;
     model_tensor tok_embd, output_norm, output;
+    model_tensor rope_freqs;      /* Llama 3.1's RoPE factors (rope_dim/2, f32), or none; cfg.rope_freqs points at them */
+    float *rope_freqs_own;        /* their storage when computed (a Hugging Face config), else NULL */
     model_layer *layers;
     model_vocab vocab;
     struct tok_tokenizer *tok;   /* built by the engine layer from vocab */
@@ -67,6 +69,16 @@ struct kvlm_model {
  * tensors become separate Q, K, V and gate, up views this way, so the
  * forward pass and the per-matrix kernels see ordinary weights. */
 model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
+
+/* Llama 3.1's RoPE scaling (Hugging Face's rope_type "llama3", llama.cpp's
+ * rope_freqs.weight): out[i], i < rope_dim/2, divides pair i's angle: 1 for
+ * wavelengths under orig_ctx / high, factor over orig_ctx / low, and a smooth
+ * blend between. */
+void model_llama3_rope_freqs(float *out, int rope_dim, double base, double factor, double low, double high,
+                             double orig_ctx);
+/* Takes the rope_freqs tensor (checked: rope_dim/2 finite factors > 0) as
+ * cfg.rope_freqs. */
+int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err);
 
 /* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */
 int model_layer_window(const kvlm_config *c, int l);

@@ -92,6 +92,7 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     }
     ADD("token_embd.weight%.0d", 0, m->tok_embd);
     ADD("output_norm.weight%.0d", 0, m->output_norm);
+    ADD("rope_freqs.weight%.0d", 0, m->rope_freqs);
     if (m->output.data != m->tok_embd.data) ADD("output.weight%.0d", 0, m->output);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -430,7 +431,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
     int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
     /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
-    int max_tensors = 3 + 30 * c.n_layers, n_alloc = 0;
+    int max_tensors = 4 + 30 * c.n_layers, n_alloc = 0;
     float **bufs = calloc((size_t)max_tensors, sizeof *bufs);
     uint64_t s = p->seed * 2654435761u + 0x9e3779b97f4a7c15ull;
     if (!m.layers || !bufs) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
@@ -449,6 +450,18 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     MAKE(m.output_norm, c.dim, 1, 1);
     if (p->tied_output) m.output = m.tok_embd;
     else MAKE(m.output, c.dim, c.vocab_size, 0);
+    if (p->rope_llama3 > 1) {
+        if (c.arch == KVLM_ARCH_DEEPSEEK2) {
+            rc = util_err_set(err, KVLM_EINVAL, "Llama 3.1's RoPE scaling is not for deepseek2 (--yarn is)");
+            goto done;
+        }
+        /* no random draws: the weights are those of the same model without it */
+        float *f = malloc(sizeof(float) * (size_t)(c.rope_dim / 2));
+        if (!f) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+        bufs[n_alloc++] = f;
+        model_llama3_rope_freqs(f, c.rope_dim, c.rope_base, p->rope_llama3, 1, 4, c.n_ctx_train / p->rope_llama3);
+        m.rope_freqs = (model_tensor){.data = f, .type = DT_F32, .n_in = c.rope_dim / 2, .n_out = 1};
+    }
     for (int l = 0; l < c.n_layers && c.arch == KVLM_ARCH_DEEPSEEK2; l++) {
         model_layer *L = &m.layers[l];
         int64_t nope = c.head_dim - c.rope_dim, H = c.n_heads;

@@ -16,8 +16,8 @@ typedef struct op_backend {
                         op_mm_prep_fn prep, void *user);
     /* ---- per token */
     void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
-    void (*rope)(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
-    void (*rope_cossin)(float *cs, float *sn, int rope_dim, int pos, float base);
+    void (*rope)(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, const float *ff, bool neox);
+    void (*rope_cossin)(float *cs, float *sn, int rope_dim, int pos, float base, const float *ff);
     void (*rope_apply)(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn,
                        bool neox);
     void (*swiglu)(float *gate, const float *up, int n);

@@ -154,13 +154,14 @@ void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void op_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps);
 /* Rotates rope_dim dims of each of n_heads heads (head_dim apart) of one
  * token at position pos. neox: pairs (i, i + rope_dim/2); else (2i, 2i+1).
- * theta_i = pos * base^(-2i/rope_dim). */
-void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
-void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox);
+ * theta_i = pos * base^(-2i/rope_dim) / ff[i] (ff: the rope_dim/2 frequency
+ * factors of Llama 3.1's scaling, GGUF's rope_freqs.weight; NULL: none). */
+void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, const float *ff, bool neox);
+void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, const float *ff, bool neox);
 /* op_rope in two steps, for rows that share a position (every layer's q and k
  * of a token): the rope_dim/2 cos and sin of position pos, then the rotation
  * with them. Together they give op_rope's result bit for bit. */
-void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base);
+void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base, const float *ff);
 void op_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn, bool neox);
 /* In place, numerically stable. */
 void op_softmax(float *x, int n);

@@ -1,12 +1,15 @@
 /* ops/rope: rotary position embedding, normal (pairs 2i, 2i+1) and NeoX
- * (pairs i, i + rope_dim/2). Angles pos * base^(-2i/rope_dim) are computed in
- * double, so large positions (32k and beyond) lose no precision; a position's
- * cos/sin can be computed once (op_rope_cossin) and applied to many rows. */
+ * (pairs i, i + rope_dim/2). Angles pos * base^(-2i/rope_dim) (divided by a
+ * per-pair frequency factor where the model has them: Llama 3.1's scaling)
+ * are computed in double, so large positions (32k and beyond) lose no
+ * precision; a position's cos/sin can be computed once (op_rope_cossin) and
+ * applied to many rows. */
 #include <math.h>
 #include "ops/ops_internal.h"
 
-static inline double rope_angle(int pos, double base, int i, int rope_dim) {
-    return (double)pos * pow(base, -2.0 * i / rope_dim);
+static inline double rope_angle(int pos, double base, int i, int rope_dim, const float *ff) {
+    double th = (double)pos * pow(base, -2.0 * i / rope_dim);
+    return ff ? th / ff[i] : th;
 }
 
 static inline void rotate(float *a, float *b, float c, float s) {
@@ -15,12 +18,12 @@ static inline void rotate(float *a, float *b, float c, float s) {
     *b = x0 * s + x1 * c;
 }
 
-void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox) {
+void op_rope_ref(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, const float *ff, bool neox) {
     int half = rope_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
         for (int i = 0; i < half; i++) {
-            double th = rope_angle(pos, base, i, rope_dim);
+            double th = rope_angle(pos, base, i, rope_dim, ff);
             float c = (float)cos(th), s = (float)sin(th);
             if (neox) rotate(v + i, v + i + half, c, s);
             else rotate(v + 2 * i, v + 2 * i + 1, c, s);
@@ -96,28 +99,28 @@ static void rope_apply_pairs(float *x, int n_heads, int head_dim, int half, int 
     }
 }
 
-static void rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base, int i0, int n) {
+static void rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base, const float *ff, int i0, int n) {
     for (int i = 0; i < n; i++) {
-        double th = rope_angle(pos, base, i0 + i, rope_dim);
+        double th = rope_angle(pos, base, i0 + i, rope_dim, ff);
         cs[i] = (float)cos(th);
         sn[i] = (float)sin(th);
     }
 }
 
-void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, bool neox) {
+void op_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float base, const float *ff, bool neox) {
     int half = rope_dim / 2;
     float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
     /* chunks are multiples of 8 pairs: the AVX2 and scalar pairs are those of
      * op_rope_apply over all of them, so both give the same bits */
     for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
         int n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
-        rope_cossin(cs, sn, rope_dim, pos, base, i0, n);
+        rope_cossin(cs, sn, rope_dim, pos, base, ff, i0, n);
         rope_apply_pairs(x, n_heads, head_dim, half, i0, n, cs, sn, neox);
     }
 }
 
-void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base) {
-    rope_cossin(cs, sn, rope_dim, pos, base, 0, rope_dim / 2);
+void op_rope_cossin(float *cs, float *sn, int rope_dim, int pos, float base, const float *ff) {
+    rope_cossin(cs, sn, rope_dim, pos, base, ff, 0, rope_dim / 2);
 }
 
 void op_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn, bool neox) {
