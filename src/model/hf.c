@@ -172,6 +172,8 @@ static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int windo
 static int llama3_rope(struct kvlm_model *m, json_t *rs, const char *path, kvlm_error *err) {
     double factor, low, high, orig;
     int rc;
+    if (!json_is_number(json_object_get(rs, "factor")))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling llama3 has no \"factor\" (a number)", path);
     if ((rc = cfg_float(rs, path, "factor", 0, &factor, err)) || (rc = cfg_float(rs, path, "low_freq_factor", 1, &low, err)) ||
         (rc = cfg_float(rs, path, "high_freq_factor", 4, &high, err)) ||
         (rc = cfg_float(rs, path, "original_max_position_embeddings", 8192, &orig, err)))
