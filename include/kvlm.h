@@ -55,6 +55,10 @@ typedef struct kvlm_config {
      * angle (GGUF's rope_freqs.weight, or computed from a Hugging Face
      * config's rope_scaling of type llama3; owned by the model); NULL: none */
     const float *rope_freqs;
+    /* linear RoPE scaling (GGUF rope.scaling.type "linear", Hugging Face's
+     * rope_type "linear"): every angle divided by it, on top of rope_freqs;
+     * gemma3: its global layers only. 0: none */
+    float rope_linear;
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
     /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);
@@ -131,6 +135,7 @@ typedef struct kvlm_synth_params {
     float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
     float rope_llama3;  /* > 1: Llama 3.1's RoPE scaling by this factor (rope_freqs.weight; low and high frequency
                          * factors 1 and 4, original context n_ctx / factor); not for deepseek2 */
+    float rope_linear;  /* > 0: linear RoPE scaling keys (rope.scaling.type linear, this factor); not for deepseek2 */
     int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
     float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
 } kvlm_synth_params;

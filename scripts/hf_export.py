@@ -217,6 +217,8 @@ def export_weights(meta, tensors, out, fam, args):
         f, lo, hi, orig = (float(v) for v in args.rope_llama3.split(","))
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
                                "original_max_position_embeddings": int(orig)}
+    if g("rope.scaling.type", b"none") in (b"linear", "linear"):  # what llama.cpp's converter writes for HF's linear type
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(g("rope.scaling.factor", 1.0))}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
     if fam == "qwen2":

@@ -83,6 +83,20 @@ print(max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x, y)) if len(a) == l
         pass "convert DIR with rope_scaling llama3: rope_freqs.weight in the GGUF, the same logits as the original"
     else fail "convert DIR with rope_scaling llama3: no rope_freqs.weight"; fi
 else fail "llama3 rope: export"; fi
+# linear (factor 4): the directory, the GGUF it came from and its convert give one set of logits
+"$bin" synth "$tmp/lin.gguf" --arch llama --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+    --ctx 64 --type f32 --seed 6 --rope-linear 4 > /dev/null
+if $export "$tmp/lin.gguf" "$tmp/lin" --family llama && grep -q '"rope_type": "linear"' "$tmp/lin/config.json"; then
+    "$bin" logits -m "$tmp/lin" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.dir.txt" 2>/dev/null
+    "$bin" logits -m "$tmp/lin.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.gguf.txt" 2>/dev/null
+    "$bin" convert "$tmp/lin" "$tmp/lin.back.gguf" 2>/dev/null
+    "$bin" logits -m "$tmp/lin.back.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.back.txt" 2>/dev/null
+    e_dir=$("$py" -c "$maxdiff" "$tmp/lin.dir.txt" "$tmp/lin.gguf.txt")
+    e_plain=$("$py" -c "$maxdiff" "$tmp/lin.gguf.txt" "$tmp/l3.plain.txt")
+    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 and $e_plain > 1e-2 else 1)" && cmp -s "$tmp/lin.back.txt" "$tmp/lin.gguf.txt"; then
+        pass "rope_scaling linear: the directory's logits = the GGUF's (max diff $e_dir; unscaled $e_plain), and its convert's"
+    else fail "rope_scaling linear: directory vs GGUF $e_dir, GGUF vs unscaled $e_plain, convert $(cmp "$tmp/lin.back.txt" "$tmp/lin.gguf.txt" 2>&1)"; fi
+else fail "linear rope: export"; fi
 
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"

@@ -173,6 +173,8 @@ synth_check qwen2-63-tied-f16      1e-4 --arch qwen2 --dim 96  --heads 6 --kv-he
 # Llama 3.1's RoPE scaling (rope_freqs.weight, factor 4 from an original
 # context of 16): the slow pairs' angles divided, as the reference reads the tensor
 synth_check llama3-rope-gqa82-f32  1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 31 --rope-llama3 4 "${common[@]}"
+# linear RoPE scaling (rope.scaling.type linear, factor 4): every angle divided
+synth_check linear4-gqa82-f32      1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 32 --rope-linear 4 "${common[@]}"
 synth_check gqa82-hd16-f16         1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f16 --seed 7 "${common[@]}"
 synth_check gqa82-hd16-q8_0        6e-2 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 8 "${common[@]}"
 synth_check qwen2-gqa82-hd16-q8_0  6e-2 --arch qwen2 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 9 "${common[@]}"
@@ -249,6 +251,8 @@ swa=(--dim 64 --heads 4 --kv-heads 2 --hidden 128 --vocab 460 --ctx 128 --slidin
 synth_check gemma2-w8-f32          1e-4 --arch gemma2 --layers 4 --attn-softcap 2 --final-softcap 3 --tied --type f32 --seed 21 "${swa[@]}"
 synth_check gemma2-w8-f16          1e-4 --arch gemma2 --layers 3 --tied --type f16 --seed 22 "${swa[@]}"
 synth_check gemma3-w8-f32          1e-4 --arch gemma3 --layers 6 --rope-base 1000000 --tied --type f32 --seed 23 "${swa[@]}"
+# Gemma 3 4B and larger: linear scaling (factor 8) on the global layers only
+synth_check gemma3-w8-linear8-f32  1e-4 --arch gemma3 --layers 6 --rope-base 1000000 --rope-linear 8 --tied --type f32 --seed 23 "${swa[@]}"
 synth_check mistral-w8-f32         1e-4 --arch llama  --layers 2 --type f32 --seed 24 "${swa[@]}"
 ids_b=$ids_b_saved
 # the window matters: the reference without it disagrees with kvlm

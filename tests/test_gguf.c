@@ -868,6 +868,11 @@ static void set_base_neg(gguf_writer *w) { gguf_writer_set_f32(w, "llama.rope.fr
 static void set_base_str(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.freq_base", "10000"); }
 static void set_blocks_4(gguf_writer *w) { gguf_writer_set_u32(w, "llama.block_count", 4); }
 static void set_ctx_zero(gguf_writer *w) { gguf_writer_set_i32(w, "llama.context_length", -5); }
+static void set_scaling_yarn(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn"); }
+static void set_linear_nan(gguf_writer *w) {
+    gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
+    gguf_writer_set_f32(w, "llama.rope.scaling.factor", NAN);
+}
 
 static void test_model_nonsense(void **state) {
     (void)state;
@@ -885,6 +890,7 @@ static void test_model_nonsense(void **state) {
         {set_ctx_zero, MUT_NONE, "context_length = -5", "at least 1"},
         {NULL, MUT_FREQS_ZERO, "rope_freqs.weight: factor 3 is 0", "finite and above 0"},
         {NULL, MUT_FREQS_SHORT, "tensor rope_freqs.weight: shape 3x1", "expected 4"},
+        {set_linear_nan, MUT_NONE, "rope.scaling.factor = nan", "finite"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvlm_error err = {0};
@@ -897,6 +903,10 @@ static void test_model_nonsense(void **state) {
     kvlm_error err = {0};
     assert_int_equal(load_mutated(NULL, MUT_NONE, &err), KVLM_OK); /* the unaltered file loads */
     assert_int_equal(load_mutated(NULL, MUT_FREQS_OK, &err), KVLM_OK); /* and with Llama 3.1's factors */
+    /* a RoPE scaling kvlm does not apply is refused by name, never run as plain RoPE */
+    assert_int_equal(load_mutated(set_scaling_yarn, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  yarn on llama: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"yarn\""));
 }
 
 /* Two tensors whose data ranges overlap, each aligned and inside the file. */

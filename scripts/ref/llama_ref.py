@@ -141,6 +141,7 @@ class Model:
     eps = 1e-5
     rope_base = 10000.0
     rope_freqs = None   # Llama 3.1's per-pair RoPE factors (rope_freqs.weight), or None
+    rope_scale = 1.0    # linear RoPE scaling (rope.scaling.type linear): every angle divided
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
@@ -331,6 +332,12 @@ def load_gguf(path):
     out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
     m.out, m.out_type = t[out_name], types[out_name]  # absent: tied embeddings
     m.rope_freqs = t.get("rope_freqs.weight")  # Llama 3.1's RoPE factors, or None
+    if a != "deepseek2":  # linear scaling divides every angle; other types are refused
+        stype = meta.get(a + ".rope.scaling.type", b"none")
+        stype = stype.decode() if isinstance(stype, bytes) else stype
+        if stype not in ("none", "linear"):
+            raise ValueError("RoPE scaling %r not supported" % stype)
+        m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
     m.layers = []
     if m.arch == "deepseek2":
         load_deepseek2(m, meta, t, types)
@@ -427,12 +434,13 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, rope_dim, base, neox, freqs=None):
+def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0):
     """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head.
     freqs: rope_freqs.weight (Llama 3.1's scaling), each pair's angle divided
-    by its factor, as llama.cpp's rope takes them (freq_factors)."""
+    by its factor, as llama.cpp's rope takes them (freq_factors); scale: a
+    linear rope.scaling.factor, every angle divided by it."""
     half = rope_dim // 2
-    theta = positions[:, None] * base ** (-2.0 * np.arange(half) / rope_dim)
+    theta = positions[:, None] * base ** (-2.0 * np.arange(half) / rope_dim) / scale
     if freqs is not None:
         theta = theta / np.asarray(freqs, dtype=np.float64)[None, :half]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
@@ -497,8 +505,8 @@ def forward(m, ids):
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
         neox = m.arch in ("qwen2", "phi3")
-        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs)
-        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs)
+        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale)
+        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group

@@ -60,6 +60,12 @@ def load(path):
     else:
         m.local = [(l + 1) % 6 != 0 for l in range(m.n_layers)]
     m.local_base = 10000.0 if a == "gemma3" else m.base
+    stype = meta.get(a + ".rope.scaling.type", b"none")
+    stype = stype.decode() if isinstance(stype, bytes) else stype
+    if stype not in ("none", "linear"):
+        raise ValueError("swa_ref: RoPE scaling %r" % stype)
+    # linear scaling: the global layers' angles divided (gemma3 4B+: factor 8); local layers keep theirs
+    m.scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
     m.attn_cap = float(meta.get(a + ".attn_logit_softcapping", 50.0)) if a == "gemma2" else 0.0
     m.final_cap = float(meta.get(a + ".final_logit_softcapping", 30.0)) if a == "gemma2" else 0.0
     m.emb = t["token_embd.weight"]
@@ -104,8 +110,9 @@ def forward(m, ids):
             q = lr.rmsnorm(q, L["q_norm"], m.eps)
             k = lr.rmsnorm(k, L["k_norm"], m.eps)
         base = m.local_base if m.local[l] else m.base
-        q = lr.rope(q, pos, m.rope_dim, base, m.neox)
-        k = lr.rope(k, pos, m.rope_dim, base, m.neox)
+        scale = 1.0 if m.local[l] and m.gemma else m.scale
+        q = lr.rope(q, pos, m.rope_dim, base, m.neox, None, scale)
+        k = lr.rope(k, pos, m.rope_dim, base, m.neox, None, scale)
         allowed = windowed if m.local[l] else causal
         att = np.empty((T, m.n_heads, m.hd))
         for hh in range(m.n_heads):

@@ -57,7 +57,8 @@ int cmd_synth(int argc, char **argv) {
                    "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
                    "       key length; --yarn: YaRN RoPE scaling from a context of ctx / FACTOR)\n"
                    "  Llama 3.1's RoPE scaling: [--rope-llama3 FACTOR] (rope_freqs.weight: the slow pairs' angles\n"
-                   "       divided by FACTOR, the fast ones' kept, from an original context of ctx / FACTOR)\n"
+                   "       divided by FACTOR, the fast ones' kept, from an original context of ctx / FACTOR);\n"
+                   "       linear: [--rope-linear FACTOR] (every angle divided; gemma3: the global layers')\n"
                    "  sliding window, gemma2/3 (docs/sliding-window.md): [--sliding-window W]\n"
                    "       [--attn-softcap X] [--final-softcap X]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
@@ -91,6 +92,7 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-llama3", &p.rope_llama3, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--rope-linear", &p.rope_linear, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
         else if (cli_opt_int(argc, argv, &i, NULL, "--sliding-window", &p.sliding_window, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--attn-softcap", &p.attn_softcap, &bad)) {}

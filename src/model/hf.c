@@ -246,9 +246,16 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         json_t *f = json_object_get(rs, "factor");
         if (!strcmp(t, "llama3")) {
             if ((rc = llama3_rope(m, rs, path, err))) return rc;
+        } else if (!strcmp(t, "linear")) {
+            double lf;
+            if (!json_is_number(f))
+                return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling linear has no \"factor\" (a number)", path);
+            if ((rc = cfg_float(rs, path, "factor", 1, &lf, err))) return rc;
+            c->rope_linear = lf != 1 ? (float)lf : 0.0f;
+            if ((rc = model_set_rope_freqs(m, err))) return rc;
         } else if (strcmp(t, "default"))
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling of type \"%.32s\" (factor %g) is not "
-                                "supported: kvlm applies plain RoPE (rope_theta only) or Llama 3.1's (llama3)",
+                                "supported: kvlm applies plain RoPE (rope_theta only), linear or Llama 3.1's (llama3)",
                                 path, t, json_is_number(f) ? json_number_value(f) : 0.0);
     }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";

@@ -160,13 +160,6 @@ static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *
         if ((hrc = hp_float(m, arch, "final_logit_softcapping", 0, false, &d, err))) return hrc;
         c->final_softcap = (float)d;
     }
-    if (g3) {
-        char key[128], type[32] = "";
-        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-        if (gguf_get_str(m->gguf, key, type, sizeof type) && strcmp(type, "none"))
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of the global layers (Gemma 3 "
-                                "4B and larger) is not supported; gemma3 files without it (1B) are", m->path, key, type);
-    }
     model_swa_count(c);
     return KVLM_OK;
 }
@@ -202,6 +195,23 @@ int model_layer_window(const kvlm_config *c, int l) {
 
 float model_embed_scale(const kvlm_config *c) {
     return c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3 ? sqrtf((float)c->dim) : 1.0f;
+}
+
+/* {arch}.rope.scaling.type "linear" (or the older rope.scale_linear key):
+ * every angle divided by rope.scaling.factor (gemma3: its global layers,
+ * Gemma 3 4B and larger); other types are refused by name, never ignored. */
+static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    char key[128], type[32] = "";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    bool typed = gguf_get_str(m->gguf, key, type, sizeof type) && strcmp(type, "none");
+    double f = 1.0;
+    int rc;
+    if (typed && strcmp(type, "linear"))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of this type is not supported "
+                            "for %s (linear is, and Llama 3.1's rope_freqs.weight)", m->path, key, type, arch);
+    if ((rc = hp_float(m, arch, typed ? "rope.scaling.factor" : "rope.scale_linear", 0, true, &f, err))) return rc;
+    m->cfg.rope_linear = f != 1.0 ? (float)f : 0.0f;
+    return KVLM_OK;
 }
 
 static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
@@ -263,6 +273,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     double d = 10000.0;
     if ((hrc = hp_float(m, arch, "rope.freq_base", 0, true, &d, err))) return hrc;
     c->rope_base = (float)d;
+    if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     d = 1e-5;
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
@@ -534,7 +545,8 @@ void model_unload(struct kvlm_model *m) {
     free(m->layers);
     m->layers = NULL;
     free(m->rope_freqs_own);
-    m->rope_freqs_own = NULL;
+    free(m->rope_freqs_eff);
+    m->rope_freqs_own = m->rope_freqs_eff = NULL;
     m->cfg.rope_freqs = NULL;
     vocab_free(&m->vocab);
     model_hf_free(m);
@@ -560,12 +572,20 @@ void model_llama3_rope_freqs(float *out, int rope_dim, double base, double facto
 
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
     const float *f = m->rope_freqs.data;
+    const int n = m->cfg.rope_dim / 2;
+    const float lin = m->cfg.rope_linear;
     m->cfg.rope_freqs = NULL;
-    if (!f) return KVLM_OK;
-    for (int i = 0; i < m->cfg.rope_dim / 2; i++)
+    for (int i = 0; f && i < n; i++)
         if (!isfinite(f[i]) || f[i] <= 0)
             return util_err_set(err, KVLM_EFORMAT, "%s: tensor rope_freqs.weight: factor %d is %g (RoPE frequency "
                                 "factors are finite and above 0)", m->path, i, (double)f[i]);
+    if (lin > 0) { /* the factors the forward pass divides by: the tensor's (or 1) times the linear one */
+        free(m->rope_freqs_eff);
+        if (!(m->rope_freqs_eff = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1))))
+            return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        for (int i = 0; i < n; i++) m->rope_freqs_eff[i] = (f ? f[i] : 1.0f) * lin;
+        f = m->rope_freqs_eff;
+    }
     m->cfg.rope_freqs = f;
     return KVLM_OK;
 }

@@ -49,6 +49,7 @@ struct kvlm_model {
     model_tensor tok_embd, output_norm, output;
     model_tensor rope_freqs;      /* Llama 3.1's RoPE factors (rope_dim/2, f32), or none; cfg.rope_freqs points at them */
     float *rope_freqs_own;        /* their storage when computed (a Hugging Face config), else NULL */
+    float *rope_freqs_eff;        /* with cfg.rope_linear: those (or 1) times it, what cfg.rope_freqs points at */
     model_layer *layers;
     model_vocab vocab;
     struct tok_tokenizer *tok;   /* built by the engine layer from vocab */
@@ -76,8 +77,8 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
  * blend between. */
 void model_llama3_rope_freqs(float *out, int rope_dim, double base, double factor, double low, double high,
                              double orig_ctx);
-/* Takes the rope_freqs tensor (checked: rope_dim/2 finite factors > 0) as
- * cfg.rope_freqs. */
+/* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
+ * factors > 0), times cfg.rope_linear when that is set. */
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err);
 
 /* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */

@@ -167,6 +167,10 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)c->dim);
     gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)c->n_layers);
     gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->hidden_dim);
+    if (c->rope_linear > 0) {
+        gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear");
+        gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->rope_linear);
+    }
     gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads);
     /* deepseek2 files give every query head a "KV head" (kvlm reads one latent) */
     gguf_writer_set_u32(w, KEY("attention.head_count_kv"),
@@ -450,6 +454,13 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     MAKE(m.output_norm, c.dim, 1, 1);
     if (p->tied_output) m.output = m.tok_embd;
     else MAKE(m.output, c.dim, c.vocab_size, 0);
+    if (p->rope_linear > 0) {
+        if (c.arch == KVLM_ARCH_DEEPSEEK2) {
+            rc = util_err_set(err, KVLM_EINVAL, "linear RoPE scaling is not for deepseek2 (--yarn is)");
+            goto done;
+        }
+        m.cfg.rope_linear = p->rope_linear != 1 ? p->rope_linear : 0;
+    }
     if (p->rope_llama3 > 1) {
         if (c.arch == KVLM_ARCH_DEEPSEEK2) {
             rc = util_err_set(err, KVLM_EINVAL, "Llama 3.1's RoPE scaling is not for deepseek2 (--yarn is)");
