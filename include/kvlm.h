@@ -70,10 +70,12 @@ typedef struct kvlm_config {
     float expert_weights_scale;
     bool expert_weights_norm;
     int expert_gating;  /* 1 softmax (V2), 2 sigmoid with exp_probs_b selection bias (V3) */
-    /* deepseek2's YaRN RoPE scaling (rope.scaling.type "yarn"; factor 0: none):
+    /* YaRN RoPE scaling (rope.scaling.type "yarn"; factor 0: none):
      * frequencies interpolated by 1/factor outside the ramp between the
      * dimensions that beta_fast and beta_slow rotations name at the original
-     * context; attention scale (1 + log_mul ln factor)^2 / sqrt(key length) */
+     * context. deepseek2: attention scale (1 + log_mul ln factor)^2 / sqrt(key
+     * length); llama, qwen2: the factors are in rope_freqs, and attn_scale
+     * holds (1 + 0.1 ln factor)^2 / sqrt(head_dim) */
     float yarn_factor, yarn_log_mul, yarn_beta_fast, yarn_beta_slow;
     int yarn_orig_ctx;
     /* Sliding-window attention (docs/sliding-window.md): a local layer's query
@@ -132,7 +134,8 @@ typedef struct kvlm_synth_params {
      * layers (0: 1); expert_gating 2: V3's sigmoid with a selection bias */
     int q_lora_rank, kv_lora_rank, rope_dim, v_head_dim;
     int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff, expert_gating;
-    float yarn_factor;  /* deepseek2: > 1 writes YaRN keys (original context n_ctx / factor, log multiplier 0.0707) */
+    float yarn_factor;  /* > 1 writes YaRN keys (original context n_ctx / factor; deepseek2: log multiplier 0.0707;
+                         * llama, qwen2: betas 32 and 1) */
     float rope_llama3;  /* > 1: Llama 3.1's RoPE scaling by this factor (rope_freqs.weight; low and high frequency
                          * factors 1 and 4, original context n_ctx / factor); not for deepseek2 */
     float rope_linear;  /* > 0: linear RoPE scaling keys (rope.scaling.type linear, this factor); not for deepseek2 */

@@ -175,6 +175,10 @@ synth_check qwen2-63-tied-f16      1e-4 --arch qwen2 --dim 96  --heads 6 --kv-he
 synth_check llama3-rope-gqa82-f32  1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 31 --rope-llama3 4 "${common[@]}"
 # linear RoPE scaling (rope.scaling.type linear, factor 4): every angle divided
 synth_check linear4-gqa82-f32      1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 32 --rope-linear 4 "${common[@]}"
+# YaRN on llama and qwen2 (Qwen2.5's 128k kind; factor 4 from an original context of 16): ramped
+# angles and the rotation's magnitude 1 + 0.1 ln 4, which kvlm takes into the attention scale
+synth_check yarn4-gqa82-f32        1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 33 --yarn 4 "${common[@]}"
+synth_check qwen2-yarn4-gqa42-f32  1e-4 --arch qwen2 --dim 256 --heads 4 --kv-heads 2 --hidden 512 --type f32 --seed 34 --yarn 4 "${common[@]}"
 synth_check gqa82-hd16-f16         1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f16 --seed 7 "${common[@]}"
 synth_check gqa82-hd16-q8_0        6e-2 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 8 "${common[@]}"
 synth_check qwen2-gqa82-hd16-q8_0  6e-2 --arch qwen2 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 9 "${common[@]}"

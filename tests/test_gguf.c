@@ -868,7 +868,11 @@ static void set_base_neg(gguf_writer *w) { gguf_writer_set_f32(w, "llama.rope.fr
 static void set_base_str(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.freq_base", "10000"); }
 static void set_blocks_4(gguf_writer *w) { gguf_writer_set_u32(w, "llama.block_count", 4); }
 static void set_ctx_zero(gguf_writer *w) { gguf_writer_set_i32(w, "llama.context_length", -5); }
-static void set_scaling_yarn(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn"); }
+static void set_scaling_longrope(gguf_writer *w) { gguf_writer_set_str(w, "llama.rope.scaling.type", "longrope"); }
+static void set_yarn_no_ctx(gguf_writer *w) {
+    gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn");
+    gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+}
 static void set_linear_nan(gguf_writer *w) {
     gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
     gguf_writer_set_f32(w, "llama.rope.scaling.factor", NAN);
@@ -891,6 +895,7 @@ static void test_model_nonsense(void **state) {
         {NULL, MUT_FREQS_ZERO, "rope_freqs.weight: factor 3 is 0", "finite and above 0"},
         {NULL, MUT_FREQS_SHORT, "tensor rope_freqs.weight: shape 3x1", "expected 4"},
         {set_linear_nan, MUT_NONE, "rope.scaling.factor = nan", "finite"},
+        {set_yarn_no_ctx, MUT_NONE, "YaRN RoPE scaling needs llama.rope.scaling.original_context_length", "1 to 2^24"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvlm_error err = {0};
@@ -904,9 +909,9 @@ static void test_model_nonsense(void **state) {
     assert_int_equal(load_mutated(NULL, MUT_NONE, &err), KVLM_OK); /* the unaltered file loads */
     assert_int_equal(load_mutated(NULL, MUT_FREQS_OK, &err), KVLM_OK); /* and with Llama 3.1's factors */
     /* a RoPE scaling kvlm does not apply is refused by name, never run as plain RoPE */
-    assert_int_equal(load_mutated(set_scaling_yarn, MUT_NONE, &err), KVLM_EUNSUPPORTED);
-    printf("  yarn on llama: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"yarn\""));
+    assert_int_equal(load_mutated(set_scaling_longrope, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  longrope on llama: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"longrope\""));
 }
 
 /* Two tensors whose data ranges overlap, each aligned and inside the file. */

@@ -142,6 +142,7 @@ class Model:
     rope_base = 10000.0
     rope_freqs = None   # Llama 3.1's per-pair RoPE factors (rope_freqs.weight), or None
     rope_scale = 1.0    # linear RoPE scaling (rope.scaling.type linear): every angle divided
+    yarn_rope = None    # llama / qwen2 YaRN: (factor, original context, beta_fast, beta_slow)
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
@@ -335,9 +336,13 @@ def load_gguf(path):
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear"):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
+        if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
+            m.yarn_rope = (float(meta[a + ".rope.scaling.factor"]), int(meta[a + ".rope.scaling.original_context_length"]),
+                           float(meta.get(a + ".rope.scaling.yarn_beta_fast", 32.0)),
+                           float(meta.get(a + ".rope.scaling.yarn_beta_slow", 1.0)))
     m.layers = []
     if m.arch == "deepseek2":
         load_deepseek2(m, meta, t, types)
@@ -434,16 +439,30 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0):
+def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0, yarn=None):
     """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head.
     freqs: rope_freqs.weight (Llama 3.1's scaling), each pair's angle divided
     by its factor, as llama.cpp's rope takes them (freq_factors); scale: a
-    linear rope.scaling.factor, every angle divided by it."""
+    linear rope.scaling.factor, every angle divided by it. yarn: (factor,
+    original context, beta_fast, beta_slow): the YaRN paper's angles (pair i
+    extrapolated below the beta_fast bound, interpolated / factor above the
+    beta_slow one, a linear ramp between) and its magnitude 1 + 0.1 ln factor
+    on the rotated values, as Hugging Face's Qwen2 applies them to cos and sin."""
     half = rope_dim // 2
-    theta = positions[:, None] * base ** (-2.0 * np.arange(half) / rope_dim) / scale
+    i = np.arange(half)
+    theta = positions[:, None] * base ** (-2.0 * i / rope_dim) / scale
+    mag = 1.0
+    if yarn is not None:
+        factor, orig, beta_fast, beta_slow = yarn
+        def corr(n_rot):
+            return rope_dim * np.log(orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+        lo, hi = max(0.0, np.floor(corr(beta_fast))), min(rope_dim - 1.0, np.ceil(corr(beta_slow)))
+        mix = 1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)
+        theta = theta / factor * (1 - mix) + theta * mix
+        mag = 1.0 + 0.1 * np.log(factor)
     if freqs is not None:
         theta = theta / np.asarray(freqs, dtype=np.float64)[None, :half]
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    cos, sin = mag * np.cos(theta)[:, None, :], mag * np.sin(theta)[:, None, :]
     x = x.copy()
     if neox:  # pairs (i, i + rope_dim/2)
         a, b = x[..., :half].copy(), x[..., half:rope_dim].copy()
@@ -505,8 +524,8 @@ def forward(m, ids):
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
         neox = m.arch in ("qwen2", "phi3")
-        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale)
-        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale)
+        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope)
+        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group

@@ -457,7 +457,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
             goto fail;
         }
         if (model->cfg.rope_freqs) {
-            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: scaled RoPE (Llama 3.1's rope_freqs, linear) runs on the "
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: scaled RoPE (Llama 3.1's rope_freqs, linear, YaRN) runs on the "
                                                  "CPU only");
             goto fail;
         }

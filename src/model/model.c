@@ -199,18 +199,47 @@ float model_embed_scale(const kvlm_config *c) {
 
 /* {arch}.rope.scaling.type "linear" (or the older rope.scale_linear key):
  * every angle divided by rope.scaling.factor (gemma3: its global layers,
- * Gemma 3 4B and larger); other types are refused by name, never ignored. */
+ * Gemma 3 4B and larger). "yarn" (llama, qwen2: Qwen2.5's 128k context):
+ * per-pair factors (model_set_rope_freqs) and the rotation's magnitude
+ * 1 + 0.1 ln factor on q and k, which multiplies q.k by its square: taken
+ * into the attention scale, so the cache holds plain rotations (eviction's
+ * re-rotation stays exact). Other types are refused by name, never ignored. */
 static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
     char key[128], type[32] = "";
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     bool typed = gguf_get_str(m->gguf, key, type, sizeof type) && strcmp(type, "none");
+    bool yarn = typed && !strcmp(type, "yarn") && (c->arch == KVLM_ARCH_LLAMA || c->arch == KVLM_ARCH_QWEN2);
     double f = 1.0;
     int rc;
-    if (typed && strcmp(type, "linear"))
+    if (typed && strcmp(type, "linear") && !yarn)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of this type is not supported "
-                            "for %s (linear is, and Llama 3.1's rope_freqs.weight)", m->path, key, type, arch);
+                            "for %s (linear is, yarn for llama and qwen2, and Llama 3.1's rope_freqs.weight)", m->path,
+                            key, type, arch);
     if ((rc = hp_float(m, arch, typed ? "rope.scaling.factor" : "rope.scale_linear", 0, true, &f, err))) return rc;
-    m->cfg.rope_linear = f != 1.0 ? (float)f : 0.0f;
+    if (!yarn || f == 1.0) {
+        c->rope_linear = f != 1.0 && !yarn ? (float)f : 0.0f;
+        return KVLM_OK;
+    }
+    int64_t orig = 0;
+    bool found = false;
+    double fast = 32, slow = 1;
+    if ((rc = hp_int(m, arch, "rope.scaling.original_context_length", &orig, &found, err))) return rc;
+    if (!found || orig < 1 || orig > (1 << 24))
+        return util_err_set(err, KVLM_EFORMAT, "%s: YaRN RoPE scaling needs %s.rope.scaling.original_context_length "
+                            "(1 to 2^24)", m->path, arch);
+    if ((rc = hp_float(m, arch, "rope.scaling.yarn_beta_fast", 0, true, &fast, err)) ||
+        (rc = hp_float(m, arch, "rope.scaling.yarn_beta_slow", 0, true, &slow, err)))
+        return rc;
+    if (c->rope_dim != c->head_dim)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: YaRN with a partial rotation (rope dimension %d of %d) is not "
+                            "supported", m->path, c->rope_dim, c->head_dim);
+    c->yarn_factor = (float)f;
+    c->yarn_orig_ctx = (int)orig;
+    c->yarn_beta_fast = (float)fast;
+    c->yarn_beta_slow = (float)slow;
+    double ms = 1.0 + 0.1 * log(f);
+    c->attn_scale = (float)((c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)c->head_dim)) * ms * ms);
     return KVLM_OK;
 }
 
@@ -273,13 +302,14 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     double d = 10000.0;
     if ((hrc = hp_float(m, arch, "rope.freq_base", 0, true, &d, err))) return hrc;
     c->rope_base = (float)d;
-    if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     d = 1e-5;
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_PHI3;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
+    /* after: YaRN's magnitude goes into the attention scale that sets */
+    if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     if (c->arch == KVLM_ARCH_PHI3) {
         /* The 128k variants scale RoPE per frequency (LongRoPE: these factor
          * tensors plus rope.scaling.* keys); plain RoPE would be wrong there. */
@@ -570,10 +600,26 @@ void model_llama3_rope_freqs(float *out, int rope_dim, double base, double facto
     }
 }
 
+void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor, int orig_ctx, double beta_fast,
+                           double beta_slow) {
+    /* the pair index whose wavelength makes n_rot turns over the original context */
+#define CORR(n_rot) (rope_dim * log(orig_ctx / ((n_rot) * 6.283185307179586)) / (2 * log(base)))
+    double lo = floor(CORR(beta_fast)), hi = ceil(CORR(beta_slow));
+#undef CORR
+    lo = lo > 0 ? lo : 0;
+    hi = hi < rope_dim - 1 ? hi : rope_dim - 1;
+    for (int i = 0; i < rope_dim / 2; i++) {
+        double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+        double mix = 1 - (y < 0 ? 0 : y > 1 ? 1 : y); /* 1: extrapolated (kept), 0: interpolated (/ factor) */
+        out[i] = (float)(1.0 / ((1 - mix) / factor + mix));
+    }
+}
+
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
     const float *f = m->rope_freqs.data;
     const int n = m->cfg.rope_dim / 2;
-    const float lin = m->cfg.rope_linear;
+    const bool yarn = m->cfg.yarn_factor > 0 && m->cfg.arch != KVLM_ARCH_DEEPSEEK2;
+    const float lin = m->cfg.rope_linear > 0 ? m->cfg.rope_linear : yarn ? 1.0f : 0.0f;
     m->cfg.rope_freqs = NULL;
     for (int i = 0; f && i < n; i++)
         if (!isfinite(f[i]) || f[i] <= 0)
@@ -584,6 +630,15 @@ int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
         if (!(m->rope_freqs_eff = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1))))
             return util_err_set(err, KVLM_ENOMEM, "out of memory");
         for (int i = 0; i < n; i++) m->rope_freqs_eff[i] = (f ? f[i] : 1.0f) * lin;
+        if (yarn) {
+            float *y = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+            if (!y) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+            const kvlm_config *c = &m->cfg;
+            model_yarn_rope_freqs(y, c->rope_dim, c->rope_base, c->yarn_factor, c->yarn_orig_ctx, c->yarn_beta_fast,
+                                  c->yarn_beta_slow);
+            for (int i = 0; i < n; i++) m->rope_freqs_eff[i] *= y[i];
+            free(y);
+        }
         f = m->rope_freqs_eff;
     }
     m->cfg.rope_freqs = f;

@@ -77,8 +77,14 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n);
  * blend between. */
 void model_llama3_rope_freqs(float *out, int rope_dim, double base, double factor, double low, double high,
                              double orig_ctx);
+/* YaRN's per-pair factors (llama.cpp's ramp between the pair indices where
+ * beta_fast and beta_slow rotations fit the original context): 1 below it
+ * (extrapolated), factor above (interpolated), blended between. */
+void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor, int orig_ctx, double beta_fast,
+                           double beta_slow);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
- * factors > 0), times cfg.rope_linear when that is set. */
+ * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors
+ * (not deepseek2's, which rotates its own). */
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err);
 
 /* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */

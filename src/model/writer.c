@@ -170,6 +170,12 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     if (c->rope_linear > 0) {
         gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear");
         gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->rope_linear);
+    } else if (c->yarn_factor > 0 && c->arch != KVLM_ARCH_DEEPSEEK2) { /* deepseek2 writes its own below */
+        gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn");
+        gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->yarn_factor);
+        gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
+        gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), c->yarn_beta_fast);
+        gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), c->yarn_beta_slow);
     }
     gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads);
     /* deepseek2 files give every query head a "KV head" (kvlm reads one latent) */
@@ -289,7 +295,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
                             "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
                             "the 46- and 62-layer gemmas)", m->path, m->cfg.attn_scale,
                             1.0 / ((double)m->cfg.attn_scale * m->cfg.attn_scale), d.attn_scale);
-    int cap = 3 + 30 * m->cfg.n_layers;
+    int cap = 4 + 30 * m->cfg.n_layers;
     named_tensor *ts = calloc((size_t)cap, sizeof *ts);
     void **owned = calloc((size_t)cap, sizeof *owned);
     gguf_writer *w = gguf_writer_create();
@@ -454,6 +460,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     MAKE(m.output_norm, c.dim, 1, 1);
     if (p->tied_output) m.output = m.tok_embd;
     else MAKE(m.output, c.dim, c.vocab_size, 0);
+    if (p->yarn_factor > 1 && c.arch != KVLM_ARCH_DEEPSEEK2) { /* Qwen2.5's kind: the context stretched by the factor */
+        if (c.arch != KVLM_ARCH_LLAMA && c.arch != KVLM_ARCH_QWEN2) {
+            rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, qwen2 and deepseek2");
+            goto done;
+        }
+        m.cfg.yarn_factor = p->yarn_factor;
+        m.cfg.yarn_orig_ctx = (int)(c.n_ctx_train / p->yarn_factor) > 0 ? (int)(c.n_ctx_train / p->yarn_factor) : 1;
+        m.cfg.yarn_beta_fast = 32, m.cfg.yarn_beta_slow = 1;
+    }
     if (p->rope_linear > 0) {
         if (c.arch == KVLM_ARCH_DEEPSEEK2) {
             rc = util_err_set(err, KVLM_EINVAL, "linear RoPE scaling is not for deepseek2 (--yarn is)");
