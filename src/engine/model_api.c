@@ -172,6 +172,16 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
     if (c->sliding_window > 0 && c->n_local_layers > 0 && len < cap)
         snprintf(buf + len, cap - len, ", sliding window %d on %d of %d layers", c->sliding_window, c->n_local_layers,
                  c->n_layers);
+    len = strlen(buf);
+    if (c->arch != KVLM_ARCH_DEEPSEEK2 && len < cap) { /* RoPE scaling (deepseek2's YaRN is in its MLA line) */
+        if (c->yarn_factor > 0)
+            snprintf(buf + len, cap - len, ", RoPE YaRN x%g from %d tokens", (double)c->yarn_factor, c->yarn_orig_ctx);
+        else if (m->rope_freqs.data)
+            snprintf(buf + len, cap - len, ", RoPE factors (rope_freqs: Llama 3.1's scaling)%s",
+                     c->rope_linear > 0 ? " and linear" : "");
+        else if (c->rope_linear > 0)
+            snprintf(buf + len, cap - len, ", RoPE linear x%g", (double)c->rope_linear);
+    }
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {
