@@ -835,6 +835,7 @@ static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
     gguf_file *f = gguf_open(src, err);
     assert_non_null(f);
     gguf_writer *w = gguf_writer_create();
+    float ff[4] = {1, 2, 4, 4}; /* the writer keeps the pointer until it writes */
     if (set) set(w);
     gguf_writer_copy_kv(w, f, "");
     for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -842,7 +843,7 @@ static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
         if (mut == MUT_DROP_BLOCK1 && !strncmp(t->cname, "blk.1.", 6)) continue;
         assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, t->ne, t->data, err), KVLM_OK);
         if (mut >= MUT_FREQS_ZERO && i == 0) { /* head dim 8: rope_freqs.weight of 4 factors */
-            float ff[4] = {1, 2, 4, mut == MUT_FREQS_ZERO ? 0 : 4};
+            ff[3] = mut == MUT_FREQS_ZERO ? 0 : 4;
             int64_t ne[1] = {mut == MUT_FREQS_SHORT ? 3 : 4};
             assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", 0 /* f32 */, 1, ne, ff, err), KVLM_OK);
         }
