@@ -217,8 +217,15 @@ def export_weights(meta, tensors, out, fam, args):
         f, lo, hi, orig = (float(v) for v in args.rope_llama3.split(","))
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
                                "original_max_position_embeddings": int(orig)}
-    if g("rope.scaling.type", b"none") in (b"linear", "linear"):  # what llama.cpp's converter writes for HF's linear type
+    stype = g("rope.scaling.type", b"none")
+    stype = stype.decode() if isinstance(stype, bytes) else stype
+    if stype == "linear":  # what llama.cpp's converter writes for HF's linear type
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(g("rope.scaling.factor", 1.0))}
+    elif stype == "yarn":  # Qwen2.5's form of it
+        cfg["rope_scaling"] = {"rope_type": "yarn", "factor": float(g("rope.scaling.factor")),
+                               "original_max_position_embeddings": int(g("rope.scaling.original_context_length")),
+                               "beta_fast": float(g("rope.scaling.yarn_beta_fast", 32.0)),
+                               "beta_slow": float(g("rope.scaling.yarn_beta_slow", 1.0))}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
     if fam == "qwen2":

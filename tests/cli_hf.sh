@@ -83,20 +83,27 @@ print(max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x, y)) if len(a) == l
         pass "convert DIR with rope_scaling llama3: rope_freqs.weight in the GGUF, the same logits as the original"
     else fail "convert DIR with rope_scaling llama3: no rope_freqs.weight"; fi
 else fail "llama3 rope: export"; fi
-# linear (factor 4): the directory, the GGUF it came from and its convert give one set of logits
-"$bin" synth "$tmp/lin.gguf" --arch llama --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
-    --ctx 64 --type f32 --seed 6 --rope-linear 4 > /dev/null
-if $export "$tmp/lin.gguf" "$tmp/lin" --family llama && grep -q '"rope_type": "linear"' "$tmp/lin/config.json"; then
-    "$bin" logits -m "$tmp/lin" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.dir.txt" 2>/dev/null
-    "$bin" logits -m "$tmp/lin.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.gguf.txt" 2>/dev/null
-    "$bin" convert "$tmp/lin" "$tmp/lin.back.gguf" 2>/dev/null
-    "$bin" logits -m "$tmp/lin.back.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/lin.back.txt" 2>/dev/null
-    e_dir=$("$py" -c "$maxdiff" "$tmp/lin.dir.txt" "$tmp/lin.gguf.txt")
-    e_plain=$("$py" -c "$maxdiff" "$tmp/lin.gguf.txt" "$tmp/l3.plain.txt")
-    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 and $e_plain > 1e-2 else 1)" && cmp -s "$tmp/lin.back.txt" "$tmp/lin.gguf.txt"; then
-        pass "rope_scaling linear: the directory's logits = the GGUF's (max diff $e_dir; unscaled $e_plain), and its convert's"
-    else fail "rope_scaling linear: directory vs GGUF $e_dir, GGUF vs unscaled $e_plain, convert $(cmp "$tmp/lin.back.txt" "$tmp/lin.gguf.txt" 2>&1)"; fi
-else fail "linear rope: export"; fi
+# linear (factor 4) on a llama, YaRN (factor 4 from 16 tokens) on a qwen2: the directory, the GGUF it came
+# from and its convert give one set of logits, apart from the same weights unscaled
+for spec in lin:llama:--rope-linear:linear yarn:qwen2:--yarn:yarn; do
+    IFS=: read -r name arch opt kind <<< "$spec"
+    for s in scaled plain; do
+        "$bin" synth "$tmp/$name.$s.gguf" --arch "$arch" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 \
+            --vocab 700 --ctx 64 --type f32 --seed 6 $([ $s = scaled ] && echo "$opt" 4) > /dev/null
+        "$bin" logits -m "$tmp/$name.$s.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$name.$s.txt" 2>/dev/null
+    done
+    if $export "$tmp/$name.scaled.gguf" "$tmp/$name" --family "$arch" && grep -q "\"rope_type\": \"$kind\"" "$tmp/$name/config.json"; then
+        "$bin" logits -m "$tmp/$name" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$name.dir.txt" 2>/dev/null
+        "$bin" convert "$tmp/$name" "$tmp/$name.back.gguf" 2>/dev/null
+        "$bin" logits -m "$tmp/$name.back.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$name.back.txt" 2>/dev/null
+        e_dir=$("$py" -c "$maxdiff" "$tmp/$name.dir.txt" "$tmp/$name.scaled.txt")
+        e_back=$("$py" -c "$maxdiff" "$tmp/$name.back.txt" "$tmp/$name.scaled.txt")
+        e_plain=$("$py" -c "$maxdiff" "$tmp/$name.scaled.txt" "$tmp/$name.plain.txt")
+        if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 and $e_back < 1e-4 and $e_plain > 1e-2 else 1)"; then
+            pass "rope_scaling $kind ($arch): the directory's logits = the GGUF's (max diff $e_dir), its convert's ($e_back); unscaled $e_plain"
+        else fail "rope_scaling $kind ($arch): directory vs GGUF $e_dir, convert $e_back, GGUF vs unscaled $e_plain"; fi
+    else fail "$kind rope ($arch): export"; fi
+done
 
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"

@@ -439,8 +439,10 @@ static void test_shards_and_errors(void **state) {
     static const struct { const char *from, *to, *want1, *want2; } bad[] = {
         {"\"intermediate_size\": 96", "\"intermediate_size\": 80", "model.layers.0.mlp.gate_proj.weight",
          "shape [96, 64], expected [80, 64]"},
-        {"\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0}",
-         "rope_scaling of type \"yarn\"", NULL},
+        {"\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 8.0}",
+         "rope_scaling of type \"dynamic\"", NULL},
+        {"\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 2}",
+         "rope_scaling yarn with attention_factor", NULL},
         {"\"rope_scaling\": null",
          "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4, \"high_freq_factor\": 1}",
          "rope_scaling llama3: factor 8, low_freq_factor 4, high_freq_factor 1", "high > low > 0"},

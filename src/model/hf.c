@@ -193,6 +193,35 @@ static int llama3_rope(struct kvlm_model *m, json_t *rs, const char *path, kvlm_
     return model_set_rope_freqs(m, err);
 }
 
+/* rope_scaling {"rope_type": "yarn", factor, original_max_position_embeddings
+ * (default: max_position_embeddings), beta_fast (32), beta_slow (1)} on a
+ * llama or qwen2 (Qwen2.5's 128k): the GGUF loader's YaRN (model.c); an
+ * attention_factor other than YaRN's own, DeepSeek's mscale keys or
+ * truncate: false are refused. */
+static int hf_yarn(kvlm_config *c, json_t *rs, const char *path, kvlm_error *err) {
+    double factor, fast, slow, orig;
+    int rc;
+    if (!json_is_number(json_object_get(rs, "factor")))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling yarn has no \"factor\" (a number)", path);
+    if ((rc = cfg_float(rs, path, "factor", 1, &factor, err)) || (rc = cfg_float(rs, path, "beta_fast", 32, &fast, err)) ||
+        (rc = cfg_float(rs, path, "beta_slow", 1, &slow, err)) ||
+        (rc = cfg_float(rs, path, "original_max_position_embeddings", c->n_ctx_train, &orig, err)))
+        return rc;
+    json_t *af = json_object_get(rs, "attention_factor"), *tr = json_object_get(rs, "truncate");
+    if ((af && !json_is_null(af) &&
+         (!json_is_number(af) || fabs(json_number_value(af) - (1 + 0.1 * log(factor))) > 1e-6)) ||
+        json_object_get(rs, "mscale") || json_object_get(rs, "mscale_all_dim") || (tr && json_is_false(tr)))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling yarn with attention_factor, mscale or truncate "
+                            "of its own is not supported (YaRN's defaults are)", path);
+    if (factor <= 1) return KVLM_OK;
+    if (orig > (1 << 24)) return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling yarn: original context %g", path, orig);
+    c->yarn_factor = (float)factor;
+    c->yarn_orig_ctx = (int)orig;
+    c->yarn_beta_fast = (float)fast;
+    c->yarn_beta_slow = (float)slow;
+    return KVLM_OK;
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -253,9 +282,11 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
             if ((rc = cfg_float(rs, path, "factor", 1, &lf, err))) return rc;
             c->rope_linear = lf != 1 ? (float)lf : 0.0f;
             if ((rc = model_set_rope_freqs(m, err))) return rc;
+        } else if (!strcmp(t, "yarn") && (fam->arch == KVLM_ARCH_LLAMA || fam->arch == KVLM_ARCH_QWEN2)) {
+            if ((rc = hf_yarn(c, rs, path, err))) return rc;
         } else if (strcmp(t, "default"))
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling of type \"%.32s\" (factor %g) is not "
-                                "supported: kvlm applies plain RoPE (rope_theta only), linear or Llama 3.1's (llama3)",
+                                "supported: kvlm applies plain RoPE (rope_theta only), linear, Llama 3.1's (llama3), or yarn (llama, qwen2)",
                                 path, t, json_is_number(f) ? json_number_value(f) : 0.0);
     }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
@@ -274,6 +305,10 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     c->arch = (kvlm_arch)fam->arch;
     c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
+    if (c->yarn_factor > 0) { /* its factors and magnitude, once the arch and the attention scale are set */
+        c->attn_scale *= model_yarn_mscale2(c);
+        if ((rc = model_set_rope_freqs(m, err))) return rc;
+    }
     /* Sliding-window attention is recorded, not applied (docs/hf-checkpoints.md),
      * except for gemma2, whose forward pass has local layers. */
     bool use_sw = true;

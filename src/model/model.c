@@ -238,9 +238,14 @@ static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err)
     c->yarn_orig_ctx = (int)orig;
     c->yarn_beta_fast = (float)fast;
     c->yarn_beta_slow = (float)slow;
-    double ms = 1.0 + 0.1 * log(f);
-    c->attn_scale = (float)((c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)c->head_dim)) * ms * ms);
+    c->attn_scale = (c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim)) * model_yarn_mscale2(c);
     return KVLM_OK;
+}
+
+float model_yarn_mscale2(const kvlm_config *c) {
+    if (c->yarn_factor <= 0 || c->arch == KVLM_ARCH_DEEPSEEK2) return 1.0f;
+    double ms = 1.0 + 0.1 * log(c->yarn_factor);
+    return (float)(ms * ms);
 }
 
 static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {

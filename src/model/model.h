@@ -82,6 +82,10 @@ void model_llama3_rope_freqs(float *out, int rope_dim, double base, double facto
  * (extrapolated), factor above (interpolated), blended between. */
 void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor, int orig_ctx, double beta_fast,
                            double beta_slow);
+/* YaRN's rotation magnitude (1 + 0.1 ln factor), squared: what it makes of
+ * q.k, and what llama's and qwen2's attention scale takes (1: no YaRN, or
+ * deepseek2's, which scales by its own rule). */
+float model_yarn_mscale2(const kvlm_config *c);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
  * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors
  * (not deepseek2's, which rotates its own). */

@@ -290,6 +290,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
      * directory's query_pre_attn_scalar) cannot be written. */
     kvlm_config d = m->cfg;
     model_swa_defaults(&d);
+    d.attn_scale *= model_yarn_mscale2(&d); /* YaRN's keys carry it */
     if (m->hf && d.attn_scale != m->cfg.attn_scale)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: attention scale %g (query_pre_attn_scalar %g) has no GGUF "
                             "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
