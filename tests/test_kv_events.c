@@ -121,19 +121,13 @@ static int ask(void *d, const void *f0, size_t n0, const void *f1, size_t n1, in
     }
 }
 
-static void test_replay(void **state) {
-    (void)state;
-    char pub[128], rep[128];
-    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub", (int)getpid());
-    snprintf(rep, sizeof rep, "ipc:///tmp/kvlm-test-kv-events-%d-replay", (int)getpid());
-    kvlm_error err = {0};
-    srv_kv_events_params p = {.endpoint = pub, .block_size = 4, .replay = rep, .buffer = 3};
-    srv_kv_events *e = srv_kv_events_start(&p, &err);
-    assert_non_null(e);
+/* batches 1..6 after AllBlocksCleared (0), one stored block of 4 tokens each,
+ * all sent: their payloads' size */
+static size_t six_batches(srv_kv_events *e) {
     kvlm_kv_event_sink sink = srv_kv_events_sink(e);
     int32_t tok[4] = {1, 2, 3, 4};
-    for (int i = 0; i < 6; i++) { /* batches 1..6 after AllBlocksCleared (0) */
-        kvlm_kv_event ev = {.kind = KVLM_KV_EVENT_STORED, .tokens = tok, .n_tokens = 4};
+    kvlm_kv_event ev = {.kind = KVLM_KV_EVENT_STORED, .tokens = tok, .n_tokens = 4};
+    for (int i = 0; i < 6; i++) {
         key(ev.hash, i);
         sink.event(sink.user, &ev);
         sink.flush(sink.user);
@@ -144,6 +138,23 @@ static void test_replay(void **state) {
         srv_kv_events_stats_get(e, &st);
     }
     assert_int_equal(st.batches, 7);
+    size_t len = 0;
+    free(srv_kv_events_encode(&ev, 1, 1.5, 4, "CPU", &len));
+    return len;
+}
+
+static void test_replay(void **state) {
+    (void)state;
+    char pub[128], rep[128];
+    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub", (int)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvlm-test-kv-events-%d-replay", (int)getpid());
+    kvlm_error err = {0};
+    srv_kv_events_params p = {.endpoint = pub, .block_size = 4, .replay = rep, .buffer = 3};
+    srv_kv_events *e = srv_kv_events_start(&p, &err);
+    assert_non_null(e);
+    six_batches(e);
+    srv_kv_events_stats st = {0};
+    srv_kv_events_stats_get(e, &st);
     assert_int_equal(st.buffered, 3);
     void *z = zmq_ctx_new(), *d = zmq_socket(z, ZMQ_DEALER);
     int zero = 0;
@@ -170,6 +181,27 @@ static void test_replay(void **state) {
     srv_kv_events_stats_get(e, &st);
     assert_int_equal(st.replays, 5);
     assert_int_equal(st.replayed, 7);
+    zmq_close(d);
+    zmq_ctx_term(z);
+    srv_kv_events_stop(e);
+    /* a byte cap of two and a half batches: the ring keeps the last two */
+    p.buffer = 100;
+    p.buffer_bytes = 1;
+    assert_non_null(e = srv_kv_events_start(&p, &err));
+    size_t len = six_batches(e);
+    srv_kv_events_stop(e);
+    p.buffer_bytes = len * 5 / 2;
+    assert_non_null(e = srv_kv_events_start(&p, &err));
+    six_batches(e);
+    srv_kv_events_stats_get(e, &st);
+    printf("  a ring of %zu bytes holds %d batches of %zu\n", p.buffer_bytes, (int)st.buffered, len);
+    assert_int_equal(st.buffered, 2);
+    z = zmq_ctx_new();
+    d = zmq_socket(z, ZMQ_DEALER);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(d, rep), 0);
+    assert_int_equal(ask(d, "", 0, from0, 8, 2, seqs, &bad), 2);
+    assert_true(seqs[0] == 5 && seqs[1] == 6 && !bad);
     zmq_close(d);
     zmq_ctx_term(z);
     srv_kv_events_stop(e);

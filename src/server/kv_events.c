@@ -53,6 +53,7 @@ struct srv_kv_events {
     pthread_mutex_t rmu;
     struct sent { uint64_t seq; uint8_t *payload; size_t len; } *ring;
     int ring_cap, ring_n, ring_head;
+    size_t ring_bytes, ring_max_bytes;
 };
 
 static double wall_now(void) {
@@ -150,14 +151,19 @@ static void send_batch(srv_kv_events *e, batch *b) {
         /* PUB never blocks: past its high-water mark a subscriber's messages are dropped */
         ok = zmq_send(e->pub, e->topic, strlen(e->topic), ZMQ_SNDMORE) >= 0 &&
              zmq_send(e->pub, seq, 8, ZMQ_SNDMORE) >= 0 && zmq_send(e->pub, payload, len, 0) >= 0;
-        if (ok && e->replay) { /* the ring takes the payload, the oldest goes */
+        if (ok && e->replay && len <= e->ring_max_bytes) {
+            /* the ring takes the payload; the oldest go while it holds too
+             * many batches or bytes (long prompts make large batches) */
             pthread_mutex_lock(&e->rmu);
-            struct sent *r = &e->ring[(e->ring_head + e->ring_n) % e->ring_cap];
-            if (e->ring_n == e->ring_cap) {
-                free(r->payload);
+            while (e->ring_n && (e->ring_n == e->ring_cap || e->ring_bytes + len > e->ring_max_bytes)) {
+                struct sent *o = &e->ring[e->ring_head];
+                e->ring_bytes -= o->len;
+                free(o->payload);
                 e->ring_head = (e->ring_head + 1) % e->ring_cap;
-            } else e->ring_n++;
-            *r = (struct sent){b->seq, payload, len};
+                e->ring_n--;
+            }
+            e->ring[(e->ring_head + e->ring_n++) % e->ring_cap] = (struct sent){b->seq, payload, len};
+            e->ring_bytes += len;
             payload = NULL;
             pthread_mutex_unlock(&e->rmu);
         }
@@ -406,6 +412,7 @@ srv_kv_events *srv_kv_events_start(const srv_kv_events_params *p, kvlm_error *er
             return NULL;
         }
         e->ring_cap = cap;
+        e->ring_max_bytes = p->buffer_bytes > 0 ? p->buffer_bytes : SRV_KV_EVENTS_BUFFER_BYTES;
         zmq_setsockopt(e->replay, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(e->replay, ZMQ_SNDHWM, &rhwm, sizeof rhwm);
         zmq_setsockopt(e->replay, ZMQ_ROUTER_MANDATORY, &one, sizeof one); /* a full peer: an error, not a loss */

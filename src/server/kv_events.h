@@ -28,11 +28,15 @@ typedef struct {
      * the last `buffer` batches sent, from a sequence number on */
     const char *replay;
     int buffer; /* batches kept for replay (0: SRV_KV_EVENTS_BUFFER) */
+    size_t buffer_bytes; /* and at most these payload bytes (0: SRV_KV_EVENTS_BUFFER_BYTES) */
 } srv_kv_events_params;
 
 /* vLLM's buffer_steps; the most --kv-events-buffer takes */
 #define SRV_KV_EVENTS_BUFFER 10000
 #define SRV_KV_EVENTS_BUFFER_MAX 1000000
+/* the replay ring's bytes: the oldest batches go first past it (a batch of
+ * 100,000 prompt tokens is about half a megabyte) */
+#define SRV_KV_EVENTS_BUFFER_BYTES ((size_t)64 << 20)
 
 /* Queues AllBlocksCleared as the first batch (seq 0): a restarted engine
  * holds nothing. */
