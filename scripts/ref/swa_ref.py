@@ -110,7 +110,7 @@ def forward(m, ids):
             q = lr.rmsnorm(q, L["q_norm"], m.eps)
             k = lr.rmsnorm(k, L["k_norm"], m.eps)
         base = m.local_base if m.local[l] else m.base
-        scale = 1.0 if m.local[l] and m.gemma else m.scale
+        scale = 1.0 if m.local[l] and m.arch == "gemma3" else m.scale  # gemma3: local layers unscaled (llama.cpp)
         q = lr.rope(q, pos, m.rope_dim, base, m.neox, None, scale)
         k = lr.rope(k, pos, m.rope_dim, base, m.neox, None, scale)
         allowed = windowed if m.local[l] else causal
