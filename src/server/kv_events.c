@@ -250,11 +250,12 @@ static void serve_replay(srv_kv_events *e) {
         }
         pthread_mutex_unlock(&e->rmu);
     }
-    if (ok) ok = reply(e->replay, &f[0], delim, end, "", 0);
+    /* counted before the end mark goes: a client that has it reads counts that include its request */
     pthread_mutex_lock(&e->mu);
     if (ok) e->st.replays++;
     e->st.replayed += sent;
     pthread_mutex_unlock(&e->mu);
+    if (ok) reply(e->replay, &f[0], delim, end, "", 0);
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
 }
 
