@@ -9,8 +9,9 @@
 # (full: writes fail with ENOSPC; a size-capped folder where tmpfs cannot be
 # mounted) and a Redis tier whose server is killed (SIGKILL), restarted, and
 # frozen (SIGSTOP) for a while. Checked: every answered request equals its
-# reference (computed one at a time before the load); RSS after warm-up stays
-# within 5% (Release build); every KV block and swap slot comes back; the
+# reference (computed one at a time before the load); RSS stays within 5% over
+# the calm second half of the run, after the faults (Release build); every KV
+# block and swap slot comes back; the
 # server's figures add up against the clients' (requests, finish reasons,
 # tokens, errors); the server stops cleanly.
 set -uo pipefail
@@ -263,7 +264,10 @@ def sampler():
 faults = []
 def fault_injector():
     global redis
-    plan = [(0.30, "kill"), (0.45, "restart"), (0.62, "stop"), (0.70, "cont")]
+    # in the first half: a stopped Redis lets its tier's write queue fill (up
+    # to 4096 blocks, by design), and the heap keeps that high-water mark, so
+    # the RSS check looks at the second half, where only a leak would grow it
+    plan = [(0.10, "kill"), (0.20, "restart"), (0.28, "stop"), (0.36, "cont")]
     start = time.time()
     for frac, what in plan:
         while time.time() < start + frac * SECS: time.sleep(0.05)
@@ -325,15 +329,15 @@ check(red.get("writes_total", 0) > 0 and red.get("dropped_writes_total", 0) + re
 if mounted:
     check(dk.get("errors_total", 0) > 0 and dk.get("writes_total", 0) > 0 and dk.get("hits_total", 0) > 0,
           "the full disk tier met ENOSPC and went on writing and hitting")
-# RSS: from the end of warm-up (a quarter of the run) to the end
+# RSS: over the second half of the run (the faults and their queues are behind)
 if rss:
-    t_w = t_start + SECS / 4
+    t_w = t_start + SECS / 2
     base = [v for t, v in rss if t >= t_w][:4]
     base = max(base) if base else rss[0][1]
     peak = max(v for t, v in rss if t >= t_w) if any(t >= t_w for t, v in rss) else base
     grow = (peak - base) / base
-    print("RSS: %d KiB after warm-up, peak %d KiB after it (%+.1f%%); first %d KiB" % (base, peak, 100 * grow, rss[0][1]), flush=True)
-    if not quick: check(grow <= 0.05, "RSS after warm-up within 5%")
+    print("RSS: %d KiB at half time, peak %d KiB after it (%+.1f%%); first %d KiB" % (base, peak, 100 * grow, rss[0][1]), flush=True)
+    if not quick: check(grow <= 0.05, "RSS over the second half within 5%")
 check(proc.poll() is None, "server alive")
 redis.send_signal(signal.SIGCONT)
 proc.terminate()
