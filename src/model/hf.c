@@ -165,6 +165,13 @@ static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int windo
     return KVLM_OK;
 }
 
+/* A rope_scaling's "factor": present, a number, finite and above 0. */
+static int scaling_factor(json_t *rs, const char *path, const char *type, double *out, kvlm_error *err) {
+    if (!json_is_number(json_object_get(rs, "factor")))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling %s has no \"factor\" (a number)", path, type);
+    return cfg_float(rs, path, "factor", 1, out, err);
+}
+
 /* rope_scaling {"rope_type": "llama3", factor, low_freq_factor,
  * high_freq_factor, original_max_position_embeddings} (Llama 3.1 and 3.2):
  * the factors llama.cpp's converter writes as rope_freqs.weight, computed
@@ -172,14 +179,12 @@ static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int windo
 static int llama3_rope(struct kvlm_model *m, json_t *rs, const char *path, kvlm_error *err) {
     double factor, low, high, orig;
     int rc;
-    if (!json_is_number(json_object_get(rs, "factor")))
-        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling llama3 has no \"factor\" (a number)", path);
-    if ((rc = cfg_float(rs, path, "factor", 0, &factor, err)) || (rc = cfg_float(rs, path, "low_freq_factor", 1, &low, err)) ||
+    if ((rc = scaling_factor(rs, path, "llama3", &factor, err)) ||
+        (rc = cfg_float(rs, path, "low_freq_factor", 1, &low, err)) ||
         (rc = cfg_float(rs, path, "high_freq_factor", 4, &high, err)) ||
         (rc = cfg_float(rs, path, "original_max_position_embeddings", 8192, &orig, err)))
         return rc;
-    if (!(factor > 0) || !(low > 0) || !(high > low) || !(orig >= 1) || !isfinite(factor) || !isfinite(high) ||
-        !isfinite(orig))
+    if (!(high > low) || orig < 1) /* cfg_float took care of finite and above 0 */
         return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling llama3: factor %g, low_freq_factor %g, "
                             "high_freq_factor %g, original_max_position_embeddings %g (want factor > 0, high > "
                             "low > 0, a context of 1 or more)", path, factor, low, high, orig);
@@ -201,9 +206,7 @@ static int llama3_rope(struct kvlm_model *m, json_t *rs, const char *path, kvlm_
 static int hf_yarn(kvlm_config *c, json_t *rs, const char *path, kvlm_error *err) {
     double factor, fast, slow, orig;
     int rc;
-    if (!json_is_number(json_object_get(rs, "factor")))
-        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling yarn has no \"factor\" (a number)", path);
-    if ((rc = cfg_float(rs, path, "factor", 1, &factor, err)) || (rc = cfg_float(rs, path, "beta_fast", 32, &fast, err)) ||
+    if ((rc = scaling_factor(rs, path, "yarn", &factor, err)) || (rc = cfg_float(rs, path, "beta_fast", 32, &fast, err)) ||
         (rc = cfg_float(rs, path, "beta_slow", 1, &slow, err)) ||
         (rc = cfg_float(rs, path, "original_max_position_embeddings", c->n_ctx_train, &orig, err)))
         return rc;
@@ -277,9 +280,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
             if ((rc = llama3_rope(m, rs, path, err))) return rc;
         } else if (!strcmp(t, "linear")) {
             double lf;
-            if (!json_is_number(f))
-                return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling linear has no \"factor\" (a number)", path);
-            if ((rc = cfg_float(rs, path, "factor", 1, &lf, err))) return rc;
+            if ((rc = scaling_factor(rs, path, "linear", &lf, err))) return rc;
             c->rope_linear = lf != 1 ? (float)lf : 0.0f;
             if ((rc = model_set_rope_freqs(m, err))) return rc;
         } else if (!strcmp(t, "yarn") && (fam->arch == KVLM_ARCH_LLAMA || fam->arch == KVLM_ARCH_QWEN2)) {

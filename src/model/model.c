@@ -623,28 +623,23 @@ void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor,
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
     const float *f = m->rope_freqs.data;
     const int n = m->cfg.rope_dim / 2;
-    const bool yarn = m->cfg.yarn_factor > 0 && m->cfg.arch != KVLM_ARCH_DEEPSEEK2;
-    const float lin = m->cfg.rope_linear > 0 ? m->cfg.rope_linear : yarn ? 1.0f : 0.0f;
+    const kvlm_config *c = &m->cfg;
+    const bool yarn = c->yarn_factor > 0 && c->arch != KVLM_ARCH_DEEPSEEK2;
+    const float lin = c->rope_linear > 0 ? c->rope_linear : yarn ? 1.0f : 0.0f;
     m->cfg.rope_freqs = NULL;
     for (int i = 0; f && i < n; i++)
         if (!isfinite(f[i]) || f[i] <= 0)
             return util_err_set(err, KVLM_EFORMAT, "%s: tensor rope_freqs.weight: factor %d is %g (RoPE frequency "
                                 "factors are finite and above 0)", m->path, i, (double)f[i]);
-    if (lin > 0) { /* the factors the forward pass divides by: the tensor's (or 1) times the linear one */
+    if (lin > 0) { /* the factors the forward pass divides by: the tensor's (or 1) times the linear one, times YaRN's */
         free(m->rope_freqs_eff);
-        if (!(m->rope_freqs_eff = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1))))
-            return util_err_set(err, KVLM_ENOMEM, "out of memory");
-        for (int i = 0; i < n; i++) m->rope_freqs_eff[i] = (f ? f[i] : 1.0f) * lin;
-        if (yarn) {
-            float *y = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-            if (!y) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-            const kvlm_config *c = &m->cfg;
-            model_yarn_rope_freqs(y, c->rope_dim, c->rope_base, c->yarn_factor, c->yarn_orig_ctx, c->yarn_beta_fast,
+        float *e = m->rope_freqs_eff = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+        if (!e) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+        if (yarn)
+            model_yarn_rope_freqs(e, c->rope_dim, c->rope_base, c->yarn_factor, c->yarn_orig_ctx, c->yarn_beta_fast,
                                   c->yarn_beta_slow);
-            for (int i = 0; i < n; i++) m->rope_freqs_eff[i] *= y[i];
-            free(y);
-        }
-        f = m->rope_freqs_eff;
+        for (int i = 0; i < n; i++) e[i] = (yarn ? e[i] : 1.0f) * ((f ? f[i] : 1.0f) * lin);
+        f = e;
     }
     m->cfg.rope_freqs = f;
     return KVLM_OK;

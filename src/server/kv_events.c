@@ -229,9 +229,9 @@ static void serve_replay(srv_kv_events *e) {
         else { extra++; zmq_msg_close(&m); }
     }
     if (n == 0) return;
-    bool delim = n == 3 && zmq_msg_size(&f[1]) == 0;
-    const zmq_msg_t *seqf = extra ? NULL : delim ? &f[2] : n == 2 ? &f[1] : NULL;
-    if (n >= 2 && !delim && zmq_msg_size(&f[1]) == 0) delim = true; /* malformed, but REQ's envelope */
+    /* [id, "", seq] or [id, seq]; anything else is answered in the envelope it came in */
+    const bool delim = n >= 2 && zmq_msg_size(&f[1]) == 0;
+    const zmq_msg_t *seqf = extra || n != 2 + delim ? NULL : &f[1 + delim];
     uint8_t end[8];
     memset(end, 0xff, sizeof end);
     uint64_t sent = 0;
