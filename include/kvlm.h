@@ -28,15 +28,17 @@ typedef struct kvlm_error {
 const char *kvlm_status_name(int code);
 
 /* ---- models ------------------------------------------------------------ */
-/* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (4k-context
- * variants; LongRoPE factors are refused) */
+/* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
+ * for the 128k-context variants) */
+/* qwen3 (dense): qwen2's layout without biases, an RMSNorm over each head of
+ * q and k before RoPE (attn_q_norm, attn_k_norm), a head dimension of its own */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
  * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
-               KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5 } kvlm_arch;
+               KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -59,6 +61,16 @@ typedef struct kvlm_config {
      * rope_type "linear"): every angle divided by it, on top of rope_freqs;
      * gemma3: its global layers only. 0: none */
     float rope_linear;
+    /* LongRoPE (the 128k-context Phi-3 and Phi-3.5: GGUF's rope_factors_long
+     * and rope_factors_short tensors, Hugging Face's rope_type "longrope"):
+     * rope_freqs holds the long factors, rope_freqs_short the short ones, which
+     * a context of at most longrope_orig_ctx tokens a sequence takes instead
+     * (llama.cpp's rule, made when a context is created); NULL: none. The rotation's
+     * magnitude longrope_attn_factor on q's and k's rotated dimensions goes on
+     * q's alone, squared (keys keep plain rotations). */
+    const float *rope_freqs_short;
+    int longrope_orig_ctx;
+    float longrope_attn_factor;
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
     /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);
@@ -139,6 +151,8 @@ typedef struct kvlm_synth_params {
     float rope_llama3;  /* > 1: Llama 3.1's RoPE scaling by this factor (rope_freqs.weight; low and high frequency
                          * factors 1 and 4, original context n_ctx / factor); not for deepseek2 */
     float rope_linear;  /* > 0: linear RoPE scaling keys (rope.scaling.type linear, this factor); not for deepseek2 */
+    float longrope;     /* > 1: phi3's LongRoPE (rope_factors_long/short.weight: long factors rising to FACTOR, short
+                         * ones near 1; original context n_ctx / FACTOR; attention factor sqrt(1 + ln F / ln orig)) */
     int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
     float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
 } kvlm_synth_params;

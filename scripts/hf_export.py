@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|qwen2|phi3|gemma2]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|qwen2|qwen3|phi3|gemma2]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -191,11 +191,14 @@ def export_weights(meta, tensors, out, fam, args):
         else:
             put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
         put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
+        if fam == "qwen3":
+            put(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight")
+            put(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight")
 
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
+                           "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
         "intermediate_size": g("feed_forward_length"),
@@ -213,6 +216,9 @@ def export_weights(meta, tensors, out, fam, args):
     }
     if head_dim != dim // n_head:
         cfg["head_dim"] = head_dim
+    rope_dim = g("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:  # Phi-4-mini's partial rotation
+        cfg["partial_rotary_factor"] = rope_dim / head_dim
     if args.rope_llama3:  # the GGUF's rope_freqs.weight stands for these (the converter computed it from them)
         f, lo, hi, orig = (float(v) for v in args.rope_llama3.split(","))
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
@@ -228,12 +234,23 @@ def export_weights(meta, tensors, out, fam, args):
                                "beta_slow": float(g("rope.scaling.yarn_beta_slow", 1.0))}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
+    if fam == "qwen3":  # Qwen3Config writes these
+        cfg["head_dim"] = head_dim
+        cfg["attention_bias"] = False
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = None
     if fam == "qwen2":
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = 4096
     if fam == "phi3":
         cfg["sliding_window"] = 2047
         cfg["original_max_position_embeddings"] = cfg["max_position_embeddings"]
+    if "rope_factors_long.weight" in tensors:  # phi3's LongRoPE, as Phi-3.5's config.json holds it
+        lf, sf = (to_f32(*tensors["rope_factors_%s.weight" % k]).ravel() for k in ("long", "short"))
+        cfg["rope_scaling"] = {"type": "longrope", "long_factor": [float(v) for v in lf],
+                               "short_factor": [float(v) for v in sf]}
+        # no attention_factor: Hugging Face derives it from these two, as the GGUF's converter did
+        cfg["original_max_position_embeddings"] = int(g("rope.scaling.original_context_length"))
     if gemma:
         # Gemma2Config's keys; llama.cpp's converter copies them to these GGUF keys
         cfg["hidden_act"] = cfg["hidden_activation"] = "gelu_pytorch_tanh"

@@ -32,10 +32,11 @@ fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
 # gemma2: a window of 8, shorter than the texts and id lists below, tied embeddings
 synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
-    --type "$3" --seed 5 $([ "$2" = gemma2 ] && echo --sliding-window 8 --tied) > /dev/null; }
+    --type "$3" --seed 5 $([ "$2" = gemma2 ] && echo --sliding-window 8 --tied) \
+    $([ "$2" = qwen3 ] && echo --head-dim 32) > /dev/null; }
 
 # ---- run -m DIR == run -m GGUF -------------------------------------------------
-for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 gemma2:gemma2:bf16; do
+for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 gemma2:gemma2:bf16; do
     IFS=: read -r arch fam type <<< "$spec"
     synth "$tmp/$fam.gguf" "$arch" "$type"
     $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam" || { fail "$fam: export"; continue; }
@@ -55,6 +56,19 @@ for spec in qwen2:qwen2:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 ge
     if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "$fam ($type): greedy text of the directory$([ "$arch" = llama ] && echo "'s convert") = the GGUF's"
     else fail "$fam ($type): text differs: want '$want', got '$got'"; fi
 done
+
+# qwen3 (head dim 32 with dim 64 and 4 heads): convert writes the per-head q and k norms back, and the
+# directory, the GGUF it came from and its convert give the same logits
+"$bin" convert "$tmp/qwen3" "$tmp/qwen3.back.gguf" 2>/dev/null
+q3ids="1 300 17 402 599 3 88 650 260 261"
+for m in qwen3 qwen3.gguf qwen3.back.gguf; do
+    "$bin" logits -m "$tmp/$m" --ids "$q3ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/q3.$m.txt" 2>/dev/null
+done
+if "$bin" inspect "$tmp/qwen3.back.gguf" 2>&1 | grep -q "blk.1.attn_k_norm.weight *f32 *32 " &&
+   [ -s "$tmp/q3.qwen3.txt" ] && cmp -s "$tmp/q3.qwen3.txt" "$tmp/q3.qwen3.gguf.txt" &&
+   cmp -s "$tmp/q3.qwen3.back.gguf.txt" "$tmp/q3.qwen3.gguf.txt"; then
+    pass "qwen3: convert DIR writes attn_q_norm/attn_k_norm; the directory's and the convert's logits = the GGUF's"
+else fail "qwen3: convert or logits differ"; fi
 
 # ---- Llama 3.1's RoPE scaling: rope_scaling llama3 in config.json = the GGUF's rope_freqs.weight ----
 # (factor 4, low 1, high 4, from an original context of 64 / 4 = 16: what `synth --rope-llama3 4` computed)
@@ -104,6 +118,46 @@ for spec in lin:llama:--rope-linear:linear yarn:qwen2:--yarn:yarn; do
         else fail "rope_scaling $kind ($arch): directory vs GGUF $e_dir, convert $e_back, GGUF vs unscaled $e_plain"; fi
     else fail "$kind rope ($arch): export"; fi
 done
+
+# LongRoPE on a phi3 (factor 2 from 32 tokens: Phi-3.5's rope_scaling longrope): the directory, the GGUF and
+# its convert give one set of logits in the trained context (long factors) and in one of 32 (short ones)
+# (Phi-4-mini's kind: 24 of a head's 32 dimensions turn, partial_rotary_factor 0.75)
+"$bin" synth "$tmp/lr.gguf" --arch phi3 --dim 64 --hidden 96 --layers 2 --heads 2 --kv-heads 1 --vocab 700 \
+    --ctx 64 --type f32 --seed 6 --longrope 2 --rope-dim 24 > /dev/null
+if $export "$tmp/lr.gguf" "$tmp/lr" --family phi3 && grep -q '"type": "longrope"' "$tmp/lr/config.json" &&
+   grep -q '"partial_rotary_factor": 0.75' "$tmp/lr/config.json"; then
+    "$bin" convert "$tmp/lr" "$tmp/lr.back.gguf" 2>/dev/null
+    for c in 64 32; do
+        for m in lr lr.gguf lr.back.gguf; do
+            "$bin" logits -m "$tmp/$m" --ids "$ids" -c $c --cache-type-k f32 --cache-type-v f32 > "$tmp/lr.$m.$c.txt" 2>/dev/null
+        done
+        e_dir=$("$py" -c "$maxdiff" "$tmp/lr.lr.$c.txt" "$tmp/lr.lr.gguf.$c.txt")
+        e_back=$("$py" -c "$maxdiff" "$tmp/lr.lr.back.gguf.$c.txt" "$tmp/lr.lr.gguf.$c.txt")
+        if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 and $e_back < 1e-4 else 1)"; then
+            pass "rope_scaling longrope (phi3, partial rotation), context $c: the directory's logits = the GGUF's (max diff $e_dir), its convert's ($e_back)"
+        else fail "rope_scaling longrope (phi3), context $c: directory vs GGUF $e_dir, convert $e_back"; fi
+    done
+    e_set=$("$py" -c "$maxdiff" "$tmp/lr.lr.gguf.64.txt" "$tmp/lr.lr.gguf.32.txt")
+    if "$py" -c "import sys; sys.exit(0 if $e_set > 1e-2 else 1)" &&
+       "$bin" inspect "$tmp/lr.back.gguf" 2>&1 | grep -q "phi3.rope.scaling.attn_factor *= 1.09"; then
+        pass "longrope: the long and the short factors part ($e_set); convert writes the attention factor"
+    else fail "longrope: long vs short $e_set, or no attn_factor key in the convert"; fi
+    # a short list of factors, a zero factor: refused with what is wrong, never run as plain RoPE
+    for edit in 'c["rope_scaling"]["short_factor"].pop()|"short_factor" must be an array of 12 numbers (rope dimension 24' \
+                'c["rope_scaling"]["long_factor"][3] = 0|long_factor[3] is not a finite number above 0'; do
+        code=${edit%%|*} want=${edit#*|}
+        rm -rf "$tmp/lrbad" && cp -r "$tmp/lr" "$tmp/lrbad"
+        "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); $code; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/lrbad/config.json"
+        if out=$("$bin" logits -m "$tmp/lrbad" --ids "1 2" 2>&1); then fail "longrope: a bad config loaded ($code)"
+        elif grep -qF "$want" <<< "$out"; then pass "longrope: refused: $(tail -n 1 <<< "$out")"
+        else fail "longrope: want '$want', got '$out'"; fi
+    done
+    rm -rf "$tmp/lrbad" && cp -r "$tmp/lr" "$tmp/lrbad"
+    sed -i 's/"partial_rotary_factor": 0.75/"partial_rotary_factor": 0.72/' "$tmp/lrbad/config.json"
+    if out=$("$bin" logits -m "$tmp/lrbad" --ids "1 2" 2>&1); then fail "partial_rotary_factor 0.72 of 32 (23 dimensions) loaded"
+    elif grep -qF "leaves an even number of rotated dimensions" <<< "$out"; then pass "partial rotation: refused: $(tail -n 1 <<< "$out")"
+    else fail "partial_rotary_factor 0.72: got '$out'"; fi
+else fail "longrope (phi3): export"; fi
 
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"

@@ -58,7 +58,8 @@ check_text() {
 }
 
 # ---- (b) logits: kvlm logits == reference within a bound --------------------
-# check_logits LABEL MODEL IDS BOUND [KVLM-LOGITS-ARGS...]
+# check_logits LABEL MODEL IDS BOUND [KVLM-LOGITS-ARGS...]  (REF_CTX=N: the reference
+# takes the context N that the args give kvlm, which chooses LongRoPE's factors)
 # Runs `kvlm logits` twice: one prefill of all ids, and --decode (one token at
 # a time, reading keys and values back from the KV cache); compares both.
 # The error of a row is max|kvlm - ref| / max(max|ref|, 1e-2) (see llama_ref.py
@@ -111,7 +112,7 @@ check_logits() {
             *) fail "$label ($mode): logits ${line#FAIL: }"
                echo "    command: $bin logits -m $model --ids '$ids' $*$([ "$mode" = decode ] && echo ' --decode')" ;;
         esac
-    done < <("$py" "$ref" "$model" --ids "$ids" --compare "${files[@]}" --tol "$bound" 2>&1 || true)
+    done < <("$py" "$ref" "$model" --ids "$ids" ${REF_CTX:+--ctx "$REF_CTX"} --compare "${files[@]}" --tol "$bound" 2>&1 || true)
     if [ "$seen" -ne ${#files[@]} ]; then
         fail "$label: the reference gave $seen results for ${#files[@]} files (see its errors above)"
     fi
@@ -151,7 +152,7 @@ synth_check() {
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
 # fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
-for arch in llama qwen2 phi3; do
+for arch in llama qwen2 qwen3 phi3; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -182,11 +183,40 @@ synth_check qwen2-yarn4-gqa42-f32  1e-4 --arch qwen2 --dim 256 --heads 4 --kv-he
 synth_check gqa82-hd16-f16         1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f16 --seed 7 "${common[@]}"
 synth_check gqa82-hd16-q8_0        6e-2 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 8 "${common[@]}"
 synth_check qwen2-gqa82-hd16-q8_0  6e-2 --arch qwen2 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type q8_0 --seed 9 "${common[@]}"
+# qwen3: no biases, an RMSNorm over each head of q and k before RoPE, a head
+# dimension of its own (64 here, with dim 128 and 4 heads: q is 256 wide, as
+# Qwen3-0.6B's 16 x 128 is to its 1024), tied embeddings, YaRN
+synth_check qwen3-gqa42-hd64-f32   1e-4 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type f32 --seed 17 "${common[@]}"
+synth_check qwen3-mqa81-hd16-tied  1e-4 --arch qwen3 --dim 128 --heads 8 --kv-heads 1 --hidden 256 --tied --type f16 --seed 18 --layers 3 --vocab 300 --ctx 64
+synth_check qwen3-gqa42-hd64-q8_0  6e-2 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type q8_0 --seed 19 "${common[@]}"
+synth_check qwen3-yarn4-gqa42-f32  1e-4 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type f32 --seed 20 --yarn 4 "${common[@]}"
 # phi3: fused attn_qkv and gate+up ffn_up (kvlm splits them into row views at
 # load; the reference multiplies by the fused matrices and splits the outputs)
 synth_check phi3-gqa42-hd32-f32    1e-4 --arch phi3  --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 12 "${common[@]}"
 synth_check phi3-gqa82-hd16-f16    1e-4 --arch phi3  --dim 128 --heads 8 --kv-heads 2 --hidden 192 --type f16 --seed 13 --tied --layers 3 --vocab 300 --ctx 64
 synth_check phi3-gqa42-hd32-q8_0   6e-2 --arch phi3  --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type q8_0 --seed 14 "${common[@]}"
+# LongRoPE (the 128k Phi-3 and Phi-3.5; factor 2 from an original context of
+# 32): the long factors in a context of 64 (the trained one), the short ones in
+# a context of 32, and the attention factor on q and k in both (the 22 ids
+# reach past position 16, where the sets part; the reference reads the tensors)
+model="$tmp/phi3-longrope2.gguf"
+if "$bin" synth "$model" --arch phi3 --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 15 \
+        --longrope 2 "${common[@]}" > "$tmp/synth.log" 2>&1; then
+    check_logits phi3-longrope2-long "$model" "$ids_b" 1e-4
+    REF_CTX=32 check_logits phi3-longrope2-short "$model" "$ids_b" 1e-4 --ctx 32
+else
+    fail "phi3-longrope2: kvlm synth failed: $(head -c 300 "$tmp/synth.log")"
+fi
+# Phi-4-mini's kind: LongRoPE on a partial rotation (48 of a head's 64
+# dimensions turn); the magnitude scales the turned dimensions only
+model="$tmp/phi3-longrope2-rd48.gguf"
+if "$bin" synth "$model" --arch phi3 --dim 128 --heads 2 --kv-heads 1 --hidden 256 --type f32 --seed 16 \
+        --longrope 2 --rope-dim 48 "${common[@]}" > "$tmp/synth.log" 2>&1; then
+    check_logits phi3-longrope2-rd48-long "$model" "$ids_b" 1e-4
+    REF_CTX=32 check_logits phi3-longrope2-rd48-short "$model" "$ids_b" 1e-4 --ctx 32
+else
+    fail "phi3-longrope2-rd48: kvlm synth failed: $(head -c 300 "$tmp/synth.log")"
+fi
 
 # phi3 as `kvlm plan` and `inspect` show it: the architecture, the fused
 # tensors, and the KV cache per token (2 layers x 2 KV heads x 32 head dim x

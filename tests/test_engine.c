@@ -224,8 +224,8 @@ static void rewrite_gguf(const char *src, const char *dst, const char *drop, con
     gguf_close(f);
 }
 
-/* phi3: the fused tensors' shapes are checked, LongRoPE files are refused
- * with a message that says so, and convert writes the tensors fused again
+/* phi3: the fused tensors' shapes are checked, a LongRoPE file with one of
+ * its two factor tensors is refused with a message that says so, and convert writes the tensors fused again
  * (same logits after a round trip). */
 static void test_phi3(void **state) {
     (void)state;
@@ -242,7 +242,7 @@ static void test_phi3(void **state) {
         {NULL, "blk.1.attn_qkv.weight", 127, NULL, "tensor blk.1.attn_qkv.weight: shape 64x127, expected 64x128"},
         {NULL, "blk.0.ffn_up.weight", 96, NULL, "tensor blk.0.ffn_up.weight: shape 64x96, expected 64x192"},
         {"blk.0.attn_qkv.weight", NULL, 0, NULL, "missing tensor blk.0.attn_qkv.weight"},
-        {NULL, NULL, 0, "rope_factors_long.weight", "rope_factors_long.weight: LongRoPE scaling"},
+        {NULL, NULL, 0, "rope_factors_long.weight", "LongRoPE needs both rope_factors_long.weight and rope_factors_short"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *dst = tu_tmp_path(".gguf");

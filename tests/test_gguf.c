@@ -915,6 +915,82 @@ static void test_model_nonsense(void **state) {
     assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"longrope\""));
 }
 
+/* ---- LongRoPE (phi3): the factor tensors and keys checked ---- */
+
+enum { LR_NONE, LR_DROP_SHORT, LR_ZERO_LONG, LR_SHORT_LEN };
+/* A synthetic phi3 with LongRoPE (factor 2, original context 32) rewritten
+ * with keys overridden by set and its factor tensors altered; returns the
+ * load's code, err filled. */
+static int load_longrope(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_PHI3;
+    sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 1; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
+    sp.type = kvlm_type_from_name("f32");
+    sp.longrope = 2;
+    char src[512];
+    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
+    assert_int_equal(kvlm_model_synth(&sp, src, err), KVLM_OK);
+    gguf_file *f = gguf_open(src, err);
+    assert_non_null(f);
+    gguf_writer *w = gguf_writer_create();
+    float ff[4] = {1, 1.5f, 2, 0}; /* the writer keeps the pointer until it writes */
+    if (set) set(w);
+    gguf_writer_copy_kv(w, f, "");
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        const void *data = t->data;
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (!strcmp(t->cname, "rope_factors_short.weight")) {
+            if (mut == LR_DROP_SHORT) continue;
+            if (mut == LR_SHORT_LEN) ne[0] = 3;
+        }
+        if (!strcmp(t->cname, "rope_factors_long.weight") && mut == LR_ZERO_LONG) data = ff;
+        assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, ne, data, err), KVLM_OK);
+    }
+    const char *path = tu_tmp_path(".gguf");
+    assert_int_equal(gguf_writer_write(w, path, err), KVLM_OK);
+    gguf_writer_free(w);
+    gguf_close(f);
+    kvlm_model *m = kvlm_model_load(path, NULL, err);
+    if (!m) return err->code;
+    const kvlm_config *c = kvlm_model_config(m);
+    assert_non_null(c->rope_freqs);
+    assert_non_null(c->rope_freqs_short);
+    assert_int_equal(c->longrope_orig_ctx, 32);
+    assert_true(fabs(c->longrope_attn_factor - sqrt(1 + log(2.0) / log(32.0))) < 1e-6);
+    kvlm_model_free(m);
+    return KVLM_OK;
+}
+static void set_lr_attn_nan(gguf_writer *w) { gguf_writer_set_f32(w, "phi3.rope.scaling.attn_factor", NAN); }
+static void set_lr_orig_zero(gguf_writer *w) { gguf_writer_set_u32(w, "phi3.rope.scaling.original_context_length", 0); }
+static void set_lr_linear(gguf_writer *w) {
+    gguf_writer_set_str(w, "phi3.rope.scaling.type", "linear");
+    gguf_writer_set_f32(w, "phi3.rope.scaling.factor", 2.0f);
+}
+
+static void test_longrope_nonsense(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    assert_int_equal(load_longrope(NULL, LR_NONE, &err), KVLM_OK); /* the unaltered file loads */
+    struct { void (*set)(gguf_writer *); int mut, code; const char *needle1, *needle2; } cases[] = {
+        {NULL, LR_DROP_SHORT, KVLM_EFORMAT, "needs both rope_factors_long.weight and rope_factors_short.weight",
+         "only rope_factors_long.weight"},
+        {NULL, LR_ZERO_LONG, KVLM_EFORMAT, "rope_factors_long.weight: factor 3 is 0", "finite and above 0"},
+        {NULL, LR_SHORT_LEN, KVLM_EFORMAT, "tensor rope_factors_short.weight: shape 3x1", "expected 4"},
+        {set_lr_attn_nan, LR_NONE, KVLM_EFORMAT, "rope.scaling.attn_factor = nan", "finite"},
+        {set_lr_orig_zero, LR_NONE, KVLM_EFORMAT, "original_context_length 0", "1 to 2^24"},
+        {set_lr_linear, LR_NONE, KVLM_EUNSUPPORTED, "LongRoPE factors beside linear RoPE scaling", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&err, 0, sizeof err);
+        int rc = load_longrope(cases[i].set, cases[i].mut, &err);
+        printf("  case %zu: %s\n", i, err.msg);
+        assert_int_equal(rc, cases[i].code);
+        if (!strstr(err.msg, cases[i].needle1) || !strstr(err.msg, cases[i].needle2))
+            fail_msg("case %zu: \"%s\" lacks \"%s\" or \"%s\"", i, err.msg, cases[i].needle1, cases[i].needle2);
+    }
+}
+
 /* Two tensors whose data ranges overlap, each aligned and inside the file. */
 static void test_overlap(void **state) {
     (void)state;
@@ -982,7 +1058,8 @@ int main(void) {
         cmocka_unit_test(test_malformed_values), cmocka_unit_test(test_writer_round_trip),
         cmocka_unit_test(test_writer_errors),  cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_fuzz),           cmocka_unit_test(test_real_files),
-        cmocka_unit_test(test_model_nonsense), cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_model_nonsense), cmocka_unit_test(test_longrope_nonsense),
+        cmocka_unit_test(test_overlap),
         cmocka_unit_test(test_huge_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

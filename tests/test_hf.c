@@ -1,6 +1,6 @@
 /* tests/test_hf: Hugging Face model directories. The safetensors reader on
  * bad input; directories that scripts/hf_export.py writes from random-weight
- * GGUF models give the GGUF's logits (llama, mistral, qwen2, phi3, gemma2; f32, f16,
+ * GGUF models give the GGUF's logits (llama, mistral, qwen2, qwen3, phi3, gemma2; f32, f16,
  * bf16; shards with an index; unaligned data); clear errors for a missing
  * shard, a shape mismatch, a truncated file and refused configs; `convert`
  * gives back the GGUF's very tensors; tokenizer.json (byte-level and
@@ -292,7 +292,8 @@ static void test_families(void **state) {
     need_py();
     static const struct { const char *family; kvlm_arch arch; bool tied; } fams[] = {
         {"llama", KVLM_ARCH_LLAMA, false}, {"llama", KVLM_ARCH_LLAMA, true}, {"mistral", KVLM_ARCH_LLAMA, false},
-        {"qwen2", KVLM_ARCH_QWEN2, false}, {"phi3", KVLM_ARCH_PHI3, false}, {"gemma2", KVLM_ARCH_GEMMA2, true},
+        {"qwen2", KVLM_ARCH_QWEN2, false}, {"qwen3", KVLM_ARCH_QWEN3, true}, {"phi3", KVLM_ARCH_PHI3, false},
+        {"gemma2", KVLM_ARCH_GEMMA2, true},
     };
     static const struct { int type; const char *name; } types[] = {{0, "f32"}, {1, "f16"}, {30, "bf16"}};
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++)
@@ -447,6 +448,8 @@ static void test_shards_and_errors(void **state) {
          "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4, \"high_freq_factor\": 1}",
          "rope_scaling llama3: factor 8, low_freq_factor 4, high_freq_factor 1", "high > low > 0"},
         {"\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"llama3\"}", "rope_scaling llama3 has no \"factor\"", NULL},
+        {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1], \"short_factor\": [1]}",
+         "rope_scaling of type \"longrope\"", "longrope (phi3)"},
         {"\"model_type\": \"qwen2\"", "\"model_type\": \"gemma2\"", "\"silu\" is not supported for gemma2", NULL},
         {"\"model_type\": \"qwen2\"", "\"model_type\": \"bert\"", "model_type \"bert\" is not supported", NULL},
         {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act \"gelu\"", NULL},
@@ -502,7 +505,7 @@ static void test_convert_round_trip(void **state) {
     need_py();
     static const struct { const char *family; kvlm_arch arch; int type; } cases[] = {
         {"llama", KVLM_ARCH_LLAMA, 0}, {"mistral", KVLM_ARCH_LLAMA, 30}, {"qwen2", KVLM_ARCH_QWEN2, 1},
-        {"phi3", KVLM_ARCH_PHI3, 0}, {"gemma2", KVLM_ARCH_GEMMA2, 30},
+        {"qwen3", KVLM_ARCH_QWEN3, 30}, {"phi3", KVLM_ARCH_PHI3, 0}, {"gemma2", KVLM_ARCH_GEMMA2, 30},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *gguf = tmp("rt.gguf"), *dir = tmp("rt_dir"), *out = tmp("rt_out.gguf");

@@ -288,7 +288,8 @@ static void test_h2o_weights(void **state) {
 
 /* ---- the engine ---- */
 
-/* scaling: 0 plain RoPE, 1 Llama 3.1's rope_freqs (factor 4), 2 YaRN (factor 4) */
+/* scaling: 0 plain RoPE, 1 Llama 3.1's rope_freqs (factor 4), 2 YaRN (factor 4),
+ * 3 a phi3 with LongRoPE (factor 4: long factors past n_ctx / 4 tokens) */
 static kvlm_model *synth_scaled(int n_layers, int n_ctx, int scaling) {
     kvlm_synth_params sp = {0};
     sp.arch = KVLM_ARCH_LLAMA;
@@ -296,6 +297,7 @@ static kvlm_model *synth_scaled(int n_layers, int n_ctx, int scaling) {
     sp.vocab_size = 200; sp.n_ctx = n_ctx; sp.type = kvlm_type_from_name("f32"); sp.seed = 11;
     if (scaling == 1) sp.rope_llama3 = 4;
     if (scaling == 2) sp.yarn_factor = 4;
+    if (scaling == 3) sp.arch = KVLM_ARCH_PHI3, sp.longrope = 4;
     const char *path = tu_tmp_path(".gguf");
     kvlm_error err = {0};
     if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
@@ -405,19 +407,23 @@ static void test_evicted_equals_fresh(void **state) {
     kvlm_model_free(m);
     /* scaled RoPE (per-pair factors; YaRN's magnitude in the attention
      * scale): the re-rotation by the shift is still exact */
-    for (int sc = 1; sc <= 2; sc++) {
-        m = synth_scaled(1, 256, sc);
-        kvlm_ctx *ctx = ctx_with(m, 256, 40, KVLM_EVICT_SINKS, KVLM_CACHE_F32);
+    static const char *const names[] = {"", "rope_freqs", "YaRN", "LongRoPE (long factors)", "LongRoPE (short factors)"};
+    for (int sc = 1; sc <= 4; sc++) {
+        /* LongRoPE: a context of 256 turns keys by the long factors, one of
+         * 64 (its original context) by the short ones, re-rotation too */
+        int n_ctx = sc == 4 ? 64 : 256;
+        m = synth_scaled(1, 256, sc < 4 ? sc : 3);
+        kvlm_ctx *ctx = ctx_with(m, n_ctx, 40, KVLM_EVICT_SINKS, KVLM_CACHE_F32);
         float got[200], want[200];
         feed(ctx, ids, n, 3, got);
         int n_kept;
         const int32_t *kept = engine_seq_tokens(ctx, 0, &n_kept);
         int32_t copy[40];
         memcpy(copy, kept, (size_t)n_kept * sizeof(int32_t));
-        kvlm_ctx *fresh = ctx_with(m, 256, 0, KVLM_EVICT_NONE, KVLM_CACHE_F32);
+        kvlm_ctx *fresh = ctx_with(m, n_ctx, 0, KVLM_EVICT_NONE, KVLM_CACHE_F32);
         feed(fresh, copy, n_kept, n_kept, want);
         double worst = rel_err(got, want);
-        printf("  %s RoPE, sinks: %d kept, vs fresh run %.2e\n", sc == 1 ? "rope_freqs" : "YaRN", n_kept, worst);
+        printf("  %s RoPE, sinks: %d kept, vs fresh run %.2e\n", names[sc], n_kept, worst);
         assert_true(worst < 1e-4);
         kvlm_ctx_free(fresh);
         kvlm_ctx_free(ctx);

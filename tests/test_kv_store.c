@@ -151,11 +151,24 @@ static void test_fingerprint(void **state) {
     kvlm_model *a2 = kvlm_model_load(path, NULL, &err);
     assert_non_null(a2);
     kv_key fa, fb, fa2;
-    kv_model_fingerprint(a, &fa);
-    kv_model_fingerprint(b, &fb);
-    kv_model_fingerprint(a2, &fa2);
+    kv_model_fingerprint(a, NULL, &fa);
+    kv_model_fingerprint(b, NULL, &fb);
+    kv_model_fingerprint(a2, NULL, &fa2);
     assert_memory_equal(fa.b, fa2.b, 16);     /* the same file: the same model */
     assert_memory_not_equal(fa.b, fb.b, 16);  /* one shape, another seed: another model */
+    /* keys turned by other RoPE factors (LongRoPE's long or short set, chosen
+     * by the context's size; Llama 3.1's; YaRN's) are other keys */
+    const kvlm_config *c = kvlm_model_config(a);
+    float f1[16], f2[16];
+    for (int i = 0; i < c->rope_dim / 2; i++) f1[i] = f2[i] = 1.0f + (float)i;
+    f2[c->rope_dim / 2 - 1] += 0.5f;
+    kv_key g1, g2, g1b;
+    kv_model_fingerprint(a, f1, &g1);
+    kv_model_fingerprint(a, f2, &g2);
+    kv_model_fingerprint(a2, f1, &g1b);
+    assert_memory_equal(g1.b, g1b.b, 16);
+    assert_memory_not_equal(g1.b, fa.b, 16);
+    assert_memory_not_equal(g1.b, g2.b, 16);
     kvlm_model_free(a);
     kvlm_model_free(a2);
     kvlm_model_free(b);

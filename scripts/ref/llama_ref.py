@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""llama_ref: an independent, slow, float64 reference of the llama / qwen2 /
+"""llama_ref: an independent, slow, float64 reference of the llama / qwen2 / qwen3 /
 phi3 forward pass, tokenizer and greedy decoding, used to cross-check kvlm.
 
 Reads GGUF v2/v3 (F32, F16, Q8_0 tensors) and llama2.c version-0 checkpoints
@@ -135,7 +135,7 @@ def read_gguf(path):
 # Model: hyper-parameters + weights in one plain structure
 
 class Model:
-    arch = "llama"      # "llama" (RoPE on consecutive pairs), "qwen2" or "phi3" (NeoX)
+    arch = "llama"      # "llama" (RoPE on consecutive pairs), "qwen2", "qwen3" or "phi3" (NeoX)
     dim = hidden = n_layers = n_heads = n_kv_heads = vocab = ctx = 0
     head_dim = rope_dim = 0
     eps = 1e-5
@@ -143,6 +143,7 @@ class Model:
     rope_freqs = None   # Llama 3.1's per-pair RoPE factors (rope_freqs.weight), or None
     rope_scale = 1.0    # linear RoPE scaling (rope.scaling.type linear): every angle divided
     yarn_rope = None    # llama / qwen2 YaRN: (factor, original context, beta_fast, beta_slow)
+    rope_mag = 1.0      # phi3 LongRoPE: rope.scaling.attn_factor, the magnitude of the rotated q and k
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
@@ -312,10 +313,8 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "qwen2", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "qwen2", "qwen3", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
-    if m.arch == "phi3" and ("rope_factors_long.weight" in t or "rope_factors_short.weight" in t):
-        raise ValueError("phi3 with LongRoPE factors (128k variants) not supported")
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
     m.n_layers = int(meta[a + ".block_count"])
@@ -333,10 +332,14 @@ def load_gguf(path):
     out_name = "output.weight" if "output.weight" in t else "token_embd.weight"
     m.out, m.out_type = t[out_name], types[out_name]  # absent: tied embeddings
     m.rope_freqs = t.get("rope_freqs.weight")  # Llama 3.1's RoPE factors, or None
+    if "rope_factors_long.weight" in t:  # phi3 LongRoPE: which set serves is the caller's (use_longrope)
+        m.longrope = (t["rope_factors_long.weight"], t["rope_factors_short.weight"],
+                      int(meta.get(a + ".rope.scaling.original_context_length", m.ctx)),
+                      float(meta.get(a + ".rope.scaling.attn_factor", 1.0)))
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2")):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2", "qwen3")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
@@ -361,6 +364,8 @@ def load_gguf(path):
              "w3": t[p + "ffn_up.weight"]}
         for b in ("q", "k", "v"):
             L["b" + b] = t.get(p + "attn_%s.bias" % b)
+        if m.arch == "qwen3":  # an RMSNorm over each head of q and of k, before RoPE
+            L["q_norm"], L["k_norm"] = t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"]
         L["types"] = {k: types[p + n] for k, n in (
             ("wq", "attn_q.weight"), ("wk", "attn_k.weight"), ("wv", "attn_v.weight"),
             ("wo", "attn_output.weight"), ("w1", "ffn_gate.weight"),
@@ -439,7 +444,7 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0, yarn=None):
+def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0, yarn=None, mag=1.0):
     """x: [T, n_heads, head_dim]; rotates the first rope_dim dims of each head.
     freqs: rope_freqs.weight (Llama 3.1's scaling), each pair's angle divided
     by its factor, as llama.cpp's rope takes them (freq_factors); scale: a
@@ -447,11 +452,11 @@ def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0, yarn=None):
     original context, beta_fast, beta_slow): the YaRN paper's angles (pair i
     extrapolated below the beta_fast bound, interpolated / factor above the
     beta_slow one, a linear ramp between) and its magnitude 1 + 0.1 ln factor
-    on the rotated values, as Hugging Face's Qwen2 applies them to cos and sin."""
+    on the rotated values, as Hugging Face's Qwen2 applies them to cos and sin.
+    mag: a magnitude on cos and sin (LongRoPE's attention factor)."""
     half = rope_dim // 2
     i = np.arange(half)
     theta = positions[:, None] * base ** (-2.0 * i / rope_dim) / scale
-    mag = 1.0
     if yarn is not None:
         factor, orig, beta_fast, beta_slow = yarn
         def corr(n_rot):
@@ -459,7 +464,7 @@ def rope(x, positions, rope_dim, base, neox, freqs=None, scale=1.0, yarn=None):
         lo, hi = max(0.0, np.floor(corr(beta_fast))), min(rope_dim - 1.0, np.ceil(corr(beta_slow)))
         mix = 1 - np.clip((i - lo) / max(0.001, hi - lo), 0, 1)
         theta = theta / factor * (1 - mix) + theta * mix
-        mag = 1.0 + 0.1 * np.log(factor)
+        mag = mag * (1.0 + 0.1 * np.log(factor))
     if freqs is not None:
         theta = theta / np.asarray(freqs, dtype=np.float64)[None, :half]
     cos, sin = mag * np.cos(theta)[:, None, :], mag * np.sin(theta)[:, None, :]
@@ -523,9 +528,11 @@ def forward(m, ids):
         q = q.reshape(T, m.n_heads, hd)
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
-        neox = m.arch in ("qwen2", "phi3")
-        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope)
-        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope)
+        if "q_norm" in L:
+            q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
+        neox = m.arch in ("qwen2", "qwen3", "phi3")
+        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
+        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group
@@ -638,6 +645,17 @@ def compare_logits(ref, path, tol):
     return 0 if ok else 1
 
 
+def use_longrope(m, n_ctx):
+    """phi3 LongRoPE: the long factors for a context longer than the original
+    one, else the short ones (llama.cpp's choice by context size; Hugging Face
+    chooses by the sequence's length), and the attention factor on both."""
+    if getattr(m, "longrope", None) is None:
+        return
+    long_f, short_f, orig, attn = m.longrope
+    m.rope_freqs = long_f if n_ctx > orig else short_f
+    m.rope_mag = attn
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -653,6 +671,8 @@ def main(argv):
     ap.add_argument("--compare", metavar="FILE", nargs="+",
                     help="compare each FILE's logits with ours")
     ap.add_argument("--tol", type=float, default=1e-4, help="bound for --compare")
+    ap.add_argument("--ctx", type=int, help="the context kvlm ran with (default: the trained one); "
+                                            "chooses LongRoPE's long or short factors")
     args = ap.parse_args(argv)
 
     with open(args.model, "rb") as f:
@@ -663,6 +683,7 @@ def main(argv):
         m = load_llama2c(args.model)
         tok = load_llama2c_tokenizer(args.tokenizer, m.vocab) if args.tokenizer else None
     m.act_q8 = args.act_q8
+    use_longrope(m, args.ctx if args.ctx else m.ctx)
     if args.tokenizer and is_gguf:
         tok = load_llama2c_tokenizer(args.tokenizer, m.vocab)
     if args.prompt is not None:

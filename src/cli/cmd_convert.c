@@ -49,7 +49,7 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|qwen2|qwen3|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
                    "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
                    "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
@@ -59,7 +59,9 @@ int cmd_synth(int argc, char **argv) {
                    "  Llama 3.1's RoPE scaling: [--rope-llama3 FACTOR] (rope_freqs.weight: the slow pairs' angles\n"
                    "       divided by FACTOR, the fast ones' kept, from an original context of ctx / FACTOR);\n"
                    "       linear: [--rope-linear FACTOR] (every angle divided; gemma3: the global layers');\n"
-                   "       YaRN for llama and qwen2 too: [--yarn FACTOR]\n"
+                   "       YaRN for llama, qwen2, qwen3 too: [--yarn FACTOR]; phi3's LongRoPE: [--longrope FACTOR]\n"
+                   "       (rope_factors_long/short.weight, from an original context of ctx / FACTOR); phi3's partial\n"
+                   "       rotation (Phi-4-mini): [--rope-dim N]\n"
                    "  sliding window, gemma2/3 (docs/sliding-window.md): [--sliding-window W]\n"
                    "       [--attn-softcap X] [--final-softcap X]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
@@ -94,6 +96,7 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-llama3", &p.rope_llama3, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-linear", &p.rope_linear, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--longrope", &p.longrope, &bad)) {}
         else if (cli_is(argv[i], NULL, "--tied")) p.tied_output = true;
         else if (cli_opt_int(argc, argv, &i, NULL, "--sliding-window", &p.sliding_window, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--attn-softcap", &p.attn_softcap, &bad)) {}
@@ -107,11 +110,12 @@ int cmd_synth(int argc, char **argv) {
     if (arch) {
         if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
+        else if (!strcmp(arch, "qwen3")) p.arch = KVLM_ARCH_QWEN3;
         else if (!strcmp(arch, "phi3")) p.arch = KVLM_ARCH_PHI3;
         else if (!strcmp(arch, "deepseek2")) p.arch = KVLM_ARCH_DEEPSEEK2;
         else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
         else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, phi3, deepseek2, gemma2, gemma3)", arch);
+        else return cli_fail("synth", "unknown architecture '%s' (llama, qwen2, qwen3, phi3, deepseek2, gemma2, gemma3)", arch);
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;

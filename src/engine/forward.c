@@ -84,6 +84,7 @@ struct kvlm_ctx {
     /* gemma3: the local layers' RoPE cos/sin (their own base), NULL when
      * every layer has the same base */
     float *rope_cs_local, *rope_sn_local;
+    const float *rope_freqs; /* the RoPE factors its keys turn by (model_rope_freqs of its n_ctx), or NULL */
     spec_seq *spec;            /* speculative decoding, per sequence (allocated at the first kvlm_seq_spec_begin) */
     bool spec_h2o_direct;      /* engine.h, tests: unverified attention not kept apart */
     /* Its sequences are the store's ids [seq_lo, seq_end): a draft context
@@ -270,7 +271,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
         kp.v_type = kp.k_type;
     }
     /* block keys name the model by its fingerprint (kv/blockfmt.h) */
-    kv_model_fingerprint(ctx->model, &kp.model);
+    kv_model_fingerprint(ctx->model, ctx->rope_freqs, &kp.model);
     kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
     swa_split win = swa_plan(ctx, &kp);
     if (win.window > 0 && win.n_local < c->n_layers) kp.n_layers = c->n_layers - win.n_local;
@@ -412,6 +413,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     ctx->budget = p->kv_budget > 0 ? p->kv_budget : p->n_ctx;
+    ctx->rope_freqs = model_rope_freqs(&model->cfg, p->n_ctx);
     if (p->kv_budget < 0 || p->kv_budget > p->n_ctx) {
         util_err_set(err, KVLM_EINVAL, "a KV budget of %d tokens must be within the context of %d (raise n_ctx)",
                      p->kv_budget, p->n_ctx);
@@ -456,9 +458,14 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "run on the CPU only");
             goto fail;
         }
-        if (model->cfg.rope_freqs) {
-            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: scaled RoPE (Llama 3.1's rope_freqs, linear, YaRN) runs on the "
-                                                 "CPU only");
+        if (model->layers[0].q_norm.data) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's per-head q and k norms run on the CPU only",
+                         model_arch_name(c->arch));
+            goto fail;
+        }
+        if (ctx->rope_freqs) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: scaled RoPE (Llama 3.1's rope_freqs, linear, YaRN, "
+                                                 "LongRoPE) runs on the CPU only");
             goto fail;
         }
         if (!(ctx->cuda = engine_cuda_create(model, ctx->n_batch, (p->n_ctx + p->block_size - 1) / p->block_size,
@@ -469,7 +476,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         ctx->kv = host->kv;
         /* its blocks' keys chain from its model's fingerprint: never the host model's */
         kv_key root;
-        kv_model_fingerprint(model, &root);
+        kv_model_fingerprint(model, ctx->rope_freqs, &root);
         /* another cache shape or types: the pool's guest layout, as many of
          * its tokens per block as the model's block bytes hold */
         kv_guest g = draft_guest(c, &host->p);
@@ -1010,6 +1017,7 @@ typedef struct {
     atomic_int next;
     const float *post_norm; /* gemma: the norm of the product in xb before it joins the residual (NULL: none) */
     const float *rcs, *rsn; /* this layer's RoPE cos/sin (rope_cs, or gemma3's local ones) */
+    float q_mag;            /* multiplies q's rotated dimensions: LongRoPE's magnitude squared, else 1 */
 } fwd_pass;
 
 static int next_unit(fwd_pass *j) {
@@ -1048,7 +1056,7 @@ static void prep_embed(void *p, int t) {
     if (es != 1.0f)
         for (int i = 0; i < D; i++) x[i] *= es;
     op_backend_cpu()->rope_cossin(j->ctx->rope_cs + (size_t)t * half, j->ctx->rope_sn + (size_t)t * half, m->cfg.rope_dim,
-                   j->pos[t], m->cfg.rope_base, m->cfg.rope_freqs);
+                   j->pos[t], m->cfg.rope_base, j->ctx->rope_freqs);
     if (j->ctx->rope_cs_local) /* gemma3's local layers: plain RoPE */
         op_backend_cpu()->rope_cossin(j->ctx->rope_cs_local + (size_t)t * half, j->ctx->rope_sn_local + (size_t)t * half,
                                       m->cfg.rope_dim, j->pos[t], m->cfg.rope_base_local, NULL);
@@ -1111,6 +1119,9 @@ static void qkv_worker(void *p, int ith, int nth) {
                                               c->head_dim, c->norm_eps);
             op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, j->rcs + (size_t)u * half,
                           j->rsn + (size_t)u * half, c->rope_neox);
+            if (j->q_mag != 1.0f) /* LongRoPE's magnitude, q's and k's, on q's turned dimensions */
+                for (int h = 0; h < c->n_heads; h++)
+                    for (int i = 0; i < c->rope_dim; i++) q[(size_t)h * c->head_dim + i] *= j->q_mag;
             for (int h = 0; !kc && h < H; h++) kv_head(j, u, h);
         } else {
             u -= j->T;
@@ -1147,7 +1158,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         ctx->tokens_computed += (uint64_t)T;
         return;
     }
-    fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T};
+    fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T, .q_mag = model_longrope_mscale2(c)};
     int n_out = 0;
     for (int t = 0; t < T; t++)
         if (want[t]) ctx->out_tok[n_out++] = t;
@@ -1232,13 +1243,14 @@ static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
 
 /* RoPE composes: rotating a key of position p by -shift gives position p - shift. */
 static void rekey(void *user, float *keys, int n_rows, int shift) {
-    const kvlm_config *c = &((const kvlm_ctx *)user)->model->cfg;
+    const kvlm_ctx *ctx = user;
+    const kvlm_config *c = &ctx->model->cfg;
     if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* latent rows: only the shared key part at their end turns */
-        int W = kv_store_params_of(((const kvlm_ctx *)user)->kv)->head_dim;
+        int W = kv_store_params_of(ctx->kv)->head_dim;
         op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, NULL, false);
         return;
     }
-    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, c->rope_freqs, c->rope_neox);
+    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, ctx->rope_freqs, c->rope_neox);
 }
 
 /* Makes room for n_new tokens of sequence s within the budget: evicts by the

@@ -181,6 +181,9 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
                      c->rope_linear > 0 ? " and linear" : "");
         else if (c->rope_linear > 0)
             snprintf(buf + len, cap - len, ", RoPE linear x%g", (double)c->rope_linear);
+        else if (c->rope_freqs_short)
+            snprintf(buf + len, cap - len, ", LongRoPE (long factors past %d tokens a sequence, attention factor %.4g)",
+                     c->longrope_orig_ctx, (double)c->longrope_attn_factor);
     }
 }
 

@@ -138,7 +138,7 @@ static void hash_tensor(XXH3_state_t *st, const model_tensor *t, const char *fal
     }
 }
 
-void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
+void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, kv_key *out) {
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
     XXH3_128bits_update(&st, "kvlm-model-v1", 13);
@@ -179,5 +179,15 @@ void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out) {
     }
     hash_tensor(&st, &m->output_norm, "output_norm");
     hash_tensor(&st, &m->output, "output");
+    if (rope_freqs) { /* the keys' rotation (models without scaled RoPE: unchanged) */
+        XXH3_128bits_update(&st, "rope-freqs", 10);
+        for (int i = 0; i < c->rope_dim / 2; i++) {
+            uint32_t u;
+            uint8_t b[4];
+            memcpy(&u, &rope_freqs[i], 4);
+            put32(b, u);
+            XXH3_128bits_update(&st, b, 4);
+        }
+    }
     key_from_hash(XXH3_128bits_digest(&st), out);
 }

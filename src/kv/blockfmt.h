@@ -16,7 +16,9 @@
  * a fixed order, output norm, output): its name, GGUF type, rows and row
  * length, and samples of its bytes (the first and last 64 and 64 at each
  * eighth in between), so two random-weight models of one shape but another
- * seed differ. Computed once per context; reads ~1 KiB per tensor.
+ * seed differ; then, for a context whose keys are rotated by scaled RoPE,
+ * "rope-freqs" and its rope_dim/2 factors (f32 bits). Computed once per
+ * context; reads ~1 KiB per tensor.
  *
  * Serialized block (version 1), little-endian:
  *   offset size
@@ -76,6 +78,9 @@ const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const 
 bool kv_blockfmt_peek(const uint8_t *data, size_t len, kv_blockfmt *f, kv_key *key, int *n_tokens);
 
 struct kvlm_model;
-/* The model fingerprint described above. */
-void kv_model_fingerprint(const struct kvlm_model *m, kv_key *out);
+/* The model fingerprint described above; rope_freqs: the RoPE factors the
+ * context rotates its keys by (model_rope_freqs), which, when not NULL, are
+ * hashed too: Llama 3.1's, linear, YaRN and LongRoPE's long or short factors
+ * make other keys from the same weights. */
+void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, kv_key *out);
 #endif

@@ -39,20 +39,22 @@ typedef struct {
     bool post_norms;       /* gemma2: post_attention_layernorm after attention, pre/post_feedforward_layernorm */
     bool tie_default;      /* tie_word_embeddings when config.json does not say */
     const char *ffn_norm;  /* the norm before the FFN */
+    bool qk_norm;          /* qwen3: self_attn.q_norm / k_norm, an RMSNorm over each head of q and k */
 } hf_family;
 
 static const hf_family k_families[] = {
-    {"llama", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm"},
-    {"mistral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm"},
-    {"qwen2", KVLM_ARCH_QWEN2, "silu", false, true, false, false, false, false, "post_attention_layernorm"},
-    {"phi3", KVLM_ARCH_PHI3, "silu", false, false, true, false, false, false, "post_attention_layernorm"},
+    {"llama", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    {"mistral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    {"qwen2", KVLM_ARCH_QWEN2, "silu", false, true, false, false, false, false, "post_attention_layernorm", false},
+    {"phi3", KVLM_ARCH_PHI3, "silu", false, false, true, false, false, false, "post_attention_layernorm", false},
+    {"qwen3", KVLM_ARCH_QWEN3, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
     /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
      * pre_feedforward_layernorm, post_feedforward_layernorm} -> GGUF blk.N.{attn_norm,
      * post_attention_norm, ffn_norm, post_ffw_norm}, every norm + 1; tied embeddings
      * (scaled by sqrt(hidden_size) in the forward pass); config keys
      * attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar,
      * sliding_window (every other layer local, from layer 0). */
-    {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm"},
+    {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm", false},
 };
 
 bool model_hf_is_dir(const char *path) {
@@ -225,6 +227,62 @@ static int hf_yarn(kvlm_config *c, json_t *rs, const char *path, kvlm_error *err
     return KVLM_OK;
 }
 
+/* rope_scaling {"type": "longrope" (Phi-3.5; the older "su"), long_factor,
+ * short_factor (rope_dim/2 numbers each), attention_factor} on a phi3, with
+ * the config's original_max_position_embeddings (absent: the trained
+ * context, and the factor rope_scaling's "factor"): the GGUF loader's
+ * LongRoPE (model.c). The attention factor, when not given, is Hugging
+ * Face's and llama.cpp's converter's sqrt(1 + ln factor / ln original),
+ * factor = max_position_embeddings / original. The short factors serve a
+ * context of at most the original length, as in llama.cpp (Hugging Face
+ * switches when a sequence grows past it). */
+static int hf_longrope(struct kvlm_model *m, json_t *cfg, json_t *rs, const char *path, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    const int n = c->rope_dim / 2;
+    const char *names[2] = {"long_factor", "short_factor"};
+    free(m->longrope_own);
+    if (!(m->longrope_own = malloc(sizeof(float) * (size_t)(2 * n))))
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int k = 0; k < 2; k++) {
+        json_t *a = json_object_get(rs, names[k]);
+        if (!json_is_array(a) || (int)json_array_size(a) != n)
+            return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling longrope: \"%s\" must be an array of %d numbers "
+                                "(rope dimension %d / 2)", path, names[k], n, c->rope_dim);
+        for (int i = 0; i < n; i++) {
+            json_t *v = json_array_get(a, (size_t)i);
+            double d = json_is_number(v) ? json_number_value(v) : -1;
+            if (!(d > 0) || !isfinite((float)d))
+                return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling longrope: %s[%d] is not a finite number "
+                                    "above 0", path, names[k], i);
+            m->longrope_own[k * n + i] = (float)d;
+        }
+    }
+    double orig, factor = 1, af;
+    int rc;
+    json_t *o = json_object_get(cfg, "original_max_position_embeddings");
+    if (o && !json_is_null(o)) {
+        if ((rc = cfg_float(cfg, path, "original_max_position_embeddings", c->n_ctx_train, &orig, err))) return rc;
+        factor = c->n_ctx_train / orig;
+    } else {
+        orig = c->n_ctx_train;
+        json_t *f = json_object_get(rs, "factor");
+        if (f && !json_is_null(f) && (rc = scaling_factor(rs, path, "longrope", &factor, err))) return rc;
+    }
+    if (orig < 1 || orig > (1 << 24))
+        return util_err_set(err, KVLM_EFORMAT, "%s: rope_scaling longrope: original context %g (1 to 2^24)", path, orig);
+    json_t *a = json_object_get(rs, "attention_factor");
+    if (a && !json_is_null(a)) {
+        if ((rc = cfg_float(rs, path, "attention_factor", 1, &af, err))) return rc;
+    } else af = model_longrope_attn_factor(factor, orig);
+    c->longrope_orig_ctx = (int)orig;
+    c->longrope_attn_factor = (float)af;
+    m->rope_long = (model_tensor){.data = m->longrope_own, .type = DT_F32, .n_in = n, .n_out = 1,
+                                  .name = "rope_factors_long.weight"};
+    m->rope_short = (model_tensor){.data = m->longrope_own + n, .type = DT_F32, .n_in = n, .n_out = 1,
+                                   .name = "rope_factors_short.weight"};
+    return model_set_rope_freqs(m, err);
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -236,7 +294,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, qwen2, phi3, gemma2)", path, type);
+                            "mistral, qwen2, qwen3, phi3, gemma2)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -268,8 +326,20 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     c->norm_eps = (float)d;
     c->rope_dim = c->head_dim;
     json_t *prf = json_object_get(cfg, "partial_rotary_factor");
-    if (prf && !json_is_null(prf) && (!json_is_number(prf) || json_number_value(prf) != 1.0))
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: partial_rotary_factor other than 1 is not supported", path);
+    if (prf && !json_is_null(prf) && (!json_is_number(prf) || json_number_value(prf) != 1.0)) {
+        /* phi3 (Phi-4-mini: 0.75): the first head_dim x factor dimensions of
+         * each head turn, NeoX-paired among themselves, as GGUF's
+         * rope.dimension_count says; Hugging Face takes int(head_dim x factor) */
+        double f = json_is_number(prf) ? json_number_value(prf) : -1;
+        int rd = f > 0 && f < 1 ? (int)(c->head_dim * f) : 0;
+        if (fam->arch != KVLM_ARCH_PHI3)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: partial_rotary_factor other than 1 is supported for phi3 "
+                                "only", path);
+        if (rd < 2 || (rd & 1))
+            return util_err_set(err, KVLM_EFORMAT, "%s: partial_rotary_factor %g of head dimension %d: want a factor "
+                                "in (0, 1] that leaves an even number of rotated dimensions", path, f, c->head_dim);
+        c->rope_dim = rd;
+    }
     json_t *rs = json_object_get(cfg, "rope_scaling");
     if (rs && !json_is_null(rs)) {
         json_t *rt = json_object_get(rs, "rope_type");
@@ -283,11 +353,14 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
             if ((rc = scaling_factor(rs, path, "linear", &lf, err))) return rc;
             c->rope_linear = lf != 1 ? (float)lf : 0.0f;
             if ((rc = model_set_rope_freqs(m, err))) return rc;
-        } else if (!strcmp(t, "yarn") && (fam->arch == KVLM_ARCH_LLAMA || fam->arch == KVLM_ARCH_QWEN2)) {
+        } else if (!strcmp(t, "yarn") && model_yarn_arch(fam->arch)) {
             if ((rc = hf_yarn(c, rs, path, err))) return rc;
+        } else if ((!strcmp(t, "longrope") || !strcmp(t, "su")) && fam->arch == KVLM_ARCH_PHI3) {
+            if ((rc = hf_longrope(m, cfg, rs, path, err))) return rc;
         } else if (strcmp(t, "default"))
             return util_err_set(err, KVLM_EUNSUPPORTED, "%s: rope_scaling of type \"%.32s\" (factor %g) is not "
-                                "supported: kvlm applies plain RoPE (rope_theta only), linear, Llama 3.1's (llama3), or yarn (llama, qwen2)",
+                                "supported: kvlm applies plain RoPE (rope_theta only), linear, Llama 3.1's (llama3), yarn "
+                                "(llama, qwen2, qwen3) or longrope (phi3)",
                                 path, t, json_is_number(f) ? json_number_value(f) : 0.0);
     }
     const char *act_key = fam->post_norms ? "hidden_activation" : "hidden_act";
@@ -461,6 +534,10 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
         if (fam->post_norms) {
             TAKE(post_attn_norm, "post_attention_layernorm.weight", c->dim, 0, false, add);
             TAKE(post_ffn_norm, "post_feedforward_layernorm.weight", c->dim, 0, false, add);
+        }
+        if (fam->qk_norm) {
+            TAKE(q_norm, "self_attn.q_norm.weight", c->head_dim, 0, false, 0);
+            TAKE(k_norm, "self_attn.k_norm.weight", c->head_dim, 0, false, 0);
         }
         model_layer_swa(c, L, l);
 #undef TAKE

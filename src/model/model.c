@@ -209,12 +209,12 @@ static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err)
     char key[128], type[32] = "";
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     bool typed = gguf_get_str(m->gguf, key, type, sizeof type) && strcmp(type, "none");
-    bool yarn = typed && !strcmp(type, "yarn") && (c->arch == KVLM_ARCH_LLAMA || c->arch == KVLM_ARCH_QWEN2);
+    bool yarn = typed && !strcmp(type, "yarn") && model_yarn_arch(c->arch);
     double f = 1.0;
     int rc;
     if (typed && strcmp(type, "linear") && !yarn)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = \"%s\": RoPE scaling of this type is not supported "
-                            "for %s (linear is, yarn for llama and qwen2, and Llama 3.1's rope_freqs.weight)", m->path,
+                            "for %s (linear is, yarn for llama, qwen2 and qwen3, and Llama 3.1's rope_freqs.weight)", m->path,
                             key, type, arch);
     if ((rc = hp_float(m, arch, typed ? "rope.scaling.factor" : "rope.scale_linear", 0, true, &f, err))) return rc;
     if (!yarn || f == 1.0) {
@@ -242,6 +242,58 @@ static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err)
     return KVLM_OK;
 }
 
+/* LongRoPE (the 128k-context Phi-3 and Phi-3.5, as llama.cpp's converter
+ * writes them): the factor tensors rope_factors_long / rope_factors_short
+ * (taken with the other tensors, model_set_rope_freqs), the original context
+ * rope.scaling.original_context_length (default: the trained one, as
+ * llama.cpp) and the rotation's magnitude rope.scaling.attn_factor (default
+ * 1) on q's and k's rotated dimensions, which the forward pass puts on q's
+ * alone, squared (with a partial rotation, Phi-4-mini's, the attention scale
+ * could not take it: the dimensions that do not turn keep their size). */
+static int longrope_keys(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    bool lg = gguf_find_tensor(m->gguf, "rope_factors_long.weight") != NULL,
+         sh = gguf_find_tensor(m->gguf, "rope_factors_short.weight") != NULL;
+    if (!lg && !sh) return KVLM_OK;
+    if (lg != sh)
+        return util_err_set(err, KVLM_EFORMAT, "%s: LongRoPE needs both rope_factors_long.weight and "
+                            "rope_factors_short.weight (only %s is present)", m->path,
+                            lg ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    if (c->rope_linear > 0 || c->yarn_factor > 0)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: LongRoPE factors beside %s RoPE scaling", m->path,
+                            c->rope_linear > 0 ? "linear" : "YaRN");
+    int64_t orig = c->n_ctx_train;
+    bool found = false;
+    double af = 1.0;
+    int rc;
+    if ((rc = hp_int(m, arch, "rope.scaling.original_context_length", &orig, &found, err))) return rc;
+    if (!found) orig = c->n_ctx_train;
+    if (orig < 1 || orig > (1 << 24))
+        return util_err_set(err, KVLM_EFORMAT, "%s: %s.rope.scaling.original_context_length %lld (1 to 2^24)",
+                            m->path, arch, (long long)orig);
+    if ((rc = hp_float(m, arch, "rope.scaling.attn_factor", 0, true, &af, err))) return rc;
+    c->longrope_orig_ctx = (int)orig;
+    c->longrope_attn_factor = (float)af;
+    return KVLM_OK;
+}
+
+double model_longrope_attn_factor(double factor, double orig_ctx) {
+    return factor > 1 && orig_ctx > 1 ? sqrt(1 + log(factor) / log(orig_ctx)) : 1.0;
+}
+
+float model_longrope_mscale2(const kvlm_config *c) {
+    double af = c->longrope_orig_ctx > 0 && c->longrope_attn_factor > 0 ? c->longrope_attn_factor : 1.0;
+    return (float)(af * af);
+}
+
+const float *model_rope_freqs(const kvlm_config *c, int n_ctx) {
+    return c->rope_freqs_short && n_ctx <= c->longrope_orig_ctx ? c->rope_freqs_short : c->rope_freqs;
+}
+
+bool model_yarn_arch(int arch) {
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_QWEN2 || arch == KVLM_ARCH_QWEN3;
+}
+
 float model_yarn_mscale2(const kvlm_config *c) {
     if (c->yarn_factor <= 0 || c->arch == KVLM_ARCH_DEEPSEEK2) return 1.0f;
     double ms = 1.0 + 0.1 * log(c->yarn_factor);
@@ -256,14 +308,15 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     const char *arch = m->arch_name;
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
+    else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
     else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
     else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
     else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, qwen2, phi3, deepseek2, gemma2, "
-                            "gemma3)",
+                            "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, phi3, deepseek2, "
+                            "gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -311,19 +364,12 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
-    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_PHI3;
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN3 || c->arch == KVLM_ARCH_PHI3;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
+    if (c->arch == KVLM_ARCH_PHI3 && (hrc = longrope_keys(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_PHI3) {
-        /* The 128k variants scale RoPE per frequency (LongRoPE: these factor
-         * tensors plus rope.scaling.* keys); plain RoPE would be wrong there. */
-        static const char *const factors[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
-        for (int i = 0; i < 2; i++)
-            if (gguf_find_tensor(f, factors[i]))
-                return util_err_set(err, KVLM_EUNSUPPORTED,
-                                    "%s: tensor %s: LongRoPE scaling (the 128k-context Phi-3 variants) is not "
-                                    "supported; the 4k-context variants (plain RoPE) are", m->path, factors[i]);
         /* phi3.attention.sliding_window (2047 in Phi-3-mini-4k) is read and
          * ignored, as llama.cpp does (its converters do not describe which
          * layers use it): attention is full-context. It must still be an integer. */
@@ -345,6 +391,11 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((rc = take_tensor(m, &m->output, "output.weight", c->dim, c->vocab_size, true, err))) return rc;
     if (!m->output.data) m->output = m->tok_embd; /* tied classifier */
     if ((rc = take_tensor(m, &m->rope_freqs, "rope_freqs.weight", c->rope_dim / 2, 0, true, err))) return rc;
+    if (c->longrope_orig_ctx && ((rc = take_tensor(m, &m->rope_long, "rope_factors_long.weight", c->rope_dim / 2, 0,
+                                                   false, err)) ||
+                                 (rc = take_tensor(m, &m->rope_short, "rope_factors_short.weight", c->rope_dim / 2, 0,
+                                                   false, err))))
+        return rc;
     if (m->rope_freqs.data && c->arch == KVLM_ARCH_DEEPSEEK2)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor rope_freqs.weight: RoPE frequency factors are not "
                             "supported for deepseek2 (its scaling is YaRN)", m->path);
@@ -400,7 +451,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             TAKE(post_attn_norm, "post_attention_norm.weight", c->dim, 0, false);
             TAKE(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, false);
         }
-        if (c->arch == KVLM_ARCH_GEMMA3) {
+        if (c->arch == KVLM_ARCH_GEMMA3 || c->arch == KVLM_ARCH_QWEN3) {
             TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
             TAKE(k_norm, "attn_k_norm.weight", c->head_dim, 0, false);
         }
@@ -423,6 +474,7 @@ model_tensor model_tensor_rows(const model_tensor *t, int64_t row0, int64_t n) {
 const char *model_arch_name(kvlm_arch arch) {
     switch (arch) {
     case KVLM_ARCH_QWEN2: return "qwen2";
+    case KVLM_ARCH_QWEN3: return "qwen3";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";
@@ -581,8 +633,9 @@ void model_unload(struct kvlm_model *m) {
     m->layers = NULL;
     free(m->rope_freqs_own);
     free(m->rope_freqs_eff);
-    m->rope_freqs_own = m->rope_freqs_eff = NULL;
-    m->cfg.rope_freqs = NULL;
+    free(m->longrope_own);
+    m->rope_freqs_own = m->rope_freqs_eff = m->longrope_own = NULL;
+    m->cfg.rope_freqs = m->cfg.rope_freqs_short = NULL;
     vocab_free(&m->vocab);
     model_hf_free(m);
     if (m->gguf) gguf_close(m->gguf);
@@ -620,17 +673,35 @@ void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor,
     }
 }
 
+/* Each of n RoPE factors finite and above 0. */
+static int check_factors(const struct kvlm_model *m, const char *name, const float *f, int n, kvlm_error *err) {
+    for (int i = 0; f && i < n; i++)
+        if (!isfinite(f[i]) || f[i] <= 0)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: factor %d is %g (RoPE frequency factors are "
+                                "finite and above 0)", m->path, name, i, (double)f[i]);
+    return KVLM_OK;
+}
+
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
     const float *f = m->rope_freqs.data;
     const int n = m->cfg.rope_dim / 2;
     const kvlm_config *c = &m->cfg;
     const bool yarn = c->yarn_factor > 0 && c->arch != KVLM_ARCH_DEEPSEEK2;
     const float lin = c->rope_linear > 0 ? c->rope_linear : yarn ? 1.0f : 0.0f;
-    m->cfg.rope_freqs = NULL;
-    for (int i = 0; f && i < n; i++)
-        if (!isfinite(f[i]) || f[i] <= 0)
-            return util_err_set(err, KVLM_EFORMAT, "%s: tensor rope_freqs.weight: factor %d is %g (RoPE frequency "
-                                "factors are finite and above 0)", m->path, i, (double)f[i]);
+    int rc;
+    m->cfg.rope_freqs = m->cfg.rope_freqs_short = NULL;
+    if (m->rope_long.data) { /* LongRoPE: the two sets as they are, and nothing else */
+        if (f || lin > 0)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: LongRoPE factors beside other RoPE scaling (%s)", m->path,
+                                f ? "rope_freqs.weight" : yarn ? "YaRN" : "linear");
+        if ((rc = check_factors(m, "rope_factors_long.weight", m->rope_long.data, n, err)) ||
+            (rc = check_factors(m, "rope_factors_short.weight", m->rope_short.data, n, err)))
+            return rc;
+        m->cfg.rope_freqs = m->rope_long.data;
+        m->cfg.rope_freqs_short = m->rope_short.data;
+        return KVLM_OK;
+    }
+    if ((rc = check_factors(m, "rope_freqs.weight", f, n, err))) return rc;
     if (lin > 0) { /* the factors the forward pass divides by: the tensor's (or 1) times the linear one, times YaRN's */
         free(m->rope_freqs_eff);
         float *e = m->rope_freqs_eff = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));

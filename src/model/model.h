@@ -50,6 +50,8 @@ struct kvlm_model {
     model_tensor rope_freqs;      /* Llama 3.1's RoPE factors (rope_dim/2, f32), or none; cfg.rope_freqs points at them */
     float *rope_freqs_own;        /* their storage when computed (a Hugging Face config), else NULL */
     float *rope_freqs_eff;        /* with cfg.rope_linear: those (or 1) times it, what cfg.rope_freqs points at */
+    model_tensor rope_long, rope_short; /* LongRoPE's factors (phi3, rope_dim/2 f32 each), or none */
+    float *longrope_own;          /* their storage when computed (a Hugging Face config: long, then short), else NULL */
     model_layer *layers;
     model_vocab vocab;
     struct tok_tokenizer *tok;   /* built by the engine layer from vocab */
@@ -86,10 +88,23 @@ void model_yarn_rope_freqs(float *out, int rope_dim, double base, double factor,
  * q.k, and what llama's and qwen2's attention scale takes (1: no YaRN, or
  * deepseek2's, which scales by its own rule). */
 float model_yarn_mscale2(const kvlm_config *c);
+/* Whether an architecture takes YaRN as per-pair factors (llama, qwen2, qwen3;
+ * deepseek2 has its own). */
+bool model_yarn_arch(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
  * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors
- * (not deepseek2's, which rotates its own). */
+ * (not deepseek2's, which rotates its own); or LongRoPE's long and short
+ * tensors (checked the same way; no other scaling beside them). */
 int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err);
+/* The RoPE factors a context of n_ctx tokens a sequence rotates by: LongRoPE's
+ * short ones up to its original context, else cfg.rope_freqs (NULL: none). */
+const float *model_rope_freqs(const kvlm_config *c, int n_ctx);
+/* LongRoPE's attention factor when a file gives none (llama.cpp's converter,
+ * Hugging Face): sqrt(1 + ln(factor) / ln(orig_ctx)) for a factor above 1, else 1. */
+double model_longrope_attn_factor(double factor, double orig_ctx);
+/* LongRoPE's rotation magnitude squared (1 without LongRoPE), from
+ * cfg.longrope_attn_factor as stored: what multiplies q's rotated dimensions. */
+float model_longrope_mscale2(const kvlm_config *c);
 
 /* Whether layer l of c is a local (sliding-window) layer, and its window (0: global). */
 int model_layer_window(const kvlm_config *c, int l);
@@ -103,7 +118,7 @@ void model_layer_swa(const kvlm_config *c, model_layer *L, int l);
 /* Gemma's scale of the token embeddings (sqrt(dim)); 1 otherwise. */
 float model_embed_scale(const kvlm_config *c);
 
-/* The GGUF name of an architecture ("llama", "qwen2", "phi3", "gemma2", "gemma3"). */
+/* The GGUF name of an architecture ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"). */
 const char *model_arch_name(kvlm_arch arch);
 
 /* Loads weights and vocabulary (params may be NULL: defaults). */

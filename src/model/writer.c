@@ -93,6 +93,8 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     ADD("token_embd.weight%.0d", 0, m->tok_embd);
     ADD("output_norm.weight%.0d", 0, m->output_norm);
     ADD("rope_freqs.weight%.0d", 0, m->rope_freqs);
+    ADD("rope_factors_long.weight%.0d", 0, m->rope_long);
+    ADD("rope_factors_short.weight%.0d", 0, m->rope_short);
     if (m->output.data != m->tok_embd.data) ADD("output.weight%.0d", 0, m->output);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -176,6 +178,9 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
         gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), c->yarn_beta_fast);
         gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), c->yarn_beta_slow);
+    } else if (c->rope_freqs_short) { /* LongRoPE: as llama.cpp's converter, no type key; the factors are tensors */
+        gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->longrope_orig_ctx);
+        gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), c->longrope_attn_factor);
     }
     gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_heads);
     /* deepseek2 files give every query head a "KV head" (kvlm reads one latent) */
@@ -296,7 +301,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
                             "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
                             "the 46- and 62-layer gemmas)", m->path, m->cfg.attn_scale,
                             1.0 / ((double)m->cfg.attn_scale * m->cfg.attn_scale), d.attn_scale);
-    int cap = 4 + 30 * m->cfg.n_layers;
+    int cap = 6 + 30 * m->cfg.n_layers;
     named_tensor *ts = calloc((size_t)cap, sizeof *ts);
     void **owned = calloc((size_t)cap, sizeof *owned);
     gguf_writer *w = gguf_writer_create();
@@ -393,6 +398,12 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.attn_softcap = p->attn_softcap > 0 ? p->attn_softcap : p->attn_softcap < 0 ? 0 : 50.0f;
         c.final_softcap = p->final_softcap > 0 ? p->final_softcap : p->final_softcap < 0 ? 0 : 30.0f;
     }
+    if (p->rope_dim > 0 && c.arch != KVLM_ARCH_DEEPSEEK2) { /* a partial rotation (Phi-4-mini: 3/4 of a head) */
+        if (c.arch != KVLM_ARCH_PHI3 || (p->rope_dim & 1) || p->rope_dim > c.head_dim)
+            return util_err_set(err, KVLM_EINVAL, "--rope-dim %d: a partial rotation is for phi3 and deepseek2, even "
+                                "and at most the head dimension (%d)", p->rope_dim, c.head_dim);
+        c.rope_dim = p->rope_dim;
+    }
     if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && !gemma))
         return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2 and gemma3");
     if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
@@ -442,7 +453,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
     int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
     /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
-    int max_tensors = 4 + 30 * c.n_layers, n_alloc = 0;
+    int max_tensors = 6 + 30 * c.n_layers, n_alloc = 0;
     float **bufs = calloc((size_t)max_tensors, sizeof *bufs);
     uint64_t s = p->seed * 2654435761u + 0x9e3779b97f4a7c15ull;
     if (!m.layers || !bufs) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
@@ -462,8 +473,8 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     if (p->tied_output) m.output = m.tok_embd;
     else MAKE(m.output, c.dim, c.vocab_size, 0);
     if (p->yarn_factor > 1 && c.arch != KVLM_ARCH_DEEPSEEK2) { /* Qwen2.5's kind: the context stretched by the factor */
-        if (c.arch != KVLM_ARCH_LLAMA && c.arch != KVLM_ARCH_QWEN2) {
-            rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, qwen2 and deepseek2");
+        if (!model_yarn_arch(c.arch)) {
+            rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, qwen2, qwen3 and deepseek2");
             goto done;
         }
         m.cfg.yarn_factor = p->yarn_factor;
@@ -476,6 +487,30 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             goto done;
         }
         m.cfg.rope_linear = p->rope_linear != 1 ? p->rope_linear : 0;
+    }
+    if (p->longrope > 1) {
+        if (c.arch != KVLM_ARCH_PHI3) {
+            rc = util_err_set(err, KVLM_EINVAL, "LongRoPE is for phi3");
+            goto done;
+        }
+        /* no random draws (the weights are those of the same model without
+         * it): long factors rising from 1 to the factor, short ones from 1 to
+         * 1.5, each with a ripple so that no two pairs share a factor */
+        int n = c.rope_dim / 2;
+        float *f = malloc(sizeof(float) * (size_t)(2 * n));
+        if (!f) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+        bufs[n_alloc++] = f;
+        for (int i = 0; i < n; i++) {
+            double x = n > 1 ? (double)i / (n - 1) : 0, ripple = 1 + 0.05 * sin(3.0 * i);
+            f[i] = (float)((1 + (p->longrope - 1) * x * x) * ripple);
+            f[n + i] = (float)((1 + 0.5 * x) * ripple);
+        }
+        m.rope_long = (model_tensor){.data = f, .type = DT_F32, .n_in = n, .n_out = 1};
+        m.rope_short = (model_tensor){.data = f + n, .type = DT_F32, .n_in = n, .n_out = 1};
+        m.cfg.rope_freqs = f;
+        m.cfg.rope_freqs_short = f + n;
+        m.cfg.longrope_orig_ctx = (int)(c.n_ctx_train / p->longrope) > 0 ? (int)(c.n_ctx_train / p->longrope) : 1;
+        m.cfg.longrope_attn_factor = (float)model_longrope_attn_factor(p->longrope, m.cfg.longrope_orig_ctx);
     }
     if (p->rope_llama3 > 1) {
         if (c.arch == KVLM_ARCH_DEEPSEEK2) {
@@ -558,7 +593,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->post_attn_norm, c.dim, 1, 1);
             MAKE(L->post_ffn_norm, c.dim, 1, 1);
         }
-        if (c.arch == KVLM_ARCH_GEMMA3) {
+        if (c.arch == KVLM_ARCH_GEMMA3 || c.arch == KVLM_ARCH_QWEN3) {
             MAKE(L->q_norm, c.head_dim, 1, 1);
             MAKE(L->k_norm, c.head_dim, 1, 1);
         }
