@@ -31,14 +31,17 @@ const char *kvlm_status_name(int code);
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
  * for the 128k-context variants) */
 /* qwen3 (dense): qwen2's layout without biases, an RMSNorm over each head of
- * q and k before RoPE (attn_q_norm, attn_k_norm), a head dimension of its own */
+ * q and k before RoPE (attn_q_norm, attn_k_norm), a head dimension of its own;
+ * qwen3moe: qwen3's attention with a mixture of experts in every layer.
+ * llama with expert_count: Mixtral's mixture of experts */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
  * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
-               KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6 } kvlm_arch;
+               KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
+               KVLM_ARCH_QWEN3MOE = 7 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;

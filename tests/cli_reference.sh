@@ -152,7 +152,7 @@ synth_check() {
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
 # fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
-for arch in llama qwen2 qwen3 phi3; do
+for arch in llama qwen2 qwen3 qwen3moe phi3; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -190,6 +190,23 @@ synth_check qwen3-gqa42-hd64-f32   1e-4 --arch qwen3 --dim 128 --heads 4 --kv-he
 synth_check qwen3-mqa81-hd16-tied  1e-4 --arch qwen3 --dim 128 --heads 8 --kv-heads 1 --hidden 256 --tied --type f16 --seed 18 --layers 3 --vocab 300 --ctx 64
 synth_check qwen3-gqa42-hd64-q8_0  6e-2 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type q8_0 --seed 19 "${common[@]}"
 synth_check qwen3-yarn4-gqa42-f32  1e-4 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type f32 --seed 20 --yarn 4 "${common[@]}"
+# a mixture of experts in every layer: Mixtral's (llama with expert_count,
+# each expert the FFN's width) and qwen3moe (qwen3's attention, experts of
+# their own width); a softmax over every expert, the top k, renormalised
+synth_check mixtral-4x2-gqa42-f32  1e-4 --arch llama --dim 128 --heads 4 --kv-heads 2 --hidden 192 --experts 4 --experts-used 2 --type f32 --seed 60 "${common[@]}"
+synth_check mixtral-8x2-f16        1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 128 --experts 8 --experts-used 2 --type f16 --seed 62 --layers 3 --vocab 300 --ctx 64
+synth_check qwen3moe-8x3-hd64-f32  1e-4 --arch qwen3moe --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --experts 8 --experts-used 3 --expert-ff 96 --type f32 --seed 61 "${common[@]}"
+synth_check qwen3moe-16x4-tied-f16 1e-4 --arch qwen3moe --dim 128 --heads 4 --kv-heads 1 --hidden 256 --experts 16 --experts-used 4 --expert-ff 64 --tied --type f16 --seed 63 "${common[@]}"
+# convert writes the experts back (3-D, stacked) and their keys: the same logits
+for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32; do
+    model="$tmp/$name.gguf"
+    [ -f "$model" ] || continue
+    if "$bin" convert "$model" "$tmp/back.gguf" > /dev/null 2>&1 &&
+       "$bin" logits -m "$model" --ids "$ids_b" > "$tmp/a.txt" 2>/dev/null &&
+       "$bin" logits -m "$tmp/back.gguf" --ids "$ids_b" > "$tmp/b.txt" 2>/dev/null && cmp -s "$tmp/a.txt" "$tmp/b.txt"; then
+        pass "$name: convert keeps the experts (the same logits)"
+    else fail "$name: convert lost the experts or their keys"; fi
+done
 # phi3: fused attn_qkv and gate+up ffn_up (kvlm splits them into row views at
 # load; the reference multiplies by the fused matrices and splits the outputs)
 synth_check phi3-gqa42-hd32-f32    1e-4 --arch phi3  --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 12 "${common[@]}"

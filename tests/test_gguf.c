@@ -874,6 +874,12 @@ static void set_yarn_no_ctx(gguf_writer *w) {
     gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn");
     gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
 }
+static void set_experts_no_used(gguf_writer *w) { gguf_writer_set_u32(w, "llama.expert_count", 4); }
+static void set_experts_many(gguf_writer *w) { gguf_writer_set_u32(w, "llama.expert_count", 5000); }
+static void set_experts_no_tensors(gguf_writer *w) {
+    gguf_writer_set_u32(w, "llama.expert_count", 4);
+    gguf_writer_set_u32(w, "llama.expert_used_count", 2);
+}
 static void set_linear_nan(gguf_writer *w) {
     gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
     gguf_writer_set_f32(w, "llama.rope.scaling.factor", NAN);
@@ -897,6 +903,9 @@ static void test_model_nonsense(void **state) {
         {NULL, MUT_FREQS_SHORT, "tensor rope_freqs.weight: shape 3x1", "expected 4"},
         {set_linear_nan, MUT_NONE, "rope.scaling.factor = nan", "finite"},
         {set_yarn_no_ctx, MUT_NONE, "YaRN RoPE scaling needs llama.rope.scaling.original_context_length", "1 to 2^24"},
+        {set_experts_no_used, MUT_NONE, "key llama.expert_used_count is missing", "1 to the 4 experts"},
+        {set_experts_many, MUT_NONE, "llama.expert_count = 5000 is outside 1..1024", ""},
+        {set_experts_no_tensors, MUT_NONE, "missing tensor blk.0.ffn_gate_inp.weight", ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvlm_error err = {0};

@@ -284,36 +284,45 @@ def forward_deepseek2(m, ids):
             g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
             x = x + matmul(m, g, L["w2"], ty.get("w2"))
             continue
-        logits = matmul(m, h, L["router"], ty.get("router"))
-        if m.gating == 2:
-            probs = 1.0 / (1.0 + np.exp(-logits))
-        else:
-            probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-            probs /= probs.sum(axis=1, keepdims=True)
-        sel = probs + (L["probs_b"] if "probs_b" in L else 0.0)
-        out = np.zeros_like(x)
-        for t in range(T):
-            top = np.argsort(-sel[t], kind="stable")[:m.n_used]
-            w = probs[t, top]
-            if m.w_norm:
-                w = w / w.sum()
-            w = w * m.w_scale
-            for e, we in zip(top, w):
-                ht = h[t:t + 1]
-                g = silu(matmul(m, ht, L["g_exps"][e], ty.get("g_exps"))) * matmul(m, ht, L["u_exps"][e], ty.get("u_exps"))
-                out[t] += we * matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0]
-        if "g_sh" in L:
-            g = silu(matmul(m, h, L["g_sh"], ty.get("g_sh"))) * matmul(m, h, L["u_sh"], ty.get("u_sh"))
-            out += matmul(m, g, L["d_sh"], ty.get("d_sh"))
-        x = x + out
+        x = x + moe_ffn(m, L, h)
     return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type)
+
+
+def moe_ffn(m, L, h):
+    """A mixture of experts over the normed rows h: the router's softmax (or
+    sigmoid) over every expert, the top m.n_used by probability (plus a
+    selection bias, V3), their weights renormalised (m.w_norm) and scaled,
+    each chosen expert's SwiGLU FFN; then the shared experts, if any."""
+    ty = L["types"]
+    logits = matmul(m, h, L["router"], ty.get("router"))
+    if m.gating == 2:
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+    sel = probs + (L["probs_b"] if "probs_b" in L else 0.0)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = np.argsort(-sel[t], kind="stable")[:m.n_used]
+        w = probs[t, top]
+        if m.w_norm:
+            w = w / w.sum()
+        w = w * m.w_scale
+        for e, we in zip(top, w):
+            ht = h[t:t + 1]
+            g = silu(matmul(m, ht, L["g_exps"][e], ty.get("g_exps"))) * matmul(m, ht, L["u_exps"][e], ty.get("u_exps"))
+            out[t] += we * matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0]
+    if "g_sh" in L:
+        g = silu(matmul(m, h, L["g_sh"], ty.get("g_sh"))) * matmul(m, h, L["u_sh"], ty.get("u_sh"))
+        out += matmul(m, g, L["d_sh"], ty.get("d_sh"))
+    return out
 
 
 def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "qwen2", "qwen3", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -339,7 +348,7 @@ def load_gguf(path):
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2", "qwen3")):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2", "qwen3", "qwen3moe")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
@@ -359,17 +368,21 @@ def load_gguf(path):
         L = {"attn_norm": t[p + "attn_norm.weight"],
              "wq": t[p + "attn_q.weight"], "wk": t[p + "attn_k.weight"],
              "wv": t[p + "attn_v.weight"], "wo": t[p + "attn_output.weight"],
-             "ffn_norm": t[p + "ffn_norm.weight"],
-             "w1": t[p + "ffn_gate.weight"], "w2": t[p + "ffn_down.weight"],
-             "w3": t[p + "ffn_up.weight"]}
+             "ffn_norm": t[p + "ffn_norm.weight"]}
+        ffn = (("w1", "ffn_gate.weight"), ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"))
+        if p + "ffn_gate_inp.weight" in t:  # experts (Mixtral, qwen3moe): softmax top-k, renormalised
+            ffn = (("router", "ffn_gate_inp.weight"), ("g_exps", "ffn_gate_exps.weight"),
+                   ("u_exps", "ffn_up_exps.weight"), ("d_exps", "ffn_down_exps.weight"))
+            m.gating, m.n_used, m.w_norm, m.w_scale = 1, int(meta[a + ".expert_used_count"]), True, 1.0
+        for k, n in ffn:
+            L[k] = t[p + n]
         for b in ("q", "k", "v"):
             L["b" + b] = t.get(p + "attn_%s.bias" % b)
-        if m.arch == "qwen3":  # an RMSNorm over each head of q and of k, before RoPE
+        if m.arch in ("qwen3", "qwen3moe"):  # an RMSNorm over each head of q and of k, before RoPE
             L["q_norm"], L["k_norm"] = t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"]
         L["types"] = {k: types[p + n] for k, n in (
             ("wq", "attn_q.weight"), ("wk", "attn_k.weight"), ("wv", "attn_v.weight"),
-            ("wo", "attn_output.weight"), ("w1", "ffn_gate.weight"),
-            ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"))}
+            ("wo", "attn_output.weight")) + ffn}
         m.layers.append(L)
     m.bos = int(meta.get("tokenizer.ggml.bos_token_id", 1))
     m.eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
@@ -530,7 +543,7 @@ def forward(m, ids):
         v = v.reshape(T, m.n_kv_heads, hd)
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
-        neox = m.arch in ("qwen2", "qwen3", "phi3")
+        neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "phi3")
         q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
         k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
         att = np.empty((T, m.n_heads, hd))
@@ -542,6 +555,9 @@ def forward(m, ids):
             att[:, hh, :] = s @ v[:, kh, :]
         x = x + matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
         h = rmsnorm(x, L["ffn_norm"], m.eps)
+        if "router" in L:
+            x = x + moe_ffn(m, L, h)
+            continue
         if "w13" in L:  # phi3: gate = first half of the fused output, up = second
             gu = matmul(m, h, L["w13"], ty.get("w13"))
             g = silu(gu[:, :m.hidden]) * gu[:, m.hidden:]

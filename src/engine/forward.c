@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "engine/forward_cuda.h"
 #include "engine/forward_mla.h"
+#include "engine/moe.h"
 
 /* attention calls per pass of the threads (op_attention_n) */
 #define ATT_RUNS 64
@@ -50,6 +51,7 @@ struct kvlm_ctx {
     /* Scratch for n_batch tokens. */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     void *mm_work, *attn_work;
+    engine_moe *moe;           /* Mixtral's and qwen3moe's experts (deepseek2's are forward_mla's); NULL: a dense FFN */
     const float **block_ptrs;  /* the blocks of att_runs sequences for attention */
     int att_runs;
     int32_t *tok_seq, *tok_pos;  /* per token of the current batch */
@@ -458,6 +460,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "run on the CPU only");
             goto fail;
         }
+        if (c->n_expert > 0) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: a mixture of experts (%s) runs on the CPU only",
+                         model_arch_name(c->arch));
+            goto fail;
+        }
         if (model->layers[0].q_norm.data) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's per-head q and k norms run on the CPU only",
                          model_arch_name(c->arch));
@@ -538,6 +545,8 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
+    if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2 && !(ctx->moe = engine_moe_create(model, ctx->n_batch, err)))
+        goto fail;
     return ctx;
 fail:
     kvlm_ctx_free(ctx);
@@ -642,6 +651,7 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->seq_at);
     free(ctx->blocks_tmp);
     engine_mla_free(ctx->mla);
+    engine_moe_free(ctx->moe);
     free(ctx->rope_cs_local); free(ctx->rope_sn_local);
     for (int s = 0; ctx->spec && s < ctx->seq_end; s++) free(ctx->spec[s].rows);
     free(ctx->spec);
@@ -1181,6 +1191,12 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);
         j.norm = L->ffn_norm.data;
         j.post_norm = L->post_attn_norm.data;
+        if (L->ffn_gate_inp.data) { /* experts: x += MoE(norm(x + attention)), and nothing left in xb to add */
+            for (int t = 0; t < T; t++) prep_residual(&j, t);
+            engine_moe_forward(ctx->moe, ctx->pool, L, ctx->xb, ctx->x, T);
+            memset(ctx->xb, 0, (size_t)T * c->dim * sizeof(float));
+            continue;
+        }
         const op_mm_out gate_up[2] = {mm_out(ctx->hb, &L->w_gate), mm_out(ctx->hb2, &L->w_up)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, gate_up, 2, ctx->mm_work, prep_residual, &j);
         const op_mm_out down = mm_out(ctx->xb, &L->w_down);

@@ -17,15 +17,19 @@
 #include "util/error.h"
 #include "util/mem.h"
 
-/* The tensors only matmul reads: each layer's projections and the classifier
- * (a tied classifier is packed apart from the embedding rows it shares; a
- * copied one is still the embedding's tensor, which reads the copy). */
+/* The tensors only matmul reads: each layer's projections, its stacked
+ * experts (engine/moe.c keeps an expert's rows packed when they are whole
+ * groups) and the classifier (a tied classifier is packed apart from the
+ * embedding rows it shares; a copied one is still the embedding's tensor,
+ * which reads the copy). */
+#define MATMUL_PER_LAYER 10
 static int matmul_tensors(kvlm_model *m, model_tensor **out) {
     int n = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         model_layer *L = &m->layers[l];
-        model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_down, &L->w_up};
-        for (int i = 0; i < 7; i++) out[n++] = ts[i];
+        model_tensor *ts[MATMUL_PER_LAYER] = {&L->wq,     &L->wk,       &L->wv,     &L->wo,     &L->w_gate,
+                                              &L->w_down, &L->w_up,     &L->gate_exps, &L->up_exps, &L->down_exps};
+        for (int i = 0; i < MATMUL_PER_LAYER; i++) out[n++] = ts[i];
     }
     out[n++] = &m->output;
     return n;
@@ -50,7 +54,7 @@ static size_t copy_bytes(const model_tensor *t) {
  * pages, which is only slower). */
 static bool pack_weights(kvlm_model *m) {
     if (!m->layers) return true;
-    model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * 7 + 1));
+    model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * MATMUL_PER_LAYER + 1));
     if (!ts) return false;
     int n = matmul_tensors(m, ts);
     size_t total = 0;
@@ -168,6 +172,9 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, "; MLA: latent %d + RoPE %d, value %d, q_lora %d; experts %d of %d "
                  "(+%d shared), %d dense layers", c->kv_lora_rank, c->rope_dim, c->v_head_dim, c->q_lora_rank,
                  c->n_expert_used, c->n_expert, c->n_expert_shared, c->n_dense_lead);
+    len = strlen(buf);
+    if (c->arch != KVLM_ARCH_DEEPSEEK2 && c->n_expert > 0 && len < cap)
+        snprintf(buf + len, cap - len, ", experts %d of %d (%d wide)", c->n_expert_used, c->n_expert, c->expert_ff);
     len = strlen(buf);
     if (c->sliding_window > 0 && c->n_local_layers > 0 && len < cap)
         snprintf(buf + len, cap - len, ", sliding window %d on %d of %d layers", c->sliding_window, c->n_local_layers,

@@ -37,15 +37,16 @@ engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err)
     e->m = m;
     e->n_batch = n_batch;
     size_t T = (size_t)n_batch, E = (size_t)c->n_expert, K = (size_t)c->n_expert_used;
+    size_t R = T > K ? T : K; /* rows of the expert scratch: a chunk's, or one token's K experts */
     size_t F = (size_t)c->expert_ff * (c->n_expert_shared > 1 ? (size_t)c->n_expert_shared : 1);
     e->logits = malloc(T * E * sizeof(float));
     e->w = malloc(T * K * sizeof(float));
     e->idx = malloc(T * K * sizeof(int));
     e->rows = malloc(T * sizeof(int));
     e->xe = malloc(T * c->dim * sizeof(float));
-    e->ge = malloc(T * F * sizeof(float));
-    e->ue = malloc(T * F * sizeof(float));
-    e->ye = malloc(T * c->dim * sizeof(float));
+    e->ge = malloc(R * F * sizeof(float));
+    e->ue = malloc(R * F * sizeof(float));
+    e->ye = malloc(R * c->dim * sizeof(float));
     size_t w = 0;
     for (int l = c->n_dense_lead; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -63,9 +64,32 @@ engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err)
     return e;
 }
 
+/* Rows [row0, row0 + n) of stacked experts: model_tensor_rows, and their
+ * packed copy when they are whole 16-row groups of it (model_api.c packs the
+ * stacks; a group straddling two experts is read from the file's rows). */
+static model_tensor expert_rows(const model_tensor *t, int64_t row0, int64_t n) {
+    model_tensor v = model_tensor_rows(t, row0, n);
+    if (t->packed && row0 % 16 == 0 && n % 16 == 0) {
+        v.packed = (const char *)t->packed + (size_t)row0 * op_pack_row_size(t->type, (int)t->n_in);
+        v.packed_type = t->packed_type;
+    }
+    return v;
+}
+
+static op_mm_out mm_of(float *y, const model_tensor *w) {
+    return (op_mm_out){y, w->packed ? w->packed : w->data, w->packed ? w->packed_type : w->type, (int)w->n_out};
+}
+
 static void matmul(engine_moe *e, util_pool *pool, float *y, const float *x, const model_tensor *w, int T) {
-    op_mm_out o = {y, w->packed ? w->packed : w->data, w->packed ? w->packed_type : w->type, (int)w->n_out};
+    op_mm_out o = mm_of(y, w);
     op_backend_cpu()->matmul_n(pool, x, T, (int)w->n_in, &o, 1, e->mm_work);
+}
+
+/* n products of the same T input rows, OP_MM_MAX_OUTS to a pass of the threads
+ * (one quantization of the input, one dispatch, per pass). */
+static void matmul_outs(engine_moe *e, util_pool *pool, const float *x, int T, int n_in, const op_mm_out *o, int n) {
+    for (int i = 0; i < n; i += OP_MM_MAX_OUTS)
+        op_backend_cpu()->matmul_n(pool, x, T, n_in, o + i, n - i < OP_MM_MAX_OUTS ? n - i : OP_MM_MAX_OUTS, e->mm_work);
 }
 
 void engine_moe_route(const kvlm_config *c, const float *logits, const float *bias, int *idx, float *w) {
@@ -100,14 +124,35 @@ void engine_moe_route(const kvlm_config *c, const float *logits, const float *bi
     for (int k = 0; k < K; k++) w[k] *= scale;
 }
 
-/* ye = down(silu(gate xe) * up xe) for n rows, F wide inside. */
+/* ye = down(silu(gate xe) * up xe) for n rows, F wide inside (gate and up in one pass). */
 static void ffn(engine_moe *e, util_pool *pool, const model_tensor *g, const model_tensor *u, const model_tensor *d,
                 const float *xe, int n) {
     int F = (int)g->n_out;
-    matmul(e, pool, e->ge, xe, g, n);
-    matmul(e, pool, e->ue, xe, u, n);
+    const op_mm_out gu[2] = {mm_of(e->ge, g), mm_of(e->ue, u)};
+    matmul_outs(e, pool, xe, n, (int)g->n_in, gu, 2);
     for (int r = 0; r < n; r++) op_backend_cpu()->swiglu(e->ge + (size_t)r * F, e->ue + (size_t)r * F, F);
     matmul(e, pool, e->ye, e->ge, d, n);
+}
+
+/* One token (decode): its K experts' gate and up products share the input
+ * row, so they go together (K = 4: two passes instead of eight). */
+static void experts_one(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x) {
+    const kvlm_config *c = &e->m->cfg;
+    int D = c->dim, K = c->n_expert_used, F = c->expert_ff;
+    op_mm_out o[2 * ENGINE_MOE_MAX_USED];
+    for (int k = 0; k < K; k++) {
+        model_tensor g = expert_rows(&L->gate_exps, (int64_t)e->idx[k] * F, F);
+        model_tensor u = expert_rows(&L->up_exps, (int64_t)e->idx[k] * F, F);
+        o[2 * k] = mm_of(e->ge + (size_t)k * F, &g);
+        o[2 * k + 1] = mm_of(e->ue + (size_t)k * F, &u);
+    }
+    matmul_outs(e, pool, xn, 1, D, o, 2 * K);
+    for (int k = 0; k < K; k++) {
+        op_backend_cpu()->swiglu(e->ge + (size_t)k * F, e->ue + (size_t)k * F, F);
+        model_tensor d = expert_rows(&L->down_exps, (int64_t)e->idx[k] * D, D);
+        matmul(e, pool, e->ye, e->ge + (size_t)k * F, &d, 1);
+        for (int i = 0; i < D; i++) x[i] += e->w[k] * e->ye[i];
+    }
 }
 
 void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x, int T) {
@@ -117,7 +162,7 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
     for (int t = 0; t < T; t++)
         engine_moe_route(c, e->logits + (size_t)t * E, L->exp_probs_b.data, e->idx + (size_t)t * K,
                          e->w + (size_t)t * K);
-    for (int ex = 0; ex < E; ex++) {
+    for (int ex = 0; ex < E && T > 1; ex++) {
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
@@ -126,9 +171,9 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
                     memcpy(e->xe + (size_t)n++ * D, xn + (size_t)t * D, (size_t)D * sizeof(float));
                 }
         if (!n) continue;
-        model_tensor g = model_tensor_rows(&L->gate_exps, (int64_t)ex * F, F);
-        model_tensor u = model_tensor_rows(&L->up_exps, (int64_t)ex * F, F);
-        model_tensor d = model_tensor_rows(&L->down_exps, (int64_t)ex * D, D);
+        model_tensor g = expert_rows(&L->gate_exps, (int64_t)ex * F, F);
+        model_tensor u = expert_rows(&L->up_exps, (int64_t)ex * F, F);
+        model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
         ffn(e, pool, &g, &u, &d, e->xe, n);
         for (int r = 0; r < n; r++) {
             float wt = e->w[e->rows[r]], *dst = x + (size_t)(e->rows[r] / K) * D;
@@ -136,6 +181,16 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
             for (int i = 0; i < D; i++) dst[i] += wt * y[i];
         }
     }
+    if (T == 1 && K <= ENGINE_MOE_MAX_USED) experts_one(e, pool, L, xn, x);
+    else if (T == 1) /* more experts a token than experts_one holds: one at a time */
+        for (int k = 0; k < K; k++) {
+            int ex = e->idx[k];
+            model_tensor g = expert_rows(&L->gate_exps, (int64_t)ex * F, F);
+            model_tensor u = expert_rows(&L->up_exps, (int64_t)ex * F, F);
+            model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
+            ffn(e, pool, &g, &u, &d, xn, 1);
+            for (int i = 0; i < D; i++) x[i] += e->w[k] * e->ye[i];
+        }
     if (L->gate_shexp.data) {
         ffn(e, pool, &L->gate_shexp, &L->up_shexp, &L->down_shexp, xn, T);
         for (int t = 0; t < T; t++) op_backend_cpu()->add(x + (size_t)t * D, e->ye + (size_t)t * D, D);

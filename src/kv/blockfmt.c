@@ -161,6 +161,11 @@ void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, k
         const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                                     &L->ffn_norm, &L->w_gate, &L->w_down, &L->w_up};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) hash_tensor(&st, ts[i], "layer");
+        if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's, qwen3moe's experts (dense: unchanged) */
+            const model_tensor *ex[] = {&L->ffn_gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps, &L->q_norm,
+                                        &L->k_norm};
+            for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) hash_tensor(&st, ex[i], "moe");
+        }
         if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* its attention's tensors and latent shape (other models: unchanged) */
             const model_tensor *ds[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b,
                                         &L->wk_b, &L->wv_b};

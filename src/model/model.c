@@ -291,7 +291,54 @@ const float *model_rope_freqs(const kvlm_config *c, int n_ctx) {
 }
 
 bool model_yarn_arch(int arch) {
-    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_QWEN2 || arch == KVLM_ARCH_QWEN3;
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch);
+}
+
+bool model_qwen3_like(int arch) { return arch == KVLM_ARCH_QWEN3 || arch == KVLM_ARCH_QWEN3MOE; }
+
+/* A mixture of experts in every layer, in place of the FFN: Mixtral (llama
+ * with llama.expert_count; each expert feed_forward_length wide) and
+ * qwen3moe (expert_feed_forward_length wide). Both route by a softmax over
+ * every expert, keep the top expert_used_count and renormalise their
+ * weights (llama.cpp's build_moe_ffn for both; Hugging Face's Mixtral, and
+ * Qwen3-MoE's norm_topk_prob); no shared experts. deepseek2 reads its own. */
+static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    int64_t v;
+    bool found;
+    int rc;
+    if ((rc = hp_int(m, arch, "expert_count", &v, &found, err))) return rc;
+    if (!found || v == 0) {
+        if (c->arch == KVLM_ARCH_QWEN3MOE)
+            return util_err_set(err, KVLM_EFORMAT, "%s: qwen3moe needs qwen3moe.expert_count", m->path);
+        return KVLM_OK;
+    }
+    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s.expert_count = %lld: experts are read for llama "
+                            "(Mixtral), qwen3moe and deepseek2", m->path, arch, (long long)v);
+    if (v < 1 || v > 1024) /* engine/moe.h */
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_count = %lld is outside 1..%d", m->path, arch,
+                            (long long)v, 1024);
+    c->n_expert = (int)v;
+    if ((rc = hp_int(m, arch, "expert_used_count", &v, &found, err))) return rc;
+    if (!found || v < 1 || v > c->n_expert)
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_used_count %s (1 to the %d experts)", m->path,
+                            arch, found ? "is out of range" : "is missing", c->n_expert);
+    c->n_expert_used = (int)v;
+    c->expert_ff = c->hidden_dim;
+    if (c->arch == KVLM_ARCH_QWEN3MOE) {
+        if ((rc = hp_int(m, arch, "expert_feed_forward_length", &v, &found, err))) return rc;
+        if (!found || v < 1 || v > (1 << 20))
+            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_feed_forward_length %s", m->path, arch,
+                                found ? "is out of range" : "is missing");
+        c->expert_ff = (int)v;
+    }
+    c->n_expert_shared = 0;
+    c->n_dense_lead = 0;
+    c->expert_gating = 1;
+    c->expert_weights_norm = true;
+    c->expert_weights_scale = 1.0f;
+    return KVLM_OK;
 }
 
 float model_yarn_mscale2(const kvlm_config *c) {
@@ -309,14 +356,15 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
+    else if (!strcmp(arch, "qwen3moe")) c->arch = KVLM_ARCH_QWEN3MOE;
     else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
     else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
     else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, phi3, deepseek2, "
-                            "gemma2, gemma3)",
+                            "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, "
+                            "deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -339,6 +387,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (c->n_kv_heads <= 0 || c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
         return util_err_set(err, KVLM_EFORMAT, "%s: %d KV heads do not divide %d query heads", m->path,
                             c->n_kv_heads, c->n_heads);
+    if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = moe_hparams(m, arch, err))) return hrc;
     c->head_dim = c->dim / c->n_heads;
     if ((hrc = hp_int(m, arch, "attention.key_length", &v, &found, err))) return hrc;
     if (found) c->head_dim = v < 0 || v > (1 << 20) ? -1 : (int)v;
@@ -364,7 +413,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
-    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN3 || c->arch == KVLM_ARCH_PHI3;
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || model_qwen3_like(c->arch) || c->arch == KVLM_ARCH_PHI3;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
@@ -442,16 +491,31 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             fused = L->w_up;
             L->w_gate = model_tensor_rows(&fused, 0, c->hidden_dim);
             L->w_up = model_tensor_rows(&fused, c->hidden_dim, c->hidden_dim);
+        } else if (c->n_expert > 0) {
+            snprintf(n, sizeof n, "blk.%d.ffn_gate.0.weight", l);
+            if (gguf_find_tensor(f, n))
+                return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: experts stored one tensor each (an early "
+                                    "Mixtral conversion) are not read; llama.cpp's converters since 2024 stack them "
+                                    "(blk.N.ffn_gate_exps.weight): convert the model again", m->path, n);
+            TAKE(ffn_gate_inp, "ffn_gate_inp.weight", c->dim, c->n_expert, false);
+            const char *ex[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+            model_tensor *dst[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+            for (int i = 0; i < 3; i++) {
+                snprintf(n, sizeof n, "blk.%d.%s", l, ex[i]);
+                if ((rc = model_take_experts(m, dst[i], n, i < 2 ? c->dim : c->expert_ff, i < 2 ? c->expert_ff : c->dim,
+                                             c->n_expert, err)))
+                    return rc;
+            }
         } else {
             TAKE(w_gate, "ffn_gate.weight", c->dim, c->hidden_dim, false);
             TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
         }
-        TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false);
+        if (c->n_expert == 0) { TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false); }
         if (gemma) {
             TAKE(post_attn_norm, "post_attention_norm.weight", c->dim, 0, false);
             TAKE(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, false);
         }
-        if (c->arch == KVLM_ARCH_GEMMA3 || c->arch == KVLM_ARCH_QWEN3) {
+        if (c->arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c->arch)) {
             TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
             TAKE(k_norm, "attn_k_norm.weight", c->head_dim, 0, false);
         }
@@ -475,6 +539,7 @@ const char *model_arch_name(kvlm_arch arch) {
     switch (arch) {
     case KVLM_ARCH_QWEN2: return "qwen2";
     case KVLM_ARCH_QWEN3: return "qwen3";
+    case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";
@@ -725,6 +790,27 @@ int model_hp_float(const struct kvlm_model *m, const char *key, double lo, bool 
                    kvlm_error *err) {
     return hp_float(m, m->arch_name, key, lo, lo_open, out, err);
 }
+int model_take_experts(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
+                       int n_expert, kvlm_error *err) {
+    const gguf_tensor *gt = gguf_find_tensor(m->gguf, name);
+    memset(t, 0, sizeof *t);
+    if (!gt) return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor %s", m->path, name);
+    if (gt->n_dims != 3 || gt->ne[0] != n_in || gt->ne[1] != n_out || gt->ne[2] != n_expert)
+        return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape %lldx%lldx%lld, expected %lldx%lldx%d", m->path,
+                            name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2], (long long)n_in,
+                            (long long)n_out, n_expert);
+    const dt_traits *tr = dt_info(gt->type);
+    if (!tr || gt->type == DT_Q8_K)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: type id %d is not supported for weights", m->path,
+                            name, gt->type);
+    t->data = gt->data;
+    t->type = gt->type;
+    t->n_in = n_in;
+    t->n_out = n_out * n_expert;
+    t->name = gt->cname;
+    return KVLM_OK;
+}
+
 int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
                       bool optional, kvlm_error *err) {
     return take_tensor(m, t, name, n_in, n_out, optional, err);

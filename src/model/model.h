@@ -91,6 +91,8 @@ float model_yarn_mscale2(const kvlm_config *c);
 /* Whether an architecture takes YaRN as per-pair factors (llama, qwen2, qwen3;
  * deepseek2 has its own). */
 bool model_yarn_arch(int arch);
+/* qwen3 and qwen3moe: per-head q/k norms, NeoX RoPE, no biases. */
+bool model_qwen3_like(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
  * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors
  * (not deepseek2's, which rotates its own); or LongRoPE's long and short
@@ -134,6 +136,11 @@ int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err);
 int model_hp_int(const struct kvlm_model *m, const char *key, int64_t *out, bool *found, kvlm_error *err);
 int model_hp_float(const struct kvlm_model *m, const char *key, double lo, bool lo_open, double *out,
                    kvlm_error *err);
+/* A 3-D tensor {n_in, n_out, n_expert} (experts, or deepseek2's attn_k_b /
+ * attn_v_b heads) as one 2-D view of n_out x n_expert rows (expert e:
+ * model_tensor_rows(t, e * n_out, n_out)). */
+int model_take_experts(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
+                       int n_expert, kvlm_error *err);
 int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
                       bool optional, kvlm_error *err);
 

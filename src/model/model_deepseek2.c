@@ -25,30 +25,6 @@ static int key_int(struct kvlm_model *m, const char *key, bool required, int lo,
     return KVLM_OK;
 }
 
-/* A 3-D tensor {n_in, n_out, n_expert} (experts, or attn_k_b / attn_v_b's
- * heads) as one 2-D view of n_out x n_expert rows (expert e:
- * model_tensor_rows(t, e * n_out, n_out)). */
-static int take_experts(const struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out,
-                        int n_expert, kvlm_error *err) {
-    const gguf_tensor *gt = gguf_find_tensor(m->gguf, name);
-    memset(t, 0, sizeof *t);
-    if (!gt) return util_err_set(err, KVLM_EFORMAT, "%s: missing tensor %s", m->path, name);
-    if (gt->n_dims != 3 || gt->ne[0] != n_in || gt->ne[1] != n_out || gt->ne[2] != n_expert)
-        return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape %lldx%lldx%lld, expected %lldx%lldx%d", m->path,
-                            name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2], (long long)n_in,
-                            (long long)n_out, n_expert);
-    const dt_traits *tr = dt_info(gt->type);
-    if (!tr || gt->type == DT_Q8_K)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: type id %d is not supported for weights", m->path,
-                            name, gt->type);
-    t->data = gt->data;
-    t->type = gt->type;
-    t->n_in = n_in;
-    t->n_out = n_out * n_expert;
-    t->name = gt->cname;
-    return KVLM_OK;
-}
-
 static int read_hparams(struct kvlm_model *m, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     const gguf_file *f = m->gguf;
@@ -147,9 +123,9 @@ int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err) {
             TAKE(wkv_b, "attn_kv_b.weight", c->kv_lora_rank, H * (nope + c->v_head_dim), false);
         } else { /* split per head (llama.cpp's MLA conversion) */
             snprintf(n, sizeof n, "blk.%d.attn_k_b.weight", l);
-            if ((rc = take_experts(m, &L->wk_b, n, nope, c->kv_lora_rank, (int)H, err))) return rc;
+            if ((rc = model_take_experts(m, &L->wk_b, n, nope, c->kv_lora_rank, (int)H, err))) return rc;
             snprintf(n, sizeof n, "blk.%d.attn_v_b.weight", l);
-            if ((rc = take_experts(m, &L->wv_b, n, c->kv_lora_rank, c->v_head_dim, (int)H, err))) return rc;
+            if ((rc = model_take_experts(m, &L->wv_b, n, c->kv_lora_rank, c->v_head_dim, (int)H, err))) return rc;
         }
         TAKE(wo, "attn_output.weight", H * c->v_head_dim, c->dim, false);
         TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false);
@@ -161,11 +137,11 @@ int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err) {
             TAKE(ffn_gate_inp, "ffn_gate_inp.weight", c->dim, c->n_expert, false);
             TAKE(exp_probs_b, "exp_probs_b.bias", c->n_expert, 0, true);
             snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.weight", l);
-            if ((rc = take_experts(m, &L->gate_exps, n, c->dim, c->expert_ff, c->n_expert, err))) return rc;
+            if ((rc = model_take_experts(m, &L->gate_exps, n, c->dim, c->expert_ff, c->n_expert, err))) return rc;
             snprintf(n, sizeof n, "blk.%d.ffn_up_exps.weight", l);
-            if ((rc = take_experts(m, &L->up_exps, n, c->dim, c->expert_ff, c->n_expert, err))) return rc;
+            if ((rc = model_take_experts(m, &L->up_exps, n, c->dim, c->expert_ff, c->n_expert, err))) return rc;
             snprintf(n, sizeof n, "blk.%d.ffn_down_exps.weight", l);
-            if ((rc = take_experts(m, &L->down_exps, n, c->expert_ff, c->dim, c->n_expert, err))) return rc;
+            if ((rc = model_take_experts(m, &L->down_exps, n, c->expert_ff, c->dim, c->n_expert, err))) return rc;
             if (c->n_expert_shared) {
                 int64_t sf = (int64_t)c->expert_ff * c->n_expert_shared;
                 TAKE(gate_shexp, "ffn_gate_shexp.weight", c->dim, sf, false);

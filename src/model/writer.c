@@ -220,6 +220,12 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
     }
+    if (c->n_expert && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's (llama) and qwen3moe's keys */
+        gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
+        gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
+        if (c->arch == KVLM_ARCH_QWEN3MOE)
+            gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ff);
+    }
     gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
     gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_base);
     gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)c->rope_dim);
@@ -404,6 +410,18 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
                                 "and at most the head dimension (%d)", p->rope_dim, c.head_dim);
         c.rope_dim = p->rope_dim;
     }
+    if (c.arch == KVLM_ARCH_QWEN3MOE || (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
+        /* experts in every layer (model.c moe_hparams): Mixtral's are the FFN's width, qwen3moe's their own */
+        c.n_expert = p->n_expert > 0 ? p->n_expert : 4;
+        c.n_expert_used = p->n_expert_used > 0 ? p->n_expert_used : 2;
+        c.expert_ff = c.arch == KVLM_ARCH_LLAMA ? c.hidden_dim
+                      : p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
+        c.expert_gating = 1;
+        c.expert_weights_norm = true;
+        c.expert_weights_scale = 1.0f;
+        if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
+            return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
+    }
     if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && !gemma))
         return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2 and gemma3");
     if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
@@ -584,6 +602,11 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             L->w_gate = model_tensor_rows(&fused, 0, c.hidden_dim);
             L->w_up = model_tensor_rows(&fused, c.hidden_dim, c.hidden_dim);
             MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+        } else if (c.n_expert > 0) {
+            MAKE(L->ffn_gate_inp, c.dim, c.n_expert, 0);
+            MAKE(L->gate_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
+            MAKE(L->up_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
+            MAKE(L->down_exps, c.expert_ff, (int64_t)c.dim * c.n_expert, 0);
         } else { /* this order keeps the random stream of earlier versions */
             MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
             MAKE(L->w_down, c.hidden_dim, c.dim, 0);
@@ -593,7 +616,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->post_attn_norm, c.dim, 1, 1);
             MAKE(L->post_ffn_norm, c.dim, 1, 1);
         }
-        if (c.arch == KVLM_ARCH_GEMMA3 || c.arch == KVLM_ARCH_QWEN3) {
+        if (c.arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c.arch)) {
             MAKE(L->q_norm, c.head_dim, 1, 1);
             MAKE(L->k_norm, c.head_dim, 1, 1);
         }
