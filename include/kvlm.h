@@ -34,6 +34,7 @@ const char *kvlm_status_name(int code);
  * q and k before RoPE (attn_q_norm, attn_k_norm), a head dimension of its own;
  * qwen3moe: qwen3's attention with a mixture of experts in every layer.
  * llama with expert_count: Mixtral's mixture of experts */
+/* smollm3: llama's layout; every fourth layer has no RoPE (NoPE) */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
@@ -41,7 +42,7 @@ const char *kvlm_status_name(int code);
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
-               KVLM_ARCH_QWEN3MOE = 7 } kvlm_arch;
+               KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -74,6 +75,10 @@ typedef struct kvlm_config {
     const float *rope_freqs_short;
     int longrope_orig_ctx;
     float longrope_attn_factor;
+    /* smollm3: layer l turns q and k by no RoPE when (l + 1) % no_rope_period
+     * == 0 (4: llama.cpp's fixed step, Hugging Face's no_rope_layer_interval);
+     * 0: every layer does */
+    int no_rope_period;
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
     /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);

@@ -152,7 +152,7 @@ synth_check() {
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
 # fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
-for arch in llama qwen2 qwen3 qwen3moe phi3; do
+for arch in llama smollm3 qwen2 qwen3 qwen3moe phi3; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -190,6 +190,10 @@ synth_check qwen3-gqa42-hd64-f32   1e-4 --arch qwen3 --dim 128 --heads 4 --kv-he
 synth_check qwen3-mqa81-hd16-tied  1e-4 --arch qwen3 --dim 128 --heads 8 --kv-heads 1 --hidden 256 --tied --type f16 --seed 18 --layers 3 --vocab 300 --ctx 64
 synth_check qwen3-gqa42-hd64-q8_0  6e-2 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type q8_0 --seed 19 "${common[@]}"
 synth_check qwen3-yarn4-gqa42-f32  1e-4 --arch qwen3 --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --type f32 --seed 20 --yarn 4 "${common[@]}"
+# smollm3: llama's layout with no RoPE in every fourth layer (5 layers: the
+# fourth is NoPE), and tied f16
+synth_check smollm3-gqa82-l5-f32   1e-4 --arch smollm3 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 70 --layers 5 --vocab 384 --ctx 64
+synth_check smollm3-gqa42-tied-f16 1e-4 --arch smollm3 --dim 128 --heads 4 --kv-heads 2 --hidden 256 --tied --type f16 --seed 71 --layers 4 --vocab 300 --ctx 64
 # a mixture of experts in every layer: Mixtral's (llama with expert_count,
 # each expert the FFN's width) and qwen3moe (qwen3's attention, experts of
 # their own width); a softmax over every expert, the top k, renormalised

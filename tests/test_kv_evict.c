@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "kv/evict.h"
 #include "kv/paged.h"
+#include "kv/store.h"
 #include "ops/kvtype.h"
 #include "ops/ops.h"
 
@@ -431,6 +432,73 @@ static void test_evicted_equals_fresh(void **state) {
     }
 }
 
+/* Key row (f32 cache) of token t, layer l, KV head h of sequence 0. */
+static const float *key_row(kvlm_ctx *ctx, int l, int h, int t) {
+    const kv_store *s = engine_kv_store(ctx);
+    const kv_params *p = kv_store_params_of(s);
+    int n_blocks;
+    const int32_t *table = kv_store_seq_table(s, 0, &n_blocks);
+    uint8_t *base;
+    size_t block_bytes, head_bytes, v_offset;
+    kv_store_layout(s, &base, &block_bytes, &head_bytes, &v_offset);
+    assert_true(t / p->block_size < n_blocks);
+    return (const float *)(base + (size_t)table[t / p->block_size] * block_bytes +
+                           ((size_t)l * p->n_kv_heads + h) * head_bytes) + (size_t)(t % p->block_size) * p->head_dim;
+}
+
+/* smollm3: every fourth layer has no RoPE, so a kept key of that layer holds
+ * no position and eviction must move it as it is, while the other layers'
+ * keys turn by the shift. 4 layers, sinks, 40 distinct tokens fill the
+ * budget, one more evicts; then layer 3's kept keys equal what they were
+ * (bit for bit), and layer 0's equal a fresh run's of the kept tokens (a
+ * first layer's key depends only on its token and position). */
+static void test_nope_rekey(void **state) {
+    (void)state;
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_SMOLLM3;
+    sp.dim = 64; sp.hidden_dim = 160; sp.n_layers = 4; sp.n_heads = 4; sp.n_kv_heads = 2;
+    sp.vocab_size = 200; sp.n_ctx = 256; sp.type = kvlm_type_from_name("f32"); sp.seed = 12;
+    const char *path = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    if (!m) fail_msg("load: %s", err.msg);
+    const int HD = 16, N = 40;
+    int32_t ids[41];
+    for (int i = 0; i < 41; i++) ids[i] = 3 + i; /* distinct: a kept token names its old position */
+    kvlm_ctx *ctx = ctx_with(m, 256, N, KVLM_EVICT_SINKS, KVLM_CACHE_F32);
+    float last[200];
+    feed(ctx, ids, N, N, last);
+    assert_int_equal(kvlm_seq_n_evicted(ctx, 0), 0);
+    float before[4][40][16];
+    for (int l = 0; l < 4; l++)
+        for (int t = 0; t < N; t++) memcpy(before[l][t], key_row(ctx, l, 1, t), sizeof before[l][t]);
+    feed(ctx, ids + N, 1, 1, last);
+    int n_kept;
+    const int32_t *kept = engine_seq_tokens(ctx, 0, &n_kept);
+    assert_true(kvlm_seq_n_evicted(ctx, 0) > 0);
+    int32_t copy[41];
+    memcpy(copy, kept, (size_t)n_kept * sizeof(int32_t));
+    kvlm_ctx *fresh = ctx_with(m, 256, 0, KVLM_EVICT_NONE, KVLM_CACHE_F32);
+    feed(fresh, copy, n_kept - 1, n_kept - 1, last);
+    int moved = 0;
+    double worst0 = 0;
+    for (int i = 0; i < n_kept - 1; i++) {
+        int p = copy[i] - 3;
+        moved += p != i;
+        assert_memory_equal(key_row(ctx, 3, 1, i), before[3][p], sizeof before[3][p]); /* NoPE: as it was */
+        const float *a = key_row(ctx, 0, 1, i), *b = key_row(fresh, 0, 1, i);
+        for (int d = 0; d < HD; d++) worst0 = fmax(worst0, fabs(a[d] - b[d]));
+    }
+    printf("  smollm3, sinks: %d kept, %d moved; NoPE layer's keys unchanged, layer 0's vs fresh run %.2e\n",
+           n_kept - 1, moved, worst0);
+    assert_true(moved > 0);
+    assert_true(worst0 < 1e-5);
+    kvlm_ctx_free(fresh);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(m);
+}
+
 /* Sinks runs far past the context; none stops at the budget with a reason;
  * bad parameters are refused clearly. */
 static void test_limits(void **state) {
@@ -477,7 +545,7 @@ int main(void) {
         cmocka_unit_test(test_policies),         cmocka_unit_test(test_compact_shared),
         cmocka_unit_test(test_compact_alone),    cmocka_unit_test(test_randomized),
         cmocka_unit_test(test_h2o_weights),      cmocka_unit_test(test_big_budget_is_none),
-        cmocka_unit_test(test_evicted_equals_fresh), cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_evicted_equals_fresh), cmocka_unit_test(test_nope_rekey), cmocka_unit_test(test_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -322,7 +322,7 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -348,7 +348,7 @@ def load_gguf(path):
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "qwen2", "qwen3", "qwen3moe")):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
@@ -525,7 +525,7 @@ def forward(m, ids):
     pos = np.arange(T, dtype=np.float64)
     mask = np.triu(np.full((T, T), -np.inf), k=1)
     x = m.tok_emb[np.asarray(ids)]
-    for L in m.layers:
+    for li, L in enumerate(m.layers):
         h = rmsnorm(x, L["attn_norm"], m.eps)
         ty = L["types"]
         if "wqkv" in L:  # phi3: one product, its output columns split
@@ -544,8 +544,9 @@ def forward(m, ids):
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
         neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "phi3")
-        q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
-        k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
+        if not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
+            q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
+            k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group

@@ -460,6 +460,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "run on the CPU only");
             goto fail;
         }
+        if (c->no_rope_period > 0) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's layers without RoPE run on the CPU only",
+                         model_arch_name(c->arch));
+            goto fail;
+        }
         if (c->n_expert > 0) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: a mixture of experts (%s) runs on the CPU only",
                          model_arch_name(c->arch));
@@ -1028,6 +1033,7 @@ typedef struct {
     const float *post_norm; /* gemma: the norm of the product in xb before it joins the residual (NULL: none) */
     const float *rcs, *rsn; /* this layer's RoPE cos/sin (rope_cs, or gemma3's local ones) */
     float q_mag;            /* multiplies q's rotated dimensions: LongRoPE's magnitude squared, else 1 */
+    bool rope;              /* this layer turns q and k (smollm3's NoPE layers do not) */
 } fwd_pass;
 
 static int next_unit(fwd_pass *j) {
@@ -1103,8 +1109,9 @@ static void kv_head(fwd_pass *j, int t, int h) {
     add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
     if (j->L->k_norm.data) op_backend_cpu()->rmsnorm(ctx->k + row, ctx->k + row, j->L->k_norm.data, HD, c->norm_eps);
-    op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, j->rcs + (size_t)t * half, j->rsn + (size_t)t * half,
-                  c->rope_neox);
+    if (j->rope)
+        op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, j->rcs + (size_t)t * half, j->rsn + (size_t)t * half,
+                                     c->rope_neox);
     kv_store_write_row(ctx->kv, j->layer, j->seq[t], j->pos[t], h, ctx->k + row, ctx->v + row);
 }
 
@@ -1127,8 +1134,9 @@ static void qkv_worker(void *p, int ith, int nth) {
                 for (int h = 0; h < c->n_heads; h++)
                     op_backend_cpu()->rmsnorm(q + (size_t)h * c->head_dim, q + (size_t)h * c->head_dim, j->L->q_norm.data,
                                               c->head_dim, c->norm_eps);
-            op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, j->rcs + (size_t)u * half,
-                          j->rsn + (size_t)u * half, c->rope_neox);
+            if (j->rope)
+                op_backend_cpu()->rope_apply(q, c->n_heads, c->head_dim, c->rope_dim, j->rcs + (size_t)u * half,
+                                             j->rsn + (size_t)u * half, c->rope_neox);
             if (j->q_mag != 1.0f) /* LongRoPE's magnitude, q's and k's, on q's turned dimensions */
                 for (int h = 0; h < c->n_heads; h++)
                     for (int i = 0; i < c->rope_dim; i++) q[(size_t)h * c->head_dim + i] *= j->q_mag;
@@ -1183,6 +1191,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         bool local_rope = ctx->rope_cs_local && model_layer_window(c, l) > 0;
         j.rcs = local_rope ? ctx->rope_cs_local : ctx->rope_cs;
         j.rsn = local_rope ? ctx->rope_sn_local : ctx->rope_sn;
+        j.rope = model_layer_rope(c, l);
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
@@ -1266,7 +1275,11 @@ static void rekey(void *user, float *keys, int n_rows, int shift) {
         op_backend_cpu()->rope(keys + c->kv_lora_rank, n_rows, W, c->rope_dim, -shift, c->rope_base, NULL, false);
         return;
     }
-    op_backend_cpu()->rope(keys, n_rows, c->head_dim, c->rope_dim, -shift, c->rope_base, ctx->rope_freqs, c->rope_neox);
+    /* rows: layer after layer, n_kv_heads each; smollm3's NoPE layers' keys hold no position */
+    for (int l = 0, H = c->n_kv_heads; l * H < n_rows; l++)
+        if (model_layer_rope(c, l))
+            op_backend_cpu()->rope(keys + (size_t)l * H * c->head_dim, H, c->head_dim, c->rope_dim, -shift, c->rope_base,
+                                   ctx->rope_freqs, c->rope_neox);
 }
 
 /* Makes room for n_new tokens of sequence s within the budget: evicts by the

@@ -173,6 +173,9 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
                  "(+%d shared), %d dense layers", c->kv_lora_rank, c->rope_dim, c->v_head_dim, c->q_lora_rank,
                  c->n_expert_used, c->n_expert, c->n_expert_shared, c->n_dense_lead);
     len = strlen(buf);
+    if (c->no_rope_period > 0 && len < cap)
+        snprintf(buf + len, cap - len, ", no RoPE in every %s layer", c->no_rope_period == 4 ? "fourth" : "n-th");
+    len = strlen(buf);
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && c->n_expert > 0 && len < cap)
         snprintf(buf + len, cap - len, ", experts %d of %d (%d wide)", c->n_expert_used, c->n_expert, c->expert_ff);
     len = strlen(buf);

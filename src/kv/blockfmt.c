@@ -184,6 +184,12 @@ void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, k
     }
     hash_tensor(&st, &m->output_norm, "output_norm");
     hash_tensor(&st, &m->output, "output");
+    if (c->no_rope_period > 0) { /* smollm3's layers without RoPE (other models: unchanged) */
+        uint8_t b[4];
+        put32(b, (uint32_t)c->no_rope_period);
+        XXH3_128bits_update(&st, "no-rope", 7);
+        XXH3_128bits_update(&st, b, 4);
+    }
     if (rope_freqs) { /* the keys' rotation (models without scaled RoPE: unchanged) */
         XXH3_128bits_update(&st, "rope-freqs", 10);
         for (int i = 0; i < c->rope_dim / 2; i++) {

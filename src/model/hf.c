@@ -48,6 +48,8 @@ static const hf_family k_families[] = {
     {"qwen2", KVLM_ARCH_QWEN2, "silu", false, true, false, false, false, false, "post_attention_layernorm", false},
     {"phi3", KVLM_ARCH_PHI3, "silu", false, false, true, false, false, false, "post_attention_layernorm", false},
     {"qwen3", KVLM_ARCH_QWEN3, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
+    /* SmolLM3: llama's rows, tied by default, no_rope_layers (see read_config) */
+    {"smollm3", KVLM_ARCH_SMOLLM3, "silu", true, false, false, false, false, true, "post_attention_layernorm", false},
     /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
      * pre_feedforward_layernorm, post_feedforward_layernorm} -> GGUF blk.N.{attn_norm,
      * post_attention_norm, ffn_norm, post_ffw_norm}, every norm + 1; tied embeddings
@@ -283,6 +285,25 @@ static int hf_longrope(struct kvlm_model *m, json_t *cfg, json_t *rs, const char
     return model_set_rope_freqs(m, err);
 }
 
+/* SmolLM3's layers without RoPE: no_rope_layers (1: the layer turns q and k)
+ * must be every no_rope_layer_interval-th layer off, with an interval of 4
+ * (what llama.cpp's smollm3 takes, with no key for it). */
+static int smollm3_nope(kvlm_config *c, json_t *cfg, const char *path, kvlm_error *err) {
+    int every, rc;
+    if ((rc = cfg_int(cfg, path, "no_rope_layer_interval", false, 4, 1, 1 << 20, &every, err))) return rc;
+    json_t *a = json_object_get(cfg, "no_rope_layers");
+    bool ok = every == 4 && (!a || json_is_null(a) || (json_is_array(a) && (int)json_array_size(a) == c->n_layers));
+    for (int l = 0; ok && a && json_is_array(a) && l < c->n_layers; l++) {
+        json_t *v = json_array_get(a, (size_t)l);
+        ok = json_is_integer(v) && json_integer_value(v) == ((l + 1) % every != 0);
+    }
+    if (!ok)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: no_rope_layers / no_rope_layer_interval %d: kvlm (as llama.cpp) "
+                            "takes RoPE off every fourth layer only", path, every);
+    c->no_rope_period = 4;
+    return KVLM_OK;
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -294,7 +315,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, qwen2, qwen3, phi3, gemma2)", path, type);
+                            "mistral, smollm3, qwen2, qwen3, phi3, gemma2)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -377,7 +398,8 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     if (b) return util_err_set(err, KVLM_EUNSUPPORTED, "%s: mlp_bias is not supported", path);
     if ((rc = cfg_bool(cfg, path, "tie_word_embeddings", fam->tie_default, tied, err))) return rc;
     c->arch = (kvlm_arch)fam->arch;
-    c->rope_neox = fam->rotate_half || fam->arch != KVLM_ARCH_LLAMA;
+    c->rope_neox = fam->rotate_half || !model_llama_rows(fam->arch);
+    if (fam->arch == KVLM_ARCH_SMOLLM3 && (rc = smollm3_nope(c, cfg, path, err))) return rc;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
     if (c->yarn_factor > 0) { /* its factors and magnitude, once the arch and the attention scale are set */
         c->attn_scale *= model_yarn_mscale2(c);

@@ -291,8 +291,14 @@ const float *model_rope_freqs(const kvlm_config *c, int n_ctx) {
 }
 
 bool model_yarn_arch(int arch) {
-    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch);
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch);
 }
+
+bool model_layer_rope(const kvlm_config *c, int l) {
+    return c->no_rope_period <= 0 || (l + 1) % c->no_rope_period != 0;
+}
+
+bool model_llama_rows(int arch) { return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3; }
 
 bool model_qwen3_like(int arch) { return arch == KVLM_ARCH_QWEN3 || arch == KVLM_ARCH_QWEN3MOE; }
 
@@ -354,6 +360,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
         return util_err_set(err, KVLM_EFORMAT, "%s: no general.architecture key", m->path);
     const char *arch = m->arch_name;
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
+    else if (!strcmp(arch, "smollm3")) c->arch = KVLM_ARCH_SMOLLM3, c->no_rope_period = 4;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
     else if (!strcmp(arch, "qwen3moe")) c->arch = KVLM_ARCH_QWEN3MOE;
@@ -363,8 +370,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, "
-                            "deepseek2, gemma2, gemma3)",
+                            "%s: architecture '%s' is not supported (supported: llama, smollm3, qwen2, qwen3, qwen3moe, "
+                            "phi3, deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -540,6 +547,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN2: return "qwen2";
     case KVLM_ARCH_QWEN3: return "qwen3";
     case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
+    case KVLM_ARCH_SMOLLM3: return "smollm3";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";

@@ -78,7 +78,7 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     int n = 0;
     bool phi3 = m->cfg.arch == KVLM_ARCH_PHI3;
     /* a llama with NeoX RoPE is a Hugging Face directory's: GGUF's llama is interleaved */
-    bool interleave = m->cfg.arch == KVLM_ARCH_LLAMA && m->cfg.rope_neox;
+    bool interleave = model_llama_rows(m->cfg.arch) && m->cfg.rope_neox;
 #define ADD(fmt, l, tensor)                                                  \
     if ((tensor).data && n < cap) {                                          \
         snprintf(out[n].name, sizeof out[n].name, fmt, l);                   \
@@ -396,6 +396,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.n_ctx_train = p->n_ctx > 0 ? p->n_ctx : 2048;
     c.rope_dim = c.head_dim;
     c.rope_base = p->rope_base > 0 ? p->rope_base : 10000.0f;
+    c.no_rope_period = c.arch == KVLM_ARCH_SMOLLM3 ? 4 : 0;
     c.norm_eps = 1e-5f;
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
