@@ -35,6 +35,9 @@ const char *kvlm_status_name(int code);
  * qwen3moe: qwen3's attention with a mixture of experts in every layer.
  * llama with expert_count: Mixtral's mixture of experts */
 /* smollm3: llama's layout; every fourth layer has no RoPE (NoPE) */
+/* granite (IBM Granite 3): llama's layout with four multipliers: the
+ * embeddings, each branch's output before it joins the residual, q.k (the
+ * attention scale) and the logits (divided) */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
@@ -42,7 +45,7 @@ const char *kvlm_status_name(int code);
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
-               KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8 } kvlm_arch;
+               KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -109,6 +112,10 @@ typedef struct kvlm_config {
     float attn_softcap;     /* scores become cap * tanh(s / cap); 0: none (gemma2: 50) */
     float final_softcap;    /* likewise the logits (gemma2: 30) */
     float attn_scale;       /* multiplies q.k: 1/sqrt(head_dim), or gemma's query_pre_attn_scalar */
+    /* granite (0 elsewhere: none): the embeddings are multiplied by
+     * embed_mult, each attention and FFN output by residual_mult before it
+     * joins the residual, and the logits divided by logit_div */
+    float embed_mult, residual_mult, logit_div;
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;

@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|qwen2|qwen3|phi3|gemma2]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|qwen2|qwen3|phi3|gemma2]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -147,7 +147,7 @@ def export_weights(meta, tensors, out, fam, args):
     n_kv = g("attention.head_count_kv", n_head)
     head_dim = g("attention.key_length", dim // n_head)
     items = []
-    rot = fam in ("llama", "mistral", "smollm3")
+    rot = fam in ("llama", "mistral", "smollm3", "granite")
     gemma = fam == "gemma2"
 
     def put(hf, gg, perm_heads=0):
@@ -198,7 +198,7 @@ def export_weights(meta, tensors, out, fam, args):
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
+                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
         "intermediate_size": g("feed_forward_length"),
@@ -234,6 +234,11 @@ def export_weights(meta, tensors, out, fam, args):
                                "beta_slow": float(g("rope.scaling.yarn_beta_slow", 1.0))}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
+    if fam == "granite":  # GraniteConfig's multipliers (llama.cpp's GGUF keys hold them)
+        cfg["embedding_multiplier"] = float(g("embedding_scale", 1.0))
+        cfg["residual_multiplier"] = float(g("residual_scale", 1.0))
+        cfg["attention_multiplier"] = float(g("attention.scale", head_dim ** -0.5))
+        cfg["logits_scaling"] = float(g("logit_scale", 1.0))
     if fam == "smollm3":  # SmolLM3Config: RoPE off in every fourth layer
         cfg["no_rope_layer_interval"] = 4
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(n_layers)]

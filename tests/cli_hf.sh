@@ -36,7 +36,7 @@ synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 
     $([ "$2" = qwen3 ] && echo --head-dim 32) > /dev/null; }
 
 # ---- run -m DIR == run -m GGUF -------------------------------------------------
-for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 smollm3:smollm3:f16 \
+for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 smollm3:smollm3:f16 granite:granite:f32 \
             gemma2:gemma2:bf16; do
     IFS=: read -r arch fam type <<< "$spec"
     synth "$tmp/$fam.gguf" "$arch" "$type"
@@ -45,7 +45,7 @@ for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llam
     want=$("$bin" "${run[@]}" -m "$tmp/$fam.gguf" 2>/dev/null)
     # llama/mistral from HF: same logits to ~1e-7 (q.k summed in another
     # order); convert gives the very GGUF back, so compare through it there
-    if [ "$arch" = llama ] || [ "$arch" = smollm3 ]; then
+    if [ "$arch" = llama ] || [ "$arch" = smollm3 ] || [ "$arch" = granite ]; then
         "$bin" convert "$tmp/$fam" "$tmp/$fam.back.gguf" 2>/dev/null || { fail "$fam: convert"; continue; }
         got=$("$bin" "${run[@]}" -m "$tmp/$fam.back.gguf" 2>/dev/null)
         got_dir=$("$bin" "${run[@]}" -m "$tmp/$fam" 2>/dev/null)

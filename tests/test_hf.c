@@ -1,6 +1,6 @@
 /* tests/test_hf: Hugging Face model directories. The safetensors reader on
  * bad input; directories that scripts/hf_export.py writes from random-weight
- * GGUF models give the GGUF's logits (llama, mistral, smollm3, qwen2, qwen3, phi3, gemma2; f32, f16,
+ * GGUF models give the GGUF's logits (llama, mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2; f32, f16,
  * bf16; shards with an index; unaligned data); clear errors for a missing
  * shard, a shape mismatch, a truncated file and refused configs; `convert`
  * gives back the GGUF's very tensors; tokenizer.json (byte-level and
@@ -292,7 +292,8 @@ static void test_families(void **state) {
     need_py();
     static const struct { const char *family; kvlm_arch arch; bool tied; } fams[] = {
         {"llama", KVLM_ARCH_LLAMA, false}, {"llama", KVLM_ARCH_LLAMA, true}, {"mistral", KVLM_ARCH_LLAMA, false},
-        {"smollm3", KVLM_ARCH_SMOLLM3, true}, {"qwen2", KVLM_ARCH_QWEN2, false}, {"qwen3", KVLM_ARCH_QWEN3, true},
+        {"smollm3", KVLM_ARCH_SMOLLM3, true}, {"granite", KVLM_ARCH_GRANITE, true}, {"qwen2", KVLM_ARCH_QWEN2, false},
+        {"qwen3", KVLM_ARCH_QWEN3, true},
         {"phi3", KVLM_ARCH_PHI3, false},
         {"gemma2", KVLM_ARCH_GEMMA2, true},
     };
@@ -308,7 +309,8 @@ static void test_families(void **state) {
             /* Only the order of the terms of q.k within a head differs for
              * llama/mistral (HF's rotate-half rows, NeoX RoPE): float
              * rounding, ~1e-7 of the largest logit; 0 for the others. */
-            bool llama_rows = fams[f].arch == KVLM_ARCH_LLAMA || fams[f].arch == KVLM_ARCH_SMOLLM3;
+            bool llama_rows = fams[f].arch == KVLM_ARCH_LLAMA || fams[f].arch == KVLM_ARCH_SMOLLM3 ||
+                              fams[f].arch == KVLM_ARCH_GRANITE;
             compare_models(dir, gguf, llama_rows ? 2e-6 : 0, label);
             /* llama/mistral/smollm3 differ in rope_neox only (HF's rows), by design */
             if (!llama_rows) same_config(dir, gguf);
@@ -507,7 +509,8 @@ static void test_convert_round_trip(void **state) {
     need_py();
     static const struct { const char *family; kvlm_arch arch; int type; } cases[] = {
         {"llama", KVLM_ARCH_LLAMA, 0}, {"mistral", KVLM_ARCH_LLAMA, 30}, {"qwen2", KVLM_ARCH_QWEN2, 1},
-        {"qwen3", KVLM_ARCH_QWEN3, 30}, {"smollm3", KVLM_ARCH_SMOLLM3, 1}, {"phi3", KVLM_ARCH_PHI3, 0},
+        {"qwen3", KVLM_ARCH_QWEN3, 30}, {"smollm3", KVLM_ARCH_SMOLLM3, 1}, {"granite", KVLM_ARCH_GRANITE, 0},
+        {"phi3", KVLM_ARCH_PHI3, 0},
         {"gemma2", KVLM_ARCH_GEMMA2, 30},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -525,6 +525,22 @@ static void test_chat_templates(void **state) {
         {"{% if message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + eos_token }}", "zephyr",
          "<|system|>\nBe brief.<|endoftext|>\n<|user|>\nHi<|endoftext|>\n<|assistant|>\nHello!<|endoftext|>\n<|user|>\nWhy?"
          "<|endoftext|>\n<|assistant|>\n"},
+        {"{{ '<|' + message['role'] + '|>' + '\n' + message['content'] + '<|end|>' + '\n' }}...<|assistant|>", "phi3",
+         "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n<|user|>\nWhy?<|end|>\n"
+         "<|assistant|>\n"},
+        {"{{'<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + '<|im_end|>'}}", "phi4",
+         "<|im_start|>system<|im_sep|>Be brief.<|im_end|><|im_start|>user<|im_sep|>Hi<|im_end|>"
+         "<|im_start|>assistant<|im_sep|>Hello!<|im_end|><|im_start|>user<|im_sep|>Why?<|im_end|>"
+         "<|im_start|>assistant<|im_sep|>"},
+        /* Gemma has no system role: the system text opens the first user turn */
+        {"{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}", "gemma",
+         "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+         "<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n"},
+        {"{{ '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\n' }}",
+         "granite",
+         "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"
+         "<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>Hello!<|end_of_text|>\n<|start_of_role|>user"
+         "<|end_of_role|>Why?<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"},
         {NULL, "plain", "System: Be brief.\nUser: Hi\nAssistant: Hello!\nUser: Why?\nAssistant:"},
     };
     kvlm_error err = {0};
@@ -542,7 +558,7 @@ static void test_chat_templates(void **state) {
         free(out);
         kvlm_model_free(m);
     }
-    kvlm_model *m = synth_with_template("{% for message in messages %}<start_of_turn>{{ message['content'] }}");
+    kvlm_model *m = synth_with_template("{% for message in messages %}### Instruction:\n{{ message['content'] }}");
     char *out = NULL;
     assert_int_equal(kvlm_chat_apply(m, NULL, roles, msgs, 2, &out, NULL, &err), KVLM_EUNSUPPORTED);
     assert_null(out);

@@ -144,6 +144,8 @@ class Model:
     rope_scale = 1.0    # linear RoPE scaling (rope.scaling.type linear): every angle divided
     yarn_rope = None    # llama / qwen2 YaRN: (factor, original context, beta_fast, beta_slow)
     rope_mag = 1.0      # phi3 LongRoPE: rope.scaling.attn_factor, the magnitude of the rotated q and k
+    # granite's multipliers: embeddings, each branch's output, q.k (None: 1/sqrt(head_dim)), logits divided
+    embed_mult, residual_mult, attn_scale, logit_div = 1.0, 1.0, None, 1.0
     bos, eos = 1, 2
     # weights: tok_emb [vocab, dim], out_norm [dim], out [vocab, dim],
     # layers: list of dicts with attn_norm, wq, wk, wv, wo, (bq, bk, bv),
@@ -322,7 +324,7 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "smollm3", "granite", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -335,6 +337,11 @@ def load_gguf(path):
     m.head_dim = int(meta.get(a + ".attention.key_length", m.dim // m.n_heads))
     m.rope_dim = int(meta.get(a + ".rope.dimension_count", m.head_dim))
     m.ctx = int(meta.get(a + ".context_length", 2048))
+    if a == "granite":  # llama.cpp's key names; 0 or absent: none
+        m.embed_mult = float(meta.get(a + ".embedding_scale", 0.0)) or 1.0
+        m.residual_mult = float(meta.get(a + ".residual_scale", 0.0)) or 1.0
+        m.logit_div = float(meta.get(a + ".logit_scale", 0.0)) or 1.0
+        m.attn_scale = float(meta.get(a + ".attention.scale", 0.0)) or None
     m.tok_emb = t["token_embd.weight"]
     m.vocab = m.tok_emb.shape[0]
     m.out_norm = t["output_norm.weight"]
@@ -524,7 +531,7 @@ def forward(m, ids):
     group = m.n_heads // m.n_kv_heads
     pos = np.arange(T, dtype=np.float64)
     mask = np.triu(np.full((T, T), -np.inf), k=1)
-    x = m.tok_emb[np.asarray(ids)]
+    x = m.tok_emb[np.asarray(ids)] * m.embed_mult
     for li, L in enumerate(m.layers):
         h = rmsnorm(x, L["attn_norm"], m.eps)
         ty = L["types"]
@@ -550,22 +557,22 @@ def forward(m, ids):
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group
-            s = q[:, hh, :] @ k[:, kh, :].T / np.sqrt(hd) + mask
+            s = q[:, hh, :] @ k[:, kh, :].T * (m.attn_scale or 1 / np.sqrt(hd)) + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             att[:, hh, :] = s @ v[:, kh, :]
-        x = x + matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
+        x = x + m.residual_mult * matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
         h = rmsnorm(x, L["ffn_norm"], m.eps)
         if "router" in L:
-            x = x + moe_ffn(m, L, h)
+            x = x + m.residual_mult * moe_ffn(m, L, h)
             continue
         if "w13" in L:  # phi3: gate = first half of the fused output, up = second
             gu = matmul(m, h, L["w13"], ty.get("w13"))
             g = silu(gu[:, :m.hidden]) * gu[:, m.hidden:]
         else:
             g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
-        x = x + matmul(m, g, L["w2"], ty.get("w2"))
-    return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type)
+        x = x + m.residual_mult * matmul(m, g, L["w2"], ty.get("w2"))
+    return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type) / m.logit_div
 
 
 # --------------------------------------------------------------------------

@@ -20,7 +20,8 @@ static void serve_usage(FILE *f) {
             "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
-            "      --chat-template T   chatml, llama2, llama3, zephyr or plain (default: from the model)\n"
+            "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite or plain\n"
+            "                          (default: from the model)\n"
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE

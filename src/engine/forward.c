@@ -460,6 +460,11 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "run on the CPU only");
             goto fail;
         }
+        if (c->embed_mult > 0 || c->residual_mult > 0 || c->logit_div > 0) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's multipliers run on the CPU only",
+                         model_arch_name(c->arch));
+            goto fail;
+        }
         if (c->no_rope_period > 0) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's layers without RoPE run on the CPU only",
                          model_arch_name(c->arch));
@@ -1055,6 +1060,8 @@ static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const floa
     float *x = ctx->x + (size_t)t * c->dim;
     float *xb = ctx->xb + (size_t)t * c->dim;
     if (add && post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
+    if (add && c->residual_mult > 0) /* granite: the branch's output scaled before it joins */
+        for (int i = 0; i < c->dim; i++) xb[i] *= c->residual_mult;
     if (add) op_backend_cpu()->add(x, xb, c->dim);
     op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
 }
@@ -1217,6 +1224,10 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
         if (c->final_softcap > 0)
             op_softcap(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, n_out * c->vocab_size, c->final_softcap);
+        if (c->logit_div > 0) { /* granite */
+            float *lg = ctx->logits + (size_t)ctx->n_logits * c->vocab_size, inv = 1.0f / c->logit_div;
+            for (size_t i = 0; i < (size_t)n_out * c->vocab_size; i++) lg[i] *= inv;
+        }
         ctx->n_logits += n_out;
     }
     ctx->tokens_computed += (uint64_t)T;

@@ -121,7 +121,7 @@ static void check_hf_template(const kvlm_model *m) {
     for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
     head[n] = 0;
     LOG_WARN("%s: tokenizer_config.json's chat template (%zu bytes, \"%s%s\") is none kvlm knows (chatml, "
-             "llama2, llama3, zephyr): /v1/chat/completions needs --chat-template NAME", m->path, strlen(t), head,
+             "llama2, llama3, zephyr, phi3, phi4, gemma, granite): /v1/chat/completions needs --chat-template NAME", m->path, strlen(t), head,
              strlen(t) > n ? "..." : "");
 }
 
@@ -172,6 +172,11 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, "; MLA: latent %d + RoPE %d, value %d, q_lora %d; experts %d of %d "
                  "(+%d shared), %d dense layers", c->kv_lora_rank, c->rope_dim, c->v_head_dim, c->q_lora_rank,
                  c->n_expert_used, c->n_expert, c->n_expert_shared, c->n_dense_lead);
+    len = strlen(buf);
+    if ((c->embed_mult > 0 || c->residual_mult > 0 || c->logit_div > 0) && len < cap)
+        snprintf(buf + len, cap - len, ", embeddings x%g, residual x%g, q.k x%g, logits / %g",
+                 (double)(c->embed_mult > 0 ? c->embed_mult : 1), (double)(c->residual_mult > 0 ? c->residual_mult : 1),
+                 (double)c->attn_scale, (double)(c->logit_div > 0 ? c->logit_div : 1));
     len = strlen(buf);
     if (c->no_rope_period > 0 && len < cap)
         snprintf(buf + len, cap - len, ", no RoPE in every %s layer", c->no_rope_period == 4 ? "fourth" : "n-th");

@@ -184,6 +184,16 @@ void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, k
     }
     hash_tensor(&st, &m->output_norm, "output_norm");
     hash_tensor(&st, &m->output, "output");
+    if (c->embed_mult > 0 || c->residual_mult > 0) { /* granite's multipliers change every key and value */
+        uint8_t b[8];
+        uint32_t e, r;
+        memcpy(&e, &c->embed_mult, 4);
+        memcpy(&r, &c->residual_mult, 4);
+        put32(b, e);
+        put32(b + 4, r);
+        XXH3_128bits_update(&st, "multipliers", 11);
+        XXH3_128bits_update(&st, b, 8);
+    }
     if (c->no_rope_period > 0) { /* smollm3's layers without RoPE (other models: unchanged) */
         uint8_t b[4];
         put32(b, (uint32_t)c->no_rope_period);

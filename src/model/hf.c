@@ -48,6 +48,9 @@ static const hf_family k_families[] = {
     {"qwen2", KVLM_ARCH_QWEN2, "silu", false, true, false, false, false, false, "post_attention_layernorm", false},
     {"phi3", KVLM_ARCH_PHI3, "silu", false, false, true, false, false, false, "post_attention_layernorm", false},
     {"qwen3", KVLM_ARCH_QWEN3, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
+    /* Granite 3: llama's rows; embedding_multiplier, residual_multiplier,
+     * attention_multiplier (q.k's whole scale, default 1), logits_scaling */
+    {"granite", KVLM_ARCH_GRANITE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
     /* SmolLM3: llama's rows, tied by default, no_rope_layers (see read_config) */
     {"smollm3", KVLM_ARCH_SMOLLM3, "silu", true, false, false, false, false, true, "post_attention_layernorm", false},
     /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
@@ -315,7 +318,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, smollm3, qwen2, qwen3, phi3, gemma2)", path, type);
+                            "mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -401,6 +404,16 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     c->rope_neox = fam->rotate_half || !model_llama_rows(fam->arch);
     if (fam->arch == KVLM_ARCH_SMOLLM3 && (rc = smollm3_nope(c, cfg, path, err))) return rc;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
+    if (fam->arch == KVLM_ARCH_GRANITE) {
+        double d[4];
+        if ((rc = cfg_float(cfg, path, "embedding_multiplier", 1, &d[0], err)) ||
+            (rc = cfg_float(cfg, path, "residual_multiplier", 1, &d[1], err)) ||
+            (rc = cfg_float(cfg, path, "attention_multiplier", 1, &d[2], err)) ||
+            (rc = cfg_float(cfg, path, "logits_scaling", 1, &d[3], err)))
+            return rc;
+        c->embed_mult = (float)d[0], c->residual_mult = (float)d[1], c->attn_scale = (float)d[2];
+        c->logit_div = (float)d[3];
+    }
     if (c->yarn_factor > 0) { /* its factors and magnitude, once the arch and the attention scale are set */
         c->attn_scale *= model_yarn_mscale2(c);
         if ((rc = model_set_rope_freqs(m, err))) return rc;

@@ -194,7 +194,24 @@ int model_layer_window(const kvlm_config *c, int l) {
 }
 
 float model_embed_scale(const kvlm_config *c) {
-    return c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3 ? sqrtf((float)c->dim) : 1.0f;
+    if (c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3) return sqrtf((float)c->dim);
+    return c->embed_mult > 0 ? c->embed_mult : 1.0f;
+}
+
+/* granite's multipliers, as llama.cpp reads them (each optional; 0: none):
+ * {arch}.embedding_scale, residual_scale, logit_scale (the logits are divided
+ * by it) and attention.scale (q.k's scale in place of 1/sqrt(head_dim)). */
+static int granite_keys(struct kvlm_model *m, const char *arch, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    const char *keys[4] = {"embedding_scale", "residual_scale", "logit_scale", "attention.scale"};
+    float *dst[4] = {&c->embed_mult, &c->residual_mult, &c->logit_div, &c->attn_scale};
+    for (int i = 0; i < 4; i++) {
+        double d = 0;
+        int rc = hp_float(m, arch, keys[i], 0, false, &d, err);
+        if (rc) return rc;
+        if (d > 0) *dst[i] = (float)d;
+    }
+    return KVLM_OK;
 }
 
 /* {arch}.rope.scaling.type "linear" (or the older rope.scale_linear key):
@@ -298,7 +315,9 @@ bool model_layer_rope(const kvlm_config *c, int l) {
     return c->no_rope_period <= 0 || (l + 1) % c->no_rope_period != 0;
 }
 
-bool model_llama_rows(int arch) { return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3; }
+bool model_llama_rows(int arch) {
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_GRANITE;
+}
 
 bool model_qwen3_like(int arch) { return arch == KVLM_ARCH_QWEN3 || arch == KVLM_ARCH_QWEN3MOE; }
 
@@ -361,6 +380,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     const char *arch = m->arch_name;
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "smollm3")) c->arch = KVLM_ARCH_SMOLLM3, c->no_rope_period = 4;
+    else if (!strcmp(arch, "granite")) c->arch = KVLM_ARCH_GRANITE;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
     else if (!strcmp(arch, "qwen3moe")) c->arch = KVLM_ARCH_QWEN3MOE;
@@ -370,8 +390,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, smollm3, qwen2, qwen3, qwen3moe, "
-                            "phi3, deepseek2, gemma2, gemma3)",
+                            "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, qwen2, qwen3, "
+                            "qwen3moe, phi3, deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -422,6 +442,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || model_qwen3_like(c->arch) || c->arch == KVLM_ARCH_PHI3;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
+    if (c->arch == KVLM_ARCH_GRANITE && (hrc = granite_keys(m, arch, err))) return hrc;
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     if (c->arch == KVLM_ARCH_PHI3 && (hrc = longrope_keys(m, arch, err))) return hrc;
@@ -548,6 +569,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN3: return "qwen3";
     case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
     case KVLM_ARCH_SMOLLM3: return "smollm3";
+    case KVLM_ARCH_GRANITE: return "granite";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";

@@ -96,7 +96,7 @@ bool model_qwen3_like(int arch);
 /* Whether layer l turns q and k by RoPE (smollm3: not every fourth layer). */
 bool model_layer_rope(const kvlm_config *c, int l);
 /* Architectures whose GGUF q/k rows are llama.cpp's permutation of Hugging
- * Face's (interleaved pairs): llama, smollm3. */
+ * Face's (interleaved pairs): llama, smollm3, granite. */
 bool model_llama_rows(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
  * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors

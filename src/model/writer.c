@@ -220,6 +220,12 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
     }
+    if (c->arch == KVLM_ARCH_GRANITE) { /* llama.cpp's names for the four multipliers */
+        if (c->embed_mult > 0) gguf_writer_set_f32(w, KEY("embedding_scale"), c->embed_mult);
+        if (c->residual_mult > 0) gguf_writer_set_f32(w, KEY("residual_scale"), c->residual_mult);
+        if (c->logit_div > 0) gguf_writer_set_f32(w, KEY("logit_scale"), c->logit_div);
+        gguf_writer_set_f32(w, KEY("attention.scale"), c->attn_scale);
+    }
     if (c->n_expert && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's (llama) and qwen3moe's keys */
         gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
         gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
@@ -302,6 +308,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
     kvlm_config d = m->cfg;
     model_swa_defaults(&d);
     d.attn_scale *= model_yarn_mscale2(&d); /* YaRN's keys carry it */
+    if (d.arch == KVLM_ARCH_GRANITE) d.attn_scale = m->cfg.attn_scale; /* granite's key does */
     if (m->hf && d.attn_scale != m->cfg.attn_scale)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: attention scale %g (query_pre_attn_scalar %g) has no GGUF "
                             "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
@@ -397,6 +404,9 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.rope_dim = c.head_dim;
     c.rope_base = p->rope_base > 0 ? p->rope_base : 10000.0f;
     c.no_rope_period = c.arch == KVLM_ARCH_SMOLLM3 ? 4 : 0;
+    if (c.arch == KVLM_ARCH_GRANITE) /* Granite 3's kind: q.k by 1/head_dim, not its square root */
+        c.embed_mult = 12.0f, c.residual_mult = 0.22f, c.logit_div = 8.0f,
+        c.attn_scale = c.head_dim > 0 ? 1.0f / (float)c.head_dim : 1.0f;
     c.norm_eps = 1e-5f;
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;

@@ -1,5 +1,7 @@
 /* tok/chat: chat templates: a conversation rendered as a prompt in the
- * format of a model family (ChatML, Llama 2, Llama 3, Zephyr, plain). */
+ * format of a model family (ChatML, Llama 2, Llama 3, Zephyr, Phi-3, Phi-4,
+ * Gemma, Granite, plain), as llama.cpp's llm_chat_apply_template renders
+ * them, detected by the substrings it looks for. */
 #include "tok/chat.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,13 +10,18 @@
 #include "model/model.h"
 #include "util/error.h"
 
-static const char *const k_families[] = {"chatml", "llama2", "llama3", "zephyr", "plain"};
+static const char *const k_families[] = {"chatml", "llama2", "llama3", "zephyr", "phi3", "phi4",
+                                         "gemma",  "granite", "plain"};
 
 const char *tok_chat_family(const char *t) {
     if (!t) return "plain";
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
         if (!strcmp(t, k_families[i])) return k_families[i];
+    if (strstr(t, "<|im_sep|>")) return "phi4"; /* ChatML's markers with <|im_sep|> after the role */
     if (strstr(t, "<|im_start|>")) return "chatml";
+    if (strstr(t, "<start_of_turn>")) return "gemma";
+    if (strstr(t, "<|start_of_role|>")) return "granite";
+    if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) return "phi3";
     if (strstr(t, "[INST]")) return "llama2";
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>")) return "llama3";
     if (strstr(t, "<|user|>")) return "zephyr";
@@ -63,6 +70,41 @@ char *tok_chat_render(const char *f, const char *const *roles, const char *const
         for (int i = 0; i < n; i++)
             put(&b, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", roles[i], contents[i]);
         put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    } else if (!strcmp(f, "phi3")) {
+        for (int i = 0; i < n; i++) put(&b, "<|%s|>\n%s<|end|>\n", roles[i], contents[i]);
+        put(&b, "<|assistant|>\n");
+    } else if (!strcmp(f, "phi4")) {
+        for (int i = 0; i < n; i++) put(&b, "<|im_start|>%s<|im_sep|>%s<|im_end|>", roles[i], contents[i]);
+        put(&b, "<|im_start|>assistant<|im_sep|>");
+    } else if (!strcmp(f, "gemma")) {
+        /* no system role: system messages go, trimmed, before the next user
+         * message's text; the assistant is "model"; each text trimmed */
+        sbuf sys = {0};
+        put(&sys, "%s", "");
+        for (int i = 0; i < n; i++) {
+            const char *c = contents[i], *e = c + strlen(c);
+            while (*c == ' ' || *c == '\n' || *c == '\t' || *c == '\r') c++;
+            while (e > c && (e[-1] == ' ' || e[-1] == '\n' || e[-1] == '\t' || e[-1] == '\r')) e--;
+            if (!strcmp(roles[i], "system")) {
+                put(&sys, "%.*s", (int)(e - c), c);
+                continue;
+            }
+            bool model = !strcmp(roles[i], "assistant");
+            put(&b, "<start_of_turn>%s\n", model ? "model" : roles[i]);
+            if (!model && sys.len) {
+                put(&b, "%s\n\n", sys.s);
+                sys.len = 0;
+                sys.s[0] = 0;
+            }
+            put(&b, "%.*s<end_of_turn>\n", (int)(e - c), c);
+        }
+        b.oom |= sys.oom;
+        free(sys.s);
+        put(&b, "<start_of_turn>model\n");
+    } else if (!strcmp(f, "granite")) {
+        for (int i = 0; i < n; i++)
+            put(&b, "<|start_of_role|>%s<|end_of_role|>%s<|end_of_text|>\n", roles[i], contents[i]);
+        put(&b, "<|start_of_role|>assistant<|end_of_role|>");
     } else if (!strcmp(f, "zephyr")) {
         for (int i = 0; i < n; i++) put(&b, "<|%s|>\n%s<|endoftext|>\n", roles[i], contents[i]);
         put(&b, "<|assistant|>\n");
@@ -84,10 +126,12 @@ int kvlm_chat_apply(const kvlm_model *m, const char *name, const char *const *ro
     const char *f = tok_chat_family(tmpl);
     if (!f) {
         if (name)
-            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use chatml, llama2, llama3, zephyr or plain)",
+            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use chatml, llama2, llama3, zephyr, phi3, phi4, gemma, "
+                                                 "granite or plain)",
                                 name);
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "the model's chat template is not one kvlm supports (ChatML, Llama 2, Llama 3, Zephyr); "
+                            "the model's chat template is not one kvlm supports (ChatML, Llama 2, Llama 3, Zephyr, "
+                            "Phi-3, Phi-4, Gemma, Granite); "
                             "choose one with --chat-template NAME or use /v1/completions");
     }
     for (int i = 0; i < n; i++)
