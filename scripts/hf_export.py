@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|qwen2|qwen3|phi3|gemma2]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|qwen2|qwen3|phi3|gemma2|gemma3_text]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -148,7 +148,7 @@ def export_weights(meta, tensors, out, fam, args):
     head_dim = g("attention.key_length", dim // n_head)
     items = []
     rot = fam in ("llama", "mistral", "smollm3", "granite")
-    gemma = fam == "gemma2"
+    gemma = fam in ("gemma2", "gemma3_text")
 
     def put(hf, gg, perm_heads=0):
         a, t = tensors[gg]
@@ -191,14 +191,15 @@ def export_weights(meta, tensors, out, fam, args):
         else:
             put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
         put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
-        if fam == "qwen3":
+        if fam in ("qwen3", "gemma3_text"):
             put(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight")
             put(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight")
 
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[fam]],
+                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                           "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
         "intermediate_size": g("feed_forward_length"),
@@ -264,17 +265,24 @@ def export_weights(meta, tensors, out, fam, args):
         # Gemma2Config's keys; llama.cpp's converter copies them to these GGUF keys
         cfg["hidden_act"] = cfg["hidden_activation"] = "gelu_pytorch_tanh"
         cfg["head_dim"] = head_dim
-        if g("attention.sliding_window_pattern", 2) != 2:
+        g3 = fam == "gemma3_text"
+        if g3:  # Gemma3TextConfig: five local layers to one global, their own RoPE base
+            period = g("attention.sliding_window_pattern", 6)
+            cfg["sliding_window_pattern"] = period
+            cfg["layer_types"] = ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                                  for i in range(n_layers)]
+            cfg["rope_local_base_freq"] = 10000.0
+        elif g("attention.sliding_window_pattern", 2) != 2:
             raise ValueError("gemma2: sliding_window_pattern %d has no Gemma2Config key (every other layer is "
                              "local)" % g("attention.sliding_window_pattern"))
         cfg["sliding_window"] = g("attention.sliding_window", 4096)
         cfg["cache_implementation"] = "hybrid"
-        caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+        caps = {"attn_logit_softcapping": 0.0 if g3 else 50.0, "final_logit_softcapping": 0.0 if g3 else 30.0}
         for k, d in caps.items():
             v = g(k, d)
             cfg[k] = float(v) if v else None  # 0 in GGUF: none
         # llama.cpp derives the scale (27B: hidden_size / heads); HF states it
-        cfg["query_pre_attn_scalar"] = dim // n_head if n_layers == 46 else head_dim
+        cfg["query_pre_attn_scalar"] = dim // n_head if n_layers == (62 if g3 else 46) else head_dim
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     if bos is not None and bos < vocab:
         cfg["bos_token_id"] = bos
@@ -332,7 +340,7 @@ def export_tokenizer(meta, out, args):
             [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
         tj["normalizer"] = {"type": "Sequence", "normalizers": norms}
         tj["pre_tokenizer"] = None
-        if args.family == "gemma2" or meta.get("general.architecture") == b"gemma2":
+        if args.family in ("gemma2", "gemma3_text") or meta.get("general.architecture") in (b"gemma2", b"gemma3"):
             # Gemma's tokenizer.json: a split on " ", after the normalizer made every space U+2581
             tj["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
                                    "invert": False}

@@ -33,11 +33,12 @@ fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 # gemma2: a window of 8, shorter than the texts and id lists below, tied embeddings
 synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
     --type "$3" --seed 5 $([ "$2" = gemma2 ] && echo --sliding-window 8 --tied) \
+    $([ "$2" = gemma3 ] && echo --sliding-window 8 --tied --layers 7 --rope-linear 8) \
     $([ "$2" = qwen3 ] && echo --head-dim 32) > /dev/null; }
 
 # ---- run -m DIR == run -m GGUF -------------------------------------------------
 for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 smollm3:smollm3:f16 granite:granite:f32 \
-            gemma2:gemma2:bf16; do
+            gemma2:gemma2:bf16 gemma3:gemma3_text:bf16; do
     IFS=: read -r arch fam type <<< "$spec"
     synth "$tmp/$fam.gguf" "$arch" "$type"
     $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam" || { fail "$fam: export"; continue; }
@@ -45,7 +46,9 @@ for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llam
     want=$("$bin" "${run[@]}" -m "$tmp/$fam.gguf" 2>/dev/null)
     # llama/mistral from HF: same logits to ~1e-7 (q.k summed in another
     # order); convert gives the very GGUF back, so compare through it there
-    if [ "$arch" = llama ] || [ "$arch" = smollm3 ] || [ "$arch" = granite ]; then
+    via=""
+    case $arch in llama|smollm3|granite) via="'s convert" ;; esac
+    if [ -n "$via" ]; then
         "$bin" convert "$tmp/$fam" "$tmp/$fam.back.gguf" 2>/dev/null || { fail "$fam: convert"; continue; }
         got=$("$bin" "${run[@]}" -m "$tmp/$fam.back.gguf" 2>/dev/null)
         got_dir=$("$bin" "${run[@]}" -m "$tmp/$fam" 2>/dev/null)
@@ -54,7 +57,7 @@ for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llam
     else
         got=$("$bin" "${run[@]}" -m "$tmp/$fam" 2>/dev/null)
     fi
-    if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "$fam ($type): greedy text of the directory$([ "$arch" != qwen2 ] && [ "$arch" != qwen3 ] && [ "$arch" != phi3 ] && [ "$arch" != gemma2 ] && echo "'s convert") = the GGUF's"
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then pass "$fam ($type): greedy text of the directory$via = the GGUF's"
     else fail "$fam ($type): text differs: want '$want', got '$got'"; fi
 done
 
@@ -172,6 +175,23 @@ if grep -q "gemma2.attention.sliding_window *= 8" <<< "$keys" && grep -q "gemma2
    grep -q "gemma2.final_logit_softcapping *= 30" <<< "$keys" && grep -q "blk.1.post_ffw_norm.weight" <<< "$keys"; then
     pass "convert gemma2 DIR: sliding_window, soft-caps and post norms in the GGUF"
 else fail "convert gemma2 DIR: keys missing: $keys"; fi
+
+# ---- gemma3_text (7 layers: layer 6 global, window 8, linear 8 on the global layer): every position's
+# logits of 20 ids, and convert writes q/k norms and the linear scaling back (the same logits)
+la=$("$bin" logits -m "$tmp/gemma3_text" --ids "$ids" 2>/dev/null)
+lb=$("$bin" logits -m "$tmp/gemma3_text.gguf" --ids "$ids" 2>/dev/null)
+"$bin" convert "$tmp/gemma3_text" "$tmp/gemma3.back.gguf" 2>/dev/null
+lc=$("$bin" logits -m "$tmp/gemma3.back.gguf" --ids "$ids" 2>/dev/null)
+keys=$("$bin" inspect "$tmp/gemma3.back.gguf" 2>&1)
+if [ "$(wc -l <<< "$la")" -eq 20 ] && [ "$la" = "$lb" ] && [ "$lc" = "$lb" ] &&
+   grep -q "blk.6.attn_q_norm.weight" <<< "$keys" && grep -q "gemma3.rope.scaling.factor *= 8" <<< "$keys"; then
+    pass "gemma3_text: logits at all 20 positions of the directory and of its convert = the GGUF's; q/k norms, linear 8 kept"
+else fail "gemma3_text: logits or keys differ"; fi
+rm -rf "$tmp/g3bad" && cp -r "$tmp/gemma3_text" "$tmp/g3bad"
+"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['layer_types'][0] = 'full_attention'; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/g3bad/config.json"
+if out=$("$bin" logits -m "$tmp/g3bad" --ids "1 2" 2>&1); then fail "gemma3_text: a layer_types of another pattern loaded"
+elif grep -qF 'layer_types[0] is not "sliding_attention"' <<< "$out"; then pass "gemma3_text: refused: $(tail -n 1 <<< "$out")"
+else fail "gemma3_text: layer_types: got '$out'"; fi
 
 # ---- convert --type q8_0: the same file contents as converting the GGUF ----------
 "$bin" convert "$tmp/qwen2" "$tmp/a.gguf" --type q8_0 2>/dev/null

@@ -60,6 +60,13 @@ static const hf_family k_families[] = {
      * attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar,
      * sliding_window (every other layer local, from layer 0). */
     {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm", false},
+    /* Gemma 3's text model (Gemma3ForCausalLM: the 1B; the larger ones ship as
+     * multimodal "gemma3" directories, not read): gemma2's norms and
+     * activation, q/k norms (+1 too), no soft-caps, five local layers to one
+     * global (sliding_window_pattern 6, or layer_types), rope_local_base_freq
+     * for the local layers, rope_scaling linear on the global ones. */
+    {"gemma3_text", KVLM_ARCH_GEMMA3, "gelu_pytorch_tanh", false, false, false, true, true, true,
+     "pre_feedforward_layernorm", true},
 };
 
 bool model_hf_is_dir(const char *path) {
@@ -153,16 +160,39 @@ static int cfg_softcap(json_t *cfg, const char *path, const char *key, double de
     return rc;
 }
 
-/* Gemma 2's keys, over model_swa_defaults' values (the GGUF loader's): the
- * window (every other layer local from layer 0: swa_period 2, as
- * Gemma2DecoderLayer's is_sliding = not layer_idx % 2), the soft-caps and
- * the attention scale 1/sqrt(query_pre_attn_scalar). */
+/* Gemma 2's and 3's keys, over model_swa_defaults' values (the GGUF
+ * loader's): the window (gemma2: every other layer local from layer 0,
+ * swa_period 2, as Gemma2DecoderLayer's is_sliding = not layer_idx % 2;
+ * gemma3: sliding_window_pattern, 6, layer l global when (l + 1) % 6 == 0,
+ * and layer_types if given must say the same), the soft-caps (gemma3: none
+ * unless given), the local layers' RoPE base (gemma3's
+ * rope_local_base_freq) and the attention scale 1/sqrt(query_pre_attn_scalar). */
 static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int window, kvlm_error *err) {
     int rc;
+    bool g3 = c->arch == KVLM_ARCH_GEMMA3;
     c->sliding_window = window;
-    if ((rc = cfg_softcap(cfg, path, "attn_logit_softcapping", 50.0, &c->attn_softcap, err)) ||
-        (rc = cfg_softcap(cfg, path, "final_logit_softcapping", 30.0, &c->final_softcap, err)))
+    if ((rc = cfg_softcap(cfg, path, "attn_logit_softcapping", g3 ? 0 : 50.0, &c->attn_softcap, err)) ||
+        (rc = cfg_softcap(cfg, path, "final_logit_softcapping", g3 ? 0 : 30.0, &c->final_softcap, err)))
         return rc;
+    if (g3) {
+        double base;
+        if ((rc = cfg_int(cfg, path, "sliding_window_pattern", false, 6, 1, 1 << 20, &c->swa_period, err)) ||
+            (rc = cfg_float(cfg, path, "rope_local_base_freq", 10000.0, &base, err)))
+            return rc;
+        c->rope_base_local = (float)base;
+        json_t *lt = json_object_get(cfg, "layer_types");
+        for (int l = 0; lt && json_is_array(lt) && l < c->n_layers; l++) {
+            json_t *v = json_array_get(lt, (size_t)l);
+            bool global = (l + 1) % c->swa_period == 0;
+            if (!json_is_string(v) || strcmp(json_string_value(v), global ? "full_attention" : "sliding_attention"))
+                return util_err_set(err, KVLM_EUNSUPPORTED, "%s: layer_types[%d] is not \"%s\": kvlm (as llama.cpp) "
+                                    "takes one global layer in every sliding_window_pattern (%d)", path, l,
+                                    global ? "full_attention" : "sliding_attention", c->swa_period);
+        }
+        if (lt && (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers))
+            return util_err_set(err, KVLM_EFORMAT, "%s: layer_types is not a list of the %d layers' kinds", path,
+                                c->n_layers);
+    }
     json_t *q = json_object_get(cfg, "query_pre_attn_scalar");
     if (q && !json_is_null(q)) {
         double d;
@@ -318,7 +348,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2)", path, type);
+                            "mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2, gemma3_text)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -571,8 +601,8 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
             TAKE(post_ffn_norm, "post_feedforward_layernorm.weight", c->dim, 0, false, add);
         }
         if (fam->qk_norm) {
-            TAKE(q_norm, "self_attn.q_norm.weight", c->head_dim, 0, false, 0);
-            TAKE(k_norm, "self_attn.k_norm.weight", c->head_dim, 0, false, 0);
+            TAKE(q_norm, "self_attn.q_norm.weight", c->head_dim, 0, false, add); /* gemma3's + 1 too */
+            TAKE(k_norm, "self_attn.k_norm.weight", c->head_dim, 0, false, add);
         }
         model_layer_swa(c, L, l);
 #undef TAKE
