@@ -194,6 +194,8 @@ synth_check qwen3-yarn4-gqa42-f32  1e-4 --arch qwen3 --dim 128 --heads 4 --kv-he
 # fourth is NoPE), and tied f16
 synth_check smollm3-gqa82-l5-f32   1e-4 --arch smollm3 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 70 --layers 5 --vocab 384 --ctx 64
 synth_check smollm3-gqa42-tied-f16 1e-4 --arch smollm3 --dim 128 --heads 4 --kv-heads 2 --hidden 256 --tied --type f16 --seed 71 --layers 4 --vocab 300 --ctx 64
+# with YaRN (SmolLM3's long context): its magnitude only where q and k turn
+synth_check smollm3-yarn4-l4-f32   1e-4 --arch smollm3 --dim 128 --heads 8 --kv-heads 2 --hidden 256 --type f32 --seed 72 --layers 4 --vocab 384 --ctx 64 --yarn 4
 # granite: llama's layout, embeddings x12, each branch x0.22 before the
 # residual, q.k x 1/head_dim, logits / 8 (Granite 3's kind: synth's defaults)
 synth_check granite-gqa42-f32      1e-4 --arch granite --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 80 "${common[@]}"

@@ -1007,6 +1007,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
         a->scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HD);
+        if (!model_layer_rope(c, layer)) a->scale /= model_yarn_mscale2(c); /* YaRN's magnitude rides the rotation */
         a->window = model_layer_window(c, layer);
         a->softcap = c->attn_softcap;
         a->key_weights = kw ? kw : h2o_scores(ctx, seq[t0]);
