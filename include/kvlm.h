@@ -35,6 +35,9 @@ const char *kvlm_status_name(int code);
  * qwen3moe: qwen3's attention with a mixture of experts in every layer.
  * llama with expert_count: Mixtral's mixture of experts */
 /* smollm3: llama's layout; every fourth layer has no RoPE (NoPE) */
+/* olmo2 (AI2's OLMo 2): no norm before attention or FFN, an RMSNorm after
+ * each (before it joins the residual), and q and k each normed across all
+ * their heads before RoPE (NeoX) */
 /* granite (IBM Granite 3): llama's layout with four multipliers: the
  * embeddings, each branch's output before it joins the residual, q.k (the
  * attention scale) and the logits (divided) */
@@ -45,7 +48,8 @@ const char *kvlm_status_name(int code);
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
-               KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9 } kvlm_arch;
+               KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9,
+               KVLM_ARCH_OLMO2 = 10 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -82,6 +86,9 @@ typedef struct kvlm_config {
      * == 0 (4: llama.cpp's fixed step, Hugging Face's no_rope_layer_interval);
      * 0: every layer does */
     int no_rope_period;
+    /* olmo2: q_norm and k_norm span all of q's and k's heads (n_heads x
+     * head_dim, n_kv_heads x head_dim); elsewhere (qwen3, gemma3) one head */
+    bool qk_norm_full;
     float norm_eps;
     int weight_type;    /* type of most weights (GGUF type id) */
     /* deepseek2 (0 elsewhere). head_dim is the key length (nope + rope_dim);

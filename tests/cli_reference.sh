@@ -152,7 +152,7 @@ synth_check() {
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
 # fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
-for arch in llama smollm3 granite qwen2 qwen3 qwen3moe phi3; do
+for arch in llama smollm3 granite olmo2 qwen2 qwen3 qwen3moe phi3; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -200,6 +200,10 @@ synth_check smollm3-yarn4-l4-f32   1e-4 --arch smollm3 --dim 128 --heads 8 --kv-
 # residual, q.k x 1/head_dim, logits / 8 (Granite 3's kind: synth's defaults)
 synth_check granite-gqa42-f32      1e-4 --arch granite --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 80 "${common[@]}"
 synth_check granite-mqa81-tied-f16 1e-4 --arch granite --dim 128 --heads 8 --kv-heads 1 --hidden 256 --tied --type f16 --seed 81 --layers 3 --vocab 300 --ctx 64
+# olmo2: no norm before attention or FFN, one after each, q and k normed
+# across all their heads before RoPE (NeoX)
+synth_check olmo2-gqa42-f32        1e-4 --arch olmo2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 90 "${common[@]}"
+synth_check olmo2-mha-hd16-f16     1e-4 --arch olmo2 --dim 128 --heads 8 --kv-heads 8 --hidden 192 --type f16 --seed 91 --layers 3 --vocab 300 --ctx 64
 # a mixture of experts in every layer: Mixtral's (llama with expert_count,
 # each expert the FFN's width) and qwen3moe (qwen3's attention, experts of
 # their own width); a softmax over every expert, the top k, renormalised

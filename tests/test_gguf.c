@@ -825,8 +825,9 @@ enum { MUT_NONE, MUT_DROP_BLOCK1, MUT_EXTRA_BLOCK, MUT_FREQS_ZERO, MUT_FREQS_SHO
 /* A valid 2-block synthetic llama rewritten with keys overridden by set (set
  * first: copy_kv keeps what is already set) and its blocks' tensors altered;
  * returns the load's code (the model freed), err filled. */
-static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
+static int load_mutated_arch(kvlm_arch arch, void (*set)(gguf_writer *), int mut, kvlm_error *err) {
     kvlm_synth_params sp = {0};
+    sp.arch = arch;
     sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 2; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
     sp.type = kvlm_type_from_name("f32");
     char src[512];
@@ -860,6 +861,9 @@ static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
     kvlm_model_free(m);
     return KVLM_OK;
 }
+static int load_mutated(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
+    return load_mutated_arch(KVLM_ARCH_LLAMA, set, mut, err);
+}
 static void set_blocks_str(gguf_writer *w) { gguf_writer_set_str(w, "llama.block_count", "2"); }
 static void set_blocks_float(gguf_writer *w) { gguf_writer_set_f32(w, "llama.block_count", 2.0f); }
 static void set_eps_nan(gguf_writer *w) { gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", NAN); }
@@ -880,6 +884,7 @@ static void set_experts_no_tensors(gguf_writer *w) {
     gguf_writer_set_u32(w, "llama.expert_count", 4);
     gguf_writer_set_u32(w, "llama.expert_used_count", 2);
 }
+static void set_olmo_window(gguf_writer *w) { gguf_writer_set_u32(w, "olmo2.attention.sliding_window", 4096); }
 static void set_linear_nan(gguf_writer *w) {
     gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
     gguf_writer_set_f32(w, "llama.rope.scaling.factor", NAN);
@@ -922,6 +927,11 @@ static void test_model_nonsense(void **state) {
     assert_int_equal(load_mutated(set_scaling_longrope, MUT_NONE, &err), KVLM_EUNSUPPORTED);
     printf("  longrope on llama: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"longrope\""));
+    /* OLMo 3's sliding windows under the olmo2 name: refused, not run as full attention */
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, NULL, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_window, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  olmo2 with a window: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "olmo2.attention.sliding_window = 4096"));
 }
 
 /* ---- LongRoPE (phi3): the factor tensors and keys checked ---- */

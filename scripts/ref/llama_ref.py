@@ -324,7 +324,7 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "smollm3", "granite", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "smollm3", "granite", "olmo2", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -372,10 +372,11 @@ def load_gguf(path):
         if m.arch == "phi3":
             m.layers.append(load_phi3_layer(m, t, types, p))
             continue
-        L = {"attn_norm": t[p + "attn_norm.weight"],
+        L = {"attn_norm": t.get(p + "attn_norm.weight"),  # OLMo 2: none, norms after instead
              "wq": t[p + "attn_q.weight"], "wk": t[p + "attn_k.weight"],
              "wv": t[p + "attn_v.weight"], "wo": t[p + "attn_output.weight"],
-             "ffn_norm": t[p + "ffn_norm.weight"]}
+             "ffn_norm": t.get(p + "ffn_norm.weight"),
+             "post_attn": t.get(p + "post_attention_norm.weight"), "post_ffn": t.get(p + "post_ffw_norm.weight")}
         ffn = (("w1", "ffn_gate.weight"), ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"))
         if p + "ffn_gate_inp.weight" in t:  # experts (Mixtral, qwen3moe): softmax top-k, renormalised
             ffn = (("router", "ffn_gate_inp.weight"), ("g_exps", "ffn_gate_exps.weight"),
@@ -387,6 +388,8 @@ def load_gguf(path):
             L["b" + b] = t.get(p + "attn_%s.bias" % b)
         if m.arch in ("qwen3", "qwen3moe"):  # an RMSNorm over each head of q and of k, before RoPE
             L["q_norm"], L["k_norm"] = t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"]
+        if m.arch == "olmo2":  # an RMSNorm over all of q, and over all of k, before RoPE
+            L["q_norm_all"], L["k_norm_all"] = t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"]
         L["types"] = {k: types[p + n] for k, n in (
             ("wq", "attn_q.weight"), ("wk", "attn_k.weight"), ("wv", "attn_v.weight"),
             ("wo", "attn_output.weight")) + ffn}
@@ -533,7 +536,7 @@ def forward(m, ids):
     mask = np.triu(np.full((T, T), -np.inf), k=1)
     x = m.tok_emb[np.asarray(ids)] * m.embed_mult
     for li, L in enumerate(m.layers):
-        h = rmsnorm(x, L["attn_norm"], m.eps)
+        h = rmsnorm(x, L["attn_norm"], m.eps) if L.get("attn_norm") is not None else x
         ty = L["types"]
         if "wqkv" in L:  # phi3: one product, its output columns split
             qkv = matmul(m, h, L["wqkv"], ty.get("wqkv"))
@@ -545,12 +548,14 @@ def forward(m, ids):
             v = matmul(m, h, L["wv"], ty.get("wv"))
         if L["bq"] is not None:
             q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        if "q_norm_all" in L:
+            q, k = rmsnorm(q, L["q_norm_all"], m.eps), rmsnorm(k, L["k_norm_all"], m.eps)
         q = q.reshape(T, m.n_heads, hd)
         k = k.reshape(T, m.n_kv_heads, hd)
         v = v.reshape(T, m.n_kv_heads, hd)
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
-        neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "phi3")
+        neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "phi3", "olmo2")
         if not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
             q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
             k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
@@ -561,8 +566,9 @@ def forward(m, ids):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             att[:, hh, :] = s @ v[:, kh, :]
-        x = x + m.residual_mult * matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
-        h = rmsnorm(x, L["ffn_norm"], m.eps)
+        o = m.residual_mult * matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
+        x = x + (rmsnorm(o, L["post_attn"], m.eps) if L.get("post_attn") is not None else o)
+        h = rmsnorm(x, L["ffn_norm"], m.eps) if L.get("ffn_norm") is not None else x
         if "router" in L:
             x = x + m.residual_mult * moe_ffn(m, L, h)
             continue
@@ -571,7 +577,8 @@ def forward(m, ids):
             g = silu(gu[:, :m.hidden]) * gu[:, m.hidden:]
         else:
             g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
-        x = x + m.residual_mult * matmul(m, g, L["w2"], ty.get("w2"))
+        o = m.residual_mult * matmul(m, g, L["w2"], ty.get("w2"))
+        x = x + (rmsnorm(o, L["post_ffn"], m.eps) if L.get("post_ffn") is not None else o)
     return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type) / m.logit_div
 
 

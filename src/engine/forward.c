@@ -476,7 +476,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
             goto fail;
         }
         if (model->layers[0].q_norm.data) {
-            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's per-head q and k norms run on the CPU only",
+            util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s's q and k norms run on the CPU only",
                          model_arch_name(c->arch));
             goto fail;
         }
@@ -1060,6 +1060,16 @@ static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const floa
     const kvlm_config *c = &ctx->model->cfg;
     float *x = ctx->x + (size_t)t * c->dim;
     float *xb = ctx->xb + (size_t)t * c->dim;
+    if (!w && add) { /* olmo2: no norm before the next product, the residual as it is */
+        if (post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
+        op_backend_cpu()->add(x, xb, c->dim);
+        memcpy(dst, x, (size_t)c->dim * sizeof(float));
+        return;
+    }
+    if (!w) {
+        memcpy(dst, x, (size_t)c->dim * sizeof(float));
+        return;
+    }
     if (add && post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
     if (add && c->residual_mult > 0) /* granite: the branch's output scaled before it joins */
         for (int i = 0; i < c->dim; i++) xb[i] *= c->residual_mult;
@@ -1116,7 +1126,8 @@ static void kv_head(fwd_pass *j, int t, int h) {
     size_t row = ((size_t)t * c->n_kv_heads + h) * HD;
     add_bias(ctx->k + row, &j->L->bk, h * HD, HD);
     add_bias(ctx->v + row, &j->L->bv, h * HD, HD);
-    if (j->L->k_norm.data) op_backend_cpu()->rmsnorm(ctx->k + row, ctx->k + row, j->L->k_norm.data, HD, c->norm_eps);
+    if (j->L->k_norm.data && !c->qk_norm_full)
+        op_backend_cpu()->rmsnorm(ctx->k + row, ctx->k + row, j->L->k_norm.data, HD, c->norm_eps);
     if (j->rope)
         op_backend_cpu()->rope_apply(ctx->k + row, 1, HD, c->rope_dim, j->rcs + (size_t)t * half, j->rsn + (size_t)t * half,
                                      c->rope_neox);
@@ -1138,7 +1149,7 @@ static void qkv_worker(void *p, int ith, int nth) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
             add_bias(q, &j->L->bq, 0, QD);
-            if (j->L->q_norm.data)
+            if (j->L->q_norm.data && !c->qk_norm_full)
                 for (int h = 0; h < c->n_heads; h++)
                     op_backend_cpu()->rmsnorm(q + (size_t)h * c->head_dim, q + (size_t)h * c->head_dim, j->L->q_norm.data,
                                               c->head_dim, c->norm_eps);
@@ -1203,6 +1214,12 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         /* matrices that read the same input: one quantization, one pass of the threads */
         const op_mm_out qkv[3] = {mm_out(ctx->q, &L->wq), mm_out(ctx->k, &L->wk), mm_out(ctx->v, &L->wv)};
         op_backend_cpu()->matmul_prep(ctx->pool, ctx->xb, T, c->dim, qkv, 3, ctx->mm_work, l ? prep_residual : prep_embed, &j);
+        if (c->qk_norm_full) /* olmo2: q and k normed across all their heads, before the per-head work */
+            for (int t = 0; t < T; t++) {
+                float *q = ctx->q + (size_t)t * c->n_heads * c->head_dim, *k = ctx->k + (size_t)t * c->n_kv_heads * c->head_dim;
+                op_backend_cpu()->rmsnorm(q, q, L->q_norm.data, c->n_heads * c->head_dim, c->norm_eps);
+                op_backend_cpu()->rmsnorm(k, k, L->k_norm.data, c->n_kv_heads * c->head_dim, c->norm_eps);
+            }
         run_pass(ctx, qkv_worker, &j, T + n_groups * c->n_kv_heads);
         attention(ctx, l, seq, pos, T);
         matmul(ctx, ctx->xb, ctx->att, &L->wo, T);

@@ -178,6 +178,9 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
                  (double)(c->embed_mult > 0 ? c->embed_mult : 1), (double)(c->residual_mult > 0 ? c->residual_mult : 1),
                  (double)c->attn_scale, (double)(c->logit_div > 0 ? c->logit_div : 1));
     len = strlen(buf);
+    if (c->qk_norm_full && len < cap)
+        snprintf(buf + len, cap - len, ", norms after attention and FFN, q and k normed across their heads");
+    len = strlen(buf);
     if (c->no_rope_period > 0 && len < cap)
         snprintf(buf + len, cap - len, ", no RoPE in every %s layer", c->no_rope_period == 4 ? "fourth" : "n-th");
     len = strlen(buf);

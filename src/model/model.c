@@ -381,6 +381,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "smollm3")) c->arch = KVLM_ARCH_SMOLLM3, c->no_rope_period = 4;
     else if (!strcmp(arch, "granite")) c->arch = KVLM_ARCH_GRANITE;
+    else if (!strcmp(arch, "olmo2")) c->arch = KVLM_ARCH_OLMO2, c->qk_norm_full = true;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
     else if (!strcmp(arch, "qwen3moe")) c->arch = KVLM_ARCH_QWEN3MOE;
@@ -390,8 +391,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, qwen2, qwen3, "
-                            "qwen3moe, phi3, deepseek2, gemma2, gemma3)",
+                            "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, olmo2, qwen2, "
+                            "qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -440,9 +441,17 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
-    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || model_qwen3_like(c->arch) || c->arch == KVLM_ARCH_PHI3;
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || model_qwen3_like(c->arch) || c->arch == KVLM_ARCH_PHI3 ||
+                   c->arch == KVLM_ARCH_OLMO2;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_GRANITE && (hrc = granite_keys(m, arch, err))) return hrc;
+    if (c->arch == KVLM_ARCH_OLMO2) { /* OLMo 3's sliding windows come under this name too: not read */
+        if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
+        if (found && v > 0)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: olmo2.attention.sliding_window = %lld: OLMo 3's "
+                                "sliding-window layers are not supported (OLMo 2's full attention is)", m->path,
+                                (long long)v);
+    }
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     if (c->arch == KVLM_ARCH_PHI3 && (hrc = longrope_keys(m, arch, err))) return hrc;
@@ -482,14 +491,14 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (c->arch == KVLM_ARCH_DEEPSEEK2) return model_deepseek2_layers(m, err);
     bool bias = c->arch == KVLM_ARCH_QWEN2, phi3 = c->arch == KVLM_ARCH_PHI3;
-    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
+    bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3, olmo2 = c->arch == KVLM_ARCH_OLMO2;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
         char n[96];
 #define TAKE(field, suffix, nin, nout, opt)                                         \
     snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                  \
     if ((rc = take_tensor(m, &L->field, n, nin, nout, opt, err))) return rc;
-        TAKE(attn_norm, "attn_norm.weight", c->dim, 0, false);
+        if (!olmo2) { TAKE(attn_norm, "attn_norm.weight", c->dim, 0, false); } /* olmo2: no norm before */
         /* phi3 stores Q, K, V as one matrix (rows: Q, then K, then V) and the
          * gate and up projections as one (rows: gate, then up). They become
          * row views here, so everything past loading sees llama's layout. */
@@ -513,7 +522,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
         TAKE(bq, "attn_q.bias", q_dim, 0, !bias);
         TAKE(bk, "attn_k.bias", kv_dim, 0, !bias);
         TAKE(bv, "attn_v.bias", kv_dim, 0, !bias);
-        TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false);
+        if (!olmo2) { TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false); }
         if (phi3) {
             TAKE(w_up, "ffn_up.weight", c->dim, 2 * (int64_t)c->hidden_dim, false);
             fused = L->w_up;
@@ -539,9 +548,13 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
         }
         if (c->n_expert == 0) { TAKE(w_down, "ffn_down.weight", c->hidden_dim, c->dim, false); }
-        if (gemma) {
+        if (gemma || olmo2) {
             TAKE(post_attn_norm, "post_attention_norm.weight", c->dim, 0, false);
             TAKE(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, false);
+        }
+        if (olmo2) { /* across all heads */
+            TAKE(q_norm, "attn_q_norm.weight", q_dim, 0, false);
+            TAKE(k_norm, "attn_k_norm.weight", kv_dim, 0, false);
         }
         if (c->arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c->arch)) {
             TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
@@ -570,6 +583,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
     case KVLM_ARCH_SMOLLM3: return "smollm3";
     case KVLM_ARCH_GRANITE: return "granite";
+    case KVLM_ARCH_OLMO2: return "olmo2";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";

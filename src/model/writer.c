@@ -585,9 +585,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->down_shexp, sf, c.dim, 0);
         }
     }
+    const bool olmo2 = c.arch == KVLM_ARCH_OLMO2;
     for (int l = 0; l < c.n_layers && c.arch != KVLM_ARCH_DEEPSEEK2; l++) {
         model_layer *L = &m.layers[l];
-        MAKE(L->attn_norm, c.dim, 1, 1);
+        if (!olmo2) MAKE(L->attn_norm, c.dim, 1, 1); /* olmo2: no norm before attention or FFN */
         if (c.arch == KVLM_ARCH_PHI3) {
             /* one buffer, as the file stores it (written back fused) */
             model_tensor fused = {0};
@@ -606,7 +607,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->bk, kv_dim, 1, 2);
             MAKE(L->bv, kv_dim, 1, 2);
         }
-        MAKE(L->ffn_norm, c.dim, 1, 1);
+        if (!olmo2) MAKE(L->ffn_norm, c.dim, 1, 1);
         if (c.arch == KVLM_ARCH_PHI3) {
             model_tensor fused = {0};
             MAKE(fused, c.dim, 2 * c.hidden_dim, 0);
@@ -623,9 +624,13 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->w_down, c.hidden_dim, c.dim, 0);
             MAKE(L->w_up, c.dim, c.hidden_dim, 0);
         }
-        if (gemma) {
+        if (gemma || olmo2) {
             MAKE(L->post_attn_norm, c.dim, 1, 1);
             MAKE(L->post_ffn_norm, c.dim, 1, 1);
+        }
+        if (olmo2) { /* across all heads */
+            MAKE(L->q_norm, q_dim, 1, 1);
+            MAKE(L->k_norm, kv_dim, 1, 1);
         }
         if (c.arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c.arch)) {
             MAKE(L->q_norm, c.head_dim, 1, 1);
