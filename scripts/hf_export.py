@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|qwen2|qwen3|phi3|gemma2|gemma3_text]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|olmo2|qwen2|qwen3|phi3|gemma2|gemma3_text]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -170,7 +170,8 @@ def export_weights(meta, tensors, out, fam, args):
         put("lm_head.weight", "output.weight")
     for l in range(n_layers):
         p, b = "model.layers.%d." % l, "blk.%d." % l
-        put(p + "input_layernorm.weight", b + "attn_norm.weight")
+        if fam != "olmo2":  # OLMo 2: no norm before attention or FFN
+            put(p + "input_layernorm.weight", b + "attn_norm.weight")
         if fam == "phi3":
             put(p + "self_attn.qkv_proj.weight", b + "attn_qkv.weight")
             put(p + "mlp.gate_up_proj.weight", b + "ffn_up.weight")
@@ -184,21 +185,24 @@ def export_weights(meta, tensors, out, fam, args):
             if b + "attn_%s.bias" % x in tensors:
                 put(p + "self_attn.%s_proj.bias" % x, b + "attn_%s.bias" % x)
         put(p + "self_attn.o_proj.weight", b + "attn_output.weight")
-        if gemma:
+        if fam == "olmo2":  # the norms after attention and FFN, under these names
+            put(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight")
+            put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
+        elif gemma:
             put(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight")
             put(p + "pre_feedforward_layernorm.weight", b + "ffn_norm.weight")
             put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
         else:
             put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
         put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
-        if fam in ("qwen3", "gemma3_text"):
+        if fam in ("qwen3", "gemma3_text", "olmo2"):
             put(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight")
             put(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight")
 
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,

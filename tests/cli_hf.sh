@@ -38,7 +38,7 @@ synth() { "$bin" synth "$1" --arch "$2" --dim 64 --hidden 96 --layers 2 --heads 
 
 # ---- run -m DIR == run -m GGUF -------------------------------------------------
 for spec in qwen2:qwen2:bf16 qwen3:qwen3:bf16 phi3:phi3:f16 llama:llama:f32 llama:mistral:bf16 smollm3:smollm3:f16 granite:granite:f32 \
-            gemma2:gemma2:bf16 gemma3:gemma3_text:bf16; do
+            gemma2:gemma2:bf16 gemma3:gemma3_text:bf16 olmo2:olmo2:f16; do
     IFS=: read -r arch fam type <<< "$spec"
     synth "$tmp/$fam.gguf" "$arch" "$type"
     $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam" || { fail "$fam: export"; continue; }

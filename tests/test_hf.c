@@ -1,6 +1,6 @@
 /* tests/test_hf: Hugging Face model directories. The safetensors reader on
  * bad input; directories that scripts/hf_export.py writes from random-weight
- * GGUF models give the GGUF's logits (llama, mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2; f32, f16,
+ * GGUF models give the GGUF's logits (llama, mistral, smollm3, granite, olmo2, qwen2, qwen3, phi3, gemma2; f32, f16,
  * bf16; shards with an index; unaligned data); clear errors for a missing
  * shard, a shape mismatch, a truncated file and refused configs; `convert`
  * gives back the GGUF's very tensors; tokenizer.json (byte-level and
@@ -295,7 +295,7 @@ static void test_families(void **state) {
         {"smollm3", KVLM_ARCH_SMOLLM3, true}, {"granite", KVLM_ARCH_GRANITE, true}, {"qwen2", KVLM_ARCH_QWEN2, false},
         {"qwen3", KVLM_ARCH_QWEN3, true},
         {"phi3", KVLM_ARCH_PHI3, false},
-        {"gemma2", KVLM_ARCH_GEMMA2, true}, {"gemma3_text", KVLM_ARCH_GEMMA3, true},
+        {"gemma2", KVLM_ARCH_GEMMA2, true}, {"gemma3_text", KVLM_ARCH_GEMMA3, true}, {"olmo2", KVLM_ARCH_OLMO2, false},
     };
     static const struct { int type; const char *name; } types[] = {{0, "f32"}, {1, "f16"}, {30, "bf16"}};
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++)
@@ -511,7 +511,7 @@ static void test_convert_round_trip(void **state) {
         {"llama", KVLM_ARCH_LLAMA, 0}, {"mistral", KVLM_ARCH_LLAMA, 30}, {"qwen2", KVLM_ARCH_QWEN2, 1},
         {"qwen3", KVLM_ARCH_QWEN3, 30}, {"smollm3", KVLM_ARCH_SMOLLM3, 1}, {"granite", KVLM_ARCH_GRANITE, 0},
         {"phi3", KVLM_ARCH_PHI3, 0},
-        {"gemma2", KVLM_ARCH_GEMMA2, 30}, {"gemma3_text", KVLM_ARCH_GEMMA3, 30},
+        {"gemma2", KVLM_ARCH_GEMMA2, 30}, {"gemma3_text", KVLM_ARCH_GEMMA3, 30}, {"olmo2", KVLM_ARCH_OLMO2, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *gguf = tmp("rt.gguf"), *dir = tmp("rt_dir"), *out = tmp("rt_out.gguf");

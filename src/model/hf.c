@@ -38,7 +38,8 @@ typedef struct {
     bool norm_plus_one;    /* gemma: RMSNorm scales by (1 + w); GGUF stores 1 + w (llama.cpp adds 1) */
     bool post_norms;       /* gemma2: post_attention_layernorm after attention, pre/post_feedforward_layernorm */
     bool tie_default;      /* tie_word_embeddings when config.json does not say */
-    const char *ffn_norm;  /* the norm before the FFN */
+    const char *ffn_norm;  /* the norm before the FFN; NULL: olmo2's norms after attention and FFN instead
+                            * (post_attention_layernorm, post_feedforward_layernorm; none before) */
     bool qk_norm;          /* qwen3: self_attn.q_norm / k_norm, an RMSNorm over each head of q and k */
 } hf_family;
 
@@ -51,6 +52,8 @@ static const hf_family k_families[] = {
     /* Granite 3: llama's rows; embedding_multiplier, residual_multiplier,
      * attention_multiplier (q.k's whole scale, default 1), logits_scaling */
     {"granite", KVLM_ARCH_GRANITE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    /* OLMo 2: norms after attention and FFN, q_norm / k_norm across all heads; rows as stored (NeoX) */
+    {"olmo2", KVLM_ARCH_OLMO2, "silu", false, false, false, false, false, false, NULL, true},
     /* SmolLM3: llama's rows, tied by default, no_rope_layers (see read_config) */
     {"smollm3", KVLM_ARCH_SMOLLM3, "silu", true, false, false, false, false, true, "post_attention_layernorm", false},
     /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
@@ -348,7 +351,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, smollm3, granite, qwen2, qwen3, phi3, gemma2, gemma3_text)", path, type);
+                            "mistral, smollm3, granite, olmo2, qwen2, qwen3, phi3, gemma2, gemma3_text)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -432,6 +435,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     if ((rc = cfg_bool(cfg, path, "tie_word_embeddings", fam->tie_default, tied, err))) return rc;
     c->arch = (kvlm_arch)fam->arch;
     c->rope_neox = fam->rotate_half || !model_llama_rows(fam->arch);
+    c->qk_norm_full = fam->arch == KVLM_ARCH_OLMO2;
     if (fam->arch == KVLM_ARCH_SMOLLM3 && (rc = smollm3_nope(c, cfg, path, err))) return rc;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
     if (fam->arch == KVLM_ARCH_GRANITE) {
@@ -569,7 +573,7 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
 #define TAKE(field, suffix, nin, nout, opt, plus)                                   \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                         \
     if ((rc = take(m, &L->field, n, nin, nout, opt, plus, err))) return rc;
-        TAKE(attn_norm, "input_layernorm.weight", c->dim, 0, false, add);
+        if (fam->ffn_norm) { TAKE(attn_norm, "input_layernorm.weight", c->dim, 0, false, add); }
         if (fam->fused) {
             /* phi3: rows Q, K, V of one matrix; gate then up of another */
             model_tensor f;
@@ -593,16 +597,19 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
         TAKE(bq, "self_attn.q_proj.bias", q_dim, 0, !fam->qkv_bias, 0);
         TAKE(bk, "self_attn.k_proj.bias", kv_dim, 0, !fam->qkv_bias, 0);
         TAKE(bv, "self_attn.v_proj.bias", kv_dim, 0, !fam->qkv_bias, 0);
-        snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, fam->ffn_norm);
-        if ((rc = take(m, &L->ffn_norm, n, c->dim, 0, false, add, err))) return rc;
+        if (fam->ffn_norm) {
+            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, fam->ffn_norm);
+            if ((rc = take(m, &L->ffn_norm, n, c->dim, 0, false, add, err))) return rc;
+        }
         TAKE(w_down, "mlp.down_proj.weight", c->hidden_dim, c->dim, false, 0);
-        if (fam->post_norms) {
+        if (fam->post_norms || !fam->ffn_norm) {
             TAKE(post_attn_norm, "post_attention_layernorm.weight", c->dim, 0, false, add);
             TAKE(post_ffn_norm, "post_feedforward_layernorm.weight", c->dim, 0, false, add);
         }
-        if (fam->qk_norm) {
-            TAKE(q_norm, "self_attn.q_norm.weight", c->head_dim, 0, false, add); /* gemma3's + 1 too */
-            TAKE(k_norm, "self_attn.k_norm.weight", c->head_dim, 0, false, add);
+        if (fam->qk_norm) { /* one head's (olmo2: all of q's, all of k's); gemma3's + 1 too */
+            int64_t qn = c->qk_norm_full ? q_dim : c->head_dim, kn = c->qk_norm_full ? kv_dim : c->head_dim;
+            TAKE(q_norm, "self_attn.q_norm.weight", qn, 0, false, add);
+            TAKE(k_norm, "self_attn.k_norm.weight", kn, 0, false, add);
         }
         model_layer_swa(c, L, l);
 #undef TAKE
