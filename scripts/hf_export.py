@@ -3,7 +3,8 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|smollm3|granite|olmo2|qwen2|qwen3|phi3|gemma2|gemma3_text]
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|olmo2|qwen2|qwen3|qwen3_moe|phi3|
+                                          gemma2|gemma3_text]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -147,11 +148,14 @@ def export_weights(meta, tensors, out, fam, args):
     n_kv = g("attention.head_count_kv", n_head)
     head_dim = g("attention.key_length", dim // n_head)
     items = []
-    rot = fam in ("llama", "mistral", "smollm3", "granite")
+    rot = fam in ("llama", "mistral", "mixtral", "smollm3", "granite")
+    moe = fam in ("mixtral", "qwen3_moe")
     gemma = fam in ("gemma2", "gemma3_text")
 
-    def put(hf, gg, perm_heads=0):
+    def put(hf, gg, perm_heads=0, expert=None):
         a, t = tensors[gg]
+        if expert is not None:  # one expert of a stacked (experts, rows, cols) tensor
+            a = a[expert]
         if a.ndim == 1:
             v = to_f32(a, t)
             if gemma:  # exact for the values near 1 that norms hold (Sterbenz)
@@ -179,8 +183,9 @@ def export_weights(meta, tensors, out, fam, args):
             put(p + "self_attn.q_proj.weight", b + "attn_q.weight", n_head if rot else 0)
             put(p + "self_attn.k_proj.weight", b + "attn_k.weight", n_kv if rot else 0)
             put(p + "self_attn.v_proj.weight", b + "attn_v.weight")
-            put(p + "mlp.gate_proj.weight", b + "ffn_gate.weight")
-            put(p + "mlp.up_proj.weight", b + "ffn_up.weight")
+            if not moe:
+                put(p + "mlp.gate_proj.weight", b + "ffn_gate.weight")
+                put(p + "mlp.up_proj.weight", b + "ffn_up.weight")
         for x in "qkv":
             if b + "attn_%s.bias" % x in tensors:
                 put(p + "self_attn.%s_proj.bias" % x, b + "attn_%s.bias" % x)
@@ -194,15 +199,26 @@ def export_weights(meta, tensors, out, fam, args):
             put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
         else:
             put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
-        put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
-        if fam in ("qwen3", "gemma3_text", "olmo2"):
+        if moe:  # Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp.experts
+            mx = fam == "mixtral"
+            pre = p + ("block_sparse_moe." if mx else "mlp.")
+            put(pre + "gate.weight", b + "ffn_gate_inp.weight")
+            for e in range(tensors[b + "ffn_gate_exps.weight"][0].shape[0]):
+                ep = pre + "experts.%d." % e
+                put(ep + ("w1" if mx else "gate_proj") + ".weight", b + "ffn_gate_exps.weight", expert=e)
+                put(ep + ("w3" if mx else "up_proj") + ".weight", b + "ffn_up_exps.weight", expert=e)
+                put(ep + ("w2" if mx else "down_proj") + ".weight", b + "ffn_down_exps.weight", expert=e)
+        else:
+            put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
+        if fam in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"):
             put(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight")
             put(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight")
 
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                           "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
@@ -248,6 +264,17 @@ def export_weights(meta, tensors, out, fam, args):
         cfg["no_rope_layer_interval"] = 4
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(n_layers)]
         cfg["use_sliding_window"] = False
+    if fam == "mixtral":
+        cfg["num_local_experts"] = g("expert_count")
+        cfg["num_experts_per_tok"] = g("expert_used_count")
+    if fam == "qwen3_moe":  # Qwen3MoeConfig: experts in every layer, renormalised
+        cfg["num_experts"] = g("expert_count")
+        cfg["num_experts_per_tok"] = g("expert_used_count")
+        cfg["moe_intermediate_size"] = g("expert_feed_forward_length")
+        cfg["norm_topk_prob"] = True
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = []
+        cfg["head_dim"] = head_dim
     if fam == "qwen3":  # Qwen3Config writes these
         cfg["head_dim"] = head_dim
         cfg["attention_bias"] = False

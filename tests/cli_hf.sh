@@ -163,6 +163,31 @@ if $export "$tmp/lr.gguf" "$tmp/lr" --family phi3 && grep -q '"type": "longrope"
     else fail "partial_rotary_factor 0.72: got '$out'"; fi
 else fail "longrope (phi3): export"; fi
 
+# ---- mixtures of experts: Mixtral (block_sparse_moe, llama's rows; experts as wide as the FFN, 96) and
+# Qwen3-MoE (mlp.experts, 48 wide), one tensor per expert in the directory, stacked at load: the GGUF's
+# logits, and convert writes the stacks back
+moeids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8"
+for spec in llama:mixtral qwen3moe:qwen3_moe; do
+    IFS=: read -r arch fam <<< "$spec"
+    "$bin" synth "$tmp/$fam.moe.gguf" --arch "$arch" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+        --experts 4 --experts-used 2 --expert-ff 48 --type f32 --seed 8 > /dev/null
+    if ! $export "$tmp/$fam.moe.gguf" "$tmp/$fam.moe" --family "$fam"; then fail "$fam: export"; continue; fi
+    "$bin" convert "$tmp/$fam.moe" "$tmp/$fam.moe.back.gguf" 2>/dev/null
+    for m in "$fam.moe" "$fam.moe.gguf" "$fam.moe.back.gguf"; do
+        "$bin" logits -m "$tmp/$m" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$m.txt" 2>/dev/null
+    done
+    e_dir=$("$py" -c "$maxdiff" "$tmp/$fam.moe.txt" "$tmp/$fam.moe.gguf.txt")
+    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 else 1)" && cmp -s "$tmp/$fam.moe.back.gguf.txt" "$tmp/$fam.moe.gguf.txt" &&
+       "$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *f32 *$([ "$fam" = mixtral ] && echo 96 || echo 48) x 64 x 4"; then
+        pass "$fam: one tensor per expert, stacked: the GGUF's logits (max diff $e_dir); convert writes the stacks back"
+    else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
+done
+rm -rf "$tmp/q3bad" && cp -r "$tmp/qwen3_moe.moe" "$tmp/q3bad"
+"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['norm_topk_prob'] = False; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/q3bad/config.json"
+if out=$("$bin" logits -m "$tmp/q3bad" --ids "1 2" 2>&1); then fail "qwen3_moe: norm_topk_prob false loaded"
+elif grep -qF "qwen3_moe with norm_topk_prob false is not supported" <<< "$out"; then pass "qwen3_moe: refused: $(tail -n 1 <<< "$out")"
+else fail "qwen3_moe norm_topk_prob: got '$out'"; fi
+
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"
 la=$("$bin" logits -m "$tmp/gemma2" --ids "$ids" 2>/dev/null)

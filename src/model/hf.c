@@ -52,6 +52,10 @@ static const hf_family k_families[] = {
     /* Granite 3: llama's rows; embedding_multiplier, residual_multiplier,
      * attention_multiplier (q.k's whole scale, default 1), logits_scaling */
     {"granite", KVLM_ARCH_GRANITE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    /* Mixtral: llama's rows, a mixture of experts in every layer (block_sparse_moe, hf_moe) */
+    {"mixtral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    /* Qwen3-MoE: qwen3's attention, experts in every layer (mlp.experts, hf_moe) */
+    {"qwen3_moe", KVLM_ARCH_QWEN3MOE, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
     /* OLMo 2: norms after attention and FFN, q_norm / k_norm across all heads; rows as stored (NeoX) */
     {"olmo2", KVLM_ARCH_OLMO2, "silu", false, false, false, false, false, false, NULL, true},
     /* SmolLM3: llama's rows, tied by default, no_rope_layers (see read_config) */
@@ -340,6 +344,43 @@ static int smollm3_nope(kvlm_config *c, json_t *cfg, const char *path, kvlm_erro
     return KVLM_OK;
 }
 
+/* The mixtures of experts: Mixtral (num_local_experts, num_experts_per_tok,
+ * each expert intermediate_size wide) and Qwen3-MoE (num_experts,
+ * num_experts_per_tok, moe_intermediate_size; experts in every layer:
+ * decoder_sparse_step 1, no mlp_only_layers; norm_topk_prob true, as
+ * llama.cpp's qwen3moe always renormalises); routing as the GGUF loader's. */
+static bool hf_mixtral(const hf_family *f) { return !strcmp(f->model_type, "mixtral"); }
+static bool hf_moe(const hf_family *f) { return hf_mixtral(f) || !strcmp(f->model_type, "qwen3_moe"); }
+
+static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const char *path, kvlm_error *err) {
+    int rc, step;
+    bool norm;
+    bool mx = hf_mixtral(fam);
+    if ((rc = cfg_int(cfg, path, mx ? "num_local_experts" : "num_experts", true, 0, 1, 1024, &c->n_expert, err)) ||
+        (rc = cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, c->n_expert, &c->n_expert_used, err)))
+        return rc;
+    c->expert_ff = c->hidden_dim;
+    if (!mx) {
+        json_t *mlp_only = json_object_get(cfg, "mlp_only_layers");
+        if ((rc = cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &c->expert_ff, err)) ||
+            (rc = cfg_int(cfg, path, "decoder_sparse_step", false, 1, 1, 1 << 20, &step, err)) ||
+            (rc = cfg_bool(cfg, path, "norm_topk_prob", false, &norm, err)))
+            return rc;
+        bool dense = mlp_only && !json_is_null(mlp_only) && (!json_is_array(mlp_only) || json_array_size(mlp_only));
+        if (step != 1 || dense || !norm)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: qwen3_moe with %s is not supported (experts in every "
+                                "layer, their weights renormalised, as llama.cpp's qwen3moe)", path,
+                                step != 1 ? "decoder_sparse_step other than 1" : dense ? "mlp_only_layers"
+                                                                               : "norm_topk_prob false");
+    }
+    c->n_expert_shared = 0;
+    c->n_dense_lead = 0;
+    c->expert_gating = 1;
+    c->expert_weights_norm = true;
+    c->expert_weights_scale = 1.0f;
+    return KVLM_OK;
+}
+
 static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, const hf_family **famp, bool *tied,
                        kvlm_error *err) {
     kvlm_config *c = &m->cfg;
@@ -351,7 +392,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, smollm3, granite, olmo2, qwen2, qwen3, phi3, gemma2, gemma3_text)", path, type);
+                            "mistral, mixtral, smollm3, granite, olmo2, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -436,6 +477,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     c->arch = (kvlm_arch)fam->arch;
     c->rope_neox = fam->rotate_half || !model_llama_rows(fam->arch);
     c->qk_norm_full = fam->arch == KVLM_ARCH_OLMO2;
+    if (hf_moe(fam) && (rc = moe_config(c, fam, cfg, path, err))) return rc;
     if (fam->arch == KVLM_ARCH_SMOLLM3 && (rc = smollm3_nope(c, cfg, path, err))) return rc;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
     if (fam->arch == KVLM_ARCH_GRANITE) {
@@ -554,6 +596,32 @@ static int check_layers(const struct kvlm_model *m, kvlm_error *err) {
     return KVLM_OK;
 }
 
+/* Layer l's experts, each its own rows x n_in tensor (name: fmt with l and
+ * the expert), copied into one stack in model_take_experts' layout (expert
+ * e: rows e x rows onwards), the dtype of the first. */
+static int stack_experts(struct kvlm_model *m, model_tensor *t, const char *fmt, int l, int64_t n_in, int64_t rows,
+                         kvlm_error *err) {
+    int E = m->cfg.n_expert, rc;
+    uint8_t *buf = NULL;
+    size_t each = 0;
+    char n[192];
+    for (int e = 0; e < E; e++) {
+        model_tensor x;
+        snprintf(n, sizeof n, fmt, l, e);
+        if ((rc = take(m, &x, n, n_in, rows, false, 0, err))) return rc;
+        if (e == 0) {
+            *t = (model_tensor){.type = x.type, .n_in = n_in, .n_out = rows * E, .name = x.name};
+            each = dt_row_size(x.type, (int)n_in) * (size_t)rows;
+            if (!(buf = own(m->hf, each * (size_t)E))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+            t->data = buf;
+        } else if (x.type != t->type)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: %s, but expert 0 of its layer is %s", m->path, n,
+                                dt_info(x.type)->name, dt_info(t->type)->name);
+        memcpy(buf + (size_t)e * each, x.data, each);
+    }
+    return KVLM_OK;
+}
+
 static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     int rc;
@@ -590,8 +658,23 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
             TAKE(wq, "self_attn.q_proj.weight", c->dim, q_dim, false, 0);
             TAKE(wk, "self_attn.k_proj.weight", c->dim, kv_dim, false, 0);
             TAKE(wv, "self_attn.v_proj.weight", c->dim, kv_dim, false, 0);
-            TAKE(w_gate, "mlp.gate_proj.weight", c->dim, c->hidden_dim, false, 0);
-            TAKE(w_up, "mlp.up_proj.weight", c->dim, c->hidden_dim, false, 0);
+            if (!hf_moe(fam)) {
+                TAKE(w_gate, "mlp.gate_proj.weight", c->dim, c->hidden_dim, false, 0);
+                TAKE(w_up, "mlp.up_proj.weight", c->dim, c->hidden_dim, false, 0);
+            }
+        }
+        if (hf_moe(fam)) { /* the router, then each expert's three matrices stacked */
+            bool mx = hf_mixtral(fam);
+            const char *p = mx ? "model.layers.%d.block_sparse_moe.experts.%d." : "model.layers.%d.mlp.experts.%d.";
+            char g[160], u[160], d[160];
+            snprintf(g, sizeof g, "%s%s", p, mx ? "w1.weight" : "gate_proj.weight");
+            snprintf(u, sizeof u, "%s%s", p, mx ? "w3.weight" : "up_proj.weight");
+            snprintf(d, sizeof d, "%s%s", p, mx ? "w2.weight" : "down_proj.weight");
+            TAKE(ffn_gate_inp, mx ? "block_sparse_moe.gate.weight" : "mlp.gate.weight", c->dim, c->n_expert, false, 0);
+            if ((rc = stack_experts(m, &L->gate_exps, g, l, c->dim, c->expert_ff, err)) ||
+                (rc = stack_experts(m, &L->up_exps, u, l, c->dim, c->expert_ff, err)) ||
+                (rc = stack_experts(m, &L->down_exps, d, l, c->expert_ff, c->dim, err)))
+                return rc;
         }
         TAKE(wo, "self_attn.o_proj.weight", q_dim, c->dim, false, 0);
         TAKE(bq, "self_attn.q_proj.bias", q_dim, 0, !fam->qkv_bias, 0);
@@ -601,7 +684,7 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
             snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, fam->ffn_norm);
             if ((rc = take(m, &L->ffn_norm, n, c->dim, 0, false, add, err))) return rc;
         }
-        TAKE(w_down, "mlp.down_proj.weight", c->hidden_dim, c->dim, false, 0);
+        if (!hf_moe(fam)) { TAKE(w_down, "mlp.down_proj.weight", c->hidden_dim, c->dim, false, 0); }
         if (fam->post_norms || !fam->ffn_norm) {
             TAKE(post_attn_norm, "post_attention_layernorm.weight", c->dim, 0, false, add);
             TAKE(post_ffn_norm, "post_feedforward_layernorm.weight", c->dim, 0, false, add);
