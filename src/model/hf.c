@@ -373,11 +373,7 @@ static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const c
                                 step != 1 ? "decoder_sparse_step other than 1" : dense ? "mlp_only_layers"
                                                                                : "norm_topk_prob false");
     }
-    c->n_expert_shared = 0;
-    c->n_dense_lead = 0;
-    c->expert_gating = 1;
-    c->expert_weights_norm = true;
-    c->expert_weights_scale = 1.0f;
+    model_moe_topk_routing(c);
     return KVLM_OK;
 }
 

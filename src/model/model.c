@@ -358,12 +358,16 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
                                 found ? "is out of range" : "is missing");
         c->expert_ff = (int)v;
     }
+    model_moe_topk_routing(c);
+    return KVLM_OK;
+}
+
+void model_moe_topk_routing(kvlm_config *c) {
     c->n_expert_shared = 0;
     c->n_dense_lead = 0;
     c->expert_gating = 1;
     c->expert_weights_norm = true;
     c->expert_weights_scale = 1.0f;
-    return KVLM_OK;
 }
 
 float model_yarn_mscale2(const kvlm_config *c) {

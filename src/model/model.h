@@ -91,6 +91,9 @@ float model_yarn_mscale2(const kvlm_config *c);
 /* Whether an architecture takes YaRN as per-pair factors (llama, qwen2, qwen3;
  * deepseek2 has its own). */
 bool model_yarn_arch(int arch);
+/* Mixtral's and qwen3moe's routing: a softmax over every expert, the top
+ * n_expert_used renormalised, no shared experts, experts in every layer. */
+void model_moe_topk_routing(kvlm_config *c);
 /* qwen3 and qwen3moe: per-head q/k norms, NeoX RoPE, no biases. */
 bool model_qwen3_like(int arch);
 /* Whether layer l turns q and k by RoPE (smollm3: not every fourth layer). */

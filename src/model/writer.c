@@ -427,9 +427,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.n_expert_used = p->n_expert_used > 0 ? p->n_expert_used : 2;
         c.expert_ff = c.arch == KVLM_ARCH_LLAMA ? c.hidden_dim
                       : p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
-        c.expert_gating = 1;
-        c.expert_weights_norm = true;
-        c.expert_weights_scale = 1.0f;
+        model_moe_topk_routing(&c);
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
