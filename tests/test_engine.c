@@ -546,6 +546,45 @@ static void test_sampler(void **state) {
     kvlm_sampler_free(a);
 }
 
+/* What the CUDA forward pass does not compute is refused by name on
+ * --device cuda before any GPU is touched (so this runs on every machine):
+ * never a model run there with a piece silently missing. */
+static void test_cuda_refusals(void **state) {
+    (void)state;
+    struct { kvlm_arch arch; int experts; float longrope; const char *needle; } cases[] = {
+        {KVLM_ARCH_QWEN3, 0, 0, "qwen3's q and k norms"},
+        {KVLM_ARCH_OLMO2, 0, 0, "olmo2's q and k norms"},
+        {KVLM_ARCH_SMOLLM3, 0, 0, "smollm3's layers without RoPE"},
+        {KVLM_ARCH_GRANITE, 0, 0, "granite's multipliers"},
+        {KVLM_ARCH_QWEN3MOE, 4, 0, "a mixture of experts (qwen3moe)"},
+        {KVLM_ARCH_LLAMA, 4, 0, "a mixture of experts (llama)"},
+        {KVLM_ARCH_PHI3, 0, 2, "scaled RoPE"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvlm_synth_params sp = {0};
+        sp.arch = cases[i].arch;
+        sp.dim = 32, sp.hidden_dim = 64, sp.n_layers = 4, sp.n_heads = 4, sp.n_kv_heads = 2;
+        sp.vocab_size = 64, sp.n_ctx = 64, sp.type = kvlm_type_from_name("f32"), sp.seed = 5;
+        sp.n_expert = cases[i].experts, sp.n_expert_used = cases[i].experts ? 2 : 0, sp.longrope = cases[i].longrope;
+        const char *path = tu_tmp_path(".gguf");
+        kvlm_error err = {0};
+        if (kvlm_model_synth(&sp, path, &err)) fail_msg("synth: %s", err.msg);
+        kvlm_model *m = load(path, NULL);
+        kvlm_ctx_params cp = kvlm_ctx_default_params();
+        cp.n_ctx = 64;
+        cp.device = KVLM_DEVICE_CUDA;
+        kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+        if (ctx) fail_msg("case %zu: a CUDA context was made", i);
+        printf("  %s\n", err.msg);
+        assert_int_equal(err.code, KVLM_EUNSUPPORTED);
+        if (!strstr(err.msg, cases[i].needle)) fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, cases[i].needle);
+        cp.device = KVLM_DEVICE_CPU; /* and the CPU runs it */
+        if (!(ctx = kvlm_ctx_create(m, &cp, &err))) fail_msg("case %zu on the CPU: %s", i, err.msg);
+        kvlm_ctx_free(ctx);
+        kvlm_model_free(m);
+    }
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     kvlm_error err = {0};
@@ -707,6 +746,7 @@ int main(void) {
         cmocka_unit_test(test_low_bit_weights),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_sampler_penalties),
+        cmocka_unit_test(test_cuda_refusals),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_detok_utf8),
     };
