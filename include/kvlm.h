@@ -33,7 +33,9 @@ const char *kvlm_status_name(int code);
 /* qwen3 (dense): qwen2's layout without biases, an RMSNorm over each head of
  * q and k before RoPE (attn_q_norm, attn_k_norm), a head dimension of its own;
  * qwen3moe: qwen3's attention with a mixture of experts in every layer.
- * llama with expert_count: Mixtral's mixture of experts */
+ * llama with expert_count: Mixtral's mixture of experts;
+ * qwen2moe: qwen2's attention, experts (not renormalised) plus a shared
+ * expert scaled by a sigmoid gate of its own */
 /* smollm3: llama's layout; every fourth layer has no RoPE (NoPE) */
 /* olmo2 (AI2's OLMo 2): no norm before attention or FFN, an RMSNorm after
  * each (before it joins the residual), and q and k each normed across all
@@ -49,7 +51,7 @@ const char *kvlm_status_name(int code);
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
                KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9,
-               KVLM_ARCH_OLMO2 = 10 } kvlm_arch;
+               KVLM_ARCH_OLMO2 = 10, KVLM_ARCH_QWEN2MOE = 11 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -97,6 +99,7 @@ typedef struct kvlm_config {
     int kv_lora_rank;
     int v_head_dim;     /* value length per head */
     int n_expert, n_expert_used, n_expert_shared, n_dense_lead, expert_ff;
+    int expert_shared_ff; /* qwen2moe: the shared expert's width (deepseek2's: expert_ff x n_expert_shared) */
     float expert_weights_scale;
     bool expert_weights_norm;
     int expert_gating;  /* 1 softmax (V2), 2 sigmoid with exp_probs_b selection bias (V3) */

@@ -211,8 +211,12 @@ synth_check mixtral-4x2-gqa42-f32  1e-4 --arch llama --dim 128 --heads 4 --kv-he
 synth_check mixtral-8x2-f16        1e-4 --arch llama --dim 128 --heads 8 --kv-heads 2 --hidden 128 --experts 8 --experts-used 2 --type f16 --seed 62 --layers 3 --vocab 300 --ctx 64
 synth_check qwen3moe-8x3-hd64-f32  1e-4 --arch qwen3moe --dim 128 --heads 4 --kv-heads 2 --head-dim 64 --hidden 256 --experts 8 --experts-used 3 --expert-ff 96 --type f32 --seed 61 "${common[@]}"
 synth_check qwen3moe-16x4-tied-f16 1e-4 --arch qwen3moe --dim 128 --heads 4 --kv-heads 1 --hidden 256 --experts 16 --experts-used 4 --expert-ff 64 --tied --type f16 --seed 63 "${common[@]}"
+# qwen2moe: qwen2's attention (biases), the top experts' probabilities not
+# renormalised, and a shared expert scaled by sigmoid(x . w)
+synth_check qwen2moe-8x2-f32       1e-4 --arch qwen2moe --dim 128 --heads 4 --kv-heads 2 --hidden 192 --experts 8 --experts-used 2 --expert-ff 64 --type f32 --seed 95 "${common[@]}"
+synth_check qwen2moe-4x2-tied-f16  1e-4 --arch qwen2moe --dim 128 --heads 8 --kv-heads 8 --hidden 128 --experts 4 --experts-used 2 --expert-ff 32 --tied --type f16 --seed 96 --layers 3 --vocab 300 --ctx 64
 # convert writes the experts back (3-D, stacked) and their keys: the same logits
-for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32; do
+for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32 qwen2moe-8x2-f32; do
     model="$tmp/$name.gguf"
     [ -f "$model" ] || continue
     if "$bin" convert "$model" "$tmp/back.gguf" > /dev/null 2>&1 &&

@@ -316,7 +316,10 @@ def moe_ffn(m, L, h):
             out[t] += we * matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0]
     if "g_sh" in L:
         g = silu(matmul(m, h, L["g_sh"], ty.get("g_sh"))) * matmul(m, h, L["u_sh"], ty.get("u_sh"))
-        out += matmul(m, g, L["d_sh"], ty.get("d_sh"))
+        sh = matmul(m, g, L["d_sh"], ty.get("d_sh"))
+        if "sh_gate" in L:  # qwen2moe: sigmoid(h . w) per token
+            sh = sh / (1.0 + np.exp(-(h @ np.asarray(L["sh_gate"], dtype=np.float64))))[:, None]
+        out += sh
     return out
 
 
@@ -324,7 +327,8 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "smollm3", "granite", "olmo2", "qwen2", "qwen3", "qwen3moe", "phi3", "deepseek2"):
+    if m.arch not in ("llama", "smollm3", "granite", "olmo2", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
+                      "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -382,6 +386,10 @@ def load_gguf(path):
             ffn = (("router", "ffn_gate_inp.weight"), ("g_exps", "ffn_gate_exps.weight"),
                    ("u_exps", "ffn_up_exps.weight"), ("d_exps", "ffn_down_exps.weight"))
             m.gating, m.n_used, m.w_norm, m.w_scale = 1, int(meta[a + ".expert_used_count"]), True, 1.0
+            if a == "qwen2moe":  # the top probabilities as they are, and a shared expert behind a sigmoid gate
+                m.w_norm = False
+                ffn += (("g_sh", "ffn_gate_shexp.weight"), ("u_sh", "ffn_up_shexp.weight"),
+                        ("d_sh", "ffn_down_shexp.weight"), ("sh_gate", "ffn_gate_inp_shexp.weight"))
         for k, n in ffn:
             L[k] = t[p + n]
         for b in ("q", "k", "v"):
@@ -555,7 +563,7 @@ def forward(m, ids):
         v = v.reshape(T, m.n_kv_heads, hd)
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
-        neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "phi3", "olmo2")
+        neox = m.arch in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2")
         if not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
             q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
             k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)

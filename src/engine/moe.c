@@ -39,6 +39,7 @@ engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err)
     size_t T = (size_t)n_batch, E = (size_t)c->n_expert, K = (size_t)c->n_expert_used;
     size_t R = T > K ? T : K; /* rows of the expert scratch: a chunk's, or one token's K experts */
     size_t F = (size_t)c->expert_ff * (c->n_expert_shared > 1 ? (size_t)c->n_expert_shared : 1);
+    if ((size_t)c->expert_shared_ff > F) F = (size_t)c->expert_shared_ff; /* qwen2moe's shared expert */
     e->logits = malloc(T * E * sizeof(float));
     e->w = malloc(T * K * sizeof(float));
     e->idx = malloc(T * K * sizeof(int));
@@ -193,6 +194,16 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         }
     if (L->gate_shexp.data) {
         ffn(e, pool, &L->gate_shexp, &L->up_shexp, &L->down_shexp, xn, T);
-        for (int t = 0; t < T; t++) op_backend_cpu()->add(x + (size_t)t * D, e->ye + (size_t)t * D, D);
+        const float *gw = L->ffn_gate_inp_shexp.data; /* qwen2moe: sigmoid(xn . gw) scales the shared expert */
+        for (int t = 0; t < T; t++) {
+            float *dst = x + (size_t)t * D, *y = e->ye + (size_t)t * D;
+            if (gw) {
+                double s = 0;
+                for (int i = 0; i < D; i++) s += (double)xn[(size_t)t * D + i] * gw[i];
+                float g = (float)(1.0 / (1.0 + exp(-s)));
+                for (int i = 0; i < D; i++) y[i] *= g;
+            }
+            op_backend_cpu()->add(dst, y, D);
+        }
     }
 }

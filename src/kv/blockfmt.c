@@ -163,7 +163,7 @@ void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, k
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) hash_tensor(&st, ts[i], "layer");
         if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's, qwen3moe's experts (dense: unchanged) */
             const model_tensor *ex[] = {&L->ffn_gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps, &L->q_norm,
-                                        &L->k_norm};
+                                        &L->k_norm, &L->ffn_gate_inp_shexp, &L->gate_shexp};
             for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) hash_tensor(&st, ex[i], "moe");
         }
         if (c->arch == KVLM_ARCH_DEEPSEEK2) { /* its attention's tensors and latent shape (other models: unchanged) */

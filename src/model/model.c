@@ -333,14 +333,15 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
     bool found;
     int rc;
     if ((rc = hp_int(m, arch, "expert_count", &v, &found, err))) return rc;
+    bool q2 = c->arch == KVLM_ARCH_QWEN2MOE;
     if (!found || v == 0) {
-        if (c->arch == KVLM_ARCH_QWEN3MOE)
-            return util_err_set(err, KVLM_EFORMAT, "%s: qwen3moe needs qwen3moe.expert_count", m->path);
+        if (c->arch == KVLM_ARCH_QWEN3MOE || q2)
+            return util_err_set(err, KVLM_EFORMAT, "%s: %s needs %s.expert_count", m->path, arch, arch);
         return KVLM_OK;
     }
-    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE)
+    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE && !q2)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s.expert_count = %lld: experts are read for llama "
-                            "(Mixtral), qwen3moe and deepseek2", m->path, arch, (long long)v);
+                            "(Mixtral), qwen2moe, qwen3moe and deepseek2", m->path, arch, (long long)v);
     if (v < 1 || v > 1024) /* engine/moe.h */
         return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_count = %lld is outside 1..%d", m->path, arch,
                             (long long)v, 1024);
@@ -351,14 +352,24 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
                             arch, found ? "is out of range" : "is missing", c->n_expert);
     c->n_expert_used = (int)v;
     c->expert_ff = c->hidden_dim;
-    if (c->arch == KVLM_ARCH_QWEN3MOE) {
+    if (c->arch == KVLM_ARCH_QWEN3MOE || q2) {
+        /* qwen2moe: both optional, llama.cpp's defaults (feed_forward_length / used, and it) */
         if ((rc = hp_int(m, arch, "expert_feed_forward_length", &v, &found, err))) return rc;
+        if (!found && q2) v = c->hidden_dim / c->n_expert_used, found = true;
         if (!found || v < 1 || v > (1 << 20))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_feed_forward_length %s", m->path, arch,
                                 found ? "is out of range" : "is missing");
         c->expert_ff = (int)v;
     }
     model_moe_topk_routing(c);
+    if (q2) { /* the top experts' probabilities as they are, and a gated shared expert */
+        c->expert_weights_norm = false;
+        if ((rc = hp_int(m, arch, "expert_shared_feed_forward_length", &v, &found, err))) return rc;
+        if (found && (v < 1 || v > (1 << 20)))
+            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_shared_feed_forward_length is out of range",
+                                m->path, arch);
+        c->expert_shared_ff = found ? (int)v : c->hidden_dim;
+    }
     return KVLM_OK;
 }
 
@@ -389,6 +400,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
     else if (!strcmp(arch, "qwen3moe")) c->arch = KVLM_ARCH_QWEN3MOE;
+    else if (!strcmp(arch, "qwen2moe")) c->arch = KVLM_ARCH_QWEN2MOE;
     else if (!strcmp(arch, "phi3")) c->arch = KVLM_ARCH_PHI3;
     else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
     else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
@@ -396,7 +408,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
                             "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, olmo2, qwen2, "
-                            "qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)",
+                            "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -445,7 +457,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if ((hrc = hp_float(m, arch, "attention.layer_norm_rms_epsilon", 0, false, &d, err))) return hrc;
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
-    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || model_qwen3_like(c->arch) || c->arch == KVLM_ARCH_PHI3 ||
+    c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE || model_qwen3_like(c->arch) ||
+                   c->arch == KVLM_ARCH_PHI3 ||
                    c->arch == KVLM_ARCH_OLMO2;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_GRANITE && (hrc = granite_keys(m, arch, err))) return hrc;
@@ -494,7 +507,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (c->arch == KVLM_ARCH_DEEPSEEK2) return model_deepseek2_layers(m, err);
-    bool bias = c->arch == KVLM_ARCH_QWEN2, phi3 = c->arch == KVLM_ARCH_PHI3;
+    bool bias = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE, phi3 = c->arch == KVLM_ARCH_PHI3;
     bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3, olmo2 = c->arch == KVLM_ARCH_OLMO2;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
@@ -547,6 +560,13 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
                                              c->n_expert, err)))
                     return rc;
             }
+            if (c->arch == KVLM_ARCH_QWEN2MOE) { /* the shared expert and its gate */
+                int64_t sf = c->expert_shared_ff;
+                TAKE(ffn_gate_inp_shexp, "ffn_gate_inp_shexp.weight", c->dim, 0, false);
+                TAKE(gate_shexp, "ffn_gate_shexp.weight", c->dim, sf, false);
+                TAKE(up_shexp, "ffn_up_shexp.weight", c->dim, sf, false);
+                TAKE(down_shexp, "ffn_down_shexp.weight", sf, c->dim, false);
+            }
         } else {
             TAKE(w_gate, "ffn_gate.weight", c->dim, c->hidden_dim, false);
             TAKE(w_up, "ffn_up.weight", c->dim, c->hidden_dim, false);
@@ -585,6 +605,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN2: return "qwen2";
     case KVLM_ARCH_QWEN3: return "qwen3";
     case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
+    case KVLM_ARCH_QWEN2MOE: return "qwen2moe";
     case KVLM_ARCH_SMOLLM3: return "smollm3";
     case KVLM_ARCH_GRANITE: return "granite";
     case KVLM_ARCH_OLMO2: return "olmo2";

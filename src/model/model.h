@@ -31,6 +31,7 @@ typedef struct {
      * model_tensor_rows), the shared experts, V3's selection bias. */
     model_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wkv_b;
     model_tensor ffn_gate_inp, gate_exps, up_exps, down_exps, gate_shexp, up_shexp, down_shexp, exp_probs_b;
+    model_tensor ffn_gate_inp_shexp; /* qwen2moe: dim weights; sigmoid(x . w) scales the shared expert */
     /* deepseek2 files of llama.cpp's MLA conversion: attn_kv_b split per
      * head into W_UK^T (kv_lora rows of nope) and W_UV (v rows of kv_lora),
      * stacked over the heads; used when wkv_b is absent */

@@ -143,6 +143,7 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.ffn_up_exps.weight", l, L->up_exps);
         ADD("blk.%d.ffn_down_exps.weight", l, L->down_exps);
         for (int i = first; i < n; i++) out[i].n_expert = m->cfg.n_expert;
+        ADD("blk.%d.ffn_gate_inp_shexp.weight", l, L->ffn_gate_inp_shexp);
         ADD("blk.%d.ffn_gate_shexp.weight", l, L->gate_shexp);
         ADD("blk.%d.ffn_up_shexp.weight", l, L->up_shexp);
         ADD("blk.%d.ffn_down_shexp.weight", l, L->down_shexp);
@@ -229,8 +230,10 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     if (c->n_expert && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's (llama) and qwen3moe's keys */
         gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
         gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
-        if (c->arch == KVLM_ARCH_QWEN3MOE)
+        if (c->arch == KVLM_ARCH_QWEN3MOE || c->arch == KVLM_ARCH_QWEN2MOE)
             gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ff);
+        if (c->arch == KVLM_ARCH_QWEN2MOE)
+            gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)c->expert_shared_ff);
     }
     gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
     gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_base);
@@ -421,13 +424,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
                                 "and at most the head dimension (%d)", p->rope_dim, c.head_dim);
         c.rope_dim = p->rope_dim;
     }
-    if (c.arch == KVLM_ARCH_QWEN3MOE || (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
+    if (c.arch == KVLM_ARCH_QWEN3MOE || c.arch == KVLM_ARCH_QWEN2MOE || (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
         /* experts in every layer (model.c moe_hparams): Mixtral's are the FFN's width, qwen3moe's their own */
         c.n_expert = p->n_expert > 0 ? p->n_expert : 4;
         c.n_expert_used = p->n_expert_used > 0 ? p->n_expert_used : 2;
         c.expert_ff = c.arch == KVLM_ARCH_LLAMA ? c.hidden_dim
                       : p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
         model_moe_topk_routing(&c);
+        if (c.arch == KVLM_ARCH_QWEN2MOE) /* not renormalised; a shared expert as wide as the FFN */
+            c.expert_weights_norm = false, c.expert_shared_ff = c.hidden_dim;
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
@@ -600,7 +605,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->wv, c.dim, kv_dim, 0);
         }
         MAKE(L->wo, q_dim, c.dim, 0);
-        if (c.arch == KVLM_ARCH_QWEN2) {
+        if (c.arch == KVLM_ARCH_QWEN2 || c.arch == KVLM_ARCH_QWEN2MOE) {
             MAKE(L->bq, q_dim, 1, 2);
             MAKE(L->bk, kv_dim, 1, 2);
             MAKE(L->bv, kv_dim, 1, 2);
@@ -617,6 +622,12 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->gate_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->up_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->down_exps, c.expert_ff, (int64_t)c.dim * c.n_expert, 0);
+            if (c.arch == KVLM_ARCH_QWEN2MOE) {
+                MAKE(L->ffn_gate_inp_shexp, c.dim, 1, 0);
+                MAKE(L->gate_shexp, c.dim, c.expert_shared_ff, 0);
+                MAKE(L->up_shexp, c.dim, c.expert_shared_ff, 0);
+                MAKE(L->down_shexp, c.expert_shared_ff, c.dim, 0);
+            }
         } else { /* this order keeps the random stream of earlier versions */
             MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
             MAKE(L->w_down, c.hidden_dim, c.dim, 0);
