@@ -149,7 +149,7 @@ def export_weights(meta, tensors, out, fam, args):
     head_dim = g("attention.key_length", dim // n_head)
     items = []
     rot = fam in ("llama", "mistral", "mixtral", "smollm3", "granite")
-    moe = fam in ("mixtral", "qwen3_moe")
+    moe = fam in ("mixtral", "qwen3_moe", "qwen2_moe")
     gemma = fam in ("gemma2", "gemma3_text")
 
     def put(hf, gg, perm_heads=0, expert=None):
@@ -208,6 +208,12 @@ def export_weights(meta, tensors, out, fam, args):
                 put(ep + ("w1" if mx else "gate_proj") + ".weight", b + "ffn_gate_exps.weight", expert=e)
                 put(ep + ("w3" if mx else "up_proj") + ".weight", b + "ffn_up_exps.weight", expert=e)
                 put(ep + ("w2" if mx else "down_proj") + ".weight", b + "ffn_down_exps.weight", expert=e)
+            if fam == "qwen2_moe":  # the shared expert and its gate (a 1 x hidden Linear)
+                for hn, gn in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+                    put(pre + "shared_expert.%s.weight" % hn, b + "ffn_%s_shexp.weight" % gn)
+                a, t = tensors[b + "ffn_gate_inp_shexp.weight"]
+                arr, dt = f32_to(to_f32(a, t), args.norm_dtype)  # a vector, as the norms: --norm-dtype
+                items.append((pre + "shared_expert_gate.weight", arr.reshape(1, -1), dt))
         else:
             put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
         if fam in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"):
@@ -218,7 +224,7 @@ def export_weights(meta, tensors, out, fam, args):
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM", "mixtral": "MixtralForCausalLM",
-                           "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                           "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
         "hidden_size": dim,
@@ -267,6 +273,15 @@ def export_weights(meta, tensors, out, fam, args):
     if fam == "mixtral":
         cfg["num_local_experts"] = g("expert_count")
         cfg["num_experts_per_tok"] = g("expert_used_count")
+    if fam == "qwen2_moe":  # Qwen2MoeConfig: experts in every layer, not renormalised, a gated shared expert
+        cfg["num_experts"] = g("expert_count")
+        cfg["num_experts_per_tok"] = g("expert_used_count")
+        cfg["moe_intermediate_size"] = g("expert_feed_forward_length")
+        cfg["shared_expert_intermediate_size"] = g("expert_shared_feed_forward_length")
+        cfg["norm_topk_prob"] = False
+        cfg["decoder_sparse_step"] = 1
+        cfg["mlp_only_layers"] = []
+        cfg["use_sliding_window"] = False
     if fam == "qwen3_moe":  # Qwen3MoeConfig: experts in every layer, renormalised
         cfg["num_experts"] = g("expert_count")
         cfg["num_experts_per_tok"] = g("expert_used_count")

@@ -164,10 +164,10 @@ if $export "$tmp/lr.gguf" "$tmp/lr" --family phi3 && grep -q '"type": "longrope"
 else fail "longrope (phi3): export"; fi
 
 # ---- mixtures of experts: Mixtral (block_sparse_moe, llama's rows; experts as wide as the FFN, 96) and
-# Qwen3-MoE (mlp.experts, 48 wide), one tensor per expert in the directory, stacked at load: the GGUF's
-# logits, and convert writes the stacks back
+# Qwen3-MoE and Qwen2-MoE (mlp.experts, 48 wide; Qwen2-MoE's gated shared expert too), one tensor per
+# expert in the directory, stacked at load: the GGUF's logits, and convert writes the stacks back
 moeids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8"
-for spec in llama:mixtral qwen3moe:qwen3_moe; do
+for spec in llama:mixtral qwen3moe:qwen3_moe qwen2moe:qwen2_moe; do
     IFS=: read -r arch fam <<< "$spec"
     "$bin" synth "$tmp/$fam.moe.gguf" --arch "$arch" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
         --experts 4 --experts-used 2 --expert-ff 48 --type f32 --seed 8 > /dev/null
@@ -184,6 +184,12 @@ for spec in llama:mixtral qwen3moe:qwen3_moe; do
 done
 rm -rf "$tmp/q3bad" && cp -r "$tmp/qwen3_moe.moe" "$tmp/q3bad"
 "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['norm_topk_prob'] = False; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/q3bad/config.json"
+# a bf16 shared-expert gate (Qwen2-MoE ships its 1 x hidden gate in bf16): read as f32 weights
+rm -rf "$tmp/q2bf" && $export "$tmp/qwen2_moe.moe.gguf" "$tmp/q2bf" --family qwen2_moe --norm-dtype bf16 &&
+    "$bin" logits -m "$tmp/q2bf" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/q2bf.txt" 2>/dev/null
+e_bf=$("$py" -c "$maxdiff" "$tmp/q2bf.txt" "$tmp/qwen2_moe.moe.gguf.txt")
+if "$py" -c "import sys; sys.exit(0 if 0 < $e_bf < 0.05 else 1)"; then pass "qwen2_moe: bf16 norms and shared-expert gate: within $e_bf of the f32 GGUF"
+else fail "qwen2_moe with bf16 vectors: $e_bf from the GGUF"; fi
 if out=$("$bin" logits -m "$tmp/q3bad" --ids "1 2" 2>&1); then fail "qwen3_moe: norm_topk_prob false loaded"
 elif grep -qF "qwen3_moe with norm_topk_prob false is not supported" <<< "$out"; then pass "qwen3_moe: refused: $(tail -n 1 <<< "$out")"
 else fail "qwen3_moe norm_topk_prob: got '$out'"; fi

@@ -54,6 +54,8 @@ static const hf_family k_families[] = {
     {"granite", KVLM_ARCH_GRANITE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
     /* Mixtral: llama's rows, a mixture of experts in every layer (block_sparse_moe, hf_moe) */
     {"mixtral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    /* Qwen2-MoE: qwen2's attention (biases), experts plus a gated shared expert (hf_moe) */
+    {"qwen2_moe", KVLM_ARCH_QWEN2MOE, "silu", false, true, false, false, false, false, "post_attention_layernorm", false},
     /* Qwen3-MoE: qwen3's attention, experts in every layer (mlp.experts, hf_moe) */
     {"qwen3_moe", KVLM_ARCH_QWEN3MOE, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
     /* OLMo 2: norms after attention and FFN, q_norm / k_norm across all heads; rows as stored (NeoX) */
@@ -350,7 +352,9 @@ static int smollm3_nope(kvlm_config *c, json_t *cfg, const char *path, kvlm_erro
  * decoder_sparse_step 1, no mlp_only_layers; norm_topk_prob true, as
  * llama.cpp's qwen3moe always renormalises); routing as the GGUF loader's. */
 static bool hf_mixtral(const hf_family *f) { return !strcmp(f->model_type, "mixtral"); }
-static bool hf_moe(const hf_family *f) { return hf_mixtral(f) || !strcmp(f->model_type, "qwen3_moe"); }
+static bool hf_moe(const hf_family *f) {
+    return hf_mixtral(f) || !strcmp(f->model_type, "qwen3_moe") || !strcmp(f->model_type, "qwen2_moe");
+}
 
 static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const char *path, kvlm_error *err) {
     int rc, step;
@@ -360,6 +364,7 @@ static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const c
         (rc = cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, c->n_expert, &c->n_expert_used, err)))
         return rc;
     c->expert_ff = c->hidden_dim;
+    bool q2 = fam->arch == KVLM_ARCH_QWEN2MOE;
     if (!mx) {
         json_t *mlp_only = json_object_get(cfg, "mlp_only_layers");
         if ((rc = cfg_int(cfg, path, "moe_intermediate_size", true, 0, 1, 1 << 20, &c->expert_ff, err)) ||
@@ -367,13 +372,18 @@ static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const c
             (rc = cfg_bool(cfg, path, "norm_topk_prob", false, &norm, err)))
             return rc;
         bool dense = mlp_only && !json_is_null(mlp_only) && (!json_is_array(mlp_only) || json_array_size(mlp_only));
-        if (step != 1 || dense || !norm)
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: qwen3_moe with %s is not supported (experts in every "
-                                "layer, their weights renormalised, as llama.cpp's qwen3moe)", path,
+        if (step != 1 || dense || norm == q2)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s with %s is not supported (experts in every layer, "
+                                "their weights %srenormalised, as llama.cpp's %s)", path, fam->model_type,
                                 step != 1 ? "decoder_sparse_step other than 1" : dense ? "mlp_only_layers"
-                                                                               : "norm_topk_prob false");
+                                : q2 ? "norm_topk_prob true" : "norm_topk_prob false", q2 ? "not " : "",
+                                q2 ? "qwen2moe" : "qwen3moe");
+        if (q2 && (rc = cfg_int(cfg, path, "shared_expert_intermediate_size", true, 0, 1, 1 << 20, &c->expert_shared_ff,
+                                err)))
+            return rc;
     }
     model_moe_topk_routing(c);
+    if (q2) c->expert_weights_norm = false;
     return KVLM_OK;
 }
 
@@ -388,7 +398,8 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, mixtral, smollm3, granite, olmo2, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text)", path, type);
+                            "mistral, mixtral, smollm3, granite, olmo2, qwen2, qwen2_moe, qwen3, qwen3_moe, phi3, gemma2, "
+                            "gemma3_text)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
     if (json_object_get(cfg, "quantization_config"))
@@ -671,6 +682,18 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
                 (rc = stack_experts(m, &L->up_exps, u, l, c->dim, c->expert_ff, err)) ||
                 (rc = stack_experts(m, &L->down_exps, d, l, c->expert_ff, c->dim, err)))
                 return rc;
+            if (fam->arch == KVLM_ARCH_QWEN2MOE) { /* the shared expert; its gate a 1 x dim matrix, read as dim weights */
+                int64_t sf = c->expert_shared_ff;
+                TAKE(gate_shexp, "mlp.shared_expert.gate_proj.weight", c->dim, sf, false, 0);
+                TAKE(up_shexp, "mlp.shared_expert.up_proj.weight", c->dim, sf, false, 0);
+                TAKE(down_shexp, "mlp.shared_expert.down_proj.weight", sf, c->dim, false, 0);
+                TAKE(ffn_gate_inp_shexp, "mlp.shared_expert_gate.weight", c->dim, 1, false, 0);
+                float *w = own(m->hf, sizeof(float) * (size_t)c->dim); /* the engine reads f32 weights, as GGUF's */
+                if (!w) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+                dt_dequantize_row(L->ffn_gate_inp_shexp.type, L->ffn_gate_inp_shexp.data, w, c->dim);
+                L->ffn_gate_inp_shexp.data = w;
+                L->ffn_gate_inp_shexp.type = DT_F32;
+            }
         }
         TAKE(wo, "self_attn.o_proj.weight", q_dim, c->dim, false, 0);
         TAKE(bq, "self_attn.q_proj.bias", q_dim, 0, !fam->qkv_bias, 0);
