@@ -273,23 +273,18 @@ def export_weights(meta, tensors, out, fam, args):
     if fam == "mixtral":
         cfg["num_local_experts"] = g("expert_count")
         cfg["num_experts_per_tok"] = g("expert_used_count")
-    if fam == "qwen2_moe":  # Qwen2MoeConfig: experts in every layer, not renormalised, a gated shared expert
+    if fam in ("qwen2_moe", "qwen3_moe"):  # experts in every layer: Qwen3-MoE's renormalised, Qwen2-MoE's not
         cfg["num_experts"] = g("expert_count")
         cfg["num_experts_per_tok"] = g("expert_used_count")
         cfg["moe_intermediate_size"] = g("expert_feed_forward_length")
-        cfg["shared_expert_intermediate_size"] = g("expert_shared_feed_forward_length")
-        cfg["norm_topk_prob"] = False
+        cfg["norm_topk_prob"] = fam == "qwen3_moe"
         cfg["decoder_sparse_step"] = 1
         cfg["mlp_only_layers"] = []
-        cfg["use_sliding_window"] = False
-    if fam == "qwen3_moe":  # Qwen3MoeConfig: experts in every layer, renormalised
-        cfg["num_experts"] = g("expert_count")
-        cfg["num_experts_per_tok"] = g("expert_used_count")
-        cfg["moe_intermediate_size"] = g("expert_feed_forward_length")
-        cfg["norm_topk_prob"] = True
-        cfg["decoder_sparse_step"] = 1
-        cfg["mlp_only_layers"] = []
-        cfg["head_dim"] = head_dim
+        if fam == "qwen2_moe":  # and its gated shared expert
+            cfg["shared_expert_intermediate_size"] = g("expert_shared_feed_forward_length")
+            cfg["use_sliding_window"] = False
+        else:
+            cfg["head_dim"] = head_dim
     if fam == "qwen3":  # Qwen3Config writes these
         cfg["head_dim"] = head_dim
         cfg["attention_bias"] = False

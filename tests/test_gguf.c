@@ -822,23 +822,41 @@ static void test_real_files(void **state) {
 /* ---- model files: nonsense rejected with one clear error ---- */
 
 enum { MUT_NONE, MUT_DROP_BLOCK1, MUT_EXTRA_BLOCK, MUT_FREQS_ZERO, MUT_FREQS_SHORT, MUT_FREQS_OK };
-/* A valid 2-block synthetic llama rewritten with keys overridden by set (set
- * first: copy_kv keeps what is already set) and its blocks' tensors altered;
- * returns the load's code (the model freed), err filled. */
+/* The model sp describes, written and opened, and a writer holding set's
+ * keys, then the file's (set first: copy_kv keeps what is already set); the
+ * caller adds the tensors, then rewrite_load. */
+static gguf_file *rewrite_begin(const kvlm_synth_params *sp, void (*set)(gguf_writer *), gguf_writer **w,
+                                kvlm_error *err) {
+    char src[512];
+    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
+    assert_int_equal(kvlm_model_synth(sp, src, err), KVLM_OK);
+    gguf_file *f = gguf_open(src, err);
+    assert_non_null(f);
+    *w = gguf_writer_create();
+    if (set) set(*w);
+    gguf_writer_copy_kv(*w, f, "");
+    return f;
+}
+/* Writes w, closes both, loads the result: the model, or NULL with err filled. */
+static kvlm_model *rewrite_load(gguf_writer *w, gguf_file *f, kvlm_error *err) {
+    const char *path = tu_tmp_path(".gguf");
+    assert_int_equal(gguf_writer_write(w, path, err), KVLM_OK);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return kvlm_model_load(path, NULL, err);
+}
+
+/* A valid 2-block synthetic model of arch rewritten with keys overridden by
+ * set and its blocks' tensors altered; returns the load's code (the model
+ * freed), err filled. */
 static int load_mutated_arch(kvlm_arch arch, void (*set)(gguf_writer *), int mut, kvlm_error *err) {
     kvlm_synth_params sp = {0};
     sp.arch = arch;
     sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 2; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
     sp.type = kvlm_type_from_name("f32");
-    char src[512];
-    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
-    assert_int_equal(kvlm_model_synth(&sp, src, err), KVLM_OK);
-    gguf_file *f = gguf_open(src, err);
-    assert_non_null(f);
-    gguf_writer *w = gguf_writer_create();
+    gguf_writer *w;
+    gguf_file *f = rewrite_begin(&sp, set, &w, err);
     float ff[4] = {1, 2, 4, 4}; /* the writer keeps the pointer until it writes */
-    if (set) set(w);
-    gguf_writer_copy_kv(w, f, "");
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
         if (mut == MUT_DROP_BLOCK1 && !strncmp(t->cname, "blk.1.", 6)) continue;
@@ -852,11 +870,7 @@ static int load_mutated_arch(kvlm_arch arch, void (*set)(gguf_writer *), int mut
             assert_int_equal(gguf_writer_add_tensor(w, "blk.7.attn_norm.weight", t->type, t->n_dims, t->ne, t->data, err),
                              KVLM_OK);
     }
-    const char *path = tu_tmp_path(".gguf");
-    assert_int_equal(gguf_writer_write(w, path, err), KVLM_OK);
-    gguf_writer_free(w);
-    gguf_close(f);
-    kvlm_model *m = kvlm_model_load(path, NULL, err);
+    kvlm_model *m = rewrite_load(w, f, err);
     if (!m) return err->code;
     kvlm_model_free(m);
     return KVLM_OK;
@@ -946,15 +960,9 @@ static int load_longrope(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
     sp.dim = 32; sp.hidden_dim = 64; sp.n_layers = 1; sp.n_heads = 4; sp.vocab_size = 64; sp.n_ctx = 64;
     sp.type = kvlm_type_from_name("f32");
     sp.longrope = 2;
-    char src[512];
-    snprintf(src, sizeof src, "%s", tu_tmp_path(".gguf"));
-    assert_int_equal(kvlm_model_synth(&sp, src, err), KVLM_OK);
-    gguf_file *f = gguf_open(src, err);
-    assert_non_null(f);
-    gguf_writer *w = gguf_writer_create();
+    gguf_writer *w;
+    gguf_file *f = rewrite_begin(&sp, set, &w, err);
     float ff[4] = {1, 1.5f, 2, 0}; /* the writer keeps the pointer until it writes */
-    if (set) set(w);
-    gguf_writer_copy_kv(w, f, "");
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
         const void *data = t->data;
@@ -966,11 +974,7 @@ static int load_longrope(void (*set)(gguf_writer *), int mut, kvlm_error *err) {
         if (!strcmp(t->cname, "rope_factors_long.weight") && mut == LR_ZERO_LONG) data = ff;
         assert_int_equal(gguf_writer_add_tensor(w, t->cname, t->type, t->n_dims, ne, data, err), KVLM_OK);
     }
-    const char *path = tu_tmp_path(".gguf");
-    assert_int_equal(gguf_writer_write(w, path, err), KVLM_OK);
-    gguf_writer_free(w);
-    gguf_close(f);
-    kvlm_model *m = kvlm_model_load(path, NULL, err);
+    kvlm_model *m = rewrite_load(w, f, err);
     if (!m) return err->code;
     const kvlm_config *c = kvlm_model_config(m);
     assert_non_null(c->rope_freqs);

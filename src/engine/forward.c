@@ -1060,21 +1060,12 @@ static void residual_norm(kvlm_ctx *ctx, int t, bool add, float *dst, const floa
     const kvlm_config *c = &ctx->model->cfg;
     float *x = ctx->x + (size_t)t * c->dim;
     float *xb = ctx->xb + (size_t)t * c->dim;
-    if (!w && add) { /* olmo2: no norm before the next product, the residual as it is */
-        if (post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
-        op_backend_cpu()->add(x, xb, c->dim);
-        memcpy(dst, x, (size_t)c->dim * sizeof(float));
-        return;
-    }
-    if (!w) {
-        memcpy(dst, x, (size_t)c->dim * sizeof(float));
-        return;
-    }
     if (add && post) op_backend_cpu()->rmsnorm(xb, xb, post, c->dim, c->norm_eps);
     if (add && c->residual_mult > 0) /* granite: the branch's output scaled before it joins */
         for (int i = 0; i < c->dim; i++) xb[i] *= c->residual_mult;
     if (add) op_backend_cpu()->add(x, xb, c->dim);
-    op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
+    if (w) op_backend_cpu()->rmsnorm(dst, x, w, c->dim, c->norm_eps);
+    else memcpy(dst, x, (size_t)c->dim * sizeof(float)); /* olmo2: no norm before the next product */
 }
 
 /* Layer 0's input row t: the token's embedding, its position's RoPE cos/sin

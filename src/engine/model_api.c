@@ -182,7 +182,7 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
         snprintf(buf + len, cap - len, ", norms after attention and FFN, q and k normed across their heads");
     len = strlen(buf);
     if (c->no_rope_period > 0 && len < cap)
-        snprintf(buf + len, cap - len, ", no RoPE in every %s layer", c->no_rope_period == 4 ? "fourth" : "n-th");
+        snprintf(buf + len, cap - len, ", no RoPE in one layer of every %d", c->no_rope_period);
     len = strlen(buf);
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && c->n_expert > 0 && len < cap)
         snprintf(buf + len, cap - len, ", experts %d of %d (%d wide)", c->n_expert_used, c->n_expert, c->expert_ff);

@@ -37,7 +37,6 @@ engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err)
     e->m = m;
     e->n_batch = n_batch;
     size_t T = (size_t)n_batch, E = (size_t)c->n_expert, K = (size_t)c->n_expert_used;
-    size_t R = T > K ? T : K; /* rows of the expert scratch: a chunk's, or one token's K experts */
     size_t F = (size_t)c->expert_ff * (c->n_expert_shared > 1 ? (size_t)c->n_expert_shared : 1);
     if ((size_t)c->expert_shared_ff > F) F = (size_t)c->expert_shared_ff; /* qwen2moe's shared expert */
     e->logits = malloc(T * E * sizeof(float));
@@ -45,9 +44,9 @@ engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err)
     e->idx = malloc(T * K * sizeof(int));
     e->rows = malloc(T * sizeof(int));
     e->xe = malloc(T * c->dim * sizeof(float));
-    e->ge = malloc(R * F * sizeof(float));
-    e->ue = malloc(R * F * sizeof(float));
-    e->ye = malloc(R * c->dim * sizeof(float));
+    e->ge = malloc(T * F * sizeof(float));
+    e->ue = malloc(T * F * sizeof(float));
+    e->ye = malloc(T * c->dim * sizeof(float));
     size_t w = 0;
     for (int l = c->n_dense_lead; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -86,12 +85,6 @@ static void matmul(engine_moe *e, util_pool *pool, float *y, const float *x, con
     op_backend_cpu()->matmul_n(pool, x, T, (int)w->n_in, &o, 1, e->mm_work);
 }
 
-/* n products of the same T input rows, OP_MM_MAX_OUTS to a pass of the threads
- * (one quantization of the input, one dispatch, per pass). */
-static void matmul_outs(engine_moe *e, util_pool *pool, const float *x, int T, int n_in, const op_mm_out *o, int n) {
-    for (int i = 0; i < n; i += OP_MM_MAX_OUTS)
-        op_backend_cpu()->matmul_n(pool, x, T, n_in, o + i, n - i < OP_MM_MAX_OUTS ? n - i : OP_MM_MAX_OUTS, e->mm_work);
-}
 
 void engine_moe_route(const kvlm_config *c, const float *logits, const float *bias, int *idx, float *w) {
     int E = c->n_expert, K = c->n_expert_used;
@@ -130,30 +123,9 @@ static void ffn(engine_moe *e, util_pool *pool, const model_tensor *g, const mod
                 const float *xe, int n) {
     int F = (int)g->n_out;
     const op_mm_out gu[2] = {mm_of(e->ge, g), mm_of(e->ue, u)};
-    matmul_outs(e, pool, xe, n, (int)g->n_in, gu, 2);
+    op_backend_cpu()->matmul_n(pool, xe, n, (int)g->n_in, gu, 2, e->mm_work);
     for (int r = 0; r < n; r++) op_backend_cpu()->swiglu(e->ge + (size_t)r * F, e->ue + (size_t)r * F, F);
     matmul(e, pool, e->ye, e->ge, d, n);
-}
-
-/* One token (decode): its K experts' gate and up products share the input
- * row, so they go together (K = 4: two passes instead of eight). */
-static void experts_one(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x) {
-    const kvlm_config *c = &e->m->cfg;
-    int D = c->dim, K = c->n_expert_used, F = c->expert_ff;
-    op_mm_out o[2 * ENGINE_MOE_MAX_USED];
-    for (int k = 0; k < K; k++) {
-        model_tensor g = expert_rows(&L->gate_exps, (int64_t)e->idx[k] * F, F);
-        model_tensor u = expert_rows(&L->up_exps, (int64_t)e->idx[k] * F, F);
-        o[2 * k] = mm_of(e->ge + (size_t)k * F, &g);
-        o[2 * k + 1] = mm_of(e->ue + (size_t)k * F, &u);
-    }
-    matmul_outs(e, pool, xn, 1, D, o, 2 * K);
-    for (int k = 0; k < K; k++) {
-        op_backend_cpu()->swiglu(e->ge + (size_t)k * F, e->ue + (size_t)k * F, F);
-        model_tensor d = expert_rows(&L->down_exps, (int64_t)e->idx[k] * D, D);
-        matmul(e, pool, e->ye, e->ge + (size_t)k * F, &d, 1);
-        for (int i = 0; i < D; i++) x[i] += e->w[k] * e->ye[i];
-    }
 }
 
 void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x, int T) {
@@ -163,7 +135,7 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
     for (int t = 0; t < T; t++)
         engine_moe_route(c, e->logits + (size_t)t * E, L->exp_probs_b.data, e->idx + (size_t)t * K,
                          e->w + (size_t)t * K);
-    for (int ex = 0; ex < E && T > 1; ex++) {
+    for (int ex = 0; ex < E; ex++) {
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
@@ -182,16 +154,6 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
             for (int i = 0; i < D; i++) dst[i] += wt * y[i];
         }
     }
-    if (T == 1 && K <= ENGINE_MOE_MAX_USED) experts_one(e, pool, L, xn, x);
-    else if (T == 1) /* more experts a token than experts_one holds: one at a time */
-        for (int k = 0; k < K; k++) {
-            int ex = e->idx[k];
-            model_tensor g = expert_rows(&L->gate_exps, (int64_t)ex * F, F);
-            model_tensor u = expert_rows(&L->up_exps, (int64_t)ex * F, F);
-            model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
-            ffn(e, pool, &g, &u, &d, xn, 1);
-            for (int i = 0; i < D; i++) x[i] += e->w[k] * e->ye[i];
-        }
     if (L->gate_shexp.data) {
         ffn(e, pool, &L->gate_shexp, &L->up_shexp, &L->down_shexp, xn, T);
         const float *gw = L->ffn_gate_inp_shexp.data; /* qwen2moe: sigmoid(xn . gw) scales the shared expert */

@@ -9,8 +9,6 @@ typedef struct engine_moe engine_moe;
 
 /* The most experts a layer may have (DeepSeek-V3: 256); loading refuses more. */
 #define ENGINE_MOE_MAX_EXPERTS 1024
-/* Experts a token uses that decode runs in one batch of products (more: one by one). */
-#define ENGINE_MOE_MAX_USED 16
 
 engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err);
 void engine_moe_free(engine_moe *e);

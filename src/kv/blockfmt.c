@@ -138,6 +138,18 @@ static void hash_tensor(XXH3_state_t *st, const model_tensor *t, const char *fal
     }
 }
 
+/* A tag, then n 4-byte values (floats by their bits), little-endian. */
+static void mix_words(XXH3_state_t *st, const char *tag, const void *words, int n) {
+    XXH3_128bits_update(st, tag, strlen(tag));
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        uint8_t b[4];
+        memcpy(&u, (const uint8_t *)words + 4 * (size_t)i, 4);
+        put32(b, u);
+        XXH3_128bits_update(st, b, 4);
+    }
+}
+
 void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, kv_key *out) {
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
@@ -185,30 +197,11 @@ void kv_model_fingerprint(const struct kvlm_model *m, const float *rope_freqs, k
     hash_tensor(&st, &m->output_norm, "output_norm");
     hash_tensor(&st, &m->output, "output");
     if (c->embed_mult > 0 || c->residual_mult > 0) { /* granite's multipliers change every key and value */
-        uint8_t b[8];
-        uint32_t e, r;
-        memcpy(&e, &c->embed_mult, 4);
-        memcpy(&r, &c->residual_mult, 4);
-        put32(b, e);
-        put32(b + 4, r);
-        XXH3_128bits_update(&st, "multipliers", 11);
-        XXH3_128bits_update(&st, b, 8);
+        const float mult[2] = {c->embed_mult, c->residual_mult};
+        mix_words(&st, "multipliers", mult, 2);
     }
-    if (c->no_rope_period > 0) { /* smollm3's layers without RoPE (other models: unchanged) */
-        uint8_t b[4];
-        put32(b, (uint32_t)c->no_rope_period);
-        XXH3_128bits_update(&st, "no-rope", 7);
-        XXH3_128bits_update(&st, b, 4);
-    }
-    if (rope_freqs) { /* the keys' rotation (models without scaled RoPE: unchanged) */
-        XXH3_128bits_update(&st, "rope-freqs", 10);
-        for (int i = 0; i < c->rope_dim / 2; i++) {
-            uint32_t u;
-            uint8_t b[4];
-            memcpy(&u, &rope_freqs[i], 4);
-            put32(b, u);
-            XXH3_128bits_update(&st, b, 4);
-        }
-    }
+    if (c->no_rope_period > 0) mix_words(&st, "no-rope", &c->no_rope_period, 1); /* smollm3's layers without RoPE */
+    if (rope_freqs) mix_words(&st, "rope-freqs", rope_freqs, c->rope_dim / 2); /* the keys' rotation */
+    /* (models without these keep the fingerprint they had) */
     key_from_hash(XXH3_128bits_digest(&st), out);
 }

@@ -383,7 +383,6 @@ static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const c
             return rc;
     }
     model_moe_topk_routing(c);
-    if (q2) c->expert_weights_norm = false;
     return KVLM_OK;
 }
 

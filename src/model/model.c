@@ -276,9 +276,6 @@ static int longrope_keys(struct kvlm_model *m, const char *arch, kvlm_error *err
         return util_err_set(err, KVLM_EFORMAT, "%s: LongRoPE needs both rope_factors_long.weight and "
                             "rope_factors_short.weight (only %s is present)", m->path,
                             lg ? "rope_factors_long.weight" : "rope_factors_short.weight");
-    if (c->rope_linear > 0 || c->yarn_factor > 0)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: LongRoPE factors beside %s RoPE scaling", m->path,
-                            c->rope_linear > 0 ? "linear" : "YaRN");
     int64_t orig = c->n_ctx_train;
     bool found = false;
     double af = 1.0;
@@ -362,8 +359,7 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
         c->expert_ff = (int)v;
     }
     model_moe_topk_routing(c);
-    if (q2) { /* the top experts' probabilities as they are, and a gated shared expert */
-        c->expert_weights_norm = false;
+    if (q2) { /* a gated shared expert */
         if ((rc = hp_int(m, arch, "expert_shared_feed_forward_length", &v, &found, err))) return rc;
         if (found && (v < 1 || v > (1 << 20)))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_shared_feed_forward_length is out of range",
@@ -377,7 +373,7 @@ void model_moe_topk_routing(kvlm_config *c) {
     c->n_expert_shared = 0;
     c->n_dense_lead = 0;
     c->expert_gating = 1;
-    c->expert_weights_norm = true;
+    c->expert_weights_norm = c->arch != KVLM_ARCH_QWEN2MOE; /* qwen2moe: the probabilities as they are */
     c->expert_weights_scale = 1.0f;
 }
 
@@ -458,8 +454,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE || model_qwen3_like(c->arch) ||
-                   c->arch == KVLM_ARCH_PHI3 ||
-                   c->arch == KVLM_ARCH_OLMO2;
+                   c->arch == KVLM_ARCH_PHI3 || c->arch == KVLM_ARCH_OLMO2;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_GRANITE && (hrc = granite_keys(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_OLMO2) { /* OLMo 3's sliding windows come under this name too: not read */
@@ -471,8 +466,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     }
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
-    if (c->arch == KVLM_ARCH_PHI3 && (hrc = longrope_keys(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_PHI3) {
+        if ((hrc = longrope_keys(m, arch, err))) return hrc;
         /* phi3.attention.sliding_window (2047 in Phi-3-mini-4k) is read and
          * ignored, as llama.cpp does (its converters do not describe which
          * layers use it): attention is full-context. It must still be an integer. */
@@ -576,13 +571,9 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
             TAKE(post_attn_norm, "post_attention_norm.weight", c->dim, 0, false);
             TAKE(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, false);
         }
-        if (olmo2) { /* across all heads */
-            TAKE(q_norm, "attn_q_norm.weight", q_dim, 0, false);
-            TAKE(k_norm, "attn_k_norm.weight", kv_dim, 0, false);
-        }
-        if (c->arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c->arch)) {
-            TAKE(q_norm, "attn_q_norm.weight", c->head_dim, 0, false);
-            TAKE(k_norm, "attn_k_norm.weight", c->head_dim, 0, false);
+        if (olmo2 || c->arch == KVLM_ARCH_GEMMA3 || model_qwen3_like(c->arch)) { /* one head's (olmo2: all heads') */
+            TAKE(q_norm, "attn_q_norm.weight", c->qk_norm_full ? q_dim : c->head_dim, 0, false);
+            TAKE(k_norm, "attn_k_norm.weight", c->qk_norm_full ? kv_dim : c->head_dim, 0, false);
         }
         model_layer_swa(c, L, l);
 #undef TAKE
@@ -826,7 +817,7 @@ int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
     m->cfg.rope_freqs = m->cfg.rope_freqs_short = NULL;
     if (m->rope_long.data) { /* LongRoPE: the two sets as they are, and nothing else */
         if (f || lin > 0)
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: LongRoPE factors beside other RoPE scaling (%s)", m->path,
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: LongRoPE factors beside %s RoPE scaling", m->path,
                                 f ? "rope_freqs.weight" : yarn ? "YaRN" : "linear");
         if ((rc = check_factors(m, "rope_factors_long.weight", m->rope_long.data, n, err)) ||
             (rc = check_factors(m, "rope_factors_short.weight", m->rope_short.data, n, err)))

@@ -92,8 +92,9 @@ float model_yarn_mscale2(const kvlm_config *c);
 /* Whether an architecture takes YaRN as per-pair factors (llama, qwen2, qwen3;
  * deepseek2 has its own). */
 bool model_yarn_arch(int arch);
-/* Mixtral's and qwen3moe's routing: a softmax over every expert, the top
- * n_expert_used renormalised, no shared experts, experts in every layer. */
+/* Mixtral's, qwen3moe's and qwen2moe's routing (c->arch set): a softmax over
+ * every expert, the top n_expert_used renormalised (qwen2moe: not), no
+ * shared experts counted, experts in every layer. */
 void model_moe_topk_routing(kvlm_config *c);
 /* qwen3 and qwen3moe: per-head q/k norms, NeoX RoPE, no biases. */
 bool model_qwen3_like(int arch);

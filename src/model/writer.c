@@ -431,8 +431,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.expert_ff = c.arch == KVLM_ARCH_LLAMA ? c.hidden_dim
                       : p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
         model_moe_topk_routing(&c);
-        if (c.arch == KVLM_ARCH_QWEN2MOE) /* not renormalised; a shared expert as wide as the FFN */
-            c.expert_weights_norm = false, c.expert_shared_ff = c.hidden_dim;
+        if (c.arch == KVLM_ARCH_QWEN2MOE) c.expert_shared_ff = c.hidden_dim; /* a shared expert as wide as the FFN */
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
