@@ -722,7 +722,17 @@ static void test_kill9(void **state) {
 /* each sharer's loop count, in memory both children share: a process looks
  * for the other's blocks near where the other is (a loaded machine can run
  * one far ahead of the other) */
+/* shared by the two processes: [0..1] each one's latest put, [2..3] its
+ * latest put known to be on disk, [4..5] started, [6..7] has seen the
+ * other's blocks */
 static volatile uint32_t *g_progress;
+
+static double wait_for_other(int id, double limit_s) {
+    g_progress[4 + id] = 1;
+    double t0 = util_now_s();
+    while (!g_progress[4 + (1 - id)] && util_now_s() < t0 + limit_s) usleep(1000);
+    return util_now_s();
+}
 
 static void child_sharer(const char *dir, int id, double seconds) {
     kvlm_error err = {0};
@@ -733,17 +743,32 @@ static void child_sharer(const char *dir, int id, double seconds) {
     size_t lens[8];
     for (int j = 0; j < 8; j++) bufs[j] = mem + j * 16384;
     long other_hits = 0, bad = 0;
-    /* at least `seconds`, and on until the other process's blocks were seen
-     * (a loaded machine can start one process long after the other) */
-    double end = util_now_s() + seconds;
-    for (uint32_t i = 0; util_now_s() < end || (other_hits == 0 && util_now_s() < end + 20); i++) {
+    /* Both race for `seconds` from the moment both have started (a loaded
+     * machine can start one long after the other). Then, until both have
+     * seen the other's blocks (20 s at most), each waits for its writes to
+     * be on disk before it says how far it got, so that a writer thread
+     * starved of CPU (its queue dropping most puts) cannot hide every
+     * block from the other. */
+    double end = wait_for_other(id, 20) + seconds;
+    for (uint32_t i = 0;; i++) {
+        double now = util_now_s();
+        bool both_hit = g_progress[6] && g_progress[7];
+        if (now >= end && (both_hit || now >= end + 20)) break;
+        bool settle = now >= end;
         kv_key k = key_of(200 + (uint32_t)id, i), sh = key_of(300, i % 64);
         put_blob(t, &k, blob_len(&k, 16384));
         put_blob(t, &sh, blob_len(&sh, 16384));
         kv_key ks[8];
         g_progress[id] = i;
-        uint32_t other = g_progress[1 - id];
-        uint32_t from = other > 100 ? other - 100 + (uint32_t)(rand() % 100) : other > 8 ? (uint32_t)rand() % (other - 7) : 0;
+        if (settle) {
+            kv_tier_flush(t);
+            g_progress[2 + id] = i;
+        }
+        uint32_t other = g_progress[settle ? 3 - id : 1 - id];
+        uint32_t from = settle ? (other > 5 ? other - 5 : 0)
+                        : other > 100 ? other - 100 + (uint32_t)(rand() % 100)
+                        : other > 8   ? (uint32_t)rand() % (other - 7)
+                                      : 0;
         for (int j = 0; j < 8; j++) ks[j] = j < 6 ? key_of(200 + (uint32_t)(1 - id), from + (uint32_t)j) : key_of(300, (i + (uint32_t)j) % 64);
         kv_tier_get(t, 8, ks, bufs, 16384, lens);
         for (int j = 0; j < 8; j++) {
@@ -751,6 +776,7 @@ static void child_sharer(const char *dir, int id, double seconds) {
             if (!blob_ok(&ks[j], bufs[j], lens[j], blob_len(&ks[j], 16384))) bad++;
             if (j < 6) other_hits++;
         }
+        if (other_hits) g_progress[6 + id] = 1;
         if (i % 16 == 0) kv_tier_drop(t, &ks[7]);
         if (i % 64 == 0) usleep(1000); /* let the writer keep up now and then */
     }
