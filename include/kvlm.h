@@ -42,7 +42,9 @@ const char *kvlm_status_name(int code);
  * their heads before RoPE (NeoX) */
 /* granite (IBM Granite 3): llama's layout with four multipliers: the
  * embeddings, each branch's output before it joins the residual, q.k (the
- * attention scale) and the logits (divided) */
+ * attention scale) and the logits (divided); granitemoe (Granite 3.0/3.1
+ * MoE, and "MoE Shared"): the same with Mixtral's experts in every layer,
+ * plus a shared expert added ungated when the file has one */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
@@ -51,7 +53,8 @@ const char *kvlm_status_name(int code);
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
                KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9,
-               KVLM_ARCH_OLMO2 = 10, KVLM_ARCH_QWEN2MOE = 11 } kvlm_arch;
+               KVLM_ARCH_OLMO2 = 10, KVLM_ARCH_QWEN2MOE = 11,
+               KVLM_ARCH_GRANITEMOE = 12 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;

@@ -215,8 +215,13 @@ synth_check qwen3moe-16x4-tied-f16 1e-4 --arch qwen3moe --dim 128 --heads 4 --kv
 # renormalised, and a shared expert scaled by sigmoid(x . w)
 synth_check qwen2moe-8x2-f32       1e-4 --arch qwen2moe --dim 128 --heads 4 --kv-heads 2 --hidden 192 --experts 8 --experts-used 2 --expert-ff 64 --type f32 --seed 95 "${common[@]}"
 synth_check qwen2moe-4x2-tied-f16  1e-4 --arch qwen2moe --dim 128 --heads 8 --kv-heads 8 --hidden 128 --experts 4 --experts-used 2 --expert-ff 32 --tied --type f16 --seed 96 --layers 3 --vocab 300 --ctx 64
+# granitemoe: granite's four multipliers (the experts' sum scaled as a branch)
+# around Mixtral's experts, and Granite MoE Shared's shared expert (two
+# experts wide here), added ungated
+synth_check granitemoe-4x2-gqa42-f32     1e-4 --arch granitemoe --dim 128 --heads 4 --kv-heads 2 --hidden 96 --experts 4 --experts-used 2 --type f32 --seed 97 "${common[@]}"
+synth_check granitemoe-8x2-shared-f16    1e-4 --arch granitemoe --dim 128 --heads 8 --kv-heads 2 --hidden 64 --experts 8 --experts-used 2 --experts-shared 2 --tied --type f16 --seed 98 --layers 3 --vocab 300 --ctx 64
 # convert writes the experts back (3-D, stacked) and their keys: the same logits
-for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32 qwen2moe-8x2-f32; do
+for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32 qwen2moe-8x2-f32 granitemoe-8x2-shared-f16; do
     model="$tmp/$name.gguf"
     [ -f "$model" ] || continue
     if "$bin" convert "$model" "$tmp/back.gguf" > /dev/null 2>&1 &&

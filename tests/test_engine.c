@@ -559,6 +559,7 @@ static void test_cuda_refusals(void **state) {
         {KVLM_ARCH_QWEN3MOE, 4, 0, "a mixture of experts (qwen3moe)"},
         {KVLM_ARCH_LLAMA, 4, 0, "a mixture of experts (llama)"},
         {KVLM_ARCH_QWEN2MOE, 4, 0, "a mixture of experts (qwen2moe)"},
+        {KVLM_ARCH_GRANITEMOE, 4, 0, "granitemoe's multipliers"},
         {KVLM_ARCH_PHI3, 0, 2, "scaled RoPE"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -899,6 +899,9 @@ static void set_experts_no_tensors(gguf_writer *w) {
     gguf_writer_set_u32(w, "llama.expert_used_count", 2);
 }
 static void set_olmo_window(gguf_writer *w) { gguf_writer_set_u32(w, "olmo2.attention.sliding_window", 4096); }
+static void set_granite_nope(gguf_writer *w) { gguf_writer_set_bool(w, "granite.rope.scaling.finetuned", false); }
+static void set_granitemoe_nope(gguf_writer *w) { gguf_writer_set_bool(w, "granitemoe.rope.scaling.finetuned", false); }
+static void set_granitemoe_tuned(gguf_writer *w) { gguf_writer_set_bool(w, "granitemoe.rope.scaling.finetuned", true); }
 static void set_linear_nan(gguf_writer *w) {
     gguf_writer_set_str(w, "llama.rope.scaling.type", "linear");
     gguf_writer_set_f32(w, "llama.rope.scaling.factor", NAN);
@@ -946,6 +949,13 @@ static void test_model_nonsense(void **state) {
     assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_window, MUT_NONE, &err), KVLM_EUNSUPPORTED);
     printf("  olmo2 with a window: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "olmo2.attention.sliding_window = 4096"));
+    /* llama.cpp reads granite's rope.scaling.finetuned = false as "no RoPE": refused, not rotated */
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITEMOE, NULL, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITEMOE, set_granitemoe_tuned, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITEMOE, set_granitemoe_nope, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "granitemoe.rope.scaling.finetuned = false"));
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITE, set_granite_nope, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  granite without RoPE: %s\n", err.msg);
 }
 
 /* ---- LongRoPE (phi3): the factor tensors and keys checked ---- */

@@ -327,7 +327,7 @@ def load_gguf(path):
     meta, t, types = read_gguf(path)
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
-    if m.arch not in ("llama", "smollm3", "granite", "olmo2", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
+    if m.arch not in ("llama", "smollm3", "granite", "granitemoe", "olmo2", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
                       "deepseek2"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
@@ -341,7 +341,7 @@ def load_gguf(path):
     m.head_dim = int(meta.get(a + ".attention.key_length", m.dim // m.n_heads))
     m.rope_dim = int(meta.get(a + ".rope.dimension_count", m.head_dim))
     m.ctx = int(meta.get(a + ".context_length", 2048))
-    if a == "granite":  # llama.cpp's key names; 0 or absent: none
+    if a in ("granite", "granitemoe"):  # llama.cpp's key names; 0 or absent: none
         m.embed_mult = float(meta.get(a + ".embedding_scale", 0.0)) or 1.0
         m.residual_mult = float(meta.get(a + ".residual_scale", 0.0)) or 1.0
         m.logit_div = float(meta.get(a + ".logit_scale", 0.0)) or 1.0
@@ -390,6 +390,9 @@ def load_gguf(path):
                 m.w_norm = False
                 ffn += (("g_sh", "ffn_gate_shexp.weight"), ("u_sh", "ffn_up_shexp.weight"),
                         ("d_sh", "ffn_down_shexp.weight"), ("sh_gate", "ffn_gate_inp_shexp.weight"))
+            elif a == "granitemoe" and p + "ffn_gate_shexp.weight" in t:  # Granite MoE Shared: added ungated
+                ffn += (("g_sh", "ffn_gate_shexp.weight"), ("u_sh", "ffn_up_shexp.weight"),
+                        ("d_sh", "ffn_down_shexp.weight"))
         for k, n in ffn:
             L[k] = t[p + n]
         for b in ("q", "k", "v"):

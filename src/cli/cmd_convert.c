@@ -49,7 +49,7 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
                    "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
                    "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
@@ -63,7 +63,8 @@ int cmd_synth(int argc, char **argv) {
                    "       (rope_factors_long/short.weight, from an original context of ctx / FACTOR); phi3's partial\n"
                    "       rotation (Phi-4-mini): [--rope-dim N]\n"
                    "  experts: Mixtral's (llama): [--experts N] [--experts-used K] (each expert the FFN's width);\n"
-                   "       qwen3moe: the same and [--expert-ff F] (default 4 of 2, hidden / 2 wide)\n"
+                   "       qwen3moe: the same and [--expert-ff F] (default 4 of 2, hidden / 2 wide); granitemoe:\n"
+                   "       Mixtral's, and [--experts-shared S] for a shared expert S experts wide (MoE Shared)\n"
                    "  sliding window, gemma2/3 (docs/sliding-window.md): [--sliding-window W]\n"
                    "       [--attn-softcap X] [--final-softcap X]\n\n"
                    "Writes a model with random weights (and a small SentencePiece-style vocabulary):\n"
@@ -113,6 +114,7 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(arch, "llama")) p.arch = KVLM_ARCH_LLAMA;
         else if (!strcmp(arch, "smollm3")) p.arch = KVLM_ARCH_SMOLLM3;
         else if (!strcmp(arch, "granite")) p.arch = KVLM_ARCH_GRANITE;
+        else if (!strcmp(arch, "granitemoe")) p.arch = KVLM_ARCH_GRANITEMOE;
         else if (!strcmp(arch, "olmo2")) p.arch = KVLM_ARCH_OLMO2;
         else if (!strcmp(arch, "qwen2")) p.arch = KVLM_ARCH_QWEN2;
         else if (!strcmp(arch, "qwen3")) p.arch = KVLM_ARCH_QWEN3;
@@ -122,7 +124,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(arch, "deepseek2")) p.arch = KVLM_ARCH_DEEPSEEK2;
         else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
         else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)", arch);
+        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)", arch);
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;

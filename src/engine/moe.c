@@ -1,4 +1,5 @@
-/* engine/moe: deepseek2's mixture-of-experts feed-forward. Per token the
+/* engine/moe: the mixture-of-experts feed-forward (deepseek2, Mixtral,
+ * qwen2moe, qwen3moe, granitemoe). Per token the
  * router picks n_expert_used experts; each expert then runs once over the
  * rows of the tokens that chose it (gathered, so its weights are read once
  * per chunk), and the shared experts run over every token. Experts are row
@@ -131,6 +132,7 @@ static void ffn(engine_moe *e, util_pool *pool, const model_tensor *g, const mod
 void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x, int T) {
     const kvlm_config *c = &e->m->cfg;
     int D = c->dim, E = c->n_expert, K = c->n_expert_used, F = c->expert_ff;
+    const float rs = c->residual_mult > 0 ? c->residual_mult : 1.0f; /* granitemoe: the branch's multiplier */
     matmul(e, pool, e->logits, xn, &L->ffn_gate_inp, T);
     for (int t = 0; t < T; t++)
         engine_moe_route(c, e->logits + (size_t)t * E, L->exp_probs_b.data, e->idx + (size_t)t * K,
@@ -149,7 +151,7 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
         ffn(e, pool, &g, &u, &d, e->xe, n);
         for (int r = 0; r < n; r++) {
-            float wt = e->w[e->rows[r]], *dst = x + (size_t)(e->rows[r] / K) * D;
+            float wt = e->w[e->rows[r]] * rs, *dst = x + (size_t)(e->rows[r] / K) * D;
             const float *y = e->ye + (size_t)r * D;
             for (int i = 0; i < D; i++) dst[i] += wt * y[i];
         }
@@ -159,12 +161,14 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         const float *gw = L->ffn_gate_inp_shexp.data; /* qwen2moe: sigmoid(xn . gw) scales the shared expert */
         for (int t = 0; t < T; t++) {
             float *dst = x + (size_t)t * D, *y = e->ye + (size_t)t * D;
+            float g = rs;
             if (gw) {
                 double s = 0;
                 for (int i = 0; i < D; i++) s += (double)xn[(size_t)t * D + i] * gw[i];
-                float g = (float)(1.0 / (1.0 + exp(-s)));
-                for (int i = 0; i < D; i++) y[i] *= g;
+                g *= (float)(1.0 / (1.0 + exp(-s)));
             }
+            if (g != 1.0f)
+                for (int i = 0; i < D; i++) y[i] *= g;
             op_backend_cpu()->add(dst, y, D);
         }
     }

@@ -12,7 +12,8 @@ typedef struct engine_moe engine_moe;
 
 engine_moe *engine_moe_create(const kvlm_model *m, int n_batch, kvlm_error *err);
 void engine_moe_free(engine_moe *e);
-/* x[t] += MoE(xn[t]) for T tokens (xn: the normed input rows). */
+/* x[t] += MoE(xn[t]) for T tokens (xn: the normed input rows), times
+ * cfg.residual_mult when it is set (granitemoe). */
 void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x, int T);
 /* The router's choice for one token: the top-k experts (idx) and their
  * weights from its logits (n_expert floats), as the config says (softmax or

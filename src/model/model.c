@@ -200,7 +200,9 @@ float model_embed_scale(const kvlm_config *c) {
 
 /* granite's multipliers, as llama.cpp reads them (each optional; 0: none):
  * {arch}.embedding_scale, residual_scale, logit_scale (the logits are divided
- * by it) and attention.scale (q.k's scale in place of 1/sqrt(head_dim)). */
+ * by it) and attention.scale (q.k's scale in place of 1/sqrt(head_dim)).
+ * llama.cpp also takes rope.scaling.finetuned = false as "no RoPE at all"
+ * for these: refused by name rather than rotated. */
 static int granite_keys(struct kvlm_model *m, const char *arch, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     const char *keys[4] = {"embedding_scale", "residual_scale", "logit_scale", "attention.scale"};
@@ -211,6 +213,12 @@ static int granite_keys(struct kvlm_model *m, const char *arch, kvlm_error *err)
         if (rc) return rc;
         if (d > 0) *dst[i] = (float)d;
     }
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.finetuned", arch);
+    bool tuned = true;
+    if (gguf_get_bool(m->gguf, key, &tuned) && !tuned)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s = false: a granite model without RoPE is not "
+                            "supported", m->path, key);
     return KVLM_OK;
 }
 
@@ -313,32 +321,37 @@ bool model_layer_rope(const kvlm_config *c, int l) {
 }
 
 bool model_llama_rows(int arch) {
-    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_GRANITE;
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || model_granite_like(arch);
 }
+
+bool model_granite_like(int arch) { return arch == KVLM_ARCH_GRANITE || arch == KVLM_ARCH_GRANITEMOE; }
 
 bool model_qwen3_like(int arch) { return arch == KVLM_ARCH_QWEN3 || arch == KVLM_ARCH_QWEN3MOE; }
 
 /* A mixture of experts in every layer, in place of the FFN: Mixtral (llama
- * with llama.expert_count; each expert feed_forward_length wide) and
- * qwen3moe (expert_feed_forward_length wide). Both route by a softmax over
- * every expert, keep the top expert_used_count and renormalise their
- * weights (llama.cpp's build_moe_ffn for both; Hugging Face's Mixtral, and
- * Qwen3-MoE's norm_topk_prob); no shared experts. deepseek2 reads its own. */
+ * with llama.expert_count; each expert feed_forward_length wide),
+ * granitemoe (the same) and qwen3moe (expert_feed_forward_length wide). All
+ * route by a softmax over every expert, keep the top expert_used_count and
+ * renormalise their weights (llama.cpp's build_moe_ffn; Hugging Face's
+ * Mixtral, GraniteMoe's softmax over the top logits, Qwen3-MoE's
+ * norm_topk_prob). Shared experts: qwen2moe's, gated (below), and Granite
+ * MoE Shared's, added as they are (expert_shared_feed_forward_length, when
+ * the file has the key). deepseek2 reads its own. */
 static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     int64_t v;
     bool found;
     int rc;
     if ((rc = hp_int(m, arch, "expert_count", &v, &found, err))) return rc;
-    bool q2 = c->arch == KVLM_ARCH_QWEN2MOE;
+    bool q2 = c->arch == KVLM_ARCH_QWEN2MOE, gm = c->arch == KVLM_ARCH_GRANITEMOE;
     if (!found || v == 0) {
-        if (c->arch == KVLM_ARCH_QWEN3MOE || q2)
+        if (c->arch == KVLM_ARCH_QWEN3MOE || q2 || gm)
             return util_err_set(err, KVLM_EFORMAT, "%s: %s needs %s.expert_count", m->path, arch, arch);
         return KVLM_OK;
     }
-    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE && !q2)
+    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE && !q2 && !gm)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s.expert_count = %lld: experts are read for llama "
-                            "(Mixtral), qwen2moe, qwen3moe and deepseek2", m->path, arch, (long long)v);
+                            "(Mixtral), granitemoe, qwen2moe, qwen3moe and deepseek2", m->path, arch, (long long)v);
     if (v < 1 || v > 1024) /* engine/moe.h */
         return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_count = %lld is outside 1..%d", m->path, arch,
                             (long long)v, 1024);
@@ -359,12 +372,12 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
         c->expert_ff = (int)v;
     }
     model_moe_topk_routing(c);
-    if (q2) { /* a gated shared expert */
+    if (q2 || gm) { /* qwen2moe: a gated shared expert; granitemoe: one added as it is, if the key is there */
         if ((rc = hp_int(m, arch, "expert_shared_feed_forward_length", &v, &found, err))) return rc;
-        if (found && (v < 1 || v > (1 << 20)))
+        if (found && (v < (gm ? 0 : 1) || v > (1 << 20)))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_shared_feed_forward_length is out of range",
                                 m->path, arch);
-        c->expert_shared_ff = found ? (int)v : c->hidden_dim;
+        c->expert_shared_ff = found ? (int)v : q2 ? c->hidden_dim : 0;
     }
     return KVLM_OK;
 }
@@ -392,6 +405,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     if (!strcmp(arch, "llama")) c->arch = KVLM_ARCH_LLAMA;
     else if (!strcmp(arch, "smollm3")) c->arch = KVLM_ARCH_SMOLLM3, c->no_rope_period = 4;
     else if (!strcmp(arch, "granite")) c->arch = KVLM_ARCH_GRANITE;
+    else if (!strcmp(arch, "granitemoe")) c->arch = KVLM_ARCH_GRANITEMOE;
     else if (!strcmp(arch, "olmo2")) c->arch = KVLM_ARCH_OLMO2, c->qk_norm_full = true;
     else if (!strcmp(arch, "qwen2")) c->arch = KVLM_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = KVLM_ARCH_QWEN3;
@@ -403,7 +417,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, olmo2, qwen2, "
+                            "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, granitemoe, olmo2, qwen2, "
                             "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)",
                             m->path, arch);
     int64_t v;
@@ -456,7 +470,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE || model_qwen3_like(c->arch) ||
                    c->arch == KVLM_ARCH_PHI3 || c->arch == KVLM_ARCH_OLMO2;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
-    if (c->arch == KVLM_ARCH_GRANITE && (hrc = granite_keys(m, arch, err))) return hrc;
+    if (model_granite_like(c->arch) && (hrc = granite_keys(m, arch, err))) return hrc;
     if (c->arch == KVLM_ARCH_OLMO2) { /* OLMo 3's sliding windows come under this name too: not read */
         if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
         if (found && v > 0)
@@ -555,9 +569,9 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
                                              c->n_expert, err)))
                     return rc;
             }
-            if (c->arch == KVLM_ARCH_QWEN2MOE) { /* the shared expert and its gate */
+            if (c->expert_shared_ff > 0) { /* the shared expert, and qwen2moe's gate of it */
                 int64_t sf = c->expert_shared_ff;
-                TAKE(ffn_gate_inp_shexp, "ffn_gate_inp_shexp.weight", c->dim, 0, false);
+                if (c->arch == KVLM_ARCH_QWEN2MOE) { TAKE(ffn_gate_inp_shexp, "ffn_gate_inp_shexp.weight", c->dim, 0, false); }
                 TAKE(gate_shexp, "ffn_gate_shexp.weight", c->dim, sf, false);
                 TAKE(up_shexp, "ffn_up_shexp.weight", c->dim, sf, false);
                 TAKE(down_shexp, "ffn_down_shexp.weight", sf, c->dim, false);
@@ -599,6 +613,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN2MOE: return "qwen2moe";
     case KVLM_ARCH_SMOLLM3: return "smollm3";
     case KVLM_ARCH_GRANITE: return "granite";
+    case KVLM_ARCH_GRANITEMOE: return "granitemoe";
     case KVLM_ARCH_OLMO2: return "olmo2";
     case KVLM_ARCH_PHI3: return "phi3";
     case KVLM_ARCH_GEMMA2: return "gemma2";

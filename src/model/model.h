@@ -103,6 +103,8 @@ bool model_layer_rope(const kvlm_config *c, int l);
 /* Architectures whose GGUF q/k rows are llama.cpp's permutation of Hugging
  * Face's (interleaved pairs): llama, smollm3, granite. */
 bool model_llama_rows(int arch);
+/* granite and granitemoe: the four multipliers (granite_keys) */
+bool model_granite_like(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
  * factors > 0), times cfg.rope_linear when that is set, times YaRN's factors
  * (not deepseek2's, which rotates its own); or LongRoPE's long and short

@@ -221,7 +221,7 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
     }
-    if (c->arch == KVLM_ARCH_GRANITE) { /* llama.cpp's names for the four multipliers */
+    if (model_granite_like(c->arch)) { /* llama.cpp's names for the four multipliers */
         if (c->embed_mult > 0) gguf_writer_set_f32(w, KEY("embedding_scale"), c->embed_mult);
         if (c->residual_mult > 0) gguf_writer_set_f32(w, KEY("residual_scale"), c->residual_mult);
         if (c->logit_div > 0) gguf_writer_set_f32(w, KEY("logit_scale"), c->logit_div);
@@ -232,7 +232,7 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
         if (c->arch == KVLM_ARCH_QWEN3MOE || c->arch == KVLM_ARCH_QWEN2MOE)
             gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ff);
-        if (c->arch == KVLM_ARCH_QWEN2MOE)
+        if (c->expert_shared_ff > 0)
             gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)c->expert_shared_ff);
     }
     gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
@@ -311,7 +311,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
     kvlm_config d = m->cfg;
     model_swa_defaults(&d);
     d.attn_scale *= model_yarn_mscale2(&d); /* YaRN's keys carry it */
-    if (d.arch == KVLM_ARCH_GRANITE) d.attn_scale = m->cfg.attn_scale; /* granite's key does */
+    if (model_granite_like(d.arch)) d.attn_scale = m->cfg.attn_scale; /* granite's key does */
     if (m->hf && d.attn_scale != m->cfg.attn_scale)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: attention scale %g (query_pre_attn_scalar %g) has no GGUF "
                             "key, and a GGUF reader would use %g (1/sqrt of the head dimension, or hidden/heads for "
@@ -407,7 +407,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.rope_dim = c.head_dim;
     c.rope_base = p->rope_base > 0 ? p->rope_base : 10000.0f;
     c.no_rope_period = c.arch == KVLM_ARCH_SMOLLM3 ? 4 : 0;
-    if (c.arch == KVLM_ARCH_GRANITE) /* Granite 3's kind: q.k by 1/head_dim, not its square root */
+    if (model_granite_like(c.arch)) /* Granite 3's kind: q.k by 1/head_dim, not its square root */
         c.embed_mult = 12.0f, c.residual_mult = 0.22f, c.logit_div = 8.0f,
         c.attn_scale = c.head_dim > 0 ? 1.0f / (float)c.head_dim : 1.0f;
     c.norm_eps = 1e-5f;
@@ -424,14 +424,19 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
                                 "and at most the head dimension (%d)", p->rope_dim, c.head_dim);
         c.rope_dim = p->rope_dim;
     }
-    if (c.arch == KVLM_ARCH_QWEN3MOE || c.arch == KVLM_ARCH_QWEN2MOE || (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
-        /* experts in every layer (model.c moe_hparams): Mixtral's are the FFN's width, qwen3moe's their own */
+    bool gm = c.arch == KVLM_ARCH_GRANITEMOE;
+    if (c.arch == KVLM_ARCH_QWEN3MOE || c.arch == KVLM_ARCH_QWEN2MOE || gm ||
+        (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
+        /* experts in every layer (model.c moe_hparams): Mixtral's and granitemoe's are the FFN's width,
+         * qwen3moe's their own */
         c.n_expert = p->n_expert > 0 ? p->n_expert : 4;
         c.n_expert_used = p->n_expert_used > 0 ? p->n_expert_used : 2;
-        c.expert_ff = c.arch == KVLM_ARCH_LLAMA ? c.hidden_dim
+        c.expert_ff = c.arch == KVLM_ARCH_LLAMA || gm ? c.hidden_dim
                       : p->expert_ff > 0 ? p->expert_ff : (c.hidden_dim / 2 > 0 ? c.hidden_dim / 2 : 1);
         model_moe_topk_routing(&c);
         if (c.arch == KVLM_ARCH_QWEN2MOE) c.expert_shared_ff = c.hidden_dim; /* a shared expert as wide as the FFN */
+        if (gm && p->n_expert_shared > 0) /* Granite MoE Shared: S experts' width, added ungated */
+            c.expert_shared_ff = c.hidden_dim * p->n_expert_shared;
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
@@ -621,8 +626,8 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->gate_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->up_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->down_exps, c.expert_ff, (int64_t)c.dim * c.n_expert, 0);
-            if (c.arch == KVLM_ARCH_QWEN2MOE) {
-                MAKE(L->ffn_gate_inp_shexp, c.dim, 1, 0);
+            if (c.expert_shared_ff > 0) {
+                if (c.arch == KVLM_ARCH_QWEN2MOE) MAKE(L->ffn_gate_inp_shexp, c.dim, 1, 0);
                 MAKE(L->gate_shexp, c.dim, c.expert_shared_ff, 0);
                 MAKE(L->up_shexp, c.dim, c.expert_shared_ff, 0);
                 MAKE(L->down_shexp, c.expert_shared_ff, c.dim, 0);
