@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|olmo2|qwen2|qwen3|qwen3_moe|phi3|
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|granitemoe|granitemoeshared|olmo2|qwen2|qwen3|qwen3_moe|phi3|
                                           gemma2|gemma3_text]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
@@ -148,7 +148,8 @@ def export_weights(meta, tensors, out, fam, args):
     n_kv = g("attention.head_count_kv", n_head)
     head_dim = g("attention.key_length", dim // n_head)
     items = []
-    rot = fam in ("llama", "mistral", "mixtral", "smollm3", "granite")
+    granite_moe = fam in ("granitemoe", "granitemoeshared")
+    rot = fam in ("llama", "mistral", "mixtral", "smollm3", "granite") or granite_moe
     moe = fam in ("mixtral", "qwen3_moe", "qwen2_moe")
     gemma = fam in ("gemma2", "gemma3_text")
 
@@ -183,7 +184,7 @@ def export_weights(meta, tensors, out, fam, args):
             put(p + "self_attn.q_proj.weight", b + "attn_q.weight", n_head if rot else 0)
             put(p + "self_attn.k_proj.weight", b + "attn_k.weight", n_kv if rot else 0)
             put(p + "self_attn.v_proj.weight", b + "attn_v.weight")
-            if not moe:
+            if not moe and not granite_moe:
                 put(p + "mlp.gate_proj.weight", b + "ffn_gate.weight")
                 put(p + "mlp.up_proj.weight", b + "ffn_up.weight")
         for x in "qkv":
@@ -199,7 +200,18 @@ def export_weights(meta, tensors, out, fam, args):
             put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
         else:
             put(p + "post_attention_layernorm.weight", b + "ffn_norm.weight")
-        if moe:  # Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp.experts
+        if granite_moe:  # GraniteMoe: every expert's gate then up rows in one 3-D input_linear, down in output_linear
+            raw = lambda n: tensors[b + n][0]
+            dt = {T_F32: "F32", T_F16: "F16", T_BF16: "BF16"}[tensors[b + "ffn_gate_exps.weight"][1]]
+            put(p + "block_sparse_moe.router.layer.weight", b + "ffn_gate_inp.weight")
+            items.append((p + "block_sparse_moe.input_linear.weight",
+                          np.concatenate([raw("ffn_gate_exps.weight"), raw("ffn_up_exps.weight")], axis=1), dt))
+            items.append((p + "block_sparse_moe.output_linear.weight", raw("ffn_down_exps.weight"), dt))
+            if b + "ffn_gate_shexp.weight" in tensors:  # MoE Shared: gate then up rows, as the experts'
+                items.append((p + "shared_mlp.input_linear.weight",
+                              np.concatenate([raw("ffn_gate_shexp.weight"), raw("ffn_up_shexp.weight")], axis=0), dt))
+                put(p + "shared_mlp.output_linear.weight", b + "ffn_down_shexp.weight")
+        elif moe:  # Mixtral's block_sparse_moe (w1 gate, w3 up, w2 down) or Qwen3-MoE's mlp.experts
             mx = fam == "mixtral"
             pre = p + ("block_sparse_moe." if mx else "mlp.")
             put(pre + "gate.weight", b + "ffn_gate_inp.weight")
@@ -223,7 +235,8 @@ def export_weights(meta, tensors, out, fam, args):
     vocab = tensors["token_embd.weight"][0].shape[0]
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+                           "granitemoeshared": "GraniteMoeSharedForCausalLM", "olmo2": "Olmo2ForCausalLM", "mixtral": "MixtralForCausalLM",
                            "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
@@ -261,7 +274,7 @@ def export_weights(meta, tensors, out, fam, args):
                                "beta_slow": float(g("rope.scaling.yarn_beta_slow", 1.0))}
     if fam == "mistral":
         cfg["sliding_window"] = 4096
-    if fam == "granite":  # GraniteConfig's multipliers (llama.cpp's GGUF keys hold them)
+    if fam == "granite" or granite_moe:  # GraniteConfig's multipliers (llama.cpp's GGUF keys hold them)
         cfg["embedding_multiplier"] = float(g("embedding_scale", 1.0))
         cfg["residual_multiplier"] = float(g("residual_scale", 1.0))
         cfg["attention_multiplier"] = float(g("attention.scale", head_dim ** -0.5))
@@ -270,6 +283,11 @@ def export_weights(meta, tensors, out, fam, args):
         cfg["no_rope_layer_interval"] = 4
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(n_layers)]
         cfg["use_sliding_window"] = False
+    if granite_moe:  # GraniteMoeConfig: the experts intermediate_size wide
+        cfg["num_local_experts"] = g("expert_count")
+        cfg["num_experts_per_tok"] = g("expert_used_count")
+        if fam == "granitemoeshared":
+            cfg["shared_intermediate_size"] = g("expert_shared_feed_forward_length", 0)
     if fam == "mixtral":
         cfg["num_local_experts"] = g("expert_count")
         cfg["num_experts_per_tok"] = g("expert_used_count")

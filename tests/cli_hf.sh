@@ -182,6 +182,31 @@ for spec in llama:mixtral qwen3moe:qwen3_moe qwen2moe:qwen2_moe; do
         pass "$fam: one tensor per expert, stacked: the GGUF's logits (max diff $e_dir); convert writes the stacks back"
     else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
 done
+# GraniteMoe: the experts stored stacked ([experts, gate + up rows, hidden] input_linear, output_linear,
+# router.layer; llama's rows), MoE Shared's shared_mlp too (two experts wide), in bf16: the GGUF's
+# logits, convert writes the stacks (and the shared expert) back; a stack of the wrong shape is refused
+for spec in granitemoe:0 granitemoeshared:2; do
+    IFS=: read -r fam shared <<< "$spec"
+    "$bin" synth "$tmp/$fam.gguf" --arch granitemoe --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
+        --experts 4 --experts-used 2 --experts-shared "$shared" --type bf16 --seed 9 > /dev/null
+    if ! $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam"; then fail "$fam: export"; continue; fi
+    "$bin" convert "$tmp/$fam" "$tmp/$fam.back.gguf" 2>/dev/null
+    for m in "$fam" "$fam.gguf" "$fam.back.gguf"; do
+        "$bin" logits -m "$tmp/$m" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$m.txt" 2>/dev/null
+    done
+    e_dir=$("$py" -c "$maxdiff" "$tmp/$fam.txt" "$tmp/$fam.gguf.txt")
+    want_sh=$([ "$shared" = 0 ] && echo 0 || echo 2)
+    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 else 1)" && cmp -s "$tmp/$fam.back.gguf.txt" "$tmp/$fam.gguf.txt" &&
+       "$bin" inspect "$tmp/$fam.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *bf16 *96 x 64 x 4" &&
+       [ "$("$bin" inspect "$tmp/$fam.back.gguf" 2>&1 | grep -c "ffn_down_shexp.weight *bf16 *192 x 64")" = "$want_sh" ]; then
+        pass "$fam: stacked experts$([ "$shared" = 0 ] || echo ' and the shared expert'): the GGUF's logits (max diff $e_dir); convert writes them back"
+    else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
+done
+rm -rf "$tmp/gmbad" && cp -r "$tmp/granitemoe" "$tmp/gmbad"
+"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['intermediate_size'] = 80; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/gmbad/config.json"
+if out=$("$bin" logits -m "$tmp/gmbad" --ids "1 2" 2>&1); then fail "granitemoe: experts 80 wide in config.json, 96 stored: loaded"
+elif grep -qF "input_linear.weight: shape [4, 192, 64], expected [4, 160, 64]" <<< "$out"; then pass "granitemoe: a stack of the wrong shape refused: $(tail -n 1 <<< "$out")"
+else fail "granitemoe wrong stack: got '$out'"; fi
 rm -rf "$tmp/q3bad" && cp -r "$tmp/qwen3_moe.moe" "$tmp/q3bad"
 "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['norm_topk_prob'] = False; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/q3bad/config.json"
 # a bf16 shared-expert gate (Qwen2-MoE ships its 1 x hidden gate in bf16): read as f32 weights

@@ -293,7 +293,7 @@ static void test_families(void **state) {
     static const struct { const char *family; kvlm_arch arch; bool tied; } fams[] = {
         {"llama", KVLM_ARCH_LLAMA, false}, {"llama", KVLM_ARCH_LLAMA, true}, {"mistral", KVLM_ARCH_LLAMA, false},
         {"smollm3", KVLM_ARCH_SMOLLM3, true}, {"granite", KVLM_ARCH_GRANITE, true}, {"qwen2", KVLM_ARCH_QWEN2, false},
-        {"qwen3", KVLM_ARCH_QWEN3, true},
+        {"qwen3", KVLM_ARCH_QWEN3, true}, {"granitemoe", KVLM_ARCH_GRANITEMOE, true},
         {"phi3", KVLM_ARCH_PHI3, false},
         {"gemma2", KVLM_ARCH_GEMMA2, true}, {"gemma3_text", KVLM_ARCH_GEMMA3, true}, {"olmo2", KVLM_ARCH_OLMO2, false},
     };
@@ -310,7 +310,7 @@ static void test_families(void **state) {
              * llama/mistral (HF's rotate-half rows, NeoX RoPE): float
              * rounding, ~1e-7 of the largest logit; 0 for the others. */
             bool llama_rows = fams[f].arch == KVLM_ARCH_LLAMA || fams[f].arch == KVLM_ARCH_SMOLLM3 ||
-                              fams[f].arch == KVLM_ARCH_GRANITE;
+                              fams[f].arch == KVLM_ARCH_GRANITE || fams[f].arch == KVLM_ARCH_GRANITEMOE;
             compare_models(dir, gguf, llama_rows ? 2e-6 : 0, label);
             /* llama/mistral/smollm3 differ in rope_neox only (HF's rows), by design */
             if (!llama_rows) same_config(dir, gguf);
@@ -510,7 +510,7 @@ static void test_convert_round_trip(void **state) {
     static const struct { const char *family; kvlm_arch arch; int type; } cases[] = {
         {"llama", KVLM_ARCH_LLAMA, 0}, {"mistral", KVLM_ARCH_LLAMA, 30}, {"qwen2", KVLM_ARCH_QWEN2, 1},
         {"qwen3", KVLM_ARCH_QWEN3, 30}, {"smollm3", KVLM_ARCH_SMOLLM3, 1}, {"granite", KVLM_ARCH_GRANITE, 0},
-        {"phi3", KVLM_ARCH_PHI3, 0},
+        {"granitemoe", KVLM_ARCH_GRANITEMOE, 1}, {"phi3", KVLM_ARCH_PHI3, 0},
         {"gemma2", KVLM_ARCH_GEMMA2, 30}, {"gemma3_text", KVLM_ARCH_GEMMA3, 30}, {"olmo2", KVLM_ARCH_OLMO2, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -52,6 +52,12 @@ static const hf_family k_families[] = {
     /* Granite 3: llama's rows; embedding_multiplier, residual_multiplier,
      * attention_multiplier (q.k's whole scale, default 1), logits_scaling */
     {"granite", KVLM_ARCH_GRANITE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    /* Granite 3.0/3.1 MoE: granite's with experts in every layer, stored stacked
+     * (block_sparse_moe.input_linear [experts, gate + up rows, hidden],
+     * output_linear, router.layer); MoE Shared adds shared_mlp (hf_moe) */
+    {"granitemoe", KVLM_ARCH_GRANITEMOE, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
+    {"granitemoeshared", KVLM_ARCH_GRANITEMOE, "silu", true, false, false, false, false, false, "post_attention_layernorm",
+     false},
     /* Mixtral: llama's rows, a mixture of experts in every layer (block_sparse_moe, hf_moe) */
     {"mixtral", KVLM_ARCH_LLAMA, "silu", true, false, false, false, false, false, "post_attention_layernorm", false},
     /* Qwen2-MoE: qwen2's attention (biases), experts plus a gated shared expert (hf_moe) */
@@ -353,13 +359,14 @@ static int smollm3_nope(kvlm_config *c, json_t *cfg, const char *path, kvlm_erro
  * llama.cpp's qwen3moe always renormalises); routing as the GGUF loader's. */
 static bool hf_mixtral(const hf_family *f) { return !strcmp(f->model_type, "mixtral"); }
 static bool hf_moe(const hf_family *f) {
-    return hf_mixtral(f) || !strcmp(f->model_type, "qwen3_moe") || !strcmp(f->model_type, "qwen2_moe");
+    return hf_mixtral(f) || !strcmp(f->model_type, "qwen3_moe") || !strcmp(f->model_type, "qwen2_moe") ||
+           f->arch == KVLM_ARCH_GRANITEMOE;
 }
 
 static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const char *path, kvlm_error *err) {
     int rc, step;
     bool norm;
-    bool mx = hf_mixtral(fam);
+    bool gm = fam->arch == KVLM_ARCH_GRANITEMOE, mx = hf_mixtral(fam) || gm; /* Mixtral's keys and widths */
     if ((rc = cfg_int(cfg, path, mx ? "num_local_experts" : "num_experts", true, 0, 1, 1024, &c->n_expert, err)) ||
         (rc = cfg_int(cfg, path, "num_experts_per_tok", true, 0, 1, c->n_expert, &c->n_expert_used, err)))
         return rc;
@@ -382,6 +389,9 @@ static int moe_config(kvlm_config *c, const hf_family *fam, json_t *cfg, const c
                                 err)))
             return rc;
     }
+    /* MoE Shared: a shared expert shared_intermediate_size wide (0: none) */
+    if (gm && (rc = cfg_int(cfg, path, "shared_intermediate_size", false, 0, 0, 1 << 20, &c->expert_shared_ff, err)))
+        return rc;
     model_moe_topk_routing(c);
     return KVLM_OK;
 }
@@ -397,7 +407,8 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, mixtral, smollm3, granite, olmo2, qwen2, qwen2_moe, qwen3, qwen3_moe, phi3, gemma2, "
+                            "mistral, mixtral, smollm3, granite, granitemoe, granitemoeshared, olmo2, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+                            "phi3, gemma2, "
                             "gemma3_text)", path, type);
     *famp = fam;
     snprintf(m->hf->family, sizeof m->hf->family, "%s", fam->model_type);
@@ -486,7 +497,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     if (hf_moe(fam) && (rc = moe_config(c, fam, cfg, path, err))) return rc;
     if (fam->arch == KVLM_ARCH_SMOLLM3 && (rc = smollm3_nope(c, cfg, path, err))) return rc;
     model_swa_defaults(c); /* as the GGUF loader: then config.json's keys override */
-    if (fam->arch == KVLM_ARCH_GRANITE) {
+    if (model_granite_like(fam->arch)) {
         double d[4];
         if ((rc = cfg_float(cfg, path, "embedding_multiplier", 1, &d[0], err)) ||
             (rc = cfg_float(cfg, path, "residual_multiplier", 1, &d[1], err)) ||
@@ -530,8 +541,24 @@ static const char *shape_str(const st_tensor *t, char *buf, size_t cap) {
 /* Takes tensor `name` as t: a matrix of n_out rows of n_in (HF shape
  * [n_out, n_in]) used in place, or (n_out 0) a vector of n_in widened to an
  * f32 copy, plus `add` (gemma's + 1). */
+static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
+                    int64_t n_out, bool optional, float add, kvlm_error *err);
 static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out, bool optional,
                 float add, kvlm_error *err) {
+    return take_any(m, t, name, 0, n_in, n_out, optional, add, err);
+}
+
+/* A stack of n_stack matrices of n_out x n_in ([n_stack, n_out, n_in]:
+ * GraniteMoe's experts) as one of n_stack * n_out rows. */
+static int take_stack(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
+                      int64_t n_out, kvlm_error *err) {
+    return take_any(m, t, name, n_stack, n_in, n_out, false, 0, err);
+}
+
+/* A tensor by name: a vector of n_in (n_out 0), an n_out x n_in matrix, or
+ * (n_stack > 0) a stack of them; its shape checked against config.json's. */
+static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
+                    int64_t n_out, bool optional, float add, kvlm_error *err) {
     memset(t, 0, sizeof *t);
     const st_tensor *s = st_set_find(m->hf->st, name);
     if (!s) {
@@ -540,15 +567,22 @@ static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t
                             name);
     }
     bool vec = n_out == 0;
-    bool ok = vec ? s->n_dims == 1 && s->shape[0] == n_in : s->n_dims == 2 && s->shape[0] == n_out && s->shape[1] == n_in;
+    bool ok = vec            ? s->n_dims == 1 && s->shape[0] == n_in
+              : n_stack > 0 ? s->n_dims == 3 && s->shape[0] == n_stack && s->shape[1] == n_out && s->shape[2] == n_in
+                            : s->n_dims == 2 && s->shape[0] == n_out && s->shape[1] == n_in;
     char sh[96];
     if (!ok) {
         if (vec)
             return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape [%s], expected [%lld] (config.json)", m->path,
                                 name, shape_str(s, sh, sizeof sh), (long long)n_in);
+        if (n_stack > 0)
+            return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape [%s], expected [%lld, %lld, %lld] "
+                                "(config.json)", m->path, name, shape_str(s, sh, sizeof sh), (long long)n_stack,
+                                (long long)n_out, (long long)n_in);
         return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s: shape [%s], expected [%lld, %lld] (config.json)",
                             m->path, name, shape_str(s, sh, sizeof sh), (long long)n_out, (long long)n_in);
     }
+    if (n_stack > 0) n_out *= n_stack;
     int type = s->dtype == ST_F32 ? DT_F32 : s->dtype == ST_F16 ? DT_F16 : s->dtype == ST_BF16 ? DT_BF16 : -1;
     if (type < 0)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: dtype %s is not supported (F32, F16 and BF16 are)",
@@ -628,6 +662,44 @@ static int stack_experts(struct kvlm_model *m, model_tensor *t, const char *fmt,
     return KVLM_OK;
 }
 
+/* GraniteMoe's layer l: the router, every expert's gate then up rows in one
+ * [experts, 2 x width, hidden] input_linear (copied apart into the gate and
+ * up stacks), their down rows in output_linear (the down stack as it is);
+ * MoE Shared's shared_mlp: gate then up rows of one input_linear (row views)
+ * and output_linear. */
+static int granite_experts(struct kvlm_model *m, model_layer *L, int l, kvlm_error *err) {
+    const kvlm_config *c = &m->cfg;
+    const int64_t E = c->n_expert, F = c->expert_ff, D = c->dim;
+    char n[160];
+    model_tensor in;
+    int rc;
+    snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.router.layer.weight", l);
+    if ((rc = take(m, &L->ffn_gate_inp, n, D, E, false, 0, err))) return rc;
+    snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.input_linear.weight", l);
+    if ((rc = take_stack(m, &in, n, E, D, 2 * F, err))) return rc;
+    snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.output_linear.weight", l);
+    if ((rc = take_stack(m, &L->down_exps, n, E, F, D, err))) return rc;
+    size_t half = dt_row_size(in.type, (int)D) * (size_t)F;
+    uint8_t *g = own(m->hf, half * (size_t)E), *u = own(m->hf, half * (size_t)E);
+    if (!g || !u) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int64_t e = 0; e < E; e++) {
+        memcpy(g + (size_t)e * half, (const uint8_t *)in.data + (size_t)e * 2 * half, half);
+        memcpy(u + (size_t)e * half, (const uint8_t *)in.data + (size_t)e * 2 * half + half, half);
+    }
+    L->gate_exps = L->up_exps = in;
+    L->gate_exps.data = g;
+    L->up_exps.data = u;
+    L->gate_exps.n_out = L->up_exps.n_out = E * F;
+    if (c->expert_shared_ff <= 0) return KVLM_OK;
+    const int64_t S = c->expert_shared_ff;
+    snprintf(n, sizeof n, "model.layers.%d.shared_mlp.input_linear.weight", l);
+    if ((rc = take(m, &in, n, D, 2 * S, false, 0, err))) return rc;
+    L->gate_shexp = model_tensor_rows(&in, 0, S);
+    L->up_shexp = model_tensor_rows(&in, S, S);
+    snprintf(n, sizeof n, "model.layers.%d.shared_mlp.output_linear.weight", l);
+    return take(m, &L->down_shexp, n, S, D, false, 0, err);
+}
+
 static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     int rc;
@@ -669,7 +741,9 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
                 TAKE(w_up, "mlp.up_proj.weight", c->dim, c->hidden_dim, false, 0);
             }
         }
-        if (hf_moe(fam)) { /* the router, then each expert's three matrices stacked */
+        if (fam->arch == KVLM_ARCH_GRANITEMOE) {
+            if ((rc = granite_experts(m, L, l, err))) return rc;
+        } else if (hf_moe(fam)) { /* the router, then each expert's three matrices stacked */
             bool mx = hf_mixtral(fam);
             const char *p = mx ? "model.layers.%d.block_sparse_moe.experts.%d." : "model.layers.%d.mlp.experts.%d.";
             char g[160], u[160], d[160];
