@@ -165,44 +165,32 @@ else fail "longrope (phi3): export"; fi
 
 # ---- mixtures of experts: Mixtral (block_sparse_moe, llama's rows; experts as wide as the FFN, 96) and
 # Qwen3-MoE and Qwen2-MoE (mlp.experts, 48 wide; Qwen2-MoE's gated shared expert too), one tensor per
-# expert in the directory, stacked at load: the GGUF's logits, and convert writes the stacks back
+# expert in the directory, stacked at load; GraniteMoe's stored stacked ([experts, gate + up rows,
+# hidden] input_linear, output_linear, router.layer; llama's rows, 96 wide), MoE Shared's shared_mlp
+# too (two experts wide), in bf16: the GGUF's logits, and convert writes the stacks (and the shared
+# expert) back
 moeids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8"
-for spec in llama:mixtral qwen3moe:qwen3_moe qwen2moe:qwen2_moe; do
-    IFS=: read -r arch fam <<< "$spec"
+for spec in llama:mixtral:0:f32 qwen3moe:qwen3_moe:0:f32 qwen2moe:qwen2_moe:0:f32 granitemoe:granitemoe:0:bf16 \
+            granitemoe:granitemoeshared:2:bf16; do
+    IFS=: read -r arch fam shared type <<< "$spec"
     "$bin" synth "$tmp/$fam.moe.gguf" --arch "$arch" --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
-        --experts 4 --experts-used 2 --expert-ff 48 --type f32 --seed 8 > /dev/null
+        --experts 4 --experts-used 2 --expert-ff 48 --experts-shared "$shared" --type "$type" --seed 8 > /dev/null
     if ! $export "$tmp/$fam.moe.gguf" "$tmp/$fam.moe" --family "$fam"; then fail "$fam: export"; continue; fi
     "$bin" convert "$tmp/$fam.moe" "$tmp/$fam.moe.back.gguf" 2>/dev/null
     for m in "$fam.moe" "$fam.moe.gguf" "$fam.moe.back.gguf"; do
         "$bin" logits -m "$tmp/$m" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$m.txt" 2>/dev/null
     done
     e_dir=$("$py" -c "$maxdiff" "$tmp/$fam.moe.txt" "$tmp/$fam.moe.gguf.txt")
+    width=$(case $arch in llama|granitemoe) echo 96 ;; *) echo 48 ;; esac)
+    shexp=$("$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -c "ffn_down_shexp.weight *$type *192 x 64")
     if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 else 1)" && cmp -s "$tmp/$fam.moe.back.gguf.txt" "$tmp/$fam.moe.gguf.txt" &&
-       "$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *f32 *$([ "$fam" = mixtral ] && echo 96 || echo 48) x 64 x 4"; then
-        pass "$fam: one tensor per expert, stacked: the GGUF's logits (max diff $e_dir); convert writes the stacks back"
+       "$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *$type *$width x 64 x 4" &&
+       { [ "$arch" != granitemoe ] || [ "$shexp" = "$shared" ]; }; then
+        pass "$fam: $([ "$arch" = granitemoe ] && echo "stacked experts" || echo "one tensor per expert, stacked")$([ "$shared" = 0 ] || echo ' and the shared expert'): the GGUF's logits (max diff $e_dir); convert writes the stacks back"
     else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
 done
-# GraniteMoe: the experts stored stacked ([experts, gate + up rows, hidden] input_linear, output_linear,
-# router.layer; llama's rows), MoE Shared's shared_mlp too (two experts wide), in bf16: the GGUF's
-# logits, convert writes the stacks (and the shared expert) back; a stack of the wrong shape is refused
-for spec in granitemoe:0 granitemoeshared:2; do
-    IFS=: read -r fam shared <<< "$spec"
-    "$bin" synth "$tmp/$fam.gguf" --arch granitemoe --dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --vocab 700 \
-        --experts 4 --experts-used 2 --experts-shared "$shared" --type bf16 --seed 9 > /dev/null
-    if ! $export "$tmp/$fam.gguf" "$tmp/$fam" --family "$fam"; then fail "$fam: export"; continue; fi
-    "$bin" convert "$tmp/$fam" "$tmp/$fam.back.gguf" 2>/dev/null
-    for m in "$fam" "$fam.gguf" "$fam.back.gguf"; do
-        "$bin" logits -m "$tmp/$m" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/$m.txt" 2>/dev/null
-    done
-    e_dir=$("$py" -c "$maxdiff" "$tmp/$fam.txt" "$tmp/$fam.gguf.txt")
-    want_sh=$([ "$shared" = 0 ] && echo 0 || echo 2)
-    if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 else 1)" && cmp -s "$tmp/$fam.back.gguf.txt" "$tmp/$fam.gguf.txt" &&
-       "$bin" inspect "$tmp/$fam.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *bf16 *96 x 64 x 4" &&
-       [ "$("$bin" inspect "$tmp/$fam.back.gguf" 2>&1 | grep -c "ffn_down_shexp.weight *bf16 *192 x 64")" = "$want_sh" ]; then
-        pass "$fam: stacked experts$([ "$shared" = 0 ] || echo ' and the shared expert'): the GGUF's logits (max diff $e_dir); convert writes them back"
-    else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
-done
-rm -rf "$tmp/gmbad" && cp -r "$tmp/granitemoe" "$tmp/gmbad"
+# a GraniteMoe stack of the wrong shape is refused
+rm -rf "$tmp/gmbad" && cp -r "$tmp/granitemoe.moe" "$tmp/gmbad"
 "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['intermediate_size'] = 80; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/gmbad/config.json"
 if out=$("$bin" logits -m "$tmp/gmbad" --ids "1 2" 2>&1); then fail "granitemoe: experts 80 wide in config.json, 96 stored: loaded"
 elif grep -qF "input_linear.weight: shape [4, 192, 64], expected [4, 160, 64]" <<< "$out"; then pass "granitemoe: a stack of the wrong shape refused: $(tail -n 1 <<< "$out")"
