@@ -28,6 +28,9 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0
 failed=0
 pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+# inspect_has FILE PATTERN: kvlm inspect's listing of FILE matches PATTERN (read whole first: a
+# `grep -q` that stops early would kill inspect by SIGPIPE, which pipefail makes a failure)
+inspect_has() { local o; o=$("$bin" inspect "$1" 2>&1); grep -q "$2" <<< "$o"; }
 fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
 # gemma2: a window of 8, shorter than the texts and id lists below, tied embeddings
@@ -68,7 +71,7 @@ q3ids="1 300 17 402 599 3 88 650 260 261"
 for m in qwen3 qwen3.gguf qwen3.back.gguf; do
     "$bin" logits -m "$tmp/$m" --ids "$q3ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/q3.$m.txt" 2>/dev/null
 done
-if "$bin" inspect "$tmp/qwen3.back.gguf" 2>&1 | grep -q "blk.1.attn_k_norm.weight *f32 *32 " &&
+if inspect_has "$tmp/qwen3.back.gguf" "blk.1.attn_k_norm.weight *f32 *32 " &&
    [ -s "$tmp/q3.qwen3.txt" ] && cmp -s "$tmp/q3.qwen3.txt" "$tmp/q3.qwen3.gguf.txt" &&
    cmp -s "$tmp/q3.qwen3.back.gguf.txt" "$tmp/q3.qwen3.gguf.txt"; then
     pass "qwen3: convert DIR writes attn_q_norm/attn_k_norm; the directory's and the convert's logits = the GGUF's"
@@ -96,7 +99,7 @@ print(max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x, y)) if len(a) == l
     else fail "rope_scaling llama3: directory vs GGUF $e_dir, GGUF vs unscaled $e_plain"; fi
     "$bin" convert "$tmp/l3" "$tmp/l3.back.gguf" 2>/dev/null
     "$bin" logits -m "$tmp/l3.back.gguf" --ids "$ids" --cache-type-k f32 --cache-type-v f32 > "$tmp/l3.back.txt" 2>/dev/null
-    if "$bin" inspect "$tmp/l3.back.gguf" 2>&1 | grep -q "rope_freqs.weight *f32 *8 " &&
+    if inspect_has "$tmp/l3.back.gguf" "rope_freqs.weight *f32 *8 " &&
        cmp -s "$tmp/l3.back.txt" "$tmp/l3.gguf.txt"; then
         pass "convert DIR with rope_scaling llama3: rope_freqs.weight in the GGUF, the same logits as the original"
     else fail "convert DIR with rope_scaling llama3: no rope_freqs.weight"; fi
@@ -143,7 +146,7 @@ if $export "$tmp/lr.gguf" "$tmp/lr" --family phi3 && grep -q '"type": "longrope"
     done
     e_set=$("$py" -c "$maxdiff" "$tmp/lr.lr.gguf.64.txt" "$tmp/lr.lr.gguf.32.txt")
     if "$py" -c "import sys; sys.exit(0 if $e_set > 1e-2 else 1)" &&
-       "$bin" inspect "$tmp/lr.back.gguf" 2>&1 | grep -q "phi3.rope.scaling.attn_factor *= 1.09"; then
+       inspect_has "$tmp/lr.back.gguf" "phi3.rope.scaling.attn_factor *= 1.09"; then
         pass "longrope: the long and the short factors part ($e_set); convert writes the attention factor"
     else fail "longrope: long vs short $e_set, or no attn_factor key in the convert"; fi
     # a short list of factors, a zero factor: refused with what is wrong, never run as plain RoPE
@@ -184,7 +187,7 @@ for spec in llama:mixtral:0:f32 qwen3moe:qwen3_moe:0:f32 qwen2moe:qwen2_moe:0:f3
     width=$(case $arch in llama|granitemoe) echo 96 ;; *) echo 48 ;; esac)
     shexp=$("$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -c "ffn_down_shexp.weight *$type *192 x 64")
     if "$py" -c "import sys; sys.exit(0 if $e_dir < 1e-4 else 1)" && cmp -s "$tmp/$fam.moe.back.gguf.txt" "$tmp/$fam.moe.gguf.txt" &&
-       "$bin" inspect "$tmp/$fam.moe.back.gguf" 2>&1 | grep -q "blk.1.ffn_down_exps.weight *$type *$width x 64 x 4" &&
+       inspect_has "$tmp/$fam.moe.back.gguf" "blk.1.ffn_down_exps.weight *$type *$width x 64 x 4" &&
        { [ "$arch" != granitemoe ] || [ "$shexp" = "$shared" ]; }; then
         pass "$fam: $([ "$arch" = granitemoe ] && echo "stacked experts" || echo "one tensor per expert, stacked")$([ "$shared" = 0 ] || echo ' and the shared expert'): the GGUF's logits (max diff $e_dir); convert writes the stacks back"
     else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
