@@ -4,7 +4,7 @@ directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
     hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|granitemoe|granitemoeshared|olmo2|qwen2|qwen3|qwen3_moe|phi3|
-                                          gemma2|gemma3_text]
+                                          gemma2|gemma3_text|gemma3 [--lm-names google|new]]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -140,8 +140,19 @@ def rotate_half_rows(w, n_head):
     return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Gemma3TextConfig's defaults: a multimodal gemma3 config.json's text_config
+# lists only the keys that differ from them, as Google's files do
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+                        "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                        "query_pre_attn_scalar": 256, "sliding_window_pattern": 6, "tie_word_embeddings": True}
+
+
 def export_weights(meta, tensors, out, fam, args):
     arch = meta["general.architecture"].decode()
+    multimodal = fam == "gemma3"  # Gemma 3 4B and larger: the text model inside Gemma3ForConditionalGeneration
+    if multimodal:
+        fam = "gemma3_text"
     g = lambda k, d=None: meta.get("%s.%s" % (arch, k), d)
     n_layers, dim = g("block_count"), g("embedding_length")
     n_head = g("attention.head_count")
@@ -347,6 +358,26 @@ def export_weights(meta, tensors, out, fam, args):
         cfg["bos_token_id"] = bos
     if eos is not None and eos < vocab:
         cfg["eos_token_id"] = eos
+    if multimodal:  # text_config: what differs from the defaults, and what Google's list anyway
+        keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "rope_scaling", "sliding_window")
+        text = {k: v for k, v in cfg.items() if k in keep or (k in GEMMA3_TEXT_DEFAULTS and v != GEMMA3_TEXT_DEFAULTS[k])}
+        text["model_type"] = "gemma3_text"
+        cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8, "num_hidden_layers": 1},
+               "mm_tokens_per_image": 256, "image_token_index": 262144, "torch_dtype": cfg["torch_dtype"]}
+        google = args.lm_names == "google"
+        named = []
+        for name, a, dt in items:
+            if name.startswith("model."):
+                name = ("language_model.model." if google else "model.language_model.") + name[len("model."):]
+            elif name == "lm_head.weight":
+                name = "language_model.lm_head.weight" if google else name
+            named.append((name, a, dt))
+        # a vision tower and projector, which kvlm leaves unread
+        v = np.zeros((8, 8), dtype=np.float32)
+        named.append(("vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight", v, "F32"))
+        named.append(("multi_modal_projector.mm_input_projection_weight", v, "F32"))
+        items[:] = named
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
 
@@ -464,6 +495,8 @@ def main(argv):
     ap.add_argument("--template", default=None)
     ap.add_argument("--no-pad", action="store_true", help="leave the header unpadded (misaligned data)")
     ap.add_argument("--vocab-only", action="store_true")
+    ap.add_argument("--lm-names", default="google", choices=["google", "new"],
+                    help="gemma3: language_model.model.* as Google ships it, or model.language_model.* (newer Transformers)")
     ap.add_argument("--rope-llama3", default=None, metavar="FACTOR,LOW,HIGH,ORIG",
                     help="config.json's rope_scaling of type llama3 (what the GGUF's rope_freqs.weight was made from)")
     args = ap.parse_args(argv)

@@ -234,6 +234,21 @@ if [ "$(wc -l <<< "$la")" -eq 20 ] && [ "$la" = "$lb" ] && [ "$lc" = "$lb" ] &&
    grep -q "blk.6.attn_q_norm.weight" <<< "$keys" && grep -q "gemma3.rope.scaling.factor *= 8" <<< "$keys"; then
     pass "gemma3_text: logits at all 20 positions of the directory and of its convert = the GGUF's; q/k norms, linear 8 kept"
 else fail "gemma3_text: logits or keys differ"; fi
+# Gemma 3 4B and larger ship as multimodal directories (model_type gemma3): the same model there, its
+# tensors under language_model.model.* (Google's files) or model.language_model.* (newer Transformers),
+# text_config listing only what differs from Gemma3TextConfig's defaults, a vision tower left unread
+for names in google new; do
+    if $export "$tmp/gemma3_text.gguf" "$tmp/g3mm-$names" --family gemma3 --lm-names "$names"; then
+        lm=$("$bin" logits -m "$tmp/g3mm-$names" --ids "$ids" 2>&1)
+        if [ "$lm" = "$lb" ]; then pass "gemma3 multimodal ($names names): the language model's logits = the GGUF's"
+        else fail "gemma3 multimodal ($names names): $(head -c 300 <<< "$lm")"; fi
+    else fail "gemma3 multimodal: export"; fi
+done
+rm -rf "$tmp/g3mmbad" && cp -r "$tmp/g3mm-google" "$tmp/g3mmbad"
+"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); del c['text_config']; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/g3mmbad/config.json"
+if out=$("$bin" logits -m "$tmp/g3mmbad" --ids "1 2" 2>&1); then fail "gemma3 multimodal without text_config: loaded"
+elif grep -qF 'without a "text_config" object' <<< "$out"; then pass "gemma3 multimodal: refused: $(tail -n 1 <<< "$out")"
+else fail "gemma3 multimodal without text_config: got '$out'"; fi
 rm -rf "$tmp/g3bad" && cp -r "$tmp/gemma3_text" "$tmp/g3bad"
 "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['layer_types'][0] = 'full_attention'; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/g3bad/config.json"
 if out=$("$bin" logits -m "$tmp/g3bad" --ids "1 2" 2>&1); then fail "gemma3_text: a layer_types of another pattern loaded"

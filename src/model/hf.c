@@ -541,6 +541,16 @@ static const char *shape_str(const st_tensor *t, char *buf, size_t cap) {
 /* Takes tensor `name` as t: a matrix of n_out rows of n_in (HF shape
  * [n_out, n_in]) used in place, or (n_out 0) a vector of n_in widened to an
  * f32 copy, plus `add` (gemma's + 1). */
+/* A text model's tensor name ("model.*", "lm_head.weight") as the
+ * directory stores it (model_hf.lm_model, lm_head), in buf. */
+static const char *lm_name(const model_hf *h, const char *name, char *buf, size_t cap) {
+    if (!h->lm_model) return name;
+    if (!strncmp(name, "model.", 6)) snprintf(buf, cap, "%s%s", h->lm_model, name + 6);
+    else if (!strcmp(name, "lm_head.weight")) snprintf(buf, cap, "%s", h->lm_head);
+    else return name;
+    return buf;
+}
+
 static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
                     int64_t n_out, bool optional, float add, kvlm_error *err);
 static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out, bool optional,
@@ -560,6 +570,8 @@ static int take_stack(struct kvlm_model *m, model_tensor *t, const char *name, i
 static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
                     int64_t n_out, bool optional, float add, kvlm_error *err) {
     memset(t, 0, sizeof *t);
+    char full[256];
+    name = lm_name(m->hf, name, full, sizeof full);
     const st_tensor *s = st_set_find(m->hf->st, name);
     if (!s) {
         if (optional) return KVLM_OK;
@@ -620,16 +632,19 @@ static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int
     return KVLM_OK;
 }
 
-/* Tensors model.layers.N.* must have N < num_hidden_layers. */
+/* Tensors model.layers.N.* (the language model's) must have N < num_hidden_layers. */
 static int check_layers(const struct kvlm_model *m, kvlm_error *err) {
     const st_set *s = m->hf->st;
+    char pre[64];
+    const char *p = lm_name(m->hf, "model.layers.", pre, sizeof pre);
+    size_t pn = strlen(p);
     for (int i = 0; i < s->n_index; i++) {
         const char *n = s->index[i]->name;
-        if (strncmp(n, "model.layers.", 13)) continue;
+        if (strncmp(n, p, pn)) continue;
         char *end;
         errno = 0;
-        unsigned long long l = strtoull(n + 13, &end, 10);
-        if (end != n + 13 && *end == '.' && !errno && l >= (unsigned long long)m->cfg.n_layers)
+        unsigned long long l = strtoull(n + pn, &end, 10);
+        if (end != n + pn && *end == '.' && !errno && l >= (unsigned long long)m->cfg.n_layers)
             return util_err_set(err, KVLM_EFORMAT, "%s: tensor %s belongs to layer %llu, but config.json has "
                                 "num_hidden_layers %d", m->path, n, l, m->cfg.n_layers);
     }
@@ -793,15 +808,53 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
             const char *b[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
                                "self_attn.o_proj.bias"};
             for (int i = 0; i < 4; i++) {
+                char full[256];
                 snprintf(n, sizeof n, "model.layers.%d.%s", l, b[i]);
-                if (st_set_find(m->hf->st, n))
+                const char *fn = lm_name(m->hf, n, full, sizeof full);
+                if (st_set_find(m->hf->st, fn))
                     return util_err_set(err, KVLM_EUNSUPPORTED, "%s: tensor %s: biases are not supported for %s",
-                                        m->path, n, fam->model_type);
+                                        m->path, fn, fam->model_type);
             }
         }
     }
     c->weight_type = m->layers[0].wq.type;
     m->weight_bytes = m->hf->st->total_bytes;
+    return KVLM_OK;
+}
+
+/* Gemma 3 4B, 12B and 27B ship as multimodal directories (model_type
+ * "gemma3", Gemma3ForConditionalGeneration): kvlm reads the language model
+ * and leaves the vision tower and projector unread. Its keys are
+ * text_config's, which Google's files give only where they differ from
+ * Gemma3TextConfig's defaults (the 4B's lists no head counts), so *cfg
+ * becomes those defaults updated with text_config (model_type gemma3_text;
+ * tied embeddings, as those models are); *mm set. Other configs pass. */
+static int gemma3_text_config(json_t **cfg, const char *path, bool *mm, kvlm_error *err) {
+    json_t *mt = json_object_get(*cfg, "model_type");
+    if (!json_is_string(mt) || strcmp(json_string_value(mt), "gemma3")) return KVLM_OK;
+    json_t *text = json_object_get(*cfg, "text_config");
+    if (!json_is_object(text))
+        return util_err_set(err, KVLM_EFORMAT, "%s: model_type \"gemma3\" (multimodal) without a \"text_config\" "
+                            "object", path);
+    json_t *tc = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:i, s:i, s:i, s:b}",
+                           "vocab_size", 262208, "hidden_size", 2304, "intermediate_size", 9216,
+                           "num_hidden_layers", 26, "num_attention_heads", 8, "num_key_value_heads", 4,
+                           "head_dim", 256, "hidden_activation", "gelu_pytorch_tanh",
+                           "max_position_embeddings", 131072, "rms_norm_eps", 1e-6, "rope_theta", 1e6,
+                           "rope_local_base_freq", 1e4, "query_pre_attn_scalar", 256, "sliding_window", 4096,
+                           "sliding_window_pattern", 6, "tie_word_embeddings", 1);
+    if (!tc || json_object_update(tc, text) || json_object_set_new(tc, "model_type", json_string("gemma3_text"))) {
+        json_decref(tc);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
+    /* what the top level says of the weights still applies */
+    const char *top[] = {"quantization_config", "torch_dtype"};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (json_object_get(*cfg, top[i]) && !json_object_get(tc, top[i]))
+            json_object_set(tc, top[i], json_object_get(*cfg, top[i]));
+    json_decref(*cfg);
+    *cfg = tc;
+    *mm = true;
     return KVLM_OK;
 }
 
@@ -825,12 +878,24 @@ int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_e
         return util_err_set(err, KVLM_EFORMAT, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
     }
     const hf_family *fam = NULL;
-    bool tied = false;
-    int rc = json_is_object(cfg) ? read_config(m, cfg, path, &fam, &tied, err)
+    bool tied = false, mm = false;
+    int rc = json_is_object(cfg) ? gemma3_text_config(&cfg, path, &mm, err)
                                  : util_err_set(err, KVLM_EFORMAT, "%s: not a JSON object", path);
+    if (!rc) rc = read_config(m, cfg, path, &fam, &tied, err);
     json_decref(cfg);
     if (rc) return rc;
+    if (mm) snprintf(m->hf->family, sizeof m->hf->family, "gemma3");
     if (!(m->hf->st = st_set_open_dir(dir, err))) return err ? err->code : KVLM_EFORMAT;
+    if (mm) { /* where the language model's tensors are */
+        if (st_set_find(m->hf->st, "language_model.model.embed_tokens.weight"))
+            m->hf->lm_model = "language_model.model.", m->hf->lm_head = "language_model.lm_head.weight";
+        else if (st_set_find(m->hf->st, "model.language_model.embed_tokens.weight"))
+            m->hf->lm_model = "model.language_model.", m->hf->lm_head = "lm_head.weight";
+        else
+            return util_err_set(err, KVLM_EFORMAT, "%s: a gemma3 (multimodal) directory without its language model's "
+                                "embeddings (language_model.model.embed_tokens.weight or "
+                                "model.language_model.embed_tokens.weight)", dir);
+    }
     if ((rc = load_weights(m, fam, tied, err))) return rc;
     if ((rc = vocab_from_hf(dir, m->cfg.vocab_size, &m->vocab, err))) return rc;
     return KVLM_OK;

@@ -19,6 +19,11 @@ typedef struct model_hf {
     int n_owned, cap_owned;
     char family[32];             /* config.json model_type */
     int sliding_window;          /* config.json sliding_window, recorded (0: none); see docs/hf-checkpoints.md */
+    /* Gemma 3's multimodal directories: the language model's tensors are
+     * "language_model.model.*" and "language_model.lm_head.weight" (as
+     * Google ships them) or "model.language_model.*" and "lm_head.weight"
+     * (newer Transformers); "" for a text model's "model.*" */
+    const char *lm_model, *lm_head;
 } model_hf;
 
 /* Whether path is a directory (then model_load reads it as a HF checkpoint). */
