@@ -76,7 +76,7 @@ static const hf_family k_families[] = {
      * sliding_window (every other layer local, from layer 0). */
     {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm", false},
     /* Gemma 3's text model (Gemma3ForCausalLM: the 1B; the larger ones ship as
-     * multimodal "gemma3" directories, not read): gemma2's norms and
+     * multimodal "gemma3" directories, read through gemma3_text_config): gemma2's norms and
      * activation, q/k norms (+1 too), no soft-caps, five local layers to one
      * global (sliding_window_pattern 6, or layer_types), rope_local_base_freq
      * for the local layers, rope_scaling linear on the global ones. */
