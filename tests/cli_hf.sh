@@ -276,6 +276,18 @@ err=$("$bin" tokenize -m "$tmp/t_odd" "hi" 2>&1 >/dev/null)
 if grep -q "chat template" <<< "$err" && grep -q "### {{ m.role }}" <<< "$err"; then pass "unknown template named in a warning: $err"
 else fail "no warning naming the unknown template: '$err'"; fi
 
+# the template in a file of its own, as newer Transformers save it: chat_template.jinja, or a
+# processor's chat_template.json (Gemma 3's), read when tokenizer_config.json has none
+for f in jinja json; do
+    rm -rf "$tmp/t_$f" && cp -r "$tmp/t_odd" "$tmp/t_$f"
+    "$py" -c "import json,sys; d=sys.argv[1]; c=json.load(open(d+'/tokenizer_config.json')); t=c.pop('chat_template')
+json.dump(c, open(d+'/tokenizer_config.json', 'w'))
+open(d+'/chat_template.'+sys.argv[2], 'w').write(t if sys.argv[2] == 'jinja' else json.dumps({'chat_template': t}))" "$tmp/t_$f" "$f"
+    err=$("$bin" tokenize -m "$tmp/t_$f" "hi" 2>&1 >/dev/null)
+    if grep -q "### {{ m.role }}" <<< "$err"; then pass "a template in chat_template.$f is read (and named: unknown)"
+    else fail "chat_template.$f not read: '$err'"; fi
+done
+
 # ---- a missing shard --------------------------------------------------------------
 $export "$tmp/qwen2.gguf" "$tmp/sh" --shards 2 > /dev/null
 rm "$tmp/sh/model-00001-of-00002.safetensors"

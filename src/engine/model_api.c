@@ -110,7 +110,7 @@ static void name_pre_regex(model_vocab *v) {
     snprintf(v->pre, sizeof v->pre, "%s", name);
 }
 
-/* tokenizer_config.json's chat template, matched to the families kvlm renders. */
+/* A directory's chat template (tokenizer_config.json, chat_template.jinja or .json), matched to the families kvlm renders. */
 static void check_hf_template(const kvlm_model *m) {
     const char *t = m->vocab.chat_template;
     if (!t) return;
@@ -120,7 +120,7 @@ static void check_hf_template(const kvlm_model *m) {
     size_t n = 0;
     for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
     head[n] = 0;
-    LOG_WARN("%s: tokenizer_config.json's chat template (%zu bytes, \"%s%s\") is none kvlm knows (chatml, "
+    LOG_WARN("%s: the directory's chat template (%zu bytes, \"%s%s\") is none kvlm knows (chatml, "
              "llama2, llama3, zephyr, phi3, phi4, gemma, granite): /v1/chat/completions needs --chat-template NAME", m->path, strlen(t), head,
              strlen(t) > n ? "..." : "");
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "model/hf.h"
 #include "util/error.h"
+#include "util/file.h"
 
 #define MAX_VOCAB (1 << 24)
 #define MAX_PRE_REGEX 8
@@ -261,6 +262,27 @@ static json_t *load_json(const char *path, bool required, kvlm_error *err, int *
     return j;
 }
 
+/* Newer Transformers save the chat template beside tokenizer_config.json:
+ * chat_template.jinja (the text as it is), or a multimodal processor's
+ * chat_template.json ({"chat_template": "..."}, Gemma 3's). *out: the
+ * first found, or left NULL. */
+static int template_file(const char *dir, char **out, kvlm_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (access(path, F_OK) == 0) {
+        *out = util_read_file(path, 1u << 24, NULL, err);
+        return *out ? KVLM_OK : err ? err->code : KVLM_EIO;
+    }
+    snprintf(path, sizeof path, "%s/chat_template.json", dir);
+    int rc;
+    json_t *j = load_json(path, false, err, &rc);
+    if (!j) return rc;
+    const char *t = json_string_value(json_object_get(j, "chat_template"));
+    if (t && !(*out = strdup(t))) rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
+    json_decref(j);
+    return rc;
+}
+
 /* A template that starts (or ends) with a special token adds it. */
 static bool template_adds(json_t *post, bool first, const char *tok) {
     if (!tok || !post) return false;
@@ -464,6 +486,7 @@ static int load_vocab(const char *dir, int n_rows, model_vocab *v, kvlm_error *e
         }
     }
     if (ts && !(v->chat_template = strdup(ts))) rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
+    if (!ts && !rc) rc = template_file(dir, &v->chat_template, err);
 done:
     if (merges)
         for (int r = 0; r < n_merges; r++) free(merges[r]);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/error.h"
+#include "util/file.h"
 
 #define KEY_MODEL "tokenizer.ggml.model"
 #define KEY_PRE "tokenizer.ggml.pre"
@@ -332,28 +333,10 @@ int vocab_from_llama2c(const char *path, int n_vocab, model_vocab *v, kvlm_error
     if (n_vocab <= 0 || n_vocab > MAX_VOCAB)
         return util_err_set(err, KVLM_EINVAL, "%s: vocabulary size %d from the model header is not plausible", path,
                             n_vocab);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return util_err_set(err, KVLM_EIO, "cannot open tokenizer %s: %s", path, strerror(errno));
-    uint8_t *buf = NULL;
-    size_t size = 0, cap = 0;
-    int rc = KVLM_OK;
-    for (;;) {
-        if (size == cap) {
-            size_t ncap = cap ? cap * 2 : 1 << 16;
-            uint8_t *p = realloc(buf, ncap);
-            if (!p) { rc = util_err_set(err, KVLM_ENOMEM, "%s: out of memory reading the tokenizer", path); break; }
-            buf = p;
-            cap = ncap;
-        }
-        size_t got = fread(buf + size, 1, cap - size, fp);
-        size += got;
-        if (got == 0) {
-            if (ferror(fp)) rc = util_err_set(err, KVLM_EIO, "%s: read error", path);
-            break;
-        }
-    }
-    fclose(fp);
-    if (!rc) rc = load_llama2c(path, buf, size, n_vocab, v, err);
+    size_t size = 0;
+    uint8_t *buf = (uint8_t *)util_read_file(path, (size_t)1 << 30, &size, err);
+    if (!buf) return err ? err->code : KVLM_EIO;
+    int rc = load_llama2c(path, buf, size, n_vocab, v, err);
     free(buf);
     if (rc) vocab_free(v);
     return rc;

@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "server/kv_events.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/timing.h"
 
 extern const unsigned char server_web_page[];
@@ -712,26 +713,17 @@ static void model_id_from_path(const char *path, char *out, size_t cap) {
 
 /* The whole of a small text file (a PEM key or certificate), NUL-terminated. */
 static char *read_text(const char *path, const char *what, kvlm_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { util_err_set(err, KVLM_EIO, "cannot open the %s '%s': %s", what, path, strerror(errno)); return NULL; }
-    size_t cap = 4096, len = 0;
-    char *b = malloc(cap);
-    for (size_t n; b && (n = fread(b + len, 1, cap - len - 1, f)) > 0;) {
-        len += n;
-        if (len + 1 == cap) {
-            char *nb = cap < (16u << 20) ? realloc(b, cap *= 2) : NULL;
-            if (!nb) { free(b); b = NULL; }
-            else b = nb;
-        }
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (!b || bad || !len) {
-        util_err_set(err, KVLM_EIO, "cannot read the %s '%s'%s", what, path, !b ? " (too large)" : !len ? " (empty)" : "");
+    size_t len = 0;
+    char *b = util_read_file(path, 16u << 20, &len, err);
+    if (b && !len) {
         free(b);
-        return NULL;
+        b = NULL;
+        util_err_set(err, KVLM_EIO, "cannot read the %s '%s' (empty)", what, path);
+    } else if (!b && err) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        util_err_set(err, err->code, "the %s: %s", what, why);
     }
-    b[len] = '\0';
     return b;
 }
 
