@@ -3,7 +3,7 @@
 directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
-    hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|granitemoe|granitemoeshared|olmo2|qwen2|qwen3|qwen3_moe|phi3|
+    hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|granitemoe|granitemoeshared|olmo2|olmo3|qwen2|qwen3|qwen3_moe|phi3|
                                           gemma2|gemma3_text|gemma3 [--lm-names google|new]]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
@@ -186,7 +186,7 @@ def export_weights(meta, tensors, out, fam, args):
         put("lm_head.weight", "output.weight")
     for l in range(n_layers):
         p, b = "model.layers.%d." % l, "blk.%d." % l
-        if fam != "olmo2":  # OLMo 2: no norm before attention or FFN
+        if fam not in ("olmo2", "olmo3"):  # OLMo 2 and 3: no norm before attention or FFN
             put(p + "input_layernorm.weight", b + "attn_norm.weight")
         if fam == "phi3":
             put(p + "self_attn.qkv_proj.weight", b + "attn_qkv.weight")
@@ -202,7 +202,7 @@ def export_weights(meta, tensors, out, fam, args):
             if b + "attn_%s.bias" % x in tensors:
                 put(p + "self_attn.%s_proj.bias" % x, b + "attn_%s.bias" % x)
         put(p + "self_attn.o_proj.weight", b + "attn_output.weight")
-        if fam == "olmo2":  # the norms after attention and FFN, under these names
+        if fam in ("olmo2", "olmo3"):  # the norms after attention and FFN, under these names
             put(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight")
             put(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight")
         elif gemma:
@@ -239,7 +239,7 @@ def export_weights(meta, tensors, out, fam, args):
                 items.append((pre + "shared_expert_gate.weight", arr.reshape(1, -1), dt))
         else:
             put(p + "mlp.down_proj.weight", b + "ffn_down.weight")
-        if fam in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"):
+        if fam in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2", "olmo3"):
             put(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight")
             put(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight")
 
@@ -247,7 +247,7 @@ def export_weights(meta, tensors, out, fam, args):
     cfg = {
         "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "granite": "GraniteForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
-                           "granitemoeshared": "GraniteMoeSharedForCausalLM", "olmo2": "Olmo2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                           "granitemoeshared": "GraniteMoeSharedForCausalLM", "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "mixtral": "MixtralForCausalLM",
                            "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                            "gemma3_text": "Gemma3ForCausalLM"}[fam]],
         "model_type": fam,
@@ -290,6 +290,13 @@ def export_weights(meta, tensors, out, fam, args):
         cfg["residual_multiplier"] = float(g("residual_scale", 1.0))
         cfg["attention_multiplier"] = float(g("attention.scale", head_dim ** -0.5))
         cfg["logits_scaling"] = float(g("logit_scale", 1.0))
+    if fam == "olmo3":  # Olmo3Config: the window on the layers layer_types calls sliding_attention
+        pat = g("attention.sliding_window_pattern", 4)
+        local = [bool(v) for v in pat] if isinstance(pat, list) else [(i + 1) % pat != 0 for i in range(n_layers)]
+        cfg["sliding_window"] = g("attention.sliding_window", 4096)
+        cfg["layer_types"] = ["sliding_attention" if v else "full_attention" for v in local]
+        if cfg["rope_scaling"] and cfg["rope_scaling"]["rope_type"] == "yarn":  # OLMo 3's configs state the factor
+            cfg["rope_scaling"]["attention_factor"] = 1 + 0.1 * np.log(cfg["rope_scaling"]["factor"])
     if fam == "smollm3":  # SmolLM3Config: RoPE off in every fourth layer
         cfg["no_rope_layer_interval"] = 4
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(n_layers)]

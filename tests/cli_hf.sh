@@ -31,6 +31,25 @@ pass() { passed=$((passed + 1)); echo "PASS: $*"; }
 # inspect_has FILE PATTERN: kvlm inspect's listing of FILE matches PATTERN (read whole first: a
 # `grep -q` that stops early would kill inspect by SIGPIPE, which pipefail makes a failure)
 inspect_has() { local o; o=$("$bin" inspect "$1" 2>&1); grep -q "$2" <<< "$o"; }
+# refused LABEL DIR CODE NEEDLE: a copy of directory DIR whose config.json Python's CODE changed (c: the
+# config) is refused with a message holding NEEDLE
+refused() {
+    rm -rf "$tmp/bad" && cp -r "$2" "$tmp/bad"
+    "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); $3; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/bad/config.json"
+    local out
+    if out=$("$bin" logits -m "$tmp/bad" --ids "1 2" 2>&1); then fail "$1: loaded"
+    elif grep -qF "$4" <<< "$out"; then pass "$1: refused: $(tail -n 1 <<< "$out")"
+    else fail "$1: got '$out'"; fi
+}
+# three_ways NAME: la, lb, lc: the logits of directory $tmp/NAME, of its GGUF $tmp/NAME.gguf and of the
+# directory's convert $tmp/NAME.back.gguf; keys: the convert's keys
+three_ways() {
+    la=$("$bin" logits -m "$tmp/$1" --ids "$ids" 2>/dev/null)
+    lb=$("$bin" logits -m "$tmp/$1.gguf" --ids "$ids" 2>/dev/null)
+    "$bin" convert "$tmp/$1" "$tmp/$1.back.gguf" 2>/dev/null
+    lc=$("$bin" logits -m "$tmp/$1.back.gguf" --ids "$ids" 2>/dev/null)
+    keys=$("$bin" inspect "$tmp/$1.back.gguf" 2>&1)
+}
 fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 
 # gemma2: a window of 8, shorter than the texts and id lists below, tied embeddings
@@ -150,20 +169,12 @@ if $export "$tmp/lr.gguf" "$tmp/lr" --family phi3 && grep -q '"type": "longrope"
         pass "longrope: the long and the short factors part ($e_set); convert writes the attention factor"
     else fail "longrope: long vs short $e_set, or no attn_factor key in the convert"; fi
     # a short list of factors, a zero factor: refused with what is wrong, never run as plain RoPE
-    for edit in 'c["rope_scaling"]["short_factor"].pop()|"short_factor" must be an array of 12 numbers (rope dimension 24' \
-                'c["rope_scaling"]["long_factor"][3] = 0|long_factor[3] is not a finite number above 0'; do
-        code=${edit%%|*} want=${edit#*|}
-        rm -rf "$tmp/lrbad" && cp -r "$tmp/lr" "$tmp/lrbad"
-        "$py" -c "import json,sys; c=json.load(open(sys.argv[1])); $code; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/lrbad/config.json"
-        if out=$("$bin" logits -m "$tmp/lrbad" --ids "1 2" 2>&1); then fail "longrope: a bad config loaded ($code)"
-        elif grep -qF "$want" <<< "$out"; then pass "longrope: refused: $(tail -n 1 <<< "$out")"
-        else fail "longrope: want '$want', got '$out'"; fi
-    done
-    rm -rf "$tmp/lrbad" && cp -r "$tmp/lr" "$tmp/lrbad"
-    sed -i 's/"partial_rotary_factor": 0.75/"partial_rotary_factor": 0.72/' "$tmp/lrbad/config.json"
-    if out=$("$bin" logits -m "$tmp/lrbad" --ids "1 2" 2>&1); then fail "partial_rotary_factor 0.72 of 32 (23 dimensions) loaded"
-    elif grep -qF "leaves an even number of rotated dimensions" <<< "$out"; then pass "partial rotation: refused: $(tail -n 1 <<< "$out")"
-    else fail "partial_rotary_factor 0.72: got '$out'"; fi
+    refused "longrope, a short list of factors" "$tmp/lr" 'c["rope_scaling"]["short_factor"].pop()' \
+        '"short_factor" must be an array of 12 numbers (rope dimension 24'
+    refused "longrope, a zero factor" "$tmp/lr" 'c["rope_scaling"]["long_factor"][3] = 0' \
+        'long_factor[3] is not a finite number above 0'
+    refused "partial_rotary_factor 0.72 of 32 (23 dimensions)" "$tmp/lr" 'c["partial_rotary_factor"] = 0.72' \
+        "leaves an even number of rotated dimensions"
 else fail "longrope (phi3): export"; fi
 
 # ---- mixtures of experts: Mixtral (block_sparse_moe, llama's rows; experts as wide as the FFN, 96) and
@@ -193,22 +204,16 @@ for spec in llama:mixtral:0:f32 qwen3moe:qwen3_moe:0:f32 qwen2moe:qwen2_moe:0:f3
     else fail "$fam: directory vs GGUF $e_dir, or convert lost the experts"; fi
 done
 # a GraniteMoe stack of the wrong shape is refused
-rm -rf "$tmp/gmbad" && cp -r "$tmp/granitemoe.moe" "$tmp/gmbad"
-"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['intermediate_size'] = 80; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/gmbad/config.json"
-if out=$("$bin" logits -m "$tmp/gmbad" --ids "1 2" 2>&1); then fail "granitemoe: experts 80 wide in config.json, 96 stored: loaded"
-elif grep -qF "input_linear.weight: shape [4, 192, 64], expected [4, 160, 64]" <<< "$out"; then pass "granitemoe: a stack of the wrong shape refused: $(tail -n 1 <<< "$out")"
-else fail "granitemoe wrong stack: got '$out'"; fi
-rm -rf "$tmp/q3bad" && cp -r "$tmp/qwen3_moe.moe" "$tmp/q3bad"
-"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['norm_topk_prob'] = False; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/q3bad/config.json"
+refused "granitemoe, experts 80 wide in config.json and 96 stored" "$tmp/granitemoe.moe" "c['intermediate_size'] = 80" \
+    "input_linear.weight: shape [4, 192, 64], expected [4, 160, 64]"
+refused "qwen3_moe, norm_topk_prob false" "$tmp/qwen3_moe.moe" "c['norm_topk_prob'] = False" \
+    "qwen3_moe with norm_topk_prob false is not supported"
 # a bf16 shared-expert gate (Qwen2-MoE ships its 1 x hidden gate in bf16): read as f32 weights
 rm -rf "$tmp/q2bf" && $export "$tmp/qwen2_moe.moe.gguf" "$tmp/q2bf" --family qwen2_moe --norm-dtype bf16 &&
     "$bin" logits -m "$tmp/q2bf" --ids "$moeids" --cache-type-k f32 --cache-type-v f32 > "$tmp/q2bf.txt" 2>/dev/null
 e_bf=$("$py" -c "$maxdiff" "$tmp/q2bf.txt" "$tmp/qwen2_moe.moe.gguf.txt")
 if "$py" -c "import sys; sys.exit(0 if 0 < $e_bf < 0.05 else 1)"; then pass "qwen2_moe: bf16 norms and shared-expert gate: within $e_bf of the f32 GGUF"
 else fail "qwen2_moe with bf16 vectors: $e_bf from the GGUF"; fi
-if out=$("$bin" logits -m "$tmp/q3bad" --ids "1 2" 2>&1); then fail "qwen3_moe: norm_topk_prob false loaded"
-elif grep -qF "qwen3_moe with norm_topk_prob false is not supported" <<< "$out"; then pass "qwen3_moe: refused: $(tail -n 1 <<< "$out")"
-else fail "qwen3_moe norm_topk_prob: got '$out'"; fi
 
 # ---- gemma2: every position's logits (20 ids, past the window) and convert's keys ---
 ids="1 300 17 402 599 3 88 650 260 261 45 699 5 6 7 8 9 10 11 12"
@@ -225,11 +230,7 @@ else fail "convert gemma2 DIR: keys missing: $keys"; fi
 
 # ---- gemma3_text (7 layers: layer 6 global, window 8, linear 8 on the global layer): every position's
 # logits of 20 ids, and convert writes q/k norms and the linear scaling back (the same logits)
-la=$("$bin" logits -m "$tmp/gemma3_text" --ids "$ids" 2>/dev/null)
-lb=$("$bin" logits -m "$tmp/gemma3_text.gguf" --ids "$ids" 2>/dev/null)
-"$bin" convert "$tmp/gemma3_text" "$tmp/gemma3.back.gguf" 2>/dev/null
-lc=$("$bin" logits -m "$tmp/gemma3.back.gguf" --ids "$ids" 2>/dev/null)
-keys=$("$bin" inspect "$tmp/gemma3.back.gguf" 2>&1)
+three_ways gemma3_text
 if [ "$(wc -l <<< "$la")" -eq 20 ] && [ "$la" = "$lb" ] && [ "$lc" = "$lb" ] &&
    grep -q "blk.6.attn_q_norm.weight" <<< "$keys" && grep -q "gemma3.rope.scaling.factor *= 8" <<< "$keys"; then
     pass "gemma3_text: logits at all 20 positions of the directory and of its convert = the GGUF's; q/k norms, linear 8 kept"
@@ -244,16 +245,25 @@ for names in google new; do
         else fail "gemma3 multimodal ($names names): $(head -c 300 <<< "$lm")"; fi
     else fail "gemma3 multimodal: export"; fi
 done
-rm -rf "$tmp/g3mmbad" && cp -r "$tmp/g3mm-google" "$tmp/g3mmbad"
-"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); del c['text_config']; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/g3mmbad/config.json"
-if out=$("$bin" logits -m "$tmp/g3mmbad" --ids "1 2" 2>&1); then fail "gemma3 multimodal without text_config: loaded"
-elif grep -qF 'without a "text_config" object' <<< "$out"; then pass "gemma3 multimodal: refused: $(tail -n 1 <<< "$out")"
-else fail "gemma3 multimodal without text_config: got '$out'"; fi
-rm -rf "$tmp/g3bad" && cp -r "$tmp/gemma3_text" "$tmp/g3bad"
-"$py" -c "import json,sys; c=json.load(open(sys.argv[1])); c['layer_types'][0] = 'full_attention'; json.dump(c, open(sys.argv[1], 'w'))" "$tmp/g3bad/config.json"
-if out=$("$bin" logits -m "$tmp/g3bad" --ids "1 2" 2>&1); then fail "gemma3_text: a layer_types of another pattern loaded"
-elif grep -qF 'layer_types[0] is not "sliding_attention"' <<< "$out"; then pass "gemma3_text: refused: $(tail -n 1 <<< "$out")"
-else fail "gemma3_text: layer_types: got '$out'"; fi
+refused "gemma3 multimodal without text_config" "$tmp/g3mm-google" "del c['text_config']" 'without a "text_config" object'
+refused "gemma3_text, a layer_types of another pattern" "$tmp/gemma3_text" "c['layer_types'][0] = 'full_attention'" \
+    'layer_types[0] is not "sliding_attention"'
+
+# ---- OLMo 3 (olmo2 with windows: layer_types, three local layers to one global; YaRN 4 on the global
+# layers only): the directory's logits at all 20 positions (window 8) = the GGUF's, convert writes the
+# window, the pattern and YaRN back; a layer_types of no period is refused
+"$bin" synth "$tmp/olmo3.gguf" --arch olmo2 --dim 64 --hidden 96 --layers 8 --heads 4 --kv-heads 2 --vocab 700 \
+    --ctx 64 --sliding-window 8 --yarn 4 --type bf16 --seed 12 > /dev/null
+if $export "$tmp/olmo3.gguf" "$tmp/olmo3" --family olmo3; then
+    three_ways olmo3
+    if [ "$(wc -l <<< "$la")" -eq 20 ] && [ "$la" = "$lb" ] && [ "$lc" = "$lb" ] &&
+       grep -q "olmo2.attention.sliding_window *= 8" <<< "$keys" && grep -q "olmo2.attention.sliding_window_pattern" <<< "$keys" &&
+       grep -q "olmo2.rope.scaling.factor *= 4" <<< "$keys"; then
+        pass "olmo3: logits at all 20 positions of the directory and of its convert = the GGUF's; window, pattern, YaRN kept"
+    else fail "olmo3: logits or keys differ"; fi
+    refused "olmo3, a layer_types of no period" "$tmp/olmo3" "c['layer_types'][5] = 'full_attention'" \
+        'layer_types[5] is not "sliding_attention"'
+else fail "olmo3: export"; fi
 
 # ---- convert --type q8_0: the same file contents as converting the GGUF ----------
 "$bin" convert "$tmp/qwen2" "$tmp/a.gguf" --type q8_0 2>/dev/null

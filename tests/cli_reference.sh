@@ -204,6 +204,11 @@ synth_check granite-mqa81-tied-f16 1e-4 --arch granite --dim 128 --heads 8 --kv-
 # across all their heads before RoPE (NeoX)
 synth_check olmo2-gqa42-f32        1e-4 --arch olmo2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 --type f32 --seed 90 "${common[@]}"
 synth_check olmo2-mha-hd16-f16     1e-4 --arch olmo2 --dim 128 --heads 8 --kv-heads 8 --hidden 192 --type f16 --seed 91 --layers 3 --vocab 300 --ctx 64
+# OLMo 3 (olmo2 with a window): three local layers to one global, window 4 over the 22 ids; with
+# YaRN (factor 4 from 16) on the global layers only, the local ones plain (llama.cpp's converter writes
+# the pattern as a bool per layer, which synth does too)
+synth_check olmo3-l8-w4-f32        1e-4 --arch olmo2 --dim 128 --heads 4 --kv-heads 2 --hidden 192 --sliding-window 4 --type f32 --seed 92 --layers 8 --vocab 384 --ctx 64
+synth_check olmo3-yarn4-w4-f16     1e-4 --arch olmo2 --dim 128 --heads 8 --kv-heads 2 --hidden 128 --sliding-window 4 --yarn 4 --type f16 --seed 93 --layers 4 --vocab 300 --ctx 64
 # a mixture of experts in every layer: Mixtral's (llama with expert_count,
 # each expert the FFN's width) and qwen3moe (qwen3's attention, experts of
 # their own width); a softmax over every expert, the top k, renormalised

@@ -899,6 +899,31 @@ static void set_experts_no_tensors(gguf_writer *w) {
     gguf_writer_set_u32(w, "llama.expert_used_count", 2);
 }
 static void set_olmo_window(gguf_writer *w) { gguf_writer_set_u32(w, "olmo2.attention.sliding_window", 4096); }
+/* OLMo 3's pattern as llama.cpp's converter writes it: a bool per layer (local) */
+static const uint8_t k_pat_ok[2] = {1, 0}, k_pat_bad[2] = {0, 1};
+static void set_olmo_pattern_ok(gguf_writer *w) {
+    set_olmo_window(w);
+    gguf_writer_set_arr(w, "olmo2.attention.sliding_window_pattern", GGUF_BOOL, k_pat_ok, 2);
+}
+static void set_olmo_pattern_bad(gguf_writer *w) {
+    set_olmo_window(w);
+    gguf_writer_set_arr(w, "olmo2.attention.sliding_window_pattern", GGUF_BOOL, k_pat_bad, 2);
+}
+static void set_olmo_pattern_short(gguf_writer *w) {
+    set_olmo_window(w);
+    gguf_writer_set_arr(w, "olmo2.attention.sliding_window_pattern", GGUF_BOOL, k_pat_ok, 1);
+}
+static void set_olmo_yarn_factor(gguf_writer *w) {
+    set_olmo_window(w);
+    gguf_writer_set_str(w, "olmo2.rope.scaling.type", "yarn");
+    gguf_writer_set_f32(w, "olmo2.rope.scaling.factor", 4.0f);
+    gguf_writer_set_u32(w, "olmo2.rope.scaling.original_context_length", 16);
+    gguf_writer_set_f32(w, "olmo2.rope.scaling.attn_factor", 1.5f);
+}
+static void set_olmo_yarn_own(gguf_writer *w) { /* the converter's copy of YaRN's own magnitude: taken */
+    set_olmo_yarn_factor(w);
+    gguf_writer_set_f32(w, "olmo2.rope.scaling.attn_factor", (float)(1.0 + 0.1 * log(4.0)));
+}
 static void set_granite_nope(gguf_writer *w) { gguf_writer_set_bool(w, "granite.rope.scaling.finetuned", false); }
 static void set_granitemoe_nope(gguf_writer *w) { gguf_writer_set_bool(w, "granitemoe.rope.scaling.finetuned", false); }
 static void set_granitemoe_tuned(gguf_writer *w) { gguf_writer_set_bool(w, "granitemoe.rope.scaling.finetuned", true); }
@@ -944,11 +969,20 @@ static void test_model_nonsense(void **state) {
     assert_int_equal(load_mutated(set_scaling_longrope, MUT_NONE, &err), KVLM_EUNSUPPORTED);
     printf("  longrope on llama: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "llama.rope.scaling.type = \"longrope\""));
-    /* OLMo 3's sliding windows under the olmo2 name: refused, not run as full attention */
+    /* OLMo 3's sliding windows under the olmo2 name: a period of 4 by default, or a bool per layer
+     * that must be one; a YaRN attention factor other than YaRN's own is refused */
     assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, NULL, MUT_NONE, &err), KVLM_OK);
-    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_window, MUT_NONE, &err), KVLM_EUNSUPPORTED);
-    printf("  olmo2 with a window: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, "olmo2.attention.sliding_window = 4096"));
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_window, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_pattern_ok, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_yarn_own, MUT_NONE, &err), KVLM_OK);
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_pattern_bad, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  olmo2 with a pattern of no period: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "layer 1 is local, but kvlm (as llama.cpp) takes one global layer in every 1"));
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_pattern_short, MUT_NONE, &err), KVLM_EFORMAT);
+    assert_non_null(strstr(err.msg, "an array of 2 bools (one per layer) is expected"));
+    assert_int_equal(load_mutated_arch(KVLM_ARCH_OLMO2, set_olmo_yarn_factor, MUT_NONE, &err), KVLM_EUNSUPPORTED);
+    printf("  olmo2 with an attention factor of its own: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "olmo2.rope.scaling.attn_factor = 1.5"));
     /* llama.cpp reads granite's rope.scaling.finetuned = false as "no RoPE": refused, not rotated */
     assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITEMOE, NULL, MUT_NONE, &err), KVLM_OK);
     assert_int_equal(load_mutated_arch(KVLM_ARCH_GRANITEMOE, set_granitemoe_tuned, MUT_NONE, &err), KVLM_OK);

@@ -143,6 +143,9 @@ class Model:
     rope_freqs = None   # Llama 3.1's per-pair RoPE factors (rope_freqs.weight), or None
     rope_scale = 1.0    # linear RoPE scaling (rope.scaling.type linear): every angle divided
     yarn_rope = None    # llama / qwen2 YaRN: (factor, original context, beta_fast, beta_slow)
+    # OLMo 3 (olmo2 with attention.sliding_window): per layer, whether it is local (the query at p
+    # sees keys k with p - window < k <= p), turned by plain RoPE at base_local, no scaling
+    window, local, base_local = 0, (), 10000.0
     rope_mag = 1.0      # phi3 LongRoPE: rope.scaling.attn_factor, the magnitude of the rotated q and k
     # granite's multipliers: embeddings, each branch's output, q.k (None: 1/sqrt(head_dim)), logits divided
     embed_mult, residual_mult, attn_scale, logit_div = 1.0, 1.0, None, 1.0
@@ -359,13 +362,20 @@ def load_gguf(path):
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe")):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "olmo2")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
             m.yarn_rope = (float(meta[a + ".rope.scaling.factor"]), int(meta[a + ".rope.scaling.original_context_length"]),
                            float(meta.get(a + ".rope.scaling.yarn_beta_fast", 32.0)),
                            float(meta.get(a + ".rope.scaling.yarn_beta_slow", 1.0)))
+    m.window = int(meta.get(a + ".attention.sliding_window", 0)) if a == "olmo2" else 0
+    if m.window:  # OLMo 3: three local layers to one global, or llama.cpp's converter's bool per layer
+        pat = meta.get(a + ".attention.sliding_window_pattern", 4)
+        m.local = [bool(v) for v in pat] if isinstance(pat, list) else [(i + 1) % int(pat) != 0 for i in range(m.n_layers)]
+        m.base_local = float(meta.get(a + ".rope.freq_base_swa", m.rope_base))
+    else:
+        m.local = [False] * m.n_layers
     m.layers = []
     if m.arch == "deepseek2":
         load_deepseek2(m, meta, t, types)
@@ -567,13 +577,20 @@ def forward(m, ids):
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
         neox = m.arch in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2")
-        if not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
+        local = li < len(m.local) and m.local[li]
+        if local:  # OLMo 3's local layers: plain RoPE (no YaRN), their own base, a window
+            q = rope(q, pos, m.rope_dim, m.base_local, neox)
+            k = rope(k, pos, m.rope_dim, m.base_local, neox)
+        elif not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
             q = rope(q, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
             k = rope(k, pos, m.rope_dim, m.rope_base, neox, m.rope_freqs, m.rope_scale, m.yarn_rope, m.rope_mag)
+        lmask = mask
+        if local:
+            lmask = mask + np.where(pos[:, None] - pos[None, :] >= m.window, -np.inf, 0.0)
         att = np.empty((T, m.n_heads, hd))
         for hh in range(m.n_heads):
             kh = hh // group
-            s = q[:, hh, :] @ k[:, kh, :].T * (m.attn_scale or 1 / np.sqrt(hd)) + mask
+            s = q[:, hh, :] @ k[:, kh, :].T * (m.attn_scale or 1 / np.sqrt(hd)) + lmask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             att[:, hh, :] = s @ v[:, kh, :]

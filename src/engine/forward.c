@@ -528,7 +528,9 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
     ctx->rope_cs = malloc(T * half * sizeof(float));
     ctx->rope_sn = malloc(T * half * sizeof(float));
-    if (c->rope_base_local > 0 && c->rope_base_local != c->rope_base &&
+    /* the local layers' own RoPE: gemma3's base, and plain where the scaling turns the global layers only */
+    bool plain_local = model_scaling_global_only(c) && ctx->rope_freqs;
+    if (c->rope_base_local > 0 && (c->rope_base_local != c->rope_base || plain_local) &&
         (!(ctx->rope_cs_local = malloc(T * half * sizeof(float))) || !(ctx->rope_sn_local = malloc(T * half * sizeof(float))))) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
@@ -1007,7 +1009,9 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
         a->n_kv_heads = c->n_kv_heads;
         a->head_dim = HD;
         a->scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)HD);
-        if (!model_layer_rope(c, layer)) a->scale /= model_yarn_mscale2(c); /* YaRN's magnitude rides the rotation */
+        /* YaRN's magnitude rides the rotation: not in NoPE layers, nor in OLMo 3's plain local ones */
+        if (!model_layer_rope(c, layer) || (model_scaling_global_only(c) && model_layer_window(c, layer) > 0))
+            a->scale /= model_yarn_mscale2(c);
         a->window = model_layer_window(c, layer);
         a->softcap = c->attn_softcap;
         a->key_weights = kw ? kw : h2o_scores(ctx, seq[t0]);

@@ -66,6 +66,9 @@ static const hf_family k_families[] = {
     {"qwen3_moe", KVLM_ARCH_QWEN3MOE, "silu", false, false, false, false, false, false, "post_attention_layernorm", true},
     /* OLMo 2: norms after attention and FFN, q_norm / k_norm across all heads; rows as stored (NeoX) */
     {"olmo2", KVLM_ARCH_OLMO2, "silu", false, false, false, false, false, false, NULL, true},
+    /* OLMo 3: OLMo 2's layers, sliding_window on the layers layer_types calls
+     * sliding_attention (three in four), rope_scaling (YaRN) on the others only */
+    {"olmo3", KVLM_ARCH_OLMO2, "silu", false, false, false, false, false, false, NULL, true},
     /* SmolLM3: llama's rows, tied by default, no_rope_layers (see read_config) */
     {"smollm3", KVLM_ARCH_SMOLLM3, "silu", true, false, false, false, false, true, "post_attention_layernorm", false},
     /* Gemma 2: tensors model.layers.N.{input_layernorm, post_attention_layernorm,
@@ -182,6 +185,34 @@ static int cfg_softcap(json_t *cfg, const char *path, const char *key, double de
  * and layer_types if given must say the same), the soft-caps (gemma3: none
  * unless given), the local layers' RoPE base (gemma3's
  * rope_local_base_freq) and the attention scale 1/sqrt(query_pre_attn_scalar). */
+/* config.json's layer_types against kvlm's layers (the last of every
+ * swa_period global, as llama.cpp takes them): with `derive`, the period is
+ * the first full_attention layer's place (OLMo 3's; none: every layer
+ * local), else swa_period as set (Gemma 3's sliding_window_pattern). */
+static int check_layer_types(kvlm_config *c, json_t *cfg, const char *path, bool derive, kvlm_error *err) {
+    json_t *lt = json_object_get(cfg, "layer_types");
+    if (!lt || json_is_null(lt)) return KVLM_OK;
+    if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
+        return util_err_set(err, KVLM_EFORMAT, "%s: layer_types is not a list of the %d layers' kinds", path,
+                            c->n_layers);
+    if (derive) {
+        c->swa_period = 0;
+        for (int l = 0; l < c->n_layers && !c->swa_period; l++)
+            if (json_is_string(json_array_get(lt, (size_t)l)) &&
+                !strcmp(json_string_value(json_array_get(lt, (size_t)l)), "full_attention"))
+                c->swa_period = l + 1;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        json_t *v = json_array_get(lt, (size_t)l);
+        bool global = c->swa_period > 0 && (l + 1) % c->swa_period == 0;
+        if (!json_is_string(v) || strcmp(json_string_value(v), global ? "full_attention" : "sliding_attention"))
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: layer_types[%d] is not \"%s\": kvlm (as llama.cpp) "
+                                "takes one global layer in every %d (the last)", path, l,
+                                global ? "full_attention" : "sliding_attention", c->swa_period);
+    }
+    return KVLM_OK;
+}
+
 static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int window, kvlm_error *err) {
     int rc;
     bool g3 = c->arch == KVLM_ARCH_GEMMA3;
@@ -195,18 +226,7 @@ static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int windo
             (rc = cfg_float(cfg, path, "rope_local_base_freq", 10000.0, &base, err)))
             return rc;
         c->rope_base_local = (float)base;
-        json_t *lt = json_object_get(cfg, "layer_types");
-        for (int l = 0; lt && json_is_array(lt) && l < c->n_layers; l++) {
-            json_t *v = json_array_get(lt, (size_t)l);
-            bool global = (l + 1) % c->swa_period == 0;
-            if (!json_is_string(v) || strcmp(json_string_value(v), global ? "full_attention" : "sliding_attention"))
-                return util_err_set(err, KVLM_EUNSUPPORTED, "%s: layer_types[%d] is not \"%s\": kvlm (as llama.cpp) "
-                                    "takes one global layer in every sliding_window_pattern (%d)", path, l,
-                                    global ? "full_attention" : "sliding_attention", c->swa_period);
-        }
-        if (lt && (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers))
-            return util_err_set(err, KVLM_EFORMAT, "%s: layer_types is not a list of the %d layers' kinds", path,
-                                c->n_layers);
+        if ((rc = check_layer_types(c, cfg, path, false, err))) return rc;
     }
     json_t *q = json_object_get(cfg, "query_pre_attn_scalar");
     if (q && !json_is_null(q)) {
@@ -407,7 +427,7 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
         if (!strcmp(type, k_families[i].model_type)) fam = &k_families[i];
     if (!fam)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: model_type \"%.40s\" is not supported (supported: llama, "
-                            "mistral, mixtral, smollm3, granite, granitemoe, granitemoeshared, olmo2, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+                            "mistral, mixtral, smollm3, granite, granitemoe, granitemoeshared, olmo2, olmo3, qwen2, qwen2_moe, qwen3, qwen3_moe, "
                             "phi3, gemma2, "
                             "gemma3_text)", path, type);
     *famp = fam;
@@ -518,7 +538,11 @@ static int read_config(struct kvlm_model *m, json_t *cfg, const char *path, cons
     int sw = 0;
     if ((rc = cfg_int(cfg, path, "sliding_window", false, c->sliding_window, 0, 1 << 24, &sw, err))) return rc;
     m->hf->sliding_window = use_sw ? sw : 0;
-    if (fam->post_norms) {
+    if (!strcmp(fam->model_type, "olmo3")) { /* OLMo 3: three local layers to one global, or as layer_types says */
+        c->sliding_window = m->hf->sliding_window;
+        c->swa_period = 4;
+        if ((rc = check_layer_types(c, cfg, path, true, err))) return rc;
+    } else if (fam->post_norms) {
         if ((rc = gemma_config(c, cfg, path, m->hf->sliding_window, err))) return rc;
     } else if (m->hf->sliding_window && m->hf->sliding_window < c->n_ctx_train)
         LOG_INFO("%s: sliding_window %d recorded, not applied: kvlm attends to the whole context (as llama.cpp "

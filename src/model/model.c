@@ -132,25 +132,61 @@ static int take_tensor(const struct kvlm_model *m, model_tensor *t, const char *
  *    is dim / heads: llama.cpp decides it by the model's size the same way,
  *    as no GGUF key carries it.
  *  - phi3's sliding_window is read and ignored, as llama.cpp does. */
+/* {arch}.attention.sliding_window_pattern as llama.cpp's OLMo 3 converter
+ * writes it: one bool per layer, true where the layer is local. kvlm's layers
+ * follow a period (the last of every swa_period global), so the array must
+ * be one: its first global layer gives the period, and every layer is then
+ * checked against it. */
+static int swa_pattern_array(struct kvlm_model *m, const char *key, const gguf_kv *kv, kvlm_error *err) {
+    kvlm_config *c = &m->cfg;
+    if (kv->arr_type != GGUF_BOOL || kv->arr_n != (uint64_t)c->n_layers)
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s: an array of %d bools (one per layer) is expected",
+                            m->path, key, c->n_layers);
+    int period = 0;
+    for (int l = 0; l < c->n_layers && !period; l++)
+        if (!gguf_arr_int(kv, (uint64_t)l)) period = l + 1;
+    for (int l = 0; l < c->n_layers; l++) {
+        bool local = gguf_arr_int(kv, (uint64_t)l) != 0, want = !period || (l + 1) % period != 0;
+        if (local != want)
+            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s: layer %d is %s, but kvlm (as llama.cpp) takes one "
+                                "global layer in every %d (the last)", m->path, key, l, local ? "local" : "global",
+                                period);
+    }
+    c->swa_period = period;
+    return KVLM_OK;
+}
+
 static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
-    bool g2 = c->arch == KVLM_ARCH_GEMMA2, g3 = c->arch == KVLM_ARCH_GEMMA3;
+    bool g2 = c->arch == KVLM_ARCH_GEMMA2, g3 = c->arch == KVLM_ARCH_GEMMA3, olmo = c->arch == KVLM_ARCH_OLMO2;
     int64_t v;
     bool found;
     int hrc;
     model_swa_defaults(c);
-    if (c->arch == KVLM_ARCH_LLAMA || g2 || g3) {
+    if (c->arch == KVLM_ARCH_LLAMA || g2 || g3 || olmo) {
         if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
         if (found && (v < 0 || v > (1 << 24)))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.attention.sliding_window = %lld is out of range", m->path,
                                 arch, (long long)v);
         if (found) c->sliding_window = (int)v;
-        /* llama.cpp's optional per-architecture override of the period */
-        if ((hrc = hp_int(m, arch, "attention.sliding_window_pattern", &v, &found, err))) return hrc;
-        if (found && (v < 0 || v > c->n_layers + 1))
-            return util_err_set(err, KVLM_EFORMAT, "%s: key %s.attention.sliding_window_pattern = %lld is out of range",
-                                m->path, arch, (long long)v);
-        if (found) c->swa_period = (int)v;
+        /* OLMo 3 (olmo2 with a window): three local layers to one global, llama.cpp's default */
+        if (olmo && c->sliding_window > 0) c->swa_period = 4;
+        /* llama.cpp's optional per-architecture override of the period (OLMo 3: a bool per layer) */
+        char key[128];
+        snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+        const gguf_kv *pk = gguf_find(m->gguf, key);
+        if (pk && pk->type == GGUF_ARRAY) {
+            if ((hrc = swa_pattern_array(m, key, pk, err))) return hrc;
+        } else {
+            if ((hrc = hp_int(m, arch, "attention.sliding_window_pattern", &v, &found, err))) return hrc;
+            if (found && (v < 0 || v > c->n_layers + 1))
+                return util_err_set(err, KVLM_EFORMAT, "%s: key %s = %lld is out of range", m->path, key, (long long)v);
+            if (found) c->swa_period = (int)v;
+        }
+        /* OLMo 3: the local layers' RoPE base (llama.cpp's key; default the global one) */
+        double d = c->rope_base_local;
+        if (olmo && (hrc = hp_float(m, arch, "rope.freq_base_swa", 0, true, &d, err))) return hrc;
+        c->rope_base_local = (float)d;
     }
     if (g2) {
         double d = 50.0;
@@ -259,6 +295,14 @@ static int rope_scaling(struct kvlm_model *m, const char *arch, kvlm_error *err)
     if (c->rope_dim != c->head_dim)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: YaRN with a partial rotation (rope dimension %d of %d) is not "
                             "supported", m->path, c->rope_dim, c->head_dim);
+    /* Hugging Face's attention_factor, as llama.cpp's OLMo 3 converter copies
+     * it: kvlm applies YaRN's own magnitude, 1 + 0.1 ln factor; another is refused */
+    double af = 0;
+    if ((rc = hp_float(m, arch, "rope.scaling.attn_factor", 0, false, &af, err))) return rc;
+    if (af > 0 && fabs(af - (1.0 + 0.1 * log(f))) > 1e-4 * af)
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s.rope.scaling.attn_factor = %g: YaRN with an attention "
+                            "factor other than its own (1 + 0.1 ln %g = %g) is not supported", m->path, arch, af, f,
+                            1.0 + 0.1 * log(f));
     c->yarn_factor = (float)f;
     c->yarn_orig_ctx = (int)orig;
     c->yarn_beta_fast = (float)fast;
@@ -313,7 +357,12 @@ const float *model_rope_freqs(const kvlm_config *c, int n_ctx) {
 }
 
 bool model_yarn_arch(int arch) {
-    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch);
+    return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch) ||
+           arch == KVLM_ARCH_OLMO2;
+}
+
+bool model_scaling_global_only(const kvlm_config *c) {
+    return c->arch == KVLM_ARCH_GEMMA3 || (c->arch == KVLM_ARCH_OLMO2 && c->sliding_window > 0);
 }
 
 bool model_layer_rope(const kvlm_config *c, int l) {
@@ -471,13 +520,6 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
                    c->arch == KVLM_ARCH_PHI3 || c->arch == KVLM_ARCH_OLMO2;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (model_granite_like(c->arch) && (hrc = granite_keys(m, arch, err))) return hrc;
-    if (c->arch == KVLM_ARCH_OLMO2) { /* OLMo 3's sliding windows come under this name too: not read */
-        if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
-        if (found && v > 0)
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: olmo2.attention.sliding_window = %lld: OLMo 3's "
-                                "sliding-window layers are not supported (OLMo 2's full attention is)", m->path,
-                                (long long)v);
-    }
     /* after: YaRN's magnitude goes into the attention scale that sets */
     if (c->arch != KVLM_ARCH_DEEPSEEK2 && (hrc = rope_scaling(m, arch, err))) return hrc; /* deepseek2: YaRN, its own */
     if (c->arch == KVLM_ARCH_PHI3) {

@@ -103,6 +103,10 @@ bool model_layer_rope(const kvlm_config *c, int l);
 /* Architectures whose GGUF q/k rows are llama.cpp's permutation of Hugging
  * Face's (interleaved pairs): llama, smollm3, granite. */
 bool model_llama_rows(int arch);
+/* Whether RoPE scaling (rope_freqs: linear, YaRN) turns the global layers
+ * only, the local (sliding-window) ones plain at rope_base_local: gemma3, and
+ * olmo2 with windows (OLMo 3), as llama.cpp and Hugging Face run them. */
+bool model_scaling_global_only(const kvlm_config *c);
 /* granite and granitemoe: the four multipliers (granite_keys) */
 bool model_granite_like(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite

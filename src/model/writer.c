@@ -242,7 +242,14 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
     if (c->sliding_window > 0 || gemma) gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window);
     int period = c->arch == KVLM_ARCH_GEMMA2 ? 2 : c->arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
-    if (c->sliding_window > 0 && c->swa_period != period)
+    if (c->arch == KVLM_ARCH_OLMO2 && c->sliding_window > 0) {
+        /* OLMo 3: a bool per layer (local), as llama.cpp's converter writes it; the local layers' RoPE base */
+        uint8_t *local = malloc((size_t)c->n_layers);
+        for (int l = 0; local && l < c->n_layers; l++) local[l] = model_layer_window(c, l) > 0;
+        if (local) gguf_writer_set_arr(w, KEY("attention.sliding_window_pattern"), GGUF_BOOL, local, (uint64_t)c->n_layers);
+        free(local);
+        if (c->rope_base_local != c->rope_base) gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), c->rope_base_local);
+    } else if (c->sliding_window > 0 && c->swa_period != period)
         gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)c->swa_period);
     if (c->arch == KVLM_ARCH_GEMMA2) {
         gguf_writer_set_f32(w, KEY("attn_logit_softcapping"), c->attn_softcap);
@@ -413,7 +420,8 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.norm_eps = 1e-5f;
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
-    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
+    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6 : c.arch == KVLM_ARCH_OLMO2 ? 4 : 0;
+    c.rope_base_local = c.rope_base;
     if (c.arch == KVLM_ARCH_GEMMA2) {
         c.attn_softcap = p->attn_softcap > 0 ? p->attn_softcap : p->attn_softcap < 0 ? 0 : 50.0f;
         c.final_softcap = p->final_softcap > 0 ? p->final_softcap : p->final_softcap < 0 ? 0 : 30.0f;
@@ -440,8 +448,9 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
-    if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && !gemma))
-        return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2 and gemma3");
+    if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && c.arch != KVLM_ARCH_OLMO2 && !gemma))
+        return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2, gemma3 and "
+                            "olmo2 (OLMo 3: three local layers to one global)");
     if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
         (c.head_dim & 1) || c.n_heads % c.n_kv_heads || c.vocab_size < 3)
         return util_err_set(err, KVLM_EINVAL,
@@ -510,7 +519,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     else MAKE(m.output, c.dim, c.vocab_size, 0);
     if (p->yarn_factor > 1 && c.arch != KVLM_ARCH_DEEPSEEK2) { /* Qwen2.5's kind: the context stretched by the factor */
         if (!model_yarn_arch(c.arch)) {
-            rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, qwen2, qwen3 and deepseek2");
+            rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, smollm3, qwen2, qwen3, olmo2 and deepseek2");
             goto done;
         }
         m.cfg.yarn_factor = p->yarn_factor;
