@@ -4,7 +4,7 @@ directory, laid out as Hugging Face's own checkpoints are, for kvlm's tests
 of its HF loader (tests/test_hf.c). NumPy only.
 
     hf_export.py IN.gguf OUTDIR [--family llama|mistral|mixtral|smollm3|granite|granitemoe|granitemoeshared|olmo2|olmo3|qwen2|qwen3|qwen3_moe|phi3|
-                                          gemma2|gemma3_text|gemma3 [--lm-names google|new]]
+                                          gemma2|gemma3_text|gemma3|mistral3 [--lm-names google|new]]
         [--shards N] [--norm-dtype f32|bf16|f16] [--merges string|list]
         [--pre bytelevel|llama3|qwen2|custom] [--template TEXT] [--no-pad]
         [--vocab-only]
@@ -146,13 +146,19 @@ GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "num_attention_heads": 8, "num_key
                         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
                         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
                         "query_pre_attn_scalar": 256, "sliding_window_pattern": 6, "tie_word_embeddings": True}
+# MistralConfig's, for a mistral3 (Mistral Small 3.1) text_config
+MISTRAL_TEXT_DEFAULTS = {"vocab_size": 32000, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
+                         "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                         "tie_word_embeddings": False}
 
 
 def export_weights(meta, tensors, out, fam, args):
     arch = meta["general.architecture"].decode()
-    multimodal = fam == "gemma3"  # Gemma 3 4B and larger: the text model inside Gemma3ForConditionalGeneration
+    # Gemma 3 4B and larger, Mistral Small 3.1: the text model inside Gemma3/Mistral3ForConditionalGeneration
+    multimodal = {"gemma3": "gemma3_text", "mistral3": "mistral"}.get(fam)
+    outer = fam
     if multimodal:
-        fam = "gemma3_text"
+        fam = multimodal
     g = lambda k, d=None: meta.get("%s.%s" % (arch, k), d)
     n_layers, dim = g("block_count"), g("embedding_length")
     n_head = g("attention.head_count")
@@ -365,11 +371,13 @@ def export_weights(meta, tensors, out, fam, args):
         cfg["bos_token_id"] = bos
     if eos is not None and eos < vocab:
         cfg["eos_token_id"] = eos
-    if multimodal:  # text_config: what differs from the defaults, and what Google's list anyway
-        keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "rope_scaling", "sliding_window")
-        text = {k: v for k, v in cfg.items() if k in keep or (k in GEMMA3_TEXT_DEFAULTS and v != GEMMA3_TEXT_DEFAULTS[k])}
-        text["model_type"] = "gemma3_text"
-        cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+    if multimodal:  # text_config: what differs from the defaults, and what the shipped files list anyway
+        keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "rope_scaling", "sliding_window", "head_dim")
+        dflt = GEMMA3_TEXT_DEFAULTS if outer == "gemma3" else MISTRAL_TEXT_DEFAULTS
+        text = {k: v for k, v in cfg.items() if k in keep or (k in dflt and v != dflt[k])}
+        text["model_type"] = multimodal
+        arch_name = {"gemma3": "Gemma3ForConditionalGeneration", "mistral3": "Mistral3ForConditionalGeneration"}[outer]
+        cfg = {"architectures": [arch_name], "model_type": outer, "text_config": text,
                "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8, "num_hidden_layers": 1},
                "mm_tokens_per_image": 256, "image_token_index": 262144, "torch_dtype": cfg["torch_dtype"]}
         google = args.lm_names == "google"

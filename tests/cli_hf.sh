@@ -246,6 +246,20 @@ for names in google new; do
     else fail "gemma3 multimodal: export"; fi
 done
 refused "gemma3 multimodal without text_config" "$tmp/g3mm-google" "del c['text_config']" 'without a "text_config" object'
+# Mistral Small 3.1 / 3.2 (mistral3): a mistral text model the same way (llama's rows: q.k summed in another
+# order, so within 1e-4 of the GGUF; its convert gives the GGUF's logits exactly); a text model of another family refused
+if $export "$tmp/llama.gguf" "$tmp/m3mm" --family mistral3; then
+    "$bin" logits -m "$tmp/m3mm" --ids "$ids" > "$tmp/m3.dir.txt" 2>/dev/null
+    "$bin" logits -m "$tmp/llama.gguf" --ids "$ids" > "$tmp/m3.gguf.txt" 2>/dev/null
+    "$bin" convert "$tmp/m3mm" "$tmp/m3.back.gguf" 2>/dev/null
+    "$bin" logits -m "$tmp/m3.back.gguf" --ids "$ids" > "$tmp/m3.back.txt" 2>/dev/null
+    e_m3=$("$py" -c "$maxdiff" "$tmp/m3.dir.txt" "$tmp/m3.gguf.txt")
+    if "$py" -c "import sys; sys.exit(0 if $e_m3 < 1e-4 else 1)" && cmp -s "$tmp/m3.back.txt" "$tmp/m3.gguf.txt"; then
+        pass "mistral3 multimodal: the language model's logits = the GGUF's (max diff $e_m3), its convert's exactly"
+    else fail "mistral3 multimodal: directory vs GGUF $e_m3, or its convert differs"; fi
+    refused "mistral3 with a qwen2 text model" "$tmp/m3mm" "c['text_config']['model_type'] = 'qwen2'" \
+        "mistral3's text_config.model_type \"qwen2\" is not read"
+else fail "mistral3 multimodal: export"; fi
 refused "gemma3_text, a layer_types of another pattern" "$tmp/gemma3_text" "c['layer_types'][0] = 'full_attention'" \
     'layer_types[0] is not "sliding_attention"'
 

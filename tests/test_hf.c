@@ -299,6 +299,8 @@ static void test_families(void **state) {
         /* Gemma 3 4B and larger: the text model inside a multimodal directory
          * (language_model.model.*, text_config of the keys off the defaults) */
         {"gemma3", KVLM_ARCH_GEMMA3, true},
+        /* Mistral Small 3.1: a mistral text model inside Mistral3ForConditionalGeneration */
+        {"mistral3", KVLM_ARCH_LLAMA, false},
     };
     static const struct { int type; const char *name; } types[] = {{0, "f32"}, {1, "f16"}, {30, "bf16"}};
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++)
@@ -515,7 +517,7 @@ static void test_convert_round_trip(void **state) {
         {"qwen3", KVLM_ARCH_QWEN3, 30}, {"smollm3", KVLM_ARCH_SMOLLM3, 1}, {"granite", KVLM_ARCH_GRANITE, 0},
         {"granitemoe", KVLM_ARCH_GRANITEMOE, 1}, {"phi3", KVLM_ARCH_PHI3, 0},
         {"gemma2", KVLM_ARCH_GEMMA2, 30}, {"gemma3_text", KVLM_ARCH_GEMMA3, 30}, {"olmo2", KVLM_ARCH_OLMO2, 1},
-        {"gemma3", KVLM_ARCH_GEMMA3, 30},
+        {"gemma3", KVLM_ARCH_GEMMA3, 30}, {"mistral3", KVLM_ARCH_LLAMA, 30},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *gguf = tmp("rt.gguf"), *dir = tmp("rt_dir"), *out = tmp("rt_out.gguf");

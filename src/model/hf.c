@@ -79,7 +79,7 @@ static const hf_family k_families[] = {
      * sliding_window (every other layer local, from layer 0). */
     {"gemma2", KVLM_ARCH_GEMMA2, "gelu_pytorch_tanh", false, false, false, true, true, true, "pre_feedforward_layernorm", false},
     /* Gemma 3's text model (Gemma3ForCausalLM: the 1B; the larger ones ship as
-     * multimodal "gemma3" directories, read through gemma3_text_config): gemma2's norms and
+     * multimodal "gemma3" directories, read through multimodal_text_config): gemma2's norms and
      * activation, q/k norms (+1 too), no soft-caps, five local layers to one
      * global (sliding_window_pattern 6, or layer_types), rope_local_base_freq
      * for the local layers, rope_scaling linear on the global ones. */
@@ -846,35 +846,52 @@ static int load_weights(struct kvlm_model *m, const hf_family *fam, bool tied, k
     return KVLM_OK;
 }
 
-/* Gemma 3 4B, 12B and 27B ship as multimodal directories (model_type
- * "gemma3", Gemma3ForConditionalGeneration): kvlm reads the language model
- * and leaves the vision tower and projector unread. Its keys are
- * text_config's, which Google's files give only where they differ from
- * Gemma3TextConfig's defaults (the 4B's lists no head counts), so *cfg
- * becomes those defaults updated with text_config (model_type gemma3_text;
- * tied embeddings, as those models are); *mm set. Other configs pass. */
-static int gemma3_text_config(json_t **cfg, const char *path, bool *mm, kvlm_error *err) {
+/* Multimodal directories whose language model is a family kvlm reads:
+ * Gemma 3 4B, 12B and 27B (model_type "gemma3", Gemma3ForConditionalGeneration)
+ * and Mistral Small 3.1 / 3.2 ("mistral3", Mistral3ForConditionalGeneration,
+ * a mistral or llama text model). kvlm reads the language model and leaves
+ * the vision tower and projector unread. Its keys are text_config's, which
+ * the files give only where they differ from the text class's defaults
+ * (Gemma 3 4B's lists no head counts), so *cfg becomes those defaults
+ * updated with text_config; *mm set. Other configs pass. */
+static json_t *text_defaults(const char *outer, const char *inner) {
+    if (!strcmp(outer, "gemma3")) /* Gemma3TextConfig's; tied, as those models are */
+        return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:i, s:i, s:i, s:b}",
+                         "vocab_size", 262208, "hidden_size", 2304, "intermediate_size", 9216, "num_hidden_layers", 26,
+                         "num_attention_heads", 8, "num_key_value_heads", 4, "head_dim", 256, "hidden_activation",
+                         "gelu_pytorch_tanh", "max_position_embeddings", 131072, "rms_norm_eps", 1e-6, "rope_theta", 1e6,
+                         "rope_local_base_freq", 1e4, "query_pre_attn_scalar", 256, "sliding_window", 4096,
+                         "sliding_window_pattern", 6, "tie_word_embeddings", 1);
+    bool mistral = !strcmp(inner, "mistral"); /* MistralConfig's, else LlamaConfig's */
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:b}", "vocab_size", 32000, "hidden_size",
+                     4096, "intermediate_size", mistral ? 14336 : 11008, "num_hidden_layers", 32, "num_attention_heads",
+                     32, "num_key_value_heads", mistral ? 8 : 32, "hidden_act", "silu", "max_position_embeddings",
+                     mistral ? 131072 : 2048, "rms_norm_eps", 1e-6, "rope_theta", 10000.0, "tie_word_embeddings", 0);
+}
+
+static int multimodal_text_config(json_t **cfg, const char *path, bool *mm, kvlm_error *err) {
     json_t *mt = json_object_get(*cfg, "model_type");
-    if (!json_is_string(mt) || strcmp(json_string_value(mt), "gemma3")) return KVLM_OK;
+    const char *outer = json_string_value(mt);
+    if (!outer || (strcmp(outer, "gemma3") && strcmp(outer, "mistral3"))) return KVLM_OK;
     json_t *text = json_object_get(*cfg, "text_config");
     if (!json_is_object(text))
-        return util_err_set(err, KVLM_EFORMAT, "%s: model_type \"gemma3\" (multimodal) without a \"text_config\" "
-                            "object", path);
-    json_t *tc = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:f, s:i, s:i, s:i, s:b}",
-                           "vocab_size", 262208, "hidden_size", 2304, "intermediate_size", 9216,
-                           "num_hidden_layers", 26, "num_attention_heads", 8, "num_key_value_heads", 4,
-                           "head_dim", 256, "hidden_activation", "gelu_pytorch_tanh",
-                           "max_position_embeddings", 131072, "rms_norm_eps", 1e-6, "rope_theta", 1e6,
-                           "rope_local_base_freq", 1e4, "query_pre_attn_scalar", 256, "sliding_window", 4096,
-                           "sliding_window_pattern", 6, "tie_word_embeddings", 1);
-    if (!tc || json_object_update(tc, text) || json_object_set_new(tc, "model_type", json_string("gemma3_text"))) {
+        return util_err_set(err, KVLM_EFORMAT, "%s: model_type \"%s\" (multimodal) without a \"text_config\" "
+                            "object", path, outer);
+    const char *inner = json_string_value(json_object_get(text, "model_type"));
+    bool g3 = !strcmp(outer, "gemma3");
+    if (!g3 && (!inner || (strcmp(inner, "mistral") && strcmp(inner, "llama"))))
+        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: mistral3's text_config.model_type \"%.32s\" is not read "
+                            "(mistral and llama are)", path, inner ? inner : "?");
+    json_t *tc = text_defaults(outer, g3 ? "gemma3_text" : inner);
+    if (!tc || json_object_update(tc, text) ||
+        json_object_set_new(tc, "model_type", json_string(g3 ? "gemma3_text" : inner))) {
         json_decref(tc);
         return util_err_set(err, KVLM_ENOMEM, "out of memory");
     }
     /* what the top level says of the weights still applies */
-    const char *top[] = {"quantization_config", "torch_dtype"};
+    const char *top[] = {"quantization_config", "torch_dtype", "tie_word_embeddings"};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-        if (json_object_get(*cfg, top[i]) && !json_object_get(tc, top[i]))
+        if (json_object_get(*cfg, top[i]) && !json_object_get(text, top[i]))
             json_object_set(tc, top[i], json_object_get(*cfg, top[i]));
     json_decref(*cfg);
     *cfg = tc;
@@ -903,12 +920,15 @@ int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_e
     }
     const hf_family *fam = NULL;
     bool tied = false, mm = false;
-    int rc = json_is_object(cfg) ? gemma3_text_config(&cfg, path, &mm, err)
+    char mm_type[32]; /* the directory's own model_type, before a multimodal one gives way to its text model's */
+    const char *outer = json_is_object(cfg) ? json_string_value(json_object_get(cfg, "model_type")) : NULL;
+    snprintf(mm_type, sizeof mm_type, "%s", outer ? outer : "");
+    int rc = json_is_object(cfg) ? multimodal_text_config(&cfg, path, &mm, err)
                                  : util_err_set(err, KVLM_EFORMAT, "%s: not a JSON object", path);
     if (!rc) rc = read_config(m, cfg, path, &fam, &tied, err);
     json_decref(cfg);
     if (rc) return rc;
-    if (mm) snprintf(m->hf->family, sizeof m->hf->family, "gemma3");
+    if (mm) snprintf(m->hf->family, sizeof m->hf->family, "%s", mm_type);
     if (!(m->hf->st = st_set_open_dir(dir, err))) return err ? err->code : KVLM_EFORMAT;
     if (mm) { /* where the language model's tensors are */
         if (st_set_find(m->hf->st, "language_model.model.embed_tokens.weight"))
@@ -916,7 +936,7 @@ int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_e
         else if (st_set_find(m->hf->st, "model.language_model.embed_tokens.weight"))
             m->hf->lm_model = "model.language_model.", m->hf->lm_head = "lm_head.weight";
         else
-            return util_err_set(err, KVLM_EFORMAT, "%s: a gemma3 (multimodal) directory without its language model's "
+            return util_err_set(err, KVLM_EFORMAT, "%s: a multimodal directory without its language model's "
                                 "embeddings (language_model.model.embed_tokens.weight or "
                                 "model.language_model.embed_tokens.weight)", dir);
     }
