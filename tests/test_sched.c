@@ -541,6 +541,11 @@ static void test_chat_templates(void **state) {
          "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"
          "<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>Hello!<|end_of_text|>\n<|start_of_role|>user"
          "<|end_of_role|>Why?<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"},
+        /* Mistral Large 2411 (v7: a space after the markers) and Small 3.1 (v7-tekken: none) */
+        {"{{- '[SYSTEM_PROMPT] ' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST] ' + message['content'] + '[/INST]' }}",
+         "mistral-v7", "[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Hi[/INST] Hello!</s>[INST] Why?[/INST]"},
+        {"{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}",
+         "mistral-v7-tekken", "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi[/INST]Hello!</s>[INST]Why?[/INST]"},
         {NULL, "plain", "System: Be brief.\nUser: Hi\nAssistant: Hello!\nUser: Why?\nAssistant:"},
     };
     kvlm_error err = {0};

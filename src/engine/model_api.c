@@ -120,9 +120,8 @@ static void check_hf_template(const kvlm_model *m) {
     size_t n = 0;
     for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
     head[n] = 0;
-    LOG_WARN("%s: the directory's chat template (%zu bytes, \"%s%s\") is none kvlm knows (chatml, "
-             "llama2, llama3, zephyr, phi3, phi4, gemma, granite): /v1/chat/completions needs --chat-template NAME", m->path, strlen(t), head,
-             strlen(t) > n ? "..." : "");
+    LOG_WARN("%s: the directory's chat template (%zu bytes, \"%s%s\") is none kvlm knows (%s): /v1/chat/completions "
+             "needs --chat-template NAME", m->path, strlen(t), head, strlen(t) > n ? "..." : "", tok_chat_names());
 }
 
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {

@@ -1,8 +1,11 @@
 /* tok/chat: chat templates: a conversation rendered as a prompt in the
  * format of a model family (ChatML, Llama 2, Llama 3, Zephyr, Phi-3, Phi-4,
- * Gemma, Granite, plain), as llama.cpp's llm_chat_apply_template renders
- * them, detected by the substrings it looks for. */
+ * Gemma, Granite, Mistral v7 and v7-tekken, plain), as llama.cpp's
+ * llm_chat_apply_template renders them, detected by the substrings it looks
+ * for (and, for Mistral's two, by whether the template puts a space after
+ * [INST]). */
 #include "tok/chat.h"
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +13,21 @@
 #include "model/model.h"
 #include "util/error.h"
 
-static const char *const k_families[] = {"chatml", "llama2", "llama3", "zephyr", "phi3", "phi4",
-                                         "gemma",  "granite", "plain"};
+static const char *const k_families[] = {"chatml", "llama2", "llama3",  "zephyr",     "phi3",
+                                         "phi4",   "gemma",  "granite", "mistral-v7", "mistral-v7-tekken",
+                                         "plain"};
+
+static char g_names[256];
+static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
+static void make_names(void) {
+    const size_t k = sizeof k_families / sizeof k_families[0];
+    for (size_t i = 0, n = 0; i < k; i++)
+        n += (size_t)snprintf(g_names + n, sizeof g_names - n, "%s%s", !i ? "" : i + 1 < k ? ", " : " or ", k_families[i]);
+}
+const char *tok_chat_names(void) {
+    pthread_once(&g_names_once, make_names);
+    return g_names;
+}
 
 const char *tok_chat_family(const char *t) {
     if (!t) return "plain";
@@ -22,6 +38,10 @@ const char *tok_chat_family(const char *t) {
     if (strstr(t, "<start_of_turn>")) return "gemma";
     if (strstr(t, "<|start_of_role|>")) return "granite";
     if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) return "phi3";
+    /* Mistral v7 (Large 2411: "[INST] ", a space after the markers) and
+     * v7-tekken (Small 3.1 / 3.2: none); llama.cpp detects both as v7 */
+    if (strstr(t, "[SYSTEM_PROMPT]"))
+        return strstr(t, "[INST] ") || strstr(t, "[SYSTEM_PROMPT] ") ? "mistral-v7" : "mistral-v7-tekken";
     if (strstr(t, "[INST]")) return "llama2";
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>")) return "llama3";
     if (strstr(t, "<|user|>")) return "zephyr";
@@ -105,6 +125,14 @@ char *tok_chat_render(const char *f, const char *const *roles, const char *const
         for (int i = 0; i < n; i++)
             put(&b, "<|start_of_role|>%s<|end_of_role|>%s<|end_of_text|>\n", roles[i], contents[i]);
         put(&b, "<|start_of_role|>assistant<|end_of_role|>");
+    } else if (!strncmp(f, "mistral-v7", 10)) {
+        /* as llama.cpp renders them; the answer follows [/INST] with no marker */
+        const char *sp = strcmp(f, "mistral-v7") ? "" : " ";
+        for (int i = 0; i < n; i++) {
+            if (!strcmp(roles[i], "system")) put(&b, "[SYSTEM_PROMPT]%s%s[/SYSTEM_PROMPT]", sp, contents[i]);
+            else if (!strcmp(roles[i], "user")) put(&b, "[INST]%s%s[/INST]", sp, contents[i]);
+            else put(&b, "%s%s</s>", sp, contents[i]);
+        }
     } else if (!strcmp(f, "zephyr")) {
         for (int i = 0; i < n; i++) put(&b, "<|%s|>\n%s<|endoftext|>\n", roles[i], contents[i]);
         put(&b, "<|assistant|>\n");
@@ -126,13 +154,10 @@ int kvlm_chat_apply(const kvlm_model *m, const char *name, const char *const *ro
     const char *f = tok_chat_family(tmpl);
     if (!f) {
         if (name)
-            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use chatml, llama2, llama3, zephyr, phi3, phi4, gemma, "
-                                                 "granite or plain)",
-                                name);
+            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use %s)", name, tok_chat_names());
         return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "the model's chat template is not one kvlm supports (ChatML, Llama 2, Llama 3, Zephyr, "
-                            "Phi-3, Phi-4, Gemma, Granite); "
-                            "choose one with --chat-template NAME or use /v1/completions");
+                            "the model's chat template is not one kvlm supports (%s); "
+                            "choose one with --chat-template NAME or use /v1/completions", tok_chat_names());
     }
     for (int i = 0; i < n; i++)
         if (strcmp(roles[i], "system") && strcmp(roles[i], "user") && strcmp(roles[i], "assistant"))
