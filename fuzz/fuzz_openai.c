@@ -35,8 +35,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    static const char *templates[8] = {NULL, "chatml", "llama2", "llama3", "zephyr", "plain", NULL, "nonsense"};
-    srv.p.chat_template = templates[(data[0] >> 1) & 7];
+    static const char *templates[16] = {NULL,    "chatml",  "llama2",     "llama3",           "zephyr", "plain",
+                                        NULL,    "nonsense", "phi3",      "phi4",             "gemma",  "granite",
+                                        "mistral-v7", "mistral-v7-tekken", NULL, "plain"};
+    srv.p.chat_template = templates[(data[0] >> 1) & 15];
     bool chat = data[0] & 1;
     kvlm_request_params rp;
     int n_tokens = -1;
