@@ -195,22 +195,22 @@ static int check_layer_types(kvlm_config *c, json_t *cfg, const char *path, bool
     if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
         return util_err_set(err, KVLM_EFORMAT, "%s: layer_types is not a list of the %d layers' kinds", path,
                             c->n_layers);
-    if (derive) {
-        c->swa_period = 0;
-        for (int l = 0; l < c->n_layers && !c->swa_period; l++)
-            if (json_is_string(json_array_get(lt, (size_t)l)) &&
-                !strcmp(json_string_value(json_array_get(lt, (size_t)l)), "full_attention"))
-                c->swa_period = l + 1;
-    }
+    bool *local = malloc((size_t)c->n_layers * sizeof *local);
+    if (!local) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int bad = -1; /* the first entry that is neither kind */
     for (int l = 0; l < c->n_layers; l++) {
-        json_t *v = json_array_get(lt, (size_t)l);
-        bool global = c->swa_period > 0 && (l + 1) % c->swa_period == 0;
-        if (!json_is_string(v) || strcmp(json_string_value(v), global ? "full_attention" : "sliding_attention"))
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: layer_types[%d] is not \"%s\": kvlm (as llama.cpp) "
-                                "takes one global layer in every %d (the last)", path, l,
-                                global ? "full_attention" : "sliding_attention", c->swa_period);
+        const char *k = json_string_value(json_array_get(lt, (size_t)l));
+        local[l] = !k || strcmp(k, "full_attention");
+        if (bad < 0 && (!k || (local[l] && strcmp(k, "sliding_attention")))) bad = l;
     }
-    return KVLM_OK;
+    int off = model_swa_from_layers(c, local, derive);
+    free(local);
+    if (bad < 0 || (off >= 0 && off < bad)) bad = off;
+    if (bad < 0) return KVLM_OK;
+    bool global = c->swa_period > 0 && (bad + 1) % c->swa_period == 0;
+    return util_err_set(err, KVLM_EUNSUPPORTED, "%s: layer_types[%d] is not \"%s\": kvlm (as llama.cpp) takes one "
+                        "global layer in every %d (the last)", path, bad, global ? "full_attention" : "sliding_attention",
+                        c->swa_period);
 }
 
 static int gemma_config(kvlm_config *c, json_t *cfg, const char *path, int window, kvlm_error *err) {
@@ -562,9 +562,6 @@ static const char *shape_str(const st_tensor *t, char *buf, size_t cap) {
     return buf;
 }
 
-/* Takes tensor `name` as t: a matrix of n_out rows of n_in (HF shape
- * [n_out, n_in]) used in place, or (n_out 0) a vector of n_in widened to an
- * f32 copy, plus `add` (gemma's + 1). */
 /* A text model's tensor name ("model.*", "lm_head.weight") as the
  * directory stores it (model_hf.lm_model, lm_head), in buf. */
 static const char *lm_name(const model_hf *h, const char *name, char *buf, size_t cap) {
@@ -575,22 +572,11 @@ static const char *lm_name(const model_hf *h, const char *name, char *buf, size_
     return buf;
 }
 
-static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
-                    int64_t n_out, bool optional, float add, kvlm_error *err);
-static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out, bool optional,
-                float add, kvlm_error *err) {
-    return take_any(m, t, name, 0, n_in, n_out, optional, add, err);
-}
-
-/* A stack of n_stack matrices of n_out x n_in ([n_stack, n_out, n_in]:
- * GraniteMoe's experts) as one of n_stack * n_out rows. */
-static int take_stack(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
-                      int64_t n_out, kvlm_error *err) {
-    return take_any(m, t, name, n_stack, n_in, n_out, false, 0, err);
-}
-
-/* A tensor by name: a vector of n_in (n_out 0), an n_out x n_in matrix, or
- * (n_stack > 0) a stack of them; its shape checked against config.json's. */
+/* Takes tensor `name` (lm_name) as t: a matrix of n_out rows of n_in (HF
+ * shape [n_out, n_in]) used in place, or (n_out 0) a vector of n_in widened
+ * to an f32 copy, plus `add` (gemma's + 1); or (n_stack > 0) a stack of
+ * n_stack such matrices as one of n_stack * n_out rows. The shape is checked
+ * against config.json's. */
 static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
                     int64_t n_out, bool optional, float add, kvlm_error *err) {
     memset(t, 0, sizeof *t);
@@ -654,6 +640,17 @@ static int take_any(struct kvlm_model *m, model_tensor *t, const char *name, int
         t->data = b;
     }
     return KVLM_OK;
+}
+
+static int take(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_in, int64_t n_out, bool optional,
+                float add, kvlm_error *err) {
+    return take_any(m, t, name, 0, n_in, n_out, optional, add, err);
+}
+
+/* GraniteMoe's experts: [n_stack, n_out, n_in] */
+static int take_stack(struct kvlm_model *m, model_tensor *t, const char *name, int64_t n_stack, int64_t n_in,
+                      int64_t n_out, kvlm_error *err) {
+    return take_any(m, t, name, n_stack, n_in, n_out, false, 0, err);
 }
 
 /* Tensors model.layers.N.* (the language model's) must have N < num_hidden_layers. */

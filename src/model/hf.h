@@ -19,10 +19,10 @@ typedef struct model_hf {
     int n_owned, cap_owned;
     char family[32];             /* config.json model_type */
     int sliding_window;          /* config.json sliding_window, recorded (0: none); see docs/hf-checkpoints.md */
-    /* Gemma 3's multimodal directories: the language model's tensors are
-     * "language_model.model.*" and "language_model.lm_head.weight" (as
-     * Google ships them) or "model.language_model.*" and "lm_head.weight"
-     * (newer Transformers); "" for a text model's "model.*" */
+    /* A multimodal directory's (gemma3, mistral3): the language model's
+     * tensors are "language_model.model.*" and "language_model.lm_head.weight"
+     * (as Google and Mistral ship them) or "model.language_model.*" and
+     * "lm_head.weight" (newer Transformers); NULL for a text model's "model.*" */
     const char *lm_model, *lm_head;
 } model_hf;
 

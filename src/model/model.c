@@ -132,28 +132,35 @@ static int take_tensor(const struct kvlm_model *m, model_tensor *t, const char *
  *    is dim / heads: llama.cpp decides it by the model's size the same way,
  *    as no GGUF key carries it.
  *  - phi3's sliding_window is read and ignored, as llama.cpp does. */
+int model_swa_from_layers(kvlm_config *c, const bool *local, bool derive) {
+    if (derive) {
+        c->swa_period = 0;
+        for (int l = 0; l < c->n_layers && !c->swa_period; l++)
+            if (!local[l]) c->swa_period = l + 1;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        if (local[l] != (c->swa_period <= 0 || (l + 1) % c->swa_period != 0)) return l;
+    return -1;
+}
+
 /* {arch}.attention.sliding_window_pattern as llama.cpp's OLMo 3 converter
- * writes it: one bool per layer, true where the layer is local. kvlm's layers
- * follow a period (the last of every swa_period global), so the array must
- * be one: its first global layer gives the period, and every layer is then
- * checked against it. */
+ * writes it: one bool per layer, true where the layer is local, which must
+ * follow a period (model_swa_from_layers). */
 static int swa_pattern_array(struct kvlm_model *m, const char *key, const gguf_kv *kv, kvlm_error *err) {
     kvlm_config *c = &m->cfg;
     if (kv->arr_type != GGUF_BOOL || kv->arr_n != (uint64_t)c->n_layers)
         return util_err_set(err, KVLM_EFORMAT, "%s: key %s: an array of %d bools (one per layer) is expected",
                             m->path, key, c->n_layers);
-    int period = 0;
-    for (int l = 0; l < c->n_layers && !period; l++)
-        if (!gguf_arr_int(kv, (uint64_t)l)) period = l + 1;
-    for (int l = 0; l < c->n_layers; l++) {
-        bool local = gguf_arr_int(kv, (uint64_t)l) != 0, want = !period || (l + 1) % period != 0;
-        if (local != want)
-            return util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s: layer %d is %s, but kvlm (as llama.cpp) takes one "
-                                "global layer in every %d (the last)", m->path, key, l, local ? "local" : "global",
-                                period);
-    }
-    c->swa_period = period;
-    return KVLM_OK;
+    bool *local = malloc((size_t)c->n_layers * sizeof *local);
+    if (!local) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) local[l] = gguf_arr_int(kv, (uint64_t)l) != 0;
+    int bad = model_swa_from_layers(c, local, true), rc = KVLM_OK;
+    if (bad >= 0)
+        rc = util_err_set(err, KVLM_EUNSUPPORTED, "%s: key %s: layer %d is %s, but kvlm (as llama.cpp) takes one global "
+                          "layer in every %d (the last)", m->path, key, bad, local[bad] ? "local" : "global",
+                          c->swa_period);
+    free(local);
+    return rc;
 }
 
 static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) {

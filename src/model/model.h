@@ -107,6 +107,11 @@ bool model_llama_rows(int arch);
  * only, the local (sliding-window) ones plain at rope_base_local: gemma3, and
  * olmo2 with windows (OLMo 3), as llama.cpp and Hugging Face run them. */
 bool model_scaling_global_only(const kvlm_config *c);
+/* Layers' kinds (local[l]: sliding-window) as kvlm takes them: the last of
+ * every cfg.swa_period global. derive: swa_period set from the first global
+ * layer's place (none global: 0, every layer local); else as set. Returns the
+ * first layer whose kind does not follow it, or -1. */
+int model_swa_from_layers(kvlm_config *c, const bool *local, bool derive);
 /* granite and granitemoe: the four multipliers (granite_keys) */
 bool model_granite_like(int arch);
 /* Sets cfg.rope_freqs: the rope_freqs tensor (checked: rope_dim/2 finite
