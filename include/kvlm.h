@@ -894,6 +894,8 @@ typedef struct kvlm_server_params {
     int header_timeout_s;      /* a request's headers must be in this long after its connection opened
                                   (or the previous answer ended); 0: 10 */
     int body_timeout_s;        /* its body this long after its headers; 0: 30 */
+    int send_timeout_s;        /* an answer must be written this long after the engine finished it (a
+                                  client that stops reading, or reads a trickle, is cut off); 0: 60 */
     int max_conns;             /* connections at once; 0: 4096 (fewer when the fd limit is lower) */
     int max_conns_per_ip;      /* connections at once from one client address; 0: 256; < 0: no cap */
     /* Against other web pages and other users. */

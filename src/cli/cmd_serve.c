@@ -32,6 +32,8 @@ static void serve_usage(FILE *f) {
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
             "      --body-timeout S    its body S seconds after its headers (default 30)\n"
+            "      --send-timeout S    an answer must be written S seconds after it is ready: a client that\n"
+            "                          stops reading or reads a trickle is cut off (default 60)\n"
             "      --max-conns N       connections at once (default 4096, less if the fd limit is lower)\n"
             "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n\n"
             "Access:\n"
@@ -88,6 +90,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-conns", &sp.max_conns, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-conns-per-ip", &sp.max_conns_per_ip, &bad)) {
             if (!bad && sp.max_conns_per_ip == 0) sp.max_conns_per_ip = -1; /* no cap */
@@ -120,9 +123,9 @@ int cmd_serve(int argc, char **argv) {
     if (!model_path) { fprintf(stderr, "kvlm serve: no model given (-m FILE)\n"); serve_usage(stderr); goto out; }
     if (sp.port < 0 || sp.port > 65535) { cli_fail("serve", "--port must be in 0..65535"); goto out; }
     if (cp.n_seq_max < 1 || sp.batch_tokens < 0 || sp.timeout_s < 0 || sp.header_timeout_s < 0 ||
-        sp.body_timeout_s < 0 || sp.max_conns < 0 || sp.max_conns_per_ip < -1) {
-        cli_fail("serve", "--batch-tokens, --timeout, --header-timeout, --body-timeout, --max-conns and "
-                 "--max-conns-per-ip must be >= 0, --max-seqs >= 1");
+        sp.body_timeout_s < 0 || sp.send_timeout_s < 0 || sp.max_conns < 0 || sp.max_conns_per_ip < -1) {
+        cli_fail("serve", "--batch-tokens, --timeout, --header-timeout, --body-timeout, --send-timeout, "
+                 "--max-conns and --max-conns-per-ip must be >= 0, --max-seqs >= 1");
         goto out;
     }
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;

@@ -34,6 +34,7 @@ typedef struct srv_job {
     int refs;              /* the connection's (or its streamed response's) and the engine's */
     kvlm_server *srv;
     struct MHD_Connection *conn;
+    srv_sock *sock;        /* conn's entry in the server's list, while conn is this job's (under mu) */
     bool suspended;        /* conn waits for the engine (under mu) */
     uint64_t id;
     char idstr[48];
@@ -259,6 +260,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             }
             if (j->stream) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
             j->complete = true;
+            if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
                 srv_observe(j->srv, -1, (j->t_last - j->t_first) / (j->completion_tokens - 1));
         }
@@ -774,6 +776,9 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
 void srv_conn_done(kvlm_server *s, srv_conn *cn) {
     unwatch(s, cn);
     if (cn->job) { /* never answered (the daemon stopping) */
+        pthread_mutex_lock(&cn->job->mu);
+        cn->job->sock = NULL;
+        pthread_mutex_unlock(&cn->job->mu);
         cancel(cn->job);
         job_release(cn->job);
         cn->job = NULL;
@@ -805,6 +810,7 @@ static void stream_done(void *cls) {
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool complete = j->complete;
+    j->sock = NULL; /* the connection may take its next request */
     pthread_mutex_unlock(&j->mu);
     if (!complete) cancel(j); /* the client went away: free its blocks */
     job_release(j);
@@ -859,6 +865,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->sock = srv_conn_sock(c);
     j->http11 = cn->http11;
     /* Submit holding the job's lock: its events wait until the id is set. */
     kvlm_error err = {0};

@@ -1,12 +1,14 @@
 /* server/server: the HTTP server on libmicrohttpd (one thread polls every
  * connection, one engine thread runs the scheduler, one watches waiting
- * clients for hang-ups and enforces the header/body deadlines): routing,
+ * clients for hang-ups and enforces the header, body and send deadlines): routing,
  * request bodies and their limits, the API key, CORS, TLS, errors, /health,
  * /v1/models, /metrics, /kvlm/status and the web page. The completion
  * endpoints live in openai.c. */
 #include "server/server.h"
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -42,9 +45,37 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     return ret;
 }
 
-static srv_sock *conn_sock(struct MHD_Connection *c) {
+srv_sock *srv_conn_sock(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+void srv_sock_answer_due(srv_sock *k) {
+    pthread_mutex_lock(&k->srv->socks_mu);
+    k->send_due = util_now_s() + k->srv->p.send_timeout_s;
+    k->writing = true;
+    pthread_mutex_unlock(&k->srv->socks_mu);
+}
+
+/* Bytes in fd's send queue that the peer has not acknowledged. */
+static int unsent(int fd) {
+    int n = 0;
+    return ioctl(fd, SIOCOUTQ, &n) ? 0 : n;
+}
+
+static bool grow_drain(kvlm_server *s) {
+    int cap = s->cap_drain ? 2 * s->cap_drain : 64;
+    srv_drain *d = realloc(s->drain, (size_t)cap * sizeof *d);
+    if (!d) return false;
+    s->drain = d;
+    s->cap_drain = cap;
+    return true;
+}
+
+/* Drops what fd's queue holds: its close sends a reset. */
+static void reset_on_close(int fd) {
+    struct linger l = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
 }
 
 static bool origin_allowed(const kvlm_server *s, const char *origin) {
@@ -57,7 +88,7 @@ static bool origin_allowed(const kvlm_server *s, const char *origin) {
 /* No Access-Control-Allow-Origin at all unless the origin was named with
  * --cors-origin: a browser then keeps other pages from reading our answers. */
 void srv_cors(struct MHD_Connection *c, struct MHD_Response *r) {
-    srv_sock *k = conn_sock(c);
+    srv_sock *k = srv_conn_sock(c);
     if (!k || !k->srv->p.n_cors_origins) return;
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     MHD_add_response_header(r, "Vary", "Origin");
@@ -432,12 +463,14 @@ static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
 
 /* ---- requests ------------------------------------------------------------------ */
 
-/* deadline: monotonic seconds by which the connection's request must be in; 0: none. */
-static void set_deadline(struct MHD_Connection *c, double deadline) {
-    srv_sock *k = conn_sock(c);
+/* deadline: monotonic seconds by which the connection's request must be in; 0: none.
+ * written: MHD has handed the connection's last answer to the kernel. */
+static void set_deadline(struct MHD_Connection *c, double deadline, bool written) {
+    srv_sock *k = srv_conn_sock(c);
     if (!k) return;
     pthread_mutex_lock(&k->srv->socks_mu);
     k->deadline = deadline;
+    if (written) k->writing = false;
     pthread_mutex_unlock(&k->srv->socks_mu);
 }
 
@@ -529,7 +562,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&s->mu);
         s->active++;
         pthread_mutex_unlock(&s->mu);
-        set_deadline(c, util_now_s() + s->p.body_timeout_s);
+        set_deadline(c, util_now_s() + s->p.body_timeout_s, false);
         int n_cl = 0; /* MHD frames the body by one of them: two are ambiguous (request smuggling) */
         MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &n_cl);
         if (n_cl > 1) {
@@ -564,7 +597,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (cn->job) return srv_answer(s, c, cn); /* the engine resumed us */
     if (cn->answered) { /* discard the rest of a refused upload */
-        if (!*upload_size) set_deadline(c, 0);
+        if (!*upload_size) set_deadline(c, 0, false);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -588,7 +621,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
-    set_deadline(c, 0); /* the request is in: no deadline while it is answered */
+    set_deadline(c, 0, false); /* the request is in: no deadline while it is answered */
+    /* an answer made here must be delivered within send_timeout_s; the engine's
+     * from when it is made (srv_sock_answer_due). A previous answer still in the
+     * kernel's queue (pipelined requests) keeps its own until then. */
+    srv_sock *k = srv_conn_sock(c);
+    if (k && !completions) srv_sock_answer_due(k);
+    else if (k) {
+        pthread_mutex_lock(&s->socks_mu);
+        if (k->send_due > 0 && !unsent(k->fd)) k->send_due = 0;
+        pthread_mutex_unlock(&s->socks_mu);
+    }
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
@@ -616,7 +659,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     kvlm_server *s = cls;
     srv_conn *cn = *con_cls;
     /* a kept-alive connection's next request has header_timeout_s from now */
-    set_deadline(c, util_now_s() + s->p.header_timeout_s);
+    set_deadline(c, util_now_s() + s->p.header_timeout_s, true);
     if (!cn) return;
     srv_conn_done(s, cn);
     pthread_mutex_lock(&s->mu);
@@ -657,20 +700,44 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     else s->socks = k->next;
     if (k->next) k->next->prev = k->prev;
     s->n_socks--;
+    if (k->fd >= 0 && k->send_due > 0 && unsent(k->fd) > 0) { /* its answer is still on its way */
+        int fd = -1;
+        if (s->n_drain < s->cap_drain || grow_drain(s)) fd = fcntl(k->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd >= 0) s->drain[s->n_drain++] = (srv_drain){fd, k->send_due};
+        else reset_on_close(k->fd); /* out of descriptors: no socket is left to the kernel */
+    }
     pthread_mutex_unlock(&s->socks_mu);
     free(k);
     *socket_context = NULL;
 }
 
 /* Shuts down the sockets of the connections past their deadline: MHD's
- * polling thread then reads the end of the stream and closes them. */
+ * polling thread then reads the end of the stream and closes them. One whose
+ * answer is not delivered by its send deadline (still being written, or still
+ * in the kernel's queue) is reset. Closed connections still delivering are
+ * closed once their queue is empty, or reset at their deadline. */
 static void sweep_deadlines(kvlm_server *s) {
     double now = util_now_s();
     pthread_mutex_lock(&s->socks_mu);
     for (srv_sock *k = s->socks; k; k = k->next) {
-        if (k->kicked || k->deadline <= 0 || now < k->deadline || k->fd < 0) continue;
+        if (k->kicked || k->fd < 0) continue;
+        bool late = k->send_due > 0 && now >= k->send_due;
+        if (late && !k->writing && !unsent(k->fd)) { /* written and delivered */
+            k->send_due = 0;
+            late = false;
+        }
+        if (!late && (k->deadline <= 0 || now < k->deadline)) continue;
+        if (late) reset_on_close(k->fd);
         shutdown(k->fd, SHUT_RDWR);
         k->kicked = true;
+    }
+    for (int i = 0; i < s->n_drain; i++) {
+        srv_drain *d = &s->drain[i];
+        bool drained = !unsent(d->fd);
+        if (!drained && now < d->due) continue;
+        if (!drained) reset_on_close(d->fd);
+        close(d->fd);
+        s->drain[i--] = s->drain[--s->n_drain];
     }
     pthread_mutex_unlock(&s->socks_mu);
 }
@@ -683,7 +750,7 @@ static void *engine_main(void *arg) {
 /* A suspended connection's socket is not polled by MHD: this thread waits
  * for the hang-up of any client whose request is in the engine and cancels
  * that request (its event carries the request's id; 0 is the stop signal).
- * Four times a second it also enforces the header and body deadlines. */
+ * Four times a second it also enforces the header, body and send deadlines. */
 static void *watcher_main(void *arg) {
     kvlm_server *s = arg;
     double next_sweep = 0;
@@ -821,6 +888,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.timeout_s <= 0) s->p.timeout_s = 30;
     if (s->p.header_timeout_s <= 0) s->p.header_timeout_s = 10;
     if (s->p.body_timeout_s <= 0) s->p.body_timeout_s = 30;
+    if (s->p.send_timeout_s <= 0) s->p.send_timeout_s = 60;
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
     else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
@@ -969,6 +1037,8 @@ void kvlm_server_stop(kvlm_server *s) {
         usleep(10000);
     }
     MHD_stop_daemon(s->daemon);
+    for (int i = 0; i < s->n_drain; i++) close(s->drain[i].fd); /* the kernel delivers what it can */
+    free(s->drain);
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);

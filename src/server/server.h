@@ -10,6 +10,12 @@
 
 enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
 
+/* A closed connection whose answer was still in the kernel's send queue: the
+ * socket kept open (a dup of MHD's descriptor) until it drains or send_due
+ * passes, when it is reset. Closing it would leave the kernel to deliver the
+ * rest for as long as the client keeps reading, however slowly. */
+typedef struct { int fd; double due; } srv_drain;
+
 struct kvlm_server {
     kvlm_ctx *ctx;
     const kvlm_model *model;
@@ -34,6 +40,8 @@ struct kvlm_server {
     pthread_mutex_t socks_mu;
     struct srv_sock *socks;
     int n_socks;
+    srv_drain *drain;           /* closed connections still delivering (under socks_mu) */
+    int n_drain, cap_drain;
     char *api_key;              /* NULL: none */
     size_t api_key_len;
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
@@ -48,6 +56,9 @@ typedef struct srv_sock {
     struct srv_sock *prev, *next; /* s->socks (under socks_mu) */
     int fd;
     double deadline;            /* monotonic seconds; 0: none (a request is being answered) */
+    double send_due;            /* its answer, once made, must be delivered by then (bytes in the
+                                   kernel's send queue included); 0: no answer pending */
+    bool writing;               /* an answer is made and MHD has not handed all of it to the kernel */
     bool kicked;                /* its socket was shut down */
 } srv_sock;
 
@@ -60,6 +71,14 @@ typedef struct srv_conn {
     struct srv_job *watched;  /* its job in the server's hang-up watch (NULL: none) */
     bool http11;              /* the request is HTTP/1.1 (an interim 1xx response may be sent) */
 } srv_conn;
+
+/* c's entry in the list (NULL: untracked). */
+srv_sock *srv_conn_sock(struct MHD_Connection *c);
+/* k's answer is made: it must be delivered within send_timeout_s, or the
+ * connection is reset. This stops a client that reads its answer a trickle at
+ * a time, which MHD's idle timeout (reset by every write) and the kernel
+ * (which delivers a closed socket's queue for as long as the client reads) do not. */
+void srv_sock_answer_due(srv_sock *k);
 
 /* Queues an OpenAI-style error: {"error":{"message","type","param","code"}}. */
 enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
