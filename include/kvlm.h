@@ -524,14 +524,20 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
  * tiers' queues (kvlm_ctx_free does it too). */
 void kvlm_ctx_kv_persist(kvlm_ctx *ctx);
 
-/* KV events (docs/kv-events.md): the prefix index's changes as they
- * happen, for a publisher that tells routers which blocks this engine holds
- * (the server's --kv-events). STORED: a full block entered the index (its
- * tokens are valid during the call only); REMOVED: it left it (reused for
- * other data, or changed by eviction). Every stored block is removed at most
- * once; kvlm_ctx_free drops the rest without events. Called on the thread
- * that changes the cache (the engine thread), so the sink must not block. */
+/* KV events (docs/kv-events.md): the prefix index's and the host tier's
+ * changes as they happen, for a publisher that tells routers which blocks
+ * this engine holds (the server's --kv-events). STORED: a full block entered
+ * the index, or the tier (its tokens are valid during the call only);
+ * REMOVED: it left it (reused for other data, changed by eviction, pushed out
+ * of the tier). Every stored block is removed at most once from each medium;
+ * kvlm_ctx_free drops the rest without events. Called on the thread that
+ * changes the cache (the engine thread), so the sink must not block. */
 enum { KVLM_KV_EVENT_STORED = 1, KVLM_KV_EVENT_REMOVED = 2 };
+/* Where the block is: the pool (the prefix index), or the host-memory tier
+ * below it (--kv-host-size; the one tier this process alone fills and
+ * empties). Each medium's events stand alone: a block in both is stored, and
+ * later removed, once in each. */
+enum { KVLM_KV_MEDIUM_POOL = 0, KVLM_KV_MEDIUM_HOST = 1 };
 typedef struct kvlm_kv_event {
     int kind;                /* KVLM_KV_EVENT_* */
     uint8_t hash[16];        /* the block's chained key (XXH3-128, canonical big-endian bytes) */
@@ -539,6 +545,7 @@ typedef struct kvlm_kv_event {
     bool has_parent;         /* false: the first block of a sequence */
     const int32_t *tokens;   /* STORED: its n_tokens (the block size) tokens */
     int n_tokens;
+    int medium;              /* KVLM_KV_MEDIUM_* */
 } kvlm_kv_event;
 typedef struct kvlm_kv_event_sink {
     void (*event)(void *user, const kvlm_kv_event *ev);
@@ -555,6 +562,9 @@ void kvlm_ctx_kv_events_flush(kvlm_ctx *ctx);
  * how many (at most cap written), -1 out of memory. The thread that uses the
  * context only (a server: kvlm_sched_kv_blocks). */
 int kvlm_kv_cached_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap);
+/* The same for the host tier: the keys of the blocks it holds that its
+ * events told (its swapped sequences' blocks are not); 0 without one. */
+int kvlm_kv_host_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap);
 /* The device the context computes on (KVLM_DEVICE_*). */
 int kvlm_ctx_device(const kvlm_ctx *ctx);
 
@@ -866,6 +876,9 @@ void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
  * take them after every step from then on (and once now, if it is idle):
  * call again shortly. Any thread. */
 int kvlm_sched_kv_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap);
+/* The host tier's (kvlm_kv_host_blocks), taken with them: how many there are
+ * (at most cap written), -1 before kvlm_sched_kv_blocks has any. */
+int kvlm_sched_kv_host_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap);
 
 typedef struct kvlm_sched_req_info {
     uint64_t id;

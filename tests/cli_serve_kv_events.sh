@@ -2,8 +2,10 @@
 # tests/cli_serve_kv_events: `kvlm serve --kv-events` end to end (Debian's
 # python3-zmq and python3-msgpack, hence /usr/bin/python3): a subscriber that
 # listens, a server that connects to it, a load of requests sharing prefixes
-# through a pool small enough to evict; the set of cached blocks rebuilt from
-# the event stream alone equals /kvlm/status?blocks=1, sequence numbers are
+# through a pool small enough to evict, over a host-memory tier small enough to
+# evict too; the set of cached blocks rebuilt from the event stream alone
+# equals /kvlm/status?blocks=1 for each medium (the pool's "CPU", the host
+# tier's "HOST"), sequence numbers are
 # consecutive, every message has vLLM's shape, the vllm:* metrics agree with
 # kvlm's own, and a stop publishes AllBlocksCleared last. The replay socket
 # (--kv-events-replay) resends every batch from a sequence number on, byte
@@ -43,7 +45,8 @@ bad = subprocess.run([kvlm, "serve", "-m", model, "--port", "0", "--kv-events-re
 check(bad.returncode != 0 and "--kv-events-replay needs --kv-events" in bad.stderr,
       "--kv-events-replay alone is refused with a message", bad.stderr[-200:])
 proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "256", "--max-seqs", "8",
-                         "--kv-mem", "480KiB", "-t", "2", "--kv-events", "tcp://127.0.0.1:%d" % port,
+                         "--kv-mem", "480KiB", "--kv-host-size", "240KiB", "-t", "2",
+                         "--kv-events", "tcp://127.0.0.1:%d" % port,
                          "--kv-events-replay", replay_url],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 line = proc.stdout.readline()
@@ -93,12 +96,13 @@ for t in threads: t.start()
 for t in threads: t.join()
 check(not errors, "%d requests answered (%.1f s)" % (len(prompts), time.time() - t0), errors[:2])
 
+MEDIA = ("CPU", "HOST")
 def replay():
-    """The cached set from the events alone, and the checks on the stream."""
+    """The cached sets (per medium) from the events alone, and the checks on the stream."""
     with lock:
         got = list(msgs)
-    cached, seqs, problems = set(), [], []
-    n_stored = n_removed = n_cleared = 0
+    cached, seqs, problems = {m: set() for m in MEDIA}, [], []
+    n_stored, n_removed, n_cleared = dict.fromkeys(MEDIA, 0), dict.fromkeys(MEDIA, 0), 0
     for parts in got:
         if len(parts) != 3 or parts[0] != b"" or len(parts[1]) != 8:
             problems.append("frames %r" % [len(p) for p in parts]); continue
@@ -109,18 +113,19 @@ def replay():
         for ev in batch[1]:
             if ev[0] == "BlockStored":
                 hashes, parent, toks, bs, lora, medium, lora_name = ev[1:]
-                if bs != 16 or len(toks) != 16 * len(hashes) or medium != "CPU" or lora is not None or lora_name is not None:
-                    problems.append("stored %r" % ev[:3])
-                if any(h in cached for h in hashes):
-                    problems.append("stored twice %r" % hashes)
-                cached.update(hashes); n_stored += len(hashes)
+                if bs != 16 or len(toks) != 16 * len(hashes) or medium not in MEDIA or lora is not None or lora_name is not None:
+                    problems.append("stored %r" % ev[:3]); continue
+                if any(h in cached[medium] for h in hashes):
+                    problems.append("stored twice in %s %r" % (medium, hashes))
+                cached[medium].update(hashes); n_stored[medium] += len(hashes)
             elif ev[0] == "BlockRemoved":
                 hashes, medium = ev[1:]
-                if medium != "CPU" or any(h not in cached for h in hashes):
-                    problems.append("removed unknown %r" % hashes)
-                cached.difference_update(hashes); n_removed += len(hashes)
+                if medium not in MEDIA or any(h not in cached[medium] for h in hashes):
+                    problems.append("removed unknown %r from %r" % (hashes, medium)); continue
+                cached[medium].difference_update(hashes); n_removed[medium] += len(hashes)
             elif ev == ["AllBlocksCleared"]:
-                cached.clear(); n_cleared += 1
+                for m in MEDIA: cached[m].clear()
+                n_cleared += 1
             else:
                 problems.append("event %r" % ev[:1])
     return cached, seqs, problems, n_stored, n_removed, n_cleared
@@ -130,20 +135,28 @@ deadline, same = time.time() + 20, False
 while time.time() < deadline:
     st, status = request("GET", "/kvlm/status?blocks=1")
     engine = {int(h[16:], 16) for h in status["cached_blocks"]}
+    host = {int(h[16:], 16) for h in status["host_blocks"]}
     cached, seqs, problems, n_stored, n_removed, n_cleared = replay()
-    if status["running"] == 0 and status["waiting"] == 0 and engine == cached:
+    if status["running"] == 0 and status["waiting"] == 0 and engine == cached["CPU"] and host == cached["HOST"]:
         same = True
         break
     time.sleep(0.1)
-check(same, "the blocks rebuilt from %d batches (%d stored, %d removed) equal /kvlm/status's %d cached blocks"
-      % (len(seqs), n_stored, n_removed, len(engine)),
-      "events-only %d, status-only %d" % (len(cached - engine), len(engine - cached)))
+check(same, "the pool's blocks rebuilt from %d batches (%d stored, %d removed) equal /kvlm/status's %d cached blocks"
+      % (len(seqs), n_stored["CPU"], n_removed["CPU"], len(engine)),
+      "events-only %d, status-only %d" % (len(cached["CPU"] - engine), len(engine - cached["CPU"])))
+check(same, "the host tier's blocks rebuilt from them (%d stored, %d removed) equal its %d listed blocks"
+      % (n_stored["HOST"], n_removed["HOST"], len(host)),
+      "events-only %d, status-only %d" % (len(cached["HOST"] - host), len(host - cached["HOST"])))
+tiers = {t["name"]: t for t in status.get("tiers", [])}
+check("host" in tiers and len(host) <= tiers["host"]["blocks"],
+      "the host tier holds them (%s blocks)" % tiers.get("host", {}).get("blocks"), list(tiers))
 check(len(engine) <= status["blocks_cached"] + status["blocks_used"] <= status["n_blocks"],
       "the listed blocks fit the pool")
 check(not problems, "every message has vLLM's shape ([topic, seq, [ts, events, 0]], BlockStored of 8 fields)", problems[:3])
 check(seqs and seqs[0] in (0, 1) and seqs == list(range(seqs[0], seqs[0] + len(seqs))),
       "sequence numbers consecutive from %s" % (seqs[:1],), seqs[:10])
-check(n_removed > 0 and n_stored > len(engine), "blocks were evicted and re-stored (the pool was full)")
+check(n_removed["CPU"] > 0 and n_stored["CPU"] > len(engine), "blocks were evicted and re-stored (the pool was full)")
+check(n_removed["HOST"] > 0 and n_stored["HOST"] > len(host), "the host tier pushed blocks out too (it was full)")
 
 # Replay from 0 on a DEALER: every batch so far, as the stream sent it, then the end mark.
 END = b"\xff" * 8
@@ -205,7 +218,7 @@ check(labels.get("block_size") == "16" and labels.get("num_gpu_blocks") == str(s
       and labels.get("cache_dtype") == "f16", "vllm:cache_config_info carries the block size and pool", labels)
 ev_total, _ = metric("kvlm_kv_events_total")
 dropped, _ = metric("kvlm_kv_events_dropped_total")
-check(dropped == 0 and ev_total is not None and ev_total >= n_stored + n_removed,
+check(dropped == 0 and ev_total is not None and ev_total >= sum(n_stored.values()) + sum(n_removed.values()),
       "kvlm_kv_events_total %s, none dropped" % ev_total)
 check(metric("kvlm_kv_event_replays_total")[0] == 3 and
       metric("kvlm_kv_event_batches_replayed_total")[0] == len(replayed) + len(tail),

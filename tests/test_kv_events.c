@@ -9,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <msgpack.h>
 #include <zmq.h>
 #include "helpers/testutil.h"
 #include "server/kv_events.h"
+
+static const char *const media[2] = {"CPU", "HOST"}; /* the pool's, the host tier's */
 
 static void key(uint8_t *k, int first) {
     for (int i = 0; i < 16; i++) k[i] = (uint8_t)(first + i);
@@ -57,18 +60,62 @@ static void test_encode_golden(void **state) {
     ev[4].kind = KVLM_KV_EVENT_REMOVED; key(ev[4].hash, 0xf0);
     ev[5].kind = 0; /* AllBlocksCleared */
     size_t len = 0;
-    uint8_t *p = srv_kv_events_encode(ev, 6, 1.5, 4, "CPU", &len);
+    uint8_t *p = srv_kv_events_encode(ev, 6, 1.5, 4, media, &len);
     assert_non_null(p);
     assert_int_equal(len, sizeof k_golden);
     for (size_t i = 0; i < len; i++)
         if (p[i] != k_golden[i]) fail_msg("byte %zu: 0x%02x, Python's msgpack wrote 0x%02x", i, p[i], k_golden[i]);
     free(p);
     /* an empty batch is still a well-formed one: [ts, [], 0] */
-    p = srv_kv_events_encode(NULL, 0, 1.5, 4, "CPU", &len);
+    p = srv_kv_events_encode(NULL, 0, 1.5, 4, media, &len);
     assert_non_null(p);
     static const uint8_t empty[] = {0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x90, 0x00};
     assert_int_equal(len, sizeof empty);
     assert_memory_equal(p, empty, sizeof empty);
+    free(p);
+}
+
+/* The host tier's events travel under its own medium, and never merge with
+ * the pool's: a host block that chains on a pool block is a BlockStored of
+ * its own, and removals split where the medium changes. */
+static void test_encode_media(void **state) {
+    (void)state;
+    int32_t t1[4] = {1, 2, 3, 4}, t2[4] = {5, 6, 7, 8};
+    kvlm_kv_event ev[5];
+    memset(ev, 0, sizeof ev);
+    ev[0].kind = KVLM_KV_EVENT_STORED; key(ev[0].hash, 0); ev[0].tokens = t1; ev[0].n_tokens = 4;
+    ev[1].kind = KVLM_KV_EVENT_STORED; key(ev[1].hash, 16); key(ev[1].parent, 0); ev[1].has_parent = true;
+    ev[1].tokens = t2; ev[1].n_tokens = 4; ev[1].medium = KVLM_KV_MEDIUM_HOST;
+    ev[2].kind = KVLM_KV_EVENT_REMOVED; key(ev[2].hash, 0);
+    ev[3].kind = KVLM_KV_EVENT_REMOVED; key(ev[3].hash, 16); ev[3].medium = KVLM_KV_MEDIUM_HOST;
+    ev[4].kind = KVLM_KV_EVENT_REMOVED; key(ev[4].hash, 32); ev[4].medium = KVLM_KV_MEDIUM_HOST;
+    size_t len = 0;
+    uint8_t *p = srv_kv_events_encode(ev, 5, 1.5, 4, media, &len);
+    assert_non_null(p);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, (const char *)p, len, NULL), MSGPACK_UNPACK_SUCCESS);
+    msgpack_object evs = u.data.via.array.ptr[1];
+    assert_int_equal(evs.type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(evs.via.array.size, 4); /* stored CPU, stored HOST, removed CPU, removed HOST x 2 */
+    static const struct { const char *tag, *medium; unsigned n_hashes, at; } want[4] = {
+        {"BlockStored", "CPU", 1, 6}, {"BlockStored", "HOST", 1, 6}, {"BlockRemoved", "CPU", 1, 2},
+        {"BlockRemoved", "HOST", 2, 2}};
+    for (int g = 0; g < 4; g++) {
+        msgpack_object e = evs.via.array.ptr[g];
+        msgpack_object tag = e.via.array.ptr[0], hashes = e.via.array.ptr[1], medium = e.via.array.ptr[want[g].at];
+        assert_int_equal(tag.via.str.size, strlen(want[g].tag));
+        assert_memory_equal(tag.via.str.ptr, want[g].tag, tag.via.str.size);
+        assert_int_equal(hashes.via.array.size, want[g].n_hashes);
+        assert_int_equal(medium.type, MSGPACK_OBJECT_STR);
+        assert_int_equal(medium.via.str.size, strlen(want[g].medium));
+        assert_memory_equal(medium.via.str.ptr, want[g].medium, medium.via.str.size);
+    }
+    /* the host block's parent is still the pool block it follows */
+    msgpack_object parent = evs.via.array.ptr[1].via.array.ptr[2];
+    assert_int_equal(parent.type, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    assert_true(parent.via.u64 == srv_kv_hash64(ev[0].hash));
+    msgpack_unpacked_destroy(&u);
     free(p);
 }
 
@@ -139,7 +186,7 @@ static size_t six_batches(srv_kv_events *e) {
     }
     assert_int_equal(st.batches, 7);
     size_t len = 0;
-    free(srv_kv_events_encode(&ev, 1, 1.5, 4, "CPU", &len));
+    free(srv_kv_events_encode(&ev, 1, 1.5, 4, media, &len));
     return len;
 }
 
@@ -213,6 +260,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash64),
         cmocka_unit_test(test_encode_golden),
+        cmocka_unit_test(test_encode_media),
         cmocka_unit_test(test_bad_endpoint),
         cmocka_unit_test(test_replay),
     };

@@ -332,6 +332,84 @@ static void test_probe_and_promotion(void **state) {
     kv_store_free(s);
 }
 
+/* KV events for the host tier: what a listener rebuilds from them equals
+ * what the tier holds after every request, each stored event names the
+ * parent and tokens its key is made of, and nothing is stored twice or
+ * removed unknown, while prompts that share prefixes push blocks out of a
+ * pool of 5 and a tier of 6 and bring them back. */
+typedef struct {
+    const kv_blockfmt *f;
+    kv_key keys[256];
+    int n, stored, removed, bs;
+    char bad[160];
+} tier_log;
+
+static int log_find(const tier_log *L, const kv_key *k) {
+    for (int i = 0; i < L->n; i++)
+        if (!memcmp(L->keys[i].b, k->b, 16)) return i;
+    return -1;
+}
+
+static void on_tier_event(void *user, int what, const kv_key *key, const kv_key *parent, const int32_t *tokens,
+                          int n_tokens) {
+    tier_log *L = user;
+    int at = log_find(L, key);
+    if (what == KV_INDEX_ADDED) {
+        kv_key want;
+        kv_block_key(L->f, parent, tokens, &want);
+        if (at >= 0) snprintf(L->bad, sizeof L->bad, "stored twice");
+        else if (memcmp(want.b, key->b, 16) || n_tokens != L->bs)
+            snprintf(L->bad, sizeof L->bad, "a stored event's parent and tokens do not make its key");
+        else if (L->n < 256) L->keys[L->n++] = *key;
+        L->stored++;
+    } else {
+        if (at < 0) snprintf(L->bad, sizeof L->bad, "removed unknown");
+        else L->keys[at] = L->keys[--L->n];
+        L->removed++;
+    }
+}
+
+static void test_host_tier_events(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    kv_params probe = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false};
+    kv_cache *pc = kv_create(&probe, &err);
+    assert_non_null(pc);
+    size_t blob = kv_blockfmt_bytes(kv_get_blockfmt(pc));
+    kv_free(pc);
+    kv_tier *host = kv_tier_host_open(6 * blob, &err);
+    kv_store *s = make_store(5, 4, 2, &host, 1);
+    tier_log L = {.f = kv_get_blockfmt(kv_store_pool(s)), .bs = 4};
+    kv_store_set_tier_listener(s, on_tier_event, &L);
+    int32_t prompts[8][17];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 17; j++) prompts[i][j] = j < 8 ? (i % 3) * 1000 + j : i * 100 + j;
+    uint64_t rng = 11;
+    int promoted = 0;
+    for (int round = 0; round < 80; round++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        const int32_t *p = prompts[(rng >> 33) % 8];
+        int seq = round % 2;
+        int have = kv_store_match_prefix(s, seq, p, 17);
+        promoted += have;
+        assert_int_equal(kv_store_reserve(s, seq, 17 - have, &err), KVLM_OK);
+        write_tokens(s, seq, p + have, 17 - have);
+        kv_store_release(s, seq);
+        if (L.bad[0]) fail_msg("round %d: %s", round, L.bad);
+        kv_key held[256];
+        int n = kv_store_tier_blocks(s, held, 256);
+        assert_int_equal(n, L.n);
+        for (int i = 0; i < n; i++)
+            if (log_find(&L, &held[i]) < 0) fail_msg("round %d: the tier holds a block no event told", round);
+    }
+    print_message("  %d stored, %d removed, %d held; %d tokens matched from the pool or the tier\n", L.stored,
+                  L.removed, L.n, promoted);
+    assert_true(L.removed > 0 && L.stored > 6 && promoted > 0);
+    kv_store_set_tier_listener(s, NULL, NULL);
+    assert_int_equal(kv_store_tier_blocks(s, NULL, 0), 0); /* unwatched: a later listener starts afresh */
+    kv_store_free(s);
+}
+
 /* A block pushed out of the pool while the tier still holds its key (it was
  * computed again, not brought back) is neither read nor written again. */
 static void test_demote_known(void **state) {
@@ -622,6 +700,7 @@ int main(void) {
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_probe_and_promotion),
         cmocka_unit_test(test_demote_known), cmocka_unit_test(test_randomized_tiers),
+        cmocka_unit_test(test_host_tier_events),
         cmocka_unit_test(test_randomized_swap),
         cmocka_unit_test(test_randomized_swap_tier),
         cmocka_unit_test(test_engine_host_tier),

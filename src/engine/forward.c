@@ -904,10 +904,29 @@ static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
     ctx->events.event(ctx->events.user, &ev);
 }
 
+static void on_tier(void *user, int what, const kv_key *key, const kv_key *parent, const int32_t *tokens,
+                    int n_tokens) {
+    kvlm_ctx *ctx = user;
+    kvlm_kv_event ev;
+    memset(&ev, 0, sizeof ev);
+    memcpy(ev.hash, key->b, 16);
+    ev.medium = KVLM_KV_MEDIUM_HOST;
+    if (what == KV_INDEX_ADDED) {
+        static const uint8_t zero[16];
+        ev.kind = KVLM_KV_EVENT_STORED;
+        memcpy(ev.parent, parent->b, 16);
+        ev.has_parent = memcmp(ev.parent, zero, 16) != 0;
+        ev.tokens = tokens;
+        ev.n_tokens = n_tokens;
+    } else ev.kind = KVLM_KV_EVENT_REMOVED;
+    ctx->events.event(ctx->events.user, &ev);
+}
+
 void kvlm_ctx_set_kv_event_sink(kvlm_ctx *ctx, const kvlm_kv_event_sink *sink) {
     if (sink && sink->event) ctx->events = *sink;
     else memset(&ctx->events, 0, sizeof ctx->events);
     kv_store_set_index_listener(ctx->kv, ctx->events.event ? on_index : NULL, ctx);
+    kv_store_set_tier_listener(ctx->kv, ctx->events.event ? on_tier : NULL, ctx);
 }
 
 void kvlm_ctx_kv_events_flush(kvlm_ctx *ctx) {
@@ -920,6 +939,15 @@ int kvlm_kv_cached_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap) {
     int n = kv_store_indexed_blocks(ctx->kv, ctx->blocks_tmp, nb);
     kv_cache *c = kv_store_pool(ctx->kv);
     for (int i = 0; i < n && i < cap; i++) memcpy(keys[i], kv_block_key_of(c, ctx->blocks_tmp[i])->b, 16);
+    return n;
+}
+
+int kvlm_kv_host_blocks(kvlm_ctx *ctx, uint8_t (*keys)[16], int cap) {
+    kv_key *k = cap > 0 ? malloc((size_t)cap * sizeof *k) : NULL;
+    if (cap > 0 && !k) return -1;
+    int n = kv_store_tier_blocks(ctx->kv, k, cap);
+    for (int i = 0; i < n && i < cap; i++) memcpy(keys[i], k[i].b, 16);
+    free(k);
     return n;
 }
 

@@ -82,6 +82,8 @@ struct kvlm_sched {
     bool want_blocks;
     uint8_t (*blk_snap)[16], (*blk_work)[16];
     int n_blk_snap;
+    uint8_t (*host_snap)[16], (*host_work)[16]; /* the same for the host tier's (cap_* each) */
+    int n_host_snap, cap_host_snap, cap_host_work;
     /* speculative decoding (prompt lookup): drafts per decode token; 0: off */
     int spec_k;
     bool spec_q4kc;        /* q4_kc keys: drafts stop short of the filling block's last slot */
@@ -251,6 +253,8 @@ void kvlm_sched_free(kvlm_sched *s) {
     free(s->work_req);
     free(s->blk_snap);
     free(s->blk_work);
+    free(s->host_snap);
+    free(s->host_work);
     free(s);
 }
 
@@ -786,11 +790,19 @@ static void take_blocks(kvlm_sched *s) {
     bool want = s->want_blocks;
     pthread_mutex_unlock(&s->mu);
     if (!want) return;
-    int n = -1;
+    int n = -1, nh = kvlm_kv_host_blocks(s->ctx, NULL, 0);
     if (s->blk_work || (s->blk_work = malloc((size_t)s->n_blocks * 16)))
         n = kvlm_kv_cached_blocks(s->ctx, s->blk_work, s->n_blocks);
+    if (nh > s->cap_host_work) {
+        void *w = realloc(s->host_work, (size_t)nh * 16);
+        if (w) {
+            s->host_work = w;
+            s->cap_host_work = nh;
+        } else n = -1;
+    }
+    if (n >= 0 && nh > 0) nh = kvlm_kv_host_blocks(s->ctx, s->host_work, nh);
     pthread_mutex_lock(&s->mu);
-    if (n < 0) { /* out of memory: until asked again */
+    if (n < 0 || nh < 0) { /* out of memory: until asked again */
         s->want_blocks = false;
         pthread_mutex_unlock(&s->mu);
         return;
@@ -799,7 +811,22 @@ static void take_blocks(kvlm_sched *s) {
     s->blk_snap = s->blk_work;
     s->blk_work = t;
     s->n_blk_snap = n < s->n_blocks ? n : s->n_blocks;
+    t = s->host_snap;
+    s->host_snap = s->host_work;
+    s->host_work = t;
+    int c = s->cap_host_snap;
+    s->cap_host_snap = s->cap_host_work;
+    s->cap_host_work = c;
+    s->n_host_snap = nh;
     pthread_mutex_unlock(&s->mu);
+}
+
+int kvlm_sched_kv_host_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_blk_snap < 0 ? -1 : s->n_host_snap; /* taken with the pool's */
+    if (n > 0 && cap > 0) memcpy(keys, s->host_snap, (size_t)(n < cap ? n : cap) * 16);
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 int kvlm_sched_kv_blocks(kvlm_sched *s, uint8_t (*keys)[16], int cap) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "kv/tier_host.h"
 #include "model/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
@@ -39,6 +40,10 @@ struct kv_store {
     uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
         persisted[KV_STORE_MAX_TIERS];
     bool logged_corrupt[KV_STORE_MAX_TIERS];
+    /* KV events for the host tier (kv_store_set_tier_listener) */
+    kv_tier_event_fn tier_fn;
+    void *tier_user;
+    int32_t putting;       /* the pool block put_block is putting; -1: none */
     /* swap space: slots of one block each, allocated at the first swap */
     size_t swap_bytes;
     uint8_t *swap_mem;
@@ -133,6 +138,7 @@ static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
     if (!s->c) { kv_store_free(s); return NULL; }
     s->p = *kv_get_params(s->c);
     s->guest_lo = s->p.max_seqs;
+    s->putting = -1;
     s->k_row = op_kv_row_bytes(s->p.k_type, s->p.head_dim);
     s->v_row = op_kv_row_bytes(s->p.v_type, s->p.head_dim);
     s->stage_block = malloc((size_t)s->p.max_seqs * sizeof(int));
@@ -228,7 +234,10 @@ static void put_block(kv_store *s, int32_t b, int role, uint64_t *count, bool as
             continue;
         }
         if (!len) len = serialize(s, b, s->ser);
-        if (kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, len)) {
+        s->putting = b; /* a host tier's watch tells the event what the block holds */
+        bool ok = kv_tier_put(s->tiers[t], kv_block_key_of(s->c, b), s->ser, len);
+        s->putting = -1;
+        if (ok) {
             s->in_tier[b] |= (uint8_t)(1u << t);
             count[t]++;
         }
@@ -371,6 +380,42 @@ void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, siz
 
 kv_cache *kv_store_pool(kv_store *s) { return s->c; }
 void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user) { kv_set_index_listener(s->c, fn, user); }
+
+/* A host tier took a key: a pool block's (put_block) is told, with its
+ * parent and tokens; anything else (swapped blocks) is not watched. */
+static bool host_added(void *user, const kv_key *key) {
+    kv_store *s = user;
+    if (s->putting < 0) return false;
+    int32_t b = s->putting;
+    s->tier_fn(s->tier_user, KV_INDEX_ADDED, key, kv_block_parent_of(s->c, b), kv_block_tokens(s->c, b),
+               kv_block_size_of(s->c, b));
+    return true;
+}
+
+static void host_removed(void *user, const kv_key *key) {
+    kv_store *s = user;
+    s->tier_fn(s->tier_user, KV_INDEX_REMOVED, key, NULL, NULL, 0);
+}
+
+static kv_tier *host_tier_of(const kv_store *s) {
+    for (int t = 0; t < s->n_tiers; t++)
+        if (kv_tier_is_host(s->tiers[t])) return s->tiers[t];
+    return NULL;
+}
+
+void kv_store_set_tier_listener(kv_store *s, kv_tier_event_fn fn, void *user) {
+    kv_tier *h = host_tier_of(s);
+    s->tier_fn = fn;
+    s->tier_user = user;
+    if (!h) return;
+    kv_tier_host_watch w = {host_added, host_removed, s};
+    kv_tier_host_set_watch(h, fn ? &w : NULL);
+}
+
+int kv_store_tier_blocks(kv_store *s, kv_key *out, int cap) {
+    kv_tier *h = host_tier_of(s);
+    return h ? kv_tier_host_watched(h, out, cap) : 0;
+}
 int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap) { return kv_indexed_blocks(s->c, out, cap); }
 
 /* ---- sequences ---- */

@@ -199,6 +199,18 @@ void kv_store_layout(const kv_store *s, uint8_t **base, size_t *block_bytes, siz
  * kv_set_index_listener; fn NULL: none), and the blocks it holds now. */
 void kv_store_set_index_listener(kv_store *s, kv_index_fn fn, void *user);
 int kv_store_indexed_blocks(const kv_store *s, int32_t *out, int cap);
+/* KV events for the host tier (the one tier this process alone fills and
+ * empties, so its events are exact): fn(user, KV_INDEX_ADDED, key, parent,
+ * tokens, n_tokens) when a pool block's contents enter it, fn(user,
+ * KV_INDEX_REMOVED, key, NULL, NULL, 0) when they leave (pushed out by its
+ * size, or dropped as damaged). Called on the thread that writes to the tier
+ * (the engine's). Swapped sequences' blocks are not told. fn NULL: none. */
+typedef void (*kv_tier_event_fn)(void *user, int what, const kv_key *key, const kv_key *parent,
+                                 const int32_t *tokens, int n_tokens);
+void kv_store_set_tier_listener(kv_store *s, kv_tier_event_fn fn, void *user);
+/* The keys the host tier holds that were told (at most cap written); returns
+ * how many (0 without a host tier). */
+int kv_store_tier_blocks(kv_store *s, kv_key *out, int cap);
 /* The pool underneath, for tests and kv_check. */
 kv_cache *kv_store_pool(kv_store *s);
 /* The local layers' store (kv_store_params.local), or NULL. */

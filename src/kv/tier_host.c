@@ -14,6 +14,7 @@ typedef struct entry {
     kv_key key;
     uint8_t *data;
     size_t len;
+    bool watched;                      /* kv_tier_host_watch's added said so */
     struct entry *hnext, *prev, *next; /* bucket chain; LRU list (head: oldest) */
 } entry;
 
@@ -25,6 +26,7 @@ typedef struct {
     size_t n_buckets; /* a power of two */
     entry *head, *tail;
     kv_tier_stats st;
+    kv_tier_host_watch watch;
 } host_tier;
 
 static size_t bucket_of(const host_tier *h, const kv_key *k) {
@@ -52,7 +54,9 @@ static void lru_append(host_tier *h, entry *e) {
     h->tail = e;
 }
 
-static void remove_entry(host_tier *h, entry *e) {
+/* told: whether a watched entry's leaving is told (not when overwritten or closing) */
+static void remove_entry(host_tier *h, entry *e, bool told) {
+    if (told && e->watched && h->watch.removed) h->watch.removed(h->watch.user, &e->key);
     entry **pp = &h->buckets[bucket_of(h, &e->key)];
     while (*pp != e) pp = &(*pp)->hnext;
     *pp = e->hnext;
@@ -76,14 +80,16 @@ static bool host_put(kv_tier *t, const kv_key *key, const void *data, size_t len
     }
     memcpy(copy, data, len);
     entry *old = find(h, key);
-    if (old) remove_entry(h, old);
+    bool had = old != NULL, watched = had && old->watched;
+    if (had) remove_entry(h, old, false);
     while (h->head && h->st.bytes + len > h->max_bytes) {
-        remove_entry(h, h->head);
+        remove_entry(h, h->head, true);
         h->st.evicted++;
     }
     ne->key = *key;
     ne->data = copy;
     ne->len = len;
+    ne->watched = had ? watched : h->watch.added && h->watch.added(h->watch.user, key);
     size_t b = bucket_of(h, key);
     ne->hnext = h->buckets[b];
     h->buckets[b] = ne;
@@ -136,7 +142,7 @@ static void host_drop(kv_tier *t, const kv_key *key) {
     host_tier *h = (host_tier *)t;
     pthread_mutex_lock(&h->mu);
     entry *e = find(h, key);
-    if (e) remove_entry(h, e);
+    if (e) remove_entry(h, e, true);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -151,7 +157,7 @@ static void host_stats(kv_tier *t, kv_tier_stats *out) {
 
 static void host_close(kv_tier *t) {
     host_tier *h = (host_tier *)t;
-    while (h->head) remove_entry(h, h->head);
+    while (h->head) remove_entry(h, h->head, false);
     pthread_mutex_destroy(&h->mu);
     free(h->buckets);
     free(h);
@@ -159,6 +165,31 @@ static void host_close(kv_tier *t) {
 
 static const kv_tier_ops k_host_ops = {"host", host_put, host_get, host_contains, host_drop,
                                        host_flush, host_stats, host_close};
+
+bool kv_tier_is_host(const kv_tier *t) { return t && t->ops == &k_host_ops; }
+
+void kv_tier_host_set_watch(kv_tier *t, const kv_tier_host_watch *w) {
+    host_tier *h = (host_tier *)t;
+    pthread_mutex_lock(&h->mu);
+    if (w) h->watch = *w;
+    else memset(&h->watch, 0, sizeof h->watch);
+    if (!w) /* what a later watch is told starts afresh */
+        for (entry *e = h->head; e; e = e->next) e->watched = false;
+    pthread_mutex_unlock(&h->mu);
+}
+
+int kv_tier_host_watched(kv_tier *t, kv_key *keys, int cap) {
+    host_tier *h = (host_tier *)t;
+    int n = 0;
+    pthread_mutex_lock(&h->mu);
+    for (entry *e = h->head; e; e = e->next)
+        if (e->watched) {
+            if (n < cap) keys[n] = e->key;
+            n++;
+        }
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
 
 kv_tier *kv_tier_host_open(uint64_t max_bytes, kvlm_error *err) {
     if (max_bytes == 0) {

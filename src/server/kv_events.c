@@ -28,7 +28,7 @@ typedef struct batch {
 
 struct srv_kv_events {
     void *zctx, *pub;
-    char *topic, *medium, *endpoint;
+    char *topic, *media[2], *endpoint; /* the pool's medium, the host tier's */
     int block_size;
     pthread_t thread;
     /* the step being collected (engine thread only) */
@@ -75,19 +75,19 @@ static int pack_str(msgpack_packer *pk, const char *s) {
     return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
 }
 
-/* Events [i, j) merge into one: stored blocks that chain, or removals. */
+/* Events [i, j) merge into one: stored blocks that chain, or removals, of one medium. */
 static int run_end(const kvlm_kv_event *ev, int n, int i) {
     int j = i + 1;
     if (ev[i].kind == KVLM_KV_EVENT_STORED)
-        while (j < n && ev[j].kind == KVLM_KV_EVENT_STORED && ev[j].has_parent &&
+        while (j < n && ev[j].kind == KVLM_KV_EVENT_STORED && ev[j].medium == ev[i].medium && ev[j].has_parent &&
                !memcmp(ev[j].parent, ev[j - 1].hash, 16))
             j++;
     else if (ev[i].kind == KVLM_KV_EVENT_REMOVED)
-        while (j < n && ev[j].kind == KVLM_KV_EVENT_REMOVED) j++;
+        while (j < n && ev[j].kind == KVLM_KV_EVENT_REMOVED && ev[j].medium == ev[i].medium) j++;
     return j;
 }
 
-uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int block_size, const char *medium,
+uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int block_size, const char *const media[2],
                               size_t *len) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -103,6 +103,7 @@ uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int blo
     P(msgpack_pack_array(&pk, (size_t)groups));
     for (int i = 0, j; i < n && !bad; i = j) {
         j = run_end(ev, n, i);
+        const char *medium = media[ev[i].medium == KVLM_KV_MEDIUM_HOST];
         if (ev[i].kind == KVLM_KV_EVENT_STORED) {
             /* ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name] */
             P(msgpack_pack_array(&pk, 8));
@@ -143,7 +144,7 @@ uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int blo
 
 static void send_batch(srv_kv_events *e, batch *b) {
     size_t len = 0;
-    uint8_t *payload = srv_kv_events_encode(b->ev, b->n, b->ts, e->block_size, e->medium, &len);
+    uint8_t *payload = srv_kv_events_encode(b->ev, b->n, b->ts, e->block_size, (const char *const *)e->media, &len);
     bool ok = false;
     if (payload) {
         uint8_t seq[8];
@@ -362,7 +363,8 @@ static void release(srv_kv_events *e) {
     free(e->cur);
     free(e->cur_tok);
     free(e->topic);
-    free(e->medium);
+    free(e->media[0]);
+    free(e->media[1]);
     free(e->endpoint);
     free(e);
 }
@@ -386,9 +388,10 @@ srv_kv_events *srv_kv_events_start(const srv_kv_events_params *p, kvlm_error *er
     if (!e) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     e->block_size = p->block_size;
     e->topic = strdup(p->topic ? p->topic : "");
-    e->medium = strdup(p->medium ? p->medium : "CPU");
+    e->media[0] = strdup(p->medium ? p->medium : "CPU");
+    e->media[1] = strdup(p->host_medium ? p->host_medium : "HOST");
     e->endpoint = strdup(p->endpoint ? p->endpoint : "");
-    if (!e->topic || !e->medium || !e->endpoint) { release(e); util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    if (!e->topic || !e->media[0] || !e->media[1] || !e->endpoint) { release(e); util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     if (!(e->zctx = zmq_ctx_new()) || !(e->pub = zmq_socket(e->zctx, ZMQ_PUB))) {
         util_err_set(err, KVLM_EIO, "--kv-events: cannot create a ZeroMQ socket: %s", zmq_strerror(zmq_errno()));
         release(e);

@@ -22,7 +22,8 @@ typedef struct {
      * that binds */
     const char *endpoint;
     const char *topic;  /* the first frame of every message (NULL: "") */
-    const char *medium; /* "CPU" or "GPU" (NULL: "CPU") */
+    const char *medium; /* the pool's: "CPU" or "GPU" (NULL: "CPU") */
+    const char *host_medium; /* the host tier's (KVLM_KV_MEDIUM_HOST; NULL: "HOST") */
     int block_size;
     /* vLLM's replay socket (NULL: none): a ZeroMQ ROUTER bound here resends
      * the last `buffer` batches sent, from a sequence number on */
@@ -59,8 +60,9 @@ void srv_kv_events_stats_get(srv_kv_events *e, srv_kv_events_stats *st);
 /* The msgpack payload of one batch (the third frame): [ts, [event...], 0],
  * consecutive events merged as vLLM does (a run of stored blocks that chain
  * into one BlockStored, a run of removals into one BlockRemoved). kind 0 is
- * AllBlocksCleared. Returns a malloc'ed buffer (*len bytes), NULL out of memory. */
-uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int block_size, const char *medium,
+ * AllBlocksCleared. media: the names of KVLM_KV_MEDIUM_POOL and _HOST. Returns
+ * a malloc'ed buffer (*len bytes), NULL out of memory. */
+uint8_t *srv_kv_events_encode(const kvlm_kv_event *ev, int n, double ts, int block_size, const char *const media[2],
                               size_t *len);
 /* The 64-bit integer a block key travels as: its last 8 bytes, big-endian
  * (XXH3-128's low half; what llm-d takes from a byte-string hash too). */

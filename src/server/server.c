@@ -371,6 +371,14 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     return r;
 }
 
+static void hex_keys(json_t *a, const uint8_t (*keys)[16], int n) {
+    for (int i = 0; a && i < n; i++) {
+        char hex[33];
+        for (int k = 0; k < 16; k++) snprintf(hex + 2 * k, 3, "%02x", keys[i][k]);
+        json_array_append_new(a, json_string(hex));
+    }
+}
+
 /* /kvlm/status?blocks=1: the keys of the blocks in the prefix index as of the
  * end of the engine's last step (hex; KV events carry the last 16 hex
  * digits as an integer). The first call waits for the engine thread to take
@@ -388,11 +396,23 @@ static json_t *cached_blocks_json(kvlm_server *s, int n_blocks) {
         if (n < 0) usleep(5000);
     }
     json_t *a = n >= 0 ? json_array() : NULL;
-    for (int i = 0; a && i < n && i < n_blocks; i++) {
-        char hex[33];
-        for (int k = 0; k < 16; k++) snprintf(hex + 2 * k, 3, "%02x", keys[i][k]);
-        json_array_append_new(a, json_string(hex));
+    hex_keys(a, (const uint8_t (*)[16])keys, n < n_blocks ? n : n_blocks);
+    free(keys);
+    return a;
+}
+
+/* The host tier's blocks that KV events told, taken with the pool's (after
+ * cached_blocks_json); [] without a host tier. */
+static json_t *host_blocks_json(kvlm_server *s) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&s->mu);
+    int n = s->sched ? kvlm_sched_kv_host_blocks(s->sched, NULL, 0) : 0;
+    uint8_t (*keys)[16] = n > 0 ? malloc((size_t)n * 16) : NULL;
+    if (keys && s->sched) {
+        int m = kvlm_sched_kv_host_blocks(s->sched, keys, n);
+        hex_keys(a, (const uint8_t (*)[16])keys, m < n ? m : n);
     }
+    pthread_mutex_unlock(&s->mu);
     free(keys);
     return a;
 }
@@ -449,6 +469,7 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
             return srv_error(c, s, 503, NULL, NULL, "the engine did not list its cached blocks in time");
         }
         json_object_set_new(j, "cached_blocks", blocks);
+        json_object_set_new(j, "host_blocks", host_blocks_json(s));
     }
     return srv_json(c, 200, j);
 }
@@ -932,10 +953,13 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.kv_events) { /* before the engine thread: the sink is its */
         kvlm_kv_stats kst;
         kvlm_kv_stats_get(ctx, &kst);
-        const char *medium = kvlm_ctx_device(ctx) == KVLM_DEVICE_CUDA ? "GPU" : "CPU";
+        /* vLLM's names: its GPU pool, and the CPU memory it offloads to; a pool
+         * in CPU memory keeps "CPU", and the host tier below it is "HOST" */
+        bool gpu = kvlm_ctx_device(ctx) == KVLM_DEVICE_CUDA;
+        const char *medium = gpu ? "GPU" : "CPU", *host_medium = gpu ? "CPU" : "HOST";
         srv_kv_events_params ep = {.endpoint = s->p.kv_events, .topic = s->p.kv_events_topic, .medium = medium,
-                                   .block_size = kst.block_size, .replay = s->p.kv_events_replay,
-                                   .buffer = s->p.kv_events_buffer};
+                                   .host_medium = host_medium, .block_size = kst.block_size,
+                                   .replay = s->p.kv_events_replay, .buffer = s->p.kv_events_buffer};
         if (!(s->events = srv_kv_events_start(&ep, err))) goto fail;
         kvlm_kv_event_sink sink = srv_kv_events_sink(s->events);
         kvlm_ctx_set_kv_event_sink(ctx, &sink);
