@@ -10,7 +10,8 @@
 #     0.5 MB whole answer the same way: each is still receiving after the idle timeout
 #     (a trickle, not silence), is cut off 5.5-21 s after its request (not before its
 #     deadline; the end depends on when its answer was made, 1-2 s in on a quiet
-#     machine), and never gets the end of its answer;
+#     machine; 46 s in a sanitizer build, KVLM_TEST_QUICK), and never gets the end of
+#     its answer;
 #   - one client that reads nothing is closed too;
 #   - then no socket of the server's port holds answer bytes in the kernel (/proc/net/tcp);
 #   - meanwhile and afterwards a normal client gets the same answers whole ([DONE], the
@@ -20,11 +21,14 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
-exec timeout -k 5 120 python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, re, socket, subprocess, sys, threading, time
+exec timeout -k 5 180 python3 - "$KVLM" "$MODEL" <<'PY'
+import http.client, json, os, re, socket, subprocess, sys, threading, time
 
 kvlm, model = sys.argv[1], sys.argv[2]
 IDLE_T, SEND_T = 2, 6
+# how late after its deadline a reader may be cut off: its answer is made 1-2 s in here,
+# up to half a minute in a sanitizer build on a loaded machine
+LATE = 40 if os.environ.get("KVLM_TEST_QUICK") else 15
 failures = 0
 
 def check(cond, name, detail=""):
@@ -82,7 +86,7 @@ def trickle(stream, seed, out, chunk=2048, every=0.25, read=True):
     s.sendall(request(stream, seed))
     t0, got, late, tail, closed = time.monotonic(), 0, 0, b"", None
     s.settimeout(5)
-    while time.monotonic() - t0 < 40:
+    while time.monotonic() - t0 < SEND_T + LATE + 10:
         if not read:  # the socket's TCP state: established until the server's FIN or reset
             time.sleep(0.25)
             if s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 1:
@@ -91,6 +95,8 @@ def trickle(stream, seed, out, chunk=2048, every=0.25, read=True):
             continue
         try:
             d = s.recv(chunk)
+        except socket.timeout:  # the answer is not made yet (a slow build): wait on
+            continue
         except OSError:
             d = b""
         if not d:
@@ -138,11 +144,11 @@ for st, name in ((True, "stream"), (False, "whole answer")):
     check(len(rs) == 4 and len(closes) == 4, "every %s trickle reader is closed by the server" % name)
     check(all(r[2] > 0 for r in rs), "each %s trickle reader still received bytes after the idle timeout "
           "(%d s): a trickle, not silence" % (name, IDLE_T))
-    check(all(SEND_T - 0.5 <= c <= SEND_T + 15 for c in closes),
-          "each %s trickle reader is cut off %d-%d s after its request" % (name, SEND_T, SEND_T + 15), closes)
+    check(all(SEND_T - 0.5 <= c <= SEND_T + LATE for c in closes),
+          "each %s trickle reader is cut off %d-%d s after its request" % (name, SEND_T, SEND_T + LATE), closes)
     check(not any(r[3] for r in rs) and all(r[1] < (size_s if st else size_w) for r in rs),
           "no %s trickle reader got the end of its answer" % name)
-check(len(silent) == 1 and silent[0][0] is not None and silent[0][0] <= SEND_T + 15,
+check(len(silent) == 1 and silent[0][0] is not None and silent[0][0] <= SEND_T + LATE,
       "a client that reads nothing is closed (after %.1f s)" % (silent[0][0] if silent and silent[0][0] else -1))
 
 size3, ok3 = whole(True, 1)
