@@ -29,13 +29,7 @@ static void run_usage(FILE *f) {
             "  -p, --prompt TEXT       prompt (default: empty, i.e. BOS only)\n"
             "  -f, --file FILE         read the prompt from a file\n"
             "  -n, --n-predict N       tokens to generate (default 256; stops early at end of text)\n"
-            "      --temp T            temperature; 0 = greedy (default 0.8)\n"
-            "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n"
-            "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n"
-            "      --min-p P           drop tokens below P x the top probability (default 0.05; 0 = off)\n"
-            "      --repeat-penalty R  penalise recent tokens (default 1.0 = off)\n"
-            "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n"
-            "      --seed S            random seed (default: time-based); the same seed gives the same text\n"
+            CLI_SAMPLER_USAGE
             "      --special           recognise special tokens (e.g. <|im_start|>) in the prompt\n"
             "      --no-bos            do not add BOS before the prompt\n"
             CLI_CTX_USAGE
@@ -75,13 +69,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &draft_p_min, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--spec-ngram", &spec_ngram, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--temp", &sp.temperature, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--top-k", &sp.top_k, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--top-p", &sp.top_p, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--min-p", &sp.min_p, &bad)) {}
-        else if (cli_opt_float(argc, argv, &i, NULL, "--repeat-penalty", &sp.repeat_penalty, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--repeat-last-n", &sp.repeat_last_n, &bad)) {}
-        else if (cli_opt_u64(argc, argv, &i, NULL, "--seed", &sp.seed, &bad)) { seed_set = true; }
+        else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
         else if (cli_is(argv[i], NULL, "--special")) special = true;
         else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;

@@ -127,6 +127,19 @@ static bool opt_swap(int argc, char **argv, int *i, kvlm_ctx_params *cp, bool *b
     return true;
 }
 
+bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad) {
+    if (cli_opt_u64(argc, argv, i, NULL, "--seed", &sp->seed, bad)) {
+        *seed_set = true;
+        return true;
+    }
+    return cli_opt_float(argc, argv, i, NULL, "--temp", &sp->temperature, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--top-k", &sp->top_k, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--top-p", &sp->top_p, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--min-p", &sp->min_p, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--repeat-penalty", &sp->repeat_penalty, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
+}
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return opt_swap(argc, argv, i, cp, bad) ||
            cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||

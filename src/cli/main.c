@@ -9,6 +9,7 @@ static void usage(FILE *f) {
             "usage: kvlm COMMAND [options]   (kvlm COMMAND --help for each)\n\n"
             "commands:\n"
             "  run        generate text from a prompt\n"
+            "  chat       a conversation in the terminal, kept in the KV cache between turns\n"
             "  inspect    list a model file's metadata and tensors\n"
             "  tokenize   print the token ids of a text\n"
             "  convert    write a model (GGUF or llama2.c) as GGUF, optionally quantized\n"
@@ -30,7 +31,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"run", cmd_run}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize},
+        {"run", cmd_run}, {"chat", cmd_chat}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize},
         {"convert", cmd_convert}, {"synth", cmd_synth}, {"logits", cmd_logits}, {"plan", cmd_plan}, {"perplexity", cmd_perplexity}, {"serve", cmd_serve},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

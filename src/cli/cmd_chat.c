@@ -1,0 +1,309 @@
+/* cli/cmd_chat: `kvlm chat`: a conversation in the terminal. Each line read
+ * is a user turn; the whole conversation is rendered with the model's chat
+ * template and tokenized again, and only what differs from the tokens in the
+ * cache is taken back and prefilled: the earlier turns stay in the KV cache.
+ * One line of figures per turn on stderr says how much came from it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "cli/cli.h"
+
+/* The "plain" template has no end-of-turn token: a model that goes on to
+ * write the user's next line is stopped there, as llama.cpp's reverse prompt does. */
+static const char k_plain_stop[] = "\nUser:";
+
+static void chat_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvlm chat -m MODEL [--system TEXT] [-n N] [options]\n\n"
+            "A conversation: each line read from standard input is a user message (end a line with \\\n"
+            "to go on on the next one; /reset starts over, /exit or end of input ends), and the\n"
+            "model's answer streams to standard output. The conversation stays in the KV cache\n"
+            "between turns: each turn prefills only the tokens that differ from those already\n"
+            "there, and a line on stderr says how many came from the cache.\n\n"
+            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
+            "      --system TEXT       a system message before the first turn\n"
+            "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite,\n"
+            "                          mistral-v7, mistral-v7-tekken or plain (default: from the model)\n"
+            "  -n, --n-predict N       most tokens of one answer (default 512)\n"
+            CLI_SAMPLER_USAGE
+            CLI_CTX_USAGE
+            "      --no-kv-cache       recompute the whole conversation for every token (the naive baseline)\n"
+            "  -h, --help              this help\n\n"
+            "When the conversation no longer fits the context with room for an answer, its oldest\n"
+            "turns are left out (the system message stays).\n");
+}
+
+typedef struct {
+    char **role, **text;
+    int n, cap;
+} convo;
+
+static bool convo_add(convo *c, const char *role, const char *text, size_t len) {
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        char **r = realloc(c->role, (size_t)cap * sizeof *r);
+        if (r) c->role = r;
+        char **t = realloc(c->text, (size_t)cap * sizeof *t);
+        if (t) c->text = t;
+        if (!r || !t) return false;
+        c->cap = cap;
+    }
+    char *s = malloc(len + 1);
+    if (!s) return false;
+    memcpy(s, text, len);
+    s[len] = 0;
+    c->role[c->n] = (char *)role;
+    c->text[c->n++] = s;
+    return true;
+}
+
+/* Takes out messages [at, at + k). */
+static void convo_drop(convo *c, int at, int k) {
+    for (int i = at; i < at + k; i++) free(c->text[i]);
+    memmove(c->role + at, c->role + at + k, (size_t)(c->n - at - k) * sizeof *c->role);
+    memmove(c->text + at, c->text + at + k, (size_t)(c->n - at - k) * sizeof *c->text);
+    c->n -= k;
+}
+
+/* One message from stdin: a line, or lines joined while they end with a
+ * backslash. NULL at the end of input. */
+static char *read_message(bool tty) {
+    char *msg = NULL, *line = NULL;
+    size_t len = 0, cap = 0;
+    if (tty) fputs("> ", stderr);
+    for (;;) {
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0) break;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        bool more = n > 0 && line[n - 1] == '\\';
+        if (more) line[--n] = 0;
+        char *m = realloc(msg, len + (size_t)n + 2);
+        if (!m) break;
+        msg = m;
+        memcpy(msg + len, line, (size_t)n);
+        len += (size_t)n;
+        msg[len] = 0;
+        if (!more) break;
+        msg[len++] = '\n';
+        msg[len] = 0;
+        if (tty) fputs(". ", stderr);
+    }
+    free(line);
+    return msg;
+}
+
+/* The conversation as the model's template renders it, tokenized; the
+ * oldest turns (after a system message) are left out until it fits with
+ * room for an answer. Returns the token count, 0 when even the last message
+ * alone does not fit (it is taken out), -1 on an error (message printed). */
+static int render(const kvlm_model *model, const char *tmpl, convo *c, int room, int32_t **toks, int *cap,
+                  int *dropped, const char **family) {
+    kvlm_error err = {0};
+    for (;;) {
+        char *text = NULL;
+        if (kvlm_chat_apply(model, tmpl, (const char *const *)c->role, (const char *const *)c->text, c->n, &text,
+                            family, &err)) {
+            cli_fail("chat", "%s", err.msg);
+            return -1;
+        }
+        size_t len = strlen(text);
+        int n = kvlm_tokenize(model, text, len, kvlm_add_bos(model), true, NULL, 0, &err);
+        if (n > *cap) {
+            int32_t *t = realloc(*toks, (size_t)n * sizeof *t);
+            if (!t) { free(text); cli_fail("chat", "out of memory"); return -1; }
+            *toks = t;
+            *cap = n;
+        }
+        if (n > 0) n = kvlm_tokenize(model, text, len, kvlm_add_bos(model), true, *toks, n, &err);
+        free(text);
+        if (n < 0) { cli_fail("chat", "%s", err.msg); return -1; }
+        if (n <= room) return n;
+        int first = c->n && !strcmp(c->role[0], "system") ? 1 : 0;
+        if (c->n - first <= 1) { /* the new message alone is too long */
+            fprintf(stderr, "kvlm chat: this message is %d tokens with the template; the context leaves %d "
+                            "(raise --ctx or -n less): left out\n", n, room);
+            convo_drop(c, c->n - 1, 1);
+            return 0;
+        }
+        /* a user message and the answer after it, or a lone message */
+        int k = first + 1 < c->n - 1 && strcmp(c->role[first + 1], "user") ? 2 : 1;
+        convo_drop(c, first, k);
+        *dropped += k;
+    }
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL;
+    int n_predict = 512;
+    bool seed_set = false;
+    kvlm_ctx_params cp = kvlm_ctx_default_params();
+    kvlm_sampler_params sp = kvlm_sampler_default_params();
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (cli_is(argv[i], "-h", "--help")) { chat_usage(stdout); return 0; }
+        else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--system", &system, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
+        else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
+        else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
+        else { fprintf(stderr, "kvlm chat: unknown option '%s'\n", argv[i]); chat_usage(stderr); return 1; }
+        if (bad) return 1;
+    }
+    if (!model_path) { fprintf(stderr, "kvlm chat: no model given (-m FILE)\n"); chat_usage(stderr); return 1; }
+    if (n_predict < 1) return cli_fail("chat", "-n %d: expected 1 or more", n_predict);
+    if (cli_ctx_finish("chat", &cp, kv_mem, evict)) return 1;
+    if (cp.kv_evict)
+        return cli_fail("chat", "the conversation stays whole in the cache between turns: not with --kv-evict");
+    if (!seed_set) sp.seed = (uint64_t)time(NULL);
+
+    int rc = 1;
+    kvlm_error err = {0};
+    kvlm_model_params mp = {0};
+    mp.tokenizer_path = tok_path;
+    kvlm_model *model = NULL;
+    kvlm_ctx *ctx = NULL;
+    kvlm_sampler *smp = NULL;
+    int32_t *toks = NULL, *fed = NULL; /* this turn's prompt; the tokens in the cache, in order */
+    int cap = 0, n_fed = 0, cap_fed = 0;
+    char *reply = NULL, *msg = NULL;
+    convo c = {0};
+    model = kvlm_model_load(model_path, &mp, &err);
+    if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
+    ctx = kvlm_ctx_create(model, &cp, &err);
+    if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
+    smp = kvlm_sampler_create(&sp, kvlm_vocab_size(model));
+    if (!smp) { cli_fail("chat", "out of memory"); goto done; }
+    int budget = kvlm_ctx_kv_budget(ctx);
+    if (n_predict >= budget) n_predict = budget / 2;
+    cap_fed = budget;
+    if (!(fed = malloc((size_t)cap_fed * sizeof *fed))) { cli_fail("chat", "out of memory"); goto done; }
+    if (system && !convo_add(&c, "system", system, strlen(system))) { cli_fail("chat", "out of memory"); goto done; }
+    bool tty = isatty(0);
+    const char *family = NULL;
+    for (int turn = 1; (msg = read_message(tty)); free(msg), msg = NULL) {
+        if (!strcmp(msg, "/exit") || !strcmp(msg, "/quit")) break;
+        if (!strcmp(msg, "/reset")) {
+            convo_drop(&c, system ? 1 : 0, c.n - (system ? 1 : 0));
+            fprintf(stderr, "[the conversation starts over]\n");
+            continue;
+        }
+        if (!convo_add(&c, "user", msg, strlen(msg))) { cli_fail("chat", "out of memory"); goto done; }
+        int dropped = 0;
+        int n = render(model, tmpl, &c, budget - n_predict, &toks, &cap, &dropped, &family);
+        if (n < 0) goto done;
+        if (n == 0) continue;
+        struct timespec t0, t1, t2;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        /* keep what the cache holds of this prompt, leaving a token to compute */
+        int keep = 0;
+        while (keep < n_fed && keep < n - 1 && fed[keep] == toks[keep]) keep++;
+        if (cp.no_kv_cache || kvlm_seq_trim(ctx, 0, keep, &err)) {
+            /* no cache to take back (or q4_kc keys across a block): start
+             * again from the full blocks the prefix index still has */
+            kvlm_seq_free(ctx, 0);
+            keep = cp.no_kv_cache ? 0 : kvlm_seq_reuse_prefix(ctx, 0, toks, n);
+        }
+        memcpy(fed, toks, (size_t)n * sizeof *fed);
+        n_fed = n;
+        kvlm_batch b = {n - keep, toks + keep, NULL, NULL, NULL};
+        if (kvlm_decode(ctx, &b, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
+        for (int i = 0; i < n; i++) kvlm_sampler_accept(smp, toks[i]);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        /* the answer: streamed, held back where it could begin the plain
+         * template's stop */
+        bool plain = family && !strcmp(family, "plain");
+        size_t len = 0, shown = 0, rcap = 256;
+        free(reply);
+        if (!(reply = malloc(rcap))) { cli_fail("chat", "out of memory"); goto done; }
+        reply[0] = 0;
+        kvlm_detok dt;
+        kvlm_detok_init(&dt, model);
+        dt.prev = toks[n - 1];
+        int n_gen = 0;
+        const char *why = "end of turn";
+        bool stopped = false;
+        char piece[1024];
+        for (;;) {
+            int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
+            if (kvlm_token_is_eog(model, next)) break;
+            n_gen++;
+            kvlm_sampler_accept(smp, next);
+            int k = kvlm_detok_push(&dt, next, piece, sizeof piece);
+            if (len + (size_t)k + 1 > rcap) {
+                char *r = realloc(reply, (rcap = 2 * (len + (size_t)k + 1)));
+                if (!r) { cli_fail("chat", "out of memory"); goto done; }
+                reply = r;
+            }
+            memcpy(reply + len, piece, (size_t)k);
+            len += (size_t)k;
+            reply[len] = 0;
+            char *at = plain ? strstr(reply, k_plain_stop) : NULL;
+            if (at) {
+                len = (size_t)(at - reply);
+                reply[len] = 0;
+                stopped = true;
+            }
+            size_t safe = len;
+            if (plain && !stopped) /* bytes that could begin the stop stay back */
+                for (size_t h = sizeof k_plain_stop - 2; h > 0; h--)
+                    if (h <= len && !memcmp(reply + len - h, k_plain_stop, h)) { safe = len - h; break; }
+            if (safe > shown) {
+                fwrite(reply + shown, 1, safe - shown, stdout);
+                fflush(stdout);
+                shown = safe;
+            }
+            if (stopped) { why = "the next \"User:\""; break; }
+            if (n_gen >= n_predict) { why = "-n reached"; break; }
+            if (n_fed >= budget) { why = "context full"; break; }
+            kvlm_batch one = {1, &next, NULL, NULL, NULL};
+            if (kvlm_decode(ctx, &one, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
+            fed[n_fed++] = next;
+        }
+        if (!stopped) {
+            int k = kvlm_detok_flush(&dt, piece, sizeof piece);
+            if (len + (size_t)k + 1 <= rcap) {
+                memcpy(reply + len, piece, (size_t)k);
+                len += (size_t)k;
+                reply[len] = 0;
+            }
+        }
+        fwrite(reply + shown, 1, len - shown, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        clock_gettime(CLOCK_MONOTONIC, &t2);
+        /* the answer joins the conversation as the template will render it:
+         * without the whitespace around it */
+        size_t a = 0, e = len;
+        while (a < e && (reply[a] == ' ' || reply[a] == '\n')) a++;
+        while (e > a && (reply[e - 1] == ' ' || reply[e - 1] == '\n')) e--;
+        if (!convo_add(&c, "assistant", reply + a, e - a)) { cli_fail("chat", "out of memory"); goto done; }
+        double prefill_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        double decode_s = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
+        size_t kv = kvlm_ctx_kv_bytes(ctx);
+        fprintf(stderr,
+                "[turn %d: %d prompt tokens, %d from the cache, %d prefilled (%.1f tokens/s) | answer: %d tokens, "
+                "%.1f tokens/s, stopped at %s | KV cache: %d tokens, %.2f MiB%s]\n",
+                turn++, n, keep, n - keep, prefill_s > 0 ? (n - keep) / prefill_s : 0.0, n_gen,
+                decode_s > 0 ? n_gen / decode_s : 0.0, why, kvlm_seq_n_past(ctx, 0), (double)kv / (1 << 20),
+                dropped ? " | the oldest turns left out to fit the context" : "");
+    }
+    rc = 0;
+done:
+    free(msg);
+    free(reply);
+    free(toks);
+    free(fed);
+    convo_drop(&c, 0, c.n);
+    free(c.role);
+    free(c.text);
+    kvlm_sampler_free(smp);
+    kvlm_ctx_free(ctx);
+    kvlm_model_free(model);
+    return rc;
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tests/cli_chat: `kvlm chat` end to end on stories260K (greedy, python3 stdlib, a few
+# seconds). Three turns through stdin:
+#   - turns 2 and 3 take all but the new message's tokens from the cache (at least the
+#     tokens the cache held after the turn before, less 2 for a retokenized boundary);
+#   - each answer equals the one --no-kv-cache gives (every token recomputed), and the
+#     one `kvlm run` gives for the conversation rendered by this script (the plain
+#     template: "User: ...\nAssistant: ...\n" ending with "Assistant:");
+# then: a context too small for four turns leaves the oldest out (and says so) and still
+# answers each; a message longer than the context is left out with a message and the
+# next one answered; /reset starts over; a line ending with a backslash goes on; a bad
+# option and --kv-evict are refused.
+set -uo pipefail
+KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
+MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
+MODEL="$MODELS/stories260K.gguf"
+if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
+exec timeout -k 5 300 python3 - "$KVLM" "$MODEL" <<'PY'
+import re, subprocess, sys
+
+kvlm, model = sys.argv[1], sys.argv[2]
+failures = 0
+
+def check(cond, name, detail=""):
+    global failures
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else " " + str(detail)), flush=True)
+    failures += 0 if cond else 1
+
+TURN = re.compile(r"\[turn (\d+): (\d+) prompt tokens, (\d+) from the cache, (\d+) prefilled .*"
+                  r"answer: (\d+) tokens.*KV cache: (\d+) tokens")
+
+def chat(lines, *args):
+    p = subprocess.run([kvlm, "chat", "-m", model, "--temp", "0", "-t", "1"] + list(args),
+                       input="".join(l + "\n" for l in lines), capture_output=True, text=True, timeout=120)
+    turns = [tuple(map(int, m.groups())) for m in TURN.finditer(p.stderr)]
+    return p.returncode, p.stdout.split("\n")[:-1], turns, p.stderr
+
+users = ["Tell me a story about a cat.", "What did the cat eat?", "And then what happened?"]
+rc, answers, turns, err = chat(users, "-n", "24")
+check(rc == 0 and len(answers) == 3 and len(turns) == 3, "three turns, three answers", (rc, answers, err[-300:]))
+if len(turns) == 3:
+    check(turns[0][2] == 0, "turn 1 takes nothing from the cache")
+    for k in (1, 2):
+        prev_kv, (_, n, cached, prefilled, _, _) = turns[k - 1][5], turns[k]
+        check(cached >= prev_kv - 2 and cached + prefilled == n and prefilled < n // 2,
+              "turn %d: %d of %d prompt tokens from the cache (the cache held %d), %d prefilled"
+              % (k + 1, cached, n, prev_kv, prefilled))
+
+rc2, answers2, turns2, _ = chat(users, "-n", "24", "--no-kv-cache")
+check(rc2 == 0 and answers2 == answers and all(t[2] == 0 for t in turns2),
+      "--no-kv-cache (nothing reused, every token recomputed) gives the same answers", (answers2, answers))
+
+# kvlm run on the conversation as the plain template renders it
+convo = ""
+for k, u in enumerate(users):
+    convo += "User: %s\nAssistant:" % u
+    p = subprocess.run([kvlm, "run", "-m", model, "--temp", "0", "-t", "1", "-n", "24", "--special", "-p", convo],
+                       capture_output=True, text=True, timeout=60)
+    out = p.stdout.rstrip("\n")
+    got = out[len(convo):] if out.startswith(convo) else None
+    check(k < len(answers) and got is not None and got.split("\nUser:")[0] == answers[k],
+          "turn %d's answer is kvlm run's for the rendered conversation" % (k + 1),
+          (got, answers[k] if k < len(answers) else None))
+    if k < len(answers): convo += " " + answers[k].strip() + "\n"
+
+# a small context: the oldest turns go, each turn is answered
+rc, ans, turns, err = chat(users + ["Where is the cat now?"], "-n", "16", "-c", "96")
+check(rc == 0 and len(ans) == 4 and len(turns) == 4 and all(t[4] > 0 for t in turns)
+      and all(t[1] <= 96 - 16 for t in turns) and "oldest turns left out" in err,
+      "-c 96: four answers, each prompt within 80 tokens, the oldest turns left out", (len(ans), turns, err[-300:]))
+
+# too long a message, /reset, a continued line
+long = "the cat sat on the mat " * 40
+rc, ans, turns, err = chat([long, "Hello there.", "/reset", "One more \\", "line."], "-n", "8", "-c", "96")
+check(rc == 0 and "left out" in err and len(ans) == 2 and len(turns) == 2,
+      "a message longer than the context is left out; the next ones are answered", (ans, err[-300:]))
+reset_turns, reset_err = turns, err
+rc, ans, turns, err = chat(["One more \\", "line."], "-n", "8")
+check("starts over" in reset_err and len(reset_turns) == 2 and turns and reset_turns[1][1] == turns[0][1]
+      and reset_turns[1][2] < reset_turns[0][5] // 2,
+      "/reset starts the conversation over: the next prompt is a fresh conversation's %d tokens, of which "
+      "the cache still has the template's first few" % (turns[0][1] if turns else -1), (reset_turns, turns))
+rc_b, ans_b, turns_b, _ = chat(["One more\nline."], "-n", "8")  # two messages: compare the first turn's size
+check(rc == 0 and len(turns) == 1 and len(turns_b) == 2 and turns[0][1] > turns_b[0][1],
+      "a line ending with a backslash goes on on the next one (one message of %d tokens)"
+      % (turns[0][1] if turns else -1))
+
+p = subprocess.run([kvlm, "chat", "-m", model, "--kv-evict", "sinks", "--kv-budget", "64"], input="",
+                   capture_output=True, text=True, timeout=30)
+check(p.returncode != 0 and "--kv-evict" in p.stderr, "--kv-evict is refused with a message", p.stderr[-200:])
+p = subprocess.run([kvlm, "chat", "-m", model, "--nope"], input="", capture_output=True, text=True, timeout=30)
+check(p.returncode != 0 and "unknown option" in p.stderr, "an unknown option is refused", p.stderr[-200:])
+print("cli_chat: %s" % ("all passed" if not failures else "%d failed" % failures))
+sys.exit(1 if failures else 0)
+PY
