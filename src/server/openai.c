@@ -628,6 +628,148 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
     return status;
 }
 
+/* ---- /tokenize and /detokenize ------------------------------------------------------- */
+
+/* A body's checks shared by both: UTF-8, JSON, an object, known fields only,
+ * the model's name. NULL after queueing the error. */
+static json_t *small_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, const char *const *fields,
+                          enum MHD_Result *ret) {
+    if (!utf8_valid(cn->body ? cn->body : "", cn->len)) {
+        *ret = srv_error(c, s, 400, NULL, "invalid_encoding", "the request body is not valid UTF-8");
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
+    if (!body || !json_is_object(body)) {
+        *ret = body ? srv_error(c, s, 400, NULL, "invalid_type", "the request body must be a JSON object")
+                    : srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s",
+                                cn->len ? jerr.text : "empty body");
+        json_decref(body);
+        return NULL;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(body, key, v) {
+        bool known = !strcmp(key, "model");
+        for (const char *const *f = fields; *f && !known; f++) known = !strcmp(*f, key);
+        if (!known) {
+            *ret = srv_error(c, s, 400, key, "unknown_parameter", "unknown parameter '%s'", key);
+            json_decref(body);
+            return NULL;
+        }
+    }
+    json_t *model = json_object_get(body, "model");
+    if (model && !json_is_null(model) && (!json_is_string(model) || strcmp(json_string_value(model), s->model_id))) {
+        *ret = srv_error(c, s, 404, "model", "model_not_found", "this server serves '%s'", s->model_id);
+        json_decref(body);
+        return NULL;
+    }
+    return body;
+}
+
+/* A token's text alone (as llama.cpp's pieces and vLLM's token_strs give it). */
+static json_t *piece(const kvlm_model *m, int32_t t) {
+    char buf[256];
+    int n = kvlm_token_to_text(m, t, buf, sizeof buf);
+    return jstr(buf, n > 0 ? (size_t)n : 0);
+}
+
+enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    static const char *const fields[] = {"prompt", "content", "messages", "add_special_tokens", "add_special",
+                                         "add_generation_prompt", "with_pieces", "return_token_strs", NULL};
+    enum MHD_Result ret = MHD_NO;
+    json_t *body = small_body(s, c, cn, fields, &ret);
+    if (!body) return ret;
+    perr e = {0};
+    srv_job j = {.srv = s, .family = "plain"};
+    bool special = true, gen = true, pieces = false, strs = false;
+    int32_t *toks = NULL;
+    int n = 0;
+    json_t *text = json_object_get(body, "prompt");
+    if (!text) text = json_object_get(body, "content");
+    j.chat = json_object_get(body, "messages") != NULL;
+    if (!get_bool(body, "add_special_tokens", &special, &e) || !get_bool(body, "add_special", &special, &e) ||
+        !get_bool(body, "add_generation_prompt", &gen, &e) || !get_bool(body, "with_pieces", &pieces, &e) ||
+        !get_bool(body, "return_token_strs", &strs, &e))
+        goto bad;
+    if (j.chat == (text != NULL)) {
+        fail(&e, 400, "prompt", "missing_required_parameter", "give 'prompt' (or 'content') or 'messages'");
+        goto bad;
+    }
+    if (!gen) { /* the templates always open the assistant's turn */
+        fail(&e, 400, "add_generation_prompt", "invalid_value", "'add_generation_prompt' false is not supported");
+        goto bad;
+    }
+    if (!j.chat && !json_is_string(text)) {
+        fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
+        goto bad;
+    }
+    if (j.chat || special) { /* as /v1/completions and /v1/chat/completions count them */
+        if (!j.chat) json_object_set(body, "prompt", text);
+        if (!(toks = prompt_tokens(s, body, &j, &n, &e))) goto bad;
+    } else { /* the text alone, no BOS */
+        kvlm_error err = {0};
+        const char *t = json_string_value(text);
+        n = kvlm_tokenize(s->model, t, strlen(t), false, false, NULL, 0, &err);
+        if (n < 0) { fail(&e, 400, "prompt", "invalid_value", "%s", err.msg); goto bad; }
+        if (!(toks = malloc((size_t)(n ? n : 1) * sizeof *toks))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
+        kvlm_tokenize(s->model, t, strlen(t), false, false, toks, n, &err);
+    }
+    json_t *ids = json_array(), *tstrs = strs ? json_array() : NULL;
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(ids, pieces ? json_pack("{s:i, s:o}", "id", toks[i], "piece", piece(s->model, toks[i]))
+                                          : json_integer(toks[i]));
+        if (tstrs) json_array_append_new(tstrs, piece(s->model, toks[i]));
+    }
+    json_t *o = json_pack("{s:i, s:i, s:o}", "count", n, "max_model_len", kvlm_ctx_n_ctx(s->ctx), "tokens", ids);
+    if (tstrs) json_object_set_new(o, "token_strs", tstrs);
+    free(toks);
+    json_decref(body);
+    return srv_json(c, 200, o);
+bad:
+    free(toks);
+    ret = srv_error(c, s, e.status ? e.status : 400, e.param, e.code, "%s", e.msg);
+    json_decref(body); /* e.param may name a key of the body */
+    return ret;
+}
+
+enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    static const char *const fields[] = {"tokens", NULL};
+    enum MHD_Result ret = MHD_NO;
+    json_t *body = small_body(s, c, cn, fields, &ret);
+    if (!body) return ret;
+    json_t *ids = json_object_get(body, "tokens");
+    int vocab = kvlm_vocab_size(s->model);
+    bool ok = json_is_array(ids);
+    for (size_t i = 0; ok && i < json_array_size(ids); i++) {
+        json_t *v = json_array_get(ids, i);
+        ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < vocab;
+    }
+    if (!ok) {
+        ret = srv_error(c, s, 400, "tokens", "invalid_value", "'tokens' must be an array of token ids below %d", vocab);
+        json_decref(body);
+        return ret;
+    }
+    /* as a completion's text is made: byte pieces joined into whole characters */
+    kvlm_detok dt;
+    kvlm_detok_init(&dt, s->model);
+    char *text = NULL, buf[256];
+    size_t len = 0, cap = 0;
+    append(&text, &len, &cap, "", 0);
+    for (size_t i = 0; i < json_array_size(ids); i++) {
+        int k = kvlm_detok_push(&dt, (int32_t)json_integer_value(json_array_get(ids, i)), buf, sizeof buf);
+        append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+    }
+    int k = kvlm_detok_flush(&dt, buf, sizeof buf);
+    append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+    json_decref(body);
+    if (!text) return srv_error(c, s, 500, NULL, NULL, "out of memory");
+    /* vLLM answers "prompt", llama.cpp "content" */
+    json_t *o = json_pack("{s:o, s:o}", "prompt", jstr(text, len), "content", jstr(text, len));
+    free(text);
+    return srv_json(c, 200, o);
+}
+
 /* ---- answering --------------------------------------------------------------------- */
 
 static bool client_alive(int fd) {

@@ -576,6 +576,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     srv_conn *cn = *con_cls;
     bool post = !strcmp(method, "POST");
     bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
+    bool tokenize = !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
     if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
@@ -607,7 +608,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                  cl, s->p.max_body);
             }
             const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-            if (completions && !is_json_type(ct)) {
+            if ((completions || tokenize) && !is_json_type(ct)) {
                 cn->answered = true;
                 return srv_error(c, s, 415, NULL, "unsupported_media_type",
                                  "the request body must be JSON with 'Content-Type: application/json' (got %s)",
@@ -657,6 +658,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
         return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
+    }
+    if (tokenize) {
+        if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        return !strcmp(url, "/tokenize") ? srv_tokenize(s, c, cn) : srv_detokenize(s, c, cn);
     }
     struct { const char *url; int kind; } gets[] = {
         {"/", 0}, {"/index.html", 0}, {"/health", 1}, {"/v1/models", 2}, {"/metrics", 3}, {"/kvlm/status", 4},

@@ -90,6 +90,14 @@ void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed
 
 /* POST /v1/completions (chat false) and /v1/chat/completions, body complete. */
 enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat);
+/* POST /tokenize: {"prompt" (or llama.cpp's "content"): TEXT} or {"messages": [...]}
+ * tokenized as the completion endpoints would (BOS, the chat template;
+ * "add_special_tokens"/"add_special": false gives the text's tokens alone) ->
+ * {"count", "max_model_len", "tokens"} (vLLM's; "with_pieces": llama.cpp's
+ * [{"id", "piece"}], "return_token_strs": vLLM's "token_strs"). POST
+ * /detokenize: {"tokens": [...]} -> {"prompt": TEXT, "content": TEXT}. */
+enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 /* The whole answer of cn->job, once the engine has resumed the connection. */
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 /* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through
