@@ -667,6 +667,12 @@ typedef struct kvlm_sampler_params {
     /* OpenAI's penalties over the tokens this sampler picked (not the prompt):
      * logit -= frequency_penalty * count + presence_penalty * (count > 0). 0: off */
     float frequency_penalty, presence_penalty;
+    /* OpenAI's logit_bias (llama.cpp's --logit-bias): bias[i] is added to the
+     * logit of token bias_ids[i] before anything else (-INFINITY bans it); ids
+     * outside the vocabulary are ignored. kvlm_sampler_create copies them. */
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;

@@ -57,6 +57,22 @@ check(st == 200 and len(r["choices"]) == 3 and all(c["text"] == alone[0][:len(c[
 st, r = request("POST", "/v1/completions", {"prompt": prompts[1], "max_tokens": 50, "temperature": 0.9, "seed": 5, "n": 2})
 check(st == 200 and r["usage"]["completion_tokens"] > 0, "sampling with speculation answers", r)
 
+# logit_bias under speculation: the drafts are checked against the biased distribution,
+# so the text is kvlm run's with the same bias (-l) and no speculation
+st, tk = request("POST", "/tokenize", {"prompt": alone[0], "add_special_tokens": False})
+common = max(set(tk["tokens"]), key=tk["tokens"].count) if st == 200 else 0
+for bias in (-100, 100):
+    st, r = request("POST", "/v1/completions", {"prompt": prompts[0], "max_tokens": 40, "temperature": 0,
+                                                "logit_bias": {str(common): bias}})
+    want = serve_http.run_alone(kvlm, model, prompts[0], 40, ["-l", "%d%+d" % (common, bias)])
+    got = r["choices"][0]["text"] if st == 200 else None
+    check(got == want and got != alone[0][:len(got or "")], "logit_bias {%d: %d} with speculation: kvlm run -l %d%+d's "
+          "text, not the unbiased one" % (common, bias, common, bias), (got, want))
+st, r = request("POST", "/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}})
+check(st == 400 and r["error"]["param"] == "logit_bias", "a logit_bias token outside the vocabulary is refused", r)
+st, r = request("POST", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}})
+check(st == 400 and r["error"]["param"] == "logit_bias", "a logit_bias over 100 is refused", r)
+
 check(serve_http.stop(proc) == 0, "server stops on SIGTERM")
 
 # Windowed caches (random weights, window 8, blocks of 4): a llama with every

@@ -501,6 +501,56 @@ static void test_sampler_penalties(void **state) {
     kvlm_sampler_free(a);
 }
 
+/* Logit biases: added before anything else, copied at create, ids outside
+ * the vocabulary ignored; a banned token is never drawn, a biased one moves
+ * the draw as exp(bias) predicts. */
+static void test_sampler_logit_bias(void **state) {
+    (void)state;
+    float logits[100];
+    for (int i = 0; i < 100; i++) logits[i] = (float)((i * 37) % 100) / 10.0f; /* the top is 27 (9.9), then 54 (9.8) */
+    kvlm_sampler_params p = kvlm_sampler_default_params();
+    p.temperature = 0;
+    int32_t ids[3] = {27, 5, 1000};
+    float bias[3] = {-INFINITY, 100, 3};
+    p.bias_ids = ids;
+    p.bias = bias;
+    p.n_bias = 1;
+    kvlm_sampler *a = kvlm_sampler_create(&p, 100);
+    ids[0] = 54; /* the sampler kept its own copy */
+    assert_int_equal(kvlm_sampler_sample(a, logits), 54); /* 27 banned: the next best */
+    kvlm_sampler_free(a);
+    p.n_bias = 3; /* 5 forced (logit 8.5 + 100), 1000 outside the vocabulary: ignored */
+    a = kvlm_sampler_create(&p, 100);
+    assert_int_equal(kvlm_sampler_sample(a, logits), 5);
+    kvlm_sampler_free(a);
+    /* sampling at temperature 1 over 27 (9.9) and 54 (9.8) only, 54 raised by ln 4:
+     * p(54) = 4 e^9.8 / (4 e^9.8 + e^9.9) = 0.783 */
+    p.temperature = 1;
+    p.top_k = 2;
+    p.top_p = 1;
+    p.min_p = 0;
+    p.seed = 7;
+    ids[0] = 54;
+    bias[0] = logf(4);
+    p.n_bias = 1;
+    a = kvlm_sampler_create(&p, 100);
+    int n54 = 0;
+    for (int i = 0; i < 4000; i++) {
+        int32_t x = kvlm_sampler_sample(a, logits);
+        assert_true(x == 27 || x == 54);
+        n54 += x == 54;
+    }
+    assert_true(n54 > 0.76 * 4000 && n54 < 0.81 * 4000);
+    kvlm_sampler_free(a);
+    /* banned at temperature 1, whatever top-k lets through */
+    p.top_k = 0;
+    ids[0] = 27;
+    bias[0] = -100;
+    a = kvlm_sampler_create(&p, 100);
+    for (int i = 0; i < 2000; i++) assert_int_not_equal(kvlm_sampler_sample(a, logits), 27);
+    kvlm_sampler_free(a);
+}
+
 static void test_sampler(void **state) {
     (void)state;
     float logits[100];
@@ -746,7 +796,7 @@ int main(void) {
         cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_convert),
         cmocka_unit_test(test_low_bit_weights),
-        cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_sampler), cmocka_unit_test(test_sampler_logit_bias),
         cmocka_unit_test(test_sampler_penalties),
         cmocka_unit_test(test_cuda_refusals),
         cmocka_unit_test(test_bad_input),

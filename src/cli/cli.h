@@ -65,8 +65,9 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
     "                          0: none, preemption recomputes)\n"
 /* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
- * --repeat-penalty, --repeat-last-n, --seed (sets *seed_set). CLI_SAMPLER_USAGE
- * is their help text. */
+ * --repeat-penalty, --repeat-last-n, --seed (sets *seed_set), -l/--logit-bias
+ * (repeated; the biases live as long as the process). CLI_SAMPLER_USAGE is
+ * their help text. */
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad);
 #define CLI_SAMPLER_USAGE \
     "      --temp T            temperature; 0 = greedy (default 0.8)\n" \
@@ -75,7 +76,8 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
     "      --min-p P           drop tokens below P x the top probability (default 0.05; 0 = off)\n" \
     "      --repeat-penalty R  penalise recent tokens (default 1.0 = off)\n" \
     "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n" \
-    "      --seed S            random seed (default: time-based); the same seed gives the same text\n"
+    "      --seed S            random seed (default: time-based); the same seed gives the same text\n" \
+    "  -l, --logit-bias T+B    add B to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

@@ -1,5 +1,7 @@
 /* cli/common: option parsing and error printing shared by the subcommands. */
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,9 +129,39 @@ static bool opt_swap(int argc, char **argv, int *i, kvlm_ctx_params *cp, bool *b
     return true;
 }
 
+/* --logit-bias entries: one command's, for the process's life */
+enum { MAX_BIAS = 256 };
+static int32_t g_bias_ids[MAX_BIAS];
+static float g_bias[MAX_BIAS];
+
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad) {
     if (cli_opt_u64(argc, argv, i, NULL, "--seed", &sp->seed, bad)) {
         *seed_set = true;
+        return true;
+    }
+    const char *lb = NULL;
+    if (cli_opt_str(argc, argv, i, "-l", "--logit-bias", &lb, bad)) {
+        if (*bad) return true;
+        /* TOKEN_ID(+|-)BIAS, as llama.cpp takes it: 15043+1, 15043-inf */
+        char *end, *vend = NULL;
+        long id = strtol(lb, &end, 10);
+        char sign = *end;
+        float v = sign == '+' || sign == '-' ? strtof(end + 1, &vend) : NAN;
+        bool number = sign && (isdigit((unsigned char)end[1]) || end[1] == '.' || !strncmp(end + 1, "inf", 3));
+        if (end == lb || id < 0 || id > INT32_MAX || !number || isnan(v) || !vend || *vend) {
+            fprintf(stderr, "kvlm: --logit-bias %s: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)\n", lb);
+            *bad = true;
+            return true;
+        }
+        if (sp->n_bias == MAX_BIAS) {
+            fprintf(stderr, "kvlm: at most %d --logit-bias options\n", MAX_BIAS);
+            *bad = true;
+            return true;
+        }
+        g_bias_ids[sp->n_bias] = (int32_t)id;
+        g_bias[sp->n_bias++] = sign == '-' ? -v : v;
+        sp->bias_ids = g_bias_ids;
+        sp->bias = g_bias;
         return true;
     }
     return cli_opt_float(argc, argv, i, NULL, "--temp", &sp->temperature, bad) ||

@@ -1,4 +1,4 @@
-/* engine/sampler: choosing the next token from logits: repetition, frequency
+/* engine/sampler: choosing the next token from logits: logit biases, repetition, frequency
  * and presence penalties, then greedy, or top-k -> temperature -> top-p -> min-p -> a seeded draw. */
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +17,8 @@ struct kvlm_sampler {
     int32_t *recent;   /* ring of the last repeat_last_n tokens */
     int n_recent, recent_pos;
     int32_t *count;    /* times each token was picked (frequency/presence penalties) */
+    int32_t *bias_ids; /* p.bias_ids / p.bias, copied (p's point here) */
+    float *bias;
 };
 
 kvlm_sampler_params kvlm_sampler_default_params(void) {
@@ -40,6 +42,23 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *p, int vocab) {
     s->vocab = vocab;
     s->rng = s->p.seed ^ 0x9e3779b97f4a7c15ull;
     if (!s->rng) s->rng = 1;
+    if (s->p.n_bias > 0 && s->p.bias_ids && s->p.bias) {
+        s->bias_ids = malloc((size_t)s->p.n_bias * sizeof *s->bias_ids);
+        s->bias = malloc((size_t)s->p.n_bias * sizeof *s->bias);
+        if (!s->bias_ids || !s->bias) {
+            kvlm_sampler_free(s);
+            return NULL;
+        }
+        int k = 0;
+        for (int i = 0; i < s->p.n_bias; i++)
+            if (s->p.bias_ids[i] >= 0 && s->p.bias_ids[i] < vocab) {
+                s->bias_ids[k] = s->p.bias_ids[i];
+                s->bias[k++] = s->p.bias[i];
+            }
+        s->p.n_bias = k;
+    } else s->p.n_bias = 0;
+    s->p.bias_ids = s->bias_ids;
+    s->p.bias = s->bias;
     s->c = malloc((size_t)vocab * sizeof *s->c);
     s->recent = malloc(((size_t)s->p.repeat_last_n + 1) * sizeof(int32_t));
     if (s->p.frequency_penalty != 0 || s->p.presence_penalty != 0) s->count = calloc((size_t)vocab, sizeof(int32_t));
@@ -55,6 +74,8 @@ void kvlm_sampler_free(kvlm_sampler *s) {
     free(s->c);
     free(s->recent);
     free(s->count);
+    free(s->bias_ids);
+    free(s->bias);
     free(s);
 }
 
@@ -105,12 +126,13 @@ static void top_k_sort(cand *c, int n, int k) {
 static int build_dist(kvlm_sampler *s, const float *logits, float *total) {
     int n = s->vocab;
     bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
-    if (s->p.temperature <= 0 && !penalty && !s->count) { /* greedy: the first largest logit */
+    if (s->p.temperature <= 0 && !penalty && !s->count && !s->p.n_bias) { /* greedy: the first largest logit */
         s->c[0].id = op_argmax(logits, n);
         s->c[0].logit = *total = 1;
         return 1;
     }
     for (int i = 0; i < n; i++) { s->c[i].logit = logits[i]; s->c[i].id = i; }
+    for (int i = 0; i < s->p.n_bias; i++) s->c[s->bias_ids[i]].logit += s->bias[i];
     if (penalty) {
         /* Penalise each distinct recent token once (as llama.cpp does). */
         for (int r = 0; r < s->n_recent; r++) {

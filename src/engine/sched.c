@@ -289,6 +289,9 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     req *r = calloc(1, sizeof *r);
     if (!r || !(r->u = calloc((size_t)n, sizeof *r->u))) { free(r); util_err_set(err, KVLM_ENOMEM, "out of memory"); return 0; }
     r->p = *p;
+    r->p.sampling.bias_ids = NULL; /* the samplers keep copies; the caller's may go */
+    r->p.sampling.bias = NULL;
+    r->p.sampling.n_bias = 0;
     r->n = r->n_live = n;
     r->n_prompt = n_prompt;
     r->cb = cb;

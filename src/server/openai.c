@@ -49,6 +49,8 @@ typedef struct srv_job {
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
     double t_submit, t_first, t_last;
+    int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
+    float *bias;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
     bool http11;           /* an interim 1xx response may be sent */
@@ -71,6 +73,8 @@ static void job_release(srv_job *j) {
     free(j->ch);
     free(j->out);
     free(j->raw);
+    free(j->bias_ids);
+    free(j->bias);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -453,7 +457,7 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
 static bool is_off(const char *key, json_t *v) {
     if (!v || json_is_null(v)) return true;
     if (!strcmp(key, "tools") || !strcmp(key, "functions")) return json_is_array(v) && !json_array_size(v);
-    if (!strcmp(key, "logit_bias") || !strcmp(key, "metadata")) return json_is_object(v) && !json_object_size(v);
+    if (!strcmp(key, "metadata")) return json_is_object(v) && !json_object_size(v);
     if (!strcmp(key, "tool_choice") || !strcmp(key, "function_call"))
         return json_is_string(v) && !strcmp(json_string_value(v), "none");
     if (!strcmp(key, "response_format")) {
@@ -475,12 +479,12 @@ static bool is_off(const char *key, json_t *v) {
 static bool check_fields(json_t *body, bool chat, perr *e) {
     static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
-                                 "presence_penalty", "user", NULL};
+                                 "presence_penalty", "user", "logit_bias", NULL};
     static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
     static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
-                                        "logit_bias", "suffix", "echo", "best_of", "modalities", "audio",
+                                        "suffix", "echo", "best_of", "modalities", "audio",
                                         "prediction", "reasoning_effort", "web_search_options", "store",
                                         "metadata", "parallel_tool_calls", "service_tier", NULL};
     const char *key;
@@ -563,8 +567,38 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
             return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of up to %d non-empty strings",
                         MAX_STOP);
     }
+    json_t *lb = json_object_get(body, "logit_bias");
+    int n_bias = 0;
+    if (lb && !json_is_null(lb)) {
+        enum { MAX_BIAS = 1024 };
+        if (!json_is_object(lb) || json_object_size(lb) > MAX_BIAS)
+            return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' must be an object of at most %d token ids "
+                        "(as strings) to biases", MAX_BIAS);
+        size_t nb = json_object_size(lb);
+        j->bias_ids = malloc((nb ? nb : 1) * sizeof *j->bias_ids);
+        j->bias = malloc((nb ? nb : 1) * sizeof *j->bias);
+        if (!j->bias_ids || !j->bias) return fail(e, 500, NULL, NULL, "out of memory");
+        const char *key;
+        json_t *v;
+        int vocab = kvlm_vocab_size(s->model);
+        json_object_foreach(lb, key, v) {
+            char *end;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || id < 0 || id >= vocab)
+                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d",
+                            key, vocab);
+            if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+                return fail(e, 400, "logit_bias", "invalid_value",
+                            "'logit_bias' value for token %ld must be a number from -100 to 100", id);
+            j->bias_ids[n_bias] = (int32_t)id;
+            j->bias[n_bias++] = (float)json_number_value(v);
+        }
+    }
     static uint64_t counter;
     rp->sampling = kvlm_sampler_default_params();
+    rp->sampling.bias_ids = j->bias_ids;
+    rp->sampling.bias = j->bias;
+    rp->sampling.n_bias = n_bias;
     rp->sampling.temperature = (float)temp;
     rp->sampling.top_p = (float)top_p;
     rp->sampling.top_k = (int)top_k;

@@ -106,9 +106,9 @@ def metrics(port):
     return get
 
 
-def run_alone(kvlm, model, prompt, n):
-    """`kvlm run` greedy on the prompt alone (1 thread, context 512): the text
-    after the prompt, None when the output does not start with it."""
-    r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"],
-                       capture_output=True, text=True, timeout=120)
+def run_alone(kvlm, model, prompt, n, extra=()):
+    """`kvlm run` greedy on the prompt alone (1 thread, context 512, and extra
+    options): the text after the prompt, None when the output does not start with it."""
+    r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512"]
+                       + list(extra), capture_output=True, text=True, timeout=120)
     return r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
