@@ -8,8 +8,10 @@
 #     template: "User: ...\nAssistant: ...\n" ending with "Assistant:");
 # then: a context too small for four turns leaves the oldest out (and says so) and still
 # answers each; a message longer than the context is left out with a message and the
-# next one answered; /reset starts over; a line ending with a backslash goes on; a bad
-# option and --kv-evict are refused.
+# next one answered; /reset starts over; a line ending with a backslash goes on;
+# --history with --kv-disk: a conversation reopened in a new process takes its cache
+# back from the disk tier and answers as one process does (/reset empties the history;
+# a bad history line is refused); a bad option and --kv-evict are refused.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -84,6 +86,29 @@ rc_b, ans_b, turns_b, _ = chat(["One more\nline."], "-n", "8")  # two messages: 
 check(rc == 0 and len(turns) == 1 and len(turns_b) == 2 and turns[0][1] > turns_b[0][1],
       "a line ending with a backslash goes on on the next one (one message of %d tokens)"
       % (turns[0][1] if turns else -1))
+
+# --history with --kv-disk: a conversation closed after two turns and opened again in a
+# new process takes its cache back from the disk tier (all its full blocks), and its
+# third answer is the one a single process gives
+import os, tempfile
+tmp = tempfile.mkdtemp()
+hist, disk = os.path.join(tmp, "h.txt"), os.path.join(tmp, "kv")
+one = chat(users, "-n", "24", "--system", "Be kind.")
+first = chat(users[:2], "-n", "24", "--system", "Be kind.", "--history", hist, "--kv-disk", disk)
+lines = open(hist).read().split("\n")
+check(first[0] == 0 and [l.split(":")[0] for l in lines[:5]] == ["system", "user", "assistant", "user", "assistant"]
+      and lines[5:] == [""], "--history writes the system message and each turn, one a line", lines)
+again = chat(users[2:], "-n", "24", "--history", hist, "--kv-disk", disk)
+held = first[2][-1][5] if first[2] else 0
+check(again[0] == 0 and len(again[2]) == 1 and again[2][0][2] >= held // 16 * 16 - 16 and again[2][0][2] > 0,
+      "reopened: its first turn takes %s of %s prompt tokens from the disk tier (the first process held %d)"
+      % (again[2][0][2] if again[2] else "?", again[2][0][1] if again[2] else "?", held), (again[2], again[3][-300:]))
+check(len(one[1]) == 3 and again[1] == one[1][2:], "and answers as one process does at its third turn", (again[1], one[1]))
+chat(["/reset"], "--history", hist)
+check(open(hist).read() == "system: Be kind.\n", "/reset leaves the history its system message alone")
+with open(hist, "w") as f: f.write("user: fine\nwizard: no\n")
+bad = chat(["Hi"], "--history", hist)
+check(bad[0] != 0 and "line 2" in bad[3], "a history line of no known role is refused with its number", bad[3][-200:])
 
 p = subprocess.run([kvlm, "chat", "-m", model, "--kv-evict", "sinks", "--kv-budget", "64"], input="",
                    capture_output=True, text=True, timeout=30)

@@ -25,6 +25,8 @@ static void chat_usage(FILE *f) {
             "  -m, --model FILE        GGUF or llama2.c .bin model\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --system TEXT       a system message before the first turn\n"
+            "      --history FILE      the conversation so far: read at the start (when FILE exists) and each\n"
+            "                          turn appended; with --kv-disk DIR its cache comes back from DIR too\n"
             "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite,\n"
             "                          mistral-v7, mistral-v7-tekken or plain (default: from the model)\n"
             "  -n, --n-predict N       most tokens of one answer (default 512)\n"
@@ -58,6 +60,61 @@ static bool convo_add(convo *c, const char *role, const char *text, size_t len) 
     c->role[c->n] = (char *)role;
     c->text[c->n++] = s;
     return true;
+}
+
+/* --history: one message a line, "user: TEXT" or "assistant: TEXT" (or
+ * "system: "), with backslash, newline and carriage return escaped. */
+static void history_write(FILE *f, const char *role, const char *text) {
+    fprintf(f, "%s: ", role);
+    for (const char *p = text; *p; p++) {
+        if (*p == '\\') fputs("\\\\", f);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\r') fputs("\\r", f);
+        else fputc(*p, f);
+    }
+    fputc('\n', f);
+    fflush(f);
+}
+
+/* Reads FILE's messages into c; false (with a message) for a line it cannot read. */
+static bool history_read(const char *path, convo *c) {
+    size_t len;
+    char *all = cli_read_file("chat", path, &len); /* NUL-terminated: all[len] may be written */
+    if (!all) return false;
+    static const char *const roles[] = {"system", "user", "assistant"};
+    bool ok = true;
+    int line = 0;
+    for (char *s = all; ok && s < all + len;) {
+        char *nl = memchr(s, '\n', (size_t)(all + len - s)), *end = nl ? nl : all + len, *next = end + 1;
+        *end = 0;
+        line++;
+        const char *role = NULL;
+        for (int r = 0; r < 3 && !role && end > s; r++) {
+            size_t k = strlen(roles[r]);
+            if (!strncmp(s, roles[r], k) && s[k] == ':' && s[k + 1] == ' ') {
+                role = roles[r];
+                s += k + 2;
+            }
+        }
+        char *w = s;
+        for (const char *q = s; role && *q; q++) {
+            if (*q != '\\') { *w++ = *q; continue; }
+            q++;
+            if (*q == 'n') *w++ = '\n';
+            else if (*q == 'r') *w++ = '\r';
+            else if (*q == '\\') *w++ = '\\';
+            else role = NULL; /* a stray backslash (or one at the end) */
+        }
+        if (role) ok = convo_add(c, role, s, (size_t)(w - s));
+        else {
+            cli_fail("chat", "%s, line %d: expected \"user: \", \"assistant: \" or \"system: \" and the message, "
+                     "with \\\\, \\n and \\r escaped", path, line);
+            ok = false;
+        }
+        s = next;
+    }
+    free(all);
+    return ok;
 }
 
 /* Takes out messages [at, at + k). */
@@ -136,7 +193,8 @@ static int render(const kvlm_model *model, const char *tmpl, convo *c, int room,
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL,
+               *history = NULL;
     int n_predict = 512;
     bool seed_set = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
@@ -147,6 +205,7 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--system", &system, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--history", &history, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
         else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
@@ -173,6 +232,7 @@ int cmd_chat(int argc, char **argv) {
     int cap = 0, n_fed = 0, cap_fed = 0;
     char *reply = NULL, *msg = NULL;
     convo c = {0};
+    FILE *hist = NULL;
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
     ctx = kvlm_ctx_create(model, &cp, &err);
@@ -183,13 +243,25 @@ int cmd_chat(int argc, char **argv) {
     if (n_predict >= budget) n_predict = budget / 2;
     cap_fed = budget;
     if (!(fed = malloc((size_t)cap_fed * sizeof *fed))) { cli_fail("chat", "out of memory"); goto done; }
-    if (system && !convo_add(&c, "system", system, strlen(system))) { cli_fail("chat", "out of memory"); goto done; }
+    if (history && access(history, F_OK) == 0 && !history_read(history, &c)) goto done;
+    if (history && !(hist = fopen(history, "a"))) { cli_fail("chat", "cannot write %s", history); goto done; }
+    int n_read = c.n;
+    /* a conversation read back keeps its own system message */
+    bool has_system = c.n && !strcmp(c.role[0], "system");
+    if (system && !c.n) {
+        if (!convo_add(&c, "system", system, strlen(system))) { cli_fail("chat", "out of memory"); goto done; }
+        if (hist) history_write(hist, "system", system);
+        has_system = true;
+    }
+    if (n_read) fprintf(stderr, "[%d messages read from %s]\n", n_read, history);
     bool tty = isatty(0);
     const char *family = NULL;
     for (int turn = 1; (msg = read_message(tty)); free(msg), msg = NULL) {
         if (!strcmp(msg, "/exit") || !strcmp(msg, "/quit")) break;
         if (!strcmp(msg, "/reset")) {
-            convo_drop(&c, system ? 1 : 0, c.n - (system ? 1 : 0));
+            convo_drop(&c, has_system ? 1 : 0, c.n - (has_system ? 1 : 0));
+            if (hist && !(hist = freopen(history, "w", hist))) { cli_fail("chat", "cannot write %s", history); goto done; }
+            if (hist && has_system) history_write(hist, "system", c.text[0]);
             fprintf(stderr, "[the conversation starts over]\n");
             continue;
         }
@@ -200,10 +272,13 @@ int cmd_chat(int argc, char **argv) {
         if (n == 0) continue;
         struct timespec t0, t1, t2;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        /* keep what the cache holds of this prompt, leaving a token to compute */
+        /* keep what the cache holds of this prompt, leaving a token to compute;
+         * a sequence not begun yet takes what the prefix index and the tiers
+         * hold (a conversation read back, with --kv-disk) */
         int keep = 0;
         while (keep < n_fed && keep < n - 1 && fed[keep] == toks[keep]) keep++;
-        if (cp.no_kv_cache || kvlm_seq_trim(ctx, 0, keep, &err)) {
+        if (!n_fed && !cp.no_kv_cache) keep = kvlm_seq_reuse_prefix(ctx, 0, toks, n);
+        else if (cp.no_kv_cache || kvlm_seq_trim(ctx, 0, keep, &err)) {
             /* no cache to take back (or q4_kc keys across a block): start
              * again from the full blocks the prefix index still has */
             kvlm_seq_free(ctx, 0);
@@ -283,6 +358,10 @@ int cmd_chat(int argc, char **argv) {
         while (a < e && (reply[a] == ' ' || reply[a] == '\n')) a++;
         while (e > a && (reply[e - 1] == ' ' || reply[e - 1] == '\n')) e--;
         if (!convo_add(&c, "assistant", reply + a, e - a)) { cli_fail("chat", "out of memory"); goto done; }
+        if (hist) {
+            history_write(hist, "user", c.text[c.n - 2]);
+            history_write(hist, "assistant", c.text[c.n - 1]);
+        }
         double prefill_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         double decode_s = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
         size_t kv = kvlm_ctx_kv_bytes(ctx);
@@ -295,6 +374,7 @@ int cmd_chat(int argc, char **argv) {
     }
     rc = 0;
 done:
+    if (hist) fclose(hist);
     free(msg);
     free(reply);
     free(toks);
