@@ -673,6 +673,10 @@ typedef struct kvlm_sampler_params {
     const int32_t *bias_ids;
     const float *bias;
     int n_bias;
+    /* OpenAI's response_format json_object: the tokens drawn are held to one
+     * JSON object (whitespace, then {...}; then only end-of-generation
+     * tokens), by this model's token texts. NULL: free text. */
+    const kvlm_model *json;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;

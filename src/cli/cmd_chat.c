@@ -31,6 +31,7 @@ static void chat_usage(FILE *f) {
             "                          mistral-v7, mistral-v7-tekken or plain (default: from the model)\n"
             "  -n, --n-predict N       most tokens of one answer (default 512)\n"
             CLI_SAMPLER_USAGE
+            "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n"
             CLI_CTX_USAGE
             "      --no-kv-cache       recompute the whole conversation for every token (the naive baseline)\n"
             "  -h, --help              this help\n\n"
@@ -196,7 +197,7 @@ int cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL,
                *history = NULL;
     int n_predict = 512;
-    bool seed_set = false;
+    bool seed_set = false, json = false;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     kvlm_sampler_params sp = kvlm_sampler_default_params();
     for (int i = 1; i < argc; i++) {
@@ -209,6 +210,7 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
         else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--json")) json = true;
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
         else { fprintf(stderr, "kvlm chat: unknown option '%s'\n", argv[i]); chat_usage(stderr); return 1; }
@@ -237,6 +239,7 @@ int cmd_chat(int argc, char **argv) {
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
+    if (json) sp.json = model;
     smp = kvlm_sampler_create(&sp, kvlm_vocab_size(model));
     if (!smp) { cli_fail("chat", "out of memory"); goto done; }
     int budget = kvlm_ctx_kv_budget(ctx);

@@ -460,10 +460,6 @@ static bool is_off(const char *key, json_t *v) {
     if (!strcmp(key, "metadata")) return json_is_object(v) && !json_object_size(v);
     if (!strcmp(key, "tool_choice") || !strcmp(key, "function_call"))
         return json_is_string(v) && !strcmp(json_string_value(v), "none");
-    if (!strcmp(key, "response_format")) {
-        json_t *t = json_object_get(v, "type");
-        return json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) && !strcmp(json_string_value(t), "text");
-    }
     if (!strcmp(key, "modalities"))
         return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
                !strcmp(json_string_value(json_array_get(v, 0)), "text");
@@ -479,12 +475,11 @@ static bool is_off(const char *key, json_t *v) {
 static bool check_fields(json_t *body, bool chat, perr *e) {
     static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
-                                 "presence_penalty", "user", "logit_bias", NULL};
+                                 "presence_penalty", "user", "logit_bias", "response_format", NULL};
     static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
-    static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
-                                        "suffix", "echo", "best_of", "modalities", "audio",
+    static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "suffix", "echo", "best_of", "modalities", "audio",
                                         "prediction", "reasoning_effort", "web_search_options", "store",
                                         "metadata", "parallel_tool_calls", "service_tier", NULL};
     const char *key;
@@ -594,8 +589,22 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
             j->bias[n_bias++] = (float)json_number_value(v);
         }
     }
+    json_t *rf = json_object_get(body, "response_format");
+    bool json_mode = false;
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *type = json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(type, "json_schema"))
+            return fail(e, 400, "response_format", "unsupported_parameter",
+                        "'response_format' json_schema is not supported: use {\"type\": \"json_object\"}");
+        if (strcmp(type, "text") && strcmp(type, "json_object"))
+            return fail(e, 400, "response_format", "invalid_value",
+                        "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+        json_mode = !strcmp(type, "json_object");
+    }
     static uint64_t counter;
     rp->sampling = kvlm_sampler_default_params();
+    if (json_mode) rp->sampling.json = s->model;
     rp->sampling.bias_ids = j->bias_ids;
     rp->sampling.bias = j->bias;
     rp->sampling.n_bias = n_bias;

@@ -65,6 +65,27 @@ def stream(port, body):
     return text, finish
 
 
+def stream_chat(port, body):
+    """A streamed /v1/chat/completions of n choices: (each choice's text, each
+    one's finish reason), by index."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    n = body.get("n", 1)
+    texts, finish = [""] * n, [None] * n
+    for raw in r:
+        line = raw.decode().rstrip("\r\n")
+        if line == "data: [DONE]":
+            break
+        if line.startswith("data: "):
+            for ch in json.loads(line[6:]).get("choices", []):
+                texts[ch["index"]] += ch.get("delta", {}).get("content") or ""
+                finish[ch["index"]] = ch.get("finish_reason") or finish[ch["index"]]
+    c.close()
+    return texts, finish
+
+
 def at_once(fn, items, failed):
     """fn(item) for every item at once, a thread each: their results in order,
     failed(the exception) for one that raised."""
