@@ -231,7 +231,19 @@ struct json_vocab {
     uint32_t *off;  /* token t's bytes: text[off[t], off[t + 1]) */
     char *text;
     bool *eog;
+    bool *plain;    /* bytes a string may hold as they are, whole characters: no '"', '\\', control byte or cut UTF-8 */
 };
+
+/* Whether bytes [p, p + n) can stand inside a string as they are and leave it
+ * where it was (between characters). */
+static bool plain_bytes(const char *p, int n) {
+    jm_state s;
+    jm_init(&s);
+    s.lex = L_STRING;
+    for (int i = 0; i < n; i++)
+        if (p[i] == '"' || p[i] == '\\' || !string_byte(&s, (unsigned char)p[i])) return false;
+    return s.need == 0;
+}
 
 static pthread_mutex_t g_build = PTHREAD_MUTEX_INITIALIZER;
 
@@ -247,8 +259,9 @@ const json_vocab *jm_vocab(const kvlm_model *cm) {
             v->off = malloc(((size_t)n + 1) * sizeof *v->off);
             v->text = malloc(cap);
             v->eog = malloc((size_t)n * sizeof *v->eog);
+            v->plain = malloc((size_t)n * sizeof *v->plain);
         }
-        bool ok = v && v->off && v->text && v->eog;
+        bool ok = v && v->off && v->text && v->eog && v->plain;
         for (int t = 0; ok && t < n; t++) {
             char buf[256];
             int k = kvlm_token_to_text(cm, t, buf, sizeof buf);
@@ -262,6 +275,7 @@ const json_vocab *jm_vocab(const kvlm_model *cm) {
             memcpy(v->text + len, buf, (size_t)k);
             len += (size_t)k;
             v->eog[t] = kvlm_token_is_eog(cm, t);
+            v->plain[t] = k > 0 && plain_bytes(buf, k);
         }
         if (ok) {
             v->off[n] = (uint32_t)len;
@@ -277,6 +291,7 @@ void jm_vocab_free(json_vocab *v) {
     free(v->off);
     free(v->text);
     free(v->eog);
+    free(v->plain);
     free(v);
 }
 
@@ -288,15 +303,24 @@ bool jm_feed_token(const json_vocab *v, jm_state *s, int32_t t) {
 }
 
 int jm_allowed(const json_vocab *v, const jm_state *s, bool *allowed) {
+    /* Two shortcuts, each exact: a token whose first byte the state refuses
+     * is refused; between a string's characters, a plain token is taken.
+     * Every other token is fed to a copy of the state. */
+    bool first[256], in_string = s->lex == L_STRING && !s->need, done = jm_done(s);
+    for (int b = 0; b < 256; b++) {
+        jm_state x = *s;
+        first[b] = feed_byte(&x, b);
+    }
     int n = 0;
-    bool done = jm_done(s);
     for (int t = 0; t < v->n; t++) {
+        uint32_t o = v->off[t], k = v->off[t + 1] - o;
         bool ok;
         if (v->eog[t]) ok = done;
-        else if (done || v->off[t + 1] == v->off[t]) ok = false;
+        else if (!k || !first[(unsigned char)v->text[o]]) ok = false;
+        else if (k == 1 || (in_string && v->plain[t])) ok = true;
         else {
             jm_state x = *s;
-            ok = jm_feed(&x, v->text + v->off[t], (int)(v->off[t + 1] - v->off[t]));
+            ok = jm_feed(&x, v->text + o, (int)k);
         }
         allowed[t] = ok;
         n += ok;

@@ -43,7 +43,8 @@ const json_vocab *jm_vocab(const kvlm_model *m);
 void jm_vocab_free(json_vocab *v);
 /* allowed[t] for every token: its bytes keep s in the language (an
  * end-of-generation token: s is done; nothing else then). Returns how many
- * are allowed. */
+ * are allowed. Exact, with two shortcuts: a refused first byte, and inside a
+ * string a token of whole plain characters. */
 int jm_allowed(const json_vocab *v, const jm_state *s, bool *allowed);
 /* Advances s by token t's bytes; false if they leave the language. */
 bool jm_feed_token(const json_vocab *v, jm_state *s, int32_t t);
