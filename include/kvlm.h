@@ -589,9 +589,11 @@ int kvlm_session_load(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, cons
  * the kept tokens only, as if the others had never been fed (to float
  * rounding: sums regrouped). A sequence holding unverified tokens does not
  * evict (KVLM_ERANGE: trim first) and is not forked. Without spec_begin,
- * kvlm_seq_trim takes back any tail, except under h2o (KVLM_EINVAL). q4_kc
- * keys: not back across a block boundary once the next block was written
- * (KVLM_EUNSUPPORTED). */
+ * kvlm_seq_trim takes back any tail, except under h2o (KVLM_EINVAL), and
+ * except, under a sliding window, to a length whose next query would see keys
+ * in blocks the window already gave back (KVLM_EINVAL; 0 always works).
+ * q4_kc keys: not back across a block boundary once the next block was
+ * written (KVLM_EUNSUPPORTED). */
 int kvlm_seq_spec_begin(kvlm_ctx *ctx, int seq, kvlm_error *err);
 int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err);
 

@@ -110,6 +110,23 @@ with open(hist, "w") as f: f.write("user: fine\nwizard: no\n")
 bad = chat(["Hi"], "--history", hist)
 check(bad[0] != 0 and "line 2" in bad[3], "a history line of no known role is refused with its number", bad[3][-200:])
 
+# sliding windows (random-weight gemma2 and a llama with every layer local, window 8,
+# blocks of 4): a turn cannot cut the sequence back past blocks the window gave
+# back (refused), so it starts over from the prefix index; the answers stay the
+# recomputed ones
+for arch, extra in (("gemma2", ["--layers", "4", "--tied", "--seed", "9"]), ("llama", ["--layers", "2", "--seed", "5"])):
+    path = os.path.join(tmp, arch + ".gguf")
+    subprocess.run([kvlm, "synth", path, "--arch", arch, "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
+                    "--sliding-window", "8"] + extra, capture_output=True, timeout=60)
+    def chat_m(m, *args):
+        p = subprocess.run([kvlm, "chat", "-m", m, "--temp", "0", "-t", "1", "--block-size", "4", "-n", "16"] + list(args),
+                           input="hello there\nhow are you\nand then\n", capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stdout, [tuple(map(int, x.groups())) for x in TURN.finditer(p.stderr)], p.stderr
+    a, b = chat_m(path), chat_m(path, "--no-kv-cache")
+    check(a[0] == 0 and b[0] == 0 and a[1] == b[1] and len(a[2]) == 3 and a[2][2][2] > 0,
+          "%s with a window of 8: three answers equal the recomputed ones (%s tokens from the cache at turn 3)"
+          % (arch, a[2][2][2] if len(a[2]) == 3 else "?"), (a[0], a[3][-300:], a[1], b[1]))
+
 p = subprocess.run([kvlm, "chat", "-m", model, "--kv-evict", "sinks", "--kv-budget", "64"], input="",
                    capture_output=True, text=True, timeout=30)
 check(p.returncode != 0 and "--kv-evict" in p.stderr, "--kv-evict is refused with a message", p.stderr[-200:])

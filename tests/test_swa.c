@@ -278,6 +278,50 @@ static void test_blocks_freed(void **state) {
     }
 }
 
+/* Taking a sequence back (kvlm_seq_trim) past the blocks its window gave
+ * back is refused with a message and changes nothing; back to within the
+ * window, or to nothing, it goes on as a context that was fed only the kept
+ * tokens. (A trim past dropped blocks used to unreference their sentinel:
+ * a heap overflow, found by `kvlm chat` on a gemma2.) */
+static void test_trim_past_window(void **state) {
+    (void)state;
+    int32_t t[N_LONG];
+    tokens(t, N_LONG, 5);
+    int V = 300;
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        kvlm_ctx *ctx = make_ctx(m, BS, 1, 0, true), *ref = make_ctx(m, BS, 1, 0, true);
+        free(run(ctx, 0, t, N_LONG, false));
+        kvlm_error err = {0};
+        assert_int_equal(kvlm_seq_trim(ctx, 0, 20, &err), KVLM_EINVAL);
+        assert_non_null(strstr(err.msg, "sliding window"));
+        assert_int_equal(kvlm_seq_n_past(ctx, 0), N_LONG);
+        check_pools(ctx);
+        /* two back: the query at 94 would see key 87, in a block already given
+         * back; one back is within what the window kept */
+        assert_int_equal(kvlm_seq_trim(ctx, 0, N_LONG - 2, &err), KVLM_EINVAL);
+        int keep = N_LONG - 1;
+        assert_int_equal(kvlm_seq_trim(ctx, 0, keep, &err), KVLM_OK);
+        float *a = run(ctx, 0, t + keep, 1, true), *b = run(ref, 0, t, N_LONG, false);
+        double e = row_err(a, b + (size_t)keep * V, 1, V);
+        assert_true(e < 1e-5);
+        /* to nothing: starts over, the same as a fresh context */
+        assert_int_equal(kvlm_seq_trim(ctx, 0, 0, &err), KVLM_OK);
+        check_pools(ctx);
+        float *c = run(ctx, 0, t, 20, false);
+        assert_true(row_err(c, b, 20, V) < 1e-5);
+        printf("  %s: refused past the window (%s); kept %d: error %.1e; from nothing: the same logits\n",
+               SHAPES[i].name, err.msg[0] ? "message" : "?", keep, e);
+        free(a);
+        free(b);
+        free(c);
+        check_pools(ctx);
+        kvlm_ctx_free(ctx);
+        kvlm_ctx_free(ref);
+        kvlm_model_free(m);
+    }
+}
+
 /* Prefix reuse across requests: a second request sharing a long prefix gets
  * a hit (the local layers' early blocks need not be there: vLLM's rule) and
  * the same logits as a context without a prefix cache. */
@@ -581,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_reference),
         cmocka_unit_test(test_cache_equals_recompute),
         cmocka_unit_test(test_blocks_freed),
+        cmocka_unit_test(test_trim_past_window),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_prefix_reuse_evicted),
         cmocka_unit_test(test_fork_swap),

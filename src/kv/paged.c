@@ -423,7 +423,10 @@ void kv_seq_trim(kv_cache *c, int seq, int n_keep) {
             s->blocks[i] = old;
         } else block_unref(c, old);
     }
-    while (s->n_blocks > keep) block_unref(c, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep) { /* a block a window dropped is no longer the sequence's */
+        --s->n_blocks;
+        if (s->n_blocks >= s->n_dropped) block_unref(c, s->blocks[s->n_blocks]);
+    }
     if (s->len > n_keep) s->len = n_keep;
     if (s->n_dropped > s->n_blocks) s->n_dropped = s->n_blocks;
 }

@@ -502,10 +502,24 @@ void kv_store_hold(kv_store *s, int seq, int from) {
     if (local_of(s, seq)) kv_store_hold(s->local, seq, from);
 }
 
+/* Taken back to n_keep tokens, the sequence's next query (position n_keep)
+ * sees keys from n_keep - window + 1 on: none of them may be in a block the
+ * window already gave back. */
+static bool window_allows(const kv_store *s, int seq, int n_keep) {
+    int dropped = s->window && seq < s->guest_lo ? kv_seq_dropped(s->c, seq) : 0;
+    return !dropped || !n_keep || n_keep - s->window + 1 >= dropped * s->p.block_size;
+}
+
 int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
     int len = kv_seq_len(s->c, seq), bs = s->p.block_size;
     if (n_keep < 0 || n_keep > len)
         return util_err_set(err, KVLM_EINVAL, "sequence %d: cannot keep %d tokens of %d", seq, n_keep, len);
+    const kv_store *w = !window_allows(s, seq, n_keep) ? s
+                        : local_of(s, seq) && !window_allows(s->local, seq, n_keep) ? s->local : NULL;
+    if (w)
+        return util_err_set(err, KVLM_EINVAL, "sequence %d: the sliding window gave back its first %d tokens' blocks; "
+                            "kept to %d tokens, it would need them again (start it over)", seq,
+                            kv_seq_dropped(w->c, seq) * w->p.block_size, n_keep);
     bool kc = s->p.k_type == KVLM_CACHE_Q4_KC && seq < s->guest_lo;
     /* q4_kc: a block cut back to partial needs its f16 keys, which the
      * staging keeps only until the next block's first row overwrites them */
