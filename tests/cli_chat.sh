@@ -11,7 +11,8 @@
 # next one answered; /reset starts over; a line ending with a backslash goes on;
 # --history with --kv-disk: a conversation reopened in a new process takes its cache
 # back from the disk tier and answers as one process does (/reset empties the history;
-# a bad history line is refused); a bad option and --kv-evict are refused.
+# a bad history line is refused); --json begins a new object every turn; a bad option
+# and --kv-evict are refused.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -109,6 +110,13 @@ check(open(hist).read() == "system: Be kind.\n", "/reset leaves the history its 
 with open(hist, "w") as f: f.write("user: fine\nwizard: no\n")
 bad = chat(["Hi"], "--history", hist)
 check(bad[0] != 0 and "line 2" in bad[3], "a history line of no known role is refused with its number", bad[3][-200:])
+
+# --json: each answer is a JSON object of its own (the grammar starts afresh every turn)
+jh = os.path.join(tmp, "json.txt")
+rc, _, turns, err = chat(["one", "two"], "-n", "30", "--json", "--history", jh)
+said = [l[len("assistant: "):] for l in open(jh).read().split("\n") if l.startswith("assistant: ")]
+check(rc == 0 and len(said) == 2 and all(a.startswith("{") for a in said),
+      "--json: each turn's answer begins an object of its own", (said, err[-200:]))
 
 # sliding windows (random-weight gemma2 and a llama with every layer local, window 8,
 # blocks of 4): a turn cannot cut the sequence back past blocks the window gave

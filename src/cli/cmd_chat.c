@@ -291,6 +291,12 @@ int cmd_chat(int argc, char **argv) {
         n_fed = n;
         kvlm_batch b = {n - keep, toks + keep, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &b, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
+        /* each answer draws afresh (as a server request would): its own seed,
+         * penalties over its own tokens, and with --json a JSON object of its own */
+        kvlm_sampler_free(smp);
+        kvlm_sampler_params tp = sp;
+        tp.seed = sp.seed + (uint64_t)(turn - 1);
+        if (!(smp = kvlm_sampler_create(&tp, kvlm_vocab_size(model)))) { cli_fail("chat", "out of memory"); goto done; }
         for (int i = 0; i < n; i++) kvlm_sampler_accept(smp, toks[i]);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         /* the answer: streamed, held back where it could begin the plain
