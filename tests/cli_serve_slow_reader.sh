@@ -21,10 +21,12 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
-exec timeout -k 5 180 python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, os, re, socket, subprocess, sys, threading, time
+exec timeout -k 5 180 python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
+import http.client, json, os, socket, sys, threading, time
 
 kvlm, model = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import serve_http
 IDLE_T, SEND_T = 2, 6
 # how late after its deadline a reader may be cut off: its answer is made 1-2 s in here,
 # up to half a minute in a sanitizer build on a loaded machine
@@ -36,14 +38,11 @@ def check(cond, name, detail=""):
     print(("ok   " if cond else "FAIL ") + name + ("" if cond else " " + str(detail)), flush=True)
     failures += 0 if cond else 1
 
-proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-t", "1", "--timeout", str(IDLE_T),
-                         "--send-timeout", str(SEND_T), "--max-seqs", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-line = proc.stdout.readline()
-m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", line)
-if not m:
-    print("FAIL: no listening line, got %r; stderr: %s" % (line, proc.stderr.read()))
+proc, port = serve_http.start(kvlm, model, ["-t", "1", "--timeout", str(IDLE_T), "--send-timeout", str(SEND_T),
+                                             "--max-seqs", "64"])
+if not port:
+    print("FAIL: no listening line")
     sys.exit(1)
-port = int(m.group(1))
 
 def queued():
     """The server's sockets (its own or left to the kernel) that still hold answer bytes:
@@ -154,11 +153,7 @@ check(len(silent) == 1 and silent[0][0] is not None and silent[0][0] <= SEND_T +
 size3, ok3 = whole(True, 1)
 check(ok3, "afterwards a normal client reads the stream whole (%d bytes)" % size3)
 check(proc.poll() is None, "the server is still running")
-proc.terminate()
-try:
-    proc.wait(timeout=10)
-except subprocess.TimeoutExpired:
-    proc.kill()
+serve_http.stop(proc)
 print("cli_serve_slow_reader: %s" % ("all passed" if not failures else "%d failed" % failures))
 sys.exit(1 if failures else 0)
 PY

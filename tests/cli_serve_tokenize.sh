@@ -10,16 +10,15 @@ KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
-exec timeout 60 python3 - "$KVLM" "$MODEL" <<'PY'
-import http.client, json, re, subprocess, sys
+exec timeout 60 python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
+import http.client, json, subprocess, sys
 
 kvlm, model = sys.argv[1], sys.argv[2]
-proc = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "-c", "256", "-t", "1"],
-                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", proc.stdout.readline())
-if not m:
+sys.path.insert(0, sys.argv[3])
+import serve_http
+proc, port = serve_http.start(kvlm, model, ["-c", "256", "-t", "1"])
+if not port:
     proc.kill(); print("FAIL: no listening line"); sys.exit(1)
-port = int(m.group(1))
 failures = 0
 
 def check(cond, name, detail=""):
@@ -86,8 +85,7 @@ for method, path, body, ctype, want, code in bad:
           "%s %s %s: %d %s" % (method, path, (body if not isinstance(body, bytes) else body.decode("latin-1"))
                                if body is not None else "", want, code or ""), (st, r))
 check(proc.poll() is None, "the server is still running")
-proc.terminate()
-proc.wait(timeout=20)
+serve_http.stop(proc)
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)
 PY

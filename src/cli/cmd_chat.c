@@ -63,6 +63,22 @@ static bool convo_add(convo *c, const char *role, const char *text, size_t len) 
     return true;
 }
 
+/* Appends k bytes to the answer (NUL-terminated); false out of memory. */
+static bool reply_add(char **r, size_t *len, size_t *cap, const char *p, int k) {
+    if (k <= 0) return true;
+    if (*len + (size_t)k + 1 > *cap) {
+        size_t c = 2 * (*len + (size_t)k + 1);
+        char *n = realloc(*r, c);
+        if (!n) return false;
+        *r = n;
+        *cap = c;
+    }
+    memcpy(*r + *len, p, (size_t)k);
+    *len += (size_t)k;
+    (*r)[*len] = 0;
+    return true;
+}
+
 /* --history: one message a line, "user: TEXT" or "assistant: TEXT" (or
  * "system: "), with backslash, newline and carriage return escaped. */
 static void history_write(FILE *f, const char *role, const char *text) {
@@ -240,8 +256,6 @@ int cmd_chat(int argc, char **argv) {
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
     if (json) sp.json = model;
-    smp = kvlm_sampler_create(&sp, kvlm_vocab_size(model));
-    if (!smp) { cli_fail("chat", "out of memory"); goto done; }
     int budget = kvlm_ctx_kv_budget(ctx);
     if (n_predict >= budget) n_predict = budget / 2;
     cap_fed = budget;
@@ -316,17 +330,9 @@ int cmd_chat(int argc, char **argv) {
         for (;;) {
             int32_t next = kvlm_sampler_sample(smp, kvlm_get_logits(ctx, -1));
             if (kvlm_token_is_eog(model, next)) break;
-            n_gen++;
-            kvlm_sampler_accept(smp, next);
+            n_gen++; /* (the sampler recorded it for its penalties) */
             int k = kvlm_detok_push(&dt, next, piece, sizeof piece);
-            if (len + (size_t)k + 1 > rcap) {
-                char *r = realloc(reply, (rcap = 2 * (len + (size_t)k + 1)));
-                if (!r) { cli_fail("chat", "out of memory"); goto done; }
-                reply = r;
-            }
-            memcpy(reply + len, piece, (size_t)k);
-            len += (size_t)k;
-            reply[len] = 0;
+            if (!reply_add(&reply, &len, &rcap, piece, k)) { cli_fail("chat", "out of memory"); goto done; }
             char *at = plain ? strstr(reply, k_plain_stop) : NULL;
             if (at) {
                 len = (size_t)(at - reply);
@@ -349,13 +355,9 @@ int cmd_chat(int argc, char **argv) {
             if (kvlm_decode(ctx, &one, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
             fed[n_fed++] = next;
         }
-        if (!stopped) {
-            int k = kvlm_detok_flush(&dt, piece, sizeof piece);
-            if (len + (size_t)k + 1 <= rcap) {
-                memcpy(reply + len, piece, (size_t)k);
-                len += (size_t)k;
-                reply[len] = 0;
-            }
+        if (!stopped && !reply_add(&reply, &len, &rcap, piece, kvlm_detok_flush(&dt, piece, sizeof piece))) {
+            cli_fail("chat", "out of memory");
+            goto done;
         }
         fwrite(reply + shown, 1, len - shown, stdout);
         fputc('\n', stdout);

@@ -888,29 +888,14 @@ size_t kvlm_ctx_kv_capacity_bytes(const kvlm_ctx *ctx) {
 
 /* ---- KV events ---------------------------------------------------------------- */
 
-static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
-    kvlm_ctx *ctx = user;
-    kvlm_kv_event ev;
-    memset(&ev, 0, sizeof ev);
-    memcpy(ev.hash, kv_block_key_of(c, b)->b, 16);
-    if (what == KV_INDEX_ADDED) {
-        static const uint8_t zero[16];
-        ev.kind = KVLM_KV_EVENT_STORED;
-        memcpy(ev.parent, kv_block_parent_of(c, b)->b, 16);
-        ev.has_parent = memcmp(ev.parent, zero, 16) != 0;
-        ev.tokens = kv_block_tokens(c, b);
-        ev.n_tokens = kv_block_size_of(c, b); /* a draft's guest layout holds more */
-    } else ev.kind = KVLM_KV_EVENT_REMOVED;
-    ctx->events.event(ctx->events.user, &ev);
-}
-
-static void on_tier(void *user, int what, const kv_key *key, const kv_key *parent, const int32_t *tokens,
-                    int n_tokens) {
-    kvlm_ctx *ctx = user;
+/* One event to the sink: a block of medium entered (with its parent and
+ * tokens) or left. */
+static void send_event(kvlm_ctx *ctx, int medium, int what, const kv_key *key, const kv_key *parent,
+                       const int32_t *tokens, int n_tokens) {
     kvlm_kv_event ev;
     memset(&ev, 0, sizeof ev);
     memcpy(ev.hash, key->b, 16);
-    ev.medium = KVLM_KV_MEDIUM_HOST;
+    ev.medium = medium;
     if (what == KV_INDEX_ADDED) {
         static const uint8_t zero[16];
         ev.kind = KVLM_KV_EVENT_STORED;
@@ -920,6 +905,17 @@ static void on_tier(void *user, int what, const kv_key *key, const kv_key *paren
         ev.n_tokens = n_tokens;
     } else ev.kind = KVLM_KV_EVENT_REMOVED;
     ctx->events.event(ctx->events.user, &ev);
+}
+
+static void on_index(void *user, const kv_cache *c, int what, int32_t b) {
+    bool added = what == KV_INDEX_ADDED; /* a draft's guest layout holds more tokens a block */
+    send_event(user, KVLM_KV_MEDIUM_POOL, what, kv_block_key_of(c, b), added ? kv_block_parent_of(c, b) : NULL,
+               added ? kv_block_tokens(c, b) : NULL, added ? kv_block_size_of(c, b) : 0);
+}
+
+static void on_tier(void *user, int what, const kv_key *key, const kv_key *parent, const int32_t *tokens,
+                    int n_tokens) {
+    send_event(user, KVLM_KV_MEDIUM_HOST, what, key, parent, tokens, n_tokens);
 }
 
 void kvlm_ctx_set_kv_event_sink(kvlm_ctx *ctx, const kvlm_kv_event_sink *sink) {

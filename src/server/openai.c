@@ -673,20 +673,29 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
 
 /* ---- /tokenize and /detokenize ------------------------------------------------------- */
 
-/* A body's checks shared by both: UTF-8, JSON, an object, known fields only,
- * the model's name. NULL after queueing the error. */
-static json_t *small_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, const char *const *fields,
-                          enum MHD_Result *ret) {
+/* A request body as JSON, checked to be UTF-8 and JSON (every POST
+ * endpoint). NULL after queueing the error in *ret. */
+static json_t *load_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, enum MHD_Result *ret) {
     if (!utf8_valid(cn->body ? cn->body : "", cn->len)) {
         *ret = srv_error(c, s, 400, NULL, "invalid_encoding", "the request body is not valid UTF-8");
         return NULL;
     }
     json_error_t jerr;
     json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
-    if (!body || !json_is_object(body)) {
-        *ret = body ? srv_error(c, s, 400, NULL, "invalid_type", "the request body must be a JSON object")
-                    : srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s",
-                                cn->len ? jerr.text : "empty body");
+    if (!body)
+        *ret = srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)",
+                         cn->len ? jerr.text : "empty body", cn->len ? jerr.line : 0, cn->len ? jerr.column : 0);
+    return body;
+}
+
+/* A body's checks shared by both: load_body's, an object, known fields only,
+ * the model's name. NULL after queueing the error. */
+static json_t *small_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, const char *const *fields,
+                          enum MHD_Result *ret) {
+    json_t *body = load_body(s, c, cn, ret);
+    if (!body) return NULL;
+    if (!json_is_object(body)) {
+        *ret = srv_error(c, s, 400, NULL, "invalid_type", "the request body must be a JSON object");
         json_decref(body);
         return NULL;
     }
@@ -1018,18 +1027,13 @@ static json_t *whole_answer(srv_job *j) {
 }
 
 enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat) {
-    if (!utf8_valid(cn->body ? cn->body : "", cn->len))
-        return srv_error(c, s, 400, NULL, "invalid_encoding", "the request body is not valid UTF-8");
-    json_error_t jerr;
-    json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
-    if (!body)
-        return srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)",
-                         cn->len ? jerr.text : "empty body", cn->len ? jerr.line : 0, cn->len ? jerr.column : 0);
+    enum MHD_Result ret;
+    json_t *body = load_body(s, c, cn, &ret);
+    if (!body) return ret;
     srv_job *j = calloc(1, sizeof *j);
     perr e = {0};
     int32_t *toks = NULL;
     int n_toks = 0;
-    enum MHD_Result ret;
     if (!j) { json_decref(body); return MHD_NO; }
     pthread_mutex_init(&j->mu, NULL);
     j->refs = 1;
