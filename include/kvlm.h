@@ -657,6 +657,29 @@ typedef struct kvlm_plan {
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 
+/* ---- structured output ------------------------------------------------- */
+/* A grammar the sampler holds generated text to (docs/structured-output.md):
+ * llama.cpp's GBNF (rules "name ::= alternatives"; "literals", [classes],
+ * [^negated], ., groups, *, +, ?, {m,n}; # comments), over Unicode code
+ * points, for one model's tokens. root: the rule to start from (NULL:
+ * "root"). NULL with err filled (line and column) on a malformed grammar, an
+ * undefined rule, left recursion or one past 1M elements. A text that would
+ * put the matcher in more than 65,536 parse stacks at once ends the grammar
+ * there (nothing more is allowed): an ambiguity that would slow every step. */
+typedef struct kvlm_grammar kvlm_grammar;
+kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err);
+/* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
+ * json_schema. Supported: type (and lists of types), properties in their
+ * order with required, additionalProperties (false beside properties; a
+ * schema for a map without them), items, minItems, maxItems, minLength,
+ * maxLength, enum, const, anyOf, oneOf (as anyOf), allOf of one, local $ref
+ * (recursive too), minimum 0, formats date, time, date-time and uuid; other
+ * constraining keywords (pattern, maximum, uniqueItems, ...) are refused by
+ * name. {"type": "object"} is OpenAI's JSON mode (any object). */
+char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err);
+kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err);
+void kvlm_grammar_free(kvlm_grammar *grammar);
+
 /* ---- sampling ---------------------------------------------------------- */
 typedef struct kvlm_sampler_params {
     float temperature;    /* <= 0: greedy */
@@ -675,10 +698,12 @@ typedef struct kvlm_sampler_params {
     const int32_t *bias_ids;
     const float *bias;
     int n_bias;
-    /* OpenAI's response_format json_object: the tokens drawn are held to one
-     * JSON object (whitespace, then {...}; then only end-of-generation
-     * tokens), by this model's token texts. NULL: free text. */
-    const kvlm_model *json;
+    /* Structured output: the tokens drawn are held to this grammar (made for
+     * the model whose tokens are drawn); once it is complete, end-of-generation
+     * tokens are allowed, and only they once nothing may follow. The sampler
+     * holds a reference: the caller may free its own after creating it. NULL:
+     * free text. */
+    const struct kvlm_grammar *grammar;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;

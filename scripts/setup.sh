@@ -8,6 +8,8 @@ PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjanss
 PKGS+=(libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack)
 # tests/cli_pretok.sh checks every pre-tokenizer against Python's regex module.
 PKGS+=(python3-regex)
+# tests/cli_serve_json.sh checks structured output against an independent validator.
+PKGS+=(python3-jsonschema)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,15 +6,20 @@
 # (finish_reason "stop") is a JSON object to Python's json module, and every one cut
 # by max_tokens is a prefix of one (a recursive-descent check written here); the
 # answers without the constraint are not JSON at all. With lookup speculation the
-# greedy JSON answer equals the one without it. `kvlm run --json` likewise; json_schema
-# and unknown types are refused.
+# greedy JSON answer equals the one without it. With response_format json_schema (8
+# choices, 4 seeds, streamed and not), every answer that ended is valid under the schema
+# to the jsonschema package (an independent validator), and every one cut is a JSON
+# prefix; with a GBNF grammar every answer that ended matches the same language as a
+# Python regular expression. `kvlm run --json`, --json-schema and --grammar likewise;
+# unsupported keywords, malformed grammars and unknown types are refused with a 400.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
 exec timeout -k 5 240 /usr/bin/python3 - "$KVLM" "$MODEL" "$(cd "$(dirname "$0")" && pwd)/helpers" <<'PY'
-import json, subprocess, sys
+import json, re, subprocess, sys
+import jsonschema
 
 kvlm, model = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
@@ -148,11 +153,67 @@ check(free and not any(prefix_ok(t) for t in free), "without the constraint no a
 greedy = {"messages": msgs, "max_tokens": 100, "temperature": 0, "response_format": {"type": "json_object"}}
 st, r = serve_http.request(port, "POST", "/v1/chat/completions", greedy)
 with_spec = r["choices"][0]["message"]["content"] if st == 200 else None
-for rf, code in (({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "unsupported_parameter"),
+
+# a JSON schema: every answer that ended is valid under it (jsonschema), every one cut a JSON prefix
+schema = {"type": "object", "properties": {
+    "friends": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0}},
+        "required": ["name", "age"]}},
+    "mood": {"enum": ["happy", "sad"]}, "note": {"type": ["string", "null"], "maxLength": 6}},
+    "required": ["friends", "mood"]}
+valid = cut = 0
+for seed in range(4):
+    for stream in (False, True):
+        body = {"messages": msgs, "max_tokens": 200, "temperature": 1, "seed": seed, "n": 8,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "friends", "schema": schema}}}
+        if stream:
+            texts, finish = serve_http.stream_chat(port, body)
+        else:
+            st, r = serve_http.request(port, "POST", "/v1/chat/completions", body)
+            texts = [c["message"]["content"] for c in r["choices"]] if st == 200 else []
+            finish = [c["finish_reason"] for c in r["choices"]] if st == 200 else []
+        check(len(texts) == 8, "json_schema: 8 choices (seed %d%s)" % (seed, ", streamed" if stream else ""), finish)
+        for text, why in zip(texts, finish):
+            if why == "stop":
+                try:
+                    jsonschema.validate(json.loads(text), schema)
+                    ok = True
+                except (ValueError, jsonschema.ValidationError) as e:
+                    ok = False
+                    text = (text, str(e)[:200])
+                valid += ok
+                check(ok, "seed %d%s: an answer that ended is valid under the schema" % (seed, " (streamed)" if stream else ""), text)
+            else:
+                cut += 1
+                check(why == "length" and prefix_ok(text), "seed %d%s: a schema answer cut by max_tokens is a JSON prefix"
+                      % (seed, " (streamed)" if stream else ""), (why, text))
+print("  json_schema: %d answers valid under the schema, %d cut by max_tokens" % (valid, cut))
+check(valid >= 16, "json_schema: at least 16 of 64 answers ended, valid", (valid, cut))
+
+# a GBNF grammar (llama.cpp's "grammar" field): the answers that ended match it as a regex
+gbnf = 'root ::= "Once upon a time, " name " was " ("happy" | "sad") "."\nname ::= [A-Z] [a-z]{1,8}\n'
+pattern = re.compile(r"Once upon a time, [A-Z][a-z]{1,8} was (happy|sad)\.")
+st, r = serve_http.request(port, "POST", "/v1/completions", {"prompt": "Tell me a story.", "max_tokens": 60,
+                                                            "temperature": 1, "seed": 5, "n": 8, "grammar": gbnf})
+texts = [c["text"] for c in r["choices"]] if st == 200 else []
+check(st == 200 and len(texts) == 8 and all(pattern.fullmatch(t) for t in texts) and
+      all(c["finish_reason"] == "stop" for c in r["choices"]), "grammar: 8 answers ended, each matches", r)
+
+for rf, code in (({"type": "json_schema", "json_schema": {"name": "x"}}, "invalid_value"),
+                 ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}}},
+                  "invalid_value"),
                  ({"type": "xml"}, "invalid_value"), ("json", "invalid_value")):
     st, r = serve_http.request(port, "POST", "/v1/chat/completions", {"messages": msgs, "response_format": rf})
     check(st == 400 and r["error"]["param"] == "response_format" and r["error"]["code"] == code,
           "response_format %s is refused (%s)" % (json.dumps(rf), code), r)
+st, r = serve_http.request(port, "POST", "/v1/chat/completions", {"messages": msgs, "grammar": "root ::= \"a\" b"})
+check(st == 400 and r["error"]["param"] == "grammar" and "line 1, column 14: rule 'b' is used but not defined" in
+      r["error"]["message"], "a grammar with an undefined rule is refused, where", r)
+st, r = serve_http.request(port, "POST", "/v1/chat/completions", {"messages": msgs, "grammar": "root ::= \"a\"",
+                                                                   "response_format": {"type": "json_object"}})
+check(st == 400 and r["error"]["param"] == "grammar", "grammar and response_format together are refused", r)
+st, r = serve_http.request(port, "GET", "/health")
+check(st == 200, "the server still answers", r)
 serve_http.stop(proc)
 
 proc, port = serve_http.start(kvlm, model, ["-c", "512", "-t", "1"])
@@ -166,6 +227,25 @@ r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", "120", "--json
                    capture_output=True, text=True, timeout=60)
 out = r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
 check(r.returncode == 0 and out is not None and prefix_ok(out), "kvlm run --json: a JSON object or the start of one", out)
+r = subprocess.run([kvlm, "run", "-m", model, "-p", prompt, "-n", "200", "--json-schema", json.dumps(schema),
+                    "--temp", "0.8", "--seed", "4"], capture_output=True, text=True, timeout=60)
+out = r.stdout[len(prompt):-1] if r.stdout.startswith(prompt) else None
+try:
+    jsonschema.validate(json.loads(out), schema)
+    ok = True
+except (TypeError, ValueError, jsonschema.ValidationError):
+    ok = prefix_ok(out or "x") and len(out) > 100  # cut by -n
+check(r.returncode == 0 and ok, "kvlm run --json-schema: valid under the schema (or cut by -n)", out)
+r = subprocess.run([kvlm, "run", "-m", model, "-p", "Tell me a story.", "-n", "60", "--grammar", gbnf, "--seed", "9"],
+                   capture_output=True, text=True, timeout=60)
+out = r.stdout[len("Tell me a story."):-1]
+check(r.returncode == 0 and pattern.fullmatch(out), "kvlm run --grammar: the text matches", (r.stdout, r.stderr))
+r = subprocess.run([kvlm, "run", "-m", model, "-p", "x", "--json-schema", '{"type": "integer", "maximum": 3}'],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "'maximum' is not supported" in r.stderr, "kvlm run refuses an unsupported schema", r.stderr)
+r = subprocess.run([kvlm, "run", "-m", model, "-p", "x", "--json", "--grammar", "root ::= \"a\""],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "give one of" in r.stderr, "kvlm run refuses two constraints", r.stderr)
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)
 PY

@@ -78,6 +78,19 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
     "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n" \
     "      --seed S            random seed (default: time-based); the same seed gives the same text\n" \
     "  -l, --logit-bias T+B    add B to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
+/* Structured output for run and chat: --json (any JSON object), --json-schema
+ * TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file FILE (GBNF);
+ * at most one. cli_grammar makes the grammar for model (NULL: none asked, or
+ * *failed after cli_fail). */
+typedef struct { const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
+bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad);
+kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed);
+#define CLI_GRAMMAR_USAGE \
+    "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n" \
+    "      --json-schema S     ... one JSON value that JSON schema S describes (docs/structured-output.md)\n" \
+    "      --json-schema-file F  the schema from file F\n" \
+    "      --grammar G         the text generated follows GBNF grammar G (llama.cpp's format; rule root)\n" \
+    "      --grammar-file F    the grammar from file F\n"
 /* Prints "kvlm CMD: message" to stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parses "512MiB", "2GiB", "1.5GB", "100k" or plain bytes; 0 on success. */

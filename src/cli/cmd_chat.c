@@ -31,7 +31,7 @@ static void chat_usage(FILE *f) {
             "                          mistral-v7, mistral-v7-tekken or plain (default: from the model)\n"
             "  -n, --n-predict N       most tokens of one answer (default 512)\n"
             CLI_SAMPLER_USAGE
-            "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n"
+            CLI_GRAMMAR_USAGE
             CLI_CTX_USAGE
             "      --no-kv-cache       recompute the whole conversation for every token (the naive baseline)\n"
             "  -h, --help              this help\n\n"
@@ -213,7 +213,9 @@ int cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL,
                *history = NULL;
     int n_predict = 512;
-    bool seed_set = false, json = false;
+    bool seed_set = false;
+    cli_grammar_opts gopt = {0};
+    kvlm_grammar *grammar = NULL;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     kvlm_sampler_params sp = kvlm_sampler_default_params();
     for (int i = 1; i < argc; i++) {
@@ -226,7 +228,7 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
         else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
-        else if (cli_is(argv[i], NULL, "--json")) json = true;
+        else if (cli_opt_grammar(argc, argv, &i, &gopt, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
         else { fprintf(stderr, "kvlm chat: unknown option '%s'\n", argv[i]); chat_usage(stderr); return 1; }
@@ -255,7 +257,10 @@ int cmd_chat(int argc, char **argv) {
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
-    if (json) sp.json = model;
+    bool gfailed;
+    grammar = cli_grammar("chat", &gopt, model, &gfailed);
+    if (gfailed) goto done;
+    sp.grammar = grammar;
     int budget = kvlm_ctx_kv_budget(ctx);
     if (n_predict >= budget) n_predict = budget / 2;
     cap_fed = budget;
@@ -306,7 +311,7 @@ int cmd_chat(int argc, char **argv) {
         kvlm_batch b = {n - keep, toks + keep, NULL, NULL, NULL};
         if (kvlm_decode(ctx, &b, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
         /* each answer draws afresh (as a server request would): its own seed,
-         * penalties over its own tokens, and with --json a JSON object of its own */
+         * penalties over its own tokens, and with a grammar (--json, ...) a sentence of its own */
         kvlm_sampler_free(smp);
         kvlm_sampler_params tp = sp;
         tp.seed = sp.seed + (uint64_t)(turn - 1);
@@ -395,6 +400,7 @@ done:
     free(c.text);
     kvlm_sampler_free(smp);
     kvlm_ctx_free(ctx);
+    kvlm_grammar_free(grammar);
     kvlm_model_free(model);
     return rc;
 }

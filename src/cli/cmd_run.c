@@ -30,7 +30,7 @@ static void run_usage(FILE *f) {
             "  -f, --file FILE         read the prompt from a file\n"
             "  -n, --n-predict N       tokens to generate (default 256; stops early at end of text)\n"
             CLI_SAMPLER_USAGE
-            "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n"
+            CLI_GRAMMAR_USAGE
             "      --special           recognise special tokens (e.g. <|im_start|>) in the prompt\n"
             "      --no-bos            do not add BOS before the prompt\n"
             CLI_CTX_USAGE
@@ -52,7 +52,9 @@ int cmd_run(int argc, char **argv) {
                *evict = NULL, *session = NULL, *spec_name = NULL, *draft_path = NULL;
     int n_predict = 256, draft_n = 0, spec_ngram = 0;
     float draft_p_min = 0;
-    bool special = false, no_bos = false, seed_set = false, json = false;
+    bool special = false, no_bos = false, seed_set = false;
+    cli_grammar_opts gopt = {0};
+    kvlm_grammar *grammar = NULL;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     kvlm_sampler_params sp = kvlm_sampler_default_params();
     for (int i = 1; i < argc; i++) {
@@ -71,7 +73,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--spec-ngram", &spec_ngram, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
-        else if (cli_is(argv[i], NULL, "--json")) json = true;
+        else if (cli_opt_grammar(argc, argv, &i, &gopt, &bad)) {}
         else if (cli_is(argv[i], NULL, "--special")) special = true;
         else if (cli_is(argv[i], NULL, "--no-bos")) no_bos = true;
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
@@ -133,7 +135,10 @@ int cmd_run(int argc, char **argv) {
     toks = malloc((size_t)n_prompt * sizeof *toks);
     if (!toks) { cli_fail("run", "out of memory"); goto done; }
     kvlm_tokenize(model, prompt, prompt_len, add_bos, special, toks, n_prompt, &err);
-    if (json) sp.json = model;
+    bool gfailed;
+    grammar = cli_grammar("run", &gopt, model, &gfailed);
+    if (gfailed) goto done;
+    sp.grammar = grammar;
     smp = kvlm_sampler_create(&sp, kvlm_vocab_size(model));
     if (!smp) { cli_fail("run", "out of memory"); goto done; }
 
@@ -273,6 +278,7 @@ done:
     kvlm_ctx_free(dctx);
     kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);
+    kvlm_grammar_free(grammar);
     kvlm_model_free(model);
     return rc;
 }

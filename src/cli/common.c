@@ -206,6 +206,41 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     return 0;
 }
 
+bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad) {
+    if (cli_is(argv[*i], NULL, "--json")) g->json_schema = "{\"type\": \"object\"}";
+    else if (!cli_opt_str(argc, argv, i, NULL, "--json-schema", &g->json_schema, bad) &&
+             !cli_opt_str(argc, argv, i, NULL, "--json-schema-file", &g->json_schema_file, bad) &&
+             !cli_opt_str(argc, argv, i, NULL, "--grammar", &g->grammar, bad) &&
+             !cli_opt_str(argc, argv, i, NULL, "--grammar-file", &g->grammar_file, bad))
+        return false;
+    if (!*bad && g->n++) {
+        *bad = true;
+        fprintf(stderr, "kvlm: give one of --json, --json-schema, --json-schema-file, --grammar, --grammar-file\n");
+    }
+    return true;
+}
+
+kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed) {
+    *failed = false;
+    if (!g->n) return NULL;
+    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) {
+        *failed = true;
+        return NULL;
+    }
+    kvlm_error err = {0};
+    kvlm_grammar *gr = g->json_schema || g->json_schema_file
+                           ? kvlm_grammar_from_json_schema(model, text ? text : g->json_schema, &err)
+                           : kvlm_grammar_from_gbnf(model, text ? text : g->grammar, NULL, &err);
+    free(text);
+    if (!gr) {
+        cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+        *failed = true;
+    }
+    return gr;
+}
+
 char *cli_read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { cli_fail(cmd, "cannot open %s: %s", path, strerror(errno)); return NULL; }

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include "engine/json_mask.h"
+#include "engine/grammar.h"
 #include "kv/planner.h"
 #include "model/dtype.h"
 #include "model/model.h"
@@ -152,7 +152,7 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
 void kvlm_model_free(kvlm_model *m) {
     if (!m) return;
     tok_free(m->tok);
-    jm_vocab_free(m->json_vocab);
+    gm_vocab_free(m->grammar_vocab);
     util_big_free(m->packed_buf, m->packed_bytes);
     model_unload(m);
     free(m);

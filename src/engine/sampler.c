@@ -1,11 +1,11 @@
 /* engine/sampler: choosing the next token from logits: logit biases, repetition, frequency
- * and presence penalties, the JSON grammar's mask, then greedy, or top-k -> temperature ->
+ * and presence penalties, the grammar's mask, then greedy, or top-k -> temperature ->
  * top-p -> min-p -> a seeded draw. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
-#include "engine/json_mask.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "ops/ops.h"
 
@@ -21,8 +21,8 @@ struct kvlm_sampler {
     int32_t *count;    /* times each token was picked (frequency/presence penalties) */
     int32_t *bias_ids; /* p.bias_ids / p.bias, copied (p's point here) */
     float *bias;
-    const json_vocab *jv; /* p.json: the JSON grammar's state and this step's mask */
-    jm_state js;
+    gm *gm;            /* p.grammar: where the text is in it; this step's mask */
+    const kvlm_model *gmodel;
     bool *allowed;
 };
 
@@ -64,14 +64,15 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *p, int vocab) {
     } else s->p.n_bias = 0;
     s->p.bias_ids = s->bias_ids;
     s->p.bias = s->bias;
-    if (s->p.json) {
-        jm_init(&s->js);
-        if (!(s->jv = jm_vocab(s->p.json)) || kvlm_vocab_size(s->p.json) != vocab ||
+    if (s->p.grammar) {
+        s->gmodel = gm_model(s->p.grammar);
+        if (!s->gmodel || kvlm_vocab_size(s->gmodel) != vocab || !(s->gm = gm_new(s->p.grammar)) ||
             !(s->allowed = malloc((size_t)vocab * sizeof *s->allowed))) {
             kvlm_sampler_free(s);
             return NULL;
         }
     }
+    s->p.grammar = NULL; /* the matcher holds the reference */
     s->c = malloc((size_t)vocab * sizeof *s->c);
     s->recent = malloc(((size_t)s->p.repeat_last_n + 1) * sizeof(int32_t));
     if (s->p.frequency_penalty != 0 || s->p.presence_penalty != 0) s->count = calloc((size_t)vocab, sizeof(int32_t));
@@ -90,6 +91,7 @@ void kvlm_sampler_free(kvlm_sampler *s) {
     free(s->bias_ids);
     free(s->bias);
     free(s->allowed);
+    gm_free(s->gm);
     free(s);
 }
 
@@ -140,7 +142,7 @@ static void top_k_sort(cand *c, int n, int k) {
 static int build_dist(kvlm_sampler *s, const float *logits, float *total) {
     int n = s->vocab;
     bool penalty = s->p.repeat_penalty != 1.0f && s->p.repeat_penalty > 0;
-    if (s->p.temperature <= 0 && !penalty && !s->count && !s->p.n_bias && !s->jv) { /* greedy: the first largest logit */
+    if (s->p.temperature <= 0 && !penalty && !s->count && !s->p.n_bias && !s->gm) { /* greedy: the first largest logit */
         s->c[0].id = op_argmax(logits, n);
         s->c[0].logit = *total = 1;
         return 1;
@@ -163,11 +165,11 @@ static int build_dist(kvlm_sampler *s, const float *logits, float *total) {
         for (int i = 0; i < n; i++)
             if (s->count[i])
                 s->c[i].logit -= s->p.frequency_penalty * (float)s->count[i] + s->p.presence_penalty;
-    if (s->jv) { /* only what the JSON grammar allows (nothing: the end tokens, whatever the state) */
-        bool any = jm_allowed(s->jv, &s->js, s->allowed) > 0;
+    if (s->gm) { /* only what the grammar allows (nothing: the end tokens, whatever the state) */
+        bool any = gm_allowed(s->gm, s->allowed) > 0;
         int k = 0;
         for (int i = 0; i < n; i++)
-            if (any ? s->allowed[i] : kvlm_token_is_eog(s->p.json, i)) s->c[k++] = s->c[i];
+            if (any ? s->allowed[i] : kvlm_token_is_eog(s->gmodel, i)) s->c[k++] = s->c[i];
         if (k) n = k; /* no end token either: left free */
     }
     if (s->p.temperature <= 0) {
@@ -210,7 +212,7 @@ double sampler_uniform(kvlm_sampler *s) { return (double)(next_u64(s) >> 11) * (
 
 void sampler_picked(kvlm_sampler *s, int32_t token) {
     kvlm_sampler_accept(s, token);
-    if (s->jv && !jm_feed_token(s->jv, &s->js, token)) jm_init(&s->js); /* only when nothing was allowed */
+    if (s->gm) gm_feed_token(s->gm, token); /* refused only when nothing was allowed: the text stays where it was */
     if (s->count && token >= 0 && token < s->vocab && s->count[token] < INT32_MAX) s->count[token]++;
 }
 

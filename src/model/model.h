@@ -56,7 +56,7 @@ struct kvlm_model {
     model_layer *layers;
     model_vocab vocab;
     struct tok_tokenizer *tok;   /* built by the engine layer from vocab */
-    struct json_vocab *json_vocab; /* engine/json_mask's token bytes, built on first use (NULL: not yet) */
+    struct gm_vocab *grammar_vocab; /* engine/grammar's token bytes, sorted, built on first use (NULL: not yet) */
     char arch_name[32];
     char path[1024];
     /* Backing storage: a GGUF map, or a llama2.c checkpoint map. */

@@ -50,6 +50,7 @@ typedef struct srv_job {
     int prompt_tokens, cached_tokens, completion_tokens;
     double t_submit, t_first, t_last;
     int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
+    kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF) */
     float *bias;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
@@ -74,6 +75,7 @@ static void job_release(srv_job *j) {
     free(j->out);
     free(j->raw);
     free(j->bias_ids);
+    kvlm_grammar_free(j->grammar);
     free(j->bias);
     pthread_mutex_destroy(&j->mu);
     free(j);
@@ -475,7 +477,7 @@ static bool is_off(const char *key, json_t *v) {
 static bool check_fields(json_t *body, bool chat, perr *e) {
     static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
-                                 "presence_penalty", "user", "logit_bias", "response_format", NULL};
+                                 "presence_penalty", "user", "logit_bias", "response_format", "grammar", NULL};
     static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
@@ -589,22 +591,49 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
             j->bias[n_bias++] = (float)json_number_value(v);
         }
     }
-    json_t *rf = json_object_get(body, "response_format");
-    bool json_mode = false;
+    /* structured output: OpenAI's response_format, or llama.cpp's grammar (GBNF) */
+    json_t *rf = json_object_get(body, "response_format"), *gr = json_object_get(body, "grammar");
+    char *schema = NULL;
+    const char *field = "response_format";
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *type = json_is_string(t) ? json_string_value(t) : "";
-        if (!strcmp(type, "json_schema"))
-            return fail(e, 400, "response_format", "unsupported_parameter",
-                        "'response_format' json_schema is not supported: use {\"type\": \"json_object\"}");
-        if (strcmp(type, "text") && strcmp(type, "json_object"))
-            return fail(e, 400, "response_format", "invalid_value",
-                        "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
-        json_mode = !strcmp(type, "json_object");
+        if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema"), *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!sc)
+                return fail(e, 400, "response_format", "invalid_value", "'response_format' json_schema needs "
+                            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+            schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+        } else if (!strcmp(type, "json_object"))
+            schema = strdup("{\"type\": \"object\"}");
+        else if (strcmp(type, "text"))
+            return fail(e, 400, "response_format", "invalid_value", "'response_format' must be {\"type\": \"text\"}, "
+                        "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}");
+        if (!strcmp(type, "text")) rf = NULL;
+        else if (!schema) return fail(e, 500, NULL, NULL, "out of memory");
+    } else rf = NULL;
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr)) {
+            free(schema);
+            return fail(e, 400, "grammar", "invalid_type", "'grammar' must be a string (GBNF)");
+        }
+        if (rf) {
+            free(schema);
+            return fail(e, 400, "grammar", "invalid_value", "give 'grammar' or 'response_format', not both");
+        }
+        field = "grammar";
+    } else gr = NULL;
+    if (schema || gr) {
+        kvlm_error ge = {0};
+        j->grammar = schema ? kvlm_grammar_from_json_schema(s->model, schema, &ge)
+                            : kvlm_grammar_from_gbnf(s->model, json_string_value(gr), NULL, &ge);
+        free(schema);
+        if (!j->grammar)
+            return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
     }
     static uint64_t counter;
     rp->sampling = kvlm_sampler_default_params();
-    if (json_mode) rp->sampling.json = s->model;
+    rp->sampling.grammar = j->grammar;
     rp->sampling.bias_ids = j->bias_ids;
     rp->sampling.bias = j->bias;
     rp->sampling.n_bias = n_bias;

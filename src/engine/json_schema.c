@@ -1,0 +1,434 @@
+/* engine/json_schema: a JSON schema (OpenAI's response_format json_schema,
+ * llama.cpp's --json-schema) as a GBNF grammar for engine/grammar. Each
+ * schema becomes a rule; objects keep their properties in the schema's order
+ * (required ones always there, optional ones maybe), and take no other keys
+ * unless the schema has no properties (as llama.cpp does). Keywords that
+ * constrain values in ways a grammar here does not express (pattern, numeric
+ * bounds other than minimum 0, uniqueItems, ...) are refused by name, never
+ * ignored; annotations (title, description, default, examples, and formats
+ * other than date, time, date-time and uuid) are ignored, as JSON Schema
+ * itself treats them. */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvlm.h"
+#include "util/error.h"
+
+typedef struct { char *s; size_t n, cap; bool oom; } sbuf;
+
+static void sb_add(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) { b->oom = true; return; }
+        if (b->s && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
+        size_t c = b->cap ? b->cap * 2 : 1024;
+        while (c <= b->n + (size_t)k) c *= 2;
+        char *p = realloc(b->s, c);
+        if (!p) { b->oom = true; return; }
+        b->s = p;
+        b->cap = c;
+    }
+}
+
+enum { DEPTH_MAX = 64 };
+enum { R_WS = 1, R_STRING = 2, R_NUMBER = 4, R_INTEGER = 8, R_VALUE = 16, R_DATE = 32, R_TIME = 64, R_UUID = 128, R_UINT = 256 };
+
+typedef struct {
+    json_t *root;
+    sbuf out;           /* the rules made so far */
+    unsigned need;      /* the shared rules used (R_*) */
+    int counter;
+    struct { char *ptr; char name[48]; } *refs;
+    int n_refs;
+    kvlm_error *err;
+    bool failed;
+} conv;
+
+static bool cfail(conv *c, const char *path, const char *fmt, const char *arg) {
+    if (c->failed) return false;
+    c->failed = true;
+    char m[160];
+    snprintf(m, sizeof m, fmt, arg ? arg : "");
+    util_err_set(c->err, KVLM_EINVAL, "json_schema at %s: %s", *path ? path : "the root", m);
+    return false;
+}
+
+/* A fresh rule name from a hint (a property's name, ...). */
+static void rule_name(conv *c, const char *hint, char *name, size_t cap) {
+    char h[24];
+    int k = 0;
+    for (const char *p = hint; *p && k < 20; p++)
+        h[k++] = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ? *p : '-';
+    h[k] = 0;
+    snprintf(name, cap, "%s%s%d", h, k ? "-" : "s", ++c->counter);
+}
+
+/* A JSON value as a GBNF literal: its compact text, quoted. */
+static void literal(conv *c, sbuf *b, json_t *v) {
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) { b->oom = true; return; }
+    sb_add(b, "\"");
+    for (const char *p = t; *p; p++) {
+        if (*p == '"' || *p == '\\') sb_add(b, "\\%c", *p);
+        else sb_add(b, "%c", *p);
+    }
+    sb_add(b, "\"");
+    free(t);
+    (void)c;
+}
+
+static bool gen(conv *c, json_t *s, const char *hint, const char *path, int depth, char *name, size_t cap);
+
+/* Keywords that constrain values in ways this converter does not turn into grammar. */
+static const char *const refused[] = {
+    "pattern", "patternProperties", "prefixItems", "uniqueItems", "contains", "minContains", "maxContains", "not",
+    "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "minProperties",
+    "maxProperties", "multipleOf", "maximum", "exclusiveMinimum", "exclusiveMaximum", "unevaluatedProperties",
+    "unevaluatedItems", "$dynamicRef", "$recursiveRef", "additionalItems", NULL};
+
+/* The value a JSON pointer ("#/$defs/a") names in the root document, or NULL. */
+static json_t *resolve(conv *c, const char *ref) {
+    if (ref[0] != '#') return NULL;
+    json_t *v = c->root;
+    const char *p = ref + 1;
+    while (*p == '/' && v) {
+        p++;
+        char key[256];
+        size_t k = 0;
+        while (*p && *p != '/' && k + 1 < sizeof key) {
+            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) { key[k++] = p[1] == '0' ? '~' : '/'; p += 2; }
+            else key[k++] = *p++;
+        }
+        key[k] = 0;
+        if (json_is_object(v)) v = json_object_get(v, key);
+        else if (json_is_array(v)) {
+            char *end;
+            long i = strtol(key, &end, 10);
+            v = *key && !*end ? json_array_get(v, (size_t)i) : NULL;
+        } else v = NULL;
+    }
+    return *p ? NULL : v;
+}
+
+static bool gen_ref(conv *c, const char *ref, const char *path, int depth, char *name, size_t cap) {
+    for (int i = 0; i < c->n_refs; i++)
+        if (!strcmp(c->refs[i].ptr, ref)) {
+            snprintf(name, cap, "%s", c->refs[i].name);
+            return true;
+        }
+    json_t *target = resolve(c, ref);
+    if (!target) return cfail(c, path, "$ref '%.80s' names nothing in this schema (only local references, #/...)", ref);
+    void *p = realloc(c->refs, ((size_t)c->n_refs + 1) * sizeof *c->refs);
+    if (!p) return c->out.oom = true, false;
+    c->refs = p;
+    if (!(c->refs[c->n_refs].ptr = strdup(ref))) return c->out.oom = true, false;
+    const char *last = strrchr(ref, '/');
+    /* the name first, so a schema that refers to itself (a tree) finds it */
+    char *rn = c->refs[c->n_refs].name;
+    c->n_refs++;
+    char body[48];
+    rule_name(c, last ? last + 1 : "ref", rn, sizeof c->refs[0].name);
+    if (!gen(c, target, last ? last + 1 : "ref", ref, depth + 1, body, sizeof body)) return false;
+    sb_add(&c->out, "%s ::= %s\n", rn, body);
+    snprintf(name, cap, "%s", rn);
+    return true;
+}
+
+static bool gen_object(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"),
+           *add = json_object_get(s, "additionalProperties");
+    c->need |= R_WS;
+    if (props && !json_is_object(props)) return cfail(c, path, "'properties' must be an object", NULL);
+    if (req && !json_is_array(req)) return cfail(c, path, "'required' must be an array", NULL);
+    if (add && !json_is_boolean(add) && !json_is_object(add))
+        return cfail(c, path, "'additionalProperties' must be a boolean or a schema", NULL);
+    if (!props || !json_object_size(props)) {
+        if (req && json_array_size(req)) return cfail(c, path, "'required' names keys no property describes", NULL);
+        if (json_is_false(add)) { sb_add(b, "\"{\" ws \"}\""); return true; }
+        char v[48] = "value";
+        char sub[300];
+        c->need |= R_STRING | (json_is_object(add) ? 0 : R_VALUE);
+        snprintf(sub, sizeof sub, "%s/additionalProperties", path);
+        if (json_is_object(add) && !gen(c, add, hint, sub, depth + 1, v, sizeof v)) return false;
+        sb_add(b, "\"{\" ws ( string ws \":\" ws %s ws ( \",\" ws string ws \":\" ws %s ws )* )? \"}\"", v, v);
+        return true;
+    }
+    if (add && !json_is_false(add))
+        return cfail(c, path, "'additionalProperties' beside 'properties' is not supported (only false)", NULL);
+    size_t np = json_object_size(props);
+    size_t i;
+    json_t *r;
+    json_array_foreach(req, i, r) {
+        if (!json_is_string(r)) return cfail(c, path, "'required' must list strings", NULL);
+        if (!json_object_get(props, json_string_value(r)))
+            return cfail(c, path, "required '%.60s' is not among the properties", json_string_value(r));
+    }
+    /* kv_i: a key and its value; then, in the schema's order, first_i / rest_i:
+     * the properties from i on, before any was written (first) or after one
+     * (rest: each starts with a comma); an optional one may be left out. */
+    char (*kv)[48] = calloc(np, sizeof *kv);
+    bool *required = calloc(np, sizeof *required);
+    char base[48];
+    rule_name(c, hint, base, sizeof base);
+    if (!kv || !required) {
+        free(kv);
+        free(required);
+        c->out.oom = true;
+        return false;
+    }
+    const char *key;
+    json_t *ps;
+    size_t k = 0;
+    bool ok = true;
+    json_object_foreach(props, key, ps) {
+        json_array_foreach(req, i, r) if (!strcmp(json_string_value(r), key)) required[k] = true;
+        char v[48], sub[300];
+        snprintf(sub, sizeof sub, "%s/properties/%.60s", path, key);
+        if (!(ok = gen(c, ps, key, sub, depth + 1, v, sizeof v))) break;
+        rule_name(c, key, kv[k], sizeof kv[k]);
+        sb_add(&c->out, "%s ::= ", kv[k]);
+        json_t *kj = json_string(key);
+        literal(c, &c->out, kj);
+        json_decref(kj);
+        sb_add(&c->out, " ws \":\" ws %s\n", v);
+        k++;
+    }
+    if (ok) {
+        for (size_t j = np; j-- > 0;) {
+            for (int first = 1; first >= 0; first--) {
+                /* (no empty alternative at a line's end: GBNF reads on past a '|') */
+                bool last_opt = !required[j] && j + 1 == np;
+                sb_add(&c->out, "%s-%s%zu ::= %s%s%s ws", base, first ? "f" : "r", j, last_opt ? "( " : "",
+                       first ? "" : "\",\" ws ", kv[j]);
+                if (j + 1 < np) sb_add(&c->out, " %s-r%zu", base, j + 1);
+                if (last_opt) sb_add(&c->out, " )?");
+                else if (!required[j]) sb_add(&c->out, " | %s-%s%zu", base, first ? "f" : "r", j + 1);
+                sb_add(&c->out, "\n");
+            }
+        }
+        sb_add(b, "\"{\" ws %s-f0 \"}\"", base);
+    }
+    free(kv);
+    free(required);
+    return ok;
+}
+
+static bool count(conv *c, json_t *s, const char *key, const char *path, long *out) {
+    json_t *v = json_object_get(s, key);
+    *out = -1;
+    if (!v) return true;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 4096)
+        return cfail(c, path, "'%s' must be an integer from 0 to 4096", key);
+    *out = (long)json_integer_value(v);
+    return true;
+}
+
+/* "x{lo,hi}" as GBNF: lo < 0 means 0, hi < 0 no bound. */
+static void repeat(sbuf *b, long lo, long hi) {
+    if (lo < 0) lo = 0;
+    if (hi < 0) sb_add(b, "{%ld,}", lo);
+    else sb_add(b, "{%ld,%ld}", lo, hi);
+}
+
+static bool gen_array(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+    json_t *items = json_object_get(s, "items");
+    long lo, hi;
+    if (!count(c, s, "minItems", path, &lo) || !count(c, s, "maxItems", path, &hi)) return false;
+    if (hi >= 0 && lo > hi) return cfail(c, path, "'minItems' is above 'maxItems'", NULL);
+    c->need |= R_WS;
+    char it[48] = "value", sub[300];
+    snprintf(sub, sizeof sub, "%s/items", path);
+    if (items && !gen(c, items, hint, sub, depth + 1, it, sizeof it)) return false;
+    if (!items) c->need |= R_VALUE;
+    if (hi == 0) { sb_add(b, "\"[\" ws \"]\""); return true; }
+    sb_add(b, "\"[\" ws %s%s ws ( \",\" ws %s ws )", lo > 0 ? "" : "( ", it, it);
+    repeat(b, lo > 0 ? lo - 1 : 0, hi > 0 ? hi - 1 : -1);
+    sb_add(b, "%s \"]\"", lo > 0 ? "" : " )?");
+    return true;
+}
+
+static bool gen_string(conv *c, json_t *s, const char *path, sbuf *b) {
+    long lo, hi;
+    if (!count(c, s, "minLength", path, &lo) || !count(c, s, "maxLength", path, &hi)) return false;
+    if (hi >= 0 && lo > hi) return cfail(c, path, "'minLength' is above 'maxLength'", NULL);
+    json_t *f = json_object_get(s, "format");
+    const char *fmt = json_is_string(f) ? json_string_value(f) : "";
+    unsigned rule = !strcmp(fmt, "date") ? R_DATE : !strcmp(fmt, "time") ? R_TIME : !strcmp(fmt, "date-time") ? R_DATE | R_TIME
+                    : !strcmp(fmt, "uuid") ? R_UUID : 0;
+    if (rule) {
+        if (lo >= 0 || hi >= 0) return cfail(c, path, "'minLength' or 'maxLength' beside format '%s' is not supported", fmt);
+        c->need |= rule;
+        sb_add(b, "\"\\\"\" %s \"\\\"\"", rule == R_DATE ? "date" : rule == R_TIME ? "time" : rule == R_UUID ? "uuid"
+                                                                                                                  : "date \"T\" time");
+        return true;
+    }
+    c->need |= R_STRING;
+    if (lo < 0 && hi < 0) { sb_add(b, "string"); return true; }
+    sb_add(b, "\"\\\"\" char");
+    repeat(b, lo, hi);
+    sb_add(b, " \"\\\"\"");
+    return true;
+}
+
+static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
+    json_t *min = json_object_get(s, "minimum");
+    if (min && (!json_is_number(min) || json_number_value(min) != 0))
+        return cfail(c, path, "'minimum' other than 0 is not supported", NULL);
+    if (min) { /* not negative */
+        c->need |= R_UINT;
+        sb_add(b, integer ? "uint" : "uint frac");
+        return true;
+    }
+    c->need |= integer ? R_INTEGER : R_NUMBER;
+    sb_add(b, integer ? "integer" : "number");
+    return true;
+}
+
+static bool gen_type(conv *c, json_t *s, const char *type, const char *hint, const char *path, int depth, sbuf *b) {
+    if (!strcmp(type, "object")) return gen_object(c, s, hint, path, depth, b);
+    if (!strcmp(type, "array")) return gen_array(c, s, hint, path, depth, b);
+    if (!strcmp(type, "string")) return gen_string(c, s, path, b);
+    if (!strcmp(type, "number") || !strcmp(type, "integer")) return gen_number(c, s, path, !strcmp(type, "integer"), b);
+    if (!strcmp(type, "boolean")) { sb_add(b, "( \"true\" | \"false\" )"); return true; }
+    if (!strcmp(type, "null")) { sb_add(b, "\"null\""); return true; }
+    return cfail(c, path, "unknown type '%.40s'", type);
+}
+
+/* Schema s as a rule; its name in name. */
+static bool gen(conv *c, json_t *s, const char *hint, const char *path, int depth, char *name, size_t cap) {
+    if (c->failed) return false;
+    if (depth > DEPTH_MAX) return cfail(c, path, "schemas nested over 64 deep", NULL);
+    if (json_is_true(s) || (json_is_object(s) && !json_object_size(s))) {
+        c->need |= R_VALUE;
+        snprintf(name, cap, "value");
+        return true;
+    }
+    if (json_is_false(s)) return cfail(c, path, "the schema false matches nothing", NULL);
+    if (!json_is_object(s)) return cfail(c, path, "a schema must be an object or a boolean", NULL);
+    for (int i = 0; refused[i]; i++)
+        if (json_object_get(s, refused[i])) return cfail(c, path, "'%s' is not supported", refused[i]);
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        if (!json_is_string(ref)) return cfail(c, path, "'$ref' must be a string", NULL);
+        return gen_ref(c, json_string_value(ref), path, depth, name, cap);
+    }
+    sbuf b = {0};
+    bool ok = true;
+    json_t *v, *x;
+    size_t i;
+    if ((v = json_object_get(s, "const"))) literal(c, &b, v);
+    else if ((v = json_object_get(s, "enum"))) {
+        if (!json_is_array(v) || !json_array_size(v)) ok = cfail(c, path, "'enum' must be a non-empty array", NULL);
+        json_array_foreach(v, i, x) {
+            if (i) sb_add(&b, " | ");
+            literal(c, &b, x);
+        }
+    } else if ((v = json_object_get(s, "anyOf")) || (v = json_object_get(s, "oneOf")) || (v = json_object_get(s, "allOf"))) {
+        bool all = v == json_object_get(s, "allOf");
+        if (!json_is_array(v) || !json_array_size(v)) ok = cfail(c, path, "'anyOf', 'oneOf', 'allOf' must be non-empty arrays", NULL);
+        else if (all && json_array_size(v) > 1) ok = cfail(c, path, "'allOf' of more than one schema is not supported", NULL);
+        json_array_foreach(v, i, x) {
+            char sub[48], p[300];
+            snprintf(p, sizeof p, "%s/%zu", path, i);
+            if (!(ok = ok && gen(c, x, hint, p, depth + 1, sub, sizeof sub))) break;
+            sb_add(&b, "%s%s", i ? " | " : "", sub);
+        }
+    } else {
+        json_t *t = json_object_get(s, "type");
+        if (json_is_string(t)) ok = gen_type(c, s, json_string_value(t), hint, path, depth, &b);
+        else if (json_is_array(t) && json_array_size(t)) {
+            json_array_foreach(t, i, x) {
+                if (!json_is_string(x)) { ok = cfail(c, path, "'type' must list strings", NULL); break; }
+                if (i) sb_add(&b, " | ");
+                sb_add(&b, "( ");
+                if (!(ok = gen_type(c, s, json_string_value(x), hint, path, depth, &b))) break;
+                sb_add(&b, " )");
+            }
+        } else if (t) ok = cfail(c, path, "'type' must be a string or an array of them", NULL);
+        else if (json_object_get(s, "properties") || json_object_get(s, "additionalProperties"))
+            ok = gen_object(c, s, hint, path, depth, &b);
+        else if (json_object_get(s, "items")) ok = gen_array(c, s, hint, path, depth, &b);
+        else {
+            c->need |= R_VALUE;
+            sb_add(&b, "value");
+        }
+    }
+    if (b.oom) c->out.oom = true;
+    if (ok && !c->failed && b.s) {
+        rule_name(c, hint, name, cap);
+        sb_add(&c->out, "%s ::= %s\n", name, b.s);
+    }
+    free(b.s);
+    return ok && !c->failed && !c->out.oom;
+}
+
+char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
+    json_error_t je;
+    json_t *root = json_loads(schema ? schema : "", JSON_DECODE_ANY, &je);
+    if (!root) {
+        util_err_set(err, KVLM_EINVAL, "json_schema: line %d, column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    conv c = {.root = root, .err = err};
+    char top[48];
+    bool ok = gen(&c, root, "", "", 0, top, sizeof top);
+    if (ok) {
+        /* JSON's pieces (RFC 8259); blanks between tokens held as llama.cpp holds them:
+         * nothing, a space, or a newline and up to 20 spaces or tabs */
+        unsigned n = c.need;
+        if (n & R_VALUE) n |= R_WS | R_STRING | R_NUMBER;
+        if (n & R_NUMBER) n |= R_INTEGER;
+        sb_add(&c.out, "root ::= ws %s\n", top);
+        sb_add(&c.out, "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
+        if (n & R_STRING) {
+            sb_add(&c.out, "string ::= \"\\\"\" char* \"\\\"\"\n");
+            sb_add(&c.out, "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n");
+        }
+        /* digits held as llama.cpp holds them (16 before and after the point), so a
+         * weak model cannot run on in one number until max_tokens */
+        if (n & R_INTEGER) sb_add(&c.out, "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
+        if (n & R_NUMBER) sb_add(&c.out, "number ::= integer frac\n");
+        if (n & (R_NUMBER | R_UINT)) sb_add(&c.out, "frac ::= ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n");
+        if (n & R_UINT) sb_add(&c.out, "uint ::= \"0\" | [1-9] [0-9]{0,15}\n");
+        if (n & R_VALUE) {
+            sb_add(&c.out, "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n");
+            sb_add(&c.out, "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n");
+            sb_add(&c.out, "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n");
+        }
+        if (n & R_DATE)
+            sb_add(&c.out, "date ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )\n");
+        if (n & R_TIME)
+            sb_add(&c.out, "time ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? "
+                           "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )\n");
+        if (n & R_UUID)
+            sb_add(&c.out, "uuid ::= [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
+                           "[0-9a-fA-F]{12}\n");
+        if (c.out.oom) {
+            util_err_set(err, KVLM_ENOMEM, "json_schema: out of memory");
+            ok = false;
+        }
+    } else if (c.out.oom && !c.failed)
+        util_err_set(err, KVLM_ENOMEM, "json_schema: out of memory");
+    for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ptr);
+    free(c.refs);
+    json_decref(root);
+    if (!ok) {
+        free(c.out.s);
+        return NULL;
+    }
+    return c.out.s;
+}
+
+kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err) {
+    char *gbnf = kvlm_json_schema_to_gbnf(schema, err);
+    if (!gbnf) return NULL;
+    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
+    free(gbnf);
+    return g;
+}

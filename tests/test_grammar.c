@@ -1,0 +1,484 @@
+/* tests/test_grammar: engine/grammar and engine/json_schema. The JSON mode's
+ * grammar against documents that are JSON objects and texts that are not
+ * (RFC 8259: numbers, escapes, literals, nesting, UTF-8 in strings), fed
+ * whole, byte by byte and in random pieces (the same answer whatever the
+ * cut); GBNF's syntax (literals, classes, repetitions, groups, comments,
+ * alternatives over lines) and its errors (line and column); JSON schemas
+ * (properties in order, required, enum, const, anyOf, recursive $ref, bounds,
+ * formats) and the keywords they refuse; the token mask on real vocabularies
+ * against feeding each token's text to a fresh matcher; and the sampler
+ * drawing only what the grammar allows. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "helpers/testutil.h"
+#include "engine/grammar.h"
+
+static kvlm_grammar *gbnf(const char *text) {
+    kvlm_error err = {0};
+    kvlm_grammar *g = kvlm_grammar_from_gbnf(NULL, text, NULL, &err);
+    if (!g) fail_msg("%s: %s", text, err.msg);
+    return g;
+}
+
+static kvlm_grammar *schema(const char *text) {
+    kvlm_error err = {0};
+    kvlm_grammar *g = kvlm_grammar_from_json_schema(NULL, text, &err);
+    if (!g) fail_msg("%s: %s", text, err.msg);
+    return g;
+}
+
+/* -1: every byte taken and the grammar complete; -2: every byte taken, not
+ * complete (a prefix); else the offset of the first byte refused. */
+static int run(const kvlm_grammar *g, const char *text, int piece, unsigned seed) {
+    gm *m = gm_new(g);
+    assert_non_null(m);
+    int n = (int)strlen(text), r = -3;
+    for (int i = 0; i < n;) {
+        int k = piece > 0 ? piece : 1 + (int)(rand_r(&seed) % 7);
+        if (k > n - i) k = n - i;
+        if (!gm_feed(m, text + i, k)) { /* find the byte: nothing changed */
+            for (int j = 0; j < k; j++)
+                if (!gm_feed(m, text + i + j, 1)) { r = i + j; break; }
+            goto out;
+        }
+        i += k;
+    }
+    r = gm_done(m) ? -1 : -2;
+out:
+    gm_free(m);
+    return r;
+}
+
+static void expect(const kvlm_grammar *g, const char *text, int want) {
+    for (int piece = 0; piece <= 3; piece++) {
+        int got = run(g, text, piece == 3 ? 0 : piece == 0 ? 1 << 20 : piece, 17u + (unsigned)piece);
+        if (got != want) fail_msg("'%s' (pieces %d): got %d, want %d", text, piece, got, want);
+    }
+}
+
+/* want -3: refused somewhere */
+static void expect_refused(const kvlm_grammar *g, const char *text) {
+    int got = run(g, text, 1, 0);
+    if (got < 0) fail_msg("'%s': taken (%d), want refused", text, got);
+}
+
+static void test_json_object(void **state) {
+    (void)state;
+    kvlm_grammar *g = schema("{\"type\": \"object\"}");
+    const char *good[] = {
+        "{}", " {}", "\n{}", "{\"a\":1}", "{\"a\": -0.5e+10, \"b\": [true, false, null, 0, 1.25E-3, \"x\"]}",
+        "{\n  \"a\": {\"b\": {\"c\": []}},\n  \"d\": [[], [[1]], {}]\n}", "{\"\\u00e9\\n\\t\\\"\\\\\\/\": \"\\uD83D\"}",
+        "{\"h\u00e9llo\": \"w\u00f6rld \u2713 \U0001F600\"}", "{\"a\":0,\"b\":10,\"c\":-9e9}", "{\"a\" : 1\n}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) expect(g, good[i], -1);
+    /* prefixes of good ones are prefixes */
+    const char *pre[] = {"", "{", "{\"a", "{\"a\":", "{\"a\": -", "{\"a\": 1.", "{\"a\": 1e", "{\"a\": tr",
+                         "{\"a\": [1, {\"b\"", "{\"a\": \"\\u00", "{\"a\": \"\xe2\x9c", "{\"a\":0"};
+    for (size_t i = 0; i < sizeof pre / sizeof *pre; i++) expect(g, pre[i], -2);
+    struct { const char *text; int at; } bad[] = {
+        {"[]", 0}, {"\"a\"", 0}, {"1", 0}, {"x", 0}, {"{}}", 2}, {"{} ", 2}, {"{\"a\" 1}", 5}, {"{\"a\":}", 5},
+        {"{\"a\":01}", 6}, {"{\"a\":1.}", 7}, {"{\"a\":-}", 6}, {"{\"a\":1e}", 7}, {"{\"a\":+1}", 5},
+        {"{\"a\":.5}", 5}, {"{\"a\":tru}", 8}, {"{\"a\":nul1}", 8}, {"{a:1}", 1}, {"{\"a\":1,}", 7},
+        {"{\"a\":[1,]}", 8}, {"{\"a\":[1}", 7}, {"{\"a\":{]}", 6}, {"{\"a\":\"\x01\"}", 6}, {"{\"a\":\"\\x\"}", 7},
+        {"{\"a\":\"\\u12g4\"}", 10}, {"{\"a\":\"\xc0\xaf\"}", 6}, {"{\"a\":\"\xe0\x80\x80\"}", 7},
+        {"{\"a\":\"\xed\xa0\x80\"}", 7}, {"{\"a\":\"\xf4\x90\x80\x80\"}", 7}, {"{\"a\":\"\xff\"}", 6},
+        {"{\"a\":\"\xe2\x28\"}", 7}, {"{\"a\":1}x", 7}, {"{,}", 1}, {"{\"a\":1 2}", 7}, {"{\r\n}", 1}, {" \xf0", 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) expect(g, bad[i].text, bad[i].at);
+    /* whitespace between tokens: nothing, a space, or a newline and 20 blanks; no limit in strings */
+    expect(g, "{\n                    \"a\":1}", -1);
+    expect(g, "{\n                     \"a\":1}", 22);
+    expect(g, "{\n\n\"a\":1}", 2);
+    expect(g, "{  \"a\":1}", 2);
+    expect(g, "{\"a                                   \":1}", -1);
+    expect(g, "  {}", 1);
+    /* numbers: 16 digits before the point and after it, 3 in the exponent */
+    expect(g, "{\"a\":-1234567890123456.1234567890123456e-123}", -1);
+    expect(g, "{\"a\":12345678901234567}", 21);
+    expect(g, "{\"a\":0.12345678901234567}", 23);
+    expect(g, "{\"a\":1e1234}", 10);
+    /* deep nesting is only stack: 500 arrays */
+    char deep[1100];
+    strcpy(deep, "{\"a\":");
+    size_t n = strlen(deep);
+    for (int i = 0; i < 500; i++) deep[n++] = '[';
+    for (int i = 0; i < 500; i++) deep[n++] = ']';
+    deep[n++] = '}';
+    deep[n] = 0;
+    expect(g, deep, -1);
+    kvlm_grammar_free(g);
+}
+
+static void test_gbnf(void **state) {
+    (void)state;
+    kvlm_grammar *g = gbnf("# a greeting\n"
+                           "root ::= greeting (\" \" name)? \"!\"{1,3} tail\n"
+                           "greeting ::= \"hi\" | \"hello\"   # two ways\n"
+                           "name ::= [A-Z] [a-z]*\n"
+                           "tail ::= | \"\\n\" digits\n"
+                           "digits ::= [0-9]{2,4}\n");
+    const char *good[] = {"hi!", "hello Bob!!!", "hi Al!\n12", "hi!\n1234", "hello!!"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) expect(g, good[i], -1);
+    expect(g, "hel", -2);
+    expect(g, "hi B", -2);
+    expect(g, "hi!\n1", -2);
+    expect(g, "hi!!!!", 5);
+    expect(g, "hi bob", 3);
+    expect(g, "hey", 2);
+    expect(g, "hi!\n12345", 8);
+    expect(g, "hi!\n", -2);
+    kvlm_grammar_free(g);
+
+    /* classes: negated, escapes, '.', Unicode; alternatives continued on a line of their own */
+    g = gbnf("root ::= item (\",\" item)*\n"
+             "item ::= [a-z ]+\n"
+             "     | \"\\\"\" ( [^\"\\\\] | \"\\\\\" . )* \"\\\"\"\n"
+             "     | [\\u00e9-\\u00ea] \"\\x41\" \"\xe2\x9c\x93\"\n");
+    expect(g, "a,b c,\"x,y\"", -1);
+    expect(g, "\"\\\"q\\\"\"", -1);
+    expect(g, "\xc3\xa9" "A\xe2\x9c\x93", -1);
+    expect(g, "\xc3\xaa" "A\xe2\x9c", -2);
+    expect(g, "\xc3\xab", 1); /* U+00EB: past the range at its second byte */
+    expect(g, "a,,", 2);
+    kvlm_grammar_free(g);
+    /* a code point begun lives while some class can take what it may become */
+    g = gbnf("root ::= [a-z] | [\\u0100-\\u0200]\n");
+    expect(g, "\xc4", -2);
+    expect(g, "\xc4\x80", -1);
+    expect(g, "\xc3", 0);
+    expect(g, "\xf0", 0);
+    expect(g, "\xe0", 0);
+    expect(g, "\xc8\x81", 1);
+    expect(g, "a\n", 1);
+    kvlm_grammar_free(g);
+
+    /* {m}, {m,}, nested groups, a rule used before its definition */
+    g = gbnf("root ::= (ab \"-\"){2} x{1,}\nab ::= \"a\" | \"b\"\nx ::= ( \"x\" | \"y\" \"z\"? )\n");
+    expect(g, "a-b-x", -1);
+    expect(g, "a-b-xyzyx", -1);
+    expect(g, "a-b-", -2);
+    expect(g, "a-b-c", 4);
+    expect(g, "a-", -2);
+    kvlm_grammar_free(g);
+    /* another start rule */
+    kvlm_error err = {0};
+    g = kvlm_grammar_from_gbnf(NULL, "root ::= \"a\"\nother ::= \"b\"+\n", "other", &err);
+    assert_non_null(g);
+    expect(g, "bbb", -1);
+    expect(g, "a", 0);
+    kvlm_grammar_free(g);
+}
+
+static void test_gbnf_errors(void **state) {
+    (void)state;
+    struct { const char *text, *want; } bad[] = {
+        {"root ::= foo", "line 1, column 10: rule 'foo' is used but not defined"},
+        {"a ::= \"x\"", "no rule 'root'"},
+        {"root ::= root \"x\" | \"y\"", "rule 'root' is left-recursive"},
+        {"root ::= a\na ::= b? root \"x\"\nb ::= \"y\"", "left-recursive"},
+        {"root ::= \"abc", "line 1, column 10: unterminated string"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule 'root' is defined twice"},
+        {"root ::= * \"a\"", "a repetition with nothing before it"},
+        {"root ::= [z-a]", "end is before its start"},
+        {"root ::= \"\\q\"", "unknown escape"},
+        {"root ::= \"a\"{3,1}", "at least the minimum"},
+        {"root ::= \"a\"{100000}", "over 65536"},
+        {"root ::= (\"a\"", "expected ')'"},
+        {"root = \"a\"", "expected '::='"},
+        {"root ::= \"a\" )", "unexpected character"},
+        {"", "no rule 'root'"},
+        {"root ::= \"\xff\"", "invalid UTF-8"},
+    };
+    /* too big, too ambiguous */
+    size_t cap = 70000 * 6 + 64;
+    char *big = malloc(cap);
+    char *q = big + sprintf(big, "root ::= \"a\"");
+    for (int i = 0; i < 70000; i++) q += sprintf(q, " | \"a\"");
+    kvlm_error err = {0};
+    assert_null(kvlm_grammar_from_gbnf(NULL, big, NULL, &err));
+    assert_non_null(strstr(err.msg, "too ambiguous"));
+    /* nested repetitions refer to rules (small), but "a" splits among a million parses */
+    strcpy(big, "root ::= ((\"a\"{0,1000}){0,1000}){0,1000}");
+    assert_null(kvlm_grammar_from_gbnf(NULL, big, NULL, &err));
+    assert_non_null(strstr(err.msg, "too ambiguous"));
+    kvlm_grammar *small = kvlm_grammar_from_gbnf(NULL, "root ::= ((\"a\"{0,10}){0,10}){0,10}", NULL, &err);
+    assert_non_null(small);
+    expect(small, "aaaa", -1);
+    kvlm_grammar_free(small);
+    /* copies of a repetition's minimum are elements */
+    q = big + sprintf(big, "root ::=");
+    for (int i = 0; i < 20; i++) q += sprintf(q, " \"a\"{60000}");
+    assert_null(kvlm_grammar_from_gbnf(NULL, big, NULL, &err));
+    assert_non_null(strstr(err.msg, "too large"));
+    free(big);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kvlm_error err = {0};
+        kvlm_grammar *g = kvlm_grammar_from_gbnf(NULL, bad[i].text, NULL, &err);
+        if (g) fail_msg("'%s' was taken", bad[i].text);
+        if (!strstr(err.msg, bad[i].want)) fail_msg("'%s': '%s', want '%s'", bad[i].text, err.msg, bad[i].want);
+        assert_int_equal(err.code, KVLM_EINVAL);
+    }
+}
+
+static void test_schema(void **state) {
+    (void)state;
+    kvlm_grammar *g = schema("{\"type\": \"object\", \"properties\": {"
+                             "\"name\": {\"type\": \"string\", \"maxLength\": 5, \"title\": \"Name\"},"
+                             "\"age\": {\"type\": \"integer\", \"minimum\": 0},"
+                             "\"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"b\"]}, \"maxItems\": 2}},"
+                             "\"required\": [\"name\"], \"description\": \"a person\"}");
+    const char *good[] = {"{\"name\":\"Al\"}", "{\"name\":\"Al\",\"age\":3}", "{\"name\": \"Al\", \"tags\": [\"a\", \"b\"]}",
+                          "{\n \"name\": \"x\",\n \"age\": 0,\n \"tags\": []\n}", "{\"name\":\"\",\"age\":120}"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) expect(g, good[i], -1);
+    expect(g, "{\"name\":\"toolong\"}", 14);
+    expect(g, "{\"age\":3}", 2);
+    expect(g, "{\"name\":\"a\",\"age\":-1}", 18);
+    expect(g, "{\"name\":\"a\",\"age\":01}", 19);
+    expect_refused(g, "{\"name\":\"a\",\"tags\":[\"c\"]}");
+    expect(g, "{\"name\":\"a\",\"tags\":[\"a\",\"b\",\"a\"]}", 27);
+    expect_refused(g, "{\"name\":\"a\",\"x\":1}");
+    expect_refused(g, "{\"name\":\"a\",\"tags\":[],\"age\":1}"); /* the schema's order */
+    expect(g, "{}", 1);
+    kvlm_grammar_free(g);
+
+    /* a tree through a recursive $ref */
+    g = schema("{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": {\"type\": \"integer\"},"
+               "\"kids\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/node\"}}}, \"required\": [\"v\"]}},"
+               "\"$ref\": \"#/$defs/node\"}");
+    expect(g, "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":-3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}", -1);
+    expect_refused(g, "{\"v\":1,\"kids\":[{}]}");
+    kvlm_grammar_free(g);
+
+    g = schema("{\"anyOf\": [{\"type\": \"null\"}, {\"type\": \"number\"}]}");
+    expect(g, "null", -1);
+    expect(g, "-1.5e3", -1);
+    expect(g, "true", 0);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": [\"string\", \"null\"]}");
+    expect(g, "\"x\"", -1);
+    expect(g, "null", -1);
+    expect(g, "1", 0);
+    kvlm_grammar_free(g);
+    g = schema("{\"const\": {\"a\": [1, \"x\"]}}");
+    expect(g, "{\"a\":[1,\"x\"]}", -1);
+    expect(g, "{\"a\": [1,\"x\"]}", 5);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"format\": \"date\"}");
+    expect(g, "\"2024-02-29\"", -1);
+    expect(g, "\"2024-13-01\"", 7);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"format\": \"date-time\"}");
+    expect(g, "\"2024-02-29T23:59:60Z\"", 18);
+    expect(g, "\"2024-02-29T23:59:59.125+01:00\"", -1);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"format\": \"uuid\"}");
+    expect(g, "\"123e4567-e89b-12d3-a456-426614174000\"", -1);
+    expect(g, "\"123e4567e89b\"", 9);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"object\", \"additionalProperties\": {\"type\": \"boolean\"}}");
+    expect(g, "{\"x\":true, \"y\": false}", -1);
+    expect(g, "{\"x\":1}", 5);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"object\", \"properties\": {\"a\": {}, \"b\": {}}, \"additionalProperties\": false}");
+    expect(g, "{}", -1);
+    expect(g, "{\"b\":[1]}", -1);
+    expect(g, "{\"a\":{\"z\":null},\"b\":2}", -1);
+    expect(g, "{\"b\":1,\"a\":2}", 6);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 2, \"maxItems\": 3}");
+    expect(g, "[1,2]", -1);
+    expect(g, "[1, 2, 3]", -1);
+    expect(g, "[1]", 2);
+    expect(g, "[]", 1);
+    expect(g, "[1,2,3,4]", 6);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}");
+    expect(g, "\"ab\"", -1);
+    expect(g, "\"\\u00e9\xc3\xa9x\"", -1);
+    expect(g, "\"a\"", 2);
+    expect(g, "\"abcd\"", 4);
+    kvlm_grammar_free(g);
+    g = schema("true");
+    expect(g, "[1, {\"a\": \"b\"}]", -1);
+    kvlm_grammar_free(g);
+
+    struct { const char *text, *want; } bad[] = {
+        {"{\"type\": \"string\", \"pattern\": \"a+\"}", "json_schema at the root: 'pattern' is not supported"},
+        {"{\"properties\": {\"n\": {\"type\": \"integer\", \"maximum\": 3}}}", "at /properties/n: 'maximum' is not supported"},
+        {"{\"type\": \"integer\", \"minimum\": 5}", "'minimum' other than 0"},
+        {"{\"properties\": {\"y\": {}}, \"required\": [\"x\"]}", "required 'x' is not among the properties"},
+        {"{\"$ref\": \"#/nope\"}", "names nothing"},
+        {"{\"$ref\": \"http://x/y\"}", "only local references"},
+        {"{", "json_schema: line 1, column 1"},
+        {"{\"type\": \"objekt\"}", "unknown type 'objekt'"},
+        {"{\"properties\": {\"a\": {}}, \"additionalProperties\": true}", "'additionalProperties' beside 'properties'"},
+        {"false", "matches nothing"},
+        {"{\"allOf\": [{}, {}]}", "'allOf' of more than one"},
+        {"{\"enum\": []}", "'enum' must be a non-empty array"},
+        {"{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}", "'minItems' is above 'maxItems'"},
+        {"{\"type\": \"array\", \"maxItems\": -1}", "'maxItems' must be an integer"},
+        {"[1]", "a schema must be an object or a boolean"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kvlm_error err = {0};
+        kvlm_grammar *x = kvlm_grammar_from_json_schema(NULL, bad[i].text, &err);
+        if (x) fail_msg("'%s' was taken", bad[i].text);
+        if (!strstr(err.msg, bad[i].want)) fail_msg("'%s': '%s', want '%s'", bad[i].text, err.msg, bad[i].want);
+    }
+    /* the GBNF text itself, for a person to read */
+    kvlm_error err = {0};
+    char *text = kvlm_json_schema_to_gbnf("{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"boolean\"}}}", &err);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "root ::= ws "));
+    assert_non_null(strstr(text, "\"\\\"a\\\"\" ws \":\" ws"));
+    free(text);
+}
+
+/* On a real vocabulary: after each of a few prefixes, a token is allowed
+ * exactly when a fresh matcher takes the prefix and then its text (an end
+ * token: when the prefix is complete). */
+static void check_mask(const kvlm_model *m, const kvlm_grammar *g, const char *const *prefixes, int np) {
+    int nv = kvlm_vocab_size(m);
+    bool *allowed = malloc((size_t)nv);
+    for (int p = 0; p < np; p++) {
+        gm *s = gm_new(g);
+        assert_true(gm_feed(s, prefixes[p], (int)strlen(prefixes[p])));
+        int n = gm_allowed(s, allowed), count = 0;
+        for (int t = 0; t < nv; t++) {
+            char buf[300];
+            int k = kvlm_token_to_text(m, t, buf, sizeof buf);
+            bool want;
+            if (kvlm_token_is_eog(m, t)) want = gm_done(s);
+            else if (k <= 0) want = false;
+            else {
+                gm *f = gm_new(g);
+                want = gm_feed(f, prefixes[p], (int)strlen(prefixes[p])) && gm_feed(f, buf, k);
+                gm_free(f);
+            }
+            if (allowed[t] != want) fail_msg("after '%s', token %d ('%.*s'): allowed %d", prefixes[p], t, k, buf, allowed[t]);
+            count += want;
+        }
+        assert_int_equal(n, count);
+        /* the token fed moves the matcher as its bytes do */
+        print_message("  after '%s': %d of %d tokens allowed\n", prefixes[p], n, nv);
+        gm_free(s);
+    }
+    free(allowed);
+}
+
+static void test_mask(void **state) {
+    (void)state;
+    const char *names[] = {"stories260K.gguf", "stories4M_hd64.gguf"};
+    int ran = 0;
+    for (int i = 0; i < 2; i++) {
+        const char *path = tu_model_path(names[i]);
+        if (!path) continue;
+        kvlm_error err = {0};
+        kvlm_model *m = kvlm_model_load(path, NULL, &err);
+        assert_non_null(m);
+        kvlm_grammar *g = kvlm_grammar_from_json_schema(m, "{\"type\": \"object\"}", &err);
+        assert_non_null(g);
+        const char *pre[] = {"", " {", "{\"a\": ", "{\"name\": \"Li", "{\"n\": 1", "{\"x\": [tr", "{}", "{\"a\": \"\xe2\x9c"};
+        check_mask(m, g, pre, (int)(sizeof pre / sizeof *pre));
+        kvlm_grammar_free(g);
+        g = kvlm_grammar_from_json_schema(m, "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\","
+                                          "\"maxLength\": 4}, \"n\": {\"enum\": [1, 22, 333]}}}", &err);
+        assert_non_null(g);
+        const char *pre2[] = {"", "{", "{\"name\": \"ab", "{\"name\": \"abcd", "{\"n\": 2", "{\"n\": 22"};
+        check_mask(m, g, pre2, (int)(sizeof pre2 / sizeof *pre2));
+        kvlm_grammar_free(g);
+        kvlm_model_free(m);
+        ran++;
+    }
+    TU_REQUIRE(ran ? "" : NULL);
+}
+
+/* The sampler draws only what the grammar allows: from random logits, at
+ * temperature 1 and greedy, the text of the tokens drawn stays in the
+ * language, ends complete when an end token is drawn, and greedy takes the
+ * most likely allowed token. */
+static void test_sampler(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    assert_non_null(m);
+    int nv = kvlm_vocab_size(m);
+    kvlm_grammar *g = kvlm_grammar_from_json_schema(m, "{\"type\": \"object\", \"properties\": {\"ok\": {\"type\": "
+                                                    "\"boolean\"}, \"list\": {\"type\": \"array\", \"items\": "
+                                                    "{\"type\": \"integer\"}, \"maxItems\": 3}}, \"required\": [\"ok\"]}", &err);
+    assert_non_null(g);
+    float *logits = malloc((size_t)nv * sizeof *logits);
+    bool *allowed = malloc((size_t)nv);
+    uint64_t rs = 7;
+    int ended = 0;
+    for (int run = 0; run < 40; run++) {
+        kvlm_sampler_params p = kvlm_sampler_default_params();
+        p.temperature = run % 4 == 3 ? 0 : 1.0f;
+        p.top_k = 0;
+        p.top_p = 1;
+        p.min_p = 0;
+        p.seed = (uint64_t)run;
+        p.grammar = g;
+        kvlm_sampler *s = kvlm_sampler_create(&p, nv);
+        assert_non_null(s);
+        gm *ref = gm_new(g);
+        char text[4096];
+        size_t len = 0;
+        for (int step = 0; step < 200; step++) {
+            tu_fill_random(logits, (size_t)nv, &rs, 4.0f);
+            if (p.temperature == 0) gm_allowed(ref, allowed);
+            int32_t t = kvlm_sampler_sample(s, logits);
+            if (p.temperature == 0) {
+                int best = -1;
+                for (int i = 0; i < nv; i++)
+                    if (allowed[i] && (best < 0 || logits[i] > logits[best])) best = i;
+                assert_int_equal(t, best);
+            }
+            if (kvlm_token_is_eog(m, t)) {
+                if (!gm_done(ref)) fail_msg("run %d: an end token after '%.*s'", run, (int)len, text);
+                ended++;
+                break;
+            }
+            char buf[300];
+            int k = kvlm_token_to_text(m, t, buf, sizeof buf);
+            assert_true(k > 0);
+            if (!gm_feed_token(ref, t)) fail_msg("run %d: token %d ('%.*s') after '%.*s'", run, t, k, buf, (int)len, text);
+            if (len + (size_t)k < sizeof text) {
+                memcpy(text + len, buf, (size_t)k);
+                len += (size_t)k;
+            }
+        }
+        gm_free(ref);
+        kvlm_sampler_free(s);
+    }
+    print_message("  %d of 40 draws closed their object\n", ended);
+    assert_true(ended > 0);
+    /* the sampler holds its own reference: the grammar may go first */
+    kvlm_sampler_params p = kvlm_sampler_default_params();
+    kvlm_grammar *g2 = kvlm_grammar_from_gbnf(m, "root ::= \"yes\" | \"no\"", NULL, &err);
+    p.grammar = g2;
+    kvlm_sampler *s = kvlm_sampler_create(&p, nv);
+    kvlm_grammar_free(g2);
+    tu_fill_random(logits, (size_t)nv, &rs, 4.0f);
+    int32_t t = kvlm_sampler_sample(s, logits);
+    char buf[300];
+    int k = kvlm_token_to_text(m, t, buf, sizeof buf);
+    assert_true(k > 0 && (buf[0] == 'y' || buf[0] == 'n'));
+    kvlm_sampler_free(s);
+    kvlm_grammar_free(g);
+    free(logits);
+    free(allowed);
+    kvlm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_object), cmocka_unit_test(test_gbnf),  cmocka_unit_test(test_gbnf_errors),
+        cmocka_unit_test(test_schema),      cmocka_unit_test(test_mask),  cmocka_unit_test(test_sampler),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
