@@ -112,6 +112,14 @@ def prefix_ok(t):
     except ValueError:
         return False
 
+def answers(body, stream):
+    """The choices' texts and finish reasons of one chat request, streamed or not."""
+    if stream:
+        return serve_http.stream_chat(port, body)
+    st, r = serve_http.request(port, "POST", "/v1/chat/completions", body)
+    if st != 200: return [], []
+    return [c["message"]["content"] for c in r["choices"]], [c["finish_reason"] for c in r["choices"]]
+
 proc, port = serve_http.start(kvlm, model, ["-c", "512", "--max-seqs", "16", "-t", "2", "--spec", "lookup"])
 if not port:
     print("FAIL: no listening line"); sys.exit(1)
@@ -127,12 +135,7 @@ for seed in range(4):
     for stream in (False, True):
         body = {"messages": msgs, "max_tokens": 160, "temperature": 1, "seed": seed, "n": 8,
                 "response_format": {"type": "json_object"}, "logit_bias": {str(close): 12 if seed % 2 else 0}}
-        if stream:
-            texts, finish = serve_http.stream_chat(port, body)
-        else:
-            st, r = serve_http.request(port, "POST", "/v1/chat/completions", body)
-            texts = [c["message"]["content"] for c in r["choices"]] if st == 200 else []
-            finish = [c["finish_reason"] for c in r["choices"]] if st == 200 else []
+        texts, finish = answers(body, stream)
         for text, why in zip(texts, finish):
             if why == "stop":
                 try: ok = isinstance(json.loads(text), dict)
@@ -166,12 +169,7 @@ for seed in range(4):
     for stream in (False, True):
         body = {"messages": msgs, "max_tokens": 200, "temperature": 1, "seed": seed, "n": 8,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "friends", "schema": schema}}}
-        if stream:
-            texts, finish = serve_http.stream_chat(port, body)
-        else:
-            st, r = serve_http.request(port, "POST", "/v1/chat/completions", body)
-            texts = [c["message"]["content"] for c in r["choices"]] if st == 200 else []
-            finish = [c["finish_reason"] for c in r["choices"]] if st == 200 else []
+        texts, finish = answers(body, stream)
         check(len(texts) == 8, "json_schema: 8 choices (seed %d%s)" % (seed, ", streamed" if stream else ""), finish)
         for text, why in zip(texts, finish):
             if why == "stop":

@@ -60,7 +60,8 @@ for key, val in [("tools", []), ("tool_choice", "none"), ("response_format", {"t
     st, j = post(path, body)
     check(st == 200, "%s=%s (asks for nothing) is accepted" % (key, json.dumps(val)), j)
 for key, val in [("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-                 ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}), ("grammar", "root ::= x"), ("logit_bias", {"5": 1000}), ("echo", True),
+                 ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
+                 ("grammar", "root ::= x"), ("logit_bias", {"5": 1000}), ("echo", True),
                  ("best_of", 3), ("suffix", "end"), ("frequency_penalty", 3), ("repeat_penalty", 1.1),
                  ("nonsense", 1)]:
     chat = key in ("tools", "tool_choice", "response_format")
