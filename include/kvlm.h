@@ -672,10 +672,12 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
  * json_schema. Supported: type (and lists of types), properties in their
  * order with required, additionalProperties (false beside properties; a
  * schema for a map without them), items, minItems, maxItems, minLength,
- * maxLength, enum, const, anyOf, oneOf (as anyOf), allOf of one, local $ref
- * (recursive too), minimum 0, formats date, time, date-time and uuid; other
- * constraining keywords (pattern, maximum, uniqueItems, ...) are refused by
- * name. {"type": "object"} is OpenAI's JSON mode (any object). */
+ * maxLength, pattern (ECMA-262 without lookaround or back-references), enum,
+ * const, anyOf, oneOf (as anyOf), allOf of one, local $ref (recursive too),
+ * integer bounds (minimum, maximum, exclusive ones; a number's only minimum
+ * 0), formats date, time, date-time and uuid; other constraining keywords
+ * (uniqueItems, multipleOf, ...) are refused by name. {"type": "object"} is
+ * OpenAI's JSON mode (any object). */
 char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err);
 kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err);
 void kvlm_grammar_free(kvlm_grammar *grammar);

@@ -300,14 +300,79 @@ static void test_schema(void **state) {
     expect(g, "\"a\"", 2);
     expect(g, "\"abcd\"", 4);
     kvlm_grammar_free(g);
+    /* integer bounds: every integer near each range is taken exactly when inside it */
+    struct { const char *schema; long lo, hi; } ranges[] = {
+        {"{\"type\": \"integer\", \"minimum\": -20, \"maximum\": 123}", -20, 123},
+        {"{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 5}", 1, 5},
+        {"{\"type\": \"integer\", \"exclusiveMinimum\": -1, \"maximum\": 999}", 0, 999},
+        {"{\"type\": \"integer\", \"minimum\": -105, \"exclusiveMaximum\": -6.5}", -105, -7},
+        {"{\"type\": \"integer\", \"minimum\": 37.2, \"maximum\": 1234}", 38, 1234},
+        {"{\"type\": \"integer\", \"minimum\": 90}", 90, 100000},
+        {"{\"type\": \"integer\", \"maximum\": -3}", -100000, -3},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+        g = schema(ranges[i].schema);
+        long from = ranges[i].lo < -1000 ? -1500 : ranges[i].lo - 150, to = ranges[i].hi > 10000 ? 1500 : ranges[i].hi + 150;
+        for (long x = from; x <= to; x++) {
+            char t[32];
+            snprintf(t, sizeof t, "%ld", x);
+            bool in = x >= ranges[i].lo && x <= ranges[i].hi;
+            if ((run(g, t, 1 << 20, 0) == -1) != in) fail_msg("%s: %ld %s", ranges[i].schema, x, in ? "refused" : "taken");
+        }
+        kvlm_grammar_free(g);
+    }
+    g = schema("{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 5}");
+    expect(g, "05", 0);
+    expect(g, "-0", 0);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"integer\", \"minimum\": -9}");
+    expect(g, "-0", 1);
+    expect(g, "1234567890123456", -1);
+    expect(g, "12345678901234567", 16);
+    kvlm_grammar_free(g);
+    /* patterns: anchored or matched anywhere, classes, shorthands, groups, escapes */
+    g = schema("{\"type\": \"string\", \"pattern\": \"^[A-Z]{3}-\\\\d{2,4}$\"}");
+    expect(g, "\"ABC-123\"", -1);
+    expect(g, "\"AB-12\"", 3);
+    expect(g, "\"ABC-12345\"", 9);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"pattern\": \"ab\"}");
+    expect(g, "\"xxabyy\"", -1);
+    expect(g, "\"ab\"", -1);
+    expect(g, "\"a\"", 2);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"pattern\": \"^(?:cat|dog)s?$\"}");
+    expect(g, "\"cats\"", -1);
+    expect(g, "\"dog\"", -1);
+    expect(g, "\"cow\"", 2);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"pattern\": \"^a\\\\.[^x\\\\s]\\\\w+ say \\\"hi\\\"\\\\\\\\$\"}");
+    expect(g, "\"a.b_9 say \\\"hi\\\"\\\\\"", -1);
+    expect(g, "\"axb\"", 2);
+    expect(g, "\"a.x\"", 3);
+    expect(g, "\"a. \"", 3);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"pattern\": \"^.{2}$\"}");
+    expect(g, "\"\xc3\xa9z\"", -1);
+    expect(g, "\"a\\n\"", 2);
+    kvlm_grammar_free(g);
     g = schema("true");
     expect(g, "[1, {\"a\": \"b\"}]", -1);
     kvlm_grammar_free(g);
 
     struct { const char *text, *want; } bad[] = {
-        {"{\"type\": \"string\", \"pattern\": \"a+\"}", "json_schema at the root: 'pattern' is not supported"},
-        {"{\"properties\": {\"n\": {\"type\": \"integer\", \"maximum\": 3}}}", "at /properties/n: 'maximum' is not supported"},
-        {"{\"type\": \"integer\", \"minimum\": 5}", "'minimum' other than 0"},
+        {"{\"type\": \"array\", \"uniqueItems\": true}", "json_schema at the root: 'uniqueItems' is not supported"},
+        {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "'pattern': lookaround is not supported"},
+        {"{\"type\": \"string\", \"pattern\": \"(a)\\\\1\"}", "'pattern': back-references"},
+        {"{\"type\": \"string\", \"pattern\": \"a**\"}", "a quantifier on a quantifier"},
+        {"{\"type\": \"string\", \"pattern\": \"[z-a]\"}", "end is before its start"},
+        {"{\"type\": \"string\", \"pattern\": \"a^b\"}", "only at the ends"},
+        {"{\"type\": \"string\", \"pattern\": \"(ab\"}", "without its ')'"},
+        {"{\"type\": \"string\", \"pattern\": \"[\\\"]\"}", "nothing a JSON string holds unescaped"},
+        {"{\"type\": \"string\", \"pattern\": \"a\", \"maxLength\": 3}", "'pattern' beside"},
+        {"{\"properties\": {\"n\": {\"type\": \"number\", \"maximum\": 3}}}", "at /properties/n: 'maximum' on a number is not supported"},
+        {"{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 4}", "no integer lies between its bounds"},
+        {"{\"type\": \"integer\", \"minimum\": 1e20}", "past 16 digits"},
         {"{\"properties\": {\"y\": {}}, \"required\": [\"x\"]}", "required 'x' is not among the properties"},
         {"{\"$ref\": \"#/nope\"}", "names nothing"},
         {"{\"$ref\": \"http://x/y\"}", "only local references"},

@@ -9,7 +9,9 @@
  * other than date, time, date-time and uuid) are ignored, as JSON Schema
  * itself treats them. */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,9 +89,9 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
 
 /* Keywords that constrain values in ways this converter does not turn into grammar. */
 static const char *const refused[] = {
-    "pattern", "patternProperties", "prefixItems", "uniqueItems", "contains", "minContains", "maxContains", "not",
+    "patternProperties", "prefixItems", "uniqueItems", "contains", "minContains", "maxContains", "not",
     "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "minProperties",
-    "maxProperties", "multipleOf", "maximum", "exclusiveMinimum", "exclusiveMaximum", "unevaluatedProperties",
+    "maxProperties", "multipleOf", "unevaluatedProperties",
     "unevaluatedItems", "$dynamicRef", "$recursiveRef", "additionalItems", NULL};
 
 /* The value a JSON pointer ("#/$defs/a") names in the root document, or NULL. */
@@ -253,10 +255,303 @@ static bool gen_array(conv *c, json_t *s, const char *hint, const char *path, in
     return true;
 }
 
+/* ---- pattern: an ECMA-262 regular expression as GBNF over the string's raw text ---- */
+
+typedef struct {
+    conv *c;
+    const char *p, *path;
+    sbuf *b;
+    int depth;
+} rx;
+
+static bool rx_fail(rx *r, const char *what) {
+    char m[120];
+    snprintf(m, sizeof m, "'pattern': %s", what);
+    return cfail(r->c, r->path, "%s", m);
+}
+
+/* One code point of the pattern (UTF-8), or -1. */
+static long rx_utf8(rx *r) {
+    const unsigned char *q = (const unsigned char *)r->p;
+    long c = q[0];
+    int n = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
+    if (n < 0) return -1;
+    if (n) c &= 0x3f >> n;
+    for (int i = 1; i <= n; i++) {
+        if ((q[i] & 0xc0) != 0x80) return -1;
+        c = c << 6 | (q[i] & 0x3f);
+    }
+    r->p += n + 1;
+    return c;
+}
+
+enum { RX_MAX_RANGES = 128 };
+typedef struct { uint32_t lo[RX_MAX_RANGES], hi[RX_MAX_RANGES]; int n; } rx_set;
+
+static bool set_add(rx *r, rx_set *s, uint32_t lo, uint32_t hi) {
+    if (s->n == RX_MAX_RANGES) return rx_fail(r, "a character class of too many ranges");
+    s->lo[s->n] = lo;
+    s->hi[s->n++] = hi;
+    return true;
+}
+
+/* \d \w \s (and their negations, which only stand outside classes) */
+static bool set_shorthand(rx *r, rx_set *s, char k) {
+    switch (k) {
+    case 'd': return set_add(r, s, '0', '9');
+    case 'w': return set_add(r, s, '0', '9') && set_add(r, s, 'A', 'Z') && set_add(r, s, '_', '_') && set_add(r, s, 'a', 'z');
+    case 's': return set_add(r, s, '\t', '\r') && set_add(r, s, ' ', ' ') && set_add(r, s, 0xa0, 0xa0) &&
+                     set_add(r, s, 0x2028, 0x2029) && set_add(r, s, 0xfeff, 0xfeff);
+    }
+    return false;
+}
+
+/* An escape's code point (after the backslash): -1 on error; -2 for a shorthand class, put in *k. */
+static long rx_escape(rx *r, char *k) {
+    char e = *r->p++;
+    switch (e) {
+    case 'd': case 'w': case 's': case 'D': case 'W': case 'S': *k = e; return -2;
+    case 'n': return '\n';
+    case 't': return '\t';
+    case 'r': return '\r';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    case '0': return 0;
+    case 'x': case 'u': {
+        int digits = e == 'x' ? 2 : 4;
+        long v = 0;
+        for (int i = 0; i < digits; i++) {
+            char h = *r->p++;
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) return rx_fail(r, "a malformed \\x or \\u escape"), -1;
+            v = v * 16 + d;
+        }
+        return v;
+    }
+    case 'b': case 'B': return rx_fail(r, "word boundaries are not supported"), -1;
+    case 0: return rx_fail(r, "a backslash at the end"), -1;
+    default:
+        if (e >= '1' && e <= '9') return rx_fail(r, "back-references are not supported"), -1;
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) return rx_fail(r, "an unknown escape"), -1;
+        r->p--;
+        return rx_utf8(r); /* an escaped punctuation character stands for itself */
+    }
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Writes set s (negated if neg) as a GBNF class, less what a JSON string cannot hold raw ('"', '\\', controls). */
+static bool set_emit(rx *r, rx_set *s, bool neg) {
+    uint32_t pairs[2 * RX_MAX_RANGES];
+    for (int i = 0; i < s->n; i++) pairs[2 * i] = s->lo[i], pairs[2 * i + 1] = s->hi[i];
+    qsort(pairs, (size_t)s->n, 2 * sizeof *pairs, cmp_u32);
+    /* merged, then complemented if negated: the characters taken */
+    uint32_t lo[RX_MAX_RANGES + 1], hi[RX_MAX_RANGES + 1];
+    int n = 0;
+    for (int i = 0; i < s->n; i++) {
+        if (n && pairs[2 * i] <= hi[n - 1] + 1) {
+            if (pairs[2 * i + 1] > hi[n - 1]) hi[n - 1] = pairs[2 * i + 1];
+        } else lo[n] = pairs[2 * i], hi[n++] = pairs[2 * i + 1];
+    }
+    if (neg) {
+        uint32_t nl[RX_MAX_RANGES + 1], nh[RX_MAX_RANGES + 1], from = 0;
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (lo[i] > from) nl[k] = from, nh[k++] = lo[i] - 1;
+            from = hi[i] + 1;
+        }
+        if (from <= 0x10ffff) nl[k] = from, nh[k++] = 0x10ffff;
+        memcpy(lo, nl, sizeof nl);
+        memcpy(hi, nh, sizeof nh);
+        n = k;
+    }
+    sb_add(r->b, "[");
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        /* cut out 0-0x1f, '"' (0x22) and '\\' (0x5c) */
+        uint32_t cuts[][2] = {{0, 0x1f}, {0x22, 0x22}, {0x5c, 0x5c}};
+        uint32_t a = lo[i], z = hi[i];
+        for (int j = 0; j < 3 && a <= z; j++) {
+            if (z < cuts[j][0] || a > cuts[j][1]) continue;
+            if (a < cuts[j][0]) {
+                sb_add(r->b, "\\U%08x-\\U%08x", a, cuts[j][0] - 1);
+                kept++;
+            }
+            a = cuts[j][1] + 1;
+        }
+        if (a <= z) {
+            sb_add(r->b, "\\U%08x-\\U%08x", a, z);
+            kept++;
+        }
+    }
+    sb_add(r->b, "]");
+    if (!kept) return rx_fail(r, "a character class with nothing a JSON string holds unescaped");
+    return true;
+}
+
+/* A literal character: as it stands in the JSON text (escaped where JSON must escape it). */
+static void lit_emit(rx *r, uint32_t ch) {
+    if (ch == '"') sb_add(r->b, "\"\\\\\\\"\"");
+    else if (ch == '\\') sb_add(r->b, "\"\\\\\\\\\"");
+    else if (ch < 0x20) {
+        const char *esc = ch == '\n' ? "n" : ch == '\t' ? "t" : ch == '\r' ? "r" : ch == '\b' ? "b" : ch == '\f' ? "f" : NULL;
+        if (esc) sb_add(r->b, "\"\\\\%s\"", esc);
+        else sb_add(r->b, "\"\\\\u%04x\"", ch);
+    } else sb_add(r->b, "[\\U%08x]", ch);
+}
+
+static bool rx_alt(rx *r);
+
+static bool rx_atom(rx *r) {
+    char c = *r->p;
+    if (c == '(') {
+        r->p++;
+        if (r->p[0] == '?') {
+            if (r->p[1] == ':') r->p += 2;
+            else if (r->p[1] == '<' && r->p[2] != '=' && r->p[2] != '!') { /* a named group */
+                const char *e = strchr(r->p, '>');
+                if (!e) return rx_fail(r, "a malformed group name");
+                r->p = e + 1;
+            } else return rx_fail(r, "lookaround is not supported");
+        }
+        if (++r->depth > 64) return rx_fail(r, "groups nested over 64 deep");
+        sb_add(r->b, "( ");
+        if (!rx_alt(r)) return false;
+        if (*r->p != ')') return rx_fail(r, "a group without its ')'");
+        r->p++;
+        r->depth--;
+        sb_add(r->b, " )");
+        return true;
+    }
+    rx_set set = {0};
+    if (c == '[') {
+        r->p++;
+        bool neg = *r->p == '^';
+        if (neg) r->p++;
+        bool first = true;
+        while (*r->p != ']' || first) {
+            first = false;
+            if (!*r->p) return rx_fail(r, "a class without its ']'");
+            long lo, hi;
+            char k = 0;
+            if (*r->p == '\\') {
+                r->p++;
+                if ((lo = rx_escape(r, &k)) == -1) return false;
+                if (lo == -2) {
+                    if (k < 'a') return rx_fail(r, "\\D, \\W or \\S inside a class is not supported");
+                    if (!set_shorthand(r, &set, k)) return false;
+                    continue;
+                }
+            } else if ((lo = rx_utf8(r)) < 0) return rx_fail(r, "invalid UTF-8");
+            hi = lo;
+            if (r->p[0] == '-' && r->p[1] && r->p[1] != ']') {
+                r->p++;
+                if (*r->p == '\\') {
+                    r->p++;
+                    if ((hi = rx_escape(r, &k)) < 0) return hi == -2 ? rx_fail(r, "a range ending in a class") : false;
+                } else if ((hi = rx_utf8(r)) < 0) return rx_fail(r, "invalid UTF-8");
+                if (hi < lo) return rx_fail(r, "a range whose end is before its start");
+            }
+            if (!set_add(r, &set, (uint32_t)lo, (uint32_t)hi)) return false;
+        }
+        r->p++;
+        return set_emit(r, &set, neg);
+    }
+    if (c == '.') { /* any character but a line terminator */
+        r->p++;
+        return set_add(r, &set, '\n', '\n') && set_add(r, &set, '\r', '\r') && set_add(r, &set, 0x2028, 0x2029) &&
+               set_emit(r, &set, true);
+    }
+    if (c == '\\') {
+        r->p++;
+        char k = 0;
+        long ch = rx_escape(r, &k);
+        if (ch == -1) return false;
+        if (ch == -2) {
+            bool neg = k < 'a';
+            return set_shorthand(r, &set, (char)(neg ? k + 32 : k)) && set_emit(r, &set, neg);
+        }
+        lit_emit(r, (uint32_t)ch);
+        return true;
+    }
+    if (strchr("*+?{", c)) return rx_fail(r, "a quantifier with nothing before it");
+    if (c == '^' || c == '$') return rx_fail(r, "'^' and '$' are supported only at the ends");
+    long ch = rx_utf8(r);
+    if (ch < 0) return rx_fail(r, "invalid UTF-8");
+    lit_emit(r, (uint32_t)ch);
+    return true;
+}
+
+static bool rx_seq(rx *r) {
+    while (*r->p && *r->p != '|' && *r->p != ')' && !(r->p[0] == '$' && !r->p[1])) {
+        if (!rx_atom(r)) return false;
+        char q = *r->p;
+        if (q == '*' || q == '+' || q == '?') {
+            sb_add(r->b, "%c", q);
+            r->p++;
+        } else if (q == '{' && r->p[1] >= '0' && r->p[1] <= '9') {
+            char *end;
+            long lo = strtol(r->p + 1, &end, 10), hi = lo;
+            if (*end == ',') hi = end[1] == '}' ? -1 : strtol(end + 1, &end, 10), end += hi < 0;
+            if (*end != '}' || (hi >= 0 && hi < lo) || lo > 4096 || hi > 4096)
+                return rx_fail(r, "a malformed or too large {m,n} (4096 at most)");
+            if (hi < 0) sb_add(r->b, "{%ld,}", lo);
+            else sb_add(r->b, "{%ld,%ld}", lo, hi);
+            r->p = end + 1;
+        } else {
+            sb_add(r->b, " ");
+            continue;
+        }
+        if (*r->p == '?') r->p++; /* lazy: the same language */
+        if (*r->p == '*' || *r->p == '+' || *r->p == '?' || *r->p == '{') return rx_fail(r, "a quantifier on a quantifier");
+        sb_add(r->b, " ");
+    }
+    return true;
+}
+
+static bool rx_alt(rx *r) {
+    for (;;) {
+        if (!rx_seq(r)) return false;
+        if (*r->p != '|') return true;
+        r->p++;
+        sb_add(r->b, " | ");
+    }
+}
+
+/* The string's content as a pattern: anchored at each end it is written with
+ * '^' and '$', and otherwise any text may stand before or after (JSON Schema
+ * matches a pattern anywhere in the string). */
+static bool gen_pattern(conv *c, const char *re, const char *path, sbuf *b) {
+    rx r = {c, re, path, b, 0};
+    bool start = *r.p == '^';
+    if (start) r.p++;
+    sb_add(b, "\"\\\"\" ");
+    if (!start) sb_add(b, "char* ");
+    sb_add(b, "( ");
+    if (!rx_alt(&r)) return false;
+    if (*r.p == ')') return rx_fail(&r, "a ')' without its group");
+    bool end = *r.p == '$';
+    sb_add(b, " ) ");
+    if (!end) sb_add(b, "char* ");
+    sb_add(b, "\"\\\"\"");
+    c->need |= R_STRING;
+    return true;
+}
+
 static bool gen_string(conv *c, json_t *s, const char *path, sbuf *b) {
     long lo, hi;
     if (!count(c, s, "minLength", path, &lo) || !count(c, s, "maxLength", path, &hi)) return false;
     if (hi >= 0 && lo > hi) return cfail(c, path, "'minLength' is above 'maxLength'", NULL);
+    json_t *pat = json_object_get(s, "pattern");
+    if (pat) {
+        if (!json_is_string(pat)) return cfail(c, path, "'pattern' must be a string", NULL);
+        if (lo >= 0 || hi >= 0 || json_object_get(s, "format"))
+            return cfail(c, path, "'pattern' beside 'minLength', 'maxLength' or 'format' is not supported", NULL);
+        return gen_pattern(c, json_string_value(pat), path, b);
+    }
     json_t *f = json_object_get(s, "format");
     const char *fmt = json_is_string(f) ? json_string_value(f) : "";
     unsigned rule = !strcmp(fmt, "date") ? R_DATE : !strcmp(fmt, "time") ? R_TIME : !strcmp(fmt, "date-time") ? R_DATE | R_TIME
@@ -276,17 +571,124 @@ static bool gen_string(conv *c, json_t *s, const char *path, sbuf *b) {
     return true;
 }
 
+/* ---- integer ranges: decimal strings between two bounds, digit by digit ---- */
+
+/* Numbers of x's length from x to y (digit strings of equal length n), as GBNF. */
+static void digits_between(sbuf *b, const char *x, const char *y, int n) {
+    if (!n) return;
+    if (x[0] == y[0]) {
+        sb_add(b, "\"%c\" ", x[0]);
+        digits_between(b, x + 1, y + 1, n - 1);
+        return;
+    }
+    bool low = true, high = true; /* the rest of x all 0s, of y all 9s */
+    for (int i = 1; i < n; i++) low &= x[i] == '0', high &= y[i] == '9';
+    if (low && high) {
+        sb_add(b, "[%c-%c] ", x[0], y[0]);
+        if (n > 1) sb_add(b, "[0-9]{%d} ", n - 1);
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', (size_t)n);
+    memset(zeros, '0', (size_t)n);
+    sb_add(b, "( ");
+    if (low) sb_add(b, "\"%c\" [0-9]{%d} ", x[0], n - 1);
+    else {
+        sb_add(b, "\"%c\" ", x[0]);
+        digits_between(b, x + 1, nines, n - 1);
+    }
+    if (x[0] + 1 <= y[0] - 1) sb_add(b, "| [%c-%c] [0-9]{%d} ", x[0] + 1, y[0] - 1, n - 1);
+    sb_add(b, "| ");
+    if (high) sb_add(b, "\"%c\" [0-9]{%d} ", y[0], n - 1);
+    else {
+        sb_add(b, "\"%c\" ", y[0]);
+        digits_between(b, zeros, y + 1, n - 1);
+    }
+    sb_add(b, ") ");
+}
+
+enum { INT_DIGITS = 16 };
+#define INT_LIMIT 9999999999999999LL /* 16 digits: as far as the JSON grammar's integers go */
+
+/* Non-negative integers from a to b (b < 0: no bound), without leading zeros. */
+static void uint_between(sbuf *b, long long a, long long z) {
+    char xa[24], xz[24];
+    int la = snprintf(xa, sizeof xa, "%lld", a), lz = z < 0 ? INT_DIGITS : snprintf(xz, sizeof xz, "%lld", z);
+    sb_add(b, "( ");
+    for (int d = la; d <= lz; d++) {
+        if (d > la) sb_add(b, "| ");
+        if (z < 0 && d > la) { /* every longer number, up to the digit limit */
+            sb_add(b, "[1-9] [0-9]{%d,%d} ", d - 1, INT_DIGITS - 1);
+            break;
+        }
+        char lo[24], hi[24];
+        if (d == la) memcpy(lo, xa, (size_t)d + 1);
+        else { lo[0] = '1'; memset(lo + 1, '0', (size_t)d - 1); lo[d] = 0; }
+        if (z >= 0 && d == lz) memcpy(hi, xz, (size_t)d + 1);
+        else { memset(hi, '9', (size_t)d); hi[d] = 0; }
+        digits_between(b, lo, hi, d);
+    }
+    sb_add(b, ")");
+}
+
+/* A bound of an integer: minimum and exclusiveMinimum (lower), maximum and
+ * exclusiveMaximum (upper), the tighter of each pair; *set false if none. */
+static bool int_bound(conv *c, json_t *s, const char *path, bool lower, long long *out, bool *set) {
+    const char *keys[2] = {lower ? "minimum" : "maximum", lower ? "exclusiveMinimum" : "exclusiveMaximum"};
+    *set = false;
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(s, keys[k]);
+        if (!v) continue;
+        if (!json_is_number(v)) return cfail(c, path, "'%s' must be a number", keys[k]);
+        double x = json_number_value(v);
+        if (x < -(double)INT_LIMIT || x > (double)INT_LIMIT) return cfail(c, path, "'%s' past 16 digits is not supported", keys[k]);
+        double r = lower ? (k ? floor(x) + 1 : ceil(x)) : (k ? ceil(x) - 1 : floor(x));
+        long long n = (long long)r;
+        if (!*set || (lower ? n > *out : n < *out)) *out = n;
+        *set = true;
+    }
+    return true;
+}
+
 static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
-    json_t *min = json_object_get(s, "minimum");
-    if (min && (!json_is_number(min) || json_number_value(min) != 0))
-        return cfail(c, path, "'minimum' other than 0 is not supported", NULL);
-    if (min) { /* not negative */
-        c->need |= R_UINT;
-        sb_add(b, integer ? "uint" : "uint frac");
+    static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    if (!integer) {
+        for (int i = 0; i < 4; i++) {
+            json_t *v = json_object_get(s, bounds[i]);
+            if (v && !(i == 0 && json_is_number(v) && json_number_value(v) == 0))
+                return cfail(c, path, "'%s' on a number is not supported (on an integer it is; minimum 0 is)", bounds[i]);
+        }
+        if (json_object_get(s, "minimum")) { /* not negative */
+            c->need |= R_UINT;
+            sb_add(b, "uint frac");
+        } else {
+            c->need |= R_NUMBER;
+            sb_add(b, "number");
+        }
         return true;
     }
-    c->need |= integer ? R_INTEGER : R_NUMBER;
-    sb_add(b, integer ? "integer" : "number");
+    long long lo = 0, hi = 0;
+    bool has_lo, has_hi;
+    if (!int_bound(c, s, path, true, &lo, &has_lo) || !int_bound(c, s, path, false, &hi, &has_hi)) return false;
+    if (!has_lo && !has_hi) {
+        c->need |= R_INTEGER;
+        sb_add(b, "integer");
+        return true;
+    }
+    if (has_lo && has_hi && lo > hi) return cfail(c, path, "no integer lies between its bounds", NULL);
+    /* the negative part ("-" then its magnitude), then the rest */
+    bool neg = !has_lo || lo < 0, pos = !has_hi || hi >= 0;
+    sb_add(b, "( ");
+    if (neg) {
+        long long from = has_hi && hi < 0 ? -hi : 1, to = has_lo ? -lo : -1;
+        sb_add(b, "\"-\" ");
+        uint_between(b, from, to);
+    }
+    if (pos) {
+        sb_add(b, neg ? " | " : "");
+        uint_between(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    }
+    sb_add(b, " )");
     return true;
 }
 
