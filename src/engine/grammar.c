@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/model.h"
+#include "tok/utf8.h"
 #include "util/error.h"
 
 /* ---- the compiled grammar ---- */
@@ -211,18 +212,11 @@ static bool push_class(parser *ps, seq *s, uint32_t *r, int n, bool negate) {
 
 /* One UTF-8 code point from *pp (advanced); -1 if malformed. */
 static long utf8_next(const char **pp) {
-    const unsigned char *p = (const unsigned char *)*pp;
-    long c = p[0];
-    int n = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
-    if (n < 0) return -1;
-    if (n) c &= 0x3f >> n;
-    for (int i = 1; i <= n; i++) {
-        if ((p[i] & 0xc0) != 0x80) return -1;
-        c = c << 6 | (p[i] & 0x3f);
-    }
-    if ((n == 2 && c < 0x800) || (n == 3 && (c < 0x10000 || c > 0x10ffff)) || (c >= 0xd800 && c <= 0xdfff)) return -1;
-    *pp = (const char *)p + n + 1;
-    return c;
+    uint32_t cp;
+    int n = tok_utf8_decode((const uint8_t *)*pp, strnlen(*pp, 4), &cp);
+    if (!n) return -1;
+    *pp += n;
+    return cp;
 }
 
 static int hexval(int c) {

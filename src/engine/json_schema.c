@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
+#include "tok/utf8.h"
 #include "util/error.h"
 
 typedef struct { char *s; size_t n, cap; bool oom; } sbuf;
@@ -272,17 +273,11 @@ static bool rx_fail(rx *r, const char *what) {
 
 /* One code point of the pattern (UTF-8), or -1. */
 static long rx_utf8(rx *r) {
-    const unsigned char *q = (const unsigned char *)r->p;
-    long c = q[0];
-    int n = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
-    if (n < 0) return -1;
-    if (n) c &= 0x3f >> n;
-    for (int i = 1; i <= n; i++) {
-        if ((q[i] & 0xc0) != 0x80) return -1;
-        c = c << 6 | (q[i] & 0x3f);
-    }
-    r->p += n + 1;
-    return c;
+    uint32_t cp;
+    int n = tok_utf8_decode((const uint8_t *)r->p, strnlen(r->p, 4), &cp);
+    if (!n) return -1;
+    r->p += n;
+    return cp;
 }
 
 enum { RX_MAX_RANGES = 128 };
