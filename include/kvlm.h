@@ -671,7 +671,7 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
 /* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
  * json_schema. Supported: type (and lists of types), properties in their
  * order with required, additionalProperties (false beside properties; a
- * schema for a map without them), items, minItems, maxItems, minLength,
+ * schema for a map without them), items, prefixItems, minItems, maxItems, minLength,
  * maxLength, pattern (ECMA-262 without lookaround or back-references), enum,
  * const, anyOf, oneOf (as anyOf), allOf of one, local $ref (recursive too),
  * integer bounds (minimum, maximum, exclusive ones; a number's only minimum

@@ -294,6 +294,26 @@ static void test_schema(void **state) {
     expect(g, "[]", 1);
     expect(g, "[1,2,3,4]", 6);
     kvlm_grammar_free(g);
+    /* tuples: prefixItems, then items (or nothing more: items false) */
+    g = schema("{\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, {\"type\": \"string\"}],"
+               "\"minItems\": 2, \"maxItems\": 2}");
+    expect(g, "[1, \"a\"]", -1);
+    expect(g, "[1]", 2);
+    expect(g, "[\"a\", 1]", 1);
+    expect(g, "[1,\"a\",2]", 6);
+    kvlm_grammar_free(g);
+    g = schema("{\"prefixItems\": [{\"const\": \"x\"}], \"items\": {\"type\": \"boolean\"}}");
+    expect(g, "[]", -1);
+    expect(g, "[\"x\"]", -1);
+    expect(g, "[\"x\", true, false]", -1);
+    expect(g, "[true]", 1);
+    kvlm_grammar_free(g);
+    g = schema("{\"prefixItems\": [{\"type\": \"null\"}, {\"type\": \"null\"}], \"items\": false, \"minItems\": 1}");
+    expect(g, "[null]", -1);
+    expect(g, "[null,null]", -1);
+    expect(g, "[]", 1);
+    expect(g, "[null,null,null]", 10);
+    kvlm_grammar_free(g);
     g = schema("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}");
     expect(g, "\"ab\"", -1);
     expect(g, "\"\\u00e9\xc3\xa9x\"", -1);
@@ -383,6 +403,8 @@ static void test_schema(void **state) {
         {"{\"allOf\": [{}, {}]}", "'allOf' of more than one"},
         {"{\"enum\": []}", "'enum' must be a non-empty array"},
         {"{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}", "'minItems' is above 'maxItems'"},
+        {"{\"prefixItems\": [{}], \"items\": false, \"minItems\": 2}", "'minItems' is above the items"},
+        {"{\"prefixItems\": []}", "'prefixItems' must be an array of 1 to 64"},
         {"{\"type\": \"array\", \"maxItems\": -1}", "'maxItems' must be an integer"},
         {"[1]", "a schema must be an object or a boolean"},
     };

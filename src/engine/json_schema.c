@@ -90,7 +90,7 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
 
 /* Keywords that constrain values in ways this converter does not turn into grammar. */
 static const char *const refused[] = {
-    "patternProperties", "prefixItems", "uniqueItems", "contains", "minContains", "maxContains", "not",
+    "patternProperties", "uniqueItems", "contains", "minContains", "maxContains", "not",
     "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "minProperties",
     "maxProperties", "multipleOf", "unevaluatedProperties",
     "unevaluatedItems", "$dynamicRef", "$recursiveRef", "additionalItems", NULL};
@@ -245,10 +245,43 @@ static bool gen_array(conv *c, json_t *s, const char *hint, const char *path, in
     if (!count(c, s, "minItems", path, &lo) || !count(c, s, "maxItems", path, &hi)) return false;
     if (hi >= 0 && lo > hi) return cfail(c, path, "'minItems' is above 'maxItems'", NULL);
     c->need |= R_WS;
+    json_t *prefix = json_object_get(s, "prefixItems");
+    if (prefix && (!json_is_array(prefix) || !json_array_size(prefix) || json_array_size(prefix) > 64))
+        return cfail(c, path, "'prefixItems' must be an array of 1 to 64 schemas", NULL);
     char it[48] = "value", sub[300];
     snprintf(sub, sizeof sub, "%s/items", path);
-    if (items && !gen(c, items, hint, sub, depth + 1, it, sizeof it)) return false;
+    bool more = !json_is_false(items); /* items: false, after prefixItems: nothing more */
+    if (!more && !prefix) return cfail(c, path, "the schema false matches nothing", NULL);
+    if (items && more && !gen(c, items, hint, sub, depth + 1, it, sizeof it)) return false;
     if (!items) c->need |= R_VALUE;
+    if (prefix) {
+        /* a tuple: item k by its own schema, each one after minItems optional (nested), then the rest */
+        long n = (long)json_array_size(prefix);
+        if (!more && lo > n) return cfail(c, path, "'minItems' is above the items 'prefixItems' and 'items' allow", NULL);
+        char (*pk)[48] = calloc((size_t)n, sizeof *pk);
+        if (!pk) return c->out.oom = true, false;
+        bool ok = true;
+        for (long k = 0; k < n && ok; k++) {
+            char p2[300];
+            snprintf(p2, sizeof p2, "%s/prefixItems/%ld", path, k);
+            ok = gen(c, json_array_get(prefix, (size_t)k), hint, p2, depth + 1, pk[k], sizeof pk[k]);
+        }
+        if (ok) {
+            sb_add(b, "\"[\" ws ");
+            for (long k = 0; k < n && (hi < 0 || k < hi); k++)
+                sb_add(b, "%s%s%s ws ", k >= lo ? "( " : "", k ? "\",\" ws " : "", pk[k]);
+            if (more && (hi < 0 || hi > n)) {
+                sb_add(b, "( \",\" ws %s ws )", it);
+                repeat(b, lo > n ? lo - n : 0, hi >= 0 ? hi - n : -1);
+                sb_add(b, " ");
+            }
+            for (long k = 0; k < n && (hi < 0 || k < hi); k++)
+                if (k >= lo) sb_add(b, ")? ");
+            sb_add(b, "\"]\"");
+        }
+        free(pk);
+        return ok;
+    }
     if (hi == 0) { sb_add(b, "\"[\" ws \"]\""); return true; }
     sb_add(b, "\"[\" ws %s%s ws ( \",\" ws %s ws )", lo > 0 ? "" : "( ", it, it);
     repeat(b, lo > 0 ? lo - 1 : 0, hi > 0 ? hi - 1 : -1);
@@ -750,7 +783,7 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
         } else if (t) ok = cfail(c, path, "'type' must be a string or an array of them", NULL);
         else if (json_object_get(s, "properties") || json_object_get(s, "additionalProperties"))
             ok = gen_object(c, s, hint, path, depth, &b);
-        else if (json_object_get(s, "items")) ok = gen_array(c, s, hint, path, depth, &b);
+        else if (json_object_get(s, "items") || json_object_get(s, "prefixItems")) ok = gen_array(c, s, hint, path, depth, &b);
         else {
             c->need |= R_VALUE;
             sb_add(&b, "value");
