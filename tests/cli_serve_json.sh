@@ -188,6 +188,12 @@ for seed in range(4):
 print("  json_schema: %d answers valid under the schema, %d cut by max_tokens" % (valid, cut))
 check(valid >= 16, "json_schema: at least 16 of 64 answers ended, valid", (valid, cut))
 
+# llama.cpp's form: json_object with a schema beside it
+st, r = serve_http.request(port, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 40, "seed": 1,
+                           "response_format": {"type": "json_object", "schema": {"enum": ["yes", "no"]}}})
+check(st == 200 and json.loads(r["choices"][0]["message"]["content"]) in ("yes", "no"),
+      "response_format json_object with a schema (llama.cpp's form)", r)
+
 # a GBNF grammar (llama.cpp's "grammar" field): the answers that ended match it as a regex
 gbnf = 'root ::= "Once upon a time, " name " was " ("happy" | "sad") "."\nname ::= [A-Z] [a-z]{1,8}\n'
 pattern = re.compile(r"Once upon a time, [A-Z][a-z]{1,8} was (happy|sad)\.")

@@ -604,8 +604,10 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
                 return fail(e, 400, "response_format", "invalid_value", "'response_format' json_schema needs "
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
             schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
-        } else if (!strcmp(type, "json_object"))
-            schema = strdup("{\"type\": \"object\"}");
+        } else if (!strcmp(type, "json_object")) { /* llama.cpp's extension: a schema beside it */
+            json_t *sc = json_object_get(rf, "schema");
+            schema = sc ? json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\": \"object\"}");
+        }
         else if (strcmp(type, "text"))
             return fail(e, 400, "response_format", "invalid_value", "'response_format' must be {\"type\": \"text\"}, "
                         "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}");
