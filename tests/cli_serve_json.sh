@@ -250,6 +250,14 @@ check(r.returncode != 0 and "'maximum' on a number is not supported" in r.stderr
 r = subprocess.run([kvlm, "run", "-m", model, "-p", "x", "--json", "--grammar", "root ::= \"a\""],
                    capture_output=True, text=True, timeout=60)
 check(r.returncode != 0 and "give one of" in r.stderr, "kvlm run refuses two constraints", r.stderr)
+# kvlm grammar: a schema's GBNF, which compiles again as a grammar of its own; refusals say why
+r = subprocess.run([kvlm, "grammar", "--json-schema", json.dumps(schema)], capture_output=True, text=True, timeout=30)
+check(r.returncode == 0 and "root ::= ws " in r.stdout, "kvlm grammar --json-schema prints its GBNF", r.stderr)
+r2 = subprocess.run([kvlm, "grammar", "--grammar", r.stdout], capture_output=True, text=True, timeout=30)
+check(r2.returncode == 0 and r2.stdout == r.stdout, "the printed GBNF compiles as a grammar as it stands", r2.stderr)
+r = subprocess.run([kvlm, "grammar", "--grammar", 'root ::= "a" b'], capture_output=True, text=True, timeout=30)
+check(r.returncode == 1 and "line 1, column 14: rule 'b' is used but not defined" in r.stderr,
+      "kvlm grammar says where a grammar is wrong", r.stderr)
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)
 PY
