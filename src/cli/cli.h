@@ -86,6 +86,8 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
 typedef struct { const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad);
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed);
+/* The GBNF text those options ask for (a schema translated; malloc'd), or NULL after cli_fail. */
+char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g);
 #define CLI_GRAMMAR_USAGE \
     "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n" \
     "      --json-schema S     ... one JSON value that JSON schema S describes (docs/structured-output.md)\n" \

@@ -25,17 +25,15 @@ int cmd_grammar(int argc, char **argv) {
         if (bad) return 1;
     }
     if (!g.n) { grammar_usage(stderr); return 1; }
-    const char *file = g.json_schema_file ? g.json_schema_file : g.grammar_file;
-    char *text = NULL;
-    if (file && !(text = cli_read_file("grammar", file, NULL))) return 1;
+    char *gbnf = cli_grammar_text("grammar", &g);
     kvlm_error err = {0};
-    char *gbnf = NULL;
-    if (g.json_schema || g.json_schema_file) gbnf = kvlm_json_schema_to_gbnf(text ? text : g.json_schema, &err);
-    else gbnf = strdup(text ? text : g.grammar);
-    free(text);
     kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(NULL, gbnf, NULL, &err) : NULL;
     int rc = 0;
-    if (!gr) rc = cli_fail("grammar", "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+    if (!gbnf) rc = 1;
+    else if (!gr) {
+        const char *file = g.json_schema_file ? g.json_schema_file : g.grammar_file;
+        rc = cli_fail("grammar", "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+    }
     else fputs(gbnf, stdout);
     kvlm_grammar_free(gr);
     free(gbnf);

@@ -220,24 +220,30 @@ bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *b
     return true;
 }
 
+char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g) {
+    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
+    kvlm_error err = {0};
+    char *gbnf = g->json_schema || g->json_schema_file ? kvlm_json_schema_to_gbnf(text ? text : g->json_schema, &err)
+                                                       : strdup(text ? text : g->grammar);
+    free(text);
+    if (!gbnf) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
+    return gbnf;
+}
+
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed) {
     *failed = false;
     if (!g->n) return NULL;
-    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-    char *text = NULL;
-    if (file && !(text = cli_read_file(cmd, file, NULL))) {
-        *failed = true;
-        return NULL;
-    }
+    char *gbnf = cli_grammar_text(cmd, g);
     kvlm_error err = {0};
-    kvlm_grammar *gr = g->json_schema || g->json_schema_file
-                           ? kvlm_grammar_from_json_schema(model, text ? text : g->json_schema, &err)
-                           : kvlm_grammar_from_gbnf(model, text ? text : g->grammar, NULL, &err);
-    free(text);
-    if (!gr) {
+    kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(model, gbnf, NULL, &err) : NULL;
+    if (gbnf && !gr) {
+        const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
         cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
-        *failed = true;
     }
+    free(gbnf);
+    *failed = !gr;
     return gr;
 }
 

@@ -452,7 +452,7 @@ static bool check_left_recursion(parser *ps, kvlm_grammar *g) {
     bool *nullable = calloc((size_t)n, 1);
     uint8_t *color = calloc((size_t)n, 1);
     int *stack = malloc((size_t)n * 2 * sizeof *stack);
-    bool ok = nullable && color && stack;
+    bool allocated = nullable && color && stack, ok = allocated;
     for (bool changed = true; ok && changed;) {
         changed = false;
         for (int r = 0; r < n; r++) {
@@ -502,7 +502,7 @@ static bool check_left_recursion(parser *ps, kvlm_grammar *g) {
     free(nullable);
     free(color);
     free(stack);
-    if (!nullable || !color || !stack) return util_err_set(ps->err, KVLM_ENOMEM, "grammar: out of memory"), false;
+    if (!allocated) return util_err_set(ps->err, KVLM_ENOMEM, "grammar: out of memory"), false;
     return ok;
 }
 
@@ -621,6 +621,7 @@ struct gm {
      * text inside a string, say, comes back to one state token after token) */
     struct { int32_t state; int n; uint64_t *bits; } mc[MASK_CACHE];
     int mc_next;
+    const struct gm_vocab *v; /* the model's token texts, once looked up */
 };
 
 static uint32_t hash2(uint32_t a, uint32_t b) {
@@ -1028,8 +1029,13 @@ static const gm_vocab *vocab_of(const kvlm_model *cm) {
     return m->grammar_vocab;
 }
 
+static const gm_vocab *vocab(gm *m) {
+    if (!m->v && m->g->model) m->v = vocab_of(m->g->model);
+    return m->v;
+}
+
 bool gm_feed_token(gm *m, int32_t t) {
-    const gm_vocab *v = m->g->model ? vocab_of(m->g->model) : NULL;
+    const gm_vocab *v = vocab(m);
     if (!v || t < 0 || t >= v->n) return false;
     if (v->eog[t]) return gm_done(m);
     int k = (int)(v->off[t + 1] - v->off[t]);
@@ -1037,7 +1043,7 @@ bool gm_feed_token(gm *m, int32_t t) {
 }
 
 int gm_allowed(gm *m, bool *allowed) {
-    const gm_vocab *v = m->g->model ? vocab_of(m->g->model) : NULL;
+    const gm_vocab *v = vocab(m);
     if (!v) return 0;
     /* Tokens in byte order: st[0, valid] are the states along the last token
      * stepped; the next one shares lcp bytes with the one before it, so only

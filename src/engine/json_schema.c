@@ -73,7 +73,7 @@ static void rule_name(conv *c, const char *hint, char *name, size_t cap) {
 }
 
 /* A JSON value as a GBNF literal: its compact text, quoted. */
-static void literal(conv *c, sbuf *b, json_t *v) {
+static void literal(sbuf *b, json_t *v) {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t) { b->oom = true; return; }
     sb_add(b, "\"");
@@ -83,7 +83,6 @@ static void literal(conv *c, sbuf *b, json_t *v) {
     }
     sb_add(b, "\"");
     free(t);
-    (void)c;
 }
 
 static bool gen(conv *c, json_t *s, const char *hint, const char *path, int depth, char *name, size_t cap);
@@ -197,14 +196,14 @@ static bool gen_object(conv *c, json_t *s, const char *hint, const char *path, i
         rule_name(c, key, kv[k], sizeof kv[k]);
         sb_add(&c->out, "%s ::= ", kv[k]);
         json_t *kj = json_string(key);
-        literal(c, &c->out, kj);
+        literal(&c->out, kj);
         json_decref(kj);
         sb_add(&c->out, " ws \":\" ws %s\n", v);
         k++;
     }
     if (ok) {
         for (size_t j = np; j-- > 0;) {
-            for (int first = 1; first >= 0; first--) {
+            for (int first = 1; first >= (j ? 0 : 1); first--) { /* (rest_0 would be used by nothing) */
                 /* (no empty alternative at a line's end: GBNF reads on past a '|') */
                 bool last_opt = !required[j] && j + 1 == np;
                 sb_add(&c->out, "%s-%s%zu ::= %s%s%s ws", base, first ? "f" : "r", j, last_opt ? "( " : "",
@@ -752,12 +751,12 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
     bool ok = true;
     json_t *v, *x;
     size_t i;
-    if ((v = json_object_get(s, "const"))) literal(c, &b, v);
+    if ((v = json_object_get(s, "const"))) literal(&b, v);
     else if ((v = json_object_get(s, "enum"))) {
         if (!json_is_array(v) || !json_array_size(v)) ok = cfail(c, path, "'enum' must be a non-empty array", NULL);
         json_array_foreach(v, i, x) {
             if (i) sb_add(&b, " | ");
-            literal(c, &b, x);
+            literal(&b, x);
         }
     } else if ((v = json_object_get(s, "anyOf")) || (v = json_object_get(s, "oneOf")) || (v = json_object_get(s, "allOf"))) {
         bool all = v == json_object_get(s, "allOf");

@@ -292,6 +292,7 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     r->p.sampling.bias_ids = NULL; /* the samplers keep copies; the caller's may go */
     r->p.sampling.bias = NULL;
     r->p.sampling.n_bias = 0;
+    r->p.sampling.grammar = NULL; /* each sampler holds its own reference */
     r->n = r->n_live = n;
     r->n_prompt = n_prompt;
     r->cb = cb;
