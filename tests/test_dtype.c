@@ -6,6 +6,7 @@
 #include <string.h>
 #include "helpers/testutil.h"
 #include "model/dtype.h"
+#include "model/iq.h"
 
 static float bits_f32(uint32_t b) {
     float f;
@@ -20,8 +21,10 @@ static uint32_t f32_bits(float f) {
 
 static void test_traits(void **state) {
     (void)state;
-    const int ok[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0,   DT_Q5_1,
-                      DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K, DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS};
+    const int ok[] = {DT_F32,     DT_F16,    DT_BF16,    DT_Q8_0,    DT_Q4_0,   DT_Q4_1,  DT_Q5_0,
+                      DT_Q5_1,    DT_Q4_K,   DT_Q5_K,    DT_Q6_K,    DT_Q8_K,   DT_Q2_K,  DT_Q3_K,
+                      DT_IQ4_NL,  DT_IQ4_XS, DT_IQ2_XXS, DT_IQ2_XS,  DT_IQ2_S,  DT_IQ3_XXS, DT_IQ3_S,
+                      DT_IQ1_S,   DT_IQ1_M};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         const dt_traits *t = dt_info(ok[i]);
         assert_non_null(t);
@@ -42,13 +45,22 @@ static void test_traits(void **state) {
     assert_int_equal(dt_info(DT_IQ4_XS)->type_size, 136);
     assert_int_equal(dt_info(DT_IQ4_XS)->block_size, 256);
     assert_int_equal(dt_from_name("IQ4_XS"), DT_IQ4_XS);
+    /* ggml's sizes of the codebook types: d + qs (+ scales, qh, signs) */
+    const struct { int type; size_t bytes; } iq[] = {{DT_IQ2_XXS, 66}, {DT_IQ2_XS, 74}, {DT_IQ2_S, 82},
+                                                     {DT_IQ3_XXS, 98}, {DT_IQ3_S, 110}, {DT_IQ1_S, 50}, {DT_IQ1_M, 56}};
+    for (size_t i = 0; i < sizeof iq / sizeof iq[0]; i++) {
+        assert_int_equal(dt_info(iq[i].type)->type_size, iq[i].bytes);
+        assert_int_equal(dt_info(iq[i].type)->block_size, 256);
+    }
+    assert_int_equal(dt_from_name("IQ2_XXS"), DT_IQ2_XXS);
+    assert_int_equal(dt_from_name("iq1_m"), DT_IQ1_M);
     assert_int_equal(dt_from_name("q2_k"), DT_Q2_K);
     /* ggml types kvlm does not compute with: known layout, no traits */
     assert_null(dt_info(DT_Q8_1));
-    assert_null(dt_info(16)); /* iq2_xxs */
-    assert_non_null(dt_layout(16));
-    assert_int_equal(dt_layout(16)->type_size, 66);
-    assert_string_equal(dt_name(16), "iq2_xxs");
+    assert_null(dt_info(34)); /* tq1_0 */
+    assert_non_null(dt_layout(34));
+    assert_int_equal(dt_layout(34)->type_size, 54);
+    assert_string_equal(dt_name(34), "tq1_0");
     assert_null(dt_info(-1));
     assert_null(dt_info(4));
     assert_null(dt_layout(4));
@@ -61,7 +73,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_from_name("BF16"), DT_BF16);
     assert_int_equal(dt_from_name("q8_k"), DT_Q8_K);
     assert_int_equal(dt_from_name("q5_k"), DT_Q5_K);
-    assert_int_equal(dt_from_name("iq2_xxs"), -1); /* not supported */
+    assert_int_equal(dt_from_name("tq1_0"), -1); /* not supported */
     assert_int_equal(dt_from_name("nope"), -1);
     assert_int_equal(dt_from_name(NULL), -1);
     assert_int_equal(dt_row_size(DT_F32, 7), 28);
@@ -71,7 +83,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_row_size(99, 32), 0);
     float x[32] = {0};
     uint8_t out[64];
-    assert_int_equal(dt_quantize_row(16, x, out, 256), -1);
+    assert_int_equal(dt_quantize_row(34, x, out, 256), -1); /* tq1_0: no quantizer */
     assert_int_equal(dt_quantize_row(DT_Q8_0, x, out, 31), -1);
 }
 
@@ -384,6 +396,203 @@ static void test_deq_iq4_layout(void **state) {
 
 /* ---- quantize -> dequantize ---- */
 
+/* ---- the codebook types (IQ2_*, IQ3_*, IQ1_*) -------------------------------
+ * The codebooks: ggml's tables are sorted (IQ1's by coordinates read as signed
+ * bytes, from the last), each coordinate one of the type's levels, no point
+ * twice; a few entries as ggml's tables have them. */
+static int iq_levels_ok(uint64_t v, int dim, const int *lv, int nlv) {
+    for (int j = 0; j < dim; j++) {
+        int b = (int)((v >> (8 * j)) & 255), ok = 0;
+        for (int k = 0; k < nlv; k++) ok |= b == lv[k];
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static void test_iq_grids(void **state) {
+    (void)state;
+    const int l2[] = {8, 25, 43}, l3x[] = {4, 12, 20, 28, 36, 44, 52, 62}, l3s[] = {1, 3, 5, 7, 9, 11, 13, 15},
+              l1[] = {0xff, 0x00, 0x01};
+    const struct { const uint64_t *g; int n; } g2[] = {{dt_iq2xxs_grid, 256}, {dt_iq2xs_grid, 512}, {dt_iq2s_grid, 1024}};
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < g2[t].n; i++) {
+            assert_true(iq_levels_ok(g2[t].g[i], 8, l2, 3));
+            if (i) assert_true(g2[t].g[i] > g2[t].g[i - 1]);
+        }
+    for (int i = 0; i < 256; i++) {
+        assert_true(iq_levels_ok(dt_iq3xxs_grid[i], 4, l3x, 8));
+        if (i) assert_true(dt_iq3xxs_grid[i] > dt_iq3xxs_grid[i - 1]);
+    }
+    for (int i = 0; i < 512; i++) {
+        assert_true(iq_levels_ok(dt_iq3s_grid[i], 4, l3s, 8));
+        if (i) assert_true(dt_iq3s_grid[i] > dt_iq3s_grid[i - 1]);
+    }
+    for (int i = 0; i < 2048; i++) {
+        assert_true(iq_levels_ok(dt_iq1s_grid[i], 8, l1, 3));
+        if (!i) continue;
+        int cmp = 0; /* signed bytes, coordinate 7 first */
+        for (int j = 7; j >= 0 && !cmp; j--) {
+            int a = (int8_t)(dt_iq1s_grid[i - 1] >> (8 * j)), b = (int8_t)(dt_iq1s_grid[i] >> (8 * j));
+            cmp = (a > b) - (a < b);
+        }
+        assert_int_equal(cmp, -1);
+    }
+    assert_true(dt_iq2xxs_grid[1] == 0x080808080808082bull && dt_iq2xxs_grid[255] == 0x2b2b2b1908081908ull);
+    assert_true(dt_iq2xs_grid[511] == 0x2b2b2b2b2b2b2b2bull && dt_iq2s_grid[1023] == 0x2b2b2b2b2b2b2b2bull);
+    assert_true(dt_iq3xxs_grid[0] == 0x04040404u && dt_iq3xxs_grid[255] == 0x3e341c04u);
+    assert_true(dt_iq3s_grid[0] == 0x01010101u && dt_iq3s_grid[511] == 0x0f0f0101u);
+    assert_true(dt_iq1s_grid[0] == 0xffffffffffffffffull && dt_iq1s_grid[1023] == 0x0000000000ff01ffull &&
+                dt_iq1s_grid[1024] == 0x0000000000ff0100ull && dt_iq1s_grid[2047] == 0x0101010101010101ull);
+    for (int i = 0; i < 128; i++) {
+        assert_int_equal(dt_iq_ksigns[i] & 127, i);
+        assert_int_equal(__builtin_popcount(dt_iq_ksigns[i]) % 2, 0);
+    }
+}
+
+/* ggml's dequantizers' loops, written out here independently of model/iq.h's
+ * unpacking: d and the odd scales as ggml forms them (d · (0.5 + s) · 0.25
+ * and so on), signs through a kmask, IQ1 as dl · (g ± 1/8). */
+static float iq_sign(unsigned signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }
+static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static unsigned le16(const uint8_t *p) { return (unsigned)p[0] | (unsigned)p[1] << 8; }
+
+static void ggml_order_iq(int type, const uint8_t *b, float *y) {
+    const float d = dt_f16_to_f32((dt_f16)le16(b));
+    switch (type) {
+    case DT_IQ2_XXS: /* d, then per 32: 4 grid bytes, u32 of 7-bit signs and the scale in bits 28..31 */
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = b + 2 + 8 * ib;
+            const uint32_t aux = le32(q + 4);
+            const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *g = (const uint8_t *)&dt_iq2xxs_grid[q[l]];
+                const unsigned sg = dt_iq_ksigns[(aux >> 7 * l) & 127];
+                for (int j = 0; j < 8; j++) *y++ = db * g[j] * iq_sign(sg, j);
+            }
+        }
+        break;
+    case DT_IQ2_XS: /* d, qs[32] u16, scales[8] */
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t sc = b[66 + ib];
+            const float db[2] = {d * (0.5f + (float)(sc & 0xf)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f};
+            for (int l = 0; l < 4; l++) {
+                const unsigned v = le16(b + 2 + 2 * (4 * ib + l));
+                const uint8_t *g = (const uint8_t *)&dt_iq2xs_grid[v & 511];
+                for (int j = 0; j < 8; j++) *y++ = db[l / 2] * g[j] * iq_sign(dt_iq_ksigns[v >> 9], j);
+            }
+        }
+        break;
+    case DT_IQ2_S: /* d, qs[64] (32 grid bytes, 32 sign bytes), qh[8], scales[8] */
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t sc = b[74 + ib], qh = b[66 + ib];
+            const float db[2] = {d * (0.5f + (float)(sc & 0xf)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f};
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *g = (const uint8_t *)&dt_iq2s_grid[b[2 + 4 * ib + l] | (qh << (8 - 2 * l) & 0x300)];
+                for (int j = 0; j < 8; j++) *y++ = db[l / 2] * g[j] * iq_sign(b[34 + 4 * ib + l], j);
+            }
+        }
+        break;
+    case DT_IQ3_XXS: /* d, 64 grid bytes, 8 u32 of signs and scales */
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = b + 2 + 8 * ib;
+            const uint32_t aux = le32(b + 66 + 4 * ib);
+            const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+            for (int l = 0; l < 4; l++) {
+                const unsigned sg = dt_iq_ksigns[(aux >> 7 * l) & 127];
+                const uint8_t *g1 = (const uint8_t *)&dt_iq3xxs_grid[q[2 * l]], *g2 = (const uint8_t *)&dt_iq3xxs_grid[q[2 * l + 1]];
+                for (int j = 0; j < 4; j++) y[j] = db * g1[j] * iq_sign(sg, j);
+                for (int j = 0; j < 4; j++) y[j + 4] = db * g2[j] * iq_sign(sg, j + 4);
+                y += 8;
+            }
+        }
+        break;
+    case DT_IQ3_S: /* d, qs[64], qh[8], signs[32], scales[4]: two sub-blocks per loop as ggml */
+        for (int ib = 0; ib < 8; ib += 2) {
+            const uint8_t sc = b[106 + ib / 2];
+            const float dbs[2] = {d * (float)(1 + 2 * (sc & 0xf)), d * (float)(1 + 2 * (sc >> 4))};
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *q = b + 2 + 8 * (ib + h), *sg = b + 74 + 4 * (ib + h);
+                const unsigned qh = b[66 + ib + h];
+                for (int l = 0; l < 4; l++) {
+                    const uint8_t *g1 = (const uint8_t *)&dt_iq3s_grid[q[2 * l] | ((qh << (8 - 2 * l)) & 256)];
+                    const uint8_t *g2 = (const uint8_t *)&dt_iq3s_grid[q[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)];
+                    for (int j = 0; j < 4; j++) y[j] = dbs[h] * g1[j] * iq_sign(sg[l], j);
+                    for (int j = 0; j < 4; j++) y[j + 4] = dbs[h] * g2[j] * iq_sign(sg[l], j + 4);
+                    y += 8;
+                }
+            }
+        }
+        break;
+    case DT_IQ1_S: /* d, qs[32], qh[8] u16 */
+        for (int ib = 0; ib < 8; ib++) {
+            const unsigned qh = le16(b + 34 + 2 * ib);
+            const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -0.125f : 0.125f;
+            for (int l = 0; l < 4; l++) {
+                const int8_t *g = (const int8_t *)&dt_iq1s_grid[b[2 + 4 * ib + l] | (((qh >> 3 * l) & 7) << 8)];
+                for (int j = 0; j < 8; j++) *y++ = dl * ((float)g[j] + delta);
+            }
+        }
+        break;
+    case DT_IQ1_M: { /* qs[32], qh[16], scales[8] (4 u16; d in their top nibbles) */
+        unsigned sc[4];
+        for (int k = 0; k < 4; k++) sc[k] = le16(b + 48 + 2 * k);
+        const float dm = dt_f16_to_f32((dt_f16)((sc[0] >> 12) | ((sc[1] >> 8) & 0xf0) | ((sc[2] >> 4) & 0xf00) | (sc[3] & 0xf000)));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = b + 4 * ib, *qh = b + 32 + 2 * ib;
+            const float dl1 = dm * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1);
+            const float dl2 = dm * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1);
+            const unsigned idx[4] = {q[0] | ((qh[0] << 8) & 0x700), q[1] | ((qh[0] << 4) & 0x700),
+                                     q[2] | ((qh[1] << 8) & 0x700), q[3] | ((qh[1] << 4) & 0x700)};
+            const float delta[4] = {qh[0] & 0x08 ? -0.125f : 0.125f, qh[0] & 0x80 ? -0.125f : 0.125f,
+                                    qh[1] & 0x08 ? -0.125f : 0.125f, qh[1] & 0x80 ? -0.125f : 0.125f};
+            for (int l = 0; l < 4; l++) {
+                const int8_t *g = (const int8_t *)&dt_iq1s_grid[idx[l]];
+                for (int j = 0; j < 8; j++) *y++ = (l < 2 ? dl1 : dl2) * ((float)g[j] + delta[l]);
+            }
+        }
+        break;
+    }
+    default: fail();
+    }
+}
+
+/* Random blocks (every bit pattern of the indices, signs and scales) with a
+ * d of a few chosen values: kvlm's dequantizer gives ggml's loops' bits. */
+static void test_deq_iq_layout(void **state) {
+    (void)state;
+    const int types[] = {DT_IQ2_XXS, DT_IQ2_XS, DT_IQ2_S, DT_IQ3_XXS, DT_IQ3_S, DT_IQ1_S, DT_IQ1_M};
+    const uint16_t ds[] = {0x3800, 0x2e66, 0xb555, 0x0401}; /* 0.5, 0.1, -0.333, a small normal */
+    uint64_t s = 99;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const size_t bs = dt_info(types[t])->type_size;
+        for (int rep = 0; rep < 64; rep++) {
+            uint8_t blk[128];
+            for (size_t i = 0; i < bs; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                blk[i] = (uint8_t)(s >> 56);
+            }
+            const uint16_t d = ds[rep % 4];
+            if (types[t] == DT_IQ1_M) /* d's nibbles on top of the four scale words */
+                for (int k = 0; k < 4; k++) blk[48 + 2 * k + 1] = (uint8_t)((blk[48 + 2 * k + 1] & 0x0f) | ((d >> (4 * k)) & 15) << 4);
+            else
+                blk[0] = (uint8_t)d, blk[1] = (uint8_t)(d >> 8);
+            float y[256], r[256];
+            dt_dequantize_row(types[t], blk, y, 256);
+            ggml_order_iq(types[t], blk, r);
+            for (int i = 0; i < 256; i++)
+                if (f32_bits(y[i]) != f32_bits(r[i])) fail_msg("%s block %d element %d: %g, ggml's order %g", dt_name(types[t]), rep, i, y[i], r[i]);
+        }
+    }
+    /* by hand, IQ2_XXS sub-block 0: grid bytes 1, 0, ..; signs word 0x10000003
+     * (scale 1 -> db = d · 1.5 · 0.25; group 0's sign index 3 -> bits 0, 1 set
+     * (even), group 1's 0): point 1 = 0x080808080808082b */
+    uint8_t b[66] = {0x00, 0x3c}; /* d = 1 */
+    b[2] = 1, b[6] = 0x03, b[9] = 0x10;
+    float y[256];
+    dt_dequantize_row(DT_IQ2_XXS, b, y, 256);
+    assert_true(y[0] == -43 * 0.375f && y[1] == -8 * 0.375f && y[2] == 8 * 0.375f && y[8] == 8 * 0.375f);
+}
+
 static double rel_rms_err(int type, const float *x, int n) {
     const dt_traits *t = dt_info(type);
     void *q = malloc(dt_row_size(type, n));
@@ -427,6 +636,9 @@ static void test_round_trip(void **state) {
         {DT_Q6_K, 0.02, 0.03},    {DT_Q5_K, 0.04, 0.06},   {DT_Q4_K, 0.075, 0.11},  {DT_Q4_0, 0.09, 0.13},
         {DT_Q5_0, 0.045, 0.065},  {DT_Q5_1, 0.04, 0.06},   {DT_Q4_1, 0.08, 0.12},
         {DT_Q3_K, 0.135, 0.165},  {DT_Q2_K, 0.26, 0.31},   {DT_IQ4_NL, 0.07, 0.085}, {DT_IQ4_XS, 0.07, 0.085},
+        /* the codebook types, plain least squares (no importance matrix) */
+        {DT_IQ3_S, 0.135, 0.145}, {DT_IQ3_XXS, 0.195, 0.2}, {DT_IQ2_S, 0.255, 0.27}, {DT_IQ2_XS, 0.31, 0.32},
+        {DT_IQ2_XXS, 0.365, 0.37}, {DT_IQ1_M, 0.41, 0.47},  {DT_IQ1_S, 0.43, 0.5},
     };
     uint64_t s = 42;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -507,7 +719,8 @@ int main(void) {
         cmocka_unit_test(test_deq_q5_K),
         cmocka_unit_test(test_deq_legacy),       cmocka_unit_test(test_deq_q6_K_q8_K),
         cmocka_unit_test(test_deq_q2_K_layout),  cmocka_unit_test(test_deq_q3_K_layout),
-        cmocka_unit_test(test_deq_iq4_layout),
+        cmocka_unit_test(test_deq_iq4_layout),   cmocka_unit_test(test_iq_grids),
+        cmocka_unit_test(test_deq_iq_layout),
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,9 @@
 /* model/dtype: type traits and the scalar reference quantizers/dequantizers for
  * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_NL, IQ4_XS and Q8_K (block layouts as in GGUF). */
+ * IQ4_NL, IQ4_XS and Q8_K (block layouts as in GGUF); the codebook types
+ * (IQ2_*, IQ3_*, IQ1_*) in model/iq.c. */
 #include "model/dtype.h"
+#include "model/iq.h"
 #include <math.h>
 #include <strings.h>
 
@@ -28,20 +30,20 @@ static const dt_entry k_types[DT_COUNT] = {
     [DT_Q5_K] = {{"q5_K", QK_K, sizeof(block_q5_K)}, 1},
     [DT_Q6_K] = {{"q6_K", QK_K, sizeof(block_q6_K)}, 1},
     [DT_Q8_K] = {{"q8_K", QK_K, sizeof(block_q8_K)}, 1},
-    [16] = {{"iq2_xxs", QK_K, 66}, 0},
-    [17] = {{"iq2_xs", QK_K, 74}, 0},
-    [18] = {{"iq3_xxs", QK_K, 98}, 0},
-    [19] = {{"iq1_s", QK_K, 50}, 0},
+    [DT_IQ2_XXS] = {{"iq2_xxs", QK_K, sizeof(block_iq2_xxs)}, 1},
+    [DT_IQ2_XS] = {{"iq2_xs", QK_K, sizeof(block_iq2_xs)}, 1},
+    [DT_IQ3_XXS] = {{"iq3_xxs", QK_K, sizeof(block_iq3_xxs)}, 1},
+    [DT_IQ1_S] = {{"iq1_s", QK_K, sizeof(block_iq1_s)}, 1},
     [DT_IQ4_NL] = {{"iq4_nl", QK4_NL, sizeof(block_iq4_nl)}, 1},
-    [21] = {{"iq3_s", QK_K, 110}, 0},
-    [22] = {{"iq2_s", QK_K, 82}, 0},
+    [DT_IQ3_S] = {{"iq3_s", QK_K, sizeof(block_iq3_s)}, 1},
+    [DT_IQ2_S] = {{"iq2_s", QK_K, sizeof(block_iq2_s)}, 1},
     [DT_IQ4_XS] = {{"iq4_xs", QK_K, sizeof(block_iq4_xs)}, 1},
     [24] = {{"i8", 1, 1}, 0},
     [25] = {{"i16", 1, 2}, 0},
     [26] = {{"i32", 1, 4}, 0},
     [27] = {{"i64", 1, 8}, 0},
     [28] = {{"f64", 1, 8}, 0},
-    [29] = {{"iq1_m", QK_K, 56}, 0},
+    [DT_IQ1_M] = {{"iq1_m", QK_K, sizeof(block_iq1_m)}, 1},
     [DT_BF16] = {{"bf16", 1, 2}, 1},
     [34] = {{"tq1_0", QK_K, 54}, 0},
     [35] = {{"tq2_0", QK_K, 66}, 0},
@@ -283,7 +285,9 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case DT_Q3_K: deq_q3_K(src, dst, nb); break;
     case DT_IQ4_NL: deq_iq4_nl(src, dst, nb); break;
     case DT_IQ4_XS: deq_iq4_xs(src, dst, nb); break;
-    default: break;
+    default:
+        if (dt_is_iq(type)) dt_iq_dequantize(type, src, dst, nb);
+        break;
     }
 }
 
@@ -734,6 +738,9 @@ int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     case DT_Q3_K: q_q3_K(src, dst, nb); return 0;
     case DT_IQ4_NL: q_iq4_nl(src, dst, nb); return 0;
     case DT_IQ4_XS: q_iq4_xs(src, dst, nb); return 0;
-    default: return -1;
+    default:
+        if (!dt_is_iq(type)) return -1;
+        dt_iq_quantize(type, src, dst, nb);
+        return 0;
     }
 }

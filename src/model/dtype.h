@@ -23,9 +23,16 @@ typedef enum {
     DT_Q5_K = 13,
     DT_Q6_K = 14,
     DT_Q8_K = 15,
-    DT_BF16 = 30,
+    DT_IQ2_XXS = 16,
+    DT_IQ2_XS = 17,
+    DT_IQ3_XXS = 18,
+    DT_IQ1_S = 19,
     DT_IQ4_NL = 20,
+    DT_IQ3_S = 21,
+    DT_IQ2_S = 22,
     DT_IQ4_XS = 23,
+    DT_IQ1_M = 29,
+    DT_BF16 = 30,
     DT_COUNT = 40
 } dt_type;
 
@@ -100,6 +107,40 @@ typedef struct {
     uint8_t scales_l[QK_K / 64];
     uint8_t qs[QK_K / 2];
 } block_iq4_xs;                     /* 136 bytes */
+/* The codebook types (model/iq.h): each group of 8 weights is a point of a
+ * fixed lattice codebook, looked up by index, times a sign pattern (IQ2, IQ3)
+ * or plus a shift of +-1/8 (IQ1), times a 3- or 4-bit scale per 16 or 32
+ * weights and the block's f16 d. Bit fields of sub-block ib (32 weights) in
+ * model/iq.h; the layouts are ggml's, byte for byte. */
+/* 2.0625 bits: per sub-block two u32 (qs[4ib..]), the first 4 byte-wide point
+ * indices, the second 4 x 7-bit sign indices and a 4-bit scale on top */
+typedef struct { dt_f16 d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;                          /* 66 bytes */
+/* 2.3125 bits: qs = 9-bit point index | 7-bit sign index << 9; a 4-bit scale per 16 */
+typedef struct { dt_f16 d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs; /* 74 bytes */
+/* 2.5625 bits: 10-bit point indices (low bytes qs[0..31], 2 high bits each in
+ * qh), 8 sign bits per group (qs[32..63]), a 4-bit scale per 16 */
+typedef struct { dt_f16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s; /* 82 bytes */
+/* 3.0625 bits: 8-bit indices of 4-weight points (qs[0..63]), then per
+ * sub-block a u32 of 4 x 7-bit sign indices and a 4-bit scale */
+typedef struct { dt_f16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;                        /* 98 bytes */
+/* 3.4375 bits: 9-bit indices of 4-weight points (low bytes qs, high bits qh),
+ * 8 sign bits per group, a 4-bit scale per sub-block */
+typedef struct {
+    dt_f16 d;
+    uint8_t qs[QK_K / 4];
+    uint8_t qh[QK_K / 32];
+    uint8_t signs[QK_K / 8];
+    uint8_t scales[QK_K / 64];
+} block_iq3_s;                                                                              /* 110 bytes */
+/* 1.5625 bits: 11-bit indices of ternary points (low bytes qs, 3 high bits
+ * each in qh[ib]), qh[ib]'s bits 12..14 a 3-bit scale, bit 15 the shift's sign */
+typedef struct { dt_f16 d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;    /* 50 bytes */
+/* 1.75 bits: IQ1_S's points with a shift per group (qh), 3-bit scales per 16,
+ * and the f16 d spread over the top nibbles of the four u16 of scales */
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m; /* 56 bytes */
+_Static_assert(sizeof(block_iq2_xxs) == 66 && sizeof(block_iq2_xs) == 74 && sizeof(block_iq2_s) == 82, "iq2 layouts");
+_Static_assert(sizeof(block_iq3_xxs) == 98 && sizeof(block_iq3_s) == 110, "iq3 layouts");
+_Static_assert(sizeof(block_iq1_s) == 50 && sizeof(block_iq1_m) == 56, "iq1 layouts");
 /* The 16 non-uniform levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
 extern const int8_t dt_kvalues_iq4nl[16];
 _Static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110, "q2_K q3_K layouts");
