@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
+#include "model/iq.h"
 #include "ops/ops.h"
 #include "ops/backend.h"
 #include "ops/ops_internal.h"
@@ -75,7 +76,10 @@ typedef struct {
 static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf16"}, {DT_Q8_0, "q8_0"},
                                 {DT_Q4_0, "q4_0"}, {DT_Q4_1, "q4_1"}, {DT_Q5_0, "q5_0"}, {DT_Q5_1, "q5_1"},
                                 {DT_Q4_K, "q4_K"}, {DT_Q5_K, "q5_K"}, {DT_Q6_K, "q6_K"}, {DT_Q2_K, "q2_K"},
-                                {DT_Q3_K, "q3_K"}, {DT_IQ4_NL, "iq4_nl"}, {DT_IQ4_XS, "iq4_xs"}};
+                                {DT_Q3_K, "q3_K"}, {DT_IQ4_NL, "iq4_nl"}, {DT_IQ4_XS, "iq4_xs"},
+                                {DT_IQ2_XXS, "iq2_xxs"}, {DT_IQ2_XS, "iq2_xs"}, {DT_IQ2_S, "iq2_s"},
+                                {DT_IQ3_XXS, "iq3_xxs"}, {DT_IQ3_S, "iq3_s"}, {DT_IQ1_S, "iq1_s"},
+                                {DT_IQ1_M, "iq1_m"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -83,7 +87,24 @@ static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
     assert_true(rs > 0);
     uint8_t *w = malloc(rs * (size_t)n_out);
     float *wf = rand_floats((size_t)n_in * n_out, 0.5f);
-    for (int o = 0; o < n_out; o++) assert_int_equal(dt_quantize_row(type, wf + (size_t)o * n_in, w + rs * o, n_in), 0);
+    if (dt_is_iq(type)) {
+        /* the codebook types: random blocks (every index, sign and scale
+         * pattern) with d = 1/64; their quantizer is test_dtype's */
+        static uint64_t s = 5;
+        const size_t bs = dt_info(type)->type_size, nb = rs * (size_t)n_out / bs;
+        for (size_t i = 0; i < rs * (size_t)n_out; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (uint8_t)(s >> 56);
+        }
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = w + b * bs;
+            if (type == DT_IQ1_M)
+                for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0f) | ((0x2400 >> (4 * k)) & 15) << 4);
+            else
+                blk[0] = 0x00, blk[1] = 0x24;
+        }
+    } else
+        for (int o = 0; o < n_out; o++) assert_int_equal(dt_quantize_row(type, wf + (size_t)o * n_in, w + rs * o, n_in), 0);
     /* the weights the kernels see are the dequantized ones */
     for (int o = 0; o < n_out; o++) dt_dequantize_row(type, w + rs * o, wf + (size_t)o * n_in, n_in);
     *wf_out = wf;

@@ -3,6 +3,7 @@
  * loaded (and unpacked) serves RN tokens, and every activation vector RM rows. */
 #include <string.h>
 #include "model/dtype.h"
+#include "model/iq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -671,6 +672,137 @@ AI void iq4xs_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size
     for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
 }
 
+/* ---- the codebook types x Q8_K (model/iq.h) -----------------------------------
+ * Per 32-weight sub-block: the 4 points as one vector of unsigned bytes from
+ * table loads (IQ3: 8 half-points), their signs as ±1 bytes applied to the
+ * activations, one maddubs per token; the pairs times the odd scales (low
+ * lane: weights 0..15, high: 16..31). IQ1: 8 g ± 1 as signed bytes, taken
+ * as |w| x sign(x, w). */
+AI __m256i iq_scales(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+AI __m256i iq_set4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    return _mm256_set_epi64x((long long)d, (long long)c, (long long)b, (long long)a);
+}
+AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg, __m256i *sc) {
+    if (T == DT_IQ2_XXS) {
+        const uint8_t *q = (const uint8_t *)((const block_iq2_xxs *)blk)->qs + 8 * ib;
+        const uint32_t a0 = dt_iq_u32(q), a1 = dt_iq_u32(q + 4);
+        *u = iq_set4(dt_iq2xxs_grid[a0 & 255], dt_iq2xxs_grid[(a0 >> 8) & 255], dt_iq2xxs_grid[(a0 >> 16) & 255],
+                     dt_iq2xxs_grid[a0 >> 24]);
+        *sg = iq_set4(dt_iq_ksigns64[a1 & 127], dt_iq_ksigns64[(a1 >> 7) & 127], dt_iq_ksigns64[(a1 >> 14) & 127],
+                      dt_iq_ksigns64[(a1 >> 21) & 127]);
+        *sc = _mm256_set1_epi16((short)(2 * (a1 >> 28) + 1));
+    } else if (T == DT_IQ2_XS) {
+        const block_iq2_xs *b = (const block_iq2_xs *)blk;
+        const uint8_t *q = (const uint8_t *)b->qs + 8 * ib;
+        const unsigned v0 = dt_iq_u16(q), v1 = dt_iq_u16(q + 2), v2 = dt_iq_u16(q + 4), v3 = dt_iq_u16(q + 6);
+        *u = iq_set4(dt_iq2xs_grid[v0 & 511], dt_iq2xs_grid[v1 & 511], dt_iq2xs_grid[v2 & 511], dt_iq2xs_grid[v3 & 511]);
+        *sg = iq_set4(dt_iq_ksigns64[v0 >> 9], dt_iq_ksigns64[v1 >> 9], dt_iq_ksigns64[v2 >> 9], dt_iq_ksigns64[v3 >> 9]);
+        *sc = iq_scales(2 * (b->scales[ib] & 15) + 1, 2 * (b->scales[ib] >> 4) + 1);
+    } else if (T == DT_IQ2_S) {
+        const block_iq2_s *b = (const block_iq2_s *)blk;
+        const uint8_t *q = b->qs + 4 * ib, *s = b->qs + QK_K / 8 + 4 * ib;
+        const unsigned h = b->qh[ib];
+        *u = iq_set4(dt_iq2s_grid[q[0] | ((h << 8) & 0x300)], dt_iq2s_grid[q[1] | ((h << 6) & 0x300)],
+                     dt_iq2s_grid[q[2] | ((h << 4) & 0x300)], dt_iq2s_grid[q[3] | ((h << 2) & 0x300)]);
+        *sg = iq_set4(dt_iq_signs64[s[0]], dt_iq_signs64[s[1]], dt_iq_signs64[s[2]], dt_iq_signs64[s[3]]);
+        *sc = iq_scales(2 * (b->scales[ib] & 15) + 1, 2 * (b->scales[ib] >> 4) + 1);
+    } else if (T == DT_IQ3_XXS) {
+        const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+        const uint8_t *q = b->qs + 8 * ib;
+        const uint32_t a = dt_iq_u32(b->qs + QK_K / 4 + 4 * ib);
+        *u = _mm256_set_epi32((int)dt_iq3xxs_grid[q[7]], (int)dt_iq3xxs_grid[q[6]], (int)dt_iq3xxs_grid[q[5]],
+                              (int)dt_iq3xxs_grid[q[4]], (int)dt_iq3xxs_grid[q[3]], (int)dt_iq3xxs_grid[q[2]],
+                              (int)dt_iq3xxs_grid[q[1]], (int)dt_iq3xxs_grid[q[0]]);
+        *sg = iq_set4(dt_iq_ksigns64[a & 127], dt_iq_ksigns64[(a >> 7) & 127], dt_iq_ksigns64[(a >> 14) & 127],
+                      dt_iq_ksigns64[(a >> 21) & 127]);
+        *sc = _mm256_set1_epi16((short)(2 * (a >> 28) + 1));
+    } else if (T == DT_IQ3_S) {
+        const block_iq3_s *b = (const block_iq3_s *)blk;
+        const uint8_t *q = b->qs + 8 * ib, *s = b->signs + 4 * ib;
+        const unsigned h = b->qh[ib];
+#define G3(k) (int)dt_iq3s_grid[q[k] | (((h >> (k)) & 1) << 8)]
+        *u = _mm256_set_epi32(G3(7), G3(6), G3(5), G3(4), G3(3), G3(2), G3(1), G3(0));
+#undef G3
+        *sg = iq_set4(dt_iq_signs64[s[0]], dt_iq_signs64[s[1]], dt_iq_signs64[s[2]], dt_iq_signs64[s[3]]);
+        *sc = _mm256_set1_epi16((short)(2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1));
+    } else { /* IQ1_S, IQ1_M: w = 8 g + shift, shift = ±1 per 32 (S) or per 8 (M) */
+        __m256i g, sh;
+        if (T == DT_IQ1_S) {
+            const block_iq1_s *b = (const block_iq1_s *)blk;
+            const uint8_t *q = b->qs + 4 * ib;
+            const unsigned h = dt_iq_u16((const uint8_t *)b->qh + 2 * ib);
+            g = iq_set4(dt_iq1s_grid[q[0] | ((h << 8) & 0x700)], dt_iq1s_grid[q[1] | ((h << 5) & 0x700)],
+                        dt_iq1s_grid[q[2] | ((h << 2) & 0x700)], dt_iq1s_grid[q[3] | ((h >> 1) & 0x700)]);
+            sh = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
+            *sc = _mm256_set1_epi16((short)(2 * ((h >> 12) & 7) + 1));
+        } else {
+            const block_iq1_m *b = (const block_iq1_m *)blk;
+            const uint8_t *q = b->qs + 4 * ib;
+            const unsigned h = dt_iq_u16(b->qh + 2 * ib); /* a nibble per group */
+            g = iq_set4(dt_iq1s_grid[q[0] | ((h << 8) & 0x700)], dt_iq1s_grid[q[1] | ((h << 4) & 0x700)],
+                        dt_iq1s_grid[q[2] | (h & 0x700)], dt_iq1s_grid[q[3] | ((h >> 4) & 0x700)]);
+            sh = iq_set4(dt_iq_signs64[(h & 0x8) ? 255 : 0], dt_iq_signs64[(h & 0x80) ? 255 : 0],
+                         dt_iq_signs64[(h & 0x800) ? 255 : 0], dt_iq_signs64[(h & 0x8000) ? 255 : 0]);
+            const unsigned s = dt_iq_u16(b->scales + 2 * (ib / 2)) >> (6 * (ib % 2));
+            *sc = iq_scales(2 * (int)(s & 7) + 1, 2 * (int)((s >> 3) & 7) + 1);
+        }
+        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), sh);
+        *u = _mm256_abs_epi8(w);
+        *sg = w;
+    }
+}
+
+AI void iq_tile(const int T, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    const int nb = n / QK_K;
+    const size_t bs = T == DT_IQ2_XXS ? sizeof(block_iq2_xxs) : T == DT_IQ2_XS ? sizeof(block_iq2_xs)
+                    : T == DT_IQ2_S ? sizeof(block_iq2_s) : T == DT_IQ3_XXS ? sizeof(block_iq3_xxs)
+                    : T == DT_IQ3_S ? sizeof(block_iq3_s) : T == DT_IQ1_S ? sizeof(block_iq1_s) : sizeof(block_iq1_m);
+    const float inv = 1.0f / (float)dt_iq_div(T);
+    const pf_plan pf = pf_plan_for((size_t)nb * bs, 32768, 4, 16384);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bs;
+        if (RN == 1) pf_step(w, (size_t)b * bs, (int)bs, pf); /* decode */
+        __m256i sumi[MAXC];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            __m256i u, sg, sc;
+            iq_sub(T, blk, ib, &u, &sg, &sc);
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 32 * ib;
+                const __m256i p = _mm256_maddubs_epi16(u, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), sg));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const float d = _cvtsh_ss(T == DT_IQ1_M ? dt_iq1m_d((const block_iq1_m *)blk) : *(const dt_f16 *)blk) * inv;
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(d * xd), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+#define IQ_TILE_FN(nm, T)                                                                                         \
+    AI void nm##_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) { \
+        iq_tile(T, RN, n, w, x, xs, y, ys);                                                                       \
+    }
+IQ_TILE_FN(iq2xxs, DT_IQ2_XXS)
+IQ_TILE_FN(iq2xs, DT_IQ2_XS)
+IQ_TILE_FN(iq2s, DT_IQ2_S)
+IQ_TILE_FN(iq3xxs, DT_IQ3_XXS)
+IQ_TILE_FN(iq3s, DT_IQ3_S)
+IQ_TILE_FN(iq1s, DT_IQ1_S)
+IQ_TILE_FN(iq1m, DT_IQ1_M)
+
 /* ---- tile drivers: full RM x RN register tiles, then the edges ------------- */
 #define FT(kind, rm, rn) \
     static void ft_##kind##_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys) { \
@@ -726,6 +858,13 @@ K_TILE(q2_K, q2k_tile)
 K_TILE(q3_K, q3k_tile)
 K_TILE(iq4_nl, iq4nl_tile)
 K_TILE(iq4_xs, iq4xs_tile)
+K_TILE(iq2_xxs, iq2xxs_tile)
+K_TILE(iq2_xs, iq2xs_tile)
+K_TILE(iq2_s, iq2s_tile)
+K_TILE(iq3_xxs, iq3xxs_tile)
+K_TILE(iq3_s, iq3s_tile)
+K_TILE(iq1_s, iq1s_tile)
+K_TILE(iq1_m, iq1m_tile)
 
 /* Bandwidth probe: 4 independent accumulators keep several loads in flight;
  * with prefetch, lines are also requested 4 KiB ahead into L2, which on some

@@ -3,6 +3,7 @@
  * against (same quantized activations, integer dot products per block). */
 #include <math.h>
 #include "model/dtype.h"
+#include "model/iq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -243,6 +244,40 @@ static float dot_iq4_xs(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* The codebook types (model/iq.h): per 32-weight sub-block the integers w
+ * against the activations, per 16 times the odd scale; the block's sum times
+ * d · dx / div. */
+static inline float dot_iq(int type, int n, const uint8_t *w, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    const size_t bs = dt_layout(type)->type_size;
+    const float inv = 1.0f / (float)dt_iq_div(type);
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *wb = w + (size_t)b * bs;
+        int sumi = 0;
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            int8_t q[32];
+            int ls[2];
+            dt_iq_unpack(type, wb, ib, q, ls);
+            const int8_t *a = xb[b].qs + 32 * ib;
+            for (int h = 0; h < 2; h++) {
+                int isum = 0;
+                for (int j = 16 * h; j < 16 * h + 16; j++) isum += q[j] * a[j];
+                sumi += ls[h] * isum;
+            }
+        }
+        s = fmaf((float)sumi, dt_iq_d(type, wb) * xb[b].d * inv, s);
+    }
+    return s;
+}
+static float dot_iq2_xxs(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ2_XXS, n, w, x); }
+static float dot_iq2_xs(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ2_XS, n, w, x); }
+static float dot_iq2_s(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ2_S, n, w, x); }
+static float dot_iq3_xxs(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ3_XXS, n, w, x); }
+static float dot_iq3_s(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ3_S, n, w, x); }
+static float dot_iq1_s(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ1_S, n, w, x); }
+static float dot_iq1_m(int n, const uint8_t *w, const uint8_t *x) { return dot_iq(DT_IQ1_M, n, w, x); }
+
 static inline void tile(dot_fn f, int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                         float *y, size_t ys, int nr, int nc) {
     for (int c = 0; c < nc; c++)
@@ -269,6 +304,13 @@ TILE(q2_K)
 TILE(q3_K)
 TILE(iq4_nl)
 TILE(iq4_xs)
+TILE(iq2_xxs)
+TILE(iq2_xs)
+TILE(iq2_s)
+TILE(iq3_xxs)
+TILE(iq3_s)
+TILE(iq1_s)
+TILE(iq1_m)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
