@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
+#include "model/iq.h"
 #include "model/model.h"
 #include "util/error.h"
 
@@ -265,8 +266,8 @@ static int fit_type(int want, int64_t n_in) {
     if (tr && n_in % tr->block_size == 0) return want;
     if ((want == DT_Q4_K || want == DT_Q5_K || want == DT_Q6_K) && n_in % 32 == 0)
         return want == DT_Q4_K ? DT_Q4_0 : DT_Q8_0;
-    /* the 2-, 3- and 4.25-bit super-block types fall back to IQ4_NL (llama.cpp's choice) */
-    if ((want == DT_Q2_K || want == DT_Q3_K || want == DT_IQ4_XS) && n_in % 32 == 0) return DT_IQ4_NL;
+    /* the 1- to 4.25-bit super-block types fall back to IQ4_NL (llama.cpp's choice) */
+    if ((want == DT_Q2_K || want == DT_Q3_K || want == DT_IQ4_XS || dt_is_iq(want)) && n_in % 32 == 0) return DT_IQ4_NL;
     return DT_F16;
 }
 
