@@ -63,7 +63,7 @@ void dt_iq_dequantize(int type, const void *src, float *y, int64_t nb) {
  * magnitudes, IQ1: -1/0/1), with each point's sum of squares and sum. */
 typedef struct {
     int n, dim;      /* points, coordinates per point (8 or 4) */
-    float *lv;       /* n x dim */
+    float *lv;       /* dim x n: coordinate j of point i at lv[j n + i] */
     float *nrm[3];   /* per point: |L + δ|² for the shifts -1/8, 0, +1/8 */
     float lmax;      /* the largest coordinate */
 } iq_book;
@@ -85,7 +85,7 @@ static void book_make(iq_book *k, int n, int dim, const void *grid) {
         for (int j = 0; j < dim; j++) {
             const int byte = (int)((g >> (8 * j)) & 255);
             const float v = grid == dt_iq1s_grid ? (float)(int8_t)byte : (float)byte;
-            k->lv[i * dim + j] = v;
+            k->lv[j * n + i] = v;
             s2 += v * v;
             s1 += v;
             if (v > k->lmax) k->lmax = v;
@@ -132,17 +132,32 @@ static iq_spec spec_of(int type) {
  * (0, 1, 2: -1/8, none, +1/8; weight ≈ s · (coordinate + shift)): argmin over
  * points of |t - s (L + shift)|², from the targets' dots with every point.
  * Returns the point; *err gets the error less |t|², the same for all points. */
+typedef float iq_v4f __attribute__((vector_size(16), aligned(4)));
+typedef int32_t iq_v4i __attribute__((vector_size(16), aligned(4)));
+
 static int best_point(const iq_book *k, const float *dots, float tsum, float s, int sh, float *err) {
-    int best = 0;
-    float be = FLT_MAX;
+    /* 4 lanes, each keeping its first minimum; then the smallest value, the
+     * lowest point on ties: the point a plain loop finds (n is a multiple of 4) */
     const float ss = s * s, s2 = 2.0f * s, *nrm = k->nrm[sh];
-    for (int i = 0; i < k->n; i++) {
-        const float e = ss * nrm[i] - s2 * dots[i];
-        if (e < be) { be = e; best = i; }
+    iq_v4f best = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
+    iq_v4i bi = {0, 0, 0, 0}, idx = {0, 1, 2, 3};
+    const iq_v4i four = {4, 4, 4, 4};
+    for (int i = 0; i < k->n; i += 4, idx += four) {
+        iq_v4f a, b;
+        memcpy(&a, nrm + i, sizeof a);
+        memcpy(&b, dots + i, sizeof b);
+        const iq_v4f e = ss * a - s2 * b;
+        const iq_v4i m = e < best;
+        best = (iq_v4f)(((iq_v4i)e & m) | ((iq_v4i)best & ~m));
+        bi = (idx & m) | (bi & ~m);
     }
+    float be = best[0];
+    int bp = bi[0];
+    for (int l = 1; l < 4; l++)
+        if (best[l] < be || (best[l] == be && bi[l] < bp)) { be = best[l]; bp = bi[l]; }
     /* |t - s(L + δ)|² - |t|² = s² (|L|² + 2δ ΣL + dim δ²) - 2s (t·L + δ Σt) */
     *err = be - s2 * (float)(sh - 1) * IQ1_DELTA * tsum;
-    return best;
+    return bp;
 }
 
 /* One super-block: the targets' signs, then per scale group the scale,
@@ -213,12 +228,14 @@ static void fit_block(int type, const float *x, iq_fit *f, float *dots) {
         tsum[g] = 0;
         for (int j = 0; j < dim; j++) tsum[g] += t[g * dim + j];
     }
-    for (int g = 0; g < groups; g++)
-        for (int i = 0; i < k->n; i++) {
-            float s = 0;
-            for (int j = 0; j < dim; j++) s += t[g * dim + j] * k->lv[i * dim + j];
-            dots[(size_t)g * k->n + i] = s;
+    for (int g = 0; g < groups; g++) {
+        float *dg = dots + (size_t)g * k->n;
+        for (int i = 0; i < k->n; i++) dg[i] = 0;
+        for (int j = 0; j < dim; j++) {
+            const float tj = t[g * dim + j], *l = k->lv + (size_t)j * k->n;
+            for (int i = 0; i < k->n; i++) dg[i] += tj * l[i];
         }
+    }
     /* per scale group: the best of 7 scales around max |x| / largest level, refined by least squares */
     const int gps = sp.scale_len / dim, nsg = QK_K / sp.scale_len;
     float scale[QK_K / 16], smax = 0;
@@ -239,7 +256,7 @@ static void fit_block(int type, const float *x, iq_fit *f, float *dots) {
         for (int g = sg * gps; g < sg * gps + gps; g++) {
             const float sh = sp.ternary ? (float)f->shift[g * dim / 8] * IQ1_DELTA : 0.0f;
             for (int j = 0; j < dim; j++) {
-                const float l = k->lv[f->point[g] * dim + j] + sh;
+                const float l = k->lv[j * k->n + f->point[g]] + sh;
                 num += t[g * dim + j] * l;
                 den += l * l;
             }
