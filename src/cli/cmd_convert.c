@@ -9,12 +9,15 @@ int cmd_convert(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm convert IN OUT.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k|q2_k|q3_k|iq4_nl|iq4_xs] [--tokenizer FILE]\n\n"
+            printf("usage: kvlm convert IN OUT.gguf [--type T] [--tokenizer FILE]\n\n"
                    "Writes IN (GGUF, llama2.c .bin with its tokenizer.bin, or a Hugging Face model\n"
                    "directory: docs/hf-checkpoints.md) as a GGUF v3 file with\n"
                    "its hyper-parameters and tokenizer. --type converts the 2-D weights (norms stay\n"
                    "f32; a tensor whose rows do not fit the type's block falls back to a smaller block\n"
-                   "type, as llama.cpp's quantizer does). Default: keep each tensor's type.\n");
+                   "type, as llama.cpp's quantizer does). Default: keep each tensor's type.\n"
+                   "T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q2_k q3_k iq4_nl iq4_xs\n"
+                   "   iq3_s iq3_xxs iq2_s iq2_xs iq2_xxs iq1_m iq1_s (the codebook types: least squares\n"
+                   "   without an importance matrix, microseconds per weight, on every core)\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
@@ -27,7 +30,7 @@ int cmd_convert(int argc, char **argv) {
     if (!in || !out) return cli_fail("convert", "usage: kvlm convert IN OUT.gguf [--type T]");
     int type = -1;
     if (type_name && (type = kvlm_type_from_name(type_name)) < 0)
-        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs)", type_name);
+        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s)", type_name);
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;

@@ -1,12 +1,15 @@
 /* model/writer: writing models as GGUF v3 — conversion of a loaded model
  * (`kvlm convert`) and synthetic random-weight models for tests/benchmarks. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "model/dtype.h"
 #include "model/iq.h"
 #include "model/model.h"
+#include "util/pool.h"
 #include "util/error.h"
 
 typedef struct {
@@ -271,31 +274,88 @@ static int fit_type(int want, int64_t n_in) {
     return DT_F16;
 }
 
-/* Converts rows of `src` to type `dst_type`; returns malloc'd data or NULL. */
-static void *convert_rows(const model_tensor *src, int dst_type) {
-    size_t out_row = dt_row_size(dst_type, src->n_in), in_row = dt_row_size(src->type, src->n_in);
-    char *out = malloc(out_row * (size_t)src->n_out);
-    float *tmp = malloc(sizeof(float) * (size_t)src->n_in);
-    if (!out || !tmp) { free(out); free(tmp); return NULL; }
-    for (int64_t r = 0; r < src->n_out; r++) {
-        dt_dequantize_row(src->type, (const char *)src->data + r * in_row, tmp, src->n_in);
-        dt_quantize_row(dst_type, tmp, out + r * out_row, src->n_in);
+/* Converting rows on the pool's threads. */
+typedef struct {
+    const model_tensor *src;
+    int dst_type;
+    bool random_codes;
+    char *out;
+    atomic_int failed;
+} convert_job;
+
+/* A block of random codes (every index, sign and scale drawn) whose d makes
+ * its RMS that of the n floats x it stands for. */
+static void random_block(int type, uint64_t *s, const float *x, int n, uint8_t *blk, float *tmp) {
+    const size_t bs = dt_layout(type)->type_size;
+    for (size_t i = 0; i < bs; i++) {
+        *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+        blk[i] = (uint8_t)(*s >> 32);
+    }
+    dt_f16 one = 0x3c00;
+    for (int pass = 0; pass < 2; pass++) {
+        if (type == DT_IQ1_M) /* d on top of the four scale words */
+            for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0f) | ((one >> (4 * k)) & 15) << 4);
+        else
+            memcpy(blk, &one, 2);
+        if (pass) break;
+        dt_dequantize_row(type, blk, tmp, n);
+        double a = 0, b = 0;
+        for (int i = 0; i < n; i++) a += (double)x[i] * x[i], b += (double)tmp[i] * tmp[i];
+        one = dt_f32_to_f16(b > 0 ? (float)sqrt(a / b) : 0.0f);
+    }
+}
+
+static void convert_part(void *ctx, int ith, int nth) {
+    convert_job *j = ctx;
+    const model_tensor *src = j->src;
+    size_t out_row = dt_row_size(j->dst_type, src->n_in), in_row = dt_row_size(src->type, src->n_in);
+    float *tmp = malloc(sizeof(float) * (size_t)(src->n_in + QK_K));
+    if (!tmp) { atomic_store(&j->failed, 1); return; }
+    long lo, hi;
+    util_split((long)src->n_out, ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++) {
+        char *o = j->out + (size_t)r * out_row;
+        dt_dequantize_row(src->type, (const char *)src->data + (size_t)r * in_row, tmp, src->n_in);
+        if (j->random_codes) {
+            const int bsz = dt_layout(j->dst_type)->block_size;
+            uint64_t s = 0x9e3779b97f4a7c15ull ^ ((uint64_t)r * 0xbf58476d1ce4e5b9ull) ^ (uint64_t)src->n_in;
+            for (int b = 0; b < src->n_in / bsz; b++)
+                random_block(j->dst_type, &s, tmp + (size_t)b * bsz, bsz,
+                             (uint8_t *)o + (size_t)b * dt_layout(j->dst_type)->type_size, tmp + src->n_in);
+        } else
+            dt_quantize_row(j->dst_type, tmp, o, src->n_in);
     }
     free(tmp);
-    return out;
+}
+
+/* Converts rows of `src` to type `dst_type` on the pool's threads (the
+ * codebook types' quantizers take microseconds per weight); returns
+ * malloc'd data or NULL. random_codes (synthetic models of the codebook
+ * types): random codes at the rows' scale instead of quantizing them. */
+static void *convert_rows(util_pool *pool, const model_tensor *src, int dst_type, bool random_codes) {
+    convert_job j = {src, dst_type, random_codes, malloc(dt_row_size(dst_type, src->n_in) * (size_t)src->n_out), 0};
+    if (!j.out) return NULL;
+    util_pool_run(pool, convert_part, &j);
+    if (atomic_load(&j.failed)) { free(j.out); return NULL; }
+    return j.out;
 }
 
 /* Adds every tensor, converting 2-D weights to `type` (-1: keep). Converted
  * data is malloc'd into owned[i]; the writer reads it at write time. */
-static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void **owned, kvlm_error *err) {
+static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool random_codes, void **owned,
+                         kvlm_error *err) {
+    util_pool *pool = util_pool_create(0); /* NULL: converted on this thread */
     for (int i = 0; i < n; i++) {
         model_tensor *t = &ts[i].t;
         bool is_1d = t->n_out == 1; /* norms and biases stay f32 */
         int dst = is_1d || type < 0 ? t->type : fit_type(type, t->n_in);
         const void *data = t->data;
         if (dst != t->type) {
-            data = owned[i] = convert_rows(t, dst);
-            if (!data) return util_err_set(err, KVLM_ENOMEM, "out of memory converting %s", ts[i].name);
+            data = owned[i] = convert_rows(pool, t, dst, random_codes && dt_is_iq(dst));
+            if (!data) {
+                util_pool_free(pool);
+                return util_err_set(err, KVLM_ENOMEM, "out of memory converting %s", ts[i].name);
+            }
         }
         int64_t ne[3] = {t->n_in, t->n_out, 1};
         int n_dims = is_1d ? 1 : 2;
@@ -305,12 +365,14 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, void
             n_dims = 3;
         }
         int rc = gguf_writer_add_tensor(w, ts[i].name, dst, n_dims, ne, data, err);
-        if (rc) return rc;
+        if (rc) { util_pool_free(pool); return rc; }
     }
+    util_pool_free(pool);
     return KVLM_OK;
 }
 
-int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
+/* random_codes: synth's codebook-type weights are random codes (convert_rows). */
+static int save_gguf(const struct kvlm_model *m, const char *path, int type, bool random_codes, kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
     /* No GGUF key holds the attention scale: a reader derives it (llama.cpp's
@@ -339,7 +401,7 @@ int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm
                   m->cfg.arch == KVLM_ARCH_DEEPSEEK2 && m->cfg.n_layers > 0 && m->layers[0].wk_b.data);
     vocab_to_gguf(&m->vocab, w);
     int n = list_tensors(m, ts, cap);
-    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, owned, err);
+    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, random_codes, owned, err);
     if (!rc) rc = gguf_writer_write(w, path, err);
 done:
     if (owned)
@@ -350,6 +412,10 @@ done:
     gguf_writer_free(w);
     free(ts);
     return rc;
+}
+
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
+    return save_gguf(m, path, type, false, err);
 }
 
 /* ---- synthetic models ---------------------------------------------------- */
@@ -665,7 +731,9 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
         goto done;
     }
-    rc = model_save_gguf(&m, path, p->type, err);
+    /* the codebook types get random codes: quantizing a billion random
+     * weights to them would take hours, and the codes cost what real ones do */
+    rc = save_gguf(&m, path, p->type, true, err);
 done:
     for (int i = 0; i < n_alloc; i++) free(bufs[i]);
     free(bufs);
