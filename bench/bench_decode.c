@@ -3,7 +3,8 @@
  * the machine's read bandwidth (measured in the same run) that represents:
  * bytes of weights streamed per token x tokens/s / bandwidth.
  * `bench_decode THREADS --types q4_K,q2_K,...` (or --low-bit: q4_K, q2_K,
- * q3_K, iq4_nl, iq4_xs) runs the TinyLlama shape only, those types in
+ * q3_K, iq4_nl, iq4_xs; --codebook: q4_K, q2_K, q3_K and the seven codebook
+ * types IQ3_S ... IQ1_S) runs the TinyLlama shape only, those types in
  * alternating rounds, each against the first type as the baseline.
  * `--shape stories110M` (or stories15M, tinyllama-1.1B) picks the shape of
  * --types; a type written `f16@avx2` runs with the kernels capped at the AVX2
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--small")) big = false;
         else if (!strcmp(argv[i], "--low-bit")) list = "q4_K,q2_K,q3_K,iq4_nl,iq4_xs";
+        else if (!strcmp(argv[i], "--codebook")) list = "q4_K,q2_K,q3_K,iq3_s,iq3_xxs,iq2_s,iq2_xs,iq2_xxs,iq1_m,iq1_s";
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) list = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
     }

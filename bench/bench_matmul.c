@@ -112,13 +112,16 @@ int main(int argc, char **argv) {
     const int types[] = {DT_F32,  DT_F16,      DT_BF16,     DT_Q8_0,     DT_Q4_0,     DT_Q4_K,     DT_Q5_K, DT_Q6_K,
                          DT_Q4_1, DT_Q5_0,     DT_Q5_1,     OP_Q8_0_R16, OP_Q4_0_R16, OP_Q5_0_R16, OP_Q4_1_R16,
                          OP_Q5_1_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16, DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, OP_IQ4_NL_R16,
-                         OP_IQ4_XS_R16, OP_Q2_K_R16, OP_Q3_K_R16};
+                         OP_IQ4_XS_R16, OP_Q2_K_R16, OP_Q3_K_R16, DT_IQ3_S, DT_IQ3_XXS, DT_IQ2_S, DT_IQ2_XS,
+                         DT_IQ2_XXS, DT_IQ1_M, DT_IQ1_S};
     const char *names[] = {"f32",   "f16",   "bf16",  "q8_0",  "q4_0",  "q4_K",  "q5_K",  "q6_K",  "q4_1",  "q5_0",
                            "q5_1",  "q8_0r", "q4_0r", "q5_0r", "q4_1r", "q5_1r", "q4_Kr", "q5_Kr", "q6_Kr",
-                           "q2_K",  "q3_K",  "iq4_nl", "iq4_xs", "iq4_nlr", "iq4_xsr", "q2_Kr", "q3_Kr"};
-    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0, 0, 0, 0, 0.70, 0.70, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                           "q2_K",  "q3_K",  "iq4_nl", "iq4_xs", "iq4_nlr", "iq4_xsr", "q2_Kr", "q3_Kr",
+                           "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs", "iq2_xxs", "iq1_m", "iq1_s"};
+    const double target[] = {0.85, 0.85, 0, 0.70, 0.70, 0, 0, 0, 0, 0, 0, 0.70, 0.70, 0, 0, 0, 0,
+                             0,    0,    0, 0,    0,    0, 0, 0, 0, 0, 0, 0, 0,    0,    0, 0, 0};
     const shape shapes[] = {{5632, 2048}, {32000, 2048}, {2048, 5632}};
-    enum { NT = 27, NS = 3, TP = 64 };
+    enum { NT = 34, NS = 3, TP = 64 };
     const int n_shapes = quick ? 1 : NS;
 
     printf("decode (T=1) matrix-vector; weights cycled through >= %zu MiB so they come from memory\n",

@@ -681,15 +681,22 @@ AI void iq4xs_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size
 AI __m256i iq_scales(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
 }
+/* 4 sign bytes (bit j of byte l: weight 8l + j negative) as 32 bytes of -1 / +1. */
+AI __m256i iq_signs_bytes(const uint8_t *s) {
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)dt_iq_u32(s)), spread);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits), _mm256_set1_epi8(1));
+}
 AI __m256i iq_set4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
     return _mm256_set_epi64x((long long)d, (long long)c, (long long)b, (long long)a);
 }
 AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg, __m256i *sc) {
     if (T == DT_IQ2_XXS) {
         const uint8_t *q = (const uint8_t *)((const block_iq2_xxs *)blk)->qs + 8 * ib;
-        const uint32_t a0 = dt_iq_u32(q), a1 = dt_iq_u32(q + 4);
-        *u = iq_set4(dt_iq2xxs_grid[a0 & 255], dt_iq2xxs_grid[(a0 >> 8) & 255], dt_iq2xxs_grid[(a0 >> 16) & 255],
-                     dt_iq2xxs_grid[a0 >> 24]);
+        const uint32_t a1 = dt_iq_u32(q + 4);
+        *u = iq_set4(dt_iq2xxs_grid[q[0]], dt_iq2xxs_grid[q[1]], dt_iq2xxs_grid[q[2]], dt_iq2xxs_grid[q[3]]);
         *sg = iq_set4(dt_iq_ksigns64[a1 & 127], dt_iq_ksigns64[(a1 >> 7) & 127], dt_iq_ksigns64[(a1 >> 14) & 127],
                       dt_iq_ksigns64[(a1 >> 21) & 127]);
         *sc = _mm256_set1_epi16((short)(2 * (a1 >> 28) + 1));
@@ -706,7 +713,7 @@ AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg,
         const unsigned h = b->qh[ib];
         *u = iq_set4(dt_iq2s_grid[q[0] | ((h << 8) & 0x300)], dt_iq2s_grid[q[1] | ((h << 6) & 0x300)],
                      dt_iq2s_grid[q[2] | ((h << 4) & 0x300)], dt_iq2s_grid[q[3] | ((h << 2) & 0x300)]);
-        *sg = iq_set4(dt_iq_signs64[s[0]], dt_iq_signs64[s[1]], dt_iq_signs64[s[2]], dt_iq_signs64[s[3]]);
+        *sg = iq_signs_bytes(s);
         *sc = iq_scales(2 * (b->scales[ib] & 15) + 1, 2 * (b->scales[ib] >> 4) + 1);
     } else if (T == DT_IQ3_XXS) {
         const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
@@ -725,7 +732,7 @@ AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg,
 #define G3(k) (int)dt_iq3s_grid[q[k] | (((h >> (k)) & 1) << 8)]
         *u = _mm256_set_epi32(G3(7), G3(6), G3(5), G3(4), G3(3), G3(2), G3(1), G3(0));
 #undef G3
-        *sg = iq_set4(dt_iq_signs64[s[0]], dt_iq_signs64[s[1]], dt_iq_signs64[s[2]], dt_iq_signs64[s[3]]);
+        *sg = iq_signs_bytes(s);
         *sc = _mm256_set1_epi16((short)(2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 15) + 1));
     } else { /* IQ1_S, IQ1_M: w = 8 g + shift, shift = ±1 per 32 (S) or per 8 (M) */
         __m256i g, sh;
@@ -743,8 +750,10 @@ AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg,
             const unsigned h = dt_iq_u16(b->qh + 2 * ib); /* a nibble per group */
             g = iq_set4(dt_iq1s_grid[q[0] | ((h << 8) & 0x700)], dt_iq1s_grid[q[1] | ((h << 4) & 0x700)],
                         dt_iq1s_grid[q[2] | (h & 0x700)], dt_iq1s_grid[q[3] | ((h >> 4) & 0x700)]);
-            sh = iq_set4(dt_iq_signs64[(h & 0x8) ? 255 : 0], dt_iq_signs64[(h & 0x80) ? 255 : 0],
-                         dt_iq_signs64[(h & 0x800) ? 255 : 0], dt_iq_signs64[(h & 0x8000) ? 255 : 0]);
+            /* group l's shift bit 4l + 3 as a whole qword of -1 or +1 bytes */
+            const __m256i f = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x((long long)h), _mm256_setr_epi64x(3, 7, 11, 15)),
+                                               _mm256_set1_epi64x(1));
+            sh = _mm256_or_si256(_mm256_cmpeq_epi64(f, _mm256_set1_epi64x(1)), _mm256_set1_epi8(1));
             const unsigned s = dt_iq_u16(b->scales + 2 * (ib / 2)) >> (6 * (ib % 2));
             *sc = iq_scales(2 * (int)(s & 7) + 1, 2 * (int)((s >> 3) & 7) + 1);
         }
