@@ -46,6 +46,37 @@ if [ -f "$MODELS/stories260K.gguf" ] && [ -f "$CORPORA/tinystories-valid-head.tx
   else fail=$((fail + 1)); echo "FAIL weight types' perplexity"; fi
 else echo "SKIP: stories260K or the TinyStories text not found"; fi
 
+# The codebook types end to end on a real model: stories4M_hd64 (rows of 256;
+# FFN-down's rows of 688 stay f32-sized as F16) converted to IQ3_S and IQ2_XXS
+# by kvlm's own quantizer (least squares, no importance matrix). Measured
+# (-c 256 --chunks 20): f32 5.213, iq3_s 5.360, iq2_xxs 8.019; every converted
+# matrix of 256 columns is of the type, and IQ3_S's greedy text starts as f32's.
+S4="$MODELS/stories4M_hd64.gguf"
+if [ -f "$S4" ] && [ -f "$CORPORA/tinystories-valid-head.txt" ]; then
+  declare -A Q G
+  ok=1
+  for t in f32 iq3_s iq2_xxs; do
+    m="${TMPDIR:-/tmp}/kvlm-ppl-$$-$t.gguf"
+    if [ "$t" = f32 ]; then m="$S4"
+    else
+      "$KVLM" convert "$S4" "$m" --type "$t" >/dev/null 2>&1 || ok=0
+      n="$("$KVLM" inspect "$m" 2>/dev/null | grep -c "blk\.[0-9]*\.attn_q\.weight *$t ")"
+      [ "$n" = 6 ] || { ok=0; echo "     $t: $n of 6 attn_q matrices in the type"; }
+    fi
+    Q[$t]="$("$KVLM" perplexity -m "$m" -f "$CORPORA/tinystories-valid-head.txt" -c 256 --chunks 20 2>/dev/null |
+             sed -n 's/^Final estimate: PPL = \([0-9.]*\) +\/- [0-9.]*$/\1/p')"
+    G[$t]="$("$KVLM" run -m "$m" -p "Once upon a time" -n 16 --temp 0 2>/dev/null)"
+    [ "$t" = f32 ] || [ "$t" = iq3_s ] || rm -f "$m"
+  done
+  rm -f "${TMPDIR:-/tmp}/kvlm-ppl-$$-iq3_s.gguf"
+  echo "     stories4M_hd64 PPL: f32 ${Q[f32]} iq3_s ${Q[iq3_s]} iq2_xxs ${Q[iq2_xxs]}"
+  if [ "$ok" = 1 ] && [ -n "${G[f32]}" ] && [ "${G[iq3_s]:0:60}" = "${G[f32]:0:60}" ] &&
+     awk -v f="${Q[f32]}" -v a="${Q[iq3_s]}" -v b="${Q[iq2_xxs]}" \
+       'BEGIN { exit !(f > 0 && a > f && a < f * 1.05 && b > a && b < f * 1.8) }'; then
+    pass=$((pass + 1)); echo "ok   iq3_s within 5% of f32, iq2_xxs within 80% and worse than iq3_s, iq3_s's greedy text f32's"
+  else fail=$((fail + 1)); echo "FAIL codebook types on stories4M_hd64 (text: '${G[iq3_s]:0:60}' vs '${G[f32]:0:60}')"; fi
+else echo "SKIP: stories4M_hd64.gguf or the TinyStories text not found"; fi
+
 # Too short a text for the context is a clear error.
 printf 'Once upon a time.' >"${TMPDIR:-/tmp}/kvlm-short-$$.txt"
 if [ -f "$MODELS/stories260K.gguf" ]; then
