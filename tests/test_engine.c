@@ -375,6 +375,22 @@ static void greedy_ids(kvlm_model *m, const int32_t *ids, int np, int n, bool no
     kvlm_ctx_free(ctx);
 }
 
+/* The random llama of the low-bit weight tests (rows of 256 and 512 columns), f32. */
+static kvlm_synth_params low_bit_shape(void) {
+    kvlm_synth_params sp = {0};
+    sp.arch = KVLM_ARCH_LLAMA;
+    sp.dim = 256;
+    sp.hidden_dim = 512;
+    sp.n_layers = 2;
+    sp.n_heads = 8;
+    sp.n_kv_heads = 2;
+    sp.vocab_size = 300;
+    sp.n_ctx = 256;
+    sp.seed = 77;
+    sp.type = DT_F32;
+    return sp;
+}
+
 /* Q2_K, Q3_K, IQ4_NL and IQ4_XS models (every 2-D weight in the type: rows
  * of 256 and 512 columns) of the same random weights as an f32 one: the
  * cache equals a recompute, greedy decode with the cache picks the tokens a
@@ -392,17 +408,7 @@ static void test_low_bit_weights(void **state) {
         {"q3_k", DT_Q3_K, 0.62, 0.51},   {"q2_k", DT_Q2_K, 0.93, 0.87},
     };
     double rms[5];
-    kvlm_synth_params sp = {0};
-    sp.arch = KVLM_ARCH_LLAMA;
-    sp.dim = 256;
-    sp.hidden_dim = 512;
-    sp.n_layers = 2;
-    sp.n_heads = 8;
-    sp.n_kv_heads = 2;
-    sp.vocab_size = 300;
-    sp.n_ctx = 256;
-    sp.seed = 77;
-    sp.type = DT_F32;
+    kvlm_synth_params sp = low_bit_shape();
     const char *fpath = tu_tmp_path(".gguf");
     kvlm_error err = {0};
     if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
@@ -470,17 +476,7 @@ static void test_codebook_weights(void **state) {
         {"iq3_xxs", DT_IQ3_XXS}, {"iq2_s", DT_IQ2_S}, {"iq2_xs", DT_IQ2_XS}, {"iq1_s", DT_IQ1_S},
     };
     const int n_types = tu_quick() ? 3 : 7;
-    kvlm_synth_params sp = {0};
-    sp.arch = KVLM_ARCH_LLAMA;
-    sp.dim = 256;
-    sp.hidden_dim = 512;
-    sp.n_layers = 2;
-    sp.n_heads = 8;
-    sp.n_kv_heads = 2;
-    sp.vocab_size = 300;
-    sp.n_ctx = 256;
-    sp.seed = 77;
-    sp.type = DT_F32;
+    kvlm_synth_params sp = low_bit_shape();
     const char *fpath = tu_tmp_path(".gguf");
     kvlm_error err = {0};
     if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
