@@ -49,9 +49,11 @@ else echo "SKIP: stories260K or the TinyStories text not found"; fi
 # The codebook types end to end on a real model: stories4M_hd64 (rows of 256;
 # FFN-down's rows of 688 stay f32-sized as F16) converted to IQ3_S and IQ2_XXS
 # by kvlm's own quantizer (least squares, no importance matrix). Measured
-# (-c 256 --chunks 20): f32 5.213, iq3_s 5.360, iq2_xxs 8.019; every converted
+# (-c 256 --chunks 20): f32 5.213, iq3_s 5.360, iq2_xxs 8.019 (8 chunks in
+# sanitizer builds, KVLM_TEST_QUICK: 5.105, 5.176, 7.465); every converted
 # matrix of 256 columns is of the type, and IQ3_S's greedy text starts as f32's.
 S4="$MODELS/stories4M_hd64.gguf"
+chunks=20; [ -n "${KVLM_TEST_QUICK:-}" ] && chunks=8
 if [ -f "$S4" ] && [ -f "$CORPORA/tinystories-valid-head.txt" ]; then
   declare -A Q G
   ok=1
@@ -63,7 +65,7 @@ if [ -f "$S4" ] && [ -f "$CORPORA/tinystories-valid-head.txt" ]; then
       n="$("$KVLM" inspect "$m" 2>/dev/null | grep -c "blk\.[0-9]*\.attn_q\.weight *$t ")"
       [ "$n" = 6 ] || { ok=0; echo "     $t: $n of 6 attn_q matrices in the type"; }
     fi
-    Q[$t]="$("$KVLM" perplexity -m "$m" -f "$CORPORA/tinystories-valid-head.txt" -c 256 --chunks 20 2>/dev/null |
+    Q[$t]="$("$KVLM" perplexity -m "$m" -f "$CORPORA/tinystories-valid-head.txt" -c 256 --chunks "$chunks" 2>/dev/null |
              sed -n 's/^Final estimate: PPL = \([0-9.]*\) +\/- [0-9.]*$/\1/p')"
     G[$t]="$("$KVLM" run -m "$m" -p "Once upon a time" -n 16 --temp 0 2>/dev/null)"
     [ "$t" = f32 ] || [ "$t" = iq3_s ] || rm -f "$m"
