@@ -572,10 +572,7 @@ static void test_deq_iq_layout(void **state) {
                 blk[i] = (uint8_t)(s >> 56);
             }
             const uint16_t d = ds[rep % 4];
-            if (types[t] == DT_IQ1_M) /* d's nibbles on top of the four scale words */
-                for (int k = 0; k < 4; k++) blk[48 + 2 * k + 1] = (uint8_t)((blk[48 + 2 * k + 1] & 0x0f) | ((d >> (4 * k)) & 15) << 4);
-            else
-                blk[0] = (uint8_t)d, blk[1] = (uint8_t)(d >> 8);
+            dt_iq_set_d(types[t], blk, d);
             float y[256], r[256];
             dt_dequantize_row(types[t], blk, y, 256);
             ggml_order_iq(types[t], blk, r);

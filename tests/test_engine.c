@@ -391,6 +391,18 @@ static kvlm_synth_params low_bit_shape(void) {
     return sp;
 }
 
+/* A low-bit model's KV cache equals a recompute, and greedy decode with the
+ * cache picks the tokens a full recompute picks. */
+static void check_cached_runs(kvlm_model *m, const char *type, const int32_t *ids) {
+    char what[64];
+    snprintf(what, sizeof what, "%s weights 8:2", type);
+    check_cache_equals_recompute(m, what);
+    int32_t a[12], b[12];
+    greedy_ids(m, ids, 4, 12, false, a);
+    greedy_ids(m, ids, 4, 12, true, b);
+    assert_memory_equal(a, b, sizeof a);
+}
+
 /* Q2_K, Q3_K, IQ4_NL and IQ4_XS models (every 2-D weight in the type: rows
  * of 256 and 512 columns) of the same random weights as an f32 one: the
  * cache equals a recompute, greedy decode with the cache picks the tokens a
@@ -434,13 +446,7 @@ static void test_low_bit_weights(void **state) {
             }
         }
         assert_true(n2d >= 9);
-        char what[64];
-        snprintf(what, sizeof what, "%s weights 8:2", types[i].type);
-        check_cache_equals_recompute(m, what);
-        int32_t a[12], b[12];
-        greedy_ids(m, ids, 4, 12, false, a);
-        greedy_ids(m, ids, 4, 12, true, b);
-        assert_memory_equal(a, b, sizeof a);
+        check_cached_runs(m, types[i].type, ids);
         float *got = logits_of(m, ids, N, false, false, 2);
         double scale = 0, worst = 0, se = 0, sr = 0;
         for (int k = 0; k < N * V; k++) scale = fmax(scale, fabs(ref[k]));
@@ -498,13 +504,7 @@ static void test_codebook_weights(void **state) {
         }
         if (kvlm_model_save_gguf(m, dpath, DT_F32, &err)) fail_msg("dequantize %s: %s", types[i].type, err.msg);
         kvlm_model *md = load(dpath, NULL);
-        char what[64];
-        snprintf(what, sizeof what, "%s weights 8:2", types[i].type);
-        check_cache_equals_recompute(m, what);
-        int32_t a[12], b[12];
-        greedy_ids(m, ids, 4, 12, false, a);
-        greedy_ids(m, ids, 4, 12, true, b);
-        assert_memory_equal(a, b, sizeof a);
+        check_cached_runs(m, types[i].type, ids);
         float *got = logits_of(m, ids, N, false, false, 2), *deq = logits_of(md, ids, N, false, false, 2);
         double se_d = 0, sr_d = 0, se_o = 0, sr_o = 0;
         for (int k = 0; k < N * V; k++) {

@@ -96,13 +96,7 @@ static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             w[i] = (uint8_t)(s >> 56);
         }
-        for (size_t b = 0; b < nb; b++) {
-            uint8_t *blk = w + b * bs;
-            if (type == DT_IQ1_M)
-                for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0f) | ((0x2400 >> (4 * k)) & 15) << 4);
-            else
-                blk[0] = 0x00, blk[1] = 0x24;
-        }
+        for (size_t b = 0; b < nb; b++) dt_iq_set_d(type, w + b * bs, 0x2400);
     } else
         for (int o = 0; o < n_out; o++) assert_int_equal(dt_quantize_row(type, wf + (size_t)o * n_in, w + rs * o, n_in), 0);
     /* the weights the kernels see are the dequantized ones */

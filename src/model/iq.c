@@ -380,8 +380,8 @@ static void encode(int type, const iq_fit *f, void *dst) {
                 b->qh[2 * ib + l / 2] |= (uint8_t)(nib << (4 * (l % 2)));
             }
         }
-        for (int i = 0; i < 4; i++) sc[i] |= (uint16_t)(((d >> (4 * i)) & 15) << 12);
         memcpy(b->scales, sc, 8);
+        dt_iq_set_d(type, b, d);
         break;
     }
     default: break;

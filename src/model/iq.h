@@ -60,6 +60,15 @@ static inline dt_f16 dt_iq1m_d(const block_iq1_m *b) {
 static inline float dt_iq_d(int type, const void *block) {
     return dt_f16_to_f32(type == DT_IQ1_M ? dt_iq1m_d(block) : *(const dt_f16 *)block);
 }
+/* Stores a block's d (IQ1_M: in the top nibbles of its four u16 scale words). */
+static inline void dt_iq_set_d(int type, void *block, dt_f16 d) {
+    if (type != DT_IQ1_M) {
+        memcpy(block, &d, 2);
+        return;
+    }
+    uint8_t *hi = ((block_iq1_m *)block)->scales + 1; /* the high bytes, little-endian */
+    for (int k = 0; k < 4; k++) hi[2 * k] = (uint8_t)((hi[2 * k] & 0x0f) | ((d >> (4 * k)) & 15) << 4);
+}
 
 /* 8 signed magnitudes: byte j of grid, negative where bit j of signs is set. */
 static inline void iq_signed8(uint64_t grid, unsigned signs, int8_t *w) {

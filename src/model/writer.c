@@ -291,18 +291,11 @@ static void random_block(int type, uint64_t *s, const float *x, int n, uint8_t *
         *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
         blk[i] = (uint8_t)(*s >> 32);
     }
-    dt_f16 one = 0x3c00;
-    for (int pass = 0; pass < 2; pass++) {
-        if (type == DT_IQ1_M) /* d on top of the four scale words */
-            for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0f) | ((one >> (4 * k)) & 15) << 4);
-        else
-            memcpy(blk, &one, 2);
-        if (pass) break;
-        dt_dequantize_row(type, blk, tmp, n);
-        double a = 0, b = 0;
-        for (int i = 0; i < n; i++) a += (double)x[i] * x[i], b += (double)tmp[i] * tmp[i];
-        one = dt_f32_to_f16(b > 0 ? (float)sqrt(a / b) : 0.0f);
-    }
+    dt_iq_set_d(type, blk, 0x3c00); /* d = 1, then the d that gives x's RMS */
+    dt_dequantize_row(type, blk, tmp, n);
+    double a = 0, b = 0;
+    for (int i = 0; i < n; i++) a += (double)x[i] * x[i], b += (double)tmp[i] * tmp[i];
+    dt_iq_set_d(type, blk, dt_f32_to_f16(b > 0 ? (float)sqrt(a / b) : 0.0f));
 }
 
 static void convert_part(void *ctx, int ith, int nth) {

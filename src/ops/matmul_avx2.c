@@ -638,46 +638,12 @@ AI void iq4nl_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size
     for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
 }
 
-AI void iq4xs_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
-    const int nb = n / QK_K;
-    const block_iq4_xs *wb = (const block_iq4_xs *)w;
-    const pf_plan pf = pf_plan_for((size_t)nb * sizeof(block_iq4_xs), 32768, 4, 16384);
-    __m256 acc[MAXC];
-#pragma GCC unroll 4
-    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        if (RN == 1) pf_step(w, (size_t)b * sizeof(block_iq4_xs), (int)sizeof(block_iq4_xs), pf); /* decode */
-        __m256i sumi[MAXC];
-#pragma GCC unroll 4
-        for (int c = 0; c < RN; c++) sumi[c] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const __m256i wv = iq4_levels(wb[b].qs + 16 * g), wa = _mm256_abs_epi8(wv);
-            const __m256i sv = _mm256_set1_epi16((short)op_iq4xs_scale(&wb[b], g));
-#pragma GCC unroll 4
-            for (int c = 0; c < RN; c++) {
-                const int8_t *a = ((const block_q8_K *)(x + (size_t)c * xs))[b].qs + 32 * g;
-                const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), wv));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sv));
-            }
-        }
-        const float d = _cvtsh_ss(wb[b].d);
-#pragma GCC unroll 4
-        for (int c = 0; c < RN; c++) {
-            const float xd = ((const block_q8_K *)(x + (size_t)c * xs))[b].d;
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_set1_ps(d * xd), acc[c]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
-}
-
-/* ---- the codebook types x Q8_K (model/iq.h) -----------------------------------
+/* ---- IQ4_XS and the codebook types x Q8_K (model/iq.h) -------------------------
  * Per 32-weight sub-block: the 4 points as one vector of unsigned bytes from
  * table loads (IQ3: 8 half-points), their signs as ±1 bytes applied to the
  * activations, one maddubs per token; the pairs times the odd scales (low
  * lane: weights 0..15, high: 16..31). IQ1: 8 g ± 1 as signed bytes, taken
- * as |w| x sign(x, w). */
+ * as |w| x sign(x, w); IQ4_XS likewise its 32 levels, one signed 6-bit scale. */
 AI __m256i iq_scales(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
 }
@@ -693,7 +659,13 @@ AI __m256i iq_set4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
     return _mm256_set_epi64x((long long)d, (long long)c, (long long)b, (long long)a);
 }
 AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg, __m256i *sc) {
-    if (T == DT_IQ2_XXS) {
+    if (T == DT_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)blk;
+        const __m256i wv = iq4_levels(b->qs + 16 * ib);
+        *u = _mm256_abs_epi8(wv);
+        *sg = wv;
+        *sc = _mm256_set1_epi16((short)op_iq4xs_scale(b, ib));
+    } else if (T == DT_IQ2_XXS) {
         const uint8_t *q = (const uint8_t *)((const block_iq2_xxs *)blk)->qs + 8 * ib;
         const uint32_t a1 = dt_iq_u32(q + 4);
         *u = iq_set4(dt_iq2xxs_grid[q[0]], dt_iq2xxs_grid[q[1]], dt_iq2xxs_grid[q[2]], dt_iq2xxs_grid[q[3]]);
@@ -765,10 +737,10 @@ AI void iq_sub(const int T, const uint8_t *blk, int ib, __m256i *u, __m256i *sg,
 
 AI void iq_tile(const int T, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
     const int nb = n / QK_K;
-    const size_t bs = T == DT_IQ2_XXS ? sizeof(block_iq2_xxs) : T == DT_IQ2_XS ? sizeof(block_iq2_xs)
+    const size_t bs = T == DT_IQ4_XS ? sizeof(block_iq4_xs) : T == DT_IQ2_XXS ? sizeof(block_iq2_xxs) : T == DT_IQ2_XS ? sizeof(block_iq2_xs)
                     : T == DT_IQ2_S ? sizeof(block_iq2_s) : T == DT_IQ3_XXS ? sizeof(block_iq3_xxs)
                     : T == DT_IQ3_S ? sizeof(block_iq3_s) : T == DT_IQ1_S ? sizeof(block_iq1_s) : sizeof(block_iq1_m);
-    const float inv = 1.0f / (float)dt_iq_div(T);
+    const float inv = T == DT_IQ4_XS ? 1.0f : 1.0f / (float)dt_iq_div(T);
     const pf_plan pf = pf_plan_for((size_t)nb * bs, 32768, 4, 16384);
     __m256 acc[MAXC];
 #pragma GCC unroll 4
@@ -804,6 +776,7 @@ AI void iq_tile(const int T, const int RN, int n, const uint8_t *w, const uint8_
     AI void nm##_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) { \
         iq_tile(T, RN, n, w, x, xs, y, ys);                                                                       \
     }
+IQ_TILE_FN(iq4xs, DT_IQ4_XS)
 IQ_TILE_FN(iq2xxs, DT_IQ2_XXS)
 IQ_TILE_FN(iq2xs, DT_IQ2_XS)
 IQ_TILE_FN(iq2s, DT_IQ2_S)
