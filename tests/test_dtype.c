@@ -7,6 +7,7 @@
 #include "helpers/testutil.h"
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 
 static float bits_f32(uint32_t b) {
     float f;
@@ -24,7 +25,7 @@ static void test_traits(void **state) {
     const int ok[] = {DT_F32,     DT_F16,    DT_BF16,    DT_Q8_0,    DT_Q4_0,   DT_Q4_1,  DT_Q5_0,
                       DT_Q5_1,    DT_Q4_K,   DT_Q5_K,    DT_Q6_K,    DT_Q8_K,   DT_Q2_K,  DT_Q3_K,
                       DT_IQ4_NL,  DT_IQ4_XS, DT_IQ2_XXS, DT_IQ2_XS,  DT_IQ2_S,  DT_IQ3_XXS, DT_IQ3_S,
-                      DT_IQ1_S,   DT_IQ1_M};
+                      DT_IQ1_S,   DT_IQ1_M,  DT_MXFP4,   DT_TQ1_0,   DT_TQ2_0};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         const dt_traits *t = dt_info(ok[i]);
         assert_non_null(t);
@@ -52,15 +53,23 @@ static void test_traits(void **state) {
         assert_int_equal(dt_info(iq[i].type)->type_size, iq[i].bytes);
         assert_int_equal(dt_info(iq[i].type)->block_size, 256);
     }
+    /* ggml's sizes: MXFP4 e + 16 bytes of nibbles per 32; TQ1_0 48 + 4 + 2, TQ2_0 64 + 2 per 256 */
+    assert_int_equal(dt_info(DT_MXFP4)->type_size, 17);
+    assert_int_equal(dt_info(DT_MXFP4)->block_size, 32);
+    assert_int_equal(dt_info(DT_TQ1_0)->type_size, 54);
+    assert_int_equal(dt_info(DT_TQ2_0)->type_size, 66);
+    assert_int_equal(dt_info(DT_TQ1_0)->block_size, 256);
+    assert_int_equal(dt_from_name("TQ1_0"), DT_TQ1_0);
+    assert_int_equal(dt_from_name("MXFP4"), DT_MXFP4);
     assert_int_equal(dt_from_name("IQ2_XXS"), DT_IQ2_XXS);
     assert_int_equal(dt_from_name("iq1_m"), DT_IQ1_M);
     assert_int_equal(dt_from_name("q2_k"), DT_Q2_K);
     /* ggml types kvlm does not compute with: known layout, no traits */
     assert_null(dt_info(DT_Q8_1));
-    assert_null(dt_info(34)); /* tq1_0 */
-    assert_non_null(dt_layout(34));
-    assert_int_equal(dt_layout(34)->type_size, 54);
-    assert_string_equal(dt_name(34), "tq1_0");
+    assert_non_null(dt_layout(DT_Q8_1));
+    assert_int_equal(dt_layout(DT_Q8_1)->type_size, 36);
+    assert_string_equal(dt_name(DT_Q8_1), "q8_1");
+    assert_null(dt_info(24)); /* i8 */
     assert_null(dt_info(-1));
     assert_null(dt_info(4));
     assert_null(dt_layout(4));
@@ -73,7 +82,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_from_name("BF16"), DT_BF16);
     assert_int_equal(dt_from_name("q8_k"), DT_Q8_K);
     assert_int_equal(dt_from_name("q5_k"), DT_Q5_K);
-    assert_int_equal(dt_from_name("tq1_0"), -1); /* not supported */
+    assert_int_equal(dt_from_name("q8_1"), -1); /* not supported */
     assert_int_equal(dt_from_name("nope"), -1);
     assert_int_equal(dt_from_name(NULL), -1);
     assert_int_equal(dt_row_size(DT_F32, 7), 28);
@@ -83,7 +92,7 @@ static void test_traits(void **state) {
     assert_int_equal(dt_row_size(99, 32), 0);
     float x[32] = {0};
     uint8_t out[64];
-    assert_int_equal(dt_quantize_row(34, x, out, 256), -1); /* tq1_0: no quantizer */
+    assert_int_equal(dt_quantize_row(DT_Q8_1, x, out, 32), -1); /* q8_1: no quantizer */
     assert_int_equal(dt_quantize_row(DT_Q8_0, x, out, 31), -1);
 }
 
@@ -590,6 +599,148 @@ static void test_deq_iq_layout(void **state) {
     assert_true(y[0] == -43 * 0.375f && y[1] == -8 * 0.375f && y[2] == 8 * 0.375f && y[8] == 8 * 0.375f);
 }
 
+/* ---- MXFP4 and the ternary types ----------------------------------------------
+ * ggml's dequantization loops, written out as its reference has them: MXFP4
+ * as IQ4_NL's with GGML_E8M0_TO_FP32_HALF; TQ1_0 with pow3 and (q 3) >> 8 over
+ * qs in runs of 32 and 16 bytes and then qh; TQ2_0 over 32-byte runs. */
+static float ggml_e8m0_half(uint8_t x) { return bits_f32(x < 2 ? 0x00200000u << x : (uint32_t)(x - 1) << 23); }
+static void ggml_order_small(int type, const uint8_t *blk, float *y) {
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    if (type == DT_MXFP4) {
+        const float d = ggml_e8m0_half(blk[0]);
+        for (int j = 0; j < 16; j++) {
+            y[j] = kv[blk[1 + j] & 0x0f] * d;
+            y[j + 16] = kv[blk[1 + j] >> 4] * d;
+        }
+        return;
+    }
+    if (type == DT_TQ2_0) {
+        const float d = dt_f16_to_f32((dt_f16)(blk[64] | blk[65] << 8));
+        for (size_t j = 0; j < 64; j += 32)
+            for (size_t l = 0; l < 4; ++l)
+                for (size_t m = 0; m < 32; ++m) {
+                    int8_t q = (int8_t)((blk[j + m] >> (l * 2)) & 3);
+                    *y++ = (float)(q - 1) * d;
+                }
+        return;
+    }
+    const uint8_t pow3[6] = {1, 3, 9, 27, 81, 243};
+    const uint8_t *qs = blk, *qh = blk + 48;
+    const float d = dt_f16_to_f32((dt_f16)(blk[52] | blk[53] << 8));
+    for (size_t j = 0; j < 48 - 48 % 32; j += 32)
+        for (size_t n = 0; n < 5; ++n)
+            for (size_t m = 0; m < 32; ++m) {
+                uint8_t q = (uint8_t)(qs[j + m] * pow3[n]);
+                int16_t xi = (int16_t)(((uint16_t)q * 3) >> 8);
+                *y++ = (float)(xi - 1) * d;
+            }
+    for (size_t j = 48 - 48 % 32; j < 48; j += 16)
+        for (size_t n = 0; n < 5; ++n)
+            for (size_t m = 0; m < 16; ++m) {
+                uint8_t q = (uint8_t)(qs[j + m] * pow3[n]);
+                int16_t xi = (int16_t)(((uint16_t)q * 3) >> 8);
+                *y++ = (float)(xi - 1) * d;
+            }
+    for (size_t n = 0; n < 4; ++n)
+        for (size_t j = 0; j < 4; ++j) {
+            uint8_t q = (uint8_t)(qh[j] * pow3[n]);
+            int16_t xi = (int16_t)(((uint16_t)q * 3) >> 8);
+            *y++ = (float)(xi - 1) * d;
+        }
+}
+
+/* ggml's TQ1_0 packing of ternary values t (x / d = -1, 0, 1), written out. */
+static void ggml_pack_tq1_0(const int *t, uint8_t *blk) {
+    for (size_t m = 0; m < 32; ++m) {
+        uint8_t q = 0;
+        for (size_t n = 0; n < 5; ++n) q = (uint8_t)(q * 3 + (t[m + n * 32] + 1));
+        blk[m] = (uint8_t)(((uint16_t)q * 256 + (243 - 1)) / 243);
+    }
+    t += 5 * 32;
+    for (size_t m = 0; m < 16; ++m) {
+        uint8_t q = 0;
+        for (size_t n = 0; n < 5; ++n) q = (uint8_t)(q * 3 + (t[m + n * 16] + 1));
+        blk[32 + m] = (uint8_t)(((uint16_t)q * 256 + (243 - 1)) / 243);
+    }
+    t += 5 * 16;
+    for (size_t j = 0; j < 4; ++j) {
+        uint8_t q = 0;
+        for (size_t m = 0; m < 4; ++m) q = (uint8_t)(q * 3 + (t[j + m * 4] + 1));
+        q = (uint8_t)(q * 3);
+        blk[48 + j] = (uint8_t)(((uint16_t)q * 256 + (243 - 1)) / 243);
+    }
+}
+
+static void test_deq_small_layout(void **state) {
+    (void)state;
+    const int types[] = {DT_MXFP4, DT_TQ1_0, DT_TQ2_0};
+    uint64_t s = 77;
+    for (size_t t = 0; t < 3; t++) {
+        const int n = dt_info(types[t])->block_size;
+        const size_t bs = dt_info(types[t])->type_size;
+        for (int rep = 0; rep < 256; rep++) {
+            uint8_t blk[66];
+            for (size_t i = 0; i < bs; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                blk[i] = (uint8_t)(s >> 56);
+            }
+            if (types[t] != DT_MXFP4) blk[bs - 1] &= 0x7b; /* a finite d */
+            else if (rep < 4) blk[0] = (uint8_t)(rep < 2 ? rep : 253 + rep); /* the subnormal and top scales */
+            float y[256], r[256];
+            dt_dequantize_row(types[t], blk, y, n);
+            ggml_order_small(types[t], blk, r);
+            for (int i = 0; i < n; i++)
+                if (f32_bits(y[i]) != f32_bits(r[i]))
+                    fail_msg("%s block %d element %d: %g, ggml's order %g", dt_name(types[t]), rep, i, y[i], r[i]);
+        }
+    }
+    /* by hand: MXFP4 e = 125 (half scale 2^-3), byte 0x9f: element 0 nibble 15
+     * (-6 in E2M1: -12 doubled), element 16 nibble 9 (-0.5) */
+    uint8_t mx[17] = {125, 0x9f};
+    float y[256];
+    dt_dequantize_row(DT_MXFP4, mx, y, 32);
+    assert_true(y[0] == -1.5f && y[16] == -0.125f && y[1] == 0.0f);
+    /* TQ1_0 byte 0 = ceil(81 * 256 / 243) = 86 holds codes 1, 0, 0, 0, 0
+     * (base 3: 10000 = 81): element 0 is 0 and elements 32, 64, 96, 128 are -d */
+    uint8_t t1[54] = {86};
+    t1[52] = 0x00, t1[53] = 0x40; /* d = 2 */
+    dt_dequantize_row(DT_TQ1_0, t1, y, 256);
+    assert_true(y[0] == 0.0f && y[32] == -2.0f && y[64] == -2.0f && y[96] == -2.0f && y[128] == -2.0f);
+    assert_true(y[1] == -2.0f); /* byte 1 is 0: codes 0 */
+
+    /* Every 5-code pattern: TQ1_0's bytes decode to the codes they pack, and
+     * quantizing ternary values gives ggml's bytes, whatever the scale. */
+    for (int p = 0; p < 243; p++) {
+        int c[5];
+        for (int k = 0, v = p; k < 5; k++, v /= 3) c[4 - k] = v % 3;
+        uint8_t q = (uint8_t)((p * 256 + 242) / 243);
+        for (int k = 0; k < 5; k++) assert_int_equal(dt_tq1_code(q, k), c[k]);
+    }
+    for (int rep = 0; rep < 32; rep++) {
+        int tv[256];
+        float x[256];
+        const float a = rep == 0 ? 1.0f : 0.0123f * (float)(rep + 1); /* any scale, f16-exact or not */
+        for (int i = 0; i < 256; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            tv[i] = (int)((s >> 33) % 3) - 1;
+            x[i] = (float)tv[i] * a;
+        }
+        tv[rep] = 1, x[rep] = a; /* never all zero */
+        uint8_t got[54], want[54], got2[66];
+        assert_int_equal(dt_quantize_row(DT_TQ1_0, x, got, 256), 0);
+        ggml_pack_tq1_0(tv, want);
+        assert_memory_equal(got, want, 52);
+        const dt_f16 dh = dt_f32_to_f16(a);
+        assert_int_equal(got[52] | got[53] << 8, dh);
+        /* TQ2_0 of the same values: the same codes */
+        assert_int_equal(dt_quantize_row(DT_TQ2_0, x, got2, 256), 0);
+        float y1[256], y2[256];
+        dt_dequantize_row(DT_TQ1_0, got, y1, 256);
+        dt_dequantize_row(DT_TQ2_0, got2, y2, 256);
+        for (int i = 0; i < 256; i++) assert_true(y1[i] == (float)tv[i] * dt_f16_to_f32(dh) && y2[i] == y1[i]);
+    }
+}
+
 static double rel_rms_err(int type, const float *x, int n) {
     const dt_traits *t = dt_info(type);
     void *q = malloc(dt_row_size(type, n));
@@ -636,6 +787,10 @@ static void test_round_trip(void **state) {
         /* the codebook types, plain least squares (no importance matrix) */
         {DT_IQ3_S, 0.135, 0.145}, {DT_IQ3_XXS, 0.195, 0.2}, {DT_IQ2_S, 0.255, 0.27}, {DT_IQ2_XS, 0.31, 0.32},
         {DT_IQ2_XXS, 0.365, 0.37}, {DT_IQ1_M, 0.41, 0.47},  {DT_IQ1_S, 0.43, 0.5},
+        /* MXFP4: E2M1's levels under a power-of-two scale; the ternary types on
+         * data that is not ternary (test_deq_small_layout has them exact on
+         * ternary data) */
+        {DT_MXFP4, 0.11, 0.125}, {DT_TQ1_0, 0.345, 0.45}, {DT_TQ2_0, 0.345, 0.45},
     };
     uint64_t s = 42;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -659,7 +814,7 @@ static void test_round_trip(void **state) {
 static void test_quantize_special(void **state) {
     (void)state;
     const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q8_K,
-                         DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS};
+                         DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4, DT_TQ1_0, DT_TQ2_0};
     float x[512], y[512];
     uint8_t q[2048];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -717,7 +872,7 @@ int main(void) {
         cmocka_unit_test(test_deq_legacy),       cmocka_unit_test(test_deq_q6_K_q8_K),
         cmocka_unit_test(test_deq_q2_K_layout),  cmocka_unit_test(test_deq_q3_K_layout),
         cmocka_unit_test(test_deq_iq4_layout),   cmocka_unit_test(test_iq_grids),
-        cmocka_unit_test(test_deq_iq_layout),
+        cmocka_unit_test(test_deq_iq_layout),    cmocka_unit_test(test_deq_small_layout),
         cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_quantize_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -423,10 +423,10 @@ static gguf_writer *make_full_writer(void **tensor_data, int *n_tensor_data) {
         tensor_data[nt++] = q;
     }
     /* a 4-D tensor and a ggml type kvlm does not compute with */
-    static uint8_t odd[54 * 3];
+    static uint8_t odd[288 * 3];
     for (size_t i = 0; i < sizeof odd; i++) odd[i] = (uint8_t)i;
     int64_t ne4[4] = {256, 1, 3, 1};
-    assert_int_equal(gguf_writer_add_tensor(w, "odd.tq1_0", 34 /* tq1_0: 54 bytes per 256, not computed with */, 4, ne4, odd, &err), KVLM_OK);
+    assert_int_equal(gguf_writer_add_tensor(w, "odd.q8_1", DT_Q8_1 /* 36 bytes per 32, not computed with */, 4, ne4, odd, &err), KVLM_OK);
     *n_tensor_data = nt;
     return w;
 }
@@ -530,14 +530,14 @@ static void check_full_file(const gguf_file *f, uint64_t want_align) {
         assert_int_equal(t->offset % want_align, 0);
         assert_ptr_equal(gguf_find_tensor(f, t->cname), t);
     }
-    const gguf_tensor *t = gguf_find_tensor(f, "odd.tq1_0");
+    const gguf_tensor *t = gguf_find_tensor(f, "odd.q8_1");
     assert_non_null(t);
-    assert_int_equal(t->type, 34);
+    assert_int_equal(t->type, DT_Q8_1);
     assert_null(dt_info(t->type));
     assert_int_equal(t->n_dims, 4);
     assert_int_equal(t->ne[2], 3);
-    assert_int_equal(t->nbytes, 54 * 3);
-    for (int i = 0; i < 54 * 3; i++) assert_int_equal(((const uint8_t *)t->data)[i], (uint8_t)i);
+    assert_int_equal(t->nbytes, 288 * 3);
+    for (int i = 0; i < 288 * 3; i++) assert_int_equal(((const uint8_t *)t->data)[i], (uint8_t)i);
     assert_null(gguf_find_tensor(f, "nope"));
 }
 

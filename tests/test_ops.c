@@ -12,6 +12,7 @@
 #include <string.h>
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 #include "ops/ops.h"
 #include "ops/backend.h"
 #include "ops/ops_internal.h"
@@ -79,7 +80,8 @@ static const wtype k_types[] = {{DT_F32, "f32"}, {DT_F16, "f16"}, {DT_BF16, "bf1
                                 {DT_Q3_K, "q3_K"}, {DT_IQ4_NL, "iq4_nl"}, {DT_IQ4_XS, "iq4_xs"},
                                 {DT_IQ2_XXS, "iq2_xxs"}, {DT_IQ2_XS, "iq2_xs"}, {DT_IQ2_S, "iq2_s"},
                                 {DT_IQ3_XXS, "iq3_xxs"}, {DT_IQ3_S, "iq3_s"}, {DT_IQ1_S, "iq1_s"},
-                                {DT_IQ1_M, "iq1_m"}};
+                                {DT_IQ1_M, "iq1_m"}, {DT_MXFP4, "mxfp4"}, {DT_TQ1_0, "tq1_0"},
+                                {DT_TQ2_0, "tq2_0"}};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
 
 static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
@@ -87,16 +89,22 @@ static void *make_weights(int type, int n_in, int n_out, float **wf_out) {
     assert_true(rs > 0);
     uint8_t *w = malloc(rs * (size_t)n_out);
     float *wf = rand_floats((size_t)n_in * n_out, 0.5f);
-    if (dt_is_iq(type)) {
-        /* the codebook types: random blocks (every index, sign and scale
-         * pattern) with d = 1/64; their quantizer is test_dtype's */
+    if (dt_is_iq(type) || dt_is_tq(type) || type == DT_MXFP4) {
+        /* the codebook and ternary types and MXFP4: random blocks (every
+         * index, sign, scale and code pattern) with d = 1/64 (MXFP4: half
+         * scales 2^-10 .. 2^-3); their quantizers are test_dtype's */
         static uint64_t s = 5;
         const size_t bs = dt_info(type)->type_size, nb = rs * (size_t)n_out / bs;
         for (size_t i = 0; i < rs * (size_t)n_out; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             w[i] = (uint8_t)(s >> 56);
         }
-        for (size_t b = 0; b < nb; b++) dt_iq_set_d(type, w + b * bs, 0x2400);
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = w + b * bs;
+            if (type == DT_MXFP4) blk[0] = (uint8_t)(118 + blk[0] % 8);
+            else if (dt_is_tq(type)) memcpy(blk + bs - 2, &(dt_f16){0x2400}, 2);
+            else dt_iq_set_d(type, blk, 0x2400);
+        }
     } else
         for (int o = 0; o < n_out; o++) assert_int_equal(dt_quantize_row(type, wf + (size_t)o * n_in, w + rs * o, n_in), 0);
     /* the weights the kernels see are the dequantized ones */

@@ -1,9 +1,10 @@
 /* model/dtype: type traits and the scalar reference quantizers/dequantizers for
  * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_NL, IQ4_XS and Q8_K (block layouts as in GGUF); the codebook types
- * (IQ2_*, IQ3_*, IQ1_*) in model/iq.c. */
+ * IQ4_NL, IQ4_XS, MXFP4 and Q8_K (block layouts as in GGUF); the codebook
+ * types (IQ2_*, IQ3_*, IQ1_*) in model/iq.c, the ternary ones in model/tq.c. */
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 #include <math.h>
 #include <strings.h>
 
@@ -45,9 +46,9 @@ static const dt_entry k_types[DT_COUNT] = {
     [28] = {{"f64", 1, 8}, 0},
     [DT_IQ1_M] = {{"iq1_m", QK_K, sizeof(block_iq1_m)}, 1},
     [DT_BF16] = {{"bf16", 1, 2}, 1},
-    [34] = {{"tq1_0", QK_K, 54}, 0},
-    [35] = {{"tq2_0", QK_K, 66}, 0},
-    [39] = {{"mxfp4", 32, 17}, 0},
+    [DT_TQ1_0] = {{"tq1_0", QK_K, sizeof(block_tq1_0)}, 1},
+    [DT_TQ2_0] = {{"tq2_0", QK_K, sizeof(block_tq2_0)}, 1},
+    [DT_MXFP4] = {{"mxfp4", 32, sizeof(block_mxfp4)}, 1},
 };
 
 const dt_traits *dt_layout(int type) {
@@ -193,6 +194,9 @@ static void deq_q8_K(const block_q8_K *b, float *y, int64_t nb) {
 }
 
 const int8_t dt_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* E2M1's values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, doubled
+ * (ggml's kvalues_mxfp4); nibble bit 3 is the sign. */
+const int8_t dt_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* The 2-bit field of element e (0..255) in Q2_K's and Q3_K's qs: bits
  * 2j..2j+1 of byte 32h + l for e = 128h + 32j + l. */
@@ -233,6 +237,16 @@ static void deq_iq4_nl(const block_iq4_nl *b, float *y, int64_t nb) {
         for (int j = 0; j < 16; j++) {
             y[j] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] & 15];
             y[j + 16] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+static void deq_mxfp4(const block_mxfp4 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        float d = dt_e8m0_half(b[i].e);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)dt_kvalues_mxfp4[b[i].qs[j] & 15];
+            y[j + 16] = d * (float)dt_kvalues_mxfp4[b[i].qs[j] >> 4];
         }
     }
 }
@@ -285,8 +299,10 @@ void dt_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case DT_Q3_K: deq_q3_K(src, dst, nb); break;
     case DT_IQ4_NL: deq_iq4_nl(src, dst, nb); break;
     case DT_IQ4_XS: deq_iq4_xs(src, dst, nb); break;
+    case DT_MXFP4: deq_mxfp4(src, dst, nb); break;
     default:
         if (dt_is_iq(type)) dt_iq_dequantize(type, src, dst, nb);
+        else if (dt_is_tq(type)) dt_tq_dequantize(type, src, dst, nb);
         break;
     }
 }
@@ -709,6 +725,44 @@ static void q_iq4_xs(const float *x, block_iq4_xs *b, int64_t nb) {
     }
 }
 
+/* MXFP4: the nearest level (doubled E2M1) to v in units of half the scale. */
+static inline int mxfp4_nearest(float v) {
+    static const float mid[7] = {0.5f, 1.5f, 2.5f, 3.5f, 5.0f, 7.0f, 10.0f}; /* between levels 0 1 2 3 4 6 8 12 */
+    float a = fabsf(v);
+    int k = 0;
+    while (k < 7 && a > mid[k]) k++;
+    return k == 0 ? 0 : k | (v < 0 ? 8 : 0); /* zero keeps nibble 0 */
+}
+
+/* MXFP4: ggml's exponent puts the largest magnitude at level 6 (doubled: 12)
+ * or just under; the exponent one below (largest values clipped to 12) and
+ * one above are tried too, keeping the one of least squared error. */
+static void q_mxfp4(const float *x, block_mxfp4 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        int e0 = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 1;
+        e0 = e0 < 1 ? 1 : e0 > 253 ? 253 : e0; /* the three candidates within 0..254 */
+        float best_err = INFINITY;
+        for (int e = e0 - 1; e <= e0 + 1; e++) {
+            const float d = dt_e8m0_half((uint8_t)e), id = 1.0f / d;
+            uint8_t qs[16];
+            float err = 0;
+            for (int j = 0; j < 16; j++) {
+                int lo = mxfp4_nearest(x[j] * id), hi = mxfp4_nearest(x[j + 16] * id);
+                float r0 = x[j] - d * (float)dt_kvalues_mxfp4[lo], r1 = x[j + 16] - d * (float)dt_kvalues_mxfp4[hi];
+                err += r0 * r0 + r1 * r1;
+                qs[j] = (uint8_t)(lo | hi << 4);
+            }
+            if (err < best_err) {
+                best_err = err;
+                b[i].e = (uint8_t)e;
+                memcpy(b[i].qs, qs, 16);
+            }
+        }
+    }
+}
+
 int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     const dt_traits *t = dt_info(type);
     if (!t || n < 0 || n % t->block_size) return -1;
@@ -738,9 +792,11 @@ int dt_quantize_row(int type, const float *src, void *dst, int64_t n) {
     case DT_Q3_K: q_q3_K(src, dst, nb); return 0;
     case DT_IQ4_NL: q_iq4_nl(src, dst, nb); return 0;
     case DT_IQ4_XS: q_iq4_xs(src, dst, nb); return 0;
+    case DT_MXFP4: q_mxfp4(src, dst, nb); return 0;
     default:
-        if (!dt_is_iq(type)) return -1;
-        dt_iq_quantize(type, src, dst, nb);
+        if (dt_is_iq(type)) dt_iq_quantize(type, src, dst, nb);
+        else if (dt_is_tq(type)) dt_tq_quantize(type, src, dst, nb);
+        else return -1;
         return 0;
     }
 }

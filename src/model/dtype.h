@@ -33,6 +33,9 @@ typedef enum {
     DT_IQ4_XS = 23,
     DT_IQ1_M = 29,
     DT_BF16 = 30,
+    DT_TQ1_0 = 34,
+    DT_TQ2_0 = 35,
+    DT_MXFP4 = 39,
     DT_COUNT = 40
 } dt_type;
 
@@ -143,6 +146,29 @@ _Static_assert(sizeof(block_iq3_xxs) == 98 && sizeof(block_iq3_s) == 110, "iq3 l
 _Static_assert(sizeof(block_iq1_s) == 50 && sizeof(block_iq1_m) == 56, "iq1 layouts");
 /* The 16 non-uniform levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
 extern const int8_t dt_kvalues_iq4nl[16];
+/* The ternary types (model/tq.h): weight = d (code - 1), code 0..2.
+ * TQ1_0, 1.6875 bits: five codes per byte of qs as the base-3 fraction
+ * (c0 c1 c2 c3 c4)_3 / 243 rounded up to 8 bits (code n of byte m of qs[0..31]
+ * is element 32n + m, of qs[32..47] element 160 + 16n + m), four per byte of
+ * qh (element 240 + 4n + j, the fifth code 0). TQ2_0, 2.0625 bits: code l of
+ * byte 32h + m (bits 2l..2l+1) is element 128h + 32l + m. */
+typedef struct { uint8_t qs[48]; uint8_t qh[4]; dt_f16 d; } block_tq1_0; /* 54 bytes */
+typedef struct { uint8_t qs[QK_K / 4]; dt_f16 d; } block_tq2_0;          /* 66 bytes */
+/* MXFP4 (OCP microscaling, gpt-oss): 32 FP4 (E2M1) values, nibbles as
+ * IQ4_NL's, times the power of two e (E8M0, bias 127). The levels are held
+ * doubled as integers (dt_kvalues_mxfp4), so value = dt_e8m0_half(e) level. */
+typedef struct { uint8_t e; uint8_t qs[16]; } block_mxfp4;               /* 17 bytes */
+extern const int8_t dt_kvalues_mxfp4[16];
+/* 2^(e - 128): half the E8M0 scale (e = 0 and 1 are subnormal floats; 255,
+ * NaN in the OCP format, reads as 2^127 as in ggml). */
+static inline float dt_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+_Static_assert(sizeof(block_tq1_0) == 54 && sizeof(block_tq2_0) == 66 && sizeof(block_mxfp4) == 17,
+               "tq1_0 tq2_0 mxfp4 layouts");
 _Static_assert(sizeof(block_q2_K) == 84 && sizeof(block_q3_K) == 110, "q2_K q3_K layouts");
 _Static_assert(sizeof(block_iq4_nl) == 18 && sizeof(block_iq4_xs) == 136, "iq4_nl iq4_xs layouts");
 

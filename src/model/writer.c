@@ -8,6 +8,7 @@
 #include <string.h>
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 #include "model/model.h"
 #include "util/pool.h"
 #include "util/error.h"
@@ -271,6 +272,7 @@ static int fit_type(int want, int64_t n_in) {
         return want == DT_Q4_K ? DT_Q4_0 : DT_Q8_0;
     /* the 1- to 4.25-bit super-block types fall back to IQ4_NL (llama.cpp's choice) */
     if ((want == DT_Q2_K || want == DT_Q3_K || want == DT_IQ4_XS || dt_is_iq(want)) && n_in % 32 == 0) return DT_IQ4_NL;
+    if (dt_is_tq(want) && n_in % 32 == 0) return DT_Q4_0; /* the ternary types: llama.cpp's choice too */
     return DT_F16;
 }
 

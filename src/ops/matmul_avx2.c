@@ -4,6 +4,7 @@
 #include <string.h>
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -614,18 +615,26 @@ AI __m256i iq4_levels(const uint8_t *qs) {
     return _mm256_shuffle_epi8(kv, q4_unpack(qs));
 }
 
-AI void iq4nl_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+/* IQ4_NL and MXFP4 (MX): 32 nibbles per block looked up in 16 signed levels,
+ * an f16 scale (MXFP4: a power of two, dt_e8m0_half). */
+AI void nl4_tile(const int MX, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                 size_t ys) {
     const int nb = n / 32;
-    const block_iq4_nl *wb = (const block_iq4_nl *)w;
-    const pf_plan pf = pf_plan_for((size_t)nb * sizeof(block_iq4_nl), 32768, 4, 16384);
+    const size_t bsz = MX ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const __m256i kv = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(MX ? dt_kvalues_mxfp4 : dt_kvalues_iq4nl)));
+    const pf_plan pf = pf_plan_for((size_t)nb * bsz, 32768, 4, 16384);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MAXC];
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (RN == 1) pf_step(w, (size_t)b * sizeof(block_iq4_nl), (int)sizeof(block_iq4_nl), pf); /* decode */
-        const __m256i wv = iq4_levels(wb[b].qs), wa = _mm256_abs_epi8(wv);
-        const float dw = _cvtsh_ss(wb[b].d);
+        if (RN == 1) pf_step(w, (size_t)b * bsz, (int)bsz, pf); /* decode */
+        const uint8_t *blk = w + (size_t)b * bsz;
+        const __m256i wv = _mm256_shuffle_epi8(kv, q4_unpack(MX ? ((const block_mxfp4 *)blk)->qs
+                                                                 : ((const block_iq4_nl *)blk)->qs)),
+                      wa = _mm256_abs_epi8(wv);
+        const float dw = MX ? dt_e8m0_half(blk[0]) : _cvtsh_ss(((const block_iq4_nl *)blk)->d);
 #pragma GCC unroll 4
         for (int c = 0; c < RN; c++) {
             const uint8_t *xr = x + (size_t)c * xs;
@@ -636,6 +645,93 @@ AI void iq4nl_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size
     }
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+AI void iq4nl_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    nl4_tile(0, RN, n, w, x, xs, y, ys);
+}
+AI void mxfp4_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    nl4_tile(1, RN, n, w, x, xs, y, ys);
+}
+
+/* ---- TQ1_0, TQ2_0 x Q8_K (model/tq.h) -----------------------------------------
+ * Per block 8 vectors of 32 codes 0..2, one maddubs each per token, summed in
+ * 16 bits (at most 8 x 2 x 2 x 127); the activations' sum (the bsums) taken
+ * off once per block, then d · dx. TQ2_0: the 2-bit fields of 32 bytes.
+ * TQ1_0: code n of byte q is 3 q_n / 256 with q_n = q 3^n mod 256, so q_{n+1}
+ * is q_n + q_n + q_n in wrapping byte adds and the code is (q_n >= 86) +
+ * (q_n >= 171): no multiplies. Codes 0, 1 of qs[32..47] share a vector (low
+ * and high lane), 2 and 3 too; code 4 shares one with qh's 16 codes (element
+ * 240 + 4n + j from qh[j] 3^n). */
+AI __m256i tq1_code(__m256i q) {
+    const __m256i one = _mm256_set1_epi8(1);
+    return _mm256_add_epi8(_mm256_min_epu8(_mm256_subs_epu8(q, _mm256_set1_epi8(85)), one),
+                           _mm256_min_epu8(_mm256_subs_epu8(q, _mm256_set1_epi8((char)170)), one));
+}
+AI __m256i times3_256(__m256i q) { return _mm256_add_epi8(q, _mm256_add_epi8(q, q)); }
+AI __m128i times3_128(__m128i q) { return _mm_add_epi8(q, _mm_add_epi8(q, q)); }
+
+/* The 8 code vectors of a TQ1_0 block. */
+AI void tq1_unpack(const block_tq1_0 *bt, __m256i u[8]) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)bt->qs);
+#pragma GCC unroll 5
+    for (int k = 0; k < 5; k++, q = times3_256(q)) u[k] = tq1_code(q);
+    __m128i b[5];
+    b[0] = _mm_loadu_si128((const __m128i *)(bt->qs + 32));
+#pragma GCC unroll 4
+    for (int k = 1; k < 5; k++) b[k] = times3_128(b[k - 1]);
+    const __m128i h1 = _mm_cvtsi32_si128((int)dt_iq_u32(bt->qh)), h3 = times3_128(h1), h9 = times3_128(h3),
+                  h27 = times3_128(h9);
+    const __m128i hq = _mm_unpacklo_epi64(_mm_unpacklo_epi32(h1, h3), _mm_unpacklo_epi32(h9, h27));
+    u[5] = tq1_code(_mm256_set_m128i(b[1], b[0]));
+    u[6] = tq1_code(_mm256_set_m128i(b[3], b[2]));
+    u[7] = tq1_code(_mm256_set_m128i(hq, b[4]));
+}
+
+AI void tq_tile(const int T1, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                size_t ys) {
+    const int nb = n / QK_K;
+    const size_t bsz = T1 ? sizeof(block_tq1_0) : sizeof(block_tq2_0);
+    const pf_plan pf = pf_plan_for((size_t)nb * bsz, 32768, 4, 16384);
+    const __m256i ones = _mm256_set1_epi16(1), m3 = _mm256_set1_epi8(3);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (RN == 1) pf_step(w, (size_t)b * bsz, (int)bsz, pf); /* decode */
+        const uint8_t *blk = w + (size_t)b * bsz;
+        __m256i u[8];
+        if (T1) {
+            tq1_unpack((const block_tq1_0 *)blk, u);
+        } else {
+            const block_tq2_0 *bt = (const block_tq2_0 *)blk;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(bt->qs + 32 * h));
+#pragma GCC unroll 4
+                for (int l = 0; l < 4; l++) u[4 * h + l] = _mm256_and_si256(l ? _mm256_srli_epi16(raw, 2 * l) : raw, m3);
+            }
+        }
+        const float d = _cvtsh_ss(T1 ? ((const block_tq1_0 *)blk)->d : ((const block_tq2_0 *)blk)->d);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+            __m256i s16 = _mm256_maddubs_epi16(u[0], _mm256_loadu_si256((const __m256i *)xb->qs));
+#pragma GCC unroll 7
+            for (int k = 1; k < 8; k++)
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * k))));
+            const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones),
+                                               _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), ones));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xb->d), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+AI void tq1_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    tq_tile(1, RN, n, w, x, xs, y, ys);
+}
+AI void tq2_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    tq_tile(0, RN, n, w, x, xs, y, ys);
 }
 
 /* ---- IQ4_XS and the codebook types x Q8_K (model/iq.h) -------------------------
@@ -789,9 +885,6 @@ IQ_TILE_FN(iq1m, DT_IQ1_M)
 #define FT(kind, rm, rn) \
     static void ft_##kind##_##rm##x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys) { \
         ftile(kind, rm, rn, n, w, ws, x, xs, y, ys); }
-#define KT(name, rn) \
-    static void name##_1x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y, size_t ys) { \
-        (void)ws; name(rn, n, w, x, xs, y, ys); }
 
 #define FT_ROW(kind, rm) FT(kind, rm, 1) FT(kind, rm, 2) FT(kind, rm, 3)
 #define FT_ALL(kind) FT_ROW(kind, 1) FT_ROW(kind, 2) FT_ROW(kind, 3) FT_ROW(kind, 4)
@@ -821,15 +914,7 @@ void op_mm_bf16_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_
     run_tiles(tab_bf16, 4, 3, n, w, ws, x, xs, y, ys, nr, nc);
 }
 
-/* One weight row x 1..4 tokens per call (kernels tf(RN, ...)): the
- * instances, their table and the kernel over any nr x nc. */
-#define K_TILE(name, tf)                                                                                 \
-    KT(tf, 1) KT(tf, 2) KT(tf, 3) KT(tf, 4)                                                              \
-    static fixed_fn tab_##name[MAXR][MAXC] = {{tf##_1x1, tf##_1x2, tf##_1x3, tf##_1x4}};                 \
-    void op_mm_##name##_avx2(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,  \
-                             size_t ys, int nr, int nc) {                                                \
-        run_tiles(tab_##name, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);                                     \
-    }
+#define K_TILE(name, tf) K_TILE_AT(name, tf, avx2)
 K_TILE(q4_K, q4k_tile)
 K_TILE(q5_K, q5k_tile)
 K_TILE(q6_K, q6k_tile)
@@ -847,6 +932,9 @@ K_TILE(iq3_xxs, iq3xxs_tile)
 K_TILE(iq3_s, iq3s_tile)
 K_TILE(iq1_s, iq1s_tile)
 K_TILE(iq1_m, iq1m_tile)
+K_TILE(mxfp4, mxfp4_tile)
+K_TILE(tq1_0, tq1_tile)
+K_TILE(tq2_0, tq2_tile)
 
 /* Bandwidth probe: 4 independent accumulators keep several loads in flight;
  * with prefetch, lines are also requested 4 KiB ahead into L2, which on some

@@ -4,6 +4,7 @@
 #include <math.h>
 #include "model/dtype.h"
 #include "model/iq.h"
+#include "model/tq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -207,21 +208,46 @@ static float dot_q3_K(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
-/* IQ4_NL: Q8_0's loop with the nibbles looked up in the levels. */
-static float dot_iq4_nl(int n, const uint8_t *w, const uint8_t *x) {
-    const block_iq4_nl *wb = (const block_iq4_nl *)w;
+/* IQ4_NL and MXFP4 (MX): Q8_0's loop with the nibbles looked up in the
+ * levels; MXFP4's doubled E2M1 levels under a power-of-two scale. */
+static inline float dot_nl4(const int MX, int n, const uint8_t *w, const uint8_t *x) {
+    const int8_t *kv = MX ? dt_kvalues_mxfp4 : dt_kvalues_iq4nl;
+    const size_t bs = MX ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = w + (size_t)b * bs, *qs = MX ? ((const block_mxfp4 *)blk)->qs : ((const block_iq4_nl *)blk)->qs;
         const int8_t *xb = xq + b * 32;
         int isum = 0;
-        for (int i = 0; i < 16; i++)
-            isum += dt_kvalues_iq4nl[wb[b].qs[i] & 15] * xb[i] + dt_kvalues_iq4nl[wb[b].qs[i] >> 4] * xb[i + 16];
-        s = fmaf((float)isum, dt_f16_to_f32(wb[b].d) * xd[b], s);
+        for (int i = 0; i < 16; i++) isum += kv[qs[i] & 15] * xb[i] + kv[qs[i] >> 4] * xb[i + 16];
+        const float dw = MX ? dt_e8m0_half(blk[0]) : dt_f16_to_f32(((const block_iq4_nl *)blk)->d);
+        s = fmaf((float)isum, dw * xd[b], s);
     }
     return s;
 }
+static float dot_iq4_nl(int n, const uint8_t *w, const uint8_t *x) { return dot_nl4(0, n, w, x); }
+static float dot_mxfp4(int n, const uint8_t *w, const uint8_t *x) { return dot_nl4(1, n, w, x); }
+
+/* The ternary types (model/tq.h): the codes 0..2 against the activations,
+ * less the activations' sum (the bsums), times d · dx. */
+static inline float dot_tq(int type, int n, const uint8_t *w, const uint8_t *x) {
+    const block_q8_K *xb = (const block_q8_K *)x;
+    const size_t bs = dt_layout(type)->type_size;
+    float s = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        const uint8_t *wb = w + (size_t)b * bs;
+        uint8_t u[QK_K];
+        dt_tq_unpack(type, wb, u);
+        int sumi = 0;
+        for (int e = 0; e < QK_K; e++) sumi += u[e] * xb[b].qs[e];
+        for (int g = 0; g < QK_K / 16; g++) sumi -= xb[b].bsums[g];
+        s = fmaf((float)sumi, dt_tq_d(type, wb) * xb[b].d, s);
+    }
+    return s;
+}
+static float dot_tq1_0(int n, const uint8_t *w, const uint8_t *x) { return dot_tq(DT_TQ1_0, n, w, x); }
+static float dot_tq2_0(int n, const uint8_t *w, const uint8_t *x) { return dot_tq(DT_TQ2_0, n, w, x); }
 
 /* IQ4_XS: per 32-element sub-block the level dot times its signed 6-bit
  * scale; then q6k_step. */
@@ -311,6 +337,9 @@ TILE(iq3_xxs)
 TILE(iq3_s)
 TILE(iq1_s)
 TILE(iq1_m)
+TILE(mxfp4)
+TILE(tq1_0)
+TILE(tq2_0)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */

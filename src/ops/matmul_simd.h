@@ -76,4 +76,20 @@ AI void run_tiles(fixed_fn tab[MAXR][MAXC], const int RM, const int RN, int n, c
         }
     }
 }
+
+/* One weight row x 1..4 tokens per call (kernels tf(RN, ...)): the
+ * instances, their table and op_mm_<name>_<level> over any nr x nc. */
+#define KT(name, rn)                                                                                           \
+    static void name##_1x##rn(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,       \
+                              size_t ys) {                                                                     \
+        (void)ws;                                                                                              \
+        name(rn, n, w, x, xs, y, ys);                                                                          \
+    }
+#define K_TILE_AT(name, tf, level)                                                                             \
+    KT(tf, 1) KT(tf, 2) KT(tf, 3) KT(tf, 4)                                                                    \
+    static fixed_fn tab_##name[MAXR][MAXC] = {{tf##_1x1, tf##_1x2, tf##_1x3, tf##_1x4}};                       \
+    void op_mm_##name##_##level(int n, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,     \
+                                size_t ys, int nr, int nc) {                                                   \
+        run_tiles(tab_##name, 1, 4, n, w, ws, x, xs, y, ys, nr, nc);                                           \
+    }
 #endif

@@ -1,8 +1,10 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
  * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights
- * (OP_*_R16) with 512-bit vpdpbusd. Other types, and unpacked ones, use the AVX2 kernels. */
+ * (OP_*_R16) with 512-bit vpdpbusd, and the ternary types unpacked. Other types, and unpacked
+ * ones, use the AVX2 kernels. */
 #include <string.h>
 #include "model/dtype.h"
+#include "model/tq.h"
 #include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -467,6 +469,92 @@ R16_FNS(r16q, q23k_r16_tile, 0) R16_FNS(r16q, q23k_r16_tile, 1)
 static const r16_fn r16q_tab[2][R16_C] = {R16_FNTAB(r16q, 0), R16_FNTAB(r16q, 1)};
 R16_TILE(op_mm_q2_K_r16_vnni, r16q_tab[0])
 R16_TILE(op_mm_q3_K_r16_vnni, r16q_tab[1])
+
+/* ---- TQ1_0, TQ2_0 x Q8_K: matmul_avx2.c's tq_tile, 64 codes a vector ------
+ * Unpacked weights (no packed form), one row at a time: per block 4 vectors
+ * of 64 codes 0..2, each a pair of the AVX2 kernel's 32-code chunks with the
+ * activations of both contiguous, met by vpdpbusd; the activations' sum
+ * (bsums) off once per block. TQ2_0: 32 bytes of fields in both halves,
+ * shifted per half (srlv) by the two fields' offsets. TQ1_0: the source
+ * bytes and 3^n multipliers per half as the AVX2 kernel pairs them. */
+AI __m512i tq1_codes512(__m512i src, __m512i mul) {
+    const __m512i three = _mm512_set1_epi16(3), hi8 = _mm512_set1_epi16((short)0xff00);
+    const __m512i ce = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_slli_epi16(src, 8), mul), three);
+    const __m512i co = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_and_si512(src, hi8), mul), three);
+    return _mm512_or_si512(ce, _mm512_slli_epi16(co, 8));
+}
+AI __m512i join256(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+AI void tq512_tile(const int T1, const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y,
+                   size_t ys) {
+    const int nb = n / QK_K;
+    const size_t bsz = T1 ? sizeof(block_tq1_0) : sizeof(block_tq2_0);
+    const pf_plan pf = pf_plan_for((size_t)nb * bsz, 32768, 4, 16384);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m256i ones = _mm256_set1_epi16(1);
+    /* TQ2_0: fields (0, 1) and (2, 3); TQ1_0: codes (0, 1), (2, 3), (4 | qs[32..47]'s
+     * 0, 1), (qs[32..47]'s 2, 3 | its 4, qh's 16) */
+    const __m512i sh01 = join256(_mm256_setzero_si256(), _mm256_set1_epi16(2));
+    const __m512i sh23 = join256(_mm256_set1_epi16(4), _mm256_set1_epi16(6));
+    const __m512i mul01 = join256(_mm256_set1_epi16(1), _mm256_set1_epi16(3));
+    const __m512i mul23 = join256(_mm256_set1_epi16(9), _mm256_set1_epi16(27));
+    const __m512i mul45 = join256(_mm256_set1_epi16(81), _mm256_set_m128i(_mm_set1_epi16(3), _mm_set1_epi16(1)));
+    const __m512i mul67 = join256(_mm256_set_m128i(_mm_set1_epi16(27), _mm_set1_epi16(9)),
+                                  _mm256_set_m128i(_mm_setr_epi16(1, 1, 3, 3, 9, 9, 27, 27), _mm_set1_epi16(81)));
+    const __m128i qh_spread = _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    __m256 acc[MAXC];
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) acc[c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (RN == 1) pf_step(w, (size_t)b * bsz, (int)bsz, pf); /* decode */
+        const uint8_t *blk = w + (size_t)b * bsz;
+        __m512i u[4];
+        if (T1) {
+            const block_tq1_0 *bt = (const block_tq1_0 *)blk;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)bt->qs);
+            const __m128i q16 = _mm_loadu_si128((const __m128i *)(bt->qs + 32));
+            int32_t h32;
+            memcpy(&h32, bt->qh, 4);
+            const __m128i qh = _mm_shuffle_epi8(_mm_cvtsi32_si128(h32), qh_spread);
+            const __m256i bb = _mm256_set_m128i(q16, q16);
+            const __m512i aa = join256(a, a);
+            u[0] = tq1_codes512(aa, mul01);
+            u[1] = tq1_codes512(aa, mul23);
+            u[2] = tq1_codes512(join256(a, bb), mul45);
+            u[3] = tq1_codes512(join256(bb, _mm256_set_m128i(qh, q16)), mul67);
+        } else {
+            const block_tq2_0 *bt = (const block_tq2_0 *)blk;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(bt->qs + 32 * h)));
+                u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(raw, sh01), m3);
+                u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(raw, sh23), m3);
+            }
+        }
+        const float d = _cvtsh_ss(T1 ? ((const block_tq1_0 *)blk)->d : ((const block_tq2_0 *)blk)->d);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const block_q8_K *xb = (const block_q8_K *)(x + (size_t)c * xs) + b;
+            __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) s = _mm512_dpbusd_epi32(s, u[k], _mm512_loadu_si512(xb->qs + 64 * k));
+            const __m256i s8 = _mm256_sub_epi32(
+                _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)),
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xb->bsums), ones));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps(d * xb->d), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < RN; c++) y[(size_t)c * ys] = hsum_ps(acc[c]);
+}
+AI void tq1_tile512(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    tq512_tile(1, RN, n, w, x, xs, y, ys);
+}
+AI void tq2_tile512(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t xs, float *y, size_t ys) {
+    tq512_tile(0, RN, n, w, x, xs, y, ys);
+}
+K_TILE_AT(tq1_0, tq1_tile512, vnni)
+K_TILE_AT(tq2_0, tq2_tile512, vnni)
 
 #if defined(__clang__)
 #pragma clang attribute pop

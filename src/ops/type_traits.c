@@ -26,6 +26,11 @@ static const op_act_traits act_traits[OP_ACT_COUNT] = {
 /* A quantized base type without a packed form (every level above AVX2 uses
  * the AVX2 kernel). */
 #define PLAIN_TYPE(T, nm, act) [DT_##T] = {#nm, DT_##T, -1, act, 4, 0, NULL, {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2)}}
+/* A base type without a packed form whose unpacked rows have a 512-bit kernel
+ * at the VNNI level. */
+#define WIDE_TYPE(T, nm, act)                                                                                \
+    [DT_##T] = {#nm, DT_##T, -1, act, 4, 0, NULL,                                                            \
+                {op_mm_##nm##_scalar, AVX2(op_mm_##nm##_avx2), VNNI(op_mm_##nm##_vnni)}}
 /* A packed type: groups of 16 rows, read by the VNNI kernels (and by the
  * scalar ones elsewhere; no AVX2 kernel). */
 #define PACKED_TYPE(T, nm, act, gbytes)                                                                     \
@@ -57,6 +62,10 @@ static const op_type_traits traits[] = {
     PLAIN_TYPE(IQ3_S, iq3_s, OP_ACT_Q8K),
     PLAIN_TYPE(IQ1_S, iq1_s, OP_ACT_Q8K),
     PLAIN_TYPE(IQ1_M, iq1_m, OP_ACT_Q8K),
+    /* MXFP4 (IQ4_NL's kernel over its levels) and the ternary types */
+    PLAIN_TYPE(MXFP4, mxfp4, OP_ACT_Q8A),
+    WIDE_TYPE(TQ1_0, tq1_0, OP_ACT_Q8K),
+    WIDE_TYPE(TQ2_0, tq2_0, OP_ACT_Q8K),
     PACKED_TYPE(Q8_0, q8_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q4_0, q4_0, OP_ACT_Q8A, 0),
     PACKED_TYPE(Q5_0, q5_0, OP_ACT_Q8A, 0),
