@@ -4,7 +4,8 @@
  * bytes of weights streamed per token x tokens/s / bandwidth.
  * `bench_decode THREADS --types q4_K,q2_K,...` (or --low-bit: q4_K, q2_K,
  * q3_K, iq4_nl, iq4_xs; --codebook: q4_K, q2_K, q3_K and the seven codebook
- * types IQ3_S ... IQ1_S) runs the TinyLlama shape only, those types in
+ * types IQ3_S ... IQ1_S; --mxfp4-tq: q4_K, iq4_nl, mxfp4, q2_K, tq2_0, tq1_0)
+ * runs the TinyLlama shape only, those types in
  * alternating rounds, each against the first type as the baseline.
  * `--shape stories110M` (or stories15M, tinyllama-1.1B) picks the shape of
  * --types; a type written `f16@avx2` runs with the kernels capped at the AVX2
@@ -108,6 +109,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--small")) big = false;
         else if (!strcmp(argv[i], "--low-bit")) list = "q4_K,q2_K,q3_K,iq4_nl,iq4_xs";
         else if (!strcmp(argv[i], "--codebook")) list = "q4_K,q2_K,q3_K,iq3_s,iq3_xxs,iq2_s,iq2_xs,iq2_xxs,iq1_m,iq1_s";
+        else if (!strcmp(argv[i], "--mxfp4-tq")) list = "q4_K,iq4_nl,mxfp4,q2_K,tq2_0,tq1_0";
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) list = argv[++i];
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) shape = argv[++i];
     }

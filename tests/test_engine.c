@@ -468,13 +468,58 @@ static void test_low_bit_weights(void **state) {
     kvlm_model_free(mf);
 }
 
-/* The codebook types (IQ2_*, IQ3_*, IQ1_*): the f32 model of test_low_bit_weights
- * converted to each (every 2-D weight; rows of 256 and 512 columns), run
- * against the f32 model of its own dequantized weights. Only the activations'
- * 8-bit quantization differs, so the logits must agree far closer than either
- * does with the original weights: that error is the kernels' alone. Also the
- * cache equals a recompute, greedy decode picks a recompute's tokens, and
- * against the original weights fewer bits cost more. */
+/* The 16 tokens the converted-weight tests run; V: the vocabulary of low_bit_shape. */
+enum { CONV_N = 16, CONV_V = 300 };
+static void conv_ids(int32_t *ids) {
+    for (int i = 0; i < CONV_N; i++) ids[i] = (int32_t)(1 + (i * 97) % 299);
+}
+
+/* mf (f32) converted to `type`: every 2-D weight in it, the cache against a
+ * recompute. Returns its logits over ids; *rms_deq: their relative RMS error
+ * against the f32 model of its own dequantized weights (whose file goes to
+ * *deq_path when asked), *rms_orig: against ref, mf's logits. Only the
+ * activations' 8-bit rounding separates the first pair, so rms_deq must be
+ * far below rms_orig: that error is the kernels' alone. */
+static float *converted_logits(kvlm_model *mf, const char *type, int id, const int32_t *ids, const float *ref,
+                               double *rms_deq, double *rms_orig, const char **deq_path) {
+    kvlm_error err = {0};
+    const char *path = tu_tmp_path(".gguf"), *dpath = tu_tmp_path(".gguf");
+    assert_int_equal(kvlm_type_from_name(type), id);
+    if (kvlm_model_save_gguf(mf, path, id, &err)) fail_msg("convert %s: %s", type, err.msg);
+    kvlm_model *m = load(path, NULL);
+    for (int t = 0; t < kvlm_model_n_tensors(m); t++) {
+        kvlm_tensor_info ti;
+        kvlm_model_tensor(m, t, &ti);
+        if (ti.n_dims == 2) assert_int_equal(ti.type, id);
+    }
+    if (kvlm_model_save_gguf(m, dpath, DT_F32, &err)) fail_msg("dequantize %s: %s", type, err.msg);
+    kvlm_model *md = load(dpath, NULL);
+    check_cached_runs(m, type, ids);
+    float *got = logits_of(m, ids, CONV_N, false, false, 2), *deq = logits_of(md, ids, CONV_N, false, false, 2);
+    double se_d = 0, sr_d = 0, se_o = 0, sr_o = 0;
+    for (int k = 0; k < CONV_N * CONV_V; k++) {
+        se_d += (got[k] - deq[k]) * (got[k] - deq[k]);
+        sr_d += deq[k] * deq[k];
+        se_o += (got[k] - ref[k]) * (got[k] - ref[k]);
+        sr_o += ref[k] * ref[k];
+    }
+    *rms_deq = sqrt(se_d / sr_d);
+    *rms_orig = sqrt(se_o / sr_o);
+    printf("  %-8s logits: relative RMS %.4f against its dequantized weights in f32, %.3f against the original\n",
+           type, *rms_deq, *rms_orig);
+    assert_true(*rms_deq < 0.05); /* measured 0.016-0.023 */
+    assert_true(*rms_deq < 0.25 * *rms_orig);
+    if (deq_path) *deq_path = dpath;
+    free(deq);
+    kvlm_model_free(md);
+    kvlm_model_free(m);
+    return got;
+}
+
+/* The codebook types (IQ2_*, IQ3_*, IQ1_*): the f32 model of
+ * test_low_bit_weights converted to each (every 2-D weight; rows of 256 and
+ * 512 columns), run against the f32 model of its own dequantized weights
+ * (converted_logits); and against the original weights fewer bits cost more. */
 static void test_codebook_weights(void **state) {
     (void)state;
     struct { const char *type; int id; } types[] = {
@@ -487,45 +532,48 @@ static void test_codebook_weights(void **state) {
     kvlm_error err = {0};
     if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
     kvlm_model *mf = load(fpath, NULL);
-    enum { N = 16, V = 300 };
-    int32_t ids[N];
-    for (int i = 0; i < N; i++) ids[i] = (int32_t)(1 + (i * 97) % 299);
-    float *ref = logits_of(mf, ids, N, false, false, 2);
-    double rms_orig[7];
-    for (int i = 0; i < n_types; i++) {
-        const char *path = tu_tmp_path(".gguf"), *dpath = tu_tmp_path(".gguf");
-        assert_int_equal(kvlm_type_from_name(types[i].type), types[i].id);
-        if (kvlm_model_save_gguf(mf, path, types[i].id, &err)) fail_msg("convert %s: %s", types[i].type, err.msg);
-        kvlm_model *m = load(path, NULL);
-        for (int t = 0; t < kvlm_model_n_tensors(m); t++) {
-            kvlm_tensor_info ti;
-            kvlm_model_tensor(m, t, &ti);
-            if (ti.n_dims == 2) assert_int_equal(ti.type, types[i].id);
-        }
-        if (kvlm_model_save_gguf(m, dpath, DT_F32, &err)) fail_msg("dequantize %s: %s", types[i].type, err.msg);
-        kvlm_model *md = load(dpath, NULL);
-        check_cached_runs(m, types[i].type, ids);
-        float *got = logits_of(m, ids, N, false, false, 2), *deq = logits_of(md, ids, N, false, false, 2);
-        double se_d = 0, sr_d = 0, se_o = 0, sr_o = 0;
-        for (int k = 0; k < N * V; k++) {
-            se_d += (got[k] - deq[k]) * (got[k] - deq[k]);
-            sr_d += deq[k] * deq[k];
-            se_o += (got[k] - ref[k]) * (got[k] - ref[k]);
-            sr_o += ref[k] * ref[k];
-        }
-        rms_orig[i] = sqrt(se_o / sr_o);
-        printf("  %-8s logits: relative RMS %.4f against its dequantized weights in f32, %.3f against the original\n",
-               types[i].type, sqrt(se_d / sr_d), rms_orig[i]);
-        assert_true(sqrt(se_d / sr_d) < 0.05); /* measured 0.019-0.023 */
-        assert_true(sqrt(se_d / sr_d) < 0.25 * rms_orig[i]);
-        free(got);
-        free(deq);
-        kvlm_model_free(md);
-        kvlm_model_free(m);
-    }
+    int32_t ids[CONV_N];
+    conv_ids(ids);
+    float *ref = logits_of(mf, ids, CONV_N, false, false, 2);
+    double rms_orig[7], rms_deq;
+    for (int i = 0; i < n_types; i++)
+        free(converted_logits(mf, types[i].type, types[i].id, ids, ref, &rms_deq, &rms_orig[i], NULL));
     /* 3.44 bits against 2.06 and 1.75 (those two both leave the logits of this
      * random net mostly noise: 0.87 each) */
     assert_true(rms_orig[0] < 0.6 * rms_orig[1] && rms_orig[0] < 0.6 * rms_orig[2]);
+    free(ref);
+    kvlm_model_free(mf);
+}
+
+/* MXFP4, TQ2_0 and TQ1_0 models of the same f32 llama against the f32 models
+ * of their own dequantized weights (converted_logits); and ternary weights
+ * convert exactly: TQ2_0's dequantized model converted to TQ1_0 gives TQ2_0's
+ * logits bit for bit (the same codes and d, the same sums). */
+static void test_small_block_weights(void **state) {
+    (void)state;
+    kvlm_synth_params sp = low_bit_shape();
+    const char *fpath = tu_tmp_path(".gguf"), *tq2_deq = NULL;
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
+    kvlm_model *mf = load(fpath, NULL);
+    int32_t ids[CONV_N];
+    conv_ids(ids);
+    float *ref = logits_of(mf, ids, CONV_N, false, false, 2);
+    double rd, ro;
+    free(converted_logits(mf, "mxfp4", DT_MXFP4, ids, ref, &rd, &ro, NULL));
+    float *tq2 = converted_logits(mf, "tq2_0", DT_TQ2_0, ids, ref, &rd, &ro, &tq2_deq);
+    free(converted_logits(mf, "tq1_0", DT_TQ1_0, ids, ref, &rd, &ro, NULL));
+    /* the ternary weights of TQ2_0's model, through f32 into TQ1_0 */
+    kvlm_model *mt = load(tq2_deq, NULL);
+    const char *p1 = tu_tmp_path(".gguf");
+    if (kvlm_model_save_gguf(mt, p1, DT_TQ1_0, &err)) fail_msg("ternary to tq1_0: %s", err.msg);
+    kvlm_model *m1 = load(p1, NULL);
+    float *again = logits_of(m1, ids, CONV_N, false, false, 2);
+    assert_memory_equal(again, tq2, sizeof(float) * CONV_N * CONV_V);
+    free(again);
+    kvlm_model_free(m1);
+    kvlm_model_free(mt);
+    free(tq2);
     free(ref);
     kvlm_model_free(mf);
 }
@@ -871,6 +919,7 @@ int main(void) {
         cmocka_unit_test(test_convert),
         cmocka_unit_test(test_low_bit_weights),
         cmocka_unit_test(test_codebook_weights),
+        cmocka_unit_test(test_small_block_weights),
         cmocka_unit_test(test_sampler), cmocka_unit_test(test_sampler_logit_bias),
         cmocka_unit_test(test_sampler_penalties),
         cmocka_unit_test(test_cuda_refusals),

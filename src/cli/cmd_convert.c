@@ -17,7 +17,8 @@ int cmd_convert(int argc, char **argv) {
                    "type, as llama.cpp's quantizer does). Default: keep each tensor's type.\n"
                    "T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q2_k q3_k iq4_nl iq4_xs\n"
                    "   iq3_s iq3_xxs iq2_s iq2_xs iq2_xxs iq1_m iq1_s (the codebook types: least squares\n"
-                   "   without an importance matrix, microseconds per weight, on every core)\n");
+                   "   without an importance matrix, microseconds per weight, on every core)\n"
+                   "   mxfp4 (gpt-oss's 4-bit floats) tq2_0 tq1_0 (ternary: for models trained so)\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
@@ -30,7 +31,7 @@ int cmd_convert(int argc, char **argv) {
     if (!in || !out) return cli_fail("convert", "usage: kvlm convert IN OUT.gguf [--type T]");
     int type = -1;
     if (type_name && (type = kvlm_type_from_name(type_name)) < 0)
-        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s)", type_name);
+        return cli_fail("convert", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q2_k, q3_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s, mxfp4, tq2_0, tq1_0)", type_name);
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
