@@ -337,15 +337,16 @@ static void test_matmul_half_bits(void **state) {
 static void test_matmul_packed(void **state) {
     (void)state;
     util_pool *p2 = util_pool_create(2), *p3 = util_pool_create(3);
-    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q5_0, DT_Q4_1, DT_Q5_1, DT_IQ4_NL, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_IQ4_XS, DT_Q2_K, DT_Q3_K},
+    const int types[] = {DT_Q8_0, DT_Q4_0, DT_Q5_0, DT_Q4_1, DT_Q5_1, DT_IQ4_NL, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_IQ4_XS, DT_Q2_K, DT_Q3_K, DT_MXFP4},
               packed[] = {OP_Q8_0_R16, OP_Q4_0_R16, OP_Q5_0_R16, OP_Q4_1_R16, OP_Q5_1_R16,
-                          OP_IQ4_NL_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16, OP_IQ4_XS_R16, OP_Q2_K_R16, OP_Q3_K_R16};
+                          OP_IQ4_NL_R16, OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16, OP_IQ4_XS_R16, OP_Q2_K_R16, OP_Q3_K_R16,
+                          OP_MXFP4_R16};
     const int n_ins[] = {32, 96, 288, 768, 64}, n_outs[] = {16, 37, 13, 64, 200};
     const int TM = 21;
-    for (int ti = 0; ti < 12; ti++)
+    for (int ti = 0; ti < 13; ti++)
         for (int a = 0; a < 5; a++) {
             /* K-quants: 256-column super-blocks */
-            int n_in = ti >= 6 ? 256 * (1 + a % 3) : n_ins[a], n_out = n_outs[a];
+            int n_in = ti >= 6 && ti < 12 ? 256 * (1 + a % 3) : n_ins[a], n_out = n_outs[a];
             float *wf;
             void *W = make_weights(types[ti], n_in, n_out, &wf);
             size_t ps = op_pack_size(types[ti], n_in, n_out);

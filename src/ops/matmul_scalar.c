@@ -343,15 +343,18 @@ TILE(tq2_0)
 
 /* Row j of a 16-row group of packed weights (ops.h; q4: OP_Q4_0_R16, else
  * OP_Q8_0_R16): the same operations as dot_q8_0 / dot_q4_0 on the unpacked row. */
-/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1, 5 IQ4_NL (ops.h); dot_legacy's
- * operations for Q4_1 / Q5_0 / Q5_1, dot_iq4_nl's for IQ4_NL. */
+/* q4: 0 Q8_0, 1 Q4_0, 2 Q5_0, 3 Q4_1, 4 Q5_1, 5 IQ4_NL, 6 MXFP4 (ops.h);
+ * dot_legacy's operations for Q4_1 / Q5_0 / Q5_1, dot_nl4's for IQ4_NL and
+ * MXFP4. */
 static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
     const int8_t *xq = op_q8a_qs(x);
     const float *xd = op_q8a_d(x, n);
     const int32_t *xc = op_q8a_xc(x, n);
-    const int q5 = q4 == 2 || q4 == 4, hm = q4 == 3 || q4 == 4, qs_at = hm ? 64 : 32, off = hm ? 0 : q5 ? 16 : 8;
+    const int q5 = q4 == 2 || q4 == 4, hm = q4 == 3 || q4 == 4, off = hm ? 0 : q5 ? 16 : 8;
+    const int qs_at = q4 == 6 ? 16 : hm ? 64 : 32;
     const size_t bs = 16 * (q4 == 0 ? sizeof(block_q8_0) : q4 == 1 ? sizeof(block_q4_0) : q4 == 2 ? sizeof(block_q5_0)
-                            : q4 == 3 ? sizeof(block_q4_1) : q4 == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
+                            : q4 == 3 ? sizeof(block_q4_1) : q4 == 4 ? sizeof(block_q5_1)
+                            : q4 == 5 ? sizeof(block_iq4_nl) : sizeof(block_mxfp4));
     float s = 0.0f;
     for (int b = 0; b < n / 32; b++) {
         const uint8_t *blk = g + (size_t)b * bs;
@@ -360,8 +363,9 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++) {
                 int q = blk[qs_at + 64 * k + 4 * j + i];
-                if (q4 == 5) {
-                    isum += dt_kvalues_iq4nl[q & 15] * xb[4 * k + i] + dt_kvalues_iq4nl[q >> 4] * xb[16 + 4 * k + i];
+                if (q4 >= 5) {
+                    const int8_t *kv = q4 == 5 ? dt_kvalues_iq4nl : dt_kvalues_mxfp4;
+                    isum += kv[q & 15] * xb[4 * k + i] + kv[q >> 4] * xb[16 + 4 * k + i];
                 } else if (q4) {
                     int h = q5 ? blk[qs_at + 256 + 4 * j + i] : 0; /* the 5th bits (ops.h) */
                     isum += (((q & 0x0f) | (h >> k & 1) << 4) - off) * xb[4 * k + i] +
@@ -370,7 +374,7 @@ static float dot_r16(int q4, int n, const uint8_t *g, int j, const uint8_t *x) {
             }
         dt_f16 d, m;
         memcpy(&d, blk + 2 * j, sizeof d);
-        s = fmaf((float)isum, dt_f16_to_f32(d) * xd[b], s);
+        s = fmaf((float)isum, (q4 == 6 ? dt_e8m0_half(blk[j]) : dt_f16_to_f32(d)) * xd[b], s);
         if (hm) {
             memcpy(&m, blk + 32 + 2 * j, sizeof m);
             s = fmaf(dt_f16_to_f32(m) * xd[b], (float)(-xc[b] / 128), s);
@@ -396,6 +400,7 @@ R16_SCALAR(op_mm_q5_0_r16_scalar, dot_r16(2, n, g, j, xr))
 R16_SCALAR(op_mm_q4_1_r16_scalar, dot_r16(3, n, g, j, xr))
 R16_SCALAR(op_mm_q5_1_r16_scalar, dot_r16(4, n, g, j, xr))
 R16_SCALAR(op_mm_iq4_nl_r16_scalar, dot_r16(5, n, g, j, xr))
+R16_SCALAR(op_mm_mxfp4_r16_scalar, dot_r16(6, n, g, j, xr))
 
 /* Row j of a group of OP_Q4_K_R16 (with q5 OP_Q5_K_R16; ops.h): dot_qk's operations. */
 static float dot_qk_r16(int q5, int n, const uint8_t *g, int j, const uint8_t *x) {

@@ -1,5 +1,5 @@
 /* ops/matmul_vnni: the kernels for CPUs with AVX512-VNNI, chosen at run time:
- * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights
+ * packed Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights
  * (OP_*_R16) with 512-bit vpdpbusd, and the ternary types unpacked. Other types, and unpacked
  * ones, use the AVX2 kernels. */
 #include <string.h>
@@ -61,15 +61,19 @@ AI void r16_prefetch(const uint8_t *p, size_t bytes) {
  * 3 Q4_1 and 4 Q5_1 (the 16 f16 mins after the scales, then as Q4_0 / Q5_0;
  * no offset, and per block the min times dx times the token's sum), 5 IQ4_NL
  * (Q4_0's chunks, the nibbles looked up as level + 128 by vpshufb: Q8_0's
- * -128 x sum start). */
+ * -128 x sum start), 6 MXFP4 (IQ4_NL's, over its levels, after 16 exponent
+ * bytes: scales 2^(e - 128) by vscalefps). */
 AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8_t *x, size_t xs, float *y,
                  size_t ys, __mmask16 rows) {
-    const int nb = n / 32, Q4 = Q > 0, HM = Q == 3 || Q == 4, H5 = Q == 2 || Q == 4, IQ = Q == 5, qs_at = HM ? 64 : 32;
+    const int nb = n / 32, Q4 = Q > 0, HM = Q == 3 || Q == 4, H5 = Q == 2 || Q == 4, IQ = Q >= 5, MX = Q == 6;
+    const int qs_at = MX ? 16 : HM ? 64 : 32;
     const size_t bsz = 16 * (Q == 0 ? sizeof(block_q8_0) : Q == 1 ? sizeof(block_q4_0) : Q == 2 ? sizeof(block_q5_0)
-                             : Q == 3 ? sizeof(block_q4_1) : Q == 4 ? sizeof(block_q5_1) : sizeof(block_iq4_nl));
-    /* IQ4_NL's levels + 128 in every 128-bit lane */
-    const __m512i kvu = IQ ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)dt_kvalues_iq4nl),
-                                                                  _mm_set1_epi8((char)0x80)))
+                             : Q == 3 ? sizeof(block_q4_1) : Q == 4 ? sizeof(block_q5_1)
+                             : Q == 5 ? sizeof(block_iq4_nl) : sizeof(block_mxfp4));
+    /* IQ4_NL's (MXFP4's) levels + 128 in every 128-bit lane */
+    const __m512i kvu = IQ ? _mm512_broadcast_i32x4(_mm_xor_si128(
+                                 _mm_loadu_si128((const __m128i *)(MX ? dt_kvalues_mxfp4 : dt_kvalues_iq4nl)),
+                                 _mm_set1_epi8((char)0x80)))
                            : _mm512_setzero_si512();
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[R16_C];
@@ -78,7 +82,11 @@ AI void r16_tile(const int Q, const int RN, int n, const uint8_t *g, const uint8
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + (size_t)b * bsz;
         r16_prefetch(blk, bsz);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 dw = MX ? _mm512_scalef_ps(_mm512_set1_ps(1.0f),
+                                                _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk)),
+                                                    _mm512_set1_epi32(128))))
+                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         /* wk[k] pairs with the token's dword k */
         __m512i wk[8];
         if (Q4) {
@@ -146,9 +154,10 @@ typedef void (*r16_fn)(int n, const uint8_t *g, const uint8_t *x, size_t xs, flo
      pfx##_##v##_7,  pfx##_##v##_8,  pfx##_##v##_9,  pfx##_##v##_10, pfx##_##v##_11, pfx##_##v##_12,           \
      pfx##_##v##_13, pfx##_##v##_14, pfx##_##v##_15, pfx##_##v##_16}
 R16_FNS(r16, r16_tile, 0) R16_FNS(r16, r16_tile, 1) R16_FNS(r16, r16_tile, 2) R16_FNS(r16, r16_tile, 3)
-R16_FNS(r16, r16_tile, 4) R16_FNS(r16, r16_tile, 5)
-static const r16_fn r16_tab[6][R16_C] = {R16_FNTAB(r16, 0), R16_FNTAB(r16, 1), R16_FNTAB(r16, 2),
-                                         R16_FNTAB(r16, 3), R16_FNTAB(r16, 4), R16_FNTAB(r16, 5)};
+R16_FNS(r16, r16_tile, 4) R16_FNS(r16, r16_tile, 5) R16_FNS(r16, r16_tile, 6)
+static const r16_fn r16_tab[7][R16_C] = {R16_FNTAB(r16, 0), R16_FNTAB(r16, 1), R16_FNTAB(r16, 2),
+                                         R16_FNTAB(r16, 3), R16_FNTAB(r16, 4), R16_FNTAB(r16, 5),
+                                         R16_FNTAB(r16, 6)};
 
 /* Rows in groups of 16 (w + r * ws is group r / 16: a group takes 16 rows'
  * bytes), the last one masked; tokens R16_C at a time. */
@@ -174,6 +183,7 @@ R16_TILE(op_mm_q5_0_r16_vnni, r16_tab[2])
 R16_TILE(op_mm_q4_1_r16_vnni, r16_tab[3])
 R16_TILE(op_mm_q5_1_r16_vnni, r16_tab[4])
 R16_TILE(op_mm_iq4_nl_r16_vnni, r16_tab[5])
+R16_TILE(op_mm_mxfp4_r16_vnni, r16_tab[6])
 
 /* ---- OP_Q4_K_R16, OP_Q5_K_R16, OP_Q6_K_R16: packed K-quant weights -----------
  * The same scheme per super-block (ops.h), unsigned weights against the

@@ -104,6 +104,12 @@ void op_matmul_ref(float *Y, const float *X, const void *W, int wtype, int T, in
  * (unsigned) and starts each block's dot from -128 x the token's sum of
  * quants. Results equal the scalar IQ4_NL kernel bit for bit. */
 #define OP_IQ4_NL_R16 0x114
+/* OP_MXFP4_R16: OP_IQ4_NL_R16's layout with MXFP4's E8M0 byte per row for
+ * the f16 scales (16 bytes, then the nibble chunks: 272 bytes a group and
+ * block, the rows' own 17 each); the kernel looks the nibbles up as MXFP4's
+ * doubled level + 128 and scales by 2^(e - 128) (vscalefps, exact).
+ * Results equal the scalar MXFP4 kernel bit for bit. */
+#define OP_MXFP4_R16 0x127
 /* OP_IQ4_XS_R16: IQ4_XS rows in groups of 16, per group and super-block
  * (2,208 bytes, 138 per row where IQ4_XS takes 136): the 16 rows' f16 d,
  * their 8 sub-block scales [8][16] unpacked to signed bytes (ls - 32), then

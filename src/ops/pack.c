@@ -97,12 +97,13 @@ void op_pack_q6_K(int wtype, const void *src, void *dst, int n_in, int n_out) {
         }
 }
 
-/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL into their packed types (ops.h): per group
- * and block the 16 rows' scales (and mins), then the quants in 4-byte chunks
- * (and Q5's 5th bits regrouped). */
+/* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4 into their packed types (ops.h):
+ * per group and block the 16 rows' scales (and mins; MXFP4: its exponent
+ * bytes), then the quants in 4-byte chunks (and Q5's 5th bits regrouped). */
 void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) {
     const int nb = n_in / 32, hm = wtype == DT_Q4_1 || wtype == DT_Q5_1, q5 = wtype == DT_Q5_0 || wtype == DT_Q5_1;
-    const int q4 = wtype != DT_Q8_0, qs_at = hm ? 64 : 32; /* nibble chunks after the scales (and mins) */
+    const int mx = wtype == DT_MXFP4, sb = mx ? 1 : 2; /* bytes of a row's scale */
+    const int q4 = wtype != DT_Q8_0, qs_at = mx ? 16 : hm ? 64 : 32; /* nibble chunks after the scales (and mins) */
     const size_t rs = dt_row_size(wtype, n_in), bs = dt_row_size(wtype, 32);
     const int chunks = q4 ? 4 : 8;
     static const uint8_t zero[sizeof(block_q8_0)]; /* rows past n_out: scale 0, quants 0 */
@@ -112,9 +113,9 @@ void op_pack_legacy(int wtype, const void *src, void *dst, int n_in, int n_out) 
             for (int j = 0; j < 16; j++) {
                 int r = g * 16 + j;
                 const uint8_t *blk = r < n_out ? (const uint8_t *)src + (size_t)r * rs + (size_t)b * bs : zero;
-                memcpy(d + 2 * j, blk, sizeof(dt_f16)); /* every such block starts with its f16 scale */
+                memcpy(d + sb * j, blk, (size_t)sb); /* every such block starts with its scale */
                 if (hm) memcpy(d + 32 + 2 * j, blk + 2, sizeof(dt_f16)); /* then Q4_1's and Q5_1's min */
-                const uint8_t *qs = blk + 2 + 2 * hm + 4 * q5;
+                const uint8_t *qs = blk + sb + 2 * hm + 4 * q5;
                 if (q5) { /* the 5th bits, regrouped by chunk (ops.h) */
                     uint32_t h;
                     memcpy(&h, blk + 2 + 2 * hm, 4);

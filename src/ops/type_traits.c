@@ -62,8 +62,8 @@ static const op_type_traits traits[] = {
     PLAIN_TYPE(IQ3_S, iq3_s, OP_ACT_Q8K),
     PLAIN_TYPE(IQ1_S, iq1_s, OP_ACT_Q8K),
     PLAIN_TYPE(IQ1_M, iq1_m, OP_ACT_Q8K),
-    /* MXFP4 (IQ4_NL's kernel over its levels) and the ternary types */
-    PLAIN_TYPE(MXFP4, mxfp4, OP_ACT_Q8A),
+    BASE_TYPE(MXFP4, mxfp4, OP_ACT_Q8A, op_pack_legacy),
+    /* the ternary types: no packed form, a 512-bit kernel of their rows */
     WIDE_TYPE(TQ1_0, tq1_0, OP_ACT_Q8K),
     WIDE_TYPE(TQ2_0, tq2_0, OP_ACT_Q8K),
     PACKED_TYPE(Q8_0, q8_0, OP_ACT_Q8A, 0),
@@ -75,6 +75,7 @@ static const op_type_traits traits[] = {
     PACKED_TYPE(Q5_K, q5_K, OP_ACT_Q8K, OP_Q5K_R16_BYTES),
     PACKED_TYPE(Q6_K, q6_K, OP_ACT_Q8K, 0),
     PACKED_TYPE(IQ4_NL, iq4_nl, OP_ACT_Q8A, 0),
+    PACKED_TYPE(MXFP4, mxfp4, OP_ACT_Q8A, 0),
     PACKED_TYPE(IQ4_XS, iq4_xs, OP_ACT_Q8K, OP_IQ4XS_R16_BYTES),
     PACKED_TYPE(Q2_K, q2_K, OP_ACT_Q8K, 0),
     PACKED_TYPE(Q3_K, q3_K, OP_ACT_Q8K, OP_Q3K_R16_BYTES),
