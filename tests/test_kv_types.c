@@ -406,7 +406,7 @@ static void test_attention_typed(void **state) {
 
 /* Sliding windows over typed paged caches, at every level against the
  * reference: decode (the fused and VNNI kernels, a key split at long
- * windows) and prefill (the tiled kernel), soft-capped or not. The blocks
+ * windows) and prefill (the tiled kernel), soft-capped or with sinks or not. The blocks
  * wholly before the first query's window point at a block of NaN bytes (as
  * the pool's null block stands in for released ones): reading one would show. */
 static void test_attention_window(void **state) {
@@ -420,8 +420,10 @@ static void test_attention_window(void **state) {
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
             for (int wi = 0; wi < 3; wi++)
-                for (int cap = 0; cap < 2; cap++) {
+                for (int cap = 0; cap < 3; cap++) { /* 1: soft-capping, 2: sinks (gpt-oss) */
                     acase c = cases[ci];
+                    float sinks[12];
+                    for (int h = 0; h < 12; h++) sinks[h] = 2.5f * (float)(h % 4) - 2.0f + (h == 5 ? 20.0f : 0.0f);
                     int W = windows[wi], n_pos = c.q_pos0 + c.T, hd = c.hd;
                     size_t stride = (size_t)n_pos * hd, nq = (size_t)c.T * c.n_heads * hd;
                     float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
@@ -435,7 +437,8 @@ static void test_attention_window(void **state) {
                     int lo = c.q_pos0 + 1 - W > 0 ? c.q_pos0 + 1 - W : 0;
                     for (int b = 0; b < lo / c.bs; b++) tc.blocks[b] = (const float *)nan_block;
                     tc.a.window = W;
-                    tc.a.softcap = cap ? 2.0f : 0;
+                    tc.a.softcap = cap == 1 ? 2.0f : 0;
+                    tc.a.sinks = cap == 2 ? sinks : NULL;
                     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float));
                     op_attention_ref(ref, q, &tc.a);
                     uint8_t *work = malloc(op_attention_work_size(1, hd));

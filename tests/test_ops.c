@@ -753,7 +753,7 @@ static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
     /* a few sharp score peaks so the online max changes between key blocks */
     for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
     op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
+                      NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0, NULL};
     float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
     op_attention_ref(ref, q, &a);
     for (int level = 0; level < n_levels() && level <= OP_SIMD_AVX2; level++) {
@@ -788,7 +788,7 @@ static void check_attention(att_case c, util_pool *p2, util_pool *p3) {
     free(k); free(v); free(q); free(ref); free(o); free(o2);
 }
 
-/* Sliding window and soft-capping (gemma2): every level against the
+/* Sliding window, soft-capping (gemma2) and attention sinks (gpt-oss): every level against the
  * reference, decode (key-split at long positions) and prefill; the keys and
  * values before the first query's window are NaN, so reading one would show. */
 static void test_attention_window(void **state) {
@@ -799,18 +799,21 @@ static void test_attention_window(void **state) {
                               {130, 1000, 4, 2, 64}};
     for (int wi = 0; wi < 6; wi++)
         for (int ci = 0; ci < 5; ci++)
-            for (int cap = 0; cap < 2; cap++) {
+            for (int cap = 0; cap < 3; cap++) { /* 1: soft-capping, 2: sinks (and the first time no window) */
                 att_case c = cases[ci];
                 int n_pos = c.q_pos0 + c.T, hd = c.head_dim, W = windows[wi];
+                float sinks[16];
+                for (int h = 0; h < 16; h++) sinks[h] = 2.5f * (float)(h % 4) - 2.0f + (h == 5 ? 20.0f : 0.0f);
                 size_t stride = (size_t)n_pos * hd, nq = (size_t)c.T * c.n_heads * hd;
                 float *k = rand_floats(stride * c.n_kv_heads, 1.0f), *v = rand_floats(stride * c.n_kv_heads, 1.0f);
                 float *q = rand_floats(nq, 1.0f);
                 for (size_t i = 0; i < nq; i += 97) q[i] = 6.0f;
-                int lo = c.q_pos0 + 1 - W > 0 ? c.q_pos0 + 1 - W : 0;
+                int lo = c.q_pos0 + 1 - W > 0 && !(cap == 2 && wi == 0) ? c.q_pos0 + 1 - W : 0;
                 for (int h = 0; h < c.n_kv_heads; h++)
                     for (size_t i = 0; i < (size_t)lo * hd; i++) k[h * stride + i] = v[h * stride + i] = NAN;
                 op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                                  NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, W, cap ? 1.5f : 0};
+                                  NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, cap == 2 && wi == 0 ? 0 : W,
+                                  cap == 1 ? 1.5f : 0, cap == 2 ? sinks : NULL};
                 float *ref = malloc(nq * sizeof(float)), *o = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
                 op_attention_ref(ref, q, &a);
                 for (int level = 0; level < n_levels(); level++) {
@@ -888,7 +891,7 @@ static void test_attention_paged(void **state) {
                     }
             }
             op_attn_args a = {c.T, c.q_pos0, c.n_heads, c.n_kv_heads, hd, k, v, stride, 1.0f / sqrtf((float)hd),
-                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
+                              NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0, NULL};
             op_attn_args ap = a;
             ap.k = ap.v = NULL;
             ap.blocks = blocks;
@@ -933,7 +936,7 @@ static void test_attention_n(void **state) {
         o1[i] = malloc(nq * sizeof(float));
         o2[i] = malloc(nq * sizeof(float));
         op_attn_args c = {Ts[i], pos0[i], n_heads, n_kv, hd, k[i], v[i], stride, 1.0f / sqrtf((float)hd),
-                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0};
+                          NULL, 0, 0, 0, 0, 0, 0, 0, NULL, -1, NULL, NULL, 0, 0, 0, 0, NULL};
         a[i] = c;
     }
     a[10].key_weights = kw2; /* H2O: its own pass */

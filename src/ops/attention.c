@@ -148,7 +148,9 @@ static void attention_ref_f32(float *out, const float *q, const op_attn_args *a)
                 if (a->softcap > 0) s[p] = a->softcap * tanh(s[p] / a->softcap);
                 if (s[p] > mx) mx = s[p];
             }
+            if (a->sinks && a->sinks[hq] > mx) mx = a->sinks[hq];
             for (int p = lo; p < n; p++) sum += (s[p] = exp(s[p] - mx));
+            if (a->sinks) sum += exp((double)a->sinks[hq] - mx); /* a key with no value */
             for (int i = 0; i < vd; i++) o[i] = 0;
             for (int p = lo; p < n; p++) {
                 const float *vp = value_at(a, hq / G, p);
@@ -274,7 +276,16 @@ static inline int row_of(const op_attn_args *a, const att_plan *p, int t, int h,
 
 static bool args_ok(const op_attn_args *a) {
     return a->T > 0 && a->n_heads > 0 && a->n_kv_heads > 0 && a->head_dim > 0 && a->n_heads % a->n_kv_heads == 0 &&
-           (!a->blocks || a->block_size > 0);
+           (!a->blocks || a->block_size > 0) && !(a->sinks && a->key_weights);
+}
+
+/* 1 / the softmax's denominator for a row whose keys summed to l under the
+ * max m: l, plus e^(sink - m) when the head has a sink (op_attn_args.sinks),
+ * taken under max(m, sink) so that neither term overflows. */
+static inline float row_inv(const op_attn_args *a, int hq, float m, float l) {
+    if (!a->sinks) return 1.0f / l;
+    const float s = a->sinks[hq], mm = m > s ? m : s, e = expf(m - mm);
+    return e / (l * e + expf(s - mm));
 }
 
 /* The kernels per level, each gap filled from the level below (built once). */
@@ -502,7 +513,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
             }
             if (p->n_split == 1) {
                 float *dst = j->out + ((size_t)(t0 + ti) * a->n_heads + (size_t)h * p->G + g0 + gi) * hd;
-                float inv = 1.0f / L[r];
+                float inv = row_inv(a, h * p->G + g0 + gi, M[r], L[r]);
                 int i = 0;
                 if (K->scale) i = K->scale(dst, O + (size_t)r * hd, inv, hd);
                 for (; i < hd; i++) dst[i] = O[(size_t)r * hd + i] * inv;
@@ -559,7 +570,7 @@ static void merge_parts(const att_job *j) {
                     const float *o = ps + 2 * (size_t)R + (size_t)r * hd;
                     for (int i = 0; i < hd; i++) dst[i] += o[i] * w;
                 }
-                float inv = 1.0f / l;
+                float inv = row_inv(a, h * p->G + g0 + gi, mx, l);
                 for (int i = 0; i < hd; i++) dst[i] *= inv;
                 if (j->W) {
                     int g = row_of(a, p, t0 + ti, h, g0 + gi);

@@ -253,6 +253,12 @@ typedef struct {
      * window in decode runs them all. Neither is for H2O's key_weights. */
     int window;
     float softcap;
+    /* Attention sinks (gpt-oss; NULL: none): one learned logit per query
+     * head, sinks[hq], taken into the softmax's max and denominator as a key
+     * with no value (not scaled, not capped), so each row's weights sum to
+     * less than 1. Every kernel and the key-split merge apply it where they
+     * divide by the sum. Not for H2O's key_weights. */
+    const float *sinks;
 } op_attn_args;
 /* n_threads: the pool's size (util_pool_size); work must not be shared by
  * concurrent calls. */
@@ -277,6 +283,10 @@ void op_attention_ref(float *out, const float *q, const op_attn_args *a);
  * bytes for queries up to position n_ctx - 1. */
 size_t op_attention_mla_work_size(int n_threads, int n_heads, int head_dim, int n_ctx);
 void op_attention_mla(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
+/* gpt-oss's FFN: gate[i] = g sigmoid(alpha g) (u + 1) with g = min(gate[i],
+ * limit), u = up[i] clamped to [-limit, limit] (ops/swiglu_oai.c; gpt-oss:
+ * alpha 1.702, limit 7). */
+void op_swiglu_oai(float *gate, const float *up, int n, float alpha, float limit);
 /* Gemma's FFN: gate[i] = gelu_tanh(gate[i]) * up[i] (ops/geglu.c). */
 void op_geglu(float *gate, const float *up, int n);
 /* x[i] = cap * tanh(x[i] / cap): gemma2's final-logit soft-capping. */
