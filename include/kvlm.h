@@ -47,6 +47,12 @@ const char *kvlm_status_name(int code);
  * plus a shared expert added ungated when the file has one */
 /* deepseek2: DeepSeek-V2/V3 multi-head latent attention (the cache holds one
  * latent row per token, docs/mla.md) and mixture-of-experts feed-forward */
+/* gpt-oss (OpenAI's gpt-oss-20b and -120b, GGUF architecture "gpt-oss"):
+ * biases on q, k, v and the attention output, a learned attention sink per
+ * head, even layers sliding-window (128), odd ones global, NeoX RoPE with
+ * YaRN, and a mixture of experts with a biased router (softmax over the top
+ * experts' logits) and biased experts whose gate is clamped SwiGLU
+ * (docs/weights.md) */
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
  * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
@@ -54,7 +60,7 @@ typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVL
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
                KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9,
                KVLM_ARCH_OLMO2 = 10, KVLM_ARCH_QWEN2MOE = 11,
-               KVLM_ARCH_GRANITEMOE = 12 } kvlm_arch;
+               KVLM_ARCH_GRANITEMOE = 12, KVLM_ARCH_GPTOSS = 13 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;

@@ -112,7 +112,7 @@ check_logits() {
             *) fail "$label ($mode): logits ${line#FAIL: }"
                echo "    command: $bin logits -m $model --ids '$ids' $*$([ "$mode" = decode ] && echo ' --decode')" ;;
         esac
-    done < <("$py" "$ref" "$model" --ids "$ids" ${REF_CTX:+--ctx "$REF_CTX"} --compare "${files[@]}" --tol "$bound" 2>&1 || true)
+    done < <("$py" "$ref" "$model" --ids "$ids" ${REF_CTX:+--ctx "$REF_CTX"} ${REF_ACT_Q8:+--act-q8} --compare "${files[@]}" --tol "$bound" 2>&1 || true)
     if [ "$seen" -ne ${#files[@]} ]; then
         fail "$label: the reference gave $seen results for ${#files[@]} files (see its errors above)"
     fi
@@ -152,7 +152,7 @@ synth_check() {
 common=(--layers 2 --vocab 384 --ctx 64)
 # Greedy text on random weights too: another vocabulary (letters, byte
 # fallback) and the qwen2 and phi3 paths. Random logits have gaps far above float error.
-for arch in llama smollm3 granite olmo2 qwen2 qwen3 qwen3moe phi3; do
+for arch in llama smollm3 granite olmo2 qwen2 qwen3 qwen3moe phi3 gpt-oss; do
     model="$tmp/text-$arch.gguf"
     if "$bin" synth "$model" --arch "$arch" --dim 128 --heads 8 --kv-heads 2 --hidden 256 \
             --type f32 --seed 5 "${common[@]}" > "$tmp/synth.log" 2>&1; then
@@ -225,8 +225,20 @@ synth_check qwen2moe-4x2-tied-f16  1e-4 --arch qwen2moe --dim 128 --heads 8 --kv
 # experts wide here), added ungated
 synth_check granitemoe-4x2-gqa42-f32     1e-4 --arch granitemoe --dim 128 --heads 4 --kv-heads 2 --hidden 96 --experts 4 --experts-used 2 --type f32 --seed 97 "${common[@]}"
 synth_check granitemoe-8x2-shared-f16    1e-4 --arch granitemoe --dim 128 --heads 8 --kv-heads 2 --hidden 64 --experts 8 --experts-used 2 --experts-shared 2 --tied --type f16 --seed 98 --layers 3 --vocab 300 --ctx 64
+# gpt-oss: biases on q, k, v and the output, a sink logit per head, even
+# layers local (window 8 over the 22 ids), a biased router (softmax over the
+# top k) and biased experts with the clamped SwiGLU (synth's gate and up
+# biases reach past the clamps at 7); with YaRN (factor 4) on every layer;
+# MXFP4 experts (and attention) as gpt-oss's files hold them. The clamped
+# SwiGLU's (up + 1), up to 8, amplifies the 8-bit activations' rounding past
+# the q8_0 bound (0.19 of the largest logit against the plain reference), so
+# the reference rounds them as kvlm does (--act-q8: 2e-6 here; the bound
+# leaves room for a flipped int8's cascade, see above)
+synth_check gpt-oss-8x2-w8-f32     1e-4 --arch gpt-oss --dim 128 --heads 8 --kv-heads 2 --hidden 192 --experts 8 --experts-used 2 --expert-ff 96 --sliding-window 8 --type f32 --seed 99 --layers 4 --vocab 384 --ctx 64
+synth_check gpt-oss-4x2-hd64-yarn4-f16 1e-4 --arch gpt-oss --dim 128 --heads 4 --kv-heads 1 --head-dim 64 --hidden 128 --experts 4 --experts-used 2 --expert-ff 64 --sliding-window 8 --yarn 4 --type f16 --seed 100 --layers 3 --vocab 300 --ctx 64
+REF_ACT_Q8=1 synth_check gpt-oss-8x4-mxfp4 3e-2 --arch gpt-oss --dim 128 --heads 8 --kv-heads 2 --hidden 128 --experts 8 --experts-used 4 --expert-ff 64 --sliding-window 8 --type mxfp4 --seed 101 --layers 2 --vocab 384 --ctx 64
 # convert writes the experts back (3-D, stacked) and their keys: the same logits
-for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32 qwen2moe-8x2-f32 granitemoe-8x2-shared-f16; do
+for name in mixtral-4x2-gqa42-f32 qwen3moe-8x3-hd64-f32 qwen2moe-8x2-f32 granitemoe-8x2-shared-f16 gpt-oss-8x2-w8-f32; do
     model="$tmp/$name.gguf"
     [ -f "$model" ] || continue
     if "$bin" convert "$model" "$tmp/back.gguf" > /dev/null 2>&1 &&

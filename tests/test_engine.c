@@ -733,6 +733,7 @@ static void test_cuda_refusals(void **state) {
         {KVLM_ARCH_QWEN2MOE, 4, 0, "a mixture of experts (qwen2moe)"},
         {KVLM_ARCH_GRANITEMOE, 4, 0, "granitemoe's multipliers"},
         {KVLM_ARCH_PHI3, 0, 2, "scaled RoPE"},
+        {KVLM_ARCH_GPTOSS, 4, 0, "gpt-oss"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvlm_synth_params sp = {0};

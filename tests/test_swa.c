@@ -29,6 +29,7 @@ static const shape SHAPES[] = {
     {"gemma2", KVLM_ARCH_GEMMA2, 4, 2.0f, 3.0f}, /* small caps so that they bite */
     {"gemma3", KVLM_ARCH_GEMMA3, 6, 0, 0},       /* five local, one global */
     {"mistral", KVLM_ARCH_LLAMA, 2, 0, 0},        /* llama with every layer local */
+    {"gpt-oss", KVLM_ARCH_GPTOSS, 4, 0, 0},       /* even layers local; sinks, biases, experts */
 };
 #define N_SHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
@@ -154,12 +155,15 @@ static void test_reference(void **state) {
     char ref[4096];
     snprintf(ref, sizeof ref, "%s", __FILE__);
     char *slash = strrchr(ref, '/');
-    snprintf(slash ? slash + 1 : ref, sizeof ref - (size_t)(slash ? slash + 1 - ref : 0), "../scripts/ref/swa_ref.py");
+    size_t dir = slash ? (size_t)(slash + 1 - ref) : 0;
     int32_t t[N_LONG];
     tokens(t, N_LONG, 1);
     char ids[N_LONG * 8] = "";
     for (int i = 0; i < N_LONG; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%d ", t[i]);
     for (int i = 0; i < N_SHAPES; i++) {
+        /* gpt-oss: llama_ref.py's (it has gpt-oss's experts) */
+        snprintf(ref + dir, sizeof ref - dir, "../scripts/ref/%s",
+                 SHAPES[i].arch == KVLM_ARCH_GPTOSS ? "llama_ref.py" : "swa_ref.py");
         kvlm_model *m = load(i);
         int V = kvlm_model_config(m)->vocab_size;
         kvlm_ctx *a = make_ctx(m, BS, 1, 0, true), *b = make_ctx(m, BS, 1, 0, true);

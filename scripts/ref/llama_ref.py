@@ -39,7 +39,11 @@ GGUF_MAGIC = b"GGUF"
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i",
                  6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 GGUF_STRING, GGUF_ARRAY = 8, 9
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_MXFP4 = 0, 1, 8, 39
+# OCP microscaling MXFP4: 32 FP4 (E2M1: sign, 2 exponent bits, 1 mantissa bit)
+# values sharing one E8M0 scale 2^(e - 127); the block is the scale byte, then
+# element j's code in the low nibble of byte j and element j + 16's in its high one
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 Q8_0_BLOCK = 32  # values per block; a block is fp16 d + 32 int8
 
 
@@ -125,6 +129,13 @@ def read_gguf(path):
             blk = np.dtype([("d", "<f2"), ("q", "i1", (Q8_0_BLOCK,))])
             b = np.frombuffer(buf, dtype=blk, count=n // Q8_0_BLOCK, offset=start)
             a = (b["d"].astype(np.float64)[:, None] * b["q"].astype(np.float64))
+        elif ttype == GGML_MXFP4:
+            if n % 32:
+                raise ValueError("%s: MXFP4 size %d not a multiple of 32" % (name, n))
+            blk = np.dtype([("e", "u1"), ("q", "u1", (16,))])
+            b = np.frombuffer(buf, dtype=blk, count=n // 32, offset=start)
+            codes = np.concatenate([b["q"] & 15, b["q"] >> 4], axis=1)
+            a = E2M1[codes] * np.ldexp(1.0, b["e"].astype(np.int64) - 127)[:, None]
         else:
             raise ValueError("%s: tensor type %d not supported" % (name, ttype))
         tensors[name] = a.astype(np.float64).reshape(list(reversed(ne)))
@@ -137,6 +148,7 @@ def read_gguf(path):
 class Model:
     arch = "llama"      # "llama" (RoPE on consecutive pairs), "qwen2", "qwen3" or "phi3" (NeoX)
     dim = hidden = n_layers = n_heads = n_kv_heads = vocab = ctx = 0
+    local_plain_rope = False  # olmo2 (OLMo 3) only: local layers rotate without YaRN
     head_dim = rope_dim = 0
     eps = 1e-5
     rope_base = 10000.0
@@ -300,6 +312,8 @@ def moe_ffn(m, L, h):
     each chosen expert's SwiGLU FFN; then the shared experts, if any."""
     ty = L["types"]
     logits = matmul(m, h, L["router"], ty.get("router"))
+    if "router_b" in L:  # gpt-oss: softmax over the top k of the biased logits = these probabilities renormalised
+        logits = logits + L["router_b"]
     if m.gating == 2:
         probs = 1.0 / (1.0 + np.exp(-logits))
     else:
@@ -315,6 +329,13 @@ def moe_ffn(m, L, h):
         w = w * m.w_scale
         for e, we in zip(top, w):
             ht = h[t:t + 1]
+            if "router_b" in L:  # gpt-oss's clamped SwiGLU (alpha 1.702, limit 7) and the experts' biases
+                gt = matmul(m, ht, L["g_exps"][e], ty.get("g_exps")) + L["g_exps_b"][e]
+                ut = matmul(m, ht, L["u_exps"][e], ty.get("u_exps")) + L["u_exps_b"][e]
+                gt, ut = np.minimum(gt, 7.0), np.clip(ut, -7.0, 7.0)
+                g = gt / (1.0 + np.exp(-1.702 * gt)) * (ut + 1.0)
+                out[t] += we * (matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0] + L["d_exps_b"][e])
+                continue
             g = silu(matmul(m, ht, L["g_exps"][e], ty.get("g_exps"))) * matmul(m, ht, L["u_exps"][e], ty.get("u_exps"))
             out[t] += we * matmul(m, g, L["d_exps"][e], ty.get("d_exps"))[0]
     if "g_sh" in L:
@@ -331,7 +352,7 @@ def load_gguf(path):
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
     if m.arch not in ("llama", "smollm3", "granite", "granitemoe", "olmo2", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
-                      "deepseek2"):
+                      "deepseek2", "gpt-oss"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -362,15 +383,19 @@ def load_gguf(path):
     if a != "deepseek2":  # linear scaling divides every angle; other types are refused
         stype = meta.get(a + ".rope.scaling.type", b"none")
         stype = stype.decode() if isinstance(stype, bytes) else stype
-        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "olmo2")):
+        if stype not in ("none", "linear", "yarn") or (stype == "yarn" and a not in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "olmo2", "gpt-oss")):
             raise ValueError("RoPE scaling %r not supported" % stype)
         m.rope_scale = float(meta.get(a + ".rope.scaling.factor", 1.0)) if stype == "linear" else 1.0
         if stype == "yarn" and float(meta.get(a + ".rope.scaling.factor", 1.0)) != 1.0:
             m.yarn_rope = (float(meta[a + ".rope.scaling.factor"]), int(meta[a + ".rope.scaling.original_context_length"]),
                            float(meta.get(a + ".rope.scaling.yarn_beta_fast", 32.0)),
                            float(meta.get(a + ".rope.scaling.yarn_beta_slow", 1.0)))
-    m.window = int(meta.get(a + ".attention.sliding_window", 0)) if a == "olmo2" else 0
-    if m.window:  # OLMo 3: three local layers to one global, or llama.cpp's converter's bool per layer
+    m.window = int(meta.get(a + ".attention.sliding_window", 0)) if a in ("olmo2", "gpt-oss") else 0
+    m.local_plain_rope = a == "olmo2"  # OLMo 3's local layers rotate without YaRN; gpt-oss's as the global ones
+    if m.window and a == "gpt-oss":  # even layers local (llama.cpp's swa pattern 2, Hugging Face's layer_types)
+        m.local = [i % 2 == 0 for i in range(m.n_layers)]
+        m.base_local = m.rope_base
+    elif m.window:  # OLMo 3: three local layers to one global, or llama.cpp's converter's bool per layer
         pat = meta.get(a + ".attention.sliding_window_pattern", 4)
         m.local = [bool(v) for v in pat] if isinstance(pat, list) else [(i + 1) % int(pat) != 0 for i in range(m.n_layers)]
         m.base_local = float(meta.get(a + ".rope.freq_base_swa", m.rope_base))
@@ -391,11 +416,18 @@ def load_gguf(path):
              "wv": t[p + "attn_v.weight"], "wo": t[p + "attn_output.weight"],
              "ffn_norm": t.get(p + "ffn_norm.weight"),
              "post_attn": t.get(p + "post_attention_norm.weight"), "post_ffn": t.get(p + "post_ffw_norm.weight")}
+        if a == "gpt-oss":  # its FFN's norm under that name; the output's bias; a sink logit per head
+            L["ffn_norm"], L["post_attn"] = L["post_attn"], None
+            L["bo"], L["sinks"] = t[p + "attn_output.bias"], t[p + "attn_sinks.weight"]
         ffn = (("w1", "ffn_gate.weight"), ("w2", "ffn_down.weight"), ("w3", "ffn_up.weight"))
         if p + "ffn_gate_inp.weight" in t:  # experts (Mixtral, qwen3moe): softmax top-k, renormalised
             ffn = (("router", "ffn_gate_inp.weight"), ("g_exps", "ffn_gate_exps.weight"),
                    ("u_exps", "ffn_up_exps.weight"), ("d_exps", "ffn_down_exps.weight"))
             m.gating, m.n_used, m.w_norm, m.w_scale = 1, int(meta[a + ".expert_used_count"]), True, 1.0
+            if a == "gpt-oss":  # biases on the router and on each expert's three products
+                for k, n in (("router_b", "ffn_gate_inp.bias"), ("g_exps_b", "ffn_gate_exps.bias"),
+                             ("u_exps_b", "ffn_up_exps.bias"), ("d_exps_b", "ffn_down_exps.bias")):
+                    L[k] = t[p + n]
             if a == "qwen2moe":  # the top probabilities as they are, and a shared expert behind a sigmoid gate
                 m.w_norm = False
                 ffn += (("g_sh", "ffn_gate_shexp.weight"), ("u_sh", "ffn_up_shexp.weight"),
@@ -541,7 +573,7 @@ def quantize_act_q8(x):
 
 def matmul(m, x, w, wtype):
     """x @ w^T, w stored [out, in]."""
-    if m.act_q8 and wtype == GGML_Q8_0:
+    if m.act_q8 and wtype in (GGML_Q8_0, GGML_MXFP4):
         x = quantize_act_q8(x)
     return x @ w.T
 
@@ -576,9 +608,9 @@ def forward(m, ids):
         v = v.reshape(T, m.n_kv_heads, hd)
         if "q_norm" in L:
             q, k = rmsnorm(q, L["q_norm"], m.eps), rmsnorm(k, L["k_norm"], m.eps)
-        neox = m.arch in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2")
+        neox = m.arch in ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "olmo2", "gpt-oss")
         local = li < len(m.local) and m.local[li]
-        if local:  # OLMo 3's local layers: plain RoPE (no YaRN), their own base, a window
+        if local and m.local_plain_rope:  # OLMo 3's local layers: plain RoPE (no YaRN), their own base, a window
             q = rope(q, pos, m.rope_dim, m.base_local, neox)
             k = rope(k, pos, m.rope_dim, m.base_local, neox)
         elif not (m.arch == "smollm3" and (li + 1) % 4 == 0):  # SmolLM3: every fourth layer has no RoPE
@@ -591,10 +623,16 @@ def forward(m, ids):
         for hh in range(m.n_heads):
             kh = hh // group
             s = q[:, hh, :] @ k[:, kh, :].T * (m.attn_scale or 1 / np.sqrt(hd)) + lmask
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            s /= s.sum(axis=1, keepdims=True)
-            att[:, hh, :] = s @ v[:, kh, :]
+            mx = s.max(axis=1, keepdims=True)
+            sink = float(L["sinks"][hh]) if L.get("sinks") is not None else None
+            if sink is not None:  # gpt-oss: a logit in the softmax with no value (raw, not scaled)
+                mx = np.maximum(mx, sink)
+            s = np.exp(s - mx)
+            den = s.sum(axis=1, keepdims=True) + (np.exp(sink - mx) if sink is not None else 0.0)
+            att[:, hh, :] = (s / den) @ v[:, kh, :]
         o = m.residual_mult * matmul(m, att.reshape(T, m.n_heads * hd), L["wo"], ty.get("wo"))
+        if L.get("bo") is not None:
+            o = o + L["bo"]
         x = x + (rmsnorm(o, L["post_attn"], m.eps) if L.get("post_attn") is not None else o)
         h = rmsnorm(x, L["ffn_norm"], m.eps) if L.get("ffn_norm") is not None else x
         if "router" in L:
@@ -732,6 +770,8 @@ def main(argv):
     ap.add_argument("--tol", type=float, default=1e-4, help="bound for --compare")
     ap.add_argument("--ctx", type=int, help="the context kvlm ran with (default: the trained one); "
                                             "chooses LongRoPE's long or short factors")
+    ap.add_argument("--no-window", action="store_true",
+                    help="every layer global (for a test that the window shows in the logits)")
     args = ap.parse_args(argv)
 
     with open(args.model, "rb") as f:
@@ -742,6 +782,8 @@ def main(argv):
         m = load_llama2c(args.model)
         tok = load_llama2c_tokenizer(args.tokenizer, m.vocab) if args.tokenizer else None
     m.act_q8 = args.act_q8
+    if args.no_window:
+        m.local = [False] * m.n_layers
     use_longrope(m, args.ctx if args.ctx else m.ctx)
     if args.tokenizer and is_gguf:
         tok = load_llama2c_tokenizer(args.tokenizer, m.vocab)

@@ -53,7 +53,7 @@ int cmd_synth(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|deepseek2|gemma2|gemma3] [--dim D]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|gpt-oss|deepseek2|gemma2|gemma3] [--dim D]\n"
                    "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
                    "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
@@ -128,7 +128,8 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(arch, "deepseek2")) p.arch = KVLM_ARCH_DEEPSEEK2;
         else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
         else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)", arch);
+        else if (!strcmp(arch, "gpt-oss")) p.arch = KVLM_ARCH_GPTOSS;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss)", arch);
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;

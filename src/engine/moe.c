@@ -1,5 +1,5 @@
 /* engine/moe: the mixture-of-experts feed-forward (deepseek2, Mixtral,
- * qwen2moe, qwen3moe, granitemoe). Per token the
+ * qwen2moe, qwen3moe, granitemoe, gpt-oss). Per token the
  * router picks n_expert_used experts; each expert then runs once over the
  * rows of the tokens that chose it (gathered, so its weights are read once
  * per chunk), and the shared experts run over every token. Experts are row
@@ -119,14 +119,32 @@ void engine_moe_route(const kvlm_config *c, const float *logits, const float *bi
     for (int k = 0; k < K; k++) w[k] *= scale;
 }
 
-/* ye = down(silu(gate xe) * up xe) for n rows, F wide inside (gate and up in one pass). */
+/* An expert's biases (gpt-oss; NULL elsewhere): gate, up (F each), down (D). */
+typedef struct {
+    const float *g, *u, *d;
+} expert_bias;
+
+/* ye = down(silu(gate xe) * up xe) for n rows, F wide inside (gate and up in
+ * one pass); with biases (gpt-oss) each product's bias added and the clamped
+ * SwiGLU (op_swiglu_oai) in place of silu. */
 static void ffn(engine_moe *e, util_pool *pool, const model_tensor *g, const model_tensor *u, const model_tensor *d,
-                const float *xe, int n) {
-    int F = (int)g->n_out;
+                const float *xe, int n, const expert_bias *b) {
+    int F = (int)g->n_out, D = (int)d->n_out;
     const op_mm_out gu[2] = {mm_of(e->ge, g), mm_of(e->ue, u)};
     op_backend_cpu()->matmul_n(pool, xe, n, (int)g->n_in, gu, 2, e->mm_work);
-    for (int r = 0; r < n; r++) op_backend_cpu()->swiglu(e->ge + (size_t)r * F, e->ue + (size_t)r * F, F);
+    for (int r = 0; r < n; r++) {
+        float *ge = e->ge + (size_t)r * F, *ue = e->ue + (size_t)r * F;
+        if (!b) {
+            op_backend_cpu()->swiglu(ge, ue, F);
+            continue;
+        }
+        op_backend_cpu()->add(ge, b->g, F);
+        op_backend_cpu()->add(ue, b->u, F);
+        op_swiglu_oai(ge, ue, F, 1.702f, 7.0f);
+    }
     matmul(e, pool, e->ye, e->ge, d, n);
+    if (b)
+        for (int r = 0; r < n; r++) op_backend_cpu()->add(e->ye + (size_t)r * D, b->d, D);
 }
 
 void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, const float *xn, float *x, int T) {
@@ -134,6 +152,8 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
     int D = c->dim, E = c->n_expert, K = c->n_expert_used, F = c->expert_ff;
     const float rs = c->residual_mult > 0 ? c->residual_mult : 1.0f; /* granitemoe: the branch's multiplier */
     matmul(e, pool, e->logits, xn, &L->ffn_gate_inp, T);
+    if (L->ffn_gate_inp_b.data) /* gpt-oss: the router's bias */
+        for (int t = 0; t < T; t++) op_backend_cpu()->add(e->logits + (size_t)t * E, L->ffn_gate_inp_b.data, E);
     for (int t = 0; t < T; t++)
         engine_moe_route(c, e->logits + (size_t)t * E, L->exp_probs_b.data, e->idx + (size_t)t * K,
                          e->w + (size_t)t * K);
@@ -149,7 +169,12 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         model_tensor g = expert_rows(&L->gate_exps, (int64_t)ex * F, F);
         model_tensor u = expert_rows(&L->up_exps, (int64_t)ex * F, F);
         model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
-        ffn(e, pool, &g, &u, &d, e->xe, n);
+        expert_bias eb = {NULL, NULL, NULL};
+        if (L->gate_exps_b.data)
+            eb = (expert_bias){(const float *)L->gate_exps_b.data + (size_t)ex * F,
+                               (const float *)L->up_exps_b.data + (size_t)ex * F,
+                               (const float *)L->down_exps_b.data + (size_t)ex * D};
+        ffn(e, pool, &g, &u, &d, e->xe, n, L->gate_exps_b.data ? &eb : NULL);
         for (int r = 0; r < n; r++) {
             float wt = e->w[e->rows[r]] * rs, *dst = x + (size_t)(e->rows[r] / K) * D;
             const float *y = e->ye + (size_t)r * D;
@@ -157,7 +182,7 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         }
     }
     if (L->gate_shexp.data) {
-        ffn(e, pool, &L->gate_shexp, &L->up_shexp, &L->down_shexp, xn, T);
+        ffn(e, pool, &L->gate_shexp, &L->up_shexp, &L->down_shexp, xn, T, NULL);
         const float *gw = L->ffn_gate_inp_shexp.data; /* qwen2moe: sigmoid(xn . gw) scales the shared expert */
         for (int t = 0; t < T; t++) {
             float *dst = x + (size_t)t * D, *y = e->ye + (size_t)t * D;

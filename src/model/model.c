@@ -170,7 +170,8 @@ static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *
     bool found;
     int hrc;
     model_swa_defaults(c);
-    if (c->arch == KVLM_ARCH_LLAMA || g2 || g3 || olmo) {
+    bool oss = c->arch == KVLM_ARCH_GPTOSS;
+    if (c->arch == KVLM_ARCH_LLAMA || g2 || g3 || olmo || oss) {
         if ((hrc = hp_int(m, arch, "attention.sliding_window", &v, &found, err))) return hrc;
         if (found && (v < 0 || v > (1 << 24)))
             return util_err_set(err, KVLM_EFORMAT, "%s: key %s.attention.sliding_window = %lld is out of range", m->path,
@@ -178,6 +179,8 @@ static int load_swa_hparams(struct kvlm_model *m, const char *arch, kvlm_error *
         if (found) c->sliding_window = (int)v;
         /* OLMo 3 (olmo2 with a window): three local layers to one global, llama.cpp's default */
         if (olmo && c->sliding_window > 0) c->swa_period = 4;
+        /* gpt-oss: even layers local, odd ones global (llama.cpp's swa pattern 2) */
+        if (oss && c->sliding_window > 0) c->swa_period = 2;
         /* llama.cpp's optional per-architecture override of the period (OLMo 3: a bool per layer) */
         char key[128];
         snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
@@ -365,7 +368,7 @@ const float *model_rope_freqs(const kvlm_config *c, int n_ctx) {
 
 bool model_yarn_arch(int arch) {
     return arch == KVLM_ARCH_LLAMA || arch == KVLM_ARCH_SMOLLM3 || arch == KVLM_ARCH_QWEN2 || model_qwen3_like(arch) ||
-           arch == KVLM_ARCH_OLMO2;
+           arch == KVLM_ARCH_OLMO2 || arch == KVLM_ARCH_GPTOSS;
 }
 
 bool model_scaling_global_only(const kvlm_config *c) {
@@ -399,15 +402,16 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
     bool found;
     int rc;
     if ((rc = hp_int(m, arch, "expert_count", &v, &found, err))) return rc;
-    bool q2 = c->arch == KVLM_ARCH_QWEN2MOE, gm = c->arch == KVLM_ARCH_GRANITEMOE;
+    bool q2 = c->arch == KVLM_ARCH_QWEN2MOE, gm = c->arch == KVLM_ARCH_GRANITEMOE, oss = c->arch == KVLM_ARCH_GPTOSS;
     if (!found || v == 0) {
-        if (c->arch == KVLM_ARCH_QWEN3MOE || q2 || gm)
+        if (c->arch == KVLM_ARCH_QWEN3MOE || q2 || gm || oss)
             return util_err_set(err, KVLM_EFORMAT, "%s: %s needs %s.expert_count", m->path, arch, arch);
         return KVLM_OK;
     }
-    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE && !q2 && !gm)
+    if (c->arch != KVLM_ARCH_LLAMA && c->arch != KVLM_ARCH_QWEN3MOE && !q2 && !gm && !oss)
         return util_err_set(err, KVLM_EUNSUPPORTED, "%s: %s.expert_count = %lld: experts are read for llama "
-                            "(Mixtral), granitemoe, qwen2moe, qwen3moe and deepseek2", m->path, arch, (long long)v);
+                            "(Mixtral), granitemoe, qwen2moe, qwen3moe, gpt-oss and deepseek2", m->path, arch,
+                            (long long)v);
     if (v < 1 || v > 1024) /* engine/moe.h */
         return util_err_set(err, KVLM_EFORMAT, "%s: key %s.expert_count = %lld is outside 1..%d", m->path, arch,
                             (long long)v, 1024);
@@ -418,7 +422,7 @@ static int moe_hparams(struct kvlm_model *m, const char *arch, kvlm_error *err) 
                             arch, found ? "is out of range" : "is missing", c->n_expert);
     c->n_expert_used = (int)v;
     c->expert_ff = c->hidden_dim;
-    if (c->arch == KVLM_ARCH_QWEN3MOE || q2) {
+    if (c->arch == KVLM_ARCH_QWEN3MOE || q2 || oss) {
         /* qwen2moe: both optional, llama.cpp's defaults (feed_forward_length / used, and it) */
         if ((rc = hp_int(m, arch, "expert_feed_forward_length", &v, &found, err))) return rc;
         if (!found && q2) v = c->hidden_dim / c->n_expert_used, found = true;
@@ -471,10 +475,11 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "deepseek2")) c->arch = KVLM_ARCH_DEEPSEEK2;
     else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
+    else if (!strcmp(arch, "gpt-oss")) c->arch = KVLM_ARCH_GPTOSS;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
                             "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, granitemoe, olmo2, qwen2, "
-                            "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3)",
+                            "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -524,7 +529,7 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     c->norm_eps = (float)d;
     if ((hrc = check_blocks(m, arch, c->n_layers, err))) return hrc;
     c->rope_neox = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE || model_qwen3_like(c->arch) ||
-                   c->arch == KVLM_ARCH_PHI3 || c->arch == KVLM_ARCH_OLMO2;
+                   c->arch == KVLM_ARCH_PHI3 || c->arch == KVLM_ARCH_OLMO2 || c->arch == KVLM_ARCH_GPTOSS;
     if ((hrc = load_swa_hparams(m, arch, err))) return hrc;
     if (model_granite_like(c->arch) && (hrc = granite_keys(m, arch, err))) return hrc;
     /* after: YaRN's magnitude goes into the attention scale that sets */
@@ -565,7 +570,8 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     if (c->arch == KVLM_ARCH_DEEPSEEK2) return model_deepseek2_layers(m, err);
-    bool bias = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE, phi3 = c->arch == KVLM_ARCH_PHI3;
+    bool oss = c->arch == KVLM_ARCH_GPTOSS;
+    bool bias = c->arch == KVLM_ARCH_QWEN2 || c->arch == KVLM_ARCH_QWEN2MOE || oss, phi3 = c->arch == KVLM_ARCH_PHI3;
     bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3, olmo2 = c->arch == KVLM_ARCH_OLMO2;
     for (int l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
@@ -597,7 +603,11 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
         TAKE(bq, "attn_q.bias", q_dim, 0, !bias);
         TAKE(bk, "attn_k.bias", kv_dim, 0, !bias);
         TAKE(bv, "attn_v.bias", kv_dim, 0, !bias);
-        if (!olmo2) { TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false); }
+        if (oss) { /* gpt-oss: the output's bias, a sink per head, and the FFN's norm under another name */
+            TAKE(bo, "attn_output.bias", c->dim, 0, false);
+            TAKE(attn_sinks, "attn_sinks.weight", c->n_heads, 0, false);
+            TAKE(ffn_norm, "post_attention_norm.weight", c->dim, 0, false);
+        } else if (!olmo2) { TAKE(ffn_norm, "ffn_norm.weight", c->dim, 0, false); }
         if (phi3) {
             TAKE(w_up, "ffn_up.weight", c->dim, 2 * (int64_t)c->hidden_dim, false);
             fused = L->w_up;
@@ -617,6 +627,17 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
                 if ((rc = model_take_experts(m, dst[i], n, i < 2 ? c->dim : c->expert_ff, i < 2 ? c->expert_ff : c->dim,
                                              c->n_expert, err)))
                     return rc;
+            }
+            if (oss) { /* the router's and the experts' biases ([expert][row], f32) */
+                TAKE(ffn_gate_inp_b, "ffn_gate_inp.bias", c->n_expert, 0, false);
+                TAKE(gate_exps_b, "ffn_gate_exps.bias", c->expert_ff, c->n_expert, false);
+                TAKE(up_exps_b, "ffn_up_exps.bias", c->expert_ff, c->n_expert, false);
+                TAKE(down_exps_b, "ffn_down_exps.bias", c->dim, c->n_expert, false);
+                const model_tensor *eb[3] = {&L->gate_exps_b, &L->up_exps_b, &L->down_exps_b};
+                for (int i = 0; i < 3; i++)
+                    if (eb[i]->type != DT_F32)
+                        return util_err_set(err, KVLM_EUNSUPPORTED, "%s: blk.%d: the experts' biases must be f32, "
+                                            "not %s", m->path, l, dt_name(eb[i]->type));
             }
             if (c->expert_shared_ff > 0) { /* the shared expert, and qwen2moe's gate of it */
                 int64_t sf = c->expert_shared_ff;
@@ -660,6 +681,7 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_QWEN3: return "qwen3";
     case KVLM_ARCH_QWEN3MOE: return "qwen3moe";
     case KVLM_ARCH_QWEN2MOE: return "qwen2moe";
+    case KVLM_ARCH_GPTOSS: return "gpt-oss";
     case KVLM_ARCH_SMOLLM3: return "smollm3";
     case KVLM_ARCH_GRANITE: return "granite";
     case KVLM_ARCH_GRANITEMOE: return "granitemoe";

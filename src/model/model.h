@@ -32,6 +32,10 @@ typedef struct {
     model_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wkv_b;
     model_tensor ffn_gate_inp, gate_exps, up_exps, down_exps, gate_shexp, up_shexp, down_shexp, exp_probs_b;
     model_tensor ffn_gate_inp_shexp; /* qwen2moe: dim weights; sigmoid(x . w) scales the shared expert */
+    /* gpt-oss: the attention output's bias (dim), the sinks (one logit per
+     * query head), the router's bias (n_expert) and the experts' biases
+     * ([n_expert][expert_ff] for gate and up, [n_expert][dim] for down; f32) */
+    model_tensor bo, attn_sinks, ffn_gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
     /* deepseek2 files of llama.cpp's MLA conversion: attn_kv_b split per
      * head into W_UK^T (kv_lora rows of nope) and W_UV (v rows of kv_lora),
      * stacked over the heads; used when wkv_b is absent */

@@ -122,7 +122,13 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.attn_q.bias", l, L->bq);
         ADD("blk.%d.attn_k.bias", l, L->bk);
         ADD("blk.%d.attn_v.bias", l, L->bv);
-        ADD("blk.%d.ffn_norm.weight", l, L->ffn_norm);
+        ADD("blk.%d.attn_output.bias", l, L->bo);       /* gpt-oss */
+        ADD("blk.%d.attn_sinks.weight", l, L->attn_sinks);
+        if (m->cfg.arch == KVLM_ARCH_GPTOSS) { /* its FFN norm's name */
+            ADD("blk.%d.post_attention_norm.weight", l, L->ffn_norm);
+        } else {
+            ADD("blk.%d.ffn_norm.weight", l, L->ffn_norm);
+        }
         if (phi3) {
             ADD_FUSED("blk.%d.ffn_up.weight", l, &L->w_gate, &L->w_up); /* gate rows first */
         } else {
@@ -148,6 +154,10 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.ffn_up_exps.weight", l, L->up_exps);
         ADD("blk.%d.ffn_down_exps.weight", l, L->down_exps);
         for (int i = first; i < n; i++) out[i].n_expert = m->cfg.n_expert;
+        ADD("blk.%d.ffn_gate_inp.bias", l, L->ffn_gate_inp_b); /* gpt-oss; the experts' as [expert][row] */
+        ADD("blk.%d.ffn_gate_exps.bias", l, L->gate_exps_b);
+        ADD("blk.%d.ffn_up_exps.bias", l, L->up_exps_b);
+        ADD("blk.%d.ffn_down_exps.bias", l, L->down_exps_b);
         ADD("blk.%d.ffn_gate_inp_shexp.weight", l, L->ffn_gate_inp_shexp);
         ADD("blk.%d.ffn_gate_shexp.weight", l, L->gate_shexp);
         ADD("blk.%d.ffn_up_shexp.weight", l, L->up_shexp);
@@ -235,7 +245,7 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     if (c->n_expert && c->arch != KVLM_ARCH_DEEPSEEK2) { /* Mixtral's (llama) and qwen3moe's keys */
         gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
         gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
-        if (c->arch == KVLM_ARCH_QWEN3MOE || c->arch == KVLM_ARCH_QWEN2MOE)
+        if (c->arch == KVLM_ARCH_QWEN3MOE || c->arch == KVLM_ARCH_QWEN2MOE || c->arch == KVLM_ARCH_GPTOSS)
             gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->expert_ff);
         if (c->expert_shared_ff > 0)
             gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)c->expert_shared_ff);
@@ -246,7 +256,7 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
     /* llama.cpp's keys; gemma's defaults hold when absent, so write them always */
     bool gemma = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GEMMA3;
     if (c->sliding_window > 0 || gemma) gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window);
-    int period = c->arch == KVLM_ARCH_GEMMA2 ? 2 : c->arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
+    int period = c->arch == KVLM_ARCH_GEMMA2 || c->arch == KVLM_ARCH_GPTOSS ? 2 : c->arch == KVLM_ARCH_GEMMA3 ? 6 : 0;
     if (c->arch == KVLM_ARCH_OLMO2 && c->sliding_window > 0) {
         /* OLMo 3: a bool per layer (local), as llama.cpp's converter writes it; the local layers' RoPE base */
         uint8_t *local = malloc((size_t)c->n_layers);
@@ -342,8 +352,10 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool
     util_pool *pool = util_pool_create(0); /* NULL: converted on this thread */
     for (int i = 0; i < n; i++) {
         model_tensor *t = &ts[i].t;
-        bool is_1d = t->n_out == 1; /* norms and biases stay f32 */
-        int dst = is_1d || type < 0 ? t->type : fit_type(type, t->n_in);
+        bool is_1d = t->n_out == 1; /* norms and biases stay f32 (gpt-oss's experts' biases are 2-D) */
+        size_t nl = strlen(ts[i].name);
+        bool keep = is_1d || type < 0 || (nl > 5 && !strcmp(ts[i].name + nl - 5, ".bias"));
+        int dst = keep ? t->type : fit_type(type, t->n_in);
         const void *data = t->data;
         if (dst != t->type) {
             data = owned[i] = convert_rows(pool, t, dst, random_codes && dt_is_iq(dst));
@@ -482,7 +494,9 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     c.norm_eps = 1e-5f;
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
-    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6 : c.arch == KVLM_ARCH_OLMO2 ? 4 : 0;
+    if (c.arch == KVLM_ARCH_GPTOSS && !p->sliding_window) c.sliding_window = 16;
+    c.swa_period = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GPTOSS ? 2 : c.arch == KVLM_ARCH_GEMMA3 ? 6
+                   : c.arch == KVLM_ARCH_OLMO2 ? 4 : 0;
     c.rope_base_local = c.rope_base;
     if (c.arch == KVLM_ARCH_GEMMA2) {
         c.attn_softcap = p->attn_softcap > 0 ? p->attn_softcap : p->attn_softcap < 0 ? 0 : 50.0f;
@@ -495,7 +509,7 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.rope_dim = p->rope_dim;
     }
     bool gm = c.arch == KVLM_ARCH_GRANITEMOE;
-    if (c.arch == KVLM_ARCH_QWEN3MOE || c.arch == KVLM_ARCH_QWEN2MOE || gm ||
+    if (c.arch == KVLM_ARCH_QWEN3MOE || c.arch == KVLM_ARCH_QWEN2MOE || gm || c.arch == KVLM_ARCH_GPTOSS ||
         (c.arch == KVLM_ARCH_LLAMA && p->n_expert > 0)) {
         /* experts in every layer (model.c moe_hparams): Mixtral's and granitemoe's are the FFN's width,
          * qwen3moe's their own */
@@ -510,9 +524,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         if (c.n_expert_used > c.n_expert || c.n_expert > 1024)
             return util_err_set(err, KVLM_EINVAL, "bad experts: %d of %d", c.n_expert_used, c.n_expert);
     }
-    if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && c.arch != KVLM_ARCH_OLMO2 && !gemma))
-        return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2, gemma3 and "
-                            "olmo2 (OLMo 3: three local layers to one global)");
+    if (p->sliding_window < 0 || (p->sliding_window > 0 && c.arch != KVLM_ARCH_LLAMA && c.arch != KVLM_ARCH_OLMO2 &&
+                                  c.arch != KVLM_ARCH_GPTOSS && !gemma))
+        return util_err_set(err, KVLM_EINVAL, "a sliding window is for llama (every layer local), gemma2, gemma3, "
+                            "gpt-oss and olmo2 (OLMo 3: three local layers to one global)");
     if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.head_dim <= 0 ||
         (c.head_dim & 1) || c.n_heads % c.n_kv_heads || c.vocab_size < 3)
         return util_err_set(err, KVLM_EINVAL,
@@ -680,10 +695,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->wv, c.dim, kv_dim, 0);
         }
         MAKE(L->wo, q_dim, c.dim, 0);
-        if (c.arch == KVLM_ARCH_QWEN2 || c.arch == KVLM_ARCH_QWEN2MOE) {
+        if (c.arch == KVLM_ARCH_QWEN2 || c.arch == KVLM_ARCH_QWEN2MOE || c.arch == KVLM_ARCH_GPTOSS) {
             MAKE(L->bq, q_dim, 1, 2);
             MAKE(L->bk, kv_dim, 1, 2);
             MAKE(L->bv, kv_dim, 1, 2);
+        }
+        if (c.arch == KVLM_ARCH_GPTOSS) { /* the output's bias; sinks spread over a few units of a score */
+            MAKE(L->bo, c.dim, 1, 2);
+            MAKE(L->attn_sinks, c.n_heads, 1, 2);
+            for (int h = 0; h < c.n_heads; h++) ((float *)L->attn_sinks.data)[h] *= 8.0f;
         }
         if (!olmo2) MAKE(L->ffn_norm, c.dim, 1, 1);
         if (c.arch == KVLM_ARCH_PHI3) {
@@ -697,6 +717,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
             MAKE(L->gate_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->up_exps, c.dim, (int64_t)c.expert_ff * c.n_expert, 0);
             MAKE(L->down_exps, c.expert_ff, (int64_t)c.dim * c.n_expert, 0);
+            if (c.arch == KVLM_ARCH_GPTOSS) {
+                MAKE(L->ffn_gate_inp_b, c.n_expert, 1, 2);
+                MAKE(L->gate_exps_b, c.expert_ff, c.n_expert, 2);
+                MAKE(L->up_exps_b, c.expert_ff, c.n_expert, 2);
+                /* biases of up to about 10: the clamps at 7 (op_swiglu_oai) take some of each */
+                for (int64_t i = 0; i < (int64_t)c.expert_ff * c.n_expert; i++)
+                    ((float *)L->gate_exps_b.data)[i] *= 30.0f, ((float *)L->up_exps_b.data)[i] *= 30.0f;
+                MAKE(L->down_exps_b, c.dim, c.n_expert, 2);
+            }
             if (c.expert_shared_ff > 0) {
                 if (c.arch == KVLM_ARCH_QWEN2MOE) MAKE(L->ffn_gate_inp_shexp, c.dim, 1, 0);
                 MAKE(L->gate_shexp, c.dim, c.expert_shared_ff, 0);
