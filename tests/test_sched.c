@@ -546,6 +546,10 @@ static void test_chat_templates(void **state) {
          "mistral-v7", "[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Hi[/INST] Hello!</s>[INST] Why?[/INST]"},
         {"{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + message['content'] + '[/INST]' }}",
          "mistral-v7-tekken", "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi[/INST]Hello!</s>[INST]Why?[/INST]"},
+        /* gpt-oss's harmony, as llama.cpp's built-in renders it */
+        {"{{- '<|start|>' + message['role'] + '<|message|>' }}{{- '<|channel|>final' }}", "gpt-oss",
+         "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant<|message|>"
+         "Hello!<|return|><|start|>user<|message|>Why?<|end|><|start|>assistant"},
         {NULL, "plain", "System: Be brief.\nUser: Hi\nAssistant: Hello!\nUser: Why?\nAssistant:"},
     };
     kvlm_error err = {0};

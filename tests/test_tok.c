@@ -531,6 +531,36 @@ static void test_bpe_mini(void **state) {
     vocab_free(&v);
 }
 
+/* gpt-oss's harmony tokens (llama.cpp's rule): with <|return|>, <|call|>
+ * and <|end|> all there, a turn ends at the first two, and <|end|> (which
+ * closes the analysis before the final answer) does not end generation,
+ * even as the file's end-of-turn id; elsewhere <|end|> does (Phi-3). */
+static void test_harmony_eog(void **state) {
+    (void)state;
+    const mini_tok toks[] = {{"a", 0, 0},
+                             {"<|end|>", 0, VOCAB_T_CONTROL},
+                             {"<|return|>", 0, VOCAB_T_CONTROL},
+                             {"<|call|>", 0, VOCAB_T_CONTROL},
+                             {"<|endoftext|>", 0, VOCAB_T_CONTROL}};
+    for (int harmony = 0; harmony < 2; harmony++) {
+        model_vocab v;
+        mini_vocab(&v, "gpt2", "gpt-4o", toks, harmony ? 5 : 2, NULL, 0);
+        v.eot = 1;
+        kvlm_error err = {0};
+        tok_tokenizer *t = tok_create(&v, &err);
+        if (!t) fail_msg("%s", err.msg);
+        assert_int_equal(tok_is_eog(t, 1), !harmony);
+        if (harmony) {
+            assert_true(tok_is_eog(t, 2));
+            assert_true(tok_is_eog(t, 3));
+            assert_true(tok_is_eog(t, 4));
+        }
+        assert_false(tok_is_eog(t, 0));
+        tok_free(t);
+        vocab_free(&v);
+    }
+}
+
 /* Llama 3's ignore_merges: a chunk that is a token is taken whole, where
  * the merges alone ("a b" only here) would stop at ab + c. */
 static void test_bpe_ignore_merges(void **state) {
@@ -715,6 +745,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spm_mini),
         cmocka_unit_test(test_bpe_mini),
+        cmocka_unit_test(test_harmony_eog),
         cmocka_unit_test(test_bpe_ignore_merges),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_pretok_hostile),

@@ -1,6 +1,6 @@
 /* tok/chat: chat templates: a conversation rendered as a prompt in the
  * format of a model family (ChatML, Llama 2, Llama 3, Zephyr, Phi-3, Phi-4,
- * Gemma, Granite, Mistral v7 and v7-tekken, plain), as llama.cpp's
+ * Gemma, Granite, Mistral v7 and v7-tekken, gpt-oss's harmony, plain), as llama.cpp's
  * llm_chat_apply_template renders them, detected by the substrings it looks
  * for (and, for Mistral's two, by whether the template puts a space after
  * [INST]). */
@@ -15,7 +15,7 @@
 
 static const char *const k_families[] = {"chatml", "llama2", "llama3",  "zephyr",     "phi3",
                                          "phi4",   "gemma",  "granite", "mistral-v7", "mistral-v7-tekken",
-                                         "plain"};
+                                         "gpt-oss", "plain"};
 
 static char g_names[256];
 static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
@@ -34,6 +34,7 @@ const char *tok_chat_family(const char *t) {
     for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
         if (!strcmp(t, k_families[i])) return k_families[i];
     if (strstr(t, "<|im_sep|>")) return "phi4"; /* ChatML's markers with <|im_sep|> after the role */
+    if (strstr(t, "<|channel|>")) return "gpt-oss"; /* OpenAI's harmony format */
     if (strstr(t, "<|im_start|>")) return "chatml";
     if (strstr(t, "<start_of_turn>")) return "gemma";
     if (strstr(t, "<|start_of_role|>")) return "granite";
@@ -93,6 +94,13 @@ char *tok_chat_render(const char *f, const char *const *roles, const char *const
     } else if (!strcmp(f, "phi3")) {
         for (int i = 0; i < n; i++) put(&b, "<|%s|>\n%s<|end|>\n", roles[i], contents[i]);
         put(&b, "<|assistant|>\n");
+    } else if (!strcmp(f, "gpt-oss")) {
+        /* harmony, as llama.cpp's built-in renders it (no system preamble,
+         * channels or tools): an assistant turn ends with <|return|> */
+        for (int i = 0; i < n; i++)
+            put(&b, "<|start|>%s<|message|>%s%s", roles[i], contents[i],
+                !strcmp(roles[i], "assistant") ? "<|return|>" : "<|end|>");
+        put(&b, "<|start|>assistant");
     } else if (!strcmp(f, "phi4")) {
         for (int i = 0; i < n; i++) put(&b, "<|im_start|>%s<|im_sep|>%s<|im_end|>", roles[i], contents[i]);
         put(&b, "<|im_start|>assistant<|im_sep|>");

@@ -201,6 +201,19 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     }
     if (v->eos >= 0 && v->eos < n) t->flags[v->eos] |= TOK_F_EOG;
     if (v->eot >= 0 && v->eot < n) t->flags[v->eot] |= TOK_F_EOG;
+    /* gpt-oss's harmony format (llama.cpp's rule): where <|return|>, <|call|>
+     * and <|end|> all exist, a turn ends at the first two; <|end|> closes a
+     * message (the analysis before the final answer) and generation goes on */
+    int harmony[3] = {-1, -1, -1}; /* <|return|>, <|call|>, <|end|> */
+    static const char *const hm[3] = {"<|return|>", "<|call|>", "<|end|>"};
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 3; k++)
+            if (v->lens[i] == (uint32_t)strlen(hm[k]) && !memcmp(v->tokens[i], hm[k], strlen(hm[k]))) harmony[k] = i;
+    if (harmony[0] >= 0 && harmony[1] >= 0 && harmony[2] >= 0) {
+        t->flags[harmony[0]] |= TOK_F_EOG;
+        t->flags[harmony[1]] |= TOK_F_EOG;
+        t->flags[harmony[2]] &= (uint8_t)~TOK_F_EOG;
+    }
     qsort(t->spec, (size_t)t->n_spec, sizeof *t->spec, cmp_spec);
 
     if (kind == TOK_KIND_SPM || t->raw) {
