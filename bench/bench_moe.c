@@ -5,7 +5,9 @@
  * all 32 (the same total weights, every one read per token). Random weights,
  * 8 layers of width 1024. Prints weights in all and read per token, decode
  * tokens/s (best of the rounds, the three models alternating) and prefill
- * tokens/s of a 256-token prompt, and the ratios, measured in the same run. */
+ * tokens/s of a 256-token prompt, and the ratios, measured in the same run.
+ * `bench_moe THREADS ROUNDS TYPE gpt-oss`: the MoE model is gpt-oss's kind
+ * instead (its sinks, biases, clamped SwiGLU, even layers in a window of 128). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +17,15 @@
 #include "util/timing.h"
 
 enum { MOE, ACTIVE, TOTAL };
-static const char *const names[] = {"qwen3moe 32x512, 4 used", "qwen3 FFN 2048 (= 4 experts)",
-                                    "qwen3 FFN 16384 (= 32 experts)"};
+static const char *names[] = {"qwen3moe 32x512, 4 used", "qwen3 FFN 2048 (= 4 experts)",
+                              "qwen3 FFN 16384 (= 32 experts)"};
+static bool gpt_oss;
 
 static kvlm_model *model(int kind, const char *wtype) {
     const char *dir = getenv("KVLM_BENCH_DIR") ? getenv("KVLM_BENCH_DIR") : "/tmp/kvlm-bench";
     mkdir(dir, 0755);
     char path[512];
-    snprintf(path, sizeof path, "%s/moe-bench-%d-%s.gguf", dir, kind, wtype);
+    snprintf(path, sizeof path, "%s/moe-bench-%d-%s%s.gguf", dir, kind, wtype, gpt_oss && kind == MOE ? "-gpt-oss" : "");
     struct stat st;
     kvlm_error err = {0};
     if (stat(path, &st) != 0) {
@@ -32,6 +35,7 @@ static kvlm_model *model(int kind, const char *wtype) {
         p.n_ctx = 4096, p.type = kvlm_type_from_name(wtype), p.seed = 1;
         p.hidden_dim = kind == MOE ? 2048 : kind == ACTIVE ? 4 * 512 : 32 * 512;
         if (kind == MOE) p.n_expert = 32, p.n_expert_used = 4, p.expert_ff = 512;
+        if (kind == MOE && gpt_oss) p.arch = KVLM_ARCH_GPTOSS, p.sliding_window = 128;
         fprintf(stderr, "  (writing %s ...)\n", path);
         if (kvlm_model_synth(&p, path, &err)) { fprintf(stderr, "synth: %s\n", err.msg); exit(1); }
     }
@@ -79,6 +83,7 @@ static double prefill(kvlm_ctx *ctx, int n) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0, rounds = argc > 2 ? atoi(argv[2]) : 3;
     const char *wtype = argc > 3 ? argv[3] : "q8_0";
+    if (argc > 4 && !strcmp(argv[4], "gpt-oss")) gpt_oss = true, names[MOE] = "gpt-oss 32x512, 4 used";
     kvlm_model *m[3];
     kvlm_ctx *ctx[3];
     double tps[3] = {0}, pre[3] = {0}, total[3], read[3];

@@ -285,8 +285,8 @@ size_t op_attention_mla_work_size(int n_threads, int n_heads, int head_dim, int 
 void op_attention_mla(util_pool *pool, float *out, const float *q, const op_attn_args *a, void *work);
 /* gpt-oss's FFN: gate[i] = g sigmoid(alpha g) (u + 1) with g = min(gate[i],
  * limit), u = up[i] clamped to [-limit, limit] (ops/swiglu_oai.c; gpt-oss:
- * alpha 1.702, limit 7). */
-void op_swiglu_oai(float *gate, const float *up, int n, float alpha, float limit);
+ * alpha 1.702, limit 7). up is overwritten. */
+void op_swiglu_oai(float *gate, float *up, int n, float alpha, float limit);
 /* Gemma's FFN: gate[i] = gelu_tanh(gate[i]) * up[i] (ops/geglu.c). */
 void op_geglu(float *gate, const float *up, int n);
 /* x[i] = cap * tanh(x[i] / cap): gemma2's final-logit soft-capping. */
