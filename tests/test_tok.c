@@ -531,20 +531,22 @@ static void test_bpe_mini(void **state) {
     vocab_free(&v);
 }
 
-/* gpt-oss's harmony tokens (llama.cpp's rule): with <|return|>, <|call|>
+/* gpt-oss's harmony tokens (llama.cpp's rules): with <|return|>, <|call|>
  * and <|end|> all there, a turn ends at the first two, and <|end|> (which
  * closes the analysis before the final answer) does not end generation,
- * even as the file's end-of-turn id; elsewhere <|end|> does (Phi-3). */
+ * even as the file's end-of-turn id; elsewhere <|end|> does (Phi-3). The
+ * header markers and <|end|> show in the text; <|return|> does not. */
 static void test_harmony_eog(void **state) {
     (void)state;
     const mini_tok toks[] = {{"a", 0, 0},
                              {"<|end|>", 0, VOCAB_T_CONTROL},
                              {"<|return|>", 0, VOCAB_T_CONTROL},
                              {"<|call|>", 0, VOCAB_T_CONTROL},
-                             {"<|endoftext|>", 0, VOCAB_T_CONTROL}};
+                             {"<|endoftext|>", 0, VOCAB_T_CONTROL},
+                             {"<|channel|>", 0, VOCAB_T_CONTROL}};
     for (int harmony = 0; harmony < 2; harmony++) {
         model_vocab v;
-        mini_vocab(&v, "gpt2", "gpt-4o", toks, harmony ? 5 : 2, NULL, 0);
+        mini_vocab(&v, "gpt2", "gpt-4o", toks, harmony ? 6 : 2, NULL, 0);
         v.eot = 1;
         kvlm_error err = {0};
         tok_tokenizer *t = tok_create(&v, &err);
@@ -556,6 +558,13 @@ static void test_harmony_eog(void **state) {
             assert_true(tok_is_eog(t, 4));
         }
         assert_false(tok_is_eog(t, 0));
+        char buf[16];
+        assert_int_equal(tok_token_to_bytes(t, 1, false, buf, sizeof buf), harmony ? 7 : 0); /* <|end|> */
+        if (harmony) {
+            assert_int_equal(tok_token_to_bytes(t, 5, false, buf, sizeof buf), 11);
+            assert_memory_equal(buf, "<|channel|>", 11);
+            assert_int_equal(tok_token_to_bytes(t, 2, false, buf, sizeof buf), 0); /* <|return|> */
+        }
         tok_free(t);
         vocab_free(&v);
     }

@@ -201,18 +201,25 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     }
     if (v->eos >= 0 && v->eos < n) t->flags[v->eos] |= TOK_F_EOG;
     if (v->eot >= 0 && v->eot < n) t->flags[v->eot] |= TOK_F_EOG;
-    /* gpt-oss's harmony format (llama.cpp's rule): where <|return|>, <|call|>
+    /* gpt-oss's harmony format (llama.cpp's rules): where <|return|>, <|call|>
      * and <|end|> all exist, a turn ends at the first two; <|end|> closes a
-     * message (the analysis before the final answer) and generation goes on */
-    int harmony[3] = {-1, -1, -1}; /* <|return|>, <|call|>, <|end|> */
-    static const char *const hm[3] = {"<|return|>", "<|call|>", "<|end|>"};
+     * message (the analysis before the final answer) and generation goes on;
+     * the markers of a message's header and end are shown in the text, so
+     * that the analysis and the final answer can be told apart */
+    enum { H_RETURN, H_CALL, H_END, H_START, H_CHANNEL, H_MESSAGE, H_CONSTRAIN, H_N };
+    static const char *const hm[H_N] = {"<|return|>", "<|call|>",    "<|end|>",      "<|start|>",
+                                        "<|channel|>", "<|message|>", "<|constrain|>"};
+    int harmony[H_N];
+    for (int k = 0; k < H_N; k++) harmony[k] = -1;
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < H_N; k++)
             if (v->lens[i] == (uint32_t)strlen(hm[k]) && !memcmp(v->tokens[i], hm[k], strlen(hm[k]))) harmony[k] = i;
-    if (harmony[0] >= 0 && harmony[1] >= 0 && harmony[2] >= 0) {
-        t->flags[harmony[0]] |= TOK_F_EOG;
-        t->flags[harmony[1]] |= TOK_F_EOG;
-        t->flags[harmony[2]] &= (uint8_t)~TOK_F_EOG;
+    if (harmony[H_RETURN] >= 0 && harmony[H_CALL] >= 0 && harmony[H_END] >= 0) {
+        t->flags[harmony[H_RETURN]] |= TOK_F_EOG;
+        t->flags[harmony[H_CALL]] |= TOK_F_EOG;
+        t->flags[harmony[H_END]] &= (uint8_t)~TOK_F_EOG;
+        for (int k = H_END; k < H_N; k++)
+            if (harmony[k] >= 0) t->flags[harmony[k]] &= (uint8_t)~TOK_F_SPECIAL;
     }
     qsort(t->spec, (size_t)t->n_spec, sizeof *t->spec, cmp_spec);
 
