@@ -9,6 +9,7 @@
  * against feeding each token's text to a fresh matcher; and the sampler
  * drawing only what the grammar allows. */
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +342,55 @@ static void test_schema(void **state) {
         }
         kvlm_grammar_free(g);
     }
+    /* number bounds: every decimal of up to 3 fraction digits (and trailing
+     * zeros) near each range, taken exactly when inside it, in thousandths */
+    struct { const char *schema; long lo, hi; bool lx, hx; } nums[] = {
+        {"{\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}", 0, 1000, false, false},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": -1.5, \"maximum\": 2.25}", -1500, 2250, true, false},
+        {"{\"type\": \"number\", \"minimum\": 0.1}", 100, LONG_MAX, false, false},
+        {"{\"type\": \"number\", \"exclusiveMaximum\": -0.25}", LONG_MIN, -250, false, true},
+        {"{\"type\": \"number\", \"minimum\": -3, \"exclusiveMaximum\": 3}", -3000, 3000, false, true},
+        {"{\"type\": \"number\", \"minimum\": 1.5, \"maximum\": 1.5}", 1500, 1500, false, false},
+        {"{\"type\": \"number\", \"minimum\": 10.125, \"maximum\": 12, \"exclusiveMaximum\": 11.999}", 10125, 11999, false, true},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": 0, \"exclusiveMaximum\": 0.01}", 0, 10, true, true},
+        {"{\"type\": \"number\", \"minimum\": -0.75, \"maximum\": -0.125}", -750, -125, false, false},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        g = schema(nums[i].schema);
+        int n_in = 0;
+        for (long x = -14000; x <= 14000; x += (labs(x) < 3000 ? 1 : 7)) {
+            for (int form = 0; form < 4; form++) { /* 0: shortest, 1: 3 digits, 2: a trailing zero, 3: one digit (x % 100 == 0) */
+                long a = labs(x);
+                char t[48];
+                if (form == 0) {
+                    int nd = a % 1000 == 0 ? 0 : a % 100 == 0 ? 1 : a % 10 == 0 ? 2 : 3;
+                    long f = a % 1000;
+                    if (nd == 0) snprintf(t, sizeof t, "%s%ld", x < 0 ? "-" : "", a / 1000);
+                    else snprintf(t, sizeof t, "%s%ld.%0*ld", x < 0 ? "-" : "", a / 1000, nd, nd == 1 ? f / 100 : nd == 2 ? f / 10 : f);
+                } else if (form == 1) snprintf(t, sizeof t, "%s%ld.%03ld", x < 0 ? "-" : "", a / 1000, a % 1000);
+                else if (form == 2) snprintf(t, sizeof t, "%s%ld.%03ld0", x < 0 ? "-" : "", a / 1000, a % 1000);
+                else if (a % 100 == 0) snprintf(t, sizeof t, "%s%ld.%ld", x < 0 ? "-" : "", a / 1000, (a % 1000) / 100);
+                else continue;
+                if (x == 0 && form == 0 && x < 0) continue;
+                bool in = (nums[i].lx ? x > nums[i].lo : x >= nums[i].lo) && (nums[i].hx ? x < nums[i].hi : x <= nums[i].hi);
+                n_in += in;
+                if ((run(g, t, 1 << 20, 0) == -1) != in) fail_msg("%s: %s %s", nums[i].schema, t, in ? "refused" : "taken");
+            }
+        }
+        assert_true(n_in > 0);
+        kvlm_grammar_free(g);
+    }
+    g = schema("{\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}");
+    expect(g, "1e-3", 1);   /* no exponents between bounds */
+    expect(g, "-0", 0);     /* nor a negative zero */
+    expect(g, "0.0000000000000001", -1);
+    expect(g, "01", 1);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"number\", \"maximum\": 0.1, \"minimum\": 0.1}");
+    expect(g, "0.1", -1);
+    expect(g, "0.10000", -1);
+    expect(g, "0.10000000000000001", 18); /* past 16 fraction digits */
+    kvlm_grammar_free(g);
     g = schema("{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 5}");
     expect(g, "05", 0);
     expect(g, "-0", 0);
@@ -390,7 +440,9 @@ static void test_schema(void **state) {
         {"{\"type\": \"string\", \"pattern\": \"(ab\"}", "without its ')'"},
         {"{\"type\": \"string\", \"pattern\": \"[\\\"]\"}", "nothing a JSON string holds unescaped"},
         {"{\"type\": \"string\", \"pattern\": \"a\", \"maxLength\": 3}", "'pattern' beside"},
-        {"{\"properties\": {\"n\": {\"type\": \"number\", \"maximum\": 3}}}", "at /properties/n: 'maximum' on a number is not supported"},
+        {"{\"properties\": {\"n\": {\"type\": \"number\", \"minimum\": 3, \"exclusiveMaximum\": 3}}}", "at /properties/n: no number lies between its bounds"},
+        {"{\"type\": \"number\", \"maximum\": 1e-20}", "'maximum' needs more than 16 digits"},
+        {"{\"type\": \"number\", \"multipleOf\": 0.5}", "'multipleOf' is not supported"},
         {"{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 4}", "no integer lies between its bounds"},
         {"{\"type\": \"integer\", \"minimum\": 1e20}", "past 16 digits"},
         {"{\"properties\": {\"y\": {}}, \"required\": [\"x\"]}", "required 'x' is not among the properties"},

@@ -3,8 +3,8 @@
  * schema becomes a rule; objects keep their properties in the schema's order
  * (required ones always there, optional ones maybe), and take no other keys
  * unless the schema has no properties (as llama.cpp does). Keywords that
- * constrain values in ways a grammar here does not express (pattern, numeric
- * bounds other than minimum 0, uniqueItems, ...) are refused by name, never
+ * constrain values in ways a grammar here does not express (uniqueItems,
+ * multipleOf, lookaround in a pattern, ...) are refused by name, never
  * ignored; annotations (title, description, default, examples, and formats
  * other than date, time, date-time and uuid) are ignored, as JSON Schema
  * itself treats them. */
@@ -40,7 +40,7 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
 }
 
 enum { DEPTH_MAX = 64 };
-enum { R_WS = 1, R_STRING = 2, R_NUMBER = 4, R_INTEGER = 8, R_VALUE = 16, R_DATE = 32, R_TIME = 64, R_UUID = 128, R_UINT = 256 };
+enum { R_WS = 1, R_STRING = 2, R_NUMBER = 4, R_INTEGER = 8, R_VALUE = 16, R_DATE = 32, R_TIME = 64, R_UUID = 128 };
 
 typedef struct {
     json_t *root;
@@ -677,22 +677,176 @@ static bool int_bound(conv *c, json_t *s, const char *path, bool lower, long lon
     return true;
 }
 
-static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
-    static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-    if (!integer) {
-        for (int i = 0; i < 4; i++) {
-            json_t *v = json_object_get(s, bounds[i]);
-            if (v && !(i == 0 && json_is_number(v) && json_number_value(v) == 0))
-                return cfail(c, path, "'%s' on a number is not supported (on an integer it is; minimum 0 is)", bounds[i]);
+/* ---- number ranges: decimals between two bounds -----------------------------
+ * A bound is its shortest decimal (the fewest digits that read back as the
+ * same double): its integer part and its fraction's digits, and whether it
+ * is exclusive. A number between bounds is written without an exponent; its
+ * fraction has at most FRAC_MAX digits, as the JSON grammar's. */
+enum { FRAC_MAX = 16 };
+typedef struct {
+    bool set, strict, neg;
+    long long ip;             /* integer part of |x| */
+    char fp[FRAC_MAX + 1];    /* fraction digits, no trailing zeros */
+} dec_bound;
+
+/* x as a bound; false if it needs more than 16 integer or fraction digits. */
+static bool dec_of(double x, bool strict, dec_bound *d) {
+    memset(d, 0, sizeof *d);
+    d->set = true, d->strict = strict, d->neg = x < 0;
+    x = fabs(x);
+    char buf[64];
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    snprintf(buf, sizeof buf, "%.*e", p - 1, x);
+    char m[24];
+    int nm = 0;
+    const char *e = buf;
+    for (; *e && *e != 'e'; e++)
+        if (*e >= '0' && *e <= '9') m[nm++] = *e;
+    int point = atoi(e + 1) + 1; /* integer digits */
+    if (point > INT_DIGITS || nm - point > FRAC_MAX) return false;
+    for (int i = 0; i < point; i++) d->ip = 10 * d->ip + (i < nm ? m[i] - '0' : 0);
+    int nf = 0;
+    for (int i = point < 0 ? point : (point < nm ? point : nm); i < nm; i++) d->fp[nf++] = i < 0 ? '0' : m[i];
+    while (nf > 0 && d->fp[nf - 1] == '0') nf--;
+    d->fp[nf] = 0;
+    if (!d->ip && !nf) d->neg = false; /* -0 */
+    return true;
+}
+
+static int fdig(const dec_bound *d, int i) { return i < (int)strlen(d->fp) ? d->fp[i] - '0' : 0; }
+static bool fzero_from(const dec_bound *d, int i) { return i >= (int)strlen(d->fp); }
+
+/* After an integer part equal to lo's (tl) and/or hi's (th), and the
+ * fraction digits before position i equal to theirs: may the number end
+ * here (its digits so far followed by zeros)? */
+static bool frac_eps(const dec_bound *lo, bool tl, const dec_bound *hi, bool th, int i) {
+    return (!tl || (fzero_from(lo, i) && !lo->strict)) && (!th || !(fzero_from(hi, i) && hi->strict));
+}
+
+/* ... and the non-empty digit strings from position i that keep it within
+ * them, as GBNF into b; false if there is none. */
+static bool frac_ne(sbuf *b, const dec_bound *lo, bool tl, const dec_bound *hi, bool th, int i) {
+    if (i >= FRAC_MAX) return false;
+    if (!tl && !th) {
+        sb_add(b, "[0-9]{1,%d}", FRAC_MAX - i);
+        return true;
+    }
+    int dl = tl ? fdig(lo, i) : 0, dh = th ? fdig(hi, i) : 9;
+    if (tl && th && dl > dh) return false;
+    struct { int from, to; bool tl, th; } g[3];
+    int ng = 0;
+    if (tl && th && dl == dh) g[ng++] = (__typeof__(g[0])){dl, dl, true, true};
+    else {
+        if (tl) g[ng++] = (__typeof__(g[0])){dl, dl, true, false};
+        if ((tl ? dl + 1 : dl) <= (th ? dh - 1 : dh)) g[ng++] = (__typeof__(g[0])){tl ? dl + 1 : dl, th ? dh - 1 : dh, false, false};
+        if (th) g[ng++] = (__typeof__(g[0])){dh, dh, false, true};
+    }
+    sbuf out = {0};
+    int alts = 0;
+    for (int k = 0; k < ng; k++) {
+        sbuf rest = {0};
+        bool ne = frac_ne(&rest, lo, g[k].tl, hi, g[k].th, i + 1), eps = frac_eps(lo, g[k].tl, hi, g[k].th, i + 1);
+        if (ne || eps) {
+            if (g[k].from == g[k].to) sb_add(&out, "%s\"%d\"", alts ? " | " : "", g[k].from);
+            else sb_add(&out, "%s[%d-%d]", alts ? " | " : "", g[k].from, g[k].to);
+            if (ne) sb_add(&out, eps ? " ( %s )?" : " %s", rest.s);
+            alts++;
         }
-        if (json_object_get(s, "minimum")) { /* not negative */
-            c->need |= R_UINT;
-            sb_add(b, "uint frac");
-        } else {
+        free(rest.s);
+    }
+    if (alts) sb_add(b, "( %s )", out.s);
+    free(out.s);
+    return alts > 0;
+}
+
+/* Integer part n then a fraction within the tight bounds, as one more
+ * alternative of b (counted in *alts); nothing if none fits. */
+static void int_frac(sbuf *b, int *alts, long long n, const dec_bound *lo, bool tl, const dec_bound *hi, bool th) {
+    sbuf f = {0};
+    bool ne = frac_ne(&f, lo, tl, hi, th, 0), eps = frac_eps(lo, tl, hi, th, 0);
+    if (ne || eps) {
+        sb_add(b, "%s\"%lld\"", (*alts)++ ? " | " : "", n);
+        if (ne) sb_add(b, eps ? " ( \".\" %s )?" : " \".\" %s", f.s);
+    }
+    free(f.s);
+}
+
+/* Non-negative numbers from lo (unset: 0) to hi (unset: none), written as
+ * GBNF alternatives into b; their count. */
+static int nonneg_between(sbuf *b, const dec_bound *lo, const dec_bound *hi) {
+    static const dec_bound zero = {true, false, false, 0, ""};
+    if (!lo->set) lo = &zero;
+    if (hi->set && hi->ip < lo->ip) return 0;
+    int alts = 0;
+    bool same = hi->set && hi->ip == lo->ip;
+    int_frac(b, &alts, lo->ip, lo, true, hi, same);
+    if (same) return alts;
+    if (!hi->set || lo->ip + 1 <= hi->ip - 1) {
+        sb_add(b, "%s", alts++ ? " | " : "");
+        uint_between(b, lo->ip + 1, hi->set ? hi->ip - 1 : -1);
+        sb_add(b, " ( \".\" [0-9]{1,%d} )?", FRAC_MAX);
+    }
+    if (hi->set) int_frac(b, &alts, hi->ip, lo, false, hi, true);
+    return alts;
+}
+
+/* A bound of a number: minimum or exclusiveMinimum (lower; maximum ...
+ * upper), the tighter of the two when both are given. */
+static bool num_bound(conv *c, json_t *s, const char *path, bool lower, dec_bound *out) {
+    const char *keys[2] = {lower ? "minimum" : "maximum", lower ? "exclusiveMinimum" : "exclusiveMaximum"};
+    double best = 0;
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(s, keys[k]);
+        if (!v) continue;
+        if (!json_is_number(v)) return cfail(c, path, "'%s' must be a number", keys[k]);
+        double x = json_number_value(v);
+        bool tighter = !out->set || (lower ? x > best || (x == best && k) : x < best || (x == best && k));
+        if (!tighter) continue;
+        if (!dec_of(x, k == 1, out)) return cfail(c, path, "'%s' needs more than 16 digits before or after the point", keys[k]);
+        best = x;
+    }
+    return true;
+}
+
+static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
+    if (!integer) {
+        dec_bound lo, hi;
+        if (!num_bound(c, s, path, true, &lo) || !num_bound(c, s, path, false, &hi)) return false;
+        if (!lo.set && !hi.set) {
             c->need |= R_NUMBER;
             sb_add(b, "number");
+            return true;
         }
-        return true;
+        /* the negative part ("-" and a magnitude above 0 or |hi|, up to |lo|), then the rest */
+        sbuf alt = {0};
+        int n = 0;
+        bool lo_neg = lo.set && lo.neg, hi_neg = hi.set && hi.neg;
+        if (!lo.set || lo_neg) {
+            static const dec_bound zero_x = {true, true, false, 0, ""}; /* above 0: no "-0" */
+            dec_bound mlo = hi_neg ? hi : zero_x, mhi = lo;
+            mlo.neg = mhi.neg = false;
+            sbuf neg = {0};
+            int k = nonneg_between(&neg, &mlo, &mhi);
+            if (k) sb_add(&alt, "\"-\" ( %s )", neg.s), n++;
+            free(neg.s);
+        }
+        if (!hi_neg) {
+            dec_bound nlo = lo;
+            if (lo_neg) nlo.set = false; /* from 0 */
+            sbuf pos = {0};
+            int k = nonneg_between(&pos, &nlo, &hi);
+            if (k) sb_add(&alt, "%s( %s )", n ? " | " : "", pos.s), n++;
+            free(pos.s);
+        }
+        if (n) sb_add(b, "( %s )", alt.s);
+        free(alt.s);
+        if (!n) return cfail(c, path, "no number lies between its bounds", NULL);
+        return !b->oom || cfail(c, path, "out of memory", NULL);
     }
     long long lo = 0, hi = 0;
     bool has_lo, has_hi;
@@ -823,8 +977,7 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
          * weak model cannot run on in one number until max_tokens */
         if (n & R_INTEGER) sb_add(&c.out, "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
         if (n & R_NUMBER) sb_add(&c.out, "number ::= integer frac\n");
-        if (n & (R_NUMBER | R_UINT)) sb_add(&c.out, "frac ::= ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n");
-        if (n & R_UINT) sb_add(&c.out, "uint ::= \"0\" | [1-9] [0-9]{0,15}\n");
+        if (n & R_NUMBER) sb_add(&c.out, "frac ::= ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n");
         if (n & R_VALUE) {
             sb_add(&c.out, "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n");
             sb_add(&c.out, "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n");
