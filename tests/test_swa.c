@@ -615,6 +615,15 @@ static void test_refused(void **state) {
     assert_non_null(strstr(err.msg, "sliding-window"));
     kvlm_ctx_free(ctx);
     kvlm_model_free(m);
+    /* h2o's scores leave out gpt-oss's sinks */
+    for (int i = 0; i < N_SHAPES; i++)
+        if (SHAPES[i].arch == KVLM_ARCH_GPTOSS) {
+            m = load(i);
+            cp.kv_evict = KVLM_EVICT_H2O;
+            assert_null(kvlm_ctx_create(m, &cp, &err));
+            assert_non_null(strstr(err.msg, "attention sinks are not in h2o's scores"));
+            kvlm_model_free(m);
+        }
     /* a window for an architecture that has none */
     kvlm_synth_params p = {0};
     p.arch = KVLM_ARCH_QWEN2;

@@ -446,6 +446,13 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                              "evicts by window or sinks only (not h2o; not with YaRN)");
         goto fail;
     }
+    /* gpt-oss's sinks take a share of each row's softmax that h2o's scores
+     * (op_attn_args.key_weights) do not model (a file without a window reaches here) */
+    if (p->kv_evict == KVLM_EVICT_H2O && model->layers && model->layers[0].attn_sinks.data) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "--kv-evict h2o: %s's attention sinks are not in h2o's scores; evict by "
+                     "window or sinks", model_arch_name(c->arch));
+        goto fail;
+    }
     if (swa_refuse(ctx, err)) goto fail;
     ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
     ctx->pool = util_pool_create(p->n_threads);
