@@ -391,6 +391,41 @@ static void test_schema(void **state) {
     expect(g, "0.10000", -1);
     expect(g, "0.10000000000000001", 18); /* past 16 fraction digits */
     kvlm_grammar_free(g);
+    /* multipleOf: whole multiples by the remainder automaton, every integer
+     * near 0 taken exactly when a multiple; powers of ten as fraction digits */
+    const int ks[] = {2, 3, 7, 10, 25, 360};
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        char sch[96];
+        snprintf(sch, sizeof sch, "{\"type\": \"%s\", \"multipleOf\": %d}", i % 2 ? "number" : "integer", ks[i]);
+        g = schema(sch);
+        for (long x = -2000; x <= 2000; x++) {
+            char t[32];
+            snprintf(t, sizeof t, "%ld", x);
+            if ((run(g, t, 1 << 20, 0) == -1) != (x % ks[i] == 0)) fail_msg("%s: %ld", sch, x);
+        }
+        expect(g, "-0", 1);
+        kvlm_grammar_free(g);
+    }
+    g = schema("{\"type\": \"number\", \"multipleOf\": 0.01}");
+    expect(g, "12.34", -1);
+    expect(g, "-0.5", -1);
+    expect(g, "7", -1);
+    expect(g, "0.125", 4);
+    expect(g, "1e2", 1);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"number\", \"multipleOf\": 0.01, \"minimum\": 0.005, \"exclusiveMaximum\": 0.5}");
+    expect(g, "0.01", -1);
+    expect(g, "0.49", -1);
+    expect(g, "0", -2);     /* not yet: 0.01 may follow */
+    expect(g, "0.00", 3);
+    expect(g, "0.5", 2);
+    expect(g, "0.015", 4);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"number\", \"multipleOf\": 1, \"maximum\": 3}");
+    expect(g, "3", -1);
+    expect(g, "-12", -1);
+    expect(g, "2.5", 1);
+    kvlm_grammar_free(g);
     g = schema("{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 5}");
     expect(g, "05", 0);
     expect(g, "-0", 0);
@@ -442,7 +477,10 @@ static void test_schema(void **state) {
         {"{\"type\": \"string\", \"pattern\": \"a\", \"maxLength\": 3}", "'pattern' beside"},
         {"{\"properties\": {\"n\": {\"type\": \"number\", \"minimum\": 3, \"exclusiveMaximum\": 3}}}", "at /properties/n: no number lies between its bounds"},
         {"{\"type\": \"number\", \"maximum\": 1e-20}", "'maximum' needs more than 16 digits"},
-        {"{\"type\": \"number\", \"multipleOf\": 0.5}", "'multipleOf' is not supported"},
+        {"{\"type\": \"number\", \"multipleOf\": 0.25}", "'multipleOf' other than a whole number up to 1000 or a power of ten"},
+        {"{\"type\": \"integer\", \"multipleOf\": 5, \"minimum\": 0}", "'multipleOf' a whole number beside bounds"},
+        {"{\"multipleOf\": 5}", "'multipleOf' is supported in a schema of type number or integer"},
+        {"{\"type\": \"integer\", \"multipleOf\": 0}", "'multipleOf' must be a number above 0"},
         {"{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 4}", "no integer lies between its bounds"},
         {"{\"type\": \"integer\", \"minimum\": 1e20}", "past 16 digits"},
         {"{\"properties\": {\"y\": {}}, \"required\": [\"x\"]}", "required 'x' is not among the properties"},

@@ -91,7 +91,7 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
 static const char *const refused[] = {
     "patternProperties", "uniqueItems", "contains", "minContains", "maxContains", "not",
     "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "minProperties",
-    "maxProperties", "multipleOf", "unevaluatedProperties",
+    "maxProperties", "unevaluatedProperties",
     "unevaluatedItems", "$dynamicRef", "$recursiveRef", "additionalItems", NULL};
 
 /* The value a JSON pointer ("#/$defs/a") names in the root document, or NULL. */
@@ -728,11 +728,11 @@ static bool frac_eps(const dec_bound *lo, bool tl, const dec_bound *hi, bool th,
 }
 
 /* ... and the non-empty digit strings from position i that keep it within
- * them, as GBNF into b; false if there is none. */
-static bool frac_ne(sbuf *b, const dec_bound *lo, bool tl, const dec_bound *hi, bool th, int i) {
-    if (i >= FRAC_MAX) return false;
+ * them (at most fm digits in all), as GBNF into b; false if there is none. */
+static bool frac_ne(sbuf *b, const dec_bound *lo, bool tl, const dec_bound *hi, bool th, int i, int fm) {
+    if (i >= fm) return false;
     if (!tl && !th) {
-        sb_add(b, "[0-9]{1,%d}", FRAC_MAX - i);
+        sb_add(b, "[0-9]{1,%d}", fm - i);
         return true;
     }
     int dl = tl ? fdig(lo, i) : 0, dh = th ? fdig(hi, i) : 9;
@@ -749,7 +749,7 @@ static bool frac_ne(sbuf *b, const dec_bound *lo, bool tl, const dec_bound *hi, 
     int alts = 0;
     for (int k = 0; k < ng; k++) {
         sbuf rest = {0};
-        bool ne = frac_ne(&rest, lo, g[k].tl, hi, g[k].th, i + 1), eps = frac_eps(lo, g[k].tl, hi, g[k].th, i + 1);
+        bool ne = frac_ne(&rest, lo, g[k].tl, hi, g[k].th, i + 1, fm), eps = frac_eps(lo, g[k].tl, hi, g[k].th, i + 1);
         if (ne || eps) {
             if (g[k].from == g[k].to) sb_add(&out, "%s\"%d\"", alts ? " | " : "", g[k].from);
             else sb_add(&out, "%s[%d-%d]", alts ? " | " : "", g[k].from, g[k].to);
@@ -765,9 +765,10 @@ static bool frac_ne(sbuf *b, const dec_bound *lo, bool tl, const dec_bound *hi, 
 
 /* Integer part n then a fraction within the tight bounds, as one more
  * alternative of b (counted in *alts); nothing if none fits. */
-static void int_frac(sbuf *b, int *alts, long long n, const dec_bound *lo, bool tl, const dec_bound *hi, bool th) {
+static void int_frac(sbuf *b, int *alts, long long n, const dec_bound *lo, bool tl, const dec_bound *hi, bool th,
+                     int fm) {
     sbuf f = {0};
-    bool ne = frac_ne(&f, lo, tl, hi, th, 0), eps = frac_eps(lo, tl, hi, th, 0);
+    bool ne = frac_ne(&f, lo, tl, hi, th, 0, fm), eps = frac_eps(lo, tl, hi, th, 0);
     if (ne || eps) {
         sb_add(b, "%s\"%lld\"", (*alts)++ ? " | " : "", n);
         if (ne) sb_add(b, eps ? " ( \".\" %s )?" : " \".\" %s", f.s);
@@ -775,22 +776,22 @@ static void int_frac(sbuf *b, int *alts, long long n, const dec_bound *lo, bool 
     free(f.s);
 }
 
-/* Non-negative numbers from lo (unset: 0) to hi (unset: none), written as
- * GBNF alternatives into b; their count. */
-static int nonneg_between(sbuf *b, const dec_bound *lo, const dec_bound *hi) {
+/* Non-negative numbers from lo (unset: 0) to hi (unset: none), with at most
+ * fm fraction digits, written as GBNF alternatives into b; their count. */
+static int nonneg_between(sbuf *b, const dec_bound *lo, const dec_bound *hi, int fm) {
     static const dec_bound zero = {true, false, false, 0, ""};
     if (!lo->set) lo = &zero;
     if (hi->set && hi->ip < lo->ip) return 0;
     int alts = 0;
     bool same = hi->set && hi->ip == lo->ip;
-    int_frac(b, &alts, lo->ip, lo, true, hi, same);
+    int_frac(b, &alts, lo->ip, lo, true, hi, same, fm);
     if (same) return alts;
     if (!hi->set || lo->ip + 1 <= hi->ip - 1) {
         sb_add(b, "%s", alts++ ? " | " : "");
         uint_between(b, lo->ip + 1, hi->set ? hi->ip - 1 : -1);
-        sb_add(b, " ( \".\" [0-9]{1,%d} )?", FRAC_MAX);
+        if (fm > 0) sb_add(b, " ( \".\" [0-9]{1,%d} )?", fm);
     }
-    if (hi->set) int_frac(b, &alts, hi->ip, lo, false, hi, true);
+    if (hi->set) int_frac(b, &alts, hi->ip, lo, false, hi, true, fm);
     return alts;
 }
 
@@ -813,11 +814,89 @@ static bool num_bound(conv *c, json_t *s, const char *path, bool lower, dec_boun
     return true;
 }
 
+/* Integer multiples of k (2 .. MULT_MAX), no bounds: "0", or an optional
+ * "-" and digits read by the automaton of the remainder mod k (one rule per
+ * remainder, ending in remainder 0). */
+enum { MULT_MAX = 1000 };
+static void multiples_of(conv *c, long long k, sbuf *b) {
+    char base[48];
+    rule_name(c, "mult", base, sizeof base);
+    for (long long r = 0; r < k; r++) { /* rule base-r: the digits after a prefix of remainder r */
+        sb_add(&c->out, "%s-%lld ::= ( ", base, r);
+        int alts = 0;
+        for (long long t = 0; t < k; t++) {
+            char cls[16];
+            int n = 0;
+            for (int d = 0; d < 10; d++)
+                if ((10 * r + d) % k == t) cls[n++] = (char)('0' + d);
+            if (!n) continue;
+            cls[n] = 0;
+            sb_add(&c->out, "%s[%s] %s-%lld", alts++ ? " | " : "", cls, base, t);
+        }
+        sb_add(&c->out, " )%s\n", r == 0 ? "?" : "");
+    }
+    sb_add(b, "( \"0\" | \"-\"? ( ");
+    int alts = 0;
+    for (long long t = 0; t < k; t++) { /* the first digit, 1-9 */
+        char cls[16];
+        int n = 0;
+        for (int d = 1; d < 10; d++)
+            if (d % k == t) cls[n++] = (char)('0' + d);
+        if (!n) continue;
+        cls[n] = 0;
+        sb_add(b, "%s[%s] %s-%lld", alts++ ? " | " : "", cls, base, t);
+    }
+    sb_add(b, " ) )");
+}
+
+/* multipleOf m: *k an integer m (0: not one), *fm the fraction digits a
+ * multiple may have where m is 10^-q (q; 16 for no multipleOf); false with
+ * the reason where neither. */
+static bool multiple_of(conv *c, json_t *s, const char *path, long long *k, int *fm) {
+    *k = 0, *fm = FRAC_MAX;
+    json_t *v = json_object_get(s, "multipleOf");
+    if (!v) return true;
+    if (!json_is_number(v) || !(json_number_value(v) > 0)) return cfail(c, path, "'multipleOf' must be a number above 0", NULL);
+    double m = json_number_value(v);
+    dec_bound d;
+    if (m == floor(m) && m <= MULT_MAX) {
+        *k = (long long)m, *fm = 0;
+        return true;
+    }
+    if (dec_of(m, false, &d) && d.ip == 0) { /* 10^-q: q - 1 zeros and a 1 */
+        size_t q = strlen(d.fp);
+        bool pow10 = q > 0 && d.fp[q - 1] == '1';
+        for (size_t i = 0; i + 1 < q; i++) pow10 &= d.fp[i] == '0';
+        if (pow10) {
+            *fm = (int)q;
+            return true;
+        }
+    }
+    return cfail(c, path, "'multipleOf' other than a whole number up to 1000 or a power of ten (0.1, 0.01, ...) is "
+                 "not supported", NULL);
+}
+
 static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
+    long long k;
+    int fm;
+    if (!multiple_of(c, s, path, &k, &fm)) return false;
+    bool bounded = json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+                   json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum");
+    if (k > 1 && bounded) return cfail(c, path, "'multipleOf' a whole number beside bounds is not supported", NULL);
+    if (k > 1) { /* whole multiples, written as integers */
+        multiples_of(c, k, b);
+        return !c->out.oom && !b->oom;
+    }
+    if (k == 1 || (integer && fm < FRAC_MAX)) integer = true, fm = 0; /* any integer is a multiple of 10^-q */
     if (!integer) {
         dec_bound lo, hi;
         if (!num_bound(c, s, path, true, &lo) || !num_bound(c, s, path, false, &hi)) return false;
         if (!lo.set && !hi.set) {
+            if (fm < FRAC_MAX) { /* at most fm fraction digits, no exponent */
+                c->need |= R_INTEGER;
+                sb_add(b, "integer ( \".\" [0-9]{1,%d} )?", fm);
+                return true;
+            }
             c->need |= R_NUMBER;
             sb_add(b, "number");
             return true;
@@ -831,7 +910,7 @@ static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf 
             dec_bound mlo = hi_neg ? hi : zero_x, mhi = lo;
             mlo.neg = mhi.neg = false;
             sbuf neg = {0};
-            int k = nonneg_between(&neg, &mlo, &mhi);
+            int k = nonneg_between(&neg, &mlo, &mhi, fm);
             if (k) sb_add(&alt, "\"-\" ( %s )", neg.s), n++;
             free(neg.s);
         }
@@ -839,7 +918,7 @@ static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf 
             dec_bound nlo = lo;
             if (lo_neg) nlo.set = false; /* from 0 */
             sbuf pos = {0};
-            int k = nonneg_between(&pos, &nlo, &hi);
+            int k = nonneg_between(&pos, &nlo, &hi, fm);
             if (k) sb_add(&alt, "%s( %s )", n ? " | " : "", pos.s), n++;
             free(pos.s);
         }
@@ -896,6 +975,10 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
     if (!json_is_object(s)) return cfail(c, path, "a schema must be an object or a boolean", NULL);
     for (int i = 0; refused[i]; i++)
         if (json_object_get(s, refused[i])) return cfail(c, path, "'%s' is not supported", refused[i]);
+    json_t *ty = json_object_get(s, "type");
+    if (json_object_get(s, "multipleOf") &&
+        !(json_is_string(ty) && (!strcmp(json_string_value(ty), "number") || !strcmp(json_string_value(ty), "integer"))))
+        return cfail(c, path, "'multipleOf' is supported in a schema of type number or integer", NULL);
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
         if (!json_is_string(ref)) return cfail(c, path, "'$ref' must be a string", NULL);
