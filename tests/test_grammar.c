@@ -393,7 +393,7 @@ static void test_schema(void **state) {
     kvlm_grammar_free(g);
     /* multipleOf: whole multiples by the remainder automaton, every integer
      * near 0 taken exactly when a multiple; powers of ten as fraction digits */
-    const int ks[] = {2, 3, 7, 10, 25, 360};
+    const int ks[] = {2, 3, 7, 10, 25, 360, 97, 1000};
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         char sch[96];
         snprintf(sch, sizeof sch, "{\"type\": \"%s\", \"multipleOf\": %d}", i % 2 ? "number" : "integer", ks[i]);
@@ -406,6 +406,10 @@ static void test_schema(void **state) {
         expect(g, "-0", 1);
         kvlm_grammar_free(g);
     }
+    g = schema("{\"type\": \"integer\", \"multipleOf\": 7}"); /* at most 16 digits, as every integer */
+    expect(g, "1000000000000001", -1);   /* 7 x 142857142857143 */
+    expect(g, "10000000000000003", 15); /* its 16 digits 1000000000000000 are no multiple, and 17 are too many */
+    kvlm_grammar_free(g);
     g = schema("{\"type\": \"number\", \"multipleOf\": 0.01}");
     expect(g, "12.34", -1);
     expect(g, "-0.5", -1);
@@ -477,7 +481,8 @@ static void test_schema(void **state) {
         {"{\"type\": \"string\", \"pattern\": \"a\", \"maxLength\": 3}", "'pattern' beside"},
         {"{\"properties\": {\"n\": {\"type\": \"number\", \"minimum\": 3, \"exclusiveMaximum\": 3}}}", "at /properties/n: no number lies between its bounds"},
         {"{\"type\": \"number\", \"maximum\": 1e-20}", "'maximum' needs more than 16 digits"},
-        {"{\"type\": \"number\", \"multipleOf\": 0.25}", "'multipleOf' other than a whole number up to 1000 or a power of ten"},
+        {"{\"type\": \"number\", \"multipleOf\": 0.25}", "'multipleOf' other than a power of ten"},
+        {"{\"type\": \"integer\", \"multipleOf\": 101}", "'multipleOf' other than a power of ten"},
         {"{\"type\": \"integer\", \"multipleOf\": 5, \"minimum\": 0}", "'multipleOf' a whole number beside bounds"},
         {"{\"multipleOf\": 5}", "'multipleOf' is supported in a schema of type number or integer"},
         {"{\"type\": \"integer\", \"multipleOf\": 0}", "'multipleOf' must be a number above 0"},

@@ -814,39 +814,50 @@ static bool num_bound(conv *c, json_t *s, const char *path, bool lower, dec_boun
     return true;
 }
 
-/* Integer multiples of k (2 .. MULT_MAX), no bounds: "0", or an optional
- * "-" and digits read by the automaton of the remainder mod k (one rule per
- * remainder, ending in remainder 0). */
-enum { MULT_MAX = 1000 };
+/* Integer multiples of k (2 .. MULT_MAX), no bounds, of at most 16 digits
+ * as the JSON grammar's integers: "0", or an optional "-", a prefix that is
+ * a multiple of m and the j zeros of k = m 10^j. The prefix is read by the
+ * automaton of its remainder mod m and its length (one rule per live pair:
+ * m 16 at most), which may end where the remainder is 0. */
+enum { MULT_MAX = 100 }; /* m, k's digits before its trailing zeros */
 static void multiples_of(conv *c, long long k, sbuf *b) {
+    int j = 0;
+    long long m = k;
+    while (m % 10 == 0) m /= 10, j++;
+    const int P = INT_DIGITS - j; /* the prefix's digits at most */
     char base[48];
     rule_name(c, "mult", base, sizeof base);
-    for (long long r = 0; r < k; r++) { /* rule base-r: the digits after a prefix of remainder r */
-        sb_add(&c->out, "%s-%lld ::= ( ", base, r);
-        int alts = 0;
-        for (long long t = 0; t < k; t++) {
-            char cls[16];
-            int n = 0;
-            for (int d = 0; d < 10; d++)
-                if ((10 * r + d) % k == t) cls[n++] = (char)('0' + d);
-            if (!n) continue;
-            cls[n] = 0;
-            sb_add(&c->out, "%s[%s] %s-%lld", alts++ ? " | " : "", cls, base, t);
+    /* live[n][r]: after n digits with remainder r, a multiple can still end */
+    bool live[INT_DIGITS + 1][MULT_MAX];
+    for (int n = P; n >= 1; n--)
+        for (long long r = 0; r < m; r++) {
+            bool l = r == 0;
+            for (int d = 0; d < 10 && !l && n < P; d++) l = live[n + 1][(10 * r + d) % m];
+            live[n][r] = l;
         }
-        sb_add(&c->out, " )%s\n", r == 0 ? "?" : "");
-    }
-    sb_add(b, "( \"0\" | \"-\"? ( ");
-    int alts = 0;
-    for (long long t = 0; t < k; t++) { /* the first digit, 1-9 */
-        char cls[16];
-        int n = 0;
-        for (int d = 1; d < 10; d++)
-            if (d % k == t) cls[n++] = (char)('0' + d);
-        if (!n) continue;
-        cls[n] = 0;
-        sb_add(b, "%s[%s] %s-%lld", alts++ ? " | " : "", cls, base, t);
-    }
-    sb_add(b, " ) )");
+    /* digits from state (r, n), and the first digit (n = 0, 1-9): grouped by their next state */
+    for (int n = 0; n < P; n++)
+        for (long long r = 0; r < (n ? m : 1); r++) {
+            if (n && !live[n][r]) continue;
+            sbuf *o = n ? &c->out : b;
+            if (n) sb_add(o, "%s-%lld-%d ::= ( ", base, r, n);
+            else sb_add(o, "( \"0\" | \"-\"? ( ");
+            int alts = 0;
+            for (long long t = 0; t < m; t++) {
+                if (!live[n + 1][t]) continue;
+                char cls[16];
+                int nc = 0;
+                for (int d = n ? 0 : 1; d < 10; d++)
+                    if ((10 * r + d) % m == t) cls[nc++] = (char)('0' + d);
+                if (!nc) continue;
+                cls[nc] = 0;
+                if (n + 1 < P) sb_add(o, "%s[%s] %s-%lld-%d", alts++ ? " | " : "", cls, base, t, n + 1);
+                else sb_add(o, "%s[%s]", alts++ ? " | " : "", cls);
+            }
+            if (n) sb_add(o, " )%s\n", r == 0 ? "?" : "");
+            else if (j) sb_add(o, " ) \"%.*s\" )", j, "0000000000000000");
+            else sb_add(o, " ) )");
+        }
 }
 
 /* multipleOf m: *k an integer m (0: not one), *fm the fraction digits a
@@ -859,9 +870,13 @@ static bool multiple_of(conv *c, json_t *s, const char *path, long long *k, int 
     if (!json_is_number(v) || !(json_number_value(v) > 0)) return cfail(c, path, "'multipleOf' must be a number above 0", NULL);
     double m = json_number_value(v);
     dec_bound d;
-    if (m == floor(m) && m <= MULT_MAX) {
-        *k = (long long)m, *fm = 0;
-        return true;
+    if (m == floor(m) && m <= 1e15) {
+        long long w = (long long)m, r = w;
+        while (r % 10 == 0) r /= 10;
+        if (r <= MULT_MAX) {
+            *k = w, *fm = 0;
+            return true;
+        }
     }
     if (dec_of(m, false, &d) && d.ip == 0) { /* 10^-q: q - 1 zeros and a 1 */
         size_t q = strlen(d.fp);
@@ -872,8 +887,8 @@ static bool multiple_of(conv *c, json_t *s, const char *path, long long *k, int 
             return true;
         }
     }
-    return cfail(c, path, "'multipleOf' other than a whole number up to 1000 or a power of ten (0.1, 0.01, ...) is "
-                 "not supported", NULL);
+    return cfail(c, path, "'multipleOf' other than a power of ten (0.1, 0.01, ...) or a whole number of up to two "
+                 "digits and zeros (7, 25, 360, 1000) is not supported", NULL);
 }
 
 static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf *b) {
