@@ -474,6 +474,18 @@ static void conv_ids(int32_t *ids) {
     for (int i = 0; i < CONV_N; i++) ids[i] = (int32_t)(1 + (i * 97) % 299);
 }
 
+/* low_bit_shape's f32 model, the ids the converted-weight tests run and its logits over them in *ref. */
+static kvlm_model *low_bit_f32(int32_t *ids, float **ref) {
+    kvlm_synth_params sp = low_bit_shape();
+    const char *fpath = tu_tmp_path(".gguf");
+    kvlm_error err = {0};
+    if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
+    kvlm_model *mf = load(fpath, NULL);
+    conv_ids(ids);
+    *ref = logits_of(mf, ids, CONV_N, false, false, 2);
+    return mf;
+}
+
 /* mf (f32) converted to `type`: every 2-D weight in it, the cache against a
  * recompute. Returns its logits over ids; *rms_deq: their relative RMS error
  * against the f32 model of its own dequantized weights (whose file goes to
@@ -527,14 +539,9 @@ static void test_codebook_weights(void **state) {
         {"iq3_xxs", DT_IQ3_XXS}, {"iq2_s", DT_IQ2_S}, {"iq2_xs", DT_IQ2_XS}, {"iq1_s", DT_IQ1_S},
     };
     const int n_types = tu_quick() ? 3 : 7;
-    kvlm_synth_params sp = low_bit_shape();
-    const char *fpath = tu_tmp_path(".gguf");
-    kvlm_error err = {0};
-    if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
-    kvlm_model *mf = load(fpath, NULL);
     int32_t ids[CONV_N];
-    conv_ids(ids);
-    float *ref = logits_of(mf, ids, CONV_N, false, false, 2);
+    float *ref;
+    kvlm_model *mf = low_bit_f32(ids, &ref);
     double rms_orig[7], rms_deq;
     for (int i = 0; i < n_types; i++)
         free(converted_logits(mf, types[i].type, types[i].id, ids, ref, &rms_deq, &rms_orig[i], NULL));
@@ -551,14 +558,11 @@ static void test_codebook_weights(void **state) {
  * logits bit for bit (the same codes and d, the same sums). */
 static void test_small_block_weights(void **state) {
     (void)state;
-    kvlm_synth_params sp = low_bit_shape();
-    const char *fpath = tu_tmp_path(".gguf"), *tq2_deq = NULL;
+    const char *tq2_deq = NULL;
     kvlm_error err = {0};
-    if (kvlm_model_synth(&sp, fpath, &err)) fail_msg("synth f32: %s", err.msg);
-    kvlm_model *mf = load(fpath, NULL);
     int32_t ids[CONV_N];
-    conv_ids(ids);
-    float *ref = logits_of(mf, ids, CONV_N, false, false, 2);
+    float *ref;
+    kvlm_model *mf = low_bit_f32(ids, &ref);
     double rd, ro;
     free(converted_logits(mf, "mxfp4", DT_MXFP4, ids, ref, &rd, &ro, NULL));
     float *tq2 = converted_logits(mf, "tq2_0", DT_TQ2_0, ids, ref, &rd, &ro, &tq2_deq);

@@ -1001,11 +1001,6 @@ static void add_bias(float *y, const model_tensor *b, int i0, int n) {
     if (b->data) op_backend_cpu()->add(y, (const float *)b->data + i0, n);
 }
 
-/* gpt-oss's attention sinks of a layer (one logit per query head), or NULL. */
-static const float *m_layer_sinks(const kvlm_ctx *ctx, int layer) {
-    return ctx->model->layers[layer].attn_sinks.data;
-}
-
 static void attend_runs(kvlm_ctx *ctx, int n, float *const *out, const float *const *q, const op_attn_args *a) {
     if (ctx->naive_attention)
         for (int i = 0; i < n; i++) op_attention_ref(out[i], q[i], &a[i]);
@@ -1050,7 +1045,7 @@ static void attention(kvlm_ctx *ctx, int layer, const int32_t *seq, const int32_
             a->scale /= model_yarn_mscale2(c);
         a->window = model_layer_window(c, layer);
         a->softcap = c->attn_softcap;
-        a->sinks = m_layer_sinks(ctx, layer);
+        a->sinks = ctx->model->layers[layer].attn_sinks.data; /* gpt-oss; NULL elsewhere */
         a->key_weights = kw ? kw : h2o_scores(ctx, seq[t0]);
         a->score_work = ctx->h2o_work;
         a->score_work_floats = ctx->h2o_work_floats;

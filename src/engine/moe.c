@@ -169,11 +169,9 @@ void engine_moe_forward(engine_moe *e, util_pool *pool, const model_layer *L, co
         model_tensor g = expert_rows(&L->gate_exps, (int64_t)ex * F, F);
         model_tensor u = expert_rows(&L->up_exps, (int64_t)ex * F, F);
         model_tensor d = expert_rows(&L->down_exps, (int64_t)ex * D, D);
-        expert_bias eb = {NULL, NULL, NULL};
-        if (L->gate_exps_b.data)
-            eb = (expert_bias){(const float *)L->gate_exps_b.data + (size_t)ex * F,
-                               (const float *)L->up_exps_b.data + (size_t)ex * F,
-                               (const float *)L->down_exps_b.data + (size_t)ex * D};
+        const expert_bias eb = {(const float *)L->gate_exps_b.data + (size_t)ex * F,
+                                (const float *)L->up_exps_b.data + (size_t)ex * F,
+                                (const float *)L->down_exps_b.data + (size_t)ex * D};
         ffn(e, pool, &g, &u, &d, e->xe, n, L->gate_exps_b.data ? &eb : NULL);
         for (int r = 0; r < n; r++) {
             float wt = e->w[e->rows[r]] * rs, *dst = x + (size_t)(e->rows[r] / K) * D;

@@ -231,24 +231,20 @@ static void deq_q3_K(const block_q3_K *b, float *y, int64_t nb) {
     }
 }
 
-static void deq_iq4_nl(const block_iq4_nl *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, y += QK4_NL) {
-        float d = dt_f16_to_f32(b[i].d);
-        for (int j = 0; j < 16; j++) {
-            y[j] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] & 15];
-            y[j + 16] = d * (float)dt_kvalues_iq4nl[b[i].qs[j] >> 4];
-        }
+/* 32 values d kv[nibble], nibbles as Q4_0's (IQ4_NL, IQ4_XS, MXFP4). */
+static void deq_nibbles(const int8_t *kv, float d, const uint8_t *qs, float *y) {
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)kv[qs[j] & 15];
+        y[j + 16] = d * (float)kv[qs[j] >> 4];
     }
 }
 
+static void deq_iq4_nl(const block_iq4_nl *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_NL) deq_nibbles(dt_kvalues_iq4nl, dt_f16_to_f32(b[i].d), b[i].qs, y);
+}
+
 static void deq_mxfp4(const block_mxfp4 *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, y += 32) {
-        float d = dt_e8m0_half(b[i].e);
-        for (int j = 0; j < 16; j++) {
-            y[j] = d * (float)dt_kvalues_mxfp4[b[i].qs[j] & 15];
-            y[j + 16] = d * (float)dt_kvalues_mxfp4[b[i].qs[j] >> 4];
-        }
-    }
+    for (int64_t i = 0; i < nb; i++, y += 32) deq_nibbles(dt_kvalues_mxfp4, dt_e8m0_half(b[i].e), b[i].qs, y);
 }
 
 /* IQ4_XS sub-block i's 6-bit scale less its +32 bias. */
@@ -260,12 +256,7 @@ static void deq_iq4_xs(const block_iq4_xs *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         float d = dt_f16_to_f32(b[i].d);
         for (int s = 0; s < 8; s++, y += 32) {
-            float dl = d * (float)iq4xs_scale(&b[i], s);
-            const uint8_t *q = b[i].qs + 16 * s;
-            for (int j = 0; j < 16; j++) {
-                y[j] = dl * (float)dt_kvalues_iq4nl[q[j] & 15];
-                y[j + 16] = dl * (float)dt_kvalues_iq4nl[q[j] >> 4];
-            }
+            deq_nibbles(dt_kvalues_iq4nl, d * (float)iq4xs_scale(&b[i], s), b[i].qs + 16 * s, y);
         }
     }
 }

@@ -210,10 +210,7 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     static const char *const hm[H_N] = {"<|return|>", "<|call|>",    "<|end|>",      "<|start|>",
                                         "<|channel|>", "<|message|>", "<|constrain|>"};
     int harmony[H_N];
-    for (int k = 0; k < H_N; k++) harmony[k] = -1;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < H_N; k++)
-            if (v->lens[i] == (uint32_t)strlen(hm[k]) && !memcmp(v->tokens[i], hm[k], strlen(hm[k]))) harmony[k] = i;
+    for (int k = 0; k < H_N; k++) harmony[k] = tok_strmap_get(&t->map, hm[k], strlen(hm[k]));
     if (harmony[H_RETURN] >= 0 && harmony[H_CALL] >= 0 && harmony[H_END] >= 0) {
         t->flags[harmony[H_RETURN]] |= TOK_F_EOG;
         t->flags[harmony[H_CALL]] |= TOK_F_EOG;
