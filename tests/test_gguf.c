@@ -242,6 +242,22 @@ static void test_malformed(void **state) {
     s = base_spec(); s.t[1].offset = 48; expect_reject(&s, "b.weight", "not a multiple of the alignment 32");
     s = base_spec(); s.t[1].offset = 70; expect_reject(&s, "alignment", NULL);
     /* alignment */
+    /* alignment 2 lets an f32 tensor start 2 bytes off a multiple of 4: refused, not read misaligned */
+    int misaligned = 0;
+    for (uint64_t off = 2; off <= 4; off += 2) {
+        s = base_spec(); s.has_align = true; s.align = 2; s.t[0].offset = off; s.t[1].offset = 128;
+        bytes bb = build(&s);
+        kvlm_error e2 = {0};
+        gguf_file *g2 = open_copy(bb.p, bb.n, &e2); /* malloc's copy: aligned, so the file's offsets decide */
+        if (!g2) {
+            if (!strstr(e2.msg, "is not 4-byte aligned, as f32 elements must be (general.alignment 2)"))
+                fail_msg("offset %d: %s", (int)off, e2.msg);
+            misaligned++;
+        }
+        close_copy(g2);
+        free(bb.p);
+    }
+    assert_int_equal(misaligned, 1);
     s = base_spec(); s.has_align = true; s.align = 0; expect_reject(&s, "general.alignment is 0", NULL);
     s = base_spec(); s.has_align = true; s.align = 48; expect_reject(&s, "general.alignment is 48", NULL);
     s = base_spec(); s.has_align = true; s.align_type = GGUF_STRING; expect_reject(&s, "general.alignment has type", NULL);

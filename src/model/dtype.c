@@ -73,6 +73,16 @@ int dt_from_name(const char *name) {
     return -1;
 }
 
+size_t dt_align(int type) {
+    switch (type) {
+    case DT_F32: case 26: return 4;               /* f32, i32 */
+    case 27: case 28: return 8;                   /* i64, f64 */
+    case DT_Q8_K: return _Alignof(block_q8_K);    /* a float d */
+    case 24: case DT_MXFP4: return 1;             /* i8; MXFP4's e and nibbles */
+    default: return 2;                            /* f16, bf16, i16, and blocks of f16 and u16 fields */
+    }
+}
+
 size_t dt_row_size(int type, int64_t n) {
     const dt_traits *t = dt_layout(type);
     if (!t || n < 0 || n % t->block_size) return 0;

@@ -197,6 +197,10 @@ const char *dt_name(int type);
 const dt_traits *dt_layout(int type);
 /* Type id for a name ("q8_0", "Q8_0", "f16", ...), or -1. */
 int dt_from_name(const char *name);
+/* The alignment a type's elements (blocks) need in memory, as the C
+ * structs that read them in place have it: f32 4, f16 2, a block with f16 or
+ * u16 fields 2, MXFP4's byte blocks 1. Any known id (dt_layout). */
+size_t dt_align(int type);
 /* Bytes for n elements (n must be a multiple of the block size; 0 if not). */
 size_t dt_row_size(int type, int64_t n);
 

@@ -407,6 +407,11 @@ static int parse_tensors(gguf_impl *g, reader *r) {
                               " bytes runs past the end of the file (%zu bytes, data section at %" PRIu64 ")",
                            t->offset, nbytes, r->size, f->data_offset);
         t->data = r->p + f->data_offset + t->offset;
+        /* a tensor's elements are read in place (f32 norms and biases as
+         * floats): a general.alignment of 1 or 2 may leave them misaligned */
+        if ((uintptr_t)t->data % dt_align(t->type))
+            return rd_fail(r, "data at offset %" PRIu64 " is not %zu-byte aligned, as %s elements must be (general.alignment %" PRIu64 ")",
+                           t->offset, dt_align(t->type), tr->name, a);
     }
     r->ctx[0] = 0;
     /* no two tensors may share bytes: sorted by offset, each starts at or
