@@ -283,6 +283,16 @@ typedef struct kvlm_ctx_params {
     const char *kv_disk;   /* directory of the disk tier; NULL: none */
     uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
     const char *kv_redis;  /* "redis://HOST:PORT[/DB]" or "redis-cluster://HOST:PORT[,HOST:PORT...]"; NULL: none */
+    /* The deployment's block-signing key (a secret shared by every process
+     * using the same tiers, at least 16 bytes): blocks written to the tiers
+     * and to session files are signed with HMAC-SHA-256 under it, and blocks
+     * read back are used only if their signature verifies, so whoever can
+     * write to the disk folder or the Redis server cannot make this process
+     * compute with bytes of their choosing (docs/kv-tiers.md, "Trust").
+     * NULL: blocks carry a checksum against accidental damage only. The
+     * bytes are copied at kvlm_ctx_create. */
+    const void *kv_mac_key;
+    size_t kv_mac_key_len; /* at least KVLM_KV_MAC_KEY_MIN */
     /* Swap space: preempted sequences' blocks moved to host memory outside
      * the pool (kvlm_seq_swap_out), allocated at the first swap. */
     uint64_t kv_swap_size; /* its bytes; 0: the pool's size */
@@ -296,6 +306,8 @@ typedef struct kvlm_ctx_params {
      * for a larger one) rather than the model's. NULL: the model's. */
     const struct kvlm_model *draft_model;
 } kvlm_ctx_params;
+
+#define KVLM_KV_MAC_KEY_MIN 16
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
  * are uploaded once in their GGUF types, the KV pool's blocks live in GPU
@@ -513,6 +525,7 @@ typedef struct kvlm_kv_tier_stats {
     uint64_t writes, write_bytes;   /* blocks written */
     uint64_t dropped_writes;        /* writes dropped: queue full, tier down or full */
     uint64_t corrupt;               /* blocks that failed their checks on reading (recomputed) */
+    uint64_t forged;                /* blocks whose signature failed (kv_mac_key set; recomputed) */
     uint64_t errors;                /* I/O or connection errors */
     uint64_t evicted;               /* blocks the tier removed to stay within its size */
     uint64_t reads;                 /* batched reads */

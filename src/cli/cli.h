@@ -32,7 +32,8 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
 /* The context and KV cache options of run, serve and perplexity: -c/--ctx,
  * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
  * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy, and the KV tiers
- * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, and
+ * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, the
+ * block-signing key --kv-key FILE (or $KVLM_KV_KEY_FILE / $KVLM_KV_KEY), and
  * the swap space --kv-swap-size SIZE (sizes are parsed where they are read). cli_opt_ctx takes
  * argv[*i] if it is one of them (the two strings stay as given, for
  * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
@@ -64,7 +65,11 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it;\n" \
     "                          redis-cluster://HOST:PORT[,HOST:PORT...]: over a Redis Cluster's nodes\n" \
     "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
-    "                          0: none, preemption recomputes)\n"
+    "                          0: none, preemption recomputes)\n" \
+    "      --kv-key FILE       sign the blocks written to the disk and Redis tiers and to sessions with\n" \
+    "                          this secret (every instance sharing a tier gives the same one) and use\n" \
+    "                          only blocks whose signature verifies (also $KVLM_KV_KEY_FILE, or the\n" \
+    "                          secret itself in $KVLM_KV_KEY; docs/kv-tiers.md)\n"
 /* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
  * --repeat-penalty, --repeat-last-n, --seed (sets *seed_set), -l/--logit-bias
  * (repeated; the biases live as long as the process). CLI_SAMPLER_USAGE is

@@ -1,12 +1,15 @@
 /* cli/common: option parsing and error printing shared by the subcommands. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "cli/cli.h"
 
 bool cli_is(const char *arg, const char *s, const char *l) {
@@ -172,8 +175,13 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
            cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
 }
 
+/* --kv-key FILE: read at cli_ctx_finish; the bytes live as long as the process */
+static const char *g_kv_key_file;
+static unsigned char g_kv_key[4096];
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return opt_swap(argc, argv, i, cp, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-key", &g_kv_key_file, bad) ||
            cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
            cli_opt_device(argc, argv, i, &cp->device, bad) ||
            opt_size(argc, argv, i, "--kv-host-size", &cp->kv_host_size, bad) ||
@@ -192,6 +200,47 @@ bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char 
            cli_opt_float(argc, argv, i, NULL, "--h2o-heavy", &cp->h2o_heavy, bad);
 }
 
+/* The block-signing key: --kv-key FILE, else $KVLM_KV_KEY_FILE, else the
+ * secret itself in $KVLM_KV_KEY; a file's one trailing newline is not part
+ * of it (echo secret > FILE and KVLM_KV_KEY=secret give the same key). */
+static int kv_key_finish(const char *cmd, kvlm_ctx_params *cp) {
+    const char *file = g_kv_key_file, *opt = "--kv-key";
+    if (!file && (file = getenv("KVLM_KV_KEY_FILE")) && *file) opt = "KVLM_KV_KEY_FILE";
+    else if (!g_kv_key_file) file = NULL;
+    size_t n = 0;
+    if (file) {
+        /* O_NONBLOCK: a FIFO must not hang the start (a link is fine: mounted secrets are links) */
+        int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0) return cli_fail(cmd, "%s %s: %s", opt, file, strerror(errno));
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (off_t)sizeof g_kv_key) {
+            close(fd);
+            return cli_fail(cmd, "%s %s: not a regular file of at most %zu bytes", opt, file, sizeof g_kv_key);
+        }
+        ssize_t got = read(fd, g_kv_key, sizeof g_kv_key);
+        close(fd);
+        if (got < 0) return cli_fail(cmd, "%s %s: %s", opt, file, strerror(errno));
+        n = (size_t)got;
+        if (st.st_mode & (S_IRWXG | S_IRWXO))
+            fprintf(stderr, "kvlm %s: warning: %s %s can be read by other users (chmod 600 it)\n", cmd, opt, file);
+    } else {
+        const char *env = getenv("KVLM_KV_KEY");
+        if (!env || !*env) return 0;
+        opt = "KVLM_KV_KEY";
+        n = strlen(env);
+        if (n > sizeof g_kv_key) return cli_fail(cmd, "KVLM_KV_KEY: longer than %zu bytes", sizeof g_kv_key);
+        memcpy(g_kv_key, env, n);
+    }
+    if (n && g_kv_key[n - 1] == '\n') n--;
+    if (n && g_kv_key[n - 1] == '\r') n--;
+    if (n < KVLM_KV_MAC_KEY_MIN)
+        return cli_fail(cmd, "%s: a block-signing key of %zu bytes is too short: give at least %d random bytes "
+                        "(e.g. head -c 32 /dev/urandom | base64 > FILE)", opt, n, KVLM_KV_MAC_KEY_MIN);
+    cp->kv_mac_key = g_kv_key;
+    cp->kv_mac_key_len = n;
+    return 0;
+}
+
 int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict) {
     if (cp->n_ctx < 0 || cp->n_threads < 0 || cp->block_size < 0 || cp->kv_budget < 0 || cp->kv_sinks < 0 ||
         cp->h2o_recent < 0)
@@ -203,7 +252,7 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
         return cli_fail(cmd, "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
     if (kv_mem && cli_parse_size(kv_mem, &cp->kv_mem))
         return cli_fail(cmd, "bad size '%s' for --kv-mem (e.g. 512MiB)", kv_mem);
-    return 0;
+    return kv_key_finish(cmd, cp);
 }
 
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad) {

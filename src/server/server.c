@@ -195,6 +195,7 @@ static void histogram(tbuf *b, const char *name, const char *help, const double 
     X(writes_total, "counter", "Blocks written to the KV tier") \
     X(dropped_writes_total, "counter", "Block writes dropped (queue full, tier down or full)") \
     X(corrupt_total, "counter", "Blocks read from the KV tier that failed their checks (recomputed)") \
+    X(forged_total, "counter", "Blocks read from the KV tier whose signature failed (--kv-key; recomputed)") \
     X(errors_total, "counter", "I/O or connection errors of the KV tier") \
     X(promoted_total, "counter", "Blocks brought back from the KV tier into the pool") \
     X(demoted_total, "counter", "Cached blocks sent down to the KV tier before the pool reused them") \
@@ -209,6 +210,7 @@ static double tier_field(const kvlm_kv_tier_stats *t, const char *f) {
     if (!strcmp(f, "writes_total")) return (double)t->writes;
     if (!strcmp(f, "dropped_writes_total")) return (double)t->dropped_writes;
     if (!strcmp(f, "corrupt_total")) return (double)t->corrupt;
+    if (!strcmp(f, "forged_total")) return (double)t->forged;
     if (!strcmp(f, "errors_total")) return (double)t->errors;
     if (!strcmp(f, "promoted_total")) return (double)t->promoted;
     if (!strcmp(f, "demoted_total")) return (double)t->demoted;
