@@ -1,11 +1,30 @@
 /* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
  * model and one paged KV cache, until SIGINT or SIGTERM. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 #include "cli/cli.h"
+
+/* A stop takes at most this long (docs/serving.md): the requests in flight
+ * end, the KV tiers' queues are written (each gives up after its own
+ * deadline); past it, or at a second SIGINT/SIGTERM, the process exits at once. */
+#define SERVE_STOP_S 30
+
+static void *stop_watchdog(void *arg) {
+    const sigset_t *sigs = arg;
+    struct timespec ts = {SERVE_STOP_S, 0};
+    int sig = sigtimedwait(sigs, NULL, &ts);
+    if (sig > 0) fprintf(stderr, "kvlm serve: %s again, exiting at once\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    else fprintf(stderr, "kvlm serve: still stopping after %d s (a KV tier not answering?), exiting at once\n",
+                 SERVE_STOP_S);
+    _exit(1);
+    return NULL;
+}
 
 static void serve_usage(FILE *f) {
     fprintf(f,
@@ -13,7 +32,8 @@ static void serve_usage(FILE *f) {
             "Serves the model over HTTP: POST /v1/completions and /v1/chat/completions (OpenAI-compatible,\n"
             "streamed or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status and a web page\n"
             "at /. Requests are batched continuously in one KV cache; prints\n"
-            "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it.\n"
+            "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it\n"
+            "(within 30 s; a second one at once).\n"
             "Limits and access options are described in docs/serving.md.\n\n"
             "  -m, --model FILE        GGUF or llama2.c .bin model\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
@@ -247,6 +267,10 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvlm serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    static sigset_t wd_sigs; /* outlives this frame */
+    wd_sigs = sigs;
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, stop_watchdog, &wd_sigs) == 0) pthread_detach(wd);
     rc = 0;
 done:
     kvlm_server_stop(srv);
