@@ -308,6 +308,14 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
         metric(&b, "kvlm_kv_events_dropped_total", "counter", "KV events dropped: the publisher's queue was full",
                (double)es.dropped_events);
         metric(&b, "kvlm_kv_events_queued", "gauge", "KV events waiting to be published", (double)es.queued);
+        metric(&b, "kvlm_kv_events_pub_bytes", "gauge", "Bytes the PUB socket's queues hold for subscribers (a payload "
+               "once, its frames per subscriber)", (double)es.pub_bytes);
+        metric(&b, "kvlm_kv_events_subscribers", "gauge", "Connections to the KV-events PUB socket", (double)es.subscribers);
+        metric(&b, "kvlm_kv_events_subscribers_refused_total", "counter",
+               "Connections to the PUB socket closed at once: it had its most subscribers", (double)es.subscribers_refused);
+        metric(&b, "kvlm_kv_events_subscribers_cut_total", "counter",
+               "Subscribers disconnected at the PUB socket's byte cap (the one with the most unsent)",
+               (double)es.subscribers_cut);
         if (s->p.kv_events_replay) {
             metric(&b, "kvlm_kv_event_replays_total", "counter", "Replay requests answered (--kv-events-replay)",
                    (double)es.replays);
@@ -315,6 +323,16 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
                    (double)es.replayed);
             metric(&b, "kvlm_kv_event_batches_buffered", "gauge", "KV event batches kept for replay",
                    (double)es.buffered);
+            metric(&b, "kvlm_kv_event_replay_bytes", "gauge", "Bytes of replay messages in the replay socket's queues "
+                   "(all peers)", (double)es.replay_bytes);
+            metric(&b, "kvlm_kv_event_replay_peers", "gauge", "Connections to the replay socket", (double)es.replay_peers);
+            metric(&b, "kvlm_kv_event_replays_active", "gauge", "Replays in progress", (double)es.replays_active);
+            metric(&b, "kvlm_kv_event_replays_dropped_total", "counter", "Replays (or requests waiting behind one) "
+                   "abandoned: a peer gone, stalled, or the oldest at a cap", (double)es.replays_dropped);
+            metric(&b, "kvlm_kv_event_replay_peers_refused_total", "counter",
+                   "Connections to the replay socket closed at once: it had its most peers", (double)es.replay_peers_refused);
+            metric(&b, "kvlm_kv_event_replay_peers_cut_total", "counter", "Replay peers disconnected: messages queued "
+                   "and nothing taken for the stall time, or the oldest at the byte cap", (double)es.replay_peers_cut);
         }
     }
     vllm_metrics(s, &b, &st);
