@@ -991,6 +991,10 @@ typedef struct kvlm_server_params {
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
     kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
     float spec_p_min;            /* kvlm_sched_params: a draft ends before a token the draft model is less sure of */
+    /* Memory for clients, in total over every connection (docs/serving.md, "Memory bounds per peer"). */
+    size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
+    size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
+                                    answer); past it the connection holding most is reset; 0: 64 MiB */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

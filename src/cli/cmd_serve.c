@@ -8,6 +8,9 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include "cli/cli.h"
 
 /* A stop takes at most this long (docs/serving.md): the requests in flight
@@ -47,7 +50,11 @@ static void serve_usage(FILE *f) {
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
-            "      --max-body SIZE     largest request body (default 1MiB)\n\n"
+            "      --max-body SIZE     largest request body (default 1MiB)\n"
+            "      --max-body-total SIZE  request bodies being received, all connections; past it 503\n"
+            "                          (default 64MiB)\n"
+            "      --max-unsent SIZE   answers made and not yet taken by the kernel, all connections; past\n"
+            "                          it the connection holding most is reset (default 64MiB)\n\n"
             "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
@@ -86,7 +93,8 @@ static void serve_usage(FILE *f) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
+               *max_unsent = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
     const char **origins = NULL;
     char *file_key = NULL;
@@ -108,6 +116,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--timeout", &sp.timeout_s, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--max-body-total", &max_body_total, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--max-unsent", &max_unsent, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
@@ -166,6 +176,14 @@ int cmd_serve(int argc, char **argv) {
         cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
         goto out;
     }
+    if (max_body_total && (cli_parse_size(max_body_total, &sp.max_body_total) || sp.max_body_total == 0)) {
+        cli_fail("serve", "--max-body-total: bad size '%s' (e.g. 64MiB)", max_body_total);
+        goto out;
+    }
+    if (max_unsent && (cli_parse_size(max_unsent, &sp.max_unsent) || sp.max_unsent == 0)) {
+        cli_fail("serve", "--max-unsent: bad size '%s' (e.g. 64MiB)", max_unsent);
+        goto out;
+    }
     if (!sp.api_key && key_file) { /* the first line, without its end */
         size_t len = 0;
         if (!(file_key = cli_read_file("serve", key_file, &len))) goto out;
@@ -180,6 +198,13 @@ int cmd_serve(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+#ifdef __GLIBC__
+    /* Clients' large buffers (request bodies, answers, streams' backlogs)
+     * mapped on their own and unmapped when freed: glibc's moving threshold
+     * would put them in its heap after the first such free, and keep their
+     * pages once they go (docs/serving.md, "Memory bounds per peer"). */
+    mallopt(M_MMAP_THRESHOLD, 128 << 10);
+#endif
     cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
     sp.max_seqs = cp.n_seq_max;
 

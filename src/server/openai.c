@@ -22,7 +22,8 @@ enum { MAX_STOP = 4 };
 typedef struct {
     kvlm_detok dt;
     char *text;
-    size_t len, cap, sent; /* all text so far; the part already streamed */
+    size_t len, cap, sent; /* the text (a stream's from off on); the part already streamed */
+    size_t off;            /* a stream's text before this was sent and dropped */
     int finish, n_tokens;
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
@@ -54,6 +55,8 @@ typedef struct srv_job {
     float *bias;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
+    size_t counted;        /* out's bytes counted as the connection's unsent answer (srv_unsent_add) */
+    bool cut;              /* the stream was reset for that cap: nothing more is written */
     bool http11;           /* an interim 1xx response may be sent */
     bool half_closed;      /* whole answer, the client's sending side ended: the watcher writes it */
     char *raw;             /* ... the answer it writes (HTTP head and JSON body), raw_off sent */
@@ -169,7 +172,7 @@ static json_t *usage(const srv_job *j) {
 }
 
 static void sse(srv_job *j, json_t *o) {
-    char *s = json_dumps(o, JSON_COMPACT);
+    char *s = j->cut ? NULL : json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s) return;
     append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
@@ -204,7 +207,7 @@ static void emit(srv_job *j, choice *c, bool final) {
         else json_decref(text);
         ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
     } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
-    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->sent));
+    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
     const char *fin = final ? finish_name(c->finish) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
     json_object_set_new(o, "choices", json_pack("[o]", ch));
@@ -212,6 +215,38 @@ static void emit(srv_job *j, choice *c, bool final) {
     c->started = true;
     c->sent = end > c->sent ? end : c->sent;
     c->lp_sent = n_lp;
+    /* a stream keeps what is not sent and what a stop string may still begin
+     * in, not the whole text: under eviction a stream has no end */
+    if (c->lp_sent) {
+        json_array_clear(c->lp);
+        c->lp_sent = 0;
+    }
+    size_t tail = c->len > j->max_stop ? c->len - j->max_stop : 0, drop = c->sent < tail ? c->sent : tail;
+    if (drop >= 4096) {
+        memmove(c->text, c->text + drop, c->len - drop + 1);
+        c->len -= drop;
+        c->sent -= drop;
+        c->off += drop;
+    }
+}
+
+static void cancel(srv_job *j);
+
+/* A stream's buffer counted as its connection's unsent answer; one reset
+ * for the server's cap (it held the most, or its own cap) is dropped and
+ * its request cancelled. Engine thread, j->mu held. */
+static void stream_account(srv_job *j) {
+    if (j->cut || j->out_cap == j->counted) return;
+    long delta = (long)j->out_cap - (long)j->counted;
+    j->counted = j->out_cap;
+    if (srv_unsent_add(j->srv, j->sock, delta, true)) return;
+    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+    j->counted = 0;
+    j->cut = true;
+    free(j->out);
+    j->out = NULL;
+    j->out_len = j->out_off = j->out_cap = 0;
+    cancel(j); /* its choices end as cancelled at the next step */
 }
 
 static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
@@ -264,7 +299,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
                 json_object_set_new(o, "usage", usage(j));
                 sse(j, o);
             }
-            if (j->stream) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
+            if (j->stream && !j->cut) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
             j->complete = true;
             if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
@@ -298,6 +333,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         }
         emit(j, c, false);
     }
+    if (j->stream) stream_account(j);
     if (j->complete && !j->stream && !j->half_closed && !j->srv->tls_key && j->fd >= 0 && !j->error[0]) {
         /* the client may have half-closed since: its hang-up event may not have been handled yet */
         char b;
@@ -713,9 +749,11 @@ static json_t *load_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn,
     }
     json_error_t jerr;
     json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
+    size_t len = cn->len;
+    srv_body_release(s, cn); /* parsed: the text is not needed while the request runs */
     if (!body)
         *ret = srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)",
-                         cn->len ? jerr.text : "empty body", cn->len ? jerr.line : 0, cn->len ? jerr.column : 0);
+                         len ? jerr.text : "empty body", len ? jerr.line : 0, len ? jerr.column : 0);
     return body;
 }
 
@@ -1019,7 +1057,13 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
         memcpy(buf, j->out + j->out_off, k);
         j->out_off += k;
-        if (j->out_off == j->out_len) j->out_off = j->out_len = 0;
+        if (j->out_off == j->out_len) { /* drained: the buffer goes, and its count */
+            free(j->out);
+            j->out = NULL;
+            j->out_off = j->out_len = j->out_cap = 0;
+            srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+            j->counted = 0;
+        }
         n = (ssize_t)k;
     } else if (j->complete) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
@@ -1035,6 +1079,8 @@ static void stream_done(void *cls) {
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool complete = j->complete;
+    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+    j->counted = 0;
     j->sock = NULL; /* the connection may take its next request */
     pthread_mutex_unlock(&j->mu);
     if (!complete) cancel(j); /* the client went away: free its blocks */
