@@ -673,6 +673,13 @@ void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, k
  * put the matcher in more than 65,536 parse stacks at once ends the grammar
  * there (nothing more is allowed): an ambiguity that would slow every step. */
 typedef struct kvlm_grammar kvlm_grammar;
+/* Nesting limits, each checked before the parser goes one level deeper (far
+ * below what a thread's stack holds): GBNF groups within groups; a JSON
+ * schema's subschemas within subschemas ($ref, properties, items, anyOf ...);
+ * groups within groups of a schema's regular expression ("pattern"). */
+#define KVLM_GRAMMAR_MAX_NESTING 256
+#define KVLM_JSON_SCHEMA_MAX_DEPTH 64
+#define KVLM_PATTERN_MAX_NESTING 64
 kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err);
 /* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
  * json_schema. Supported: type (and lists of types), properties in their

@@ -43,6 +43,7 @@ void kvlm_grammar_free(kvlm_grammar *g) {
 enum {
     MAX_ELEMENTS = 1 << 20, /* a grammar compiling to more (elements and alternatives) is refused */
     MAX_REPEAT = 1 << 16,   /* x{m,n}: m and n at most this */
+    MAX_NESTING = KVLM_GRAMMAR_MAX_NESTING, /* groups within groups: the parser recurses once per level */
 };
 
 typedef struct { gel *e; int n, cap; } seq;
@@ -57,6 +58,7 @@ typedef struct {
     const char *src, *p;
     long total;
     int generated;
+    int depth;          /* groups open around the parser's position */
     kvlm_error *err;
     bool failed;
 } parser;
@@ -343,6 +345,33 @@ static bool parse_repeat(parser *ps, int rule, seq *s, int from) {
     return opt < 0 || push_ref(ps, s, opt);
 }
 
+/* A character class, [...] or [^...], at ps->p: one element of s. (Not
+ * inlined: its 2 KiB of ranges stay out of the recursion's frames.) */
+static __attribute__((noinline)) bool parse_class(parser *ps, seq *s) {
+    const char *at = ps->p;
+    ps->p++;
+    bool neg = *ps->p == '^';
+    if (neg) ps->p++;
+    uint32_t r[2 * 256];
+    int n = 0;
+    while (*ps->p != ']') {
+        if (!*ps->p) return perr(ps, at, "unterminated character class", NULL);
+        if (n == 256) return perr(ps, at, "a character class of over %s ranges", "256");
+        long lo = parse_char(ps), hi = lo;
+        if (lo < 0) return false;
+        if (ps->p[0] == '-' && ps->p[1] != ']' && ps->p[1]) {
+            ps->p++;
+            if ((hi = parse_char(ps)) < 0) return false;
+            if (hi < lo) return perr(ps, at, "a range whose end is before its start", NULL);
+        }
+        r[2 * n] = (uint32_t)lo;
+        r[2 * n + 1] = (uint32_t)hi;
+        n++;
+    }
+    ps->p++;
+    return push_class(ps, s, r, n, neg);
+}
+
 static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
     for (;;) {
         int from = s->n;
@@ -359,27 +388,7 @@ static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
             }
             ps->p++;
         } else if (c == '[') {
-            ps->p++;
-            bool neg = *ps->p == '^';
-            if (neg) ps->p++;
-            uint32_t r[2 * 256];
-            int n = 0;
-            while (*ps->p != ']') {
-                if (!*ps->p) return perr(ps, at, "unterminated character class", NULL);
-                if (n == 256) return perr(ps, at, "a character class of over %s ranges", "256");
-                long lo = parse_char(ps), hi = lo;
-                if (lo < 0) return false;
-                if (ps->p[0] == '-' && ps->p[1] != ']' && ps->p[1]) {
-                    ps->p++;
-                    if ((hi = parse_char(ps)) < 0) return false;
-                    if (hi < lo) return perr(ps, at, "a range whose end is before its start", NULL);
-                }
-                r[2 * n] = (uint32_t)lo;
-                r[2 * n + 1] = (uint32_t)hi;
-                n++;
-            }
-            ps->p++;
-            if (!push_class(ps, s, r, n, neg)) return false;
+            if (!parse_class(ps, s)) return false;
         } else if (c == '.') {
             ps->p++;
             uint32_t r[2] = {0, 0x10ffff};
@@ -392,10 +401,18 @@ static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
             if (ps->r[r].used_at < 0) ps->r[r].used_at = (int)(b - ps->src);
             if (!push_ref(ps, s, r)) return false;
         } else if (c == '(') {
+            /* checked before going in: each level is a frame of parse_sequence and parse_alternates */
+            if (ps->depth == MAX_NESTING) {
+                char lim[16];
+                snprintf(lim, sizeof lim, "%d", MAX_NESTING);
+                return perr(ps, at, "groups nested deeper than %s levels", lim);
+            }
             ps->p++;
             skip_space(ps, true);
             int r = new_rule(ps, rule);
+            ps->depth++;
             if (r < 0 || !parse_alternates(ps, r, true)) return false;
+            ps->depth--;
             if (*ps->p != ')') return perr(ps, ps->p, "expected ')'", NULL);
             ps->p++;
             if (!push_ref(ps, s, r)) return false;
