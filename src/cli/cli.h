@@ -79,15 +79,14 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
     "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n" \
     "      --seed S            random seed (default: time-based); the same seed gives the same text\n" \
     "  -l, --logit-bias T+B    add B to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
-/* Structured output for run and chat: --json (any JSON object), --json-schema
- * TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file FILE (GBNF);
- * at most one. cli_grammar makes the grammar for model (NULL: none asked, or
- * *failed after cli_fail). */
-typedef struct { const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
+/* Structured output for run, chat and grammar: --json (any JSON object),
+ * --json-schema TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file
+ * FILE (GBNF); at most one. cli_grammar makes the grammar for model (NULL:
+ * only checked) through kvlm_grammar_build, as the server does; NULL: none
+ * asked, or *failed after cli_fail. */
+typedef struct { bool json; const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad);
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed);
-/* The GBNF text those options ask for (a schema translated; malloc'd), or NULL after cli_fail. */
-char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g);
 #define CLI_GRAMMAR_USAGE \
     "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n" \
     "      --json-schema S     ... one JSON value that JSON schema S describes (docs/structured-output.md)\n" \

@@ -207,7 +207,7 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
 }
 
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad) {
-    if (cli_is(argv[*i], NULL, "--json")) g->json_schema = "{\"type\": \"object\"}";
+    if (cli_is(argv[*i], NULL, "--json")) g->json = true;
     else if (!cli_opt_str(argc, argv, i, NULL, "--json-schema", &g->json_schema, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--json-schema-file", &g->json_schema_file, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--grammar", &g->grammar, bad) &&
@@ -220,29 +220,22 @@ bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *b
     return true;
 }
 
-char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g) {
-    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-    char *text = NULL;
-    if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
-    kvlm_error err = {0};
-    char *gbnf = g->json_schema || g->json_schema_file ? kvlm_json_schema_to_gbnf(text ? text : g->json_schema, &err)
-                                                       : strdup(text ? text : g->grammar);
-    free(text);
-    if (!gbnf) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
-    return gbnf;
-}
-
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed) {
     *failed = false;
     if (!g->n) return NULL;
-    char *gbnf = cli_grammar_text(cmd, g);
-    kvlm_error err = {0};
-    kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(model, gbnf, NULL, &err) : NULL;
-    if (gbnf && !gr) {
-        const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-        cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) {
+        *failed = true;
+        return NULL;
     }
-    free(gbnf);
+    int kind = g->json ? KVLM_GRAMMAR_JSON_OBJECT
+               : g->json_schema || g->json_schema_file ? KVLM_GRAMMAR_JSON_SCHEMA
+                                                       : KVLM_GRAMMAR_GBNF;
+    kvlm_error err = {0};
+    kvlm_grammar *gr = kvlm_grammar_build(model, kind, text ? text : g->json_schema ? g->json_schema : g->grammar, &err);
+    if (!gr) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
+    free(text);
     *failed = !gr;
     return gr;
 }

@@ -25,6 +25,7 @@ struct kvlm_grammar {
     int32_t *alt;       /* each alternative's first element */
     int32_t *rule_alt;  /* rule r: alternatives [rule_alt[r], rule_alt[r + 1]) */
     int n_rules, root;
+    char *gbnf;         /* the text it was compiled from */
 };
 
 const kvlm_model *gm_model(const kvlm_grammar *g) { return g->model; }
@@ -35,8 +36,11 @@ void kvlm_grammar_free(kvlm_grammar *g) {
     free(g->rng);
     free(g->alt);
     free(g->rule_alt);
+    free(g->gbnf);
     free(g);
 }
+
+const char *kvlm_grammar_gbnf(const kvlm_grammar *g) { return g ? g->gbnf : NULL; }
 
 /* ---- the parser: GBNF into rules of alternatives of element sequences ---- */
 
@@ -680,7 +684,25 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
     free(ps.r);
     free(ps.rng);
     free(ps.names);
+    if (g && !(g->gbnf = strdup(gbnf))) {
+        util_err_set(err, KVLM_ENOMEM, "grammar: out of memory");
+        kvlm_grammar_free(g);
+        g = NULL;
+    }
     if (g) g->model = model;
+    return g;
+}
+
+kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *text, kvlm_error *err) {
+    if (kind == KVLM_GRAMMAR_GBNF) return kvlm_grammar_from_gbnf(model, text, "root", err);
+    if (kind != KVLM_GRAMMAR_JSON_SCHEMA && kind != KVLM_GRAMMAR_JSON_OBJECT) {
+        util_err_set(err, KVLM_EINVAL, "grammar: unknown kind %d", kind);
+        return NULL;
+    }
+    char *gbnf = kvlm_json_schema_to_gbnf(kind == KVLM_GRAMMAR_JSON_OBJECT ? "{\"type\": \"object\"}" : text, err);
+    if (!gbnf) return NULL;
+    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
+    free(gbnf);
     return g;
 }
 

@@ -1136,9 +1136,5 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
 }
 
 kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err) {
-    char *gbnf = kvlm_json_schema_to_gbnf(schema, err);
-    if (!gbnf) return NULL;
-    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
-    free(gbnf);
-    return g;
+    return kvlm_grammar_build(model, KVLM_GRAMMAR_JSON_SCHEMA, schema, err);
 }

@@ -594,41 +594,42 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     /* structured output: OpenAI's response_format, or llama.cpp's grammar (GBNF) */
     json_t *rf = json_object_get(body, "response_format"), *gr = json_object_get(body, "grammar");
     char *schema = NULL;
+    int kind = -1;
     const char *field = "response_format";
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *type = json_is_string(t) ? json_string_value(t) : "";
+        json_t *sc = NULL;
         if (!strcmp(type, "json_schema")) {
-            json_t *js = json_object_get(rf, "json_schema"), *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
-            if (!sc)
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!(sc = json_is_object(js) ? json_object_get(js, "schema") : NULL))
                 return fail(e, 400, "response_format", "invalid_value", "'response_format' json_schema needs "
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
-            schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
-        } else if (!strcmp(type, "json_object")) { /* llama.cpp's extension: a schema beside it */
-            json_t *sc = json_object_get(rf, "schema");
-            schema = sc ? json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\": \"object\"}");
-        }
+        } else if (!strcmp(type, "json_object")) /* llama.cpp's extension: a schema beside it */
+            sc = json_object_get(rf, "schema");
         else if (strcmp(type, "text"))
             return fail(e, 400, "response_format", "invalid_value", "'response_format' must be {\"type\": \"text\"}, "
                         "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}");
-        if (!strcmp(type, "text")) rf = NULL;
-        else if (!schema) return fail(e, 500, NULL, NULL, "out of memory");
-    } else rf = NULL;
+        if (sc) {
+            kind = KVLM_GRAMMAR_JSON_SCHEMA;
+            if (!(schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY))) return fail(e, 500, NULL, NULL, "out of memory");
+        } else if (!strcmp(type, "json_object")) kind = KVLM_GRAMMAR_JSON_OBJECT;
+    }
     if (gr && !json_is_null(gr)) {
         if (!json_is_string(gr)) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_type", "'grammar' must be a string (GBNF)");
         }
-        if (rf) {
+        if (kind >= 0) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_value", "give 'grammar' or 'response_format', not both");
         }
         field = "grammar";
-    } else gr = NULL;
-    if (schema || gr) {
+        kind = KVLM_GRAMMAR_GBNF;
+    }
+    if (kind >= 0) { /* the one builder kvlm run and chat use too */
         kvlm_error ge = {0};
-        j->grammar = schema ? kvlm_grammar_from_json_schema(s->model, schema, &ge)
-                            : kvlm_grammar_from_gbnf(s->model, json_string_value(gr), NULL, &ge);
+        j->grammar = kvlm_grammar_build(s->model, kind, schema ? schema : json_string_value(gr), &ge);
         free(schema);
         if (!j->grammar)
             return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
