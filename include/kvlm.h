@@ -737,6 +737,26 @@ typedef struct kvlm_sampler_params {
 
 typedef struct kvlm_sampler kvlm_sampler;
 kvlm_sampler_params kvlm_sampler_default_params(void);
+/* The fields kvlm_sampler_params_check names (0: all within their ranges). */
+enum {
+    KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
+    KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+};
+/* The one check of sampling values, for kvlm serve's requests and kvlm run's
+ * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
+ * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
+ * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
+ * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
+ * what it must be without naming it ("must be between 0 and 1"), for each
+ * caller to put its user's name for it first ('top_p' in a request, --top-p on
+ * a command line); *index (if given): which bias, for the last two. */
+int kvlm_sampler_params_check(const kvlm_sampler_params *p, int vocab_size, int *index, kvlm_error *err);
+/* A token id written as text, as OpenAI's logit_bias keys are (and -l's):
+ * decimal digits only, no sign, blank or leading zero, below 2^31. The id, or
+ * -1 when s[0, n) is anything else. */
+int kvlm_parse_token_id(const char *s, size_t n);
 kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_size);
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */

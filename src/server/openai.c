@@ -526,11 +526,15 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     if (!get_num(body, "max_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (j->chat && !get_num(body, "max_completion_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (max_tokens <= 0) return fail(e, 400, "max_tokens", "invalid_value", "'max_tokens' must be at least 1");
-    if (!get_num(body, "temperature", 0, 2, false, &temp, e) || !get_num(body, "top_p", 0, 1, false, &top_p, e) ||
-        !get_num(body, "top_k", -1, 1e9, true, &top_k, e) || !get_num(body, "min_p", 0, 1, false, &min_p, e) ||
+    /* the sampling values: their types here, their ranges by kvlm_sampler_params_check (as kvlm run's) */
+    if (!get_num(body, "temperature", -HUGE_VAL, HUGE_VAL, false, &temp, e) ||
+        !get_num(body, "top_p", -HUGE_VAL, HUGE_VAL, false, &top_p, e) ||
+        !get_num(body, "top_k", -HUGE_VAL, HUGE_VAL, true, &top_k, e) ||
+        !get_num(body, "min_p", -HUGE_VAL, HUGE_VAL, false, &min_p, e) ||
         !get_num(body, "n", 1, 128, true, &n, e) || !get_num(body, "seed", -9.2e18, 9.2e18, true, &seed, e) ||
-        !get_bool(body, "stream", &j->stream, e) || !get_num(body, "frequency_penalty", -2, 2, false, &freq, e) ||
-        !get_num(body, "presence_penalty", -2, 2, false, &pres, e))
+        !get_bool(body, "stream", &j->stream, e) ||
+        !get_num(body, "frequency_penalty", -HUGE_VAL, HUGE_VAL, false, &freq, e) ||
+        !get_num(body, "presence_penalty", -HUGE_VAL, HUGE_VAL, false, &pres, e))
         return false;
     json_t *user = json_object_get(body, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
@@ -579,17 +583,37 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
         json_t *v;
         int vocab = kvlm_vocab_size(s->model);
         json_object_foreach(lb, key, v) {
-            char *end;
-            long id = strtol(key, &end, 10);
-            if (!*key || *end || id < 0 || id >= vocab)
-                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d",
-                            key, vocab);
-            if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
-                return fail(e, 400, "logit_bias", "invalid_value",
-                            "'logit_bias' value for token %ld must be a number from -100 to 100", id);
-            j->bias_ids[n_bias] = (int32_t)id;
-            j->bias[n_bias++] = (float)json_number_value(v);
+            /* a key is a token id as text, digits only (" 12", "+12", "1e1", "0x10" are not) */
+            int id = kvlm_parse_token_id(key, strlen(key));
+            if (id < 0 || id >= vocab)
+                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d "
+                            "(decimal digits)", key, vocab);
+            if (!json_is_number(v))
+                return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' value for token %d must be a number", id);
+            double b = json_number_value(v);
+            j->bias_ids[n_bias] = id;
+            j->bias[n_bias++] = (float)(b < -1e30 ? -1e30 : b > 1e30 ? 1e30 : b); /* (a float; the check says the range) */
         }
+    }
+    rp->sampling = kvlm_sampler_default_params();
+    rp->sampling.bias_ids = j->bias_ids;
+    rp->sampling.bias = j->bias;
+    rp->sampling.n_bias = n_bias;
+    rp->sampling.temperature = (float)temp;
+    rp->sampling.top_p = (float)top_p;
+    rp->sampling.min_p = (float)min_p;
+    rp->sampling.frequency_penalty = (float)freq;
+    rp->sampling.presence_penalty = (float)pres;
+    rp->sampling.top_k = top_k < -2e9 ? INT32_MIN : top_k > 2e9 ? INT32_MAX : (int)top_k; /* out of range: still refused */
+    kvlm_error se = {0};
+    int which, f = kvlm_sampler_params_check(&rp->sampling, kvlm_vocab_size(s->model), &which, &se);
+    if (f) {
+        static const char *const names[] = {NULL, "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                            "repeat_last_n", "frequency_penalty", "presence_penalty"};
+        if (f == KVLM_SAMPLER_BIAS_ID || f == KVLM_SAMPLER_BIAS)
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' %s for token %d %s",
+                        f == KVLM_SAMPLER_BIAS ? "value" : "key", (int)rp->sampling.bias_ids[which], se.msg);
+        return fail(e, 400, names[f], "invalid_value", "'%s' %s", names[f], se.msg);
     }
     /* structured output: OpenAI's response_format, or llama.cpp's grammar (GBNF) */
     json_t *rf = json_object_get(body, "response_format"), *gr = json_object_get(body, "grammar");
@@ -634,18 +658,8 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
         if (!j->grammar)
             return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
     }
-    static uint64_t counter;
-    rp->sampling = kvlm_sampler_default_params();
     rp->sampling.grammar = j->grammar;
-    rp->sampling.bias_ids = j->bias_ids;
-    rp->sampling.bias = j->bias;
-    rp->sampling.n_bias = n_bias;
-    rp->sampling.temperature = (float)temp;
-    rp->sampling.top_p = (float)top_p;
-    rp->sampling.top_k = (int)top_k;
-    rp->sampling.min_p = (float)min_p;
-    rp->sampling.frequency_penalty = (float)freq;
-    rp->sampling.presence_penalty = (float)pres;
+    static uint64_t counter;
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
