@@ -9,6 +9,9 @@
 #include "kvlm.h"
 
 enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+/* The stack of the HTTP thread, which parses every request: sized for the
+ * parsers' nesting limits (tests/test_limits measures them at their limits). */
+enum { SRV_HTTP_STACK = 8 << 20 };
 
 /* A closed connection whose answer was still in the kernel's send queue: the
  * socket kept open (a dup of MHD's descriptor) until it drains or send_due
