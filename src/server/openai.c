@@ -6,6 +6,7 @@
  * One HTTP thread serves every connection: a connection waiting for tokens
  * is suspended and the engine resumes it when there are some. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,6 +348,9 @@ static bool get_num(json_t *body, const char *key, double lo, double hi, bool in
     return true;
 }
 
+/* A JSON number as a float, one past float's range as an infinity (which the range checks refuse). */
+static float to_float(double x) { return x > FLT_MAX ? INFINITY : x < -FLT_MAX ? -INFINITY : (float)x; }
+
 static bool get_bool(json_t *body, const char *key, bool *out, perr *e) {
     json_t *v = json_object_get(body, key);
     if (!v || json_is_null(v)) return true;
@@ -590,20 +594,19 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
                             "(decimal digits)", key, vocab);
             if (!json_is_number(v))
                 return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' value for token %d must be a number", id);
-            double b = json_number_value(v);
             j->bias_ids[n_bias] = id;
-            j->bias[n_bias++] = (float)(b < -1e30 ? -1e30 : b > 1e30 ? 1e30 : b); /* (a float; the check says the range) */
+            j->bias[n_bias++] = to_float(json_number_value(v));
         }
     }
     rp->sampling = kvlm_sampler_default_params();
     rp->sampling.bias_ids = j->bias_ids;
     rp->sampling.bias = j->bias;
     rp->sampling.n_bias = n_bias;
-    rp->sampling.temperature = (float)temp;
-    rp->sampling.top_p = (float)top_p;
-    rp->sampling.min_p = (float)min_p;
-    rp->sampling.frequency_penalty = (float)freq;
-    rp->sampling.presence_penalty = (float)pres;
+    rp->sampling.temperature = to_float(temp);
+    rp->sampling.top_p = to_float(top_p);
+    rp->sampling.min_p = to_float(min_p);
+    rp->sampling.frequency_penalty = to_float(freq);
+    rp->sampling.presence_penalty = to_float(pres);
     rp->sampling.top_k = top_k < -2e9 ? INT32_MIN : top_k > 2e9 ? INT32_MAX : (int)top_k; /* out of range: still refused */
     kvlm_error se = {0};
     int which, f = kvlm_sampler_params_check(&rp->sampling, kvlm_vocab_size(s->model), &which, &se);
