@@ -690,9 +690,10 @@ static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request
 }
 
 int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
-                      int *n_tokens, char *msg, size_t cap) {
+                      int *n_tokens, char *msg, size_t cap, char **gbnf) {
     perr e = {0};
     *n_tokens = 0;
+    if (gbnf) *gbnf = NULL;
     if (msg && cap) msg[0] = 0;
     if (!utf8_valid(body ? body : "", len)) {
         if (msg) snprintf(msg, cap, "the request body is not valid UTF-8");
@@ -714,6 +715,7 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
     int32_t *toks = NULL;
     int status = check_request(s, js, j, rp, &toks, n_tokens, &e) ? 200 : (int)e.status;
     if (status != 200 && msg) snprintf(msg, cap, "%s", e.msg);
+    if (gbnf && j->grammar) *gbnf = strdup(kvlm_grammar_gbnf(j->grammar));
     free(toks);
     json_decref(js);
     job_release(j);
