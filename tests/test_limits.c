@@ -6,7 +6,8 @@
  * parse takes at its limit is measured on a thread of its own and held far
  * below the HTTP thread's (SRV_HTTP_STACK). Also: the server's request parser
  * and `kvlm grammar` build one schema into the same GBNF, and refuse a $ref
- * cycle that could never end with the same message. */
+ * cycle that could never end with the same message; and a token mask's work
+ * is bounded too. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,12 +327,50 @@ static void test_one_builder(void **state) {
     free(cli);
 }
 
+/* A grammar that compiles but whose token mask would go through millions of
+ * stacks (a few states of tens of thousands each) ends at its first mask,
+ * within a bounded amount of work (the engine thread makes masks for every
+ * request); JSON mode's masks over the same 32,000 tokens are far inside it. */
+static void test_mask_work(void **state) {
+    (void)state;
+    const char *path = tu_model_path("vocab/ggml-vocab-llama-spm.gguf");
+    TU_REQUIRE(path);
+    kvlm_model_params mp = {.vocab_only = true};
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, &mp, &err);
+    assert_non_null(m);
+    int nv = kvlm_vocab_size(m);
+    bool *allowed = malloc((size_t)nv);
+    kvlm_grammar *g = kvlm_grammar_build(m, KVLM_GRAMMAR_GBNF, "root ::= (([a-z\\u2581]{0,60}){0,60}){0,60}\n", &err);
+    assert_non_null(g);
+    gm *x = gm_new(g);
+    assert_non_null(x);
+    assert_int_equal(gm_allowed(x, allowed), 0);
+    for (int t = 0; t < nv; t++) assert_false(allowed[t]);
+    assert_false(gm_feed(x, "a", 1)); /* the grammar ended there */
+    printf("  (([a-z\\u2581]{0,60}){0,60}){0,60} over %d tokens: its first mask allows nothing, the grammar ends\n", nv);
+    gm_free(x);
+    kvlm_grammar_free(g);
+    g = kvlm_grammar_build(m, KVLM_GRAMMAR_JSON_OBJECT, NULL, &err);
+    x = gm_new(g);
+    const char *doc = "{\"name\": \"Bob\", \"items\": [1, 2.5e3, {\"a\": [true, null]}]}";
+    for (const char *p = doc; *p; p++) {
+        assert_true(gm_allowed(x, allowed) > 0);
+        assert_true(gm_feed(x, p, 1));
+    }
+    gm_free(x);
+    kvlm_grammar_free(g);
+    free(allowed);
+    kvlm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_schema),
         cmocka_unit_test(test_request),
         cmocka_unit_test(test_one_builder),
+        cmocka_unit_test(test_mask_work),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -710,11 +710,15 @@ kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *
 
 /* MAX_STACKS: stacks one step may reach; MAX_VISITS: stacks one step's
  * expansion may go through (rules that read nothing can multiply them while
- * reaching few: r1 ::= r2 r2, r2 ::= r3 r3, ..., r40 ::= ""); MAX_NODES: the
- * stacks one matcher may hold. Past any of them the step is refused. */
+ * reaching few: r1 ::= r2 r2, r2 ::= r3 r3, ..., r40 ::= ""). Past either the
+ * step is refused. MAX_NODES: the stacks one matcher may hold; MASK_WORK:
+ * the stacks one token mask's steps may go through and step (a grammar of many
+ * stacks per state, (([a-z]{0,60}){0,60}){0,60}, took 13 s for a mask over
+ * 32,000 tokens, stalling every request; JSON mode's masks over those
+ * tokens take at most 13,534). Past either the grammar ends there. */
 enum {
     DEAD = -1, UNKNOWN = -2, NONE = -1, MASK_CACHE = 16, MAX_STACKS = 1 << 16, MAX_VISITS = 1 << 18,
-    MAX_NODES = 1 << 22
+    MAX_NODES = 1 << 22, MASK_WORK = 1 << 20
 };
 
 typedef struct { int32_t pos, next, chain; } gnode; /* a stack: element pos on top of stack next */
@@ -748,6 +752,7 @@ struct gm {
     bool too_many_visits;  /* (which: for the message when the start state is refused) */
     bool too_large;        /* the matcher passed MAX_NODES: every step is refused */
     int n_visits;          /* this step's expansion's stacks so far */
+    long mask_work;        /* this mask's stacks gone through and stepped, so far */
     /* the last masks made, by state (a mask depends on the state alone, and
      * text inside a string, say, comes back to one state token after token) */
     struct { int32_t state; int n; uint64_t *bits; } mc[MASK_CACHE];
@@ -830,6 +835,7 @@ static void expand(gm *m) {
         int32_t s = m->work[--m->n_work];
         if (m->mark[s] == m->gen) continue;
         m->mark[s] = m->gen;
+        m->mask_work++;
         if (++m->n_visits > MAX_VISITS) {
             m->too_many = m->too_many_visits = true;
             return;
@@ -926,6 +932,7 @@ static int32_t advance(gm *m, int32_t sid, uint32_t cp) {
     m->gen++;
     m->n_work = m->n_out = m->n_visits = 0;
     gstate s = m->st[sid];
+    m->mask_work += s.n;
     for (uint32_t k = 0; k < s.n; k++) {
         int32_t id = (int32_t)m->ids[s.off + k];
         if (!id) continue;
@@ -973,6 +980,7 @@ static int32_t step(gm *m, int32_t sid, unsigned c) {
         if (hi > most) hi = most;
         if (lead == 0xed && hi > 0xd7ff) hi = 0xd7ff; /* no surrogates */
         m->n_out = 0;
+        m->mask_work += s.n;
         for (uint32_t k = 0; k < s.n && lo <= hi; k++) {
             int32_t id = (int32_t)m->ids[s.off + k];
             if (id && class_has(m->g, &m->g->el[m->nd[id].pos], lo, hi)) {
@@ -1217,6 +1225,7 @@ int gm_allowed(gm *m, bool *allowed) {
         }
     int32_t st[TOKEN_MAX + 1];
     st[0] = m->cur;
+    m->mask_work = 0;
     int valid = 0, n = 0;
     bool done = gm_done(m);
     memset(allowed, 0, (size_t)v->n * sizeof *allowed);
@@ -1232,7 +1241,14 @@ int gm_allowed(gm *m, bool *allowed) {
         while (valid < len) {
             const gstate *s = &m->st[st[valid]];
             int32_t to = s->tr ? s->tr[b[valid]] : UNKNOWN;
-            if (to == UNKNOWN) to = step(m, st[valid], b[valid]);
+            if (to == UNKNOWN) {
+                to = step(m, st[valid], b[valid]);
+                if (m->mask_work > MASK_WORK) { /* too slow a grammar: it ends here, nothing allowed */
+                    m->failed = true;
+                    memset(allowed, 0, (size_t)v->n * sizeof *allowed);
+                    return 0;
+                }
+            }
             st[++valid] = to;
             if (to == DEAD) break;
         }
