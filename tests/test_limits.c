@@ -152,6 +152,17 @@ static void test_schema(void **state) {
     expect_taken("a const of 2046 nested arrays", KVLM_GRAMMAR_JSON_SCHEMA, t, sentence);
     free(t);
     free(sentence);
+    /* the deepest schema text of all (what kvlm grammar, run and chat parse on their main
+     * thread): 64 levels of properties (128 levels of JSON) over a const (1) of 1918 arrays
+     * and the number in them: 2048 */
+    char *inner = nest("{\"const\": ", "[", 2048 - 2 * KVLM_JSON_SCHEMA_MAX_DEPTH - 2, "1", "]", "}");
+    t = nest("", "{\"type\": \"object\", \"properties\": {\"a\": ", KVLM_JSON_SCHEMA_MAX_DEPTH, inner, "}}", "");
+    kvlm_error err;
+    kvlm_grammar *g = build_measured("64 levels of properties over a const, 2048 levels in all", KVLM_GRAMMAR_JSON_SCHEMA, t, &err);
+    if (!g) fail_msg("refused: %s", err.msg);
+    kvlm_grammar_free(g);
+    free(inner);
+    free(t);
     t = nest("{\"const\": ", "[", 2047, "1", "]", "}");
     expect_refused("a const of 2047 nested arrays", KVLM_GRAMMAR_JSON_SCHEMA, t, "maximum parsing depth reached");
     free(t);
