@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "helpers/testutil.h"
 #include "server/server.h"
 #include "engine/grammar.h"
@@ -299,7 +300,11 @@ static char *cli_grammar_of(const char *schema, char *err_out, size_t cap) {
 static void test_one_builder(void **state) {
     (void)state;
     TU_REQUIRE(model);
-    if (!getenv("KVLM_BIN")) skip();
+    const char *bin = getenv("KVLM_BIN");
+    if (!bin || access(bin, X_OK)) {
+        fprintf(stderr, "SKIP: no kvlm binary at KVLM_BIN (%s)\n", bin ? bin : "unset");
+        skip();
+    }
     static const char tree[] = "{\n  \"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\n"
                                "    \"name\": {\"type\": \"string\"},\n"
                                "    \"kids\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/node\"}}},\n"

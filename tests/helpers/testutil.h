@@ -60,11 +60,4 @@ kvlm_request_params tu_greedy_params(int max_tokens);
  * first; returns the most of it the thread used (its thread block and TLS,
  * which glibc puts at the top, included). */
 size_t tu_stack_peak(void (*fn)(void *), void *arg, size_t size);
-/* The stack a frame of this build takes against a Release build's: about 3
- * under AddressSanitizer (its redzones), else 1. */
-#ifdef __SANITIZE_ADDRESS__
-#define TU_STACK_SCALE 3
-#else
-#define TU_STACK_SCALE 1
-#endif
 #endif
