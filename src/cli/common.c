@@ -145,14 +145,19 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
     const char *lb = NULL;
     if (cli_opt_str(argc, argv, i, "-l", "--logit-bias", &lb, bad)) {
         if (*bad) return true;
-        /* TOKEN_ID(+|-)BIAS, as llama.cpp takes it: 15043+1, 15043-inf */
-        char *end, *vend = NULL;
-        long id = strtol(lb, &end, 10);
-        char sign = *end;
-        float v = sign == '+' || sign == '-' ? strtof(end + 1, &vend) : NAN;
-        bool number = sign && (isdigit((unsigned char)end[1]) || end[1] == '.' || !strncmp(end + 1, "inf", 3));
-        if (end == lb || id < 0 || id > INT32_MAX || !number || isnan(v) || !vend || *vend) {
-            fprintf(stderr, "kvlm: --logit-bias %s: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)\n", lb);
+        /* TOKEN_ID(+|-)BIAS, as llama.cpp takes it: 15043+1, 15043-inf. The id as the
+         * server reads a logit_bias key (digits only); the bias a plain decimal or inf. */
+        size_t nd = strspn(lb, "0123456789");
+        int id = kvlm_parse_token_id(lb, nd);
+        char sign = lb[nd];
+        const char *num = lb + nd + (sign ? 1 : 0);
+        char *vend = NULL;
+        float v = !strcmp(num, "inf") ? INFINITY : strtof(num, &vend);
+        bool plain = (sign == '+' || sign == '-') && (isdigit((unsigned char)num[0]) || num[0] == '.');
+        for (const char *q = num; plain && vend && q < vend; q++) plain = strchr("0123456789.eE+-", *q) != NULL;
+        if (id < 0 || !(plain || (sign && !strcmp(num, "inf"))) || isnan(v) || (vend && *vend)) {
+            fprintf(stderr, "kvlm: --logit-bias %s: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, the id in decimal digits "
+                            "(e.g. 15043+1, 2-inf)\n", lb);
             *bad = true;
             return true;
         }
@@ -161,7 +166,7 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
             *bad = true;
             return true;
         }
-        g_bias_ids[sp->n_bias] = (int32_t)id;
+        g_bias_ids[sp->n_bias] = id;
         g_bias[sp->n_bias++] = sign == '-' ? -v : v;
         sp->bias_ids = g_bias_ids;
         sp->bias = g_bias;
@@ -173,6 +178,29 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
            cli_opt_float(argc, argv, i, NULL, "--min-p", &sp->min_p, bad) ||
            cli_opt_float(argc, argv, i, NULL, "--repeat-penalty", &sp->repeat_penalty, bad) ||
            cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
+}
+
+int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab) {
+    kvlm_error err = {0};
+    int i, f = kvlm_sampler_params_check(sp, vocab, &i, &err);
+    if (f == KVLM_SAMPLER_OK) return 0;
+    if (f == KVLM_SAMPLER_BIAS_ID || f == KVLM_SAMPLER_BIAS) {
+        float b = sp->bias[i];
+        return cli_fail(cmd, "--logit-bias %d%s%g: %s %s", (int)sp->bias_ids[i], b < 0 ? "-" : "+", fabsf(b),
+                        f == KVLM_SAMPLER_BIAS ? "the bias" : "the token", err.msg);
+    }
+    /* the options' names for the fields the server calls temperature, top_k, ... */
+    static const char *const names[] = {NULL, "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                        "--repeat-last-n", "the frequency penalty", "the presence penalty"};
+    double v = f == KVLM_SAMPLER_TEMPERATURE        ? sp->temperature
+               : f == KVLM_SAMPLER_TOP_K            ? sp->top_k
+               : f == KVLM_SAMPLER_TOP_P            ? sp->top_p
+               : f == KVLM_SAMPLER_MIN_P            ? sp->min_p
+               : f == KVLM_SAMPLER_REPEAT_PENALTY   ? sp->repeat_penalty
+               : f == KVLM_SAMPLER_REPEAT_LAST_N    ? sp->repeat_last_n
+               : f == KVLM_SAMPLER_FREQUENCY_PENALTY ? sp->frequency_penalty
+                                                    : sp->presence_penalty;
+    return cli_fail(cmd, "%s %g: %s", names[f], v, err.msg);
 }
 
 /* --kv-key FILE: read at cli_ctx_finish; the bytes live as long as the process */
@@ -256,7 +284,7 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
 }
 
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad) {
-    if (cli_is(argv[*i], NULL, "--json")) g->json_schema = "{\"type\": \"object\"}";
+    if (cli_is(argv[*i], NULL, "--json")) g->json = true;
     else if (!cli_opt_str(argc, argv, i, NULL, "--json-schema", &g->json_schema, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--json-schema-file", &g->json_schema_file, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--grammar", &g->grammar, bad) &&
@@ -269,29 +297,22 @@ bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *b
     return true;
 }
 
-char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g) {
-    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-    char *text = NULL;
-    if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
-    kvlm_error err = {0};
-    char *gbnf = g->json_schema || g->json_schema_file ? kvlm_json_schema_to_gbnf(text ? text : g->json_schema, &err)
-                                                       : strdup(text ? text : g->grammar);
-    free(text);
-    if (!gbnf) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
-    return gbnf;
-}
-
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed) {
     *failed = false;
     if (!g->n) return NULL;
-    char *gbnf = cli_grammar_text(cmd, g);
-    kvlm_error err = {0};
-    kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(model, gbnf, NULL, &err) : NULL;
-    if (gbnf && !gr) {
-        const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-        cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) {
+        *failed = true;
+        return NULL;
     }
-    free(gbnf);
+    int kind = g->json ? KVLM_GRAMMAR_JSON_OBJECT
+               : g->json_schema || g->json_schema_file ? KVLM_GRAMMAR_JSON_SCHEMA
+                                                       : KVLM_GRAMMAR_GBNF;
+    kvlm_error err = {0};
+    kvlm_grammar *gr = kvlm_grammar_build(model, kind, text ? text : g->json_schema ? g->json_schema : g->grammar, &err);
+    if (!gr) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
+    free(text);
     *failed = !gr;
     return gr;
 }

@@ -6,6 +6,7 @@
  * One HTTP thread serves every connection: a connection waiting for tokens
  * is suspended and the engine resumes it when there are some. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,6 +384,9 @@ static bool get_num(json_t *body, const char *key, double lo, double hi, bool in
     return true;
 }
 
+/* A JSON number as a float, one past float's range as an infinity (which the range checks refuse). */
+static float to_float(double x) { return x > FLT_MAX ? INFINITY : x < -FLT_MAX ? -INFINITY : (float)x; }
+
 static bool get_bool(json_t *body, const char *key, bool *out, perr *e) {
     json_t *v = json_object_get(body, key);
     if (!v || json_is_null(v)) return true;
@@ -562,11 +566,15 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     if (!get_num(body, "max_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (j->chat && !get_num(body, "max_completion_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (max_tokens <= 0) return fail(e, 400, "max_tokens", "invalid_value", "'max_tokens' must be at least 1");
-    if (!get_num(body, "temperature", 0, 2, false, &temp, e) || !get_num(body, "top_p", 0, 1, false, &top_p, e) ||
-        !get_num(body, "top_k", -1, 1e9, true, &top_k, e) || !get_num(body, "min_p", 0, 1, false, &min_p, e) ||
+    /* the sampling values: their types here, their ranges by kvlm_sampler_params_check (as kvlm run's) */
+    if (!get_num(body, "temperature", -HUGE_VAL, HUGE_VAL, false, &temp, e) ||
+        !get_num(body, "top_p", -HUGE_VAL, HUGE_VAL, false, &top_p, e) ||
+        !get_num(body, "top_k", -HUGE_VAL, HUGE_VAL, true, &top_k, e) ||
+        !get_num(body, "min_p", -HUGE_VAL, HUGE_VAL, false, &min_p, e) ||
         !get_num(body, "n", 1, 128, true, &n, e) || !get_num(body, "seed", -9.2e18, 9.2e18, true, &seed, e) ||
-        !get_bool(body, "stream", &j->stream, e) || !get_num(body, "frequency_penalty", -2, 2, false, &freq, e) ||
-        !get_num(body, "presence_penalty", -2, 2, false, &pres, e))
+        !get_bool(body, "stream", &j->stream, e) ||
+        !get_num(body, "frequency_penalty", -HUGE_VAL, HUGE_VAL, false, &freq, e) ||
+        !get_num(body, "presence_penalty", -HUGE_VAL, HUGE_VAL, false, &pres, e))
         return false;
     json_t *user = json_object_get(body, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
@@ -615,72 +623,82 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
         json_t *v;
         int vocab = kvlm_vocab_size(s->model);
         json_object_foreach(lb, key, v) {
-            char *end;
-            long id = strtol(key, &end, 10);
-            if (!*key || *end || id < 0 || id >= vocab)
-                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d",
-                            key, vocab);
-            if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
-                return fail(e, 400, "logit_bias", "invalid_value",
-                            "'logit_bias' value for token %ld must be a number from -100 to 100", id);
-            j->bias_ids[n_bias] = (int32_t)id;
-            j->bias[n_bias++] = (float)json_number_value(v);
+            /* a key is a token id as text, digits only (" 12", "+12", "1e1", "0x10" are not) */
+            int id = kvlm_parse_token_id(key, strlen(key));
+            if (id < 0 || id >= vocab)
+                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d "
+                            "(decimal digits)", key, vocab);
+            if (!json_is_number(v))
+                return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' value for token %d must be a number", id);
+            j->bias_ids[n_bias] = id;
+            j->bias[n_bias++] = to_float(json_number_value(v));
         }
+    }
+    rp->sampling = kvlm_sampler_default_params();
+    rp->sampling.bias_ids = j->bias_ids;
+    rp->sampling.bias = j->bias;
+    rp->sampling.n_bias = n_bias;
+    rp->sampling.temperature = to_float(temp);
+    rp->sampling.top_p = to_float(top_p);
+    rp->sampling.min_p = to_float(min_p);
+    rp->sampling.frequency_penalty = to_float(freq);
+    rp->sampling.presence_penalty = to_float(pres);
+    rp->sampling.top_k = top_k < -2e9 ? INT32_MIN : top_k > 2e9 ? INT32_MAX : (int)top_k; /* out of range: still refused */
+    kvlm_error se = {0};
+    int which, f = kvlm_sampler_params_check(&rp->sampling, kvlm_vocab_size(s->model), &which, &se);
+    if (f) {
+        static const char *const names[] = {NULL, "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                            "repeat_last_n", "frequency_penalty", "presence_penalty"};
+        if (f == KVLM_SAMPLER_BIAS_ID || f == KVLM_SAMPLER_BIAS)
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' %s for token %d %s",
+                        f == KVLM_SAMPLER_BIAS ? "value" : "key", (int)rp->sampling.bias_ids[which], se.msg);
+        return fail(e, 400, names[f], "invalid_value", "'%s' %s", names[f], se.msg);
     }
     /* structured output: OpenAI's response_format, or llama.cpp's grammar (GBNF) */
     json_t *rf = json_object_get(body, "response_format"), *gr = json_object_get(body, "grammar");
     char *schema = NULL;
+    int kind = -1;
     const char *field = "response_format";
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *type = json_is_string(t) ? json_string_value(t) : "";
+        json_t *sc = NULL;
         if (!strcmp(type, "json_schema")) {
-            json_t *js = json_object_get(rf, "json_schema"), *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
-            if (!sc)
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!(sc = json_is_object(js) ? json_object_get(js, "schema") : NULL))
                 return fail(e, 400, "response_format", "invalid_value", "'response_format' json_schema needs "
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
-            schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
-        } else if (!strcmp(type, "json_object")) { /* llama.cpp's extension: a schema beside it */
-            json_t *sc = json_object_get(rf, "schema");
-            schema = sc ? json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\": \"object\"}");
-        }
+        } else if (!strcmp(type, "json_object")) /* llama.cpp's extension: a schema beside it */
+            sc = json_object_get(rf, "schema");
         else if (strcmp(type, "text"))
             return fail(e, 400, "response_format", "invalid_value", "'response_format' must be {\"type\": \"text\"}, "
                         "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}");
-        if (!strcmp(type, "text")) rf = NULL;
-        else if (!schema) return fail(e, 500, NULL, NULL, "out of memory");
-    } else rf = NULL;
+        if (sc) {
+            kind = KVLM_GRAMMAR_JSON_SCHEMA;
+            if (!(schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY))) return fail(e, 500, NULL, NULL, "out of memory");
+        } else if (!strcmp(type, "json_object")) kind = KVLM_GRAMMAR_JSON_OBJECT;
+    }
     if (gr && !json_is_null(gr)) {
         if (!json_is_string(gr)) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_type", "'grammar' must be a string (GBNF)");
         }
-        if (rf) {
+        if (kind >= 0) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_value", "give 'grammar' or 'response_format', not both");
         }
         field = "grammar";
-    } else gr = NULL;
-    if (schema || gr) {
+        kind = KVLM_GRAMMAR_GBNF;
+    }
+    if (kind >= 0) { /* the one builder kvlm run and chat use too */
         kvlm_error ge = {0};
-        j->grammar = schema ? kvlm_grammar_from_json_schema(s->model, schema, &ge)
-                            : kvlm_grammar_from_gbnf(s->model, json_string_value(gr), NULL, &ge);
+        j->grammar = kvlm_grammar_build(s->model, kind, schema ? schema : json_string_value(gr), &ge);
         free(schema);
         if (!j->grammar)
             return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
     }
-    static uint64_t counter;
-    rp->sampling = kvlm_sampler_default_params();
     rp->sampling.grammar = j->grammar;
-    rp->sampling.bias_ids = j->bias_ids;
-    rp->sampling.bias = j->bias;
-    rp->sampling.n_bias = n_bias;
-    rp->sampling.temperature = (float)temp;
-    rp->sampling.top_p = (float)top_p;
-    rp->sampling.top_k = (int)top_k;
-    rp->sampling.min_p = (float)min_p;
-    rp->sampling.frequency_penalty = (float)freq;
-    rp->sampling.presence_penalty = (float)pres;
+    static uint64_t counter;
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
@@ -708,9 +726,10 @@ static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request
 }
 
 int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
-                      int *n_tokens, char *msg, size_t cap) {
+                      int *n_tokens, char *msg, size_t cap, char **gbnf) {
     perr e = {0};
     *n_tokens = 0;
+    if (gbnf) *gbnf = NULL;
     if (msg && cap) msg[0] = 0;
     if (!utf8_valid(body ? body : "", len)) {
         if (msg) snprintf(msg, cap, "the request body is not valid UTF-8");
@@ -732,6 +751,7 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
     int32_t *toks = NULL;
     int status = check_request(s, js, j, rp, &toks, n_tokens, &e) ? 200 : (int)e.status;
     if (status != 200 && msg) snprintf(msg, cap, "%s", e.msg);
+    if (gbnf && j->grammar) *gbnf = strdup(kvlm_grammar_gbnf(j->grammar));
     free(toks);
     json_decref(js);
     job_release(j);

@@ -1175,6 +1175,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     /* each connection's headers and read buffer (MHD's default, named: docs/serving.md's bound counts it) */
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, SRV_CONN_MEMORY, NULL};
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, (intptr_t)conn_limit(s->p.max_conns), NULL};
+    /* the thread parses every request: its stack sized for the parsers' limits, whatever ulimit -s is */
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_STACK_SIZE, SRV_HTTP_STACK, NULL};
     if (s->p.max_conns_per_ip > 0)
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->p.max_conns_per_ip, NULL};
     if (s->tls_key) {

@@ -9,6 +9,9 @@
 #include "kvlm.h"
 
 enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+/* The stack of the HTTP thread, which parses every request: sized for the
+ * parsers' nesting limits (tests/test_limits measures them at their limits). */
+enum { SRV_HTTP_STACK = 8 << 20 };
 
 /* A closed connection whose answer was still in the kernel's send queue: the
  * socket kept open (a dup of MHD's descriptor) until it drains or send_due
@@ -129,9 +132,11 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
 /* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through
  * srv_completions' checks (UTF-8, JSON, parameters, prompt or chat template
  * rendered and tokenized, context) without submitting it. Returns the HTTP
- * status it would get (200: it would be submitted), msg the error. */
+ * status it would get (200: it would be submitted), msg the error; gbnf (if
+ * given): the GBNF text of its grammar, malloc'd (NULL: none), as
+ * kvlm_grammar_build made it for the request (tests compare kvlm grammar's). */
 int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
-                      int *n_tokens, char *msg, size_t cap);
+                      int *n_tokens, char *msg, size_t cap, char **gbnf);
 /* The connection ends: its hold on its job ends. */
 void srv_conn_done(kvlm_server *s, srv_conn *cn);
 /* The watcher saw events (EPOLLRDHUP, EPOLLHUP, EPOLLERR) on the socket of
