@@ -36,6 +36,8 @@
 #define RCONN_SLACK 64
 
 const rconn_limits rconn_small = {(size_t)1 << 20, 0, 0, 0, 0};
+/* AUTH, SELECT and PING answer a status or a short error. */
+static const rconn_limits k_handshake = {4096, 0, 0, 0, 0};
 /* 16384 ranges at most (one per slot); a range is [lo, hi, master, replicas...]
  * and a node [ip, port, id, metadata]. */
 const rconn_limits rconn_slots = {4096, 0, 16384, 256, 1L << 18};
@@ -515,9 +517,12 @@ static bool tls_connect(rconn *c, const rconn_params *p, double deadline) {
         int e = SSL_get_error(c->ssl, r);
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
             if (!wait_io(c, e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline, "TLS handshake")) {
-                /* a plain Redis port reads a ClientHello as a command line and waits for its end */
+                /* a plain Redis port reads a ClientHello as a command line and
+                 * waits for its end, or answers it (garbage to TLS) when its
+                 * random bytes hold a newline: one failure, told as TLS */
                 size_t l = strlen(c->msg);
                 snprintf(c->msg + l, sizeof c->msg - l, " (a hung server, or not a TLS port?)");
+                if (c->st == RCONN_HUNG) c->st = RCONN_TLS;
                 return false;
             }
             continue;
@@ -580,7 +585,7 @@ static bool handshake(rconn *c, const rconn_params *p, double deadline) {
     ok = ok && rconn_appendv(c, "PING", (char *)NULL) && rconn_send(c, deadline);
     n++;
     if (!ok) return tls_closed(c, p);
-    rconn_set_limits(c, &rconn_small);
+    rconn_set_limits(c, &k_handshake);
     for (int i = 0; ok && i < n; i++) {
         bool is_auth = p->password && i == 0, is_select = !is_auth && p->db > 0 && i == n - 2;
         redisReply *r = rconn_recv(c, deadline);
@@ -629,6 +634,7 @@ rconn *rconn_open(const rconn_params *p, double deadline, rconn_status *st, char
      * and regrows it for every block); the bounds cap what it holds */
     c->rd->maxbuf = 0;
     if (!tcp_connect(c, p, deadline) || (p->tls && !tls_connect(c, p, deadline)) || !handshake(c, p, deadline)) goto fail;
+    rconn_set_limits(c, &rconn_small);
     return c;
 fail:
     *st = c->st ? c->st : RCONN_NOMEM;

@@ -181,6 +181,7 @@ typedef struct {
      * the server (no connection, or it broke), ok[] commands that succeeded */
     pthread_mutex_t f_mu;
     int f_kind;
+    unsigned f_told; /* the kinds told while it lasts (bits by rconn_status) */
     double f_since;
     uint64_t f_missed0, f_dropped0;
     refusal ref[REF_N];
@@ -246,7 +247,7 @@ static void pipe_restore(pipe_guard *g) {
  * connection that answers PING; while it lasts its reads miss at once
  * (counted in `missed`) and its puts drop. Down and hung say the same (a
  * hung server killed is then down): one line; a kind that says something
- * new while it lasts (AUTH refused after a restart) is logged too.
+ * new while it lasts (AUTH refused after a restart) is logged too, once.
  *
  * Error replies are faults of their own, by direction (writes, reads, and a
  * single-server tier answered with cluster redirections): they start at the
@@ -258,12 +259,18 @@ static bool transport_fault(int k) { return k == RCONN_DOWN || k == RCONN_HUNG; 
 static void fault_note(redis_tier *t, rconn_status st, const char *msg) {
     atomic_store(&t->f_on, true);
     pthread_mutex_lock(&t->f_mu);
-    bool log = !t->f_kind || (t->f_kind != (int)st && !(transport_fault((int)st) && transport_fault(t->f_kind)));
     if (!t->f_kind) {
         t->f_since = util_now_s();
         t->f_missed0 = atomic_load(&t->missed);
         t->f_dropped0 = atomic_load(&t->base.n.dropped);
+        t->f_told = 0;
     }
+    /* each kind at most once a fault (down and hung one kind): a server
+     * whose answers alternate between two failures is two lines, not one
+     * every retry */
+    unsigned bit = 1u << (transport_fault((int)st) ? RCONN_DOWN : (int)st);
+    bool log = !(t->f_told & bit);
+    t->f_told |= bit;
     t->f_kind = (int)st;
     pthread_mutex_unlock(&t->f_mu);
     if (log)
