@@ -45,7 +45,7 @@ def check(cond, name, detail=""):
         print("ok   " + name, flush=True)
     else:
         failures += 1
-        print("FAIL %s %s" % (name, detail), flush=True)
+        print("FAIL %s %s" % (name, detail[-800:]), flush=True)
 
 def free_port():
     s = socket.socket()
@@ -265,6 +265,9 @@ while True:
     prompts = fresh("Tom", 4)
     path = os.path.join(tmp, "faults.err")
     s, sport, _ = serve_start("--kv-redis", "redis://alice@127.0.0.1:%d" % port, stderr_path=path)
+    if not sport:
+        check(False, "kvlm serve with the tier", log())
+        raise SystemExit(1)
     ref = [complete(sport, q) for q in prompts]
 
     # killed, then restarted on the same port
