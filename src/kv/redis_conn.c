@@ -343,16 +343,25 @@ static bool feed(rconn *c, const unsigned char *p, size_t n) {
 
 int rconn_read_some(rconn *c) {
     if (c->st) return -1;
-    if (c->ssl) {
+    if (c->ssl) { /* records (16 KiB at most each) until the chunk is full or none is there */
         c->want_write = false;
-        ERR_clear_error();
-        int n = SSL_read(c->ssl, c->chunk, c->chunk_len > INT_MAX ? INT_MAX : (int)c->chunk_len);
-        if (n > 0) return feed(c, c->chunk, (size_t)n) ? n : -1;
-        int e = SSL_get_error(c->ssl, n);
-        if (e == SSL_ERROR_WANT_READ) return 0;
-        if (e == SSL_ERROR_WANT_WRITE) { c->want_write = true; return 0; }
-        ssl_fail(c, e, "read");
-        return -1;
+        size_t got = 0;
+        while (got < c->chunk_len) {
+            ERR_clear_error();
+            size_t want = c->chunk_len - got;
+            int n = SSL_read(c->ssl, c->chunk + got, want > INT_MAX ? INT_MAX : (int)want);
+            if (n > 0) {
+                got += (size_t)n;
+                continue;
+            }
+            int e = SSL_get_error(c->ssl, n);
+            if (e == SSL_ERROR_WANT_READ) break;
+            if (e == SSL_ERROR_WANT_WRITE) { c->want_write = true; break; }
+            if (got) break; /* what came before it first; the failure comes again at the next read */
+            ssl_fail(c, e, "read");
+            return -1;
+        }
+        return !got ? 0 : feed(c, c->chunk, got) ? (int)got : -1;
     }
     ssize_t n = recv(c->fd, c->chunk, c->chunk_len, 0);
     if (n > 0) return feed(c, c->chunk, (size_t)n) ? (int)n : -1;
@@ -435,15 +444,20 @@ int rconn_parse(rconn *c, void **reply) {
 }
 
 void *rconn_recv(rconn *c, double deadline) {
+    bool drained = false; /* the last read took all there was: wait before the next */
     for (;;) {
         void *r;
         int st = rconn_parse(c, &r);
         if (st) return st > 0 ? r : NULL;
         /* a server dripping bytes must not hold a caller past its deadline */
         if (util_now_s() > deadline) return fail(c, RCONN_HUNG, "waiting for a reply timed out"), NULL;
+        if (drained && !wait_io(c, rconn_events(c), deadline, "waiting for a reply")) return NULL;
         int n = rconn_read_some(c);
         if (n < 0) return NULL;
         if (n == 0 && !wait_io(c, rconn_events(c), deadline, "waiting for a reply")) return NULL;
+        /* a plain read short of the chunk emptied the socket (saves a read
+         * that would say EAGAIN); TLS reads a record at a time, so read on */
+        drained = n > 0 && !c->ssl && (size_t)n < c->chunk_len;
     }
 }
 
