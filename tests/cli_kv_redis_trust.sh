@@ -16,9 +16,10 @@
 #    elements, or a string of 2^31-1 bytes) delays `kvlm serve`'s start by
 #    no more than the tier's timeout, and is said once;
 #  - under `kvlm serve`: Redis killed then restarted, SIGSTOPped then
-#    SIGCONTed, refusing writes (maxmemory 1mb, noeviction), and a missing
-#    database made to exist: each fault is one line when it starts and one
-#    when it ends, with its cost; requests answer right throughout.
+#    SIGCONTed, refusing writes (maxmemory 1mb, noeviction), a missing
+#    database made to exist, and redis-cluster:// at a plain Redis that is
+#    then a cluster node: each fault is one line when it starts and one when
+#    it ends, with its cost; requests answer right throughout.
 # Bounded in time; every process started is stopped.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
@@ -333,6 +334,30 @@ while True:
     check(got == ref[:2] and len(lines(err, "SELECT 20 refused: ERR DB index is out of range")) == 1 and
           len(lines(err, "reachable again after")) == 1,
           "/20 on a server of 16 databases, then of 32: said when refused, and when it is back", err)
+    serve_http.stop(s)
+    for l in lines(log(), "redis tier"):
+        print("     | " + l)
+
+    # redis-cluster:// at a plain Redis, then a cluster node (all slots) on its port
+    qport = free_port()
+    while qport + 10000 > 65535:
+        qport = free_port()
+    plain = redis(qport, name="q")
+    path = os.path.join(tmp, "mode.err")
+    s, sport, _ = serve_start("--kv-redis", "redis-cluster://alice@127.0.0.1:%d" % qport, stderr_path=path)
+    got = [complete(sport, q) for q in prompts[:2]]
+    wait_for("cluster support disabled", 1, 3)
+    plain.kill()
+    plain.wait()
+    node = redis(qport, extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"], name="q")
+    rcli(qport, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+    wait_for("cluster slot map read after", 1)
+    got += [complete(sport, q) for q in prompts[:2]]
+    err = log()
+    check(got == ref[:2] * 2 and len(lines(err, "not a cluster node: CLUSTER SLOTS answered 'ERR This instance has "
+                                            "cluster support disabled'")) == 1 and
+          re.search(r"cluster slot map read after [0-9.]+ s \(\d+ reads missed, \d+ writes dropped\)", err),
+          "redis-cluster:// at a plain Redis, then at a cluster: said when refused, and when the map came", err)
     serve_http.stop(s)
     for l in lines(log(), "redis tier"):
         print("     | " + l)
