@@ -390,6 +390,10 @@ static int check_pending(rconn *c) {
     if (rd->ridx >= 0 && rd->rstack[rd->ridx].type == REDIS_REPLY_STRING && have >= 2) {
         /* the type byte is read; what follows is "<len>\r\n<bytes>" */
         const char *p = rd->buf + rd->pos, *cr = memchr(p, '\r', have < 24 ? have : 24);
+        if (!cr && have >= 24) { /* no length is that long: endless digits */
+            snprintf(c->refused, sizeof c->refused, "a string length of more than 22 characters");
+            return 0;
+        }
         long long len = cr ? bulk_len(p, (size_t)(cr - p)) : -1;
         if (cr && len > (long long)c->lim.max_bulk) {
             size_t hdr = (size_t)(cr - p) + 2;
