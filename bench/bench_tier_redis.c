@@ -18,18 +18,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "kv/redis_conn.h"
 #include "kv/tier.h"
 #include "util/timing.h"
 
 static void usage(void) {
     fprintf(stderr,
             "usage: bench_tier_redis URL [-n blocks] [-s size,size,...] [-b batch] [-t timeout_ms] [-x command]\n"
-            "  URL: redis://HOST:PORT[/DB][?proxy=1] or redis-cluster://HOST:PORT[,HOST:PORT...]\n"
+            "                        [--tls-ca FILE] [--tls-cert FILE] [--tls-key FILE]\n"
+            "  URL: redis[s]://[USER:PASSWORD@]HOST:PORT[/DB][?proxy=1] or redis[s]-cluster://HOST:PORT[,HOST:PORT...]\n"
+            "  the password may come from $KVLM_REDIS_PASSWORD\n"
             "  defaults: -n 200 -s 720896,45056 -b 8 -t 2000\n");
     exit(2);
 }
 
 static const char *g_between; /* -x */
+static const char *g_password, *g_ca, *g_cert, *g_key;
 
 static void bench_size(kv_tier *t, size_t size, int n, int batch, uint64_t seed) {
     unsigned char *blk = malloc(size);
@@ -119,17 +123,24 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-b")) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t")) timeout = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-x")) g_between = argv[++i];
+        else if (!strcmp(argv[i], "--tls-ca")) g_ca = argv[++i];
+        else if (!strcmp(argv[i], "--tls-cert")) g_cert = argv[++i];
+        else if (!strcmp(argv[i], "--tls-key")) g_key = argv[++i];
         else usage();
     }
     if (n < 1 || batch < 1 || batch > 1024) usage();
+    g_password = getenv("KVLM_REDIS_PASSWORD");
+    if (g_password && !*g_password) g_password = NULL;
     kvlm_error err = {0};
     /* a generous timeout: an MGET of 8 large blocks on a shared machine */
-    kv_tier *t = kv_tier_redis_open(url, timeout, &err);
+    kv_tier *t = kv_tier_redis_open(url, &(kv_redis_opts){timeout, g_password, g_ca, g_cert, g_key}, &err);
     if (!t) { fprintf(stderr, "%s\n", err.msg); return 1; }
     kv_tier_stats st;
     kv_tier_stats_get(t, &st);
-    if (!st.up) { fprintf(stderr, "no Redis answering at %s\n", url); kv_tier_close(t); return 1; }
-    printf("redis tier at %s: %d blocks per size, gets in MGETs of %d\n", url, n, batch);
+    if (!st.up) { fprintf(stderr, "no Redis answering (see the tier's warning)\n"); kv_tier_close(t); return 1; }
+    char shown[512];
+    rconn_redact(url, shown, sizeof shown); /* never the password */
+    printf("redis tier at %s: %d blocks per size, gets in MGETs of %d\n", shown, n, batch);
     uint64_t seed = (uint64_t)time(NULL) * 2654435761u;
     for (const char *p = sizes; *p;) {
         char *end;

@@ -9,9 +9,12 @@
 # twemproxy (nutcracker, ketama) in front of as many plain servers
 # (redis://...?proxy=1), against one server, same sizes and blocks: put/get
 # MB/s (best of 2), then one node killed between the puts and the gets:
-# blocks found and the slowest get. docs/cluster.md has the figures.
+# blocks found and the slowest get. docs/cluster.md has the figures. With
+# TLS=1, the same tier over rediss:// against redis:// on one server with
+# both ports (certificates made here with openssl; AUTH as an ACL user on
+# both), alternating, best of 2: the ratio TLS / plain (docs/kv-tiers.md).
 # usage: bench/bench_tier_redis.sh [build dir (default build)] [MB per size (default 256)]
-#   NODES="3 6" SKIP_SINGLE=1 (skip the redis-benchmark comparison)
+#   NODES="3 6" (NODES="": none) SKIP_SINGLE=1 (skip the redis-benchmark comparison) TLS=1
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
@@ -75,11 +78,55 @@ for size in "${sizes_single[@]}"; do
   echo
 done
 
+# ---- TLS: rediss:// against redis:// on one server ----
+if [ -n "${TLS:-}" ]; then
+  command -v openssl >/dev/null || { echo "openssl missing (scripts/setup.sh installs it)" >&2; exit 1; }
+  ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+  (cd "$dir" && openssl req -x509 -new $ec -keyout ca.key -out ca.crt -days 1 -subj /CN=bench-ca &&
+    openssl req -new $ec -keyout tls.key -out tls.csr -subj /CN=localhost &&
+    printf 'subjectAltName=IP:127.0.0.1\n' >san.ext &&
+    openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 1 -extfile san.ext) \
+    >"$dir/openssl.log" 2>&1 || { cat "$dir/openssl.log" >&2; exit 1; }
+  pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis-server --port "$pport" --tls-port "$tport" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+    --tls-cert-file "$dir/tls.crt" --tls-key-file "$dir/tls.key" --tls-ca-cert-file "$dir/ca.crt" \
+    --user bench on '>benchpw' '~*' '+@all' --daemonize no --loglevel warning >"$dir/tls-redis.log" 2>&1 &
+  tpid=$!
+  trap 'kill -9 $pid $tpid 2>/dev/null; wait $pid $tpid 2>/dev/null; rm -rf "$dir"' EXIT
+  for i in $(seq 100); do
+    redis-cli -h 127.0.0.1 -p "$pport" --user bench --pass benchpw --no-auth-warning ping 2>/dev/null | grep -q PONG && break
+    [ "$i" = 100 ] && { echo "the TLS redis-server did not answer" >&2; cat "$dir/tls-redis.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  tflush() { redis-cli -h 127.0.0.1 -p "$pport" --user bench --pass benchpw --no-auth-warning flushall >/dev/null; }
+  tls_opts=(--tls-ca "$dir/ca.crt" --tls-cert "$dir/tls.crt" --tls-key "$dir/tls.key")
+  for size in "${sizes[@]}"; do
+    n=$(( mb * 1000000 / size ))
+    pp=0 pg=0 tp=0 tg=0
+    for run in 1 2; do
+      tflush
+      out=$(KVLM_REDIS_PASSWORD=benchpw "$bin" "redis://bench@127.0.0.1:$pport" -n "$n" -s "$size" -b 8)
+      read -r _ _ p g <<<"$(echo "$out" | grep "^TIER $size ")"
+      pp=$(best "$pp" "$p"); pg=$(best "$pg" "$g")
+      tflush
+      out=$(KVLM_REDIS_PASSWORD=benchpw "$bin" "rediss://bench@127.0.0.1:$tport" -n "$n" -s "$size" -b 8 "${tls_opts[@]}")
+      read -r _ _ p g <<<"$(echo "$out" | grep "^TIER $size ")"
+      tp=$(best "$tp" "$p"); tg=$(best "$tg" "$g")
+    done
+    awk -v s="$size" -v pp="$pp" -v pg="$pg" -v tp="$tp" -v tg="$tg" 'BEGIN {
+      printf "=> size %d (best of 2): put redis:// %.1f MB/s, rediss:// %.1f MB/s: ratio %.2f; get redis:// %.1f MB/s, rediss:// %.1f MB/s: ratio %.2f\n",
+        s, pp, tp, tp / pp, pg, tg, tg / pg }'
+  done
+  tflush
+  echo
+fi
+
 # ---- several nodes: Redis Cluster and twemproxy against one server ----
 command -v nutcracker >/dev/null || { echo "nutcracker missing (scripts/setup.sh installs it): no twemproxy figures" >&2; }
 pids=()
 stop_all() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; { wait "$p"; } 2>/dev/null || true; done; pids=(); }
-trap 'stop_all; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'stop_all; kill -9 $pid ${tpid:-} 2>/dev/null; wait $pid ${tpid:-} 2>/dev/null; rm -rf "$dir"' EXIT
 node() { # port [cluster]: a redis-server; its pid in $last
   local i
   mkdir -p "$dir/n$1"
@@ -123,11 +170,11 @@ deploy() {
       url="redis://127.0.0.1:$base?proxy=1" ;;
   esac
 }
-printf '\n%-10s %5s %9s | %14s %14s | %s\n' deployment nodes "size" "put MB/s" "get MB/s" "one node killed: blocks found, slowest get"
-for n in ${NODES:-3}; do
+[ -n "${NODES-3}" ] && printf '\n%-10s %5s %9s | %14s %14s | %s\n' deployment nodes "size" "put MB/s" "get MB/s" "one node killed: blocks found, slowest get"
+for n in ${NODES-3}; do
   for kind in single cluster twemproxy; do
     [ $kind = twemproxy ] && ! command -v nutcracker >/dev/null && continue
-    [ $kind = single ] && [ "$n" != "$(echo ${NODES:-3} | cut -d' ' -f1)" ] && continue
+    [ $kind = single ] && [ "$n" != "$(echo ${NODES-3} | cut -d' ' -f1)" ] && continue
     nn=$n; [ $kind = single ] && nn=1
     for size in "${sizes[@]}"; do
       blocks=$(( mb * 1000000 / size ))

@@ -282,7 +282,13 @@ typedef struct kvlm_ctx_params {
     uint64_t kv_host_size; /* bytes of the host-memory tier (like llama.cpp's --cache-ram); 0: none */
     const char *kv_disk;   /* directory of the disk tier; NULL: none */
     uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
-    const char *kv_redis;  /* "redis://HOST:PORT[/DB]" or "redis-cluster://HOST:PORT[,HOST:PORT...]"; NULL: none */
+    const char *kv_redis;  /* "redis://[USER:PASSWORD@]HOST:PORT[/DB]" or
+                              "redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]"; rediss:// and
+                              rediss-cluster:// over TLS; NULL: none */
+    const char *kv_redis_password; /* AUTH password (NULL: the URL's, if any) */
+    const char *kv_redis_tls_ca, *kv_redis_tls_cert, *kv_redis_tls_key; /* rediss://: PEM files of the CA to
+                              verify the server against (NULL: the system's store), and of a client
+                              certificate and its key (NULL: none; key NULL: in the certificate's file) */
     /* The deployment's block-signing key (a secret shared by every process
      * using the same tiers, at least 16 bytes): blocks written to the tiers
      * and to session files are signed with HMAC-SHA-256 under it, and blocks

@@ -2,7 +2,7 @@
 # Installs the Debian packages kvlm needs to build and test. Idempotent,
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl libssl-dev)
+PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libssl-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl)
 # KV events (serve --kv-events): ZeroMQ and msgpack-c to build; Debian's Python
 # bindings for the subscriber test (tests/cli_serve_kv_events.sh runs /usr/bin/python3).
 PKGS+=(libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack)
@@ -16,7 +16,9 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# curl and openssl: tests/cli_serve_auth (a self-signed certificate, an HTTPS round trip).
+# curl and openssl: tests/cli_serve_auth (a self-signed certificate, an HTTPS round trip);
+# openssl also makes tests/test_tier_redis_trust's and cli_kv_redis_trust's CA and certificates.
+# libssl-dev: TLS to Redis (rediss://).
 # clang: the libFuzzer harnesses (fuzz/, tests/cli_fuzz.sh).
 # libunistring-dev: `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
 # which Debian's libgnutls28-dev leaves out; tests/cli_install links examples/ that way.

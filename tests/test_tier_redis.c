@@ -143,7 +143,7 @@ static unsigned char *rand_block(size_t n) {
 static kv_tier *open_ok(const char *url) {
     kvlm_error err = {0};
     double t0 = util_now_s();
-    kv_tier *t = kv_tier_redis_open(url, TIMEOUT_MS, &err);
+    kv_tier *t = kv_tier_redis_open(url, &(kv_redis_opts){.timeout_ms = TIMEOUT_MS}, &err);
     if (!t) fail_msg("open %s: %s", url, err.msg);
     double dt = util_now_s() - t0;
     if (dt > TIMEOUT_MS / 1000.0 + SLACK_S) fail_msg("open %s took %.3f s", url, dt);
@@ -173,20 +173,26 @@ static void test_bad_url(void **state) {
     const char *bad[] = {NULL, "", "redis://", "http://127.0.0.1:6379", "redis:/127.0.0.1:6379", "redis://127.0.0.1",
                          "redis://127.0.0.1:", "redis://127.0.0.1:0", "redis://127.0.0.1:65536", "redis://127.0.0.1:63a9",
                          "redis://127.0.0.1:-1", "redis://127.0.0.1:+80", "redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/x",
-                         "redis://127.0.0.1:6379/0/1", "redis://:secret@127.0.0.1:6379", "redis://ho st:6379",
-                         "redis://[::1:6379", "redis://[]:6379", "redis://127.0.0.1:6379?db=1", "redis://127.0.0.1:6379 "};
+                         "redis://127.0.0.1:6379/0/1", "redis://ho st:6379",
+                         "redis://[::1:6379", "redis://[]:6379", "redis://127.0.0.1:6379?db=1", "redis://127.0.0.1:6379 ",
+                         /* user and password: empty, badly escaped, a user without one, one without a port */
+                         "redis://alice:@127.0.0.1:6379", "redis://@127.0.0.1:6379", "redis://:@127.0.0.1:6379",
+                         "redis://al%zzce:pw@127.0.0.1:6379", "redis://alice:p%0@127.0.0.1:6379", "redis://a:%00@127.0.0.1:1",
+                         "redis://alice@127.0.0.1:6379", "redis://alice:hunter2@127.0.0.1", "rediss://:hunter2@127.0.0.1:99999",
+                         "redis-cluster://:hunter2@127.0.0.1:1,x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kvlm_error err = {0};
-        kv_tier *t = kv_tier_redis_open(bad[i], TIMEOUT_MS, &err);
+        kv_tier *t = kv_tier_redis_open(bad[i], &(kv_redis_opts){.timeout_ms = TIMEOUT_MS}, &err);
         if (t) {
             kv_tier_close(t);
             fail_msg("bad URL '%s' opened", bad[i] ? bad[i] : "(null)");
         }
         assert_int_equal(err.code, KVLM_EINVAL);
         assert_non_null(strstr(err.msg, "redis"));
+        if (strstr(err.msg, "hunter2")) fail_msg("the password shows in '%s'", err.msg);
     }
     kvlm_error err = {0};
-    assert_null(kv_tier_redis_open("redis://127.0.0.1:6379", -5, &err));
+    assert_null(kv_tier_redis_open("redis://127.0.0.1:6379", &(kv_redis_opts){.timeout_ms = -5}, &err));
     assert_int_equal(err.code, KVLM_EINVAL);
 }
 

@@ -32,12 +32,15 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
 /* The context and KV cache options of run, serve and perplexity: -c/--ctx,
  * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
  * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy, and the KV tiers
- * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, the
+ * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL
+ * (with --kv-redis-password-file FILE, --kv-redis-tls-ca/-cert/-key FILE), the
  * block-signing key --kv-key FILE (or $KVLM_KV_KEY_FILE / $KVLM_KV_KEY), and
  * the swap space --kv-swap-size SIZE (sizes are parsed where they are read). cli_opt_ctx takes
  * argv[*i] if it is one of them (the two strings stay as given, for
  * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
- * evict (either may be NULL) into cp; returns 0, or 1 after an error.
+ * evict (either may be NULL) into cp, and reads the Redis password (the
+ * file, else $KVLM_REDIS_PASSWORD; warns once of one in the URL); returns
+ * 0, or 1 after an error.
  * CLI_CTX_USAGE is their help text. */
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad);
 int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict);
@@ -62,8 +65,16 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-disk DIR       a disk tier: cached blocks dropped from the pool are kept in DIR and\n" \
     "                          found again, also after a restart (docs/kv-tiers.md)\n" \
     "      --kv-disk-size SIZE its cap (default 20GiB)\n" \
-    "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it;\n" \
-    "                          redis-cluster://HOST:PORT[,HOST:PORT...]: over a Redis Cluster's nodes\n" \
+    "      --kv-redis URL      redis://[USER@]HOST:PORT[/DB]: full blocks shared with every process using it;\n" \
+    "                          redis-cluster://[USER@]HOST:PORT[,HOST:PORT...]: over a Redis Cluster's nodes;\n" \
+    "                          rediss:// and rediss-cluster://: over TLS (docs/kv-tiers.md)\n" \
+    "      --kv-redis-password-file FILE\n" \
+    "                          Redis's AUTH password: FILE's first line (else $KVLM_REDIS_PASSWORD;\n" \
+    "                          one in the URL works but shows in the process list)\n" \
+    "      --kv-redis-tls-ca FILE  CA (PEM) that Redis's certificate must chain to (default: the system's)\n" \
+    "      --kv-redis-tls-cert FILE, --kv-redis-tls-key FILE\n" \
+    "                          a client certificate and its key (PEM) for rediss:// (Redis asks for one\n" \
+    "                          by default: tls-auth-clients yes)\n" \
     "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
     "                          0: none, preemption recomputes)\n" \
     "      --kv-key FILE       sign the blocks written to the disk and Redis tiers and to sessions with\n" \

@@ -207,6 +207,9 @@ int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab)
 static const char *g_kv_key_file;
 static unsigned char g_kv_key[4096];
 
+/* --kv-redis-password-file: read by cli_ctx_finish */
+static const char *g_redis_password_file;
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return opt_swap(argc, argv, i, cp, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-key", &g_kv_key_file, bad) ||
@@ -216,6 +219,10 @@ bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char 
            cli_opt_str(argc, argv, i, NULL, "--kv-disk", &cp->kv_disk, bad) ||
            opt_size(argc, argv, i, "--kv-disk-size", &cp->kv_disk_size, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-redis", &cp->kv_redis, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-redis-password-file", &g_redis_password_file, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-redis-tls-ca", &cp->kv_redis_tls_ca, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-redis-tls-cert", &cp->kv_redis_tls_cert, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-redis-tls-key", &cp->kv_redis_tls_key, bad) ||
            cli_opt_int(argc, argv, i, "-t", "--threads", &cp->n_threads, bad) ||
            cli_opt_str(argc, argv, i, NULL, "--kv-mem", kv_mem, bad) ||
            cli_opt_int(argc, argv, i, NULL, "--block-size", &cp->block_size, bad) ||
@@ -269,6 +276,35 @@ static int kv_key_finish(const char *cmd, kvlm_ctx_params *cp) {
     return 0;
 }
 
+/* The Redis tier's password: the first line of --kv-redis-password-file,
+ * else $KVLM_REDIS_PASSWORD, else the URL's (which anyone on the machine can
+ * read in the process list: said once). 0, or 1 after an error. */
+static int redis_password(const char *cmd, kvlm_ctx_params *cp) {
+    if (!cp->kv_redis || !*cp->kv_redis) return 0;
+    const char *env = getenv("KVLM_REDIS_PASSWORD");
+    if (g_redis_password_file) {
+        char *text = cli_read_file(cmd, g_redis_password_file, NULL); /* kept for the process's life */
+        if (!text) return 1;
+        text[strcspn(text, "\n")] = 0;
+        size_t n = strlen(text);
+        if (n && text[n - 1] == '\r') text[--n] = 0;
+        if (!n) {
+            free(text);
+            return cli_fail(cmd, "--kv-redis-password-file %s: its first line (the password) is empty", g_redis_password_file);
+        }
+        cp->kv_redis_password = text;
+    } else if (env && *env) {
+        cp->kv_redis_password = env;
+    }
+    /* a password in the URL: ":" in what comes before the last '@' after the scheme */
+    const char *s = strstr(cp->kv_redis, "://"), *at;
+    s = s ? s + 3 : cp->kv_redis;
+    if ((at = strrchr(s, '@')) && memchr(s, ':', (size_t)(at - s)))
+        fprintf(stderr, "kvlm %s: warning: the password in --kv-redis is visible to every user of this machine (ps, "
+                        "/proc); give it with --kv-redis-password-file FILE or KVLM_REDIS_PASSWORD instead\n", cmd);
+    return 0;
+}
+
 int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict) {
     if (cp->n_ctx < 0 || cp->n_threads < 0 || cp->block_size < 0 || cp->kv_budget < 0 || cp->kv_sinks < 0 ||
         cp->h2o_recent < 0)
@@ -280,6 +316,7 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
         return cli_fail(cmd, "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
     if (kv_mem && cli_parse_size(kv_mem, &cp->kv_mem))
         return cli_fail(cmd, "bad size '%s' for --kv-mem (e.g. 512MiB)", kv_mem);
+    if (redis_password(cmd, cp)) return 1;
     return kv_key_finish(cmd, cp);
 }
 

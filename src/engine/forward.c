@@ -379,7 +379,9 @@ static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub,
         sp->roles[sp->n_tiers++] = KV_TIER_DEMOTE | KV_TIER_DURABLE;
     }
     if (ctx->p.kv_redis && *ctx->p.kv_redis) {
-        if (!(sp->tiers[sp->n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
+        kv_redis_opts ro = {0, ctx->p.kv_redis_password, ctx->p.kv_redis_tls_ca, ctx->p.kv_redis_tls_cert,
+                            ctx->p.kv_redis_tls_key};
+        if (!(sp->tiers[sp->n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, &ro, err))) goto tier_fail;
         sp->roles[sp->n_tiers++] = KV_TIER_THROUGH;
     }
     if (!sub) warn_unsigned(ctx);

@@ -108,11 +108,22 @@ void kv_tier_note_read(kv_tier *t, int found, int n, double t0);
  * its own, rebuilt from the directory at open; several processes may share
  * dir. */
 kv_tier *kv_tier_disk_open(const char *dir, uint64_t max_bytes, kvlm_error *err);
-/* Redis: url "redis://HOST:PORT[/DB]" (one server; "?proxy=1": a twemproxy
- * in front), or "redis-cluster://HOST:PORT[,HOST:PORT...]" (a Redis Cluster:
- * seed nodes, the rest discovered; blocks spread over the masters by slot);
- * a writer thread per server pipelines puts; reads are bounded by timeout_ms
- * (0: 200) as a whole; reconnects on its own. Redis evicts (maxmemory +
- * allkeys-lru). */
-kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err);
+/* Redis: url "redis://[USER:PASSWORD@]HOST:PORT[/DB]" (one server;
+ * "?proxy=1": a twemproxy in front), or
+ * "redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]" (a Redis
+ * Cluster: seed nodes, the rest discovered; blocks spread over the masters
+ * by slot); "rediss://" and "rediss-cluster://" are the same over TLS. AUTH
+ * is "AUTH USER PASSWORD" (Redis 6 ACL users) or "AUTH PASSWORD" (no user),
+ * on every connection and every node. A writer thread per server pipelines
+ * puts; reads are bounded by timeout_ms (0: 200) as a whole; reconnects on
+ * its own; every fault is logged when it starts and when it ends. Redis
+ * evicts (maxmemory + allkeys-lru). A server that is down, refuses the
+ * password or the certificate is not an error here (the tier is down, said
+ * once); a bad URL or an unreadable TLS file is. */
+typedef struct {
+    int timeout_ms;                     /* 0: 200 */
+    const char *password;               /* NULL: the URL's, if any */
+    const char *tls_ca, *tls_cert, *tls_key; /* files; NULL: system CAs / no client cert */
+} kv_redis_opts;
+kv_tier *kv_tier_redis_open(const char *url, const kv_redis_opts *o /* NULL: defaults */, kvlm_error *err);
 #endif

@@ -1,5 +1,6 @@
 /* kv/tier_redis: the Redis tier: KV blocks shared by every engine process
- * that points at one Redis server, through hiredis.
+ * that points at one Redis server (or a Redis Cluster), over kv/redis_conn
+ * (TCP or TLS, AUTH, bounded replies) and hiredis's reply parser.
  *
  * Layout: one string per block, key "kvlm:blk:<32 hex digits>" (kv_key_hex),
  * value the block's bytes, SET without expiry. Eviction is Redis's own: run
@@ -16,16 +17,16 @@
  *   many SETs per round trip (one writev of the batch, then all replies).
  * - get and contains run in the caller's thread on one of a few reader
  *   connections (one caller per connection at a time), one round trip each,
- *   bounded by the tier's timeout as a whole: the socket timeouts shrink as
- *   the deadline nears, and a caller that finds every reader busy waits at
- *   most until the same deadline.
+ *   bounded by the tier's timeout as a whole (every wait is a poll against
+ *   that deadline), and a caller that finds every reader busy waits at most
+ *   until the same deadline.
  * - A broken connection (any I/O error, timeout or protocol surprise) is
  *   closed at once, and the idle ones to the same server with it; the
  *   writer thread reconnects them, at most one attempt per connection every
- *   KV_REDIS_RETRY_MS, and only after the server answers PING. Callers never
- *   connect, so a down or hung server costs one caller one timeout (and
- *   callers already waiting on it theirs), then nothing (immediate misses)
- *   until it is back.
+ *   KV_REDIS_RETRY_MS, and only after the server answers PING (after AUTH
+ *   and SELECT). Callers never connect, so a down or hung server costs one
+ *   caller one timeout (and callers already waiting on it theirs), then
+ *   nothing (immediate misses) until it is back.
  * - The writer thread also asks DBSIZE and INFO memory once a second for
  *   stats and to notice a dead server while idle. blocks is DBSIZE (every
  *   key of the database: give kvlm a database of its own) and bytes is the
@@ -33,12 +34,19 @@
  *   evicts on its own, so what this process wrote minus what it dropped
  *   would mean nothing. up is the writer's connection.
  *
- * SIGPIPE: hiredis 0.14 writes with write(2), so a write to a closed socket
- * raises SIGPIPE. `kvlm serve` ignores it process-wide, but a library user
- * may not: the writer thread runs with every signal blocked, and callers'
- * I/O runs with SIGPIPE blocked and any SIGPIPE it raised taken back before
- * the mask is restored (the usual recipe of libraries that cannot use
- * MSG_NOSIGNAL). */
+ * Trust: the server's replies are bounded by what each call can receive
+ * (redis_conn.h: an MGET of n blocks is an array of n strings of at most the
+ * caller's block size, a PING is a status), so a hostile or broken endpoint
+ * costs a refused connection, not memory or time. Every fault is logged once
+ * when it starts and once when it ends, with what it cost (see "faults").
+ * The password is never logged; URLs in messages are redacted.
+ *
+ * SIGPIPE: plain sockets are written with MSG_NOSIGNAL, but OpenSSL writes
+ * with write(2), so a TLS write to a closed socket raises SIGPIPE. `kvlm
+ * serve` ignores it process-wide, but a library user may not: the tier's
+ * threads run with every signal blocked, and callers' I/O runs with SIGPIPE
+ * blocked and any SIGPIPE it raised taken back before the mask is restored
+ * (the usual recipe of libraries that cannot use MSG_NOSIGNAL). */
 #include "kv/tier.h"
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -49,11 +57,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
-#include <unistd.h>
+#include "kv/redis_conn.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/timing.h"
 
 /* The put queue's bounds: what a serving process may hold in blocks not yet
@@ -81,10 +89,15 @@
 #define KV_REDIS_FLUSH_MAX_MS 10000
 /* Stats poll (DBSIZE, INFO memory) period. */
 #define KV_REDIS_POLL_MS 1000
-/* The largest block put accepts (Redis's proto-max-bulk-len is 512 MB). */
+/* The largest block put accepts (Redis's proto-max-bulk-len is 512 MB); a
+ * read may skip a stored block up to this long that is longer than the
+ * caller's buffer (a miss), and refuses anything longer. */
 #define KV_REDIS_MAX_BLOCK ((size_t)64 << 20)
 /* Bytes a reader asks the socket for at once (hiredis reads 16 KiB). */
 #define KV_REDIS_READ_CHUNK ((size_t)256 << 10)
+/* An error-reply fault (writes refused, ...) ends once a command succeeds
+ * and none has been refused for this long. */
+#define KV_REDIS_QUIET_MS 1000
 
 #define KEY_PREFIX "kvlm:blk:"
 #define KEY_LEN (sizeof KEY_PREFIX - 1 + 32)
@@ -103,17 +116,36 @@ typedef struct qnode {
 } qnode;
 
 typedef struct {
-    redisContext *c; /* NULL: down */
+    rconn *c;        /* NULL: down */
     bool busy;       /* taken by a caller, or by the writer reconnecting it */
     double next_try; /* earliest next connection attempt */
 } reader;
 
+/* What every connection of a tier presents: AUTH and TLS (shared by a
+ * cluster's nodes; owned by the tier that opened it). */
+typedef struct {
+    char *user, *password; /* NULL: none */
+    rconn_tls *tls;        /* NULL: plain TCP */
+} redis_auth;
+
+/* An error-reply fault: one direction of commands answered with errors. */
+enum { REF_WRITES, REF_READS, REF_MODE, REF_N };
+typedef struct {
+    bool on;
+    double since, last;
+    uint64_t count; /* refused while it lasts */
+    uint64_t ok_at; /* the tier's ok[dir] at the last refusal */
+} refusal;
+
 typedef struct {
     kv_tier base;
     char host[256];
+    char peer[300]; /* HOST:PORT, as logs name it */
     int port, db;
     int timeout_ms;
     bool proxy; /* a twemproxy in front (?proxy=1): it has no DBSIZE, INFO or SELECT */
+    const redis_auth *auth;
+    redis_auth *own_auth; /* a single server's, freed with it */
 
     /* queue: q_mu guards it, the writer's state and the flush sequence */
     pthread_mutex_t q_mu;
@@ -127,7 +159,7 @@ typedef struct {
     pthread_t thread;
     bool thread_started;
 
-    redisContext *w; /* the writer's connection; only the writer thread (or open/close) touches it */
+    rconn *w; /* the writer's connection; only the writer thread (or open/close) touches it */
     double w_next_try, next_poll;
 
     /* readers: r_mu guards the slots' c and busy (a slot's connection is used
@@ -136,7 +168,6 @@ typedef struct {
     pthread_cond_t r_cv; /* a slot was released */
     reader readers[KV_REDIS_READERS];
     unsigned r_next;
-    unsigned char *rbuf[KV_REDIS_READERS]; /* read chunk per slot */
 
     /* a node of a cluster tier: set when the server answers a write with a
      * redirection (MOVED, ASK) or CLUSTERDOWN, so the cluster re-reads its
@@ -144,6 +175,18 @@ typedef struct {
     _Atomic bool *refresh;
 
     _Atomic uint64_t blocks, bytes;
+
+    /* faults (f_mu): the connection's (0 or an rconn_status) since f_since,
+     * and the error-reply ones; `missed` counts reads that could not ask
+     * the server (no connection, or it broke), ok[] commands that succeeded */
+    pthread_mutex_t f_mu;
+    int f_kind;
+    unsigned f_told; /* the kinds told while it lasts (bits by rconn_status) */
+    double f_since;
+    uint64_t f_missed0, f_dropped0;
+    refusal ref[REF_N];
+    _Atomic uint64_t missed, ok[REF_N];
+    _Atomic bool f_on; /* f_kind != 0, read without the lock */
 } redis_tier;
 
 /* ---- small helpers ---- */
@@ -151,14 +194,6 @@ typedef struct {
 static void key_name(const kv_key *k, char out[KEY_LEN + 1]) {
     memcpy(out, KEY_PREFIX, sizeof KEY_PREFIX - 1);
     kv_key_hex(k, out + sizeof KEY_PREFIX - 1);
-}
-
-static struct timeval tv_of(double s) {
-    if (s < 0.001) s = 0.001; /* 0 would mean "no timeout" */
-    struct timeval tv;
-    tv.tv_sec = (time_t)s;
-    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
-    return tv;
 }
 
 static void abs_deadline(struct timespec *ts, double deadline) {
@@ -205,112 +240,146 @@ static void pipe_restore(pipe_guard *g) {
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* ---- one round trip on a blocking context, bounded by a deadline ---- */
+/* ---- faults: each logged once when it starts and once when it ends ----
+ *
+ * A server's connection fault (down, hung, AUTH or SELECT refused, TLS, a
+ * reply refused) starts at the first failure and ends at the next
+ * connection that answers PING; while it lasts its reads miss at once
+ * (counted in `missed`) and its puts drop. Down and hung say the same (a
+ * hung server killed is then down): one line; a kind that says something
+ * new while it lasts (AUTH refused after a restart) is logged too, once.
+ *
+ * Error replies are faults of their own, by direction (writes, reads, and a
+ * single-server tier answered with cluster redirections): they start at the
+ * first error and end once a command of that direction succeeds and none
+ * has been refused for KV_REDIS_QUIET_MS (the writer thread checks). */
 
-/* Sets the socket timeouts to what is left before deadline when that is
- * well below what is set now (re-set at 80%, so few system calls and an
- * overshoot of at most a quarter of what is left). */
-static bool io_budget(redisContext *c, double deadline, double *set_s) {
-    double left = deadline - util_now_s();
-    if (left <= 0) return false;
-    if (*set_s <= 0 || left < *set_s * 0.8) {
-        if (redisSetTimeout(c, tv_of(left)) != REDIS_OK) return false;
-        *set_s = left;
+static bool transport_fault(int k) { return k == RCONN_DOWN || k == RCONN_HUNG; }
+
+static void fault_note(redis_tier *t, rconn_status st, const char *msg) {
+    atomic_store(&t->f_on, true);
+    pthread_mutex_lock(&t->f_mu);
+    if (!t->f_kind) {
+        t->f_since = util_now_s();
+        t->f_missed0 = atomic_load(&t->missed);
+        t->f_dropped0 = atomic_load(&t->base.n.dropped);
+        t->f_told = 0;
     }
-    return true;
+    /* each kind at most once a fault (down and hung one kind): a server
+     * whose answers alternate between two failures is two lines, not one
+     * every retry */
+    unsigned bit = 1u << (transport_fault((int)st) ? RCONN_DOWN : (int)st);
+    bool log = !(t->f_told & bit);
+    t->f_told |= bit;
+    t->f_kind = (int)st;
+    pthread_mutex_unlock(&t->f_mu);
+    if (log)
+        LOG_WARN("redis tier %s: %s%s (reads miss and writes drop until it answers)", t->peer,
+                 st == RCONN_DOWN ? "down: " : st == RCONN_HUNG ? "not answering: " : "", msg);
 }
 
-/* Writes everything appended to c. */
-static bool rt_send(redisContext *c, double deadline, double *set_s) {
-    int done = 0;
-    while (!done) {
-        if (!io_budget(c, deadline, set_s)) return false;
-        if (redisBufferWrite(c, &done) != REDIS_OK) return false;
+/* A connection answered PING (data: a command of data succeeded). A reply
+ * refused (a server that answers PING but not reads sanely) ends only with
+ * data, or it would start again at every reconnect. */
+static void fault_end(redis_tier *t, bool data) {
+    if (!atomic_load(&t->f_on)) return;
+    pthread_mutex_lock(&t->f_mu);
+    if (t->f_kind == RCONN_PROTOCOL && !data) {
+        pthread_mutex_unlock(&t->f_mu);
+        return;
     }
-    return true;
+    atomic_store(&t->f_on, false);
+    int was = t->f_kind;
+    double dt = util_now_s() - t->f_since;
+    uint64_t missed = atomic_load(&t->missed) - t->f_missed0, dropped = atomic_load(&t->base.n.dropped) - t->f_dropped0;
+    t->f_kind = 0;
+    pthread_mutex_unlock(&t->f_mu);
+    if (was)
+        LOG_WARN("redis tier %s: reachable again after %.1f s (%llu reads missed, %llu writes dropped)", t->peer, dt,
+                 (unsigned long long)missed, (unsigned long long)dropped);
 }
 
-/* Writes n buffers (the writer's batch: no copy into hiredis's buffer). */
-static bool send_iov(redisContext *c, struct iovec *iov, int n, double deadline, double *set_s) {
-    while (n > 0) {
-        if (!io_budget(c, deadline, set_s)) return false;
-        ssize_t w = writev(c->fd, iov, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return false; /* EAGAIN: the send timeout passed */
-        }
-        while (n > 0 && (size_t)w >= iov->iov_len) {
-            w -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + w;
-            iov->iov_len -= (size_t)w;
-        }
-    }
-    return true;
+/* Which fault an error reply e is: a redirection to a single-server tier is
+ * the wrong mode; to a cluster node (refresh set) it is the map's business
+ * (-1: not a fault). */
+static int refusal_dir(const redis_tier *t, const char *e, int dir) {
+    bool redirect = !strncmp(e, "MOVED ", 6) || !strncmp(e, "ASK ", 4);
+    if (t->refresh) return redirect ? -1 : dir;
+    return redirect || !strncmp(e, "CROSSSLOT", 9) || !strncmp(e, "CLUSTERDOWN", 11) ? REF_MODE : dir;
 }
 
-/* Reads one reply (NULL: error or deadline passed). rbuf: a read chunk of
- * KV_REDIS_READ_CHUNK bytes, or NULL for hiredis's own 16 KiB reads. */
-static redisReply *rt_recv(redisContext *c, double deadline, double *set_s, unsigned char *rbuf) {
-    void *r = NULL;
-    if (redisReaderGetReply(c->reader, &r) != REDIS_OK) return NULL;
-    while (!r) {
-        if (!io_budget(c, deadline, set_s)) return NULL;
-        if (rbuf) {
-            ssize_t n = read(c->fd, rbuf, KV_REDIS_READ_CHUNK);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) return NULL; /* timeout (EAGAIN), error or EOF */
-            if (redisReaderFeed(c->reader, (const char *)rbuf, (size_t)n) != REDIS_OK) return NULL;
-        } else if (redisBufferRead(c) != REDIS_OK) {
-            return NULL;
-        }
-        if (redisReaderGetReply(c->reader, &r) != REDIS_OK) return NULL;
+static void refusal_note(redis_tier *t, int dir, const char *e) {
+    if ((dir = refusal_dir(t, e, dir)) < 0) return;
+    double now = util_now_s();
+    pthread_mutex_lock(&t->f_mu);
+    refusal *r = &t->ref[dir];
+    bool start = !r->on;
+    if (start) {
+        r->on = true;
+        r->since = now;
+        r->count = 0;
     }
-    return r;
+    r->count++;
+    r->last = now;
+    r->ok_at = atomic_load(&t->ok[dir]);
+    pthread_mutex_unlock(&t->f_mu);
+    if (!start) return;
+    if (dir == REF_MODE)
+        LOG_WARN("redis tier %s: answers '%.160s': a Redis Cluster node? (use redis-cluster://%s); blocks of other "
+                 "nodes' slots miss and their writes drop", t->peer, e, t->peer);
+    else
+        LOG_WARN("redis tier %s: refusing %s: %.160s", t->peer, dir == REF_WRITES ? "writes" : "reads", e);
 }
 
-/* Connects, selects the database and checks the server answers (PING),
- * all within timeout_ms. NULL if it is not there or not answering. */
-static redisContext *rconnect_to(const char *host, int port, int db, int timeout_ms) {
-    double deadline = util_now_s() + timeout_ms / 1000.0;
-    redisContext *c = redisConnectWithTimeout(host, port, tv_of(timeout_ms / 1000.0));
-    if (!c) return NULL;
-    if (c->err) { redisFree(c); return NULL; }
-    double set_s = 0;
-    bool ok = true;
-    int n = 1;
-    if (db) {
-        ok = redisAppendCommand(c, "SELECT %d", db) == REDIS_OK;
-        n++;
+static void note_ok(redis_tier *t, int dir) {
+    atomic_fetch_add_explicit(&t->ok[dir], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->ok[REF_MODE], 1, memory_order_relaxed);
+}
+
+/* Ends the error-reply faults that have gone quiet (writer thread). */
+static void refusals_check(redis_tier *t) {
+    double now = util_now_s();
+    static const char *what[REF_N] = {"accepting writes again", "answering reads again", "no more cluster redirections"};
+    for (int d = 0; d < REF_N; d++) {
+        pthread_mutex_lock(&t->f_mu);
+        refusal *r = &t->ref[d];
+        bool end = r->on && now - r->last >= KV_REDIS_QUIET_MS / 1000.0 && atomic_load(&t->ok[d]) > r->ok_at;
+        double dt = now - r->since;
+        uint64_t n = r->count;
+        if (end) r->on = false;
+        pthread_mutex_unlock(&t->f_mu);
+        if (end)
+            LOG_WARN("redis tier %s: %s after %.1f s (%llu %s refused)", t->peer, what[d], dt, (unsigned long long)n,
+                     d == REF_READS ? "reads" : d == REF_WRITES ? "writes" : "commands");
     }
-    ok = ok && redisAppendCommand(c, "PING") == REDIS_OK && rt_send(c, deadline, &set_s);
-    for (int i = 0; ok && i < n; i++) {
-        redisReply *r = rt_recv(c, deadline, &set_s, NULL);
-        ok = r && (r->type == REDIS_REPLY_STATUS);
-        if (r) freeReplyObject(r);
-    }
-    if (!ok) { redisFree(c); return NULL; }
-    /* keep the read buffer between replies (hiredis frees it past 16 KiB
-     * and regrows it for every block); it never holds much more than one
-     * block and a read chunk, the reader consumes as it parses */
-    c->reader->maxbuf = 0;
+}
+
+/* ---- connections ---- */
+
+/* Connects, AUTHs, selects the database and checks the server answers
+ * (PING), all within the tier's timeout; NULL if it does not, with the fault
+ * noted (and a fault ended when it does). */
+static rconn *rconnect(redis_tier *t, bool for_reader) {
+    rconn_params p = {t->host, t->port, t->proxy ? 0 : t->db, t->auth->user, t->auth->password, t->auth->tls,
+                      for_reader ? KV_REDIS_READ_CHUNK : 0};
+    rconn_status st;
+    char msg[256];
+    rconn *c = rconn_open(&p, util_now_s() + t->timeout_ms / 1000.0, &st, msg, sizeof msg);
+    if (c) fault_end(t, false);
+    else fault_note(t, st, msg);
     return c;
 }
-
-static redisContext *rconnect(redis_tier *t) { return rconnect_to(t->host, t->port, t->db, t->timeout_ms); }
 
 /* ---- readers (callers' threads) ---- */
 
 /* Takes a connected reader slot, waiting for a busy one until deadline.
- * -1: none is connected, or none came free in time. */
-static int reader_take(redis_tier *t, double deadline) {
+ * -1: none is connected (*down set), or none came free in time. */
+static int reader_take(redis_tier *t, double deadline, bool *down) {
     pthread_mutex_lock(&t->r_mu);
     int got = -1;
+    bool any_up = false;
     for (;;) {
-        bool any_up = false;
+        any_up = false;
         for (int k = 0; k < KV_REDIS_READERS; k++) {
             int i = (int)((t->r_next + (unsigned)k) % KV_REDIS_READERS);
             reader *r = &t->readers[i];
@@ -328,16 +397,22 @@ static int reader_take(redis_tier *t, double deadline) {
         t->r_next = (unsigned)got + 1;
     }
     pthread_mutex_unlock(&t->r_mu);
+    if (down) *down = !any_up;
     return got;
 }
 
-/* Gives the slot back; broken: close its connection, and every idle one
- * with it (the writer thread reconnects them after KV_REDIS_RETRY_MS, each
- * once the server answers PING). A connection breaks when its server is
- * gone, hung or reset, and its siblings are then in the same state: left
- * open, each would cost its next caller a timeout of its own before it
- * broke too (a hung node: 4 batches of 200 ms, not 1). */
+/* Gives the slot back; broken: note why (its connection's error), close it,
+ * and every idle one with it (the writer thread reconnects them after
+ * KV_REDIS_RETRY_MS, each once the server answers PING). A connection
+ * breaks when its server is gone, hung or reset, and its siblings are then
+ * in the same state: left open, each would cost its next caller a timeout
+ * of its own before it broke too (a hung node: 4 batches of 200 ms, not 1). */
 static void reader_give(redis_tier *t, int i, bool broken) {
+    if (broken) {
+        const char *msg;
+        rconn_status st = rconn_error(t->readers[i].c, &msg);
+        fault_note(t, st ? st : RCONN_PROTOCOL, st ? msg : "a reply not of the shape asked for");
+    }
     pthread_mutex_lock(&t->r_mu);
     reader *r = &t->readers[i];
     if (broken) {
@@ -345,7 +420,7 @@ static void reader_give(redis_tier *t, int i, bool broken) {
         for (int k = 0; k < KV_REDIS_READERS; k++) {
             reader *o = &t->readers[k];
             if (!o->c || (k != i && o->busy)) continue;
-            redisFree(o->c);
+            rconn_free(o->c);
             o->c = NULL;
             o->next_try = retry;
         }
@@ -380,22 +455,41 @@ static bool key_argv_make(key_argv *a, const char *cmd, int n, const kv_key *key
     return true;
 }
 
+/* Copies an error reply's text (printable bytes only). */
+static void copy_err(char *out, size_t cap, const char *str, size_t len) {
+    size_t m = 0;
+    for (size_t i = 0; i < len && m + 1 < cap; i++) out[m++] = str[i] >= 32 && str[i] < 127 ? str[i] : '?';
+    out[m] = 0;
+}
+
+/* The limits of a read of blocks of at most cap bytes: one at a time is
+ * buffered; a longer one (up to the largest block a put writes) is read past
+ * as a miss; anything longer is refused. */
+static rconn_limits block_limits(size_t cap) {
+    rconn_limits l = {cap > 4096 ? cap : 4096, KV_REDIS_MAX_BLOCK, 0, 0, 0};
+    return l;
+}
+
 /* MGET's reply is parsed straight into the caller's buffers: reply-object
  * functions (hiredis's hook for building replies) that copy each string
  * element from the read buffer into bufs[idx], instead of building a
  * redisReply per element (a malloc and a copy of every block). Every object
- * is the sink itself; nothing is allocated, nothing to free. */
+ * is the sink itself; nothing is allocated, nothing to free. An array that
+ * is not of n elements is refused before its elements are read (NULL ends
+ * the parse). */
 typedef struct {
     int n;
     void *const *bufs;
     size_t cap;
     size_t *lens;
-    bool bad; /* not an array of n strings and nils */
+    bool bad;       /* not an array of n strings and nils */
+    char err[160];  /* the reply was an error: its text */
 } mget_sink;
 
 static void *sink_string(const redisReadTask *task, char *str, size_t len) {
     mget_sink *s = task->privdata;
-    if (!task->parent || task->type != REDIS_REPLY_STRING || task->idx < 0 || task->idx >= s->n) s->bad = true;
+    if (!task->parent && task->type == REDIS_REPLY_ERROR) copy_err(s->err, sizeof s->err, str, len);
+    else if (!task->parent || task->type != REDIS_REPLY_STRING || task->idx < 0 || task->idx >= s->n) s->bad = true;
     else if (len > 0 && len <= s->cap) {
         memcpy(s->bufs[task->idx], str, len);
         s->lens[task->idx] = len;
@@ -404,7 +498,10 @@ static void *sink_string(const redisReadTask *task, char *str, size_t len) {
 }
 static void *sink_array(const redisReadTask *task, int elements) {
     mget_sink *s = task->privdata;
-    if (task->parent || elements != s->n) s->bad = true;
+    if (task->parent || elements != s->n) {
+        s->bad = true;
+        return NULL;
+    }
     return s;
 }
 static void *sink_integer(const redisReadTask *task, long long v) {
@@ -427,30 +524,29 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
     for (int i = 0; i < n; i++) lens[i] = 0;
     int lead = 0, found = 0;
     key_argv a;
-    int slot = reader_take(t, deadline);
+    bool down;
+    int slot = reader_take(t, deadline, &down);
+    if (slot < 0 && down) atomic_fetch_add(&t->missed, 1);
     if (slot >= 0) {
-        redisContext *c = t->readers[slot].c;
+        rconn *c = t->readers[slot].c;
         bool ok = key_argv_make(&a, "MGET", n, keys);
         if (!ok) {
             reader_give(t, slot, false);
         } else {
             pipe_guard g;
             pipe_block(&g);
-            double set_s = 0;
-            mget_sink sink = {n, bufs, cap, lens, false};
-            redisReader *rd = c->reader;
-            redisReplyObjectFunctions *fn = rd->fn;
-            void *priv = rd->privdata;
-            rd->fn = &sink_fns;
-            rd->privdata = &sink;
-            ok = redisAppendCommandArgv(c, n + 1, a.argv, a.lens) == REDIS_OK && rt_send(c, deadline, &set_s) &&
-                 rt_recv(c, deadline, &set_s, t->rbuf[slot]) == (void *)&sink && !sink.bad;
-            /* a half-built reply is the sink's, not hiredis's to free */
-            rd->reply = NULL;
-            rd->fn = fn;
-            rd->privdata = priv;
+            mget_sink sink = {n, bufs, cap, lens, false, {0}};
+            rconn_limits lim = block_limits(cap);
+            rconn_set_limits(c, &lim);
+            rconn_set_sink(c, &sink_fns, &sink);
+            ok = rconn_append(c, n + 1, a.argv, a.lens) && rconn_send(c, deadline) &&
+                 rconn_recv(c, deadline) == (void *)&sink && !sink.bad;
+            rconn_clear_sink(c);
             pipe_restore(&g);
-            if (ok) {
+            bool refused = ok && sink.err[0];
+            if (ok && !refused) {
+                note_ok(t, REF_READS);
+                fault_end(t, true);
                 bool gap = false;
                 for (int i = 0; i < n; i++) {
                     if (lens[i]) {
@@ -464,7 +560,9 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
                 for (int i = 0; i < n; i++) lens[i] = 0;
             }
             free(a.argv);
+            if (!ok) atomic_fetch_add(&t->missed, 1);
             reader_give(t, slot, !ok);
+            if (refused) refusal_note(t, REF_READS, sink.err);
         }
     }
     kv_tier_note_read(base, found, n, t0);
@@ -475,31 +573,36 @@ static int redis_contains(kv_tier *base, int n, const kv_key *keys) {
     redis_tier *t = (redis_tier *)base;
     if (n <= 0) return 0;
     double deadline = util_now_s() + t->timeout_ms / 1000.0;
-    int slot = reader_take(t, deadline);
+    int slot = reader_take(t, deadline, NULL);
     if (slot < 0) return 0;
-    redisContext *c = t->readers[slot].c;
+    rconn *c = t->readers[slot].c;
     pipe_guard g;
     pipe_block(&g);
+    rconn_set_limits(c, &rconn_small);
     bool ok = true;
     for (int i = 0; ok && i < n; i++) {
         char name[KEY_LEN + 1];
         key_name(&keys[i], name);
-        ok = redisAppendCommand(c, "EXISTS %b", name, (size_t)KEY_LEN) == REDIS_OK;
+        const char *argv[2] = {"EXISTS", name};
+        size_t alen[2] = {6, KEY_LEN};
+        ok = rconn_append(c, 2, argv, alen);
     }
-    double set_s = 0;
-    ok = ok && rt_send(c, deadline, &set_s);
+    ok = ok && rconn_send(c, deadline);
     int lead = 0;
     bool gap = false;
+    char err[160] = "";
     /* every reply is read, even after the first miss, to leave the connection clean */
     for (int i = 0; ok && i < n; i++) {
-        redisReply *r = rt_recv(c, deadline, &set_s, NULL);
-        ok = r && r->type == REDIS_REPLY_INTEGER;
-        if (ok && r->integer == 1 && !gap) lead++;
+        redisReply *r = rconn_recv(c, deadline);
+        ok = r && (r->type == REDIS_REPLY_INTEGER || r->type == REDIS_REPLY_ERROR);
+        if (ok && r->type == REDIS_REPLY_ERROR && !err[0]) copy_err(err, sizeof err, r->str, r->len);
+        if (ok && r->type == REDIS_REPLY_INTEGER && r->integer == 1 && !gap) lead++;
         else gap = true;
         if (r) freeReplyObject(r);
     }
     pipe_restore(&g);
     reader_give(t, slot, !ok);
+    if (ok && err[0]) refusal_note(t, REF_READS, err);
     return ok ? lead : 0;
 }
 
@@ -585,7 +688,6 @@ static void dequeue_n(redis_tier *t, int n, bool dropped) {
     if (!t->head) t->done_seq = t->next_seq;
     pthread_cond_broadcast(&t->done_cv);
 }
-
 static void redis_flush(kv_tier *base) {
     redis_tier *t = (redis_tier *)base;
     pthread_mutex_lock(&t->q_mu);
@@ -630,10 +732,25 @@ static void redis_flush(kv_tier *base) {
 
 static void set_up(redis_tier *t) { atomic_store(&t->base.n.up, t->w != NULL); }
 
+/* The writer's connection broke: closed, and the idle readers with it (as
+ * reader_give does: they are in the same state; left open to a server that
+ * was restarted, each would cost a caller a failed round trip later). */
 static void writer_break(redis_tier *t) {
-    redisFree(t->w);
+    const char *msg;
+    rconn_status st = rconn_error(t->w, &msg);
+    fault_note(t, st ? st : RCONN_PROTOCOL, st ? msg : "a reply not of the shape asked for");
+    rconn_free(t->w);
     t->w = NULL;
     t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
+    pthread_mutex_lock(&t->r_mu);
+    for (int k = 0; k < KV_REDIS_READERS; k++) {
+        reader *o = &t->readers[k];
+        if (!o->c || o->busy) continue;
+        rconn_free(o->c);
+        o->c = NULL;
+        o->next_try = t->w_next_try;
+    }
+    pthread_mutex_unlock(&t->r_mu);
     atomic_fetch_add(&t->base.n.errors, 1);
     set_up(t);
 }
@@ -641,20 +758,21 @@ static void writer_break(redis_tier *t) {
 /* DBSIZE and INFO memory in one round trip (a proxy: PING, to notice it
  * is gone while idle; its figures stay 0). */
 static void writer_poll(redis_tier *t) {
-    double deadline = util_now_s() + t->timeout_ms / 1000.0, set_s = 0;
-    redisContext *c = t->w;
+    double deadline = util_now_s() + t->timeout_ms / 1000.0;
+    rconn *c = t->w;
+    rconn_set_limits(c, &rconn_small);
     if (t->proxy) {
         redisReply *r = NULL;
-        if (redisAppendCommand(c, "PING") == REDIS_OK && rt_send(c, deadline, &set_s)) r = rt_recv(c, deadline, &set_s, NULL);
+        if (rconn_appendv(c, "PING", (char *)NULL) && rconn_send(c, deadline)) r = rconn_recv(c, deadline);
         bool ok = r && r->type == REDIS_REPLY_STATUS;
         if (r) freeReplyObject(r);
         if (!ok) writer_break(t);
         return;
     }
-    bool ok = redisAppendCommand(c, "DBSIZE") == REDIS_OK && redisAppendCommand(c, "INFO memory") == REDIS_OK &&
-              rt_send(c, deadline, &set_s);
-    redisReply *a = ok ? rt_recv(c, deadline, &set_s, NULL) : NULL;
-    redisReply *b = a ? rt_recv(c, deadline, &set_s, NULL) : NULL;
+    bool ok = rconn_appendv(c, "DBSIZE", (char *)NULL) && rconn_appendv(c, "INFO", "memory", (char *)NULL) &&
+              rconn_send(c, deadline);
+    redisReply *a = ok ? rconn_recv(c, deadline) : NULL;
+    redisReply *b = a ? rconn_recv(c, deadline) : NULL;
     ok = a && b && a->type == REDIS_REPLY_INTEGER && b->type == REDIS_REPLY_STRING;
     if (ok) {
         atomic_store(&t->blocks, (uint64_t)(a->integer > 0 ? a->integer : 0));
@@ -670,27 +788,34 @@ static void writer_poll(redis_tier *t) {
  * their links are the callers' to change, not read here) in one pipelined
  * round trip; q_mu is not held, only the writer pops nodes. */
 static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
-    redisContext *c = t->w;
+    rconn *c = t->w;
     int tmo = t->timeout_ms > KV_REDIS_WRITE_MS ? t->timeout_ms : KV_REDIS_WRITE_MS;
-    double deadline = util_now_s() + tmo / 1000.0, set_s = 0;
+    double deadline = util_now_s() + tmo / 1000.0;
     struct iovec iov[KV_REDIS_BATCH_CMDS];
     for (int i = 0; i < n; i++) iov[i] = (struct iovec){batch[i]->cmd, batch[i]->cmd_len};
-    bool ok = send_iov(c, iov, n, deadline, &set_s);
+    rconn_set_limits(c, &rconn_small);
+    bool ok = rconn_writev(c, iov, n, deadline);
     int done = 0;
+    char err[160] = "";
     for (; ok && done < n; done++) {
         const qnode *q = batch[done];
-        redisReply *r = rt_recv(c, deadline, &set_s, NULL);
+        redisReply *r = rconn_recv(c, deadline);
         if (!r) { ok = false; break; }
         if (q->op == OP_SET) {
             if (r->type == REDIS_REPLY_STATUS) {
                 atomic_fetch_add(&t->base.n.writes, 1);
                 atomic_fetch_add(&t->base.n.write_bytes, q->len);
+                note_ok(t, REF_WRITES);
             } else { /* e.g. OOM under maxmemory with noeviction */
                 atomic_fetch_add(&t->base.n.dropped, 1);
                 atomic_fetch_add(&t->base.n.errors, 1);
-                if (t->refresh && r->type == REDIS_REPLY_ERROR && r->str &&
-                    (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4) || !strncmp(r->str, "CLUSTERDOWN", 11)))
-                    atomic_store(t->refresh, true);
+                if (r->type == REDIS_REPLY_ERROR && r->str) {
+                    copy_err(err, sizeof err, r->str, r->len);
+                    refusal_note(t, REF_WRITES, err);
+                    if (t->refresh && (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4) ||
+                                       !strncmp(r->str, "CLUSTERDOWN", 11)))
+                        atomic_store(t->refresh, true);
+                }
             }
         }
         freeReplyObject(r);
@@ -699,6 +824,8 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
         for (; done < n; done++)
             if (batch[done]->op == OP_SET) atomic_fetch_add(&t->base.n.dropped, 1);
         writer_break(t);
+    } else {
+        fault_end(t, true);
     }
 }
 
@@ -712,7 +839,7 @@ static void readers_reconnect(redis_tier *t) {
         if (go) r->busy = true;
         pthread_mutex_unlock(&t->r_mu);
         if (!go) continue;
-        redisContext *c = rconnect(t);
+        rconn *c = rconnect(t, true);
         pthread_mutex_lock(&t->r_mu);
         r->c = c;
         r->busy = false;
@@ -752,7 +879,7 @@ static void *writer_main(void *arg) {
 
         double now = util_now_s();
         if (!t->w && !stopping && now >= t->w_next_try) {
-            t->w = rconnect(t);
+            t->w = rconnect(t, false);
             if (!t->w) {
                 t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
                 atomic_fetch_add(&t->base.n.errors, 1);
@@ -764,6 +891,7 @@ static void *writer_main(void *arg) {
             writer_poll(t);
             t->next_poll = util_now_s() + KV_REDIS_POLL_MS / 1000.0;
         }
+        refusals_check(t);
 
         pthread_mutex_lock(&t->q_mu);
         if (!t->head) continue;
@@ -800,12 +928,21 @@ static void redis_stats(kv_tier *base, kv_tier_stats *out) {
     /* the counters come from the base; evicted stays 0: Redis evicts on its own and does not say which */
 }
 
-static void tier_free(redis_tier *t) {
-    for (int i = 0; i < KV_REDIS_READERS; i++) {
-        if (t->readers[i].c) redisFree(t->readers[i].c);
-        free(t->rbuf[i]);
+static void auth_free(redis_auth *a) {
+    if (!a) return;
+    if (a->password) {
+        memset(a->password, 0, strlen(a->password));
+        free(a->password);
     }
-    if (t->w) redisFree(t->w);
+    free(a->user);
+    rconn_tls_free(a->tls);
+    free(a);
+}
+
+static void tier_free(redis_tier *t) {
+    for (int i = 0; i < KV_REDIS_READERS; i++)
+        if (t->readers[i].c) rconn_free(t->readers[i].c);
+    if (t->w) rconn_free(t->w);
     for (qnode *q = t->head, *nx; q; q = nx) {
         nx = q->next;
         qnode_free(q);
@@ -815,6 +952,8 @@ static void tier_free(redis_tier *t) {
     pthread_cond_destroy(&t->done_cv);
     pthread_mutex_destroy(&t->r_mu);
     pthread_cond_destroy(&t->r_cv);
+    pthread_mutex_destroy(&t->f_mu);
+    auth_free(t->own_auth);
     free(t);
 }
 
@@ -842,6 +981,34 @@ static const kv_tier_ops redis_ops = {
     .close = redis_close,
 };
 
+/* ---- URLs ----
+ *
+ * SCHEME://[USER:PASSWORD@]HOST:PORT[/DB][?proxy=1] with SCHEME redis or
+ * rediss (TLS), and SCHEME://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...] with
+ * redis-cluster or rediss-cluster. USER and PASSWORD are percent-decoded;
+ * ":PASSWORD@" is the default user's password (AUTH PASSWORD), "USER@" a
+ * user whose password comes from kv_redis_opts. Messages show the URL
+ * redacted. */
+
+#define KV_CLUSTER_MAX_SEEDS 16
+
+typedef struct {
+    char host[256];
+    int port;
+} hostport;
+
+typedef struct {
+    bool tls, cluster, proxy;
+    int db;
+    char *user, *password; /* decoded, malloc'd; NULL: none */
+    int n_hosts;
+    hostport hosts[KV_CLUSTER_MAX_SEEDS];
+    char shown[300]; /* the URL redacted, for messages */
+} redis_url;
+
+static const char *const k_want = "expected redis[s]://[USER:PASSWORD@]HOST:PORT[/DB] or "
+                                  "redis[s]-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]";
+
 /* Digits only, no sign, no leading '+', at most 9 of them. */
 static bool parse_uint(const char *s, size_t n, long *out) {
     if (n == 0 || n > 9) return false;
@@ -856,9 +1023,9 @@ static bool parse_uint(const char *s, size_t n, long *out) {
 
 /* HOST:PORT at h, HOST a name or IPv4 address (letters, digits, '.', '-')
  * or [IPv6]; the port ends at any of `stops` or the string's end (*end). */
-static bool parse_hostport(const char *url, const char *h, const char *stops, char *host, size_t host_cap, int *port,
-                           const char **end, const char *want, kvlm_error *err) {
-    const char *he, *p;
+static bool parse_hostport(const redis_url *u, const char *h, const char *stops, hostport *hp, const char **end,
+                           kvlm_error *err) {
+    const char *he, *p, *url = u->shown;
     if (*h == '[') {
         he = strchr(h, ']');
         if (!he) return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': unclosed '[' in the host", url), false;
@@ -872,92 +1039,171 @@ static bool parse_hostport(const char *url, const char *h, const char *stops, ch
         he = h;
         while ((*he >= 'a' && *he <= 'z') || (*he >= 'A' && *he <= 'Z') || (*he >= '0' && *he <= '9') || *he == '.' || *he == '-')
             he++;
-        if (he == h) return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': no host (%s)", url, want), false;
+        if (he == h) return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': no host (%s)", url, k_want), false;
         p = he;
     }
-    if ((size_t)(he - h) >= host_cap)
+    if ((size_t)(he - h) >= sizeof hp->host)
         return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': host name too long", url), false;
     if (*p != ':')
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': no port after the host (%s)", url, want), false;
+        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': no port after the host (%s)", url, k_want), false;
     p++;
     const char *pe = p;
     while (*pe && !strchr(stops, *pe)) pe++;
     long v;
     if (!parse_uint(p, (size_t)(pe - p), &v) || v < 1 || v > 65535)
         return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': port must be 1-65535", url), false;
-    *port = (int)v;
-    memcpy(host, h, (size_t)(he - h));
-    host[he - h] = 0;
+    hp->port = (int)v;
+    memcpy(hp->host, h, (size_t)(he - h));
+    hp->host[he - h] = 0;
     *end = pe;
     return true;
 }
 
-/* redis://HOST:PORT[/DB][?proxy=1] */
-static bool parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, bool *proxy, kvlm_error *err) {
-    static const char scheme[] = "redis://";
-    const char *want = "expected redis://HOST:PORT[/DB] or redis-cluster://HOST:PORT[,HOST:PORT...]";
-    if (!url) return util_err_set(err, KVLM_EINVAL, "redis tier: no URL (%s)", want), false;
-    if (strncmp(url, scheme, sizeof scheme - 1) != 0)
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': %s", url, want), false;
-    const char *h = url + sizeof scheme - 1, *pe;
-    if (strchr(h, '@'))
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url),
-               false;
-    if (!parse_hostport(url, h, "/?", host, host_cap, port, &pe, want, err)) return false;
-    *db = 0;
-    *proxy = false;
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* s[0..n) percent-decoded into a new string; NULL on a bad escape, a NUL or
+ * out of memory (*bad set for the first two). */
+static char *pct_decode(const char *s, size_t n, bool *bad) {
+    char *o = malloc(n + 1);
+    if (!o) return NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') { o[m++] = s[i]; continue; }
+        int hi = i + 1 < n ? hexval(s[i + 1]) : -1, lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+            *bad = true;
+            free(o);
+            return NULL;
+        }
+        o[m++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    o[m] = 0;
+    return o;
+}
+
+static void url_free(redis_url *u) {
+    if (u->password) {
+        memset(u->password, 0, strlen(u->password));
+        free(u->password);
+    }
+    free(u->user);
+    u->user = u->password = NULL;
+}
+
+static bool parse_url(const char *url, redis_url *u, kvlm_error *err) {
+    memset(u, 0, sizeof *u);
+    if (!url) return util_err_set(err, KVLM_EINVAL, "redis tier: no URL (%s)", k_want), false;
+    rconn_redact(url, u->shown, sizeof u->shown);
+    static const struct { const char *s; bool tls, cluster; } schemes[] = {
+        {"redis://", false, false}, {"rediss://", true, false},
+        {"redis-cluster://", false, true}, {"rediss-cluster://", true, true}};
+    const char *h = NULL;
+    for (size_t i = 0; i < sizeof schemes / sizeof *schemes && !h; i++) {
+        size_t n = strlen(schemes[i].s);
+        if (!strncmp(url, schemes[i].s, n)) {
+            h = url + n;
+            u->tls = schemes[i].tls;
+            u->cluster = schemes[i].cluster;
+        }
+    }
+    if (!h) return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': %s", u->shown, k_want), false;
+    const char *at = strrchr(h, '@');
+    if (at) {
+        const char *colon = memchr(h, ':', (size_t)(at - h)), *ue = colon ? colon : at;
+        if (colon && colon + 1 == at)
+            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': empty password", u->shown), false;
+        if (ue == h && !colon)
+            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': empty user name", u->shown), false;
+        bool bad = false, failed = false;
+        if (ue > h && !(u->user = pct_decode(h, (size_t)(ue - h), &bad))) failed = true;
+        if (!failed && colon && !(u->password = pct_decode(colon + 1, (size_t)(at - colon - 1), &bad))) failed = true;
+        if (failed) {
+            url_free(u);
+            return util_err_set(err, bad ? KVLM_EINVAL : KVLM_ENOMEM, "redis tier: bad URL '%.200s': %s", u->shown,
+                                bad ? "bad %-escape in the user or password" : "out of memory"),
+                   false;
+        }
+        h = at + 1;
+    }
+    const char *pe;
+    if (u->cluster) {
+        for (;;) {
+            if (u->n_hosts == KV_CLUSTER_MAX_SEEDS) {
+                util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': more than %d seed nodes", u->shown,
+                             KV_CLUSTER_MAX_SEEDS);
+                goto fail;
+            }
+            if (!parse_hostport(u, h, ",", &u->hosts[u->n_hosts], &pe, err)) goto fail;
+            u->n_hosts++;
+            if (!*pe) break;
+            h = pe + 1; /* a ',' */
+        }
+        return true;
+    }
+    if (!parse_hostport(u, h, "/?", &u->hosts[0], &pe, err)) goto fail;
+    u->n_hosts = 1;
     const char *q = strchr(pe, '?');
     if (q) {
-        if (strcmp(q, "?proxy=1") != 0)
-            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': the one option is ?proxy=1", url), false;
-        *proxy = true;
+        if (strcmp(q, "?proxy=1") != 0) {
+            util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': the one option is ?proxy=1", u->shown);
+            goto fail;
+        }
+        u->proxy = true;
     }
     if (*pe == '/') {
         const char *d = pe + 1;
         long v;
-        if (!parse_uint(d, (size_t)((q ? q : d + strlen(d)) - d), &v))
-            return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': database must be a number (%s)", url, want),
-                   false;
-        *db = (int)v;
+        if (!parse_uint(d, (size_t)((q ? q : d + strlen(d)) - d), &v)) {
+            util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': database must be a number (%s)", u->shown, k_want);
+            goto fail;
+        }
+        u->db = (int)v;
+    } else if (*pe && *pe != '?') {
+        util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': %s", u->shown, k_want);
+        goto fail;
     }
-    if (*proxy && *db)
-        return util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': a proxy has only database 0", url), false;
+    if (u->proxy && u->db) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': a proxy has only database 0", u->shown);
+        goto fail;
+    }
     return true;
+fail:
+    url_free(u);
+    return false;
 }
 
 /* One server's tier (a single server, or one node of a cluster). */
-static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, _Atomic bool *refresh, bool proxy,
-                             kvlm_error *err) {
+static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, const redis_auth *auth,
+                             _Atomic bool *refresh, bool proxy, kvlm_error *err) {
     redis_tier *t = calloc(1, sizeof *t);
     if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
     t->base.ops = &redis_ops;
     snprintf(t->host, sizeof t->host, "%s", host);
+    snprintf(t->peer, sizeof t->peer, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     t->port = port;
     t->db = db;
     t->timeout_ms = timeout_ms;
+    t->auth = auth;
     t->refresh = refresh;
     t->proxy = proxy;
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_mutex_init(&t->r_mu, NULL);
+    pthread_mutex_init(&t->f_mu, NULL);
     cond_init_mono(&t->q_cv);
     cond_init_mono(&t->done_cv);
     cond_init_mono(&t->r_cv);
-    for (int i = 0; i < KV_REDIS_READERS; i++) {
-        if (!(t->rbuf[i] = malloc(KV_REDIS_READ_CHUNK))) {
-            tier_free(t);
-            util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
-            return NULL;
-        }
-    }
 
     /* One try now, so a tier opened beside a running server takes puts at
      * once; a server that is not there is not an error (the writer thread
-     * keeps trying). */
+     * keeps trying), but it is said, once. */
     pipe_guard g;
     pipe_block(&g);
-    t->w = rconnect(t);
+    t->w = rconnect(t, false);
     if (t->w) {
-        t->readers[0].c = rconnect(t);
+        t->readers[0].c = rconnect(t, true);
     } else {
         atomic_fetch_add(&t->base.n.errors, 1);
         t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
@@ -988,8 +1234,9 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
  *   a redirection or CLUSTERDOWN;
  * - every master is a node tier of its own (the single-server code above:
  *   its writer thread and queue for puts, its reader connections, its
- *   reconnects), so a dead node costs only its own blocks: its puts drop
- *   and its gets miss at once (no connection: no wait), other nodes serve;
+ *   reconnects, its faults), so a dead node costs only its own blocks: its
+ *   puts drop and its gets miss at once (no connection: no wait), other
+ *   nodes serve; every node gets the same AUTH and TLS;
  * - a get of n blocks is one pipeline of GETs per node (keys of one MGET
  *   must share a slot), all sent before any is read, under one deadline;
  *   MOVED (the slot changed master) and ASK (being migrated) are followed
@@ -998,26 +1245,22 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
  * - writes answered MOVED/ASK are dropped (counted) and refresh the map.
  * Only database 0 exists in a cluster. Run the nodes with
  * cluster-require-full-coverage no, or a single dead master stops every
- * node from serving any slot (docs/cluster.md). */
+ * node from serving any slot (docs/cluster.md). Until a first map is read
+ * (no seed answers, or answers as no cluster) the tier is down, said once
+ * when it starts and once when a map comes. */
 
-#define CLUSTER_SCHEME "redis-cluster://"
 #define KV_CLUSTER_SLOTS 16384
 #define KV_CLUSTER_MAX_NODES 64
-#define KV_CLUSTER_MAX_SEEDS 16
 #define KV_CLUSTER_NO_NODE 0xff
 /* Slot map re-read this often (the answer is a few hundred bytes). */
 #define KV_CLUSTER_MAP_MS 1000
-
-typedef struct {
-    char host[256];
-    int port;
-} hostport;
 
 typedef struct {
     kv_tier base;
     int timeout_ms;
     int n_seeds;
     hostport seeds[KV_CLUSTER_MAX_SEEDS];
+    redis_auth *auth; /* every node's */
     /* append-only (by open and the mapper thread); a node is closed only at close */
     _Atomic(redis_tier *) nodes[KV_CLUSTER_MAX_NODES];
     _Atomic int n_nodes;
@@ -1031,6 +1274,12 @@ typedef struct {
     pthread_t thread;
     bool thread_started;
 
+    /* no map yet: the fault, logged when it starts (map thread or open) and
+     * when a map comes; missed: gets that had no map */
+    bool f_on;
+    double f_since;
+    uint64_t f_missed0, f_dropped0;
+    _Atomic uint64_t missed;
 } cluster_tier;
 
 /* CRC16-CCITT (XMODEM), Redis Cluster's key hash. */
@@ -1076,22 +1325,44 @@ static int cluster_node_add(cluster_tier *t, const char *host, int port) {
     int n = atomic_load(&t->n_nodes);
     if (n >= KV_CLUSTER_MAX_NODES) return -1;
     kvlm_error err = {0};
-    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, &t->refresh, false, &err);
+    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, t->auth, &t->refresh, false, &err);
     if (!nd) return -1;
     atomic_store(&t->nodes[n], nd);
     atomic_store(&t->n_nodes, n + 1);
     return n;
 }
 
-/* Reads CLUSTER SLOTS from one node and installs the map. */
-static bool cluster_map_from(cluster_tier *t, const char *host, int port) {
-    redisContext *c = rconnect_to(host, port, 0, t->timeout_ms);
-    if (!c) return false;
-    double deadline = util_now_s() + t->timeout_ms / 1000.0, set_s = 0;
+/* Reads CLUSTER SLOTS from one node and installs the map; false with why
+ * (msg: "HOST:PORT: ...") when it cannot. */
+static bool cluster_map_from(cluster_tier *t, const char *host, int port, char *msg, size_t cap) {
+    rconn_params p = {host, port, 0, t->auth->user, t->auth->password, t->auth->tls, 0};
+    rconn_status st;
+    char why[256];
+    const char *fmt = strchr(host, ':') ? "[%s]:%d: %s%s" : "%s:%d: %s%s";
+    double deadline = util_now_s() + t->timeout_ms / 1000.0;
+    rconn *c = rconn_open(&p, deadline, &st, why, sizeof why);
+    if (!c) {
+        snprintf(msg, cap, fmt, host, port, st == RCONN_DOWN ? "down: " : st == RCONN_HUNG ? "not answering: " : "", why);
+        return false;
+    }
     redisReply *r = NULL;
-    if (redisAppendCommand(c, "CLUSTER SLOTS") == REDIS_OK && rt_send(c, deadline, &set_s))
-        r = rt_recv(c, deadline, &set_s, NULL);
+    rconn_set_limits(c, &rconn_slots);
+    if (rconn_appendv(c, "CLUSTER", "SLOTS", (char *)NULL) && rconn_send(c, deadline)) r = rconn_recv(c, deadline);
     bool ok = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+    if (!r) {
+        const char *m;
+        rconn_status e = rconn_error(c, &m);
+        snprintf(msg, cap, fmt, host, port, e == RCONN_HUNG ? "not answering: " : "", m);
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        char e[160];
+        copy_err(e, sizeof e, r->str, r->len);
+        snprintf(msg, cap, strchr(host, ':') ? "[%s]:%d: not a cluster node: CLUSTER SLOTS answered '%s' (use redis://)"
+                                             : "%s:%d: not a cluster node: CLUSTER SLOTS answered '%s' (use redis://)",
+                 host, port, e);
+    } else if (!ok) {
+        snprintf(msg, cap, fmt, host, port, "", r->type == REDIS_REPLY_ARRAY ? "the cluster has no slots assigned"
+                                                                          : "CLUSTER SLOTS answered something else than a map");
+    }
     uint8_t *map = t->map_scratch; /* the mapper thread's (open runs before it starts) */
     memset(map, KV_CLUSTER_NO_NODE, KV_CLUSTER_SLOTS);
     for (size_t i = 0; ok && i < r->elements; i++) {
@@ -1101,12 +1372,17 @@ static bool cluster_map_from(cluster_tier *t, const char *host, int port) {
             e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
             e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
             ok = false;
+            snprintf(msg, cap, fmt, host, port, "", "CLUSTER SLOTS answered a map not of the shape expected");
             break;
         }
         long long lo = e->element[0]->integer, hi = e->element[1]->integer;
         const char *mh = e->element[2]->element[0]->str;
         long long mp = e->element[2]->element[1]->integer;
-        if (lo < 0 || hi >= KV_CLUSTER_SLOTS || lo > hi || mp < 1 || mp > 65535) { ok = false; break; }
+        if (lo < 0 || hi >= KV_CLUSTER_SLOTS || lo > hi || mp < 1 || mp > 65535) {
+            ok = false;
+            snprintf(msg, cap, fmt, host, port, "", "CLUSTER SLOTS answered a slot or port out of range");
+            break;
+        }
         /* "" or "?": the node does not know its own address; it is the one asked */
         if (!*mh || !strcmp(mh, "?")) mh = host;
         if (strlen(mh) >= sizeof ((hostport *)0)->host) continue;
@@ -1115,23 +1391,45 @@ static bool cluster_map_from(cluster_tier *t, const char *host, int port) {
         for (long long s = lo; s <= hi; s++) map[s] = (uint8_t)nd;
     }
     if (r) freeReplyObject(r);
-    redisFree(c);
+    rconn_free(c);
     if (!ok) return false;
     for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_store_explicit(&t->slot_node[s], map[s], memory_order_relaxed);
     atomic_store(&t->mapped, true);
     return true;
 }
 
-/* Asks the known nodes that are up, then the seeds, until one answers. */
+/* Asks the known nodes that are up, then the seeds, until one answers; a
+ * tier without a map yet logs why when that starts and when it ends. */
 static bool cluster_refresh(cluster_tier *t) {
+    char why[1024] = "", one[400];
+    size_t wl = 0;
+    bool ok = false;
     int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !ok; i++) {
         redis_tier *nd = atomic_load(&t->nodes[i]);
-        if (atomic_load(&nd->base.n.up) && cluster_map_from(t, nd->host, nd->port)) return true;
+        if (atomic_load(&nd->base.n.up)) ok = cluster_map_from(t, nd->host, nd->port, one, sizeof one);
     }
-    for (int i = 0; i < t->n_seeds; i++)
-        if (cluster_map_from(t, t->seeds[i].host, t->seeds[i].port)) return true;
+    for (int i = 0; i < t->n_seeds && !ok; i++) {
+        ok = cluster_map_from(t, t->seeds[i].host, t->seeds[i].port, one, sizeof one);
+        if (!ok && wl < sizeof why - 1) wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s", wl ? "; " : "", one);
+    }
+    if (ok) {
+        if (t->f_on) {
+            t->f_on = false;
+            LOG_WARN("redis tier: cluster slot map read after %.1f s (%llu reads missed, %llu writes dropped)",
+                     util_now_s() - t->f_since, (unsigned long long)(atomic_load(&t->missed) - t->f_missed0),
+                     (unsigned long long)(atomic_load(&t->base.n.dropped) - t->f_dropped0));
+        }
+        return true;
+    }
     atomic_fetch_add(&t->base.n.errors, 1);
+    if (!atomic_load(&t->mapped) && !t->f_on) { /* once mapped, the nodes tell their own faults */
+        t->f_on = true;
+        t->f_since = util_now_s();
+        t->f_missed0 = atomic_load(&t->missed);
+        t->f_dropped0 = atomic_load(&t->base.n.dropped);
+        LOG_WARN("redis tier %s (no cluster slot map: reads miss and writes drop until a seed answers)", why);
+    }
     return false;
 }
 
@@ -1158,7 +1456,8 @@ static void *mapper_main(void *arg) {
 
 /* Replies of a pipeline of GETs or EXISTS parsed straight into the caller's
  * buffers (as mget_sink does for MGET): one top-level reply at a time, the
- * caller sets `cur` before each and reads `kind` after. */
+ * caller sets `cur` before each and reads `kind` after. An array is never
+ * an answer to either: refused at its header. */
 enum { RK_NONE, RK_STR, RK_NIL, RK_INT, RK_ERR, RK_STATUS, RK_OTHER };
 typedef struct {
     void *const *bufs; /* NULL: EXISTS */
@@ -1180,9 +1479,7 @@ static void *psink_string(const redisReadTask *task, char *str, size_t len) {
         }
     } else if (task->type == REDIS_REPLY_ERROR) {
         s->kind = RK_ERR;
-        size_t m = len < sizeof s->err - 1 ? len : sizeof s->err - 1;
-        memcpy(s->err, str, m);
-        s->err[m] = 0;
+        copy_err(s->err, sizeof s->err, str, len);
     } else {
         s->kind = RK_STATUS;
     }
@@ -1191,7 +1488,7 @@ static void *psink_string(const redisReadTask *task, char *str, size_t len) {
 static void *psink_array(const redisReadTask *task, int elements) {
     (void)elements;
     ((pipe_sink *)task->privdata)->kind = RK_OTHER;
-    return task->privdata;
+    return NULL;
 }
 static void *psink_integer(const redisReadTask *task, long long v) {
     pipe_sink *s = task->privdata;
@@ -1207,18 +1504,12 @@ static void *psink_nil(const redisReadTask *task) {
 static redisReplyObjectFunctions psink_fns = {psink_string, psink_array, psink_integer, psink_nil, sink_free};
 
 /* Reads one reply of a pipeline into the sink (false: connection broken). */
-static bool psink_recv(redisContext *c, pipe_sink *s, int cur, double deadline, double *set_s, unsigned char *rbuf) {
-    redisReader *rd = c->reader;
-    redisReplyObjectFunctions *fn = rd->fn;
-    void *priv = rd->privdata;
-    rd->fn = &psink_fns;
-    rd->privdata = s;
+static bool psink_recv(rconn *c, pipe_sink *s, int cur, double deadline) {
+    rconn_set_sink(c, &psink_fns, s);
     s->cur = cur;
     s->kind = RK_NONE;
-    bool ok = rt_recv(c, deadline, set_s, rbuf) == (void *)s && s->kind != RK_OTHER && s->kind != RK_NONE;
-    rd->reply = NULL; /* a half-built reply is the sink's */
-    rd->fn = fn;
-    rd->privdata = priv;
+    bool ok = rconn_recv(c, deadline) == (void *)s && s->kind != RK_OTHER && s->kind != RK_NONE;
+    rconn_clear_sink(c);
     return ok;
 }
 
@@ -1239,28 +1530,26 @@ static int redirect_target(cluster_tier *t, const char *e, bool *ask) {
     return cluster_find_node(t, host, (int)port);
 }
 
-/* Parses one reply already in c's read buffer into the sink, no I/O:
- * 1 one parsed, 0 not whole yet, -1 a protocol error or an unexpected shape. */
-static int psink_try(redisContext *c, pipe_sink *s, int cur) {
-    redisReader *rd = c->reader;
-    redisReplyObjectFunctions *fn = rd->fn;
-    void *priv = rd->privdata;
-    rd->fn = &psink_fns;
-    rd->privdata = s;
+/* Parses one reply already read into the sink, no I/O: 1 one parsed, 0 not
+ * whole yet, -1 a protocol error, a refused reply or an unexpected shape. */
+static int psink_try(rconn *c, pipe_sink *s, int cur) {
+    rconn_set_sink(c, &psink_fns, s);
     s->cur = cur;
     s->kind = RK_NONE;
     void *r = NULL;
-    int st = redisReaderGetReply(rd, &r) == REDIS_OK ? (r ? 1 : 0) : -1;
+    int st = rconn_parse(c, &r);
     if (st == 1 && (r != (void *)s || s->kind == RK_OTHER || s->kind == RK_NONE)) st = -1;
-    if (st != 1) rd->reply = NULL; /* a half-built reply is the sink's */
-    rd->fn = fn;
-    rd->privdata = priv;
+    rconn_clear_sink(c);
     return st;
 }
 
 /* A node's pipeline is over: its reader goes back, closed if broken (its
  * unread replies would reach the next caller); its blocks not read miss. */
-static void leg_end(cluster_tier *t, int nd, int slot, bool broken) { reader_give(atomic_load(&t->nodes[nd]), slot, broken); }
+static void leg_end(cluster_tier *t, int nd, int slot, bool broken) {
+    redis_tier *r = atomic_load(&t->nodes[nd]);
+    if (broken) atomic_fetch_add(&r->missed, 1);
+    reader_give(r, slot, broken);
+}
 
 /* GET (bufs != NULL) or EXISTS of n blocks over the cluster: lens[i] > 0
  * for a block found (EXISTS: 1). One pipeline per node, sent to every node
@@ -1274,13 +1563,17 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
     int *redir = node + n; /* per key: -1, or the node a redirection named (+ KV_CLUSTER_MAX_NODES for ASK) */
     struct { int node, slot; bool broken; } legs[KV_CLUSTER_MAX_NODES];
     int n_legs = 0;
+    rconn_limits lim = bufs ? block_limits(cap) : rconn_small;
     pipe_guard g;
     pipe_block(&g);
+    bool unmapped = false;
     for (int i = 0; i < n; i++) {
         key_name(&keys[i], names[i]);
         node[i] = cluster_node_of(t, names[i]);
         redir[i] = -1;
+        unmapped |= node[i] < 0;
     }
+    if (unmapped && bufs) atomic_fetch_add(&t->missed, 1);
     /* send: one pipeline per node, nodes in index order (callers that wait
      * for a busy reader while holding others' all take them in one order) */
     int n_nodes = atomic_load(&t->n_nodes);
@@ -1289,22 +1582,24 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
         while (i < n && node[i] != nd) i++;
         if (i == n) continue;
         redis_tier *r = atomic_load(&t->nodes[nd]);
-        int slot = reader_take(r, deadline);
+        bool down;
+        int slot = reader_take(r, deadline, &down);
         if (slot < 0) { /* down (or every reader busy until the deadline): its blocks miss */
+            if (down && bufs) atomic_fetch_add(&r->missed, 1);
             for (int j = i; j < n; j++)
                 if (node[j] == nd) node[j] = -1;
             continue;
         }
-        redisContext *c = r->readers[slot].c;
+        rconn *c = r->readers[slot].c;
+        rconn_set_limits(c, &lim);
         bool ok = true;
         for (int j = i; ok && j < n; j++) {
             if (node[j] != nd) continue;
             const char *argv[2] = {cmd, names[j]};
             size_t alen[2] = {strlen(cmd), KEY_LEN};
-            ok = redisAppendCommandArgv(c, 2, argv, alen) == REDIS_OK;
+            ok = rconn_append(c, 2, argv, alen);
         }
-        double set_s = 0;
-        ok = ok && rt_send(c, deadline, &set_s);
+        ok = ok && rconn_send(c, deadline);
         legs[n_legs].node = nd;
         legs[n_legs].slot = slot;
         legs[n_legs].broken = !ok;
@@ -1321,10 +1616,11 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
     }
     while (open_legs > 0) {
         int np = 0, map_[KV_CLUSTER_MAX_NODES];
+        bool ready = false; /* a TLS leg holds decrypted bytes: read them before waiting */
         for (int l = 0; l < n_legs; l++) {
             if (legs[l].broken || next[l] > n) continue; /* ended */
             redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
-            redisContext *c = r->readers[legs[l].slot].c;
+            rconn *c = r->readers[legs[l].slot].c;
             /* parse what has arrived */
             for (;;) {
                 while (next[l] < n && node[next[l]] != legs[l].node) next[l]++;
@@ -1339,7 +1635,13 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
                     bool ask;
                     int to = redirect_target(t, s.err, &ask);
                     if (to >= 0) redir[j] = to + (ask ? KV_CLUSTER_MAX_NODES : 0);
-                    else if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
+                    else {
+                        if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
+                        refusal_note(r, REF_READS, s.err);
+                    }
+                } else if (bufs) {
+                    note_ok(r, REF_READS);
+                    fault_end(r, true);
                 }
                 next[l]++;
             }
@@ -1349,23 +1651,25 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
                 open_legs--;
                 continue;
             }
-            pfd[np] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+            ready |= rconn_buffered(c);
+            pfd[np] = (struct pollfd){.fd = rconn_fd(c), .events = rconn_events(c)};
             map_[np++] = l;
         }
         if (np == 0) break;
         double left = deadline - util_now_s();
-        int pr = left > 0 ? poll(pfd, (nfds_t)np, (int)(left * 1000) + 1) : 0;
-        if (pr < 0 && errno == EINTR) continue;
+        int pr = 0;
+        if (left > 0 || ready) {
+            pr = poll(pfd, (nfds_t)np, ready || left <= 0 ? 0 : (int)(left * 1000) + 1);
+            if (pr < 0 && errno == EINTR) continue;
+        }
+        bool expired = left <= 0 || pr < 0 || (pr == 0 && !ready); /* the deadline passed (or poll failed) */
         for (int k = 0; k < np; k++) {
             int l = map_[k];
             redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
-            redisContext *c = r->readers[legs[l].slot].c;
-            bool end = pr <= 0; /* the deadline passed (or poll failed) */
-            if (!end && pfd[k].revents) {
-                ssize_t got = read(c->fd, r->rbuf[legs[l].slot], KV_REDIS_READ_CHUNK);
-                if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-                end = got <= 0 || redisReaderFeed(c->reader, (const char *)r->rbuf[legs[l].slot], (size_t)got) != REDIS_OK;
-            }
+            rconn *c = r->readers[legs[l].slot].c;
+            bool end = expired;
+            if (end) rconn_set_error(c, RCONN_HUNG, "waiting for a reply timed out");
+            else if (pfd[k].revents || rconn_buffered(c)) end = rconn_read_some(c) < 0;
             if (end) {
                 legs[l].broken = true;
                 leg_end(t, legs[l].node, legs[l].slot, true);
@@ -1380,17 +1684,15 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
         if (redir[j] < 0 || lens[j]) continue;
         bool ask = redir[j] >= KV_CLUSTER_MAX_NODES;
         redis_tier *r = atomic_load(&t->nodes[redir[j] % KV_CLUSTER_MAX_NODES]);
-        int slot = reader_take(r, deadline);
+        int slot = reader_take(r, deadline, NULL);
         if (slot < 0) continue;
-        redisContext *c = r->readers[slot].c;
+        rconn *c = r->readers[slot].c;
+        rconn_set_limits(c, &lim);
         const char *argv[2] = {cmd, names[j]};
         size_t alen[2] = {strlen(cmd), KEY_LEN};
-        double set_s = 0;
         pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
-        bool ok = (!ask || redisAppendCommand(c, "ASKING") == REDIS_OK) &&
-                  redisAppendCommandArgv(c, 2, argv, alen) == REDIS_OK && rt_send(c, deadline, &set_s) &&
-                  (!ask || psink_recv(c, &s, j, deadline, &set_s, r->rbuf[slot])) &&
-                  psink_recv(c, &s, j, deadline, &set_s, r->rbuf[slot]);
+        bool ok = (!ask || rconn_appendv(c, "ASKING", (char *)NULL)) && rconn_append(c, 2, argv, alen) &&
+                  rconn_send(c, deadline) && (!ask || psink_recv(c, &s, j, deadline)) && psink_recv(c, &s, j, deadline);
         if (ok && s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
         if (!ok) lens[j] = 0;
         reader_give(r, slot, !ok);
@@ -1399,7 +1701,6 @@ static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *cons
     free(node);
     free(names);
 }
-
 static int leading(int n, const size_t *lens, int *found) {
     int lead = 0;
     bool gap = false;
@@ -1488,6 +1789,7 @@ static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
 static void cluster_free(cluster_tier *t) {
     int n = atomic_load(&t->n_nodes);
     for (int i = 0; i < n; i++) redis_close(&atomic_load(&t->nodes[i])->base);
+    auth_free(t->auth);
     pthread_mutex_destroy(&t->m_mu);
     pthread_cond_destroy(&t->m_cv);
     free(t);
@@ -1514,45 +1816,29 @@ static const kv_tier_ops cluster_ops = {
     .close = cluster_close,
 };
 
-static kv_tier *cluster_open(const char *url, int timeout_ms, kvlm_error *err) {
-    const char *want = "expected redis-cluster://HOST:PORT[,HOST:PORT...]";
+
+static kv_tier *cluster_open(const redis_url *u, int timeout_ms, redis_auth *auth, kvlm_error *err) {
     cluster_tier *t = calloc(1, sizeof *t);
-    if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
+    if (!t) {
+        auth_free(auth);
+        util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
+        return NULL;
+    }
     t->base.ops = &cluster_ops;
     t->timeout_ms = timeout_ms;
+    t->auth = auth;
+    t->n_seeds = u->n_hosts;
+    memcpy(t->seeds, u->hosts, sizeof t->seeds);
     for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_init(&t->slot_node[s], KV_CLUSTER_NO_NODE);
     pthread_mutex_init(&t->m_mu, NULL);
     cond_init_mono(&t->m_cv);
-    const char *p = url + sizeof CLUSTER_SCHEME - 1;
-    if (strchr(p, '@')) {
-        util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': user names and passwords are not supported", url);
-        cluster_free(t);
-        return NULL;
-    }
-    for (;;) {
-        if (t->n_seeds == KV_CLUSTER_MAX_SEEDS) {
-            util_err_set(err, KVLM_EINVAL, "redis tier: bad URL '%.200s': more than %d seed nodes", url, KV_CLUSTER_MAX_SEEDS);
-            cluster_free(t);
-            return NULL;
-        }
-        hostport *h = &t->seeds[t->n_seeds];
-        const char *end;
-        if (!parse_hostport(url, p, ",", h->host, sizeof h->host, &h->port, &end, want, err)) {
-            cluster_free(t);
-            return NULL;
-        }
-        t->n_seeds++;
-        if (!*end) break;
-        p = end + 1; /* a ',' */
-    }
     /* One map now (each seed at most one timeout), so puts route at once; a
-     * cluster that is not there is not an error (the mapper keeps asking). */
+     * cluster that is not there is not an error (the mapper keeps asking),
+     * but it is said, once. */
     pipe_guard g;
     pipe_block(&g);
-    bool mapped = false;
-    for (int i = 0; i < t->n_seeds && !mapped; i++) mapped = cluster_map_from(t, t->seeds[i].host, t->seeds[i].port);
+    cluster_refresh(t);
     pipe_restore(&g);
-    if (!mapped) atomic_fetch_add(&t->base.n.errors, 1);
 
     int rc = start_unsignalled(&t->thread, mapper_main, t);
     if (rc != 0) {
@@ -1564,17 +1850,62 @@ static kv_tier *cluster_open(const char *url, int timeout_ms, kvlm_error *err) {
     return &t->base;
 }
 
-kv_tier *kv_tier_redis_open(const char *url, int timeout_ms, kvlm_error *err) {
+kv_tier *kv_tier_redis_open(const char *url, const kv_redis_opts *o, kvlm_error *err) {
+    kv_redis_opts none = {0};
+    if (!o) o = &none;
+    int timeout_ms = o->timeout_ms;
     if (timeout_ms < 0 || timeout_ms > 60000) {
         util_err_set(err, KVLM_EINVAL, "redis tier: timeout %d ms: must be 0 (default 200) to 60000", timeout_ms);
         return NULL;
     }
     if (!timeout_ms) timeout_ms = 200;
-    if (url && !strncmp(url, CLUSTER_SCHEME, sizeof CLUSTER_SCHEME - 1)) return cluster_open(url, timeout_ms, err);
-    char host[256];
-    int port, db;
-    bool proxy;
-    if (!parse_url(url, host, sizeof host, &port, &db, &proxy, err)) return NULL;
-    redis_tier *t = node_open(host, port, db, timeout_ms, NULL, proxy, err);
-    return t ? &t->base : NULL;
+    redis_url u;
+    if (!parse_url(url, &u, err)) return NULL;
+    if (!u.tls && (o->tls_ca || o->tls_cert || o->tls_key)) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: '%.200s': TLS files given (CA, certificate or key) for a plain "
+                     "connection: use rediss:// (or rediss-cluster://)", u.shown);
+        url_free(&u);
+        return NULL;
+    }
+    if (o->password && !*o->password) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: an empty password");
+        url_free(&u);
+        return NULL;
+    }
+    if (u.user && !u.password && !o->password) {
+        util_err_set(err, KVLM_EINVAL, "redis tier: '%.200s': user '%.64s' without a password (give it in a file or "
+                     "KVLM_REDIS_PASSWORD)", u.shown, u.user);
+        url_free(&u);
+        return NULL;
+    }
+    redis_auth *auth = calloc(1, sizeof *auth);
+    if (!auth) {
+        url_free(&u);
+        util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
+        return NULL;
+    }
+    auth->user = u.user;
+    auth->password = o->password ? strdup(o->password) : u.password;
+    if (o->password && u.password) {
+        memset(u.password, 0, strlen(u.password));
+        free(u.password);
+    }
+    u.user = u.password = NULL; /* auth's now */
+    if (o->password && !auth->password) {
+        util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
+        auth_free(auth);
+        return NULL;
+    }
+    if (u.tls && !(auth->tls = rconn_tls_new(o->tls_ca, o->tls_cert, o->tls_key, err))) {
+        auth_free(auth);
+        return NULL;
+    }
+    if (u.cluster) return cluster_open(&u, timeout_ms, auth, err);
+    redis_tier *t = node_open(u.hosts[0].host, u.hosts[0].port, u.db, timeout_ms, auth, NULL, u.proxy, err);
+    if (!t) {
+        auth_free(auth);
+        return NULL;
+    }
+    t->own_auth = auth;
+    return &t->base;
 }
