@@ -10,7 +10,9 @@
  *              redis-server).
  * Each hit is printed as a ratio to recompute, with its spread over the runs,
  * the bytes per second the promotion reached, and whether the last token's
- * logits equal the recompute's. Usage:
+ * logits equal the recompute's. Then the same with signed blocks (--kv-key:
+ * HMAC-SHA-256 over every block written and read), and signed against
+ * unsigned for each tier. Usage:
  *   bench_tiers [THREADS] [SHAPE: tinyllama|stories110m|both] [DISK DIR] [REDIS URL] [RUNS] */
 #include <fcntl.h>
 #include <ftw.h>
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "bench_common.h"
+#include "kv/blockfmt.h"
 #include "kvlm.h"
 #include "util/timing.h"
 
@@ -28,6 +31,7 @@
 
 static int threads = 2, runs = 3;
 static const char *disk_dir = "/tmp/kvlm-bench-tiers", *redis_url = NULL;
+static const char *mac_key; /* the signed pass's key (NULL: unsigned) */
 
 static int drop_one(const char *path, const struct stat *st, int type, struct FTW *f) {
     (void)st, (void)f;
@@ -53,6 +57,8 @@ static kvlm_ctx *make_ctx(kvlm_model *m, const char *disk, const char *redis) {
     cp.kv_disk = disk;
     cp.kv_disk_size = (uint64_t)4 << 30;
     cp.kv_redis = redis;
+    cp.kv_mac_key = mac_key;
+    cp.kv_mac_key_len = mac_key ? strlen(mac_key) : 0;
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
     if (!ctx) { fprintf(stderr, "context: %s\n", err.msg); exit(1); }
@@ -83,8 +89,8 @@ static double max_diff(const float *a, const float *b, int n) {
     return d;
 }
 
-/* One tier's hits: runs fresh contexts (page cache dropped for disk). */
-static void tier_hits(kvlm_model *m, const char *name, const char *disk, const char *redis, const int32_t *ids,
+/* One tier's hits: runs fresh contexts (page cache dropped for disk); the median. */
+static double tier_hits(kvlm_model *m, const char *name, const char *disk, const char *redis, const int32_t *ids,
                       int V, const float *want, double t_re) {
     double t[16];
     float *got = calloc((size_t)V, sizeof(float));
@@ -109,11 +115,11 @@ static void tier_hits(kvlm_model *m, const char *name, const char *disk, const c
            name, 1e3 * t[runs / 2], 1e3 * t[0], 1e3 * t[runs - 1], t_re / t[runs / 2], reused,
            read_s > 0 ? bytes / read_s / 1e6 : 0.0, max_diff(got, want, V));
     free(got);
+    return t[runs / 2];
 }
 
-static void run_shape(const bench_shape *s) {
-    char path[1024];
-    kvlm_model *m = bench_load(bench_model_path(s, "q8_0", path, sizeof path));
+/* One pass (unsigned, or signed with mac_key): medians of the disk and redis hits. */
+static void run_pass(const bench_shape *s, kvlm_model *m, double *t_disk, double *t_redis) {
     int V = s->vocab;
     int32_t *ids = malloc((PREFIX + SUFFIX) * sizeof(int32_t));
     uint64_t r = 12345;
@@ -132,9 +138,10 @@ static void run_shape(const bench_shape *s) {
     kvlm_kv_stats kst;
     kvlm_kv_stats_get(ctx, &kst);
     printf("%s shape (dim %d, %d layers, %d/%d heads), Q8_0 weights, f16 cache, %d threads: %d-token prefix "
-           "(%d blocks of %zu bytes = %.1f MB) + %d new tokens\n",
+           "(%d blocks of %zu bytes = %.1f MB) + %d new tokens%s\n",
            s->name, s->dim, s->layers, s->heads, s->kv, threads, PREFIX, PREFIX / kst.block_size, kst.block_bytes,
-           (double)PREFIX / kst.block_size * (double)kst.block_bytes / 1e6, SUFFIX);
+           (double)PREFIX / kst.block_size * (double)kst.block_bytes / 1e6, SUFFIX,
+           mac_key ? ", blocks signed (HMAC-SHA-256)" : "");
     printf("  %-10s %8.1f ms  (one run)\n", "recompute", 1e3 * t_re);
     double t[16];
     for (int k = 0; k < runs; k++) t[k] = ttft(ctx, ids, PREFIX + SUFFIX, ram, V, &reused);
@@ -152,7 +159,7 @@ static void run_shape(const bench_shape *s) {
     kvlm_ctx_free(ctx);
 
     float *got = malloc((size_t)V * sizeof(float));
-    tier_hits(m, "disk hit", disk_dir, NULL, ids, V, want, t_re);
+    *t_disk = tier_hits(m, "disk hit", disk_dir, NULL, ids, V, want, t_re);
     { /* the logits of one more disk hit against the RAM hit's: the same bytes came back */
         kvlm_ctx *c2 = make_ctx(m, disk_dir, NULL);
         ttft(c2, ids, PREFIX + SUFFIX, got, V, &reused);
@@ -160,7 +167,7 @@ static void run_shape(const bench_shape *s) {
         kvlm_ctx_free(c2);
     }
     if (redis_url) {
-        tier_hits(m, "redis hit", NULL, redis_url, ids, V, want, t_re);
+        *t_redis = tier_hits(m, "redis hit", NULL, redis_url, ids, V, want, t_re);
         kvlm_ctx *c3 = make_ctx(m, NULL, redis_url);
         ttft(c3, ids, PREFIX + SUFFIX, got, V, &reused);
         printf("%s\n", memcmp(got, ram, (size_t)V * sizeof(float)) ? "NO" : "yes");
@@ -170,6 +177,52 @@ static void run_shape(const bench_shape *s) {
     free(want);
     free(ram);
     free(ids);
+}
+
+/* What signing costs one block of `bytes` payload: seal + check, checksum against HMAC-SHA-256. */
+static void seal_cost(size_t bytes) {
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_F16, 16, 1, 1, 64, bytes, false, NULL};
+    int32_t toks[16] = {0};
+    kv_key key;
+    const char *secret = "bench_tiers: a per-deployment secret";
+    kv_blockauth *a = kv_blockauth_create(secret, strlen(secret), NULL);
+    double us[2];
+    for (int signed_ = 0; signed_ < 2; signed_++) {
+        f.auth = signed_ ? a : NULL;
+        kv_block_key(&f, NULL, toks, &key);
+        size_t n = kv_blockfmt_bytes(&f);
+        uint8_t *b = calloc(1, n);
+        double best = 1e9;
+        for (int r = 0; r < 20; r++) {
+            double t0 = util_now_s();
+            kv_blockfmt_begin(&f, &key, toks, b);
+            kv_blockfmt_seal(&f, b);
+            if (!kv_blockfmt_check(&f, &key, toks, b, n, NULL)) { fprintf(stderr, "seal_cost: check failed\n"); exit(1); }
+            double dt = util_now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        us[signed_] = best * 1e6;
+        free(b);
+    }
+    kv_blockauth_free(a);
+    printf("  one block of %zu bytes sealed and checked: XXH3-64 %.0f us, HMAC-SHA-256 %.0f us (%.2f GB/s each way); "
+           "2,048 tokens' blocks: +%.1f ms signed\n", bytes, us[0], us[1], 2 * bytes / us[1] / 1e3,
+           (us[1] - us[0]) * (PREFIX / 16) / 1e3);
+}
+
+static void run_shape(const bench_shape *s) {
+    char path[1024];
+    kvlm_model *m = bench_load(bench_model_path(s, "q8_0", path, sizeof path));
+    double disk[2] = {0}, redis[2] = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        mac_key = pass ? "bench_tiers: a per-deployment secret" : NULL;
+        run_pass(s, m, &disk[pass], &redis[pass]);
+    }
+    mac_key = NULL;
+    seal_cost((size_t)s->layers * s->kv * (s->dim / s->heads) * 16 * 2 * 2); /* K + V, f16, 16 tokens */
+    printf("  signed against unsigned (time to first token, medians): disk hit %.2fx", disk[1] / disk[0]);
+    if (redis_url) printf(", redis hit %.2fx", redis[1] / redis[0]);
+    printf("\n\n");
     kvlm_model_free(m);
 }
 

@@ -307,7 +307,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
                             kp.n_blocks, want / (1 << 30), ctx->p.n_ctx,
                             ctx->ctx_from_file ? " (the model file's context length)" : "", ctx->p.n_seq_max,
                             have / (1 << 30));
-    kv_store_params sp = {.pool = kp}, lp = {0};
+    kv_store_params sp = {.pool = kp, .threads = ctx->pool}, lp = {0};
     /* sliding-window layers (docs/sliding-window.md): all local, one store
      * with the window; some local, a second store for them */
     uint8_t *layer_local = NULL;

@@ -52,6 +52,9 @@ typedef struct kv_store_params {
      * is signed with it and every block read back is verified. The store owns
      * it (frees it, also on failure); pool.auth and local's are set from it. */
     kv_blockauth *auth;
+    /* Threads that check a promotion's signed blocks at once (not owned;
+     * NULL: the caller's thread); run only from the thread that calls the store. */
+    struct util_pool *threads;
 } kv_store_params;
 
 /* On failure the tiers in p are closed (and its auth freed) too. */
