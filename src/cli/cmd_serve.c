@@ -44,7 +44,8 @@ static void serve_usage(FILE *f) {
             "      --metrics-auth      /metrics needs the key too\n"
             "      --cors-origin ORIGIN  let web pages from ORIGIN (e.g. https://app.example.com) call the API\n"
             "                          (repeatable; by default no cross-origin page can read the answers)\n"
-            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n\n"
+            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n"
+            "      --ssl-min-version V tls1.2 (default) or tls1.3: older TLS versions are refused\n\n"
             "For prefix-aware routers (docs/kv-events.md):\n"
             "      --kv-events URL     publish the KV cache's block changes in vLLM's KV-events format (ZeroMQ\n"
             "                          PUB, msgpack): tcp://*:5557 listens, tcp://HOST:5557 connects to a\n"
@@ -107,6 +108,7 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-key-file", &sp.ssl_key_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-min-version", &sp.ssl_min_version, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}

@@ -829,6 +829,14 @@ static void free_config(kvlm_server *s) {
     free(s->cors);
 }
 
+/* GnuTLS's priorities for the oldest TLS version allowed (NULL: TLS 1.2):
+ * TLS 1.0 and 1.1 (SHA-1 and MD5 in the handshake, RFC 8996) are never offered. */
+static const char *tls_priorities(const char *min_version) {
+    if (!min_version || !strcmp(min_version, "tls1.2")) return "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2";
+    if (!strcmp(min_version, "tls1.3")) return "NORMAL:-VERS-ALL:+VERS-TLS1.3";
+    return NULL;
+}
+
 /* Copies what the server keeps of p (key, origins) and reads the TLS files. */
 static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *err) {
     if (p->api_key) {
@@ -862,6 +870,14 @@ static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *
     }
     if (!p->ssl_key_file != !p->ssl_cert_file) {
         util_err_set(err, KVLM_EINVAL, "TLS needs both a key file and a certificate file");
+        return -1;
+    }
+    if (p->ssl_min_version && !tls_priorities(p->ssl_min_version)) {
+        util_err_set(err, KVLM_EINVAL, "--ssl-min-version %s: expected tls1.2 or tls1.3", p->ssl_min_version);
+        return -1;
+    }
+    if (p->ssl_min_version && !p->ssl_key_file) {
+        util_err_set(err, KVLM_EINVAL, "--ssl-min-version needs --ssl-key-file and --ssl-cert-file");
         return -1;
     }
     if (p->ssl_key_file) {
@@ -1009,6 +1025,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->tls_key) {
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)tls_priorities(s->p.ssl_min_version)};
     }
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opts,
