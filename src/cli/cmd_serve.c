@@ -35,7 +35,11 @@ static void serve_usage(FILE *f) {
             "      --send-timeout S    an answer must be written S seconds after it is ready: a client that\n"
             "                          stops reading or reads a trickle is cut off (default 60)\n"
             "      --max-conns N       connections at once (default 4096, less if the fd limit is lower)\n"
-            "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n\n"
+            "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n"
+            "      --keepalive-interval S  a request silent for S seconds gets bytes that change nothing: an\n"
+            "                          SSE comment in a stream, whitespace before a whole answer's JSON (its\n"
+            "                          200 then begins, chunked), so a balancer's timeout finds only hung\n"
+            "                          servers (default 2; 0 = off)\n\n"
             "Access:\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' on every endpoint but /health, the\n"
             "                          web page and (unless --metrics-auth) /metrics; also from the\n"
@@ -72,6 +76,7 @@ int cmd_serve(int argc, char **argv) {
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
+    float keepalive = 2;
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_seq_max = 16;
@@ -109,6 +114,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-key-file", &sp.ssl_key_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-min-version", &sp.ssl_min_version, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--keepalive-interval", &keepalive, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
@@ -130,6 +136,11 @@ int cmd_serve(int argc, char **argv) {
                  "--max-conns and --max-conns-per-ip must be >= 0, --max-seqs >= 1");
         goto out;
     }
+    if (!(keepalive >= 0 && keepalive <= 3600)) {
+        cli_fail("serve", "--keepalive-interval %g: expected seconds in 0..3600 (0 = off)", keepalive);
+        goto out;
+    }
+    sp.keepalive_s = keepalive > 0 ? keepalive : -1;
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }

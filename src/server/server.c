@@ -776,7 +776,8 @@ static void *engine_main(void *arg) {
 /* A suspended connection's socket is not polled by MHD: this thread waits
  * for the hang-up of any client whose request is in the engine and cancels
  * that request (its event carries the request's id; 0 is the stop signal).
- * Four times a second it also enforces the header, body and send deadlines. */
+ * Four times a second it also enforces the header, body and send deadlines
+ * and sends the keep-alive bytes of silent requests. */
 static void *watcher_main(void *arg) {
     kvlm_server *s = arg;
     double next_sweep = 0;
@@ -786,6 +787,7 @@ static void *watcher_main(void *arg) {
         if (n < 0 && errno != EINTR) break;
         if (util_now_s() >= next_sweep) {
             sweep_deadlines(s);
+            srv_keepalive(s);
             next_sweep = util_now_s() + 0.25;
         }
         for (int i = 0; i < n; i++) {
@@ -931,6 +933,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.header_timeout_s <= 0) s->p.header_timeout_s = 10;
     if (s->p.body_timeout_s <= 0) s->p.body_timeout_s = 30;
     if (s->p.send_timeout_s <= 0) s->p.send_timeout_s = 60;
+    if (s->p.keepalive_s == 0) s->p.keepalive_s = 2;
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
     else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
