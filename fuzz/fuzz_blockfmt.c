@@ -2,14 +2,17 @@
  * input is a stored block, read without expectations (peek) and checked
  * against the small store's format (the key made from the block's own
  * tokens) and against the format its header states; a block that passes is
- * sealed again from its parts and must come out byte for byte the same.
- * With KVLM_FUZZ_SEEDS=DIR set, writes a real stored block there. */
+ * sealed again from its parts and must come out byte for byte the same;
+ * and against the same format signed with a key (--kv-key): a block that
+ * verifies there must reseal to itself too. With KVLM_FUZZ_SEEDS=DIR set,
+ * writes a real stored block there, and the same block signed. */
 #include "fuzz_common.h"
 #include "fuzz_kvstore.h"
 #include "kv/blockfmt.h"
 #include "kvlm.h"
 
-static kv_blockfmt fmt; /* the small store's */
+static kv_blockfmt fmt, sfmt; /* the small store's, and signed */
+static kv_blockauth *auth;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -17,6 +20,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     setenv("KVLM_LOG", "off", 0);
     kv_store *s = fuzz_store();
     fmt = *kv_get_blockfmt(kv_store_pool(s));
+    static const char secret[] = "the fuzzer's block-signing key";
+    if (!(auth = kv_blockauth_create(secret, sizeof secret - 1, NULL))) abort();
+    sfmt = fmt;
+    sfmt.auth = auth;
     const char *dir = getenv("KVLM_FUZZ_SEEDS");
     if (dir && *dir) {
         int32_t toks[FZ_BS] = {3, 1, 4, 1};
@@ -33,6 +40,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         char path[1024];
         snprintf(path, sizeof path, "%s/block-4-tokens.bin", dir);
         FILE *fp = fopen(path, "wb");
+        if (!fp || fwrite(b, 1, n, fp) != n || fclose(fp)) abort();
+        free(b);
+        kv_block_key(&sfmt, NULL, toks, &key);
+        n = kv_blockfmt_bytes(&sfmt);
+        b = malloc(n);
+        kv_blockfmt_begin(&sfmt, &key, toks, b);
+        kv_block_read(kv_store_pool(s), blocks[0], b + kv_blockfmt_payload_offset(&sfmt));
+        kv_blockfmt_seal(&sfmt, b);
+        snprintf(path, sizeof path, "%s/block-4-tokens-signed.bin", dir);
+        fp = fopen(path, "wb");
         if (!fp || fwrite(b, 1, n, fp) != n || fclose(fp)) abort();
         free(b);
     }
@@ -64,6 +81,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (p != data + kv_blockfmt_payload_offset(&fmt) || size != kv_blockfmt_bytes(&fmt)) abort();
         reseal(&fmt, &key, toks, data, size, p);
     } else if (!why) abort(); /* a refusal says why */
+    /* signed (block keys hash the key's id too) */
+    kv_block_key(&sfmt, NULL, toks, &key);
+    why = NULL;
+    p = kv_blockfmt_check(&sfmt, &key, toks, data, size, &why);
+    if (p) reseal(&sfmt, &key, toks, data, size, p);
+    else if (!why) abort();
     /* against what the header states (bounded: a reader's own format is never this large) */
     kv_blockfmt f;
     int n_tok;

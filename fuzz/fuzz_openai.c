@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvlm_request_params rp;
     int n_tokens = -1;
     char msg[512];
-    int status = srv_parse_request(&srv, (const char *)data + 1, size - 1, chat, &rp, &n_tokens, msg, sizeof msg);
+    int status = srv_parse_request(&srv, (const char *)data + 1, size - 1, chat, &rp, &n_tokens, msg, sizeof msg, NULL);
     if (status == 200) {
         /* what would be submitted is within the checked ranges */
         if (n_tokens <= 0 || rp.max_tokens <= 0 || rp.n < 1 || rp.n > 128 || rp.logprobs < -1 ||

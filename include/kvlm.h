@@ -283,6 +283,16 @@ typedef struct kvlm_ctx_params {
     const char *kv_disk;   /* directory of the disk tier; NULL: none */
     uint64_t kv_disk_size; /* its cap in bytes; 0: 20 GiB */
     const char *kv_redis;  /* "redis://HOST:PORT[/DB]" or "redis-cluster://HOST:PORT[,HOST:PORT...]"; NULL: none */
+    /* The deployment's block-signing key (a secret shared by every process
+     * using the same tiers, at least 16 bytes): blocks written to the tiers
+     * and to session files are signed with HMAC-SHA-256 under it, and blocks
+     * read back are used only if their signature verifies, so whoever can
+     * write to the disk folder or the Redis server cannot make this process
+     * compute with bytes of their choosing (docs/kv-tiers.md, "Trust").
+     * NULL: blocks carry a checksum against accidental damage only. The
+     * bytes are copied at kvlm_ctx_create. */
+    const void *kv_mac_key;
+    size_t kv_mac_key_len; /* at least KVLM_KV_MAC_KEY_MIN */
     /* Swap space: preempted sequences' blocks moved to host memory outside
      * the pool (kvlm_seq_swap_out), allocated at the first swap. */
     uint64_t kv_swap_size; /* its bytes; 0: the pool's size */
@@ -296,6 +306,8 @@ typedef struct kvlm_ctx_params {
      * for a larger one) rather than the model's. NULL: the model's. */
     const struct kvlm_model *draft_model;
 } kvlm_ctx_params;
+
+#define KVLM_KV_MAC_KEY_MIN 16
 
 /* Devices. CUDA (a build with -DKVLM_CUDA=ON and an NVIDIA GPU): the weights
  * are uploaded once in their GGUF types, the KV pool's blocks live in GPU
@@ -513,6 +525,7 @@ typedef struct kvlm_kv_tier_stats {
     uint64_t writes, write_bytes;   /* blocks written */
     uint64_t dropped_writes;        /* writes dropped: queue full, tier down or full */
     uint64_t corrupt;               /* blocks that failed their checks on reading (recomputed) */
+    uint64_t forged;                /* blocks whose signature failed (kv_mac_key set; recomputed) */
     uint64_t errors;                /* I/O or connection errors */
     uint64_t evicted;               /* blocks the tier removed to stay within its size */
     uint64_t reads;                 /* batched reads */
@@ -667,24 +680,45 @@ void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, k
 /* A grammar the sampler holds generated text to (docs/structured-output.md):
  * llama.cpp's GBNF (rules "name ::= alternatives"; "literals", [classes],
  * [^negated], ., groups, *, +, ?, {m,n}; # comments), over Unicode code
- * points, for one model's tokens. root: the rule to start from (NULL:
- * "root"). NULL with err filled (line and column) on a malformed grammar, an
- * undefined rule, left recursion or one past 1M elements. A text that would
- * put the matcher in more than 65,536 parse stacks at once ends the grammar
- * there (nothing more is allowed): an ambiguity that would slow every step. */
+ * points, for one model's tokens. NULL with err filled (line and column) on
+ * a malformed grammar, an undefined rule, left recursion, a rule that can
+ * match no text, groups nested past KVLM_GRAMMAR_MAX_NESTING, or one past 1M
+ * elements. A text that would put the matcher in more than 65,536 parse
+ * stacks at once ends the grammar there (nothing more is allowed): an
+ * ambiguity that would slow every step. */
 typedef struct kvlm_grammar kvlm_grammar;
+/* Nesting limits, each checked before the parser goes one level deeper (far
+ * below what a thread's stack holds): GBNF groups within groups; a JSON
+ * schema's subschemas within subschemas ($ref, properties, items, anyOf ...);
+ * groups within groups of a schema's regular expression ("pattern"). */
+#define KVLM_GRAMMAR_MAX_NESTING 256
+#define KVLM_JSON_SCHEMA_MAX_DEPTH 64
+#define KVLM_PATTERN_MAX_NESTING 64
+/* What structured output is asked for with: GBNF text (rule root), a JSON
+ * schema's text, or OpenAI's JSON mode (any object; the text is not read). */
+enum { KVLM_GRAMMAR_GBNF, KVLM_GRAMMAR_JSON_SCHEMA, KVLM_GRAMMAR_JSON_OBJECT };
+/* The one way from what a request or a command line gives to a grammar
+ * (kvlm serve, run and chat all use it): a schema through
+ * kvlm_json_schema_to_gbnf, then the GBNF compiled. model NULL: checked and
+ * compiled, no token mask (kvlm grammar). */
+kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *text, kvlm_error *err);
+/* root: the rule to start from (NULL: "root"). */
 kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err);
+/* The GBNF text g was compiled from (a schema's translation), owned by g. */
+const char *kvlm_grammar_gbnf(const kvlm_grammar *g);
 /* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
  * json_schema. Supported: type (and lists of types), properties in their
  * order with required, additionalProperties (false beside properties; a
- * schema for a map without them), items, prefixItems, minItems, maxItems, minLength,
- * maxLength, pattern (ECMA-262 without lookaround or back-references), enum,
- * const, anyOf, oneOf (as anyOf), allOf of one, local $ref (recursive too),
- * integer bounds (minimum, maximum, exclusive ones; a number's only minimum
- * 0), formats date, time, date-time and uuid; other constraining keywords
- * (uniqueItems, multipleOf, ...) are refused by name. {"type": "object"} is
- * OpenAI's JSON mode (any object). */
+ * schema for a map without them), items, prefixItems, minItems, maxItems,
+ * minLength, maxLength, pattern (ECMA-262 without lookaround or
+ * back-references), enum, const, anyOf, oneOf (as anyOf), allOf of one,
+ * local $ref (recursive through an object or array; a $ref that comes back
+ * to itself with neither between is refused), number and integer bounds,
+ * multipleOf (docs/structured-output.md), formats date, time, date-time and
+ * uuid; other constraining keywords (uniqueItems, not, ...) are refused by
+ * name. {"type": "object"} is OpenAI's JSON mode (any object). */
 char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err);
+/* kvlm_grammar_build(model, KVLM_GRAMMAR_JSON_SCHEMA, schema, err) */
 kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err);
 void kvlm_grammar_free(kvlm_grammar *grammar);
 
@@ -716,6 +750,26 @@ typedef struct kvlm_sampler_params {
 
 typedef struct kvlm_sampler kvlm_sampler;
 kvlm_sampler_params kvlm_sampler_default_params(void);
+/* The fields kvlm_sampler_params_check names (0: all within their ranges). */
+enum {
+    KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
+    KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+};
+/* The one check of sampling values, for kvlm serve's requests and kvlm run's
+ * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
+ * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
+ * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
+ * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
+ * what it must be without naming it ("must be between 0 and 1"), for each
+ * caller to put its user's name for it first ('top_p' in a request, --top-p on
+ * a command line); *index (if given): which bias, for the last two. */
+int kvlm_sampler_params_check(const kvlm_sampler_params *p, int vocab_size, int *index, kvlm_error *err);
+/* A token id written as text, as OpenAI's logit_bias keys are (and -l's):
+ * decimal digits only, no sign, blank or leading zero, below 2^31. The id, or
+ * -1 when s[0, n) is anything else. */
+int kvlm_parse_token_id(const char *s, size_t n);
 kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_size);
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */
@@ -984,6 +1038,10 @@ typedef struct kvlm_server_params {
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
     kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
     float spec_p_min;            /* kvlm_sched_params: a draft ends before a token the draft model is less sure of */
+    /* Memory for clients, in total over every connection (docs/serving.md, "Memory bounds per peer"). */
+    size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
+    size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
+                                    answer); past it the connection holding most is reset; 0: 64 MiB */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -2,12 +2,14 @@
 # Installs the Debian packages kvlm needs to build and test. Idempotent,
 # non-interactive; run as root (or with sudo available).
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl)
+PKGS=(build-essential cmake pkg-config clang libpcre2-dev libcmocka-dev libjansson-dev libmicrohttpd-dev python3 python3-numpy libhiredis-dev libxxhash-dev libunistring-dev redis-server redis-tools haproxy nutcracker curl openssl libssl-dev)
 # KV events (serve --kv-events): ZeroMQ and msgpack-c to build; Debian's Python
 # bindings for the subscriber test (tests/cli_serve_kv_events.sh runs /usr/bin/python3).
 PKGS+=(libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack)
 # tests/cli_pretok.sh checks every pre-tokenizer against Python's regex module.
 PKGS+=(python3-regex)
+# tests/cli_kv_trust.sh forges KV blocks with recomputed XXH3 checksums.
+PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
 missing=()

@@ -7,8 +7,9 @@
 # equals the same answer made alone), in HTTP/1.1 and 1.0; one faster than K
 # keeps its Content-Length and no whitespace; a client that hangs up while its
 # answer is kept alive has its request cancelled; a server stopped while it
-# keeps one alive ends it with an OpenAI-shaped error in the body; with
-# --keepalive-interval 0 nothing is sent before the answer. Bounded (60 s).
+# keeps one alive ends it with an OpenAI-shaped error in the body, and so does
+# one that turns out larger than --max-unsent (answer_too_large); with
+# --keepalive-interval 0 nothing is sent before the answer. Bounded (90 s).
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -30,8 +31,8 @@ def check(cond, name, detail=""):
     print(("ok   " if cond else "FAIL ") + name + ("" if cond else " " + repr(detail)[:500]), flush=True)
     failures += not cond
 
-def start(k):
-    p = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "--keepalive-interval", str(k)] + SERVE,
+def start(k, extra=()):
+    p = subprocess.Popen([kvlm, "serve", "-m", model, "--port", "0", "--keepalive-interval", str(k)] + SERVE + list(extra),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs.append(p)
     m = re.fullmatch(r"kvlm serve: listening on http://127\.0\.0\.1:(\d+)\n", p.stdout.readline())
@@ -197,6 +198,17 @@ try:
     check("200 OK" in hs and js.get("error", {}).get("type") == "server_error" and
           "shutting down" in js["error"]["message"] and set(js["error"]) == {"message", "type", "param", "code"},
           "stopped mid-answer: the 200's body is an OpenAI-shaped error", bs[:300])
+    rc = p.wait(20)
+    check(rc == 0, "the server stopped cleanly", p.stderr.read()[-2000:])
+
+    # ---- an answer kept alive and then too big for --max-unsent: that error as its body
+    p, port = start(K, ["--max-unsent", "32KiB"])
+    resp, _ = read_all(send(port, dict(longb, logprobs=5)), time.time())
+    hs, bs = split(resp)
+    js = json.loads(bs)
+    check("200 OK" in hs and bs.startswith(b"\n") and js.get("error", {}).get("code") == "answer_too_large",
+          "kept alive, then larger than --max-unsent: the 200's body is the answer_too_large error", bs[:300])
+    p.send_signal(signal.SIGTERM)
     rc = p.wait(20)
     check(rc == 0, "the server stopped cleanly", p.stderr.read()[-2000:])
 

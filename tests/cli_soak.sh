@@ -8,7 +8,10 @@
 # a KV pool small enough to preempt, a host tier, a disk tier on a 1.5 MB tmpfs
 # (full: writes fail with ENOSPC; a size-capped folder where tmpfs cannot be
 # mounted) and a Redis tier whose server is killed (SIGKILL), restarted, and
-# frozen (SIGSTOP) for a while. Checked: every answered request equals its
+# frozen (SIGSTOP) for a while. The blocks are signed (--kv-key) and, beside
+# the load, a forger rewrites block files and Redis values with other
+# payloads sealed under a guessed key, and a planter puts FIFOs and symbolic
+# links at blocks' names in the disk folder. Checked: every answered request equals its
 # reference (computed one at a time before the load); RSS stays within 5% over
 # the calm second half of the run, after the faults (Release build); every KV
 # block and swap slot comes back; the
@@ -22,7 +25,7 @@ if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit
 if ! command -v redis-server >/dev/null; then echo "SKIP: redis-server not found (scripts/setup.sh installs it)"; exit 77; fi
 if [ -n "${KVLM_TEST_QUICK:-}" ]; then SECS=${KVLM_SOAK_SECONDS:-30}; else SECS=${KVLM_SOAK_SECONDS:-100}; fi
 exec timeout $((SECS + 180)) python3 - "$KVLM" "$MODEL" "$SECS" <<'PY'
-import json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import hashlib, hmac, json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
 kvlm, model, SECS = sys.argv[1], sys.argv[2], float(sys.argv[3])
 quick = bool(os.environ.get("KVLM_TEST_QUICK"))
@@ -59,8 +62,11 @@ redis = start_redis()
 t0 = time.time()
 while not redis_up() and time.time() - t0 < 10: time.sleep(0.05)
 
+keyfile = os.path.join(tmp, "kv.key")
+with open(keyfile, "w") as f: f.write("soak-secret-%d\n" % os.getpid())
+os.chmod(keyfile, 0o600)
 # a pool of 48 blocks of 16 tokens for up to 8 sequences of up to ~200 tokens: preemption
-args = [kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "-t", "1", "--max-seqs", "8",
+args = [kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "-t", "1", "--max-seqs", "8", "--kv-key", keyfile,
         "--kv-mem", str(48 * 10240), "--kv-host-size", "1MiB", "--kv-disk", disk,
         "--kv-disk-size", "64MiB" if mounted else "1536KiB", "--kv-redis", "redis://127.0.0.1:%d" % rport,
         "--header-timeout", "3", "--body-timeout", "3", "--timeout", "20"]
@@ -277,13 +283,70 @@ def fault_injector():
         else: redis.send_signal(signal.SIGCONT)
         faults.append((round(time.time() - start, 1), what))
 
+def forged(blob):
+    """Another payload, sealed as someone without the key would (HMAC under a guess)."""
+    if not blob or len(blob) < 120 or blob[:8] != b"KVLMBLK1": return None
+    off, pay = int.from_bytes(blob[12:16], "little"), int.from_bytes(blob[80:88], "little")
+    body = bytearray(blob[:off + pay])
+    for i in range(off + 1, off + pay, 2): body[i] ^= 0x04
+    return bytes(body) + hmac.new(b"a guess", bytes(body), hashlib.sha256).digest()
+
+attacks = {"files_forged": 0, "redis_forged": 0, "fifos": 0, "links": 0}
+def block_files():
+    return [os.path.join(a, f) for a, _, fs in os.walk(disk) for f in fs if f.endswith(".kvb")]
+def forger():
+    rng = random.Random(5)
+    while time.time() < deadline:
+        time.sleep(0.2)
+        fs = block_files()
+        for path in rng.sample(fs, min(6, len(fs))):
+            try:  # (the planter's FIFOs: opened without blocking, as kvlm does)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f: fake = forged(f.read()) if os.path.isfile(path) else None
+                if fake:
+                    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with os.fdopen(fd, "wb") as f: f.write(fake)
+                    attacks["files_forged"] += 1
+            except OSError:
+                pass
+        try:  # a few Redis values (the server may be down or frozen: bounded by the timeout)
+            r = socket.create_connection(("127.0.0.1", rport), timeout=0.5); rf = r.makefile("rb")
+            r.sendall(b"*2\r\n$4\r\nKEYS\r\n$10\r\nkvlm:blk:*\r\n")
+            n = int(rf.readline()[1:]); names = []
+            for _ in range(n): rf.readline(); names.append(rf.readline()[:-2])
+            for name in rng.sample(names, min(3, len(names))):
+                r.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(name), name))
+                ln = int(rf.readline()[1:])
+                if ln < 0: continue
+                fake = forged(rf.read(ln + 2)[:-2])
+                if fake:
+                    r.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(name), name, len(fake), fake))
+                    rf.readline(); attacks["redis_forged"] += 1
+            r.close()
+        except (OSError, ValueError):
+            pass
+def planter():
+    rng = random.Random(6)
+    while time.time() < deadline:
+        time.sleep(0.3)
+        fs = block_files()
+        for path in rng.sample(fs, min(3, len(fs))):
+            try:
+                os.unlink(path)
+                if rng.random() < 0.5: os.mkfifo(path); attacks["fifos"] += 1
+                else: os.symlink("/dev/zero", path); attacks["links"] += 1
+            except OSError:
+                pass
+
 t_start = time.time()
 threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-threads += [threading.Thread(target=staller), threading.Thread(target=sampler), threading.Thread(target=fault_injector)]
+threads += [threading.Thread(target=staller), threading.Thread(target=sampler), threading.Thread(target=fault_injector),
+            threading.Thread(target=forger), threading.Thread(target=planter)]
 for t in threads: t.start()
 for t in threads: t.join(timeout=SECS + 90)
 check(not any(t.is_alive() for t in threads), "every client finished (none hung)")
-print("soak: %.0f s, %s; stalled connections %s; faults %s" % (time.time() - t_start, tally, stalls, faults), flush=True)
+print("soak: %.0f s, %s; stalled connections %s; faults %s; attacks %s" % (time.time() - t_start, tally, stalls,
+      faults, attacks), flush=True)
 
 # ---- settle, then the checks
 t0 = time.time()
@@ -329,6 +392,11 @@ check(red.get("writes_total", 0) > 0 and red.get("dropped_writes_total", 0) + re
 if mounted:
     check(dk.get("errors_total", 0) > 0 and dk.get("writes_total", 0) > 0 and dk.get("hits_total", 0) > 0,
           "the full disk tier met ENOSPC and went on writing and hitting")
+# (which attacked blocks are read again depends on the load: the sum, not each)
+met = dk.get("corrupt_total", 0) + dk.get("forged_total", 0) + red.get("forged_total", 0)
+check(attacks["files_forged"] + attacks["redis_forged"] > 0 and attacks["fifos"] + attacks["links"] > 0 and met > 0,
+      "forged blocks and planted FIFOs and links met the tiers, counted, none used (%s; disk corrupt %d, forged %d; "
+      "redis forged %d)" % (attacks, dk.get("corrupt_total", 0), dk.get("forged_total", 0), red.get("forged_total", 0)))
 # RSS: over the second half of the run (the faults and their queues are behind)
 if rss:
     t_w = t_start + SECS / 2

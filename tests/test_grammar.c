@@ -163,6 +163,19 @@ static void test_gbnf(void **state) {
     expect(g, "a-b-c", 4);
     expect(g, "a-", -2);
     kvlm_grammar_free(g);
+    /* a star over what can be empty: a cycle of references that end their alternatives,
+     * which the matcher only comes back around (not left recursion) */
+    g = gbnf("root ::= (\"a\"*)* \"b\" ((\"c\"? \"d\"?)+)\n");
+    expect(g, "b", -1);
+    expect(g, "aab", -1);
+    expect(g, "aabcdcdd", -1);
+    expect(g, "aac", 2);
+    expect(g, "ba", 1);
+    kvlm_grammar_free(g);
+    g = gbnf("root ::= a \"!\"\na ::= a | \"x\"\n");
+    expect(g, "x!", -1);
+    expect(g, "xx", 1);
+    kvlm_grammar_free(g);
     /* another start rule */
     kvlm_error err = {0};
     g = kvlm_grammar_from_gbnf(NULL, "root ::= \"a\"\nother ::= \"b\"+\n", "other", &err);
@@ -179,6 +192,9 @@ static void test_gbnf_errors(void **state) {
         {"a ::= \"x\"", "no rule 'root'"},
         {"root ::= root \"x\" | \"y\"", "rule 'root' is left-recursive"},
         {"root ::= a\na ::= b? root \"x\"\nb ::= \"y\"", "left-recursive"},
+        {"root ::= x\nx ::= (\"a\" | x) \"b\"", "a group or repetition in rule 'x' is left-recursive"},
+        {"root ::= root", "rule 'root' matches no text"},
+        {"root ::= \"x\" a\na ::= b\nb ::= a", "rule 'a' matches no text"},
         {"root ::= \"abc", "line 1, column 10: unterminated string"},
         {"root ::= \"a\"\nroot ::= \"b\"", "line 2, column 1: rule 'root' is defined twice"},
         {"root ::= * \"a\"", "a repetition with nothing before it"},
@@ -465,6 +481,17 @@ static void test_schema(void **state) {
     expect(g, "\"\xc3\xa9z\"", -1);
     expect(g, "\"a\\n\"", 2);
     kvlm_grammar_free(g);
+    /* a star over what can match nothing, a valid ECMA-262 pattern */
+    g = schema("{\"type\": \"string\", \"pattern\": \"^(a*)*$\"}");
+    expect(g, "\"\"", -1);
+    expect(g, "\"aaaa\"", -1);
+    expect(g, "\"ab\"", 2);
+    kvlm_grammar_free(g);
+    g = schema("{\"type\": \"string\", \"pattern\": \"^(?:a|b?)+c(d*|e)*$\"}");
+    expect(g, "\"c\"", -1);
+    expect(g, "\"abbacdde\"", -1);
+    expect(g, "\"ad\"", 2);
+    kvlm_grammar_free(g);
     g = schema("true");
     expect(g, "[1, {\"a\": \"b\"}]", -1);
     kvlm_grammar_free(g);
@@ -502,6 +529,14 @@ static void test_schema(void **state) {
         {"{\"prefixItems\": []}", "'prefixItems' must be an array of 1 to 64"},
         {"{\"type\": \"array\", \"maxItems\": -1}", "'maxItems' must be an integer"},
         {"[1]", "a schema must be an object or a boolean"},
+        /* $ref cycles with no object or array between: they could never end */
+        {"{\"$ref\": \"#/$defs/a\", \"$defs\": {\"a\": {\"$ref\": \"#/$defs/a\"}}}",
+         "json_schema at #/$defs/a: '$ref' '#/$defs/a' comes back to itself with no object or array between"},
+        {"{\"$ref\": \"#/$defs/a\", \"$defs\": {\"a\": {\"anyOf\": [{\"$ref\": \"#/$defs/b\"}, {\"type\": \"null\"}]}, "
+         "\"b\": {\"allOf\": [{\"$ref\": \"#/$defs/a\"}]}}}", "json_schema at #/$defs/b/0: '$ref' '#/$defs/a' comes back"},
+        {"{\"$ref\": \"#\"}", "'$ref' '#' comes back to itself"},
+        {"{\"properties\": {\"x\": {\"$ref\": \"#/$defs/a\"}}, \"$defs\": {\"a\": {\"$ref\": \"#/$defs/a\"}}}",
+         "'$ref' '#/$defs/a' comes back"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kvlm_error err = {0};

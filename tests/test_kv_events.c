@@ -3,8 +3,10 @@
  * stored blocks merged into one BlockStored, a second one with a parent,
  * removals merged, AllBlocksCleared), and the 64-bit form of block keys;
  * the replay socket's ring bounded to its last batches, and its answers to
- * well-formed and malformed requests. The end-to-end subscriber test is
- * tests/cli_serve_kv_events.sh. */
+ * well-formed and malformed requests; what ZeroMQ holds for peers that do
+ * not read, capped in total (replay and PUB sockets), the connection caps,
+ * a reading peer answered in full meanwhile. The end-to-end tests are
+ * tests/cli_serve_kv_events.sh and tests/cli_serve_memory.sh. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include <zmq.h>
 #include "helpers/testutil.h"
 #include "server/kv_events.h"
+#include "util/timing.h"
 
 static const char *const media[2] = {"CPU", "HOST"}; /* the pool's, the host tier's */
 
@@ -256,6 +259,253 @@ static void test_replay(void **state) {
     unlink(rep + 6);
 }
 
+/* n more batches of `blocks` stored blocks of 16 tokens each; waits until they are sent */
+static void some_batches(srv_kv_events *e, int n, int blocks) {
+    kvlm_kv_event_sink sink = srv_kv_events_sink(e);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = 300 + i;
+    kvlm_kv_event ev = {.kind = KVLM_KV_EVENT_STORED, .tokens = tok, .n_tokens = 16};
+    srv_kv_events_stats st = {0};
+    srv_kv_events_stats_get(e, &st);
+    uint64_t want = st.batches + st.dropped_batches + (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        for (int b = 0; b < blocks; b++) {
+            key(ev.hash, (i * blocks + b) & 0xff);
+            ev.hash[0] = (uint8_t)i;
+            sink.event(sink.user, &ev);
+        }
+        sink.flush(sink.user);
+    }
+    for (int t = 0; t < 500 && st.batches + st.dropped_batches < want; t++) {
+        usleep(10000);
+        srv_kv_events_stats_get(e, &st);
+    }
+    assert_true(st.batches + st.dropped_batches >= want);
+}
+
+static void *dealer(void *z, const char *ep, bool reads) {
+    void *d = zmq_socket(z, ZMQ_DEALER);
+    int zero = 0, one = 1, small = 4096, slow = 60000;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    if (!reads) { /* takes almost nothing off the wire */
+        zmq_setsockopt(d, ZMQ_RCVHWM, &one, sizeof one);
+        zmq_setsockopt(d, ZMQ_RCVBUF, &small, sizeof small);
+        zmq_setsockopt(d, ZMQ_RECONNECT_IVL, &slow, sizeof slow);
+    }
+    assert_int_equal(zmq_connect(d, ep), 0);
+    return d;
+}
+
+/* 40 peers ask for the whole ring and never read: what the ROUTER's queues
+ * hold stays under its byte cap, the replays in progress under their cap;
+ * a peer that reads gets every batch, in order, and the end mark; stalled
+ * peers are cut and their queues freed; three requests from one peer are
+ * answered one after the other. */
+static void test_replay_bounds(void **state) {
+    (void)state;
+    char pub[128], rep[128];
+    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub2", (int)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvlm-test-kv-events-%d-replay2", (int)getpid());
+    kvlm_error err = {0};
+    const size_t cap = 256 << 10;
+    srv_kv_events_params p = {.endpoint = pub, .block_size = 16, .replay = rep, .buffer = 400,
+                              .replay_bytes = cap, .max_replays = 8, .max_peers = 31, .stall_s = 1.5};
+    srv_kv_events *e = srv_kv_events_start(&p, &err);
+    assert_non_null(e);
+    some_batches(e, 399, 24); /* 400 with AllBlocksCleared, about 1.2 KiB each */
+    void *z = zmq_ctx_new();
+    enum { N = 40 };
+    void *d[N];
+    uint8_t from0[8] = {0};
+    void *g = dealer(z, rep, true); /* one that reads, first in */
+    usleep(100000);
+    for (int i = 0; i < N; i++) d[i] = dealer(z, rep, false);
+    usleep(300000);
+    srv_kv_events_stats st = {0};
+    srv_kv_events_stats_get(e, &st);
+    printf("  %d more peers connect: %d in all kept, %d refused\n", N, (int)st.replay_peers, (int)st.replay_peers_refused);
+    assert_int_equal(st.replay_peers, 31);
+    assert_int_equal(st.replay_peers_refused, N - 30);
+    for (int i = 0; i < N; i++) {
+        zmq_send(d[i], "", 0, ZMQ_SNDMORE);
+        zmq_send(d[i], from0, 8, 0);
+    }
+    size_t most = 0;
+    for (int t = 0; t < 30; t++) {
+        usleep(20000);
+        srv_kv_events_stats_get(e, &st);
+        if (st.replay_bytes > most) most = st.replay_bytes;
+        assert_true(st.replay_bytes <= cap);
+        assert_true(st.replays_active <= 8);
+    }
+    /* the peer that reads, meanwhile: the whole ring, three times */
+    for (int k = 0; k < 3; k++) {
+        zmq_send(g, "", 0, ZMQ_SNDMORE);
+        zmq_send(g, from0, 8, 0);
+    }
+    usleep(200000);
+    srv_kv_events_stats_get(e, &st);
+    printf("  the ROUTER's queues held at most %zu bytes (cap %zu); %d replays dropped, %d peers cut\n", most, cap,
+           (int)st.replays_dropped, (int)st.replay_peers_cut);
+    for (int k = 0; k < 3; k++) {
+        uint64_t next = 0;
+        int got = 0;
+        for (;;) {
+            zmq_pollitem_t it = {g, 0, ZMQ_POLLIN, 0};
+            assert_true(zmq_poll(&it, 1, 5000) == 1);
+            uint8_t fr[3][8];
+            int more = 1, nf = 0;
+            size_t ms = sizeof more;
+            while (more) {
+                zmq_recv(g, fr[nf < 2 ? nf : 2], 8, 0);
+                nf++;
+                zmq_getsockopt(g, ZMQ_RCVMORE, &more, &ms);
+            }
+            assert_int_equal(nf, 3);
+            uint64_t q = 0;
+            for (int i = 0; i < 8; i++) q = q << 8 | fr[1][i];
+            if (q == UINT64_MAX) break;
+            assert_true(q == next); /* 0..399: nothing published since, nothing missing */
+            next = q + 1;
+            got++;
+        }
+        assert_int_equal(got, 400);
+    }
+    /* the stalled peers are cut once they have taken nothing for the stall time */
+    for (int t = 0; t < 300; t++) {
+        usleep(20000);
+        srv_kv_events_stats_get(e, &st);
+        if (st.replay_bytes == 0 && st.replays_active == 0) break;
+    }
+    printf("  after the stall time: %zu bytes queued, %d active, %d cut, %d dropped, %d answered\n",
+           (size_t)st.replay_bytes, (int)st.replays_active, (int)st.replay_peers_cut, (int)st.replays_dropped,
+           (int)st.replays);
+    assert_int_equal(st.replay_bytes, 0);
+    assert_int_equal(st.replays_active, 0);
+    assert_true(st.replay_peers_cut >= 1);
+    assert_true(st.replays_dropped >= 1);
+    for (int i = 0; i < N; i++) zmq_close(d[i]);
+    zmq_close(g);
+    for (int t = 0; t < 200 && st.replay_peers; t++) {
+        usleep(20000);
+        srv_kv_events_stats_get(e, &st);
+    }
+    assert_int_equal(st.replay_peers, 0);
+    zmq_ctx_term(z);
+    srv_kv_events_stop(e);
+    unlink(pub + 6);
+    unlink(rep + 6);
+}
+
+/* A replay small enough to leave ZeroMQ's queue for the kernel's whole: a
+ * peer that reads none of it is answered (the end mark went), and its
+ * connection is cut once its kernel queue has not moved for the stall time. */
+static void test_replay_kernel_stall(void **state) {
+    (void)state;
+    char pub[128], rep[128];
+    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub4", (int)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvlm-test-kv-events-%d-replay4", (int)getpid());
+    kvlm_error err = {0};
+    srv_kv_events_params p = {.endpoint = pub, .block_size = 16, .replay = rep, .buffer = 40, .stall_s = 1};
+    srv_kv_events *e = srv_kv_events_start(&p, &err);
+    assert_non_null(e);
+    some_batches(e, 39, 24);
+    void *z = zmq_ctx_new(), *d = dealer(z, rep, false);
+    uint8_t from0[8] = {0};
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, from0, 8, 0);
+    srv_kv_events_stats st = {0};
+    for (int t = 0; t < 200 && st.replays < 1; t++) {
+        usleep(10000);
+        srv_kv_events_stats_get(e, &st);
+    }
+    assert_int_equal(st.replays, 1);
+    assert_int_equal(st.replay_peers, 1);
+    double t0 = util_now_s();
+    for (int t = 0; t < 400 && st.replay_peers; t++) {
+        usleep(10000);
+        srv_kv_events_stats_get(e, &st);
+    }
+    printf("  a peer that read none of its replay was cut %.1f s after it went (stall time 1 s)\n", util_now_s() - t0);
+    assert_int_equal(st.replay_peers, 0);
+    assert_int_equal(st.replay_peers_cut, 1);
+    zmq_close(d);
+    zmq_ctx_term(z);
+    srv_kv_events_stop(e);
+    unlink(pub + 6);
+    unlink(rep + 6);
+}
+
+/* The PUB socket: at most max_subscribers connections; a subscriber that
+ * does not read is disconnected once the queues reach their byte cap, and
+ * one that reads goes on receiving. */
+static void test_pub_bounds(void **state) {
+    (void)state;
+    char pub[128];
+    snprintf(pub, sizeof pub, "ipc:///tmp/kvlm-test-kv-events-%d-pub3", (int)getpid());
+    kvlm_error err = {0};
+    const size_t cap = 128 << 10;
+    srv_kv_events_params p = {.endpoint = pub, .block_size = 16, .pub_bytes = cap, .max_subscribers = 3};
+    srv_kv_events *e = srv_kv_events_start(&p, &err);
+    assert_non_null(e);
+    void *z = zmq_ctx_new();
+    int zero = 0, one = 1, small = 4096, slow = 60000;
+    void *good = zmq_socket(z, ZMQ_SUB);
+    zmq_setsockopt(good, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(good, ZMQ_SUBSCRIBE, "", 0);
+    assert_int_equal(zmq_connect(good, pub), 0);
+    void *bad[4];
+    for (int i = 0; i < 4; i++) {
+        bad[i] = zmq_socket(z, ZMQ_SUB);
+        zmq_setsockopt(bad[i], ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(bad[i], ZMQ_RCVHWM, &one, sizeof one);
+        zmq_setsockopt(bad[i], ZMQ_RCVBUF, &small, sizeof small);
+        zmq_setsockopt(bad[i], ZMQ_RECONNECT_IVL, &slow, sizeof slow);
+        zmq_setsockopt(bad[i], ZMQ_SUBSCRIBE, "", 0);
+        assert_int_equal(zmq_connect(bad[i], pub), 0);
+        usleep(100000);
+    }
+    usleep(300000);
+    srv_kv_events_stats st = {0};
+    srv_kv_events_stats_get(e, &st);
+    assert_int_equal(st.subscribers, 3);
+    assert_int_equal(st.subscribers_refused, 2);
+    uint64_t last = 0;
+    int got = 0;
+    size_t most = 0;
+    for (int round = 0; round < 20; round++) {
+        some_batches(e, 50, 24);
+        srv_kv_events_stats_get(e, &st);
+        if (st.pub_bytes > most) most = st.pub_bytes;
+        assert_true(st.pub_bytes <= cap);
+        for (;;) { /* the reading subscriber takes what came */
+            zmq_pollitem_t it = {good, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&it, 1, round == 19 ? 500 : 0) != 1) break;
+            zmq_msg_t m[3];
+            for (int k = 0; k < 3; k++) {
+                zmq_msg_init(&m[k]);
+                zmq_msg_recv(&m[k], good, 0);
+            }
+            const uint8_t *q = zmq_msg_data(&m[1]);
+            last = 0;
+            for (int i = 0; i < 8; i++) last = last << 8 | q[i];
+            got++;
+            for (int k = 0; k < 3; k++) zmq_msg_close(&m[k]);
+        }
+    }
+    srv_kv_events_stats_get(e, &st);
+    printf("  PUB queues held at most %zu bytes (cap %zu); %d subscribers cut, %d batches not published; "
+           "the reading one got %d, the last %d of %d\n", most, cap, (int)st.subscribers_cut, (int)st.dropped_batches,
+           got, (int)last, (int)(st.batches + st.dropped_batches - 1));
+    assert_true(st.subscribers_cut >= 2);
+    assert_true(last == st.batches + st.dropped_batches - 1); /* it is still connected */
+    for (int i = 0; i < 4; i++) zmq_close(bad[i]);
+    zmq_close(good);
+    zmq_ctx_term(z);
+    srv_kv_events_stop(e);
+    unlink(pub + 6);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash64),
@@ -263,6 +513,9 @@ int main(void) {
         cmocka_unit_test(test_encode_media),
         cmocka_unit_test(test_bad_endpoint),
         cmocka_unit_test(test_replay),
+        cmocka_unit_test(test_replay_bounds),
+        cmocka_unit_test(test_replay_kernel_stall),
+        cmocka_unit_test(test_pub_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,7 +37,7 @@ static void spec_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *
 }
 
 static kv_blockfmt small_fmt(void) {
-    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000, false};
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000, false, NULL};
     for (int i = 0; i < 16; i++) f.model.b[i] = (uint8_t)(i * 7 + 1);
     return f;
 }
@@ -122,6 +122,74 @@ static void test_blockfmt_damage(void **state) {
     free(bad);
 }
 
+/* Signed blocks (--kv-key): what XXH3 cannot do. A block re-sealed by
+ * someone without the key (a new checksum, or a MAC under a guessed key)
+ * fails as forged; the key's id names the blocks, so signed and unsigned
+ * deployments, or two keys, never share a block name. */
+static void test_blockfmt_signed(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    const char *secret = "correct horse battery staple", *guess = "correct horse battery stapler";
+    kv_blockauth *a = kv_blockauth_create(secret, strlen(secret), &err), *b = kv_blockauth_create(guess, strlen(guess), &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(kv_blockauth_create("short", 5, &err));
+    assert_non_null(strstr(err.msg, "at least 16"));
+    kv_blockfmt f = small_fmt(), fs = f, fb = f;
+    fs.auth = a;
+    fb.auth = b;
+    int32_t t[16];
+    for (int i = 0; i < 16; i++) t[i] = 5 * i + 1;
+    kv_key key, ukey, bkey;
+    kv_block_key(&fs, NULL, t, &key);
+    kv_block_key(&f, NULL, t, &ukey);
+    kv_block_key(&fb, NULL, t, &bkey);
+    assert_memory_not_equal(key.b, ukey.b, 16);
+    assert_memory_not_equal(key.b, bkey.b, 16);
+    size_t n = kv_blockfmt_bytes(&fs), off = kv_blockfmt_payload_offset(&fs);
+    assert_int_equal(n, kv_blockfmt_bytes(&f) + 24); /* a 32-byte MAC in place of the 8-byte checksum */
+    uint8_t *blob = malloc(n), *bad = malloc(n);
+    kv_blockfmt_begin(&fs, &key, t, blob);
+    for (size_t i = 0; i < fs.payload_bytes; i++) blob[off + i] = (uint8_t)(i * 13);
+    kv_blockfmt_seal(&fs, blob);
+    const char *why = NULL;
+    assert_ptr_equal(kv_blockfmt_check(&fs, &key, t, blob, n, &why), blob + off);
+    /* every flipped byte is detected; in the payload and the MAC, as forged */
+    int detected = 0, forged = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(bad, blob, n);
+        bad[i] ^= 0x01;
+        if (!kv_blockfmt_check(&fs, &key, t, bad, n, &why)) detected++;
+        forged += why == kv_blockfmt_why_forged;
+    }
+    assert_int_equal(detected, (int)n);
+    assert_true(forged >= (int)(fs.payload_bytes + 32));
+    /* a forger rewrites the payload and seals it as best it can */
+    memcpy(bad, blob, n);
+    for (size_t i = 0; i < fs.payload_bytes; i++) bad[off + i] = 0x3c;
+    kv_blockfmt_seal(&fb, bad); /* a MAC under a guessed key */
+    assert_null(kv_blockfmt_check(&fs, &key, t, bad, n, &why));
+    assert_ptr_equal(why, kv_blockfmt_why_forged);
+    memcpy(bad, blob, n);
+    bad[76] &= (uint8_t)~KV_BLOCKFMT_FLAG_SIGNED; /* claims to be unsigned */
+    assert_null(kv_blockfmt_check(&fs, &key, t, bad, n, &why));
+    assert_ptr_equal(why, kv_blockfmt_why_forged);
+    /* the same bytes are no block to a reader without the key, nor to another key's */
+    assert_null(kv_blockfmt_check(&f, &key, t, blob, n, &why));
+    assert_null(kv_blockfmt_check(&fb, &key, t, blob, n, &why));
+    assert_ptr_equal(why, kv_blockfmt_why_forged);
+    /* and an unsigned block under the signed name is not one either */
+    size_t un = kv_blockfmt_bytes(&f);
+    kv_blockfmt_begin(&f, &key, t, bad);
+    kv_blockfmt_seal(&f, bad);
+    assert_null(kv_blockfmt_check(&fs, &key, t, bad, un, &why));
+    printf("  signed block: %d of %zu flips detected, %d as forged\n", detected, n, forged);
+    free(blob);
+    free(bad);
+    kv_blockauth_free(a);
+    kv_blockauth_free(b);
+}
+
 static kvlm_model *synth(uint64_t seed, const char **path_out) {
     kvlm_synth_params sp = {0};
     sp.arch = KVLM_ARCH_LLAMA;
@@ -181,6 +249,12 @@ typedef struct {
     kv_tier *inner;
     uint64_t rng;
     int corrupted, truncated, lost; /* injected */
+    /* forging: every block returned gets another payload, re-sealed as
+     * someone who can write the tier would: a fresh checksum, or a MAC under
+     * forge_auth (a key that is not the store's) */
+    bool forge;
+    const kv_blockauth *forge_auth;
+    int forged;
 } faulty_tier;
 
 static unsigned next_rand(faulty_tier *f) {
@@ -194,7 +268,19 @@ static bool f_put(kv_tier *t, const kv_key *k, const void *d, size_t n) {
 static int f_get(kv_tier *t, int n, const kv_key *k, void *const *bufs, size_t cap, size_t *lens) {
     faulty_tier *f = (faulty_tier *)t;
     int lead = kv_tier_get(f->inner, n, k, bufs, cap, lens);
-    for (int i = 0; i < lead; i++) {
+    for (int i = 0; f->forge && i < lead; i++) {
+        kv_blockfmt g;
+        kv_key key;
+        int ntok;
+        uint8_t *d = bufs[i];
+        if (!kv_blockfmt_peek(d, lens[i], &g, &key, &ntok)) continue;
+        g.auth = f->forge_auth;
+        size_t off = kv_blockfmt_payload_offset(&g);
+        for (size_t j = 0; j < g.payload_bytes; j++) d[off + j] ^= 0x40; /* every float's exponent */
+        kv_blockfmt_seal(&g, d);
+        f->forged++;
+    }
+    for (int i = 0; !f->forge && i < lead; i++) {
         unsigned r = next_rand(f) % 16;
         if (r == 0) { /* a flipped byte anywhere */
             ((uint8_t *)bufs[i])[next_rand(f) % lens[i]] ^= (uint8_t)(1u << (next_rand(f) % 8));
@@ -271,7 +357,7 @@ static int g_roles = KV_TIER_DEMOTE; /* make_store: the tiers' roles */
 static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers, int n_tiers) {
     kv_store_params sp = {0};
     sp.swap_bytes = g_swap_bytes;
-    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false};
+    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
     sp.pool = p;
     for (int t = 0; t < n_tiers; t++) {
         sp.tiers[t] = tiers[t];
@@ -332,6 +418,64 @@ static void test_probe_and_promotion(void **state) {
     kv_store_free(s);
 }
 
+/* The store over a tier someone rewrites: without a key the forged blocks
+ * are used (the trust boundary docs/kv-tiers.md states); with one, each is
+ * counted as forged, dropped and recomputed, and the sequence reads back
+ * what was written. */
+static void test_forged_tier(void **state) {
+    (void)state;
+    kvlm_error err = {0};
+    const char *secret = "a per-deployment secret of some length", *other = "what an attacker guesses";
+    for (int signed_ = 0; signed_ < 2; signed_++) {
+        faulty_tier *f = faulty_open(1 << 20);
+        kv_blockauth *guess = kv_blockauth_create(other, strlen(other), &err);
+        f->forge = true;
+        f->forge_auth = signed_ ? guess : NULL;
+        kv_store_params sp = {0};
+        kv_params p = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+        sp.pool = p;
+        sp.tiers[0] = &f->base;
+        sp.roles[0] = KV_TIER_DEMOTE;
+        sp.n_tiers = 1;
+        sp.auth = signed_ ? kv_blockauth_create(secret, strlen(secret), &err) : NULL;
+        kv_store *s = kv_store_create(&sp, &err);
+        assert_non_null(s);
+        int32_t a[17], b[17];
+        for (int i = 0; i < 17; i++) { a[i] = i + 1; b[i] = 100 + i; }
+        assert_int_equal(kv_store_reserve(s, 0, 17, &err), KVLM_OK);
+        write_tokens(s, 0, a, 17);
+        kv_store_release(s, 0);
+        assert_int_equal(kv_store_reserve(s, 1, 17, &err), KVLM_OK);
+        write_tokens(s, 1, b, 17); /* pushes a's blocks down to the tier */
+        kv_store_release(s, 1);
+        int got = kv_store_match_prefix(s, 0, a, 17);
+        kv_store_tier_stats ts;
+        kv_store_tier_stats_get(s, &ts, 1);
+        printf("  %s: %d blocks forged in the tier, %d tokens taken from it, %llu counted forged, %llu corrupt\n",
+               signed_ ? "signed" : "unsigned", f->forged, got, (unsigned long long)ts.st.forged,
+               (unsigned long long)ts.st.corrupt);
+        assert_true(f->forged >= 1);
+        if (!signed_) {
+            /* accepted: the tier's writer decided these keys */
+            assert_int_equal(got, 16);
+            assert_int_equal(ts.st.corrupt + ts.st.forged, 0);
+            kv_cache *c = kv_store_pool(s);
+            int nb;
+            const int32_t *blocks = kv_seq_blocks(c, 0, &nb);
+            assert_true(((const float *)kv_block_k(c, blocks[0], 0, 0))[0] != (float)a[0]);
+        } else {
+            assert_int_equal(got, 0);
+            assert_int_equal(ts.st.forged, (uint64_t)f->forged); /* each one counted and dropped */
+            assert_int_equal(ts.promoted, 0);
+            assert_int_equal(kv_store_reserve(s, 0, 17, &err), KVLM_OK);
+            write_tokens(s, 0, a, 17); /* recomputed */
+            check_contents(s, 2);
+        }
+        kv_store_free(s);
+        kv_blockauth_free(guess);
+    }
+}
+
 /* KV events for the host tier: what a listener rebuilds from them equals
  * what the tier holds after every request, each stored event names the
  * parent and tokens its key is made of, and nothing is stored twice or
@@ -372,7 +516,7 @@ static void on_tier_event(void *user, int what, const kv_key *key, const kv_key 
 static void test_host_tier_events(void **state) {
     (void)state;
     kvlm_error err = {0};
-    kv_params probe = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false};
+    kv_params probe = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
     kv_cache *pc = kv_create(&probe, &err);
     assert_non_null(pc);
     size_t blob = kv_blockfmt_bytes(kv_get_blockfmt(pc));
@@ -697,8 +841,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_spec),
         cmocka_unit_test(test_blockfmt_damage),
+        cmocka_unit_test(test_blockfmt_signed),
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_probe_and_promotion),
+        cmocka_unit_test(test_forged_tier),
         cmocka_unit_test(test_demote_known), cmocka_unit_test(test_randomized_tiers),
         cmocka_unit_test(test_host_tier_events),
         cmocka_unit_test(test_randomized_swap),

@@ -251,23 +251,33 @@ static void test_leading_contains_drop(void **state) {
     assert_int_equal(s.misses, 1);
     assert_int_equal(s.reads, 1);
 
-    /* a block longer than cap is a miss */
-    assert_int_equal(kv_tier_get(t, 5, keys, bufs, 750, lens), 2);
-    assert_int_equal(lens[3], 0);
-    assert_int_equal(lens[4], 0);
-    assert_int_equal(lens[1], 600);
-
     assert_int_equal(kv_tier_contains(t, 5, keys), 2);
     assert_int_equal(kv_tier_contains(t, 1, keys + 2), 0);
     assert_int_equal(kv_tier_contains(t, 2, keys + 3), 2);
     assert_int_equal(kv_tier_contains(t, 0, keys), 0);
+
+    /* a file longer than cap (the reader's largest block) is no block:
+     * a miss, counted as corrupt and removed, so it is written again */
+    assert_int_equal(kv_tier_get(t, 5, keys, bufs, 750, lens), 2);
+    assert_int_equal(lens[3], 0);
+    assert_int_equal(lens[4], 0);
+    assert_int_equal(lens[1], 600);
+    assert_int_equal(kv_tier_contains(t, 2, keys + 3), 0);
     kv_tier_stats s2 = stats_of(t); /* the second get: 2 hits, 3 misses; contains counts nothing */
     assert_int_equal(s2.hits, s.hits + 2);
     assert_int_equal(s2.misses, s.misses + 3);
     assert_int_equal(s2.reads, 2);
+    assert_int_equal(s2.corrupt, 2);
+    assert_int_equal(s2.blocks, 2);
+    assert_true(put_blob(t, &keys[3], 800));
+    kv_tier_flush(t);
+    assert_int_equal(kv_tier_contains(t, 1, keys + 3), 1);
+    s = stats_of(t);
 
+    /* drop goes through the writer's queue: done once flushed */
     kv_tier_drop(t, &keys[1]);
     kv_tier_drop(t, &keys[2]); /* absent: nothing happens */
+    kv_tier_flush(t);
     assert_int_equal(kv_tier_contains(t, 5, keys), 1);
     assert_int_equal(kv_tier_get(t, 2, keys, bufs, 1000, lens), 1);
     assert_int_equal(lens[1], 0);
@@ -275,8 +285,8 @@ static void test_leading_contains_drop(void **state) {
     kv_tier_disk_path(dir, &keys[1], path, sizeof path);
     assert_int_not_equal(access(path, F_OK), 0);
     s = stats_of(t);
-    assert_int_equal(s.blocks, 3);
-    assert_int_equal(s.bytes, 500 + 800 + 900);
+    assert_int_equal(s.blocks, 2);
+    assert_int_equal(s.bytes, 500 + 800);
     assert_int_equal(s.errors, 0);
     kv_tier_close(t);
     remove_dir(dir);
@@ -533,6 +543,112 @@ static void test_damaged_files(void **state) {
     assert_int_not_equal(access(path[0], F_OK), 0);
     assert_int_equal(access(stray, F_OK), 0);
     kv_tier_close(t);
+    remove_dir(dir);
+}
+
+/* What someone else put at a block's name is never waited on or read as a
+ * block: a FIFO (open would block forever without O_NONBLOCK), a symbolic
+ * link (to anything: a FIFO, /dev/zero, another block) and a directory are
+ * misses at once, counted as corrupt and removed, so the block can be written
+ * again; a FIFO as the folder's FORMAT file is an error at open, not a hang. */
+static void test_not_blocks(void **state) {
+    (void)state;
+    char *dir = fresh_dir();
+    kv_tier *t = open_ok(dir, 0);
+    kv_key k[4] = {key_of(9, 0), key_of(9, 1), key_of(9, 2), key_of(9, 3)};
+    for (int i = 0; i < 4; i++) assert_true(put_blob(t, &k[i], 3000));
+    kv_tier_flush(t);
+    char path[4][4096], other[4200];
+    for (int i = 0; i < 4; i++) kv_tier_disk_path(dir, &k[i], path[i], sizeof path[i]);
+    snprintf(other, sizeof other, "%s.real", path[3]);
+    assert_int_equal(unlink(path[0]), 0);
+    assert_int_equal(mkfifo(path[0], 0644), 0);
+    assert_int_equal(unlink(path[1]), 0);
+    assert_int_equal(symlink("/dev/zero", path[1]), 0);
+    assert_int_equal(unlink(path[2]), 0);
+    assert_int_equal(mkdir(path[2], 0755), 0);
+    assert_int_equal(rename(path[3], other), 0); /* a link to a real block's bytes */
+    assert_int_equal(symlink(other, path[3]), 0);
+
+    unsigned char b[4][3000];
+    void *bufs[4] = {b[0], b[1], b[2], b[3]};
+    size_t lens[4];
+    assert_int_equal(kv_tier_contains(t, 4, k), 0);
+    double t0 = util_now_s();
+    assert_int_equal(kv_tier_get(t, 4, k, bufs, 3000, lens), 0);
+    double took = util_now_s() - t0;
+    for (int i = 0; i < 4; i++) assert_int_equal(lens[i], 0);
+    kv_tier_stats st = stats_of(t);
+    print_message("    a FIFO, two symbolic links and a directory at block names: %.1f ms, %llu corrupt\n", took * 1e3,
+                  (unsigned long long)st.corrupt);
+    assert_true(took < 1.0);
+    assert_int_equal(st.corrupt, 4);
+    struct stat sb;
+    for (int i = 0; i < 4; i++) assert_int_not_equal(lstat(path[i], &sb), 0);
+    assert_int_equal(stat(other, &sb), 0); /* what a link pointed at is left alone */
+    /* written again: a real block over the planted names */
+    for (int i = 0; i < 4; i++) assert_true(put_blob(t, &k[i], 3000));
+    kv_tier_flush(t);
+    assert_int_equal(kv_tier_get(t, 4, k, bufs, 3000, lens), 4);
+    for (int i = 0; i < 4; i++) assert_true(blob_ok(&k[i], bufs[i], lens[i], 3000));
+    kv_tier_close(t);
+
+    char fmt[4200];
+    snprintf(fmt, sizeof fmt, "%s/FORMAT", dir);
+    assert_int_equal(unlink(fmt), 0);
+    assert_int_equal(mkfifo(fmt, 0644), 0);
+    kvlm_error err = {0};
+    t0 = util_now_s();
+    assert_null(kv_tier_disk_open(dir, 0, &err));
+    assert_true(util_now_s() - t0 < 1.0);
+    assert_non_null(strstr(err.msg, "not a regular file"));
+    unlink(fmt);
+    remove_dir(dir);
+}
+
+/* A disk that hangs costs one caller the read deadline, then misses at once
+ * until the reader thread comes back; the caller's buffers are never written
+ * after it gave up; close is bounded whatever the reader is doing. */
+static void test_hung_reader(void **state) {
+    (void)state;
+    char *dir = fresh_dir();
+    kv_tier *t = open_ok(dir, 0);
+    kv_key k[3] = {key_of(10, 0), key_of(10, 1), key_of(10, 2)};
+    for (int i = 0; i < 3; i++) assert_true(put_blob(t, &k[i], 2000));
+    kv_tier_flush(t);
+    kv_tier_disk_set_read_deadline(t, 200);
+    unsigned char b[3][2000];
+    void *bufs[3] = {b[0], b[1], b[2]};
+    size_t lens[3];
+
+    kv_tier_disk_stall_reader(t, 1200);
+    memset(b, 0xee, sizeof b);
+    double t0 = util_now_s();
+    assert_int_equal(kv_tier_get(t, 3, k, bufs, 2000, lens), 0);
+    double first = util_now_s() - t0;
+    t0 = util_now_s();
+    assert_int_equal(kv_tier_get(t, 3, k, bufs, 2000, lens), 0); /* hung: at once */
+    assert_int_equal(kv_tier_contains(t, 3, k), 0);
+    double second = util_now_s() - t0;
+    print_message("    reader stalled 1.2 s, deadline 0.2 s: first get %.0f ms, the next get and contains %.1f ms\n",
+                  first * 1e3, second * 1e3);
+    assert_true(first >= 0.19 && first < 0.8);
+    assert_true(second < 0.05);
+    usleep(1300 * 1000); /* the reader comes back, finishes the abandoned job without touching b */
+    for (size_t i = 0; i < sizeof b; i++) assert_int_equal(((unsigned char *)b)[i], 0xee);
+    assert_int_equal(kv_tier_get(t, 3, k, bufs, 2000, lens), 3);
+    for (int i = 0; i < 3; i++) assert_true(blob_ok(&k[i], bufs[i], lens[i], 2000));
+    assert_true(stats_of(t).errors >= 1);
+
+    /* closing while the reader is stuck takes about the join wait, not the stall */
+    kv_tier_disk_stall_reader(t, 4000);
+    assert_int_equal(kv_tier_get(t, 1, k, bufs, 2000, lens), 0);
+    t0 = util_now_s();
+    kv_tier_close(t);
+    double closing = util_now_s() - t0;
+    print_message("    close with the reader stuck for 4 s: %.2f s\n", closing);
+    assert_true(closing < 2.5);
+    usleep(4200 * 1000); /* let the left-behind thread end before the folder goes */
     remove_dir(dir);
 }
 
@@ -832,6 +948,8 @@ int main(void) {
         cmocka_unit_test_teardown(test_cap_lru, teardown_dir),
         cmocka_unit_test_teardown(test_queue_overflow, teardown_dir),
         cmocka_unit_test_teardown(test_damaged_files, teardown_dir),
+        cmocka_unit_test_teardown(test_not_blocks, teardown_dir),
+        cmocka_unit_test_teardown(test_hung_reader, teardown_dir),
         cmocka_unit_test_teardown(test_errors, teardown_dir),
         cmocka_unit_test_teardown(test_threads, teardown_dir),
         cmocka_unit_test_teardown(test_kill9, teardown_dir),

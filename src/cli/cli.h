@@ -32,7 +32,8 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
 /* The context and KV cache options of run, serve and perplexity: -c/--ctx,
  * -t/--threads, --kv-mem SIZE, --block-size, --cache-type-k/-v, --kv-budget,
  * --kv-evict NAME, --kv-sinks, --h2o-recent, --h2o-heavy, and the KV tiers
- * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, and
+ * --kv-host-size SIZE, --kv-disk DIR, --kv-disk-size SIZE, --kv-redis URL, the
+ * block-signing key --kv-key FILE (or $KVLM_KV_KEY_FILE / $KVLM_KV_KEY), and
  * the swap space --kv-swap-size SIZE (sizes are parsed where they are read). cli_opt_ctx takes
  * argv[*i] if it is one of them (the two strings stay as given, for
  * cli_ctx_finish); cli_ctx_finish checks the ranges and converts kv_mem and
@@ -64,30 +65,37 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "      --kv-redis URL      redis://HOST:PORT[/DB]: full blocks shared with every process using it;\n" \
     "                          redis-cluster://HOST:PORT[,HOST:PORT...]: over a Redis Cluster's nodes\n" \
     "      --kv-swap-size SIZE host memory for preempted sequences' blocks (default: the pool's size;\n" \
-    "                          0: none, preemption recomputes)\n"
+    "                          0: none, preemption recomputes)\n" \
+    "      --kv-key FILE       sign the blocks written to the disk and Redis tiers and to sessions with\n" \
+    "                          this secret (every instance sharing a tier gives the same one) and use\n" \
+    "                          only blocks whose signature verifies (also $KVLM_KV_KEY_FILE, or the\n" \
+    "                          secret itself in $KVLM_KV_KEY; docs/kv-tiers.md)\n"
 /* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
  * --repeat-penalty, --repeat-last-n, --seed (sets *seed_set), -l/--logit-bias
  * (repeated; the biases live as long as the process). CLI_SAMPLER_USAGE is
  * their help text. */
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad);
+/* The sampling values checked as the server checks a request's
+ * (kvlm_sampler_params_check), named as the options are; vocab 0 before a
+ * model is loaded (token ids then checked against it later). 1 after cli_fail. */
+int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab);
 #define CLI_SAMPLER_USAGE \
-    "      --temp T            temperature; 0 = greedy (default 0.8)\n" \
-    "      --top-k K           keep the K most likely tokens (default 40; 0 = off)\n" \
-    "      --top-p P           nucleus sampling (default 0.95; 1 = off)\n" \
-    "      --min-p P           drop tokens below P x the top probability (default 0.05; 0 = off)\n" \
-    "      --repeat-penalty R  penalise recent tokens (default 1.0 = off)\n" \
-    "      --repeat-last-n N   how many recent tokens the penalty sees (default 64)\n" \
+    "      --temp T            temperature, 0..2; 0 = greedy (default 0.8)\n" \
+    "      --top-k K           keep the K most likely tokens (default 40; 0 or -1 = off)\n" \
+    "      --top-p P           nucleus sampling, 0..1 (default 0.95; 1 = off)\n" \
+    "      --min-p P           drop tokens below P x the top probability, 0..1 (default 0.05; 0 = off)\n" \
+    "      --repeat-penalty R  penalise recent tokens, 0..100 (default 1.0 = off)\n" \
+    "      --repeat-last-n N   how many recent tokens the penalty sees, 0..65536 (default 64)\n" \
     "      --seed S            random seed (default: time-based); the same seed gives the same text\n" \
-    "  -l, --logit-bias T+B    add B to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
-/* Structured output for run and chat: --json (any JSON object), --json-schema
- * TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file FILE (GBNF);
- * at most one. cli_grammar makes the grammar for model (NULL: none asked, or
- * *failed after cli_fail). */
-typedef struct { const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
+    "  -l, --logit-bias T+B    add B (-100..100) to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
+/* Structured output for run, chat and grammar: --json (any JSON object),
+ * --json-schema TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file
+ * FILE (GBNF); at most one. cli_grammar makes the grammar for model (NULL:
+ * only checked) through kvlm_grammar_build, as the server does; NULL: none
+ * asked, or *failed after cli_fail. */
+typedef struct { bool json; const char *json_schema, *json_schema_file, *grammar, *grammar_file; int n; } cli_grammar_opts;
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad);
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed);
-/* The GBNF text those options ask for (a schema translated; malloc'd), or NULL after cli_fail. */
-char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g);
 #define CLI_GRAMMAR_USAGE \
     "      --json              the text generated is one JSON object (OpenAI's JSON mode)\n" \
     "      --json-schema S     ... one JSON value that JSON schema S describes (docs/structured-output.md)\n" \

@@ -240,6 +240,7 @@ int cmd_chat(int argc, char **argv) {
     if (cp.kv_evict)
         return cli_fail("chat", "the conversation stays whole in the cache between turns: not with --kv-evict");
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
+    if (cli_sampler_check("chat", &sp, 0)) return 1; /* as the server checks a request's */
 
     int rc = 1;
     kvlm_error err = {0};
@@ -255,6 +256,7 @@ int cmd_chat(int argc, char **argv) {
     FILE *hist = NULL;
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
+    if (cli_sampler_check("chat", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
     bool gfailed;

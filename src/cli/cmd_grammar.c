@@ -25,17 +25,9 @@ int cmd_grammar(int argc, char **argv) {
         if (bad) return 1;
     }
     if (!g.n) { grammar_usage(stderr); return 1; }
-    char *gbnf = cli_grammar_text("grammar", &g);
-    kvlm_error err = {0};
-    kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(NULL, gbnf, NULL, &err) : NULL;
-    int rc = 0;
-    if (!gbnf) rc = 1;
-    else if (!gr) {
-        const char *file = g.json_schema_file ? g.json_schema_file : g.grammar_file;
-        rc = cli_fail("grammar", "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
-    }
-    else fputs(gbnf, stdout);
+    bool failed;
+    kvlm_grammar *gr = cli_grammar("grammar", &g, NULL, &failed);
+    if (gr) fputs(kvlm_grammar_gbnf(gr), stdout); /* what the server and run compile, from the same builder */
     kvlm_grammar_free(gr);
-    free(gbnf);
-    return rc;
+    return failed;
 }

@@ -86,6 +86,7 @@ int cmd_run(int argc, char **argv) {
     if (session && (cp.kv_evict || cp.no_kv_cache))
         return cli_fail("run", "--session keeps the whole cache: not with --kv-evict or --no-kv-cache");
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
+    if (cli_sampler_check("run", &sp, 0)) return 1; /* as the server checks a request's */
     int spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (spec_mode < 0) return cli_fail("run", "--spec %s: expected lookup, draft or none", spec_name);
     if (spec_mode == KVLM_SPEC_DRAFT && !draft_path) return cli_fail("run", "--spec draft needs --draft MODEL");
@@ -117,6 +118,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *toks = NULL;
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("run", "%s", err.msg); goto done; }
+    if (cli_sampler_check("run", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
     bool draft_shared = false;
     /* its cache in the model's pool when the shapes allow (kvlm_ctx_create_draft) */
     if (draft_path && !(dmodel = cli_load_draft("run", draft_path, model, &cp, &draft_shared))) goto done;

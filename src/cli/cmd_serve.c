@@ -1,11 +1,33 @@
 /* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
  * model and one paged KV cache, until SIGINT or SIGTERM. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include "cli/cli.h"
+
+/* A stop takes at most this long (docs/serving.md): the requests in flight
+ * end, the KV tiers' queues are written (each gives up after its own
+ * deadline); past it, or at a second SIGINT/SIGTERM, the process exits at once. */
+#define SERVE_STOP_S 30
+
+static void *stop_watchdog(void *arg) {
+    const sigset_t *sigs = arg;
+    struct timespec ts = {SERVE_STOP_S, 0};
+    int sig = sigtimedwait(sigs, NULL, &ts);
+    if (sig > 0) fprintf(stderr, "kvlm serve: %s again, exiting at once\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    else fprintf(stderr, "kvlm serve: still stopping after %d s (a KV tier not answering?), exiting at once\n",
+                 SERVE_STOP_S);
+    _exit(1);
+    return NULL;
+}
 
 static void serve_usage(FILE *f) {
     fprintf(f,
@@ -13,7 +35,8 @@ static void serve_usage(FILE *f) {
             "Serves the model over HTTP: POST /v1/completions and /v1/chat/completions (OpenAI-compatible,\n"
             "streamed or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status and a web page\n"
             "at /. Requests are batched continuously in one KV cache; prints\n"
-            "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it.\n"
+            "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it\n"
+            "(within 30 s; a second one at once).\n"
             "Limits and access options are described in docs/serving.md.\n\n"
             "  -m, --model FILE        GGUF or llama2.c .bin model\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
@@ -27,7 +50,11 @@ static void serve_usage(FILE *f) {
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
-            "      --max-body SIZE     largest request body (default 1MiB)\n\n"
+            "      --max-body SIZE     largest request body (default 1MiB)\n"
+            "      --max-body-total SIZE  request bodies being received, all connections; past it 503\n"
+            "                          (default 64MiB)\n"
+            "      --max-unsent SIZE   answers made and not yet taken by the kernel, all connections; past\n"
+            "                          it the connection holding most is reset (default 64MiB)\n\n"
             "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
@@ -71,7 +98,8 @@ static void serve_usage(FILE *f) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
+               *max_unsent = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
     const char **origins = NULL;
     char *file_key = NULL;
@@ -94,6 +122,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--timeout", &sp.timeout_s, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--max-body-total", &max_body_total, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--max-unsent", &max_unsent, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
@@ -159,6 +189,14 @@ int cmd_serve(int argc, char **argv) {
         cli_fail("serve", "bad size '%s' (e.g. 1MiB)", max_body);
         goto out;
     }
+    if (max_body_total && (cli_parse_size(max_body_total, &sp.max_body_total) || sp.max_body_total == 0)) {
+        cli_fail("serve", "--max-body-total: bad size '%s' (e.g. 64MiB)", max_body_total);
+        goto out;
+    }
+    if (max_unsent && (cli_parse_size(max_unsent, &sp.max_unsent) || sp.max_unsent == 0)) {
+        cli_fail("serve", "--max-unsent: bad size '%s' (e.g. 64MiB)", max_unsent);
+        goto out;
+    }
     if (!sp.api_key && key_file) { /* the first line, without its end */
         size_t len = 0;
         if (!(file_key = cli_read_file("serve", key_file, &len))) goto out;
@@ -173,6 +211,13 @@ int cmd_serve(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+#ifdef __GLIBC__
+    /* Clients' large buffers (request bodies, answers, streams' backlogs)
+     * mapped on their own and unmapped when freed: glibc's moving threshold
+     * would put them in its heap after the first such free, and keep their
+     * pages once they go (docs/serving.md, "Memory bounds per peer"). */
+    mallopt(M_MMAP_THRESHOLD, 128 << 10);
+#endif
     cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
     sp.max_seqs = cp.n_seq_max;
 
@@ -260,6 +305,10 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvlm serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    static sigset_t wd_sigs; /* outlives this frame */
+    wd_sigs = sigs;
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, stop_watchdog, &wd_sigs) == 0) pthread_detach(wd);
     rc = 0;
 done:
     kvlm_server_stop(srv);

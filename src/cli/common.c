@@ -1,12 +1,15 @@
 /* cli/common: option parsing and error printing shared by the subcommands. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "cli/cli.h"
 
 bool cli_is(const char *arg, const char *s, const char *l) {
@@ -142,14 +145,19 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
     const char *lb = NULL;
     if (cli_opt_str(argc, argv, i, "-l", "--logit-bias", &lb, bad)) {
         if (*bad) return true;
-        /* TOKEN_ID(+|-)BIAS, as llama.cpp takes it: 15043+1, 15043-inf */
-        char *end, *vend = NULL;
-        long id = strtol(lb, &end, 10);
-        char sign = *end;
-        float v = sign == '+' || sign == '-' ? strtof(end + 1, &vend) : NAN;
-        bool number = sign && (isdigit((unsigned char)end[1]) || end[1] == '.' || !strncmp(end + 1, "inf", 3));
-        if (end == lb || id < 0 || id > INT32_MAX || !number || isnan(v) || !vend || *vend) {
-            fprintf(stderr, "kvlm: --logit-bias %s: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)\n", lb);
+        /* TOKEN_ID(+|-)BIAS, as llama.cpp takes it: 15043+1, 15043-inf. The id as the
+         * server reads a logit_bias key (digits only); the bias a plain decimal or inf. */
+        size_t nd = strspn(lb, "0123456789");
+        int id = kvlm_parse_token_id(lb, nd);
+        char sign = lb[nd];
+        const char *num = lb + nd + (sign ? 1 : 0);
+        char *vend = NULL;
+        float v = !strcmp(num, "inf") ? INFINITY : strtof(num, &vend);
+        bool plain = (sign == '+' || sign == '-') && (isdigit((unsigned char)num[0]) || num[0] == '.');
+        for (const char *q = num; plain && vend && q < vend; q++) plain = strchr("0123456789.eE+-", *q) != NULL;
+        if (id < 0 || !(plain || (sign && !strcmp(num, "inf"))) || isnan(v) || (vend && *vend)) {
+            fprintf(stderr, "kvlm: --logit-bias %s: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, the id in decimal digits "
+                            "(e.g. 15043+1, 2-inf)\n", lb);
             *bad = true;
             return true;
         }
@@ -158,7 +166,7 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
             *bad = true;
             return true;
         }
-        g_bias_ids[sp->n_bias] = (int32_t)id;
+        g_bias_ids[sp->n_bias] = id;
         g_bias[sp->n_bias++] = sign == '-' ? -v : v;
         sp->bias_ids = g_bias_ids;
         sp->bias = g_bias;
@@ -172,8 +180,36 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
            cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
 }
 
+int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab) {
+    kvlm_error err = {0};
+    int i, f = kvlm_sampler_params_check(sp, vocab, &i, &err);
+    if (f == KVLM_SAMPLER_OK) return 0;
+    if (f == KVLM_SAMPLER_BIAS_ID || f == KVLM_SAMPLER_BIAS) {
+        float b = sp->bias[i];
+        return cli_fail(cmd, "--logit-bias %d%s%g: %s %s", (int)sp->bias_ids[i], b < 0 ? "-" : "+", fabsf(b),
+                        f == KVLM_SAMPLER_BIAS ? "the bias" : "the token", err.msg);
+    }
+    /* the options' names for the fields the server calls temperature, top_k, ... */
+    static const char *const names[] = {NULL, "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                        "--repeat-last-n", "the frequency penalty", "the presence penalty"};
+    double v = f == KVLM_SAMPLER_TEMPERATURE        ? sp->temperature
+               : f == KVLM_SAMPLER_TOP_K            ? sp->top_k
+               : f == KVLM_SAMPLER_TOP_P            ? sp->top_p
+               : f == KVLM_SAMPLER_MIN_P            ? sp->min_p
+               : f == KVLM_SAMPLER_REPEAT_PENALTY   ? sp->repeat_penalty
+               : f == KVLM_SAMPLER_REPEAT_LAST_N    ? sp->repeat_last_n
+               : f == KVLM_SAMPLER_FREQUENCY_PENALTY ? sp->frequency_penalty
+                                                    : sp->presence_penalty;
+    return cli_fail(cmd, "%s %g: %s", names[f], v, err.msg);
+}
+
+/* --kv-key FILE: read at cli_ctx_finish; the bytes live as long as the process */
+static const char *g_kv_key_file;
+static unsigned char g_kv_key[4096];
+
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad) {
     return opt_swap(argc, argv, i, cp, bad) ||
+           cli_opt_str(argc, argv, i, NULL, "--kv-key", &g_kv_key_file, bad) ||
            cli_opt_int(argc, argv, i, "-c", "--ctx", &cp->n_ctx, bad) ||
            cli_opt_device(argc, argv, i, &cp->device, bad) ||
            opt_size(argc, argv, i, "--kv-host-size", &cp->kv_host_size, bad) ||
@@ -192,6 +228,47 @@ bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char 
            cli_opt_float(argc, argv, i, NULL, "--h2o-heavy", &cp->h2o_heavy, bad);
 }
 
+/* The block-signing key: --kv-key FILE, else $KVLM_KV_KEY_FILE, else the
+ * secret itself in $KVLM_KV_KEY; a file's one trailing newline is not part
+ * of it (echo secret > FILE and KVLM_KV_KEY=secret give the same key). */
+static int kv_key_finish(const char *cmd, kvlm_ctx_params *cp) {
+    const char *file = g_kv_key_file, *opt = "--kv-key";
+    if (!file && (file = getenv("KVLM_KV_KEY_FILE")) && *file) opt = "KVLM_KV_KEY_FILE";
+    else if (!g_kv_key_file) file = NULL;
+    size_t n = 0;
+    if (file) {
+        /* O_NONBLOCK: a FIFO must not hang the start (a link is fine: mounted secrets are links) */
+        int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0) return cli_fail(cmd, "%s %s: %s", opt, file, strerror(errno));
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (off_t)sizeof g_kv_key) {
+            close(fd);
+            return cli_fail(cmd, "%s %s: not a regular file of at most %zu bytes", opt, file, sizeof g_kv_key);
+        }
+        ssize_t got = read(fd, g_kv_key, sizeof g_kv_key);
+        close(fd);
+        if (got < 0) return cli_fail(cmd, "%s %s: %s", opt, file, strerror(errno));
+        n = (size_t)got;
+        if (st.st_mode & (S_IRWXG | S_IRWXO))
+            fprintf(stderr, "kvlm %s: warning: %s %s can be read by other users (chmod 600 it)\n", cmd, opt, file);
+    } else {
+        const char *env = getenv("KVLM_KV_KEY");
+        if (!env || !*env) return 0;
+        opt = "KVLM_KV_KEY";
+        n = strlen(env);
+        if (n > sizeof g_kv_key) return cli_fail(cmd, "KVLM_KV_KEY: longer than %zu bytes", sizeof g_kv_key);
+        memcpy(g_kv_key, env, n);
+    }
+    if (n && g_kv_key[n - 1] == '\n') n--;
+    if (n && g_kv_key[n - 1] == '\r') n--;
+    if (n < KVLM_KV_MAC_KEY_MIN)
+        return cli_fail(cmd, "%s: a block-signing key of %zu bytes is too short: give at least %d random bytes "
+                        "(e.g. head -c 32 /dev/urandom | base64 > FILE)", opt, n, KVLM_KV_MAC_KEY_MIN);
+    cp->kv_mac_key = g_kv_key;
+    cp->kv_mac_key_len = n;
+    return 0;
+}
+
 int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict) {
     if (cp->n_ctx < 0 || cp->n_threads < 0 || cp->block_size < 0 || cp->kv_budget < 0 || cp->kv_sinks < 0 ||
         cp->h2o_recent < 0)
@@ -203,11 +280,11 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
         return cli_fail(cmd, "unknown --kv-evict '%s' (none, window, sinks, h2o)", evict);
     if (kv_mem && cli_parse_size(kv_mem, &cp->kv_mem))
         return cli_fail(cmd, "bad size '%s' for --kv-mem (e.g. 512MiB)", kv_mem);
-    return 0;
+    return kv_key_finish(cmd, cp);
 }
 
 bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *bad) {
-    if (cli_is(argv[*i], NULL, "--json")) g->json_schema = "{\"type\": \"object\"}";
+    if (cli_is(argv[*i], NULL, "--json")) g->json = true;
     else if (!cli_opt_str(argc, argv, i, NULL, "--json-schema", &g->json_schema, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--json-schema-file", &g->json_schema_file, bad) &&
              !cli_opt_str(argc, argv, i, NULL, "--grammar", &g->grammar, bad) &&
@@ -220,29 +297,22 @@ bool cli_opt_grammar(int argc, char **argv, int *i, cli_grammar_opts *g, bool *b
     return true;
 }
 
-char *cli_grammar_text(const char *cmd, const cli_grammar_opts *g) {
-    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-    char *text = NULL;
-    if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
-    kvlm_error err = {0};
-    char *gbnf = g->json_schema || g->json_schema_file ? kvlm_json_schema_to_gbnf(text ? text : g->json_schema, &err)
-                                                       : strdup(text ? text : g->grammar);
-    free(text);
-    if (!gbnf) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
-    return gbnf;
-}
-
 kvlm_grammar *cli_grammar(const char *cmd, const cli_grammar_opts *g, const kvlm_model *model, bool *failed) {
     *failed = false;
     if (!g->n) return NULL;
-    char *gbnf = cli_grammar_text(cmd, g);
-    kvlm_error err = {0};
-    kvlm_grammar *gr = gbnf ? kvlm_grammar_from_gbnf(model, gbnf, NULL, &err) : NULL;
-    if (gbnf && !gr) {
-        const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
-        cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg);
+    const char *file = g->json_schema_file ? g->json_schema_file : g->grammar_file;
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) {
+        *failed = true;
+        return NULL;
     }
-    free(gbnf);
+    int kind = g->json ? KVLM_GRAMMAR_JSON_OBJECT
+               : g->json_schema || g->json_schema_file ? KVLM_GRAMMAR_JSON_SCHEMA
+                                                       : KVLM_GRAMMAR_GBNF;
+    kvlm_error err = {0};
+    kvlm_grammar *gr = kvlm_grammar_build(model, kind, text ? text : g->json_schema ? g->json_schema : g->grammar, &err);
+    if (!gr) cli_fail(cmd, "%s%s%s", file ? file : "", file ? ": " : "", err.msg[0] ? err.msg : "out of memory");
+    free(text);
     *failed = !gr;
     return gr;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "kv/evict.h"
 #include "kv/session.h"
@@ -18,6 +19,7 @@
 #include "ops/kvtype.h"
 #include "ops/ops.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/pool.h"
 #include "util/timing.h"
 #include "engine/engine.h"
@@ -334,9 +336,30 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
         free(layer_local);
         return err ? err->code : KVLM_EINVAL;
     }
+    if (ctx->p.kv_mac_key && !(sp.auth = kv_blockauth_create(ctx->p.kv_mac_key, ctx->p.kv_mac_key_len, err))) {
+        for (int t = 0; t < sp.n_tiers; t++) kv_tier_close(sp.tiers[t]);
+        for (int t = 0; t < lp.n_tiers; t++) kv_tier_close(lp.tiers[t]);
+        free(layer_local);
+        return err ? err->code : KVLM_EINVAL;
+    }
     ctx->kv = kv_store_create(&sp, err);
     free(layer_local);
     return ctx->kv ? KVLM_OK : (err ? err->code : KVLM_ENOMEM);
+}
+
+/* A tier others can write decides, without a signing key, what this
+ * process computes with: said once at start (docs/kv-tiers.md, "Trust"). */
+static void warn_unsigned(const kvlm_ctx *ctx) {
+    if (ctx->p.kv_mac_key) return;
+    const char *fix = "give every instance the same signing key (--kv-key FILE; docs/kv-tiers.md)";
+    if (ctx->p.kv_redis && *ctx->p.kv_redis)
+        LOG_WARN("the Redis tier is shared and its blocks are not signed: whoever can write to the Redis server "
+                 "decides what this process computes with; %s", fix);
+    struct stat st;
+    if (ctx->p.kv_disk && *ctx->p.kv_disk && stat(ctx->p.kv_disk, &st) == 0 &&
+        ((st.st_mode & (S_IWGRP | S_IWOTH)) || st.st_uid != geteuid()))
+        LOG_WARN("the disk tier's folder %s is writable by other users and its blocks are not signed: they decide "
+                 "what this process computes with; %s", ctx->p.kv_disk, fix);
 }
 
 /* The context's tiers into sp, in lookup order (nearest first); sub: a
@@ -359,6 +382,7 @@ static int open_tiers(const kvlm_ctx *ctx, kv_store_params *sp, const char *sub,
         if (!(sp->tiers[sp->n_tiers] = kv_tier_redis_open(ctx->p.kv_redis, 0, err))) goto tier_fail;
         sp->roles[sp->n_tiers++] = KV_TIER_THROUGH;
     }
+    if (!sub) warn_unsigned(ctx);
     return KVLM_OK;
 tier_fail:
     for (int t = 0; t < sp->n_tiers; t++) kv_tier_close(sp->tiers[t]);
@@ -830,6 +854,7 @@ int kvlm_kv_tier_stats_get(const kvlm_ctx *ctx, kvlm_kv_tier_stats *out, int cap
         o->write_bytes = st->write_bytes;
         o->dropped_writes = st->dropped_writes;
         o->corrupt = st->corrupt;
+        o->forged = st->forged;
         o->errors = st->errors;
         o->evicted = st->evicted;
         o->reads = st->reads;

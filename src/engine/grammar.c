@@ -25,6 +25,7 @@ struct kvlm_grammar {
     int32_t *alt;       /* each alternative's first element */
     int32_t *rule_alt;  /* rule r: alternatives [rule_alt[r], rule_alt[r + 1]) */
     int n_rules, root;
+    char *gbnf;         /* the text it was compiled from */
 };
 
 const kvlm_model *gm_model(const kvlm_grammar *g) { return g->model; }
@@ -35,14 +36,18 @@ void kvlm_grammar_free(kvlm_grammar *g) {
     free(g->rng);
     free(g->alt);
     free(g->rule_alt);
+    free(g->gbnf);
     free(g);
 }
+
+const char *kvlm_grammar_gbnf(const kvlm_grammar *g) { return g ? g->gbnf : NULL; }
 
 /* ---- the parser: GBNF into rules of alternatives of element sequences ---- */
 
 enum {
     MAX_ELEMENTS = 1 << 20, /* a grammar compiling to more (elements and alternatives) is refused */
     MAX_REPEAT = 1 << 16,   /* x{m,n}: m and n at most this */
+    MAX_NESTING = KVLM_GRAMMAR_MAX_NESTING, /* groups within groups: the parser recurses once per level */
 };
 
 typedef struct { gel *e; int n, cap; } seq;
@@ -57,6 +62,7 @@ typedef struct {
     const char *src, *p;
     long total;
     int generated;
+    int depth;          /* groups open around the parser's position */
     kvlm_error *err;
     bool failed;
 } parser;
@@ -343,6 +349,33 @@ static bool parse_repeat(parser *ps, int rule, seq *s, int from) {
     return opt < 0 || push_ref(ps, s, opt);
 }
 
+/* A character class, [...] or [^...], at ps->p: one element of s. (Not
+ * inlined: its 2 KiB of ranges stay out of the recursion's frames.) */
+static __attribute__((noinline)) bool parse_class(parser *ps, seq *s) {
+    const char *at = ps->p;
+    ps->p++;
+    bool neg = *ps->p == '^';
+    if (neg) ps->p++;
+    uint32_t r[2 * 256];
+    int n = 0;
+    while (*ps->p != ']') {
+        if (!*ps->p) return perr(ps, at, "unterminated character class", NULL);
+        if (n == 256) return perr(ps, at, "a character class of over %s ranges", "256");
+        long lo = parse_char(ps), hi = lo;
+        if (lo < 0) return false;
+        if (ps->p[0] == '-' && ps->p[1] != ']' && ps->p[1]) {
+            ps->p++;
+            if ((hi = parse_char(ps)) < 0) return false;
+            if (hi < lo) return perr(ps, at, "a range whose end is before its start", NULL);
+        }
+        r[2 * n] = (uint32_t)lo;
+        r[2 * n + 1] = (uint32_t)hi;
+        n++;
+    }
+    ps->p++;
+    return push_class(ps, s, r, n, neg);
+}
+
 static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
     for (;;) {
         int from = s->n;
@@ -359,27 +392,7 @@ static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
             }
             ps->p++;
         } else if (c == '[') {
-            ps->p++;
-            bool neg = *ps->p == '^';
-            if (neg) ps->p++;
-            uint32_t r[2 * 256];
-            int n = 0;
-            while (*ps->p != ']') {
-                if (!*ps->p) return perr(ps, at, "unterminated character class", NULL);
-                if (n == 256) return perr(ps, at, "a character class of over %s ranges", "256");
-                long lo = parse_char(ps), hi = lo;
-                if (lo < 0) return false;
-                if (ps->p[0] == '-' && ps->p[1] != ']' && ps->p[1]) {
-                    ps->p++;
-                    if ((hi = parse_char(ps)) < 0) return false;
-                    if (hi < lo) return perr(ps, at, "a range whose end is before its start", NULL);
-                }
-                r[2 * n] = (uint32_t)lo;
-                r[2 * n + 1] = (uint32_t)hi;
-                n++;
-            }
-            ps->p++;
-            if (!push_class(ps, s, r, n, neg)) return false;
+            if (!parse_class(ps, s)) return false;
         } else if (c == '.') {
             ps->p++;
             uint32_t r[2] = {0, 0x10ffff};
@@ -392,10 +405,18 @@ static bool parse_sequence(parser *ps, int rule, seq *s, bool nested) {
             if (ps->r[r].used_at < 0) ps->r[r].used_at = (int)(b - ps->src);
             if (!push_ref(ps, s, r)) return false;
         } else if (c == '(') {
+            /* checked before going in: each level is a frame of parse_sequence and parse_alternates */
+            if (ps->depth == MAX_NESTING) {
+                char lim[16];
+                snprintf(lim, sizeof lim, "%d", MAX_NESTING);
+                return perr(ps, at, "groups nested deeper than %s levels", lim);
+            }
             ps->p++;
             skip_space(ps, true);
             int r = new_rule(ps, rule);
+            ps->depth++;
             if (r < 0 || !parse_alternates(ps, r, true)) return false;
+            ps->depth--;
             if (*ps->p != ')') return perr(ps, ps->p, "expected ')'", NULL);
             ps->p++;
             if (!push_ref(ps, s, r)) return false;
@@ -445,14 +466,36 @@ static bool parse_rules(parser *ps) {
 
 /* ---- compiling: flat arrays, checks ---- */
 
-/* Rules that can match nothing, then left recursion (which the matcher's
- * expansion would loop on): a rule reached again before any character. */
+/* A rule's name as a person wrote it: a group or repetition has a generated
+ * name ("root#3"), named here by the rule it is in. */
+static void rule_desc(const char *name, char *out, size_t cap) {
+    const char *h = strchr(name, '#');
+    if (h) snprintf(out, cap, "a group or repetition in rule '%.*s'", (int)(h - name), name);
+    else snprintf(out, cap, "rule '%s'", name);
+}
+
+/* Left recursion, which would make the matcher's expansion grow stacks without
+ * end: a rule that can reach itself before reading a character, through a
+ * reference with more of its alternative after it. Edges r -> s: s may come
+ * first in an alternative of r (after rules that can match nothing). A
+ * reference that ends its alternative ("tail") continues the stack below it
+ * unchanged, so a cycle of tail references only comes back to stacks already
+ * expanded (hash-consed): x* over an x that can be empty ("("a"*)*",
+ * ECMA-262's "(a*)*") is R ::= x R | (empty), a tail cycle, and is fine. A
+ * cycle is refused when one of its edges is not a tail: an edge whose two
+ * rules are in one strongly connected component (Tarjan's, iterative). */
 static bool check_left_recursion(parser *ps, kvlm_grammar *g) {
     int n = g->n_rules;
     bool *nullable = calloc((size_t)n, 1);
-    uint8_t *color = calloc((size_t)n, 1);
-    int *stack = malloc((size_t)n * 2 * sizeof *stack);
-    bool allocated = nullable && color && stack, ok = allocated;
+    int n_edges = 0;
+    for (int a = 0; a < g->rule_alt[n]; a++)
+        for (const gel *e = &g->el[g->alt[a]]; e->type == G_REF; e++) n_edges++;
+    int *first = malloc(((size_t)n + 1) * sizeof *first), *to = malloc(((size_t)n_edges + 1) * sizeof *to);
+    bool *tail = malloc((size_t)n_edges + 1);
+    int *index = malloc((size_t)n * sizeof *index), *low = malloc((size_t)n * sizeof *low),
+        *comp = malloc((size_t)n * sizeof *comp), *stack = malloc((size_t)n * sizeof *stack),
+        *call = malloc((size_t)n * 2 * sizeof *call);
+    bool allocated = nullable && first && to && tail && index && low && comp && stack && call, ok = allocated;
     for (bool changed = true; ok && changed;) {
         changed = false;
         for (int r = 0; r < n; r++) {
@@ -464,44 +507,103 @@ static bool check_left_recursion(parser *ps, kvlm_grammar *g) {
             }
         }
     }
-    /* depth-first over "r starts with s" edges; stack holds (rule, next alternative) */
+    /* the edges, by rule */
+    for (int r = 0, k = 0; ok && r <= n; r++) {
+        first[r] = k;
+        if (r == n) break;
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            for (const gel *e = &g->el[g->alt[a]]; e->type == G_REF; e++) {
+                to[k] = (int)e->a;
+                tail[k++] = e[1].type == G_END;
+                if (!nullable[e->a]) break;
+            }
+    }
+    /* Tarjan: call holds (rule, its next edge) */
+    int counter = 0, sp = 0, n_comp = 0;
+    for (int r = 0; ok && r < n; r++) index[r] = -1;
     for (int root = 0; ok && root < n; root++) {
-        if (color[root]) continue;
-        int sp = 0;
+        if (index[root] >= 0) continue;
+        int cp = 0;
+        call[cp++] = root;
+        call[cp++] = first[root];
+        index[root] = low[root] = counter++;
         stack[sp++] = root;
-        stack[sp++] = g->rule_alt[root];
-        color[root] = 1;
-        while (ok && sp) {
-            int r = stack[sp - 2], a = stack[sp - 1];
-            if (a == g->rule_alt[r + 1]) {
-                color[r] = 2;
-                sp -= 2;
+        comp[root] = -1;
+        while (cp) {
+            int r = call[cp - 2], k = call[cp - 1];
+            if (k < first[r + 1]) {
+                call[cp - 1]++;
+                int s = to[k];
+                if (index[s] < 0) {
+                    index[s] = low[s] = counter++;
+                    stack[sp++] = s;
+                    comp[s] = -1;
+                    call[cp++] = s;
+                    call[cp++] = first[s];
+                } else if (comp[s] < 0 && index[s] < low[r]) low[r] = index[s]; /* on the stack */
                 continue;
             }
-            stack[sp - 1]++;
-            /* every rule this alternative can start with */
-            for (const gel *e = &g->el[g->alt[a]]; e->type == G_REF; e++) {
-                int s = (int)e->a;
-                if (color[s] == 1) {
-                    util_err_set(ps->err, KVLM_EINVAL, "grammar: rule '%s' is left-recursive (it can reach itself before "
-                                 "reading a character)", ps->r[s].name);
-                    ok = false;
-                    break;
-                }
-                if (!color[s]) { /* descend; come back to this alternative's later elements afterwards */
-                    stack[sp - 1]--; /* revisit a: s is now grey or done, so it is skipped then */
-                    color[s] = 1;
-                    stack[sp++] = s;
-                    stack[sp++] = g->rule_alt[s];
-                    break;
-                }
-                if (!nullable[s]) break;
+            cp -= 2;
+            if (low[r] == index[r]) {
+                int s;
+                do comp[s = stack[--sp]] = n_comp;
+                while (s != r);
+                n_comp++;
+            }
+            if (cp && low[r] < low[call[cp - 2]]) low[call[cp - 2]] = low[r];
+        }
+    }
+    for (int r = 0; ok && r < n; r++)
+        for (int k = first[r]; k < first[r + 1]; k++)
+            if (!tail[k] && comp[to[k]] == comp[r]) {
+                char d[120];
+                rule_desc(ps->r[to[k]].name, d, sizeof d);
+                util_err_set(ps->err, KVLM_EINVAL, "grammar: %s is left-recursive (it can reach itself before "
+                             "reading a character, with more to read after it)", d);
+                ok = false;
+                break;
+            }
+    /* A tail cycle is fine where its rules can match some text: "a ::= a | "x""
+     * is "x". One whose rules match none ("a ::= a", "a ::= b", "b ::= a") is
+     * refused as before (a rule that can match no text at all but reads a
+     * character first, "a ::= "x" a", is an endless text, and is taken). */
+    bool *productive = ok ? calloc((size_t)n, 1) : NULL;
+    int *size = ok ? calloc((size_t)n_comp + 1, sizeof *size) : NULL;
+    if (ok && (!productive || !size)) ok = allocated = false;
+    for (bool changed = true; ok && changed;) {
+        changed = false;
+        for (int r = 0; r < n; r++) {
+            if (productive[r]) continue;
+            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !productive[r]; a++) {
+                const gel *e = &g->el[g->alt[a]];
+                while (e->type == G_CHARS || (e->type == G_REF && productive[e->a])) e++;
+                if (e->type == G_END) productive[r] = changed = true;
             }
         }
     }
+    for (int r = 0; ok && r < n; r++) size[comp[r]]++;
+    for (int r = 0; ok && r < n; r++) {
+        bool cyclic = size[comp[r]] > 1;
+        for (int k = first[r]; k < first[r + 1] && !cyclic; k++) cyclic = to[k] == r;
+        if (cyclic && !productive[r]) {
+            char d[120];
+            rule_desc(ps->r[r].name, d, sizeof d);
+            util_err_set(ps->err, KVLM_EINVAL, "grammar: %s matches no text (every way through it comes back to a "
+                         "rule before reading a character)", d);
+            ok = false;
+        }
+    }
+    free(productive);
+    free(size);
     free(nullable);
-    free(color);
+    free(first);
+    free(to);
+    free(tail);
+    free(index);
+    free(low);
+    free(comp);
     free(stack);
+    free(call);
     if (!allocated) return util_err_set(ps->err, KVLM_ENOMEM, "grammar: out of memory"), false;
     return ok;
 }
@@ -558,6 +660,8 @@ static kvlm_grammar *compile(parser *ps, const char *root) {
     return g;
 }
 
+static gm *matcher_new(const kvlm_grammar *cg, const char *root, kvlm_error *why);
+
 kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err) {
     if (!gbnf) {
         util_err_set(err, KVLM_EINVAL, "grammar: no text");
@@ -566,9 +670,8 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
     parser ps = {.src = gbnf, .p = gbnf, .err = err};
     kvlm_grammar *g = NULL;
     if (parse_rules(&ps)) g = compile(&ps, root && *root ? root : "root");
-    gm *m = g ? gm_new(g) : NULL; /* the start state, once, to refuse a grammar no text can begin */
+    gm *m = g ? matcher_new(g, root && *root ? root : "root", err) : NULL; /* to refuse a grammar no text can begin */
     if (g && !m) {
-        util_err_set(err, KVLM_EINVAL, "grammar: its start opens over 65536 parse stacks (too ambiguous), or out of memory");
         kvlm_grammar_free(g);
         g = NULL;
     }
@@ -581,13 +684,42 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
     free(ps.r);
     free(ps.rng);
     free(ps.names);
+    if (g && !(g->gbnf = strdup(gbnf))) {
+        util_err_set(err, KVLM_ENOMEM, "grammar: out of memory");
+        kvlm_grammar_free(g);
+        g = NULL;
+    }
     if (g) g->model = model;
+    return g;
+}
+
+kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *text, kvlm_error *err) {
+    if (kind == KVLM_GRAMMAR_GBNF) return kvlm_grammar_from_gbnf(model, text, "root", err);
+    if (kind != KVLM_GRAMMAR_JSON_SCHEMA && kind != KVLM_GRAMMAR_JSON_OBJECT) {
+        util_err_set(err, KVLM_EINVAL, "grammar: unknown kind %d", kind);
+        return NULL;
+    }
+    char *gbnf = kvlm_json_schema_to_gbnf(kind == KVLM_GRAMMAR_JSON_OBJECT ? "{\"type\": \"object\"}" : text, err);
+    if (!gbnf) return NULL;
+    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
+    free(gbnf);
     return g;
 }
 
 /* ---- the matcher ---- */
 
-enum { DEAD = -1, UNKNOWN = -2, NONE = -1, MASK_CACHE = 16, MAX_STACKS = 1 << 16 };
+/* MAX_STACKS: stacks one step may reach; MAX_VISITS: stacks one step's
+ * expansion may go through (rules that read nothing can multiply them while
+ * reaching few: r1 ::= r2 r2, r2 ::= r3 r3, ..., r40 ::= ""). Past either the
+ * step is refused. MAX_NODES: the stacks one matcher may hold; MASK_WORK:
+ * the stacks one token mask's steps may go through and step (a grammar of many
+ * stacks per state, (([a-z]{0,60}){0,60}){0,60}, took 13 s for a mask over
+ * 32,000 tokens, stalling every request; JSON mode's masks over those
+ * tokens take at most 13,534). Past either the grammar ends there. */
+enum {
+    DEAD = -1, UNKNOWN = -2, NONE = -1, MASK_CACHE = 16, MAX_STACKS = 1 << 16, MAX_VISITS = 1 << 18,
+    MAX_NODES = 1 << 22, MASK_WORK = 1 << 20
+};
 
 typedef struct { int32_t pos, next, chain; } gnode; /* a stack: element pos on top of stack next */
 typedef struct {
@@ -616,7 +748,11 @@ struct gm {
     int cap_work, cap_out, n_work, n_out;
     int32_t cur;
     bool failed;           /* out of memory: every step refuses */
-    bool too_many;         /* this step's expansion passed MAX_STACKS: the step is refused */
+    bool too_many;         /* this step's expansion passed MAX_STACKS or MAX_VISITS: the step is refused */
+    bool too_many_visits;  /* (which: for the message when the start state is refused) */
+    bool too_large;        /* the matcher passed MAX_NODES: every step is refused */
+    int n_visits;          /* this step's expansion's stacks so far */
+    long mask_work;        /* this mask's stacks gone through and stepped, so far */
     /* the last masks made, by state (a mask depends on the state alone, and
      * text inside a string, say, comes back to one state token after token) */
     struct { int32_t state; int n; uint64_t *bits; } mc[MASK_CACHE];
@@ -650,6 +786,10 @@ static int32_t node(gm *m, int32_t pos, int32_t next) {
     uint32_t b = hash2((uint32_t)pos, (uint32_t)next) & (uint32_t)m->nd_mask;
     for (int32_t i = m->nd_head[b]; i != NONE; i = m->nd[i].chain)
         if (m->nd[i].pos == pos && m->nd[i].next == next) return i;
+    if (m->n_nd == MAX_NODES) {
+        m->too_large = m->failed = true;
+        return NONE;
+    }
     if (m->n_nd == m->cap_nd) {
         int c = m->cap_nd * 2;
         gnode *p = realloc(m->nd, (size_t)c * sizeof *p);
@@ -695,6 +835,11 @@ static void expand(gm *m) {
         int32_t s = m->work[--m->n_work];
         if (m->mark[s] == m->gen) continue;
         m->mark[s] = m->gen;
+        m->mask_work++;
+        if (++m->n_visits > MAX_VISITS) {
+            m->too_many = m->too_many_visits = true;
+            return;
+        }
         const gel *e = s ? &g->el[m->nd[s].pos] : NULL;
         if (!e || e->type == G_CHARS) {
             if (m->n_out == MAX_STACKS) { /* a grammar this ambiguous would make every step slow: refused here */
@@ -785,8 +930,9 @@ static bool class_has(const kvlm_grammar *g, const gel *e, uint32_t lo, uint32_t
 static int32_t advance(gm *m, int32_t sid, uint32_t cp) {
     const kvlm_grammar *g = m->g;
     m->gen++;
-    m->n_work = m->n_out = 0;
+    m->n_work = m->n_out = m->n_visits = 0;
     gstate s = m->st[sid];
+    m->mask_work += s.n;
     for (uint32_t k = 0; k < s.n; k++) {
         int32_t id = (int32_t)m->ids[s.off + k];
         if (!id) continue;
@@ -834,6 +980,7 @@ static int32_t step(gm *m, int32_t sid, unsigned c) {
         if (hi > most) hi = most;
         if (lead == 0xed && hi > 0xd7ff) hi = 0xd7ff; /* no surrogates */
         m->n_out = 0;
+        m->mask_work += s.n;
         for (uint32_t k = 0; k < s.n && lo <= hi; k++) {
             int32_t id = (int32_t)m->ids[s.off + k];
             if (id && class_has(m->g, &m->g->el[m->nd[id].pos], lo, hi)) {
@@ -866,7 +1013,10 @@ static int32_t step(gm *m, int32_t sid, unsigned c) {
     return to;
 }
 
-gm *gm_new(const kvlm_grammar *cg) {
+/* A matcher at the grammar's start; NULL with why filled (if given) when no
+ * text can begin: no stack reaches a character (nor the end), the start is
+ * too ambiguous, or out of memory. */
+static gm *matcher_new(const kvlm_grammar *cg, const char *root, kvlm_error *why) {
     kvlm_grammar *g = (kvlm_grammar *)cg;
     gm *m = calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -883,6 +1033,7 @@ gm *gm_new(const kvlm_grammar *cg) {
     m->ids = malloc(m->cap_ids * sizeof *m->ids);
     if (!m->nd || !m->mark || !m->nd_head || !m->st_head || !m->ids) {
         gm_free(m);
+        if (why) util_err_set(why, KVLM_ENOMEM, "grammar: out of memory");
         return NULL;
     }
     for (int i = 0; i < 256; i++) m->nd_head[i] = m->st_head[i] = NONE;
@@ -892,13 +1043,30 @@ gm *gm_new(const kvlm_grammar *cg) {
     m->gen = 1;
     for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) contin(m, g->alt[a], 0);
     expand(m);
+    bool many = m->too_many, visits = m->too_many_visits, empty = !m->n_out;
     m->cur = state(m, 0, 0, 0);
     if (m->cur < 0) { /* a grammar that matches nothing at all */
+        if (!why) {}
+        else if (m->too_large)
+            util_err_set(why, KVLM_EINVAL, "grammar: its start holds over %d parse stacks (too ambiguous)", MAX_NODES);
+        else if (visits)
+            util_err_set(why, KVLM_EINVAL, "grammar: its start goes through over %d parse stacks (too ambiguous)",
+                         MAX_VISITS);
+        else if (many)
+            util_err_set(why, KVLM_EINVAL, "grammar: its start opens over %d parse stacks (too ambiguous)", MAX_STACKS);
+        else if (m->failed) util_err_set(why, KVLM_ENOMEM, "grammar: out of memory");
+        else if (empty)
+            util_err_set(why, KVLM_EINVAL, "grammar: rule '%.80s' matches no text (every way through it comes back "
+                         "to a rule before reading a character)", root);
         gm_free(m);
         return NULL;
     }
     return m;
 }
+
+gm *gm_new(const kvlm_grammar *g) { return matcher_new(g, "root", NULL); }
+
+
 
 void gm_free(gm *m) {
     if (!m) return;
@@ -1057,6 +1225,7 @@ int gm_allowed(gm *m, bool *allowed) {
         }
     int32_t st[TOKEN_MAX + 1];
     st[0] = m->cur;
+    m->mask_work = 0;
     int valid = 0, n = 0;
     bool done = gm_done(m);
     memset(allowed, 0, (size_t)v->n * sizeof *allowed);
@@ -1072,7 +1241,14 @@ int gm_allowed(gm *m, bool *allowed) {
         while (valid < len) {
             const gstate *s = &m->st[st[valid]];
             int32_t to = s->tr ? s->tr[b[valid]] : UNKNOWN;
-            if (to == UNKNOWN) to = step(m, st[valid], b[valid]);
+            if (to == UNKNOWN) {
+                to = step(m, st[valid], b[valid]);
+                if (m->mask_work > MASK_WORK) { /* too slow a grammar: it ends here, nothing allowed */
+                    m->failed = true;
+                    memset(allowed, 0, (size_t)v->n * sizeof *allowed);
+                    return 0;
+                }
+            }
             st[++valid] = to;
             if (to == DEAD) break;
         }

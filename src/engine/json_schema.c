@@ -39,7 +39,7 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
     }
 }
 
-enum { DEPTH_MAX = 64 };
+enum { DEPTH_MAX = KVLM_JSON_SCHEMA_MAX_DEPTH };
 enum { R_WS = 1, R_STRING = 2, R_NUMBER = 4, R_INTEGER = 8, R_VALUE = 16, R_DATE = 32, R_TIME = 64, R_UUID = 128 };
 
 typedef struct {
@@ -47,8 +47,11 @@ typedef struct {
     sbuf out;           /* the rules made so far */
     unsigned need;      /* the shared rules used (R_*) */
     int counter;
-    struct { char *ptr; char name[48]; } *refs;
+    /* each $ref's rule, named before its schema is made (so a tree finds its
+     * own); nest: the objects and arrays around it then; done once made */
+    struct { char *ptr; char name[48]; int nest; bool done; } *refs;
     int n_refs;
+    int nest;           /* objects and arrays entered: their subschemas are inside brackets */
     kvlm_error *err;
     bool failed;
 } conv;
@@ -56,9 +59,9 @@ typedef struct {
 static bool cfail(conv *c, const char *path, const char *fmt, const char *arg) {
     if (c->failed) return false;
     c->failed = true;
-    char m[160];
+    char m[240];
     snprintf(m, sizeof m, fmt, arg ? arg : "");
-    util_err_set(c->err, KVLM_EINVAL, "json_schema at %s: %s", *path ? path : "the root", m);
+    util_err_set(c->err, KVLM_EINVAL, "json_schema at %.200s: %s", *path ? path : "the root", m);
     return false;
 }
 
@@ -118,9 +121,18 @@ static json_t *resolve(conv *c, const char *ref) {
     return *p ? NULL : v;
 }
 
+/* A $ref is its target's rule, made once. A reference back to a $ref whose
+ * rule is still being made is recursion: legal inside an object or array
+ * that the first one began (a tree: the brackets are read before it comes
+ * back), and otherwise a schema that can only ever come back to itself
+ * ({"$ref": "#/$defs/a"} with a: {"$ref": "#/$defs/a"}, or a anyOf itself
+ * or null), refused here in the schema's terms. */
 static bool gen_ref(conv *c, const char *ref, const char *path, int depth, char *name, size_t cap) {
     for (int i = 0; i < c->n_refs; i++)
         if (!strcmp(c->refs[i].ptr, ref)) {
+            if (!c->refs[i].done && c->refs[i].nest == c->nest)
+                return cfail(c, path, "'$ref' '%.80s' comes back to itself with no object or array between, so "
+                             "it could never end", ref);
             snprintf(name, cap, "%s", c->refs[i].name);
             return true;
         }
@@ -132,17 +144,20 @@ static bool gen_ref(conv *c, const char *ref, const char *path, int depth, char 
     if (!(c->refs[c->n_refs].ptr = strdup(ref))) return c->out.oom = true, false;
     const char *last = strrchr(ref, '/');
     /* the name first, so a schema that refers to itself (a tree) finds it */
-    char *rn = c->refs[c->n_refs].name;
-    c->n_refs++;
-    char body[48];
-    rule_name(c, last ? last + 1 : "ref", rn, sizeof c->refs[0].name);
+    int k = c->n_refs++;
+    c->refs[k].nest = c->nest;
+    c->refs[k].done = false;
+    char body[48], rn[48];
+    rule_name(c, last ? last + 1 : "ref", rn, sizeof rn);
+    snprintf(c->refs[k].name, sizeof c->refs[k].name, "%s", rn);
     if (!gen(c, target, last ? last + 1 : "ref", ref, depth + 1, body, sizeof body)) return false;
+    c->refs[k].done = true; /* (c->refs may have moved: indexed again) */
     sb_add(&c->out, "%s ::= %s\n", rn, body);
     snprintf(name, cap, "%s", rn);
     return true;
 }
 
-static bool gen_object(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+static bool gen_object_in(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"),
            *add = json_object_get(s, "additionalProperties");
     c->need |= R_WS;
@@ -238,7 +253,7 @@ static void repeat(sbuf *b, long lo, long hi) {
     else sb_add(b, "{%ld,%ld}", lo, hi);
 }
 
-static bool gen_array(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+static bool gen_array_in(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
     json_t *items = json_object_get(s, "items");
     long lo, hi;
     if (!count(c, s, "minItems", path, &lo) || !count(c, s, "maxItems", path, &hi)) return false;
@@ -444,7 +459,7 @@ static bool rx_atom(rx *r) {
                 r->p = e + 1;
             } else return rx_fail(r, "lookaround is not supported");
         }
-        if (++r->depth > 64) return rx_fail(r, "groups nested over 64 deep");
+        if (++r->depth > KVLM_PATTERN_MAX_NESTING) return rx_fail(r, "groups nested deeper than 64 levels");
         sb_add(r->b, "( ");
         if (!rx_alt(r)) return false;
         if (*r->p != ')') return rx_fail(r, "a group without its ')'");
@@ -967,6 +982,21 @@ static bool gen_number(conv *c, json_t *s, const char *path, bool integer, sbuf 
     return true;
 }
 
+/* An object's or an array's subschemas are inside its brackets (c->nest). */
+static bool gen_object(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+    c->nest++;
+    bool ok = gen_object_in(c, s, hint, path, depth, b);
+    c->nest--;
+    return ok;
+}
+
+static bool gen_array(conv *c, json_t *s, const char *hint, const char *path, int depth, sbuf *b) {
+    c->nest++;
+    bool ok = gen_array_in(c, s, hint, path, depth, b);
+    c->nest--;
+    return ok;
+}
+
 static bool gen_type(conv *c, json_t *s, const char *type, const char *hint, const char *path, int depth, sbuf *b) {
     if (!strcmp(type, "object")) return gen_object(c, s, hint, path, depth, b);
     if (!strcmp(type, "array")) return gen_array(c, s, hint, path, depth, b);
@@ -980,7 +1010,7 @@ static bool gen_type(conv *c, json_t *s, const char *type, const char *hint, con
 /* Schema s as a rule; its name in name. */
 static bool gen(conv *c, json_t *s, const char *hint, const char *path, int depth, char *name, size_t cap) {
     if (c->failed) return false;
-    if (depth > DEPTH_MAX) return cfail(c, path, "schemas nested over 64 deep", NULL);
+    if (depth > DEPTH_MAX) return cfail(c, path, "subschemas nested deeper than 64 levels", NULL);
     if (json_is_true(s) || (json_is_object(s) && !json_object_size(s))) {
         c->need |= R_VALUE;
         snprintf(name, cap, "value");
@@ -1106,9 +1136,5 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
 }
 
 kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err) {
-    char *gbnf = kvlm_json_schema_to_gbnf(schema, err);
-    if (!gbnf) return NULL;
-    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
-    free(gbnf);
-    return g;
+    return kvlm_grammar_build(model, KVLM_GRAMMAR_JSON_SCHEMA, schema, err);
 }

@@ -8,6 +8,7 @@
 #include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "ops/ops.h"
+#include "util/error.h"
 
 typedef struct { float logit; int32_t id; } cand;
 
@@ -36,6 +37,48 @@ kvlm_sampler_params kvlm_sampler_default_params(void) {
     p.repeat_last_n = 64;
     p.seed = 0x5eed;
     return p;
+}
+
+/* A value within [lo, hi] (NaN is not); else err says so. */
+static bool in_range(double x, double lo, double hi, kvlm_error *err) {
+    if (x >= lo && x <= hi) return true;
+    util_err_set(err, KVLM_ERANGE, "must be between %.10g and %.10g", lo, hi);
+    return false;
+}
+
+int kvlm_sampler_params_check(const kvlm_sampler_params *p, int vocab_size, int *index, kvlm_error *err) {
+    kvlm_error scratch;
+    if (!err) err = &scratch;
+    if (index) *index = -1;
+    if (!in_range(p->temperature, 0, 2, err)) return KVLM_SAMPLER_TEMPERATURE;
+    if (!in_range(p->top_k, -1, 1e9, err)) return KVLM_SAMPLER_TOP_K;
+    if (!in_range(p->top_p, 0, 1, err)) return KVLM_SAMPLER_TOP_P;
+    if (!in_range(p->min_p, 0, 1, err)) return KVLM_SAMPLER_MIN_P;
+    if (!in_range(p->repeat_penalty, 0, 100, err)) return KVLM_SAMPLER_REPEAT_PENALTY;
+    if (!in_range(p->repeat_last_n, 0, 65536, err)) return KVLM_SAMPLER_REPEAT_LAST_N;
+    if (!in_range(p->frequency_penalty, -2, 2, err)) return KVLM_SAMPLER_FREQUENCY_PENALTY;
+    if (!in_range(p->presence_penalty, -2, 2, err)) return KVLM_SAMPLER_PRESENCE_PENALTY;
+    for (int i = 0; p->bias_ids && p->bias && i < p->n_bias; i++) {
+        if (index) *index = i;
+        if (p->bias_ids[i] < 0 || (vocab_size > 0 && p->bias_ids[i] >= vocab_size)) {
+            if (vocab_size > 0) util_err_set(err, KVLM_ERANGE, "must be a token id below %d", vocab_size);
+            else util_err_set(err, KVLM_ERANGE, "must be a token id (0 or more)");
+            return KVLM_SAMPLER_BIAS_ID;
+        }
+        if (p->bias[i] != -INFINITY && !in_range(p->bias[i], -100, 100, err)) return KVLM_SAMPLER_BIAS;
+    }
+    if (index) *index = -1;
+    return KVLM_SAMPLER_OK;
+}
+
+int kvlm_parse_token_id(const char *s, size_t n) {
+    if (!s || !n || n > 10 || (s[0] == '0' && n > 1)) return -1;
+    long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v <= INT32_MAX ? (int)v : -1;
 }
 
 kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *p, int vocab) {

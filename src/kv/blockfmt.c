@@ -1,15 +1,75 @@
 /* kv/blockfmt: block keys (XXH3-128 over a versioned byte string), the
- * serialized block (header, token ids, payload, XXH3-64) and the model
- * fingerprint; the layout is documented in blockfmt.h and docs/kv-tiers.md. */
+ * serialized block (header, token ids, payload, XXH3-64 or HMAC-SHA-256),
+ * the signing key and the model fingerprint; the layout is documented in
+ * blockfmt.h and docs/kv-tiers.md. */
 #include "kv/blockfmt.h"
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
 #include <string.h>
 /* XXH3_state_t on the stack: its layout is that of the installed libxxhash */
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 #include "model/dtype.h"
 #include "model/model.h"
+#include "util/error.h"
 
 static const uint8_t k_magic[8] = {'K', 'V', 'L', 'M', 'B', 'L', 'K', '1'};
+const char kv_blockfmt_why_forged[] = "its signature does not verify: forged, or written without this deployment's key";
+
+#define MAC_BYTES 32 /* HMAC-SHA-256 */
+
+/* ---- the signing key ---- */
+
+struct kv_blockauth {
+    EVP_MAC *mac;
+    EVP_MAC_CTX *keyed; /* HMAC-SHA-256 initialised with the key; each use works on a copy */
+    uint8_t id[16];     /* hashed into signed deployments' block keys */
+};
+
+void kv_blockauth_free(kv_blockauth *a) {
+    if (!a) return;
+    EVP_MAC_CTX_free(a->keyed);
+    EVP_MAC_free(a->mac);
+    free(a);
+}
+
+/* HMAC of n bytes under a's key into out[32]; false only if OpenSSL fails. */
+static bool mac_of(const kv_blockauth *a, const uint8_t *d, size_t n, uint8_t out[MAC_BYTES]) {
+    EVP_MAC_CTX *c = EVP_MAC_CTX_dup(a->keyed);
+    size_t len = 0;
+    bool ok = c && EVP_MAC_update(c, d, n) && EVP_MAC_final(c, out, &len, MAC_BYTES) && len == MAC_BYTES;
+    EVP_MAC_CTX_free(c);
+    if (!ok) memset(out, 0, MAC_BYTES);
+    return ok;
+}
+
+kv_blockauth *kv_blockauth_create(const void *key, size_t len, kvlm_error *err) {
+    if (!key || len < KVLM_KV_MAC_KEY_MIN) {
+        util_err_set(err, KVLM_EINVAL, "a KV block-signing key of %zu bytes is too short: give at least %d random "
+                     "bytes (e.g. head -c 32 /dev/urandom | base64 > FILE)", key ? len : 0, KVLM_KV_MAC_KEY_MIN);
+        return NULL;
+    }
+    kv_blockauth *a = calloc(1, sizeof *a);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+    uint8_t id[MAC_BYTES];
+    static const char id_tag[] = "kvlm kv key id 1";
+    if (!a || !(a->mac = EVP_MAC_fetch(NULL, "HMAC", NULL)) || !(a->keyed = EVP_MAC_CTX_new(a->mac)) ||
+        !EVP_MAC_init(a->keyed, key, len, params) || !mac_of(a, (const uint8_t *)id_tag, sizeof id_tag - 1, id)) {
+        unsigned long e = ERR_get_error();
+        char msg[256] = "out of memory";
+        if (e) ERR_error_string_n(e, msg, sizeof msg);
+        util_err_set(err, KVLM_ENOMEM, "cannot set up HMAC-SHA-256 for the KV block-signing key: %s", msg);
+        kv_blockauth_free(a);
+        return NULL;
+    }
+    memcpy(a->id, id, sizeof a->id);
+    OPENSSL_cleanse(id, sizeof id);
+    return a;
+}
 
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -47,11 +107,13 @@ void kv_block_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tok
         for (; n < 64 && i < f->block_size; n++, i++) put32(buf + 4 * n, (uint32_t)tokens[i]);
         XXH3_128bits_update(&st, buf, (size_t)n * 4);
     }
+    if (f->auth) XXH3_128bits_update(&st, f->auth->id, sizeof f->auth->id);
     key_from_hash(XXH3_128bits_digest(&st), out);
 }
 
+static size_t seal_bytes(const kv_blockfmt *f) { return f->auth ? MAC_BYTES : 8; }
 size_t kv_blockfmt_payload_offset(const kv_blockfmt *f) { return KV_BLOCKFMT_FIXED + 4 * (size_t)f->block_size; }
-size_t kv_blockfmt_bytes(const kv_blockfmt *f) { return kv_blockfmt_payload_offset(f) + f->payload_bytes + 8; }
+size_t kv_blockfmt_bytes(const kv_blockfmt *f) { return kv_blockfmt_payload_offset(f) + f->payload_bytes + seal_bytes(f); }
 
 void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, uint8_t *out) {
     memcpy(out, k_magic, 8);
@@ -66,14 +128,15 @@ void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *t
     put32(out + 64, (uint32_t)f->n_kv_heads);
     put32(out + 68, (uint32_t)f->head_dim);
     put32(out + 72, (uint32_t)f->block_size);
-    put32(out + 76, f->v_in_k ? 1u : 0u);
+    put32(out + 76, (f->v_in_k ? KV_BLOCKFMT_FLAG_V_IN_K : 0u) | (f->auth ? KV_BLOCKFMT_FLAG_SIGNED : 0u));
     put64(out + 80, (uint64_t)f->payload_bytes);
     for (int i = 0; i < f->block_size; i++) put32(out + KV_BLOCKFMT_FIXED + 4 * (size_t)i, (uint32_t)tokens[i]);
 }
 
 void kv_blockfmt_seal(const kv_blockfmt *f, uint8_t *out) {
-    size_t n = kv_blockfmt_bytes(f) - 8;
-    put64(out + n, XXH3_64bits(out, n));
+    size_t n = kv_blockfmt_bytes(f) - seal_bytes(f);
+    if (f->auth) mac_of(f->auth, out, n, out + n); /* (a failure leaves zeros: no reader accepts them) */
+    else put64(out + n, XXH3_64bits(out, n));
 }
 
 bool kv_blockfmt_peek(const uint8_t *d, size_t len, kv_blockfmt *f, kv_key *key, int *n_tokens) {
@@ -89,7 +152,7 @@ bool kv_blockfmt_peek(const uint8_t *d, size_t len, kv_blockfmt *f, kv_key *key,
     f->head_dim = (int)get32(d + 68);
     *n_tokens = (int)get32(d + 72);
     f->payload_bytes = (size_t)get64(d + 80);
-    f->v_in_k = get32(d + 76) & 1u;
+    f->v_in_k = get32(d + 76) & KV_BLOCKFMT_FLAG_V_IN_K;
     return true;
 }
 
@@ -106,10 +169,18 @@ const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const 
     else if (get32(d + 48) != (uint32_t)f->k_type || get32(d + 52) != (uint32_t)f->v_type) w = "other element types";
     else if (get32(d + 56) != (uint32_t)f->block_size || get32(d + 60) != (uint32_t)f->n_layers ||
              get32(d + 64) != (uint32_t)f->n_kv_heads || get32(d + 68) != (uint32_t)f->head_dim ||
-             get32(d + 72) != (uint32_t)f->block_size || get32(d + 76) != (f->v_in_k ? 1u : 0u))
+             get32(d + 72) != (uint32_t)f->block_size ||
+             (get32(d + 76) & ~KV_BLOCKFMT_FLAG_SIGNED) != (f->v_in_k ? KV_BLOCKFMT_FLAG_V_IN_K : 0u))
         w = "another cache geometry";
+    else if (f->auth) {
+        uint8_t mac[MAC_BYTES];
+        /* constant time: a forger learns nothing from how fast a guess fails */
+        if (!(get32(d + 76) & KV_BLOCKFMT_FLAG_SIGNED) || !mac_of(f->auth, d, len - MAC_BYTES, mac) ||
+            CRYPTO_memcmp(mac, d + len - MAC_BYTES, MAC_BYTES) != 0)
+            w = kv_blockfmt_why_forged;
+    } else if (get32(d + 76) & KV_BLOCKFMT_FLAG_SIGNED) w = "signed, and this reader has no key (--kv-key)";
     else if (get64(d + len - 8) != XXH3_64bits(d, len - 8)) w = "checksum mismatch";
-    else
+    if (!w)
         for (int i = 0; i < f->block_size && !w; i++)
             if (get32(d + KV_BLOCKFMT_FIXED + 4 * (size_t)i) != (uint32_t)tokens[i]) w = "other tokens";
     if (why) *why = w;

@@ -9,6 +9,7 @@
  *   u32 block size (tokens)
  *   16  parent block's key (16 zero bytes for a sequence's first block)
  *   block size x i32 token ids
+ *   (signed deployments only) 16  the signing key's id
  * The 16 key bytes are XXH3-128's canonical (big-endian) form.
  *
  * Model fingerprint: XXH3-128 of "kvlm-model-v1", the architecture and every
@@ -38,9 +39,18 @@
  *   then the payload: the block's bytes exactly as the pool lays them out
  *        (kv/paged.h: per layer and KV head a K then a V region, in the cache
  *        element types: a q8_0 cache moves about half of f16's bytes)
- *   then 8  XXH3-64 (seed 0) of everything before it.
+ *   then 8  XXH3-64 (seed 0) of everything before it, or, in a block signed
+ *           with the deployment's key (flags bit 1), 32 HMAC-SHA-256 of it.
  * A reader checks every field against what it expects (key, model, types,
- * geometry, tokens, sizes) and the checksum: any mismatch is a miss. */
+ * geometry, tokens, sizes) and the checksum: any mismatch is a miss.
+ *
+ * Signed blocks (kv_blockauth: `--kv-key`): XXH3 catches accidental damage
+ * only; anyone who can write a tier can also recompute it. With a key, every
+ * block is sealed with HMAC-SHA-256 under it (OpenSSL) and a reader accepts
+ * only blocks whose MAC it can verify: a block forged without the key is a
+ * miss (kv_blockfmt_why_forged). A signed deployment's block keys also hash
+ * the key's id (16 bytes of HMAC(key, "kvlm kv key id 1")), so its blocks
+ * never share names with an unsigned deployment's or another key's. */
 #ifndef KVLM_KV_BLOCKFMT_H
 #define KVLM_KV_BLOCKFMT_H
 #include <stdbool.h>
@@ -51,6 +61,13 @@
 
 #define KV_BLOCKFMT_VERSION 1
 #define KV_BLOCKFMT_FIXED 88 /* header bytes before the token ids */
+#define KV_BLOCKFMT_FLAG_V_IN_K 1u
+#define KV_BLOCKFMT_FLAG_SIGNED 2u
+
+/* A deployment's block-signing key, ready to use from any thread. */
+typedef struct kv_blockauth kv_blockauth;
+kv_blockauth *kv_blockauth_create(const void *key, size_t len, kvlm_error *err);
+void kv_blockauth_free(kv_blockauth *a);
 
 /* What a pool's blocks are: everything a key or a stored block depends on. */
 typedef struct {
@@ -58,6 +75,7 @@ typedef struct {
     int k_type, v_type, block_size, n_layers, n_kv_heads, head_dim;
     size_t payload_bytes; /* one block's bytes (kv_block_bytes) */
     bool v_in_k;          /* a latent (MLA) cache: no V regions; header flags bit 0 */
+    const kv_blockauth *auth; /* NULL: sealed with XXH3-64; else signed with this key (flags bit 1) */
 } kv_blockfmt;
 
 /* The key of a full block of f->block_size tokens after parent (NULL: the first). */
@@ -70,9 +88,12 @@ size_t kv_blockfmt_payload_offset(const kv_blockfmt *f);
 void kv_blockfmt_begin(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, uint8_t *out);
 void kv_blockfmt_seal(const kv_blockfmt *f, uint8_t *out);
 /* Checks a stored block against what the reader expects: returns its
- * payload, or NULL and *why (a static description). */
+ * payload, or NULL and *why (a static description; kv_blockfmt_why_forged
+ * for a block of the right shape whose signature fails, or that carries none
+ * where f signs). */
 const uint8_t *kv_blockfmt_check(const kv_blockfmt *f, const kv_key *key, const int32_t *tokens, const uint8_t *data,
                                  size_t len, const char **why);
+extern const char kv_blockfmt_why_forged[];
 /* Reads a stored block's header fields without expecting anything (for
  * sessions and tools): false if it is not a version-1 block header. */
 bool kv_blockfmt_peek(const uint8_t *data, size_t len, kv_blockfmt *f, kv_key *key, int *n_tokens);

@@ -111,6 +111,7 @@ static void layout_init(kv_layout *L, const kv_params *p, const kv_key *model, s
     L->fmt.head_dim = p->head_dim;
     L->fmt.v_in_k = p->v_in_k;
     L->fmt.payload_bytes = payload;
+    L->fmt.auth = p->auth;
 }
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err) {

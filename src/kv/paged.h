@@ -50,6 +50,7 @@ typedef struct {
      * elements of its key row, so blocks have no V regions (kv_block_v is
      * kv_block_k, v_type must equal k_type, a per-token type). */
     bool v_in_k;
+    const kv_blockauth *auth; /* stored blocks are signed with this key (kv/blockfmt.h); NULL: checksummed only */
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);

@@ -2,10 +2,14 @@
  * to a file and attaching it again to a prompt that starts with its tokens;
  * the file layout is in session.h. */
 #include "kv/session.h"
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "kvlm.h"
 #include "util/error.h"
@@ -27,6 +31,66 @@ static uint32_t get32(const uint8_t *p) {
 }
 static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
+/* Removes "<path>.tmp.<pid>" files of processes that are gone (a save
+ * killed before its rename). */
+static void clean_stale_tmp(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else {
+        size_t dl = (size_t)(slash - path);
+        if (dl >= sizeof dir) return;
+        memcpy(dir, path, dl);
+        dir[dl] = 0;
+    }
+    size_t bl = strlen(base);
+    if (!bl) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        if (strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp.", 5) != 0) continue;
+        const char *digits = n + bl + 5;
+        char *end;
+        long pid = strtol(digits, &end, 10);
+        struct stat st;
+        if (end == digits || *end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+            unlinkat(dirfd(d), n, 0);
+            LOG_INFO("session %s: removed %s, left by process %ld (gone) in the middle of a save", path, n, pid);
+        }
+    }
+    closedir(d);
+}
+
+/* Opens path for reading as a regular file, never blocking (a FIFO) and never
+ * through a symbolic link; NULL with errno set (ENOENT: absent) and *what a
+ * description of anything else. */
+static FILE *open_regular(const char *path, const char **what) {
+    *what = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP) *what = "is a symbolic link (give the file itself)";
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        *what = S_ISFIFO(st.st_mode) ? "is a FIFO, not a session file" : S_ISDIR(st.st_mode) ? "is a directory"
+                                                                                          : "is not a regular file";
+        close(fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) close(fd);
+    return fp;
+}
+
 static const char *type_name(int t) {
     const char *n = kvlm_cache_type_name(t);
     return n ? n : "?";
@@ -42,11 +106,20 @@ int kv_session_save(kv_store *s, int seq, const char *path, kvlm_error *err) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return util_err_set(err, KVLM_EINVAL, "session path too long");
+    clean_stale_tmp(path);
     uint8_t head[SES_HEADER], *buf = malloc(blob > 1024 ? blob : 1024);
-    FILE *fp = buf ? fopen(tmp, "wb") : NULL;
+    /* O_EXCL: never write through whatever another process put at that name */
+    int fd = -1;
+    for (int tries = 0; buf && fd < 0 && tries < 2; tries++) {
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        if (fd < 0 && errno == EEXIST && tries == 0) unlink(tmp); /* ours from a pid reused: stale */
+    }
+    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!fp) {
+        int e = errno;
+        if (fd >= 0) close(fd);
         free(buf);
-        return util_err_set(err, KVLM_EIO, "cannot write session %s: %s", tmp, buf ? strerror(errno) : "out of memory");
+        return util_err_set(err, KVLM_EIO, "cannot write session %s: %s", tmp, buf ? strerror(e) : "out of memory");
     }
     memcpy(head, k_magic, 8);
     put32(head + 8, SES_VERSION);
@@ -55,7 +128,7 @@ int kv_session_save(kv_store *s, int seq, const char *path, kvlm_error *err) {
     put32(head + 32, (uint32_t)f->k_type);
     put32(head + 36, (uint32_t)f->v_type);
     put32(head + 40, (uint32_t)bs);
-    put32(head + 44, 0);
+    put32(head + 44, f->auth ? 1u : 0u);
     put64(head + 48, (uint64_t)n);
     put64(head + 56, (uint64_t)nb);
     put64(head + 64, (uint64_t)blob);
@@ -87,10 +160,12 @@ int kv_session_save(kv_store *s, int seq, const char *path, kvlm_error *err) {
 int kv_session_load(kv_store *s, int seq, const int32_t *tokens, int n, const char *path, kvlm_error *err) {
     kv_cache *c = kv_store_pool(s);
     const kv_blockfmt *f = kv_get_blockfmt(c);
-    FILE *fp = fopen(path, "rb");
+    clean_stale_tmp(path);
+    const char *what;
+    FILE *fp = open_regular(path, &what);
     if (!fp) {
-        if (errno == ENOENT) return 0;
-        util_err_set(err, KVLM_EIO, "cannot open session %s: %s", path, strerror(errno));
+        if (errno == ENOENT && !what) return 0;
+        util_err_set(err, KVLM_EIO, "cannot open session %s: %s", path, what ? what : strerror(errno));
         return -KVLM_EIO;
     }
     uint8_t head[SES_HEADER];
@@ -111,6 +186,12 @@ int kv_session_load(kv_store *s, int seq, const int32_t *tokens, int n, const ch
     if (memcmp(head + 16, f->model.b, 16)) {
         code = util_err_set(err, KVLM_EINVAL, "session %s was saved with another model (its fingerprint differs): "
                             "use that model, or another session file", path);
+        goto done;
+    }
+    if ((get32(head + 44) & 1u) != (f->auth ? 1u : 0u)) {
+        code = util_err_set(err, KVLM_EINVAL, "session %s was saved %s a block-signing key (--kv-key) and this run "
+                            "has %s: use the same key setting, or another session file", path,
+                            get32(head + 44) & 1u ? "with" : "without", f->auth ? "one" : "none");
         goto done;
     }
     int kt = (int)get32(head + 32), vt = (int)get32(head + 36), bs = (int)get32(head + 40);

@@ -8,11 +8,18 @@
  *   12  4  block format version (KV_BLOCKFMT_VERSION)
  *   16 16  model fingerprint
  *   32  4  key element type   36 4  value element type
- *   40  4  block size         44 4  reserved (0)
+ *   40  4  block size         44 4  flags: bit 0 = blocks signed (--kv-key); other bits 0
  *   48  8  tokens saved (n)   56 8  full blocks stored (b)
  *   64  8  bytes of one stored block
  *   72  4 x n  token ids (int32)
- *   then b stored blocks, each checked on loading like a tier's. */
+ *   then b stored blocks, each checked on loading like a tier's.
+ *
+ * Files: the session is written to "<path>.tmp.<pid>" and renamed over path,
+ * so path only ever holds a whole file; temporaries that a process killed
+ * mid-save left behind (their pid is gone) are removed by the next save or
+ * load of the same path. Both open with O_NOFOLLOW | O_NONBLOCK and check
+ * that what they opened is a regular file: a FIFO, a device or a symbolic
+ * link at path is a clear error, never a process blocked in open(2). */
 #ifndef KVLM_KV_SESSION_H
 #define KVLM_KV_SESSION_H
 #include <stdint.h>

@@ -39,7 +39,7 @@ struct kv_store {
     kv_key keys[PROMOTE_BATCH];
     uint64_t promoted[KV_STORE_MAX_TIERS], demoted[KV_STORE_MAX_TIERS], through[KV_STORE_MAX_TIERS],
         persisted[KV_STORE_MAX_TIERS];
-    bool logged_corrupt[KV_STORE_MAX_TIERS];
+    bool logged_corrupt[KV_STORE_MAX_TIERS], logged_forged[KV_STORE_MAX_TIERS];
     /* KV events for the host tier (kv_store_set_tier_listener) */
     kv_tier_event_fn tier_fn;
     void *tier_user;
@@ -58,6 +58,7 @@ struct kv_store {
     kv_store *local;       /* the local layers' store, or NULL */
     int *layer_at;         /* with local: per model layer, its index in its store */
     uint8_t *is_local;     /* with local: per model layer */
+    kv_blockauth *auth;    /* owned (the global store's; the local store's pool shares it) */
 };
 
 struct kv_swap {
@@ -77,25 +78,32 @@ static void on_demote(void *user, kv_cache *c, int32_t b);
 static void on_indexed(void *user, kv_cache *c, int32_t b);
 static void on_miss(void *user, kv_cache *c, int seq, const int32_t *tokens, int have, int want);
 
-static kv_store *store_create(const kv_store_params *p, kvlm_error *err);
+static kv_store *store_create(const kv_store_params *p, const kv_blockauth *auth, kvlm_error *err);
 static int tier_buffers(kv_store *s, size_t blob, kvlm_error *err);
 
 kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
     kv_store *local = NULL;
     if (p->local) {
-        if (p->local->local || !p->layer_local || p->local->window <= 0) {
+        if (p->local->local || !p->layer_local || p->local->window <= 0 || p->local->auth) {
             for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
             for (int t = 0; t < p->local->n_tiers; t++) kv_tier_close(p->local->tiers[t]);
-            util_err_set(err, KVLM_EINVAL, "a local layers' store needs a window, a layer map and no store of its own");
+            kv_blockauth_free(p->auth);
+            util_err_set(err, KVLM_EINVAL, "a local layers' store needs a window, a layer map and no store or key of its own");
             return NULL;
         }
-        if (!(local = store_create(p->local, err))) {
+        if (!(local = store_create(p->local, p->auth, err))) {
             for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
+            kv_blockauth_free(p->auth);
             return NULL;
         }
     }
-    kv_store *s = store_create(p, err);
-    if (!s) { kv_store_free(local); return NULL; }
+    kv_store *s = store_create(p, p->auth, err);
+    if (!s) {
+        kv_store_free(local);
+        kv_blockauth_free(p->auth);
+        return NULL;
+    }
+    s->auth = p->auth;
     if (local) {
         int n = p->pool.n_layers + p->local->pool.n_layers, at[2] = {0, 0};
         s->local = local;
@@ -120,7 +128,7 @@ kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err) {
     return s;
 }
 
-static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
+static kv_store *store_create(const kv_store_params *p, const kv_blockauth *auth, kvlm_error *err) {
     kv_store *s = calloc(1, sizeof *s);
     if (!s) {
         for (int t = 0; t < p->n_tiers; t++) kv_tier_close(p->tiers[t]);
@@ -134,7 +142,9 @@ static kv_store *store_create(const kv_store_params *p, kvlm_error *err) {
             s->tiers[s->n_tiers] = p->tiers[t];
             s->roles[s->n_tiers++] = p->roles[t];
         }
-    s->c = kv_create(&p->pool, err);
+    kv_params pool = p->pool;
+    pool.auth = auth;
+    s->c = kv_create(&pool, err);
     if (!s->c) { kv_store_free(s); return NULL; }
     s->p = *kv_get_params(s->c);
     s->guest_lo = s->p.max_seqs;
@@ -187,6 +197,7 @@ void kv_store_free(kv_store *s) {
     free(s->pbuf);
     free(s->swap_mem);
     free(s->swap_free);
+    kv_blockauth_free(s->auth); /* after the pool and the local store, whose layouts point at it */
     free(s);
 }
 
@@ -259,14 +270,17 @@ static void on_indexed(void *user, kv_cache *c, int32_t b) {
 }
 
 static void note_corrupt(kv_store *s, int t, const kv_key *key, const char *why) {
-    kv_tier_note_corrupt(s->tiers[t]);
+    bool forged = why == kv_blockfmt_why_forged;
+    if (forged) kv_tier_note_forged(s->tiers[t]);
+    else kv_tier_note_corrupt(s->tiers[t]);
     kv_tier_drop(s->tiers[t], key);
-    if (!s->logged_corrupt[t]) {
+    bool *logged = forged ? &s->logged_forged[t] : &s->logged_corrupt[t];
+    if (!*logged) {
         char hex[KV_KEY_HEX];
         kv_key_hex(key, hex);
-        LOG_WARN("kv tier %s: block %s is damaged (%s); dropped and recomputed (further ones are only counted)",
-                 s->tiers[t]->ops->name, hex, why);
-        s->logged_corrupt[t] = true;
+        LOG_WARN("kv tier %s: block %s is %s (%s); dropped and recomputed (further ones are only counted)",
+                 s->tiers[t]->ops->name, hex, forged ? "not authentic" : "damaged", why);
+        *logged = true;
     }
 }
 

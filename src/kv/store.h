@@ -47,9 +47,14 @@ typedef struct kv_store_params {
     int window, window_slack;
     const struct kv_store_params *local;
     const uint8_t *layer_local;
+    /* The deployment's block-signing key (kv/blockfmt.h), or NULL: every
+     * block this store (and its local store) writes to a tier or a session
+     * is signed with it and every block read back is verified. The store owns
+     * it (frees it, also on failure); pool.auth and local's are set from it. */
+    kv_blockauth *auth;
 } kv_store_params;
 
-/* On failure the tiers in p are closed too. */
+/* On failure the tiers in p are closed (and its auth freed) too. */
 kv_store *kv_store_create(const kv_store_params *p, kvlm_error *err);
 /* Persists (kv_store_persist), closes the tiers, frees. */
 

@@ -48,10 +48,12 @@ void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out) {
     memset(out, 0, sizeof *out);
     counters_get(t, out);
     t->ops->stats(t, out);
-    out->corrupt = atomic_load(&t->corrupt);
+    out->corrupt += atomic_load(&t->corrupt);
+    out->forged += atomic_load(&t->forged);
 }
 
 void kv_tier_note_corrupt(kv_tier *t) { atomic_fetch_add(&t->corrupt, 1); }
+void kv_tier_note_forged(kv_tier *t) { atomic_fetch_add(&t->forged, 1); }
 
 void kv_tier_note_read(kv_tier *t, int found, int n, double t0) {
     atomic_fetch_add(&t->n.reads, 1);

@@ -5,9 +5,12 @@
  * A tier moves opaque bytes; it never interprets them. The bytes are a block
  * in kv/blockfmt's format (header with format version, key, element types,
  * token count and payload length; the payload in the cache's element types; a
- * checksum of both), and whoever reads a block back checks it there: a tier
- * that returns damaged bytes costs a recompute, never a wrong answer
- * (kv_tier_drop it and count it with kv_tier_note_corrupt).
+ * checksum of both, or a signature under the deployment's key), and whoever
+ * reads a block back checks it there: a tier that returns damaged bytes costs
+ * a recompute, never a wrong answer (kv_tier_drop it and count it with
+ * kv_tier_note_corrupt). A checksum guards against accidents only: whoever
+ * can write the tier can recompute it, and without a key decides what the
+ * readers compute with; signed blocks (--kv-key) guard against that too.
  *
  * Every call is safe from any thread and bounded in time: put never waits
  * for I/O (it copies the bytes into a bounded queue, or drops them and counts
@@ -37,7 +40,8 @@ typedef struct {
     uint64_t hits, misses;         /* blocks asked for by get */
     uint64_t writes, write_bytes;  /* puts written */
     uint64_t dropped_writes;       /* puts dropped: queue full, tier down or over its size */
-    uint64_t corrupt;              /* blocks found damaged by their reader (kv_tier_note_corrupt) */
+    uint64_t corrupt;              /* blocks found damaged by their reader (kv_tier_note_corrupt), or by the tier */
+    uint64_t forged;               /* blocks whose signature failed (kv_tier_note_forged; signed deployments) */
     uint64_t errors;               /* I/O or connection errors */
     uint64_t reads;                /* get calls */
     double read_seconds;           /* their summed latency */
@@ -74,7 +78,7 @@ typedef struct {
 /* Implementations put this first in their own struct. */
 struct kv_tier {
     const kv_tier_ops *ops;
-    _Atomic uint64_t corrupt;
+    _Atomic uint64_t corrupt, forged;
     kv_tier_counters n;
 };
 
@@ -92,6 +96,8 @@ static inline void kv_tier_close(kv_tier *t) {
 void kv_tier_stats_get(kv_tier *t, kv_tier_stats *out);
 /* A reader found a block of this tier damaged: counts it (the reader also drops it). */
 void kv_tier_note_corrupt(kv_tier *t);
+/* ... or forged: of the right shape, but its signature fails (kv/blockfmt.h). */
+void kv_tier_note_forged(kv_tier *t);
 /* A get of `found` blocks of n asked for, begun at t0 (util_now_s): counts
  * the read, its hits and misses, and its time. */
 void kv_tier_note_read(kv_tier *t, int found, int n, double t0);

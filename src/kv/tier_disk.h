@@ -15,4 +15,8 @@ void kv_tier_disk_set_queue_limits(kv_tier *t, int max_blocks, size_t max_bytes)
 /* A paused writer leaves the queue as it is, so a test can fill it; flush and
  * close resume it first. */
 void kv_tier_disk_pause_writer(kv_tier *t, bool paused);
+/* The longest get and contains wait for the reader thread (default 2000 ms). */
+void kv_tier_disk_set_read_deadline(kv_tier *t, int ms);
+/* The reader thread's next job first sleeps ms, as on a disk that hangs. */
+void kv_tier_disk_stall_reader(kv_tier *t, int ms);
 #endif

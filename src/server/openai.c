@@ -7,6 +7,7 @@
  * One HTTP thread serves every connection: a connection waiting for tokens
  * is suspended and the engine resumes it when there are some. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,8 @@ enum { MAX_STOP = 4 };
 typedef struct {
     kvlm_detok dt;
     char *text;
-    size_t len, cap, sent; /* all text so far; the part already streamed */
+    size_t len, cap, sent; /* the text (a stream's from off on); the part already streamed */
+    size_t off;            /* a stream's text before this was sent and dropped */
     int finish, n_tokens;
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
@@ -55,6 +57,8 @@ typedef struct srv_job {
     float *bias;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
+    size_t counted;        /* out's bytes counted as the connection's unsent answer (srv_unsent_add) */
+    bool cut;              /* the stream was reset for that cap: nothing more is written */
     bool http11;           /* an interim 1xx response may be sent */
     bool half_closed;      /* whole answer, the client's sending side ended: the watcher writes it */
     char *raw;             /* ... the answer it writes (HTTP head and JSON body), raw_off sent */
@@ -173,7 +177,7 @@ static json_t *usage(const srv_job *j) {
 }
 
 static void sse(srv_job *j, json_t *o) {
-    char *s = json_dumps(o, JSON_COMPACT);
+    char *s = j->cut ? NULL : json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s) return;
     append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
@@ -209,7 +213,7 @@ static void emit(srv_job *j, choice *c, bool final) {
         else json_decref(text);
         ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
     } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
-    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->sent));
+    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
     const char *fin = final ? finish_name(c->finish) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
     json_object_set_new(o, "choices", json_pack("[o]", ch));
@@ -217,6 +221,38 @@ static void emit(srv_job *j, choice *c, bool final) {
     c->started = true;
     c->sent = end > c->sent ? end : c->sent;
     c->lp_sent = n_lp;
+    /* a stream keeps what is not sent and what a stop string may still begin
+     * in, not the whole text: under eviction a stream has no end */
+    if (c->lp_sent) {
+        json_array_clear(c->lp);
+        c->lp_sent = 0;
+    }
+    size_t tail = c->len > j->max_stop ? c->len - j->max_stop : 0, drop = c->sent < tail ? c->sent : tail;
+    if (drop >= 4096) {
+        memmove(c->text, c->text + drop, c->len - drop + 1);
+        c->len -= drop;
+        c->sent -= drop;
+        c->off += drop;
+    }
+}
+
+static void cancel(srv_job *j);
+
+/* A stream's buffer counted as its connection's unsent answer; one reset
+ * for the server's cap (it held the most, or its own cap) is dropped and
+ * its request cancelled. Engine thread, j->mu held. */
+static void stream_account(srv_job *j) {
+    if (j->cut || j->out_cap == j->counted) return;
+    long delta = (long)j->out_cap - (long)j->counted;
+    j->counted = j->out_cap;
+    if (srv_unsent_add(j->srv, j->sock, delta, true)) return;
+    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+    j->counted = 0;
+    j->cut = true;
+    free(j->out);
+    j->out = NULL;
+    j->out_len = j->out_off = j->out_cap = 0;
+    cancel(j); /* its choices end as cancelled at the next step */
 }
 
 static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
@@ -269,7 +305,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
                 json_object_set_new(o, "usage", usage(j));
                 sse(j, o);
             }
-            if (j->stream) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
+            if (j->stream && !j->cut) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
             j->complete = true;
             if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
@@ -303,6 +339,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         }
         emit(j, c, false);
     }
+    if (j->stream) stream_account(j);
     if (j->complete && !j->stream && !j->ka_body && !j->half_closed && !j->srv->tls_key && j->fd >= 0 &&
         !j->error[0]) {
         /* the client may have half-closed since: its hang-up event may not have been handled yet */
@@ -352,6 +389,9 @@ static bool get_num(json_t *body, const char *key, double lo, double hi, bool in
     *out = x;
     return true;
 }
+
+/* A JSON number as a float, one past float's range as an infinity (which the range checks refuse). */
+static float to_float(double x) { return x > FLT_MAX ? INFINITY : x < -FLT_MAX ? -INFINITY : (float)x; }
 
 static bool get_bool(json_t *body, const char *key, bool *out, perr *e) {
     json_t *v = json_object_get(body, key);
@@ -532,11 +572,15 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     if (!get_num(body, "max_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (j->chat && !get_num(body, "max_completion_tokens", -1e18, 1e18, true, &max_tokens, e)) return false;
     if (max_tokens <= 0) return fail(e, 400, "max_tokens", "invalid_value", "'max_tokens' must be at least 1");
-    if (!get_num(body, "temperature", 0, 2, false, &temp, e) || !get_num(body, "top_p", 0, 1, false, &top_p, e) ||
-        !get_num(body, "top_k", -1, 1e9, true, &top_k, e) || !get_num(body, "min_p", 0, 1, false, &min_p, e) ||
+    /* the sampling values: their types here, their ranges by kvlm_sampler_params_check (as kvlm run's) */
+    if (!get_num(body, "temperature", -HUGE_VAL, HUGE_VAL, false, &temp, e) ||
+        !get_num(body, "top_p", -HUGE_VAL, HUGE_VAL, false, &top_p, e) ||
+        !get_num(body, "top_k", -HUGE_VAL, HUGE_VAL, true, &top_k, e) ||
+        !get_num(body, "min_p", -HUGE_VAL, HUGE_VAL, false, &min_p, e) ||
         !get_num(body, "n", 1, 128, true, &n, e) || !get_num(body, "seed", -9.2e18, 9.2e18, true, &seed, e) ||
-        !get_bool(body, "stream", &j->stream, e) || !get_num(body, "frequency_penalty", -2, 2, false, &freq, e) ||
-        !get_num(body, "presence_penalty", -2, 2, false, &pres, e))
+        !get_bool(body, "stream", &j->stream, e) ||
+        !get_num(body, "frequency_penalty", -HUGE_VAL, HUGE_VAL, false, &freq, e) ||
+        !get_num(body, "presence_penalty", -HUGE_VAL, HUGE_VAL, false, &pres, e))
         return false;
     json_t *user = json_object_get(body, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
@@ -585,72 +629,82 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
         json_t *v;
         int vocab = kvlm_vocab_size(s->model);
         json_object_foreach(lb, key, v) {
-            char *end;
-            long id = strtol(key, &end, 10);
-            if (!*key || *end || id < 0 || id >= vocab)
-                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d",
-                            key, vocab);
-            if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
-                return fail(e, 400, "logit_bias", "invalid_value",
-                            "'logit_bias' value for token %ld must be a number from -100 to 100", id);
-            j->bias_ids[n_bias] = (int32_t)id;
-            j->bias[n_bias++] = (float)json_number_value(v);
+            /* a key is a token id as text, digits only (" 12", "+12", "1e1", "0x10" are not) */
+            int id = kvlm_parse_token_id(key, strlen(key));
+            if (id < 0 || id >= vocab)
+                return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' key '%.32s' is not a token id below %d "
+                            "(decimal digits)", key, vocab);
+            if (!json_is_number(v))
+                return fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' value for token %d must be a number", id);
+            j->bias_ids[n_bias] = id;
+            j->bias[n_bias++] = to_float(json_number_value(v));
         }
+    }
+    rp->sampling = kvlm_sampler_default_params();
+    rp->sampling.bias_ids = j->bias_ids;
+    rp->sampling.bias = j->bias;
+    rp->sampling.n_bias = n_bias;
+    rp->sampling.temperature = to_float(temp);
+    rp->sampling.top_p = to_float(top_p);
+    rp->sampling.min_p = to_float(min_p);
+    rp->sampling.frequency_penalty = to_float(freq);
+    rp->sampling.presence_penalty = to_float(pres);
+    rp->sampling.top_k = top_k < -2e9 ? INT32_MIN : top_k > 2e9 ? INT32_MAX : (int)top_k; /* out of range: still refused */
+    kvlm_error se = {0};
+    int which, f = kvlm_sampler_params_check(&rp->sampling, kvlm_vocab_size(s->model), &which, &se);
+    if (f) {
+        static const char *const names[] = {NULL, "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                            "repeat_last_n", "frequency_penalty", "presence_penalty"};
+        if (f == KVLM_SAMPLER_BIAS_ID || f == KVLM_SAMPLER_BIAS)
+            return fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' %s for token %d %s",
+                        f == KVLM_SAMPLER_BIAS ? "value" : "key", (int)rp->sampling.bias_ids[which], se.msg);
+        return fail(e, 400, names[f], "invalid_value", "'%s' %s", names[f], se.msg);
     }
     /* structured output: OpenAI's response_format, or llama.cpp's grammar (GBNF) */
     json_t *rf = json_object_get(body, "response_format"), *gr = json_object_get(body, "grammar");
     char *schema = NULL;
+    int kind = -1;
     const char *field = "response_format";
     if (rf && !json_is_null(rf)) {
         json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         const char *type = json_is_string(t) ? json_string_value(t) : "";
+        json_t *sc = NULL;
         if (!strcmp(type, "json_schema")) {
-            json_t *js = json_object_get(rf, "json_schema"), *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
-            if (!sc)
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!(sc = json_is_object(js) ? json_object_get(js, "schema") : NULL))
                 return fail(e, 400, "response_format", "invalid_value", "'response_format' json_schema needs "
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}");
-            schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
-        } else if (!strcmp(type, "json_object")) { /* llama.cpp's extension: a schema beside it */
-            json_t *sc = json_object_get(rf, "schema");
-            schema = sc ? json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\": \"object\"}");
-        }
+        } else if (!strcmp(type, "json_object")) /* llama.cpp's extension: a schema beside it */
+            sc = json_object_get(rf, "schema");
         else if (strcmp(type, "text"))
             return fail(e, 400, "response_format", "invalid_value", "'response_format' must be {\"type\": \"text\"}, "
                         "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {...}}");
-        if (!strcmp(type, "text")) rf = NULL;
-        else if (!schema) return fail(e, 500, NULL, NULL, "out of memory");
-    } else rf = NULL;
+        if (sc) {
+            kind = KVLM_GRAMMAR_JSON_SCHEMA;
+            if (!(schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY))) return fail(e, 500, NULL, NULL, "out of memory");
+        } else if (!strcmp(type, "json_object")) kind = KVLM_GRAMMAR_JSON_OBJECT;
+    }
     if (gr && !json_is_null(gr)) {
         if (!json_is_string(gr)) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_type", "'grammar' must be a string (GBNF)");
         }
-        if (rf) {
+        if (kind >= 0) {
             free(schema);
             return fail(e, 400, "grammar", "invalid_value", "give 'grammar' or 'response_format', not both");
         }
         field = "grammar";
-    } else gr = NULL;
-    if (schema || gr) {
+        kind = KVLM_GRAMMAR_GBNF;
+    }
+    if (kind >= 0) { /* the one builder kvlm run and chat use too */
         kvlm_error ge = {0};
-        j->grammar = schema ? kvlm_grammar_from_json_schema(s->model, schema, &ge)
-                            : kvlm_grammar_from_gbnf(s->model, json_string_value(gr), NULL, &ge);
+        j->grammar = kvlm_grammar_build(s->model, kind, schema ? schema : json_string_value(gr), &ge);
         free(schema);
         if (!j->grammar)
             return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
     }
-    static uint64_t counter;
-    rp->sampling = kvlm_sampler_default_params();
     rp->sampling.grammar = j->grammar;
-    rp->sampling.bias_ids = j->bias_ids;
-    rp->sampling.bias = j->bias;
-    rp->sampling.n_bias = n_bias;
-    rp->sampling.temperature = (float)temp;
-    rp->sampling.top_p = (float)top_p;
-    rp->sampling.top_k = (int)top_k;
-    rp->sampling.min_p = (float)min_p;
-    rp->sampling.frequency_penalty = (float)freq;
-    rp->sampling.presence_penalty = (float)pres;
+    static uint64_t counter;
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
@@ -678,9 +732,10 @@ static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request
 }
 
 int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
-                      int *n_tokens, char *msg, size_t cap) {
+                      int *n_tokens, char *msg, size_t cap, char **gbnf) {
     perr e = {0};
     *n_tokens = 0;
+    if (gbnf) *gbnf = NULL;
     if (msg && cap) msg[0] = 0;
     if (!utf8_valid(body ? body : "", len)) {
         if (msg) snprintf(msg, cap, "the request body is not valid UTF-8");
@@ -702,6 +757,7 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
     int32_t *toks = NULL;
     int status = check_request(s, js, j, rp, &toks, n_tokens, &e) ? 200 : (int)e.status;
     if (status != 200 && msg) snprintf(msg, cap, "%s", e.msg);
+    if (gbnf && j->grammar) *gbnf = strdup(kvlm_grammar_gbnf(j->grammar));
     free(toks);
     json_decref(js);
     job_release(j);
@@ -719,9 +775,11 @@ static json_t *load_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn,
     }
     json_error_t jerr;
     json_t *body = cn->len ? json_loadb(cn->body, cn->len, 0, &jerr) : NULL;
+    size_t len = cn->len;
+    srv_body_release(s, cn); /* parsed: the text is not needed while the request runs */
     if (!body)
         *ret = srv_error(c, s, 400, NULL, "invalid_json", "the request body is not valid JSON: %s (line %d, column %d)",
-                         cn->len ? jerr.text : "empty body", cn->len ? jerr.line : 0, cn->len ? jerr.column : 0);
+                         len ? jerr.text : "empty body", len ? jerr.line : 0, len ? jerr.column : 0);
     return body;
 }
 
@@ -1023,7 +1081,7 @@ void srv_keepalive(kvlm_server *s) {
     pthread_mutex_lock(&s->watch_mu);
     for (srv_job *j = s->watched; j; j = j->wnext) {
         pthread_mutex_lock(&j->mu);
-        if (!j->complete && !j->half_closed && j->out_len == j->out_off && now - j->t_out >= k) {
+        if (!j->complete && !j->half_closed && !j->cut && j->out_len == j->out_off && now - j->t_out >= k) {
             bool ok = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ": keep-alive\n\n", 14)
                                 : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
             if (ok) {
@@ -1052,26 +1110,51 @@ void srv_conn_done(kvlm_server *s, srv_conn *cn) {
     }
 }
 
+static json_t *ka_error(kvlm_server *s, const char *code, const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    s->http_errors++;
+    pthread_mutex_unlock(&s->mu);
+    return json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", msg, "type", "server_error", "param", "code",
+                     code ? json_string(code) : json_null());
+}
+
 /* A kept-alive whole answer's last bytes (under j->mu, once complete): its
  * JSON, or, since its 200 has gone out, the error that srv_answer would have
- * sent with a 500 or 503, in the same shape. */
-static void ka_body_out(srv_job *j) {
+ * sent with a 500 or 503, in the same shape. Counted as the connection's
+ * unsent answer, as a whole answer is (send_text_mode); false: the
+ * connection was reset for the server's cap. */
+static bool ka_body_out(srv_job *j) {
+    kvlm_server *s = j->srv;
     bool cancelled = false;
     for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-    json_t *o;
-    if (j->error[0] || cancelled) {
-        kvlm_server *s = j->srv;
-        pthread_mutex_lock(&s->mu);
-        s->http_errors++;
-        pthread_mutex_unlock(&s->mu);
-        o = json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message",
-                      j->error[0] ? j->error : "the server is shutting down", "type", "server_error", "param", "code");
-    } else o = whole_answer(j);
+    json_t *o = j->error[0] || cancelled ? ka_error(s, NULL, j->error[0] ? j->error : "the server is shutting down")
+                                         : whole_answer(j);
     char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (body) append(&j->out, &j->out_len, &j->out_cap, body, strlen(body));
-    free(body);
+    size_t n = body ? strlen(body) : 0;
+    if (n > s->p.max_unsent) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the answer is %zu bytes, more than the server holds for unsent answers (%zu)", n,
+                 s->p.max_unsent);
+        free(body);
+        o = ka_error(s, "answer_too_large", msg);
+        body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        n = body ? strlen(body) : 0;
+    }
     j->body_out = true;
+    if (!body) return true;
+    append(&j->out, &j->out_len, &j->out_cap, body, n);
+    free(body);
+    long delta = (long)j->out_cap - (long)j->counted; /* as stream_account counts a stream's buffer */
+    j->counted = j->out_cap;
+    if (srv_unsent_add(s, j->sock, delta, false)) return true;
+    srv_unsent_add(s, j->sock, -(long)j->counted, false); /* reset: it held the most */
+    j->counted = 0;
+    free(j->out);
+    j->out = NULL;
+    j->out_len = j->out_off = j->out_cap = 0;
+    return false;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -1079,12 +1162,19 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
     ssize_t n = 0; /* nothing yet: suspended until the engine has some */
-    if (j->complete && j->ka_body && !j->body_out && j->out_len == j->out_off) ka_body_out(j);
-    if (j->out_len > j->out_off) {
+    if (j->complete && j->ka_body && !j->body_out && j->out_len == j->out_off && !ka_body_out(j))
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    else if (j->out_len > j->out_off) {
         size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
         memcpy(buf, j->out + j->out_off, k);
         j->out_off += k;
-        if (j->out_off == j->out_len) j->out_off = j->out_len = 0;
+        if (j->out_off == j->out_len) { /* drained: the buffer goes, and its count */
+            free(j->out);
+            j->out = NULL;
+            j->out_off = j->out_len = j->out_cap = 0;
+            srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+            j->counted = 0;
+        }
         n = (ssize_t)k;
     } else if (j->complete) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
@@ -1100,6 +1190,8 @@ static void stream_done(void *cls) {
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool complete = j->complete;
+    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
+    j->counted = 0;
     j->sock = NULL; /* the connection may take its next request */
     pthread_mutex_unlock(&j->mu);
     if (!complete) cancel(j); /* the client went away: free its blocks */

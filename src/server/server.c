@@ -26,6 +26,7 @@
 #include "server/kv_events.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/mem.h"
 #include "util/timing.h"
 
 extern const unsigned char server_web_page[];
@@ -34,20 +35,87 @@ extern const size_t server_web_page_len;
 static const double k_ttft_le[SRV_TTFT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
 static const double k_tpot_le[SRV_TPOT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5};
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const void *data,
-                                 size_t len) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
-    MHD_add_response_header(r, "Content-Type", type);
-    srv_cors(c, r);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
 srv_sock *srv_conn_sock(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* Drops what fd's queue holds: its close sends a reset. */
+static void reset_on_close(int fd) {
+    struct linger l = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
+/* k is reset for the cap on unsent answers (under socks_mu). */
+static void cut_unsent(kvlm_server *s, srv_sock *k) {
+    k->cutoff = true;
+    s->unsent_cut += k->held;
+    s->answers_cut++;
+    if (k->fd >= 0 && !k->kicked) {
+        reset_on_close(k->fd);
+        shutdown(k->fd, SHUT_RDWR);
+    }
+    k->kicked = true;
+}
+
+bool srv_unsent_add(kvlm_server *s, srv_sock *k, long delta, bool stream) {
+    if (!k || !delta) return !k || !k->cutoff;
+    pthread_mutex_lock(&s->socks_mu);
+    k->held += (size_t)delta;
+    s->unsent += (size_t)delta;
+    if (k->cutoff) s->unsent_cut += (size_t)delta;
+    else if (delta > 0) {
+        if (stream && k->held > s->p.max_unsent / SRV_STREAM_UNSENT_SHARE) cut_unsent(s, k);
+        while (s->unsent - s->unsent_cut > s->p.max_unsent) { /* the connection holding most goes first */
+            srv_sock *most = NULL;
+            for (srv_sock *o = s->socks; o; o = o->next)
+                if (!o->cutoff && o->held && (!most || o->held > most->held)) most = o;
+            if (!most) break;
+            cut_unsent(s, most);
+        }
+    }
+    bool ok = !k->cutoff;
+    pthread_mutex_unlock(&s->socks_mu);
+    return ok;
+}
+
+/* An answer of len bytes at data; persistent: static, not copied (nor
+ * counted). A copy counts as the connection's unsent answer until MHD has
+ * handed it over (on_completed). */
+static enum MHD_Result send_text_mode(struct MHD_Connection *c, unsigned status, const char *type, const void *data,
+                                      size_t len, bool persistent) {
+    srv_sock *k = persistent ? NULL : srv_conn_sock(c);
+    char too_big[256];
+    if (k && len > k->srv->p.max_unsent && len > sizeof too_big) {
+        snprintf(too_big, sizeof too_big, "{\"error\":{\"message\":\"the answer is %zu bytes, more than the server holds for "
+                 "unsent answers (%zu)\",\"type\":\"server_error\",\"param\":null,\"code\":\"answer_too_large\"}}", len,
+                 k->srv->p.max_unsent);
+        status = 500;
+        type = "application/json";
+        data = too_big;
+        len = strlen(too_big);
+    }
+    if (k && !srv_unsent_add(k->srv, k, (long)len, false)) { /* reset: it held the most */
+        srv_unsent_add(k->srv, k, -(long)len, false);
+        return MHD_NO;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)data, persistent ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ret = MHD_NO;
+    if (r) {
+        MHD_add_response_header(r, "Content-Type", type);
+        srv_cors(c, r);
+        ret = MHD_queue_response(c, status, r);
+        MHD_destroy_response(r);
+    }
+    if (k && ret == MHD_YES) k->whole += len;
+    else if (k) srv_unsent_add(k->srv, k, -(long)len, false);
+    return ret;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const void *data,
+                                 size_t len) {
+    return send_text_mode(c, status, type, data, len, false);
 }
 
 void srv_sock_answer_due(srv_sock *k) {
@@ -70,12 +138,6 @@ static bool grow_drain(kvlm_server *s) {
     s->drain = d;
     s->cap_drain = cap;
     return true;
-}
-
-/* Drops what fd's queue holds: its close sends a reset. */
-static void reset_on_close(int fd) {
-    struct linger l = {.l_onoff = 1, .l_linger = 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
 }
 
 static bool origin_allowed(const kvlm_server *s, const char *origin) {
@@ -195,6 +257,7 @@ static void histogram(tbuf *b, const char *name, const char *help, const double 
     X(writes_total, "counter", "Blocks written to the KV tier") \
     X(dropped_writes_total, "counter", "Block writes dropped (queue full, tier down or full)") \
     X(corrupt_total, "counter", "Blocks read from the KV tier that failed their checks (recomputed)") \
+    X(forged_total, "counter", "Blocks read from the KV tier whose signature failed (--kv-key; recomputed)") \
     X(errors_total, "counter", "I/O or connection errors of the KV tier") \
     X(promoted_total, "counter", "Blocks brought back from the KV tier into the pool") \
     X(demoted_total, "counter", "Cached blocks sent down to the KV tier before the pool reused them") \
@@ -209,6 +272,7 @@ static double tier_field(const kvlm_kv_tier_stats *t, const char *f) {
     if (!strcmp(f, "writes_total")) return (double)t->writes;
     if (!strcmp(f, "dropped_writes_total")) return (double)t->dropped_writes;
     if (!strcmp(f, "corrupt_total")) return (double)t->corrupt;
+    if (!strcmp(f, "forged_total")) return (double)t->forged;
     if (!strcmp(f, "errors_total")) return (double)t->errors;
     if (!strcmp(f, "promoted_total")) return (double)t->promoted;
     if (!strcmp(f, "demoted_total")) return (double)t->demoted;
@@ -308,6 +372,14 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
         metric(&b, "kvlm_kv_events_dropped_total", "counter", "KV events dropped: the publisher's queue was full",
                (double)es.dropped_events);
         metric(&b, "kvlm_kv_events_queued", "gauge", "KV events waiting to be published", (double)es.queued);
+        metric(&b, "kvlm_kv_events_pub_bytes", "gauge", "Bytes the PUB socket's queues hold for subscribers (a payload "
+               "once, its frames per subscriber)", (double)es.pub_bytes);
+        metric(&b, "kvlm_kv_events_subscribers", "gauge", "Connections to the KV-events PUB socket", (double)es.subscribers);
+        metric(&b, "kvlm_kv_events_subscribers_refused_total", "counter",
+               "Connections to the PUB socket closed at once: it had its most subscribers", (double)es.subscribers_refused);
+        metric(&b, "kvlm_kv_events_subscribers_cut_total", "counter",
+               "Subscribers disconnected at the PUB socket's byte cap (the one with the most unsent)",
+               (double)es.subscribers_cut);
         if (s->p.kv_events_replay) {
             metric(&b, "kvlm_kv_event_replays_total", "counter", "Replay requests answered (--kv-events-replay)",
                    (double)es.replays);
@@ -315,6 +387,16 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
                    (double)es.replayed);
             metric(&b, "kvlm_kv_event_batches_buffered", "gauge", "KV event batches kept for replay",
                    (double)es.buffered);
+            metric(&b, "kvlm_kv_event_replay_bytes", "gauge", "Bytes of replay messages in the replay socket's queues "
+                   "(all peers)", (double)es.replay_bytes);
+            metric(&b, "kvlm_kv_event_replay_peers", "gauge", "Connections to the replay socket", (double)es.replay_peers);
+            metric(&b, "kvlm_kv_event_replays_active", "gauge", "Replays in progress", (double)es.replays_active);
+            metric(&b, "kvlm_kv_event_replays_dropped_total", "counter", "Replays (or requests waiting behind one) "
+                   "abandoned: a peer gone, stalled, or the oldest at a cap", (double)es.replays_dropped);
+            metric(&b, "kvlm_kv_event_replay_peers_refused_total", "counter",
+                   "Connections to the replay socket closed at once: it had its most peers", (double)es.replay_peers_refused);
+            metric(&b, "kvlm_kv_event_replay_peers_cut_total", "counter", "Replay peers disconnected: messages queued "
+                   "and nothing taken for the stall time, or the oldest at the byte cap", (double)es.replay_peers_cut);
         }
     }
     vllm_metrics(s, &b, &st);
@@ -358,8 +440,20 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
            (double)st.spec_draft_waits);
     metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
     metric(&b, "kvlm_tokens_per_second", "gauge", "Tokens generated per second, recently", st.tokens_per_second);
+    pthread_mutex_lock(&s->socks_mu);
+    size_t unsent_now = s->unsent - s->unsent_cut;
+    uint64_t cut_now = s->answers_cut;
+    pthread_mutex_unlock(&s->socks_mu);
+    metric(&b, "kvlm_http_unsent_bytes", "gauge", "Answer bytes made and not yet handed to the kernel (--max-unsent)",
+           (double)unsent_now);
+    metric(&b, "kvlm_http_answers_cut_total", "counter",
+           "Connections reset for --max-unsent (the one holding most), or a stream past its own cap", (double)cut_now);
     pthread_mutex_lock(&s->mu);
     metric(&b, "kvlm_http_errors_total", "counter", "Requests answered with an error", (double)s->http_errors);
+    metric(&b, "kvlm_http_body_bytes", "gauge", "Bytes taken by request bodies being received (--max-body-total)",
+           (double)s->body_bytes);
+    metric(&b, "kvlm_http_bodies_refused_total", "counter", "Requests refused (503) for --max-body-total",
+           (double)s->bodies_refused);
     histogram(&b, "kvlm_time_to_first_token_seconds", "Time from a request's arrival to its first token", k_ttft_le,
               s->ttft_counts, SRV_TTFT_BUCKETS, s->ttft_n, s->ttft_sum);
     histogram(&b, "kvlm_time_per_output_token_seconds", "Mean time between a request's tokens after the first",
@@ -570,6 +664,36 @@ static enum MHD_Result refuse_and_close(struct MHD_Connection *c, kvlm_server *s
     return ret;
 }
 
+/* Takes cn's body up to `want` bytes from max_body_total; false if it has no room. */
+static bool body_reserve(kvlm_server *s, srv_conn *cn, size_t want) {
+    if (want <= cn->reserved) return true;
+    pthread_mutex_lock(&s->mu);
+    bool ok = s->body_bytes + (want - cn->reserved) <= s->p.max_body_total;
+    if (ok) {
+        s->body_bytes += want - cn->reserved;
+        cn->reserved = want;
+    } else s->bodies_refused++;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+void srv_body_release(kvlm_server *s, srv_conn *cn) {
+    free(cn->body);
+    cn->body = NULL;
+    cn->cap = 0;
+    pthread_mutex_lock(&s->mu);
+    s->body_bytes -= cn->reserved;
+    pthread_mutex_unlock(&s->mu);
+    cn->reserved = 0;
+}
+
+/* 503: the bodies being received hold max_body_total; the rest of this one is discarded. */
+static enum MHD_Result body_busy(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    cn->answered = true;
+    return srv_error(c, s, 503, NULL, "server_busy",
+                     "the server is receiving as many request bodies as it holds (%zu bytes); try again", s->p.max_body_total);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     kvlm_server *s = cls;
@@ -607,6 +731,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return srv_error(c, s, 413, NULL, "request_too_large", "the request body is %s bytes; at most %zu are accepted",
                                  cl, s->p.max_body);
             }
+            if (cl) cn->expect = (size_t)strtoull(cl, NULL, 10) + 1; /* its buffer grows to this, no more */
             const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
             if ((completions || tokenize) && !is_json_type(ct)) {
                 cn->answered = true;
@@ -633,6 +758,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cn->len + *upload_size + 1 > cn->cap) {
             size_t cap = (cn->len + *upload_size + 1) * 2;
             if (cap > s->p.max_body + 1) cap = s->p.max_body + 1;
+            if (cn->expect && cap > cn->expect) cap = cn->expect;
+            if (cap < cn->len + *upload_size + 1) cap = cn->len + *upload_size + 1;
+            /* the bytes a body holds are taken from max_body_total as it grows, so a
+             * client that declares a large body and sends a trickle holds a trickle */
+            if (!body_reserve(s, cn, cap)) {
+                *upload_size = 0;
+                return body_busy(s, c, cn);
+            }
             char *b = realloc(cn->body, cap);
             if (!b) return MHD_NO;
             cn->body = b;
@@ -670,7 +803,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (strcmp(url, gets[i].url)) continue;
         if (!get) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes GET", url);
         switch (gets[i].kind) {
-        case 0: return send_text(c, 200, "text/html; charset=utf-8", server_web_page, server_web_page_len);
+        case 0: return send_text_mode(c, 200, "text/html; charset=utf-8", server_web_page, server_web_page_len, true);
         case 1: return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
         case 2: return get_models(s, c);
         case 3: return get_metrics(s, c);
@@ -686,12 +819,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     srv_conn *cn = *con_cls;
     /* a kept-alive connection's next request has header_timeout_s from now */
     set_deadline(c, util_now_s() + s->p.header_timeout_s, true);
+    srv_sock *k = srv_conn_sock(c);
+    if (k && k->whole) { /* MHD lets go of the answer */
+        srv_unsent_add(s, k, -(long)k->whole, false);
+        k->whole = 0;
+    }
     if (!cn) return;
+    srv_body_release(s, cn);
     srv_conn_done(s, cn);
     pthread_mutex_lock(&s->mu);
     s->active--;
     pthread_mutex_unlock(&s->mu);
-    free(cn->body);
     free(cn);
     *con_cls = NULL;
 }
@@ -726,6 +864,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     else s->socks = k->next;
     if (k->next) k->next->prev = k->prev;
     s->n_socks--;
+    s->unsent -= k->held; /* nothing should be left: its stream and answer let go first */
+    if (k->cutoff) s->unsent_cut -= k->held;
     if (k->fd >= 0 && k->send_due > 0 && unsent(k->fd) > 0) { /* its answer is still on its way */
         int fd = -1;
         if (s->n_drain < s->cap_drain || grow_drain(s)) fd = fcntl(k->fd, F_DUPFD_CLOEXEC, 0);
@@ -768,6 +908,27 @@ static void sweep_deadlines(kvlm_server *s) {
     pthread_mutex_unlock(&s->socks_mu);
 }
 
+/* Many clients' buffers freed (bodies, unsent answers, connections): the
+ * heap is trimmed, at most once a second, or glibc keeps what they held. */
+static void trim_after_frees(kvlm_server *s, double now) {
+    pthread_mutex_lock(&s->mu);
+    size_t held = s->body_bytes;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->socks_mu);
+    held += s->unsent;
+    int n = s->n_socks;
+    pthread_mutex_unlock(&s->socks_mu);
+    if (held < s->trim_held) s->trim_freed += s->trim_held - held;
+    if (n < s->trim_socks) s->trim_freed += (size_t)(s->trim_socks - n) * SRV_CONN_MEMORY;
+    s->trim_held = held;
+    s->trim_socks = n;
+    if (s->trim_freed >= ((size_t)2 << 20) && now - s->trim_at > 1) {
+        util_mem_trim();
+        s->trim_at = now;
+        s->trim_freed = 0;
+    }
+}
+
 static void *engine_main(void *arg) {
     kvlm_sched_run(arg);
     return NULL;
@@ -787,6 +948,7 @@ static void *watcher_main(void *arg) {
         if (n < 0 && errno != EINTR) break;
         if (util_now_s() >= next_sweep) {
             sweep_deadlines(s);
+            trim_after_frees(s, util_now_s());
             srv_keepalive(s);
             next_sweep = util_now_s() + 0.25;
         }
@@ -929,6 +1091,8 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     s->p = *p;
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (!s->p.max_body) s->p.max_body = 1 << 20;
+    if (!s->p.max_body_total) s->p.max_body_total = s->p.max_body > ((size_t)64 << 20) ? s->p.max_body : (size_t)64 << 20;
+    if (!s->p.max_unsent) s->p.max_unsent = (size_t)64 << 20;
     if (s->p.timeout_s <= 0) s->p.timeout_s = 30;
     if (s->p.header_timeout_s <= 0) s->p.header_timeout_s = 10;
     if (s->p.body_timeout_s <= 0) s->p.body_timeout_s = 30;
@@ -942,6 +1106,11 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     pthread_mutex_init(&s->socks_mu, NULL);
     pthread_mutex_init(&s->watch_mu, NULL);
     if (take_config(s, p, err)) goto fail;
+    if (s->p.max_body_total < s->p.max_body + 1) {
+        util_err_set(err, KVLM_EINVAL, "--max-body-total %zu is below --max-body %zu: no body of that size could be taken",
+                     s->p.max_body_total, s->p.max_body);
+        goto fail;
+    }
     if (s->p.chat_template) {
         const char *roles[] = {"user"}, *msgs[] = {"x"};
         char *out = NULL;
@@ -1022,7 +1191,11 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     int no = 0;
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, &addr};
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, s->p.timeout_s, NULL};
+    /* each connection's headers and read buffer (MHD's default, named: docs/serving.md's bound counts it) */
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, SRV_CONN_MEMORY, NULL};
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, (intptr_t)conn_limit(s->p.max_conns), NULL};
+    /* the thread parses every request: its stack sized for the parsers' limits, whatever ulimit -s is */
+    opts[no++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_STACK_SIZE, SRV_HTTP_STACK, NULL};
     if (s->p.max_conns_per_ip > 0)
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->p.max_conns_per_ip, NULL};
     if (s->tls_key) {

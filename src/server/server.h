@@ -9,6 +9,9 @@
 #include "kvlm.h"
 
 enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+/* The stack of the HTTP thread, which parses every request: sized for the
+ * parsers' nesting limits (tests/test_limits measures them at their limits). */
+enum { SRV_HTTP_STACK = 8 << 20 };
 
 /* A closed connection whose answer was still in the kernel's send queue: the
  * socket kept open (a dup of MHD's descriptor) until it drains or send_due
@@ -42,6 +45,13 @@ struct kvlm_server {
     int n_socks;
     srv_drain *drain;           /* closed connections still delivering (under socks_mu) */
     int n_drain, cap_drain;
+    size_t unsent, unsent_cut;  /* answer bytes held unsent, all connections; of them, connections reset (socks_mu) */
+    uint64_t answers_cut;       /* connections reset for the cap on unsent answers (socks_mu) */
+    size_t body_bytes;          /* request bodies reserved, all connections (under mu) */
+    uint64_t bodies_refused;    /* 503s for the cap on them (under mu) */
+    size_t trim_held, trim_freed; /* the watcher's: what they held at its last look, freed since its last trim */
+    int trim_socks;
+    double trim_at;
     char *api_key;              /* NULL: none */
     size_t api_key_len;
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
@@ -60,12 +70,17 @@ typedef struct srv_sock {
                                    kernel's send queue included); 0: no answer pending */
     bool writing;               /* an answer is made and MHD has not handed all of it to the kernel */
     bool kicked;                /* its socket was shut down */
+    /* answer bytes it holds unsent (its stream's backlog, or its whole answer), counted in srv->unsent */
+    size_t held, whole;
+    bool cutoff;                /* reset for the server's cap on them: its bytes are written off */
 } srv_sock;
 
 /* One HTTP request as it arrives. */
 typedef struct srv_conn {
     char *body;
     size_t len, cap;
+    size_t reserved;          /* of s->body_bytes, for this body (its buffer's size) */
+    size_t expect;            /* its Content-Length + 1 (0: none given) */
     bool answered;            /* a response has been queued (e.g. 413 during upload) */
     struct srv_job *job;      /* a whole answer the engine is making (the connection suspended) */
     struct srv_job *watched;  /* its job in the server's hang-up watch (NULL: none) */
@@ -79,6 +94,20 @@ srv_sock *srv_conn_sock(struct MHD_Connection *c);
  * a time, which MHD's idle timeout (reset by every write) and the kernel
  * (which delivers a closed socket's queue for as long as the client reads) do not. */
 void srv_sock_answer_due(srv_sock *k);
+
+/* One stream may hold a sixteenth of max_unsent (4 MiB by default) unsent:
+ * its backlog behind a client that reads slower than the engine writes; past
+ * it the stream is reset. */
+#define SRV_STREAM_UNSENT_SHARE 16
+/* libmicrohttpd's memory per connection (its default): headers, the read buffer */
+#define SRV_CONN_MEMORY ((size_t)32 << 10)
+/* delta more (or fewer) answer bytes that connection k (NULL: none) holds
+ * unsent; stream: a stream's backlog, held to its share. Past the
+ * server's max_unsent, the connections holding most are reset (their bytes
+ * written off). False when k itself is reset: the caller drops its bytes. */
+bool srv_unsent_add(kvlm_server *s, srv_sock *k, long delta, bool stream);
+/* The request body is parsed: its buffer and its part of max_body_total go. */
+void srv_body_release(kvlm_server *s, srv_conn *cn);
 
 /* Queues an OpenAI-style error: {"error":{"message","type","param","code"}}. */
 enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
@@ -103,9 +132,11 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
 /* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through
  * srv_completions' checks (UTF-8, JSON, parameters, prompt or chat template
  * rendered and tokenized, context) without submitting it. Returns the HTTP
- * status it would get (200: it would be submitted), msg the error. */
+ * status it would get (200: it would be submitted), msg the error; gbnf (if
+ * given): the GBNF text of its grammar, malloc'd (NULL: none), as
+ * kvlm_grammar_build made it for the request (tests compare kvlm grammar's). */
 int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, kvlm_request_params *rp,
-                      int *n_tokens, char *msg, size_t cap);
+                      int *n_tokens, char *msg, size_t cap, char **gbnf);
 /* The connection ends: its hold on its job ends. */
 void srv_conn_done(kvlm_server *s, srv_conn *cn);
 /* The watcher saw events (EPOLLRDHUP, EPOLLHUP, EPOLLERR) on the socket of

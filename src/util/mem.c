@@ -17,6 +17,9 @@
 #include "util/mem.h"
 #include <stdint.h>
 #include <sys/mman.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define BIG_ALIGN ((size_t)2 << 20)
 
@@ -42,4 +45,10 @@ void *util_big_alloc(size_t bytes, bool populate) {
 
 void util_big_free(void *p, size_t bytes) {
     if (p) munmap(p, round_up(bytes));
+}
+
+void util_mem_trim(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }

@@ -1,7 +1,9 @@
 /* tests/helpers/testutil: shared helpers for the test binaries. */
 #include "helpers/testutil.h"
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -138,4 +140,33 @@ void tu_sched_expect_alone(const tu_sched_result *r, int n, const int32_t *want,
         assert_int_equal(r->n_out[k], n_want);
         assert_memory_equal(r->out[k], want, (size_t)n_want * sizeof(int32_t));
     }
+}
+
+typedef struct { void (*fn)(void *); void *arg; } tu_stack_job;
+static void *tu_stack_main(void *p) {
+    tu_stack_job *j = p;
+    j->fn(j->arg);
+    return NULL;
+}
+
+size_t tu_stack_peak(void (*fn)(void *), void *arg, size_t size) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size = (size + page - 1) / page * page;
+    unsigned char *map = mmap(NULL, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(mprotect(map, page, PROT_NONE), 0); /* the guard: stacks grow down */
+    unsigned char *base = map + page;
+    memset(base, 0xa5, size);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    assert_int_equal(pthread_attr_setstack(&at, base, size), 0);
+    tu_stack_job j = {fn, arg};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, &at, tu_stack_main, &j), 0);
+    pthread_join(t, NULL);
+    pthread_attr_destroy(&at);
+    size_t untouched = 0;
+    while (untouched < size && base[untouched] == 0xa5) untouched++;
+    munmap(map, size + page);
+    return size - untouched;
 }

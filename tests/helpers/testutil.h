@@ -55,4 +55,9 @@ bool tu_sched_collect(void *user, const kvlm_sched_event *ev);
 void tu_sched_expect_alone(const tu_sched_result *r, int n, const int32_t *want, int n_want, int max_tokens);
 /* Request parameters: greedy, max_tokens, n = 1, no logprobs. */
 kvlm_request_params tu_greedy_params(int max_tokens);
+/* Runs fn(arg) on a thread of its own whose stack is size bytes (a guard page
+ * below it: an overflow is a SIGSEGV, not a silent overwrite), painted
+ * first; returns the most of it the thread used (its thread block and TLS,
+ * which glibc puts at the top, included). */
+size_t tu_stack_peak(void (*fn)(void *), void *arg, size_t size);
 #endif
