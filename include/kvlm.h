@@ -1023,6 +1023,12 @@ typedef struct kvlm_server_params {
     const char *const *cors_origins; /* origins allowed cross-origin requests (exact match) */
     int n_cors_origins;
     const char *ssl_key_file, *ssl_cert_file; /* PEM; both set: HTTPS only */
+    const char *ssl_min_version; /* "tls1.2" (NULL: the default) or "tls1.3": older versions are refused */
+    /* While a request is silent this long (queued, in prefill, between tokens, or a whole answer not
+     * ready yet), bytes that change nothing are sent: an SSE comment in a stream, whitespace before a
+     * whole answer's JSON (its 200 then begins), so a balancer's inactivity timeout finds only hung
+     * servers (docs/serving.md). Seconds; 0: 2; < 0: never. */
+    double keepalive_s;
     /* KV events for prefix-aware routers (docs/kv-events.md): the prefix
      * index's changes in vLLM's format on a ZeroMQ PUB socket at this
      * endpoint, tcp://HOST:PORT or ipc://PATH: it listens when the host is

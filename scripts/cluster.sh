@@ -5,7 +5,7 @@
 # X-Session-Id, health checks, failover). docs/cluster.md explains it.
 #
 # usage: scripts/cluster.sh start [options] [-- extra kvlm serve options]
-#        scripts/cluster.sh stop|status [--dir DIR]
+#        scripts/cluster.sh stop|status [--dir DIR] [--port P]
 #   --dir DIR       run directory: pids, logs, configs (default /tmp/kvlm-cluster)
 #   --model PATH    model for kvlm serve (default ../shared/models/stories260K.gguf)
 #   --kvlm N        kvlm instances (default 3; 0: Redis only)
@@ -13,8 +13,14 @@
 #   --port P        the balancer's port; instances on P+1..P+N, Redis on
 #                   P+101..P+100+R (and their cluster bus on +10000) (default 18080)
 #   --kvlm-bin B    the kvlm binary (default build/kvlm)
+#   --keepalive K   the instances' --keepalive-interval, seconds (default 2; 0 = off):
+#                   HAProxy's "timeout server" is 3 K (600 s when off), so a hung
+#                   instance fails or hands over its requests within 3 K
+#   --timeout-server T  HAProxy's "timeout server" in seconds instead of 3 K
 # Everything started is recorded in DIR/pids (name pid per line); stop sends
-# SIGTERM, waits up to 10 s, then SIGKILL, and removes the pids file.
+# SIGTERM, waits up to 10 s, then SIGKILL, and removes the pids file. The
+# balancer's port is kept in DIR/port: status reads it unless --port is given.
+# HAProxy's stats socket is DIR/haproxy.sock (show stat, show servers state).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cmd=${1:-}
@@ -22,6 +28,7 @@ cmd=${1:-}
 dir=/tmp/kvlm-cluster
 model=$here/../shared/models/stories260K.gguf
 n_kvlm=3 n_redis=3 port=18080 bin=$here/build/kvlm
+keepalive=2 timeout_server="" port_given=""
 extra=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,7 +36,9 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift 2 ;;
     --kvlm) n_kvlm=$2; shift 2 ;;
     --redis) n_redis=$2; shift 2 ;;
-    --port) port=$2; shift 2 ;;
+    --port) port=$2; port_given=1; shift 2 ;;
+    --keepalive) keepalive=$2; shift 2 ;;
+    --timeout-server) timeout_server=$2; shift 2 ;;
     --kvlm-bin) bin=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "cluster.sh: unknown option $1" >&2; exit 2 ;;
@@ -38,6 +47,8 @@ done
 pids=$dir/pids
 say() { echo "cluster.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
+# seconds (a decimal) to whole milliseconds; empty when not a number
+to_ms() { python3 -c 'import sys; v = float(sys.argv[1]); assert 0 <= v <= 3600; print(round(v * 1000))' "$1" 2>/dev/null; }
 
 # waits up to $1 seconds for command "${@:2}" to succeed
 wait_for() {
@@ -76,10 +87,25 @@ cluster_ok() { # every node says cluster_state:ok and knows all 16384 slots
 
 start() {
   [ -s "$pids" ] && die "already running from $dir (scripts/cluster.sh stop --dir $dir)"
+  local ka_ms ts_ms
+  ka_ms=$(to_ms "$keepalive") || true
+  [ -n "$ka_ms" ] || die "--keepalive $keepalive: expected seconds in 0..3600 (0 = off)"
+  for o in "${extra[@]}"; do
+    [ "$o" = --keepalive-interval ] && die "give the keep-alive interval as cluster.sh --keepalive K (HAProxy's timeout server follows it)"
+  done
+  if [ -n "$timeout_server" ]; then
+    ts_ms=$(to_ms "$timeout_server") || true
+    [ -n "$ts_ms" ] && [ "$ts_ms" -gt 0 ] || die "--timeout-server $timeout_server: expected seconds, more than 0"
+  elif [ "$ka_ms" -gt 0 ]; then
+    ts_ms=$(( 3 * ka_ms ))
+  else
+    ts_ms=600000 # no keep-alive bytes: a whole answer is silent until it is ready
+  fi
   [ "$n_redis" = 0 ] || [ "$n_redis" -ge 3 ] || die "--redis: a Redis Cluster needs at least 3 masters"
   for t in redis-server redis-cli haproxy; do command -v $t >/dev/null || die "$t missing (scripts/setup.sh)"; done
   mkdir -p "$dir"
   : >"$pids"
+  echo "$port" >"$dir/port"
   trap 'rc=$?; if [ $rc != 0 ]; then say "start failed: stopping what started"; stop; fi' EXIT
   local url="" nodes=()
   if [ "$n_redis" -gt 0 ]; then
@@ -99,8 +125,8 @@ start() {
     local servers=""
     for i in $(seq "$n_kvlm"); do
       local p; p=$(kvlm_port "$i")
-      "$bin" serve -m "$model" --host 127.0.0.1 --port "$p" ${url:+--kv-redis "$url"} "${extra[@]}" \
-        >"$dir/kvlm-$p.log" 2>&1 &
+      "$bin" serve -m "$model" --host 127.0.0.1 --port "$p" ${url:+--kv-redis "$url"} \
+        --keepalive-interval "$keepalive" "${extra[@]}" >"$dir/kvlm-$p.log" 2>&1 &
       record "kvlm-$p" $!
       servers+="    server k$i 127.0.0.1:$p check"$'\n'
     done
@@ -108,17 +134,26 @@ start() {
       local p; p=$(kvlm_port "$i")
       wait_for 60 curl -sf "http://127.0.0.1:$p/health" || die "kvlm on $p did not answer /health within 60 s (see $dir/kvlm-$p.log)"
     done
-    python3 - "$here/scripts/cluster/haproxy.cfg.in" "$dir/haproxy.cfg" "127.0.0.1:$port" "$servers" <<'PY'
+    local sock=$dir/haproxy.sock stats=""
+    rm -f "$sock"
+    # a Unix socket's path has at most 107 bytes
+    if [ ${#sock} -lt 100 ]; then stats="    stats socket $sock mode 600 level admin"
+    else say "$sock is too long a path for a Unix socket: no stats socket"; fi
+    python3 - "$here/scripts/cluster/haproxy.cfg.in" "$dir/haproxy.cfg" "127.0.0.1:$port" "$servers" "${ts_ms}ms" "$stats" <<'PY'
 import sys
-src, dst, bind, servers = sys.argv[1:]
-open(dst, "w").write(open(src).read().replace("@BIND@", bind).replace("@SERVERS@", servers.rstrip("\n")))
+src, dst, bind, servers, tsrv, stats = sys.argv[1:]
+t = open(src).read()
+for k, v in (("@BIND@", bind), ("@SERVERS@", servers.rstrip("\n")), ("@TIMEOUT_SERVER@", tsrv), ("@STATS@", stats)):
+    t = t.replace(k, v)
+open(dst, "w").write(t)
 PY
     haproxy -c -q -f "$dir/haproxy.cfg" >"$dir/haproxy-check.log" 2>&1 ||
       die "haproxy rejected $dir/haproxy.cfg: $(cat "$dir/haproxy-check.log")"
     haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
     record haproxy $!
     wait_for 10 curl -sf "http://127.0.0.1:$port/health" || die "haproxy on $port did not answer within 10 s"
-    say "$n_kvlm kvlm instances on $(kvlm_port 1)..$(kvlm_port "$n_kvlm"), HAProxy on http://127.0.0.1:$port"
+    say "$n_kvlm kvlm instances on $(kvlm_port 1)..$(kvlm_port "$n_kvlm"), HAProxy on http://127.0.0.1:$port" \
+      "(keep-alive every ${keepalive} s, timeout server $(( ts_ms / 1000 )).$(printf %03d $(( ts_ms % 1000 ))) s)"
   fi
   trap - EXIT
 }
@@ -146,12 +181,33 @@ stop() {
 
 status() {
   [ -f "$pids" ] || { echo "not running ($dir)"; return 3; }
+  [ -z "$port_given" ] && [ -s "$dir/port" ] && port=$(cat "$dir/port")
   local bad=0
   while read -r name pid; do
     if alive "$pid"; then echo "$name pid $pid: up"; else echo "$name pid $pid: DOWN"; bad=1; fi
   done <"$pids"
   [ -f "$dir/redis-url" ] && echo "tier: $(cat "$dir/redis-url")"
   if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then echo "balancer: http://127.0.0.1:$port up"; fi
+  # the balancer's view of each instance (its health checks), from its stats socket
+  if [ -S "$dir/haproxy.sock" ]; then
+    python3 - "$dir/haproxy.sock" <<'PY' || true
+import csv, io, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(2)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(b"show stat\n")
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+except OSError:
+    sys.exit(0)
+rows = csv.DictReader(io.StringIO(data.decode().lstrip("# ")))
+for r in rows:
+    if r["pxname"] == "kvlm" and r["svname"] not in ("FRONTEND", "BACKEND"):
+        print("balancer: server %s %s (%s)" % (r["svname"], r["status"], r.get("check_status", "")))
+PY
+  fi
   return $bad
 }
 

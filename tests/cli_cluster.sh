@@ -253,8 +253,14 @@ try:
     print("Redis node %s killed: 8 requests, slowest %.2f s" % (rnode, slowest), flush=True)
     check(ok, "with a Redis node dead every request completes with the same answer")
     check(slowest < 10, "and none waits long", slowest)
-    rc, out = launcher_run("status", "--dir", run, "--port", str(base))
-    check(rc != 0 and out.count("DOWN") == 2, "scripts/cluster.sh status shows the two dead processes", out)
+    t_end = time.time() + 5 # its health checks: down after two failures, a second apart
+    while True:
+        rc, out = launcher_run("status", "--dir", run, "--port", str(base))
+        if ("balancer: server %s DOWN" % home) in out or time.time() > t_end:
+            break
+        time.sleep(0.2)
+    check(rc != 0 and out.count(": DOWN") == 2 and ("balancer: server %s DOWN" % home) in out,
+          "scripts/cluster.sh status shows the two dead processes, and the balancer has the instance down", out)
 finally:
     if plain and plain.poll() is None:
         plain.kill()

@@ -374,6 +374,14 @@ def churn_one(rng):
             return "hung"
     s.close()
     head, _, rest = got.partition(b"\r\n\r\n")
+    if not stream_ and b"Transfer-Encoding: chunked" in head: # kept alive (slower than the keep-alive interval)
+        body_, rest = rest, b""
+        while body_:
+            n, _, body_ = body_.partition(b"\r\n")
+            n = int(n, 16)
+            rest, body_ = rest + body_[:n], body_[n + 2:]
+            if n == 0:
+                break
     if stream_:
         whole = b"data: [DONE]" in rest and b'"finish_reason":"' in rest
     else:

@@ -6,8 +6,9 @@
 # /metrics open), CORS only for --cors-origin origins (allowed and denied origins,
 # preflights: 204 or 403, on whole and streamed answers), 415 for POST bodies that
 # are not application/json, and a TLS round trip with a self-signed certificate made
-# here (curl --cacert). The constant-time comparison is for code review (key_ok in
-# src/server/server.c).
+# here (curl --cacert); TLS 1.2 and 1.3 accepted, 1.0 and 1.1 refused (openssl s_client),
+# and only 1.3 with --ssl-min-version tls1.3. The constant-time comparison is for code
+# review (key_ok in src/server/server.c).
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -224,7 +225,39 @@ r = subprocess.run(["curl", "-sS", "--max-time", "5", "http://127.0.0.1:%d/healt
 check(r.returncode != 0 or '"ok"' not in r.stdout, "TLS: plain HTTP on the TLS port gets no answer", r.returncode)
 rc, code, body, err = curl(url + "/health")
 check(rc == 0 and code == "200", "TLS: still serving after those", (rc, code))
+
+# ---- TLS versions (openssl s_client): 1.2 and 1.3, never 1.0 or 1.1. SECLEVEL=0 lets Debian's OpenSSL
+# offer the old versions and their ciphers, so a refusal seen here is the server's.
+def handshake(port, flag):
+    r = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, flag, "-cipher", "DEFAULT:@SECLEVEL=0"],
+                       input="", capture_output=True, text=True, timeout=30)
+    new = re.search(r"^New, (\S+), Cipher is (\S+)", r.stdout, re.M)
+    if not new or new.group(2) == "(NONE)":
+        return None
+    # the version negotiated (the "New," line names the cipher's; TLS 1.3 prints no session block)
+    m = re.search(r"^\s*Protocol\s*:\s*(\S+)", r.stdout, re.M)
+    return m.group(1) if m else new.group(1)
+has_openssl = subprocess.run(["sh", "-c", "command -v openssl"], capture_output=True).returncode == 0
+if has_openssl:
+    got = {f: handshake(port, f) for f in ("-tls1", "-tls1_1", "-tls1_2", "-tls1_3")}
+    check(got["-tls1"] is None and got["-tls1_1"] is None, "TLS 1.0 and 1.1 are refused by default", got)
+    check(got["-tls1_2"] == "TLSv1.2" and got["-tls1_3"] == "TLSv1.3", "TLS 1.2 and 1.3 are accepted", got)
+else:
+    print("skip TLS versions: no openssl client")
 stop(p)
+if has_openssl:
+    p, port = start(["--ssl-key-file", os.path.join(tmp, "key.pem"), "--ssl-cert-file", os.path.join(tmp, "cert.pem"),
+                     "--ssl-min-version", "tls1.3"], scheme="https")
+    got = {f: handshake(port, f) for f in ("-tls1_1", "-tls1_2", "-tls1_3")}
+    check(got["-tls1_1"] is None and got["-tls1_2"] is None and got["-tls1_3"] == "TLSv1.3",
+          "--ssl-min-version tls1.3: TLS 1.2 refused too, 1.3 accepted", got)
+    stop(p)
+for args, what in [(["--ssl-key-file", os.path.join(tmp, "key.pem"), "--ssl-cert-file", os.path.join(tmp, "cert.pem"),
+                     "--ssl-min-version", "tls1.1"], "--ssl-min-version tls1.1"),
+                   (["--ssl-min-version", "tls1.2"], "--ssl-min-version without TLS")]:
+    r = subprocess.run([kvlm, "serve", "-m", model, "--port", "0"] + args, capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and "--ssl-min-version" in r.stderr and "listening" not in r.stdout,
+          "refused: %s (%s)" % (what, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""), (r.returncode, r.stderr))
 for q in procs:
     if q.poll() is None: q.kill()
 print("PASS" if not failures else "%d FAILURES" % failures)

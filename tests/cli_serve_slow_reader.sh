@@ -15,7 +15,8 @@
 #   - one client that reads nothing is closed too;
 #   - then no socket of the server's port holds answer bytes in the kernel (/proc/net/tcp);
 #   - meanwhile and afterwards a normal client gets the same answers whole ([DONE], the
-#     Content-Length's bytes) and /health, and the server is still running.
+#     Content-Length's bytes, or a chunked JSON when the answer took longer than the
+#     keep-alive interval) and /health, and the server is still running.
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -72,8 +73,10 @@ def whole(stream, seed):
     r = c.getresponse()
     data = r.read()
     c.close()
+    cl = r.getheader("Content-Length") # none: made in more than the keep-alive interval (chunked)
     ok = r.status == 200 and (data.rstrip().endswith(b"data: [DONE]") if stream else
-                              len(data) == int(r.getheader("Content-Length")) and json.loads(data)["choices"])
+                              (len(data) == int(cl) if cl else r.getheader("Transfer-Encoding") == "chunked") and
+                              json.loads(data)["choices"])
     return len(data), ok
 
 def trickle(stream, seed, out, chunk=2048, every=0.25, read=True):

@@ -1,5 +1,6 @@
 /* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
  * model and one paged KV cache, until SIGINT or SIGTERM. */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,8 +21,18 @@
 
 static void *stop_watchdog(void *arg) {
     const sigset_t *sigs = arg;
-    struct timespec ts = {SERVE_STOP_S, 0};
-    int sig = sigtimedwait(sigs, NULL, &ts);
+    struct timespec end, now;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += SERVE_STOP_S;
+    int sig = -1;
+    for (;;) { /* EINTR is not the time being up: LeakSanitizer stops every thread at exit, for one */
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        struct timespec left = {end.tv_sec - now.tv_sec, end.tv_nsec - now.tv_nsec};
+        if (left.tv_nsec < 0) left.tv_sec--, left.tv_nsec += 1000000000L;
+        if (left.tv_sec < 0) break;
+        sig = sigtimedwait(sigs, NULL, &left);
+        if (sig > 0 || errno != EINTR) break;
+    }
     if (sig > 0) fprintf(stderr, "kvlm serve: %s again, exiting at once\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     else fprintf(stderr, "kvlm serve: still stopping after %d s (a KV tier not answering?), exiting at once\n",
                  SERVE_STOP_S);
@@ -62,7 +73,11 @@ static void serve_usage(FILE *f) {
             "      --send-timeout S    an answer must be written S seconds after it is ready: a client that\n"
             "                          stops reading or reads a trickle is cut off (default 60)\n"
             "      --max-conns N       connections at once (default 4096, less if the fd limit is lower)\n"
-            "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n\n"
+            "      --max-conns-per-ip N  connections at once from one client address (default 256; 0 = no cap)\n"
+            "      --keepalive-interval S  a request silent for S seconds gets bytes that change nothing: an\n"
+            "                          SSE comment in a stream, whitespace before a whole answer's JSON (its\n"
+            "                          200 then begins, chunked), so a balancer's timeout finds only hung\n"
+            "                          servers (default 2; 0 = off)\n\n"
             "Access:\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' on every endpoint but /health, the\n"
             "                          web page and (unless --metrics-auth) /metrics; also from the\n"
@@ -71,7 +86,8 @@ static void serve_usage(FILE *f) {
             "      --metrics-auth      /metrics needs the key too\n"
             "      --cors-origin ORIGIN  let web pages from ORIGIN (e.g. https://app.example.com) call the API\n"
             "                          (repeatable; by default no cross-origin page can read the answers)\n"
-            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n\n"
+            "      --ssl-key-file FILE, --ssl-cert-file FILE  serve HTTPS only, with this PEM key and certificate\n"
+            "      --ssl-min-version V tls1.2 (default) or tls1.3: older TLS versions are refused\n\n"
             "For prefix-aware routers (docs/kv-events.md):\n"
             "      --kv-events URL     publish the KV cache's block changes in vLLM's KV-events format (ZeroMQ\n"
             "                          PUB, msgpack): tcp://*:5557 listens, tcp://HOST:5557 connects to a\n"
@@ -99,6 +115,7 @@ int cmd_serve(int argc, char **argv) {
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
+    float keepalive = 2;
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_seq_max = 16;
@@ -137,6 +154,8 @@ int cmd_serve(int argc, char **argv) {
         }
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-key-file", &sp.ssl_key_file, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-cert-file", &sp.ssl_cert_file, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--ssl-min-version", &sp.ssl_min_version, &bad)) {}
+        else if (cli_opt_float(argc, argv, &i, NULL, "--keepalive-interval", &keepalive, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events", &sp.kv_events, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-topic", &sp.kv_events_topic, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
@@ -158,6 +177,11 @@ int cmd_serve(int argc, char **argv) {
                  "--max-conns and --max-conns-per-ip must be >= 0, --max-seqs >= 1");
         goto out;
     }
+    if (!(keepalive >= 0 && keepalive <= 3600)) {
+        cli_fail("serve", "--keepalive-interval %g: expected seconds in 0..3600 (0 = off)", keepalive);
+        goto out;
+    }
+    sp.keepalive_s = keepalive > 0 ? keepalive : -1;
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }

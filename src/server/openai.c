@@ -2,7 +2,8 @@
  * checked field by field (OpenAI-style 4xx errors), prompt or chat template
  * tokenized, submitted to the scheduler, and the answer returned whole or
  * streamed as server-sent events; stop strings are found in the text (what
- * could begin one is held back), logprobs, usage, cancel on hang-up.
+ * could begin one is held back), logprobs, usage, cancel on hang-up, and
+ * keep-alive bytes for silent requests (srv_keepalive).
  * One HTTP thread serves every connection: a connection waiting for tokens
  * is suspended and the engine resumes it when there are some. */
 #include <errno.h>
@@ -62,6 +63,9 @@ typedef struct srv_job {
     bool half_closed;      /* whole answer, the client's sending side ended: the watcher writes it */
     char *raw;             /* ... the answer it writes (HTTP head and JSON body), raw_off sent */
     size_t raw_len, raw_off;
+    double t_out;          /* when bytes for the client were last queued (the keep-alive clock) */
+    bool ka_body;          /* a whole answer kept alive: its 200 is chunked, whitespace before the JSON */
+    bool body_out;         /* ... and the JSON (or the error) is queued after it */
     struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
 } srv_job;
 
@@ -180,6 +184,7 @@ static void sse(srv_job *j, json_t *o) {
     append(&j->out, &j->out_len, &j->out_cap, s, strlen(s));
     append(&j->out, &j->out_len, &j->out_cap, "\n\n", 2);
     free(s);
+    j->t_out = util_now_s();
 }
 
 /* Bytes at the end of the text that could begin a stop string. */
@@ -335,7 +340,8 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         emit(j, c, false);
     }
     if (j->stream) stream_account(j);
-    if (j->complete && !j->stream && !j->half_closed && !j->srv->tls_key && j->fd >= 0 && !j->error[0]) {
+    if (j->complete && !j->stream && !j->ka_body && !j->half_closed && !j->srv->tls_key && j->fd >= 0 &&
+        !j->error[0]) {
         /* the client may have half-closed since: its hang-up event may not have been handled yet */
         char b;
         if (recv(j->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) j->half_closed = true;
@@ -1025,8 +1031,9 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
         }
         gone = false; /* complete: nothing left to cancel */
     } else if (!gone && !j->complete) {
-        if (j->stream) { /* a comment line: MHD writes it as a chunk of its own */
-            watch_on = append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3);
+        if (j->stream || j->ka_body) { /* a comment line (whitespace before a kept-alive JSON): MHD writes it */
+            watch_on = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3)
+                                 : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
             if (watch_on && j->suspended) {
                 j->suspended = false;
                 MHD_resume_connection(j->conn);
@@ -1056,6 +1063,41 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
     }
 }
 
+/* Keep-alive bytes, so that a balancer in front (HAProxy's "timeout server")
+ * can tell a hung server from a request that is slow to answer: a request
+ * silent for keepalive_s seconds (queued, in prefill, between tokens, held
+ * back by a stop string) gets, in a stream, an SSE comment line (which the
+ * OpenAI SDKs and EventSource skip); before a whole answer, a newline: its 200
+ * is then begun as a chunked response whose JSON follows the whitespace
+ * (JSON parsers skip leading whitespace). A whole answer ready within the
+ * interval is sent as before, with a Content-Length, and a balancer may still
+ * send it again elsewhere while nothing of it has been received. The bytes
+ * come from this thread, not the engine's, so a long engine step does not
+ * hold them back. A half-closed client's whole answer is written by the
+ * watcher (srv_hangup) and is not kept alive. */
+void srv_keepalive(kvlm_server *s) {
+    double k = s->p.keepalive_s, now = util_now_s();
+    if (k <= 0) return;
+    pthread_mutex_lock(&s->watch_mu);
+    for (srv_job *j = s->watched; j; j = j->wnext) {
+        pthread_mutex_lock(&j->mu);
+        if (!j->complete && !j->half_closed && !j->cut && j->out_len == j->out_off && now - j->t_out >= k) {
+            bool ok = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ": keep-alive\n\n", 14)
+                                : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
+            if (ok) {
+                j->ka_body |= !j->stream;
+                j->t_out = now;
+                if (j->suspended) { /* the stream's reader, or srv_answer to begin the chunked 200 */
+                    j->suspended = false;
+                    MHD_resume_connection(j->conn);
+                }
+            }
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
 void srv_conn_done(kvlm_server *s, srv_conn *cn) {
     unwatch(s, cn);
     if (cn->job) { /* never answered (the daemon stopping) */
@@ -1068,12 +1110,61 @@ void srv_conn_done(kvlm_server *s, srv_conn *cn) {
     }
 }
 
+static json_t *ka_error(kvlm_server *s, const char *code, const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    s->http_errors++;
+    pthread_mutex_unlock(&s->mu);
+    return json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", msg, "type", "server_error", "param", "code",
+                     code ? json_string(code) : json_null());
+}
+
+/* A kept-alive whole answer's last bytes (under j->mu, once complete): its
+ * JSON, or, since its 200 has gone out, the error that srv_answer would have
+ * sent with a 500 or 503, in the same shape. Counted as the connection's
+ * unsent answer, as a whole answer is (send_text_mode); false: the
+ * connection was reset for the server's cap. */
+static bool ka_body_out(srv_job *j) {
+    kvlm_server *s = j->srv;
+    bool cancelled = false;
+    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
+    json_t *o = j->error[0] || cancelled ? ka_error(s, NULL, j->error[0] ? j->error : "the server is shutting down")
+                                         : whole_answer(j);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    size_t n = body ? strlen(body) : 0;
+    if (n > s->p.max_unsent) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the answer is %zu bytes, more than the server holds for unsent answers (%zu)", n,
+                 s->p.max_unsent);
+        free(body);
+        o = ka_error(s, "answer_too_large", msg);
+        body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        n = body ? strlen(body) : 0;
+    }
+    j->body_out = true;
+    if (!body) return true;
+    append(&j->out, &j->out_len, &j->out_cap, body, n);
+    free(body);
+    long delta = (long)j->out_cap - (long)j->counted; /* as stream_account counts a stream's buffer */
+    j->counted = j->out_cap;
+    if (srv_unsent_add(s, j->sock, delta, false)) return true;
+    srv_unsent_add(s, j->sock, -(long)j->counted, false); /* reset: it held the most */
+    j->counted = 0;
+    free(j->out);
+    j->out = NULL;
+    j->out_len = j->out_off = j->out_cap = 0;
+    return false;
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_job *j = cls;
     pthread_mutex_lock(&j->mu);
     ssize_t n = 0; /* nothing yet: suspended until the engine has some */
-    if (j->out_len > j->out_off) {
+    if (j->complete && j->ka_body && !j->body_out && j->out_len == j->out_off && !ka_body_out(j))
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    else if (j->out_len > j->out_off) {
         size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
         memcpy(buf, j->out + j->out_off, k);
         j->out_off += k;
@@ -1138,7 +1229,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     j->conn = c;
     j->chat = chat;
     j->created = (long)time(NULL);
-    j->t_submit = util_now_s();
+    j->t_submit = j->t_out = util_now_s();
     j->family = "plain";
     kvlm_request_params rp;
     if (!check_request(s, body, j, &rp, &toks, &n_toks, &e)) goto bad;
@@ -1201,11 +1292,24 @@ bad:
 }
 
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
-    unwatch(s, cn); /* no probe may be written from here on */
     srv_job *j = cn->job;
     cn->job = NULL;
     cn->answered = true;
     enum MHD_Result ret;
+    pthread_mutex_lock(&j->mu);
+    bool ka = j->ka_body;
+    pthread_mutex_unlock(&j->mu);
+    if (ka) { /* silent past the keep-alive interval: a chunked 200 whose body begins with whitespace, still
+               * watched (hang-ups, more keep-alive bytes) as a stream is; the job's reference goes to it */
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
+        if (!r) { cancel(j); job_release(j); return MHD_NO; }
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        srv_cors(c, r);
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    unwatch(s, cn); /* no probe may be written from here on */
     bool cancelled = false; /* by a hang-up (no one to answer) or by the server stopping */
     for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
     if (j->raw) ret = MHD_NO; /* answered by the watcher (a half-closed client) */

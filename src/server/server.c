@@ -937,7 +937,8 @@ static void *engine_main(void *arg) {
 /* A suspended connection's socket is not polled by MHD: this thread waits
  * for the hang-up of any client whose request is in the engine and cancels
  * that request (its event carries the request's id; 0 is the stop signal).
- * Four times a second it also enforces the header, body and send deadlines. */
+ * Four times a second it also enforces the header, body and send deadlines
+ * and sends the keep-alive bytes of silent requests. */
 static void *watcher_main(void *arg) {
     kvlm_server *s = arg;
     double next_sweep = 0;
@@ -948,6 +949,7 @@ static void *watcher_main(void *arg) {
         if (util_now_s() >= next_sweep) {
             sweep_deadlines(s);
             trim_after_frees(s, util_now_s());
+            srv_keepalive(s);
             next_sweep = util_now_s() + 0.25;
         }
         for (int i = 0; i < n; i++) {
@@ -991,6 +993,14 @@ static void free_config(kvlm_server *s) {
     free(s->cors);
 }
 
+/* GnuTLS's priorities for the oldest TLS version allowed (NULL: TLS 1.2):
+ * TLS 1.0 and 1.1 (SHA-1 and MD5 in the handshake, RFC 8996) are never offered. */
+static const char *tls_priorities(const char *min_version) {
+    if (!min_version || !strcmp(min_version, "tls1.2")) return "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2";
+    if (!strcmp(min_version, "tls1.3")) return "NORMAL:-VERS-ALL:+VERS-TLS1.3";
+    return NULL;
+}
+
 /* Copies what the server keeps of p (key, origins) and reads the TLS files. */
 static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *err) {
     if (p->api_key) {
@@ -1024,6 +1034,14 @@ static int take_config(kvlm_server *s, const kvlm_server_params *p, kvlm_error *
     }
     if (!p->ssl_key_file != !p->ssl_cert_file) {
         util_err_set(err, KVLM_EINVAL, "TLS needs both a key file and a certificate file");
+        return -1;
+    }
+    if (p->ssl_min_version && !tls_priorities(p->ssl_min_version)) {
+        util_err_set(err, KVLM_EINVAL, "--ssl-min-version %s: expected tls1.2 or tls1.3", p->ssl_min_version);
+        return -1;
+    }
+    if (p->ssl_min_version && !p->ssl_key_file) {
+        util_err_set(err, KVLM_EINVAL, "--ssl-min-version needs --ssl-key-file and --ssl-cert-file");
         return -1;
     }
     if (p->ssl_key_file) {
@@ -1079,6 +1097,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.header_timeout_s <= 0) s->p.header_timeout_s = 10;
     if (s->p.body_timeout_s <= 0) s->p.body_timeout_s = 30;
     if (s->p.send_timeout_s <= 0) s->p.send_timeout_s = 60;
+    if (s->p.keepalive_s == 0) s->p.keepalive_s = 2;
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
     else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
@@ -1182,6 +1201,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->tls_key) {
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key};
         opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)tls_priorities(s->p.ssl_min_version)};
     }
     opts[no++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_ARRAY, opts,

@@ -143,5 +143,9 @@ void srv_conn_done(kvlm_server *s, srv_conn *cn);
  * request id: a full hang-up cancels the request; a read side that ended may
  * be a half-close, so the client is probed first (see openai.c). */
 void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events);
+/* Watcher thread, 4 times a second: every request silent for p.keepalive_s
+ * gets bytes that change nothing (see openai.c), so a balancer's inactivity
+ * timeout tells a hung server from a slow answer. */
+void srv_keepalive(kvlm_server *s);
 
 #endif
