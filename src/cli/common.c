@@ -283,15 +283,12 @@ static int redis_password(const char *cmd, kvlm_ctx_params *cp) {
     if (!cp->kv_redis || !*cp->kv_redis) return 0;
     const char *env = getenv("KVLM_REDIS_PASSWORD");
     if (g_redis_password_file) {
-        char *text = cli_read_file(cmd, g_redis_password_file, NULL); /* kept for the process's life */
-        if (!text) return 1;
+        static char *text; /* kept for the process's life (reachable: no leak) */
+        if (!text && !(text = cli_read_file(cmd, g_redis_password_file, NULL))) return 1;
         text[strcspn(text, "\n")] = 0;
         size_t n = strlen(text);
         if (n && text[n - 1] == '\r') text[--n] = 0;
-        if (!n) {
-            free(text);
-            return cli_fail(cmd, "--kv-redis-password-file %s: its first line (the password) is empty", g_redis_password_file);
-        }
+        if (!n) return cli_fail(cmd, "--kv-redis-password-file %s: its first line (the password) is empty", g_redis_password_file);
         cp->kv_redis_password = text;
     } else if (env && *env) {
         cp->kv_redis_password = env;
