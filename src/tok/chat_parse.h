@@ -1,0 +1,69 @@
+/* tok/chat_parse: what a chat model wrote, split as OpenAI and vLLM return it:
+ * content, reasoning_content and tool_calls, for each family's syntax (Hermes,
+ * Qwen3-Coder XML, Llama 3, Mistral, DeepSeek, Kimi, gpt-oss's harmony, ...),
+ * picked from the chat template's text as llama.cpp and vLLM pick it; the
+ * streaming deltas between two parses; the grammar that holds a call to the
+ * family's syntax (docs/tool-calls.md). */
+#ifndef KVLM_TOK_CHAT_PARSE_H
+#define KVLM_TOK_CHAT_PARSE_H
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvlm.h"
+
+/* A family's tool-call and reasoning syntax. */
+typedef struct tok_chat_syntax tok_chat_syntax;
+
+/* reasoning_format: auto splits reasoning into reasoning_content; none keeps
+ * it in content as the model wrote it (llama-server's and vLLM's "none"). */
+enum { TOK_REASONING_AUTO = 0, TOK_REASONING_NONE = 1 };
+
+/* The syntax for a template's source (markers in it, as llama.cpp and vLLM
+ * detect them), or the one named by override_name (--tool-call-parser: a name
+ * from tok_chat_parser_names or one of vLLM's, e.g. "qwen3_coder"; an unknown
+ * one is KVLM_EINVAL listing the names). template_src NULL and no override:
+ * "generic" (a bare JSON call, <think> reasoning). */
+tok_chat_syntax *tok_chat_syntax_new(const char *template_src, const char *override_name, int reasoning_format,
+                                     kvlm_error *err);
+void tok_chat_syntax_free(tok_chat_syntax *s);
+const char *tok_chat_syntax_name(const tok_chat_syntax *s);
+/* The names --tool-call-parser takes, for messages ("hermes, qwen3-coder, ..."). */
+const char *tok_chat_parser_names(void);
+
+typedef struct tok_chat_parse_opts {
+    /* the rendered prompt's end (or the whole prompt): a prompt that opened
+     * the reasoning (<think> in the generation prompt) starts the text inside
+     * it; NULL: "" */
+    const char *prompt_tail;
+    /* the request's OpenAI tools array (NULL: none): a bare JSON call (Llama
+     * 3, generic) must name one of them; XML parameters are typed by their
+     * schema */
+    const json_t *tools;
+    /* generated tool-call ids are a function of (seed, index): the same text
+     * parsed again gives the same ids (streaming) */
+    uint64_t id_seed;
+    /* the text may stop anywhere (streaming): only what is certain is
+     * returned, never a marker's beginning as content, and a call's
+     * arguments only as far as they will not change */
+    bool partial;
+} tok_chat_parse_opts;
+
+/* The text generated after the prompt, as an assistant message: {"role":
+ * "assistant", "content": string (null when empty and there are calls),
+ * "reasoning_content"?: string, "tool_calls"?: [{"id", "type": "function",
+ * "function": {"name", "arguments": the arguments object as compact JSON
+ * text}}]}. A call that is malformed or cut (in a whole parse) is left in
+ * content as written. NULL only when out of memory (err filled). */
+json_t *tok_chat_parse(const tok_chat_syntax *s, const tok_chat_parse_opts *o, const char *text, size_t len,
+                       kvlm_error *err);
+
+/* What an OpenAI chat.completion.chunk's delta adds from prev to cur (two
+ * parses of a growing text; prev NULL: nothing before): {"content"?,
+ * "reasoning_content"?, "tool_calls"?: [{"index", "id", "type", "function":
+ * {"name", "arguments"}} for a new call, {"index", "function": {"arguments":
+ * more}} after]}; NULL when nothing is new (or out of memory). Concatenating
+ * the deltas of a text's growing parses gives its whole parse. */
+json_t *tok_chat_delta(const json_t *prev, const json_t *cur);
+
+#endif
