@@ -5,6 +5,7 @@
  * hostile input is bounded. With --roundtrip CASES.json it parses the texts
  * tests/helpers/toolcall_roundtrip.py rendered with the real templates and
  * prints the messages (tests/cli_toolcall_roundtrip.sh). */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,14 +151,505 @@ static int roundtrip(const char *path) {
 
 /* ---- unit tests ---- */
 
-static void test_placeholder(void **state) {
+static json_t *g_tools;
+
+/* Two tools: get_weather(city: string, days: integer, details: object),
+ * search(query: string, limit: number, exact: boolean). */
+static int setup(void **state) {
     (void)state;
+    g_tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"details\":{\"type\":\"object\"}},"
+        "\"required\":[\"city\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"query\":{\"type\":\"string\"},\"limit\":{\"type\":\"number\"},\"exact\":{\"type\":\"boolean\"}}}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"python\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"code\":{\"type\":\"string\"}}}}}]",
+        0, NULL);
+    return g_tools ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    json_decref(g_tools);
+    return 0;
+}
+
+typedef struct {
+    const char *parser;     /* a --tool-call-parser name, or "@template text" */
+    const char *tail;       /* the prompt's end */
+    const char *text;
+    const char *content;    /* NULL: null/empty */
+    const char *reasoning;
+    const char *calls[3][3]; /* name, arguments (compact JSON), id (or NULL: any) */
+} pcase;
+
+static tok_chat_syntax *syntax_of(const char *parser, int rf) {
+    kvlm_error err = {0};
+    tok_chat_syntax *s = parser[0] == '@' ? tok_chat_syntax_new(parser + 1, NULL, rf, &err)
+                                          : tok_chat_syntax_new(NULL, parser, rf, &err);
+    if (!s) fail_msg("%s: %s", parser, err.msg);
+    return s;
+}
+
+static void check_case(const pcase *c) {
+    tok_chat_syntax *s = syntax_of(c->parser, TOK_REASONING_AUTO);
+    tok_chat_parse_opts o = {.prompt_tail = c->tail, .tools = g_tools, .id_seed = 7};
+    json_t *m = NULL;
+    const char *why = stream_check(s, &o, c->text, strlen(c->text), &m);
+    if (why) fail_msg("%s on '%s': %s", c->parser, c->text, why);
+    const char *content = json_string_value(json_object_get(m, "content"));
+    if (!same(content, c->content)) fail_msg("%s on '%s': content '%s', expected '%s'", c->parser, c->text, content, c->content);
+    const char *r = json_string_value(json_object_get(m, "reasoning_content"));
+    if (!same(r, c->reasoning)) fail_msg("%s on '%s': reasoning '%s', expected '%s'", c->parser, c->text, r, c->reasoning);
+    const json_t *calls = json_object_get(m, "tool_calls");
+    size_t n = 0;
+    while (n < 3 && c->calls[n][0]) n++;
+    if (json_array_size(calls) != n)
+        fail_msg("%s on '%s': %zu calls, expected %zu", c->parser, c->text, json_array_size(calls), n);
+    for (size_t k = 0; k < n; k++) {
+        const json_t *tc = json_array_get(calls, k), *fn = json_object_get(tc, "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        const char *id = json_string_value(json_object_get(tc, "id"));
+        if (!same(nm, c->calls[k][0]) || !same(args, c->calls[k][1]))
+            fail_msg("%s on '%s': call %zu %s %s, expected %s %s", c->parser, c->text, k, nm, args, c->calls[k][0],
+                     c->calls[k][1]);
+        if (c->calls[k][2] && !same(id, c->calls[k][2]))
+            fail_msg("%s: call %zu id %s, expected %s", c->parser, k, id, c->calls[k][2]);
+        assert_string_equal(json_string_value(json_object_get(tc, "type")), "function");
+        json_t *parsed = json_loads(args, 0, NULL);
+        if (!json_is_object(parsed)) fail_msg("%s: arguments '%s' are not a JSON object", c->parser, args);
+        json_decref(parsed);
+    }
+    json_decref(m);
+    tok_chat_syntax_free(s);
+}
+
+/* (the case tables leave trailing fields out: NULL, no calls) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#define W "get_weather"
+#define A1 "{\"city\":\"Paris\",\"days\":2}"
+
+/* Each family on what its models write: calls, content around them,
+ * reasoning, and whole and cut at every byte. */
+static void test_families(void **state) {
+    (void)state;
+    static const pcase cases[] = {
+        /* Hermes / Qwen 2.5 / Qwen 3 */
+        {"hermes", "", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
+         NULL, NULL, {{W, A1}}},
+        {"hermes", "", "Sure.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":2}}\n</tool_call>\n"
+                       "<tool_call>\n{\"arguments\": {\"query\": \"x\"}, \"name\": \"search\"}\n</tool_call>",
+         "Sure.", NULL, {{W, A1}, {"search", "{\"query\":\"x\"}"}}},
+        {"hermes", "", "<tool_call>{\"name\": \"search\", \"arguments\": \"{\\\"query\\\": \\\"q\\\"}\"}</tool_call>", NULL,
+         NULL, {{"search", "{\"query\":\"q\"}"}}},
+        {"@<tool_call><think>", "<|im_start|>assistant\n",
+         "<think>\nI should look.\n</think>\n\n<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>", NULL,
+         "I should look.", {{"search", "{}"}}},
+        {"@<tool_call><think>", "<|im_start|>assistant\n<think>\n", "Thinking...\n</think>\n\nThe answer is 4.",
+         "The answer is 4.", "Thinking..."},
+        {"@<tool_call><think>", "<|im_start|>assistant\n<think>\n\n</think>\n\n", "Plain answer.", "Plain answer.", NULL},
+        {"@<tool_call><think>", "<|im_start|>assistant\n<think>\n", "Still thinking", NULL, "Still thinking"},
+        /* Qwen3-Coder / Qwen3.5 XML, typed by the schema */
+        {"qwen3-coder", "",
+         "I'll check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n"
+         "</parameter>\n<parameter=details>\n{\"wind\": true}\n</parameter>\n</function>\n</tool_call>",
+         "I'll check.", NULL, {{W, "{\"city\":\"São Paulo\",\"days\":3,\"details\":{\"wind\":true}}"}}},
+        {"qwen3-coder", "",
+         "<tool_call>\n<function=search>\n<parameter=query>\nline one\nline two\n\n</parameter>\n<parameter=exact>\nTrue\n"
+         "</parameter>\n<parameter=limit>\n2.5\n</parameter>\n<parameter=other>\n[1, 2]\n</parameter>\n</function>\n</tool_call>",
+         NULL, NULL, {{"search", "{\"query\":\"line one\\nline two\\n\",\"exact\":true,\"limit\":2.5,\"other\":[1,2]}"}}},
+        {"qwen3-coder", "", "<tool_call>\n<function=search>\n</function>\n</tool_call>", NULL, NULL, {{"search", "{}"}}},
+        {"seed-oss", "", "<seed:think>hmm</seed:think>Ok.<seed:tool_call>\n<function=search>\n<parameter=query>a<b</parameter>\n"
+                         "</function>\n</seed:tool_call>",
+         "Ok.", "hmm", {{"search", "{\"query\":\"a<b\"}"}}},
+        /* Llama 3.x */
+        {"llama3", "", "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2}}", NULL, NULL, {{W, A1}}},
+        {"llama3", "", "{\"type\": \"function\", \"name\": \"search\", \"parameters\": {\"query\": \"q\"}}; {\"name\": "
+                       "\"search\", \"parameters\": {\"query\": \"r\"}}",
+         NULL, NULL, {{"search", "{\"query\":\"q\"}"}, {"search", "{\"query\":\"r\"}"}}},
+        {"llama3", "", "{\"name\": \"unknown_tool\", \"parameters\": {}}", "{\"name\": \"unknown_tool\", \"parameters\": {}}"},
+        {"llama3", "", "{\"answer\": 42}", "{\"answer\": 42}"},
+        {"llama3", "", "Hello {there}", "Hello {there}"},
+        {"llama3", "", "<|python_tag|>brave_search.call(query=\"kvlm\", count=3)", NULL, NULL,
+         {{"brave_search", "{\"query\":\"kvlm\",\"count\":3}"}}},
+        {"llama3", "", "<|python_tag|>print(1 + 1)\n", NULL, NULL, {{"python", "{\"code\":\"print(1 + 1)\"}"}}},
+        /* Mistral */
+        {"mistral", "", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"days\": 2}[TOOL_CALLS]search[ARGS]{}", NULL,
+         NULL, {{W, A1}, {"search", "{}"}}},
+        {"mistral", "", "Let me see.[TOOL_CALLS]search[CALL_ID]a1B2c3D4e[ARGS]{\"query\": \"q\"}", "Let me see.", NULL,
+         {{"search", "{\"query\":\"q\"}", "a1B2c3D4e"}}},
+        {"mistral-nemo", "", "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}, \"id\": \"abcdefghi\"}]",
+         NULL, NULL, {{"search", "{\"query\":\"q\"}"}}},
+        {"@[TOOL_CALLS][ARGS][THINK]", "", "[THINK]Plan.[/THINK]Answer.", "Answer.", "Plan."},
+        /* DeepSeek */
+        {"deepseek-r1", "<｜Assistant｜><think>\n",
+         "I need data.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+         "{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n"
+         "{\"query\": \"q\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         NULL, "I need data.", {{W, A1}, {"search", "{\"query\":\"q\"}"}}},
+        {"deepseek-r1", "", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{}\n```<｜tool▁call▁end｜>", NULL, NULL,
+         {{"search", "{}"}}},
+        {"deepseek-v3.1", "<｜Assistant｜><think></think>",
+         "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}"
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         "Checking.", NULL, {{W, A1}}},
+        {"deepseek-v4", "<｜Assistant｜></think>",
+         "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris"
+         "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+         "<｜DSML｜invoke name=\"search\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+         NULL, NULL, {{W, A1}, {"search", "{}"}}},
+        /* Kimi K2: its own ids */
+        {"kimi-k2", "", "Ok.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+                        "{\"city\": \"Paris\", \"days\": 2}<|tool_call_end|><|tool_call_begin|>functions.search:1"
+                        "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+         "Ok.", NULL, {{W, A1, "functions.get_weather:0"}, {"search", "{}", "functions.search:1"}}},
+        /* Command R */
+        {"command-r-plus", "", "I will search.\nAction:\n```json\n[\n    {\n        \"tool_name\": \"search\",\n        "
+                               "\"parameters\": {\"query\": \"q\"}\n    }\n]\n```",
+         "I will search.", NULL, {{"search", "{\"query\":\"q\"}"}}},
+        {"command-r7b", "<|CHATBOT_TOKEN|>", "<|START_THINKING|>Plan it.<|END_THINKING|><|START_ACTION|>[\n    "
+                                             "{\"tool_call_id\": \"0\", \"tool_name\": \"search\", \"parameters\": {\"query\": \"q\"}}\n]<|END_ACTION|>",
+         NULL, "Plan it.", {{"search", "{\"query\":\"q\"}"}}},
+        {"command-r7b", "<|CHATBOT_TOKEN|><|START_THINKING|>", "Hmm.<|END_THINKING|><|START_TEXT|>Hi there.<|END_TEXT|>",
+         "Hi there.", "Hmm."},
+        /* gpt-oss */
+        {"gpt-oss", "<|start|>assistant",
+         "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+         "<|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": 2}",
+         NULL, "Need weather.", {{W, A1}}},
+        {"gpt-oss", "<|start|>assistant",
+         "<|channel|>analysis<|message|>A.<|end|><|start|>assistant<|channel|>analysis<|message|>B.<|end|><|start|>assistant"
+         "<|channel|>final<|message|>Done.",
+         "Done.", "A.\n\nB."},
+        {"gpt-oss", "<|start|>assistant", " to=functions.search<|channel|>commentary json<|message|>{\"query\": \"q\"}", NULL,
+         NULL, {{"search", "{\"query\":\"q\"}"}}},
+        /* GLM */
+        {"glm-4.5", "<|assistant|>",
+         "\n<think>Plan.</think>\nLooking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+         "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+         "Looking.", "Plan.", {{W, A1}}},
+        {"glm-4.5", "<|assistant|><think>", "P.</think><tool_call>search<arg_key>query</arg_key><arg_value>1 2</arg_value>"
+                                            "<arg_key>exact</arg_key><arg_value>false</arg_value></tool_call>",
+         NULL, "P.", {{"search", "{\"query\":\"1 2\",\"exact\":false}"}}},
+        /* Gemma 4 */
+        {"gemma4", "<|turn>model\n",
+         "<|channel>thought\nLook it up.<channel|><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2,details:"
+         "{hours:[6,12],wind:true}}<tool_call|>",
+         NULL, "Look it up.", {{W, "{\"city\":\"Paris\",\"days\":2,\"details\":{\"hours\":[6,12],\"wind\":true}}"}}},
+        /* Functionary */
+        {"functionary-v3.1", "", "Sure<function=get_weather>{\"city\": \"Paris\", \"days\": 2}</function><|python_tag|>x = 1",
+         "Sure", NULL, {{W, A1}, {"python", "{\"code\":\"x = 1\"}"}}},
+        {"functionary-v3.2", "<|start_header_id|>assistant<|end_header_id|>\n\n>>>",
+         "all\nLet me check.>>>get_weather\n{\"city\": \"Paris\", \"days\": 2}>>>python\nprint(2)", "Let me check.", NULL,
+         {{W, A1}, {"python", "{\"code\":\"print(2)\"}"}}},
+        {"functionary-v3.2", ">>>", "all\nJust text.", "Just text."},
+        /* others */
+        {"firefunction-v2", "", "Here. functools[{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}]", "Here.", NULL,
+         {{"search", "{\"query\":\"q\"}"}}},
+        {"granite", "", "<|tool_call|>[{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}]", NULL, NULL,
+         {{"search", "{\"query\":\"q\"}"}}},
+        {"apriel", "<|begin_assistant|>\nHere are my reasoning steps:\n",
+         "Think.\n[BEGIN FINAL RESPONSE]\nCalling.\n<tool_calls>[{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}]</tool_calls>",
+         "Calling.", "Think.", {{"search", "{\"query\":\"q\"}"}}},
+        {"gigachat3", "assistant<|role_sep|>\n",
+         "Ok<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}", "Ok", NULL,
+         {{"search", "{\"query\":\"q\"}"}}},
+        {"mirothinker", "",
+         "Searching.\n<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>\n<tool_name>search</tool_name>\n"
+         "<arguments>\n{\"query\": \"q\"}\n</arguments>\n</use_mcp_tool>",
+         "Searching.", NULL, {{"search", "{\"query\":\"q\"}"}}},
+        {"lfm2", "", "<|tool_call_start|>[get_weather(city='Paris', days=2), search(query=\"q\", exact=True)]<|tool_call_end|>Done.",
+         "Done.", NULL, {{W, A1}, {"search", "{\"query\":\"q\",\"exact\":true}"}}},
+        {"pythonic", "", "[search(query='a\\'b', limit=1.5, other=None)]", NULL, NULL,
+         {{"search", "{\"query\":\"a'b\",\"limit\":1.5,\"other\":null}"}}},
+        /* generic: a bare JSON call (its name a tool), or Hermes's tags */
+        {"generic", "", "{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}", NULL, NULL, {{"search", "{\"query\":\"q\"}"}}},
+        {"generic", "", "[{\"name\": \"search\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}]",
+         NULL, NULL, {{"search", "{}"}, {W, A1}}},
+        {"generic", "", "{\"result\": [1, 2]}", "{\"result\": [1, 2]}"},
+        {"generic", "", "<think>x</think>\nHi <tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>", "Hi", "x",
+         {{"search", "{}"}}},
+        {"none", "", "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>",
+         "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+}
+
+/* Malformed calls and cut ones stay in content as written, in a whole parse;
+ * what a partial parse showed as content is still there (never a call). */
+static void test_malformed(void **state) {
+    (void)state;
+    static const pcase cases[] = {
+        {"hermes", "", "<tool_call>{\"name\": \"search\", \"arguments\": {\"query\": }}</tool_call>",
+         "<tool_call>{\"name\": \"search\", \"arguments\": {\"query\": }}</tool_call>"},
+        {"hermes", "", "Hi <tool_call>{\"name\": \"search\", \"argu", "Hi <tool_call>{\"name\": \"search\", \"argu"},
+        {"hermes", "", "<tool_call>{\"arguments\": {}}</tool_call>", "<tool_call>{\"arguments\": {}}</tool_call>"},
+        {"hermes", "", "<tool_call>{\"name\": \"search\", \"arguments\": [1]}</tool_call>",
+         "<tool_call>{\"name\": \"search\", \"arguments\": [1]}</tool_call>"},
+        {"hermes", "", "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",
+         "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>"},
+        {"mistral", "", "[TOOL_CALLS]search[ARGS]{\"a\": tru", "[TOOL_CALLS]search[ARGS]{\"a\": tru"},
+        {"qwen3-coder", "", "<tool_call>\n<function=search>\n<parameter=query>\nq", "<tool_call>\n<function=search>\n<parameter=query>\nq"},
+        {"gemma4", "", "<|tool_call>call:search{query:<|\"|>q}<tool_call|>", "<|tool_call>call:search{query:<|\"|>q}<tool_call|>"},
+        {"kimi-k2", "", "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{]",
+         "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const pcase *c = &cases[i];
+        tok_chat_syntax *s = syntax_of(c->parser, TOK_REASONING_AUTO);
+        tok_chat_parse_opts o = {.tools = g_tools};
+        kvlm_error err = {0};
+        size_t n = strlen(c->text);
+        json_t *whole = tok_chat_parse(s, &o, c->text, n, &err);
+        assert_non_null(whole);
+        const char *wc = json_string_value(json_object_get(whole, "content"));
+        if (!same(wc, c->content)) fail_msg("%s on '%s': content '%s'", c->parser, c->text, wc);
+        assert_int_equal(json_array_size(json_object_get(whole, "tool_calls")), 0);
+        o.partial = true;
+        for (size_t len = 0; len < n; len++) { /* content shown while cut is the whole's beginning */
+            json_t *m = tok_chat_parse(s, &o, c->text, len, &err);
+            assert_non_null(m);
+            const char *pc = json_string_value(json_object_get(m, "content"));
+            if (pc && strncmp(pc, wc, strlen(pc))) fail_msg("%s cut at %zu: content '%s' is not the whole's start", c->parser, len, pc);
+            json_decref(m);
+        }
+        json_decref(whole);
+        tok_chat_syntax_free(s);
+    }
+}
+
+#pragma GCC diagnostic pop
+
+/* Hostile text: nesting far past the limit, a huge argument, random bytes
+ * around markers: bounded, never a crash, always a message. */
+static void test_hostile(void **state) {
+    (void)state;
+    enum { DEEP = 100000, HUGE = 1 << 20 };
+    char *t = malloc(DEEP * 2 + 200);
+    int n = sprintf(t, "<tool_call>{\"name\": \"search\", \"arguments\": {\"query\": ");
+    for (int i = 0; i < DEEP; i++) t[n++] = '[';
+    for (int i = 0; i < DEEP; i++) t[n++] = ']';
+    n += sprintf(t + n, "}}</tool_call>");
+    tok_chat_syntax *s = syntax_of("hermes", TOK_REASONING_AUTO);
+    tok_chat_parse_opts o = {.tools = g_tools};
+    kvlm_error err = {0};
+    json_t *m = tok_chat_parse(s, &o, t, (size_t)n, &err);
+    assert_non_null(m);
+    assert_int_equal(json_array_size(json_object_get(m, "tool_calls")), 0); /* past the depth limit: content */
+    assert_int_equal(strlen(json_string_value(json_object_get(m, "content"))), (size_t)n);
+    json_decref(m);
+    free(t);
+    /* a 1 MiB string argument, streamed in pieces */
+    t = malloc(HUGE + 200);
+    n = sprintf(t, "<tool_call>{\"name\": \"search\", \"arguments\": {\"query\": \"");
+    for (int i = 0; i < HUGE; i++) t[n++] = (char)('a' + i % 26);
+    n += sprintf(t + n, "\"}}</tool_call>");
+    o.partial = true;
+    m = tok_chat_parse(s, &o, t, (size_t)n - 20, &err);
+    assert_non_null(m);
+    const char *args = json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function"), "arguments"));
+    assert_non_null(args);
+    assert_true(strlen(args) > HUGE - 100);
+    json_decref(m);
+    o.partial = false;
+    m = tok_chat_parse(s, &o, t, (size_t)n, &err);
+    assert_int_equal(json_array_size(json_object_get(m, "tool_calls")), 1);
+    json_decref(m);
+    free(t);
+    tok_chat_syntax_free(s);
+    /* random bytes around every family's markers */
+    static const char *const bits[] = {"<tool_call>", "</tool_call>", "{", "}", "[", "]", "\"", ":", ",", "\\", "<|",
+                                       "|>", "[TOOL_CALLS]", "[ARGS]", "<think>", "</think>", "<function=", ">",
+                                       "<parameter=", "</parameter>", "</function>", "<|channel|>", "<|message|>",
+                                       "<|end|>", "<|start|>", " to=functions.x", "\xe2\x80\x94", "\xc3", "null",
+                                       "name", "arguments", ">>>", "\n", "<|\"|>", "(", ")", "=", "'"};
+    const char *names[] = {"hermes", "qwen3-coder", "llama3", "mistral", "deepseek-r1", "deepseek-v3.1", "deepseek-v4",
+                           "kimi-k2", "command-r-plus", "command-r7b", "firefunction-v2", "granite", "apriel",
+                           "gigachat3", "functionary-v3.1", "functionary-v3.2", "gpt-oss", "seed-oss", "glm-4.5",
+                           "mirothinker", "gemma4", "pythonic", "lfm2", "generic"};
+    uint64_t x = 88172645463325252ull;
+    int rounds = tu_quick() ? 60 : 400;
+    for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
+        s = syntax_of(names[f], TOK_REASONING_AUTO);
+        for (int r = 0; r < rounds; r++) {
+            char buf[600];
+            size_t len = 0;
+            int pieces = 1 + (int)(x % 24);
+            for (int k = 0; k < pieces; k++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                const char *b = bits[x % (sizeof bits / sizeof bits[0])];
+                if (len + strlen(b) < sizeof buf) memcpy(buf + len, b, strlen(b)), len += strlen(b);
+            }
+            for (int partial = 0; partial < 2; partial++) {
+                o.partial = partial;
+                for (size_t cut = 0; cut <= len; cut += 1 + len / 8) {
+                    m = tok_chat_parse(s, &o, buf, cut, &err);
+                    assert_non_null(m);
+                    json_decref(m);
+                }
+            }
+        }
+        tok_chat_syntax_free(s);
+    }
+}
+
+/* reasoning_format none: the reasoning stays in content as written. */
+static void test_reasoning_none(void **state) {
+    (void)state;
+    tok_chat_syntax *s = syntax_of("@<tool_call><think>", TOK_REASONING_NONE);
+    tok_chat_parse_opts o = {.tools = g_tools};
+    kvlm_error err = {0};
+    const char *t = "<think>plan</think>\nHello <tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>";
+    json_t *m = tok_chat_parse(s, &o, t, strlen(t), &err);
+    assert_string_equal(json_string_value(json_object_get(m, "content")), "<think>plan</think>\nHello");
+    assert_null(json_object_get(m, "reasoning_content"));
+    assert_int_equal(json_array_size(json_object_get(m, "tool_calls")), 1);
+    json_decref(m);
+    o.prompt_tail = "<think>\n";
+    t = "plan</think>answer";
+    m = tok_chat_parse(s, &o, t, strlen(t), &err);
+    assert_string_equal(json_string_value(json_object_get(m, "content")), "plan</think>answer");
+    json_decref(m);
+    const char *why = stream_check(s, &o, t, strlen(t), NULL);
+    if (why) fail_msg("%s", why);
+    tok_chat_syntax_free(s);
+}
+
+/* Which syntax each template picks (by its markers), names and aliases. */
+static void test_detect(void **state) {
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "hermes"},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"},
+        {"Qwen-Qwen3-0.6B.jinja", "hermes"},
+        {"Qwen3.5-4B.jinja", "qwen3-coder"},
+        {"stepfun-ai-Step-3.5-Flash.jinja", "qwen3-coder"},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3"},
+        {"meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-nemo"},
+        {"Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"},
+        {"unsloth-mistral-Devstral-Small-2507.jinja", "mistral"},
+        {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral"},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"},
+        {"deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"},
+        {"deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4"},
+        {"meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"},
+        {"meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2"},
+        {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r-plus"},
+        {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"},
+        {"Cohere2MoE.jinja", "command-r7b"},
+        {"openai-gpt-oss-120b.jinja", "gpt-oss"},
+        {"moonshotai-Kimi-K2.jinja", "kimi-k2"},
+        {"GLM-4.6.jinja", "glm-4.5"},
+        {"GLM-5.2.jinja", "glm-4.5"},
+        {"google-gemma-4-31B-it-interleaved.jinja", "gemma4"},
+        {"fireworks-ai-llama-3-firefunction-v2.jinja", "firefunction-v2"},
+        {"LFM2-8B-A1B.jinja", "lfm2"},
+        {"Apriel-1.6-15b-Thinker-fixed.jinja", "apriel"},
+        {"unsloth-Apriel-1.5.jinja", "apriel-1.5"},
+        {"GigaChat3-10B-A1.8B.jinja", "gigachat3"},
+        {"MiroThinker.jinja", "mirothinker"},
+        {"HuggingFaceTB-SmolLM3-3B.jinja", "generic"},
+        {"google-gemma-2-2b-it.jinja", "generic"},
+    };
+    char path[512];
+    const char *dir = getenv("KVLM_TEMPLATES");
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir ? dir : KVLM_TEMPLATES_DIR, pairs[i][0]);
+        char *src = tu_read_file(path, NULL);
+        if (!src) {
+            printf("SKIP: no %s\n", pairs[i][0]);
+            continue;
+        }
+        kvlm_error err = {0};
+        tok_chat_syntax *s = tok_chat_syntax_new(src, NULL, TOK_REASONING_AUTO, &err);
+        assert_non_null(s);
+        if (strcmp(tok_chat_syntax_name(s), pairs[i][1])) fail_msg("%s: %s, expected %s", pairs[i][0], tok_chat_syntax_name(s), pairs[i][1]);
+        tok_chat_syntax_free(s);
+        free(src);
+    }
+    kvlm_error err = {0};
+    tok_chat_syntax *s = tok_chat_syntax_new(NULL, "Qwen3_Coder", TOK_REASONING_AUTO, &err);
+    assert_string_equal(tok_chat_syntax_name(s), "qwen3-coder");
+    tok_chat_syntax_free(s);
+    s = tok_chat_syntax_new(NULL, "llama3_json", TOK_REASONING_AUTO, &err);
+    assert_string_equal(tok_chat_syntax_name(s), "llama3");
+    tok_chat_syntax_free(s);
+    assert_null(tok_chat_syntax_new(NULL, "nope", TOK_REASONING_AUTO, &err));
+    assert_int_equal(err.code, KVLM_EINVAL);
+    assert_non_null(strstr(err.msg, "hermes"));
+    assert_non_null(strstr(err.msg, "'nope'"));
+    assert_null(tok_chat_syntax_new(NULL, NULL, 7, &err));
+}
+
+/* The deltas: a call's id, type and name first, its arguments appended. */
+static void test_delta(void **state) {
+    (void)state;
+    json_t *a = json_loads("{\"content\": \"Hi\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": "
+                           "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\":\"}}]}", 0, NULL);
+    json_t *b = json_loads("{\"content\": \"Hi\", \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": "
+                           "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\":1}\"}}, {\"id\": \"c2\", \"type\": \"function\", "
+                           "\"function\": {\"name\": \"g\", \"arguments\": \"\"}}]}", 0, NULL);
+    json_t *d = tok_chat_delta(NULL, a);
+    char *t = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(t, "{\"content\":\"Hi\",\"tool_calls\":[{\"function\":{\"arguments\":\"{\\\"a\\\":\",\"name\":\"f\"},"
+                           "\"id\":\"c1\",\"index\":0,\"type\":\"function\"}]}");
+    free(t);
+    json_decref(d);
+    d = tok_chat_delta(a, b);
+    t = json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(t, "{\"tool_calls\":[{\"function\":{\"arguments\":\"1}\"},\"index\":0},{\"function\":{\"arguments\":"
+                           "\"\",\"name\":\"g\"},\"id\":\"c2\",\"index\":1,\"type\":\"function\"}]}");
+    free(t);
+    json_decref(d);
+    assert_null(tok_chat_delta(b, b));
+    json_decref(a);
+    json_decref(b);
+}
+
+/* Ids: OpenAI's shape (call_ and 24 alphanumerics), Mistral's 9; the same
+ * for the same seed and index, others for another seed. */
+static void test_ids(void **state) {
+    (void)state;
+    const char *t = "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>";
+    tok_chat_syntax *s = syntax_of("hermes", TOK_REASONING_AUTO);
+    tok_chat_parse_opts o = {.id_seed = 1};
+    kvlm_error err = {0};
+    json_t *m1 = tok_chat_parse(s, &o, t, strlen(t), &err), *m2 = tok_chat_parse(s, &o, t, strlen(t), &err);
+    o.id_seed = 2;
+    json_t *m3 = tok_chat_parse(s, &o, t, strlen(t), &err);
+    const char *i10 = json_string_value(json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 0), "id"));
+    const char *i11 = json_string_value(json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 1), "id"));
+    const char *i20 = json_string_value(json_object_get(json_array_get(json_object_get(m2, "tool_calls"), 0), "id"));
+    const char *i30 = json_string_value(json_object_get(json_array_get(json_object_get(m3, "tool_calls"), 0), "id"));
+    assert_int_equal(strlen(i10), 29);
+    assert_memory_equal(i10, "call_", 5);
+    for (int k = 5; k < 29; k++) assert_true(isalnum((unsigned char)i10[k]));
+    assert_string_equal(i10, i20);
+    assert_string_not_equal(i10, i11);
+    assert_string_not_equal(i10, i30);
+    json_decref(m1);
+    json_decref(m2);
+    json_decref(m3);
+    tok_chat_syntax_free(s);
+    s = syntax_of("mistral", TOK_REASONING_AUTO);
+    t = "[TOOL_CALLS]search[ARGS]{}";
+    m1 = tok_chat_parse(s, &o, t, strlen(t), &err);
+    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 0), "id"));
+    assert_int_equal(strlen(id), 9);
+    for (int k = 0; k < 9; k++) assert_true(isalnum((unsigned char)id[k]));
+    json_decref(m1);
+    tok_chat_syntax_free(s);
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--roundtrip")) return roundtrip(argv[2]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_placeholder),
+        cmocka_unit_test(test_families), cmocka_unit_test(test_malformed), cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_reasoning_none), cmocka_unit_test(test_detect), cmocka_unit_test(test_delta),
+        cmocka_unit_test(test_ids),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }
