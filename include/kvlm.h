@@ -712,6 +712,35 @@ kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *
 kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err);
 /* The GBNF text g was compiled from (a schema's translation), owned by g. */
 const char *kvlm_grammar_gbnf(const kvlm_grammar *g);
+/* A lazy grammar's trigger (llama.cpp's grammar_lazy, docs/tool-calls.md):
+ * the text is free until one of the words appears in it; from there on, the
+ * word included, it follows the grammar, whose start rule must begin with
+ * the word (else KVLM_EINVAL). A word split across tokens counts, and so
+ * does one in the middle of a token (the token's bytes after it must then
+ * suit the grammar, or the token is not drawn). at_start: the word counts
+ * only at the start of the text, after blanks alone (Llama 3's "{"). */
+typedef struct kvlm_grammar_trigger {
+    const char *word;
+    bool at_start;
+} kvlm_grammar_trigger;
+#define KVLM_GRAMMAR_MAX_TRIGGERS 64
+#define KVLM_GRAMMAR_MAX_TRIGGER_LEN 64
+typedef struct kvlm_grammar_opts {
+    const char *root;                     /* the start rule (NULL: "root") */
+    const kvlm_grammar_trigger *triggers; /* n_triggers > 0: a lazy grammar */
+    int n_triggers;
+    /* special tokens' texts (<tool_call>, [TOOL_CALLS], <|channel|>) may be
+     * drawn where the grammar writes them; else those tokens are never
+     * drawn under the grammar (JSON mode and schemas: off) */
+    bool special;
+} kvlm_grammar_opts;
+/* kvlm_grammar_from_gbnf with options (opts NULL: none); KVLM_EINVAL for a
+ * trigger that is empty, longer than KVLM_GRAMMAR_MAX_TRIGGER_LEN bytes or
+ * not how the grammar begins, or more than KVLM_GRAMMAR_MAX_TRIGGERS. */
+kvlm_grammar *kvlm_grammar_compile(const kvlm_model *model, const char *gbnf, const kvlm_grammar_opts *opts,
+                                   kvlm_error *err);
+/* Whether g waits for a trigger (a lazy grammar). */
+bool kvlm_grammar_is_lazy(const kvlm_grammar *g);
 /* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
  * json_schema. Supported: type (and lists of types), properties in their
  * order with required, additionalProperties (false beside properties; a
