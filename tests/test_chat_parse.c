@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "helpers/testutil.h"
+#include "engine/grammar.h"
+#include "model/model.h"
+#include "tok/tok.h"
+#include "engine/tool_grammar.h"
 #include "tok/chat_parse.h"
 
 /* ---- streaming: the deltas of every prefix's parse, added up ---- */
@@ -644,12 +648,221 @@ static void test_ids(void **state) {
     tok_chat_syntax_free(s);
 }
 
+/* ---- grammars: what a grammar lets out parses as valid calls ---- */
+
+/* A token's text, a special token's too (what a tool grammar reads). */
+static int tok_token_to_bytes_any(const kvlm_model *m, int32_t t, char *buf, size_t cap) {
+    int k = kvlm_token_to_text(m, t, buf, cap);
+    return k ? k : tok_token_to_bytes(m->tok, t, true, buf, cap);
+}
+
+static const char *k_gtools =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"set\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"mode\":{\"enum\":[\"on\",\"off\"]},\"level\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},"
+    "\"flag\":{\"type\":\"boolean\"}},\"required\":[\"mode\",\"level\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":3}},\"required\":[\"n\"]}}}]";
+
+/* A call's arguments as the schema above allows (checked apart from the grammar). */
+static const char *args_fault(const char *name, const char *args) {
+    json_t *a = json_loads(args, 0, NULL);
+    const char *why = NULL;
+    if (!json_is_object(a)) why = "not an object";
+    else if (!strcmp(name, "set")) {
+        const char *mode = json_string_value(json_object_get(a, "mode"));
+        json_t *lv = json_object_get(a, "level"), *fl = json_object_get(a, "flag");
+        if (!mode || (strcmp(mode, "on") && strcmp(mode, "off"))) why = "mode";
+        else if (!json_is_integer(lv) || json_integer_value(lv) < 0 || json_integer_value(lv) > 9) why = "level";
+        else if (fl && !json_is_boolean(fl)) why = "flag";
+        else if (json_object_size(a) > 3 || (json_object_size(a) == 3 && !fl)) why = "other keys";
+    } else if (!strcmp(name, "ping")) {
+        json_t *n = json_object_get(a, "n");
+        if (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > 3 || json_object_size(a) != 1) why = "n";
+    } else why = "unknown tool";
+    json_decref(a);
+    return why;
+}
+
+/* Draws tokens the grammar allows (uniformly, an end token often once the
+ * text may end) after prefix; the text, or NULL when it did not end. */
+static char *draw(const kvlm_model *m, const kvlm_grammar *g, const char *prefix, uint64_t *rs, int limit,
+                  size_t *out_len) {
+    int nv = kvlm_vocab_size(m);
+    bool *al = malloc((size_t)nv);
+    int32_t *cand = malloc((size_t)nv * sizeof *cand);
+    gm *s = gm_new(g);
+    size_t cap = 8192, len = strlen(prefix);
+    char *text = malloc(cap);
+    memcpy(text, prefix, len + 1);
+    bool ended = gm_feed(s, prefix, (int)len) ? false : true;
+    if (ended) fail_msg("the grammar refused the prefix '%s'", prefix);
+    for (int step = 0; step < limit && !ended; step++) {
+        int n = gm_allowed(s, al), k = 0, eog = -1;
+        for (int t = 0; t < nv; t++)
+            if (al[t]) {
+                if (kvlm_token_is_eog(m, t)) eog = t;
+                else cand[k++] = t;
+            }
+        assert_true(n > 0);
+        *rs ^= *rs << 13, *rs ^= *rs >> 7, *rs ^= *rs << 17;
+        if (eog >= 0 && (!k || *rs % 3 == 0)) {
+            ended = true;
+            break;
+        }
+        int32_t t = cand[*rs % (uint64_t)k];
+        char buf[300];
+        int l = tok_token_to_bytes_any(m, t, buf, sizeof buf);
+        assert_true(gm_feed_token(s, t));
+        if (len + (size_t)l + 1 > cap) text = realloc(text, cap *= 2);
+        memcpy(text + len, buf, (size_t)l);
+        text[len += (size_t)l] = 0;
+    }
+    gm_free(s);
+    free(al);
+    free(cand);
+    if (!ended) {
+        free(text);
+        return NULL;
+    }
+    *out_len = len; /* (a byte token may have written a NUL) */
+    return text;
+}
+
+static void test_tool_grammar(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    assert_non_null(m);
+    json_t *tools = json_loads(k_gtools, 0, NULL);
+    static const char *const fams[] = {"hermes", "qwen3-coder", "seed-oss", "llama3", "mistral", "mistral-nemo",
+                                       "deepseek-r1", "deepseek-v3.1", "deepseek-v4", "kimi-k2", "command-r-plus",
+                                       "command-r7b", "firefunction-v2", "granite", "apriel", "gigachat3",
+                                       "functionary-v3.1", "functionary-v3.2", "gpt-oss", "glm-4.5", "mirothinker",
+                                       "generic"};
+    uint64_t rs = 0x9e3779b97f4a7c15ull;
+    int runs = tu_quick() ? 4 : 12, total = 0;
+    for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+        tok_chat_syntax *s = tok_chat_syntax_new(NULL, fams[f], TOK_REASONING_AUTO, &err);
+        assert_non_null(s);
+        const char *tail = !strcmp(fams[f], "functionary-v3.2") ? ">>>" : !strcmp(fams[f], "gpt-oss") ? "<|start|>assistant" : "";
+        for (int mode = 0; mode < 3; mode++) { /* required, required of one named, auto */
+            bool lazy = mode == 2, parallel = mode == 0;
+            kvlm_grammar *g = eng_tool_grammar(m, s, tail, tools, mode == 1 ? "ping" : NULL, lazy, parallel, &err);
+            if (!g) fail_msg("%s: %s", fams[f], err.msg);
+            /* Apriel's answer always starts with its reasoning: the grammar lets a call come after it */
+            char *prefix = strdup(!strcmp(fams[f], "apriel") && !lazy ? "Plan.\n[BEGIN FINAL RESPONSE]\n" : "");
+            if (lazy) { /* the text free, then a call's first word */
+                kvlm_grammar_trigger *tr;
+                int nt;
+                tok_chat_gbnf_tool gt = {.name = "set", .args_rule = "x"};
+                char *gb = tok_chat_syntax_gbnf(s, &gt, 1, true, true, tail, &tr, &nt, &err);
+                assert_non_null(gb);
+                assert_true(nt > 0);
+                free(gb);
+                free(prefix);
+                prefix = malloc(strlen(tr[0].word) + 128);
+                sprintf(prefix, "%s%s", tr[0].at_start ? "" : "Sure.", tr[0].word);
+                if (!strcmp(fams[f], "functionary-v3.2")) sprintf(prefix, "all\nSure.>>>set\n");
+                if (!strcmp(fams[f], "gpt-oss")) sprintf(prefix, "<|channel|>final<|message|>Sure.<|end|><|start|>assistant to=functions.");
+                if (!strcmp(fams[f], "apriel")) sprintf(prefix, "Plan.\n[BEGIN FINAL RESPONSE]\nSure.<tool_calls>");
+                tok_chat_triggers_free(tr, nt);
+            }
+            int done = 0;
+            for (int r = 0; r < runs; r++) {
+                size_t tlen = 0;
+                char *text = draw(m, g, prefix, &rs, 600, &tlen);
+                if (!text) continue;
+                done++;
+                tok_chat_parse_opts o = {.prompt_tail = tail, .tools = tools};
+                json_t *msg = tok_chat_parse(s, &o, text, tlen, &err);
+                const json_t *calls = json_object_get(msg, "tool_calls");
+                if (!json_array_size(calls)) fail_msg("%s mode %d: no call in '%s'", fams[f], mode, text);
+                if (!parallel && json_array_size(calls) != 1) fail_msg("%s mode %d: %zu calls in '%s'", fams[f], mode, json_array_size(calls), text);
+                size_t i;
+                const json_t *c;
+                json_array_foreach(calls, i, c) {
+                    const char *nm = json_string_value(json_object_get(json_object_get(c, "function"), "name"));
+                    const char *args = json_string_value(json_object_get(json_object_get(c, "function"), "arguments"));
+                    const char *why = args_fault(nm, args);
+                    if (why) fail_msg("%s mode %d: %s(%s): %s, in '%s'", fams[f], mode, nm, args, why, text);
+                    if (mode == 1 && strcmp(nm, "ping")) fail_msg("%s: %s called, ping named", fams[f], nm);
+                }
+                const char *want = strstr(prefix, "Sure.") ? "Sure." : NULL;
+                if (lazy && !same(json_string_value(json_object_get(msg, "content")), want))
+                    fail_msg("%s auto: content '%s' in '%s'", fams[f], json_string_value(json_object_get(msg, "content")), text);
+                json_decref(msg);
+                free(text);
+            }
+            if (!done) fail_msg("%s mode %d: no draw ended in 600 tokens", fams[f], mode);
+            total += done;
+            free(prefix);
+            kvlm_grammar_free(g);
+        }
+        tok_chat_syntax_free(s);
+    }
+    print_message("  %d drawn answers parsed as valid calls\n", total);
+    /* required after reasoning: opened by the prompt, or optional */
+    static const struct { const char *parser, *tail, *text; bool ok; } texts[] = {
+        {"@<tool_call><think>", "<think>\n", "I will call.</think>\n\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"n\": 2}}\n</tool_call>", true},
+        {"@<tool_call><think>", "<think>\n", "<tool_call>\n{\"name\": \"ping\", \"arguments\": {\"n\": 2}}\n</tool_call>", false},
+        {"@<tool_call><think>", "", "<think>x</think><tool_call>{\"name\": \"ping\", \"arguments\": {\"n\": 3}}</tool_call>", true},
+        {"@<tool_call><think>", "", "<tool_call>{\"name\": \"ping\", \"arguments\": {\"n\": 3}}</tool_call>", true},
+        {"@<tool_call><think>", "", "Hi <tool_call>{\"name\": \"ping\", \"arguments\": {\"n\": 3}}</tool_call>", false},
+        {"@<tool_call><think>", "", "<tool_call>{\"name\": \"ping\", \"arguments\": {\"n\": 4}}</tool_call>", false},
+        {"gpt-oss", "<|start|>assistant", "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>commentary "
+                                          "to=functions.ping <|constrain|>json<|message|>{\"n\": 1}", true},
+        {"gpt-oss", "<|start|>assistant", " to=functions.set<|channel|>commentary json<|message|>{\"mode\": \"on\", \"level\": 0}", true},
+        {"gpt-oss", "<|start|>assistant", "<|channel|>final<|message|>no", false},
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        tok_chat_syntax *s = syntax_of(texts[i].parser, TOK_REASONING_AUTO);
+        kvlm_grammar *g = eng_tool_grammar(m, s, texts[i].tail, tools, NULL, false, true, &err);
+        assert_non_null(g);
+        gm *st = gm_new(g);
+        bool ok = gm_feed(st, texts[i].text, (int)strlen(texts[i].text));
+        ok = ok && gm_done(st);
+        if (ok != texts[i].ok) fail_msg("%s after '%s': '%s' %s", texts[i].parser, texts[i].tail, texts[i].text, ok ? "taken" : "refused");
+        gm_free(st);
+        kvlm_grammar_free(g);
+        tok_chat_syntax_free(s);
+    }
+    /* the families without a grammar say so */
+    tok_chat_syntax *s = tok_chat_syntax_new(NULL, "gemma4", TOK_REASONING_AUTO, &err);
+    assert_null(eng_tool_grammar(m, s, "", tools, NULL, false, true, &err));
+    assert_int_equal(err.code, KVLM_EUNSUPPORTED);
+    tok_chat_syntax_free(s);
+    /* refused tools */
+    s = tok_chat_syntax_new(NULL, "hermes", TOK_REASONING_AUTO, &err);
+    static const char *const bad[][2] = {
+        {"[{\"type\":\"function\",\"function\":{}}]", "'tools[0].function.name' must be a string"},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]", "may only have letters"},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"function\":{\"name\":\"a\"}}]", "is the name of tools[0] too"},
+        {"[{\"type\":\"code\",\"function\":{\"name\":\"a\"}}]", "'tools[0].type' must be \"function\""},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":"
+         "{\"x\":{\"not\":{}}}}}}]", "tools[0] ('a') parameters: json_schema at /properties/x: 'not' is not supported"},
+        {"{}", "'tools' must be an array"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *t = json_loads(bad[i][0], 0, NULL);
+        assert_null(eng_tool_grammar(m, s, "", t, NULL, false, true, &err));
+        if (!strstr(err.msg, bad[i][1])) fail_msg("%s: '%s', want '%s'", bad[i][0], err.msg, bad[i][1]);
+        json_decref(t);
+    }
+    assert_null(eng_tool_grammar(m, s, "", tools, "nope", false, true, &err));
+    assert_non_null(strstr(err.msg, "no tool is named 'nope'"));
+    tok_chat_syntax_free(s);
+    json_decref(tools);
+    kvlm_model_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--roundtrip")) return roundtrip(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_families), cmocka_unit_test(test_malformed), cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_reasoning_none), cmocka_unit_test(test_detect), cmocka_unit_test(test_delta),
-        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_ids), cmocka_unit_test(test_tool_grammar),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

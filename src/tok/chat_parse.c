@@ -169,7 +169,7 @@ tok_chat_syntax *tok_chat_syntax_new(const char *src, const char *override_name,
     } else if (has(src, "[THINK]")) {
         s->think_start = "[THINK]";
         s->think_end = "[/THINK]";
-    } else if (!src || has(src, "<think>") || has(src, "</think>")) {
+    } else if ((!src && !f->own_reasoning) || has(src, "<think>") || has(src, "</think>")) {
         s->think_start = "<think>";
         s->think_end = "</think>";
     }

@@ -66,4 +66,30 @@ json_t *tok_chat_parse(const tok_chat_syntax *s, const tok_chat_parse_opts *o, c
  * the deltas of a text's growing parses gives its whole parse. */
 json_t *tok_chat_delta(const json_t *prev, const json_t *cur);
 
+/* ---- grammars (tok/chat_grammar.c) ---- */
+/* A tool as a grammar sees it: the GBNF rules of its arguments object and
+ * of each property's value (JSON), made by the caller from its schema
+ * (engine/tool_grammar). */
+typedef struct tok_chat_gbnf_tool {
+    const char *name;
+    const char *args_rule;
+    int n_props;                          /* its parameters' properties, in the schema's order */
+    const char *const *prop_names;
+    const json_t *const *prop_schemas;
+    const char *const *prop_rules;
+    const bool *prop_required;
+} tok_chat_gbnf_tool;
+/* The GBNF of the family's calls (rules "root" and "tc_*"; the JSON rules
+ * the tools' rules use are the caller's): at least one call, at most one
+ * unless parallel, of the tools given. lazy (tool_choice auto): root starts
+ * with a call's first word, and *triggers (malloc'd, each word malloc'd;
+ * free with tok_chat_triggers_free) are those words; else (required, or a
+ * named function) root is the whole answer: the reasoning where the family
+ * writes it (opened by the prompt if prompt_tail shows it), then the calls.
+ * NULL with err filled (KVLM_EUNSUPPORTED) for a family a grammar here cannot
+ * write (gemma4's and pythonic values, "none"). */
+char *tok_chat_syntax_gbnf(const tok_chat_syntax *s, const tok_chat_gbnf_tool *tools, int n_tools, bool parallel,
+                           bool lazy, const char *prompt_tail, kvlm_grammar_trigger **triggers, int *n_triggers,
+                           kvlm_error *err);
+void tok_chat_triggers_free(kvlm_grammar_trigger *triggers, int n);
 #endif
