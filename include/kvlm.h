@@ -27,6 +27,27 @@ typedef struct kvlm_error {
 } kvlm_error;
 const char *kvlm_status_name(int code);
 
+/* ---- logging ------------------------------------------------------------ */
+/* Everything the library says (a KV tier unreachable, a completion ended for
+ * lack of KV blocks, a preemption at info, ...) goes through one channel: the
+ * callback set by kvlm_log_set, which then gets every message at or above the
+ * level (one line, no newline; called from whichever thread logs, one call at
+ * a time; it must not call kvlm_log itself), and the library never writes to
+ * stderr on its own. Without a callback, messages go to stderr as
+ * "kvlm LEVEL: message". The level is kvlm_log_set_level's, or the
+ * environment's KVLM_LOG (debug, info, warn, error, off), or warn. */
+enum { KVLM_LOG_DEBUG = 0, KVLM_LOG_INFO, KVLM_LOG_WARN, KVLM_LOG_ERROR, KVLM_LOG_OFF };
+typedef void (*kvlm_log_fn)(void *user, int level, const char *msg);
+/* fn NULL: back to stderr. Once it returns, the previous callback is not running. */
+void kvlm_log_set(kvlm_log_fn fn, void *user);
+void kvlm_log_set_level(int level);
+int kvlm_log_get_level(void);
+/* Logs through the same channel (the server and the command use it). */
+void kvlm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "debug", "info", "warn" (or "warning"), "error", "off" -> KVLM_LOG_*, or -1; and back (NULL if none). */
+int kvlm_log_level_from_name(const char *name);
+const char *kvlm_log_level_name(int level);
+
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
  * for the 128k-context variants) */
@@ -729,6 +750,21 @@ kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char 
 void kvlm_grammar_free(kvlm_grammar *grammar);
 
 /* ---- sampling ---------------------------------------------------------- */
+/* The stages of a sampler, for kvlm_sampler_params.stages (llama.cpp's
+ * names and letters: kvlm_sampler_stage_from_name). */
+enum { KVLM_STAGE_PENALTIES = 1, KVLM_STAGE_DRY, KVLM_STAGE_TOP_K, KVLM_STAGE_TYPICAL_P, KVLM_STAGE_TOP_P,
+       KVLM_STAGE_MIN_P, KVLM_STAGE_XTC, KVLM_STAGE_TEMPERATURE };
+#define KVLM_MAX_STAGES 16
+/* llama.cpp's names: "penalties", "dry", "top_k", "typ_p", "top_p", "min_p",
+ * "xtc", "temperature", and its other spellings ("top-k", "typical_p",
+ * "typical", "nucleus", "temp", ...) -> KVLM_STAGE_*, or 0; and back. */
+int kvlm_sampler_stage_from_name(const char *name);
+const char *kvlm_sampler_stage_name(int stage);
+/* llama.cpp's letters (--sampling-seq, a server's "samplers" string): e
+ * penalties, d dry, k top_k, y typ_p, p top_p, m min_p, x xtc, t temperature
+ * -> KVLM_STAGE_*, or 0. */
+int kvlm_sampler_stage_from_char(char c);
+
 typedef struct kvlm_sampler_params {
     float temperature;    /* <= 0: greedy */
     int top_k;            /* <= 0: off */
@@ -752,6 +788,56 @@ typedef struct kvlm_sampler_params {
      * holds a reference: the caller may free its own after creating it. NULL:
      * free text. */
     const struct kvlm_grammar *grammar;
+    /* vLLM's repetition_penalty, over every token of the prompt (what
+     * kvlm_sampler_accept was given) and of the output: a positive logit is
+     * divided by it, a negative one multiplied. Unlike repeat_penalty
+     * (llama.cpp's: the last repeat_last_n tokens only). 1 (or <= 0): off */
+    float repetition_penalty;
+    /* llama.cpp's locally typical sampling: the tokens whose surprise is
+     * closest to the distribution's entropy, until their mass passes
+     * typical_p. >= 1 (or <= 0): off */
+    float typical_p;
+    /* llama.cpp's DRY ("don't repeat yourself"): a token that would extend a
+     * run of at least dry_allowed_length tokens repeating an earlier run (in
+     * the last dry_penalty_last_n tokens given or picked; -1: all of them, up
+     * to 65,536) loses dry_multiplier * dry_base^(run - dry_allowed_length)
+     * from its logit. A run does not reach back past a sequence breaker: a
+     * token whose text contains one of dry_sequence_breakers (NULL: llama.cpp's
+     * "\n", ":", "\"", "*"; needs model). dry_multiplier 0 (or dry_base < 1): off */
+    float dry_multiplier, dry_base;
+    int dry_allowed_length, dry_penalty_last_n;
+    const char *const *dry_sequence_breakers;
+    int n_dry_sequence_breakers;
+    /* llama.cpp's XTC ("exclude top choices"): with probability
+     * xtc_probability (a draw from the sampler's stream), every token at or
+     * above xtc_threshold probability but the least likely of them is
+     * removed (when at least two are). 0: off; a threshold above 0.5: off */
+    float xtc_probability, xtc_threshold;
+    /* The order of the stages (KVLM_STAGE_*, llama.cpp's --samplers); a
+     * stage not listed does not run. n_stages 0: kvlm's order, penalties ->
+     * dry -> top_k -> typical_p -> temperature -> top_p -> min_p -> xtc
+     * (temperature before top_p and min_p, as vLLM and OpenAI do; llama.cpp's
+     * default puts it last). Logit biases, the bans below and the grammar
+     * come first whatever the order; greedy (temperature <= 0) takes the
+     * largest logit after the penalties and DRY. */
+    int stages[KVLM_MAX_STAGES];
+    int n_stages;
+    /* vLLM's min_tokens: end-of-generation tokens and stop_ids are banned
+     * until this many tokens have been picked (needs model). 0: none */
+    int min_tokens;
+    /* End-of-generation tokens banned for the whole text (vLLM's ignore_eos,
+     * llama.cpp's --ignore-eos; needs model) */
+    bool ignore_eos;
+    /* vLLM's stop_token_ids: tokens that end a completion once picked (the
+     * scheduler gives the token, then ends it with finish STOP); the sampler
+     * bans them before min_tokens. Copied by kvlm_sampler_create and
+     * kvlm_sched_submit. */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    /* The model whose tokens are drawn: its end-of-generation tokens
+     * (ignore_eos, min_tokens) and token texts (DRY's breakers). NULL:
+     * those have no effect (the scheduler sets its model's). */
+    const struct kvlm_model *model;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;
@@ -760,13 +846,21 @@ kvlm_sampler_params kvlm_sampler_default_params(void);
 enum {
     KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
     KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
-    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS, KVLM_SAMPLER_REPETITION_PENALTY,
+    KVLM_SAMPLER_TYPICAL_P, KVLM_SAMPLER_DRY_MULTIPLIER, KVLM_SAMPLER_DRY_BASE, KVLM_SAMPLER_DRY_ALLOWED_LENGTH,
+    KVLM_SAMPLER_DRY_PENALTY_LAST_N, KVLM_SAMPLER_XTC_PROBABILITY, KVLM_SAMPLER_XTC_THRESHOLD,
+    KVLM_SAMPLER_MIN_TOKENS, KVLM_SAMPLER_STAGES, KVLM_SAMPLER_STOP_ID
 };
 /* The one check of sampling values, for kvlm serve's requests and kvlm run's
  * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
  * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
  * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
- * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * bias's token id 0 or more (and below vocab_size when it is above 0),
+ * repetition_penalty 0..100 (0: off), typical_p 0..1, dry_multiplier 0..100,
+ * dry_base 0..100 (below 1: off), dry_allowed_length 0..65536,
+ * dry_penalty_last_n -1..1e9, xtc_probability and xtc_threshold 0..1,
+ * min_tokens 0 or more, stages among KVLM_STAGE_* (at most KVLM_MAX_STAGES),
+ * stop ids as bias ids (*index: which). Returns
  * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
  * what it must be without naming it ("must be between 0 and 1"), for each
  * caller to put its user's name for it first ('top_p' in a request, --top-p on
@@ -780,8 +874,10 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_s
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
-/* Records a token (e.g. of the prompt) for the repetition penalty. */
+/* Records a token (e.g. of the prompt) for the repetition penalties and DRY. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+/* Whether token is one of params.stop_ids (it ends a completion). */
+bool kvlm_sampler_is_stop(const kvlm_sampler *s, int32_t token);
 
 /* ---- speculative decoding ---------------------------------------------- */
 /* Several tokens per read of the weights (docs/speculative.md): drafts are

@@ -950,7 +950,8 @@ static void watch(kvlm_server *s, srv_conn *cn, srv_job *j) {
     pthread_mutex_unlock(&s->watch_mu);
     cn->watched = j;
     struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = j->id};
-    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev)) fprintf(stderr, "kvlm serve: cannot watch request %llu for a hang-up: %s\n", (unsigned long long)j->id, strerror(errno));
+    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev))
+        kvlm_log(KVLM_LOG_WARN, "cannot watch request %s for a hang-up: %s", j->idstr, strerror(errno));
 }
 
 static void unwatch(kvlm_server *s, srv_conn *cn) {

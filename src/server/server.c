@@ -1076,7 +1076,8 @@ static unsigned conn_limit(int want) {
 
 static void stop_threads(kvlm_server *s, kvlm_sched *sched) {
     uint64_t one = 1;
-    if (write(s->stop_fd, &one, sizeof one) != sizeof one) perror("kvlm serve: stopping the watcher");
+    if (write(s->stop_fd, &one, sizeof one) != sizeof one)
+        kvlm_log(KVLM_LOG_ERROR, "stopping the watcher: %s", strerror(errno));
     pthread_join(s->watcher, NULL);
     kvlm_sched_stop(sched);
     pthread_join(s->engine, NULL);
