@@ -996,6 +996,16 @@ typedef struct kvlm_request_params {
     int max_tokens;     /* tokens to generate at most (> 0) */
     int n;              /* completions of the prompt (its blocks are forked); 0: 1 */
     int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
+    /* vLLM's prompt_logprobs: an event (prompt_token true) for each prompt
+     * token after the first with its log-probability given the tokens before
+     * it and its prompt_top_logprobs (0..20) likeliest alternatives. The
+     * prompt is then computed afresh, not taken from the prefix cache (as
+     * vLLM does). */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;
+    /* Compute the prompt afresh: no prefix reuse at admission (llama-server's
+     * cache_prompt false). Its blocks are still indexed for later requests. */
+    bool no_prefix_reuse;
 } kvlm_request_params;
 
 /* KV_FULL: the KV pool could not hold the completion any longer (one sequence
@@ -1019,6 +1029,12 @@ typedef struct kvlm_sched_event {
     float top_logprobs[KVLM_MAX_LOGPROBS];
     int prompt_tokens, cached_tokens; /* cached: prompt tokens found in the prefix index at admission */
     const char *error;   /* finish == ERROR: why */
+    /* prompt_logprobs: this event is not a generated token but prompt token
+     * pos (>= 1) of completion 0, token, with logprob and the alternatives */
+    bool prompt_token;
+    int pos;
+    /* seconds from the submission to the request's first admission (0 before it) */
+    double queue_time;
 } kvlm_sched_event;
 /* Return false to end this completion now (e.g. a stop string was seen); its
  * final event then has finish STOP. */
@@ -1043,7 +1059,7 @@ void kvlm_sched_run(kvlm_sched *s);
 void kvlm_sched_stop(kvlm_sched *s);
 
 typedef struct kvlm_sched_stats {
-    int running, waiting;
+    int running, waiting; /* running: holding KV blocks, prefilling ones included */
     uint64_t preemptions, steps, requests_done;
     /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
      * space; swap_bytes: bytes moved out and back in */
@@ -1086,8 +1102,14 @@ typedef struct kvlm_sched_req_info {
     int state;           /* 0 waiting, 1 prefill, 2 running */
     int prompt_tokens, generated, cached_tokens;
     int blocks, shared_blocks; /* summed over its completions */
+    /* prefill: tokens of the text to compute (the prompt, or after a
+     * recompute the prompt and what it generated) already in the cache, of
+     * prefill_total; both 0 when not in prefill */
+    int prefill_done, prefill_total;
 } kvlm_sched_req_info;
-/* Live requests as of the end of the last step; returns how many (at most cap written). */
+/* Live requests as of the last step's admission (before its forward pass:
+ * a request being prefilled counts as running from then on, and in
+ * kvlm_sched_stats) or its end; returns how many (at most cap written). */
 int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
 /* ---- the OpenAI-compatible HTTP server ------------------------------------- */
