@@ -243,6 +243,16 @@ int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool ad
 /* Text of one token (spaces and byte tokens decoded; control tokens give "").
  * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+/* The same, but a control token gives its own text ("</s>", "<|im_end|>") when
+ * special is true (vLLM's skip_special_tokens false). */
+int kvlm_token_to_piece(const kvlm_model *model, int32_t token, bool special, char *buf, size_t cap);
+/* Fill-in-the-middle tokens (KVLM_FIM_*): GGUF's tokenizer.ggml.fim_pre_token_id,
+ * fim_suf_token_id, fim_mid_token_id (or the older prefix/suffix/middle ids),
+ * else the token whose text is one llama.cpp looks for (<|fim_prefix|>,
+ * <fim-prefix>, <PRE>, DeepSeek's; the same for suffix and middle); -1 if none.
+ * A FIM prompt is [BOS] PRE prefix SUF suffix MID, the text to fill following. */
+enum { KVLM_FIM_PRE = 0, KVLM_FIM_SUF = 1, KVLM_FIM_MID = 2 };
+int32_t kvlm_token_fim(const kvlm_model *model, int which);
 /* The pre-tokenizer's chunks of text (what byte-level BPE merges within):
  * ends[i] is the byte offset where chunk i ends; the chunks cover the text in
  * order. pre names a tokenizer.ggml.pre pre-tokenizer ("llama-bpe",
@@ -263,6 +273,7 @@ typedef struct kvlm_detok {
     char pending[8];
     int n_pending;
     int32_t prev;
+    bool special;      /* control tokens give their text (kvlm_token_to_piece); kvlm_detok_init: false */
 } kvlm_detok;
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *model);
 /* Appends the text of token to out (NUL-terminated); returns bytes written. */
@@ -1024,6 +1035,7 @@ typedef struct kvlm_sched_event {
     int32_t token;
     int finish;          /* KVLM_FINISH_*: STOP = end-of-generation token */
     float logprob;       /* of token (when logprobs >= 0) */
+    int rank;            /* ... and its rank among the vocabulary's (1: the likeliest) */
     int n_top;
     int32_t top_tokens[KVLM_MAX_LOGPROBS];
     float top_logprobs[KVLM_MAX_LOGPROBS];
@@ -1166,6 +1178,14 @@ typedef struct kvlm_server_params {
     size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
     size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
                                     answer); past it the connection holding most is reset; 0: 64 MiB */
+    /* A request field the server does not use (top-level, or in stream_options) is ignored and logged once
+     * per name, as vLLM does; strict_params: refused with a 400 (unknown_parameter) instead. */
+    bool strict_params;
+    /* Its log (through kvlm_log: one line per request at info, /health and /metrics at debug; a throughput
+     * line every log_interval_s while busy, 0: 10, < 0: never): log_json makes each line a JSON object
+     * ({"event": "request", ...}) for the log callback to pass on, else key=value text. */
+    bool log_json;
+    double log_interval_s;
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -683,6 +683,8 @@ static void logprobs(kvlm_sched *s, const float *logits, kvlm_sched_event *ev, i
     for (int v = 0; v < s->vocab; v++) sum += exp((double)(logits[v] - mx));
     float lse = mx + (float)log(sum);
     ev->logprob = logits[ev->token] - lse;
+    ev->rank = 1;
+    for (int v = 0; v < s->vocab; v++) ev->rank += logits[v] > logits[ev->token];
     ev->n_top = 0;
     for (int v = 0; v < s->vocab; v++) {
         float l = logits[v] - lse;
