@@ -410,9 +410,9 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
         if (!c->stopped) {
             size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
-            if (from < c->search_from) from = c->search_from;
             append(&c->text, &c->len, &c->cap, piece, (size_t)n);
             if (c->n_tokens <= j->min_tokens) c->search_from = c->len; /* vLLM: stop strings count from min_tokens on */
+            if (from < c->search_from) from = c->search_from;
             size_t best = c->len;
             int which = -1;
             for (int s = 0; s < j->n_stop && c->len > from; s++) {
@@ -919,8 +919,9 @@ static json_t *small_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn
     json_object_foreach(body, key, v) {
         bool known = !strcmp(key, "model");
         for (const char *const *f = fields; *f && !known; f++) known = !strcmp(*f, key);
-        if (!known) {
-            *ret = srv_error(c, s, 400, key, "unknown_parameter", "unknown parameter '%s'", key);
+        perr e = {0};
+        if (!known && !field_unknown(s, key, key, &e)) { /* ignored and logged once, or a 400 under --strict-params */
+            *ret = srv_error(c, s, 400, key, e.code, "%s", e.msg);
             json_decref(body);
             return NULL;
         }
@@ -1378,6 +1379,8 @@ static bool get_float(json_t *body, const char *key, float *out, perr *e) {
 static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e) {
     kvlm_sampler_params *sp = &rp->sampling;
     int n_ctx = kvlm_ctx_n_ctx(s->ctx), most = kvlm_ctx_kv_evict(s->ctx) ? 1 << 30 : n_ctx;
+    rp->prompt_logprobs = rp->no_prefix_reuse = false; /* the caller's rp may be uninitialised */
+    rp->prompt_top_logprobs = 0;
     json_t *so = json_object_get(body, "stream_options");
     if (json_is_object(so)) { /* nested keys: vLLM's continuous_usage_stats; others as unknown fields */
         const char *key;
@@ -1394,14 +1397,14 @@ static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_
         }
     }
     /* max_tokens by other names: OpenAI's max_completion_tokens (completions too, as vLLM), llama-server's n_predict */
-    bool has_max = json_object_get(body, "max_tokens") && !json_is_null(json_object_get(body, "max_tokens")), set;
+    bool set;
     int v = 0;
     if (!j->chat) {
         if (!get_int(body, "max_completion_tokens", 1, 1e18, &v, &set, e)) return false;
-        if (set) rp->max_tokens = v > most ? most : v, has_max = true;
-    } else has_max |= json_object_get(body, "max_completion_tokens") && !json_is_null(json_object_get(body, "max_completion_tokens"));
+        if (set) rp->max_tokens = v > most ? most : v;
+    }
     if (!get_int(body, "n_predict", -1, 1e18, &v, &set, e)) return false;
-    if (set && !has_max) {
+    if (set) { /* llama-server's: over max_tokens when both are given */
         if (v == 0) return fail(e, 400, "n_predict", "invalid_value", "'n_predict' must be -1 (to the end of the text) or at least 1");
         rp->max_tokens = v < 0 || v > most ? most : v;
     }
@@ -1749,14 +1752,15 @@ static void request_done(srv_job *j) {
 static void log_job(srv_job *j) {
     int prompt = 0, cached = 0;
     for (int i = 0; i < j->n_subs; i++) prompt += j->subs[i].prompt_tokens, cached += j->subs[i].cached_tokens;
-    int f = j->n ? j->ch[0].finish : 0;
+    int f = j->n ? j->ch[0].finish : 0, most = 0;
+    for (int i = 0; i < j->n; i++) most = j->ch[i].n_tokens > most ? j->ch[i].n_tokens : most;
     double end = j->t_end > 0 ? j->t_end : util_now_s();
     srv_reqlog r = {.id = j->idstr, .sched_id = j->id, .method = "POST",
                     .endpoint = j->chat ? "/v1/chat/completions" : "/v1/completions", .client = j->client,
                     .status = j->status, .prompt_tokens = prompt, .cached_tokens = cached,
                     .generated_tokens = j->completion_tokens, .n = j->n, .e2e = end - j->t_submit,
                     .ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1,
-                    .tpot = j->completion_tokens > j->n && j->n == 1 ? (j->t_last - j->t_first) / (j->completion_tokens - 1) : -1,
+                    .tpot = most >= 2 ? (j->t_last - j->t_first) / (most - 1) : -1, /* the longest choice's pace */
                     .queue = j->subs && j->subs[0].queue > 0 ? j->subs[0].queue : -1,
                     .finish = f == KVLM_FINISH_CANCELLED ? "cancelled" : finish_name(f),
                     .error = j->error[0] ? j->error : NULL};

@@ -100,7 +100,7 @@ static enum MHD_Result send_text_mode(struct MHD_Connection *c, unsigned status,
         return MHD_NO;
     }
     srv_sock *ks = srv_conn_sock(c);
-    if (ks) ks->status = status; /* for the request log */
+    if (ks) ks->status = status, ks->error[0] = '\0'; /* for the request log (srv_error then says why) */
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)data, persistent ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
     enum MHD_Result ret = MHD_NO;
@@ -188,7 +188,10 @@ enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned sta
     pthread_mutex_unlock(&s->mu);
     json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
                           param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null());
-    return srv_json(c, status, e);
+    enum MHD_Result r = srv_json(c, status, e);
+    srv_sock *k = srv_conn_sock(c);
+    if (k) snprintf(k->error, sizeof k->error, "%.190s", msg); /* for the request log */
+    return r;
 }
 
 /* ---- GET endpoints ------------------------------------------------------------ */
@@ -605,7 +608,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         srv_reqlog rl = {.method = cn->method, .endpoint = cn->url, .client = cn->client,
                          .status = k && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? k->status : 0,
                          .prompt_tokens = -1, .cached_tokens = -1, .generated_tokens = -1,
-                         .ttft = -1, .tpot = -1, .queue = -1, .e2e = util_now_s() - cn->t_start};
+                         .ttft = -1, .tpot = -1, .queue = -1, .e2e = util_now_s() - cn->t_start,
+                         .error = k && k->error[0] && k->status >= 400 ? k->error : NULL};
         srv_log_request(s, &rl);
     }
     srv_body_release(s, cn);

@@ -77,6 +77,7 @@ typedef struct srv_sock {
     size_t held, whole;
     bool cutoff;                /* reset for the server's cap on them: its bytes are written off */
     unsigned status;            /* the HTTP status of the answer last queued (the request log) */
+    char error[200];            /* ... and its error message, if it was one */
 } srv_sock;
 
 /* One HTTP request as it arrives. */
