@@ -12,6 +12,8 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
+# tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
+PKGS+=(prometheus)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
