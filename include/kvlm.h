@@ -1126,9 +1126,12 @@ int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
 /* ---- the OpenAI-compatible HTTP server ------------------------------------- */
 /* POST /v1/completions and /v1/chat/completions (streamed as server-sent
- * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
- * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
- * kvlm_sched over the context. */
+ * events or not; OpenAI's fields and those vLLM's and llama-server's clients
+ * send, docs/serving.md), GET /v1/models and /v1/models/{id}, /health,
+ * /metrics (Prometheus: kvlm's series and vLLM's), /kvlm/status (JSON) and
+ * the web page at /, over libmicrohttpd; one engine thread runs a kvlm_sched
+ * over the context. It logs through kvlm_log: a line per request, a
+ * throughput line while busy. */
 typedef struct kvlm_server kvlm_server;
 typedef struct kvlm_server_params {
     const char *host;          /* address to bind; NULL: 127.0.0.1 */
