@@ -42,13 +42,16 @@ def start(*extra, model_path=model):
         print("FAIL: no listening line; stderr: " + log.read()); sys.exit(1)
     return p, int(m.group(1)), log
 
+stops = []
 def stop(p):
     p.send_signal(signal.SIGTERM)
     try:
-        return p.wait(timeout=60)
+        rc = p.wait(timeout=60)
     except subprocess.TimeoutExpired:
         p.kill()
-        return -1
+        rc = -1
+    stops.append(rc)
+    return rc
 
 def call(port, method, path, body=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -464,6 +467,12 @@ check(len(posts) == 17 and all(set(o) >= {"id", "endpoint", "client", "status", 
       and all("ttft_s" in o and "tpot_s" in o and o["finish_reason"] for o in posts if o["status"] == 200),
       "one JSON line per completion request (15 answered, 2 refused)", [(o["status"], o.get("ttft_s"), o.get("finish_reason"), o.get("tpot_s")) for o in posts])
 check(any(o and o.get("event") == "throughput" for o in objs), "a JSON throughput line", "")
+logs = ""
+for name in sorted(os.listdir(tmp)):
+    if name.startswith("log"):
+        logs += open(os.path.join(tmp, name), errors="replace").read()
+check(stops == [0] * len(stops) and "Sanitizer" not in logs and "runtime error" not in logs,
+      "every server stopped cleanly (%s)" % stops, [l for l in logs.splitlines() if "Sanitizer" in l or "runtime error" in l][:5])
 shutil.rmtree(tmp, ignore_errors=True)
 print("%d failures" % failures)
 sys.exit(1 if failures else 0)
