@@ -48,6 +48,12 @@ void vocab_free(model_vocab *v) {
     free(v->types);
     free(v->merges);
     free(v->chat_template);
+    for (int i = 0; i < v->n_tmpl; i++) {
+        free(v->tmpl_names[i]);
+        free(v->tmpl_texts[i]);
+    }
+    free(v->tmpl_names);
+    free(v->tmpl_texts);
     vocab_reset(v);
 }
 
@@ -236,6 +242,24 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
         if (!(v->chat_template = memdup_z(tmpl->v.s.data, (size_t)tmpl->v.s.len)))
             return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat template");
     }
+    const size_t pl = sizeof KEY_TEMPLATE; /* "tokenizer.chat_template." */
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const gguf_kv *kv = &f->kv[i];
+        if (kv->key.len <= pl || memcmp(kv->key.data, KEY_TEMPLATE ".", pl) || kv->type != GGUF_STRING) continue;
+        char **nn = realloc(v->tmpl_names, (size_t)(v->n_tmpl + 1) * sizeof *nn);
+        if (nn) v->tmpl_names = nn;
+        char **nt = nn ? realloc(v->tmpl_texts, (size_t)(v->n_tmpl + 1) * sizeof *nt) : NULL;
+        if (nt) v->tmpl_texts = nt;
+        if (!nn || !nt) return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat templates");
+        char *name = memdup_z(kv->key.data + pl, (size_t)kv->key.len - pl);
+        char *text = name ? memdup_z(kv->v.s.data, (size_t)kv->v.s.len) : NULL;
+        if (!text) {
+            free(name);
+            return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat templates");
+        }
+        v->tmpl_names[v->n_tmpl] = name;
+        v->tmpl_texts[v->n_tmpl++] = text;
+    }
     return KVLM_OK;
 }
 
@@ -365,6 +389,11 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     gguf_writer_set_bool(w, KEY_ADD_EOS, v->add_eos);
     gguf_writer_set_bool(w, KEY_ADD_SPACE, v->add_space_prefix);
     if (v->chat_template) gguf_writer_set_str(w, KEY_TEMPLATE, v->chat_template);
+    for (int i = 0; i < v->n_tmpl; i++) {
+        char key[512];
+        snprintf(key, sizeof key, KEY_TEMPLATE ".%s", v->tmpl_names[i]);
+        gguf_writer_set_str(w, key, v->tmpl_texts[i]);
+    }
     if (v->has_pre_regex) {
         gguf_writer_set_arr_str(w, KEY_PRE_REGEX, (const char *const *)v->pre_regex, (uint64_t)v->n_pre_regex);
         gguf_writer_set_bool(w, KEY_PRE_IGNORE_MERGES, v->pre_ignore_merges);

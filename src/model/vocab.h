@@ -28,6 +28,9 @@ typedef struct model_vocab {
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */
+    /* tokenizer.chat_template.NAME: the named templates (tool_use, rag, ...) */
+    char **tmpl_names, **tmpl_texts;
+    int n_tmpl;
     bool add_bos_key;      /* tokenizer.ggml.add_bos_token was in the file (else add_bos is a default) */
     /* A byte-level pre-tokenizer given as its regexes (tokenizer.json, or
      * tokenizer.kvlm.pre_regex in a GGUF kvlm wrote): applied in order when
