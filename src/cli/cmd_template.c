@@ -24,7 +24,8 @@ static void template_usage(FILE *f) {
             "      --now EPOCH     the time strftime_now reads, in seconds since the epoch (also\n"
             "                      $KVLM_TEMPLATE_NOW; default: the clock)\n"
             "      --batch         CASE.json is an array of cases: one JSON line each on stdout,\n"
-            "                      {\"ok\": true, \"text\": ...} or {\"ok\": false, \"error\": ...}\n"
+            "                      {\"ok\": true, \"text\": ...} or {\"ok\": false, \"error\": ...}; without\n"
+            "                      TEMPLATE each case is {\"template\": TEXT, \"vars\": {...}}\n"
             "      --repeat N      render N times and print the microseconds a render takes (stderr)\n"
             "      --max-output N  bytes of text a render may make (default 32 MiB)\n"
             "      --max-steps N   statements, loop iterations and calls (default 5,000,000)\n"
@@ -42,7 +43,7 @@ static double now_us(void) {
 /* the case's variables with bos_token / eos_token from the model where it has none */
 static char *with_tokens(const char *case_json, const kvlm_model *m, kvlm_error *err) {
     json_error_t je;
-    json_t *j = json_loads(case_json, 0, &je);
+    json_t *j = json_loads(case_json, JSON_ALLOW_NUL, &je);
     if (!j) { snprintf(err->msg, sizeof err->msg, "line %d: %s", je.line, je.text); return NULL; }
     if (!json_is_object(j)) { snprintf(err->msg, sizeof err->msg, "the case must be a JSON object"); json_decref(j); return NULL; }
     const char *names[2] = {"bos_token", "eos_token"};
@@ -55,6 +56,50 @@ static char *with_tokens(const char *case_json, const kvlm_model *m, kvlm_error 
     json_decref(j);
     if (!s) snprintf(err->msg, sizeof err->msg, "out of memory");
     return s;
+}
+
+static void put_result(int r, const char *out, size_t olen, const char *msg) {
+    json_t *line = r ? json_pack("{s:b,s:s}", "ok", 0, "error", msg) : json_pack("{s:b,s:s%}", "ok", 1, "text", out, olen);
+    char *ls = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (ls) puts(ls);
+    else puts("{\"ok\": false, \"error\": \"out of memory\"}");
+    free(ls);
+    json_decref(line);
+}
+
+/* --batch without a template: every case brings its own ({"template": ..., "vars": {...}}) */
+static int snippets(const char *path, const kvlm_template_opts *opts) {
+    size_t len;
+    char *text = cli_read_file("template", path, &len);
+    if (!text) return 1;
+    json_error_t je;
+    json_t *cases = json_loads(text, JSON_ALLOW_NUL, &je);
+    free(text);
+    if (!json_is_array(cases)) {
+        json_decref(cases);
+        return cli_fail("template", "%s: a JSON array of {\"template\", \"vars\"} expected", path);
+    }
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(cases, i);
+        const char *src = json_string_value(json_object_get(c, "template"));
+        size_t sl = json_string_length(json_object_get(c, "template"));
+        json_t *vj = json_object_get(c, "vars");
+        char *vars = vj ? json_dumps(vj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        kvlm_error e = {0};
+        char *out = NULL;
+        size_t olen = 0;
+        int r;
+        kvlm_template *t = src ? kvlm_template_parse(src, sl, &e) : NULL;
+        if (!src) r = 1, snprintf(e.msg, sizeof e.msg, "case %zu has no template", i);
+        else if (!t) r = 1;
+        else r = kvlm_template_render_opts(t, vars, opts, &out, &olen, &e);
+        put_result(r, out, olen, e.msg);
+        free(out);
+        free(vars);
+        kvlm_template_free(t);
+    }
+    json_decref(cases);
+    return 0;
 }
 
 int cmd_template(int argc, char **argv) {
@@ -79,7 +124,8 @@ int cmd_template(int argc, char **argv) {
         else return cli_fail("template", "one template and one case, not '%s' too", argv[i]);
         if (bad) return 1;
     }
-    if (nfiles != (model_path ? 1 : 2)) { template_usage(stderr); return 1; }
+    bool snip = batch && !model_path && nfiles == 1;
+    if (!snip && nfiles != (model_path ? 1 : 2)) { template_usage(stderr); return 1; }
     if (name && !model_path) return cli_fail("template", "--name picks one of a model's templates: give -m MODEL");
     if (repeat < 0 || max_depth < 0 || max_steps > (uint64_t)LONG_MAX)
         return cli_fail("template", "--repeat, --max-steps and --max-depth take a number >= 0");
@@ -89,6 +135,7 @@ int cmd_template(int argc, char **argv) {
         opts.now = strtol(now_s, &end, 10);
         if (*end || end == now_s) return cli_fail("template", "--now '%s': seconds since the epoch expected", now_s);
     }
+    if (snip) return snippets(files[0], &opts);
     kvlm_error err = {0};
     kvlm_model *model = NULL;
     char *src = NULL;
@@ -120,7 +167,7 @@ int cmd_template(int argc, char **argv) {
     }
     if (batch) {
         json_error_t je;
-        json_t *cases = json_loads(case_text, 0, &je);
+        json_t *cases = json_loads(case_text, JSON_ALLOW_NUL, &je);
         if (!json_is_array(cases)) {
             json_decref(cases);
             cli_fail("template", "%s: a JSON array of cases expected (line %d: %s)", case_path, je.line, cases ? "not an array" : je.text);
@@ -133,12 +180,7 @@ int cmd_template(int argc, char **argv) {
             size_t olen = 0;
             kvlm_error e = {0};
             int r = vars ? kvlm_template_render_opts(t, withtok ? withtok : vars, &opts, &out, &olen, &e) : KVLM_ENOMEM;
-            json_t *line = r ? json_pack("{s:b,s:s}", "ok", 0, "error", vars ? e.msg : "out of memory")
-                             : json_pack("{s:b,s:s%}", "ok", 1, "text", out, olen);
-            char *ls = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-            if (ls) puts(ls);
-            free(ls);
-            json_decref(line);
+            put_result(r, out, olen, vars ? e.msg : "out of memory");
             free(out);
             free(withtok);
             free(vars);

@@ -121,7 +121,7 @@ int kvlm_template_render_opts(const kvlm_template *t, const char *vars_json, con
     json_t *vars = NULL;
     if (vars_json && *vars_json) {
         json_error_t je;
-        vars = json_loads(vars_json, 0, &je);
+        vars = json_loads(vars_json, JSON_ALLOW_NUL, &je);
         if (!vars) return util_err_set(err, KVLM_EINVAL, "the variables: line %d: %s", je.line, je.text);
         if (!json_is_object(vars)) {
             json_decref(vars);

@@ -81,8 +81,10 @@ static const char *const k_str_methods[] = {
     "splitlines", "startswith", "strip", "swapcase", "title", "translate", "upper", "zfill", NULL};
 static const char *const k_dict_methods[] = {"copy", "fromkeys", "get", "items", "keys", "values", NULL};
 static const char *const k_dict_mutating[] = {"clear", "pop", "popitem", "setdefault", "update", NULL};
-static const char *const k_list_methods[] = {"copy", "count", "index", NULL};
-static const char *const k_list_mutating[] = {"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort", NULL};
+/* Jinja2's immutable sandbox refuses list.append, extend, insert, remove, reverse
+ * and sort, but not pop and clear: those mutate the list, as in Python */
+static const char *const k_list_methods[] = {"clear", "copy", "count", "index", "pop", NULL};
+static const char *const k_list_mutating[] = {"append", "extend", "insert", "remove", "reverse", "sort", NULL};
 static const char *const k_tuple_methods[] = {"count", "index", NULL};
 
 static const char *in_list(const char *const *l, const char *name, size_t n) {
@@ -92,10 +94,20 @@ static const char *in_list(const char *const *l, const char *name, size_t n) {
 }
 
 /* obj.name: an attribute (the methods a value has) first, then obj[name]. */
+/* the dunders every Python object has: the sandbox refuses them (an undefined) */
+static const char *const k_object_dunders[] = {
+    "__class__", "__doc__", "__dict__", "__module__", "__init__", "__new__", "__repr__", "__str__", "__hash__",
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__getattribute__", "__setattr__", "__delattr__",
+    "__dir__", "__format__", "__reduce__", "__reduce_ex__", "__sizeof__", "__subclasshook__", "__init_subclass__",
+    "__len__", "__iter__", "__getitem__", "__contains__", "__bool__", "__call__", "__getattr__", NULL};
+
 jv jinja_getattr(jstate *st, int line, jv obj, const char *name, size_t n) {
+    if (n >= 2 && name[0] == '_' && name[1] == '_') {
+        /* a dunder: refused where the object has it; on an undefined, one it lacks is an error */
+        if (obj.t != JV_UNDEF || in_list(k_object_dunders, name, n)) return undef_attr(obj.t, name, n, true);
+    }
     if (obj.t == JV_UNDEF) jr_fail_undef(st, line, &obj);
     const char *m;
-    if (n >= 2 && name[0] == '_' && name[1] == '_') return undef_attr(obj.t, name, n, true); /* dunders: refused */
     switch (obj.t) {
     case JV_DICT: {
         if ((m = in_list(k_dict_methods, name, n))) return mk_method(st, obj, m);
@@ -147,7 +159,7 @@ jv jinja_getitem(jstate *st, int line, jv obj, jv key) {
     if (obj.t == JV_UNDEF) jr_fail_undef(st, line, &obj);
     switch (obj.t) {
     case JV_DICT: {
-        if (!jv_hashable(&key)) jr_fail(st, line, "unhashable type: '%s'", jv_type_name(&key));
+        if (!jv_hashable(&key)) return jv_undef; /* TypeError: Jinja2 gives undefined */
         jv *v = jd_get(st, obj.u.d, key);
         if (v) return *v;
         break;
@@ -980,6 +992,23 @@ jv jinja_call_method(jstate *st, int line, const jmethod *m, const jargs *a) {
         break;
     }
     case JV_LIST: case JV_TUPLE: case JV_RANGE:
+        if (self.t == JV_LIST && IS("pop")) {
+            jlist *l = self.u.l;
+            if (a->nkw || a->npos > 1) jr_fail(st, line, "pop expected at most 1 argument, got %d", a->npos + a->nkw);
+            if (!l->n) jr_fail(st, line, "pop from empty list");
+            int64_t i = a->npos ? as_int(st, line, &a->pos[0], "list.pop()") : -1;
+            if (i < 0) i += (int64_t)l->n;
+            if (i < 0 || i >= (int64_t)l->n) jr_fail(st, line, "pop index out of range");
+            jv r = l->v[i];
+            memmove(l->v + i, l->v + i + 1, (l->n - (size_t)i - 1) * sizeof *l->v);
+            l->n--;
+            return r;
+        }
+        if (self.t == JV_LIST && IS("clear")) {
+            if (a->nkw || a->npos) jr_fail(st, line, "list.clear() takes no arguments");
+            self.u.l->n = 0;
+            return jv_none;
+        }
         if (IS("copy")) {
             if (a->npos || a->nkw) jr_fail(st, line, "list.copy() takes no arguments");
             jlist *l = jl_new(st, self.u.l->n);
@@ -1155,6 +1184,23 @@ static jv gen(jlist *l) {
     return v;
 }
 
+static bool iterable(const jv *v) {
+    return v->t == JV_STR || v->t == JV_LIST || v->t == JV_TUPLE || v->t == JV_DICT || v->t == JV_RANGE ||
+           v->t == JV_UNDEF;
+}
+
+/* A filter that is a generator in Jinja2 fails only when iterated: over a
+ * value that is not iterable it gives an iterator that fails then. */
+static bool lazy_fail(jstate *st, const jv *in, jv *out) {
+    if (iterable(in)) return false;
+    jlist *l = jl_new(st, 0);
+    char *m = jr_alloc(st, 96);
+    snprintf(m, 96, "'%s' object is not iterable", jv_type_name(in));
+    l->err = m;
+    *out = gen(l);
+    return true;
+}
+
 static jv f_abs(jstate *st, int line, jv in, const jargs *a) {
     (void)a;
     if (in.t == JV_INT) {
@@ -1180,6 +1226,8 @@ static jv f_batch(jstate *st, int line, jv in, const jargs *a) {
     BIND("batch", "linecount", "fill_with");
     int64_t c = as_int(st, line, &p[0], "batch");
     if (c <= 0) jr_fail(st, line, "batch: linecount must be positive");
+    jv lazy;
+    if (lazy_fail(st, &in, &lazy)) return lazy;
     jlist *items = jv_iter(st, &in, line), *out = jl_new(st, 0);
     for (size_t i = 0; i < items->n; i += (size_t)c) {
         jlist *row = jl_new(st, (size_t)c);
@@ -1269,6 +1317,7 @@ static jv f_first(jstate *st, int line, jv in, const jargs *a) {
     (void)a;
     if (in.t == JV_LIST && (in.fl & JVF_GEN)) {
         jlist *l = in.u.l;
+        if (l->err) jr_fail(st, line, "%s", l->err);
         if (l->pos >= l->n) return jv_undef;
         return l->v[l->pos++];
     }
@@ -1422,8 +1471,13 @@ static jv f_indent(jstate *st, int line, jv in, const jargs *a) {
 
 static jv f_items(jstate *st, int line, jv in, const jargs *a) {
     (void)a;
+    (void)line;
     if (in.t == JV_UNDEF) return gen(jl_new(st, 0));
-    if (in.t != JV_DICT) jr_fail(st, line, "Can only get item pairs from a mapping.");
+    if (in.t != JV_DICT) { /* raised when iterated */
+        jlist *l = jl_new(st, 0);
+        l->err = "Can only get item pairs from a mapping.";
+        return gen(l);
+    }
     return gen(dict_view(st, in.u.d, 0));
 }
 
@@ -1456,6 +1510,8 @@ static jv f_lower(jstate *st, int line, jv in, const jargs *a) { (void)a; return
 static jv f_upper(jstate *st, int line, jv in, const jargs *a) { (void)a; return py_str_upper(st, soft_str(st, line, &in)); }
 
 static jv f_map(jstate *st, int line, jv in, const jargs *a) {
+    jv lazy;
+    if (lazy_fail(st, &in, &lazy)) return lazy;
     jlist *items = jv_iter(st, &in, line), *out = jl_new(st, items->n);
     int attr = -1, dflt = -1;
     for (int k = 0; k < a->nkw; k++) {
@@ -1504,6 +1560,8 @@ static jv f_max(jstate *st, int line, jv in, const jargs *a) { return min_max(st
 static jv select_reject(jstate *st, int line, jv in, const jargs *a, bool attr, bool keep) {
     jlist *out = jl_new(st, 0);
     if (!jv_truthy(&in)) return gen(out);
+    jv lazy;
+    if (lazy_fail(st, &in, &lazy)) return lazy;
     jlist *items = jv_iter(st, &in, line);
     int off = attr ? 1 : 0;
     if (attr && a->npos < 1) jr_fail(st, line, "Missing parameter for attribute name");
@@ -1745,6 +1803,8 @@ static jv f_truncate(jstate *st, int line, jv in, const jargs *a) {
 static jv f_unique(jstate *st, int line, jv in, const jargs *a) {
     BIND("unique", "case_sensitive", "attribute");
     bool cs = given(&p[0]) && jv_truthy(&p[0]);
+    jv lazy;
+    if (lazy_fail(st, &in, &lazy)) return lazy;
     jlist *items = jv_iter(st, &in, line), *out = jl_new(st, 0), *seen = jl_new(st, 0);
     for (size_t i = 0; i < items->n; i++) {
         jv k = items->v[i];

@@ -46,7 +46,7 @@ _Noreturn void jr_fail_undef(jstate *st, int line, const jv *u) {
         jr_fail(st, line, "access to attribute '%.*s' of '%s' object is unsafe", n, u->u.s.p, type_name_t(u->id - 1));
     if (u->id) jr_fail(st, line, "'%s object' has no attribute '%.*s'", type_name_t(u->id - 1), n, u->u.s.p);
     if (u->u.s.p) jr_fail(st, line, "'%.*s' is undefined", n, u->u.s.p);
-    jr_fail(st, line, "a value is undefined");
+    jr_fail(st, line, "an undefined value (a missing item, or an if expression without else) was used");
 }
 
 void *jr_alloc(jstate *st, size_t n) {
@@ -373,14 +373,16 @@ static jv do_slice(jstate *st, jframe *f, const jnode *n, jv obj) {
     int64_t step = slice_idx(st, n->line, &c, 1, &ok);
     int64_t start = slice_idx(st, n->line, &a, 0, &ok), stop = slice_idx(st, n->line, &b, 0, &ok);
     bool has_start = a.t != JV_MISSING && a.t != JV_NONE, has_stop = b.t != JV_MISSING && b.t != JV_NONE;
-    if (!ok) return jv_undef; /* TypeError: Jinja2 gives undefined */
+    /* a slice is Python's own subscript (Jinja2 does not route it through getitem): errors are errors */
+    if (!ok) jr_fail(st, n->line, "slice indices must be integers or None");
     if (!step) jr_fail(st, n->line, "slice step cannot be zero");
     if (step == INT64_MIN) step = -INT64_MAX;
     int64_t len;
     if (obj.t == JV_STR) len = (int64_t)u8_count(obj.u.s.p, obj.u.s.n);
     else if ((obj.t == JV_LIST || obj.t == JV_TUPLE) && !(obj.fl & (JVF_GEN | JVF_VIEW))) len = (int64_t)obj.u.l->n;
     else if (obj.t == JV_RANGE) len = jv_range_len(obj.u.r);
-    else return jv_undef;
+    else if (obj.t == JV_DICT) jr_fail(st, n->line, "unhashable type: 'slice'");
+    else jr_fail(st, n->line, "'%s' object is not subscriptable", jv_type_name(&obj));
     slice_adjust(len, step, &start, &stop, has_start, has_stop);
     if (obj.t == JV_STR) return py_str_slice(st, obj, start, stop, step);
     if (obj.t == JV_RANGE) {

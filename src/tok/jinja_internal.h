@@ -66,7 +66,11 @@ typedef struct jv {
     } u;
 } jv;
 
-typedef struct jlist { jv *v; size_t n, cap, pos; /* pos: items an iterator has given */ } jlist;
+typedef struct jlist {
+    jv *v;
+    size_t n, cap, pos; /* pos: items an iterator has given */
+    const char *err;    /* an iterator that fails when iterated (Python's lazy generators) */
+} jlist;
 typedef struct jdict { jv *k, *v; size_t n, cap; } jdict;
 typedef struct jrange { int64_t start, stop, step; } jrange;
 typedef struct jmethod { jv self; const char *name; } jmethod;

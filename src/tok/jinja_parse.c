@@ -677,8 +677,11 @@ static jnode *parse_statements(parser *P, const char *const *end, bool drop, con
     expect_type(P, JT_BLOCK_END, "end of statement block");
     vec body = {0};
     subparse(P, end, &body);
-    if (cur(P)->t == JT_EOF)
-        pfail(P, cur(P)->line, "unexpected end of template: '%s' (line %d) needs '%s'", tag, line, end[0]);
+    if (cur(P)->t == JT_EOF) {
+        const char *want = end[0];
+        while (end[1]) end++, want = end[0];
+        pfail(P, cur(P)->line, "unexpected end of template: '%s' (line %d) needs '%s'", tag, line, want);
+    }
     if (drop) next(P);
     return body_node(P, &body, line);
 }

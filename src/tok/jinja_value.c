@@ -557,6 +557,7 @@ jlist *jv_iter(jstate *st, jv *v, int line) {
     case JV_LIST: case JV_TUPLE: {
         jlist *l = v->u.l;
         if (!(v->fl & JVF_GEN)) return l;
+        if (l->err) jr_fail(st, line, "%s", l->err);
         jlist *r = jl_new(st, 0); /* an iterator gives its items once */
         r->v = l->v + l->pos;
         r->n = r->cap = l->n - l->pos;

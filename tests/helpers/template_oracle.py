@@ -10,6 +10,7 @@ usage: template_oracle.py KVLM TEMPLATE_DIR [--now EPOCH] [--only NAME] [--dump 
 Prints a summary line; exit 1 on any mismatch (the first few diffed).
 """
 import argparse
+import copy
 import difflib
 import json
 import os
@@ -168,12 +169,53 @@ def render_py(env, tmpl, case):
     try:
         if isinstance(tmpl, Exception):
             raise tmpl
-        return ("ok", tmpl.render(**case))
+        return ("ok", tmpl.render(**copy.deepcopy(case)))  # a template may mutate (list.pop)
     except jinja2.exceptions.TemplateError as e:
         raised = type(e) is jinja2.exceptions.TemplateError  # raise_exception's exact class
         return ("raise" if raised else "fail", str(e))
     except Exception as e:  # TypeError, RecursionError, ... inside the template
         return ("fail", "%s: %s" % (type(e).__name__, e))
+
+
+def snippets(o, env, tmp):
+    """The small templates of jinja_snippets.py, each with its variables, in one kvlm process."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from jinja_snippets import SNIPPETS
+    path = os.path.join(tmp, "snippets.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump([{"template": t, "vars": v} for t, v in SNIPPETS], f, ensure_ascii=False)
+    p = subprocess.run([o.kvlm, "template", "--batch", "--now", str(o.now), path], capture_output=True, timeout=120,
+                       env=dict(os.environ, TZ="UTC"))
+    lines = p.stdout.decode("utf-8").split("\n")[:-1]
+    bad, same, failed = [], 0, 0
+    if len(lines) != len(SNIPPETS):
+        return [("snippets", "-", "kvlm gave %d results for %d snippets: %s" % (len(lines), len(SNIPPETS), p.stderr))]
+    for i, ((src, v), line) in enumerate(zip(SNIPPETS, lines)):
+        k = json.loads(line)
+        try:
+            tmpl = env.from_string(src)
+        except Exception as e:
+            tmpl = e
+        kind, text = render_py(env, tmpl, v)
+        label = "#%d %r" % (i, src[:60])
+        if kind == "ok" and k["ok"]:
+            if k["text"] == text:
+                same += 1
+            else:
+                bad.append(("snippet", label, "text differs:\n  jinja2: %r\n  kvlm:   %r" % (text, k["text"])))
+        elif kind == "ok":
+            bad.append(("snippet", label, "kvlm failed: %s (jinja2: %r)" % (k["error"], text)))
+        elif k["ok"]:
+            bad.append(("snippet", label, "jinja2 failed (%s), kvlm gave %r" % (text, k["text"])))
+        elif kind == "raise" and k["error"] != text:
+            bad.append(("snippet", label, "raise_exception message differs: %r / %r" % (text, k["error"])))
+        else:
+            failed += 1
+            if o.verbose:
+                print("both failed %s:\n  jinja2: %s\n  kvlm:   %s" % (label, text, k["error"]))
+    print("snippet oracle: %d small templates: %d identical, %d failed in both, %d mismatches"
+          % (len(SNIPPETS), same, failed, len(bad)))
+    return bad
 
 
 def main():
@@ -186,6 +228,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="half the cases")
     ap.add_argument("--show", type=int, default=5)
     ap.add_argument("--verbose", action="store_true", help="print every failure both gave")
+    ap.add_argument("--snippets", action="store_true", help="also the small templates of jinja_snippets.py")
     o = ap.parse_args()
     os.environ["TZ"] = "UTC"
     env = hf_environment(o.now)
@@ -210,7 +253,7 @@ def main():
             tmpl = e
         p = subprocess.run([o.kvlm, "template", "--batch", "--now", str(o.now), path, cases_path],
                            capture_output=True, timeout=120, env=dict(os.environ, TZ="UTC"))
-        lines = p.stdout.decode("utf-8").splitlines()
+        lines = p.stdout.decode("utf-8").split("\n")[:-1]
         if p.returncode != 0:  # the template did not parse
             lines = [json.dumps({"ok": False, "error": p.stderr.decode("utf-8", "replace").strip()})] * len(all_cases)
         if len(lines) != len(all_cases):
@@ -248,6 +291,8 @@ def main():
     print("template oracle: %d templates x %d cases = %d renders: %d identical, %d failed in both "
           "(%d by raise_exception, same message), %d mismatches"
           % (len(names), len(all_cases), total, same, both_failed, raised, len(bad)))
+    if o.snippets:
+        bad += snippets(o, env, tmp)
     for name, cname, msg in bad[:o.show]:
         print("MISMATCH %s / %s: %s" % (name, cname, msg))
     return 1 if bad else 0
