@@ -908,6 +908,43 @@ int kvlm_chat_render(const kvlm_chat *chat, const char *request_json, char **pro
 int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const *roles,
                     const char *const *contents, int n, char **out, const char **family, kvlm_error *err);
 
+/* ---- Jinja templates ------------------------------------------------------ */
+/* A model's own chat template (Hugging Face Jinja), rendered as transformers
+ * renders it: Jinja2's ImmutableSandboxedEnvironment with trim_blocks and
+ * lstrip_blocks, loop controls, tojson as json.dumps(ensure_ascii=False),
+ * raise_exception(message) and strftime_now(format) (docs/chat-templates.md).
+ * A template is parsed once and may be rendered from many threads at once. */
+typedef struct kvlm_template kvlm_template;
+/* NULL with err (KVLM_EINVAL, "line N: ...") for a syntax error, a construct
+ * kvlm lacks or nesting past the parser's limit (200 levels). */
+kvlm_template *kvlm_template_parse(const char *src, size_t len, kvlm_error *err);
+void kvlm_template_free(kvlm_template *t);
+/* vars_json: a JSON object (text) whose members are the variables (messages,
+ * tools, add_generation_prompt, bos_token, ...; NULL or "": none). *out
+ * (malloc'd, NUL-terminated, caller frees) is the text, *out_len its length.
+ * A template error is KVLM_EINVAL with a message naming what and the line;
+ * raise_exception's message comes as the template gave it. */
+int kvlm_template_render(const kvlm_template *t, const char *vars_json, char **out, size_t *out_len, kvlm_error *err);
+/* The limits of one render (0 in a field: its default) and the time
+ * strftime_now reads (0: now). Past a limit the render fails naming it. */
+typedef struct kvlm_template_opts {
+    size_t max_output; /* bytes any one piece of text may reach (default 32 MiB) */
+    long max_steps;    /* statements, loop iterations and calls (default 5,000,000) */
+    int max_depth;     /* evaluator recursion: nested expressions, statements, macro calls (default 1000) */
+    long now;          /* strftime_now's time in seconds since the epoch (0: the clock's) */
+} kvlm_template_opts;
+int kvlm_template_render_opts(const kvlm_template *t, const char *vars_json, const kvlm_template_opts *opts,
+                              char **out, size_t *out_len, kvlm_error *err);
+/* The model's template: tokenizer.chat_template (name NULL) or the named one,
+ * tokenizer.chat_template.NAME (GGUF); a Hugging Face directory's from
+ * tokenizer_config.json or chat_template.jinja. NULL if it has none. The text
+ * lives as long as the model. */
+const char *kvlm_model_chat_template(const kvlm_model *model, const char *name);
+/* A token's text as the vocabulary stores it ("<|im_start|>", "</s>"; control
+ * tokens too, unlike kvlm_token_to_text): what a template's bos_token and
+ * eos_token are. NULL for an id out of range. Lives as long as the model. */
+const char *kvlm_token_piece(const kvlm_model *model, int32_t token);
+
 /* ---- the scheduler: many requests served from one context ------------------ */
 /* Continuous batching over a kvlm_ctx: every step is one kvlm_decode over a
  * batch mixing one decode token of each running sequence and chunks of

@@ -424,3 +424,18 @@ int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap) {
 void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan *out) {
     kv_plan(&m->cfg, m->weight_bytes, p, out);
 }
+
+/* ---- chat templates (the text; tok/jinja renders it) ------------------------ */
+
+const char *kvlm_model_chat_template(const kvlm_model *m, const char *name) {
+    if (!m) return NULL;
+    if (!name) return m->vocab.chat_template;
+    for (int i = 0; i < m->vocab.n_named_templates; i++)
+        if (!strcmp(m->vocab.named_template_names[i], name)) return m->vocab.named_templates[i];
+    return NULL;
+}
+
+const char *kvlm_token_piece(const kvlm_model *m, int32_t token) {
+    if (!m || token < 0 || token >= m->vocab.n_tokens) return NULL;
+    return m->vocab.tokens[token];
+}
