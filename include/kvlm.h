@@ -900,14 +900,6 @@ const char *kvlm_chat_family(const kvlm_chat *chat);
  * message, or what failed and where). */
 int kvlm_chat_render(const kvlm_chat *chat, const char *request_json, char **prompt, size_t *len, kvlm_error *err);
 
-/* The older call, for the built-in families only: renders roles ("system",
- * "user", "assistant") and contents with the family `name`, or, when name is
- * NULL, the family whose markers the model's template shows (llama.cpp's
- * detection); "plain" for a model without a template. KVLM_EUNSUPPORTED for
- * a template of no family. */
-int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const *roles,
-                    const char *const *contents, int n, char **out, const char **family, kvlm_error *err);
-
 /* ---- Jinja templates ------------------------------------------------------ */
 /* A model's own chat template (Hugging Face Jinja), rendered as transformers
  * renders it: Jinja2's ImmutableSandboxedEnvironment with trim_blocks and

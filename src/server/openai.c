@@ -801,7 +801,8 @@ static json_t *piece(const kvlm_model *m, int32_t t) {
 
 enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
     static const char *const fields[] = {"prompt", "content", "messages", "add_special_tokens", "add_special",
-                                         "add_generation_prompt", "with_pieces", "return_token_strs", NULL};
+                                         "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                                         "tools", "documents", "with_pieces", "return_token_strs", NULL};
     enum MHD_Result ret = MHD_NO;
     json_t *body = small_body(s, c, cn, fields, &ret);
     if (!body) return ret;
@@ -821,10 +822,7 @@ enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn 
         fail(&e, 400, "prompt", "missing_required_parameter", "give 'prompt' (or 'content') or 'messages'");
         goto bad;
     }
-    if (!gen) { /* the templates always open the assistant's turn */
-        fail(&e, 400, "add_generation_prompt", "invalid_value", "'add_generation_prompt' false is not supported");
-        goto bad;
-    }
+    (void)gen; /* the chat template's (kvlm_chat_render) */
     if (!j.chat && !json_is_string(text)) {
         fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
         goto bad;

@@ -158,26 +158,6 @@ char *tok_chat_render(const char *f, const char *const *roles, const char *const
     return b.s;
 }
 
-int kvlm_chat_apply(const kvlm_model *m, const char *name, const char *const *roles, const char *const *contents,
-                    int n, char **out, const char **family, kvlm_error *err) {
-    *out = NULL;
-    const char *tmpl = name ? name : m->vocab.chat_template;
-    const char *f = tok_chat_family(tmpl);
-    if (!f) {
-        if (name)
-            return util_err_set(err, KVLM_EINVAL, "unknown chat template '%s' (use %s)", name, tok_chat_names());
-        return util_err_set(err, KVLM_EUNSUPPORTED,
-                            "the model's chat template is not one kvlm supports (%s); "
-                            "choose one with --chat-template NAME or use /v1/completions", tok_chat_names());
-    }
-    for (int i = 0; i < n; i++)
-        if (strcmp(roles[i], "system") && strcmp(roles[i], "user") && strcmp(roles[i], "assistant"))
-            return util_err_set(err, KVLM_EINVAL, "message %d: role '%s' is not system, user or assistant", i, roles[i]);
-    if (!(*out = tok_chat_render(f, roles, contents, n))) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    if (family) *family = f;
-    return KVLM_OK;
-}
-
 /* ---- kvlm_chat: the model's own Jinja template, or a family ---------------- */
 
 struct kvlm_chat {
