@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include "helpers/testutil.h"
 #include "tok/jinja.h"
+#include "model/model.h"
 
 static const char *VARS =
     "{\"xs\": [3, 1, 2], \"d\": {\"b\": 2, \"a\": 1}, \"s\": \"Hello World\", \"u\": \"h\u00e9llo \u4f60\u597d \U0001f600\","
@@ -486,6 +487,26 @@ static void test_model_template(void **state) {
     assert_non_null(kvlm_token_piece(m, kvlm_token_bos(m)));
     assert_null(kvlm_token_piece(m, -1));
     assert_null(kvlm_token_piece(m, 1 << 30));
+    kvlm_model_free(m);
+    /* named templates (tokenizer.chat_template.NAME): written with the vocabulary, read back */
+    m = kvlm_model_load(path, NULL, &err);
+    assert_non_null(m);
+    m->vocab.tmpl_names = malloc(2 * sizeof(char *));
+    m->vocab.tmpl_texts = malloc(2 * sizeof(char *));
+    m->vocab.tmpl_names[0] = strdup("tool_use");
+    m->vocab.tmpl_texts[0] = strdup("{{ tools|tojson }}");
+    m->vocab.tmpl_names[1] = strdup("rag");
+    m->vocab.tmpl_texts[1] = strdup("{{ documents|length }}");
+    m->vocab.n_tmpl = 2;
+    const char *path2 = tu_tmp_path(".gguf");
+    assert_int_equal(kvlm_model_save_gguf(m, path2, -1, &err), 0);
+    kvlm_model_free(m);
+    m = kvlm_model_load(path2, &mp, &err);
+    assert_non_null(m);
+    assert_string_equal(kvlm_model_chat_template(m, NULL), p.chat_template);
+    assert_string_equal(kvlm_model_chat_template(m, "tool_use"), "{{ tools|tojson }}");
+    assert_string_equal(kvlm_model_chat_template(m, "rag"), "{{ documents|length }}");
+    assert_null(kvlm_model_chat_template(m, "other"));
     kvlm_model_free(m);
 }
 

@@ -49,9 +49,18 @@ _Noreturn void jr_fail_undef(jstate *st, int line, const jv *u) {
     jr_fail(st, line, "an undefined value (a missing item, or an if expression without else) was used");
 }
 
+_Noreturn void jr_oom(jstate *st) {
+    if (!st->arena.over) { /* malloc itself said no */
+        st->err_code = KVLM_ENOMEM;
+        snprintf(st->msg, sizeof st->msg, "out of memory");
+        longjmp(st->jb, 1);
+    }
+    jr_fail(st, 0, "memory limit reached (%zu MiB)", st->arena.limit >> 20);
+}
+
 void *jr_alloc(jstate *st, size_t n) {
     void *p = ja_alloc(&st->arena, n ? n : 1);
-    if (!p) jr_fail(st, 0, "memory limit reached (%zu MiB)", st->arena.limit >> 20);
+    if (!p) jr_oom(st);
     return p;
 }
 
@@ -81,7 +90,7 @@ static void frame_set(jstate *st, jframe *f, const char *name, size_t n, jv v) {
         const char **nn = ja_grow(&st->arena, f->names, (size_t)f->cap * sizeof *nn, (size_t)nc * sizeof *nn);
         size_t *nl = nn ? ja_grow(&st->arena, f->name_n, (size_t)f->cap * sizeof *nl, (size_t)nc * sizeof *nl) : NULL;
         jv *nv = nl ? ja_grow(&st->arena, f->vals, (size_t)f->cap * sizeof *nv, (size_t)nc * sizeof *nv) : NULL;
-        if (!nv) jr_fail(st, 0, "memory limit reached");
+        if (!nv) jr_oom(st);
         f->names = nn;
         f->name_n = nl;
         f->vals = nv;
