@@ -16,7 +16,7 @@ struct jarena_chunk {
 
 /* A block of its own for a large allocation, kept behind the chunk in use. */
 static void *big_alloc(jarena *a, size_t n) {
-    if (a->limit && (n > a->limit || a->total + n > a->limit)) return NULL;
+    if (a->limit && (n > a->limit || a->total + n > a->limit)) { a->over = true; return NULL; }
     jarena_chunk *c = malloc(sizeof *c + n);
     if (!c) return NULL;
     c->used = c->cap = n;
@@ -32,7 +32,7 @@ static void *big_alloc(jarena *a, size_t n) {
 }
 
 void *ja_alloc(jarena *a, size_t n) {
-    if (n > ((size_t)1 << 46)) return NULL;
+    if (n > ((size_t)1 << 46)) { a->over = true; return NULL; }
     n = ROUND16(n ? n : 1);
     jarena_chunk *c = a->head;
     if (c && c->cap - c->used >= n) {
@@ -42,7 +42,7 @@ void *ja_alloc(jarena *a, size_t n) {
     }
     if (n > CHUNK / 4) return big_alloc(a, n);
     size_t cap = CHUNK - sizeof *c;
-    if (a->limit && a->total + CHUNK > a->limit) return NULL;
+    if (a->limit && a->total + CHUNK > a->limit) { a->over = true; return NULL; }
     c = malloc(sizeof *c + cap);
     if (!c) return NULL;
     c->cap = cap;
@@ -56,7 +56,7 @@ void *ja_alloc(jarena *a, size_t n) {
 void *ja_grow(jarena *a, void *p, size_t old, size_t n) {
     if (!p) return ja_alloc(a, n);
     if (n <= old) return p;
-    if (n > ((size_t)1 << 46)) return NULL;
+    if (n > ((size_t)1 << 46)) { a->over = true; return NULL; }
     jarena_chunk *c = a->head;
     size_t o16 = ROUND16(old), n16 = ROUND16(n);
     /* the last allocation of the chunk in use grows in place */
@@ -67,7 +67,7 @@ void *ja_grow(jarena *a, void *p, size_t old, size_t n) {
     /* a large block behind the head: reallocated */
     jarena_chunk *b = c ? c->next : NULL;
     if (b && b->data == p && b->used == old && n > CHUNK / 4) {
-        if (a->limit && a->total + (n - old) > a->limit) return NULL;
+        if (a->limit && a->total + (n - old) > a->limit) { a->over = true; return NULL; }
         jarena_chunk *nb = realloc(b, sizeof *b + n);
         if (!nb) return NULL;
         nb->used = nb->cap = n;

@@ -81,10 +81,10 @@ static const char *const k_str_methods[] = {
     "splitlines", "startswith", "strip", "swapcase", "title", "translate", "upper", "zfill", NULL};
 static const char *const k_dict_methods[] = {"copy", "fromkeys", "get", "items", "keys", "values", NULL};
 static const char *const k_dict_mutating[] = {"clear", "pop", "popitem", "setdefault", "update", NULL};
-/* Jinja2's immutable sandbox refuses list.append, extend, insert, remove, reverse
- * and sort, but not pop and clear: those mutate the list, as in Python */
-static const char *const k_list_methods[] = {"clear", "copy", "count", "index", "pop", NULL};
-static const char *const k_list_mutating[] = {"append", "extend", "insert", "remove", "reverse", "sort", NULL};
+/* Jinja2's immutable sandbox refuses what mutates a list (since 3.1.5 pop and
+ * clear too, as here; Debian's 3.1.2 still let those two through) */
+static const char *const k_list_methods[] = {"copy", "count", "index", NULL};
+static const char *const k_list_mutating[] = {"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort", NULL};
 static const char *const k_tuple_methods[] = {"count", "index", NULL};
 
 static const char *in_list(const char *const *l, const char *name, size_t n) {
@@ -992,23 +992,6 @@ jv jinja_call_method(jstate *st, int line, const jmethod *m, const jargs *a) {
         break;
     }
     case JV_LIST: case JV_TUPLE: case JV_RANGE:
-        if (self.t == JV_LIST && IS("pop")) {
-            jlist *l = self.u.l;
-            if (a->nkw || a->npos > 1) jr_fail(st, line, "pop expected at most 1 argument, got %d", a->npos + a->nkw);
-            if (!l->n) jr_fail(st, line, "pop from empty list");
-            int64_t i = a->npos ? as_int(st, line, &a->pos[0], "list.pop()") : -1;
-            if (i < 0) i += (int64_t)l->n;
-            if (i < 0 || i >= (int64_t)l->n) jr_fail(st, line, "pop index out of range");
-            jv r = l->v[i];
-            memmove(l->v + i, l->v + i + 1, (l->n - (size_t)i - 1) * sizeof *l->v);
-            l->n--;
-            return r;
-        }
-        if (self.t == JV_LIST && IS("clear")) {
-            if (a->nkw || a->npos) jr_fail(st, line, "list.clear() takes no arguments");
-            self.u.l->n = 0;
-            return jv_none;
-        }
         if (IS("copy")) {
             if (a->npos || a->nkw) jr_fail(st, line, "list.copy() takes no arguments");
             jlist *l = jl_new(st, self.u.l->n);

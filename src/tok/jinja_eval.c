@@ -49,9 +49,18 @@ _Noreturn void jr_fail_undef(jstate *st, int line, const jv *u) {
     jr_fail(st, line, "an undefined value (a missing item, or an if expression without else) was used");
 }
 
+_Noreturn void jr_oom(jstate *st) {
+    if (!st->arena.over) { /* malloc itself said no */
+        st->err_code = KVLM_ENOMEM;
+        snprintf(st->msg, sizeof st->msg, "out of memory");
+        longjmp(st->jb, 1);
+    }
+    jr_fail(st, 0, "memory limit reached (%zu MiB)", st->arena.limit >> 20);
+}
+
 void *jr_alloc(jstate *st, size_t n) {
     void *p = ja_alloc(&st->arena, n ? n : 1);
-    if (!p) jr_fail(st, 0, "memory limit reached (%zu MiB)", st->arena.limit >> 20);
+    if (!p) jr_oom(st);
     return p;
 }
 
@@ -81,7 +90,7 @@ static void frame_set(jstate *st, jframe *f, const char *name, size_t n, jv v) {
         const char **nn = ja_grow(&st->arena, f->names, (size_t)f->cap * sizeof *nn, (size_t)nc * sizeof *nn);
         size_t *nl = nn ? ja_grow(&st->arena, f->name_n, (size_t)f->cap * sizeof *nl, (size_t)nc * sizeof *nl) : NULL;
         jv *nv = nl ? ja_grow(&st->arena, f->vals, (size_t)f->cap * sizeof *nv, (size_t)nc * sizeof *nv) : NULL;
-        if (!nv) jr_fail(st, 0, "memory limit reached");
+        if (!nv) jr_oom(st);
         f->names = nn;
         f->name_n = nl;
         f->vals = nv;
@@ -107,6 +116,10 @@ static jv lookup(jstate *st, jframe *f, const char *name, size_t n) {
 /* ---- arguments ---- */
 
 static void eval_args(jstate *st, jframe *f, const jnode *n, jargs *a, int extra_kw) {
+    if (!n->nv && !n->nw && !n->b && !n->c && !extra_kw) { /* the common x|trim, s.strip(): nothing to allocate */
+        *a = (jargs){0};
+        return;
+    }
     int npos = n->nv, nkw = n->nw;
     jv dyn = {.t = JV_MISSING}, dynk = {.t = JV_MISSING};
     jlist *dl = NULL;
@@ -279,9 +292,10 @@ static int run_loop(jstate *st, jframe *f, const jnode *n, jv it, int depth0) {
         jlist *items = jv_iter(st, &it, n->line);
         if (n->c) { /* for x in xs if cond: the loop sees only what passes */
             jlist *kept = jl_new(st, items->n);
+            jframe *g = frame_new(st, f);
             for (size_t i = 0; i < items->n; i++) {
                 jr_step(st, n->line);
-                jframe *g = frame_new(st, f);
+                g->n = 0;
                 assign(st, g, n->a, items->v[i]);
                 if (jv_truthy((jv[]){eval(st, g, n->c)})) kept->v[kept->n++] = items->v[i];
             }
@@ -296,9 +310,12 @@ static int run_loop(jstate *st, jframe *f, const jnode *n, jv it, int depth0) {
     }
     jv lv = {.t = JV_LOOP};
     lv.u.lp = lp;
+    /* one scope for every iteration, emptied at each: what one sets does not
+     * reach the next (as in Jinja2), and a long loop takes no memory per turn */
+    jframe *g = frame_new(st, f);
     for (lp->i = 0; lp->i < lp->n; lp->i++) {
         jr_step(st, n->line);
-        jframe *g = frame_new(st, f);
+        g->n = 0;
         assign(st, g, n->a, loop_item(lp, lp->i));
         frame_set(st, g, "loop", 4, lv);
         if (exec_body(st, g, n->d) == FLOW_BREAK) break;

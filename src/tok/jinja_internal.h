@@ -16,6 +16,7 @@ typedef struct jarena_chunk jarena_chunk;
 typedef struct jarena {
     jarena_chunk *head;
     size_t total, limit; /* bytes taken from malloc, and the most allowed */
+    bool over;           /* an allocation was refused for the limit (not by malloc) */
 } jarena;
 void *ja_alloc(jarena *a, size_t n); /* 16-byte aligned; NULL past the limit or out of memory */
 /* Grows the block p (old bytes) to n bytes: in place when it is the chunk's last. */
@@ -195,6 +196,7 @@ typedef struct jstate {
 _Noreturn void jr_fail(jstate *st, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 _Noreturn void jr_fail_raw(jstate *st, int code, const char *msg, size_t n); /* the message as given */
 _Noreturn void jr_fail_undef(jstate *st, int line, const jv *u); /* what using an undefined raises */
+_Noreturn void jr_oom(jstate *st); /* the memory limit (or malloc) said no */
 void *jr_alloc(jstate *st, size_t n);
 void jr_steps(jstate *st, int line, long k); /* counts k steps against the limit */
 static inline void jr_step(jstate *st, int line) { jr_steps(st, line, 1); }

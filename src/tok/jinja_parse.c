@@ -424,19 +424,19 @@ static jnode *parse_primary(parser *P) {
 }
 
 static jnode *parse_unary(parser *P, bool with_filter) {
-    enter(P);
     const jtok *t = cur(P);
     jnode *n;
     if (is_op(t, JO_SUB) || is_op(t, JO_ADD)) {
         next(P);
         n = mk(P, t->op == JO_SUB ? JN_NEG : JN_POS, t->line);
+        enter(P);
         n->a = parse_unary(P, false);
+        leave(P);
     } else {
         n = parse_primary(P);
     }
     n = parse_postfix(P, n);
     if (with_filter) n = parse_filter_expr(P, n);
-    leave(P);
     return n;
 }
 
@@ -677,11 +677,8 @@ static jnode *parse_statements(parser *P, const char *const *end, bool drop, con
     expect_type(P, JT_BLOCK_END, "end of statement block");
     vec body = {0};
     subparse(P, end, &body);
-    if (cur(P)->t == JT_EOF) {
-        const char *want = end[0];
-        while (end[1]) end++, want = end[0];
-        pfail(P, cur(P)->line, "unexpected end of template: '%s' (line %d) needs '%s'", tag, line, want);
-    }
+    if (cur(P)->t == JT_EOF)
+        pfail(P, cur(P)->line, "unexpected end of template: '%s' (line %d) needs 'end%s'", tag, line, tag);
     if (drop) next(P);
     return body_node(P, &body, line);
 }

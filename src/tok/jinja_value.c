@@ -40,7 +40,7 @@ void jl_push(jstate *st, jlist *l, jv v) {
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 4;
         jv *nv = ja_grow(&st->arena, l->v, l->cap * sizeof *nv, nc * sizeof *nv);
-        if (!nv) jr_fail(st, 0, "memory limit reached");
+        if (!nv) jr_oom(st);
         l->v = nv;
         l->cap = nc;
     }
@@ -82,7 +82,7 @@ void jd_set(jstate *st, jdict *d, jv k, jv v) {
         size_t nc = d->cap ? d->cap * 2 : 4;
         jv *nk = ja_grow(&st->arena, d->k, d->cap * sizeof *nk, nc * sizeof *nk);
         jv *nv = nk ? ja_grow(&st->arena, d->v, d->cap * sizeof *nv, nc * sizeof *nv) : NULL;
-        if (!nk || !nv) jr_fail(st, 0, "memory limit reached");
+        if (!nk || !nv) jr_oom(st);
         d->k = nk;
         d->v = nv;
         d->cap = nc;
@@ -252,7 +252,7 @@ void jb_put(jstate *st, jbuf *b, const char *p, size_t n) {
         size_t nc = b->cap ? b->cap : 64;
         while (nc < b->n + n + 1) nc *= 2;
         char *np = ja_grow(&st->arena, b->p, b->cap, nc);
-        if (!np) jr_fail(st, 0, "memory limit reached");
+        if (!np) jr_oom(st);
         b->p = np;
         b->cap = nc;
     }

@@ -29,8 +29,18 @@ class RaisedError(Exception):
     pass
 
 
+def current_sandbox():
+    """Jinja2 3.1.5 made the immutable sandbox refuse list.pop and list.clear
+    (Debian bookworm's 3.1.2 lets them through): the oracle is today's Jinja2."""
+    import jinja2.sandbox as sb
+    from collections import abc
+    sb._mutable_spec = tuple((t, s | {"pop", "clear"}) if t is abc.MutableSequence else (t, s)
+                             for t, s in sb._mutable_spec)
+
+
 def hf_environment(now):
     """transformers' _compile_jinja_template, with strftime_now pinned to `now`."""
+    current_sandbox()
 
     class AssistantTracker(jinja2.ext.Extension):
         tags = {"generation"}
