@@ -12,7 +12,9 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
-# tests/cli_toolcall_roundtrip.sh renders the real chat templates as Hugging Face does.
+# tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
+PKGS+=(prometheus)
+# tests/cli_template.sh and cli_toolcall_roundtrip.sh render every chat template with Python's jinja2 as transformers does.
 PKGS+=(python3-jinja2)
 missing=()
 for p in "${PKGS[@]}"; do
