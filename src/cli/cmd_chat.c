@@ -267,7 +267,7 @@ int cmd_chat(int argc, char **argv) {
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
     if (cli_sampler_check("chat", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
-    if (!(chat = cli_chat("chat", model, tmpl, tmpl_file))) goto done;
+    if (!(chat = cli_chat("chat", model, tmpl, tmpl_file, NULL, KVLM_REASONING_AUTO))) goto done;
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
     bool gfailed;

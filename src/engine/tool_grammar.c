@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/json_schema.h"
+#include "tok/chat.h"
 #include "util/error.h"
 
 static const json_t *fn_of(const json_t *t) {
@@ -15,40 +16,9 @@ static const json_t *fn_of(const json_t *t) {
     return json_is_object(f) ? f : t;
 }
 
-int eng_tools_check(const json_t *tools, kvlm_error *err) {
-    if (!json_is_array(tools)) return util_err_set(err, KVLM_EINVAL, "'tools' must be an array");
-    size_t i;
-    const json_t *t;
-    json_array_foreach(tools, i, t) {
-        if (!json_is_object(t)) return util_err_set(err, KVLM_EINVAL, "'tools[%zu]' must be an object", i);
-        const char *type = json_string_value(json_object_get(t, "type"));
-        if (json_object_get(t, "type") && (!type || strcmp(type, "function")))
-            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].type' must be \"function\"", i);
-        const json_t *f = json_object_get(t, "function");
-        if (!json_is_object(f)) return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function' must be an object", i);
-        const char *name = json_string_value(json_object_get(f, "name"));
-        size_t nl = name ? strlen(name) : 0;
-        if (!nl || nl > 64) /* OpenAI's rule: a-z, A-Z, 0-9, underscores and dashes, at most 64 */
-            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.name' must be a string of 1 to 64 characters", i);
-        for (size_t k = 0; k < nl; k++) {
-            char c = name[k];
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
-                return util_err_set(err, KVLM_EINVAL,
-                                    "'tools[%zu].function.name' '%s' may only have letters, digits, '_', '-' and '.'", i, name);
-        }
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(json_string_value(json_object_get(fn_of(json_array_get(tools, j)), "name")), name))
-                return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.name' '%s' is the name of tools[%zu] too", i, name, j);
-        const json_t *p = json_object_get(f, "parameters");
-        if (p && !json_is_object(p))
-            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.parameters' must be an object (a JSON schema)", i);
-    }
-    return KVLM_OK;
-}
-
 kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s, const char *prompt_tail,
                                const json_t *tools, const char *only, bool lazy, bool parallel, kvlm_error *err) {
-    if (eng_tools_check(tools, err)) return NULL;
+    if (tok_chat_tools_check(tools, err)) return NULL;
     size_t nt = json_array_size(tools), n_items = 1, n_props = 0;
     for (size_t i = 0; i < nt; i++) {
         const json_t *pr = json_object_get(json_object_get(fn_of(json_array_get(tools, i)), "parameters"), "properties");
@@ -140,4 +110,36 @@ done:
     json_decref(object);
     json_decref(any);
     return g;
+}
+
+int kvlm_chat_tool_grammar(const kvlm_chat *chat, const char *prompt, size_t prompt_len, const char *tools_json,
+                           const char *tool_choice_json, bool parallel, kvlm_grammar **grammar, kvlm_error *err) {
+    *grammar = NULL;
+    json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
+    json_t *choice = tool_choice_json ? json_loads(tool_choice_json, JSON_DECODE_ANY, NULL) : NULL;
+    int rc = KVLM_OK;
+    const char *name = NULL;
+    if ((tools_json && !tools) || (tool_choice_json && !choice)) rc = util_err_set(err, KVLM_EINVAL, "'tools' or 'tool_choice' is not JSON");
+    else if (json_is_array(tools) && json_array_size(tools) && tok_chat_tools_check(tools, err)) rc = KVLM_EINVAL;
+    if (!rc) {
+        int mode = tok_chat_tool_choice(json_is_array(tools) ? tools : NULL, choice, &name, NULL, err);
+        if (mode < 0) rc = KVLM_EINVAL;
+        else if (mode != TOK_CHOICE_NONE) {
+            enum { TAIL = 256 };
+            char tail[TAIL + 1];
+            size_t k = prompt_len > TAIL ? TAIL : prompt_len;
+            if (prompt && k) memcpy(tail, prompt + prompt_len - k, k);
+            tail[k] = 0;
+            kvlm_error ge = {0};
+            *grammar = eng_tool_grammar(tok_chat_model(chat), tok_chat_syntax_of(chat), tail, tools,
+                                        mode == TOK_CHOICE_NAMED ? name : NULL, mode == TOK_CHOICE_AUTO, parallel, &ge);
+            if (!*grammar && !(ge.code == KVLM_EUNSUPPORTED && mode == TOK_CHOICE_AUTO)) {
+                if (err) *err = ge;
+                rc = ge.code ? ge.code : KVLM_EINVAL;
+            }
+        }
+    }
+    json_decref(tools);
+    json_decref(choice);
+    return rc;
 }

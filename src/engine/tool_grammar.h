@@ -7,12 +7,7 @@
 #include "kvlm.h"
 #include "tok/chat_parse.h"
 
-/* An OpenAI tools array as a request gives it: each {"type": "function",
- * "function": {"name": 1 to 64 of [a-zA-Z0-9_.-], unique, "parameters": a
- * schema object (optional)}}; KVLM_EINVAL naming the first fault
- * ("'tools[1].function.name' must be ..."). */
-int eng_tools_check(const json_t *tools, kvlm_error *err);
-/* The calls' grammar for model's tokens: only (a function's name) or every
+/* The calls' grammar for model's tokens (tools checked by tok_chat_tools_check): only (a function's name) or every
  * tool; lazy: tool_choice auto (free text until a call begins); else the
  * answer is the calls (after the reasoning where the family writes it; the
  * prompt's end says whether it opened it). At most one call unless

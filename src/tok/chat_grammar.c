@@ -488,6 +488,42 @@ char *tok_chat_syntax_gbnf(const tok_chat_syntax *s, const tok_chat_gbnf_tool *t
     return w.out.s;
 }
 
+static const json_t *fn_of(const json_t *t) {
+    const json_t *f = json_object_get(t, "function");
+    return json_is_object(f) ? f : t;
+}
+
+int tok_chat_tools_check(const json_t *tools, kvlm_error *err) {
+    if (!json_is_array(tools)) return util_err_set(err, KVLM_EINVAL, "'tools' must be an array");
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        if (!json_is_object(t)) return util_err_set(err, KVLM_EINVAL, "'tools[%zu]' must be an object", i);
+        const char *type = json_string_value(json_object_get(t, "type"));
+        if (json_object_get(t, "type") && (!type || strcmp(type, "function")))
+            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].type' must be \"function\"", i);
+        const json_t *f = json_object_get(t, "function");
+        if (!json_is_object(f)) return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function' must be an object", i);
+        const char *name = json_string_value(json_object_get(f, "name"));
+        size_t nl = name ? strlen(name) : 0;
+        if (!nl || nl > 64) /* OpenAI's rule: a-z, A-Z, 0-9, underscores and dashes, at most 64 */
+            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.name' must be a string of 1 to 64 characters", i);
+        for (size_t k = 0; k < nl; k++) {
+            char c = name[k];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+                return util_err_set(err, KVLM_EINVAL,
+                                    "'tools[%zu].function.name' '%s' may only have letters, digits, '_', '-' and '.'", i, name);
+        }
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(json_string_value(json_object_get(fn_of(json_array_get(tools, j)), "name")), name))
+                return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.name' '%s' is the name of tools[%zu] too", i, name, j);
+        const json_t *p = json_object_get(f, "parameters");
+        if (p && !json_is_object(p))
+            return util_err_set(err, KVLM_EINVAL, "'tools[%zu].function.parameters' must be an object (a JSON schema)", i);
+    }
+    return KVLM_OK;
+}
+
 void tok_chat_triggers_free(kvlm_grammar_trigger *t, int n) {
     if (!t) return;
     for (int i = 0; i < n; i++) free((char *)t[i].word);

@@ -1135,7 +1135,7 @@ json_t *tok_chat_parse(const tok_chat_syntax *s, const tok_chat_parse_opts *o, c
     } else {
         size_t body = reasoning(&p, o->prompt_tail);
         if (!p.stop) {
-            if (s->f->parse) s->f->parse(&p, body);
+            if (s->f->parse && !o->no_calls) s->f->parse(&p, body);
             else tc_text(&p, body, p.n);
         }
     }

@@ -17,7 +17,7 @@ typedef struct tok_chat_syntax tok_chat_syntax;
 
 /* reasoning_format: auto splits reasoning into reasoning_content; none keeps
  * it in content as the model wrote it (llama-server's and vLLM's "none"). */
-enum { TOK_REASONING_AUTO = 0, TOK_REASONING_NONE = 1 };
+enum { TOK_REASONING_AUTO = KVLM_REASONING_AUTO, TOK_REASONING_NONE = KVLM_REASONING_NONE };
 
 /* The syntax for a template's source (markers in it, as llama.cpp and vLLM
  * detect them), or the one named by override_name (--tool-call-parser: a name
@@ -47,6 +47,9 @@ typedef struct tok_chat_parse_opts {
      * returned, never a marker's beginning as content, and a call's
      * arguments only as far as they will not change */
     bool partial;
+    /* no calls are read (a request without tools, or tool_choice none): the
+     * text after the reasoning is content (harmony's channels still read) */
+    bool no_calls;
 } tok_chat_parse_opts;
 
 /* The text generated after the prompt, as an assistant message: {"role":
@@ -65,6 +68,18 @@ json_t *tok_chat_parse(const tok_chat_syntax *s, const tok_chat_parse_opts *o, c
  * more}} after]}; NULL when nothing is new (or out of memory). Concatenating
  * the deltas of a text's growing parses gives its whole parse. */
 json_t *tok_chat_delta(const json_t *prev, const json_t *cur);
+
+/* A request's tools (an OpenAI tools array) checked: KVLM_EINVAL naming the
+ * first fault ("'tools[1].function.name' must be ..."). */
+int tok_chat_tools_check(const json_t *tools, kvlm_error *err);
+
+/* tool_choice's forms (tok/chat_reader.c): NULL or "auto" with tools:
+ * auto; "none" (or no tools): none; "required"; a named function (*name:
+ * the tool's name, owned by tools). -1 with err filled (*which: the member
+ * at fault) for another value, or a name none of the tools has. */
+enum { TOK_CHOICE_NONE, TOK_CHOICE_AUTO, TOK_CHOICE_REQUIRED, TOK_CHOICE_NAMED };
+int tok_chat_tool_choice(const json_t *tools, const json_t *choice, const char **name, const char **which,
+                         kvlm_error *err);
 
 /* ---- grammars (tok/chat_grammar.c) ---- */
 /* A tool as a grammar sees it: the GBNF rules of its arguments object and
