@@ -16,7 +16,7 @@ typedef struct {
     int n;
     bool parallel, lazy;
     const char *ptail;                 /* the prompt's end */
-    struct { char *stop; int id; } until[24];
+    struct { char *stop; int id; char name[16]; } until[24];
     int n_until;
     kvlm_grammar_trigger trig[KVLM_GRAMMAR_MAX_TRIGGERS];
     int n_trig;
@@ -110,9 +110,8 @@ static void cp_escaped(tc_buf *b, uint32_t c, bool in_class) {
 /* The rule of any text without stop in it (empty too): a KMP automaton over
  * stop's code points, a rule per state; reaching stop's end is not a way. */
 static const char *until(gw *w, const char *stop) {
-    static char names[24][16];
     for (int i = 0; i < w->n_until; i++)
-        if (!strcmp(w->until[i].stop, stop)) return names[w->until[i].id];
+        if (!strcmp(w->until[i].stop, stop)) return w->until[i].name;
     if (w->n_until == 24) {
         w->failed = true;
         return "tc_u0";
@@ -123,7 +122,7 @@ static const char *until(gw *w, const char *stop) {
     if (!(w->until[id].stop = strdup(stop))) w->failed = true;
     w->until[id].id = id;
     w->n_until++;
-    snprintf(names[id], sizeof names[id], "tc_u%d", id);
+    snprintf(w->until[id].name, sizeof w->until[id].name, "tc_u%d", id);
     f[0] = -1;
     for (int i = 1; i <= k; i++) {
         int b = f[i - 1];
@@ -160,7 +159,7 @@ static const char *until(gw *w, const char *stop) {
     char alias[48];
     snprintf(alias, sizeof alias, "tc_u%d ::= tc_u%d_0\n", id, id);
     tc_puts(&w->tail, alias);
-    return names[id];
+    return w->until[id].name;
 }
 
 /* A property whose value the XML formats write as it is (a string). */
