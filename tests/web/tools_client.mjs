@@ -149,6 +149,28 @@ if (KIND === 'hermes') {
   });
 }
 
+if (KIND === 'llama3') {
+  // Llama 3's calls open the answer with "{": a logit bias on "{" makes the tiny model start one, and the
+  // lazy grammar (tool_choice auto) holds the rest to the schema from that first "{" on
+  const tok = await (await fetch(URL + '/tokenize', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ content: '{', add_special: false }) })).json();
+  const brace = tok.tokens[tok.tokens.length - 1];
+  for (const seed of [41, 42, 43]) {
+    await check(`auto, an answer that opens with "{" (seed ${seed}): a call held to the schema from there`, async () => {
+      const r = await client.chat.completions.create({ model: MODEL_ID, messages: USER, tools: TOOLS, seed,
+        max_tokens: 300, logit_bias: { [brace]: 40 } });
+      const m = r.choices[0].message;
+      eq(r.choices[0].finish_reason, 'tool_calls', 'finish_reason ' + JSON.stringify(m));
+      calls_ok(m.tool_calls, ['get_weather', 'search']);
+    });
+  }
+  await check('auto without the bias: text', async () => {
+    const r = await client.chat.completions.create({ model: MODEL_ID, messages: USER, tools: TOOLS, seed: 44, max_tokens: 12 });
+    const m = r.choices[0].message;
+    ok(typeof m.content === 'string' && m.content.length > 0 && !m.tool_calls, 'content ' + JSON.stringify(m));
+  });
+}
+
 if (KIND === 'r1' || KIND === 'qwen3') {
   // The tiny model never writes </think> by itself: a grammar makes it (llama.cpp's grammar field).
   const opened = KIND === 'r1';  // R1's generation prompt ends with <think>
