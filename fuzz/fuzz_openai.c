@@ -9,6 +9,12 @@
 #include "server/server.h"
 
 static kvlm_server srv;
+static const char *templates[16] = {NULL,    "chatml",  "llama2",     "llama3",           "zephyr", "plain",
+                                    NULL,    "nonsense", "phi3",      "phi4",             "gemma",  "granite",
+                                    "mistral-v7", "mistral-v7-tekken", NULL, "plain"};
+/* each template's kvlm_chat, as kvlm serve makes it (NULL: it cannot be made; chat_errors says why) */
+static kvlm_chat *chats[16];
+static char chat_errors[16][512];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -30,15 +36,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (!(srv.ctx = kvlm_ctx_create(m, &cp, &err))) { fprintf(stderr, "fuzz_openai: ctx: %s\n", err.msg); abort(); }
     srv.model = m;
     snprintf(srv.model_id, sizeof srv.model_id, "stories260K");
+    for (int i = 0; i < 16; i++) {
+        kvlm_chat_params p = {.template_name = templates[i]};
+        kvlm_error ce = {0};
+        if (!(chats[i] = kvlm_chat_create(m, &p, &ce))) snprintf(chat_errors[i], sizeof chat_errors[i], "%s", ce.msg);
+    }
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    static const char *templates[16] = {NULL,    "chatml",  "llama2",     "llama3",           "zephyr", "plain",
-                                        NULL,    "nonsense", "phi3",      "phi4",             "gemma",  "granite",
-                                        "mistral-v7", "mistral-v7-tekken", NULL, "plain"};
-    srv.p.chat_template = templates[(data[0] >> 1) & 15];
+    int t = (data[0] >> 1) & 15;
+    srv.p.chat_template = templates[t];
+    srv.chat = chats[t];
+    snprintf(srv.chat_error, sizeof srv.chat_error, "%s", chat_errors[t]);
     bool chat = data[0] & 1;
     kvlm_request_params rp;
     int n_tokens = -1;
