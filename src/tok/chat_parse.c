@@ -1023,18 +1023,27 @@ static size_t tail_cut(const tc_parser *p, const char *s, size_t n, bool at_end)
     return n;
 }
 
-/* s (n bytes) to b with bytes that are not UTF-8 as U+FFFD (a JSON string). */
+/* s (n bytes) to b with bytes that are not UTF-8 as U+FFFD (a JSON string);
+ * runs of valid text copied at once. */
 static void put_clean(tc_buf *b, const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        int l = utf8_seq((const unsigned char *)s + i, n - i);
-        if (l <= 0) {
-            put_cp(b, 0xfffd);
-            i++;
-        } else {
-            tc_put(b, s + i, (size_t)l);
-            i += (size_t)l;
+    size_t run = 0, i = 0;
+    while (i < n) {
+        uint64_t w8;
+        if (i + 8 <= n && (memcpy(&w8, s + i, 8), !(w8 & 0x8080808080808080ull))) { /* ASCII: 8 at once */
+            i += 8;
+            continue;
         }
+        unsigned char c = (unsigned char)s[i];
+        int l = c < 0x80 ? 1 : utf8_seq((const unsigned char *)s + i, n - i);
+        if (l > 0) {
+            i += (size_t)l;
+            continue;
+        }
+        tc_put(b, s + run, i - run);
+        put_cp(b, 0xfffd);
+        run = ++i;
     }
+    tc_put(b, s + run, n - run);
 }
 
 static void gen_id(char *out, uint64_t seed, int idx, int style) {
@@ -1074,7 +1083,10 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
     }
     json_t *m = json_object();
     if (m) json_object_set_new(m, "role", json_string("assistant"));
-    if (m) json_object_set_new(m, "content", !content.n && p->n_calls ? json_null() : json_stringn(content.s ? content.s : "", content.n));
+    /* (every string here is UTF-8 already: put_clean and the JSON scanner made it so) */
+    if (m)
+        json_object_set_new(m, "content", !content.n && p->n_calls ? json_null()
+                                          : json_stringn_nocheck(content.s ? content.s : "", content.n));
     if (m && p->has_reasoning && p->reasoning.n && p->s->reasoning_format == TOK_REASONING_AUTO) {
         tc_buf r = {0};
         size_t rn = p->reasoning.n;
@@ -1085,7 +1097,7 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
                     break;
                 }
         put_clean(&r, p->reasoning.s, rn);
-        json_object_set_new(m, "reasoning_content", json_stringn(r.s ? r.s : "", r.n));
+        json_object_set_new(m, "reasoning_content", json_stringn_nocheck(r.s ? r.s : "", r.n));
         if (r.oom) p->oom = true;
         free(r.s);
     }
@@ -1101,8 +1113,8 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
             put_clean(&nm, c->name, strlen(c->name));
             json_t *fn = json_object(), *tc = json_object();
             if (fn) {
-                json_object_set_new(fn, "name", json_stringn(nm.s ? nm.s : "", nm.n));
-                json_object_set_new(fn, "arguments", json_stringn(c->args.s ? c->args.s : "", c->args.n));
+                json_object_set_new(fn, "name", json_stringn_nocheck(nm.s ? nm.s : "", nm.n));
+                json_object_set_new(fn, "arguments", json_stringn_nocheck(c->args.s ? c->args.s : "", c->args.n));
             }
             if (tc) {
                 json_object_set_new(tc, "id", json_string(id));
