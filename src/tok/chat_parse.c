@@ -1106,9 +1106,12 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
         json_object_set_new(m, "tool_calls", a);
         for (int i = 0; i < p->n_calls && a; i++) {
             tc_call *c = &p->calls[i];
-            char id[48];
-            if (c->id && *c->id) snprintf(id, sizeof id, "%.47s", c->id);
+            char id[160];
+            tc_buf cid = {0}; /* the format's own id: any bytes the model wrote there, made UTF-8 */
+            if (c->id && *c->id) put_clean(&cid, c->id, strlen(c->id) < 150 ? strlen(c->id) : 150);
+            if (cid.n && !cid.oom) snprintf(id, sizeof id, "%.*s", (int)tc_utf8_whole(cid.s, cid.n), cid.s);
             else gen_id(id, p->seed, i, p->s->f->id_style);
+            free(cid.s);
             tc_buf nm = {0};
             put_clean(&nm, c->name, strlen(c->name));
             json_t *fn = json_object(), *tc = json_object();
