@@ -181,6 +181,7 @@ static void test_encoder_batched(void **state) {
     kvlm_model *m = synth(KVLM_ARCH_BERT, 0);
     batched_equals_alone(m, KVLM_POOLING_MEAN, 8, 0, 64, false);
     batched_equals_alone(m, KVLM_POOLING_CLS, 3, 0, 64, false);
+    batched_equals_alone(m, KVLM_POOLING_MEAN, 8, 0, 16, false); /* inputs past a step's budget: each alone */
     kvlm_model_free(m);
     m = synth(KVLM_ARCH_NOMIC_BERT, 0);
     batched_equals_alone(m, KVLM_POOLING_MEAN, 8, 0, 64, false);
@@ -192,7 +193,7 @@ static void test_encoder_batched(void **state) {
 static void test_outputs(void **state) {
     (void)state;
     kvlm_model *m = synth(KVLM_ARCH_LLAMA, 0);
-    int32_t t[20];
+    int32_t t[MAXTOK];
     int n = make_input(3, t);
     int8_t fl[MAXTOK];
     float hs[MAXTOK * DIM], lg[4][300];

@@ -132,9 +132,9 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->max_feed = kvlm_ctx_kv_max_feed(ctx);
     s->evicts = kvlm_ctx_kv_evict(ctx) != KVLM_EVICT_NONE;
     s->vocab = kvlm_vocab_size(s->model);
-    /* an encoder takes each input whole in one step: a step holds the longest */
+    /* an encoder takes each input whole in one step: a step's arrays hold the
+     * longest (one past the token budget goes alone) */
     s->encoder = kvlm_model_is_encoder(s->model);
-    if (s->encoder && s->batch_tokens < s->n_ctx) s->batch_tokens = s->n_ctx;
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
     s->block_size = st.block_size;
@@ -144,7 +144,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->n_blk_snap = -1;
     s->snap.kv = st;
     s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
-    int cap = s->batch_tokens + s->max_seqs;
+    int cap = (s->encoder && s->n_ctx > s->batch_tokens ? s->n_ctx : s->batch_tokens) + s->max_seqs;
     s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
     s->tok = malloc((size_t)cap * sizeof(int32_t));
     s->seqv = malloc((size_t)cap * sizeof(int32_t));
@@ -311,8 +311,8 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     int n = p->n > 0 ? p->n : 1;
     if (!cb || !prompt || n_prompt <= 0) { util_err_set(err, KVLM_EINVAL, "empty prompt"); return 0; }
     if (s->encoder) {
-        util_err_set(err, KVLM_EUNSUPPORTED, "the model (%s) is an encoder: it gives embeddings only, no text",
-                     kvlm_pooling_name(KVLM_POOLING_NONE) ? "bert or nomic-bert" : "");
+        util_err_set(err, KVLM_EUNSUPPORTED, "the model is an encoder (bert, nomic-bert): it gives embeddings only "
+                     "(kvlm_sched_submit_embed), no text");
         return 0;
     }
     if (p->max_tokens <= 0) { util_err_set(err, KVLM_EINVAL, "max_tokens must be at least 1"); return 0; }
@@ -760,8 +760,9 @@ static int build_batch(kvlm_sched *s) {
                 if (u->seq < 0 || follower(u)) continue;
                 int past = fed(s, u), left = u->n_hist - past;
                 if (left <= 0 || (pass == 0) != (left == 1)) continue;
-                if (s->encoder && left > budget) continue; /* an encoder's input goes whole or waits */
-                int take = left < budget ? left : budget;
+                /* an encoder's input goes whole or waits: alone when it is longer than the step's budget */
+                if (s->encoder && left > budget && n > 0) continue;
+                int take = left < budget || s->encoder ? left : budget;
                 if (take > s->max_feed) take = s->max_feed; /* a batch may not outgrow the KV budget */
                 bool emb = r->embed;
                 for (int t = 0; t < take; t++) {
@@ -783,7 +784,7 @@ static int build_batch(kvlm_sched *s) {
                     n++;
                 }
                 budget -= u->n_draft;
-                if (budget == 0) return n;
+                if (budget <= 0) return n;
             }
     return n;
 }
