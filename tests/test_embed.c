@@ -168,7 +168,7 @@ static void test_decoder_batched(void **state) {
 
 /* A pool of 6 blocks for 8 inputs of up to 3 blocks each beside two generation
  * requests growing to 4: inputs wait for room (admission counts what each holds). */
-static void test_decoder_preempted(void **state) {
+static void test_decoder_small_pool(void **state) {
     (void)state;
     kvlm_model *m = synth(KVLM_ARCH_LLAMA, 0);
     batched_equals_alone(m, KVLM_POOLING_MEAN, 8, 6, 40, true);
@@ -273,7 +273,7 @@ static void test_refused(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decoder_batched), cmocka_unit_test(test_decoder_preempted),
+        cmocka_unit_test(test_decoder_batched), cmocka_unit_test(test_decoder_small_pool),
         cmocka_unit_test(test_encoder_batched), cmocka_unit_test(test_outputs), cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
