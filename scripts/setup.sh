@@ -24,7 +24,8 @@ done
 # openssl also makes tests/test_tier_redis_trust's and cli_kv_redis_trust's CA and certificates.
 # libssl-dev: TLS to Redis (rediss://).
 # clang: the libFuzzer harnesses (fuzz/, tests/cli_fuzz.sh).
-# libunistring-dev: `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
+# libunistring-dev: BERT's WordPiece (src/tok/wpm.c: Unicode normalisation, case, categories); also
+# `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
 # which Debian's libgnutls28-dev leaves out; tests/cli_install links examples/ that way.
 # The web tests (tests/web): node and npm (kept if already there, e.g. from NodeSource), Debian's chromium.
 command -v node >/dev/null || missing+=(nodejs)

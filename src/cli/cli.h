@@ -10,6 +10,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

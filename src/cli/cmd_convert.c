@@ -49,13 +49,15 @@ int cmd_synth(int argc, char **argv) {
     p.arch = KVLM_ARCH_LLAMA;
     p.dim = 64; p.hidden_dim = 160; p.n_layers = 2; p.n_heads = 8; p.n_kv_heads = 0;
     p.vocab_size = 512; p.n_ctx = 2048; p.type = 0; p.seed = 1;
-    const char *out = NULL, *arch = NULL, *type_name = NULL, *gating = NULL;
+    const char *out = NULL, *arch = NULL, *type_name = NULL, *gating = NULL, *pooling = NULL;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|gpt-oss|deepseek2|gemma2|gemma3] [--dim D]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|gpt-oss|deepseek2|gemma2|gemma3|bert|nomic-bert] [--dim D]\n"
                    "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
-                   "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
+                   "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S] [--pooling none|mean|cls|last]\n"
+                   "  embeddings (docs/embeddings.md): --pooling writes {arch}.pooling_type; bert and nomic-bert\n"
+                   "       (encoders, a WordPiece vocabulary of at least 128 tokens) write mean unless told\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
                    "       [--experts N] [--experts-used K] [--experts-shared S] [--dense-layers D] [--expert-ff F]\n"
                    "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
@@ -100,6 +102,7 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--dense-layers", &p.n_dense_lead, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--expert-ff", &p.expert_ff, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--pooling", &pooling, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-llama3", &p.rope_llama3, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-linear", &p.rope_linear, &bad)) {}
@@ -129,7 +132,14 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
         else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
         else if (!strcmp(arch, "gpt-oss")) p.arch = KVLM_ARCH_GPTOSS;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss)", arch);
+        else if (!strcmp(arch, "bert")) p.arch = KVLM_ARCH_BERT;
+        else if (!strcmp(arch, "nomic-bert")) p.arch = KVLM_ARCH_NOMIC_BERT;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss, bert, nomic-bert)", arch);
+    }
+    if (pooling) {
+        int pt = kvlm_pooling_from_name(pooling);
+        if (pt < 0) return cli_fail("synth", "unknown pooling '%s' (none, mean, cls, last, rank)", pooling);
+        p.pooling_plus1 = pt + 1;
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;

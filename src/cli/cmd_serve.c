@@ -111,6 +111,8 @@ static void serve_usage(FILE *f) {
             CLI_CHAT_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
+            "      --embeddings        serve POST /v1/embeddings (docs/embeddings.md; without it: 501); an\n"
+            "                          encoder model (bert, nomic-bert) needs it and serves nothing else\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
             "      --max-body SIZE     largest request body (default 1MiB)\n"
@@ -208,6 +210,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &sp.api_key, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key-file", &key_file, &bad)) {}
         else if (cli_is(argv[i], NULL, "--metrics-auth")) sp.metrics_auth = true;
+        else if (cli_is(argv[i], NULL, "--embeddings")) sp.embeddings = true;
         else if (cli_opt_str(argc, argv, &i, NULL, "--cors-origin", &origin, &bad)) {
             if (bad) break;
             const char **o = realloc(origins, (size_t)(sp.n_cors_origins + 1) * sizeof *o);

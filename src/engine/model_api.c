@@ -163,6 +163,10 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
                  (double)(c->embed_mult > 0 ? c->embed_mult : 1), (double)(c->residual_mult > 0 ? c->residual_mult : 1),
                  (double)c->attn_scale, (double)(c->logit_div > 0 ? c->logit_div : 1));
     len = strlen(buf);
+    if ((c->encoder || c->pooling >= 0) && len < cap)
+        snprintf(buf + len, cap - len, "%s, pooling %s%s", c->encoder ? ", an encoder (bidirectional attention)" : "",
+                 kvlm_pooling_name(kvlm_model_pooling(m)), c->pooling >= 0 ? "" : " (no pooling_type key)");
+    len = strlen(buf);
     if (c->qk_norm_full && len < cap)
         snprintf(buf + len, cap - len, ", norms after attention and FFN, q and k normed across their heads");
     len = strlen(buf);
@@ -277,6 +281,7 @@ int kvlm_vocab_size(const kvlm_model *m) { return m->vocab.n_tokens; }
 int32_t kvlm_token_bos(const kvlm_model *m) { return m->vocab.bos; }
 int32_t kvlm_token_eos(const kvlm_model *m) { return m->vocab.eos; }
 bool kvlm_add_bos(const kvlm_model *m) { return m->vocab.add_bos && m->vocab.bos >= 0; }
+bool kvlm_add_eos(const kvlm_model *m) { return m->vocab.add_eos && m->vocab.eos >= 0; }
 bool kvlm_token_is_eog(const kvlm_model *m, int32_t t) { return m->tok && tok_is_eog(m->tok, t); }
 
 int kvlm_tokenize(const kvlm_model *m, const char *text, size_t len, bool add_bos, bool parse_special,

@@ -279,6 +279,9 @@ enum MHD_Result srv_get_metrics(kvlm_server *s, struct MHD_Connection *c) {
            (double)kv->prefix_misses);
     metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
     tier_metrics(&b, &st);
+    metric(&b, "kvlm_embeddings_total", "counter", "Inputs embedded (POST /v1/embeddings): vectors given out",
+           (double)st.embeddings);
+    metric(&b, "kvlm_embedding_tokens_total", "counter", "Prompt tokens of the inputs embedded", (double)st.embedding_tokens);
     if (s->events) {
         srv_kv_events_stats es;
         srv_kv_events_stats_get(s->events, &es);

@@ -101,6 +101,7 @@ typedef struct srv_job {
     bool ka_body;          /* a whole answer kept alive: its 200 is chunked, whitespace before the JSON */
     bool body_out;         /* ... and the JSON (or the error) is queued after it */
     struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
+    srv_embed *emb;        /* POST /v1/embeddings: its inputs and vectors (server/embeddings.c); NULL: a completion */
 } srv_job;
 
 static void log_job(srv_job *j);
@@ -129,6 +130,7 @@ static void job_release(srv_job *j) {
     free(j->bias_ids);
     kvlm_grammar_free(j->grammar);
     free(j->bias);
+    srv_embed_free(j->emb);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -369,7 +371,8 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
-        if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
+        if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
+        else if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
         if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
@@ -1307,6 +1310,7 @@ static void answer_extras(const srv_job *j, const choice *c, json_t *o, json_t *
 }
 
 static json_t *whole_answer(srv_job *j) {
+    if (j->emb) return srv_embed_answer(j->emb, j->srv->model_id);
     json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -1854,4 +1858,77 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
     else ret = srv_json(c, 200, whole_answer(j)), j->status = 200;
     job_release(j);
     return ret;
+}
+
+/* ---- POST /v1/embeddings: a job as a completion's whole answer is (server/embeddings.c's request and answer) */
+
+enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    if (!s->p.embeddings) { /* llama-server's rule and status */
+        srv_body_release(s, cn);
+        return srv_error(c, s, 501, NULL, "not_supported",
+                         "This server does not support embeddings. Start it with `--embeddings`");
+    }
+    enum MHD_Result ret;
+    json_t *body = load_body(s, c, cn, &ret);
+    if (!body) return ret;
+    srv_embed_err x;
+    srv_embed *emb = srv_embed_parse(s, body, &x);
+    if (!emb) {
+        ret = srv_error(c, s, x.status, x.param, x.code, "%s", x.msg);
+        json_decref(body);
+        return ret;
+    }
+    json_decref(body);
+    srv_job *j = calloc(1, sizeof *j);
+    if (j) j->ch = calloc((size_t)srv_embed_n(emb), sizeof *j->ch);
+    if (!j || !j->ch) {
+        if (j) free(j);
+        srv_embed_free(emb);
+        return srv_error(c, s, 500, NULL, NULL, "out of memory");
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 1;
+    j->srv = s;
+    j->conn = c;
+    j->emb = emb;
+    j->n = srv_embed_n(emb);
+    j->logprobs = -1;
+    j->created = (long)time(NULL);
+    j->t_submit = j->t_out = util_now_s();
+    j->family = "plain";
+    for (int i = 0; i < j->n; i++) { /* the finish path flushes each choice's (empty) text */
+        kvlm_detok_init(&j->ch[i].dt, s->model);
+        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->sock = srv_conn_sock(c);
+    j->http11 = cn->http11;
+    kvlm_error err = {0};
+    pthread_mutex_lock(&j->mu); /* its events wait until the id is set */
+    pthread_mutex_lock(&s->mu);
+    j->id = s->sched ? kvlm_sched_submit_embed(s->sched, srv_embed_tokens(emb), srv_embed_lens(emb), j->n,
+                                               srv_embed_params(emb), on_event, j, &err)
+                     : 0;
+    if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    if (j->id) j->refs++;
+    snprintf(j->idstr, sizeof j->idstr, "embd-%llu", (unsigned long long)j->id);
+    pthread_mutex_unlock(&j->mu);
+    if (!j->id) {
+        ret = srv_error(c, s, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503, "input",
+                        err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s", err.msg);
+        job_release(j);
+        return ret;
+    }
+    watch(s, cn, j);
+    cn->job = j;
+    pthread_mutex_lock(&j->mu);
+    bool complete = j->complete;
+    if (!complete) { /* answered when the engine resumes the connection (srv_answer) */
+        j->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return complete ? srv_answer(s, c, cn) : MHD_YES;
 }

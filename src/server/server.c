@@ -473,6 +473,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool post = !strcmp(method, "POST");
     bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
     bool tokenize = !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
+    bool embeddings = !strcmp(url, "/v1/embeddings");
     if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
@@ -509,7 +510,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             if (cl) cn->expect = (size_t)strtoull(cl, NULL, 10) + 1; /* its buffer grows to this, no more */
             const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-            if ((completions || tokenize) && !is_json_type(ct)) {
+            if ((completions || tokenize || embeddings) && !is_json_type(ct)) {
                 cn->answered = true;
                 return srv_error(c, s, 415, NULL, "unsupported_media_type",
                                  "the request body must be JSON with 'Content-Type: application/json' (got %s)",
@@ -557,7 +558,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * from when it is made (srv_sock_answer_due). A previous answer still in the
      * kernel's queue (pipelined requests) keeps its own until then. */
     srv_sock *k = srv_conn_sock(c);
-    if (k && !completions) srv_sock_answer_due(k);
+    if (k && !completions && !embeddings) srv_sock_answer_due(k);
     else if (k) {
         pthread_mutex_lock(&s->socks_mu);
         if (k->send_due > 0 && !unsent(k->fd)) k->send_due = 0;
@@ -566,7 +567,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        if (kvlm_model_is_encoder(s->model)) {
+            srv_body_release(s, cn);
+            return srv_error(c, s, 501, NULL, "not_supported", "This server's model is an encoder: it gives embeddings "
+                             "only (POST /v1/embeddings)");
+        }
         return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
+    }
+    if (embeddings) {
+        if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        return srv_embeddings(s, c, cn);
     }
     if (tokenize) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
@@ -890,6 +900,11 @@ static void srv_fingerprint(kvlm_server *s) {
 }
 
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err) {
+    if (kvlm_model_is_encoder(kvlm_ctx_model(ctx)) && !p->embeddings) {
+        util_err_set(err, KVLM_EINVAL, "the model is an encoder (bert, nomic-bert): it gives embeddings only; start the "
+                     "server with --embeddings");
+        return NULL;
+    }
     kvlm_server *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     s->ctx = ctx;
