@@ -1881,8 +1881,9 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     json_decref(body);
     srv_job *j = calloc(1, sizeof *j);
     if (j) j->ch = calloc((size_t)srv_embed_n(emb), sizeof *j->ch);
-    if (!j || !j->ch) {
-        if (j) free(j);
+    if (j) j->subs = calloc(1, sizeof *j->subs); /* one submission: every input is a choice of it */
+    if (!j || !j->ch || !j->subs) {
+        if (j) free(j->ch), free(j->subs), free(j);
         srv_embed_free(emb);
         return srv_error(c, s, 500, NULL, NULL, "out of memory");
     }
@@ -1891,7 +1892,9 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     j->srv = s;
     j->conn = c;
     j->emb = emb;
-    j->n = srv_embed_n(emb);
+    j->n = j->n_per = srv_embed_n(emb);
+    j->n_subs = 1;
+    j->subs[0].j = j;
     j->logprobs = -1;
     j->created = (long)time(NULL);
     j->t_submit = j->t_out = util_now_s();
@@ -1908,10 +1911,11 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     pthread_mutex_lock(&j->mu); /* its events wait until the id is set */
     pthread_mutex_lock(&s->mu);
     j->id = s->sched ? kvlm_sched_submit_embed(s->sched, srv_embed_tokens(emb), srv_embed_lens(emb), j->n,
-                                               srv_embed_params(emb), on_event, j, &err)
+                                               srv_embed_params(emb), on_event, &j->subs[0], &err)
                      : 0;
     if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
     pthread_mutex_unlock(&s->mu);
+    j->subs[0].id = j->id;
     if (j->id) j->refs++;
     snprintf(j->idstr, sizeof j->idstr, "embd-%llu", (unsigned long long)j->id);
     pthread_mutex_unlock(&j->mu);
