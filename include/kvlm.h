@@ -20,12 +20,28 @@ enum {
     KVLM_ERANGE,       /* e.g. a prompt longer than the context */
     KVLM_EUNSUPPORTED, /* an architecture, type or feature kvlm lacks */
     KVLM_EFULL,        /* the KV cache has no room */
+    KVLM_ECANCELED,    /* a progress callback returned false (kvlm_progress_callback) */
 };
 typedef struct kvlm_error {
     int code;
     char msg[512];
 } kvlm_error;
 const char *kvlm_status_name(int code);
+
+/* The library's version and the git revision it was built from, e.g.
+ * "0.1.0 (git 1a2b3c4d5e)" ("-dirty" after a revision with uncommitted
+ * changes; "unknown revision" outside a git checkout). The first word is
+ * the version of project() in CMakeLists.txt, which kvlm.pc and the CMake
+ * package carry too. `kvlm --version` prints it. */
+const char *kvlm_version(void);
+
+/* Progress of long work (loading a model, kvlm_model_save_gguf_progress,
+ * kvlm_model_synth), as llama.h's progress_callback: called on the calling
+ * thread with a fraction of the work done that never decreases, 0 first and
+ * 1 last when the work completes; user_data is given back as it was passed.
+ * Returning false stops the work cleanly: the call fails with KVLM_ECANCELED
+ * (nothing half-made is kept; a file being written is removed). */
+typedef bool (*kvlm_progress_callback)(float progress, void *user_data);
 
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
@@ -143,6 +159,17 @@ typedef struct kvlm_model_params {
     const char *tokenizer_path; /* llama2.c .bin only; NULL: tokenizer.bin beside the model */
     bool vocab_only;            /* load only the tokenizer (vocabulary-only GGUF files) */
     bool metadata_only;         /* open and validate the file, read nothing model-specific (inspect) */
+    /* Called as the weights are read (kvlm_progress_callback; NULL: none):
+     * most of a load's time is reading the file once into the layout the
+     * matmuls use; false cancels the load (KVLM_ECANCELED, nothing kept). */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
+    /* llama.cpp's --no-mmap: the weights are read into memory rather than
+     * mapped from the file (the file may then change or go; more memory
+     * while loading). --mlock: the model's memory is locked so it is never
+     * paged out (a load fails with KVLM_ENOMEM past RLIMIT_MEMLOCK). */
+    bool no_mmap;
+    bool mlock;
 } kvlm_model_params;
 
 /* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents. */
@@ -158,6 +185,12 @@ void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
  * type: a GGUF type id for the 2-D weights, or -1 to keep each tensor's type.
  * Norms and biases stay F32. */
 int kvlm_model_save_gguf(const kvlm_model *model, const char *path, int type, kvlm_error *err);
+/* The same, reporting to progress_callback (NULL: none) as the weights are
+ * converted and written (kvlm convert's progress); its false stops it with
+ * KVLM_ECANCELED, leaving no file at path. */
+int kvlm_model_save_gguf_progress(const kvlm_model *model, const char *path, int type,
+                                  kvlm_progress_callback progress_callback, void *progress_callback_user_data,
+                                  kvlm_error *err);
 /* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k", "iq4_xs", ... (docs/weights.md), or -1. */
 int kvlm_type_from_name(const char *name);
 const char *kvlm_type_name(int type);
@@ -189,6 +222,10 @@ typedef struct kvlm_synth_params {
                          * ones near 1; original context n_ctx / FACTOR; attention factor sqrt(1 + ln F / ln orig)) */
     int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
     float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
+    /* making the weights, converting them to type and writing the file
+     * (kvlm_progress_callback; NULL: none; false: KVLM_ECANCELED, no file) */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
