@@ -13,6 +13,8 @@
 #include <malloc.h>
 #endif
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
+#include "cli/progress.h"
 
 /* A stop takes at most this long (docs/serving.md): the requests in flight
  * end, the KV tiers' queues are written (each gives up after its own
@@ -58,7 +60,9 @@ static void serve_usage(FILE *f) {
             "                          mistral-v7-tekken or plain\n"
             "                          (default: from the model)\n"
             "      --max-seqs N        sequences decoded at once (default 16)\n"
-            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
+            "  -np, --parallel N       llama-server's slots: N sequences at once, each holding -c / N tokens\n"
+            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512;\n"
+            "                          llama.cpp's -b and -ub)\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
             "      --max-body SIZE     largest request body (default 1MiB)\n"
@@ -100,11 +104,13 @@ static void serve_usage(FILE *f) {
             "      --spec lookup       speculative decoding by prompt lookup: each running request's drafts\n"
             "                          checked in the same step (same output; docs/speculative.md)\n"
             "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
+            "                          (-md, --model-draft; --draft K with a number is --draft-n K)\n"
             "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
             "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
             "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
+            CLI_LLAMA_USAGE
             "  -h, --help              this help\n");
 }
 
@@ -119,6 +125,8 @@ int cmd_serve(int argc, char **argv) {
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_seq_max = 16;
+    cli_llama ll;
+    cli_llama_init(&ll);
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) { serve_usage(stdout); return 0; }
@@ -161,9 +169,10 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--kv-events-buffer", &sp.kv_events_buffer, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
+        else if (cli_opt_draft(argc, argv, &i, &draft_path, &sp.spec_n_draft, &bad)) {}
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("serve", argv[i])) { free(origins); return 1; }
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -183,6 +192,8 @@ int cmd_serve(int argc, char **argv) {
     }
     sp.keepalive_s = keepalive > 0 ? keepalive : -1;
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("serve", &ll, &cp, &mp)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
     if (sp.spec_mode == KVLM_SPEC_DRAFT && !draft_path) { cli_fail("serve", "--spec draft needs --draft MODEL"); goto out; }
@@ -241,12 +252,11 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_ctx *ctx = NULL, *dctx = NULL;
     kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
-    kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
+    kvlm_model *model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
     bool draft_shared = false;
     /* its cache in the model's pool when the shapes allow: one memory

@@ -11,9 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
 
 bool cli_is(const char *arg, const char *s, const char *l) {
-    return (s && !strcmp(arg, s)) || (l && !strcmp(arg, l));
+    const char *alias;
+    return (s && !strcmp(arg, s)) || (l && !strcmp(arg, l)) ||
+           (l && (alias = cli_llama_alias(arg)) && !strcmp(alias, l)); /* llama.cpp's name for it */
 }
 
 int cli_fail(const char *cmd, const char *fmt, ...) {
@@ -98,9 +101,12 @@ bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, 
 
 static bool cli_opt_device(int argc, char **argv, int *i, int *out, bool *bad) {
     const char *v;
-    if (!cli_opt_str(argc, argv, i, NULL, "--device", &v, bad)) return false;
+    if (!cli_opt_str(argc, argv, i, "-dev", "--device", &v, bad)) return false;
     if (*bad) return true;
     int d = kvlm_device_from_name(v);
+    /* llama.cpp's -dev names: none (the CPU), CUDA0, ... */
+    if (d < 0 && !strcmp(v, "none")) d = KVLM_DEVICE_CPU;
+    else if (d < 0 && (!strncmp(v, "CUDA", 4) || !strncmp(v, "cuda", 4))) d = KVLM_DEVICE_CUDA;
     if (d < 0) {
         fprintf(stderr, "kvlm: option --device: unknown device '%s' (cpu, cuda)\n", v);
         *bad = true;
@@ -137,9 +143,32 @@ enum { MAX_BIAS = 256 };
 static int32_t g_bias_ids[MAX_BIAS];
 static float g_bias[MAX_BIAS];
 
+int cli_sampler_add_bias(kvlm_sampler_params *sp, int32_t id, float bias) {
+    if (sp->n_bias == MAX_BIAS) return -1;
+    g_bias_ids[sp->n_bias] = id;
+    g_bias[sp->n_bias++] = bias;
+    sp->bias_ids = g_bias_ids;
+    sp->bias = g_bias;
+    return 0;
+}
+
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad) {
-    if (cli_opt_u64(argc, argv, i, NULL, "--seed", &sp->seed, bad)) {
-        *seed_set = true;
+    const char *seed;
+    if (cli_opt_str(argc, argv, i, NULL, "--seed", &seed, bad)) {
+        /* -1: a random seed, as llama.cpp's -s -1 */
+        if (!*bad && strcmp(seed, "-1")) {
+            char *end;
+            errno = 0;
+            unsigned long long x = strtoull(seed, &end, 10);
+            if (errno || *end || end == seed || seed[0] == '-') {
+                fprintf(stderr, "kvlm: option %s: '%s' is not a seed (a non-negative integer, or -1 for a random one)\n",
+                        argv[*i - 1], seed);
+                *bad = true;
+            } else {
+                sp->seed = x;
+                *seed_set = true;
+            }
+        }
         return true;
     }
     const char *lb = NULL;
@@ -161,15 +190,10 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
             *bad = true;
             return true;
         }
-        if (sp->n_bias == MAX_BIAS) {
+        if (cli_sampler_add_bias(sp, id, sign == '-' ? -v : v)) {
             fprintf(stderr, "kvlm: at most %d --logit-bias options\n", MAX_BIAS);
             *bad = true;
-            return true;
         }
-        g_bias_ids[sp->n_bias] = id;
-        g_bias[sp->n_bias++] = sign == '-' ? -v : v;
-        sp->bias_ids = g_bias_ids;
-        sp->bias = g_bias;
         return true;
     }
     return cli_opt_float(argc, argv, i, NULL, "--temp", &sp->temperature, bad) ||
@@ -177,7 +201,9 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
            cli_opt_float(argc, argv, i, NULL, "--top-p", &sp->top_p, bad) ||
            cli_opt_float(argc, argv, i, NULL, "--min-p", &sp->min_p, bad) ||
            cli_opt_float(argc, argv, i, NULL, "--repeat-penalty", &sp->repeat_penalty, bad) ||
-           cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
+           cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--presence-penalty", &sp->presence_penalty, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--frequency-penalty", &sp->frequency_penalty, bad);
 }
 
 int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab) {
@@ -191,7 +217,7 @@ int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab)
     }
     /* the options' names for the fields the server calls temperature, top_k, ... */
     static const char *const names[] = {NULL, "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                        "--repeat-last-n", "the frequency penalty", "the presence penalty"};
+                                        "--repeat-last-n", "--frequency-penalty", "--presence-penalty"};
     double v = f == KVLM_SAMPLER_TEMPERATURE        ? sp->temperature
                : f == KVLM_SAMPLER_TOP_K            ? sp->top_k
                : f == KVLM_SAMPLER_TOP_P            ? sp->top_p
