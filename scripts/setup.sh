@@ -12,6 +12,9 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
+# kvlm chat's line editing and history (libedit; without it chat reads plain lines), and
+# tmux, which drives kvlm chat at a terminal in tests/cli_chat_tty.sh.
+PKGS+=(libedit-dev tmux)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
