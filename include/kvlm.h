@@ -172,7 +172,9 @@ typedef struct kvlm_model_params {
     bool mlock;
 } kvlm_model_params;
 
-/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents. */
+/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents, or a
+ * Hugging Face model directory (config.json, *.safetensors, tokenizer.json:
+ * docs/hf-checkpoints.md). */
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err);
 void kvlm_model_free(kvlm_model *model);
 const kvlm_config *kvlm_model_config(const kvlm_model *model);

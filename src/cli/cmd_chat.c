@@ -145,7 +145,7 @@ static void chat_usage(FILE *f) {
             "model's answer streams to standard output. The conversation stays in the KV cache\n"
             "between turns: each turn prefills only the tokens that differ from those already\n"
             "there, and a line on stderr says how many came from the cache.\n\n"
-            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "  -m, --model FILE        GGUF, llama2.c .bin, or a Hugging Face model directory (docs/hf-checkpoints.md)\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --system TEXT       a system message before the first turn\n"
             "      --history FILE      the conversation so far: read at the start (when FILE exists) and each\n"

@@ -53,7 +53,7 @@ static void run_usage(FILE *f) {
             "usage: kvlm run -m MODEL [-p PROMPT | -f FILE] [-n N] [options]\n\n"
             "Streams the prompt and then the generated text to stdout; prints prompt tokens,\n"
             "prefill and decode tokens/s and KV cache bytes on stderr at the end.\n\n"
-            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "  -m, --model FILE        GGUF, llama2.c .bin, or a Hugging Face model directory (docs/hf-checkpoints.md)\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "  -p, --prompt TEXT       prompt (default: empty, i.e. BOS only)\n"
             "  -f, --file FILE         read the prompt from a file\n"
