@@ -50,9 +50,8 @@ def percents(screen, what):
 def clean(text):
     return "\r" not in text and "\x1b" not in text
 
-# a model whose writing takes a moment (a second or so; less in the quick run)
-shape = ["--dim", "256" if quick else "512", "--layers", "4" if quick else "8", "--heads", "8", "--hidden",
-         "768" if quick else "1536", "--vocab", "4000", "--type", "q4_0"]
+# a model whose writing takes a moment (a second or so): longer than the 0.3 s before a line shows
+shape = ["--dim", "512", "--layers", "8", "--heads", "8", "--hidden", "1536", "--vocab", "4000", "--type", "q4_0"]
 a, b, c = (os.path.join(tmp, n) for n in ("a.gguf", "b.gguf", "c.gguf"))
 rc, out, err = piped(["synth", a] + shape)
 check(rc == 0 and out == "" and err == "", "synth piped: nothing on stdout or stderr", err)
