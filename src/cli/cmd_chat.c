@@ -75,7 +75,7 @@ static void reader_open(line_reader *r, const char *hist_file) {
     memset(r, 0, sizeof *r);
     r->tty = isatty(STDIN_FILENO);
 #ifdef KVLM_HAVE_LIBEDIT
-    if (!r->tty) return;
+    if (!r->tty || !isatty(STDERR_FILENO)) return; /* (stderr to a file: plain lines) */
     /* prompt and echo on stderr: stdout holds only the answers */
     if (!(r->el = el_init("kvlm", stdin, stderr, stderr))) return;
     HistEvent ev;
