@@ -43,6 +43,27 @@ const char *kvlm_version(void);
  * (nothing half-made is kept; a file being written is removed). */
 typedef bool (*kvlm_progress_callback)(float progress, void *user_data);
 
+/* ---- logging ------------------------------------------------------------ */
+/* Everything the library says (a KV tier unreachable, a completion ended for
+ * lack of KV blocks, a preemption at info, ...) goes through one channel: the
+ * callback set by kvlm_log_set, which then gets every message at or above the
+ * level (one line, no newline; called from whichever thread logs, one call at
+ * a time; it must not call kvlm_log itself), and the library never writes to
+ * stderr on its own. Without a callback, messages go to stderr as
+ * "kvlm LEVEL: message". The level is kvlm_log_set_level's, or the
+ * environment's KVLM_LOG (debug, info, warn, error, off), or warn. */
+enum { KVLM_LOG_DEBUG = 0, KVLM_LOG_INFO, KVLM_LOG_WARN, KVLM_LOG_ERROR, KVLM_LOG_OFF };
+typedef void (*kvlm_log_fn)(void *user, int level, const char *msg);
+/* fn NULL: back to stderr. Once it returns, the previous callback is not running. */
+void kvlm_log_set(kvlm_log_fn fn, void *user);
+void kvlm_log_set_level(int level);
+int kvlm_log_get_level(void);
+/* Logs through the same channel (the server and the command use it). */
+void kvlm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "debug", "info", "warn" (or "warning"), "error", "off" -> KVLM_LOG_*, or -1; and back (NULL if none). */
+int kvlm_log_level_from_name(const char *name);
+const char *kvlm_log_level_name(int level);
+
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
  * for the 128k-context variants) */
@@ -261,6 +282,16 @@ int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool ad
 /* Text of one token (spaces and byte tokens decoded; control tokens give "").
  * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+/* The same, but a control token gives its own text ("</s>", "<|im_end|>") when
+ * special is true (vLLM's skip_special_tokens false). */
+int kvlm_token_to_piece(const kvlm_model *model, int32_t token, bool special, char *buf, size_t cap);
+/* Fill-in-the-middle tokens (KVLM_FIM_*): GGUF's tokenizer.ggml.fim_pre_token_id,
+ * fim_suf_token_id, fim_mid_token_id (or the older prefix/suffix/middle ids),
+ * else the token whose text is one llama.cpp looks for (<|fim_prefix|>,
+ * <fim-prefix>, <PRE>, DeepSeek's; the same for suffix and middle); -1 if none.
+ * A FIM prompt is [BOS] PRE prefix SUF suffix MID, the text to fill following. */
+enum { KVLM_FIM_PRE = 0, KVLM_FIM_SUF = 1, KVLM_FIM_MID = 2 };
+int32_t kvlm_token_fim(const kvlm_model *model, int which);
 /* The pre-tokenizer's chunks of text (what byte-level BPE merges within):
  * ends[i] is the byte offset where chunk i ends; the chunks cover the text in
  * order. pre names a tokenizer.ggml.pre pre-tokenizer ("llama-bpe",
@@ -281,6 +312,7 @@ typedef struct kvlm_detok {
     char pending[8];
     int n_pending;
     int32_t prev;
+    bool special;      /* control tokens give their text (kvlm_token_to_piece); kvlm_detok_init: false */
 } kvlm_detok;
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *model);
 /* Appends the text of token to out (NUL-terminated); returns bytes written. */
@@ -768,6 +800,21 @@ kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char 
 void kvlm_grammar_free(kvlm_grammar *grammar);
 
 /* ---- sampling ---------------------------------------------------------- */
+/* The stages of a sampler, for kvlm_sampler_params.stages (llama.cpp's
+ * names and letters: kvlm_sampler_stage_from_name). */
+enum { KVLM_STAGE_PENALTIES = 1, KVLM_STAGE_DRY, KVLM_STAGE_TOP_K, KVLM_STAGE_TYPICAL_P, KVLM_STAGE_TOP_P,
+       KVLM_STAGE_MIN_P, KVLM_STAGE_XTC, KVLM_STAGE_TEMPERATURE };
+#define KVLM_MAX_STAGES 16
+/* llama.cpp's names: "penalties", "dry", "top_k", "typ_p", "top_p", "min_p",
+ * "xtc", "temperature", and its other spellings ("top-k", "typical_p",
+ * "typical", "nucleus", "temp", ...) -> KVLM_STAGE_*, or 0; and back. */
+int kvlm_sampler_stage_from_name(const char *name);
+const char *kvlm_sampler_stage_name(int stage);
+/* llama.cpp's letters (--sampling-seq, a server's "samplers" string): e
+ * penalties, d dry, k top_k, y typ_p, p top_p, m min_p, x xtc, t temperature
+ * -> KVLM_STAGE_*, or 0. */
+int kvlm_sampler_stage_from_char(char c);
+
 typedef struct kvlm_sampler_params {
     float temperature;    /* <= 0: greedy */
     int top_k;            /* <= 0: off */
@@ -791,6 +838,56 @@ typedef struct kvlm_sampler_params {
      * holds a reference: the caller may free its own after creating it. NULL:
      * free text. */
     const struct kvlm_grammar *grammar;
+    /* vLLM's repetition_penalty, over every token of the prompt (what
+     * kvlm_sampler_accept was given) and of the output: a positive logit is
+     * divided by it, a negative one multiplied. Unlike repeat_penalty
+     * (llama.cpp's: the last repeat_last_n tokens only). 1 (or <= 0): off */
+    float repetition_penalty;
+    /* llama.cpp's locally typical sampling: the tokens whose surprise is
+     * closest to the distribution's entropy, until their mass passes
+     * typical_p. >= 1 (or <= 0): off */
+    float typical_p;
+    /* llama.cpp's DRY ("don't repeat yourself"): a token that would extend a
+     * run of at least dry_allowed_length tokens repeating an earlier run (in
+     * the last dry_penalty_last_n tokens given or picked; -1: all of them, up
+     * to 65,536) loses dry_multiplier * dry_base^(run - dry_allowed_length)
+     * from its logit. A run does not reach back past a sequence breaker: a
+     * token whose text contains one of dry_sequence_breakers (NULL: llama.cpp's
+     * "\n", ":", "\"", "*"; needs model). dry_multiplier 0 (or dry_base < 1): off */
+    float dry_multiplier, dry_base;
+    int dry_allowed_length, dry_penalty_last_n;
+    const char *const *dry_sequence_breakers;
+    int n_dry_sequence_breakers;
+    /* llama.cpp's XTC ("exclude top choices"): with probability
+     * xtc_probability (a draw from the sampler's stream), every token at or
+     * above xtc_threshold probability but the least likely of them is
+     * removed (when at least two are). 0: off; a threshold above 0.5: off */
+    float xtc_probability, xtc_threshold;
+    /* The order of the stages (KVLM_STAGE_*, llama.cpp's --samplers); a
+     * stage not listed does not run. n_stages 0: kvlm's order, penalties ->
+     * dry -> top_k -> typical_p -> temperature -> top_p -> min_p -> xtc
+     * (temperature before top_p and min_p, as vLLM and OpenAI do; llama.cpp's
+     * default puts it last). Logit biases, the bans below and the grammar
+     * come first whatever the order; greedy (temperature <= 0) takes the
+     * largest logit after the penalties and DRY. */
+    int stages[KVLM_MAX_STAGES];
+    int n_stages;
+    /* vLLM's min_tokens: end-of-generation tokens and stop_ids are banned
+     * until this many tokens have been picked (needs model). 0: none */
+    int min_tokens;
+    /* End-of-generation tokens banned for the whole text (vLLM's ignore_eos,
+     * llama.cpp's --ignore-eos; needs model) */
+    bool ignore_eos;
+    /* vLLM's stop_token_ids: tokens that end a completion once picked (the
+     * scheduler gives the token, then ends it with finish STOP); the sampler
+     * bans them before min_tokens. Copied by kvlm_sampler_create and
+     * kvlm_sched_submit. */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    /* The model whose tokens are drawn: its end-of-generation tokens
+     * (ignore_eos, min_tokens) and token texts (DRY's breakers). NULL:
+     * those have no effect (the scheduler sets its model's). */
+    const struct kvlm_model *model;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;
@@ -799,13 +896,21 @@ kvlm_sampler_params kvlm_sampler_default_params(void);
 enum {
     KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
     KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
-    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS, KVLM_SAMPLER_REPETITION_PENALTY,
+    KVLM_SAMPLER_TYPICAL_P, KVLM_SAMPLER_DRY_MULTIPLIER, KVLM_SAMPLER_DRY_BASE, KVLM_SAMPLER_DRY_ALLOWED_LENGTH,
+    KVLM_SAMPLER_DRY_PENALTY_LAST_N, KVLM_SAMPLER_XTC_PROBABILITY, KVLM_SAMPLER_XTC_THRESHOLD,
+    KVLM_SAMPLER_MIN_TOKENS, KVLM_SAMPLER_STAGES, KVLM_SAMPLER_STOP_ID
 };
 /* The one check of sampling values, for kvlm serve's requests and kvlm run's
  * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
  * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
  * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
- * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * bias's token id 0 or more (and below vocab_size when it is above 0),
+ * repetition_penalty 0..100 (0: off), typical_p 0..1, dry_multiplier 0..100,
+ * dry_base 0..100 (below 1: off), dry_allowed_length 0..65536,
+ * dry_penalty_last_n -1..1e9, xtc_probability and xtc_threshold 0..1,
+ * min_tokens 0 or more, stages among KVLM_STAGE_* (at most KVLM_MAX_STAGES),
+ * stop ids as bias ids (*index: which). Returns
  * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
  * what it must be without naming it ("must be between 0 and 1"), for each
  * caller to put its user's name for it first ('top_p' in a request, --top-p on
@@ -819,8 +924,10 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_s
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
-/* Records a token (e.g. of the prompt) for the repetition penalty. */
+/* Records a token (e.g. of the prompt) for the repetition penalties and DRY. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+/* Whether token is one of params.stop_ids (it ends a completion). */
+bool kvlm_sampler_is_stop(const kvlm_sampler *s, int32_t token);
 
 /* ---- speculative decoding ---------------------------------------------- */
 /* Several tokens per read of the weights (docs/speculative.md): drafts are
@@ -1024,6 +1131,16 @@ typedef struct kvlm_request_params {
     int max_tokens;     /* tokens to generate at most (> 0) */
     int n;              /* completions of the prompt (its blocks are forked); 0: 1 */
     int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
+    /* vLLM's prompt_logprobs: an event (prompt_token true) for each prompt
+     * token after the first with its log-probability given the tokens before
+     * it and its prompt_top_logprobs (0..20) likeliest alternatives. The
+     * prompt is then computed afresh, not taken from the prefix cache (as
+     * vLLM does). */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;
+    /* Compute the prompt afresh: no prefix reuse at admission (llama-server's
+     * cache_prompt false). Its blocks are still indexed for later requests. */
+    bool no_prefix_reuse;
 } kvlm_request_params;
 
 /* KV_FULL: the KV pool could not hold the completion any longer (one sequence
@@ -1042,11 +1159,18 @@ typedef struct kvlm_sched_event {
     int32_t token;
     int finish;          /* KVLM_FINISH_*: STOP = end-of-generation token */
     float logprob;       /* of token (when logprobs >= 0) */
+    int rank;            /* ... and its rank among the vocabulary's (1: the likeliest) */
     int n_top;
     int32_t top_tokens[KVLM_MAX_LOGPROBS];
     float top_logprobs[KVLM_MAX_LOGPROBS];
     int prompt_tokens, cached_tokens; /* cached: prompt tokens found in the prefix index at admission */
     const char *error;   /* finish == ERROR: why */
+    /* prompt_logprobs: this event is not a generated token but prompt token
+     * pos (>= 1) of completion 0, token, with logprob and the alternatives */
+    bool prompt_token;
+    int pos;
+    /* seconds from the submission to the request's first admission (0 before it) */
+    double queue_time;
 } kvlm_sched_event;
 /* Return false to end this completion now (e.g. a stop string was seen); its
  * final event then has finish STOP. */
@@ -1071,7 +1195,7 @@ void kvlm_sched_run(kvlm_sched *s);
 void kvlm_sched_stop(kvlm_sched *s);
 
 typedef struct kvlm_sched_stats {
-    int running, waiting;
+    int running, waiting; /* running: holding KV blocks, prefilling ones included */
     uint64_t preemptions, steps, requests_done;
     /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
      * space; swap_bytes: bytes moved out and back in */
@@ -1114,15 +1238,24 @@ typedef struct kvlm_sched_req_info {
     int state;           /* 0 waiting, 1 prefill, 2 running */
     int prompt_tokens, generated, cached_tokens;
     int blocks, shared_blocks; /* summed over its completions */
+    /* prefill: tokens of the text to compute (the prompt, or after a
+     * recompute the prompt and what it generated) already in the cache, of
+     * prefill_total; both 0 when not in prefill */
+    int prefill_done, prefill_total;
 } kvlm_sched_req_info;
-/* Live requests as of the end of the last step; returns how many (at most cap written). */
+/* Live requests as of the last step's admission (before its forward pass:
+ * a request being prefilled counts as running from then on, and in
+ * kvlm_sched_stats) or its end; returns how many (at most cap written). */
 int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
 /* ---- the OpenAI-compatible HTTP server ------------------------------------- */
 /* POST /v1/completions and /v1/chat/completions (streamed as server-sent
- * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
- * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
- * kvlm_sched over the context. */
+ * events or not; OpenAI's fields and those vLLM's and llama-server's clients
+ * send, docs/serving.md), GET /v1/models and /v1/models/{id}, /health,
+ * /metrics (Prometheus: kvlm's series and vLLM's), /kvlm/status (JSON) and
+ * the web page at /, over libmicrohttpd; one engine thread runs a kvlm_sched
+ * over the context. It logs through kvlm_log: a line per request, a
+ * throughput line while busy. */
 typedef struct kvlm_server kvlm_server;
 typedef struct kvlm_server_params {
     const char *host;          /* address to bind; NULL: 127.0.0.1 */
@@ -1176,6 +1309,14 @@ typedef struct kvlm_server_params {
     size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
     size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
                                     answer); past it the connection holding most is reset; 0: 64 MiB */
+    /* A request field the server does not use (top-level, or in stream_options) is ignored and logged once
+     * per name, as vLLM does; strict_params: refused with a 400 (unknown_parameter) instead. */
+    bool strict_params;
+    /* Its log (through kvlm_log: one line per request at info, /health and /metrics at debug; a throughput
+     * line every log_interval_s while busy, 0: 10, < 0: never): log_json makes each line a JSON object
+     * ({"event": "request", ...}) for the log callback to pass on, else key=value text. */
+    bool log_json;
+    double log_interval_s;
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

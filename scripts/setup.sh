@@ -12,6 +12,8 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
+# tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
+PKGS+=(prometheus)
 # tests/cli_template.sh renders every chat template with Python's jinja2 as transformers does.
 PKGS+=(python3-jinja2)
 # kvlm chat's line editing and history (libedit; without it chat reads plain lines), and

@@ -366,6 +366,28 @@ int kvlm_token_to_text(const kvlm_model *m, int32_t token, char *buf, size_t cap
     return tok_token_to_bytes(m->tok, token, false, buf, cap);
 }
 
+int kvlm_token_to_piece(const kvlm_model *m, int32_t token, bool special, char *buf, size_t cap) {
+    if (!m->tok) return -1;
+    return tok_token_to_bytes(m->tok, token, special, buf, cap);
+}
+
+int32_t kvlm_token_fim(const kvlm_model *m, int which) {
+    /* the texts llama.cpp recognises (the last: DeepSeek's, in full-width bars) */
+    static const char *const texts[3][5] = {
+        {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>"},
+        {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>"},
+        {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+    };
+    if (which < 0 || which > 2) return -1;
+    const model_vocab *v = &m->vocab;
+    int32_t id = which == KVLM_FIM_PRE ? v->fim_pre : which == KVLM_FIM_SUF ? v->fim_suf : v->fim_mid;
+    if (id >= 0) return id;
+    for (int t = 0; t < v->n_tokens && v->tokens; t++)
+        for (int k = 0; k < 5; k++)
+            if (v->tokens[t] && !strcmp(v->tokens[t], texts[which][k])) return t;
+    return -1;
+}
+
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *m) {
     memset(d, 0, sizeof *d);
     d->model = m;
@@ -420,7 +442,7 @@ static size_t emit_utf8(kvlm_detok *d, const char *buf, size_t len, char *out, s
 int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap) {
     char buf[256];
     if (cap) out[0] = 0;
-    int len = kvlm_token_to_text(d->model, token, buf, sizeof buf);
+    int len = kvlm_token_to_piece(d->model, token, d->special, buf, sizeof buf);
     int32_t prev = d->prev;
     d->prev = token;
     if (len <= 0) return 0;

@@ -803,6 +803,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     memset(m, 0, sizeof *m);
     m->map_flags = (params->no_mmap ? UTIL_MAP_READ : 0) | (params->mlock ? UTIL_MAP_LOCK : 0);
     m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = -1;
+    m->vocab.fim_pre = m->vocab.fim_suf = m->vocab.fim_mid = -1;
     snprintf(m->path, sizeof m->path, "%s", path);
     int rc;
     if (model_hf_is_dir(path)) {

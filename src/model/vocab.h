@@ -25,6 +25,7 @@ typedef struct model_vocab {
     int n_merges;
     char **merges;       /* "a b" pairs, rank = index */
     int32_t bos, eos, unk, pad, eot; /* -1 if none */
+    int32_t fim_pre, fim_suf, fim_mid; /* fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id); -1 if none */
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */
