@@ -190,6 +190,19 @@ kvlm_names = ["--seed", "42", "--temp", "0.9", "--cache-type-k", "q8_0", "--cach
               "--repeat-last-n", "32", "-t", "1"]
 a, b = out_of(llama), out_of(kvlm_names)
 check(a[0] == 0 and a[1] == b[1] and len(a[1]) > 20, "llama.cpp's names give kvlm's text (seeded sampling)", (a, b))
+# examples/main/README.md's sampling examples (DRY, XTC, the stages' order), and what kvlm lacks
+for extra in (["--dry-multiplier", "0.8", "--dry-base", "1.75", "--dry-allowed-length", "2", "--dry-penalty-last-n", "-1",
+               "--dry-sequence-breaker", "\u2014", "--dry-sequence-breaker", "##"],
+              ["--xtc-probability", "0.5", "--xtc-threshold", "0.1"],
+              ["--sampling-seq", "mx", "--min-p", "0.02", "--xtc-probability", "0.5"],
+              ["--typical", "0.9", "--samplers", "penalties;dry;top_k;typ_p;top_p;min_p;xtc;temperature",
+               "--repeat-last-n", "-1"]):
+    rc, out, err = out_of(["-s", "3"] + extra)
+    check(rc == 0 and out.startswith("Once upon a time") and len(out) > 20, "run " + " ".join(extra), err)
+rc, out, err = out_of(["--mirostat", "2", "--mirostat-lr", "0.05", "--mirostat-ent", "3.0"])
+check(rc == 1 and "llama.cpp's --mirostat is not supported by kvlm run" in err, "--mirostat: named as not supported", err)
+rc, out, err = out_of(["--samplers", "top_k;bogus"])
+check(rc == 1 and "'bogus' is not a stage" in err, "--samplers with an unknown stage refused", err)
 rc, out, err = out_of(["--predict", "8", "--temp", "0", "-r", "there"])
 check(rc == 0 and "stopped: reverse prompt (-r)" in err and out.strip() == "Once upon a time, there",
       "-r stops after its text in what is generated", (out, err))

@@ -84,9 +84,14 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "                          only blocks whose signature verifies (also $KVLM_KV_KEY_FILE, or the\n" \
     "                          secret itself in $KVLM_KV_KEY; docs/kv-tiers.md)\n"
 /* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
- * --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
- * --seed (sets *seed_set; -1: random), -l/--logit-bias (repeated; the biases
- * live as long as the process). CLI_SAMPLER_USAGE is their help text. */
+ * --repeat-penalty, --repeat-last-n (-1: all), --presence-penalty,
+ * --frequency-penalty, --typical, --dry-multiplier, --dry-base,
+ * --dry-allowed-length, --dry-penalty-last-n, --dry-sequence-breaker
+ * (repeated), --xtc-probability, --xtc-threshold, --samplers /
+ * --sampling-seq, --seed (sets *seed_set; -1: random), -l/--logit-bias
+ * (repeated; the biases and breakers live as long as the process: argv's).
+ * The run sets sp->model once the model is loaded (DRY's breakers, --ignore-eos).
+ * CLI_SAMPLER_USAGE is their help text. */
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad);
 /* One more logit bias in sp (the same process-long store); -1 when full. */
 int cli_sampler_add_bias(kvlm_sampler_params *sp, int32_t id, float bias);
@@ -103,6 +108,14 @@ int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab)
     "      --repeat-last-n N   how many recent tokens the penalty sees, 0..65536 (default 64)\n" \
     "      --presence-penalty P  OpenAI's: subtract P from the logit of each token already generated, -2..2\n" \
     "      --frequency-penalty F  ... F times the times it was generated, -2..2 (both default 0 = off)\n" \
+    "      --typical P         locally typical sampling, 0..1 (default 1 = off)\n" \
+    "      --dry-multiplier M  DRY: penalise extending a repeated run, 0..100 (default 0 = off); with\n" \
+    "                          --dry-base B (1.75), --dry-allowed-length N (2), --dry-penalty-last-n N (-1: all),\n" \
+    "                          --dry-sequence-breaker S (repeatable; default \\n : \" *; none: no breaker)\n" \
+    "      --xtc-probability P XTC: with probability P drop the top choices but the least of them, 0..1\n" \
+    "                          (default 0 = off); --xtc-threshold T: those at or above T (0.1)\n" \
+    "      --samplers S        the stages' order, llama.cpp's: names joined by ';' (penalties;dry;top_k;typ_p;\n" \
+    "                          temperature;top_p;min_p;xtc), or --sampling-seq with one letter each (edkytpmx)\n" \
     "  -s, --seed S            random seed (default: time-based; -1 too); the same seed gives the same text\n" \
     "  -l, --logit-bias T+B    add B (-100..100) to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
 /* Structured output for run, chat and grammar: --json (any JSON object),

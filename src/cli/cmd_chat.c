@@ -404,7 +404,8 @@ int cmd_chat(int argc, char **argv) {
     reader_open(&lr, input_history);
     model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
-    if (ll.ignore_eos && cli_llama_ignore_eos("chat", model, &sp)) goto done;
+    sp.model = model; /* its end-of-generation tokens (--ignore-eos) and token texts (DRY's breakers) */
+    sp.ignore_eos = ll.ignore_eos;
     if (cli_sampler_check("chat", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
     if (ll.verbose) {
         char desc[1024];

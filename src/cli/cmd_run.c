@@ -187,7 +187,8 @@ int cmd_run(int argc, char **argv) {
     int32_t *toks = NULL;
     model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("run", "%s", err.msg); goto done; }
-    if (ll.ignore_eos && cli_llama_ignore_eos("run", model, &sp)) goto done;
+    sp.model = model; /* its end-of-generation tokens (--ignore-eos) and token texts (DRY's breakers) */
+    sp.ignore_eos = ll.ignore_eos;
     if (cli_sampler_check("run", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
     if (ll.verbose) {
         char desc[1024];

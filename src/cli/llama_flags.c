@@ -4,7 +4,6 @@
 #include "cli/llama_flags.h"
 #include <ctype.h>
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,14 +271,6 @@ int cli_llama_finish(const char *cmd, cli_llama *ll, kvlm_ctx_params *cp, kvlm_m
     if (ll->verbose && !getenv("KVLM_LOG")) setenv("KVLM_LOG", "info", 1);
     if (ll->escape)
         for (int k = 0; k < ll->n_reverse; k++) cli_unescape((char *)ll->reverse[k]);
-    return 0;
-}
-
-int cli_llama_ignore_eos(const char *cmd, const kvlm_model *model, kvlm_sampler_params *sp) {
-    int n = kvlm_vocab_size(model);
-    for (int t = 0; t < n; t++)
-        if (kvlm_token_is_eog(model, t) && cli_sampler_add_bias(sp, t, -INFINITY))
-            return cli_fail(cmd, "--ignore-eos: too many logit biases with the model's end-of-generation tokens");
     return 0;
 }
 

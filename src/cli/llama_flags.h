@@ -35,7 +35,7 @@ typedef struct cli_llama {
     int parallel;          /* -np N (serve): sequences at once, each -c / N tokens (0: not given) */
     bool no_mmap, mlock;   /* kvlm_model_params' */
     bool verbose;          /* -v: the model, device and cache described; library info lines */
-    bool ignore_eos;       /* --ignore-eos (run, chat) */
+    bool ignore_eos;       /* --ignore-eos (run, chat): kvlm_sampler_params.ignore_eos */
     bool escape;           /* -e: \n, \t, \\, \", \', \xHH in -p / each message (run, chat) */
     bool conversation;     /* -cnv (run): a conversation: kvlm chat */
     const char *reverse[CLI_MAX_REVERSE]; /* -r TEXT (run, chat): stop after it */
@@ -46,9 +46,6 @@ void cli_llama_init(cli_llama *ll);
 bool cli_opt_llama(int argc, char **argv, int *i, cli_llama *ll, bool *bad);
 /* Applies ll to cp and mp (either may be NULL) and checks it; 1 after cli_fail. */
 int cli_llama_finish(const char *cmd, cli_llama *ll, kvlm_ctx_params *cp, kvlm_model_params *mp);
-/* --ignore-eos: every end-of-generation token of model banned by a logit bias
- * added to sp (as llama.cpp does); 1 after cli_fail (too many biases). */
-int cli_llama_ignore_eos(const char *cmd, const kvlm_model *model, kvlm_sampler_params *sp);
 /* -e: llama.cpp's escapes in s, in place: \n \r \t \' \" \\ and \xHH (two
  * hex digits); any other backslash stays as it is. Returns s. */
 char *cli_unescape(char *s);
