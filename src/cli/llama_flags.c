@@ -268,7 +268,7 @@ int cli_llama_finish(const char *cmd, cli_llama *ll, kvlm_ctx_params *cp, kvlm_m
         mp->no_mmap = ll->no_mmap;
         mp->mlock = ll->mlock;
     }
-    if (ll->verbose && !getenv("KVLM_LOG")) setenv("KVLM_LOG", "info", 1);
+    if (ll->verbose && kvlm_log_get_level() > KVLM_LOG_INFO) kvlm_log_set_level(KVLM_LOG_INFO);
     if (ll->escape)
         for (int k = 0; k < ll->n_reverse; k++) cli_unescape((char *)ll->reverse[k]);
     return 0;
