@@ -20,12 +20,28 @@ enum {
     KVLM_ERANGE,       /* e.g. a prompt longer than the context */
     KVLM_EUNSUPPORTED, /* an architecture, type or feature kvlm lacks */
     KVLM_EFULL,        /* the KV cache has no room */
+    KVLM_ECANCELED,    /* a progress callback returned false (kvlm_progress_callback) */
 };
 typedef struct kvlm_error {
     int code;
     char msg[512];
 } kvlm_error;
 const char *kvlm_status_name(int code);
+
+/* The library's version and the git revision it was built from, e.g.
+ * "0.1.0 (git 1a2b3c4d5e)" ("-dirty" after a revision with uncommitted
+ * changes; "unknown revision" outside a git checkout). The first word is
+ * the version of project() in CMakeLists.txt, which kvlm.pc and the CMake
+ * package carry too. `kvlm --version` prints it. */
+const char *kvlm_version(void);
+
+/* Progress of long work (loading a model, kvlm_model_save_gguf_progress,
+ * kvlm_model_synth), as llama.h's progress_callback: called on the calling
+ * thread with a fraction of the work done that never decreases, 0 first and
+ * 1 last when the work completes; user_data is given back as it was passed.
+ * Returning false stops the work cleanly: the call fails with KVLM_ECANCELED
+ * (nothing half-made is kept; a file being written is removed). */
+typedef bool (*kvlm_progress_callback)(float progress, void *user_data);
 
 /* ---- logging ------------------------------------------------------------ */
 /* Everything the library says (a KV tier unreachable, a completion ended for
@@ -177,9 +193,22 @@ typedef struct kvlm_model_params {
     const char *tokenizer_path; /* llama2.c .bin only; NULL: tokenizer.bin beside the model */
     bool vocab_only;            /* load only the tokenizer (vocabulary-only GGUF files) */
     bool metadata_only;         /* open and validate the file, read nothing model-specific (inspect) */
+    /* Called as the weights are read (kvlm_progress_callback; NULL: none):
+     * most of a load's time is reading the file once into the layout the
+     * matmuls use; false cancels the load (KVLM_ECANCELED, nothing kept). */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
+    /* llama.cpp's --no-mmap: the weights are read into memory rather than
+     * mapped from the file (the file may then change or go; more memory
+     * while loading). --mlock: the model's memory is locked so it is never
+     * paged out (a load fails with KVLM_ENOMEM past RLIMIT_MEMLOCK). */
+    bool no_mmap;
+    bool mlock;
 } kvlm_model_params;
 
-/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents. */
+/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents, or a
+ * Hugging Face model directory (config.json, *.safetensors, tokenizer.json:
+ * docs/hf-checkpoints.md). */
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err);
 void kvlm_model_free(kvlm_model *model);
 const kvlm_config *kvlm_model_config(const kvlm_model *model);
@@ -192,6 +221,12 @@ void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
  * type: a GGUF type id for the 2-D weights, or -1 to keep each tensor's type.
  * Norms and biases stay F32. */
 int kvlm_model_save_gguf(const kvlm_model *model, const char *path, int type, kvlm_error *err);
+/* The same, reporting to progress_callback (NULL: none) as the weights are
+ * converted and written (kvlm convert's progress); its false stops it with
+ * KVLM_ECANCELED, leaving no file at path. */
+int kvlm_model_save_gguf_progress(const kvlm_model *model, const char *path, int type,
+                                  kvlm_progress_callback progress_callback, void *progress_callback_user_data,
+                                  kvlm_error *err);
 /* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k", "iq4_xs", ... (docs/weights.md), or -1. */
 int kvlm_type_from_name(const char *name);
 const char *kvlm_type_name(int type);
@@ -229,6 +264,10 @@ typedef struct kvlm_synth_params {
      * when the vocabulary has room, then letters, digits, punctuation and letter pieces,
      * each as a word's start and as a continuation) */
     int pooling_plus1;
+    /* making the weights, converting them to type and writing the file
+     * (kvlm_progress_callback; NULL: none; false: KVLM_ECANCELED, no file) */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
@@ -1041,8 +1080,8 @@ int kvlm_embed(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const kvlm_
  * tokenizer_config.json or chat_template.jinja), a named variant of it
  * (tokenizer.chat_template.NAME: "tool_use", taken by itself when a request
  * has tools), a template's text given by the caller (--chat-template-file),
- * or one of the built-in families (tok/chat.c: "chatml", "llama3", ...) for
- * files without a template. Rendering is Hugging Face's: the template sees
+ * or one of the built-in families (kvlm_chat_family_names: "chatml",
+ * "llama3", ...) for files without a template. Rendering is Hugging Face's: the template sees
  * messages, tools, documents, add_generation_prompt, bos_token, eos_token and
  * the request's chat_template_kwargs. Read-only after creation: one kvlm_chat
  * may render from many threads at once. */
@@ -1075,6 +1114,9 @@ void kvlm_chat_free(kvlm_chat *chat);
 const char *kvlm_chat_describe(const kvlm_chat *chat);
 /* The built-in family's name, or "jinja". */
 const char *kvlm_chat_family(const kvlm_chat *chat);
+/* The built-in families, the one list the help texts, messages and docs
+ * name: "chatml, llama2, ..., gpt-oss or plain" (static text). */
+const char *kvlm_chat_family_names(void);
 /* Renders a request, a JSON object (text) with the members of an OpenAI chat
  * request that a template sees: messages (required: objects with a string
  * role; content a string, null or an array of text parts; tool_calls,

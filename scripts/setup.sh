@@ -16,6 +16,9 @@ PKGS+=(python3-jsonschema)
 PKGS+=(prometheus)
 # tests/cli_template.sh renders every chat template with Python's jinja2 as transformers does.
 PKGS+=(python3-jinja2)
+# kvlm chat's line editing and history (libedit; without it chat reads plain lines), and
+# tmux, which drives kvlm chat at a terminal in tests/cli_chat_tty.sh.
+PKGS+=(libedit-dev tmux)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

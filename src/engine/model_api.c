@@ -15,6 +15,7 @@
 #include "tok/tok.h"
 #include "util/log.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/mem.h"
 
 /* The tensors only matmul reads: each layer's projections, its stacked
@@ -50,23 +51,41 @@ static size_t copy_bytes(const model_tensor *t) {
  * step reads the copy. The file's pages of an untied tensor are then dropped
  * from memory (they are clean pages of a read-only mapping, read back from
  * the file if anything asks), so the copy does not double the resident
- * weights. Returns false if out of memory (the model then reads the file's
- * pages, which is only slower). */
-static bool pack_weights(kvlm_model *m) {
-    if (!m->layers) return true;
+ * weights (not when the file was read into memory, --no-mmap, where dropped
+ * pages would read back as zeros, nor under --mlock). Out of memory, the
+ * model reads the file's pages, which is only slower. This reads the whole
+ * file once: most of a load's time, reported to the progress callback by
+ * bytes read. KVLM_ECANCELED when it returns false (what was packed is
+ * freed with the model). */
+static int pack_weights(kvlm_model *m, const kvlm_model_params *p) {
+    if (!m->layers) return KVLM_OK;
     model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * MATMUL_PER_LAYER + 1));
-    if (!ts) return false;
+    if (!ts) return KVLM_OK;
     int n = matmul_tensors(m, ts);
-    size_t total = 0;
+    size_t total = 0, in_total = 0, in_done = 0;
     for (int i = 0; i < n; i++)
-        if (ts[i]->data) total += (copy_bytes(ts[i]) + 63) & ~(size_t)63;
+        if (ts[i]->data) {
+            total += (copy_bytes(ts[i]) + 63) & ~(size_t)63;
+            in_total += file_bytes(ts[i]);
+        }
     uint8_t *buf = total ? util_big_alloc(total, false) : NULL;
-    if (!buf) { free(ts); return total == 0; }
+    if (!buf) { free(ts); return KVLM_OK; }
+    m->packed_buf = buf;
+    m->packed_bytes = total;
+    if ((m->map_flags & UTIL_MAP_LOCK) && mlock(buf, total) != 0)
+        LOG_WARN("%s: cannot lock the weights' %zu bytes in memory (raise ulimit -l); going on unlocked", m->path, total);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         model_tensor *t = ts[i];
         if (!t->data) continue;
+        /* (0.99 at most here: 1 is for the load's end) */
+        if (p && p->progress_callback && !p->progress_callback(0.99f * (float)((double)in_done / (double)in_total),
+                                                               p->progress_callback_user_data)) {
+            free(ts);
+            return KVLM_ECANCELED;
+        }
+        in_done += file_bytes(t);
         const void *file = t->data;
         bool tied = file == m->tok_embd.data, packed = op_pack_type(t->type) >= 0;
         if (packed) {
@@ -78,17 +97,15 @@ static bool pack_weights(kvlm_model *m) {
             t->data = buf + off;
             if (tied) m->tok_embd.data = t->data; /* still the same tensor: the embedding rows read the copy */
         }
-        if (!tied || !packed) { /* a packed tied classifier's embedding rows still read the file */
+        if ((!tied || !packed) && !m->map_flags) { /* a packed tied classifier's embedding rows still read the file */
             uintptr_t lo = ((uintptr_t)file + page - 1) & ~(uintptr_t)(page - 1);
             uintptr_t hi = ((uintptr_t)file + file_bytes(t)) & ~(uintptr_t)(page - 1);
             if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
         }
         off += (copy_bytes(t) + 63) & ~(size_t)63;
     }
-    m->packed_buf = buf;
-    m->packed_bytes = total;
     free(ts);
-    return true;
+    return KVLM_OK;
 }
 
 /* A pre-tokenizer given by its regexes (tokenizer.json) that kvlm knows
@@ -114,10 +131,22 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
     if (!m) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    kvlm_progress_callback progress = params ? params->progress_callback : NULL;
+    void *user = params ? params->progress_callback_user_data : NULL;
+    if (progress && !progress(0.0f, user)) {
+        free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
+    }
     if (model_load(m, path, params, err)) { free(m); return NULL; }
     m->packed_buf = NULL;
+    m->packed_bytes = 0;
     name_pre_regex(&m->vocab);
-    pack_weights(m);
+    if (pack_weights(m, params) == KVLM_ECANCELED) {
+        kvlm_model_free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
+    }
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
         if (!m->tok) {
@@ -129,6 +158,11 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
         /* Without tokenizer.ggml.add_bos_token, some pre-tokenizers (Llama 3,
          * Tekken, Chameleon) add BOS by default, as llama.cpp has it. */
         if (!m->vocab.add_bos_key && tok_default_add_bos(m->tok)) m->vocab.add_bos = true;
+    }
+    if (progress && !progress(1.0f, user)) { /* the load is done: a "no" here still cancels it, as asked */
+        kvlm_model_free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
     }
     return m;
 }
@@ -195,8 +229,13 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {
+    return kvlm_model_save_gguf_progress(m, path, type, NULL, NULL, err);
+}
+
+int kvlm_model_save_gguf_progress(const kvlm_model *m, const char *path, int type, kvlm_progress_callback cb,
+                                  void *user, kvlm_error *err) {
     if (!m->layers) return util_err_set(err, KVLM_EINVAL, "the model has no weights to save");
-    return model_save_gguf(m, path, type, err);
+    return model_save_gguf(m, path, type, cb, user, err);
 }
 
 int kvlm_model_synth(const kvlm_synth_params *p, const char *path, kvlm_error *err) {

@@ -13,6 +13,7 @@
 #include "model/dtype.h"
 #include "model/hf.h"
 #include "util/error.h"
+#include "util/file.h"
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
@@ -726,9 +727,12 @@ static int load_llama2c(struct kvlm_model *m, const char *tokenizer_path, bool v
         close(fd);
         return util_err_set(err, KVLM_EFORMAT, "%s: %zu bytes is too short for a GGUF or llama2.c model", m->path, size);
     }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = util_map_file(fd, size, m->map_flags, m->path);
+    int map_errno = errno;
     close(fd);
-    if (map == MAP_FAILED) return util_err_set(err, KVLM_EIO, "%s: mmap: %s", m->path, strerror(errno));
+    if (map == MAP_FAILED)
+        return util_err_set(err, KVLM_EIO, "%s: %s: %s", m->path, m->map_flags & UTIL_MAP_READ ? "read" : "mmap",
+                            strerror(map_errno));
     m->map = map;
     m->map_size = size;
     int32_t h[7];
@@ -809,6 +813,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     bool vocab_only = params->vocab_only;
     memset(m, 0, sizeof *m);
     m->cfg.pooling = -1; /* none in the file (kvlm_model_pooling) */
+    m->map_flags = (params->no_mmap ? UTIL_MAP_READ : 0) | (params->mlock ? UTIL_MAP_LOCK : 0);
     m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = m->vocab.sep = -1;
     m->vocab.fim_pre = m->vocab.fim_suf = m->vocab.fim_mid = -1;
     snprintf(m->path, sizeof m->path, "%s", path);
@@ -825,7 +830,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     size_t got = fread(magic, 1, 4, fp);
     fclose(fp);
     if (got == 4 && !memcmp(magic, "GGUF", 4)) {
-        m->gguf = gguf_open(path, err);
+        m->gguf = gguf_open_flags(path, m->map_flags, err);
         if (!m->gguf) return err ? err->code : KVLM_EFORMAT;
         if (params->metadata_only) return KVLM_OK;
         if (gguf_find(m->gguf, "tokenizer.ggml.model")) {

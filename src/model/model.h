@@ -75,6 +75,7 @@ struct kvlm_model {
     gguf_file *gguf;
     void *map;
     size_t map_size;
+    int map_flags;      /* util_map_file's: UTIL_MAP_READ (--no-mmap), UTIL_MAP_LOCK (--mlock) */
     size_t weight_bytes;
     void *packed_buf;   /* owned by the engine: every matmul tensor's copy, packed or its rows as they are */
     size_t packed_bytes;
@@ -187,5 +188,6 @@ int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *n
 /* Synthetic random-weight models (kvlm_synth_params in kvlm.h). */
 int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err);
 /* Writes m as GGUF v3; type = -1 keeps each tensor's type. */
-int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err);
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_progress_callback cb, void *user,
+                    kvlm_error *err);
 #endif

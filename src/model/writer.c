@@ -360,19 +360,48 @@ static void *convert_rows(util_pool *pool, const model_tensor *src, int dst_type
     return j.out;
 }
 
+/* Where a long write is, for a kvlm_progress_callback: fractions of one
+ * part of the work (lo..hi of the whole). */
+typedef struct {
+    kvlm_progress_callback cb;
+    void *user;
+    float lo, hi;
+} wprogress;
+
+/* false: the callback said stop */
+static bool wprogress_at(const wprogress *p, double frac) {
+    return !p || !p->cb || p->cb(p->lo + (p->hi - p->lo) * (float)frac, p->user);
+}
+
+/* The type tensor i is written as. */
+static int dst_type(const named_tensor *nt, int type) {
+    const model_tensor *t = &nt->t;
+    bool is_1d = t->n_out == 1; /* norms and biases stay f32 (gpt-oss's experts' biases are 2-D) */
+    size_t nl = strlen(nt->name);
+    bool keep = is_1d || type < 0 || (nl > 5 && !strcmp(nt->name + nl - 5, ".bias"));
+    return keep ? t->type : fit_type(type, t->n_in);
+}
+
 /* Adds every tensor, converting 2-D weights to `type` (-1: keep). Converted
- * data is malloc'd into owned[i]; the writer reads it at write time. */
+ * data is malloc'd into owned[i]; the writer reads it at write time. The
+ * conversion is reported to prog by weights converted. */
 static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool random_codes, void **owned,
-                         kvlm_error *err) {
+                         const wprogress *prog, kvlm_error *err) {
+    double all = 0, done = 0;
+    for (int i = 0; i < n; i++)
+        if (dst_type(&ts[i], type) != ts[i].t.type) all += (double)ts[i].t.n_in * (double)ts[i].t.n_out;
     util_pool *pool = util_pool_create(0); /* NULL: converted on this thread */
     for (int i = 0; i < n; i++) {
         model_tensor *t = &ts[i].t;
-        bool is_1d = t->n_out == 1; /* norms and biases stay f32 (gpt-oss's experts' biases are 2-D) */
-        size_t nl = strlen(ts[i].name);
-        bool keep = is_1d || type < 0 || (nl > 5 && !strcmp(ts[i].name + nl - 5, ".bias"));
-        int dst = keep ? t->type : fit_type(type, t->n_in);
+        bool is_1d = t->n_out == 1;
+        int dst = dst_type(&ts[i], type);
         const void *data = t->data;
         if (dst != t->type) {
+            if (!wprogress_at(prog, all > 0 ? done / all : 0)) {
+                util_pool_free(pool);
+                return util_err_set(err, KVLM_ECANCELED, "converting canceled by the progress callback");
+            }
+            done += (double)t->n_in * (double)t->n_out;
             data = owned[i] = convert_rows(pool, t, dst, random_codes && dt_is_iq(dst));
             if (!data) {
                 util_pool_free(pool);
@@ -393,8 +422,12 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool
     return KVLM_OK;
 }
 
-/* random_codes: synth's codebook-type weights are random codes (convert_rows). */
-static int save_gguf(const struct kvlm_model *m, const char *path, int type, bool random_codes, kvlm_error *err) {
+/* random_codes: synth's codebook-type weights are random codes (convert_rows).
+ * prog: its part of the work (NULL: no progress); of it, converting takes
+ * 80% when any tensor changes type (quantizing is most of the time), writing
+ * the rest. */
+static int save_gguf(const struct kvlm_model *m, const char *path, int type, bool random_codes, const wprogress *prog,
+                     kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
     /* No GGUF key holds the attention scale: a reader derives it (llama.cpp's
@@ -425,8 +458,17 @@ static int save_gguf(const struct kvlm_model *m, const char *path, int type, boo
     if (m->type_embd.data) /* the converter's: token_types.weight's rows */
         gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", (uint32_t)m->type_embd.n_out);
     int n = list_tensors(m, ts, cap);
-    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, random_codes, owned, err);
-    if (!rc) rc = gguf_writer_write(w, path, err);
+    wprogress conv = {0}, wr = {0};
+    if (prog && n > 0) {
+        bool converts = false;
+        for (int i = 0; i < n && !converts; i++) converts = dst_type(&ts[i], type) != ts[i].t.type;
+        float mid = converts ? prog->lo + 0.8f * (prog->hi - prog->lo) : prog->lo;
+        conv = (wprogress){prog->cb, prog->user, prog->lo, mid};
+        wr = (wprogress){prog->cb, prog->user, mid, prog->hi};
+    }
+    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory")
+               : write_tensors(w, ts, n, type, random_codes, owned, prog ? &conv : NULL, err);
+    if (!rc) rc = gguf_writer_write_progress(w, path, wr.cb, wr.user, wr.lo, wr.hi, err);
 done:
     if (owned)
         for (int i = 0; i < cap; i++) free(owned[i]);
@@ -438,8 +480,16 @@ done:
     return rc;
 }
 
-int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
-    return save_gguf(m, path, type, false, err);
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_progress_callback cb, void *user,
+                    kvlm_error *err) {
+    wprogress p = {cb, user, 0, 1};
+    if (!wprogress_at(&p, 0)) return util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    int rc = save_gguf(m, path, type, false, cb ? &p : NULL, err);
+    if (!rc && !wprogress_at(&p, 1)) { /* written: a late "no" leaves no file either */
+        remove(path);
+        rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    }
+    return rc;
 }
 
 /* ---- synthetic models ---------------------------------------------------- */
@@ -650,6 +700,11 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.cfg = c;
     snprintf(m.path, sizeof m.path, "synthetic-%s-d%d-l%d", model_arch_name(c.arch), c.dim, c.n_layers);
     int rc = KVLM_OK;
+    /* progress: the random weights 0..0.3, converting and writing them the rest */
+    const wprogress prog_all = {p->progress_callback, p->progress_callback_user_data, 0, 1},
+                    gen = {p->progress_callback, p->progress_callback_user_data, 0, 0.3f},
+                    prog = {p->progress_callback, p->progress_callback_user_data, 0.3f, 1};
+    if (!wprogress_at(&prog_all, 0)) return util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
     if ((enc ? synth_wpm_vocab(&m.vocab, c.vocab_size) : synth_vocab(&m.vocab, c.vocab_size))) {
         vocab_free(&m.vocab);
         return util_err_set(err, KVLM_ENOMEM, "out of memory");
@@ -766,6 +821,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         m.rope_freqs = (model_tensor){.data = f, .type = DT_F32, .n_in = c.rope_dim / 2, .n_out = 1};
     }
     for (int l = 0; l < c.n_layers && c.arch == KVLM_ARCH_DEEPSEEK2; l++) {
+        if (!wprogress_at(&gen, (double)l / c.n_layers)) {
+            rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+            goto done;
+        }
         model_layer *L = &m.layers[l];
         int64_t nope = c.head_dim - c.rope_dim, H = c.n_heads;
         MAKE(L->attn_norm, c.dim, 1, 1);
@@ -799,6 +858,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     }
     const bool olmo2 = c.arch == KVLM_ARCH_OLMO2;
     for (int l = 0; l < c.n_layers && c.arch != KVLM_ARCH_DEEPSEEK2 && !enc; l++) {
+        if (!wprogress_at(&gen, (double)l / c.n_layers)) {
+            rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+            goto done;
+        }
         model_layer *L = &m.layers[l];
         if (!olmo2) MAKE(L->attn_norm, c.dim, 1, 1); /* olmo2: no norm before attention or FFN */
         if (c.arch == KVLM_ARCH_PHI3) {
@@ -876,7 +939,11 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     }
     /* the codebook types get random codes: quantizing a billion random
      * weights to them would take hours, and the codes cost what real ones do */
-    rc = save_gguf(&m, path, p->type, true, err);
+    rc = save_gguf(&m, path, p->type, true, &prog, err);
+    if (!rc && !wprogress_at(&prog_all, 1)) {
+        remove(path);
+        rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    }
 done:
     for (int i = 0; i < n_alloc; i++) free(bufs[i]);
     free(bufs);
