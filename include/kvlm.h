@@ -1075,6 +1075,10 @@ typedef struct kvlm_server_params {
     size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
     size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
                                     answer); past it the connection holding most is reset; 0: 64 MiB */
+    /* The token ids of recent chat answers, kept so that a conversation sent back as text is tokenized with
+     * them and its earlier turns come from the prefix cache (docs/serving.md, "Conversations and the prefix
+     * cache"): bytes, an LRU; 0: 16 MiB; < 0: none kept. */
+    int64_t answer_ids_mem;
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -30,6 +30,9 @@ typedef struct {
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
     size_t lp_sent;
+    int32_t *ids;          /* a chat answer's token ids, for s->answers */
+    int n_ids, cap_ids;
+    bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
 } choice;
 
 typedef struct srv_job {
@@ -51,6 +54,11 @@ typedef struct srv_job {
     size_t max_stop;
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
+    /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
+    bool record;
+    srv_prompt_key prompt_key;
+    int32_t prompt_last;
+    int reused, reused_tokens; /* its assistant messages taken as their generated ids */
     double t_submit, t_first, t_last;
     int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
     kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF) */
@@ -76,6 +84,7 @@ static void job_release(srv_job *j) {
     if (left) return;
     for (int i = 0; j->ch && i < j->n; i++) {
         free(j->ch[i].text);
+        free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
     }
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
@@ -274,6 +283,20 @@ static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
     return e;
 }
 
+/* A chat answer's token, for s->answers. */
+static bool keep_id(choice *c, int32_t t) {
+    if (c->n_ids >= SRV_ANSWER_MAX_IDS) return false;
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *ids = realloc(c->ids, (size_t)cap * sizeof *ids);
+        if (!ids) return false;
+        c->ids = ids;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = t;
+    return true;
+}
+
 /* The scheduler's callback (engine thread). */
 static bool on_event(void *user, const kvlm_sched_event *ev) {
     srv_job *j = user;
@@ -287,6 +310,11 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
         if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
         c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
+        if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, c->ids, c->n_ids, c->text, c->len,
+                               c->off);
+        free(c->ids);
+        c->ids = NULL;
         if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
@@ -322,6 +350,12 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         c->n_tokens++;
         int n = kvlm_detok_push(&c->dt, ev->token, piece, sizeof piece);
         if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
+        if (j->record && !c->ids_off && !keep_id(c, ev->token)) {
+            free(c->ids);
+            c->ids = NULL;
+            c->n_ids = 0;
+            c->ids_off = true;
+        }
         if (!c->stopped) {
             size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
             append(&c->text, &c->len, &c->cap, piece, (size_t)n);
@@ -428,6 +462,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
     const kvlm_model *m = s->model;
     char *text = NULL;
     kvlm_error err = {0};
+    const char **roles = NULL;
+    char **contents = NULL;
+    int n_msgs = 0;
     if (j->chat) {
         json_t *msgs = json_object_get(body, "messages");
         if (!msgs) { fail(e, 400, "messages", "missing_required_parameter", "'messages' is required"); return NULL; }
@@ -435,9 +472,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
             fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
             return NULL;
         }
-        int n = (int)json_array_size(msgs);
-        const char **roles = calloc((size_t)n, sizeof *roles);
-        char **contents = calloc((size_t)n, sizeof *contents);
+        int n = n_msgs = (int)json_array_size(msgs);
+        roles = calloc((size_t)n, sizeof *roles);
+        contents = calloc((size_t)n, sizeof *contents);
         bool ok = roles && contents;
         for (int i = 0; ok && i < n; i++) {
             json_t *msg = json_array_get(msgs, (size_t)i), *role = json_object_get(msg, "role");
@@ -455,10 +492,13 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
             if (rc) ok = fail(e, 400, rc == KVLM_EUNSUPPORTED ? NULL : "messages",
                               rc == KVLM_EUNSUPPORTED ? "unsupported_chat_template" : "invalid_value", "%s", err.msg);
         }
-        for (int i = 0; contents && i < n; i++) free(contents[i]);
-        free(roles);
-        free(contents);
-        if (!ok) { free(text); return NULL; }
+        if (!ok) {
+            for (int i = 0; contents && i < n; i++) free(contents[i]);
+            free(roles);
+            free(contents);
+            free(text);
+            return NULL;
+        }
     } else {
         json_t *p = json_object_get(body, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
@@ -486,12 +526,24 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
         }
         text = strdup(json_string_value(p));
     }
-    if (!text) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
     bool bos = kvlm_add_bos(m);
-    int n = kvlm_tokenize(m, text, strlen(text), bos, j->chat, NULL, 0, &err);
-    int32_t *t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
-    if (t) kvlm_tokenize(m, text, strlen(text), bos, j->chat, t, n, &err);
+    int n = -1;
+    int32_t *t = NULL;
+    if (!text) err.code = KVLM_ENOMEM;
+    else if (j->chat) /* the answers this server generated, taken as their ids (server/answers.c) */
+        t = srv_answers_tokenize(s->answers, m, text, strlen(text), bos, roles, (const char *const *)contents,
+                                 n_msgs, &n, &j->reused, &j->reused_tokens, &err);
+    else {
+        n = kvlm_tokenize(m, text, strlen(text), bos, false, NULL, 0, &err);
+        t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
+        if (t) kvlm_tokenize(m, text, strlen(text), bos, false, t, n, &err);
+    }
+    for (int i = 0; contents && i < n_msgs; i++) free(contents[i]);
+    free(roles);
+    free(contents);
     free(text);
+    if (err.code == KVLM_ENOMEM) { free(t); fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    if (!t && j->chat) n = -1;
     if (n < 0) { fail(e, 400, j->chat ? "messages" : "prompt", "invalid_value", "%s", err.msg); return NULL; }
     if (n == 0) { fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token"); return NULL; }
     if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
@@ -1234,6 +1286,11 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     kvlm_request_params rp;
     if (!check_request(s, body, j, &rp, &toks, &n_toks, &e)) goto bad;
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
+    if (chat && s->answers) { /* its answers are kept with the prompt they follow (server/answers.c) */
+        j->record = true;
+        j->prompt_key = srv_answers_prompt_key(s->answers, toks, n_toks);
+        j->prompt_last = toks[n_toks - 1];
+    }
     for (int i = 0; i < j->n; i++) {
         kvlm_detok_init(&j->ch[i].dt, s->model);
         j->ch[i].dt.prev = toks[n_toks - 1]; /* the text continues the prompt's */
@@ -1262,6 +1319,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     }
     free(toks);
     json_decref(body);
+    srv_answers_count(s->answers, j->reused, j->reused_tokens);
     watch(s, cn, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);

@@ -421,6 +421,21 @@ static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index or a KV tier",
            (double)st.cached_tokens);
     metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
+    if (s->answers) { /* docs/serving.md, "Conversations and the prefix cache" */
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        metric(&b, "kvlm_chat_answer_reuse_total", "counter",
+               "Assistant messages of chat requests tokenized as the ids this server generated for them", (double)as.reused);
+        metric(&b, "kvlm_chat_answer_reuse_tokens_total", "counter", "Token ids those messages took",
+               (double)as.reused_tokens);
+        metric(&b, "kvlm_chat_answers_recorded_total", "counter", "Chat answers whose ids were kept", (double)as.recorded);
+        metric(&b, "kvlm_chat_answers_unmatched_total", "counter",
+               "Chat answers not kept: no prefix of their ids spells the text returned", (double)as.unmatched);
+        metric(&b, "kvlm_chat_answers_evicted_total", "counter", "Kept answers dropped for --answer-ids-mem",
+               (double)as.evicted);
+        metric(&b, "kvlm_chat_answers", "gauge", "Chat answers whose ids are kept", (double)as.entries);
+        metric(&b, "kvlm_chat_answers_bytes", "gauge", "Bytes they take (cap: --answer-ids-mem)", (double)as.bytes);
+    }
     metric(&b, "kvlm_spec_draft_tokens_total", "counter", "Speculative draft tokens checked", (double)st.spec_drafted);
     metric(&b, "kvlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens kept", (double)st.spec_accepted);
     metric(&b, "kvlm_spec_draft_model_steps_total", "counter", "Engine steps in which the draft model proposed",
@@ -554,6 +569,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "swap_bytes", json_integer((json_int_t)st.swap_bytes));
         json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
         json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
+    }
+    if (j && s->answers) {
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        json_object_set_new(j, "chat_answers",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "kept", (json_int_t)as.entries,
+                                      "bytes", (json_int_t)as.bytes, "cap_bytes", (json_int_t)as.cap, "recorded",
+                                      (json_int_t)as.recorded, "unmatched", (json_int_t)as.unmatched, "evicted",
+                                      (json_int_t)as.evicted, "reused", (json_int_t)as.reused, "reused_tokens",
+                                      (json_int_t)as.reused_tokens));
     }
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "blocks");
     if (j && want && (!strcmp(want, "1") || !strcmp(want, "true"))) {
@@ -1111,6 +1136,13 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
                      s->p.max_body_total, s->p.max_body);
         goto fail;
     }
+    if (s->p.answer_ids_mem >= 0) {
+        size_t cap = s->p.answer_ids_mem ? (size_t)s->p.answer_ids_mem : (size_t)16 << 20;
+        if (!(s->answers = srv_answers_create(cap, s->model, s->model_id))) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     if (s->p.chat_template) {
         const char *roles[] = {"user"}, *msgs[] = {"x"};
         char *out = NULL;
@@ -1227,6 +1259,7 @@ fail:
     }
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
+    srv_answers_free(s->answers);
     free_config(s);
     pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->watch_mu);
@@ -1264,6 +1297,7 @@ void kvlm_server_stop(kvlm_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);
+    srv_answers_free(s->answers); /* the engine and HTTP threads, which use it, are gone */
     free_config(s);
     pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->watch_mu);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include "kvlm.h"
+#include "server/answers.h"
 
 enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
 /* The stack of the HTTP thread, which parses every request: sized for the
@@ -57,6 +58,7 @@ struct kvlm_server {
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
     char **cors;                /* copies of p.cors_origins (p.cors_origins points here) */
     struct srv_kv_events *events; /* --kv-events publisher (NULL: none) */
+    srv_answers *answers;       /* the ids of recent chat answers (NULL: not kept) */
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it
