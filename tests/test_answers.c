@@ -312,6 +312,61 @@ static void test_several_answers(void **state) {
     srv_answers_free(a);
 }
 
+/* A candidate whose ids do not spell its text where it is (ids kept after BOS: SentencePiece's
+ * first space dropped) is not taken, and the count is the taken ones' alone. */
+static void test_count_after_untaken(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    srv_answers *a = srv_answers_create(1 << 20, g_model, "stories260K");
+    int32_t bos = kvlm_token_bos(g_model), canon[64];
+    kvlm_error err = {0};
+    int nc = kvlm_tokenize(g_model, "Once upon a time", 16, false, false, canon, 64, &err);
+    char *after_bos = text_of(bos, canon, nc);
+    assert_string_equal(after_bos, "Once upon a time");
+    toks p0 = {&bos, 1, 0, 0};
+    record(a, &p0, canon, nc, after_bos);
+    convo c = {0};
+    say(&c, "user", "Tell me a story.");
+    toks p1 = prompt_of(a, &c, "chatml");
+    int n;
+    int32_t *ids = byte_ids(k_answer, &n);
+    record(a, &p1, ids, n, k_answer);
+    say(&c, "assistant", k_answer);
+    say(&c, "user", "More.");
+    toks p2 = prompt_of(a, &c, "chatml");
+    int n2;
+    int32_t *ids2 = byte_ids("The end.", &n2);
+    record(a, &p2, ids2, n2, "The end.");
+    /* the first answer's place holds the text kept after BOS: not taken; the next two are */
+    convo d = {0};
+    say(&d, "user", "Tell me a story.");
+    say(&d, "assistant", after_bos);
+    say(&d, "user", "More.");
+    toks q = prompt_of(a, &d, "chatml");
+    assert_int_equal(q.reused, 0);
+    /* an answer after that prompt: taken after the untaken one, and counted alone */
+    int n3;
+    int32_t *ids3 = byte_ids("Bye, bye.", &n3);
+    record(a, &q, ids3, n3, "Bye, bye.");
+    convo d2 = d;
+    say(&d2, "assistant", "Bye, bye.");
+    toks q2 = prompt_of(a, &d2, "chatml");
+    assert_int_equal(q2.reused, 1);
+    assert_int_equal(q2.reused_tokens, n3);
+    assert_memory_equal(q2.t + q.n, ids3, (size_t)n3 * sizeof *ids3);
+    free(ids3), free(q2.t);
+    say(&c, "assistant", "The end.");
+    toks r = prompt_of(a, &c, "chatml");
+    assert_int_equal(r.reused, 2);
+    assert_int_equal(r.reused_tokens, n + n2);
+    convo e = c;
+    e.content[1] = after_bos; /* an untaken candidate first, then answers after another prompt: none */
+    toks x = prompt_of(a, &e, "chatml");
+    assert_int_equal(x.reused, 0);
+    free(after_bos), free(ids), free(ids2), free(p1.t), free(p2.t), free(q.t), free(r.t), free(x.t);
+    srv_answers_free(a);
+}
+
 /* The cap: the least recently recorded or used answers go first; bytes stay under it; an
  * answer larger than it is not kept. */
 static void test_cap(void **state) {
@@ -428,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_template_rewrites),
         cmocka_unit_test(test_what_the_client_got),
         cmocka_unit_test(test_several_answers),
+        cmocka_unit_test(test_count_after_untaken),
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_threads),
     };

@@ -381,7 +381,7 @@ int32_t *srv_answers_tokenize(srv_answers *a, const kvlm_model *m, const char *t
         if (!(t = tokenize(m, text, len, add_bos, c, nc, sp, &n_sp, &n, err))) break;
         /* each span taken must follow exactly the prompt its ids were
          * generated after: walked in order, up to the first that does not */
-        int pos = 0, k = 0, failed = -1;
+        int pos = 0, k = 0, failed = -1, taken = 0, taken_ids = 0;
         if (a) prompt_begin(a, st);
         for (int i = 0; i < nc && failed < 0; i++) {
             if (!c[i].on) continue;
@@ -393,18 +393,16 @@ int32_t *srv_answers_tokenize(srv_answers *a, const kvlm_model *m, const char *t
             XXH3_128bits_update(st, t + pos, (size_t)(s->at - pos) * sizeof *t);
             pos = s->at;
             if (confirm(a, prompt_digest(st), &c[i]) != 1) failed = i;
+            else taken++, taken_ids += s->n_ids;
         }
-        if (failed < 0) break;
+        if (failed < 0) {
+            *reused = taken;
+            *reused_tokens = taken_ids;
+            *n_out = n;
+            break;
+        }
         if (round + 1 >= MAX_ROUNDS) /* the ones before the failure stand; the rest go */
             for (int i = failed; i < nc; i++) c[i].on = false;
-    }
-    if (t) {
-        for (int i = 0, k = 0; i < nc; i++)
-            if (c[i].on) {
-                *reused += 1;
-                *reused_tokens += sp[k++].n_ids;
-            }
-        *n_out = n;
     }
     for (int i = 0; i < nc; i++) free(c[i].ids);
     free(c);
