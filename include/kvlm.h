@@ -27,6 +27,27 @@ typedef struct kvlm_error {
 } kvlm_error;
 const char *kvlm_status_name(int code);
 
+/* ---- logging ------------------------------------------------------------ */
+/* Everything the library says (a KV tier unreachable, a completion ended for
+ * lack of KV blocks, a preemption at info, ...) goes through one channel: the
+ * callback set by kvlm_log_set, which then gets every message at or above the
+ * level (one line, no newline; called from whichever thread logs, one call at
+ * a time; it must not call kvlm_log itself), and the library never writes to
+ * stderr on its own. Without a callback, messages go to stderr as
+ * "kvlm LEVEL: message". The level is kvlm_log_set_level's, or the
+ * environment's KVLM_LOG (debug, info, warn, error, off), or warn. */
+enum { KVLM_LOG_DEBUG = 0, KVLM_LOG_INFO, KVLM_LOG_WARN, KVLM_LOG_ERROR, KVLM_LOG_OFF };
+typedef void (*kvlm_log_fn)(void *user, int level, const char *msg);
+/* fn NULL: back to stderr. Once it returns, the previous callback is not running. */
+void kvlm_log_set(kvlm_log_fn fn, void *user);
+void kvlm_log_set_level(int level);
+int kvlm_log_get_level(void);
+/* Logs through the same channel (the server and the command use it). */
+void kvlm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "debug", "info", "warn" (or "warning"), "error", "off" -> KVLM_LOG_*, or -1; and back (NULL if none). */
+int kvlm_log_level_from_name(const char *name);
+const char *kvlm_log_level_name(int level);
+
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
  * for the 128k-context variants) */
@@ -222,6 +243,16 @@ int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool ad
 /* Text of one token (spaces and byte tokens decoded; control tokens give "").
  * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+/* The same, but a control token gives its own text ("</s>", "<|im_end|>") when
+ * special is true (vLLM's skip_special_tokens false). */
+int kvlm_token_to_piece(const kvlm_model *model, int32_t token, bool special, char *buf, size_t cap);
+/* Fill-in-the-middle tokens (KVLM_FIM_*): GGUF's tokenizer.ggml.fim_pre_token_id,
+ * fim_suf_token_id, fim_mid_token_id (or the older prefix/suffix/middle ids),
+ * else the token whose text is one llama.cpp looks for (<|fim_prefix|>,
+ * <fim-prefix>, <PRE>, DeepSeek's; the same for suffix and middle); -1 if none.
+ * A FIM prompt is [BOS] PRE prefix SUF suffix MID, the text to fill following. */
+enum { KVLM_FIM_PRE = 0, KVLM_FIM_SUF = 1, KVLM_FIM_MID = 2 };
+int32_t kvlm_token_fim(const kvlm_model *model, int which);
 /* The pre-tokenizer's chunks of text (what byte-level BPE merges within):
  * ends[i] is the byte offset where chunk i ends; the chunks cover the text in
  * order. pre names a tokenizer.ggml.pre pre-tokenizer ("llama-bpe",
@@ -242,6 +273,7 @@ typedef struct kvlm_detok {
     char pending[8];
     int n_pending;
     int32_t prev;
+    bool special;      /* control tokens give their text (kvlm_token_to_piece); kvlm_detok_init: false */
 } kvlm_detok;
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *model);
 /* Appends the text of token to out (NUL-terminated); returns bytes written. */
@@ -756,6 +788,21 @@ kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char 
 void kvlm_grammar_free(kvlm_grammar *grammar);
 
 /* ---- sampling ---------------------------------------------------------- */
+/* The stages of a sampler, for kvlm_sampler_params.stages (llama.cpp's
+ * names and letters: kvlm_sampler_stage_from_name). */
+enum { KVLM_STAGE_PENALTIES = 1, KVLM_STAGE_DRY, KVLM_STAGE_TOP_K, KVLM_STAGE_TYPICAL_P, KVLM_STAGE_TOP_P,
+       KVLM_STAGE_MIN_P, KVLM_STAGE_XTC, KVLM_STAGE_TEMPERATURE };
+#define KVLM_MAX_STAGES 16
+/* llama.cpp's names: "penalties", "dry", "top_k", "typ_p", "top_p", "min_p",
+ * "xtc", "temperature", and its other spellings ("top-k", "typical_p",
+ * "typical", "nucleus", "temp", ...) -> KVLM_STAGE_*, or 0; and back. */
+int kvlm_sampler_stage_from_name(const char *name);
+const char *kvlm_sampler_stage_name(int stage);
+/* llama.cpp's letters (--sampling-seq, a server's "samplers" string): e
+ * penalties, d dry, k top_k, y typ_p, p top_p, m min_p, x xtc, t temperature
+ * -> KVLM_STAGE_*, or 0. */
+int kvlm_sampler_stage_from_char(char c);
+
 typedef struct kvlm_sampler_params {
     float temperature;    /* <= 0: greedy */
     int top_k;            /* <= 0: off */
@@ -779,6 +826,56 @@ typedef struct kvlm_sampler_params {
      * holds a reference: the caller may free its own after creating it. NULL:
      * free text. */
     const struct kvlm_grammar *grammar;
+    /* vLLM's repetition_penalty, over every token of the prompt (what
+     * kvlm_sampler_accept was given) and of the output: a positive logit is
+     * divided by it, a negative one multiplied. Unlike repeat_penalty
+     * (llama.cpp's: the last repeat_last_n tokens only). 1 (or <= 0): off */
+    float repetition_penalty;
+    /* llama.cpp's locally typical sampling: the tokens whose surprise is
+     * closest to the distribution's entropy, until their mass passes
+     * typical_p. >= 1 (or <= 0): off */
+    float typical_p;
+    /* llama.cpp's DRY ("don't repeat yourself"): a token that would extend a
+     * run of at least dry_allowed_length tokens repeating an earlier run (in
+     * the last dry_penalty_last_n tokens given or picked; -1: all of them, up
+     * to 65,536) loses dry_multiplier * dry_base^(run - dry_allowed_length)
+     * from its logit. A run does not reach back past a sequence breaker: a
+     * token whose text contains one of dry_sequence_breakers (NULL: llama.cpp's
+     * "\n", ":", "\"", "*"; needs model). dry_multiplier 0 (or dry_base < 1): off */
+    float dry_multiplier, dry_base;
+    int dry_allowed_length, dry_penalty_last_n;
+    const char *const *dry_sequence_breakers;
+    int n_dry_sequence_breakers;
+    /* llama.cpp's XTC ("exclude top choices"): with probability
+     * xtc_probability (a draw from the sampler's stream), every token at or
+     * above xtc_threshold probability but the least likely of them is
+     * removed (when at least two are). 0: off; a threshold above 0.5: off */
+    float xtc_probability, xtc_threshold;
+    /* The order of the stages (KVLM_STAGE_*, llama.cpp's --samplers); a
+     * stage not listed does not run. n_stages 0: kvlm's order, penalties ->
+     * dry -> top_k -> typical_p -> temperature -> top_p -> min_p -> xtc
+     * (temperature before top_p and min_p, as vLLM and OpenAI do; llama.cpp's
+     * default puts it last). Logit biases, the bans below and the grammar
+     * come first whatever the order; greedy (temperature <= 0) takes the
+     * largest logit after the penalties and DRY. */
+    int stages[KVLM_MAX_STAGES];
+    int n_stages;
+    /* vLLM's min_tokens: end-of-generation tokens and stop_ids are banned
+     * until this many tokens have been picked (needs model). 0: none */
+    int min_tokens;
+    /* End-of-generation tokens banned for the whole text (vLLM's ignore_eos,
+     * llama.cpp's --ignore-eos; needs model) */
+    bool ignore_eos;
+    /* vLLM's stop_token_ids: tokens that end a completion once picked (the
+     * scheduler gives the token, then ends it with finish STOP); the sampler
+     * bans them before min_tokens. Copied by kvlm_sampler_create and
+     * kvlm_sched_submit. */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    /* The model whose tokens are drawn: its end-of-generation tokens
+     * (ignore_eos, min_tokens) and token texts (DRY's breakers). NULL:
+     * those have no effect (the scheduler sets its model's). */
+    const struct kvlm_model *model;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;
@@ -787,13 +884,21 @@ kvlm_sampler_params kvlm_sampler_default_params(void);
 enum {
     KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
     KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
-    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS, KVLM_SAMPLER_REPETITION_PENALTY,
+    KVLM_SAMPLER_TYPICAL_P, KVLM_SAMPLER_DRY_MULTIPLIER, KVLM_SAMPLER_DRY_BASE, KVLM_SAMPLER_DRY_ALLOWED_LENGTH,
+    KVLM_SAMPLER_DRY_PENALTY_LAST_N, KVLM_SAMPLER_XTC_PROBABILITY, KVLM_SAMPLER_XTC_THRESHOLD,
+    KVLM_SAMPLER_MIN_TOKENS, KVLM_SAMPLER_STAGES, KVLM_SAMPLER_STOP_ID
 };
 /* The one check of sampling values, for kvlm serve's requests and kvlm run's
  * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
  * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
  * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
- * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * bias's token id 0 or more (and below vocab_size when it is above 0),
+ * repetition_penalty 0..100 (0: off), typical_p 0..1, dry_multiplier 0..100,
+ * dry_base 0..100 (below 1: off), dry_allowed_length 0..65536,
+ * dry_penalty_last_n -1..1e9, xtc_probability and xtc_threshold 0..1,
+ * min_tokens 0 or more, stages among KVLM_STAGE_* (at most KVLM_MAX_STAGES),
+ * stop ids as bias ids (*index: which). Returns
  * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
  * what it must be without naming it ("must be between 0 and 1"), for each
  * caller to put its user's name for it first ('top_p' in a request, --top-p on
@@ -807,8 +912,10 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_s
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
-/* Records a token (e.g. of the prompt) for the repetition penalty. */
+/* Records a token (e.g. of the prompt) for the repetition penalties and DRY. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+/* Whether token is one of params.stop_ids (it ends a completion). */
+bool kvlm_sampler_is_stop(const kvlm_sampler *s, int32_t token);
 
 /* ---- speculative decoding ---------------------------------------------- */
 /* Several tokens per read of the weights (docs/speculative.md): drafts are
@@ -870,17 +977,99 @@ void kvlm_spec_free(kvlm_spec *sp);
 int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm_error *err);
 void kvlm_spec_stats_get(const kvlm_spec *sp, kvlm_spec_stats *st);
 
-/* ---- chat templates ------------------------------------------------------ */
-/* Renders a conversation (roles "system", "user", "assistant") as a prompt,
- * ending with the assistant's turn opened. The family comes from name (one of
- * "chatml", "llama2", "llama3", "zephyr", "plain") or, when name is NULL, from
- * the model's tokenizer.chat_template found by the substrings llama.cpp uses
- * (<|im_start|>, [INST], <|start_header_id|>, <|user|>); a model without a
- * template gets "plain" ("User: ...\nAssistant:"). *out (malloc'd, caller
- * frees) is the prompt, to tokenize with special tokens recognised; *family
- * is the family's name. KVLM_EUNSUPPORTED for a template of another family. */
-int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const *roles,
-                    const char *const *contents, int n, char **out, const char **family, kvlm_error *err);
+/* ---- chat: a conversation rendered through the model's own template ------- */
+/* A model's chat format (docs/chat-templates.md): its own Jinja template
+ * (GGUF tokenizer.chat_template, a Hugging Face directory's
+ * tokenizer_config.json or chat_template.jinja), a named variant of it
+ * (tokenizer.chat_template.NAME: "tool_use", taken by itself when a request
+ * has tools), a template's text given by the caller (--chat-template-file),
+ * or one of the built-in families (tok/chat.c: "chatml", "llama3", ...) for
+ * files without a template. Rendering is Hugging Face's: the template sees
+ * messages, tools, documents, add_generation_prompt, bos_token, eos_token and
+ * the request's chat_template_kwargs. Read-only after creation: one kvlm_chat
+ * may render from many threads at once. */
+typedef struct kvlm_chat kvlm_chat;
+
+typedef struct kvlm_chat_params {
+    /* A built-in family ("chatml", ...), or the name of one of the model's
+     * named templates; NULL: the model's own (or "plain" without one). */
+    const char *template_name;
+    /* A Jinja template's text: used instead of the model's (and of name). */
+    const char *template_text;
+    /* Where template_text came from, for messages ("FILE"); may be NULL. */
+    const char *template_origin;
+    /* How answers are read (docs/tool-calls.md): a tool-call parser's name
+     * (NULL: picked from the template) and KVLM_REASONING_*. */
+    const char *tool_parser;
+    int reasoning_format;
+} kvlm_chat_params;
+enum { KVLM_REASONING_AUTO = 0, KVLM_REASONING_NONE = 1 };
+
+/* KVLM_EINVAL naming the problem: an unknown name (the message lists the
+ * families and the model's named templates), a template that does not parse
+ * (the message says where). A model template kvlm cannot parse falls back
+ * to the built-in family its markers show, with a warning; without one it
+ * is an error. */
+kvlm_chat *kvlm_chat_create(const kvlm_model *model, const kvlm_chat_params *params, kvlm_error *err);
+void kvlm_chat_free(kvlm_chat *chat);
+/* What renders: "the model's template", "the model's tool_use template",
+ * "FILE", or a built-in family's name. */
+const char *kvlm_chat_describe(const kvlm_chat *chat);
+/* The built-in family's name, or "jinja". */
+const char *kvlm_chat_family(const kvlm_chat *chat);
+/* Renders a request, a JSON object (text) with the members of an OpenAI chat
+ * request that a template sees: messages (required: objects with a string
+ * role; content a string, null or an array of text parts; tool_calls,
+ * tool_call_id, name, reasoning_content as clients send them), tools,
+ * documents, add_generation_prompt (default true), continue_final_message
+ * (default false: the last message is left open for the model to go on),
+ * chat_template_kwargs (an object: more variables, e.g. enable_thinking).
+ * Messages are given to the template as vLLM gives them: the developer role
+ * as system unless the template names it, text parts joined with newlines
+ * unless the template reads parts, a tool call's arguments string as the
+ * object it holds. *prompt (malloc'd; *len its length) is to be tokenized
+ * with special tokens recognised and kvlm_add_bos (a leading bos_token the
+ * template wrote is left out when the tokenizer adds it). KVLM_EINVAL with
+ * a message for a malformed request or a template error (raise_exception's
+ * message, or what failed and where). */
+int kvlm_chat_render(const kvlm_chat *chat, const char *request_json, char **prompt, size_t *len, kvlm_error *err);
+
+/* ---- Jinja templates ------------------------------------------------------ */
+/* A model's own chat template (Hugging Face Jinja), rendered as transformers
+ * renders it: Jinja2's ImmutableSandboxedEnvironment with trim_blocks and
+ * lstrip_blocks, loop controls, tojson as json.dumps(ensure_ascii=False),
+ * raise_exception(message) and strftime_now(format) (docs/chat-templates.md).
+ * A template is parsed once and may be rendered from many threads at once. */
+typedef struct kvlm_template kvlm_template;
+/* NULL with err (KVLM_EINVAL, "line N: ...") for a syntax error, a construct
+ * kvlm lacks or nesting past the parser's limit (200 levels). */
+kvlm_template *kvlm_template_parse(const char *src, size_t len, kvlm_error *err);
+void kvlm_template_free(kvlm_template *t);
+/* vars_json: a JSON object (text) whose members are the variables (messages,
+ * tools, add_generation_prompt, bos_token, ...; NULL or "": none). *out
+ * (malloc'd, NUL-terminated, caller frees) is the text, *out_len its length.
+ * A template error is KVLM_EINVAL with a message naming what and the line;
+ * raise_exception's message comes as the template gave it. */
+int kvlm_template_render(const kvlm_template *t, const char *vars_json, char **out, size_t *out_len, kvlm_error *err);
+/* The limits of one render (0 in a field: its default) and the time
+ * strftime_now reads (0: now). Past a limit the render fails naming it. */
+typedef struct kvlm_template_opts {
+    size_t max_output; /* bytes any one piece of text may reach (default 32 MiB) */
+    long max_steps;    /* statements, loop iterations and calls (default 5,000,000) */
+    int max_depth;     /* evaluator recursion: nested expressions, statements, macro calls (default 1000) */
+    long now;          /* strftime_now's time in seconds since the epoch (0: the clock's) */
+} kvlm_template_opts;
+int kvlm_template_render_opts(const kvlm_template *t, const char *vars_json, const kvlm_template_opts *opts,
+                              char **out, size_t *out_len, kvlm_error *err);
+/* The model's template: tokenizer.chat_template (name NULL) or the named one,
+ * tokenizer.chat_template.NAME (GGUF); a Hugging Face directory's from
+ * tokenizer_config.json or chat_template.jinja. NULL if it has none. The text
+ * lives as long as the model. */
+const char *kvlm_model_chat_template(const kvlm_model *model, const char *name);
+/* A token's text as the vocabulary stores it ("<|im_start|>", "</s>"; control
+ * tokens too, unlike kvlm_token_to_text): what a template's bos_token and
+ * eos_token are. NULL for an id out of range. Lives as long as the model. */
+const char *kvlm_token_piece(const kvlm_model *model, int32_t token);
 
 /* ---- the scheduler: many requests served from one context ------------------ */
 /* Continuous batching over a kvlm_ctx: every step is one kvlm_decode over a
@@ -927,6 +1116,16 @@ typedef struct kvlm_request_params {
     int max_tokens;     /* tokens to generate at most (> 0) */
     int n;              /* completions of the prompt (its blocks are forked); 0: 1 */
     int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
+    /* vLLM's prompt_logprobs: an event (prompt_token true) for each prompt
+     * token after the first with its log-probability given the tokens before
+     * it and its prompt_top_logprobs (0..20) likeliest alternatives. The
+     * prompt is then computed afresh, not taken from the prefix cache (as
+     * vLLM does). */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;
+    /* Compute the prompt afresh: no prefix reuse at admission (llama-server's
+     * cache_prompt false). Its blocks are still indexed for later requests. */
+    bool no_prefix_reuse;
 } kvlm_request_params;
 
 /* KV_FULL: the KV pool could not hold the completion any longer (one sequence
@@ -945,11 +1144,18 @@ typedef struct kvlm_sched_event {
     int32_t token;
     int finish;          /* KVLM_FINISH_*: STOP = end-of-generation token */
     float logprob;       /* of token (when logprobs >= 0) */
+    int rank;            /* ... and its rank among the vocabulary's (1: the likeliest) */
     int n_top;
     int32_t top_tokens[KVLM_MAX_LOGPROBS];
     float top_logprobs[KVLM_MAX_LOGPROBS];
     int prompt_tokens, cached_tokens; /* cached: prompt tokens found in the prefix index at admission */
     const char *error;   /* finish == ERROR: why */
+    /* prompt_logprobs: this event is not a generated token but prompt token
+     * pos (>= 1) of completion 0, token, with logprob and the alternatives */
+    bool prompt_token;
+    int pos;
+    /* seconds from the submission to the request's first admission (0 before it) */
+    double queue_time;
 } kvlm_sched_event;
 /* Return false to end this completion now (e.g. a stop string was seen); its
  * final event then has finish STOP. */
@@ -974,7 +1180,7 @@ void kvlm_sched_run(kvlm_sched *s);
 void kvlm_sched_stop(kvlm_sched *s);
 
 typedef struct kvlm_sched_stats {
-    int running, waiting;
+    int running, waiting; /* running: holding KV blocks, prefilling ones included */
     uint64_t preemptions, steps, requests_done;
     /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
      * space; swap_bytes: bytes moved out and back in */
@@ -1017,21 +1223,34 @@ typedef struct kvlm_sched_req_info {
     int state;           /* 0 waiting, 1 prefill, 2 running */
     int prompt_tokens, generated, cached_tokens;
     int blocks, shared_blocks; /* summed over its completions */
+    /* prefill: tokens of the text to compute (the prompt, or after a
+     * recompute the prompt and what it generated) already in the cache, of
+     * prefill_total; both 0 when not in prefill */
+    int prefill_done, prefill_total;
 } kvlm_sched_req_info;
-/* Live requests as of the end of the last step; returns how many (at most cap written). */
+/* Live requests as of the last step's admission (before its forward pass:
+ * a request being prefilled counts as running from then on, and in
+ * kvlm_sched_stats) or its end; returns how many (at most cap written). */
 int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
 /* ---- the OpenAI-compatible HTTP server ------------------------------------- */
 /* POST /v1/completions and /v1/chat/completions (streamed as server-sent
- * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
- * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
- * kvlm_sched over the context. */
+ * events or not; OpenAI's fields and those vLLM's and llama-server's clients
+ * send, docs/serving.md), GET /v1/models and /v1/models/{id}, /health,
+ * /metrics (Prometheus: kvlm's series and vLLM's), /kvlm/status (JSON) and
+ * the web page at /, over libmicrohttpd; one engine thread runs a kvlm_sched
+ * over the context. It logs through kvlm_log: a line per request, a
+ * throughput line while busy. */
 typedef struct kvlm_server kvlm_server;
 typedef struct kvlm_server_params {
     const char *host;          /* address to bind; NULL: 127.0.0.1 */
     int port;                  /* 0: any free port (kvlm_server_port tells which) */
     const char *model_id;      /* the id clients name; NULL: the model file's name without extension */
-    const char *chat_template; /* family name forcing a template; NULL: from the model */
+    /* How chat requests are rendered and read (not owned; it must outlive the
+     * server); NULL: the server makes its own from chat_template (a built-in
+     * family or one of the model's named templates; NULL: the model's own). */
+    const kvlm_chat *chat;
+    const char *chat_template;
     int batch_tokens, max_seqs; /* kvlm_sched_params */
     size_t max_body;           /* largest request body; 0: 1 MiB */
     int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */
@@ -1075,6 +1294,14 @@ typedef struct kvlm_server_params {
     size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
     size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
                                     answer); past it the connection holding most is reset; 0: 64 MiB */
+    /* A request field the server does not use (top-level, or in stream_options) is ignored and logged once
+     * per name, as vLLM does; strict_params: refused with a 400 (unknown_parameter) instead. */
+    bool strict_params;
+    /* Its log (through kvlm_log: one line per request at info, /health and /metrics at debug; a throughput
+     * line every log_interval_s while busy, 0: 10, < 0: never): log_json makes each line a JSON object
+     * ({"event": "request", ...}) for the log callback to pass on, else key=value text. */
+    bool log_json;
+    double log_interval_s;
     /* The token ids of recent chat answers, kept so that a conversation sent back as text is tokenized with
      * them and its earlier turns come from the prefix cache (docs/serving.md, "Conversations and the prefix
      * cache"): bytes, an LRU; 0: 16 MiB; < 0: none kept. */

@@ -12,6 +12,10 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
+# tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
+PKGS+=(prometheus)
+# tests/cli_template.sh renders every chat template with Python's jinja2 as transformers does.
+PKGS+=(python3-jinja2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 #include "helpers/testutil.h"
 #include "server/answers.h"
 
@@ -44,14 +45,25 @@ typedef struct {
     int n, reused, reused_tokens;
 } toks;
 
-/* The conversation's prompt (template tmpl) as srv_answers_tokenize makes it. */
+/* The conversation's prompt (template tmpl, a built-in family) as the server makes it:
+ * kvlm_chat_render, then srv_answers_tokenize_json. */
 static toks prompt_of(srv_answers *a, const convo *c, const char *tmpl) {
     char *text = NULL;
     kvlm_error err = {0};
-    if (kvlm_chat_apply(g_model, tmpl, c->role, c->content, c->n, &text, NULL, &err)) fail_msg("%s", err.msg);
+    kvlm_chat_params cp = {.template_name = tmpl};
+    kvlm_chat *chat = kvlm_chat_create(g_model, &cp, &err);
+    if (!chat) fail_msg("%s", err.msg);
+    json_t *msgs = json_array();
+    for (int i = 0; i < c->n; i++) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", c->role[i], "content", c->content[i]));
+    json_t *req = json_pack("{s:O}", "messages", msgs);
+    char *rj = json_dumps(req, JSON_COMPACT);
+    if (kvlm_chat_render(chat, rj, &text, NULL, &err)) fail_msg("%s", err.msg);
+    free(rj);
+    json_decref(req);
+    kvlm_chat_free(chat);
     toks r = {0};
-    r.t = srv_answers_tokenize(a, g_model, text, strlen(text), true, c->role, c->content, c->n, &r.n, &r.reused,
-                               &r.reused_tokens, &err);
+    r.t = srv_answers_tokenize_json(a, g_model, text, strlen(text), true, msgs, &r.n, &r.reused, &r.reused_tokens, &err);
+    json_decref(msgs);
     if (!r.t) fail_msg("srv_answers_tokenize: %s", err.msg);
     /* without answers it is kvlm_tokenize's */
     if (!r.reused) {
@@ -89,7 +101,7 @@ static char *text_of(int32_t prev, const int32_t *ids, int n) {
 }
 
 static void record(srv_answers *a, const toks *prompt, const int32_t *ids, int n, const char *text) {
-    srv_answers_record(a, srv_answers_prompt_key(a, prompt->t, prompt->n), prompt->t[prompt->n - 1], ids, n, text,
+    srv_answers_record(a, srv_answers_prompt_key(a, prompt->t, prompt->n), prompt->t[prompt->n - 1], false, ids, n, text,
                        strlen(text), 0);
 }
 
@@ -210,7 +222,7 @@ static void test_what_the_client_got(void **state) {
         if (more >= 2) break;
     }
     assert_true(strlen(cut) < strlen(full) && !strncmp(cut, full, strlen(cut)));
-    srv_answers_record(a, srv_answers_prompt_key(a, p.t, p.n), prev, canon, n, cut, strlen(cut), 0);
+    srv_answers_record(a, srv_answers_prompt_key(a, p.t, p.n), prev, false, canon, n, cut, strlen(cut), 0);
     srv_answers_stats st;
     srv_answers_stats_get(a, &st);
     assert_int_equal(st.recorded, 1);
@@ -222,17 +234,17 @@ static void test_what_the_client_got(void **state) {
     /* inside a token: one byte more than k tokens give */
     char inside[128];
     snprintf(inside, sizeof inside, "%.*s", (int)strlen(cut) + 1, full);
-    srv_answers_record(a, srv_answers_prompt_key(a, p.t, p.n), prev, canon, n, inside, strlen(inside), 0);
+    srv_answers_record(a, srv_answers_prompt_key(a, p.t, p.n), prev, false, canon, n, inside, strlen(inside), 0);
     srv_answers_stats_get(a, &st);
     assert_int_equal(st.unmatched, 1);
     assert_int_equal(st.entries, 1);
     /* a stream's tail: the text from byte 7 on; and one whose tail differs */
     srv_answers *b = srv_answers_create(1 << 20, g_model, "stories260K");
-    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, canon, n, full + 7, strlen(full) - 7, 7);
+    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, false, canon, n, full + 7, strlen(full) - 7, 7);
     char wrong[128];
     snprintf(wrong, sizeof wrong, "%s", full + 7);
     wrong[3] ^= 1;
-    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, canon, n, wrong, strlen(wrong), 7);
+    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, false, canon, n, wrong, strlen(wrong), 7);
     srv_answers_stats_get(b, &st);
     assert_int_equal(st.recorded, 1);
     assert_int_equal(st.unmatched, 1);
@@ -244,7 +256,7 @@ static void test_what_the_client_got(void **state) {
     int32_t odd[3] = {canon[0], canon[1], 3 + 0xE2};
     char *fffd = text_of(prev, odd, 3);
     assert_non_null(strstr(fffd, "\xEF\xBF\xBD"));
-    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, odd, 3, fffd, strlen(fffd), 0);
+    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, false, odd, 3, fffd, strlen(fffd), 0);
     c.content[1] = fffd;
     toks f = prompt_of(b, &c, "chatml");
     assert_int_equal(f.reused, 1);
@@ -252,8 +264,8 @@ static void test_what_the_client_got(void **state) {
     /* an empty answer, or ids past the cap, are not kept */
     srv_answers_stats_get(b, &st);
     uint64_t before = st.recorded;
-    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, canon, 0, "", 0, 0);
-    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, canon, SRV_ANSWER_MAX_IDS + 1, full, strlen(full), 0);
+    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, false, canon, 0, "", 0, 0);
+    srv_answers_record(b, srv_answers_prompt_key(b, p.t, p.n), prev, false, canon, SRV_ANSWER_MAX_IDS + 1, full, strlen(full), 0);
     srv_answers_stats_get(b, &st);
     assert_int_equal(st.recorded, before);
     free(full), free(cut), free(fffd), free(p.t), free(q.t), free(r.t), free(f.t);

@@ -1,6 +1,7 @@
 /* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
  * model and one paged KV cache, until SIGINT or SIGTERM. */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,6 +41,59 @@ static void *stop_watchdog(void *arg) {
     return NULL;
 }
 
+/* The log (docs/serving.md, "Logs"): every line, the library's and the
+ * server's, through one callback, with the time and level; text, or one
+ * JSON object a line (the server's own lines are JSON objects already:
+ * time and level are put in front). A line that stderr cannot take at once
+ * (a pipe nobody reads) is dropped and counted, never waited for: the
+ * engine thread logs too. */
+static bool g_log_json;
+static unsigned long g_log_dropped;
+
+static void log_line(void *user, int level, const char *msg) {
+    (void)user;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[64], line[4096];
+    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000));
+    const char *lv = kvlm_log_level_name(level);
+    int n;
+    if (!g_log_json) {
+        static const char *const up[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+        n = snprintf(line, sizeof line, "%s %s %s\n", when, level >= 0 && level < 4 ? up[level] : "?    ", msg);
+    } else if (msg[0] == '{') { /* the server's: an object already */
+        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",%s\n", when, lv, msg + 1);
+    } else { /* a message: escaped as a JSON string */
+        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"", when, lv);
+        for (const unsigned char *c = (const unsigned char *)msg; *c && n < (int)sizeof line - 8; c++) {
+            if (*c == '"' || *c == '\\') n += snprintf(line + n, sizeof line - (size_t)n, "\\%c", *c);
+            else if (*c < 0x20) n += snprintf(line + n, sizeof line - (size_t)n, "\\u%04x", *c);
+            else line[n++] = (char)*c;
+        }
+        n += snprintf(line + n, sizeof line - (size_t)n, "\"}\n");
+    }
+    if (n <= 0) return;
+    if (n >= (int)sizeof line) { /* cut: still one line */
+        n = (int)sizeof line - 1;
+        line[n - 1] = '\n';
+    }
+    struct pollfd pf = {.fd = STDERR_FILENO, .events = POLLOUT};
+    if (poll(&pf, 1, 0) != 1 || !(pf.revents & POLLOUT)) {
+        g_log_dropped++;
+        return;
+    }
+    if (g_log_dropped) {
+        char note[128];
+        int k = snprintf(note, sizeof note, "%s WARN  %lu log lines were dropped: stderr was not being read\n", when,
+                         g_log_dropped);
+        if (write(STDERR_FILENO, note, (size_t)k) == k) g_log_dropped = 0;
+    }
+    if (write(STDERR_FILENO, line, (size_t)n) != n) g_log_dropped++;
+}
+
 static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvlm serve -m MODEL [options]\n\n"
@@ -54,9 +108,7 @@ static void serve_usage(FILE *f) {
             "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
-            "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite, mistral-v7,\n"
-            "                          mistral-v7-tekken or plain\n"
-            "                          (default: from the model)\n"
+            CLI_CHAT_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE
@@ -108,13 +160,23 @@ static void serve_usage(FILE *f) {
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
             "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
+            "\nLogs (docs/serving.md, \"Logs\"): one line per request, a throughput line every 10 s while busy,\n"
+            "preemptions and KV tier events, on stderr:\n"
+            "      --log-format F      text (default) or json (one object a line)\n"
+            "      --log-level L       debug, info (default: requests, throughput), warn or error\n"
+            "  -v, --verbose           --log-level debug (also /health and /metrics requests)\n"
+            "      --log-interval S    seconds between throughput lines while busy (default 10; 0 = none)\n"
+            "      --strict-params     refuse (400) request fields kvlm does not use, instead of ignoring them\n"
+            "                          and logging each name once (as vLLM does)\n"
             "  -h, --help              this help\n");
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
+    const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
                *max_unsent = NULL, *answer_mem = NULL;
-    const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
+    const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL, *log_format = NULL,
+               *log_level = NULL;
+    float log_interval = 10;
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
@@ -131,6 +193,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--port", &sp.port, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--alias", &sp.model_id, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &sp.chat_template, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template-file", &tmpl_file, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-seqs", &cp.n_seq_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
@@ -168,6 +231,11 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--log-format", &log_format, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--log-level", &log_level, &bad)) {}
+        else if (cli_is(argv[i], "-v", "--verbose")) log_level = "debug";
+        else if (cli_opt_float(argc, argv, &i, NULL, "--log-interval", &log_interval, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--strict-params")) sp.strict_params = true;
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -186,6 +254,23 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     sp.keepalive_s = keepalive > 0 ? keepalive : -1;
+    if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
+        cli_fail("serve", "--log-format %s: expected text or json", log_format);
+        goto out;
+    }
+    int level = log_level ? kvlm_log_level_from_name(log_level) : KVLM_LOG_INFO;
+    if (level < 0 || level == KVLM_LOG_OFF) {
+        cli_fail("serve", "--log-level %s: expected debug, info, warn or error", log_level);
+        goto out;
+    }
+    if (!(log_interval >= 0 && log_interval <= 86400)) {
+        cli_fail("serve", "--log-interval %g: expected seconds in 0..86400 (0 = none)", log_interval);
+        goto out;
+    }
+    sp.log_interval_s = log_interval > 0 ? log_interval : -1;
+    sp.log_json = g_log_json = log_format && !strcmp(log_format, "json");
+    kvlm_log_set_level(level);
+    kvlm_log_set(log_line, NULL); /* every line of the library's and the server's from here on */
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
@@ -258,8 +343,13 @@ int cmd_serve(int argc, char **argv) {
     kvlm_ctx *ctx = NULL, *dctx = NULL;
     kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
+    kvlm_chat *chat = NULL;
     kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
+    /* named here, the template must work; the model's own is the server's
+     * to make (one it cannot render fails only chat requests) */
+    if ((sp.chat_template || tmpl_file) && !(sp.chat = chat = cli_chat("serve", model, sp.chat_template, tmpl_file)))
+        goto done;
     bool draft_shared = false;
     /* its cache in the model's pool when the shapes allow: one memory
      * budget, the model's sequences first (docs/speculative.md) */
@@ -299,24 +389,25 @@ int cmd_serve(int argc, char **argv) {
         else cli_fail("serve", "%s", err.msg);
         goto done;
     }
-    fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)",
-            kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
-            (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20));
-    if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
-        fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
-    fputc('\n', stderr);
+    char evict_note[96] = ""; /* sequences then run past the context, to max_tokens */
+    if (cp.kv_evict)
+        snprintf(evict_note, sizeof evict_note, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict),
+                 kvlm_ctx_kv_budget(ctx));
+    kvlm_log(KVLM_LOG_INFO, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)%s",
+             kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
+             (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20), evict_note);
     if (dctx && draft_shared) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
-        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
-                "(sequences %d..%d, %d of its tokens a block, keys %s; given back before any request is preempted)\n",
+        kvlm_log(KVLM_LOG_INFO, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
+                "(sequences %d..%d, %d of its tokens a block, keys %s; given back before any request is preempted)",
                 draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
                 kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1, ds.block_size,
                 kvlm_cache_type_name(ds.type_k));
     } else if (dctx) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
-        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)\n",
+        kvlm_log(KVLM_LOG_INFO, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)",
                 draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, ds.n_blocks, ds.block_size,
                 (double)kvlm_ctx_kv_capacity_bytes(dctx) / (1 << 20));
     }
@@ -327,7 +418,7 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "kvlm serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    kvlm_log(KVLM_LOG_INFO, "kvlm serve: %s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
     static sigset_t wd_sigs; /* outlives this frame */
     wd_sigs = sigs;
     pthread_t wd;
@@ -335,10 +426,12 @@ int cmd_serve(int argc, char **argv) {
     rc = 0;
 done:
     kvlm_server_stop(srv);
+    kvlm_chat_free(chat);
     kvlm_ctx_free(dctx);
     kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);
     kvlm_model_free(model);
+    kvlm_log_set(NULL, NULL);
 out:
     free(origins);
     free(file_key);

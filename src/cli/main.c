@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "  inspect    list a model file's metadata and tensors\n"
             "  tokenize   print the token ids of a text\n"
             "  grammar    print the GBNF grammar a JSON schema becomes (structured output), or check one\n"
+            "  template   render a chat template (Jinja) with a conversation, as transformers does\n"
             "  convert    write a model (GGUF or llama2.c) as GGUF, optionally quantized\n"
             "  synth      write a random-weight model of any shape (for tests and benchmarks)\n"
             "  logits     print the next-token logits after each token of a prompt\n"
@@ -32,7 +33,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"run", cmd_run}, {"chat", cmd_chat}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize}, {"grammar", cmd_grammar},
+        {"run", cmd_run}, {"chat", cmd_chat}, {"inspect", cmd_inspect}, {"tokenize", cmd_tokenize}, {"grammar", cmd_grammar}, {"template", cmd_template},
         {"convert", cmd_convert}, {"synth", cmd_synth}, {"logits", cmd_logits}, {"plan", cmd_plan}, {"perplexity", cmd_perplexity}, {"serve", cmd_serve},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

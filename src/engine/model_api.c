@@ -11,7 +11,6 @@
 #include "model/model.h"
 #include "model/hf.h"
 #include "ops/ops.h"
-#include "tok/chat.h"
 #include "tok/pretok.h"
 #include "tok/tok.h"
 #include "util/log.h"
@@ -111,20 +110,6 @@ static void name_pre_regex(model_vocab *v) {
     snprintf(v->pre, sizeof v->pre, "%s", name);
 }
 
-/* A directory's chat template (tokenizer_config.json, chat_template.jinja or .json), matched to the families kvlm renders. */
-static void check_hf_template(const kvlm_model *m) {
-    const char *t = m->vocab.chat_template;
-    if (!t) return;
-    const char *f = tok_chat_family(t);
-    if (f) { LOG_INFO("%s: chat template recognised as %s", m->path, f); return; }
-    char head[64];
-    size_t n = 0;
-    for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
-    head[n] = 0;
-    LOG_WARN("%s: the directory's chat template (%zu bytes, \"%s%s\") is none kvlm knows (%s): /v1/chat/completions "
-             "needs --chat-template NAME", m->path, strlen(t), head, strlen(t) > n ? "..." : "", tok_chat_names());
-}
-
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
@@ -132,7 +117,6 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
     if (model_load(m, path, params, err)) { free(m); return NULL; }
     m->packed_buf = NULL;
     name_pre_regex(&m->vocab);
-    if (m->hf) check_hf_template(m);
     pack_weights(m);
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
@@ -343,6 +327,28 @@ int kvlm_token_to_text(const kvlm_model *m, int32_t token, char *buf, size_t cap
     return tok_token_to_bytes(m->tok, token, false, buf, cap);
 }
 
+int kvlm_token_to_piece(const kvlm_model *m, int32_t token, bool special, char *buf, size_t cap) {
+    if (!m->tok) return -1;
+    return tok_token_to_bytes(m->tok, token, special, buf, cap);
+}
+
+int32_t kvlm_token_fim(const kvlm_model *m, int which) {
+    /* the texts llama.cpp recognises (the last: DeepSeek's, in full-width bars) */
+    static const char *const texts[3][5] = {
+        {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>"},
+        {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>"},
+        {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+    };
+    if (which < 0 || which > 2) return -1;
+    const model_vocab *v = &m->vocab;
+    int32_t id = which == KVLM_FIM_PRE ? v->fim_pre : which == KVLM_FIM_SUF ? v->fim_suf : v->fim_mid;
+    if (id >= 0) return id;
+    for (int t = 0; t < v->n_tokens && v->tokens; t++)
+        for (int k = 0; k < 5; k++)
+            if (v->tokens[t] && !strcmp(v->tokens[t], texts[which][k])) return t;
+    return -1;
+}
+
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *m) {
     memset(d, 0, sizeof *d);
     d->model = m;
@@ -397,7 +403,7 @@ static size_t emit_utf8(kvlm_detok *d, const char *buf, size_t len, char *out, s
 int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap) {
     char buf[256];
     if (cap) out[0] = 0;
-    int len = kvlm_token_to_text(d->model, token, buf, sizeof buf);
+    int len = kvlm_token_to_piece(d->model, token, d->special, buf, sizeof buf);
     int32_t prev = d->prev;
     d->prev = token;
     if (len <= 0) return 0;
@@ -513,4 +519,19 @@ fail:
 
 void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan *out) {
     kv_plan(&m->cfg, m->weight_bytes, p, out);
+}
+
+/* ---- chat templates (the text; tok/jinja renders it) ------------------------ */
+
+const char *kvlm_model_chat_template(const kvlm_model *m, const char *name) {
+    if (!m) return NULL;
+    if (!name) return m->vocab.chat_template;
+    for (int i = 0; i < m->vocab.n_named_templates; i++)
+        if (!strcmp(m->vocab.named_template_names[i], name)) return m->vocab.named_templates[i];
+    return NULL;
+}
+
+const char *kvlm_token_piece(const kvlm_model *m, int32_t token) {
+    if (!m || token < 0 || token >= m->vocab.n_tokens) return NULL;
+    return m->vocab.tokens[token];
 }

@@ -44,6 +44,8 @@ struct req {
     uint64_t id;
     kvlm_request_params p;
     int n_prompt, cached;
+    double t_submit, queue_time; /* queue_time: submission to first admission */
+    int plp_next;                /* prompt_logprobs: the next prompt position to report (from 1) */
     bool admitted, forked, cancel, kill; /* kill: the engine thread's copy of cancel */
     unit *u;
     int n, n_live;
@@ -67,7 +69,7 @@ struct kvlm_sched {
     req *live, *live_tail;           /* seen by the engine thread, in id order */
     bool *slot_used;
     /* step scratch */
-    int32_t *tok, *seqv;
+    int32_t *tok, *seqv, *plp_pos; /* plp_pos[i] > 0: token i's logits give prompt position plp_pos[i]'s logprob */
     int8_t *want;
     unit **who;
     float *lp;
@@ -132,6 +134,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
     s->tok = malloc((size_t)cap * sizeof(int32_t));
     s->seqv = malloc((size_t)cap * sizeof(int32_t));
+    s->plp_pos = malloc((size_t)cap * sizeof(int32_t));
     s->want = malloc((size_t)cap);
     s->who = malloc((size_t)cap * sizeof(unit *));
     s->lp = malloc((size_t)s->vocab * sizeof(float));
@@ -161,7 +164,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         kvlm_sched_free(s);
         return NULL;
     }
-    if (!s->slot_used || !s->tok || !s->seqv || !s->want || !s->who || !s->lp) {
+    if (!s->slot_used || !s->tok || !s->seqv || !s->plp_pos || !s->want || !s->who || !s->lp) {
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         kvlm_sched_free(s);
         return NULL;
@@ -187,6 +190,7 @@ static kvlm_sched_event event_for(const unit *u) {
     ev.token = -1;
     ev.prompt_tokens = u->r->n_prompt;
     ev.cached_tokens = u->r->cached;
+    ev.queue_time = u->r->queue_time;
     return ev;
 }
 
@@ -245,7 +249,7 @@ void kvlm_sched_free(kvlm_sched *s) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
     }
-    free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
+    free(s->slot_used); free(s->tok); free(s->seqv); free(s->plp_pos); free(s->want); free(s->who); free(s->lp);
     free(s->spec_ids); free(s->spec_probs);
     spec_drafter_free(s->drafter);
     free(s->dreq); free(s->dunit);
@@ -263,7 +267,8 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     int n = p->n > 0 ? p->n : 1;
     if (!cb || !prompt || n_prompt <= 0) { util_err_set(err, KVLM_EINVAL, "empty prompt"); return 0; }
     if (p->max_tokens <= 0) { util_err_set(err, KVLM_EINVAL, "max_tokens must be at least 1"); return 0; }
-    if (p->logprobs > KVLM_MAX_LOGPROBS) {
+    if (p->logprobs > KVLM_MAX_LOGPROBS || (p->prompt_logprobs && (p->prompt_top_logprobs < 0 ||
+                                                                   p->prompt_top_logprobs > KVLM_MAX_LOGPROBS))) {
         util_err_set(err, KVLM_EINVAL, "logprobs must be at most %d", KVLM_MAX_LOGPROBS);
         return 0;
     }
@@ -293,8 +298,13 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     r->p.sampling.bias = NULL;
     r->p.sampling.n_bias = 0;
     r->p.sampling.grammar = NULL; /* each sampler holds its own reference */
+    r->p.sampling.stop_ids = NULL; /* ... and its own copy of these */
+    r->p.sampling.n_stop_ids = 0;
+    r->p.sampling.dry_sequence_breakers = NULL; /* read at the samplers' creation */
     r->n = r->n_live = n;
     r->n_prompt = n_prompt;
+    r->t_submit = util_now_s();
+    r->plp_next = 1;
     r->cb = cb;
     r->user = user;
     /* the history grows in sample(); start with room for a short answer */
@@ -306,6 +316,7 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
         u->seq = -1;
         kvlm_sampler_params sp = p->sampling;
         sp.seed += (uint64_t)i;
+        if (!sp.model) sp.model = s->model; /* its end tokens (ignore_eos, min_tokens) and texts (DRY) */
         u->smp = kvlm_sampler_create(&sp, s->vocab);
         u->hist = malloc((size_t)cap * sizeof(int32_t));
         u->cap = cap;
@@ -380,6 +391,8 @@ static bool choose_swap(kvlm_sched *s, const unit *u) {
 
 static void preempt(kvlm_sched *s, unit *u) {
     bool unforked = u->index == 0 && !u->r->forked;
+    int held = u->seq >= 0 ? kvlm_seq_n_past(s->ctx, u->seq) : 0;
+    bool swapped = false;
     if (choose_swap(s, u)) {
         kvlm_error err = {0};
         int seq = u->seq;
@@ -387,6 +400,7 @@ static void preempt(kvlm_sched *s, unit *u) {
         bool evicted = kvlm_seq_n_evicted(s->ctx, seq) > 0;
         int rc = kvlm_seq_swap_out(s->ctx, seq, &u->swap, &err);
         if (rc == KVLM_OK) {
+            swapped = true;
             s->swaps_evicted += evicted;
             spec_drafter_drop(s->drafter, seq);
             s->slot_used[seq] = false;
@@ -405,6 +419,8 @@ static void preempt(kvlm_sched *s, unit *u) {
     if (unforked) /* its followers wait for its prompt: they hold slots only */
         for (int i = 1; i < u->r->n; i++) release(s, &u->r->u[i]);
     s->preemptions++;
+    LOG_INFO("request %llu: completion %d preempted by %s (%d tokens held, %d generated): the KV pool is full",
+             (unsigned long long)u->r->id, u->index, swapped ? "swap" : "recompute", held, u->n_gen);
 }
 
 static int free_slot(kvlm_sched *s) {
@@ -467,6 +483,13 @@ static int batch_shortfall(kvlm_sched *s, int n) {
     return need - pool_room(s);
 }
 
+/* A request whose prompt is computed afresh, not taken from the prefix
+ * cache: cache_prompt false (at its first admission), or prompt logprobs
+ * still to report (the cache gives no logits). */
+static bool fresh(const req *r) {
+    return (r->p.no_prefix_reuse && !r->admitted) || (r->p.prompt_logprobs && r->plp_next < r->n_prompt);
+}
+
 /* FCFS admission of waiting completions while slots and blocks last. */
 static void admit(kvlm_sched *s) {
     int n_free = 0, promised = 0;
@@ -490,18 +513,20 @@ static void admit(kvlm_sched *s) {
                 if (u->done) continue;
             } else {
                 /* ask first (no side effects), attach only what is admitted */
+                int lookup = fresh(r) ? 0 : hold(s, u->n_hist);
                 kvlm_prefix_probe pr;
-                kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, hold(s, u->n_hist), &pr);
                 if (any_active && pr.blocks_needed > pr.blocks_available - promised) {
                     if (!release_drafts(s, pr.blocks_needed - (pr.blocks_available - promised))) return;
-                    kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                    kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, hold(s, u->n_hist), &pr);
                     if (pr.blocks_needed > pr.blocks_available - promised) return;
                 }
                 u->seq = free_slot(s);
                 s->slot_used[u->seq] = true;
-                int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
+                int matched = lookup ? kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, lookup) : 0;
                 if (!r->admitted) {
                     r->admitted = true;
+                    r->queue_time = util_now_s() - r->t_submit;
                     r->cached = matched;
                     s->prompt_tokens += (uint64_t)r->n_prompt;
                     s->cached_tokens += (uint64_t)matched;
@@ -622,10 +647,15 @@ static int build_batch(kvlm_sched *s) {
                 if (left <= 0 || (pass == 0) != (left == 1)) continue;
                 int take = left < budget ? left : budget;
                 if (take > s->max_feed) take = s->max_feed; /* a batch may not outgrow the KV budget */
+                /* prompt logprobs: logits for the prompt's tokens too, in chunks that bound their rows */
+                bool plp = u->index == 0 && u->r->p.prompt_logprobs && u->r->plp_next < u->r->n_prompt;
+                if (plp && take > 64 && take < left) take = 64;
                 for (int t = 0; t < take; t++) {
+                    int next = past + t + 1; /* the position this token's logits predict */
                     s->tok[n] = u->hist[past + t];
                     s->seqv[n] = u->seq;
-                    s->want[n] = t == left - 1;
+                    s->plp_pos[n] = plp && next < u->r->n_prompt && next >= u->r->plp_next ? next : 0;
+                    s->want[n] = t == left - 1 || s->plp_pos[n];
                     s->who[n] = u;
                     n++;
                 }
@@ -634,6 +664,7 @@ static int build_batch(kvlm_sched *s) {
                 for (int t = 0; t < u->n_draft; t++) {
                     s->tok[n] = u->draft[t];
                     s->seqv[n] = u->seq;
+                    s->plp_pos[n] = 0;
                     s->want[n] = 1;
                     s->who[n] = u;
                     n++;
@@ -652,6 +683,8 @@ static void logprobs(kvlm_sched *s, const float *logits, kvlm_sched_event *ev, i
     for (int v = 0; v < s->vocab; v++) sum += exp((double)(logits[v] - mx));
     float lse = mx + (float)log(sum);
     ev->logprob = logits[ev->token] - lse;
+    ev->rank = 1;
+    for (int v = 0; v < s->vocab; v++) ev->rank += logits[v] > logits[ev->token];
     ev->n_top = 0;
     for (int v = 0; v < s->vocab; v++) {
         float l = logits[v] - lse;
@@ -683,12 +716,23 @@ static void emit(kvlm_sched *s, unit *u, int32_t token, const float *logits) {
     u->hist[u->n_hist++] = ev.token;
     u->n_gen++;
     s->generated++;
-    if (!u->r->cb(u->r->user, &ev)) finish(s, u, KVLM_FINISH_STOP, NULL);
+    if (!u->r->cb(u->r->user, &ev) || kvlm_sampler_is_stop(u->smp, ev.token)) finish(s, u, KVLM_FINISH_STOP, NULL);
     else if (u->n_gen >= u->r->p.max_tokens || (!s->evicts && u->n_hist > s->budget))
         finish(s, u, KVLM_FINISH_LENGTH, NULL);
 }
 
 static void sample(kvlm_sched *s, unit *u, const float *logits) { emit(s, u, kvlm_sampler_sample(u->smp, logits), logits); }
+
+/* prompt_logprobs: prompt position pos's log-probability from the logits after the token before it. */
+static void prompt_logprob(kvlm_sched *s, unit *u, int pos, const float *logits) {
+    kvlm_sched_event ev = event_for(u);
+    ev.prompt_token = true;
+    ev.pos = pos;
+    ev.token = u->hist[pos];
+    logprobs(s, logits, &ev, u->r->p.prompt_top_logprobs);
+    u->r->plp_next = pos + 1;
+    u->r->cb(u->r->user, &ev);
+}
 
 /* A unit whose token came with drafts: rows li .. li + n_draft hold the
  * target's logits after each; the drafts it agrees with are kept (the rule
@@ -720,7 +764,9 @@ static void verify(kvlm_sched *s, unit *u, int li) {
     else sample(s, u, kvlm_get_logits(s->ctx, li + nd));
 }
 
-static void publish(kvlm_sched *s) {
+/* The live requests and the running and waiting counts, published (at
+ * admission, before the step's forward pass, and after it). */
+static void publish_requests(kvlm_sched *s) {
     int running = 0, waiting = 0, n = 0;
     for (req *r = s->live; r; r = r->next) n++;
     if (n > s->cap_work_req) {
@@ -744,19 +790,17 @@ static void publish(kvlm_sched *s) {
             kvlm_seq_kv_info(s->ctx, u->seq, &b, &sh);
             q->blocks += b;
             q->shared_blocks += sh;
-            int st = u->n_hist - fed(s, u) <= 1 ? 2 : 1;
+            int done = fed(s, u), st = u->n_hist - done <= 1 ? 2 : 1;
+            if (st == 1 && u->n_hist - done > q->prefill_total - q->prefill_done) { /* the one furthest from done */
+                q->prefill_done = done;
+                q->prefill_total = u->n_hist;
+            }
             if (st > q->state) q->state = st;
         }
+        if (q->state != 1) q->prefill_done = q->prefill_total = 0;
         if (q->state) running++;
         else waiting++;
     }
-    double now = util_now_s();
-    if (now - s->mark_t >= 1.0) {
-        s->tps = s->mark_t > 0 ? ((double)s->generated - s->mark_gen) / (now - s->mark_t) : 0;
-        s->mark_t = now;
-        s->mark_gen = (double)s->generated;
-    }
-    s->last_step_t = now;
     pthread_mutex_lock(&s->mu);
     s->work_req = s->snap_req;
     s->snap_req = info;
@@ -766,6 +810,19 @@ static void publish(kvlm_sched *s) {
     s->n_snap_req = k;
     s->snap.running = running;
     s->snap.waiting = waiting;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void publish(kvlm_sched *s) {
+    publish_requests(s);
+    double now = util_now_s();
+    if (now - s->mark_t >= 1.0) {
+        s->tps = s->mark_t > 0 ? ((double)s->generated - s->mark_gen) / (now - s->mark_t) : 0;
+        s->mark_t = now;
+        s->mark_gen = (double)s->generated;
+    }
+    s->last_step_t = now;
+    pthread_mutex_lock(&s->mu);
     s->snap.preemptions = s->preemptions;
     s->snap.swaps_out = s->swaps_out;
     s->snap.swaps_in = s->swaps_in;
@@ -864,6 +921,8 @@ static bool spec_undo(kvlm_sched *s, int n) {
 int kvlm_sched_step(kvlm_sched *s) {
     pthread_mutex_lock(&s->mu);
     if (s->incoming) {
+        /* counted waiting at once (they leave the incoming list, which kvlm_sched_stats_get counts) */
+        for (req *r = s->incoming; r; r = r->next) s->snap.waiting++;
         if (s->live_tail) s->live_tail->next = s->incoming;
         else s->live = s->incoming;
         s->live_tail = s->incoming_tail;
@@ -876,6 +935,7 @@ int kvlm_sched_step(kvlm_sched *s) {
             for (int i = 0; i < r->n; i++) finish(s, &r->u[i], KVLM_FINISH_CANCELLED, NULL);
     reap(s);
     admit(s);
+    publish_requests(s); /* requests admitted now count as running during their prefill */
     s->spec_skip = false;
     if (s->drafter) draft_propose(s);
     int n = 0;
@@ -921,6 +981,11 @@ int kvlm_sched_step(kvlm_sched *s) {
     for (int i = 0, li = 0; i < n; i++) {
         if (!s->want[i]) continue;
         unit *u = s->who[i];
+        if (s->plp_pos[i]) {
+            const float *row = kvlm_get_logits(s->ctx, li++);
+            if (!u->done) prompt_logprob(s, u, s->plp_pos[i], row);
+            continue;
+        }
         if (u->n_draft) { /* its token and drafts: rows li .. li + n_draft */
             verify(s, u, li);
             int k = i + 1;

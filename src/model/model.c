@@ -798,6 +798,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     bool vocab_only = params->vocab_only;
     memset(m, 0, sizeof *m);
     m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = -1;
+    m->vocab.fim_pre = m->vocab.fim_suf = m->vocab.fim_mid = -1;
     snprintf(m->path, sizeof m->path, "%s", path);
     int rc;
     if (model_hf_is_dir(path)) {

@@ -20,6 +20,10 @@
 #define KEY_UNK "tokenizer.ggml.unknown_token_id"
 #define KEY_PAD "tokenizer.ggml.padding_token_id"
 #define KEY_EOT "tokenizer.ggml.eot_token_id"
+/* fill-in-the-middle (llama.cpp's keys; the older prefix/suffix/middle ones read too) */
+#define KEY_FIM_PRE "tokenizer.ggml.fim_pre_token_id"
+#define KEY_FIM_SUF "tokenizer.ggml.fim_suf_token_id"
+#define KEY_FIM_MID "tokenizer.ggml.fim_mid_token_id"
 #define KEY_ADD_BOS "tokenizer.ggml.add_bos_token"
 #define KEY_ADD_EOS "tokenizer.ggml.add_eos_token"
 #define KEY_ADD_SPACE "tokenizer.ggml.add_space_prefix"
@@ -34,6 +38,7 @@
 static void vocab_reset(model_vocab *v) {
     memset(v, 0, sizeof *v);
     v->bos = v->eos = v->unk = v->pad = v->eot = -1;
+    v->fim_pre = v->fim_suf = v->fim_mid = -1;
 }
 
 void vocab_free(model_vocab *v) {
@@ -48,6 +53,12 @@ void vocab_free(model_vocab *v) {
     free(v->types);
     free(v->merges);
     free(v->chat_template);
+    for (int i = 0; i < v->n_named_templates; i++) {
+        free(v->named_template_names[i]);
+        free(v->named_templates[i]);
+    }
+    free(v->named_template_names);
+    free(v->named_templates);
     vocab_reset(v);
 }
 
@@ -202,7 +213,13 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
     if ((rc = get_id(f, KEY_BOS, nt, llama ? 1 : -1, &v->bos, err)) ||
         (rc = get_id(f, KEY_EOS, nt, llama ? 2 : -1, &v->eos, err)) ||
         (rc = get_id(f, KEY_UNK, nt, llama ? 0 : -1, &v->unk, err)) ||
-        (rc = get_id(f, KEY_PAD, nt, -1, &v->pad, err)) || (rc = get_id(f, KEY_EOT, nt, -1, &v->eot, err)))
+        (rc = get_id(f, KEY_PAD, nt, -1, &v->pad, err)) || (rc = get_id(f, KEY_EOT, nt, -1, &v->eot, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.prefix_token_id", nt, -1, &v->fim_pre, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.suffix_token_id", nt, -1, &v->fim_suf, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.middle_token_id", nt, -1, &v->fim_mid, err)) ||
+        (gguf_find(f, KEY_FIM_PRE) && (rc = get_id(f, KEY_FIM_PRE, nt, -1, &v->fim_pre, err))) ||
+        (gguf_find(f, KEY_FIM_SUF) && (rc = get_id(f, KEY_FIM_SUF, nt, -1, &v->fim_suf, err))) ||
+        (gguf_find(f, KEY_FIM_MID) && (rc = get_id(f, KEY_FIM_MID, nt, -1, &v->fim_mid, err))))
         return rc;
     v->add_bos = llama;
     v->add_eos = false;
@@ -236,6 +253,31 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
         if (!(v->chat_template = memdup_z(tmpl->v.s.data, (size_t)tmpl->v.s.len)))
             return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat template");
     }
+    const size_t pre_len = strlen(KEY_TEMPLATE ".");
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const gguf_kv *kv = &f->kv[i];
+        if (kv->key.len <= pre_len || memcmp(kv->key.data, KEY_TEMPLATE ".", pre_len)) continue;
+        if (kv->type != GGUF_STRING)
+            return util_err_set(err, KVLM_EFORMAT, "%.*s has type %s, expected string", (int)kv->key.len,
+                                kv->key.data, gguf_vtype_name(kv->type));
+        if (vocab_add_named_template(v, kv->key.data + pre_len, (size_t)kv->key.len - pre_len, kv->v.s.data,
+                                     (size_t)kv->v.s.len))
+            return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat templates");
+    }
+    return KVLM_OK;
+}
+
+int vocab_add_named_template(model_vocab *v, const char *name, size_t name_len, const char *text, size_t text_len) {
+    char **n = realloc(v->named_template_names, (size_t)(v->n_named_templates + 1) * sizeof *n);
+    if (!n) return KVLM_ENOMEM;
+    v->named_template_names = n;
+    char **t = realloc(v->named_templates, (size_t)(v->n_named_templates + 1) * sizeof *t);
+    if (!t) return KVLM_ENOMEM;
+    v->named_templates = t;
+    char *a = memdup_z(name, name_len), *b = memdup_z(text, text_len);
+    if (!a || !b) { free(a); free(b); return KVLM_ENOMEM; }
+    n[v->n_named_templates] = a;
+    t[v->n_named_templates++] = b;
     return KVLM_OK;
 }
 
@@ -353,7 +395,8 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     if (v->types) gguf_writer_set_arr_i32(w, KEY_TYPES, v->types, (uint64_t)v->n_tokens);
     if (v->n_merges > 0) gguf_writer_set_arr_str(w, KEY_MERGES, (const char *const *)v->merges, (uint64_t)v->n_merges);
     const struct { const char *key; int32_t id; } ids[] = {
-        {KEY_BOS, v->bos}, {KEY_EOS, v->eos}, {KEY_UNK, v->unk}, {KEY_PAD, v->pad}, {KEY_EOT, v->eot}};
+        {KEY_BOS, v->bos}, {KEY_EOS, v->eos}, {KEY_UNK, v->unk}, {KEY_PAD, v->pad}, {KEY_EOT, v->eot},
+        {KEY_FIM_PRE, v->fim_pre}, {KEY_FIM_SUF, v->fim_suf}, {KEY_FIM_MID, v->fim_mid}};
     bool llama = strcmp(v->model, "llama") == 0;
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         if (ids[i].id >= 0) gguf_writer_set_u32(w, ids[i].key, (uint32_t)ids[i].id);
@@ -365,6 +408,11 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     gguf_writer_set_bool(w, KEY_ADD_EOS, v->add_eos);
     gguf_writer_set_bool(w, KEY_ADD_SPACE, v->add_space_prefix);
     if (v->chat_template) gguf_writer_set_str(w, KEY_TEMPLATE, v->chat_template);
+    for (int i = 0; i < v->n_named_templates; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "%s.%s", KEY_TEMPLATE, v->named_template_names[i]);
+        gguf_writer_set_str(w, key, v->named_templates[i]);
+    }
     if (v->has_pre_regex) {
         gguf_writer_set_arr_str(w, KEY_PRE_REGEX, (const char *const *)v->pre_regex, (uint64_t)v->n_pre_regex);
         gguf_writer_set_bool(w, KEY_PRE_IGNORE_MERGES, v->pre_ignore_merges);

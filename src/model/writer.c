@@ -448,6 +448,7 @@ static int synth_vocab(model_vocab *v, int n) {
     v->types = calloc((size_t)n, sizeof *v->types);
     if (!v->tokens || !v->lens || !v->scores || !v->types) return -1;
     v->unk = 0; v->bos = 1; v->eos = 2; v->pad = v->eot = -1;
+    v->fim_pre = v->fim_suf = v->fim_mid = -1;
     v->add_bos = true; v->add_space_prefix = true;
     int nbytes = n >= 3 + 256 + 16 ? 256 : 0;
     for (int i = 0; i < n; i++) {

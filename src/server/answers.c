@@ -215,12 +215,13 @@ static bool walk_bytes(walk *w, const char *s, size_t n) {
     return true;
 }
 
-void srv_answers_record(srv_answers *a, srv_prompt_key prompt, int32_t prev, const int32_t *ids, int n,
+void srv_answers_record(srv_answers *a, srv_prompt_key prompt, int32_t prev, bool special, const int32_t *ids, int n,
                         const char *text, size_t len, size_t text_off) {
     if (!a || n <= 0 || n > SRV_ANSWER_MAX_IDS || !len) return; /* an empty answer leaves nothing to take */
     kvlm_detok d;
     kvlm_detok_init(&d, a->model);
     d.prev = prev;
+    d.special = special;
     walk *w = malloc(sizeof *w); /* the hash state is large */
     if (!w) return;
     *w = (walk){.text = text, .len = len, .off = text_off};
@@ -408,6 +409,52 @@ int32_t *srv_answers_tokenize(srv_answers *a, const kvlm_model *m, const char *t
     free(c);
     free(sp);
     free(st);
+    return t;
+}
+
+int32_t *srv_answers_tokenize_json(srv_answers *a, const kvlm_model *m, const char *text, size_t len, bool add_bos,
+                                   json_t *messages, int *n_out, int *reused, int *reused_tokens, kvlm_error *err) {
+    size_t n = a && json_is_array(messages) ? json_array_size(messages) : 0;
+    const char **roles = n ? calloc(n, sizeof *roles) : NULL;
+    char **contents = n ? calloc(n, sizeof *contents) : NULL;
+    if (!roles || !contents) n = 0; /* none kept, or no memory: tokenized as text */
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(messages, i), *role = json_object_get(msg, "role"), *ct = json_object_get(msg, "content");
+        roles[i] = json_is_string(role) ? json_string_value(role) : "";
+        if (json_is_string(ct)) contents[i] = strdup(json_string_value(ct));
+        else if (json_is_array(ct)) { /* text parts, joined with newlines */
+            size_t total = 1;
+            bool text_only = true;
+            for (size_t k = 0; k < json_array_size(ct); k++) {
+                json_t *t = json_object_get(json_array_get(ct, k), "text");
+                text_only &= json_is_string(t);
+                total += json_is_string(t) ? json_string_length(t) + 1 : 0;
+            }
+            if (text_only && (contents[i] = malloc(total))) {
+                size_t at = 0;
+                for (size_t k = 0; k < json_array_size(ct); k++) {
+                    json_t *t = json_object_get(json_array_get(ct, k), "text");
+                    if (k) contents[i][at++] = '\n';
+                    memcpy(contents[i] + at, json_string_value(t), json_string_length(t));
+                    at += json_string_length(t);
+                }
+                contents[i][at] = 0;
+            }
+        }
+        if (!contents[i] && !json_is_string(ct)) { /* another shape: never a candidate */
+            contents[i] = strdup("");
+            roles[i] = "";
+        }
+        if (!contents[i]) { /* no memory: the messages before it only */
+            n = i;
+            break;
+        }
+    }
+    int32_t *t = srv_answers_tokenize(n ? a : NULL, m, text, len, add_bos, roles, (const char *const *)contents, (int)n,
+                                      n_out, reused, reused_tokens, err);
+    for (size_t i = 0; contents && i < n; i++) free(contents[i]);
+    free(roles);
+    free(contents);
     return t;
 }
 

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include "kvlm.h"
 
 typedef struct srv_answers srv_answers;
@@ -38,8 +39,9 @@ srv_prompt_key srv_answers_prompt_key(const srv_answers *a, const int32_t *ids, 
  * text (a stream keeps only its tail: the text's bytes from text_off on),
  * generated as ids after the prompt (key; prev: its last token). Kept as the
  * longest prefix of ids that spells the whole text (as kvlm_detok makes it
- * after prev), if one does: a stop string cut the text inside the ids. */
-void srv_answers_record(srv_answers *a, srv_prompt_key prompt, int32_t prev, const int32_t *ids, int n,
+ * after prev; special: control tokens shown), if one does: a stop string
+ * cut the text inside the ids. */
+void srv_answers_record(srv_answers *a, srv_prompt_key prompt, int32_t prev, bool special, const int32_t *ids, int n,
                         const char *text, size_t len, size_t text_off);
 
 /* HTTP thread: a chat prompt's tokens. text is the rendered prompt,
@@ -52,6 +54,12 @@ void srv_answers_record(srv_answers *a, srv_prompt_key prompt, int32_t prev, con
 int32_t *srv_answers_tokenize(srv_answers *a, const kvlm_model *m, const char *text, size_t len, bool add_bos,
                               const char *const *roles, const char *const *contents, int n_msgs, int *n_out,
                               int *reused, int *reused_tokens, kvlm_error *err);
+/* The same for a chat request's "messages" (a JSON array): each message's
+ * text as kvlm_chat_render gives it to a template (a string; null: empty;
+ * text parts joined with newlines); a message of another shape is never a
+ * candidate. */
+int32_t *srv_answers_tokenize_json(srv_answers *a, const kvlm_model *m, const char *text, size_t len, bool add_bos,
+                                   json_t *messages, int *n_out, int *reused, int *reused_tokens, kvlm_error *err);
 /* A request's reuse, counted once it is submitted. */
 void srv_answers_count(srv_answers *a, int reused, int reused_tokens);
 void srv_answers_stats_get(srv_answers *a, srv_answers_stats *st);

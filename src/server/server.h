@@ -9,7 +9,8 @@
 #include "kvlm.h"
 #include "server/answers.h"
 
-enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+typedef struct srv_metrics srv_metrics; /* metrics.c */
+typedef struct srv_logs srv_logs;       /* log.c */
 /* The stack of the HTTP thread, which parses every request: sized for the
  * parsers' nesting limits (tests/test_limits measures them at their limits). */
 enum { SRV_HTTP_STACK = 8 << 20 };
@@ -31,8 +32,10 @@ struct kvlm_server {
     int port;
     double started;
     pthread_mutex_t mu;         /* guards sched's lifetime and the figures below */
-    uint64_t ttft_counts[SRV_TTFT_BUCKETS], tpot_counts[SRV_TPOT_BUCKETS], ttft_n, tpot_n, http_errors;
-    double ttft_sum, tpot_sum;
+    uint64_t http_errors;
+    srv_metrics *metrics;       /* histograms of requests (metrics.c) */
+    srv_logs *logs;             /* request logs, ignored fields, public ids (log.c) */
+    char fingerprint[32];       /* system_fingerprint: this model and configuration */
     uint64_t finished[6];       /* choices ended, by KVLM_FINISH_* (atomic adds) */
     int active;                 /* requests between their first byte and their answer's last (under mu) */
     int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
@@ -58,6 +61,9 @@ struct kvlm_server {
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
     char **cors;                /* copies of p.cors_origins (p.cors_origins points here) */
     struct srv_kv_events *events; /* --kv-events publisher (NULL: none) */
+    const kvlm_chat *chat;      /* renders chat requests (NULL: none could be made: chat_error says why) */
+    kvlm_chat *own_chat;        /* the one the server made (freed with it) */
+    char chat_error[512];
     srv_answers *answers;       /* the ids of recent chat answers (NULL: not kept) */
 };
 
@@ -75,6 +81,8 @@ typedef struct srv_sock {
     /* answer bytes it holds unsent (its stream's backlog, or its whole answer), counted in srv->unsent */
     size_t held, whole;
     bool cutoff;                /* reset for the server's cap on them: its bytes are written off */
+    unsigned status;            /* the HTTP status of the answer last queued (the request log) */
+    char error[200];            /* ... and its error message, if it was one */
 } srv_sock;
 
 /* One HTTP request as it arrives. */
@@ -87,6 +95,10 @@ typedef struct srv_conn {
     struct srv_job *job;      /* a whole answer the engine is making (the connection suspended) */
     struct srv_job *watched;  /* its job in the server's hang-up watch (NULL: none) */
     bool http11;              /* the request is HTTP/1.1 (an interim 1xx response may be sent) */
+    /* the request log: what the line says; a completion's job writes its own (job_logs) */
+    char client[64], method[8], url[160];
+    double t_start;
+    bool job_logs;
 } srv_conn;
 
 /* c's entry in the list (NULL: untracked). */
@@ -115,6 +127,8 @@ void srv_body_release(kvlm_server *s, srv_conn *cn);
 enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
                           const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j); /* steals j */
+/* An answer of len bytes (copied), counted as the connection's unsent answer until handed over. */
+enum MHD_Result srv_text(struct MHD_Connection *c, unsigned status, const char *type, const char *data, size_t len);
 /* Adds the CORS headers the request's Origin earns (none unless it is allowed). */
 void srv_cors(struct MHD_Connection *c, struct MHD_Response *r);
 void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed */
