@@ -45,17 +45,21 @@ typedef struct {
     int n, reused, reused_tokens;
 } toks;
 
-/* The conversation's prompt (template tmpl, a built-in family) as the server makes it:
- * kvlm_chat_render, then srv_answers_tokenize_json. */
+/* The conversation's prompt as the server makes it (kvlm_chat_render, then
+ * srv_answers_tokenize_json): through a built-in family (tmpl), or a Jinja
+ * template's text (g_jinja, when set) with chat_template_kwargs kw (NULL: none). */
+static const char *g_jinja, *g_kwargs;
+
 static toks prompt_of(srv_answers *a, const convo *c, const char *tmpl) {
     char *text = NULL;
     kvlm_error err = {0};
-    kvlm_chat_params cp = {.template_name = tmpl};
+    kvlm_chat_params cp = {.template_name = g_jinja ? NULL : tmpl, .template_text = g_jinja};
     kvlm_chat *chat = kvlm_chat_create(g_model, &cp, &err);
     if (!chat) fail_msg("%s", err.msg);
     json_t *msgs = json_array();
     for (int i = 0; i < c->n; i++) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", c->role[i], "content", c->content[i]));
     json_t *req = json_pack("{s:O}", "messages", msgs);
+    if (g_kwargs) json_object_set_new(req, "chat_template_kwargs", json_loads(g_kwargs, 0, NULL));
     char *rj = json_dumps(req, JSON_COMPACT);
     if (kvlm_chat_render(chat, rj, &text, NULL, &err)) fail_msg("%s", err.msg);
     free(rj);
@@ -379,6 +383,61 @@ static void test_count_after_untaken(void **state) {
     srv_answers_free(a);
 }
 
+/* Through a model's own Jinja template (Qwen3's, from ../shared/chat-templates): an answer is
+ * taken; one whose reasoning the template drops from earlier turns is not (its text is not in
+ * the prompt as it was); with enable_thinking false the generation prompt held an empty
+ * "<think>" block that the turn in the history does not: not taken (the tokens before it are
+ * not the prompt it followed). */
+static void test_jinja_template(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    const char *dir = getenv("KVLM_TEMPLATES"), *models = tu_model_path("stories260K.gguf");
+    char path[4096];
+    if (dir) snprintf(path, sizeof path, "%s/Qwen-Qwen3-0.6B.jinja", dir);
+    else snprintf(path, sizeof path, "%.*s/../chat-templates/Qwen-Qwen3-0.6B.jinja",
+                  (int)(strrchr(models, '/') ? strrchr(models, '/') - models : 1), strrchr(models, '/') ? models : ".");
+    size_t len;
+    char *jinja = tu_read_file(path, &len);
+    if (!jinja) {
+        print_message("SKIP: %s not found (set KVLM_TEMPLATES)\n", path);
+        skip();
+    }
+    g_jinja = jinja;
+    srv_answers *a = srv_answers_create(1 << 20, g_model, "stories260K");
+    convo c = {0};
+    say(&c, "user", "Tell me a story.");
+    toks p1 = prompt_of(a, &c, NULL);
+    const char *reasoned = "<think>\nA cat.\n</think>\n\nThe cat sat.";
+    int n1, n2;
+    int32_t *b1 = byte_ids(k_answer, &n1), *b2 = byte_ids(reasoned, &n2);
+    record(a, &p1, b1, n1, k_answer);
+    record(a, &p1, b2, n2, reasoned);
+    for (int r = 0; r < 2; r++) {
+        convo u = c;
+        say(&u, "assistant", r ? reasoned : k_answer);
+        say(&u, "user", "More.");
+        toks q = prompt_of(a, &u, NULL);
+        assert_int_equal(q.reused, !r);
+        if (!r) assert_memory_equal(q.t + p1.n, b1, (size_t)n1 * sizeof *b1);
+        free(q.t);
+    }
+    g_kwargs = "{\"enable_thinking\": false}";
+    srv_answers *b = srv_answers_create(1 << 20, g_model, "stories260K");
+    toks p2 = prompt_of(b, &c, NULL);
+    assert_true(p2.n > p1.n);
+    record(b, &p2, b1, n1, k_answer);
+    convo u = c;
+    say(&u, "assistant", k_answer);
+    say(&u, "user", "More.");
+    toks q = prompt_of(b, &u, NULL);
+    assert_int_equal(q.reused, 0);
+    srv_answers_free(b);
+    g_kwargs = NULL;
+    g_jinja = NULL;
+    free(q.t), free(p1.t), free(p2.t), free(b1), free(b2), free(jinja);
+    srv_answers_free(a);
+}
+
 /* The cap: the least recently recorded or used answers go first; bytes stay under it; an
  * answer larger than it is not kept. */
 static void test_cap(void **state) {
@@ -496,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_what_the_client_got),
         cmocka_unit_test(test_several_answers),
         cmocka_unit_test(test_count_after_untaken),
+        cmocka_unit_test(test_jinja_template),
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_threads),
     };
