@@ -344,6 +344,33 @@ int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap);
 /* Flushes a dangling partial sequence as U+FFFD. */
 int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap);
 
+/* A stretch of a text whose token ids are known: text[offset, offset + len)
+ * as ids[0, n_ids), e.g. an answer the model generated, sent back inside a
+ * conversation. at: set by kvlm_tokenize_spans. */
+typedef struct kvlm_token_span {
+    size_t offset, len;
+    const int32_t *ids;
+    int n_ids;
+    int at;             /* out: where its ids begin in the tokens; -1: not taken */
+} kvlm_token_span;
+/* Encodes text as kvlm_tokenize does, except that each span whose ids spell
+ * its bytes exactly is taken as those ids, unchanged. "Spell" is checked, not
+ * assumed: the ids, run through kvlm_detok from the token before them (prev)
+ * and flushed, give exactly the span's bytes (an answer's text is made so).
+ * The text between taken spans is encoded piece by piece, each piece alone
+ * (no token crosses a taken span's edge); a piece after a span gets no
+ * SentencePiece space prefix, since it continues the text. So the tokens
+ * decode to the text, and the tokens of text[0, offset) are those of that
+ * prefix encoded alone with the same spans: what the prefix cache needs when
+ * the prefix is the prompt the span's ids were generated after. A span not
+ * taken (at = -1: its ids do not spell it, or it is empty) is encoded with
+ * the text around it; with none taken the result is kvlm_tokenize's. Spans
+ * must be in order, not overlapping, inside the text, with ids inside the
+ * vocabulary. Returns the token count (only the first max_tokens are
+ * written) or -1 with err filled. */
+int kvlm_tokenize_spans(const kvlm_model *model, const char *text, size_t len, bool add_bos, bool parse_special,
+                        kvlm_token_span *spans, int n_spans, int32_t *tokens, int max_tokens, kvlm_error *err);
+
 /* ---- contexts: the KV cache and the forward pass ----------------------- */
 typedef struct kvlm_ctx kvlm_ctx;
 
@@ -1427,6 +1454,10 @@ typedef struct kvlm_server_params {
      * ({"event": "request", ...}) for the log callback to pass on, else key=value text. */
     bool log_json;
     double log_interval_s;
+    /* The token ids of recent chat answers, kept so that a conversation sent back as text is tokenized with
+     * them and its earlier turns come from the prefix cache (docs/serving.md, "Conversations and the prefix
+     * cache"): bytes, an LRU; 0: 16 MiB; < 0: none kept. */
+    int64_t answer_ids_mem;
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -123,7 +123,10 @@ static void serve_usage(FILE *f) {
             "      --max-body-total SIZE  request bodies being received, all connections; past it 503\n"
             "                          (default 64MiB)\n"
             "      --max-unsent SIZE   answers made and not yet taken by the kernel, all connections; past\n"
-            "                          it the connection holding most is reset (default 64MiB)\n\n"
+            "                          it the connection holding most is reset (default 64MiB)\n"
+            "      --answer-ids-mem SIZE  the token ids of recent chat answers, so that a conversation sent\n"
+            "                          back as text takes them and hits the prefix cache (default 16MiB;\n"
+            "                          0 = none kept)\n\n"
             "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
@@ -178,7 +181,7 @@ static void serve_usage(FILE *f) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
-               *max_unsent = NULL;
+               *max_unsent = NULL, *answer_mem = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL, *log_format = NULL,
                *log_level = NULL;
     float log_interval = 10;
@@ -208,6 +211,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body-total", &max_body_total, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-unsent", &max_unsent, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--answer-ids-mem", &answer_mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
@@ -306,6 +310,14 @@ int cmd_serve(int argc, char **argv) {
     if (max_unsent && (cli_parse_size(max_unsent, &sp.max_unsent) || sp.max_unsent == 0)) {
         cli_fail("serve", "--max-unsent: bad size '%s' (e.g. 64MiB)", max_unsent);
         goto out;
+    }
+    if (answer_mem) {
+        size_t v = 0;
+        if (cli_parse_size(answer_mem, &v) || v > ((size_t)1 << 40)) {
+            cli_fail("serve", "--answer-ids-mem: bad size '%s' (e.g. 16MiB; 0: none kept)", answer_mem);
+            goto out;
+        }
+        sp.answer_ids_mem = v ? (int64_t)v : -1;
     }
     if (!sp.api_key && key_file) { /* the first line, without its end */
         size_t len = 0;

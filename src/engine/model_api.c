@@ -471,6 +471,96 @@ int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap) {
     return (int)n;
 }
 
+/* ---- text with spans of known tokens ------------------------------------------ */
+
+/* Whether ids, detokenized after prev and flushed, give exactly text[0, len). */
+static bool spells(const kvlm_model *m, int32_t prev, const int32_t *ids, int n, const char *text, size_t len) {
+    kvlm_detok d;
+    kvlm_detok_init(&d, m);
+    d.prev = prev;
+    char piece[sizeof d.pending + 256 * 3 + 1]; /* the most one push writes: every byte a U+FFFD */
+    size_t at = 0;
+    for (int i = 0; i <= n; i++) {
+        int k = i < n ? kvlm_detok_push(&d, ids[i], piece, sizeof piece) : kvlm_detok_flush(&d, piece, sizeof piece);
+        if (k < 0 || (size_t)k > len - at || memcmp(piece, text + at, (size_t)k)) return false;
+        at += (size_t)k;
+    }
+    return at == len;
+}
+
+typedef struct { int32_t *t; size_t n, cap; } idbuf;
+
+static bool idbuf_room(idbuf *b, size_t more) {
+    if (b->n + more <= b->cap) return true;
+    size_t cap = (b->n + more) * 2;
+    int32_t *t = realloc(b->t, cap * sizeof *t);
+    if (!t) return false;
+    b->t = t;
+    b->cap = cap;
+    return true;
+}
+
+/* Appends the tokens of one piece of text. */
+static int encode_piece(const kvlm_model *m, const char *text, size_t len, bool bos, bool special, bool cont, idbuf *b,
+                        kvlm_error *err) {
+    int n = tok_encode_cont(m->tok, text, len, bos, special, cont, NULL, 0, err);
+    if (n < 0) return -1;
+    if (!idbuf_room(b, (size_t)n)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
+    tok_encode_cont(m->tok, text, len, bos, special, cont, b->t + b->n, n, err);
+    b->n += (size_t)n;
+    return 0;
+}
+
+int kvlm_tokenize_spans(const kvlm_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
+                        kvlm_token_span *spans, int n_spans, int32_t *tokens, int max_tokens, kvlm_error *err) {
+    if (!m->tok) return util_err_set(err, KVLM_EINVAL, "%s has no tokenizer", m->path), -1;
+    if ((!text && len) || n_spans < 0 || (n_spans && !spans))
+        return util_err_set(err, KVLM_EINVAL, "kvlm_tokenize_spans: no text or spans"), -1;
+    size_t end = 0;
+    for (int i = 0; i < n_spans; i++) {
+        kvlm_token_span *sp = &spans[i];
+        sp->at = -1;
+        if (sp->offset < end || sp->offset > len || sp->len > len - sp->offset)
+            return util_err_set(err, KVLM_EINVAL, "span %d (bytes %zu + %zu) is out of order or past the text's %zu bytes",
+                                i, sp->offset, sp->len, len), -1;
+        if (sp->n_ids < 0 || (sp->n_ids && !sp->ids))
+            return util_err_set(err, KVLM_EINVAL, "span %d: %d ids", i, sp->n_ids), -1;
+        for (int k = 0; k < sp->n_ids; k++)
+            if (sp->ids[k] < 0 || sp->ids[k] >= m->vocab.n_tokens)
+                return util_err_set(err, KVLM_EINVAL, "span %d: token %d is not below the vocabulary's %d", i,
+                                    sp->ids[k], m->vocab.n_tokens), -1;
+        end = sp->offset + sp->len;
+    }
+    idbuf b = {0};
+    size_t pos = 0; /* the text before pos is encoded */
+    bool cont = false;
+    for (int i = 0; i < n_spans; i++) {
+        kvlm_token_span *sp = &spans[i];
+        if (!sp->len || !sp->n_ids) continue;
+        size_t before = b.n;
+        if (encode_piece(m, text + pos, sp->offset - pos, add_bos && pos == 0, parse_special, cont, &b, err)) goto fail;
+        if (!spells(m, b.n ? b.t[b.n - 1] : -1, sp->ids, sp->n_ids, text + sp->offset, sp->len)) {
+            b.n = before; /* encoded with what follows it */
+            continue;
+        }
+        if (!idbuf_room(&b, (size_t)sp->n_ids)) { util_err_set(err, KVLM_ENOMEM, "out of memory"); goto fail; }
+        if (b.n > INT32_MAX) break; /* too long: the count check below refuses it */
+        sp->at = (int)b.n;
+        memcpy(b.t + b.n, sp->ids, (size_t)sp->n_ids * sizeof *b.t);
+        b.n += (size_t)sp->n_ids;
+        pos = sp->offset + sp->len;
+        cont = true;
+    }
+    if (encode_piece(m, text + pos, len - pos, add_bos && pos == 0, parse_special, cont, &b, err)) goto fail;
+    if (b.n > INT32_MAX) { util_err_set(err, KVLM_ERANGE, "kvlm_tokenize_spans: %zu tokens", b.n); goto fail; }
+    if (tokens && max_tokens > 0) memcpy(tokens, b.t, (b.n < (size_t)max_tokens ? b.n : (size_t)max_tokens) * sizeof *tokens);
+    free(b.t);
+    return (int)b.n;
+fail:
+    free(b.t);
+    return -1;
+}
+
 void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan *out) {
     kv_plan(&m->cfg, m->weight_bytes, p, out);
 }

@@ -33,6 +33,9 @@ typedef struct {
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
     size_t lp_sent;
+    int32_t *ids;          /* a chat answer's token ids, for s->answers */
+    int n_ids, cap_ids;
+    bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
     size_t search_from;    /* stop strings are looked for from here on (after an echoed prompt, or min_tokens) */
     int32_t last_token;
     json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
@@ -69,6 +72,11 @@ typedef struct srv_job {
     size_t max_stop;
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
+    /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
+    bool record;
+    srv_prompt_key prompt_key;
+    int32_t prompt_last;
+    int reused, reused_tokens; /* its assistant messages taken as their generated ids */
     double t_submit, t_first, t_last, t_end;
     int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
     /* vLLM's, llama-server's and OpenAI's other fields (parse_compat) */
@@ -121,6 +129,7 @@ static void job_release(srv_job *j) {
     free(j->echo_text);
     for (int i = 0; j->ch && i < j->n; i++) {
         free(j->ch[i].text);
+        free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
     }
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
@@ -345,6 +354,19 @@ static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
     return e;
 }
 
+/* A chat answer's token, for s->answers. */
+static bool keep_id(choice *c, int32_t t) {
+    if (c->n_ids >= SRV_ANSWER_MAX_IDS) return false;
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *ids = realloc(c->ids, (size_t)cap * sizeof *ids);
+        if (!ids) return false;
+        c->ids = ids;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = t;
+    return true;
+}
 static void prompt_event(srv_job *j, srv_sub *sub, const kvlm_sched_event *ev);
 static void request_done(srv_job *j);
 
@@ -371,6 +393,11 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
+        if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, !j->skip_special, c->ids, c->n_ids,
+                               c->text, c->len, c->off);
+        free(c->ids);
+        c->ids = NULL;
         if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
         else if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
@@ -411,6 +438,12 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         c->last_token = ev->token;
         int n = kvlm_detok_push(&c->dt, ev->token, piece, sizeof piece);
         if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
+        if (j->record && !c->ids_off && !keep_id(c, ev->token)) {
+            free(c->ids);
+            c->ids = NULL;
+            c->n_ids = 0;
+            c->ids_off = true;
+        }
         if (!c->stopped) {
             size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
             append(&c->text, &c->len, &c->cap, piece, (size_t)n);
@@ -500,8 +533,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
     const kvlm_model *m = s->model;
     char *text = NULL;
     kvlm_error err = {0};
+    json_t *msgs = NULL;
     if (j->chat) {
-        json_t *msgs = json_object_get(body, "messages");
+        msgs = json_object_get(body, "messages");
         if (!msgs) { fail(e, 400, "messages", "missing_required_parameter", "'messages' is required"); return NULL; }
         if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
             fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
@@ -557,12 +591,21 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
         }
         text = strdup(json_string_value(p));
     }
-    if (!text) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
     bool bos = kvlm_add_bos(m);
-    int n = kvlm_tokenize(m, text, strlen(text), bos, j->chat, NULL, 0, &err);
-    int32_t *t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
-    if (t) kvlm_tokenize(m, text, strlen(text), bos, j->chat, t, n, &err);
+    int n = -1;
+    int32_t *t = NULL;
+    if (!text) err.code = KVLM_ENOMEM;
+    else if (j->chat) /* the answers this server generated, taken as their ids (server/answers.c) */
+        t = srv_answers_tokenize_json(s->answers, m, text, strlen(text), bos, msgs, &n, &j->reused, &j->reused_tokens,
+                                      &err);
+    else {
+        n = kvlm_tokenize(m, text, strlen(text), bos, false, NULL, 0, &err);
+        t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
+        if (t) kvlm_tokenize(m, text, strlen(text), bos, false, t, n, &err);
+    }
     free(text);
+    if (err.code == KVLM_ENOMEM) { free(t); fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    if (!t && j->chat) n = -1;
     if (n < 0) { fail(e, 400, j->chat ? "messages" : "prompt", "invalid_value", "%s", err.msg); return NULL; }
     if (n == 0) { fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token"); return NULL; }
     if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
@@ -1769,6 +1812,12 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     j->n_per = j->n;
     j->n = j->n_subs * j->n_per; /* prompt i's choice k is choice i * n + k, as OpenAI numbers them */
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
+    if (chat && s->answers && j->n_subs == 1 && !j->echo) { /* its answers are kept with the prompt they follow
+                                                            * (server/answers.c) */
+        j->record = true;
+        j->prompt_key = srv_answers_prompt_key(s->answers, toks, n_toks);
+        j->prompt_last = toks[n_toks - 1];
+    }
     for (int i = 0, off = 0; i < j->n_subs; off += j->subs[i++].n_prompt) {
         srv_sub *sb = &j->subs[i];
         sb->j = j;
@@ -1799,6 +1848,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     cn->job_logs = true;
     free(toks);
     json_decref(body);
+    srv_answers_count(s->answers, j->reused, j->reused_tokens);
     watch(s, cn, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);

@@ -312,6 +312,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
         json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
     }
+    if (j && s->answers) {
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        json_object_set_new(j, "chat_answers",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "kept", (json_int_t)as.entries,
+                                      "bytes", (json_int_t)as.bytes, "cap_bytes", (json_int_t)as.cap, "recorded",
+                                      (json_int_t)as.recorded, "unmatched", (json_int_t)as.unmatched, "evicted",
+                                      (json_int_t)as.evicted, "reused", (json_int_t)as.reused, "reused_tokens",
+                                      (json_int_t)as.reused_tokens));
+    }
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "blocks");
     if (j && want && (!strcmp(want, "1") || !strcmp(want, "true"))) {
         json_t *blocks = cached_blocks_json(s, kv->n_blocks);
@@ -939,6 +949,13 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
                      s->p.max_body_total, s->p.max_body);
         goto fail;
     }
+    if (s->p.answer_ids_mem >= 0) {
+        size_t cap = s->p.answer_ids_mem ? (size_t)s->p.answer_ids_mem : (size_t)16 << 20;
+        if (!(s->answers = srv_answers_create(cap, s->model, s->model_id))) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     if (!(s->chat = s->p.chat)) {
         /* a template named by the caller must work; the model's own may be
          * one kvlm cannot render: then only chat requests fail, saying why */
@@ -1063,6 +1080,7 @@ fail:
     }
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
+    srv_answers_free(s->answers);
     free_config(s);
     srv_metrics_free(s->metrics);
     srv_logs_free(s->logs);
@@ -1102,6 +1120,7 @@ void kvlm_server_stop(kvlm_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);
+    srv_answers_free(s->answers); /* the engine and HTTP threads, which use it, are gone */
     free_config(s);
     srv_metrics_free(s->metrics);
     srv_logs_free(s->logs);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include "kvlm.h"
+#include "server/answers.h"
 
 typedef struct srv_metrics srv_metrics; /* metrics.c */
 typedef struct srv_logs srv_logs;       /* log.c */
@@ -63,6 +64,7 @@ struct kvlm_server {
     const kvlm_chat *chat;      /* renders chat requests (NULL: none could be made: chat_error says why) */
     kvlm_chat *own_chat;        /* the one the server made (freed with it) */
     char chat_error[512];
+    srv_answers *answers;       /* the ids of recent chat answers (NULL: not kept) */
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it

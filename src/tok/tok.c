@@ -314,10 +314,11 @@ static int bpe_chunk(void *ctx, const char *chunk, size_t n) {
 
 /* Ordinary text between special tokens. Every such stretch starts the text
  * or follows a special token, and llama.cpp gives each one the SentencePiece
- * space prefix. */
-static int encode_text(const tok_tokenizer *t, const char *text, size_t len, tok_scratch *s, tok_out *o,
+ * space prefix; one that continues text already encoded (cont: the tokens of
+ * a span before it, tok_encode_cont) gets none. */
+static int encode_text(const tok_tokenizer *t, const char *text, size_t len, bool cont, tok_scratch *s, tok_out *o,
                        kvlm_error *err) {
-    if (t->kind == TOK_KIND_SPM) return tok_spm_encode(t, text, len, t->v->add_space_prefix, s, o, err);
+    if (t->kind == TOK_KIND_SPM) return tok_spm_encode(t, text, len, t->v->add_space_prefix && !cont, s, o, err);
     if (t->kind == TOK_KIND_WPM) return tok_wpm_encode(t, text, len, s, o, err);
     chunk_ctx c = {t, s, o, err};
     return tok_pretok_split(t->pre, text, len, bpe_chunk, &c, err) ? -1 : 0;
@@ -325,6 +326,11 @@ static int encode_text(const tok_tokenizer *t, const char *text, size_t len, tok
 
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                int32_t *out, int max, kvlm_error *err) {
+    return tok_encode_cont(t, text, len, add_bos, parse_special, false, out, max, err);
+}
+
+int tok_encode_cont(const tok_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                    bool cont, int32_t *out, int max, kvlm_error *err) {
     if (!t || (!text && len)) return util_err_set(err, KVLM_EINVAL, "tok_encode: no tokenizer or text"), -1;
     if (len > TOK_MAX_TEXT)
         return util_err_set(err, KVLM_ERANGE, "tok_encode: text of %zu bytes is too long (limit %zu)", len,
@@ -340,13 +346,13 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bo
         size_t m = (t->spec_first[(uint8_t)text[i]] & need) ? match_special(t, text + i, len - i, parse_special, &id) : 0;
         if (!m) { i++; continue; }
         if (i > raw) {
-            if ((rc = encode_text(t, text + raw, i - raw, &s, &o, err))) goto done;
+            if ((rc = encode_text(t, text + raw, i - raw, cont && raw == 0, &s, &o, err))) goto done;
         }
         tok_out_push(&o, id);
         i += m;
         raw = i;
     }
-    if (len > raw) rc = encode_text(t, text + raw, len - raw, &s, &o, err);
+    if (len > raw) rc = encode_text(t, text + raw, len - raw, cont && raw == 0, &s, &o, err);
     /* BERT's inputs end with [SEP] where they begin with [CLS] */
     if (!rc && add_bos && t->kind == TOK_KIND_WPM && t->v->sep >= 0 && t->v->sep < t->v->n_tokens)
         tok_out_push(&o, t->v->sep);
