@@ -14,6 +14,8 @@
 #include <malloc.h>
 #endif
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
+#include "cli/progress.h"
 
 /* A stop takes at most this long (docs/serving.md): the requests in flight
  * end, the KV tiers' queues are written (each gives up after its own
@@ -103,7 +105,7 @@ static void serve_usage(FILE *f) {
             "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it\n"
             "(within 30 s; a second one at once).\n"
             "Limits and access options are described in docs/serving.md.\n\n"
-            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "  -m, --model FILE        GGUF, llama2.c .bin, or a Hugging Face model directory (docs/hf-checkpoints.md)\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
@@ -111,14 +113,21 @@ static void serve_usage(FILE *f) {
             CLI_CHAT_USAGE
             CLI_TOOLS_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
-            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
+            "  -np, --parallel N       llama-server's slots: N sequences at once, each holding -c / N tokens\n"
+            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512;\n"
+            "                          llama.cpp's -b and -ub)\n"
+            "      --embeddings        serve POST /v1/embeddings (docs/embeddings.md; without it: 501); an\n"
+            "                          encoder model (bert, nomic-bert) needs it and serves nothing else\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
             "      --max-body SIZE     largest request body (default 1MiB)\n"
             "      --max-body-total SIZE  request bodies being received, all connections; past it 503\n"
             "                          (default 64MiB)\n"
             "      --max-unsent SIZE   answers made and not yet taken by the kernel, all connections; past\n"
-            "                          it the connection holding most is reset (default 64MiB)\n\n"
+            "                          it the connection holding most is reset (default 64MiB)\n"
+            "      --answer-ids-mem SIZE  the token ids of recent chat answers, so that a conversation sent\n"
+            "                          back as text takes them and hits the prefix cache (default 16MiB;\n"
+            "                          0 = none kept)\n\n"
             "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
@@ -155,6 +164,7 @@ static void serve_usage(FILE *f) {
             "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
             "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
             "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
+            "                          (-md, --model-draft; --draft K with a number is --draft-n K)\n"
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
             "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
@@ -166,12 +176,13 @@ static void serve_usage(FILE *f) {
             "      --log-interval S    seconds between throughput lines while busy (default 10; 0 = none)\n"
             "      --strict-params     refuse (400) request fields kvlm does not use, instead of ignoring them\n"
             "                          and logging each name once (as vLLM does)\n"
-            "  -h, --help              this help\n");
+            CLI_LLAMA_USAGE
+            "  -h, --help              this help\n", kvlm_chat_family_names());
 }
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
-               *max_unsent = NULL, *reasoning = NULL;
+               *max_unsent = NULL, *answer_mem = NULL, *reasoning = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL, *log_format = NULL,
                *log_level = NULL;
     float log_interval = 10;
@@ -182,6 +193,8 @@ int cmd_serve(int argc, char **argv) {
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_seq_max = 16;
+    cli_llama ll;
+    cli_llama_init(&ll);
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) { serve_usage(stdout); return 0; }
@@ -201,6 +214,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body-total", &max_body_total, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-unsent", &max_unsent, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--answer-ids-mem", &answer_mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
@@ -211,6 +225,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &sp.api_key, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key-file", &key_file, &bad)) {}
         else if (cli_is(argv[i], NULL, "--metrics-auth")) sp.metrics_auth = true;
+        else if (cli_is(argv[i], NULL, "--embeddings")) sp.embeddings = true;
         else if (cli_opt_str(argc, argv, &i, NULL, "--cors-origin", &origin, &bad)) {
             if (bad) break;
             const char **o = realloc(origins, (size_t)(sp.n_cors_origins + 1) * sizeof *o);
@@ -227,14 +242,15 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--kv-events-buffer", &sp.kv_events_buffer, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
+        else if (cli_opt_draft(argc, argv, &i, &draft_path, &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--log-format", &log_format, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--log-level", &log_level, &bad)) {}
         else if (cli_is(argv[i], "-v", "--verbose")) log_level = "debug";
         else if (cli_opt_float(argc, argv, &i, NULL, "--log-interval", &log_interval, &bad)) {}
         else if (cli_is(argv[i], NULL, "--strict-params")) sp.strict_params = true;
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("serve", argv[i])) { free(origins); return 1; }
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -271,6 +287,8 @@ int cmd_serve(int argc, char **argv) {
     kvlm_log_set_level(level);
     kvlm_log_set(log_line, NULL); /* every line of the library's and the server's from here on */
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("serve", &ll, &cp, &mp)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
     if (sp.spec_mode == KVLM_SPEC_DRAFT && !draft_path) { cli_fail("serve", "--spec draft needs --draft MODEL"); goto out; }
@@ -295,6 +313,14 @@ int cmd_serve(int argc, char **argv) {
     if (max_unsent && (cli_parse_size(max_unsent, &sp.max_unsent) || sp.max_unsent == 0)) {
         cli_fail("serve", "--max-unsent: bad size '%s' (e.g. 64MiB)", max_unsent);
         goto out;
+    }
+    if (answer_mem) {
+        size_t v = 0;
+        if (cli_parse_size(answer_mem, &v) || v > ((size_t)1 << 40)) {
+            cli_fail("serve", "--answer-ids-mem: bad size '%s' (e.g. 16MiB; 0: none kept)", answer_mem);
+            goto out;
+        }
+        sp.answer_ids_mem = v ? (int64_t)v : -1;
     }
     if (!sp.api_key && key_file) { /* the first line, without its end */
         size_t len = 0;
@@ -330,13 +356,12 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_ctx *ctx = NULL, *dctx = NULL;
     kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
     kvlm_chat *chat = NULL;
-    kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
+    kvlm_model *model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
     /* named here, the template must work; the model's own is the server's
      * to make (one it cannot render fails only chat requests) */

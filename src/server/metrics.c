@@ -279,6 +279,9 @@ enum MHD_Result srv_get_metrics(kvlm_server *s, struct MHD_Connection *c) {
            (double)kv->prefix_misses);
     metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
     tier_metrics(&b, &st);
+    metric(&b, "kvlm_embeddings_total", "counter", "Inputs embedded (POST /v1/embeddings): vectors given out",
+           (double)st.embeddings);
+    metric(&b, "kvlm_embedding_tokens_total", "counter", "Prompt tokens of the inputs embedded", (double)st.embedding_tokens);
     if (s->events) {
         srv_kv_events_stats es;
         srv_kv_events_stats_get(s->events, &es);
@@ -337,6 +340,21 @@ enum MHD_Result srv_get_metrics(kvlm_server *s, struct MHD_Connection *c) {
     metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index or a KV tier",
            (double)st.cached_tokens);
     metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
+    if (s->answers) { /* docs/serving.md, "Conversations and the prefix cache" */
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        metric(&b, "kvlm_chat_answer_reuse_total", "counter",
+               "Assistant messages of chat requests tokenized as the ids this server generated for them", (double)as.reused);
+        metric(&b, "kvlm_chat_answer_reuse_tokens_total", "counter", "Token ids those messages took",
+               (double)as.reused_tokens);
+        metric(&b, "kvlm_chat_answers_recorded_total", "counter", "Chat answers whose ids were kept", (double)as.recorded);
+        metric(&b, "kvlm_chat_answers_unmatched_total", "counter",
+               "Chat answers not kept: no prefix of their ids spells the text returned", (double)as.unmatched);
+        metric(&b, "kvlm_chat_answers_evicted_total", "counter", "Kept answers dropped for --answer-ids-mem",
+               (double)as.evicted);
+        metric(&b, "kvlm_chat_answers", "gauge", "Chat answers whose ids are kept", (double)as.entries);
+        metric(&b, "kvlm_chat_answers_bytes", "gauge", "Bytes they take (cap: --answer-ids-mem)", (double)as.bytes);
+    }
     metric(&b, "kvlm_spec_draft_tokens_total", "counter", "Speculative draft tokens checked", (double)st.spec_drafted);
     metric(&b, "kvlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens kept", (double)st.spec_accepted);
     metric(&b, "kvlm_spec_draft_model_steps_total", "counter", "Engine steps in which the draft model proposed",

@@ -33,6 +33,9 @@ typedef struct {
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
     size_t lp_sent;
+    int32_t *ids;          /* a chat answer's token ids, for s->answers */
+    int n_ids, cap_ids;
+    bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
     size_t search_from;    /* stop strings are looked for from here on (after an echoed prompt, or min_tokens) */
     int32_t last_token;
     json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
@@ -73,6 +76,11 @@ typedef struct srv_job {
     size_t max_stop;
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
+    /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
+    bool record;
+    srv_prompt_key prompt_key;
+    int32_t prompt_last;
+    int reused, reused_tokens; /* its assistant messages taken as their generated ids */
     double t_submit, t_first, t_last, t_end;
     int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
     /* vLLM's, llama-server's and OpenAI's other fields (parse_compat) */
@@ -110,6 +118,7 @@ typedef struct srv_job {
     bool ka_body;          /* a whole answer kept alive: its 200 is chunked, whitespace before the JSON */
     bool body_out;         /* ... and the JSON (or the error) is queued after it */
     struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
+    srv_embed *emb;        /* POST /v1/embeddings: its inputs and vectors (server/embeddings.c); NULL: a completion */
 } srv_job;
 
 static void log_job(srv_job *j);
@@ -129,6 +138,7 @@ static void job_release(srv_job *j) {
     free(j->echo_text);
     for (int i = 0; j->ch && i < j->n; i++) {
         free(j->ch[i].text);
+        free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
         kvlm_chat_reader_free(j->ch[i].rd);
         json_decref(j->ch[i].message);
@@ -142,6 +152,7 @@ static void job_release(srv_job *j) {
     free(j->bias_ids);
     kvlm_grammar_free(j->grammar);
     free(j->bias);
+    srv_embed_free(j->emb);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -397,6 +408,19 @@ static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
     return e;
 }
 
+/* A chat answer's token, for s->answers. */
+static bool keep_id(choice *c, int32_t t) {
+    if (c->n_ids >= SRV_ANSWER_MAX_IDS) return false;
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *ids = realloc(c->ids, (size_t)cap * sizeof *ids);
+        if (!ids) return false;
+        c->ids = ids;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = t;
+    return true;
+}
 static void prompt_event(srv_job *j, srv_sub *sub, const kvlm_sched_event *ev);
 static void request_done(srv_job *j);
 
@@ -423,7 +447,13 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
-        if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
+        if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, !j->skip_special, c->ids, c->n_ids,
+                               c->text, c->len, c->off);
+        free(c->ids);
+        c->ids = NULL;
+        if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
+        else if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
         if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
@@ -462,6 +492,12 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
         c->last_token = ev->token;
         int n = kvlm_detok_push(&c->dt, ev->token, piece, sizeof piece);
         if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
+        if (j->record && !c->ids_off && !keep_id(c, ev->token)) {
+            free(c->ids);
+            c->ids = NULL;
+            c->n_ids = 0;
+            c->ids_off = true;
+        }
         if (!c->stopped) {
             size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
             append(&c->text, &c->len, &c->cap, piece, (size_t)n);
@@ -551,8 +587,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
     const kvlm_model *m = s->model;
     char *text = NULL;
     kvlm_error err = {0};
+    json_t *msgs = NULL;
     if (j->chat) {
-        json_t *msgs = json_object_get(body, "messages");
+        msgs = json_object_get(body, "messages");
         if (!msgs) { fail(e, 400, "messages", "missing_required_parameter", "'messages' is required"); return NULL; }
         if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
             fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
@@ -611,12 +648,21 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
         }
         text = strdup(json_string_value(p));
     }
-    if (!text) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
     bool bos = kvlm_add_bos(m);
-    int n = kvlm_tokenize(m, text, strlen(text), bos, j->chat, NULL, 0, &err);
-    int32_t *t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
-    if (t) kvlm_tokenize(m, text, strlen(text), bos, j->chat, t, n, &err);
+    int n = -1;
+    int32_t *t = NULL;
+    if (!text) err.code = KVLM_ENOMEM;
+    else if (j->chat) /* the answers this server generated, taken as their ids (server/answers.c) */
+        t = srv_answers_tokenize_json(s->answers, m, text, strlen(text), bos, msgs, &n, &j->reused, &j->reused_tokens,
+                                      &err);
+    else {
+        n = kvlm_tokenize(m, text, strlen(text), bos, false, NULL, 0, &err);
+        t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
+        if (t) kvlm_tokenize(m, text, strlen(text), bos, false, t, n, &err);
+    }
     free(text);
+    if (err.code == KVLM_ENOMEM) { free(t); fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    if (!t && j->chat) n = -1;
     if (n < 0) { fail(e, 400, j->chat ? "messages" : "prompt", "invalid_value", "%s", err.msg); return NULL; }
     if (n == 0) { fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token"); return NULL; }
     if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
@@ -1402,6 +1448,7 @@ static void answer_extras(const srv_job *j, const choice *c, json_t *o, json_t *
 }
 
 static json_t *whole_answer(srv_job *j) {
+    if (j->emb) return srv_embed_answer(j->emb, j->srv->model_id);
     json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -1869,6 +1916,12 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     j->n_per = j->n;
     j->n = j->n_subs * j->n_per; /* prompt i's choice k is choice i * n + k, as OpenAI numbers them */
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
+    if (chat && s->answers && j->n_subs == 1 && !j->echo) { /* its answers are kept with the prompt they follow
+                                                            * (server/answers.c) */
+        j->record = true;
+        j->prompt_key = srv_answers_prompt_key(s->answers, toks, n_toks);
+        j->prompt_last = toks[n_toks - 1];
+    }
     for (int i = 0, off = 0; i < j->n_subs; off += j->subs[i++].n_prompt) {
         srv_sub *sb = &j->subs[i];
         sb->j = j;
@@ -1899,6 +1952,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     cn->job_logs = true;
     free(toks);
     json_decref(body);
+    srv_answers_count(s->answers, j->reused, j->reused_tokens);
     watch(s, cn, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
@@ -1958,4 +2012,81 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
     else ret = srv_json(c, 200, whole_answer(j)), j->status = 200;
     job_release(j);
     return ret;
+}
+
+/* ---- POST /v1/embeddings: a job as a completion's whole answer is (server/embeddings.c's request and answer) */
+
+enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    if (!s->p.embeddings) { /* llama-server's rule and status */
+        srv_body_release(s, cn);
+        return srv_error(c, s, 501, NULL, "not_supported",
+                         "This server does not support embeddings. Start it with `--embeddings`");
+    }
+    enum MHD_Result ret;
+    json_t *body = load_body(s, c, cn, &ret);
+    if (!body) return ret;
+    srv_embed_err x;
+    srv_embed *emb = srv_embed_parse(s, body, &x);
+    if (!emb) {
+        ret = srv_error(c, s, x.status, x.param, x.code, "%s", x.msg);
+        json_decref(body);
+        return ret;
+    }
+    json_decref(body);
+    srv_job *j = calloc(1, sizeof *j);
+    if (j) j->ch = calloc((size_t)srv_embed_n(emb), sizeof *j->ch);
+    if (j) j->subs = calloc(1, sizeof *j->subs); /* one submission: every input is a choice of it */
+    if (!j || !j->ch || !j->subs) {
+        if (j) free(j->ch), free(j->subs), free(j);
+        srv_embed_free(emb);
+        return srv_error(c, s, 500, NULL, NULL, "out of memory");
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 1;
+    j->srv = s;
+    j->conn = c;
+    j->emb = emb;
+    j->n = j->n_per = srv_embed_n(emb);
+    j->n_subs = 1;
+    j->subs[0].j = j;
+    j->logprobs = -1;
+    j->created = (long)time(NULL);
+    j->t_submit = j->t_out = util_now_s();
+    j->family = "plain";
+    for (int i = 0; i < j->n; i++) { /* the finish path flushes each choice's (empty) text */
+        kvlm_detok_init(&j->ch[i].dt, s->model);
+        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->sock = srv_conn_sock(c);
+    j->http11 = cn->http11;
+    kvlm_error err = {0};
+    pthread_mutex_lock(&j->mu); /* its events wait until the id is set */
+    pthread_mutex_lock(&s->mu);
+    j->id = s->sched ? kvlm_sched_submit_embed(s->sched, srv_embed_tokens(emb), srv_embed_lens(emb), j->n,
+                                               srv_embed_params(emb), on_event, &j->subs[0], &err)
+                     : 0;
+    if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    j->subs[0].id = j->id;
+    if (j->id) j->refs++;
+    snprintf(j->idstr, sizeof j->idstr, "embd-%llu", (unsigned long long)j->id);
+    pthread_mutex_unlock(&j->mu);
+    if (!j->id) {
+        ret = srv_error(c, s, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503, "input",
+                        err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s", err.msg);
+        job_release(j);
+        return ret;
+    }
+    watch(s, cn, j);
+    cn->job = j;
+    pthread_mutex_lock(&j->mu);
+    bool complete = j->complete;
+    if (!complete) { /* answered when the engine resumes the connection (srv_answer) */
+        j->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return complete ? srv_answer(s, c, cn) : MHD_YES;
 }

@@ -312,6 +312,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
         json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
     }
+    if (j && s->answers) {
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        json_object_set_new(j, "chat_answers",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "kept", (json_int_t)as.entries,
+                                      "bytes", (json_int_t)as.bytes, "cap_bytes", (json_int_t)as.cap, "recorded",
+                                      (json_int_t)as.recorded, "unmatched", (json_int_t)as.unmatched, "evicted",
+                                      (json_int_t)as.evicted, "reused", (json_int_t)as.reused, "reused_tokens",
+                                      (json_int_t)as.reused_tokens));
+    }
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "blocks");
     if (j && want && (!strcmp(want, "1") || !strcmp(want, "true"))) {
         json_t *blocks = cached_blocks_json(s, kv->n_blocks);
@@ -473,6 +483,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool post = !strcmp(method, "POST");
     bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
     bool tokenize = !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
+    bool embeddings = !strcmp(url, "/v1/embeddings");
     if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
@@ -509,7 +520,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             if (cl) cn->expect = (size_t)strtoull(cl, NULL, 10) + 1; /* its buffer grows to this, no more */
             const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-            if ((completions || tokenize) && !is_json_type(ct)) {
+            if ((completions || tokenize || embeddings) && !is_json_type(ct)) {
                 cn->answered = true;
                 return srv_error(c, s, 415, NULL, "unsupported_media_type",
                                  "the request body must be JSON with 'Content-Type: application/json' (got %s)",
@@ -557,7 +568,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * from when it is made (srv_sock_answer_due). A previous answer still in the
      * kernel's queue (pipelined requests) keeps its own until then. */
     srv_sock *k = srv_conn_sock(c);
-    if (k && !completions) srv_sock_answer_due(k);
+    if (k && !completions && !embeddings) srv_sock_answer_due(k);
     else if (k) {
         pthread_mutex_lock(&s->socks_mu);
         if (k->send_due > 0 && !unsent(k->fd)) k->send_due = 0;
@@ -566,7 +577,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        if (kvlm_model_is_encoder(s->model)) {
+            srv_body_release(s, cn);
+            return srv_error(c, s, 501, NULL, "not_supported", "This server's model is an encoder: it gives embeddings "
+                             "only (POST /v1/embeddings)");
+        }
         return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
+    }
+    if (embeddings) {
+        if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        return srv_embeddings(s, c, cn);
     }
     if (tokenize) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
@@ -890,6 +910,11 @@ static void srv_fingerprint(kvlm_server *s) {
 }
 
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err) {
+    if (kvlm_model_is_encoder(kvlm_ctx_model(ctx)) && !p->embeddings) {
+        util_err_set(err, KVLM_EINVAL, "the model is an encoder (bert, nomic-bert): it gives embeddings only; start the "
+                     "server with --embeddings");
+        return NULL;
+    }
     kvlm_server *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     s->ctx = ctx;
@@ -923,6 +948,13 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
         util_err_set(err, KVLM_EINVAL, "--max-body-total %zu is below --max-body %zu: no body of that size could be taken",
                      s->p.max_body_total, s->p.max_body);
         goto fail;
+    }
+    if (s->p.answer_ids_mem >= 0) {
+        size_t cap = s->p.answer_ids_mem ? (size_t)s->p.answer_ids_mem : (size_t)16 << 20;
+        if (!(s->answers = srv_answers_create(cap, s->model, s->model_id))) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     if (!(s->chat = s->p.chat)) {
         /* a template named by the caller must work; the model's own may be
@@ -1049,6 +1081,7 @@ fail:
     }
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
+    srv_answers_free(s->answers);
     free_config(s);
     srv_metrics_free(s->metrics);
     srv_logs_free(s->logs);
@@ -1088,6 +1121,7 @@ void kvlm_server_stop(kvlm_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);
+    srv_answers_free(s->answers); /* the engine and HTTP threads, which use it, are gone */
     free_config(s);
     srv_metrics_free(s->metrics);
     srv_logs_free(s->logs);

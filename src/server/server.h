@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include "kvlm.h"
+#include "server/answers.h"
 
 typedef struct srv_metrics srv_metrics; /* metrics.c */
 typedef struct srv_logs srv_logs;       /* log.c */
@@ -63,6 +64,7 @@ struct kvlm_server {
     const kvlm_chat *chat;      /* renders chat requests (NULL: none could be made: chat_error says why) */
     kvlm_chat *own_chat;        /* the one the server made (freed with it) */
     char chat_error[512];
+    srv_answers *answers;       /* the ids of recent chat answers (NULL: not kept) */
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it
@@ -141,6 +143,27 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
  * /detokenize: {"tokens": [...]} -> {"prompt": TEXT, "content": TEXT}. */
 enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* POST /v1/embeddings (docs/embeddings.md), body complete: a job of openai.c
+ * (submitted, waited for and answered as a completion's whole answer) whose
+ * request and answer are server/embeddings.c's. 501 unless started with
+ * embeddings. */
+enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* server/embeddings.c: one request's inputs (tokenized), parameters and vectors. */
+typedef struct srv_embed srv_embed;
+typedef struct { unsigned status; const char *param, *code; char msg[512]; } srv_embed_err;
+/* The body checked (known fields, model, input shapes, encoding_format,
+ * dimensions) and its inputs tokenized; NULL with x filled (param may name a
+ * key of body: answer before freeing it). */
+srv_embed *srv_embed_parse(kvlm_server *s, json_t *body, srv_embed_err *x);
+int srv_embed_n(const srv_embed *e);
+const int32_t *const *srv_embed_tokens(const srv_embed *e);
+const int *srv_embed_lens(const srv_embed *e);
+const kvlm_embed_params *srv_embed_params(const srv_embed *e);
+/* An input's final event (engine thread, under its job's lock): its vector and tokens kept. */
+void srv_embed_event(srv_embed *e, const kvlm_sched_event *ev);
+/* OpenAI's answer: {object: "list", data: [...], model, usage}. */
+json_t *srv_embed_answer(const srv_embed *e, const char *model_id);
+void srv_embed_free(srv_embed *e);
 /* The whole answer of cn->job, once the engine has resumed the connection. */
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 /* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through
