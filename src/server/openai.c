@@ -448,7 +448,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
         if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
-            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, !j->skip_special, c->ids, c->n_ids,
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, c->dt.special, c->ids, c->n_ids,
                                c->text, c->len, c->off);
         free(c->ids);
         c->ids = NULL;
