@@ -52,8 +52,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const json_t *calls = json_object_get(whole, "tool_calls"), *c;
     size_t i;
     json_array_foreach(calls, i, c) {
-        json_t *a = json_loads(str(json_object_get(c, "function"), "arguments"), JSON_ALLOW_NUL, NULL); /* (\\u0000 is JSON) */
-        if (!json_is_object(a)) abort(); /* a whole call's arguments are an object */
+        const char *args = str(json_object_get(c, "function"), "arguments");
+        json_t *a = json_loads(args, JSON_ALLOW_NUL, NULL);
+        /* a whole call's arguments are an object (jansson takes no \\u0000 in a key, JSON does) */
+        if (!json_is_object(a) && !strstr(args, "\\u0000")) abort();
         json_decref(a);
         if (!*str(json_object_get(c, "function"), "name") || !*str(c, "id")) abort();
     }
