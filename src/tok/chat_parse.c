@@ -273,6 +273,11 @@ void tc_reason(tc_parser *p, const char *s, size_t n) {
 /* ---- calls ---- */
 
 tc_call *tc_call_new(tc_parser *p, const char *name, size_t len, const char *id, size_t id_len) {
+    /* a name is a word (OpenAI's: at most 64 characters): control characters or
+     * an endless run of text are not a call's name */
+    if (!len || len > 256) return NULL;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) return NULL;
     if (p->n_calls == p->cap_calls) {
         int c = p->cap_calls ? p->cap_calls * 2 : 4;
         tc_call *x = realloc(p->calls, (size_t)c * sizeof *x);

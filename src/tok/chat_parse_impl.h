@@ -86,6 +86,8 @@ void tc_think_end(tc_parser *p);
 void tc_reason(tc_parser *p, const char *s, size_t n);
 
 /* ---- calls ---- */
+/* A new call (its segment too); NULL when the name is no name (empty, over
+ * 256 bytes, control characters: the caller fails the call) or out of memory. */
 tc_call *tc_call_new(tc_parser *p, const char *name, size_t len, const char *id, size_t id_len);
 /* Drops the calls past the first n. */
 void tc_calls_truncate(tc_parser *p, int n);

@@ -414,7 +414,10 @@ void tc_parse_functionary31(tc_parser *p, size_t i) {
             if (!tc_go(p, r <= 0 && p->partial ? JC_MORE : JC_BAD, at)) return;
         }
         tc_call *c = tc_call_new(p, p->t + j, e - j, NULL, 0);
-        if (!c) return;
+        if (!c) {
+            tc_call_fail(p, at);
+            return;
+        }
         size_t a = e + 1;
         r = tc_call_args(p, &a, &c->args);
         if (r == JC_DONE) c->done = true;
@@ -470,7 +473,10 @@ void tc_parse_functionary32(tc_parser *p, size_t i) {
             size_t e = at;
             while (e > a && tc_ws(p->t[e - 1])) e--;
             tc_call *c = tc_call_new(p, "python", 6, NULL, 0);
-            if (!c) return;
+            if (!c) {
+                tc_call_fail(p, i);
+                return;
+            }
             tc_puts(&c->args, "{\"code\":");
             tc_json_quote(&c->args, p->t + a, e - a);
             tc_putc(&c->args, '}');
@@ -486,7 +492,10 @@ void tc_parse_functionary32(tc_parser *p, size_t i) {
             return;
         }
         tc_call *c = tc_call_new(p, p->t + i, ne - i, NULL, 0);
-        if (!c) return;
+        if (!c) {
+            tc_call_fail(p, i);
+            return;
+        }
         r = tc_call_args(p, &a, &c->args);
         if (r == JC_DONE) c->done = true;
         if (!tc_go(p, r, i)) return;
@@ -556,7 +565,10 @@ void tc_parse_gpt_oss(tc_parser *p, size_t i) {
             size_t nl = tol;
             if (nl > 10 && !memcmp(name, "functions.", 10)) name += 10, nl -= 10;
             tc_call *c = tc_call_new(p, name, nl, NULL, 0);
-            if (!c) return;
+            if (!c) {
+                tc_call_fail(p, hs);
+                return;
+            }
             tc_parser sub = *p; /* the arguments end where the message does */
             sub.n = be;
             sub.partial = p->partial && r != 1;

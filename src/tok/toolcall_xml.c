@@ -390,7 +390,10 @@ void tc_parse_gemma4(tc_parser *p, size_t i) {
             return;
         }
         tc_call *c = tc_call_new(p, p->t + j, e - j, NULL, 0);
-        if (!c) return;
+        if (!c) {
+            tc_call_fail(p, at);
+            return;
+        }
         size_t close;
         r = tc_find(p, e, "<tool_call|>", &close);
         if (r <= 0 && p->partial) {
