@@ -1114,7 +1114,8 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
             char id[160];
             tc_buf cid = {0}; /* the format's own id: any bytes the model wrote there, made UTF-8 */
             if (c->id && *c->id) put_clean(&cid, c->id, strlen(c->id) < 150 ? strlen(c->id) : 150);
-            if (cid.n && !cid.oom) snprintf(id, sizeof id, "%.*s", (int)tc_utf8_whole(cid.s, cid.n), cid.s);
+            if (cid.n && !cid.oom) /* as much as fits, whole characters */
+                snprintf(id, sizeof id, "%.*s", (int)tc_utf8_whole(cid.s, cid.n < sizeof id - 1 ? cid.n : sizeof id - 1), cid.s);
             else gen_id(id, p->seed, i, p->s->f->id_style);
             free(cid.s);
             tc_buf nm = {0};
