@@ -585,7 +585,7 @@ void tc_parse_gpt_oss(tc_parser *p, size_t i) {
             tc_reason(p, p->t + bs, be - bs);
             tc_think_end(p);
         } else if (analysis) {
-            tc_text(p, hs, next);
+            tc_text(p, hs, r == 1 ? next : be); /* (as written: with its end marker, not a cut one) */
         } else {
             tc_text(p, bs, be);
         }
