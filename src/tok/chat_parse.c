@@ -1079,7 +1079,8 @@ static json_t *finish(tc_parser *p, kvlm_error *err) {
         bool after = k > 0 && (p->seg[k - 1].kind == SEG_CALL || p->seg[k - 1].kind == SEG_THINK_END);
         bool before = k + 1 < p->n_seg && p->seg[k + 1].kind == SEG_CALL;
         bool last = k + 1 == p->n_seg;
-        if (last) n = tail_cut(p, s, n, g->kind == SEG_TEXT && g->b == p->n);
+        /* (cut: whatever follows the last piece shown is held back, so its end is held as the text's end is) */
+        if (last) n = tail_cut(p, s, n, (g->kind == SEG_TEXT && g->b == p->n) || p->partial);
         if (after || (!content.n && !p->n_calls && p->has_reasoning))
             while (n && tc_ws(*s)) s++, n--;
         if (before || (last && p->partial))
