@@ -187,7 +187,7 @@ jv jinja_getitem(jstate *st, int line, jv obj, jv key) {
 
 static bool is_num(const jv *v) { return v->t == JV_INT || v->t == JV_FLOAT || v->t == JV_BOOL; }
 static double num_f(const jv *v) { return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b; }
-static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : (int64_t)v->u.b; }
+static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : v->t == JV_BOOL ? (int64_t)v->u.b : 0; }
 
 static jv concat_str(jstate *st, jv a, jv b) {
     /* Markup + str escapes the str, and the result is Markup */
@@ -1116,14 +1116,28 @@ jv jinja_call_func(jstate *st, int line, int id, const jargs *a) {
     case JF_STRFTIME: {
         BIND("strftime_now()", "format");
         const jv *f = as_str(st, line, &p[0], "strftime_now()");
-        char *fmt = jr_alloc(st, f->u.s.n + 2);
-        memcpy(fmt, f->u.s.p, f->u.s.n);
-        fmt[f->u.s.n] = 0;
-        if (strlen(fmt) != f->u.s.n) jr_fail(st, line, "embedded null character");
+        /* datetime.now() is naive: Python writes %z and %Z as nothing and %f as its microseconds */
+        char *fmt = jr_alloc(st, f->u.s.n * 3 + 2);
+        size_t k = 0;
+        for (size_t i = 0; i < f->u.s.n; i++) {
+            char c = f->u.s.p[i];
+            if (!c) jr_fail(st, line, "embedded null character");
+            if (c == '%' && i + 1 < f->u.s.n) {
+                char d = f->u.s.p[i + 1];
+                if (d == 'z' || d == 'Z') { i++; continue; }
+                if (d == 'f') { memcpy(fmt + k, "000000", 6); k += 6; i++; continue; }
+                fmt[k++] = c;
+                fmt[k++] = d;
+                i++;
+                continue;
+            }
+            fmt[k++] = c;
+        }
+        fmt[k] = 0;
         struct tm tm;
         time_t t = st->now;
         if (!localtime_r(&t, &tm)) jr_fail(st, line, "strftime_now: the time is out of range");
-        size_t cap = f->u.s.n * 16 + 64;
+        size_t cap = k * 16 + 64;
         char *out = jr_alloc(st, cap);
         size_t len = fmt[0] ? strftime(out, cap, fmt, &tm) : 0;
         return jv_strn(out, len);

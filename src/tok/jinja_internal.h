@@ -116,7 +116,6 @@ enum { /* jnode.fl */
     JNF_VARARGS = 2,     /* macro body reads varargs */
     JNF_KWARGS = 4,      /* ... kwargs */
     JNF_CALLER = 8,      /* ... caller */
-    JNF_NEGATE = 16,     /* compare operand list: unused */
 };
 
 typedef struct jnode jnode;

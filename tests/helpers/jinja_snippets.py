@@ -171,6 +171,7 @@ SNIPPETS = [
     ("{{ raise_exception('custom error: ' ~ n) }}", V),
     ("before{% if n %}{{ raise_exception('stop') }}{% endif %}", V),
     ("{{ strftime_now('%Y-%m-%d %H:%M:%S %b %a %j %d') }}", {}),
+    ("{{ strftime_now('%z|%Z|%f|%%|%-d|%e|%c|%x|%X|%p|%U|%G|%V|%u|%s|%B %A %y %I %M') }}", {}),
     ("{% if strftime_now is defined %}yes{% endif %}", {}),
     # ---- tests ----
     ("{{ n is odd }}{{ n is even }}{{ 9 is divisibleby 3 }}{{ n is divisibleby(2) }}{{ 2.0 is even }}", V),
