@@ -843,17 +843,62 @@ void kvlm_spec_free(kvlm_spec *sp);
 int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm_error *err);
 void kvlm_spec_stats_get(const kvlm_spec *sp, kvlm_spec_stats *st);
 
-/* ---- chat templates ------------------------------------------------------ */
-/* Renders a conversation (roles "system", "user", "assistant") as a prompt,
- * ending with the assistant's turn opened. The family comes from name (one of
- * "chatml", "llama2", "llama3", "zephyr", "plain") or, when name is NULL, from
- * the model's tokenizer.chat_template found by the substrings llama.cpp uses
- * (<|im_start|>, [INST], <|start_header_id|>, <|user|>); a model without a
- * template gets "plain" ("User: ...\nAssistant:"). *out (malloc'd, caller
- * frees) is the prompt, to tokenize with special tokens recognised; *family
- * is the family's name. KVLM_EUNSUPPORTED for a template of another family. */
-int kvlm_chat_apply(const kvlm_model *model, const char *name, const char *const *roles,
-                    const char *const *contents, int n, char **out, const char **family, kvlm_error *err);
+/* ---- chat: a conversation rendered through the model's own template ------- */
+/* A model's chat format (docs/chat-templates.md): its own Jinja template
+ * (GGUF tokenizer.chat_template, a Hugging Face directory's
+ * tokenizer_config.json or chat_template.jinja), a named variant of it
+ * (tokenizer.chat_template.NAME: "tool_use", taken by itself when a request
+ * has tools), a template's text given by the caller (--chat-template-file),
+ * or one of the built-in families (tok/chat.c: "chatml", "llama3", ...) for
+ * files without a template. Rendering is Hugging Face's: the template sees
+ * messages, tools, documents, add_generation_prompt, bos_token, eos_token and
+ * the request's chat_template_kwargs. Read-only after creation: one kvlm_chat
+ * may render from many threads at once. */
+typedef struct kvlm_chat kvlm_chat;
+
+typedef struct kvlm_chat_params {
+    /* A built-in family ("chatml", ...), or the name of one of the model's
+     * named templates; NULL: the model's own (or "plain" without one). */
+    const char *template_name;
+    /* A Jinja template's text: used instead of the model's (and of name). */
+    const char *template_text;
+    /* Where template_text came from, for messages ("FILE"); may be NULL. */
+    const char *template_origin;
+    /* How answers are read (docs/tool-calls.md): a tool-call parser's name
+     * (NULL: picked from the template) and KVLM_REASONING_*. */
+    const char *tool_parser;
+    int reasoning_format;
+} kvlm_chat_params;
+enum { KVLM_REASONING_AUTO = 0, KVLM_REASONING_NONE = 1 };
+
+/* KVLM_EINVAL naming the problem: an unknown name (the message lists the
+ * families and the model's named templates), a template that does not parse
+ * (the message says where). A model template kvlm cannot parse falls back
+ * to the built-in family its markers show, with a warning; without one it
+ * is an error. */
+kvlm_chat *kvlm_chat_create(const kvlm_model *model, const kvlm_chat_params *params, kvlm_error *err);
+void kvlm_chat_free(kvlm_chat *chat);
+/* What renders: "the model's template", "the model's tool_use template",
+ * "FILE", or a built-in family's name. */
+const char *kvlm_chat_describe(const kvlm_chat *chat);
+/* The built-in family's name, or "jinja". */
+const char *kvlm_chat_family(const kvlm_chat *chat);
+/* Renders a request, a JSON object (text) with the members of an OpenAI chat
+ * request that a template sees: messages (required: objects with a string
+ * role; content a string, null or an array of text parts; tool_calls,
+ * tool_call_id, name, reasoning_content as clients send them), tools,
+ * documents, add_generation_prompt (default true), continue_final_message
+ * (default false: the last message is left open for the model to go on),
+ * chat_template_kwargs (an object: more variables, e.g. enable_thinking).
+ * Messages are given to the template as vLLM gives them: the developer role
+ * as system unless the template names it, text parts joined with newlines
+ * unless the template reads parts, a tool call's arguments string as the
+ * object it holds. *prompt (malloc'd; *len its length) is to be tokenized
+ * with special tokens recognised and kvlm_add_bos (a leading bos_token the
+ * template wrote is left out when the tokenizer adds it). KVLM_EINVAL with
+ * a message for a malformed request or a template error (raise_exception's
+ * message, or what failed and where). */
+int kvlm_chat_render(const kvlm_chat *chat, const char *request_json, char **prompt, size_t *len, kvlm_error *err);
 
 /* ---- Jinja templates ------------------------------------------------------ */
 /* A model's own chat template (Hugging Face Jinja), rendered as transformers
@@ -1041,7 +1086,11 @@ typedef struct kvlm_server_params {
     const char *host;          /* address to bind; NULL: 127.0.0.1 */
     int port;                  /* 0: any free port (kvlm_server_port tells which) */
     const char *model_id;      /* the id clients name; NULL: the model file's name without extension */
-    const char *chat_template; /* family name forcing a template; NULL: from the model */
+    /* How chat requests are rendered and read (not owned; it must outlive the
+     * server); NULL: the server makes its own from chat_template (a built-in
+     * family or one of the model's named templates; NULL: the model's own). */
+    const kvlm_chat *chat;
+    const char *chat_template;
     int batch_tokens, max_seqs; /* kvlm_sched_params */
     size_t max_body;           /* largest request body; 0: 1 MiB */
     int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */

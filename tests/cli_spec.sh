@@ -15,6 +15,9 @@ tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+# the sanitizer build (KVLM_TEST_QUICK): every case once with lookup and the
+# draft; the other lookup settings and stories4M_hd64's cache variants in the Release build only
+quick="${KVLM_TEST_QUICK:-}"
 P="Lily had a red ball. She liked to play with the red ball in the park. One day, Lily lost the red ball. She looked for the red ball"
 
 same() { # name, options...: greedy text with and without --spec lookup / --draft
@@ -22,6 +25,7 @@ same() { # name, options...: greedy text with and without --spec lookup / --draf
   "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" "$@" >"$tmp/plain.txt" 2>"$tmp/plain.err" || { bad "$name: plain run: $(cat "$tmp/plain.err")"; return; }
   for spec in "--spec lookup --draft-n 2" "--spec lookup" "--spec lookup --draft-n 12 --spec-ngram 4" "--draft $tmp/draft.gguf --draft-n 4"; do
     case "$spec" in *draft.gguf*) [ -f "$tmp/draft.gguf" ] || continue;; esac
+    case "$quick:$spec" in ?*:*--draft-n\ [12]*) continue;; esac
     # shellcheck disable=SC2086
     "$KVLM" run -t 2 --temp 0 -n 150 -p "$P" "$@" $spec >"$tmp/spec.txt" 2>"$tmp/spec.err" || { bad "$name $spec: $(cat "$tmp/spec.err")"; continue; }
     if cmp -s "$tmp/plain.txt" "$tmp/spec.txt" && grep -q 'drafts accepted' "$tmp/spec.err"; then
@@ -36,6 +40,7 @@ for model in stories260K.gguf stories4M_hd64.gguf; do
   rm -f "$tmp/draft.gguf"
   "$KVLM" convert "$M" "$tmp/draft.gguf" --type q4_0 >/dev/null 2>&1 || bad "$model: convert to q4_0"
   same "$model" -m "$M"
+  [ -n "$quick" ] && [ "$model" != stories260K.gguf ] && continue
   same "$model q8_0 cache" -m "$M" --cache-type-k q8_0 --cache-type-v q8_0
   same "$model q4_kc keys" -m "$M" --cache-type-k q4_kc
   same "$model h2o" -m "$M" --kv-budget 96 --kv-evict h2o

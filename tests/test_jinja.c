@@ -496,13 +496,8 @@ static void test_model_template(void **state) {
     /* named templates (tokenizer.chat_template.NAME): written with the vocabulary, read back */
     m = kvlm_model_load(path, NULL, &err);
     assert_non_null(m);
-    m->vocab.tmpl_names = malloc(2 * sizeof(char *));
-    m->vocab.tmpl_texts = malloc(2 * sizeof(char *));
-    m->vocab.tmpl_names[0] = strdup("tool_use");
-    m->vocab.tmpl_texts[0] = strdup("{{ tools|tojson }}");
-    m->vocab.tmpl_names[1] = strdup("rag");
-    m->vocab.tmpl_texts[1] = strdup("{{ documents|length }}");
-    m->vocab.n_tmpl = 2;
+    assert_int_equal(vocab_add_named_template(&m->vocab, "tool_use", 8, "{{ tools|tojson }}", 18), KVLM_OK);
+    assert_int_equal(vocab_add_named_template(&m->vocab, "rag", 3, "{{ documents|length }}", 22), KVLM_OK);
     const char *path2 = tu_tmp_path(".gguf");
     assert_int_equal(kvlm_model_save_gguf(m, path2, -1, &err), 0);
     kvlm_model_free(m);

@@ -508,8 +508,6 @@ static kvlm_model *synth_with_template(const char *tmpl) {
 
 static void test_chat_templates(void **state) {
     (void)state;
-    const char *roles[] = {"system", "user", "assistant", "user"};
-    const char *msgs[] = {"Be brief.", "Hi", "Hello!", "Why?"};
     struct { const char *tmpl, *family, *want; } cases[] = {
         {"{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n'}}{% endfor %}",
          "chatml",
@@ -552,30 +550,65 @@ static void test_chat_templates(void **state) {
          "Hello!<|return|><|start|>user<|message|>Why?<|end|><|start|>assistant"},
         {NULL, "plain", "System: Be brief.\nUser: Hi\nAssistant: Hello!\nUser: Why?\nAssistant:"},
     };
+    const char *req = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                      "\"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", "
+                      "\"content\": \"Why?\"}]}";
     kvlm_error err = {0};
+    kvlm_model *plain = synth_with_template(NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kvlm_model *m = synth_with_template(cases[i].tmpl);
+        /* each family by name, whatever the model carries */
+        kvlm_chat_params cp = {.template_name = cases[i].family};
+        kvlm_chat *c = kvlm_chat_create(plain, &cp, &err);
+        assert_non_null(c);
+        assert_string_equal(kvlm_chat_family(c), cases[i].family);
         char *out = NULL;
-        const char *family = NULL;
-        assert_int_equal(kvlm_chat_apply(m, NULL, roles, msgs, 4, &out, &family, &err), KVLM_OK);
-        assert_string_equal(family, cases[i].family);
+        assert_int_equal(kvlm_chat_render(c, req, &out, NULL, &err), KVLM_OK);
         assert_string_equal(out, cases[i].want);
         free(out);
-        /* by name, whatever the model carries */
-        assert_int_equal(kvlm_chat_apply(m, "chatml", roles, msgs, 1, &out, &family, &err), KVLM_OK);
-        assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n");
-        free(out);
+        kvlm_chat_free(c);
+        /* a model template Jinja cannot parse falls back to the family its markers show (llama.cpp's detection) */
+        if (!cases[i].tmpl) continue;
+        char broken[1024];
+        snprintf(broken, sizeof broken, "{%% if %%}%s", cases[i].tmpl);
+        kvlm_model *m = synth_with_template(broken);
+        assert_non_null(c = kvlm_chat_create(m, NULL, &err));
+        assert_string_equal(kvlm_chat_family(c), cases[i].family);
+        kvlm_chat_free(c);
         kvlm_model_free(m);
     }
-    kvlm_model *m = synth_with_template("{% for message in messages %}### Instruction:\n{{ message['content'] }}");
+    /* no template: plain */
+    kvlm_chat *c = kvlm_chat_create(plain, NULL, &err);
+    assert_non_null(c);
+    assert_string_equal(kvlm_chat_family(c), "plain");
+    kvlm_chat_free(c);
+    /* a model's own template renders through Jinja, whatever its family */
+    kvlm_model *m = synth_with_template("{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                       "{% if add_generation_prompt %}### assistant:{% endif %}");
+    assert_non_null(c = kvlm_chat_create(m, NULL, &err));
+    assert_string_equal(kvlm_chat_family(c), "jinja");
     char *out = NULL;
-    assert_int_equal(kvlm_chat_apply(m, NULL, roles, msgs, 2, &out, NULL, &err), KVLM_EUNSUPPORTED);
-    assert_null(out);
-    printf("  unsupported: %s\n", err.msg);
-    const char *bad_role[] = {"tool"};
-    assert_int_equal(kvlm_chat_apply(m, "plain", bad_role, msgs, 1, &out, NULL, &err), KVLM_EINVAL);
-    assert_int_equal(kvlm_chat_apply(m, "nope", roles, msgs, 1, &out, NULL, &err), KVLM_EINVAL);
+    assert_int_equal(kvlm_chat_render(c, req, &out, NULL, &err), KVLM_OK);
+    assert_string_equal(out, "### system: Be brief.\n### user: Hi\n### assistant: Hello!\n### user: Why?\n### assistant:");
+    free(out);
+    kvlm_chat_free(c);
     kvlm_model_free(m);
+    /* one Jinja cannot parse and without a family's markers: an error saying what to do */
+    m = synth_with_template("{% for message in messages %}### Instruction:\n{{ message['content'] }}");
+    assert_null(kvlm_chat_create(m, NULL, &err));
+    assert_int_equal(err.code, KVLM_EINVAL);
+    assert_non_null(strstr(err.msg, "--chat-template"));
+    printf("  unparsable: %s\n", err.msg);
+    kvlm_model_free(m);
+    /* the built-in families have system, user and assistant only; unknown names are refused */
+    kvlm_chat_params cp = {.template_name = "plain"};
+    assert_non_null(c = kvlm_chat_create(plain, &cp, &err));
+    assert_int_equal(kvlm_chat_render(c, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", &out, NULL, &err),
+                     KVLM_EINVAL);
+    kvlm_chat_free(c);
+    cp.template_name = "nope";
+    assert_null(kvlm_chat_create(plain, &cp, &err));
+    assert_int_equal(err.code, KVLM_EINVAL);
+    kvlm_model_free(plain);
 }
 
 /* Under sinks (then h2o, whose attention scores travel too), in a pool of

@@ -120,6 +120,15 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 int cli_parse_size(const char *s, size_t *out);
 /* Reads a whole file as text (NUL-terminated); NULL with a message on error. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
+/* The chat format (docs/chat-templates.md): --chat-template-file FILE (a
+ * Jinja template), --chat-template NAME (a built-in family or one of the
+ * model's named templates), else the model's own. NULL after cli_fail. */
+kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file);
+#define CLI_CHAT_USAGE \
+    "      --chat-template T   a built-in family (chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite,\n" \
+    "                          mistral-v7, mistral-v7-tekken, gpt-oss, plain) or one of the model's named\n" \
+    "                          templates (tool_use); default: the model's own Jinja template\n" \
+    "      --chat-template-file F  a Jinja chat template from file F instead of the model's\n"
 /* --draft FILE: the draft model; when its cache fits the model's pool
  * (kvlm_draft_shares_pool), the pool keeps sequences for it
  * (cp->n_seq_draft = n_seq_max) and *shared is set. NULL after cli_fail. */

@@ -3,6 +3,7 @@
  * template and tokenized again, and only what differs from the tokens in the
  * cache is taken back and prefilled: the earlier turns stay in the KV cache.
  * One line of figures per turn on stderr says how much came from it. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,7 @@ static void chat_usage(FILE *f) {
             "      --system TEXT       a system message before the first turn\n"
             "      --history FILE      the conversation so far: read at the start (when FILE exists) and each\n"
             "                          turn appended; with --kv-disk DIR its cache comes back from DIR too\n"
-            "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite,\n"
-            "                          mistral-v7, mistral-v7-tekken or plain (default: from the model)\n"
+            CLI_CHAT_USAGE
             "  -n, --n-predict N       most tokens of one answer (default 512)\n"
             CLI_SAMPLER_USAGE
             CLI_GRAMMAR_USAGE
@@ -173,17 +173,25 @@ static char *read_message(bool tty) {
  * oldest turns (after a system message) are left out until it fits with
  * room for an answer. Returns the token count, 0 when even the last message
  * alone does not fit (it is taken out), -1 on an error (message printed). */
-static int render(const kvlm_model *model, const char *tmpl, convo *c, int room, int32_t **toks, int *cap,
-                  int *dropped, const char **family) {
+static int render(const kvlm_model *model, const kvlm_chat *chat, convo *c, int room, int32_t **toks, int *cap,
+                  int *dropped) {
     kvlm_error err = {0};
     for (;;) {
-        char *text = NULL;
-        if (kvlm_chat_apply(model, tmpl, (const char *const *)c->role, (const char *const *)c->text, c->n, &text,
-                            family, &err)) {
+        char *text = NULL, *req = NULL;
+        json_t *msgs = json_array();
+        for (int i = 0; msgs && i < c->n; i++)
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", c->role[i], "content", c->text[i]));
+        json_t *r = msgs ? json_pack("{s:o}", "messages", msgs) : NULL;
+        if (r) req = json_dumps(r, JSON_COMPACT);
+        json_decref(r);
+        if (!req) { cli_fail("chat", "out of memory"); return -1; }
+        size_t len = 0;
+        int rc = kvlm_chat_render(chat, req, &text, &len, &err);
+        free(req);
+        if (rc) {
             cli_fail("chat", "%s", err.msg);
             return -1;
         }
-        size_t len = strlen(text);
         int n = kvlm_tokenize(model, text, len, kvlm_add_bos(model), true, NULL, 0, &err);
         if (n > *cap) {
             int32_t *t = realloc(*toks, (size_t)n * sizeof *t);
@@ -210,8 +218,8 @@ static int render(const kvlm_model *model, const char *tmpl, convo *c, int room,
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *kv_mem = NULL, *evict = NULL,
-               *history = NULL;
+    const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *tmpl_file = NULL, *kv_mem = NULL,
+               *evict = NULL, *history = NULL;
     int n_predict = 512;
     bool seed_set = false;
     cli_grammar_opts gopt = {0};
@@ -226,6 +234,7 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--system", &system, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--history", &history, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template-file", &tmpl_file, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
         else if (cli_opt_sampler(argc, argv, &i, &sp, &seed_set, &bad)) {}
         else if (cli_opt_grammar(argc, argv, &i, &gopt, &bad)) {}
@@ -247,6 +256,7 @@ int cmd_chat(int argc, char **argv) {
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_model *model = NULL;
+    kvlm_chat *chat = NULL;
     kvlm_ctx *ctx = NULL;
     kvlm_sampler *smp = NULL;
     int32_t *toks = NULL, *fed = NULL; /* this turn's prompt; the tokens in the cache, in order */
@@ -257,6 +267,7 @@ int cmd_chat(int argc, char **argv) {
     model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
     if (cli_sampler_check("chat", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
+    if (!(chat = cli_chat("chat", model, tmpl, tmpl_file))) goto done;
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
     bool gfailed;
@@ -279,7 +290,7 @@ int cmd_chat(int argc, char **argv) {
     }
     if (n_read) fprintf(stderr, "[%d messages read from %s]\n", n_read, history);
     bool tty = isatty(0);
-    const char *family = NULL;
+    const char *family = kvlm_chat_family(chat);
     for (int turn = 1; (msg = read_message(tty)); free(msg), msg = NULL) {
         if (!strcmp(msg, "/exit") || !strcmp(msg, "/quit")) break;
         if (!strcmp(msg, "/reset")) {
@@ -291,7 +302,7 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!convo_add(&c, "user", msg, strlen(msg))) { cli_fail("chat", "out of memory"); goto done; }
         int dropped = 0;
-        int n = render(model, tmpl, &c, budget - n_predict, &toks, &cap, &dropped, &family);
+        int n = render(model, chat, &c, budget - n_predict, &toks, &cap, &dropped);
         if (n < 0) goto done;
         if (n == 0) continue;
         struct timespec t0, t1, t2;
@@ -403,6 +414,7 @@ done:
     kvlm_sampler_free(smp);
     kvlm_ctx_free(ctx);
     kvlm_grammar_free(grammar);
+    kvlm_chat_free(chat);
     kvlm_model_free(model);
     return rc;
 }

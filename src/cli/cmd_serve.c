@@ -54,9 +54,7 @@ static void serve_usage(FILE *f) {
             "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
-            "      --chat-template T   chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite, mistral-v7,\n"
-            "                          mistral-v7-tekken or plain\n"
-            "                          (default: from the model)\n"
+            CLI_CHAT_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
             CLI_CTX_USAGE
@@ -109,7 +107,7 @@ static void serve_usage(FILE *f) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
+    const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
                *max_unsent = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
     const char **origins = NULL;
@@ -128,6 +126,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--port", &sp.port, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--alias", &sp.model_id, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &sp.chat_template, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template-file", &tmpl_file, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-seqs", &cp.n_seq_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
@@ -246,8 +245,13 @@ int cmd_serve(int argc, char **argv) {
     kvlm_ctx *ctx = NULL, *dctx = NULL;
     kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
+    kvlm_chat *chat = NULL;
     kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
+    /* named here, the template must work; the model's own is the server's
+     * to make (one it cannot render fails only chat requests) */
+    if ((sp.chat_template || tmpl_file) && !(sp.chat = chat = cli_chat("serve", model, sp.chat_template, tmpl_file)))
+        goto done;
     bool draft_shared = false;
     /* its cache in the model's pool when the shapes allow: one memory
      * budget, the model's sequences first (docs/speculative.md) */
@@ -323,6 +327,7 @@ int cmd_serve(int argc, char **argv) {
     rc = 0;
 done:
     kvlm_server_stop(srv);
+    kvlm_chat_free(chat);
     kvlm_ctx_free(dctx);
     kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);

@@ -408,3 +408,15 @@ kvlm_model *cli_load_draft(const char *cmd, const char *path, const kvlm_model *
     }
     return dm;
 }
+
+kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file) {
+    if (name && file) { cli_fail(cmd, "--chat-template and --chat-template-file: give one"); return NULL; }
+    char *text = NULL;
+    if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
+    kvlm_chat_params p = {.template_name = name, .template_text = text, .template_origin = file};
+    kvlm_error err = {0};
+    kvlm_chat *c = kvlm_chat_create(model, &p, &err);
+    free(text);
+    if (!c) cli_fail(cmd, "%s", err.msg);
+    return c;
+}

@@ -11,7 +11,6 @@
 #include "model/model.h"
 #include "model/hf.h"
 #include "ops/ops.h"
-#include "tok/chat.h"
 #include "tok/pretok.h"
 #include "tok/tok.h"
 #include "util/log.h"
@@ -111,20 +110,6 @@ static void name_pre_regex(model_vocab *v) {
     snprintf(v->pre, sizeof v->pre, "%s", name);
 }
 
-/* A directory's chat template (tokenizer_config.json, chat_template.jinja or .json), matched to the families kvlm renders. */
-static void check_hf_template(const kvlm_model *m) {
-    const char *t = m->vocab.chat_template;
-    if (!t) return;
-    const char *f = tok_chat_family(t);
-    if (f) { LOG_INFO("%s: chat template recognised as %s", m->path, f); return; }
-    char head[64];
-    size_t n = 0;
-    for (const char *p = t; *p && n + 1 < sizeof head; p++) head[n++] = *p == '\n' ? ' ' : *p;
-    head[n] = 0;
-    LOG_WARN("%s: the directory's chat template (%zu bytes, \"%s%s\") is none kvlm knows (%s): /v1/chat/completions "
-             "needs --chat-template NAME", m->path, strlen(t), head, strlen(t) > n ? "..." : "", tok_chat_names());
-}
-
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err) {
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
@@ -132,7 +117,6 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
     if (model_load(m, path, params, err)) { free(m); return NULL; }
     m->packed_buf = NULL;
     name_pre_regex(&m->vocab);
-    if (m->hf) check_hf_template(m);
     pack_weights(m);
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
@@ -430,8 +414,8 @@ void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan 
 const char *kvlm_model_chat_template(const kvlm_model *m, const char *name) {
     if (!m) return NULL;
     if (!name) return m->vocab.chat_template;
-    for (int i = 0; i < m->vocab.n_tmpl; i++)
-        if (!strcmp(m->vocab.tmpl_names[i], name)) return m->vocab.tmpl_texts[i];
+    for (int i = 0; i < m->vocab.n_named_templates; i++)
+        if (!strcmp(m->vocab.named_template_names[i], name)) return m->vocab.named_templates[i];
     return NULL;
 }
 

@@ -479,10 +479,13 @@ static int load_vocab(const char *dir, int n_rows, model_vocab *v, kvlm_error *e
     json_t *tmpl = json_object_get(tcfg, "chat_template");
     const char *ts = json_string_value(tmpl);
     if (json_is_array(tmpl)) {
-        /* named templates: the "default" one */
+        /* named templates: the "default" one, and the others by their names */
         json_array_foreach(tmpl, i, val) {
-            const char *name = jstr(val, "name");
-            if (name && !strcmp(name, "default")) ts = jstr(val, "template");
+            const char *name = jstr(val, "name"), *text = jstr(val, "template");
+            if (!name || !text) continue;
+            if (!strcmp(name, "default")) ts = text;
+            else if (!rc && vocab_add_named_template(v, name, strlen(name), text, strlen(text)))
+                rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
         }
     }
     if (ts && !(v->chat_template = strdup(ts))) rc = util_err_set(err, KVLM_ENOMEM, "out of memory");

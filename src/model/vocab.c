@@ -48,12 +48,12 @@ void vocab_free(model_vocab *v) {
     free(v->types);
     free(v->merges);
     free(v->chat_template);
-    for (int i = 0; i < v->n_tmpl; i++) {
-        free(v->tmpl_names[i]);
-        free(v->tmpl_texts[i]);
+    for (int i = 0; i < v->n_named_templates; i++) {
+        free(v->named_template_names[i]);
+        free(v->named_templates[i]);
     }
-    free(v->tmpl_names);
-    free(v->tmpl_texts);
+    free(v->named_template_names);
+    free(v->named_templates);
     vocab_reset(v);
 }
 
@@ -242,24 +242,31 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
         if (!(v->chat_template = memdup_z(tmpl->v.s.data, (size_t)tmpl->v.s.len)))
             return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat template");
     }
-    const size_t pl = sizeof KEY_TEMPLATE; /* "tokenizer.chat_template." */
+    const size_t pre_len = strlen(KEY_TEMPLATE ".");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const gguf_kv *kv = &f->kv[i];
-        if (kv->key.len <= pl || memcmp(kv->key.data, KEY_TEMPLATE ".", pl) || kv->type != GGUF_STRING) continue;
-        char **nn = realloc(v->tmpl_names, (size_t)(v->n_tmpl + 1) * sizeof *nn);
-        if (nn) v->tmpl_names = nn;
-        char **nt = nn ? realloc(v->tmpl_texts, (size_t)(v->n_tmpl + 1) * sizeof *nt) : NULL;
-        if (nt) v->tmpl_texts = nt;
-        if (!nn || !nt) return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat templates");
-        char *name = memdup_z(kv->key.data + pl, (size_t)kv->key.len - pl);
-        char *text = name ? memdup_z(kv->v.s.data, (size_t)kv->v.s.len) : NULL;
-        if (!text) {
-            free(name);
+        if (kv->key.len <= pre_len || memcmp(kv->key.data, KEY_TEMPLATE ".", pre_len)) continue;
+        if (kv->type != GGUF_STRING)
+            return util_err_set(err, KVLM_EFORMAT, "%.*s has type %s, expected string", (int)kv->key.len,
+                                kv->key.data, gguf_vtype_name(kv->type));
+        if (vocab_add_named_template(v, kv->key.data + pre_len, (size_t)kv->key.len - pre_len, kv->v.s.data,
+                                     (size_t)kv->v.s.len))
             return util_err_set(err, KVLM_ENOMEM, "out of memory for the chat templates");
-        }
-        v->tmpl_names[v->n_tmpl] = name;
-        v->tmpl_texts[v->n_tmpl++] = text;
     }
+    return KVLM_OK;
+}
+
+int vocab_add_named_template(model_vocab *v, const char *name, size_t name_len, const char *text, size_t text_len) {
+    char **n = realloc(v->named_template_names, (size_t)(v->n_named_templates + 1) * sizeof *n);
+    if (!n) return KVLM_ENOMEM;
+    v->named_template_names = n;
+    char **t = realloc(v->named_templates, (size_t)(v->n_named_templates + 1) * sizeof *t);
+    if (!t) return KVLM_ENOMEM;
+    v->named_templates = t;
+    char *a = memdup_z(name, name_len), *b = memdup_z(text, text_len);
+    if (!a || !b) { free(a); free(b); return KVLM_ENOMEM; }
+    n[v->n_named_templates] = a;
+    t[v->n_named_templates++] = b;
     return KVLM_OK;
 }
 
@@ -389,10 +396,10 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     gguf_writer_set_bool(w, KEY_ADD_EOS, v->add_eos);
     gguf_writer_set_bool(w, KEY_ADD_SPACE, v->add_space_prefix);
     if (v->chat_template) gguf_writer_set_str(w, KEY_TEMPLATE, v->chat_template);
-    for (int i = 0; i < v->n_tmpl; i++) {
-        char key[512];
-        snprintf(key, sizeof key, KEY_TEMPLATE ".%s", v->tmpl_names[i]);
-        gguf_writer_set_str(w, key, v->tmpl_texts[i]);
+    for (int i = 0; i < v->n_named_templates; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "%s.%s", KEY_TEMPLATE, v->named_template_names[i]);
+        gguf_writer_set_str(w, key, v->named_templates[i]);
     }
     if (v->has_pre_regex) {
         gguf_writer_set_arr_str(w, KEY_PRE_REGEX, (const char *const *)v->pre_regex, (uint64_t)v->n_pre_regex);

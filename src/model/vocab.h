@@ -28,9 +28,11 @@ typedef struct model_vocab {
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */
-    /* tokenizer.chat_template.NAME: the named templates (tool_use, rag, ...) */
-    char **tmpl_names, **tmpl_texts;
-    int n_tmpl;
+    /* named templates besides it (GGUF tokenizer.chat_template.NAME, a
+     * tokenizer_config.json list's other entries): Hermes' and Command R's
+     * "tool_use", for example */
+    int n_named_templates;
+    char **named_template_names, **named_templates;
     bool add_bos_key;      /* tokenizer.ggml.add_bos_token was in the file (else add_bos is a default) */
     /* A byte-level pre-tokenizer given as its regexes (tokenizer.json, or
      * tokenizer.kvlm.pre_regex in a GGUF kvlm wrote): applied in order when
@@ -42,7 +44,7 @@ typedef struct model_vocab {
     bool pre_ignore_merges; /* with pre_regex: a chunk that is a token skips the merges */
 } model_vocab;
 
-/* Reads the tokenizer.ggml.* keys (and tokenizer.chat_template) of f into v
+/* Reads the tokenizer.ggml.* keys (and tokenizer.chat_template[.NAME]) of f into v
  * (v is overwritten). Error messages do not name the file: callers prefix it. */
 int vocab_from_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err);
 /* Reads llama2.c's tokenizer.bin (int32 max token length, then per token:
@@ -51,5 +53,7 @@ int vocab_from_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err);
 int vocab_from_llama2c(const char *path, int n_vocab, model_vocab *v, kvlm_error *err);
 /* Writes every key vocab_from_gguf reads, so a converted model keeps its tokenizer. */
 void vocab_to_gguf(const model_vocab *v, gguf_writer *w);
+/* Adds a named chat template (copies both strings). */
+int vocab_add_named_template(model_vocab *v, const char *name, size_t name_len, const char *text, size_t text_len);
 void vocab_free(model_vocab *v); /* frees the contents, not v; leaves v empty (ids -1) */
 #endif

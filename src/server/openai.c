@@ -401,28 +401,6 @@ static bool get_bool(json_t *body, const char *key, bool *out, perr *e) {
     return true;
 }
 
-/* Text of a chat message's content: a string or an array of text parts. */
-static char *content_text(json_t *v, int i, perr *e) {
-    if (json_is_string(v)) return strdup(json_string_value(v));
-    if (json_is_array(v)) {
-        char *b = NULL;
-        size_t len = 0, cap = 0;
-        append(&b, &len, &cap, "", 0);
-        for (size_t k = 0; k < json_array_size(v); k++) {
-            json_t *t = json_object_get(json_array_get(v, k), "text");
-            if (!json_is_string(t)) {
-                free(b);
-                fail(e, 400, "messages", "invalid_type", "messages[%d].content[%zu] must be a text part", i, k);
-                return NULL;
-            }
-            append(&b, &len, &cap, json_string_value(t), json_string_length(t));
-        }
-        return b;
-    }
-    fail(e, 400, "messages", "invalid_type", "messages[%d].content must be a string", i);
-    return NULL;
-}
-
 /* The prompt's tokens (malloc'd) from "prompt" or "messages". */
 static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_out, perr *e) {
     const kvlm_model *m = s->model;
@@ -435,30 +413,29 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
             fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
             return NULL;
         }
-        int n = (int)json_array_size(msgs);
-        const char **roles = calloc((size_t)n, sizeof *roles);
-        char **contents = calloc((size_t)n, sizeof *contents);
-        bool ok = roles && contents;
-        for (int i = 0; ok && i < n; i++) {
-            json_t *msg = json_array_get(msgs, (size_t)i), *role = json_object_get(msg, "role");
-            if (!json_is_object(msg) || !json_is_string(role)) {
-                ok = fail(e, 400, "messages", "invalid_type", "messages[%d] must be an object with a string 'role'", i);
-                break;
-            }
-            roles[i] = json_string_value(role);
-            json_t *ct = json_object_get(msg, "content");
-            if (!(contents[i] = json_is_null(ct) || !ct ? strdup("") : content_text(ct, i, e))) ok = false;
+        if (!s->chat) {
+            fail(e, 400, NULL, "unsupported_chat_template", "%s", s->chat_error);
+            return NULL;
         }
-        if (ok) {
-            int rc = kvlm_chat_apply(m, s->p.chat_template, roles, (const char *const *)contents, n, &text, &j->family,
-                                     &err);
-            if (rc) ok = fail(e, 400, rc == KVLM_EUNSUPPORTED ? NULL : "messages",
-                              rc == KVLM_EUNSUPPORTED ? "unsupported_chat_template" : "invalid_value", "%s", err.msg);
+        /* what the template sees of the request (kvlm_chat_render) */
+        static const char *const keys[] = {"messages", "tools", "documents", "add_generation_prompt",
+                                           "continue_final_message", "chat_template_kwargs", NULL};
+        json_t *req = json_object();
+        for (const char *const *k = keys; req && *k; k++) {
+            json_t *v = json_object_get(body, *k);
+            if (v) json_object_set(req, *k, v);
         }
-        for (int i = 0; contents && i < n; i++) free(contents[i]);
-        free(roles);
-        free(contents);
-        if (!ok) { free(text); return NULL; }
+        char *rj = req ? json_dumps(req, JSON_COMPACT) : NULL;
+        json_decref(req);
+        if (!rj) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+        int rc = kvlm_chat_render(s->chat, rj, &text, NULL, &err);
+        free(rj);
+        if (rc) {
+            fail(e, rc == KVLM_ENOMEM ? 500 : 400, rc == KVLM_ENOMEM ? NULL : "messages",
+                 rc == KVLM_ENOMEM ? NULL : "invalid_value", "%s", err.msg);
+            return NULL;
+        }
+        j->family = kvlm_chat_family(s->chat);
     } else {
         json_t *p = json_object_get(body, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
@@ -524,7 +501,8 @@ static bool check_fields(json_t *body, bool chat, perr *e) {
     static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
                                  "presence_penalty", "user", "logit_bias", "response_format", "grammar", NULL};
-    static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+    static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
+                                      "add_generation_prompt", "continue_final_message", "documents", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
     static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "suffix", "echo", "best_of", "modalities", "audio",
@@ -823,7 +801,8 @@ static json_t *piece(const kvlm_model *m, int32_t t) {
 
 enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
     static const char *const fields[] = {"prompt", "content", "messages", "add_special_tokens", "add_special",
-                                         "add_generation_prompt", "with_pieces", "return_token_strs", NULL};
+                                         "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                                         "tools", "documents", "with_pieces", "return_token_strs", NULL};
     enum MHD_Result ret = MHD_NO;
     json_t *body = small_body(s, c, cn, fields, &ret);
     if (!body) return ret;
@@ -843,10 +822,7 @@ enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn 
         fail(&e, 400, "prompt", "missing_required_parameter", "give 'prompt' (or 'content') or 'messages'");
         goto bad;
     }
-    if (!gen) { /* the templates always open the assistant's turn */
-        fail(&e, 400, "add_generation_prompt", "invalid_value", "'add_generation_prompt' false is not supported");
-        goto bad;
-    }
+    (void)gen; /* the chat template's (kvlm_chat_render) */
     if (!j.chat && !json_is_string(text)) {
         fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
         goto bad;

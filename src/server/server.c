@@ -26,6 +26,7 @@
 #include "server/kv_events.h"
 #include "util/error.h"
 #include "util/file.h"
+#include "util/log.h"
 #include "util/mem.h"
 #include "util/timing.h"
 
@@ -991,6 +992,8 @@ static void free_config(kvlm_server *s) {
     free(s->tls_cert);
     for (int i = 0; s->cors && i < s->p.n_cors_origins; i++) free(s->cors[i]);
     free(s->cors);
+    kvlm_chat_free(s->own_chat);
+    s->own_chat = NULL;
 }
 
 /* GnuTLS's priorities for the oldest TLS version allowed (NULL: TLS 1.2):
@@ -1111,11 +1114,19 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
                      s->p.max_body_total, s->p.max_body);
         goto fail;
     }
-    if (s->p.chat_template) {
-        const char *roles[] = {"user"}, *msgs[] = {"x"};
-        char *out = NULL;
-        if (kvlm_chat_apply(s->model, s->p.chat_template, roles, msgs, 1, &out, NULL, err)) goto fail;
-        free(out);
+    if (!(s->chat = s->p.chat)) {
+        /* a template named by the caller must work; the model's own may be
+         * one kvlm cannot render: then only chat requests fail, saying why */
+        kvlm_chat_params cp = {.template_name = s->p.chat_template};
+        kvlm_error cerr = {0};
+        if (!(s->chat = s->own_chat = kvlm_chat_create(s->model, &cp, &cerr))) {
+            if (s->p.chat_template) {
+                util_err_set(err, cerr.code, "%s", cerr.msg);
+                goto fail;
+            }
+            snprintf(s->chat_error, sizeof s->chat_error, "%s", cerr.msg);
+            LOG_WARN("%s: /v1/chat/completions will refuse requests", cerr.msg);
+        }
     }
     /* IPv4 or IPv6 (e.g. --host ::1, or :: for both stacks where the system allows) */
     struct sockaddr_storage addr;

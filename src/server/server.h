@@ -57,6 +57,9 @@ struct kvlm_server {
     char *tls_key, *tls_cert;   /* PEM text read from the files (NULL: plain HTTP) */
     char **cors;                /* copies of p.cors_origins (p.cors_origins points here) */
     struct srv_kv_events *events; /* --kv-events publisher (NULL: none) */
+    const kvlm_chat *chat;      /* renders chat requests (NULL: none could be made: chat_error says why) */
+    kvlm_chat *own_chat;        /* the one the server made (freed with it) */
+    char chat_error[512];
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it
