@@ -360,6 +360,9 @@ bool jinja_in(jstate *st, int line, jv x, jv seq) {
 
 /* ---- printf-style formatting (str % args) ---- */
 
+/* a width's or precision's digits, saturating (past 10^9 is refused anyway) */
+static int64_t digit_acc(int64_t v, char c) { return v > 1000000000 ? v : v * 10 + (c - '0'); }
+
 static void pad(jstate *st, jbuf *b, const char *p, size_t n, int64_t width, bool left, char fill) {
     size_t cps = u8_count(p, n);
     int64_t padn = width > (int64_t)cps ? width - (int64_t)cps : 0;
@@ -416,7 +419,7 @@ static jv printf_format(jstate *st, int line, jv fmt, jv args) {
             if (width < 0) { left = true; width = -width; }
             i++;
         } else {
-            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) width = (width < 0 ? 0 : width) * 10 + (p[i] - '0');
+            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) width = digit_acc(width < 0 ? 0 : width, p[i]);
         }
         if (i < n && p[i] == '.') {
             i++;
@@ -426,7 +429,7 @@ static jv printf_format(jstate *st, int line, jv fmt, jv args) {
                 prec = as_int(st, line, &pos->v[next++], "* precision");
                 i++;
             } else {
-                for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = prec * 10 + (p[i] - '0');
+                for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = digit_acc(prec, p[i]);
             }
         }
         if (width > 100000 || prec > 100000) jr_fail(st, line, "format width or precision too large");
@@ -534,11 +537,11 @@ static jv format_value(jstate *st, int line, jv v, const char *spec, size_t sn) 
     if (i < sn && strchr("+- ", spec[i])) sign = spec[i++];
     if (i < sn && spec[i] == '#') { alt = true; i++; }
     if (i < sn && spec[i] == '0') { zero = true; i++; }
-    for (; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) width = (width < 0 ? 0 : width) * 10 + (spec[i] - '0');
+    for (; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) width = digit_acc(width < 0 ? 0 : width, spec[i]);
     if (i < sn && (spec[i] == ',' || spec[i] == '_')) group = spec[i++];
     if (i < sn && spec[i] == '.') {
         prec = 0;
-        for (i++; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) prec = prec * 10 + (spec[i] - '0');
+        for (i++; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) prec = digit_acc(prec, spec[i]);
     }
     if (i < sn) type = spec[i++];
     if (i != sn || width > 100000 || prec > 100000 || group || alt)
@@ -1564,8 +1567,8 @@ static jv select_reject(jstate *st, int line, jv in, const jargs *a, bool attr, 
     if (attr && a->npos < 1) jr_fail(st, line, "Missing parameter for attribute name");
     const jv *tname = a->npos > off ? as_str(st, line, &a->pos[off], "select") : NULL;
     int tid = tname ? jinja_test_find(tname->u.s.p, tname->u.s.n) : -1;
-    jargs rest = *a;
-    rest.pos += off + 1;
+    jargs rest = *a; /* the test's own arguments: those after its name */
+    rest.pos = a->npos > off + 1 ? a->pos + off + 1 : NULL;
     rest.npos = a->npos > off + 1 ? a->npos - off - 1 : 0;
     for (size_t i = 0; i < items->n; i++) {
         jv x = attr ? attr_path(st, line, items->v[i], &a->pos[0], NULL) : items->v[i];
