@@ -171,7 +171,7 @@ jv jinja_getitem(jstate *st, int line, jv obj, jv key) {
                     : obj.t == JV_RANGE ? jv_range_len(obj.u.r) : (int64_t)obj.u.l->n;
         if (i < 0) i += len;
         if (i < 0 || i >= len) return jv_undef;
-        if (obj.t == JV_RANGE) return jv_int(obj.u.r->start + i * obj.u.r->step);
+        if (obj.t == JV_RANGE) return jv_int(jv_range_at(obj.u.r, (uint64_t)i));
         if (obj.t != JV_STR) return obj.u.l->v[i];
         size_t a = u8_offset(obj.u.s.p, obj.u.s.n, (size_t)i), b = a;
         u8_next(obj.u.s.p, obj.u.s.n, &b);
@@ -339,7 +339,7 @@ bool jinja_in(jstate *st, int line, jv x, jv seq) {
         int64_t n = jv_range_len(r);
         jr_steps(st, line, (long)(n / 64));
         for (int64_t i = 0; i < n; i++) {
-            jv y = jv_int(r->start + i * r->step);
+            jv y = jv_int(jv_range_at(r, (uint64_t)i));
             if (jv_eq(st, &x, &y, 0)) return true;
         }
         return false;

@@ -245,7 +245,7 @@ static jv call_macro(jstate *st, int line, const jmacro *m, const jargs *a) {
 
 static jv loop_item(const jloop *lp, size_t i) {
     if (lp->items) return lp->items->v[i];
-    return jv_int(lp->r->start + (int64_t)i * lp->r->step);
+    return jv_int(jv_range_at(lp->r, i));
 }
 
 jv jinja_loop_attr(jstate *st, int line, jloop *lp, const char *name, size_t n) {
@@ -404,9 +404,9 @@ static jv do_slice(jstate *st, jframe *f, const jnode *n, jv obj) {
     if (obj.t == JV_STR) return py_str_slice(st, obj, start, stop, step);
     if (obj.t == JV_RANGE) {
         jrange *r = jr_alloc(st, sizeof *r);
-        r->start = obj.u.r->start + start * obj.u.r->step;
-        r->stop = obj.u.r->start + stop * obj.u.r->step;
-        r->step = obj.u.r->step * step;
+        r->start = jv_range_at(obj.u.r, (uint64_t)start);
+        r->stop = jv_range_at(obj.u.r, (uint64_t)stop);
+        if (__builtin_mul_overflow(obj.u.r->step, step, &r->step)) jr_fail(st, n->line, "integer overflow");
         jv v = {.t = JV_RANGE};
         v.u.r = r;
         return v;

@@ -585,7 +585,7 @@ jlist *jv_iter(jstate *st, jv *v, int line) {
     case JV_RANGE: {
         int64_t n = jv_range_len(v->u.r);
         jlist *r = jl_new(st, (size_t)n);
-        for (int64_t i = 0; i < n; i++) r->v[i] = jv_int(v->u.r->start + i * v->u.r->step);
+        for (int64_t i = 0; i < n; i++) r->v[i] = jv_int(jv_range_at(v->u.r, (uint64_t)i));
         r->n = (size_t)n;
         return r;
     }
