@@ -1113,7 +1113,10 @@ jv jinja_call_func(jstate *st, int line, int id, const jargs *a) {
         return v;
     }
     case JF_RAISE: {
-        jv msg = a->npos ? soft_str(st, line, &a->pos[0]) : jv_strn("", 0);
+        BIND("raise_exception()", "message");
+        if (!given(&p[0])) jr_fail(st, line, "raise_exception() missing 1 required positional argument: 'message'");
+        jv msg = soft_str(st, line, &p[0]);
+        if (!msg.u.s.n) jr_fail(st, line, "the template raised an exception without a message");
         jr_fail_raw(st, KVLM_EINVAL, msg.u.s.p, msg.u.s.n);
     }
     case JF_STRFTIME: {
