@@ -20,12 +20,49 @@ enum {
     KVLM_ERANGE,       /* e.g. a prompt longer than the context */
     KVLM_EUNSUPPORTED, /* an architecture, type or feature kvlm lacks */
     KVLM_EFULL,        /* the KV cache has no room */
+    KVLM_ECANCELED,    /* a progress callback returned false (kvlm_progress_callback) */
 };
 typedef struct kvlm_error {
     int code;
     char msg[512];
 } kvlm_error;
 const char *kvlm_status_name(int code);
+
+/* The library's version and the git revision it was built from, e.g.
+ * "0.1.0 (git 1a2b3c4d5e)" ("-dirty" after a revision with uncommitted
+ * changes; "unknown revision" outside a git checkout). The first word is
+ * the version of project() in CMakeLists.txt, which kvlm.pc and the CMake
+ * package carry too. `kvlm --version` prints it. */
+const char *kvlm_version(void);
+
+/* Progress of long work (loading a model, kvlm_model_save_gguf_progress,
+ * kvlm_model_synth), as llama.h's progress_callback: called on the calling
+ * thread with a fraction of the work done that never decreases, 0 first and
+ * 1 last when the work completes; user_data is given back as it was passed.
+ * Returning false stops the work cleanly: the call fails with KVLM_ECANCELED
+ * (nothing half-made is kept; a file being written is removed). */
+typedef bool (*kvlm_progress_callback)(float progress, void *user_data);
+
+/* ---- logging ------------------------------------------------------------ */
+/* Everything the library says (a KV tier unreachable, a completion ended for
+ * lack of KV blocks, a preemption at info, ...) goes through one channel: the
+ * callback set by kvlm_log_set, which then gets every message at or above the
+ * level (one line, no newline; called from whichever thread logs, one call at
+ * a time; it must not call kvlm_log itself), and the library never writes to
+ * stderr on its own. Without a callback, messages go to stderr as
+ * "kvlm LEVEL: message". The level is kvlm_log_set_level's, or the
+ * environment's KVLM_LOG (debug, info, warn, error, off), or warn. */
+enum { KVLM_LOG_DEBUG = 0, KVLM_LOG_INFO, KVLM_LOG_WARN, KVLM_LOG_ERROR, KVLM_LOG_OFF };
+typedef void (*kvlm_log_fn)(void *user, int level, const char *msg);
+/* fn NULL: back to stderr. Once it returns, the previous callback is not running. */
+void kvlm_log_set(kvlm_log_fn fn, void *user);
+void kvlm_log_set_level(int level);
+int kvlm_log_get_level(void);
+/* Logs through the same channel (the server and the command use it). */
+void kvlm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "debug", "info", "warn" (or "warning"), "error", "off" -> KVLM_LOG_*, or -1; and back (NULL if none). */
+int kvlm_log_level_from_name(const char *name);
+const char *kvlm_log_level_name(int level);
 
 /* ---- models ------------------------------------------------------------ */
 /* phi3: fused attn_qkv and gate+up tensors, NeoX RoPE, no biases (LongRoPE
@@ -56,11 +93,18 @@ const char *kvlm_status_name(int code);
 /* gemma2 / gemma3 (text): embeddings scaled by sqrt(dim), GeGLU, norms after
  * attention and FFN, soft-capping (gemma2), q/k norms (gemma3), layers
  * alternating sliding-window (local) and global attention (docs/sliding-window.md) */
+/* bert and nomic-bert (nomic-embed-text): encoders, for embeddings only
+ * (docs/embeddings.md): bidirectional attention over the whole input, no KV
+ * cache kept, LayerNorm after attention and after the FFN. bert: learned
+ * absolute position embeddings, biases everywhere, GELU; nomic-bert: NeoX
+ * RoPE, one fused Q, K, V matrix, SwiGLU, no biases. Both add token type 0's
+ * embedding and a LayerNorm to the token embeddings. */
 typedef enum { KVLM_ARCH_LLAMA = 0, KVLM_ARCH_QWEN2 = 1, KVLM_ARCH_PHI3 = 2, KVLM_ARCH_DEEPSEEK2 = 3,
                KVLM_ARCH_GEMMA2 = 4, KVLM_ARCH_GEMMA3 = 5, KVLM_ARCH_QWEN3 = 6,
                KVLM_ARCH_QWEN3MOE = 7, KVLM_ARCH_SMOLLM3 = 8, KVLM_ARCH_GRANITE = 9,
                KVLM_ARCH_OLMO2 = 10, KVLM_ARCH_QWEN2MOE = 11,
-               KVLM_ARCH_GRANITEMOE = 12, KVLM_ARCH_GPTOSS = 13 } kvlm_arch;
+               KVLM_ARCH_GRANITEMOE = 12, KVLM_ARCH_GPTOSS = 13,
+               KVLM_ARCH_BERT = 14, KVLM_ARCH_NOMIC_BERT = 15 } kvlm_arch;
 
 typedef struct kvlm_config {
     kvlm_arch arch;
@@ -135,6 +179,12 @@ typedef struct kvlm_config {
      * embed_mult, each attention and FFN output by residual_mult before it
      * joins the residual, and the logits divided by logit_div */
     float embed_mult, residual_mult, logit_div;
+    /* {arch}.pooling_type (KVLM_POOLING_*), -1 when the file has none
+     * (kvlm_model_pooling says what is used then) */
+    int pooling;
+    /* an encoder (bert, nomic-bert): bidirectional attention, embeddings
+     * only; norm_eps is then its LayerNorm's epsilon */
+    bool encoder;
 } kvlm_config;
 
 typedef struct kvlm_model kvlm_model;
@@ -143,9 +193,22 @@ typedef struct kvlm_model_params {
     const char *tokenizer_path; /* llama2.c .bin only; NULL: tokenizer.bin beside the model */
     bool vocab_only;            /* load only the tokenizer (vocabulary-only GGUF files) */
     bool metadata_only;         /* open and validate the file, read nothing model-specific (inspect) */
+    /* Called as the weights are read (kvlm_progress_callback; NULL: none):
+     * most of a load's time is reading the file once into the layout the
+     * matmuls use; false cancels the load (KVLM_ECANCELED, nothing kept). */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
+    /* llama.cpp's --no-mmap: the weights are read into memory rather than
+     * mapped from the file (the file may then change or go; more memory
+     * while loading). --mlock: the model's memory is locked so it is never
+     * paged out (a load fails with KVLM_ENOMEM past RLIMIT_MEMLOCK). */
+    bool no_mmap;
+    bool mlock;
 } kvlm_model_params;
 
-/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents. */
+/* GGUF (v2/v3) or llama2.c checkpoint, detected from the file's contents, or a
+ * Hugging Face model directory (config.json, *.safetensors, tokenizer.json:
+ * docs/hf-checkpoints.md). */
 kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, kvlm_error *err);
 void kvlm_model_free(kvlm_model *model);
 const kvlm_config *kvlm_model_config(const kvlm_model *model);
@@ -158,6 +221,12 @@ void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
  * type: a GGUF type id for the 2-D weights, or -1 to keep each tensor's type.
  * Norms and biases stay F32. */
 int kvlm_model_save_gguf(const kvlm_model *model, const char *path, int type, kvlm_error *err);
+/* The same, reporting to progress_callback (NULL: none) as the weights are
+ * converted and written (kvlm convert's progress); its false stops it with
+ * KVLM_ECANCELED, leaving no file at path. */
+int kvlm_model_save_gguf_progress(const kvlm_model *model, const char *path, int type,
+                                  kvlm_progress_callback progress_callback, void *progress_callback_user_data,
+                                  kvlm_error *err);
 /* Type id for "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q2_k", "iq4_xs", ... (docs/weights.md), or -1. */
 int kvlm_type_from_name(const char *name);
 const char *kvlm_type_name(int type);
@@ -189,6 +258,16 @@ typedef struct kvlm_synth_params {
                          * ones near 1; original context n_ctx / FACTOR; attention factor sqrt(1 + ln F / ln orig)) */
     int sliding_window;        /* llama: every layer local (0: none); gemma2/3: 0 means 16 */
     float attn_softcap, final_softcap; /* gemma2: 0 means 50 and 30 (negative: none) */
+    /* {arch}.pooling_type to write: KVLM_POOLING_* + 1 (0: none written; bert and nomic-bert
+     * write their default, mean, when 0). bert and nomic-bert get a WordPiece vocabulary
+     * (tokenizer.ggml.model "bert": [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103
+     * when the vocabulary has room, then letters, digits, punctuation and letter pieces,
+     * each as a word's start and as a continuation) */
+    int pooling_plus1;
+    /* making the weights, converting them to type and writing the file
+     * (kvlm_progress_callback; NULL: none; false: KVLM_ECANCELED, no file) */
+    kvlm_progress_callback progress_callback;
+    void *progress_callback_user_data;
 } kvlm_synth_params;
 int kvlm_model_synth(const kvlm_synth_params *params, const char *path, kvlm_error *err);
 
@@ -214,14 +293,29 @@ int32_t kvlm_token_eos(const kvlm_model *model); /* -1 if none */
 bool kvlm_token_is_eog(const kvlm_model *model, int32_t token);
 /* Whether the model's metadata asks for BOS at the start of a prompt. */
 bool kvlm_add_bos(const kvlm_model *model);
+/* ... and for EOS at its end (tokenizer.ggml.add_eos_token; e.g. Qwen3-Embedding's
+ * files): what kvlm_embed_tokenize follows, not the completion endpoints. */
+bool kvlm_add_eos(const kvlm_model *model);
 /* Encodes text. Returns the number of tokens (which may exceed max_tokens:
  * then only the first max_tokens are written), or -1 with err filled.
- * parse_special: recognise special tokens such as "<|im_start|>" in text. */
+ * parse_special: recognise special tokens such as "<|im_start|>" in text.
+ * A WordPiece vocabulary (tokenizer.ggml.model "bert"): add_bos puts [CLS]
+ * first and [SEP] last, as BERT's tokenizers do. */
 int kvlm_tokenize(const kvlm_model *model, const char *text, size_t len, bool add_bos,
                   bool parse_special, int32_t *tokens, int max_tokens, kvlm_error *err);
 /* Text of one token (spaces and byte tokens decoded; control tokens give "").
  * Returns the byte count (may be a partial UTF-8 sequence), or -1. */
 int kvlm_token_to_text(const kvlm_model *model, int32_t token, char *buf, size_t cap);
+/* The same, but a control token gives its own text ("</s>", "<|im_end|>") when
+ * special is true (vLLM's skip_special_tokens false). */
+int kvlm_token_to_piece(const kvlm_model *model, int32_t token, bool special, char *buf, size_t cap);
+/* Fill-in-the-middle tokens (KVLM_FIM_*): GGUF's tokenizer.ggml.fim_pre_token_id,
+ * fim_suf_token_id, fim_mid_token_id (or the older prefix/suffix/middle ids),
+ * else the token whose text is one llama.cpp looks for (<|fim_prefix|>,
+ * <fim-prefix>, <PRE>, DeepSeek's; the same for suffix and middle); -1 if none.
+ * A FIM prompt is [BOS] PRE prefix SUF suffix MID, the text to fill following. */
+enum { KVLM_FIM_PRE = 0, KVLM_FIM_SUF = 1, KVLM_FIM_MID = 2 };
+int32_t kvlm_token_fim(const kvlm_model *model, int which);
 /* The pre-tokenizer's chunks of text (what byte-level BPE merges within):
  * ends[i] is the byte offset where chunk i ends; the chunks cover the text in
  * order. pre names a tokenizer.ggml.pre pre-tokenizer ("llama-bpe",
@@ -242,12 +336,40 @@ typedef struct kvlm_detok {
     char pending[8];
     int n_pending;
     int32_t prev;
+    bool special;      /* control tokens give their text (kvlm_token_to_piece); kvlm_detok_init: false */
 } kvlm_detok;
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *model);
 /* Appends the text of token to out (NUL-terminated); returns bytes written. */
 int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap);
 /* Flushes a dangling partial sequence as U+FFFD. */
 int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap);
+
+/* A stretch of a text whose token ids are known: text[offset, offset + len)
+ * as ids[0, n_ids), e.g. an answer the model generated, sent back inside a
+ * conversation. at: set by kvlm_tokenize_spans. */
+typedef struct kvlm_token_span {
+    size_t offset, len;
+    const int32_t *ids;
+    int n_ids;
+    int at;             /* out: where its ids begin in the tokens; -1: not taken */
+} kvlm_token_span;
+/* Encodes text as kvlm_tokenize does, except that each span whose ids spell
+ * its bytes exactly is taken as those ids, unchanged. "Spell" is checked, not
+ * assumed: the ids, run through kvlm_detok from the token before them (prev)
+ * and flushed, give exactly the span's bytes (an answer's text is made so).
+ * The text between taken spans is encoded piece by piece, each piece alone
+ * (no token crosses a taken span's edge); a piece after a span gets no
+ * SentencePiece space prefix, since it continues the text. So the tokens
+ * decode to the text, and the tokens of text[0, offset) are those of that
+ * prefix encoded alone with the same spans: what the prefix cache needs when
+ * the prefix is the prompt the span's ids were generated after. A span not
+ * taken (at = -1: its ids do not spell it, or it is empty) is encoded with
+ * the text around it; with none taken the result is kvlm_tokenize's. Spans
+ * must be in order, not overlapping, inside the text, with ids inside the
+ * vocabulary. Returns the token count (only the first max_tokens are
+ * written) or -1 with err filled. */
+int kvlm_tokenize_spans(const kvlm_model *model, const char *text, size_t len, bool add_bos, bool parse_special,
+                        kvlm_token_span *spans, int n_spans, int32_t *tokens, int max_tokens, kvlm_error *err);
 
 /* ---- contexts: the KV cache and the forward pass ----------------------- */
 typedef struct kvlm_ctx kvlm_ctx;
@@ -420,7 +542,16 @@ const kvlm_model *kvlm_ctx_model(const kvlm_ctx *ctx);
  * Token i belongs to sequence seq[i] (seq NULL: all sequence 0) at position
  * pos[i] (pos NULL: the positions continue each sequence; if given they must
  * equal that). logits[i] asks for the logits after token i (logits NULL: the
- * last token of the batch only). */
+ * last token of the batch only): any value but 0 and KVLM_OUTPUT_EMBD.
+ * KVLM_OUTPUT_EMBD asks for the hidden state after it instead, what
+ * embeddings are pooled from (kvlm_get_embeddings): the final norm's output
+ * of a decoder, the last layer's of an encoder; KVLM_OUTPUT_BOTH for both. A
+ * batch whose tokens ask for no logits computes none (the output projection,
+ * the vocabulary-wide product, is skipped). An encoder gives no logits
+ * (KVLM_EINVAL; logits NULL asks for some) and takes each of its sequences whole in one
+ * batch, adjacent, from position 0; nothing is kept after it (kvlm_embed).
+ * Hidden states: on the CPU, not for deepseek2. */
+enum { KVLM_OUTPUT_LOGITS = 1, KVLM_OUTPUT_EMBD = 2, KVLM_OUTPUT_BOTH = 3 };
 typedef struct kvlm_batch {
     int n_tokens;
     const int32_t *tokens;
@@ -435,6 +566,10 @@ int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *batch, kvlm_error *err);
 /* Logits after the i-th token of the last batch that asked for them
  * (i counts only the tokens that asked; -1: the last one). NULL if none. */
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i);
+/* The hidden state (dim floats) after the i-th token of the last batch that
+ * asked for them (i counts only the tokens that did, KVLM_OUTPUT_EMBD or
+ * BOTH; -1: the last). NULL if none. */
+const float *kvlm_get_embeddings(kvlm_ctx *ctx, int i);
 /* Tokens in the cache of sequence 0 (kvlm_seq_n_past for others). */
 int kvlm_ctx_n_past(const kvlm_ctx *ctx);
 /* Ends every sequence (start afresh); cached prefix blocks stay reusable. */
@@ -729,6 +864,21 @@ kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char 
 void kvlm_grammar_free(kvlm_grammar *grammar);
 
 /* ---- sampling ---------------------------------------------------------- */
+/* The stages of a sampler, for kvlm_sampler_params.stages (llama.cpp's
+ * names and letters: kvlm_sampler_stage_from_name). */
+enum { KVLM_STAGE_PENALTIES = 1, KVLM_STAGE_DRY, KVLM_STAGE_TOP_K, KVLM_STAGE_TYPICAL_P, KVLM_STAGE_TOP_P,
+       KVLM_STAGE_MIN_P, KVLM_STAGE_XTC, KVLM_STAGE_TEMPERATURE };
+#define KVLM_MAX_STAGES 16
+/* llama.cpp's names: "penalties", "dry", "top_k", "typ_p", "top_p", "min_p",
+ * "xtc", "temperature", and its other spellings ("top-k", "typical_p",
+ * "typical", "nucleus", "temp", ...) -> KVLM_STAGE_*, or 0; and back. */
+int kvlm_sampler_stage_from_name(const char *name);
+const char *kvlm_sampler_stage_name(int stage);
+/* llama.cpp's letters (--sampling-seq, a server's "samplers" string): e
+ * penalties, d dry, k top_k, y typ_p, p top_p, m min_p, x xtc, t temperature
+ * -> KVLM_STAGE_*, or 0. */
+int kvlm_sampler_stage_from_char(char c);
+
 typedef struct kvlm_sampler_params {
     float temperature;    /* <= 0: greedy */
     int top_k;            /* <= 0: off */
@@ -752,6 +902,56 @@ typedef struct kvlm_sampler_params {
      * holds a reference: the caller may free its own after creating it. NULL:
      * free text. */
     const struct kvlm_grammar *grammar;
+    /* vLLM's repetition_penalty, over every token of the prompt (what
+     * kvlm_sampler_accept was given) and of the output: a positive logit is
+     * divided by it, a negative one multiplied. Unlike repeat_penalty
+     * (llama.cpp's: the last repeat_last_n tokens only). 1 (or <= 0): off */
+    float repetition_penalty;
+    /* llama.cpp's locally typical sampling: the tokens whose surprise is
+     * closest to the distribution's entropy, until their mass passes
+     * typical_p. >= 1 (or <= 0): off */
+    float typical_p;
+    /* llama.cpp's DRY ("don't repeat yourself"): a token that would extend a
+     * run of at least dry_allowed_length tokens repeating an earlier run (in
+     * the last dry_penalty_last_n tokens given or picked; -1: all of them, up
+     * to 65,536) loses dry_multiplier * dry_base^(run - dry_allowed_length)
+     * from its logit. A run does not reach back past a sequence breaker: a
+     * token whose text contains one of dry_sequence_breakers (NULL: llama.cpp's
+     * "\n", ":", "\"", "*"; needs model). dry_multiplier 0 (or dry_base < 1): off */
+    float dry_multiplier, dry_base;
+    int dry_allowed_length, dry_penalty_last_n;
+    const char *const *dry_sequence_breakers;
+    int n_dry_sequence_breakers;
+    /* llama.cpp's XTC ("exclude top choices"): with probability
+     * xtc_probability (a draw from the sampler's stream), every token at or
+     * above xtc_threshold probability but the least likely of them is
+     * removed (when at least two are). 0: off; a threshold above 0.5: off */
+    float xtc_probability, xtc_threshold;
+    /* The order of the stages (KVLM_STAGE_*, llama.cpp's --samplers); a
+     * stage not listed does not run. n_stages 0: kvlm's order, penalties ->
+     * dry -> top_k -> typical_p -> temperature -> top_p -> min_p -> xtc
+     * (temperature before top_p and min_p, as vLLM and OpenAI do; llama.cpp's
+     * default puts it last). Logit biases, the bans below and the grammar
+     * come first whatever the order; greedy (temperature <= 0) takes the
+     * largest logit after the penalties and DRY. */
+    int stages[KVLM_MAX_STAGES];
+    int n_stages;
+    /* vLLM's min_tokens: end-of-generation tokens and stop_ids are banned
+     * until this many tokens have been picked (needs model). 0: none */
+    int min_tokens;
+    /* End-of-generation tokens banned for the whole text (vLLM's ignore_eos,
+     * llama.cpp's --ignore-eos; needs model) */
+    bool ignore_eos;
+    /* vLLM's stop_token_ids: tokens that end a completion once picked (the
+     * scheduler gives the token, then ends it with finish STOP); the sampler
+     * bans them before min_tokens. Copied by kvlm_sampler_create and
+     * kvlm_sched_submit. */
+    const int32_t *stop_ids;
+    int n_stop_ids;
+    /* The model whose tokens are drawn: its end-of-generation tokens
+     * (ignore_eos, min_tokens) and token texts (DRY's breakers). NULL:
+     * those have no effect (the scheduler sets its model's). */
+    const struct kvlm_model *model;
 } kvlm_sampler_params;
 
 typedef struct kvlm_sampler kvlm_sampler;
@@ -760,13 +960,21 @@ kvlm_sampler_params kvlm_sampler_default_params(void);
 enum {
     KVLM_SAMPLER_OK, KVLM_SAMPLER_TEMPERATURE, KVLM_SAMPLER_TOP_K, KVLM_SAMPLER_TOP_P, KVLM_SAMPLER_MIN_P,
     KVLM_SAMPLER_REPEAT_PENALTY, KVLM_SAMPLER_REPEAT_LAST_N, KVLM_SAMPLER_FREQUENCY_PENALTY,
-    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS
+    KVLM_SAMPLER_PRESENCE_PENALTY, KVLM_SAMPLER_BIAS_ID, KVLM_SAMPLER_BIAS, KVLM_SAMPLER_REPETITION_PENALTY,
+    KVLM_SAMPLER_TYPICAL_P, KVLM_SAMPLER_DRY_MULTIPLIER, KVLM_SAMPLER_DRY_BASE, KVLM_SAMPLER_DRY_ALLOWED_LENGTH,
+    KVLM_SAMPLER_DRY_PENALTY_LAST_N, KVLM_SAMPLER_XTC_PROBABILITY, KVLM_SAMPLER_XTC_THRESHOLD,
+    KVLM_SAMPLER_MIN_TOKENS, KVLM_SAMPLER_STAGES, KVLM_SAMPLER_STOP_ID
 };
 /* The one check of sampling values, for kvlm serve's requests and kvlm run's
  * and chat's options alike: temperature 0..2, top_k -1..1e9, top_p and min_p
  * 0..1, repeat_penalty 0..100, repeat_last_n 0..65536, the frequency and
  * presence penalties -2..2, a logit bias -100..100 or -INFINITY (a ban), a
- * bias's token id 0 or more (and below vocab_size when it is above 0). Returns
+ * bias's token id 0 or more (and below vocab_size when it is above 0),
+ * repetition_penalty 0..100 (0: off), typical_p 0..1, dry_multiplier 0..100,
+ * dry_base 0..100 (below 1: off), dry_allowed_length 0..65536,
+ * dry_penalty_last_n -1..1e9, xtc_probability and xtc_threshold 0..1,
+ * min_tokens 0 or more, stages among KVLM_STAGE_* (at most KVLM_MAX_STAGES),
+ * stop ids as bias ids (*index: which). Returns
  * the first field outside its range (KVLM_SAMPLER_*), or 0. err->msg says
  * what it must be without naming it ("must be between 0 and 1"), for each
  * caller to put its user's name for it first ('top_p' in a request, --top-p on
@@ -780,8 +988,10 @@ kvlm_sampler *kvlm_sampler_create(const kvlm_sampler_params *params, int vocab_s
 void kvlm_sampler_free(kvlm_sampler *s);
 /* Picks the next token from logits (not modified); records it for the penalty. */
 int32_t kvlm_sampler_sample(kvlm_sampler *s, const float *logits);
-/* Records a token (e.g. of the prompt) for the repetition penalty. */
+/* Records a token (e.g. of the prompt) for the repetition penalties and DRY. */
 void kvlm_sampler_accept(kvlm_sampler *s, int32_t token);
+/* Whether token is one of params.stop_ids (it ends a completion). */
+bool kvlm_sampler_is_stop(const kvlm_sampler *s, int32_t token);
 
 /* ---- speculative decoding ---------------------------------------------- */
 /* Several tokens per read of the weights (docs/speculative.md): drafts are
@@ -843,14 +1053,62 @@ void kvlm_spec_free(kvlm_spec *sp);
 int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm_error *err);
 void kvlm_spec_stats_get(const kvlm_spec *sp, kvlm_spec_stats *st);
 
+/* ---- embeddings ---------------------------------------------------------- */
+/* Vectors for retrieval (docs/embeddings.md): the hidden states of an input's
+ * tokens (KVLM_OUTPUT_EMBD), pooled into one vector by the model's rule and
+ * L2-normalised (OpenAI's and vLLM's vectors are unit length). Decoder
+ * models used as embedders (Qwen3-Embedding, e5-mistral: causal attention,
+ * the last token's state) and encoders (bert, nomic-bert). Pooling values
+ * are llama.cpp's ({arch}.pooling_type): NONE gives one vector per token,
+ * MEAN their average, CLS the first token's, LAST the last token's; RANK (a
+ * reranker's classification head) is refused (KVLM_EUNSUPPORTED). */
+enum { KVLM_POOLING_UNSPECIFIED = -1, KVLM_POOLING_NONE = 0, KVLM_POOLING_MEAN = 1, KVLM_POOLING_CLS = 2,
+       KVLM_POOLING_LAST = 3, KVLM_POOLING_RANK = 4 };
+/* Pooling id for "none", "mean", "cls", "last", "rank", or -1; and back (NULL if none). */
+int kvlm_pooling_from_name(const char *name);
+const char *kvlm_pooling_name(int pooling);
+/* The model's pooling: {arch}.pooling_type when its file has it; else LAST
+ * for a decoder (its one token that saw the whole input) and CLS for an encoder. */
+int kvlm_model_pooling(const kvlm_model *model);
+/* Whether the model is an encoder (bert, nomic-bert): embeddings only, no generation. */
+bool kvlm_model_is_encoder(const kvlm_model *model);
+
+typedef struct kvlm_embed_params {
+    int pooling;        /* KVLM_POOLING_*; UNSPECIFIED: the model's (kvlm_embed_default_params) */
+    bool no_normalize;  /* the pooled vector as it is (llama-server's embd_normalize -1); default: unit length */
+    /* 0: the model's width; 1..width: the vector's first dims values, normalised
+     * after (OpenAI's "dimensions": Matryoshka truncation, meaningful for models
+     * trained for it, such as Qwen3-Embedding and nomic-embed-text-v1.5) */
+    int dims;
+} kvlm_embed_params;
+kvlm_embed_params kvlm_embed_default_params(void);
+/* The length of each vector p gives (dims, or the model's width); -1 with
+ * err filled when p asks for what the model cannot give (RANK, dims out of
+ * range, an unknown pooling). */
+int kvlm_embed_dims(const kvlm_model *model, const kvlm_embed_params *p, kvlm_error *err);
+/* An input as embedding models take it (llama-server's rule): special tokens
+ * in the text recognised, BOS and EOS where the vocabulary adds them
+ * ([CLS] ... [SEP] for WordPiece). As kvlm_tokenize returns. */
+int kvlm_embed_tokenize(const kvlm_model *model, const char *text, size_t len, int32_t *tokens, int max,
+                        kvlm_error *err);
+/* One input's embedding through sequence seq of ctx (empty on entry, and
+ * empty again on return: its blocks go back to the pool, the full ones
+ * indexed for prefix reuse as any prompt's): the tokens are fed in pieces of
+ * at most the context's batch (an encoder's whole). out gets
+ * kvlm_embed_dims floats (pooling NONE: n of them, one per token); returns
+ * how many floats (at most cap written), or -1 with err filled (KVLM_ERANGE:
+ * more tokens than the context holds). */
+int kvlm_embed(kvlm_ctx *ctx, int seq, const int32_t *tokens, int n, const kvlm_embed_params *p, float *out,
+               size_t cap, kvlm_error *err);
+
 /* ---- chat: a conversation rendered through the model's own template ------- */
 /* A model's chat format (docs/chat-templates.md): its own Jinja template
  * (GGUF tokenizer.chat_template, a Hugging Face directory's
  * tokenizer_config.json or chat_template.jinja), a named variant of it
  * (tokenizer.chat_template.NAME: "tool_use", taken by itself when a request
  * has tools), a template's text given by the caller (--chat-template-file),
- * or one of the built-in families (tok/chat.c: "chatml", "llama3", ...) for
- * files without a template. Rendering is Hugging Face's: the template sees
+ * or one of the built-in families (kvlm_chat_family_names: "chatml",
+ * "llama3", ...) for files without a template. Rendering is Hugging Face's: the template sees
  * messages, tools, documents, add_generation_prompt, bos_token, eos_token and
  * the request's chat_template_kwargs. Read-only after creation: one kvlm_chat
  * may render from many threads at once. */
@@ -883,6 +1141,9 @@ void kvlm_chat_free(kvlm_chat *chat);
 const char *kvlm_chat_describe(const kvlm_chat *chat);
 /* The built-in family's name, or "jinja". */
 const char *kvlm_chat_family(const kvlm_chat *chat);
+/* The built-in families, the one list the help texts, messages and docs
+ * name: "chatml, llama2, ..., gpt-oss or plain" (static text). */
+const char *kvlm_chat_family_names(void);
 /* Renders a request, a JSON object (text) with the members of an OpenAI chat
  * request that a template sees: messages (required: objects with a string
  * role; content a string, null or an array of text parts; tool_calls,
@@ -982,6 +1243,16 @@ typedef struct kvlm_request_params {
     int max_tokens;     /* tokens to generate at most (> 0) */
     int n;              /* completions of the prompt (its blocks are forked); 0: 1 */
     int logprobs;       /* report the chosen token's log-probability and this many top alternatives (0..20); -1: none */
+    /* vLLM's prompt_logprobs: an event (prompt_token true) for each prompt
+     * token after the first with its log-probability given the tokens before
+     * it and its prompt_top_logprobs (0..20) likeliest alternatives. The
+     * prompt is then computed afresh, not taken from the prefix cache (as
+     * vLLM does). */
+    bool prompt_logprobs;
+    int prompt_top_logprobs;
+    /* Compute the prompt afresh: no prefix reuse at admission (llama-server's
+     * cache_prompt false). Its blocks are still indexed for later requests. */
+    bool no_prefix_reuse;
 } kvlm_request_params;
 
 /* KV_FULL: the KV pool could not hold the completion any longer (one sequence
@@ -1000,11 +1271,23 @@ typedef struct kvlm_sched_event {
     int32_t token;
     int finish;          /* KVLM_FINISH_*: STOP = end-of-generation token */
     float logprob;       /* of token (when logprobs >= 0) */
+    int rank;            /* ... and its rank among the vocabulary's (1: the likeliest) */
     int n_top;
     int32_t top_tokens[KVLM_MAX_LOGPROBS];
     float top_logprobs[KVLM_MAX_LOGPROBS];
     int prompt_tokens, cached_tokens; /* cached: prompt tokens found in the prefix index at admission */
     const char *error;   /* finish == ERROR: why */
+    /* prompt_logprobs: this event is not a generated token but prompt token
+     * pos (>= 1) of completion 0, token, with logprob and the alternatives */
+    bool prompt_token;
+    int pos;
+    /* seconds from the submission to the request's first admission (0 before it) */
+    double queue_time;
+    /* an embedding request's final event (finish STOP): its vector, n_embd
+     * floats (pooling NONE: prompt_tokens x the model's width), valid during
+     * the callback only; NULL otherwise */
+    const float *embedding;
+    int n_embd;
 } kvlm_sched_event;
 /* Return false to end this completion now (e.g. a stop string was seen); its
  * final event then has finish STOP. */
@@ -1019,6 +1302,21 @@ void kvlm_sched_free(kvlm_sched *s);
  * KVLM_ERANGE). The prompt is copied. */
 uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, const kvlm_request_params *p,
                            kvlm_sched_cb cb, void *user, kvlm_error *err);
+/* Queues one embedding request of n inputs (prompts[i], n_prompts[i] tokens
+ * each; copied; p copied, NULL: kvlm_embed_default_params): each input is
+ * run through the model and pooled into its vector, which its one final
+ * event carries (event index i, finish STOP, embedding set; prompt_tokens
+ * its own count); nothing is sampled. They run as n sequences at once where
+ * slots and blocks allow, in steps shared with every other request's; a
+ * sequence's blocks return to the pool at its end (full ones indexed for
+ * prefix reuse, as any prompt's; a LAST-pooled input also reuses cached
+ * ones: only its last token's state is needed, where the other poolings
+ * need every token's).
+ * Returns the request's id, or 0 with err filled (an empty input, one beyond
+ * the context: KVLM_ERANGE; RANK pooling: KVLM_EUNSUPPORTED). An encoder's
+ * context serves embedding requests only. */
+uint64_t kvlm_sched_submit_embed(kvlm_sched *s, const int32_t *const *prompts, const int *n_prompts, int n,
+                                 const kvlm_embed_params *p, kvlm_sched_cb cb, void *user, kvlm_error *err);
 /* Ends a request: its completions get CANCELLED events and their blocks are
  * freed before the next step. Unknown or finished ids are ignored. */
 void kvlm_sched_cancel(kvlm_sched *s, uint64_t id);
@@ -1029,7 +1327,7 @@ void kvlm_sched_run(kvlm_sched *s);
 void kvlm_sched_stop(kvlm_sched *s);
 
 typedef struct kvlm_sched_stats {
-    int running, waiting;
+    int running, waiting; /* running: holding KV blocks, prefilling ones included */
     uint64_t preemptions, steps, requests_done;
     /* preemptions = swaps_out + recomputes; swaps_in: resumed from the swap
      * space; swap_bytes: bytes moved out and back in */
@@ -1054,6 +1352,8 @@ typedef struct kvlm_sched_stats {
      * what the sequence's draft would hold did not fit beside the model's
      * next step (it drafts again once it fits) */
     uint64_t spec_draft_waits;
+    /* embedding requests' inputs embedded (vectors given out), and their prompt tokens */
+    uint64_t embeddings, embedding_tokens;
 } kvlm_sched_stats;
 void kvlm_sched_stats_get(kvlm_sched *s, kvlm_sched_stats *st);
 
@@ -1072,15 +1372,24 @@ typedef struct kvlm_sched_req_info {
     int state;           /* 0 waiting, 1 prefill, 2 running */
     int prompt_tokens, generated, cached_tokens;
     int blocks, shared_blocks; /* summed over its completions */
+    /* prefill: tokens of the text to compute (the prompt, or after a
+     * recompute the prompt and what it generated) already in the cache, of
+     * prefill_total; both 0 when not in prefill */
+    int prefill_done, prefill_total;
 } kvlm_sched_req_info;
-/* Live requests as of the end of the last step; returns how many (at most cap written). */
+/* Live requests as of the last step's admission (before its forward pass:
+ * a request being prefilled counts as running from then on, and in
+ * kvlm_sched_stats) or its end; returns how many (at most cap written). */
 int kvlm_sched_requests(kvlm_sched *s, kvlm_sched_req_info *out, int cap);
 
 /* ---- the OpenAI-compatible HTTP server ------------------------------------- */
 /* POST /v1/completions and /v1/chat/completions (streamed as server-sent
- * events or not), GET /v1/models, /health, /metrics (Prometheus), /kvlm/status
- * (JSON) and the web page at /, over libmicrohttpd; one engine thread runs a
- * kvlm_sched over the context. */
+ * events or not; OpenAI's fields and those vLLM's and llama-server's clients
+ * send, docs/serving.md), POST /v1/embeddings (with params.embeddings),
+ * GET /v1/models and /v1/models/{id}, /health, /metrics (Prometheus: kvlm's
+ * series and vLLM's), /kvlm/status (JSON) and the web page at /, over
+ * libmicrohttpd; one engine thread runs a kvlm_sched over the context. It
+ * logs through kvlm_log: a line per request, a throughput line while busy. */
 typedef struct kvlm_server kvlm_server;
 typedef struct kvlm_server_params {
     const char *host;          /* address to bind; NULL: 127.0.0.1 */
@@ -1130,10 +1439,25 @@ typedef struct kvlm_server_params {
     int spec_mode, spec_n_draft; /* kvlm_sched_params: speculative decoding (prompt lookup) */
     kvlm_ctx *draft_ctx;         /* kvlm_sched_params: the draft model's context (KVLM_SPEC_DRAFT; not owned) */
     float spec_p_min;            /* kvlm_sched_params: a draft ends before a token the draft model is less sure of */
+    /* POST /v1/embeddings (docs/embeddings.md; llama-server's --embeddings): without it the
+     * endpoint answers 501. An encoder model (bert, nomic-bert) needs it and serves nothing else. */
+    bool embeddings;
     /* Memory for clients, in total over every connection (docs/serving.md, "Memory bounds per peer"). */
     size_t max_body_total;       /* request bodies being received or held; past it 503; 0: 64 MiB */
     size_t max_unsent;           /* answers made and not yet handed to the kernel (a stream's backlog, a whole
                                     answer); past it the connection holding most is reset; 0: 64 MiB */
+    /* A request field the server does not use (top-level, or in stream_options) is ignored and logged once
+     * per name, as vLLM does; strict_params: refused with a 400 (unknown_parameter) instead. */
+    bool strict_params;
+    /* Its log (through kvlm_log: one line per request at info, /health and /metrics at debug; a throughput
+     * line every log_interval_s while busy, 0: 10, < 0: never): log_json makes each line a JSON object
+     * ({"event": "request", ...}) for the log callback to pass on, else key=value text. */
+    bool log_json;
+    double log_interval_s;
+    /* The token ids of recent chat answers, kept so that a conversation sent back as text is tokenized with
+     * them and its earlier turns come from the prefix cache (docs/serving.md, "Conversations and the prefix
+     * cache"): bytes, an LRU; 0: 16 MiB; < 0: none kept. */
+    int64_t answer_ids_mem;
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -12,8 +12,13 @@ PKGS+=(python3-regex)
 PKGS+=(python3-xxhash)
 # tests/cli_serve_json.sh checks structured output against an independent validator.
 PKGS+=(python3-jsonschema)
+# tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
+PKGS+=(prometheus)
 # tests/cli_template.sh renders every chat template with Python's jinja2 as transformers does.
 PKGS+=(python3-jinja2)
+# kvlm chat's line editing and history (libedit; without it chat reads plain lines), and
+# tmux, which drives kvlm chat at a terminal in tests/cli_chat_tty.sh.
+PKGS+=(libedit-dev tmux)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,7 +27,8 @@ done
 # openssl also makes tests/test_tier_redis_trust's and cli_kv_redis_trust's CA and certificates.
 # libssl-dev: TLS to Redis (rediss://).
 # clang: the libFuzzer harnesses (fuzz/, tests/cli_fuzz.sh).
-# libunistring-dev: `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
+# libunistring-dev: BERT's WordPiece (src/tok/wpm.c: Unicode normalisation, case, categories); also
+# `pkg-config --static --libs kvlm` names -lunistring (libmicrohttpd -> gnutls),
 # which Debian's libgnutls28-dev leaves out; tests/cli_install links examples/ that way.
 # The web tests (tests/web): node and npm (kept if already there, e.g. from NodeSource), Debian's chromium.
 command -v node >/dev/null || missing+=(nodejs)

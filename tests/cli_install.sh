@@ -2,8 +2,11 @@
 # tests/cli_install: `cmake --install` of this build tree into a temporary
 # prefix gives bin/kvlm, lib/libkvlm.a, lib/libkvlm.so with its soname chain,
 # include/kvlm.h (alone, self-contained) and lib/pkgconfig/kvlm.pc;
-# examples/generate.c built through pkg-config with examples/Makefile, against
+# examples/generate.c built through pkg-config with examples/Makefile, and
+# through find_package(kvlm) with examples/CMakeLists.txt (kvlm::kvlm and
+# kvlm::kvlm_static, from lib/cmake/kvlm with its version file), against
 # the shared and the static library, prints what `kvlm run --temp 0` prints;
+# the docs are in share/doc/kvlm;
 # libkvlm.so exports exactly the functions kvlm.h declares.
 # In a sanitizer build kvlm.pc's Libs carry -fsanitize=..., so the example
 # links the sanitizers' runtime like the library and both variants run here too.
@@ -44,6 +47,10 @@ check "bin/kvlm" test -x "$P/bin/kvlm"
 check "$LIBDIR/libkvlm.a" test -f "$L/libkvlm.a"
 check "include/ holds kvlm.h and nothing else" test "$(cd "$P/include" && ls -A)" = kvlm.h
 check "$LIBDIR/pkgconfig/kvlm.pc" test -f "$L/pkgconfig/kvlm.pc"
+check "$LIBDIR/cmake/kvlm: kvlmConfig.cmake and kvlmConfigVersion.cmake" \
+  test -f "$L/cmake/kvlm/kvlmConfig.cmake" -a -f "$L/cmake/kvlm/kvlmConfigVersion.cmake"
+check "share/doc/kvlm: README.md, cli.md, library.md" \
+  test -f "$P/share/doc/kvlm/README.md" -a -f "$P/share/doc/kvlm/cli.md" -a -f "$P/share/doc/kvlm/library.md"
 soname="$(readelf -d "$L/libkvlm.so" 2>/dev/null | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')"
 check "soname $soname is libkvlm.so.${VERSION%%.*}" test "$soname" = "libkvlm.so.${VERSION%%.*}"
 check "libkvlm.so -> $soname -> libkvlm.so.$VERSION" \
@@ -79,7 +86,7 @@ check "no internal symbol (util_, op_, kv_, tok_, server_, ...) in the dynamic t
 
 # the example, built the documented way (examples/Makefile) against the install
 mkdir -p "$T/ex"
-cp "$SRC/examples/generate.c" "$SRC/examples/Makefile" "$T/ex/"
+cp "$SRC/examples/generate.c" "$SRC/examples/Makefile" "$SRC/examples/CMakeLists.txt" "$T/ex/"
 progs=""
 if ! make -C "$T/ex" CFLAGS="-O2 -Wall -Wextra -Werror" generate >"$T/make.log" 2>&1; then
   cat "$T/make.log"; bad "make -C examples generate"
@@ -123,5 +130,37 @@ if [[ " $progs " == *" generate "* ]]; then
   want="$("$P/bin/kvlm" run -m "$MODEL" -p "Once upon a time" -n 8 --temp 0 2>/dev/null)"
   check "generate (no rpath) with LD_LIBRARY_PATH" test "$got" = "$want"
 fi
+# the CMake package: find_package(kvlm 0.1) in examples/CMakeLists.txt, both targets
+# (a build folder of its own; the prefix moved, to show the config finds it from its place)
+mv "$P" "$T/moved"
+P="$T/moved"
+L="$P/$LIBDIR"
+cmake_progs=""
+if ! "$CMAKE" -S "$T/ex" -B "$T/ex-cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" >"$T/cmake.log" 2>&1 ||
+   ! "$CMAKE" --build "$T/ex-cmake" >>"$T/cmake.log" 2>&1; then
+  cat "$T/cmake.log"; bad "find_package(kvlm) in examples/CMakeLists.txt (a moved install)"
+else
+  ok "find_package(kvlm 0.1): $(sed -n 's/^-- \(kvlm .* from .*\)/\1/p' "$T/cmake.log" | head -1)"
+  cmake_progs="generate generate-static"
+  check "kvlm::kvlm links $soname" grep -q "(NEEDED).*\[$soname\]" <<<"$(readelf -d "$T/ex-cmake/generate")"
+  check "kvlm::kvlm_static does not need libkvlm.so" \
+    bash -c '! readelf -d "$1" | grep -q "NEEDED.*libkvlm"' _ "$T/ex-cmake/generate-static"
+  want="$("$P/bin/kvlm" run -m "$MODEL" -p "Once upon a time" -n 24 --temp 0 2>/dev/null)"
+  for prog in $cmake_progs; do
+    got="$("$T/ex-cmake/$prog" "$MODEL" "Once upon a time" 24 2>"$T/$prog.err")" || cat "$T/$prog.err"
+    check "$prog (find_package) = kvlm run --temp 0" test "$got" = "$want"
+  done
+fi
+# the version file: the same major version, this one or older asked for
+mkdir -p "$T/ver"
+for v in "${VERSION%%.*}.0|ok" "$((${VERSION%%.*} + 1)).0|fails" "$VERSION|ok"; do
+  asked="${v%|*}" expect="${v#*|}"
+  printf 'cmake_minimum_required(VERSION 3.18)\nproject(v LANGUAGES C)\nfind_package(kvlm %s REQUIRED)\n' "$asked" \
+    >"$T/ver/CMakeLists.txt"
+  if "$CMAKE" -S "$T/ver" -B "$T/ver/b-$asked" -DCMAKE_PREFIX_PATH="$P" >"$T/ver.log" 2>&1; then got=ok; else got=fails; fi
+  check "find_package(kvlm $asked) $expect (installed $VERSION)" test "$got" = "$expect"
+done
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -185,7 +185,7 @@ if os.path.isfile(big):
 # stories260K, its cache in the model's pool of 400 blocks, 3 of its tokens a block (its 16 sequences need up to
 # 800): the drafts run and give their blocks back
 if os.path.isfile(big):
-    concurrent(small, ["-c", "512", "--max-seqs", "16", "--kv-mem", "4000KiB", "-t", "2", "--draft", big,
+    concurrent(small, ["-c", "512", "--max-seqs", "16", "--kv-mem", "1500KiB" if quick else "4000KiB", "-t", "2", "--draft", big,
                        "--draft-n", "4"], "stories260K with stories4M_hd64 drafting", want_preempt=False,
                min_accept=0.25, shared=True)
 

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """llama_ref: an independent, slow, float64 reference of the llama / qwen2 / qwen3 /
-phi3 forward pass, tokenizer and greedy decoding, used to cross-check kvlm.
+phi3 forward pass, tokenizer and greedy decoding, used to cross-check kvlm; and of
+embeddings: decoders' final-norm hidden states, the bert and nomic-bert encoders,
+BERT's WordPiece tokenizer, pooling (none, mean, cls, last) and L2 normalisation.
 
 Reads GGUF v2/v3 (F32, F16, Q8_0 tensors) and llama2.c version-0 checkpoints
 (.bin, with a tokenizer.bin). Depends on numpy only. No KV cache: every
@@ -16,6 +18,20 @@ Usage:
     --act-q8   round activations to Q8_0 blocks before each product with a
                Q8_0 weight, as kvlm's integer kernels do (off by default: the
                plain reference is the exact product of the stored weights)
+    --embed    print the input's embedding (%.9g; pooling none: one line per
+               token), as `kvlm embed --ids` does: the hidden states (a
+               decoder's final norm's output, an encoder's last layer's)
+               pooled by --pooling (default: {arch}.pooling_type, else last
+               for a decoder and cls for an encoder) and L2-normalised unless
+               --no-normalize; --dimensions N keeps the first N values first
+    --compare-embed FILE [--tol X]
+               compare FILE's vectors (kvlm embed's text output) with ours:
+               error of a vector = max_i |file_i - ref_i| / max_i |ref_i|;
+               exit 1 above X
+    --wordpiece TEXT
+               print the token ids of TEXT as BERT's tokenizer ([CLS] ...
+               [SEP]) gives them from the file's WordPiece vocabulary (what
+               `kvlm tokenize` must give)
     --compare FILE... [--tol X]
                instead of printing logits, compare them with each FILE (another
                engine's --logits output) and exit 1 if an error exceeds X.
@@ -352,7 +368,7 @@ def load_gguf(path):
     m = Model()
     m.arch = meta.get("general.architecture", "llama")
     if m.arch not in ("llama", "smollm3", "granite", "granitemoe", "olmo2", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3",
-                      "deepseek2", "gpt-oss"):
+                      "deepseek2", "gpt-oss", "bert", "nomic-bert"):
         raise ValueError("architecture %r not supported" % m.arch)
     a = m.arch
     m.dim = int(meta[a + ".embedding_length"])
@@ -365,6 +381,10 @@ def load_gguf(path):
     m.head_dim = int(meta.get(a + ".attention.key_length", m.dim // m.n_heads))
     m.rope_dim = int(meta.get(a + ".rope.dimension_count", m.head_dim))
     m.ctx = int(meta.get(a + ".context_length", 2048))
+    m.pooling = int(meta[a + ".pooling_type"]) if a + ".pooling_type" in meta else None
+    if a in ("bert", "nomic-bert"):
+        load_bert(m, meta, t)
+        return m, (WordPiece(meta) if meta.get("tokenizer.ggml.model") == "bert" else None)
     if a in ("granite", "granitemoe"):  # llama.cpp's key names; 0 or absent: none
         m.embed_mult = float(meta.get(a + ".embedding_scale", 0.0)) or 1.0
         m.residual_mult = float(meta.get(a + ".residual_scale", 0.0)) or 1.0
@@ -578,9 +598,14 @@ def matmul(m, x, w, wtype):
     return x @ w.T
 
 
-def forward(m, ids):
-    """Returns logits [T, vocab] for the token sequence ids (positions 0..T-1)."""
+def forward(m, ids, hidden=False):
+    """Returns logits [T, vocab] for the token sequence ids (positions 0..T-1);
+    hidden: the final norm's output [T, dim] instead (what embeddings pool)."""
+    if m.arch in ("bert", "nomic-bert"):
+        return forward_bert(m, ids)
     if m.arch == "deepseek2":
+        if hidden:
+            raise ValueError("deepseek2: no hidden states here")
         return forward_deepseek2(m, ids)
     T = len(ids)
     hd = m.head_dim
@@ -645,7 +670,207 @@ def forward(m, ids):
             g = silu(matmul(m, h, L["w1"], ty.get("w1"))) * matmul(m, h, L["w3"], ty.get("w3"))
         o = m.residual_mult * matmul(m, g, L["w2"], ty.get("w2"))
         x = x + (rmsnorm(o, L["post_ffn"], m.eps) if L.get("post_ffn") is not None else o)
+    if hidden:
+        return rmsnorm(x, m.out_norm, m.eps)
     return matmul(m, rmsnorm(x, m.out_norm, m.eps), m.out, m.out_type) / m.logit_div
+
+
+# --------------------------------------------------------------------------
+# Encoders (bert, nomic-bert) and embeddings
+
+def load_bert(m, meta, t):
+    """bert / nomic-bert as llama.cpp's converter writes them (no KV cache,
+    attention in both directions, LayerNorms after attention and FFN)."""
+    a = m.arch
+    m.eps = float(meta.get(a + ".attention.layer_norm_epsilon", 1e-12))
+    m.rope_base = float(meta.get(a + ".rope.freq_base", 10000.0))
+    m.head_dim = m.dim // m.n_heads
+    m.tok_emb = t["token_embd.weight"]
+    m.vocab = m.tok_emb.shape[0]
+    m.type_emb = t["token_types.weight"]
+    m.pos_emb = t.get("position_embd.weight")  # bert; nomic-bert turns q and k instead
+    m.emb_norm = (t["token_embd_norm.weight"], t["token_embd_norm.bias"])
+    m.layers = []
+    for i in range(m.n_layers):
+        p = "blk.%d." % i
+        L = {"wo": t[p + "attn_output.weight"], "bo": t.get(p + "attn_output.bias"),
+             "ln1": (t[p + "attn_output_norm.weight"], t[p + "attn_output_norm.bias"]),
+             "ln2": (t[p + "layer_output_norm.weight"], t[p + "layer_output_norm.bias"]),
+             "up": t[p + "ffn_up.weight"], "b_up": t.get(p + "ffn_up.bias"),
+             "gate": t.get(p + "ffn_gate.weight"),
+             "down": t[p + "ffn_down.weight"], "b_down": t.get(p + "ffn_down.bias")}
+        if p + "attn_qkv.weight" in t:  # rows: Q, then K, then V
+            L["wq"], L["wk"], L["wv"] = np.split(t[p + "attn_qkv.weight"], 3, axis=0)
+            L["bq"] = L["bk"] = L["bv"] = None
+        else:
+            for k in "qkv":
+                L["w" + k], L["b" + k] = t[p + "attn_%s.weight" % k], t[p + "attn_%s.bias" % k]
+        m.layers.append(L)
+
+
+def layernorm(x, w, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+_erf = np.frompyfunc(__import__("math").erf, 1, 1)
+
+
+def gelu_erf(x):
+    """Hugging Face's "gelu": x * Phi(x), with the exact erf."""
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)).astype(np.float64))
+
+
+def forward_bert(m, ids):
+    """The last layer's output [T, dim] for one whole input."""
+    T, hd, H = len(ids), m.head_dim, m.n_heads
+    pos = np.arange(T, dtype=np.float64)
+    x = m.tok_emb[np.asarray(ids)] + m.type_emb[0]
+    if m.pos_emb is not None:
+        x = x + m.pos_emb[:T]
+    x = layernorm(x, *m.emb_norm, m.eps)
+    for L in m.layers:
+        q, k, v = x @ L["wq"].T, x @ L["wk"].T, x @ L["wv"].T
+        if L["bq"] is not None:
+            q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, H, hd), v.reshape(T, H, hd)
+        if m.pos_emb is None:
+            q, k = rope(q, pos, hd, m.rope_base, True), rope(k, pos, hd, m.rope_base, True)
+        att = np.empty((T, H, hd))
+        for h in range(H):
+            sc = q[:, h, :] @ k[:, h, :].T / np.sqrt(hd)
+            sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+            att[:, h, :] = (sc / sc.sum(axis=1, keepdims=True)) @ v[:, h, :]
+        o = att.reshape(T, H * hd) @ L["wo"].T
+        if L["bo"] is not None:
+            o = o + L["bo"]
+        x = layernorm(x + o, *L["ln1"], m.eps)
+        if L["gate"] is not None:  # nomic-bert: SwiGLU
+            f = (silu(x @ L["gate"].T) * (x @ L["up"].T)) @ L["down"].T
+        else:
+            f = gelu_erf(x @ L["up"].T + L["b_up"]) @ L["down"].T + L["b_down"]
+        x = layernorm(x + f, *L["ln2"], m.eps)
+    return x
+
+
+POOLINGS = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+
+def embed(m, ids, pooling=None, normalize=True, dims=0):
+    """The input's embedding rows: one (or T for pooling none) vector(s)."""
+    h = forward(m, ids, hidden=True)
+    if pooling is None:
+        pooling = m.pooling if m.pooling is not None else (2 if m.arch in ("bert", "nomic-bert") else 3)
+    rows = {0: h, 1: h.mean(axis=0, keepdims=True), 2: h[:1], 3: h[-1:]}[pooling]
+    if dims:
+        rows = rows[:, :dims]
+    if normalize:
+        n = np.sqrt((rows * rows).sum(axis=1, keepdims=True))
+        rows = rows / np.where(n > 0, n, 1.0)
+    return rows
+
+
+def compare_embed(ref, path, tol):
+    """One line "PATH: ok: ..." or "PATH: FAIL: ..."; 0 if ok. Error of a
+    vector: max |got - ref| over its largest |ref|."""
+    print("%s: " % path, end="")
+    try:
+        with open(path) as f:
+            rows = [np.array([float(v) for v in line.split()]) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        print("FAIL: cannot read vectors from %s: %s" % (path, e))
+        return 1
+    if len(rows) != ref.shape[0] or any(r.shape != (ref.shape[1],) for r in rows):
+        print("FAIL: shape %d x %s, expected %d x %d" % (len(rows), sorted({r.size for r in rows}), *ref.shape))
+        return 1
+    got = np.stack(rows)
+    err = np.abs(got - ref).max(axis=1) / np.maximum(np.abs(ref).max(axis=1), 1e-30)
+    worst = int(np.argmax(err))
+    ok = bool(np.all(np.isfinite(got))) and err[worst] <= tol
+    print("%s: max relative error %.3g (vector %d of %d, bound %.3g)" % (
+        "ok" if ok else "FAIL", err[worst], worst, len(rows), tol))
+    return 0 if ok else 1
+
+
+class WordPiece:
+    """BERT's tokenizer (Hugging Face's fast BertNormalizer, BertPreTokenizer,
+    WordPiece) over a GGUF vocabulary in llama.cpp's form: a word's first
+    piece is stored with U+2581 before it, a continuation ("##x") bare."""
+
+    WHITE_SPACE = set(chr(c) for c in list(range(9, 14)) + [0x20, 0x85, 0xA0, 0x1680] + list(range(0x2000, 0x200B)) +
+                      [0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+
+    def __init__(self, meta):
+        import unicodedata
+        self.ud = unicodedata
+        toks = meta["tokenizer.ggml.tokens"]
+        self.ids = {}
+        for i, tk in enumerate(toks):
+            self.ids[tk] = i  # a duplicate maps to its last id
+        self.unk = int(meta.get("tokenizer.ggml.unknown_token_id", 100))
+        self.cls = int(meta.get("tokenizer.ggml.bos_token_id", meta.get("tokenizer.ggml.cls_token_id", 101)))
+        self.sep = int(meta.get("tokenizer.ggml.seperator_token_id", 102))
+        self.lower = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+        self.strip = bool(meta.get("tokenizer.ggml.normalizer.strip_accents", self.lower))
+
+    def is_punct(self, c):
+        o = ord(c)
+        return 33 <= o <= 47 or 58 <= o <= 64 or 91 <= o <= 96 or 123 <= o <= 126 or self.ud.category(c).startswith("P")
+
+    @staticmethod
+    def is_cjk(o):
+        return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2A6DF or 0x2A700 <= o <= 0x2B73F or
+                0x2B740 <= o <= 0x2B81F or 0x2B820 <= o <= 0x2CEAF or 0xF900 <= o <= 0xFAFF or 0x2F800 <= o <= 0x2FA1F)
+
+    def encode(self, text):
+        out = []
+        for c in text:  # clean: controls dropped (tab, newline, return are whitespace), whitespace a space
+            o = ord(c)
+            if o == 0 or o == 0xFFFD or (c not in "\t\n\r" and self.ud.category(c).startswith("C")):
+                continue
+            out.append(" " if c in self.WHITE_SPACE else " %s " % c if self.is_cjk(o) else c)
+        s = "".join(out)
+        if self.strip:
+            s = "".join(c for c in self.ud.normalize("NFD", s) if self.ud.category(c) != "Mn")
+        if self.lower:
+            s = "".join(c.lower() for c in s)  # per character: no final-sigma context
+        words, cur = [], ""
+        for c in s:
+            if c in self.WHITE_SPACE:
+                if cur:
+                    words.append(cur)
+                cur = ""
+            elif self.is_punct(c):
+                if cur:
+                    words.append(cur)
+                words.append(c)
+                cur = ""
+            else:
+                cur += c
+        if cur:
+            words.append(cur)
+        ids = [self.cls]
+        for w in words:
+            if len(w) > 100:
+                ids.append(self.unk)
+                continue
+            pieces, start = [], 0
+            while start < len(w):
+                end, found = len(w), None
+                while end > start:
+                    sub = ("\u2581" if start == 0 else "") + w[start:end]
+                    if sub in self.ids:
+                        found = self.ids[sub]
+                        break
+                    end -= 1
+                if found is None:
+                    pieces = [self.unk]
+                    break
+                pieces.append(found)
+                start = end
+            ids.extend(pieces)
+        return ids + [self.sep]
 
 
 # --------------------------------------------------------------------------
@@ -757,7 +982,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("--tokenizer", help="llama2.c tokenizer.bin (for .bin models)")
-    g = ap.add_mutually_exclusive_group(required=True)
+    g = ap.add_mutually_exclusive_group(required="--wordpiece" not in argv)
     g.add_argument("--prompt")
     g.add_argument("--ids", help='token ids, e.g. "1 403 407"')
     ap.add_argument("--n", type=int, help="greedy-generate N tokens")
@@ -770,6 +995,12 @@ def main(argv):
     ap.add_argument("--tol", type=float, default=1e-4, help="bound for --compare")
     ap.add_argument("--ctx", type=int, help="the context kvlm ran with (default: the trained one); "
                                             "chooses LongRoPE's long or short factors")
+    ap.add_argument("--embed", action="store_true", help="print the input's embedding")
+    ap.add_argument("--pooling", choices=sorted(POOLINGS), help="pooling instead of the file's")
+    ap.add_argument("--no-normalize", action="store_true", help="the pooled vector as it is")
+    ap.add_argument("--dimensions", type=int, default=0, help="the first N values of each vector")
+    ap.add_argument("--compare-embed", metavar="FILE", help="compare FILE's vectors with ours")
+    ap.add_argument("--wordpiece", metavar="TEXT", help="print TEXT's tokens by BERT's WordPiece")
     ap.add_argument("--no-window", action="store_true",
                     help="every layer global (for a test that the window shows in the logits)")
     args = ap.parse_args(argv)
@@ -787,7 +1018,14 @@ def main(argv):
     use_longrope(m, args.ctx if args.ctx else m.ctx)
     if args.tokenizer and is_gguf:
         tok = load_llama2c_tokenizer(args.tokenizer, m.vocab)
-    if args.prompt is not None:
+    if args.wordpiece is not None:
+        if not isinstance(tok, WordPiece):
+            sys.exit("llama_ref: --wordpiece needs a model with a WordPiece (bert) vocabulary")
+        print(" ".join(str(i) for i in tok.encode(args.wordpiece)))
+        return 0
+    if args.prompt is not None and isinstance(tok, WordPiece):
+        ids = tok.encode(args.prompt)
+    elif args.prompt is not None:
         if tok is None:
             sys.exit("llama_ref: --prompt needs a tokenizer (--tokenizer for .bin)")
         ids = tok.encode(args.prompt)
@@ -797,6 +1035,14 @@ def main(argv):
         sys.exit("llama_ref: token id out of range (vocab %d)" % m.vocab)
 
     out = sys.stdout.buffer
+    if args.embed or args.compare_embed:
+        rows = embed(m, ids, POOLINGS.get(args.pooling), not args.no_normalize, args.dimensions)
+        if args.compare_embed:
+            return compare_embed(rows, args.compare_embed, args.tol)
+        for row in rows:
+            out.write((" ".join("%.9g" % v for v in row) + "\n").encode())
+        out.flush()
+        return 0
     if args.compare:
         ref = forward(m, ids)
         return max(compare_logits(ref, f, args.tol) for f in args.compare)

@@ -10,6 +10,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
@@ -46,14 +47,15 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
 bool cli_opt_ctx(int argc, char **argv, int *i, kvlm_ctx_params *cp, const char **kv_mem, const char **evict, bool *bad);
 int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, const char *evict);
 #define CLI_CTX_USAGE \
-    "  -c, --ctx N             context length (default: the model's trained context)\n" \
+    "  -c, --ctx N             context length (default: the model's trained context; --ctx-size)\n" \
     "  -t, --threads N         threads (default: one per core)\n" \
     "      --device D          cpu (default) or cuda: weights, KV cache and kernels on an NVIDIA GPU\n" \
+    "                          (-dev: also llama.cpp's none and CUDA0)\n" \
     "      --kv-mem SIZE       KV cache pool (e.g. 512MiB; default: room for every sequence's budget)\n" \
     "      --block-size N      tokens per KV cache block (default 16)\n" \
-    "      --cache-type-k T    element type of cached keys: f16 (default), f32, bf16, q8_0, q4_0,\n" \
+    "  -ctk, --cache-type-k T  element type of cached keys: f16 (default), f32, bf16, q8_0, q4_0,\n" \
     "                          q4_kc (4-bit per channel over each block, KIVI-style)\n" \
-    "      --cache-type-v T    element type of cached values: f16 (default), f32, bf16, q8_0, q4_0\n" \
+    "  -ctv, --cache-type-v T  element type of cached values: f16 (default), f32, bf16, q8_0, q4_0\n" \
     "      --kv-budget N       most tokens a sequence keeps in its KV cache (default: the context)\n" \
     "      --kv-evict P        what goes when the budget is full: none (stop there; default),\n" \
     "                          window (the last N), sinks (the first S and the last N - S) or h2o\n" \
@@ -83,10 +85,17 @@ int cli_ctx_finish(const char *cmd, kvlm_ctx_params *cp, const char *kv_mem, con
     "                          only blocks whose signature verifies (also $KVLM_KV_KEY_FILE, or the\n" \
     "                          secret itself in $KVLM_KV_KEY; docs/kv-tiers.md)\n"
 /* The sampling options of run and chat: --temp, --top-k, --top-p, --min-p,
- * --repeat-penalty, --repeat-last-n, --seed (sets *seed_set), -l/--logit-bias
- * (repeated; the biases live as long as the process). CLI_SAMPLER_USAGE is
- * their help text. */
+ * --repeat-penalty, --repeat-last-n (-1: all), --presence-penalty,
+ * --frequency-penalty, --typical, --dry-multiplier, --dry-base,
+ * --dry-allowed-length, --dry-penalty-last-n, --dry-sequence-breaker
+ * (repeated), --xtc-probability, --xtc-threshold, --samplers /
+ * --sampling-seq, --seed (sets *seed_set; -1: random), -l/--logit-bias
+ * (repeated; the biases and breakers live as long as the process: argv's).
+ * The run sets sp->model once the model is loaded (DRY's breakers, --ignore-eos).
+ * CLI_SAMPLER_USAGE is their help text. */
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad);
+/* One more logit bias in sp (the same process-long store); -1 when full. */
+int cli_sampler_add_bias(kvlm_sampler_params *sp, int32_t id, float bias);
 /* The sampling values checked as the server checks a request's
  * (kvlm_sampler_params_check), named as the options are; vocab 0 before a
  * model is loaded (token ids then checked against it later). 1 after cli_fail. */
@@ -98,7 +107,17 @@ int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab)
     "      --min-p P           drop tokens below P x the top probability, 0..1 (default 0.05; 0 = off)\n" \
     "      --repeat-penalty R  penalise recent tokens, 0..100 (default 1.0 = off)\n" \
     "      --repeat-last-n N   how many recent tokens the penalty sees, 0..65536 (default 64)\n" \
-    "      --seed S            random seed (default: time-based); the same seed gives the same text\n" \
+    "      --presence-penalty P  OpenAI's: subtract P from the logit of each token already generated, -2..2\n" \
+    "      --frequency-penalty F  ... F times the times it was generated, -2..2 (both default 0 = off)\n" \
+    "      --typical P         locally typical sampling, 0..1 (default 1 = off)\n" \
+    "      --dry-multiplier M  DRY: penalise extending a repeated run, 0..100 (default 0 = off); with\n" \
+    "                          --dry-base B (1.75), --dry-allowed-length N (2), --dry-penalty-last-n N (-1: all),\n" \
+    "                          --dry-sequence-breaker S (repeatable; default \\n : \" *; none: no breaker)\n" \
+    "      --xtc-probability P XTC: with probability P drop the top choices but the least of them, 0..1\n" \
+    "                          (default 0 = off); --xtc-threshold T: those at or above T (0.1)\n" \
+    "      --samplers S        the stages' order, llama.cpp's: names joined by ';' (penalties;dry;top_k;typ_p;\n" \
+    "                          temperature;top_p;min_p;xtc), or --sampling-seq with one letter each (edkytpmx)\n" \
+    "  -s, --seed S            random seed (default: time-based; -1 too); the same seed gives the same text\n" \
     "  -l, --logit-bias T+B    add B (-100..100) to token T's logit (T-B subtracts; 2-inf bans token 2); repeatable\n"
 /* Structured output for run, chat and grammar: --json (any JSON object),
  * --json-schema TEXT, --json-schema-file FILE, --grammar TEXT, --grammar-file
@@ -124,10 +143,11 @@ char *cli_read_file(const char *cmd, const char *path, size_t *len);
  * Jinja template), --chat-template NAME (a built-in family or one of the
  * model's named templates), else the model's own. NULL after cli_fail. */
 kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file);
+/* (its %s: kvlm_chat_family_names(), the families' one list, tok/chat.c's) */
 #define CLI_CHAT_USAGE \
-    "      --chat-template T   a built-in family (chatml, llama2, llama3, zephyr, phi3, phi4, gemma, granite,\n" \
-    "                          mistral-v7, mistral-v7-tekken, gpt-oss, plain) or one of the model's named\n" \
-    "                          templates (tool_use); default: the model's own Jinja template\n" \
+    "      --chat-template T   a built-in family or one of the model's named templates (tool_use);\n" \
+    "                          default: the model's own Jinja template. The families:\n" \
+    "                          %s\n" \
     "      --chat-template-file F  a Jinja chat template from file F instead of the model's\n"
 /* --draft FILE: the draft model; when its cache fits the model's pool
  * (kvlm_draft_shares_pool), the pool keeps sequences for it

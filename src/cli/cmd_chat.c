@@ -3,17 +3,140 @@
  * template and tokenized again, and only what differs from the tokens in the
  * cache is taken back and prefilled: the earlier turns stay in the KV cache.
  * One line of figures per turn on stderr says how much came from it. */
+#include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef KVLM_HAVE_LIBEDIT
+#include <histedit.h>
+#endif
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
+#include "cli/progress.h"
 
 /* The "plain" template has no end-of-turn token: a model that goes on to
  * write the user's next line is stopped there, as llama.cpp's reverse prompt does. */
 static const char k_plain_stop[] = "\nUser:";
+
+/* Ctrl-C (SIGINT), as llama-cli's: while an answer is made, the first stops
+ * it (what was said joins the conversation); a second before it has stopped
+ * (a long prefill) quits at once; at the prompt it quits. */
+static volatile sig_atomic_t g_answering, g_stop, g_quit;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (!g_answering) { g_quit = 1; return; }
+    if (g_stop) {
+        static const char msg[] = "\n[interrupted]\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(130);
+    }
+    g_stop = 1;
+}
+
+/* At the prompt a read is interrupted by Ctrl-C (and so ends); while
+ * answering, the writes to the terminal go on through it. */
+static void sigint_mode(bool answering) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = answering ? SA_RESTART : 0;
+    if (answering) g_stop = 0;
+    g_answering = answering;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Where messages come from: a terminal, with line editing and history
+ * (libedit: arrows, Ctrl-R, ...; --input-history FILE keeps the lines
+ * typed), or plain lines from a pipe or file. */
+typedef struct {
+    bool tty;
+#ifdef KVLM_HAVE_LIBEDIT
+    EditLine *el;
+    History *hist;
+    const char *hist_file;
+#endif
+} line_reader;
+
+#ifdef KVLM_HAVE_LIBEDIT
+static bool g_continued; /* the prompt of a message's next line */
+static char *edit_prompt(EditLine *el) {
+    (void)el;
+    return g_continued ? ". " : "> ";
+}
+#endif
+
+static void reader_open(line_reader *r, const char *hist_file) {
+    memset(r, 0, sizeof *r);
+    r->tty = isatty(STDIN_FILENO);
+#ifdef KVLM_HAVE_LIBEDIT
+    if (!r->tty || !isatty(STDERR_FILENO)) return; /* (stderr to a file: plain lines) */
+    /* prompt and echo on stderr: stdout holds only the answers */
+    if (!(r->el = el_init("kvlm", stdin, stderr, stderr))) return;
+    HistEvent ev;
+    if ((r->hist = history_init())) {
+        history(r->hist, &ev, H_SETSIZE, 1000);
+        history(r->hist, &ev, H_SETUNIQUE, 1);
+        if (hist_file && access(hist_file, F_OK) == 0) history(r->hist, &ev, H_LOAD, hist_file);
+        r->hist_file = hist_file;
+        el_set(r->el, EL_HIST, history, r->hist);
+    }
+    el_set(r->el, EL_EDITOR, "emacs");
+    el_set(r->el, EL_PROMPT, edit_prompt);
+    el_source(r->el, NULL); /* ~/.editrc, as other libedit programs */
+#else
+    (void)hist_file;
+#endif
+}
+
+static void reader_close(line_reader *r) {
+#ifdef KVLM_HAVE_LIBEDIT
+    if (r->el) el_end(r->el);
+    if (r->hist) history_end(r->hist);
+    r->el = NULL;
+    r->hist = NULL;
+#else
+    (void)r;
+#endif
+}
+
+/* One line without its end (malloc'd), NULL at the end of input or on Ctrl-C. */
+static char *reader_line(line_reader *r, bool continued) {
+    if (g_quit) return NULL;
+#ifdef KVLM_HAVE_LIBEDIT
+    if (r->el) {
+        g_continued = continued;
+        int n = 0;
+        const char *s = el_gets(r->el, &n);
+        if (!s || n <= 0 || g_quit) return NULL;
+        char *line = strdup(s);
+        if (!line) return NULL;
+        line[strcspn(line, "\r\n")] = 0;
+        if (*line && r->hist) {
+            HistEvent ev;
+            history(r->hist, &ev, H_ENTER, line);
+            if (r->hist_file) history(r->hist, &ev, H_SAVE, r->hist_file);
+        }
+        return line;
+    }
+#endif
+    if (r->tty) fputs(continued ? ". " : "> ", stderr);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0 || g_quit) {
+        free(line);
+        return NULL;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+    return line;
+}
 
 static void chat_usage(FILE *f) {
     fprintf(f,
@@ -23,20 +146,27 @@ static void chat_usage(FILE *f) {
             "model's answer streams to standard output. The conversation stays in the KV cache\n"
             "between turns: each turn prefills only the tokens that differ from those already\n"
             "there, and a line on stderr says how many came from the cache.\n\n"
-            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "  -m, --model FILE        GGUF, llama2.c .bin, or a Hugging Face model directory (docs/hf-checkpoints.md)\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --system TEXT       a system message before the first turn\n"
             "      --history FILE      the conversation so far: read at the start (when FILE exists) and each\n"
             "                          turn appended; with --kv-disk DIR its cache comes back from DIR too\n"
             CLI_CHAT_USAGE
-            "  -n, --n-predict N       most tokens of one answer (default 512)\n"
+            "  -n, --n-predict N       most tokens of one answer (default 512; at most half the context:\n"
+            "                          said when cut); -1 or -2: until the end of the turn or a full context\n"
+            "  -r, --reverse-prompt T  an answer ends where T would begin (repeatable)\n"
+            "      --ignore-eos        answers end only at -n or a full context (end-of-turn tokens banned)\n"
+            "  -e, --escape            read \\n, \\t, \\\\, \\', \\\", \\xHH in messages, --system and -r\n"
+            "      --input-history FILE  the lines typed at the terminal, kept for the up arrow (line editing\n"
+            "                          and history: libedit; Ctrl-C stops an answer, at the prompt it quits)\n"
             CLI_SAMPLER_USAGE
             CLI_GRAMMAR_USAGE
             CLI_CTX_USAGE
             "      --no-kv-cache       recompute the whole conversation for every token (the naive baseline)\n"
+            CLI_LLAMA_USAGE
             "  -h, --help              this help\n\n"
             "When the conversation no longer fits the context with room for an answer, its oldest\n"
-            "turns are left out (the system message stays).\n");
+            "turns are left out (the system message stays).\n", kvlm_chat_family_names());
 }
 
 typedef struct {
@@ -142,30 +272,27 @@ static void convo_drop(convo *c, int at, int k) {
     c->n -= k;
 }
 
-/* One message from stdin: a line, or lines joined while they end with a
- * backslash. NULL at the end of input. */
-static char *read_message(bool tty) {
-    char *msg = NULL, *line = NULL;
-    size_t len = 0, cap = 0;
-    if (tty) fputs("> ", stderr);
-    for (;;) {
-        ssize_t n = getline(&line, &cap, stdin);
-        if (n < 0) break;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+/* One message: a line, or lines joined while they end with a backslash.
+ * NULL at the end of input or on Ctrl-C at the prompt. */
+static char *read_message(line_reader *r) {
+    char *msg = NULL, *line;
+    size_t len = 0;
+    while ((line = reader_line(r, msg != NULL))) {
+        size_t n = strlen(line);
         bool more = n > 0 && line[n - 1] == '\\';
         if (more) line[--n] = 0;
-        char *m = realloc(msg, len + (size_t)n + 2);
-        if (!m) break;
+        char *m = realloc(msg, len + n + 2);
+        if (!m) { free(line); break; }
         msg = m;
-        memcpy(msg + len, line, (size_t)n);
-        len += (size_t)n;
+        memcpy(msg + len, line, n);
+        free(line);
+        len += n;
         msg[len] = 0;
         if (!more) break;
         msg[len++] = '\n';
         msg[len] = 0;
-        if (tty) fputs(". ", stderr);
     }
-    free(line);
+    if (g_quit) { free(msg); return NULL; }
     return msg;
 }
 
@@ -219,8 +346,10 @@ static int render(const kvlm_model *model, const kvlm_chat *chat, convo *c, int 
 
 int cmd_chat(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *system = NULL, *tmpl = NULL, *tmpl_file = NULL, *kv_mem = NULL,
-               *evict = NULL, *history = NULL;
+               *evict = NULL, *history = NULL, *input_history = NULL;
     int n_predict = 512;
+    cli_llama ll;
+    cli_llama_init(&ll);
     bool seed_set = false;
     cli_grammar_opts gopt = {0};
     kvlm_grammar *grammar = NULL;
@@ -233,6 +362,7 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--system", &system, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--history", &history, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--input-history", &input_history, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &tmpl, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template-file", &tmpl_file, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, "-n", "--n-predict", &n_predict, &bad)) {}
@@ -240,12 +370,19 @@ int cmd_chat(int argc, char **argv) {
         else if (cli_opt_grammar(argc, argv, &i, &gopt, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_is(argv[i], NULL, "--no-kv-cache")) cp.no_kv_cache = true;
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("chat", argv[i])) return 1;
         else { fprintf(stderr, "kvlm chat: unknown option '%s'\n", argv[i]); chat_usage(stderr); return 1; }
         if (bad) return 1;
     }
     if (!model_path) { fprintf(stderr, "kvlm chat: no model given (-m FILE)\n"); chat_usage(stderr); return 1; }
-    if (n_predict < 1) return cli_fail("chat", "-n %d: expected 1 or more", n_predict);
+    if (n_predict == 0 || n_predict < -2)
+        return cli_fail("chat", "-n %d: expected 1 or more tokens an answer, or -1 (until the end of the turn)",
+                        n_predict);
     if (cli_ctx_finish("chat", &cp, kv_mem, evict)) return 1;
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("chat", &ll, &cp, &mp)) return 1;
+    if (ll.escape && system) cli_unescape((char *)system); /* (argv's own bytes) */
     if (cp.kv_evict)
         return cli_fail("chat", "the conversation stays whole in the cache between turns: not with --kv-evict");
     if (!seed_set) sp.seed = (uint64_t)time(NULL);
@@ -253,7 +390,6 @@ int cmd_chat(int argc, char **argv) {
 
     int rc = 1;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_model *model = NULL;
     kvlm_chat *chat = NULL;
@@ -264,9 +400,18 @@ int cmd_chat(int argc, char **argv) {
     char *reply = NULL, *msg = NULL;
     convo c = {0};
     FILE *hist = NULL;
-    model = kvlm_model_load(model_path, &mp, &err);
+    line_reader lr;
+    reader_open(&lr, input_history);
+    model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("chat", "%s", err.msg); goto done; }
+    sp.model = model; /* its end-of-generation tokens (--ignore-eos) and token texts (DRY's breakers) */
+    sp.ignore_eos = ll.ignore_eos;
     if (cli_sampler_check("chat", &sp, kvlm_vocab_size(model))) goto done; /* the bias's token ids */
+    if (ll.verbose) {
+        char desc[1024];
+        kvlm_model_describe(model, desc, sizeof desc);
+        fprintf(stderr, "kvlm chat: %s: %s\n", model_path, desc);
+    }
     if (!(chat = cli_chat("chat", model, tmpl, tmpl_file))) goto done;
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
@@ -275,7 +420,25 @@ int cmd_chat(int argc, char **argv) {
     if (gfailed) goto done;
     sp.grammar = grammar;
     int budget = kvlm_ctx_kv_budget(ctx);
-    if (n_predict >= budget) n_predict = budget / 2;
+    /* room kept for an answer when the conversation is fitted to the context */
+    int room = n_predict;
+    char limit[160] = "-n reached";
+    if (n_predict < 0) { /* until the end of the turn: the default's room, the context's end the limit */
+        room = budget / 2 < 512 ? budget / 2 : 512;
+        n_predict = budget;
+    } else if (n_predict >= budget) {
+        const char *what = budget < kvlm_ctx_n_ctx(ctx) ? "KV budget" : "context";
+        fprintf(stderr, "kvlm chat: -n %d leaves no room for a prompt in the %s of %d tokens: answers stop at %d "
+                "tokens (raise %s, or -n -1: until the end of the turn)\n", n_predict, what, budget, budget / 2,
+                budget < kvlm_ctx_n_ctx(ctx) ? "--kv-budget" : "--ctx");
+        snprintf(limit, sizeof limit, "%d tokens (-n %d cut to fit the %s of %d)", budget / 2, n_predict, what, budget);
+        room = n_predict = budget / 2;
+    }
+    if (ll.verbose) {
+        char dev[512];
+        kvlm_ctx_describe_device(ctx, dev, sizeof dev);
+        fprintf(stderr, "kvlm chat: %s; context %d, answers up to %d tokens\n", dev, budget, n_predict);
+    }
     cap_fed = budget;
     if (!(fed = malloc((size_t)cap_fed * sizeof *fed))) { cli_fail("chat", "out of memory"); goto done; }
     if (history && access(history, F_OK) == 0 && !history_read(history, &c)) goto done;
@@ -289,10 +452,11 @@ int cmd_chat(int argc, char **argv) {
         has_system = true;
     }
     if (n_read) fprintf(stderr, "[%d messages read from %s]\n", n_read, history);
-    bool tty = isatty(0);
     const char *family = kvlm_chat_family(chat);
-    for (int turn = 1; (msg = read_message(tty)); free(msg), msg = NULL) {
+    sigint_mode(false);
+    for (int turn = 1; (msg = read_message(&lr)); free(msg), msg = NULL) {
         if (!strcmp(msg, "/exit") || !strcmp(msg, "/quit")) break;
+        if (ll.escape) cli_unescape(msg);
         if (!strcmp(msg, "/reset")) {
             convo_drop(&c, has_system ? 1 : 0, c.n - (has_system ? 1 : 0));
             if (hist && !(hist = freopen(history, "w", hist))) { cli_fail("chat", "cannot write %s", history); goto done; }
@@ -302,9 +466,10 @@ int cmd_chat(int argc, char **argv) {
         }
         if (!convo_add(&c, "user", msg, strlen(msg))) { cli_fail("chat", "out of memory"); goto done; }
         int dropped = 0;
-        int n = render(model, chat, &c, budget - n_predict, &toks, &cap, &dropped);
+        int n = render(model, chat, &c, budget - room, &toks, &cap, &dropped);
         if (n < 0) goto done;
         if (n == 0) continue;
+        sigint_mode(true); /* Ctrl-C from here stops this answer */
         struct timespec t0, t1, t2;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         /* keep what the cache holds of this prompt, leaving a token to compute;
@@ -331,9 +496,12 @@ int cmd_chat(int argc, char **argv) {
         if (!(smp = kvlm_sampler_create(&tp, kvlm_vocab_size(model)))) { cli_fail("chat", "out of memory"); goto done; }
         for (int i = 0; i < n; i++) kvlm_sampler_accept(smp, toks[i]);
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        /* the answer: streamed, held back where it could begin the plain
-         * template's stop */
-        bool plain = family && !strcmp(family, "plain");
+        /* the answer: streamed, held back where it could begin a stop: the
+         * plain template's next "User:", -r's texts */
+        const char *stops[1 + CLI_MAX_REVERSE];
+        int n_stops = 0;
+        if (family && !strcmp(family, "plain")) stops[n_stops++] = k_plain_stop;
+        for (int r = 0; r < ll.n_reverse; r++) stops[n_stops++] = ll.reverse[r];
         size_t len = 0, shown = 0, rcap = 256;
         free(reply);
         if (!(reply = malloc(rcap))) { cli_fail("chat", "out of memory"); goto done; }
@@ -351,23 +519,29 @@ int cmd_chat(int argc, char **argv) {
             n_gen++; /* (the sampler recorded it for its penalties) */
             int k = kvlm_detok_push(&dt, next, piece, sizeof piece);
             if (!reply_add(&reply, &len, &rcap, piece, k)) { cli_fail("chat", "out of memory"); goto done; }
-            char *at = plain ? strstr(reply, k_plain_stop) : NULL;
+            char *at = NULL;
+            const char *hit = NULL;
+            for (int s = 0; s < n_stops; s++) {
+                char *p = strstr(reply, stops[s]);
+                if (p && (!at || p < at)) at = p, hit = stops[s];
+            }
             if (at) {
                 len = (size_t)(at - reply);
                 reply[len] = 0;
                 stopped = true;
             }
             size_t safe = len;
-            if (plain && !stopped) /* bytes that could begin the stop stay back */
-                for (size_t h = sizeof k_plain_stop - 2; h > 0; h--)
-                    if (h <= len && !memcmp(reply + len - h, k_plain_stop, h)) { safe = len - h; break; }
+            for (int s = 0; s < n_stops && !stopped; s++) /* bytes that could begin a stop stay back */
+                for (size_t h = strlen(stops[s]) - 1; h > 0; h--)
+                    if (h <= len && len - h < safe && !memcmp(reply + len - h, stops[s], h)) { safe = len - h; break; }
             if (safe > shown) {
                 fwrite(reply + shown, 1, safe - shown, stdout);
                 fflush(stdout);
                 shown = safe;
             }
-            if (stopped) { why = "the next \"User:\""; break; }
-            if (n_gen >= n_predict) { why = "-n reached"; break; }
+            if (stopped) { why = hit == k_plain_stop ? "the next \"User:\"" : "a reverse prompt (-r)"; break; }
+            if (g_stop) { why = "Ctrl-C"; break; } /* what was said is kept, as llama-cli keeps it */
+            if (n_gen >= n_predict) { why = limit; break; }
             if (n_fed >= budget) { why = "context full"; break; }
             kvlm_batch one = {1, &next, NULL, NULL, NULL};
             if (kvlm_decode(ctx, &one, &err)) { cli_fail("chat", "%s", err.msg); goto done; }
@@ -380,6 +554,7 @@ int cmd_chat(int argc, char **argv) {
         fwrite(reply + shown, 1, len - shown, stdout);
         fputc('\n', stdout);
         fflush(stdout);
+        sigint_mode(false); /* Ctrl-C from here quits */
         clock_gettime(CLOCK_MONOTONIC, &t2);
         /* the answer joins the conversation as the template will render it:
          * without the whitespace around it */
@@ -401,8 +576,11 @@ int cmd_chat(int argc, char **argv) {
                 decode_s > 0 ? n_gen / decode_s : 0.0, why, kvlm_seq_n_past(ctx, 0), (double)kv / (1 << 20),
                 dropped ? " | the oldest turns left out to fit the context" : "");
     }
-    rc = 0;
+    rc = g_quit ? 130 : 0; /* Ctrl-C at the prompt: the shell's code for it */
+    if (g_quit) fputc('\n', stderr);
 done:
+    reader_close(&lr);
+    signal(SIGINT, SIG_DFL);
     if (hist) fclose(hist);
     free(msg);
     free(reply);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "cli/progress.h"
 
 int cmd_convert(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type_name = NULL, *tok_path = NULL;
@@ -18,7 +19,8 @@ int cmd_convert(int argc, char **argv) {
                    "T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q2_k q3_k iq4_nl iq4_xs\n"
                    "   iq3_s iq3_xxs iq2_s iq2_xs iq2_xxs iq1_m iq1_s (the codebook types: least squares\n"
                    "   without an importance matrix, microseconds per weight, on every core)\n"
-                   "   mxfp4 (gpt-oss's 4-bit floats) tq2_0 tq1_0 (ternary: for models trained so)\n");
+                   "   mxfp4 (gpt-oss's 4-bit floats) tq2_0 tq1_0 (ternary: for models trained so)\n"
+                   "On a terminal, stderr shows the progress of loading, converting and writing.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--type", &type_name, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
@@ -35,9 +37,12 @@ int cmd_convert(int argc, char **argv) {
     kvlm_error err = {0};
     kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
-    kvlm_model *m = kvlm_model_load(in, &mp, &err);
+    kvlm_model *m = cli_model_load(in, &mp, &err);
     if (!m) return cli_fail("convert", "%s", err.msg);
-    int rc = kvlm_model_save_gguf(m, out, type, &err);
+    cli_progress pr;
+    cli_progress_begin(&pr, "writing %s%s%s", out, type >= 0 ? " as " : "", type >= 0 ? kvlm_type_name(type) : "");
+    int rc = kvlm_model_save_gguf_progress(m, out, type, pr.on ? cli_progress_callback : NULL, &pr, &err);
+    cli_progress_end(&pr);
     kvlm_model_free(m);
     if (rc) return cli_fail("convert", "%s", err.msg);
     fprintf(stderr, "kvlm convert: wrote %s\n", out);
@@ -49,13 +54,15 @@ int cmd_synth(int argc, char **argv) {
     p.arch = KVLM_ARCH_LLAMA;
     p.dim = 64; p.hidden_dim = 160; p.n_layers = 2; p.n_heads = 8; p.n_kv_heads = 0;
     p.vocab_size = 512; p.n_ctx = 2048; p.type = 0; p.seed = 1;
-    const char *out = NULL, *arch = NULL, *type_name = NULL, *gating = NULL;
+    const char *out = NULL, *arch = NULL, *type_name = NULL, *gating = NULL, *pooling = NULL;
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
-            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|gpt-oss|deepseek2|gemma2|gemma3] [--dim D]\n"
+            printf("usage: kvlm synth OUT.gguf [--arch llama|smollm3|granite|granitemoe|olmo2|qwen2|qwen2moe|qwen3|qwen3moe|phi3|gpt-oss|deepseek2|gemma2|gemma3|bert|nomic-bert] [--dim D]\n"
                    "       [--hidden F] [--layers L] [--heads H] [--kv-heads K] [--head-dim HD] [--vocab V]\n"
-                   "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S]\n"
+                   "       [--ctx C] [--rope-base B] [--type T] [--tied] [--seed S] [--pooling none|mean|cls|last]\n"
+                   "  embeddings (docs/embeddings.md): --pooling writes {arch}.pooling_type; bert and nomic-bert\n"
+                   "       (encoders, a WordPiece vocabulary of at least 128 tokens) write mean unless told\n"
                    "  deepseek2 (docs/mla.md): [--q-lora N] [--kv-lora N] [--rope-dim N] [--v-head-dim N]\n"
                    "       [--experts N] [--experts-used K] [--experts-shared S] [--dense-layers D] [--expert-ff F]\n"
                    "       [--gating softmax|sigmoid] [--yarn FACTOR]  (-1 for a count means none; --head-dim is the\n"
@@ -76,7 +83,8 @@ int cmd_synth(int argc, char **argv) {
                    "hidden 160, 2 layers, 8 heads, kv heads = heads, vocab 512, ctx 2048, f32.\n"
                    "--sliding-window W: llama with every layer local (Mistral-style), or gemma's local\n"
                    "layers' window (default 16 for synthetic gemma); gemma2's soft-caps default to 50 and\n"
-                   "30 (a negative value: none). See docs/sliding-window.md.\n");
+                   "30 (a negative value: none). See docs/sliding-window.md.\n"
+                   "On a terminal, stderr shows the progress.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, NULL, "--arch", &arch, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--dim", &p.dim, &bad)) {}
@@ -100,6 +108,7 @@ int cmd_synth(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--dense-layers", &p.n_dense_lead, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--expert-ff", &p.expert_ff, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--gating", &gating, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--pooling", &pooling, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--yarn", &p.yarn_factor, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-llama3", &p.rope_llama3, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--rope-linear", &p.rope_linear, &bad)) {}
@@ -129,7 +138,14 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(arch, "gemma2")) p.arch = KVLM_ARCH_GEMMA2;
         else if (!strcmp(arch, "gemma3")) p.arch = KVLM_ARCH_GEMMA3;
         else if (!strcmp(arch, "gpt-oss")) p.arch = KVLM_ARCH_GPTOSS;
-        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss)", arch);
+        else if (!strcmp(arch, "bert")) p.arch = KVLM_ARCH_BERT;
+        else if (!strcmp(arch, "nomic-bert")) p.arch = KVLM_ARCH_NOMIC_BERT;
+        else return cli_fail("synth", "unknown architecture '%s' (llama, smollm3, granite, granitemoe, olmo2, qwen2, qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss, bert, nomic-bert)", arch);
+    }
+    if (pooling) {
+        int pt = kvlm_pooling_from_name(pooling);
+        if (pt < 0) return cli_fail("synth", "unknown pooling '%s' (none, mean, cls, last, rank)", pooling);
+        p.pooling_plus1 = pt + 1;
     }
     if (gating) {
         if (!strcmp(gating, "softmax")) p.expert_gating = 1;
@@ -139,6 +155,14 @@ int cmd_synth(int argc, char **argv) {
     if (type_name && (p.type = kvlm_type_from_name(type_name)) < 0)
         return cli_fail("synth", "unknown type '%s'", type_name);
     kvlm_error err = {0};
-    if (kvlm_model_synth(&p, out, &err)) return cli_fail("synth", "%s", err.msg);
+    cli_progress pr;
+    cli_progress_begin(&pr, "writing %s", out);
+    if (pr.on) {
+        p.progress_callback = cli_progress_callback;
+        p.progress_callback_user_data = &pr;
+    }
+    int rc = kvlm_model_synth(&p, out, &err);
+    cli_progress_end(&pr);
+    if (rc) return cli_fail("synth", "%s", err.msg);
     return 0;
 }

@@ -5,27 +5,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
+#include "cli/progress.h"
+
+/* The chunks' running perplexity on stdout, as llama.cpp prints it; on a
+ * terminal, the time left on stderr: one line before the first value when
+ * stdout shares the terminal (llama.cpp's "ETA"), else a progress line. */
+typedef struct {
+    cli_progress pr;
+    int total;
+    bool line_once; /* stdout is a terminal too: the one line */
+} ppl_progress;
 
 static void progress(void *user, int chunk, double ppl) {
-    (void)user;
+    ppl_progress *p = user;
+    if (p->pr.on && p->line_once && chunk == 0) {
+        double s = cli_now() - p->pr.t0;
+        long left = (long)(s * (p->total - 1) + 0.5);
+        fprintf(stderr, "perplexity: %.2f s per chunk, %d chunks: about %ld min %02ld s left\n", s, p->total,
+                left / 60, left % 60);
+    }
     printf("[%d]%.4f,", chunk + 1, ppl);
     fflush(stdout);
+    if (!p->line_once) cli_progress_update(&p->pr, (float)(chunk + 1) / (float)p->total);
 }
 
 #define MAX_POLICIES 8
 
 /* Loads the model and tokenizes the text file (BOS first where the model adds
  * one); NULL after an error (*m then freed). */
-static int32_t *load_tokens(const char *model_path, const char *tok_path, const char *file, kvlm_model **m, int *n) {
+static int32_t *load_tokens(const char *model_path, const char *tok_path, kvlm_model_params *mp, const char *file,
+                            kvlm_model **m, int *n) {
     size_t len;
     char *text = cli_read_file("perplexity", file, &len);
     if (!text) return NULL;
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
-    mp.tokenizer_path = tok_path;
+    mp->tokenizer_path = tok_path;
     int32_t *toks = NULL;
-    if (!(*m = kvlm_model_load(model_path, &mp, &err))) cli_fail("perplexity", "%s", err.msg);
+    if (!(*m = cli_model_load(model_path, mp, &err))) cli_fail("perplexity", "%s", err.msg);
     else if ((*n = kvlm_tokenize(*m, text, len, kvlm_add_bos(*m), false, NULL, 0, &err)) < 0)
         cli_fail("perplexity", "%s", err.msg);
     else if (!(toks = malloc(((size_t)*n + 1) * sizeof *toks))) cli_fail("perplexity", "out of memory");
@@ -99,6 +118,8 @@ static int cmd_perplexity_stream(int argc, char **argv) {
     int stride = 256, n_max = 4096, n_ctx_train = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.kv_budget = 256;
+    cli_llama ll;
+    cli_llama_init(&ll);
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) { stream_usage(stdout); return 0; }
@@ -112,6 +133,8 @@ static int cmd_perplexity_stream(int argc, char **argv) {
         else if (cli_opt_int(argc, argv, &i, NULL, "--trained-ctx", &n_ctx_train, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--csv", &csv, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--svg", &svg, &bad)) {}
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("perplexity", argv[i])) return 1;
         else { cli_fail("perplexity", "unknown option '%s'", argv[i]); stream_usage(stderr); return 1; }
         if (bad) return 1;
     }
@@ -119,6 +142,8 @@ static int cmd_perplexity_stream(int argc, char **argv) {
     if (stride < 1 || n_max < 2 || cp.kv_budget < 1)
         return cli_fail("perplexity", "--stride, --kv-budget must be >= 1 and --tokens >= 2");
     if (cli_ctx_finish("perplexity", &cp, kv_mem, NULL)) return 1; /* the policies are a list: below */
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("perplexity", &ll, &cp, &mp)) return 1;
     char names[MAX_POLICIES][16];
     int ids[MAX_POLICIES], n_pol = 0;
     for (const char *p = policies; *p;) {
@@ -134,7 +159,7 @@ static int cmd_perplexity_stream(int argc, char **argv) {
     }
     kvlm_model *m;
     int n, rc = 1;
-    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    int32_t *toks = load_tokens(model_path, tok_path, &mp, file, &m, &n);
     if (!toks) return 1;
     kvlm_error err = {0};
     double *ppl = NULL;
@@ -205,6 +230,8 @@ int cmd_perplexity(int argc, char **argv) {
     int n_chunks = 0;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_ctx = 512;
+    cli_llama ll;
+    cli_llama_init(&ll);
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
@@ -217,24 +244,31 @@ int cmd_perplexity(int argc, char **argv) {
                    "With --stream: perplexity per stretch of positions through bounded KV caches under\n"
                    "each eviction policy (kvlm perplexity --stream --help), where the eviction options\n"
                    "below apply; -c is the chunk size here (default 512).\n"
-                   CLI_CTX_USAGE);
+                   "On a terminal, stderr tells the time left (nothing is added when it is piped).\n"
+                   "  -c, --ctx N             the chunk size (default 512 here)\n"
+                   CLI_CTX_USAGE
+                   CLI_LLAMA_USAGE);
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--tokenizer", &tok_path, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, "-f", "--file", &file, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--chunks", &n_chunks, &bad)) {}
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("perplexity", argv[i])) return 1;
         else return cli_fail("perplexity", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
     if (!model_path || !file) return cli_fail("perplexity", "give -m MODEL and -f TEXT");
     if (cli_ctx_finish("perplexity", &cp, kv_mem, evict)) return 1;
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("perplexity", &ll, &cp, &mp)) return 1;
     if (cp.kv_evict || cp.kv_budget)
         return cli_fail("perplexity", "--kv-evict and --kv-budget bound the cache per policy: use them with --stream");
     if (cp.n_ctx < 8) return cli_fail("perplexity", "the context must be at least 8 tokens");
     kvlm_model *m;
     int n, rc = 1;
-    int32_t *toks = load_tokens(model_path, tok_path, file, &m, &n);
+    int32_t *toks = load_tokens(model_path, tok_path, &mp, file, &m, &n);
     if (!toks) return 1;
     kvlm_error err = {0};
     kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
@@ -244,7 +278,14 @@ int cmd_perplexity(int argc, char **argv) {
     fprintf(stderr, "perplexity: %d tokens, chunks of %d, KV cache %s/%s, %zu bytes per token\n", n, cp.n_ctx,
             kvlm_cache_type_name(cp.cache_type_k), kvlm_cache_type_name(cp.cache_type_v), ks.bytes_per_token);
     kvlm_ppl_result r;
-    if (kvlm_perplexity(ctx, toks, n, n_chunks, progress, NULL, &r, &err)) {
+    ppl_progress pp;
+    cli_progress_begin(&pp.pr, "perplexity");
+    pp.total = n / cp.n_ctx > 0 ? n / cp.n_ctx : 1;
+    if (n_chunks > 0 && n_chunks < pp.total) pp.total = n_chunks;
+    pp.line_once = isatty(STDOUT_FILENO);
+    int prc = kvlm_perplexity(ctx, toks, n, n_chunks, progress, &pp, &r, &err);
+    cli_progress_end(&pp.pr);
+    if (prc) {
         printf("\n");
         cli_fail("perplexity", "%s", err.msg);
         goto done;

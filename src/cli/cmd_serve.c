@@ -1,6 +1,7 @@
 /* cli/cmd_serve: `kvlm serve`: the OpenAI-compatible HTTP server over one
  * model and one paged KV cache, until SIGINT or SIGTERM. */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +14,8 @@
 #include <malloc.h>
 #endif
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
+#include "cli/progress.h"
 
 /* A stop takes at most this long (docs/serving.md): the requests in flight
  * end, the KV tiers' queues are written (each gives up after its own
@@ -40,6 +43,59 @@ static void *stop_watchdog(void *arg) {
     return NULL;
 }
 
+/* The log (docs/serving.md, "Logs"): every line, the library's and the
+ * server's, through one callback, with the time and level; text, or one
+ * JSON object a line (the server's own lines are JSON objects already:
+ * time and level are put in front). A line that stderr cannot take at once
+ * (a pipe nobody reads) is dropped and counted, never waited for: the
+ * engine thread logs too. */
+static bool g_log_json;
+static unsigned long g_log_dropped;
+
+static void log_line(void *user, int level, const char *msg) {
+    (void)user;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[64], line[4096];
+    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000));
+    const char *lv = kvlm_log_level_name(level);
+    int n;
+    if (!g_log_json) {
+        static const char *const up[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+        n = snprintf(line, sizeof line, "%s %s %s\n", when, level >= 0 && level < 4 ? up[level] : "?    ", msg);
+    } else if (msg[0] == '{') { /* the server's: an object already */
+        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",%s\n", when, lv, msg + 1);
+    } else { /* a message: escaped as a JSON string */
+        n = snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"", when, lv);
+        for (const unsigned char *c = (const unsigned char *)msg; *c && n < (int)sizeof line - 8; c++) {
+            if (*c == '"' || *c == '\\') n += snprintf(line + n, sizeof line - (size_t)n, "\\%c", *c);
+            else if (*c < 0x20) n += snprintf(line + n, sizeof line - (size_t)n, "\\u%04x", *c);
+            else line[n++] = (char)*c;
+        }
+        n += snprintf(line + n, sizeof line - (size_t)n, "\"}\n");
+    }
+    if (n <= 0) return;
+    if (n >= (int)sizeof line) { /* cut: still one line */
+        n = (int)sizeof line - 1;
+        line[n - 1] = '\n';
+    }
+    struct pollfd pf = {.fd = STDERR_FILENO, .events = POLLOUT};
+    if (poll(&pf, 1, 0) != 1 || !(pf.revents & POLLOUT)) {
+        g_log_dropped++;
+        return;
+    }
+    if (g_log_dropped) {
+        char note[128];
+        int k = snprintf(note, sizeof note, "%s WARN  %lu log lines were dropped: stderr was not being read\n", when,
+                         g_log_dropped);
+        if (write(STDERR_FILENO, note, (size_t)k) == k) g_log_dropped = 0;
+    }
+    if (write(STDERR_FILENO, line, (size_t)n) != n) g_log_dropped++;
+}
+
 static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvlm serve -m MODEL [options]\n\n"
@@ -49,21 +105,28 @@ static void serve_usage(FILE *f) {
             "'kvlm serve: listening on http://HOST:PORT' (https with TLS) when ready; SIGINT/SIGTERM stop it\n"
             "(within 30 s; a second one at once).\n"
             "Limits and access options are described in docs/serving.md.\n\n"
-            "  -m, --model FILE        GGUF or llama2.c .bin model\n"
+            "  -m, --model FILE        GGUF, llama2.c .bin, or a Hugging Face model directory (docs/hf-checkpoints.md)\n"
             "      --tokenizer FILE    tokenizer.bin for llama2.c models (default: beside the model)\n"
             "      --host ADDR         address to listen on, IPv4 or IPv6 (default 127.0.0.1; ::1, ::)\n"
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
             CLI_CHAT_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
-            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512)\n"
+            "  -np, --parallel N       llama-server's slots: N sequences at once, each holding -c / N tokens\n"
+            "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512;\n"
+            "                          llama.cpp's -b and -ub)\n"
+            "      --embeddings        serve POST /v1/embeddings (docs/embeddings.md; without it: 501); an\n"
+            "                          encoder model (bert, nomic-bert) needs it and serves nothing else\n"
             CLI_CTX_USAGE
             "      --timeout S         close idle or stalled connections after S seconds (default 30)\n"
             "      --max-body SIZE     largest request body (default 1MiB)\n"
             "      --max-body-total SIZE  request bodies being received, all connections; past it 503\n"
             "                          (default 64MiB)\n"
             "      --max-unsent SIZE   answers made and not yet taken by the kernel, all connections; past\n"
-            "                          it the connection holding most is reset (default 64MiB)\n\n"
+            "                          it the connection holding most is reset (default 64MiB)\n"
+            "      --answer-ids-mem SIZE  the token ids of recent chat answers, so that a conversation sent\n"
+            "                          back as text takes them and hits the prefix cache (default 16MiB;\n"
+            "                          0 = none kept)\n\n"
             "Limits against slow and idle clients (deadlines that a trickle of bytes does not reset):\n"
             "      --header-timeout S  a request's headers must be in S seconds after its connection opened\n"
             "                          or its previous answer ended (default 10)\n"
@@ -100,16 +163,28 @@ static void serve_usage(FILE *f) {
             "      --draft FILE        speculative decoding by a draft model (same vocabulary, e.g. a q4_0 copy\n"
             "                          made by kvlm convert; implies --spec draft): one context of its own for\n"
             "                          all requests, its own KV pool of the model's blocks and room for drafts\n"
+            "                          (-md, --model-draft; --draft K with a number is --draft-n K)\n"
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
             "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
-            "  -h, --help              this help\n");
+            "\nLogs (docs/serving.md, \"Logs\"): one line per request, a throughput line every 10 s while busy,\n"
+            "preemptions and KV tier events, on stderr:\n"
+            "      --log-format F      text (default) or json (one object a line)\n"
+            "      --log-level L       debug, info (default: requests, throughput), warn or error\n"
+            "  -v, --verbose           --log-level debug (also /health and /metrics requests)\n"
+            "      --log-interval S    seconds between throughput lines while busy (default 10; 0 = none)\n"
+            "      --strict-params     refuse (400) request fields kvlm does not use, instead of ignoring them\n"
+            "                          and logging each name once (as vLLM does)\n"
+            CLI_LLAMA_USAGE
+            "  -h, --help              this help\n", kvlm_chat_family_names());
 }
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
-               *max_unsent = NULL;
-    const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL;
+               *max_unsent = NULL, *answer_mem = NULL;
+    const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL, *log_format = NULL,
+               *log_level = NULL;
+    float log_interval = 10;
     const char **origins = NULL;
     char *file_key = NULL;
     kvlm_server_params sp = {0};
@@ -117,6 +192,8 @@ int cmd_serve(int argc, char **argv) {
     sp.port = 8080;
     kvlm_ctx_params cp = kvlm_ctx_default_params();
     cp.n_seq_max = 16;
+    cli_llama ll;
+    cli_llama_init(&ll);
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) { serve_usage(stdout); return 0; }
@@ -134,6 +211,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body", &max_body, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-body-total", &max_body_total, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--max-unsent", &max_unsent, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--answer-ids-mem", &answer_mem, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--header-timeout", &sp.header_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--body-timeout", &sp.body_timeout_s, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--send-timeout", &sp.send_timeout_s, &bad)) {}
@@ -144,6 +222,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key", &sp.api_key, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--api-key-file", &key_file, &bad)) {}
         else if (cli_is(argv[i], NULL, "--metrics-auth")) sp.metrics_auth = true;
+        else if (cli_is(argv[i], NULL, "--embeddings")) sp.embeddings = true;
         else if (cli_opt_str(argc, argv, &i, NULL, "--cors-origin", &origin, &bad)) {
             if (bad) break;
             const char **o = realloc(origins, (size_t)(sp.n_cors_origins + 1) * sizeof *o);
@@ -160,9 +239,15 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--kv-events-replay", &sp.kv_events_replay, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--kv-events-buffer", &sp.kv_events_buffer, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
-        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-n", &sp.spec_n_draft, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
-        else if (cli_opt_str(argc, argv, &i, NULL, "--draft", &draft_path, &bad)) {}
+        else if (cli_opt_draft(argc, argv, &i, &draft_path, &sp.spec_n_draft, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--log-format", &log_format, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--log-level", &log_level, &bad)) {}
+        else if (cli_is(argv[i], "-v", "--verbose")) log_level = "debug";
+        else if (cli_opt_float(argc, argv, &i, NULL, "--log-interval", &log_interval, &bad)) {}
+        else if (cli_is(argv[i], NULL, "--strict-params")) sp.strict_params = true;
+        else if (cli_opt_llama(argc, argv, &i, &ll, &bad)) {}
+        else if (cli_llama_unsupported("serve", argv[i])) { free(origins); return 1; }
         else { fprintf(stderr, "kvlm serve: unknown option '%s'\n", argv[i]); serve_usage(stderr); free(origins); return 1; }
         if (bad) { free(origins); return 1; }
     }
@@ -181,7 +266,26 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     sp.keepalive_s = keepalive > 0 ? keepalive : -1;
+    if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
+        cli_fail("serve", "--log-format %s: expected text or json", log_format);
+        goto out;
+    }
+    int level = log_level ? kvlm_log_level_from_name(log_level) : KVLM_LOG_INFO;
+    if (level < 0 || level == KVLM_LOG_OFF) {
+        cli_fail("serve", "--log-level %s: expected debug, info, warn or error", log_level);
+        goto out;
+    }
+    if (!(log_interval >= 0 && log_interval <= 86400)) {
+        cli_fail("serve", "--log-interval %g: expected seconds in 0..86400 (0 = none)", log_interval);
+        goto out;
+    }
+    sp.log_interval_s = log_interval > 0 ? log_interval : -1;
+    sp.log_json = g_log_json = log_format && !strcmp(log_format, "json");
+    kvlm_log_set_level(level);
+    kvlm_log_set(log_line, NULL); /* every line of the library's and the server's from here on */
     if (cli_ctx_finish("serve", &cp, kv_mem, evict)) goto out;
+    kvlm_model_params mp = {0};
+    if (cli_llama_finish("serve", &ll, &cp, &mp)) goto out;
     sp.spec_mode = spec_name ? kvlm_spec_mode_from_name(spec_name) : draft_path ? KVLM_SPEC_DRAFT : KVLM_SPEC_NONE;
     if (sp.spec_mode < 0) { cli_fail("serve", "--spec %s: expected lookup, draft or none", spec_name); goto out; }
     if (sp.spec_mode == KVLM_SPEC_DRAFT && !draft_path) { cli_fail("serve", "--spec draft needs --draft MODEL"); goto out; }
@@ -206,6 +310,14 @@ int cmd_serve(int argc, char **argv) {
     if (max_unsent && (cli_parse_size(max_unsent, &sp.max_unsent) || sp.max_unsent == 0)) {
         cli_fail("serve", "--max-unsent: bad size '%s' (e.g. 64MiB)", max_unsent);
         goto out;
+    }
+    if (answer_mem) {
+        size_t v = 0;
+        if (cli_parse_size(answer_mem, &v) || v > ((size_t)1 << 40)) {
+            cli_fail("serve", "--answer-ids-mem: bad size '%s' (e.g. 16MiB; 0: none kept)", answer_mem);
+            goto out;
+        }
+        sp.answer_ids_mem = v ? (int64_t)v : -1;
     }
     if (!sp.api_key && key_file) { /* the first line, without its end */
         size_t len = 0;
@@ -240,13 +352,12 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     kvlm_error err = {0};
-    kvlm_model_params mp = {0};
     mp.tokenizer_path = tok_path;
     kvlm_ctx *ctx = NULL, *dctx = NULL;
     kvlm_model *dmodel = NULL;
     kvlm_server *srv = NULL;
     kvlm_chat *chat = NULL;
-    kvlm_model *model = kvlm_model_load(model_path, &mp, &err);
+    kvlm_model *model = cli_model_load(model_path, &mp, &err);
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
     /* named here, the template must work; the model's own is the server's
      * to make (one it cannot render fails only chat requests) */
@@ -291,24 +402,25 @@ int cmd_serve(int argc, char **argv) {
         else cli_fail("serve", "%s", err.msg);
         goto done;
     }
-    fprintf(stderr, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)",
-            kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
-            (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20));
-    if (cp.kv_evict) /* sequences then run past the context, to max_tokens */
-        fprintf(stderr, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict), kvlm_ctx_kv_budget(ctx));
-    fputc('\n', stderr);
+    char evict_note[96] = ""; /* sequences then run past the context, to max_tokens */
+    if (cp.kv_evict)
+        snprintf(evict_note, sizeof evict_note, ", %s eviction at %d tokens a sequence", kvlm_evict_name(cp.kv_evict),
+                 kvlm_ctx_kv_budget(ctx));
+    kvlm_log(KVLM_LOG_INFO, "kvlm serve: context %d, %d sequences at once, KV cache %d blocks of %d tokens (%.1f MiB)%s",
+             kvlm_ctx_n_ctx(ctx), cp.n_seq_max, st.n_blocks, st.block_size,
+             (double)kvlm_ctx_kv_capacity_bytes(ctx) / (1 << 20), evict_note);
     if (dctx && draft_shared) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
-        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
-                "(sequences %d..%d, %d of its tokens a block, keys %s; given back before any request is preempted)\n",
+        kvlm_log(KVLM_LOG_INFO, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache in the model's pool "
+                "(sequences %d..%d, %d of its tokens a block, keys %s; given back before any request is preempted)",
                 draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, kvlm_ctx_seq_first(dctx),
                 kvlm_ctx_seq_first(dctx) + kvlm_ctx_n_seq_max(dctx) - 1, ds.block_size,
                 kvlm_cache_type_name(ds.type_k));
     } else if (dctx) {
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(dctx, &ds);
-        fprintf(stderr, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)\n",
+        kvlm_log(KVLM_LOG_INFO, "kvlm serve: draft model %s, up to %d drafts a step, its KV cache %d blocks of %d tokens (%.1f MiB)",
                 draft_path, sp.spec_n_draft ? sp.spec_n_draft : 4, ds.n_blocks, ds.block_size,
                 (double)kvlm_ctx_kv_capacity_bytes(dctx) / (1 << 20));
     }
@@ -319,7 +431,7 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "kvlm serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    kvlm_log(KVLM_LOG_INFO, "kvlm serve: %s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
     static sigset_t wd_sigs; /* outlives this frame */
     wd_sigs = sigs;
     pthread_t wd;
@@ -332,6 +444,7 @@ done:
     kvlm_model_free(dmodel);
     kvlm_ctx_free(ctx);
     kvlm_model_free(model);
+    kvlm_log_set(NULL, NULL);
 out:
     free(origins);
     free(file_key);

@@ -11,9 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "cli/cli.h"
+#include "cli/llama_flags.h"
 
 bool cli_is(const char *arg, const char *s, const char *l) {
-    return (s && !strcmp(arg, s)) || (l && !strcmp(arg, l));
+    const char *alias;
+    return (s && !strcmp(arg, s)) || (l && !strcmp(arg, l)) ||
+           (l && (alias = cli_llama_alias(arg)) && !strcmp(alias, l)); /* llama.cpp's name for it */
 }
 
 int cli_fail(const char *cmd, const char *fmt, ...) {
@@ -98,9 +101,12 @@ bool cli_opt_float(int argc, char **argv, int *i, const char *s, const char *l, 
 
 static bool cli_opt_device(int argc, char **argv, int *i, int *out, bool *bad) {
     const char *v;
-    if (!cli_opt_str(argc, argv, i, NULL, "--device", &v, bad)) return false;
+    if (!cli_opt_str(argc, argv, i, "-dev", "--device", &v, bad)) return false;
     if (*bad) return true;
     int d = kvlm_device_from_name(v);
+    /* llama.cpp's -dev names: none (the CPU), CUDA0, ... */
+    if (d < 0 && !strcmp(v, "none")) d = KVLM_DEVICE_CPU;
+    else if (d < 0 && (!strncmp(v, "CUDA", 4) || !strncmp(v, "cuda", 4))) d = KVLM_DEVICE_CUDA;
     if (d < 0) {
         fprintf(stderr, "kvlm: option --device: unknown device '%s' (cpu, cuda)\n", v);
         *bad = true;
@@ -136,10 +142,37 @@ static bool opt_swap(int argc, char **argv, int *i, kvlm_ctx_params *cp, bool *b
 enum { MAX_BIAS = 256 };
 static int32_t g_bias_ids[MAX_BIAS];
 static float g_bias[MAX_BIAS];
+/* --dry-sequence-breaker texts (argv's), likewise */
+enum { MAX_DRY = 32 };
+static const char *g_dry[MAX_DRY];
+static int g_n_dry;
+
+int cli_sampler_add_bias(kvlm_sampler_params *sp, int32_t id, float bias) {
+    if (sp->n_bias == MAX_BIAS) return -1;
+    g_bias_ids[sp->n_bias] = id;
+    g_bias[sp->n_bias++] = bias;
+    sp->bias_ids = g_bias_ids;
+    sp->bias = g_bias;
+    return 0;
+}
 
 bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, bool *seed_set, bool *bad) {
-    if (cli_opt_u64(argc, argv, i, NULL, "--seed", &sp->seed, bad)) {
-        *seed_set = true;
+    const char *seed;
+    if (cli_opt_str(argc, argv, i, NULL, "--seed", &seed, bad)) {
+        /* -1: a random seed, as llama.cpp's -s -1 */
+        if (!*bad && strcmp(seed, "-1")) {
+            char *end;
+            errno = 0;
+            unsigned long long x = strtoull(seed, &end, 10);
+            if (errno || *end || end == seed || seed[0] == '-') {
+                fprintf(stderr, "kvlm: option %s: '%s' is not a seed (a non-negative integer, or -1 for a random one)\n",
+                        argv[*i - 1], seed);
+                *bad = true;
+            } else {
+                sp->seed = x;
+                *seed_set = true;
+            }
+        }
         return true;
     }
     const char *lb = NULL;
@@ -161,15 +194,53 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
             *bad = true;
             return true;
         }
-        if (sp->n_bias == MAX_BIAS) {
+        if (cli_sampler_add_bias(sp, id, sign == '-' ? -v : v)) {
             fprintf(stderr, "kvlm: at most %d --logit-bias options\n", MAX_BIAS);
             *bad = true;
-            return true;
         }
-        g_bias_ids[sp->n_bias] = id;
-        g_bias[sp->n_bias++] = sign == '-' ? -v : v;
-        sp->bias_ids = g_bias_ids;
-        sp->bias = g_bias;
+        return true;
+    }
+    const char *v;
+    if (cli_opt_str(argc, argv, i, NULL, "--dry-sequence-breaker", &v, bad)) {
+        /* llama.cpp's: the first one replaces the default breakers; "none": no breaker */
+        if (*bad) return true;
+        if (!strcmp(v, "none")) g_n_dry = 0;
+        else if (g_n_dry == MAX_DRY) {
+            fprintf(stderr, "kvlm: at most %d --dry-sequence-breaker options\n", MAX_DRY);
+            *bad = true;
+        } else g_dry[g_n_dry++] = v;
+        sp->dry_sequence_breakers = g_dry;
+        sp->n_dry_sequence_breakers = g_n_dry;
+        return true;
+    }
+    bool seq = false;
+    if (cli_opt_str(argc, argv, i, NULL, "--samplers", &v, bad) ||
+        (seq = cli_opt_str(argc, argv, i, NULL, "--sampling-seq", &v, bad)) ||
+        (seq = cli_opt_str(argc, argv, i, NULL, "--sampler-seq", &v, bad))) {
+        /* llama.cpp's order of the stages: names separated by ';' (--samplers), or one
+         * letter each (--sampling-seq dkypmxt) */
+        if (*bad) return true;
+        sp->n_stages = 0;
+        for (const char *p = v; *p && !*bad;) {
+            char name[32];
+            size_t n = seq ? 1 : strcspn(p, ";");
+            int st = 0;
+            if (n && n < sizeof name) {
+                memcpy(name, p, n);
+                name[n] = 0;
+                st = seq ? kvlm_sampler_stage_from_char(p[0]) : kvlm_sampler_stage_from_name(name);
+            }
+            if (!st || sp->n_stages == KVLM_MAX_STAGES) {
+                fprintf(stderr, "kvlm: %s %s: '%.*s' is not a stage (penalties, dry, top_k, typ_p, top_p, min_p, xtc, "
+                        "temperature; letters e d k y p m x t)\n", argv[*i - 1], v, (int)(n ? n : 1), p);
+                *bad = true;
+            } else sp->stages[sp->n_stages++] = st;
+            p += n + (!seq && p[n] == ';');
+        }
+        return true;
+    }
+    if (cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad)) {
+        if (sp->repeat_last_n == -1) sp->repeat_last_n = 65536; /* llama.cpp's -1: the whole context (up to the most) */
         return true;
     }
     return cli_opt_float(argc, argv, i, NULL, "--temp", &sp->temperature, bad) ||
@@ -177,7 +248,15 @@ bool cli_opt_sampler(int argc, char **argv, int *i, kvlm_sampler_params *sp, boo
            cli_opt_float(argc, argv, i, NULL, "--top-p", &sp->top_p, bad) ||
            cli_opt_float(argc, argv, i, NULL, "--min-p", &sp->min_p, bad) ||
            cli_opt_float(argc, argv, i, NULL, "--repeat-penalty", &sp->repeat_penalty, bad) ||
-           cli_opt_int(argc, argv, i, NULL, "--repeat-last-n", &sp->repeat_last_n, bad);
+           cli_opt_float(argc, argv, i, NULL, "--presence-penalty", &sp->presence_penalty, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--frequency-penalty", &sp->frequency_penalty, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--typical", &sp->typical_p, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--dry-multiplier", &sp->dry_multiplier, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--dry-base", &sp->dry_base, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--dry-allowed-length", &sp->dry_allowed_length, bad) ||
+           cli_opt_int(argc, argv, i, NULL, "--dry-penalty-last-n", &sp->dry_penalty_last_n, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--xtc-probability", &sp->xtc_probability, bad) ||
+           cli_opt_float(argc, argv, i, NULL, "--xtc-threshold", &sp->xtc_threshold, bad);
 }
 
 int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab) {
@@ -190,17 +269,28 @@ int cli_sampler_check(const char *cmd, const kvlm_sampler_params *sp, int vocab)
                         f == KVLM_SAMPLER_BIAS ? "the bias" : "the token", err.msg);
     }
     /* the options' names for the fields the server calls temperature, top_k, ... */
-    static const char *const names[] = {NULL, "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                        "--repeat-last-n", "the frequency penalty", "the presence penalty"};
-    double v = f == KVLM_SAMPLER_TEMPERATURE        ? sp->temperature
-               : f == KVLM_SAMPLER_TOP_K            ? sp->top_k
-               : f == KVLM_SAMPLER_TOP_P            ? sp->top_p
-               : f == KVLM_SAMPLER_MIN_P            ? sp->min_p
-               : f == KVLM_SAMPLER_REPEAT_PENALTY   ? sp->repeat_penalty
-               : f == KVLM_SAMPLER_REPEAT_LAST_N    ? sp->repeat_last_n
-               : f == KVLM_SAMPLER_FREQUENCY_PENALTY ? sp->frequency_penalty
-                                                    : sp->presence_penalty;
-    return cli_fail(cmd, "%s %g: %s", names[f], v, err.msg);
+    switch (f) {
+    case KVLM_SAMPLER_TEMPERATURE: return cli_fail(cmd, "--temp %g: %s", sp->temperature, err.msg);
+    case KVLM_SAMPLER_TOP_K: return cli_fail(cmd, "--top-k %d: %s", sp->top_k, err.msg);
+    case KVLM_SAMPLER_TOP_P: return cli_fail(cmd, "--top-p %g: %s", sp->top_p, err.msg);
+    case KVLM_SAMPLER_MIN_P: return cli_fail(cmd, "--min-p %g: %s", sp->min_p, err.msg);
+    case KVLM_SAMPLER_REPEAT_PENALTY: return cli_fail(cmd, "--repeat-penalty %g: %s", sp->repeat_penalty, err.msg);
+    case KVLM_SAMPLER_REPEAT_LAST_N: return cli_fail(cmd, "--repeat-last-n %d: %s", sp->repeat_last_n, err.msg);
+    case KVLM_SAMPLER_FREQUENCY_PENALTY:
+        return cli_fail(cmd, "--frequency-penalty %g: %s", sp->frequency_penalty, err.msg);
+    case KVLM_SAMPLER_PRESENCE_PENALTY: return cli_fail(cmd, "--presence-penalty %g: %s", sp->presence_penalty, err.msg);
+    case KVLM_SAMPLER_TYPICAL_P: return cli_fail(cmd, "--typical %g: %s", sp->typical_p, err.msg);
+    case KVLM_SAMPLER_DRY_MULTIPLIER: return cli_fail(cmd, "--dry-multiplier %g: %s", sp->dry_multiplier, err.msg);
+    case KVLM_SAMPLER_DRY_BASE: return cli_fail(cmd, "--dry-base %g: %s", sp->dry_base, err.msg);
+    case KVLM_SAMPLER_DRY_ALLOWED_LENGTH:
+        return cli_fail(cmd, "--dry-allowed-length %d: %s", sp->dry_allowed_length, err.msg);
+    case KVLM_SAMPLER_DRY_PENALTY_LAST_N:
+        return cli_fail(cmd, "--dry-penalty-last-n %d: %s", sp->dry_penalty_last_n, err.msg);
+    case KVLM_SAMPLER_XTC_PROBABILITY: return cli_fail(cmd, "--xtc-probability %g: %s", sp->xtc_probability, err.msg);
+    case KVLM_SAMPLER_XTC_THRESHOLD: return cli_fail(cmd, "--xtc-threshold %g: %s", sp->xtc_threshold, err.msg);
+    case KVLM_SAMPLER_STAGES: return cli_fail(cmd, "--samplers: %s", err.msg);
+    default: return cli_fail(cmd, "sampling: %s", err.msg); /* (fields no option sets) */
+    }
 }
 
 /* --kv-key FILE: read at cli_ctx_finish; the bytes live as long as the process */

@@ -25,6 +25,8 @@ const float *engine_h2o_scores(const kvlm_ctx *ctx, int seq);
 double engine_evict_seconds(const kvlm_ctx *ctx);
 /* Seconds spent in attention since the context was created. */
 double engine_attention_seconds(const kvlm_ctx *ctx);
+/* Most tokens one forward chunk takes (kvlm_ctx_params.n_batch as resolved). */
+int engine_ctx_n_batch(const kvlm_ctx *ctx);
 /* The context's KV store (tests: pool counts, kv_check). */
 struct kv_store *engine_kv_store(kvlm_ctx *ctx);
 /* A draft context's host (kvlm_ctx_create_draft), whose store it uses; NULL: none. */

@@ -24,6 +24,7 @@
 #include "util/timing.h"
 #include "engine/engine.h"
 #include "engine/forward_cuda.h"
+#include "engine/forward_enc.h"
 #include "engine/forward_mla.h"
 #include "engine/moe.h"
 
@@ -66,6 +67,11 @@ struct kvlm_ctx {
     /* Logits of the tokens that asked for them in the last call. */
     float *logits;
     int n_logits, logits_cap;
+    /* Hidden states (dim each) of the tokens that asked for them (kvlm_batch.embd) in the last call. */
+    float *embd;
+    int n_embd, embd_cap;
+    int *emb_row;              /* forward_chunk: each token's row in out_rows */
+    engine_enc *enc;           /* an encoder's (bert, nomic-bert) forward pass (engine/forward_enc.c) */
     float *out_rows;
     uint64_t tokens_computed;
     double compute_seconds;    /* forward passes, for the tokens/s preemption weighs */
@@ -440,6 +446,20 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         else util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for values", p->cache_type_v);
         goto fail;
     }
+    if (c->encoder) { /* no KV cache is kept: each input is attended to whole, in one pass */
+        if (host || p->kv_evict || p->kv_budget || p->device != KVLM_DEVICE_CPU || p->kv_host_size || p->kv_disk ||
+            p->kv_redis || p->n_seq_draft) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "%s is an encoder: it keeps no KV cache (no eviction, budget or "
+                         "tiers), runs on the CPU and takes no draft model", model_arch_name(c->arch));
+            goto fail;
+        }
+        if (p->n_ctx > c->n_ctx_train) p->n_ctx = c->n_ctx_train; /* bert's positions end there */
+        if (p->n_batch < p->n_ctx) p->n_batch = p->n_ctx;          /* an input whole in one chunk */
+        p->kv_blocks = 1;
+        p->kv_mem = 0;
+        p->block_size = p->n_ctx < DEFAULT_BLOCK_SIZE ? p->n_ctx : DEFAULT_BLOCK_SIZE;
+        p->no_prefix_cache = p->no_kv_swap = true;
+    }
     ctx->budget = p->kv_budget > 0 ? p->kv_budget : p->n_ctx;
     ctx->rope_freqs = model_rope_freqs(&model->cfg, p->n_ctx);
     if (p->kv_budget < 0 || p->kv_budget > p->n_ctx) {
@@ -569,6 +589,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     ctx->out_tok = malloc(T * sizeof(int));
+    ctx->emb_row = malloc(T * sizeof(int));
     ctx->tok_next = malloc(T * sizeof(int));
     ctx->grp_first = malloc(T * sizeof(int));
     ctx->seq_at = malloc((size_t)ctx->seq_end * sizeof(int));
@@ -586,12 +607,17 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
         !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
         !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_tok ||
-        !ctx->tok_next || !ctx->grp_first || !ctx->seq_at) {
+        !ctx->tok_next || !ctx->grp_first || !ctx->seq_at || !ctx->emb_row) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
     if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2 && !(ctx->moe = engine_moe_create(model, ctx->n_batch, err)))
         goto fail;
+    if (c->encoder) {
+        engine_enc_scratch es = {ctx->x, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->hb, ctx->hb2,
+                                 ctx->rope_cs, ctx->rope_sn, ctx->mm_work};
+        if (!(ctx->enc = engine_enc_create(model, ctx->n_batch, util_pool_size(ctx->pool), &es, err))) goto fail;
+    }
     return ctx;
 fail:
     kvlm_ctx_free(ctx);
@@ -697,6 +723,8 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
     free(ctx->blocks_tmp);
     engine_mla_free(ctx->mla);
     engine_moe_free(ctx->moe);
+    engine_enc_free(ctx->enc);
+    free(ctx->embd); free(ctx->emb_row);
     free(ctx->rope_cs_local); free(ctx->rope_sn_local);
     for (int s = 0; ctx->spec && s < ctx->seq_end; s++) free(ctx->spec[s].rows);
     free(ctx->spec);
@@ -1237,8 +1265,19 @@ static int group_by_seq(kvlm_ctx *ctx, const int32_t *seq, int T) {
 
 /* One chunk of at most n_batch tokens; want[t] marks tokens whose logits
  * go to ctx->logits. */
+/* Hidden states of the chunk's tokens that asked for them (emb), from the
+ * rows prep_output left in out_rows, in token order into ctx->embd. */
+static void take_embd(kvlm_ctx *ctx, const int8_t *emb, int T, int n_out) {
+    int D = ctx->model->cfg.dim;
+    for (int r = 0; r < n_out; r++) ctx->emb_row[ctx->out_tok[r]] = r;
+    for (int t = 0; t < T; t++)
+        if (emb[t])
+            memcpy(ctx->embd + (size_t)ctx->n_embd++ * D, ctx->out_rows + (size_t)ctx->emb_row[t] * D,
+                   (size_t)D * sizeof(float));
+}
+
 static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int T,
-                          const int8_t *want) {
+                          const int8_t *want, const int8_t *emb) {
     const kvlm_model *m = ctx->model;
     const kvlm_config *c = &m->cfg;
     if (ctx->mla) {
@@ -1250,9 +1289,12 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
         return;
     }
     fwd_pass j = {.ctx = ctx, .tokens = tokens, .seq = seq, .pos = pos, .T = T, .q_mag = model_longrope_mscale2(c)};
-    int n_out = 0;
+    int n_out = 0, n_lg;
     for (int t = 0; t < T; t++)
         if (want[t]) ctx->out_tok[n_out++] = t;
+    n_lg = n_out; /* rows past these want the final norm's output only: no logits */
+    for (int t = 0; emb && t < T; t++)
+        if (emb[t] && !want[t]) ctx->out_tok[n_out++] = t;
     kv_store_rows_written(ctx->kv, seq, pos, T);
     int n_groups = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -1294,15 +1336,19 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     }
     if (n_out) {
         j.post_norm = m->layers[c->n_layers - 1].post_ffn_norm.data;
-        const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
-        op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_out, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
-        if (c->final_softcap > 0)
-            op_softcap(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, n_out * c->vocab_size, c->final_softcap);
-        if (c->logit_div > 0) { /* granite */
-            float *lg = ctx->logits + (size_t)ctx->n_logits * c->vocab_size, inv = 1.0f / c->logit_div;
-            for (size_t i = 0; i < (size_t)n_out * c->vocab_size; i++) lg[i] *= inv;
+        if (n_lg) {
+            const op_mm_out out = mm_out(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, &m->output);
+            op_backend_cpu()->matmul_prep(ctx->pool, ctx->out_rows, n_lg, c->dim, &out, 1, ctx->mm_work, prep_output, &j);
+            if (c->final_softcap > 0)
+                op_softcap(ctx->logits + (size_t)ctx->n_logits * c->vocab_size, n_lg * c->vocab_size, c->final_softcap);
+            if (c->logit_div > 0) { /* granite */
+                float *lg = ctx->logits + (size_t)ctx->n_logits * c->vocab_size, inv = 1.0f / c->logit_div;
+                for (size_t i = 0; i < (size_t)n_lg * c->vocab_size; i++) lg[i] *= inv;
+            }
+            ctx->n_logits += n_lg;
         }
-        ctx->n_logits += n_out;
+        for (int r = n_lg; r < n_out; r++) prep_output(&j, r); /* embeddings only: the norm, no product */
+        if (emb) take_embd(ctx, emb, T, n_out);
     }
     ctx->tokens_computed += (uint64_t)T;
 }
@@ -1321,11 +1367,11 @@ static int forward_chunk_cuda(kvlm_ctx *ctx, const int32_t *tokens, const int32_
 }
 
 static int forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *pos, int n,
-                   const int8_t *want, kvlm_error *err) {
+                   const int8_t *want, const int8_t *emb, kvlm_error *err) {
     double t0 = util_now_s();
     for (int i = 0; i < n; i += ctx->n_batch) {
         int T = n - i < ctx->n_batch ? n - i : ctx->n_batch;
-        if (!ctx->cuda) forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i);
+        if (!ctx->cuda) forward_chunk(ctx, tokens + i, seq + i, pos + i, T, want + i, emb ? emb + i : NULL);
         else {
             int rc = forward_chunk_cuda(ctx, tokens + i, seq + i, pos + i, T, want + i, err);
             if (rc) return rc;
@@ -1333,6 +1379,16 @@ static int forward(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *seq, con
     }
     ctx->compute_seconds += util_now_s() - t0;
     return KVLM_OK;
+}
+
+/* Room for n_emb more hidden states after the n_embd held. */
+static int grow_embd(kvlm_ctx *ctx, int n_emb) {
+    if (ctx->n_embd + n_emb <= ctx->embd_cap) return 0;
+    float *e = realloc(ctx->embd, (size_t)(ctx->n_embd + n_emb) * ctx->model->cfg.dim * sizeof(float));
+    if (!e) return -1;
+    ctx->embd = e;
+    ctx->embd_cap = ctx->n_embd + n_emb;
+    return 0;
 }
 
 static int grow_batch_arrays(kvlm_ctx *ctx, int n, int n_want) {
@@ -1401,21 +1457,33 @@ static int evict_for(kvlm_ctx *ctx, int s, int n_new, kvlm_error *err) {
     return KVLM_OK;
 }
 
+/* What token i of b asks for (kvlm_batch.logits): its logits, its hidden state. */
+static bool wants_logits(const kvlm_batch *b, int i) {
+    return b->logits ? b->logits[i] != 0 && b->logits[i] != KVLM_OUTPUT_EMBD : i == b->n_tokens - 1;
+}
+static bool wants_embd(const kvlm_batch *b, int i) {
+    return b->logits && (b->logits[i] == KVLM_OUTPUT_EMBD || b->logits[i] == KVLM_OUTPUT_BOTH);
+}
+
 /* --no-kv-cache: forget the sequence's keys and values and recompute the
  * whole sequence from its first token. */
 static int decode_recompute(kvlm_ctx *ctx, const kvlm_batch *b, int seq, kvlm_error *err) {
     int past = kv_store_seq_len(ctx->kv, seq), n = past + b->n_tokens;
     int32_t *all = malloc((size_t)n * sizeof(int32_t));
-    int8_t *want = calloc((size_t)n, 1);
+    int8_t *want = calloc((size_t)n * 2, 1), *emb = want ? want + n : NULL;
     int rc = KVLM_OK;
-    if (!all || !want || grow_batch_arrays(ctx, n, ctx->n_logits + n)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
+    if (!all || !want || grow_batch_arrays(ctx, n, ctx->n_logits + n) || grow_embd(ctx, b->n_tokens)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     if (past) memcpy(all, kv_store_seq_tokens(ctx->kv, seq), (size_t)past * sizeof(int32_t));
     memcpy(all + past, b->tokens, (size_t)b->n_tokens * sizeof(int32_t));
-    for (int i = 0; i < b->n_tokens; i++) want[past + i] = b->logits ? b->logits[i] != 0 : i == b->n_tokens - 1;
+    bool any_emb = false;
+    for (int i = 0; i < b->n_tokens; i++) {
+        want[past + i] = wants_logits(b, i);
+        any_emb |= emb[past + i] = wants_embd(b, i);
+    }
     kv_store_release(ctx->kv, seq);
     if ((rc = kv_store_reserve(ctx->kv, seq, n, err))) goto done;
     for (int i = 0; i < n; i++) { ctx->tok_seq[i] = seq; ctx->tok_pos[i] = i; }
-    if ((rc = forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want, err))) {
+    if ((rc = forward(ctx, all, ctx->tok_seq, ctx->tok_pos, n, want, any_emb ? emb : NULL, err))) {
         kv_store_release(ctx->kv, seq);
         goto done;
     }
@@ -1451,6 +1519,7 @@ static int spec_prepare(kvlm_ctx *ctx, int s, int n, kvlm_error *err) {
 
 int kvlm_decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     ctx->n_logits = 0;
+    ctx->n_embd = 0;
     return decode(ctx, b, err);
 }
 
@@ -1462,7 +1531,7 @@ static int decode_sliced(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     int n = b->n_tokens, rc = KVLM_OK;
     int8_t *want = malloc((size_t)n);
     if (!want) return util_err_set(err, KVLM_ENOMEM, "out of memory");
-    for (int i = 0; i < n; i++) want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
+    for (int i = 0; i < n; i++) want[i] = (int8_t)(wants_logits(b, i) | wants_embd(b, i) << 1);
     for (int i0 = 0; i0 < n && !rc; i0 += ctx->n_batch) {
         kvlm_batch sb = {n - i0 < ctx->n_batch ? n - i0 : ctx->n_batch, b->tokens + i0, b->pos ? b->pos + i0 : NULL,
                          want + i0, b->seq ? b->seq + i0 : NULL};
@@ -1472,13 +1541,61 @@ static int decode_sliced(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     return rc;
 }
 
+/* An encoder's batch (bert, nomic-bert), checked by decode: each sequence's
+ * tokens, adjacent in the batch, are a whole input at positions 0, 1, ...
+ * (decode has checked them against an empty cache); chunks of at most
+ * n_batch tokens take whole sequences (n_batch >= n_ctx >= any of them).
+ * The hidden states asked for go to ctx->embd; nothing is kept. */
+static int decode_encoder(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
+    int n = b->n_tokens, rc = KVLM_OK;
+    int8_t *emb = malloc((size_t)n);
+    if (!emb) return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) emb[i] = wants_embd(b, i);
+    for (int i = 0; i < n && !rc; i++) /* logits NULL asks for the last token's */
+        if (wants_logits(b, i))
+            rc = util_err_set(err, KVLM_EINVAL, "%s is an encoder: it gives no logits (ask for its hidden states: "
+                              "KVLM_OUTPUT_EMBD)", model_arch_name(ctx->model->cfg.arch));
+    if (!rc && grow_batch_arrays(ctx, n, 0)) rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
+    int set = 0;
+    for (int i = 0; i < n && !rc; i++, set++) {
+        int s = b->seq ? b->seq[i] : ctx->seq_lo;
+        bool starts = i == 0 || ctx->tok_seq[i - 1] != s;
+        if (starts && ctx->seq_at[s] >= 0)
+            rc = util_err_set(err, KVLM_EINVAL, "batch index %d: an encoder takes each sequence's tokens together "
+                              "(sequence %d came before)", i, s);
+        ctx->seq_at[s] = 0;
+        ctx->tok_seq[i] = s;
+        ctx->tok_pos[i] = starts ? 0 : ctx->tok_pos[i - 1] + 1;
+    }
+    for (int i = 0; i < set; i++) ctx->seq_at[ctx->tok_seq[i]] = -1;
+    if (rc) { free(emb); return rc; }
+    double t0 = util_now_s();
+    for (int i0 = 0; i0 < n;) {
+        int T = 0;
+        while (i0 + T < n) { /* the next whole sequence, if it fits */
+            int k = i0 + T + 1;
+            while (k < n && ctx->tok_seq[k] == ctx->tok_seq[i0 + T]) k++;
+            if (T && k - i0 > ctx->n_batch) break;
+            T = k - i0;
+        }
+        ctx->n_embd += engine_enc_forward(ctx->enc, ctx->pool, b->tokens + i0, ctx->tok_seq + i0, ctx->tok_pos + i0, T,
+                                          emb + i0,
+                                          ctx->embd + (size_t)ctx->n_embd * ctx->model->cfg.dim, &ctx->attn_seconds);
+        ctx->tokens_computed += (uint64_t)T;
+        i0 += T;
+    }
+    ctx->compute_seconds += util_now_s() - t0;
+    free(emb);
+    return KVLM_OK;
+}
+
 static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
     const kvlm_config *c = &ctx->model->cfg;
     if (!b || b->n_tokens <= 0 || !b->tokens) return util_err_set(err, KVLM_EINVAL, "empty batch");
     int n = b->n_tokens, n_seq = ctx->seq_end;
     int *count = calloc((size_t)n_seq, sizeof(int));
     int *order = malloc((size_t)n_seq * sizeof(int)); /* sequences in order of first appearance */
-    int n_order = 0, rc = KVLM_OK, n_want = 0;
+    int n_order = 0, rc = KVLM_OK, n_want = 0, n_emb = 0;
     if (!count || !order) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < n; i++) {
         int s = b->seq ? b->seq[i] : ctx->seq_lo;
@@ -1503,8 +1620,15 @@ static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
             goto done;
         }
         if (count[s]++ == 0) order[n_order++] = s;
-        n_want += b->logits ? b->logits[i] != 0 : i == n - 1;
+        n_want += wants_logits(b, i);
+        n_emb += wants_embd(b, i);
     }
+    if (n_emb && (ctx->cuda || ctx->mla)) {
+        rc = util_err_set(err, KVLM_EUNSUPPORTED, "embeddings (hidden states) are computed on the CPU and not for "
+                          "deepseek2's latent attention");
+        goto done;
+    }
+    if (grow_embd(ctx, n_emb)) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     for (int k = 0; k < n_order; k++) {
         int s = order[k];
         if ((ctx->ev.policy != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx) && (rc = evict_for(ctx, s, count[s], err)))
@@ -1515,6 +1639,10 @@ static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
             goto done;
         }
         if ((rc = spec_prepare(ctx, s, count[s], err))) goto done;
+    }
+    if (c->encoder) { /* no cache: the whole of each sequence now, nothing kept */
+        rc = decode_encoder(ctx, b, err);
+        goto done;
     }
     if (ctx->p.no_kv_cache) {
         if (n_order != 1) { rc = util_err_set(err, KVLM_EINVAL, "--no-kv-cache runs one sequence per batch"); goto done; }
@@ -1534,15 +1662,16 @@ static int decode(kvlm_ctx *ctx, const kvlm_batch *b, kvlm_error *err) {
         }
     }
     memset(count, 0, (size_t)n_seq * sizeof(int));
-    int8_t *want = malloc((size_t)n);
+    int8_t *want = malloc((size_t)n * 2), *emb = want ? want + n : NULL;
     if (!want) { rc = util_err_set(err, KVLM_ENOMEM, "out of memory"); goto done; }
     for (int i = 0; i < n; i++) {
         int s = b->seq ? b->seq[i] : ctx->seq_lo;
         ctx->tok_seq[i] = s;
         ctx->tok_pos[i] = kv_store_seq_len(ctx->kv, s) + count[s]++;
-        want[i] = b->logits ? b->logits[i] != 0 : i == n - 1;
+        want[i] = wants_logits(b, i);
+        emb[i] = wants_embd(b, i);
     }
-    rc = forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want, err);
+    rc = forward(ctx, b->tokens, ctx->tok_seq, ctx->tok_pos, n, want, n_emb ? emb : NULL, err);
     free(want);
     if (rc) { /* a device error: nothing is appended */
         for (int k = 0; k < n_order; k++) kv_store_trim(ctx->kv, order[k], kv_store_seq_len(ctx->kv, order[k]));
@@ -1613,6 +1742,12 @@ int kvlm_seq_trim(kvlm_ctx *ctx, int seq, int n_keep, kvlm_error *err) {
     return KVLM_OK;
 }
 
+const float *kvlm_get_embeddings(kvlm_ctx *ctx, int i) {
+    if (i < 0) i = ctx->n_embd - 1;
+    if (i < 0 || i >= ctx->n_embd) return NULL;
+    return ctx->embd + (size_t)i * ctx->model->cfg.dim;
+}
+
 const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
     if (i < 0) i = ctx->n_logits - 1;
     if (i < 0 || i >= ctx->n_logits) return NULL;
@@ -1622,6 +1757,7 @@ const float *kvlm_get_logits(kvlm_ctx *ctx, int i) {
 /* ---- engine.h hooks ------------------------------------------------------------ */
 
 void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
+int engine_ctx_n_batch(const kvlm_ctx *ctx) { return ctx->n_batch; }
 const char *engine_kv_check(const kvlm_ctx *ctx) { return kv_check(kv_store_pool(ctx->kv)); }
 void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec_h2o_direct = !defer; }
 double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }

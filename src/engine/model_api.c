@@ -15,6 +15,7 @@
 #include "tok/tok.h"
 #include "util/log.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/mem.h"
 
 /* The tensors only matmul reads: each layer's projections, its stacked
@@ -50,23 +51,41 @@ static size_t copy_bytes(const model_tensor *t) {
  * step reads the copy. The file's pages of an untied tensor are then dropped
  * from memory (they are clean pages of a read-only mapping, read back from
  * the file if anything asks), so the copy does not double the resident
- * weights. Returns false if out of memory (the model then reads the file's
- * pages, which is only slower). */
-static bool pack_weights(kvlm_model *m) {
-    if (!m->layers) return true;
+ * weights (not when the file was read into memory, --no-mmap, where dropped
+ * pages would read back as zeros, nor under --mlock). Out of memory, the
+ * model reads the file's pages, which is only slower. This reads the whole
+ * file once: most of a load's time, reported to the progress callback by
+ * bytes read. KVLM_ECANCELED when it returns false (what was packed is
+ * freed with the model). */
+static int pack_weights(kvlm_model *m, const kvlm_model_params *p) {
+    if (!m->layers) return KVLM_OK;
     model_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layers * MATMUL_PER_LAYER + 1));
-    if (!ts) return false;
+    if (!ts) return KVLM_OK;
     int n = matmul_tensors(m, ts);
-    size_t total = 0;
+    size_t total = 0, in_total = 0, in_done = 0;
     for (int i = 0; i < n; i++)
-        if (ts[i]->data) total += (copy_bytes(ts[i]) + 63) & ~(size_t)63;
+        if (ts[i]->data) {
+            total += (copy_bytes(ts[i]) + 63) & ~(size_t)63;
+            in_total += file_bytes(ts[i]);
+        }
     uint8_t *buf = total ? util_big_alloc(total, false) : NULL;
-    if (!buf) { free(ts); return total == 0; }
+    if (!buf) { free(ts); return KVLM_OK; }
+    m->packed_buf = buf;
+    m->packed_bytes = total;
+    if ((m->map_flags & UTIL_MAP_LOCK) && mlock(buf, total) != 0)
+        LOG_WARN("%s: cannot lock the weights' %zu bytes in memory (raise ulimit -l); going on unlocked", m->path, total);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         model_tensor *t = ts[i];
         if (!t->data) continue;
+        /* (0.99 at most here: 1 is for the load's end) */
+        if (p && p->progress_callback && !p->progress_callback(0.99f * (float)((double)in_done / (double)in_total),
+                                                               p->progress_callback_user_data)) {
+            free(ts);
+            return KVLM_ECANCELED;
+        }
+        in_done += file_bytes(t);
         const void *file = t->data;
         bool tied = file == m->tok_embd.data, packed = op_pack_type(t->type) >= 0;
         if (packed) {
@@ -78,17 +97,15 @@ static bool pack_weights(kvlm_model *m) {
             t->data = buf + off;
             if (tied) m->tok_embd.data = t->data; /* still the same tensor: the embedding rows read the copy */
         }
-        if (!tied || !packed) { /* a packed tied classifier's embedding rows still read the file */
+        if ((!tied || !packed) && !m->map_flags) { /* a packed tied classifier's embedding rows still read the file */
             uintptr_t lo = ((uintptr_t)file + page - 1) & ~(uintptr_t)(page - 1);
             uintptr_t hi = ((uintptr_t)file + file_bytes(t)) & ~(uintptr_t)(page - 1);
             if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
         }
         off += (copy_bytes(t) + 63) & ~(size_t)63;
     }
-    m->packed_buf = buf;
-    m->packed_bytes = total;
     free(ts);
-    return true;
+    return KVLM_OK;
 }
 
 /* A pre-tokenizer given by its regexes (tokenizer.json) that kvlm knows
@@ -114,10 +131,22 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
     if (!path) { util_err_set(err, KVLM_EINVAL, "no model path given"); return NULL; }
     kvlm_model *m = malloc(sizeof *m);
     if (!m) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
+    kvlm_progress_callback progress = params ? params->progress_callback : NULL;
+    void *user = params ? params->progress_callback_user_data : NULL;
+    if (progress && !progress(0.0f, user)) {
+        free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
+    }
     if (model_load(m, path, params, err)) { free(m); return NULL; }
     m->packed_buf = NULL;
+    m->packed_bytes = 0;
     name_pre_regex(&m->vocab);
-    pack_weights(m);
+    if (pack_weights(m, params) == KVLM_ECANCELED) {
+        kvlm_model_free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
+    }
     if (m->vocab.n_tokens > 0) {
         m->tok = tok_create(&m->vocab, err);
         if (!m->tok) {
@@ -129,6 +158,11 @@ kvlm_model *kvlm_model_load(const char *path, const kvlm_model_params *params, k
         /* Without tokenizer.ggml.add_bos_token, some pre-tokenizers (Llama 3,
          * Tekken, Chameleon) add BOS by default, as llama.cpp has it. */
         if (!m->vocab.add_bos_key && tok_default_add_bos(m->tok)) m->vocab.add_bos = true;
+    }
+    if (progress && !progress(1.0f, user)) { /* the load is done: a "no" here still cancels it, as asked */
+        kvlm_model_free(m);
+        util_err_set(err, KVLM_ECANCELED, "%s: loading canceled by the progress callback", path);
+        return NULL;
     }
     return m;
 }
@@ -163,6 +197,10 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
                  (double)(c->embed_mult > 0 ? c->embed_mult : 1), (double)(c->residual_mult > 0 ? c->residual_mult : 1),
                  (double)c->attn_scale, (double)(c->logit_div > 0 ? c->logit_div : 1));
     len = strlen(buf);
+    if ((c->encoder || c->pooling >= 0) && len < cap)
+        snprintf(buf + len, cap - len, "%s, pooling %s%s", c->encoder ? ", an encoder (bidirectional attention)" : "",
+                 kvlm_pooling_name(kvlm_model_pooling(m)), c->pooling >= 0 ? "" : " (no pooling_type key)");
+    len = strlen(buf);
     if (c->qk_norm_full && len < cap)
         snprintf(buf + len, cap - len, ", norms after attention and FFN, q and k normed across their heads");
     len = strlen(buf);
@@ -191,8 +229,13 @@ void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
 }
 
 int kvlm_model_save_gguf(const kvlm_model *m, const char *path, int type, kvlm_error *err) {
+    return kvlm_model_save_gguf_progress(m, path, type, NULL, NULL, err);
+}
+
+int kvlm_model_save_gguf_progress(const kvlm_model *m, const char *path, int type, kvlm_progress_callback cb,
+                                  void *user, kvlm_error *err) {
     if (!m->layers) return util_err_set(err, KVLM_EINVAL, "the model has no weights to save");
-    return model_save_gguf(m, path, type, err);
+    return model_save_gguf(m, path, type, cb, user, err);
 }
 
 int kvlm_model_synth(const kvlm_synth_params *p, const char *path, kvlm_error *err) {
@@ -277,6 +320,7 @@ int kvlm_vocab_size(const kvlm_model *m) { return m->vocab.n_tokens; }
 int32_t kvlm_token_bos(const kvlm_model *m) { return m->vocab.bos; }
 int32_t kvlm_token_eos(const kvlm_model *m) { return m->vocab.eos; }
 bool kvlm_add_bos(const kvlm_model *m) { return m->vocab.add_bos && m->vocab.bos >= 0; }
+bool kvlm_add_eos(const kvlm_model *m) { return m->vocab.add_eos && m->vocab.eos >= 0; }
 bool kvlm_token_is_eog(const kvlm_model *m, int32_t t) { return m->tok && tok_is_eog(m->tok, t); }
 
 int kvlm_tokenize(const kvlm_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
@@ -325,6 +369,28 @@ int kvlm_pretokenize(const kvlm_model *m, const char *pre, const char *text, siz
 int kvlm_token_to_text(const kvlm_model *m, int32_t token, char *buf, size_t cap) {
     if (!m->tok) return -1;
     return tok_token_to_bytes(m->tok, token, false, buf, cap);
+}
+
+int kvlm_token_to_piece(const kvlm_model *m, int32_t token, bool special, char *buf, size_t cap) {
+    if (!m->tok) return -1;
+    return tok_token_to_bytes(m->tok, token, special, buf, cap);
+}
+
+int32_t kvlm_token_fim(const kvlm_model *m, int which) {
+    /* the texts llama.cpp recognises (the last: DeepSeek's, in full-width bars) */
+    static const char *const texts[3][5] = {
+        {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>"},
+        {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>"},
+        {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+    };
+    if (which < 0 || which > 2) return -1;
+    const model_vocab *v = &m->vocab;
+    int32_t id = which == KVLM_FIM_PRE ? v->fim_pre : which == KVLM_FIM_SUF ? v->fim_suf : v->fim_mid;
+    if (id >= 0) return id;
+    for (int t = 0; t < v->n_tokens && v->tokens; t++)
+        for (int k = 0; k < 5; k++)
+            if (v->tokens[t] && !strcmp(v->tokens[t], texts[which][k])) return t;
+    return -1;
 }
 
 void kvlm_detok_init(kvlm_detok *d, const kvlm_model *m) {
@@ -381,7 +447,7 @@ static size_t emit_utf8(kvlm_detok *d, const char *buf, size_t len, char *out, s
 int kvlm_detok_push(kvlm_detok *d, int32_t token, char *out, size_t cap) {
     char buf[256];
     if (cap) out[0] = 0;
-    int len = kvlm_token_to_text(d->model, token, buf, sizeof buf);
+    int len = kvlm_token_to_piece(d->model, token, d->special, buf, sizeof buf);
     int32_t prev = d->prev;
     d->prev = token;
     if (len <= 0) return 0;
@@ -403,6 +469,96 @@ int kvlm_detok_flush(kvlm_detok *d, char *out, size_t cap) {
     if (d->n_pending) put(out, cap, &n, "\xef\xbf\xbd", 3);
     d->n_pending = 0;
     return (int)n;
+}
+
+/* ---- text with spans of known tokens ------------------------------------------ */
+
+/* Whether ids, detokenized after prev and flushed, give exactly text[0, len). */
+static bool spells(const kvlm_model *m, int32_t prev, const int32_t *ids, int n, const char *text, size_t len) {
+    kvlm_detok d;
+    kvlm_detok_init(&d, m);
+    d.prev = prev;
+    char piece[sizeof d.pending + 256 * 3 + 1]; /* the most one push writes: every byte a U+FFFD */
+    size_t at = 0;
+    for (int i = 0; i <= n; i++) {
+        int k = i < n ? kvlm_detok_push(&d, ids[i], piece, sizeof piece) : kvlm_detok_flush(&d, piece, sizeof piece);
+        if (k < 0 || (size_t)k > len - at || memcmp(piece, text + at, (size_t)k)) return false;
+        at += (size_t)k;
+    }
+    return at == len;
+}
+
+typedef struct { int32_t *t; size_t n, cap; } idbuf;
+
+static bool idbuf_room(idbuf *b, size_t more) {
+    if (b->n + more <= b->cap) return true;
+    size_t cap = (b->n + more) * 2;
+    int32_t *t = realloc(b->t, cap * sizeof *t);
+    if (!t) return false;
+    b->t = t;
+    b->cap = cap;
+    return true;
+}
+
+/* Appends the tokens of one piece of text. */
+static int encode_piece(const kvlm_model *m, const char *text, size_t len, bool bos, bool special, bool cont, idbuf *b,
+                        kvlm_error *err) {
+    int n = tok_encode_cont(m->tok, text, len, bos, special, cont, NULL, 0, err);
+    if (n < 0) return -1;
+    if (!idbuf_room(b, (size_t)n)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
+    tok_encode_cont(m->tok, text, len, bos, special, cont, b->t + b->n, n, err);
+    b->n += (size_t)n;
+    return 0;
+}
+
+int kvlm_tokenize_spans(const kvlm_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
+                        kvlm_token_span *spans, int n_spans, int32_t *tokens, int max_tokens, kvlm_error *err) {
+    if (!m->tok) return util_err_set(err, KVLM_EINVAL, "%s has no tokenizer", m->path), -1;
+    if ((!text && len) || n_spans < 0 || (n_spans && !spans))
+        return util_err_set(err, KVLM_EINVAL, "kvlm_tokenize_spans: no text or spans"), -1;
+    size_t end = 0;
+    for (int i = 0; i < n_spans; i++) {
+        kvlm_token_span *sp = &spans[i];
+        sp->at = -1;
+        if (sp->offset < end || sp->offset > len || sp->len > len - sp->offset)
+            return util_err_set(err, KVLM_EINVAL, "span %d (bytes %zu + %zu) is out of order or past the text's %zu bytes",
+                                i, sp->offset, sp->len, len), -1;
+        if (sp->n_ids < 0 || (sp->n_ids && !sp->ids))
+            return util_err_set(err, KVLM_EINVAL, "span %d: %d ids", i, sp->n_ids), -1;
+        for (int k = 0; k < sp->n_ids; k++)
+            if (sp->ids[k] < 0 || sp->ids[k] >= m->vocab.n_tokens)
+                return util_err_set(err, KVLM_EINVAL, "span %d: token %d is not below the vocabulary's %d", i,
+                                    sp->ids[k], m->vocab.n_tokens), -1;
+        end = sp->offset + sp->len;
+    }
+    idbuf b = {0};
+    size_t pos = 0; /* the text before pos is encoded */
+    bool cont = false;
+    for (int i = 0; i < n_spans; i++) {
+        kvlm_token_span *sp = &spans[i];
+        if (!sp->len || !sp->n_ids) continue;
+        size_t before = b.n;
+        if (encode_piece(m, text + pos, sp->offset - pos, add_bos && pos == 0, parse_special, cont, &b, err)) goto fail;
+        if (!spells(m, b.n ? b.t[b.n - 1] : -1, sp->ids, sp->n_ids, text + sp->offset, sp->len)) {
+            b.n = before; /* encoded with what follows it */
+            continue;
+        }
+        if (!idbuf_room(&b, (size_t)sp->n_ids)) { util_err_set(err, KVLM_ENOMEM, "out of memory"); goto fail; }
+        if (b.n > INT32_MAX) break; /* too long: the count check below refuses it */
+        sp->at = (int)b.n;
+        memcpy(b.t + b.n, sp->ids, (size_t)sp->n_ids * sizeof *b.t);
+        b.n += (size_t)sp->n_ids;
+        pos = sp->offset + sp->len;
+        cont = true;
+    }
+    if (encode_piece(m, text + pos, len - pos, add_bos && pos == 0, parse_special, cont, &b, err)) goto fail;
+    if (b.n > INT32_MAX) { util_err_set(err, KVLM_ERANGE, "kvlm_tokenize_spans: %zu tokens", b.n); goto fail; }
+    if (tokens && max_tokens > 0) memcpy(tokens, b.t, (b.n < (size_t)max_tokens ? b.n : (size_t)max_tokens) * sizeof *tokens);
+    free(b.t);
+    return (int)b.n;
+fail:
+    free(b.t);
+    return -1;
 }
 
 void kvlm_plan_memory(const kvlm_model *m, const kvlm_plan_params *p, kvlm_plan *out) {

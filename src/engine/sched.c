@@ -5,8 +5,10 @@
  * the newest sequence when the pool runs out, by swap (its blocks moved to
  * the context's swap space and back) or recompute, n > 1 by forking
  * the prompt's blocks, cancellation; under an eviction policy, sequences that
- * run past the context within their KV budget. */
+ * run past the context within their KV budget; embedding requests (prompts
+ * whose result is a pooled vector) in the same steps. */
 #include "engine/sched.h"
+#include "engine/embed.h"
 #include "engine/spec.h"
 #include "engine/sampler.h"
 #include "engine/spec_draft.h"
@@ -38,18 +40,28 @@ typedef struct {
     int n_prop;        /* draft model: drafts it proposed this step (in draft[]) */
     float *q;          /* draft model, sampling: the draft's distribution for each draft (spec_k rows of vocab) */
     bool soft;         /* this step's drafts were drawn from q (spec_check_q), not the draft's argmax */
+    /* an embedding request's input (hist, n_hist: its tokens): its states pooled as they come */
+    embed_pool pool;
+    bool admitted, enc_done; /* enc_done: an encoder's input has been through the model */
+    int cached;
 } unit;
 
 struct req {
     uint64_t id;
     kvlm_request_params p;
     int n_prompt, cached;
+    double t_submit, queue_time; /* queue_time: submission to first admission */
+    int plp_next;                /* prompt_logprobs: the next prompt position to report (from 1) */
     bool admitted, forked, cancel, kill; /* kill: the engine thread's copy of cancel */
     unit *u;
     int n, n_live;
     kvlm_sched_cb cb;
     void *user;
     req *next;
+    /* an embedding request (kvlm_sched_submit_embed): its units are its inputs */
+    bool embed;
+    kvlm_embed_params ep;
+    int pooling, dims;
 };
 
 struct kvlm_sched {
@@ -67,9 +79,10 @@ struct kvlm_sched {
     req *live, *live_tail;           /* seen by the engine thread, in id order */
     bool *slot_used;
     /* step scratch */
-    int32_t *tok, *seqv;
+    int32_t *tok, *seqv, *plp_pos; /* plp_pos[i] > 0: token i's logits give prompt position plp_pos[i]'s logprob */
     int8_t *want;
     unit **who;
+    int32_t *hpos;        /* an embedding input's token: its place in the input */
     float *lp;
     /* counters (engine thread) and the published snapshot (under mu) */
     uint64_t preemptions, swaps_out, swaps_in, recomputes, swap_bytes, swaps_evicted, steps, done, prompt_tokens, cached_tokens, generated;
@@ -97,6 +110,8 @@ struct kvlm_sched {
     spec_draft_req *dreq;
     unit **dunit;
     int n_dreq;
+    bool encoder;         /* an encoder's context: embedding requests only, no blocks held */
+    uint64_t embeddings, embedding_tokens;
 };
 
 /* Tokens a sequence of n tokens holds in the cache once settled: the budget caps it. */
@@ -119,6 +134,9 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->max_feed = kvlm_ctx_kv_max_feed(ctx);
     s->evicts = kvlm_ctx_kv_evict(ctx) != KVLM_EVICT_NONE;
     s->vocab = kvlm_vocab_size(s->model);
+    /* an encoder takes each input whole in one step: a step's arrays hold the
+     * longest (one past the token budget goes alone) */
+    s->encoder = kvlm_model_is_encoder(s->model);
     kvlm_kv_stats st;
     kvlm_kv_stats_get(ctx, &st);
     s->block_size = st.block_size;
@@ -128,12 +146,14 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
     s->n_blk_snap = -1;
     s->snap.kv = st;
     s->snap.n_tiers = kvlm_kv_tier_stats_get(ctx, s->snap.tiers, KVLM_MAX_KV_TIERS);
-    int cap = s->batch_tokens + s->max_seqs;
+    int cap = (s->encoder && s->n_ctx > s->batch_tokens ? s->n_ctx : s->batch_tokens) + s->max_seqs;
     s->slot_used = calloc((size_t)kvlm_ctx_n_seq_max(ctx), sizeof(bool));
     s->tok = malloc((size_t)cap * sizeof(int32_t));
     s->seqv = malloc((size_t)cap * sizeof(int32_t));
+    s->plp_pos = malloc((size_t)cap * sizeof(int32_t));
     s->want = malloc((size_t)cap);
     s->who = malloc((size_t)cap * sizeof(unit *));
+    s->hpos = malloc((size_t)cap * sizeof(int32_t));
     s->lp = malloc((size_t)s->vocab * sizeof(float));
     if (params && (params->spec_mode == KVLM_SPEC_LOOKUP || params->spec_mode == KVLM_SPEC_DRAFT)) {
         bool draft = params->spec_mode == KVLM_SPEC_DRAFT;
@@ -161,7 +181,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         kvlm_sched_free(s);
         return NULL;
     }
-    if (!s->slot_used || !s->tok || !s->seqv || !s->want || !s->who || !s->lp) {
+    if (!s->slot_used || !s->tok || !s->seqv || !s->plp_pos || !s->want || !s->who || !s->hpos || !s->lp) {
         util_err_set(err, KVLM_ENOMEM, "out of memory");
         kvlm_sched_free(s);
         return NULL;
@@ -174,6 +194,7 @@ static void req_free(req *r) {
         free(r->u[i].hist);
         free(r->u[i].q);
         kvlm_sampler_free(r->u[i].smp);
+        embed_pool_free(&r->u[i].pool);
     }
     free(r->u);
     free(r);
@@ -185,8 +206,9 @@ static kvlm_sched_event event_for(const unit *u) {
     ev.id = u->r->id;
     ev.index = u->index;
     ev.token = -1;
-    ev.prompt_tokens = u->r->n_prompt;
-    ev.cached_tokens = u->r->cached;
+    ev.prompt_tokens = u->r->embed ? u->n_hist : u->r->n_prompt;
+    ev.cached_tokens = u->r->embed ? u->cached : u->r->cached;
+    ev.queue_time = u->r->queue_time;
     return ev;
 }
 
@@ -198,8 +220,9 @@ static void release(kvlm_sched *s, unit *u) {
     u->seq = -1;
 }
 
-/* Ends a completion: frees its sequence, sends its final event. */
-static void finish(kvlm_sched *s, unit *u, int reason, const char *error) {
+/* Ends a completion: frees its sequence, sends its final event (with an
+ * embedding input's vector, when given). */
+static void finish_with(kvlm_sched *s, unit *u, int reason, const char *error, const float *vec, int n_vec) {
     if (u->done) return;
     release(s, u);
     kvlm_swap_free(s->ctx, u->swap);
@@ -209,7 +232,24 @@ static void finish(kvlm_sched *s, unit *u, int reason, const char *error) {
     kvlm_sched_event ev = event_for(u);
     ev.finish = reason;
     ev.error = error;
+    ev.embedding = vec;
+    ev.n_embd = vec ? n_vec : 0;
     u->r->cb(u->r->user, &ev);
+}
+
+static void finish(kvlm_sched *s, unit *u, int reason, const char *error) { finish_with(s, u, reason, error, NULL, 0); }
+
+/* An embedding input whose every state is in: its vector out, its sequence freed. */
+static void finish_embed(kvlm_sched *s, unit *u) {
+    req *r = u->r;
+    size_t n = r->pooling == KVLM_POOLING_NONE ? (size_t)u->n_hist * r->dims : (size_t)r->dims;
+    float *v = malloc(n * sizeof(float));
+    if (!v) { finish(s, u, KVLM_FINISH_ERROR, "out of memory"); return; }
+    embed_pool_finish(&u->pool, r->dims, r->ep.no_normalize, v, n);
+    s->embeddings++;
+    s->embedding_tokens += (uint64_t)u->n_hist;
+    finish_with(s, u, KVLM_FINISH_STOP, NULL, v, (int)n);
+    free(v);
 }
 
 /* Drops requests whose completions have all ended from the live list. */
@@ -245,7 +285,7 @@ void kvlm_sched_free(kvlm_sched *s) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
     }
-    free(s->slot_used); free(s->tok); free(s->seqv); free(s->want); free(s->who); free(s->lp);
+    free(s->slot_used); free(s->tok); free(s->seqv); free(s->plp_pos); free(s->want); free(s->who); free(s->hpos); free(s->lp);
     free(s->spec_ids); free(s->spec_probs);
     spec_drafter_free(s->drafter);
     free(s->dreq); free(s->dunit);
@@ -258,12 +298,30 @@ void kvlm_sched_free(kvlm_sched *s) {
     free(s);
 }
 
+/* Queues a request that the engine thread takes at its next step. */
+static uint64_t enqueue(kvlm_sched *s, req *r) {
+    pthread_mutex_lock(&s->mu);
+    r->id = s->next_id++;
+    if (s->incoming_tail) s->incoming_tail->next = r;
+    else s->incoming = r;
+    s->incoming_tail = r;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return r->id;
+}
+
 uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, const kvlm_request_params *p,
                            kvlm_sched_cb cb, void *user, kvlm_error *err) {
     int n = p->n > 0 ? p->n : 1;
     if (!cb || !prompt || n_prompt <= 0) { util_err_set(err, KVLM_EINVAL, "empty prompt"); return 0; }
+    if (s->encoder) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "the model is an encoder (bert, nomic-bert): it gives embeddings only "
+                     "(kvlm_sched_submit_embed), no text");
+        return 0;
+    }
     if (p->max_tokens <= 0) { util_err_set(err, KVLM_EINVAL, "max_tokens must be at least 1"); return 0; }
-    if (p->logprobs > KVLM_MAX_LOGPROBS) {
+    if (p->logprobs > KVLM_MAX_LOGPROBS || (p->prompt_logprobs && (p->prompt_top_logprobs < 0 ||
+                                                                   p->prompt_top_logprobs > KVLM_MAX_LOGPROBS))) {
         util_err_set(err, KVLM_EINVAL, "logprobs must be at most %d", KVLM_MAX_LOGPROBS);
         return 0;
     }
@@ -293,8 +351,13 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
     r->p.sampling.bias = NULL;
     r->p.sampling.n_bias = 0;
     r->p.sampling.grammar = NULL; /* each sampler holds its own reference */
+    r->p.sampling.stop_ids = NULL; /* ... and its own copy of these */
+    r->p.sampling.n_stop_ids = 0;
+    r->p.sampling.dry_sequence_breakers = NULL; /* read at the samplers' creation */
     r->n = r->n_live = n;
     r->n_prompt = n_prompt;
+    r->t_submit = util_now_s();
+    r->plp_next = 1;
     r->cb = cb;
     r->user = user;
     /* the history grows in sample(); start with room for a short answer */
@@ -306,6 +369,7 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
         u->seq = -1;
         kvlm_sampler_params sp = p->sampling;
         sp.seed += (uint64_t)i;
+        if (!sp.model) sp.model = s->model; /* its end tokens (ignore_eos, min_tokens) and texts (DRY) */
         u->smp = kvlm_sampler_create(&sp, s->vocab);
         u->hist = malloc((size_t)cap * sizeof(int32_t));
         u->cap = cap;
@@ -314,14 +378,63 @@ uint64_t kvlm_sched_submit(kvlm_sched *s, const int32_t *prompt, int n_prompt, c
         u->n_hist = n_prompt;
         for (int t = 0; t < n_prompt; t++) kvlm_sampler_accept(u->smp, prompt[t]);
     }
-    pthread_mutex_lock(&s->mu);
-    r->id = s->next_id++;
-    if (s->incoming_tail) s->incoming_tail->next = r;
-    else s->incoming = r;
-    s->incoming_tail = r;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return r->id;
+    return enqueue(s, r);
+}
+
+uint64_t kvlm_sched_submit_embed(kvlm_sched *s, const int32_t *const *prompts, const int *n_prompts, int n,
+                                 const kvlm_embed_params *p, kvlm_sched_cb cb, void *user, kvlm_error *err) {
+    kvlm_embed_params d = kvlm_embed_default_params();
+    if (!p) p = &d;
+    if (!cb || !prompts || !n_prompts || n <= 0) { util_err_set(err, KVLM_EINVAL, "no input to embed"); return 0; }
+    int dims, pooling = embed_resolve(s->model, p, &dims, err);
+    if (pooling < 0) return 0;
+    for (int i = 0; i < n; i++) {
+        int np = n_prompts[i];
+        if (!prompts[i] || np <= 0) { util_err_set(err, KVLM_EINVAL, "input %d is empty", i); return 0; }
+        /* states of a sequence that evicted would not be its input's: the budget bounds an input */
+        if (np > s->budget) {
+            util_err_set(err, KVLM_ERANGE, "input %d is %d tokens, longer than the %s of %d", i, np,
+                         s->budget < s->n_ctx ? "KV budget" : "context", s->budget);
+            return 0;
+        }
+        if (!s->encoder && prompt_blocks(s, np) > s->n_blocks) {
+            util_err_set(err, KVLM_ERANGE, "input %d of %d tokens needs %d KV blocks; the cache holds only %d", i, np,
+                         prompt_blocks(s, np), s->n_blocks);
+            return 0;
+        }
+        for (int t = 0; t < np; t++)
+            if (prompts[i][t] < 0 || prompts[i][t] >= s->vocab) {
+                util_err_set(err, KVLM_EINVAL, "input %d: token %d is outside the vocabulary", i, prompts[i][t]);
+                return 0;
+            }
+    }
+    req *r = calloc(1, sizeof *r);
+    if (!r || !(r->u = calloc((size_t)n, sizeof *r->u))) { free(r); util_err_set(err, KVLM_ENOMEM, "out of memory"); return 0; }
+    r->embed = true;
+    r->forked = true; /* each unit its own input: none waits for another */
+    r->ep = *p;
+    r->pooling = pooling;
+    r->dims = dims;
+    r->p.n = n;
+    r->p.logprobs = -1;
+    r->n = r->n_live = n;
+    r->cb = cb;
+    r->user = user;
+    for (int i = 0; i < n; i++) {
+        unit *u = &r->u[i];
+        u->r = r;
+        u->index = i;
+        u->seq = -1;
+        u->n_hist = u->cap = n_prompts[i];
+        r->n_prompt += n_prompts[i];
+        if (!(u->hist = malloc((size_t)u->cap * sizeof(int32_t)))) {
+            req_free(r);
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            return 0;
+        }
+        memcpy(u->hist, prompts[i], (size_t)u->n_hist * sizeof(int32_t));
+    }
+    return enqueue(s, r);
 }
 
 void kvlm_sched_cancel(kvlm_sched *s, uint64_t id) {
@@ -339,6 +452,7 @@ static bool follower(const unit *u) { return u->index > 0 && !u->r->forked; }
 
 /* Tokens of the history already in the sequence's cache or evicted from it. */
 static int fed(const kvlm_sched *s, const unit *u) {
+    if (s->encoder) return u->enc_done ? u->n_hist : 0; /* nothing is cached: an input is through or not */
     return kvlm_seq_n_past(s->ctx, u->seq) + (int)kvlm_seq_n_evicted(s->ctx, u->seq);
 }
 
@@ -380,6 +494,8 @@ static bool choose_swap(kvlm_sched *s, const unit *u) {
 
 static void preempt(kvlm_sched *s, unit *u) {
     bool unforked = u->index == 0 && !u->r->forked;
+    int held = u->seq >= 0 ? kvlm_seq_n_past(s->ctx, u->seq) : 0;
+    bool swapped = false;
     if (choose_swap(s, u)) {
         kvlm_error err = {0};
         int seq = u->seq;
@@ -387,6 +503,7 @@ static void preempt(kvlm_sched *s, unit *u) {
         bool evicted = kvlm_seq_n_evicted(s->ctx, seq) > 0;
         int rc = kvlm_seq_swap_out(s->ctx, seq, &u->swap, &err);
         if (rc == KVLM_OK) {
+            swapped = true;
             s->swaps_evicted += evicted;
             spec_drafter_drop(s->drafter, seq);
             s->slot_used[seq] = false;
@@ -405,6 +522,8 @@ static void preempt(kvlm_sched *s, unit *u) {
     if (unforked) /* its followers wait for its prompt: they hold slots only */
         for (int i = 1; i < u->r->n; i++) release(s, &u->r->u[i]);
     s->preemptions++;
+    LOG_INFO("request %llu: completion %d preempted by %s (%d tokens held, %d generated): the KV pool is full",
+             (unsigned long long)u->r->id, u->index, swapped ? "swap" : "recompute", held, u->n_gen);
 }
 
 static int free_slot(kvlm_sched *s) {
@@ -467,6 +586,47 @@ static int batch_shortfall(kvlm_sched *s, int n) {
     return need - pool_room(s);
 }
 
+/* A request whose prompt is computed afresh, not taken from the prefix
+ * cache: cache_prompt false (at its first admission), or prompt logprobs
+ * still to report (the cache gives no logits). */
+static bool fresh(const req *r) {
+    return (r->p.no_prefix_reuse && !r->admitted) || (r->p.prompt_logprobs && r->plp_next < r->n_prompt);
+}
+
+/* An embedding input, fresh or recomputed after preemption: a slot, and
+ * (a decoder's) the blocks of its whole input; a LAST-pooled one reuses
+ * cached blocks of its prefix (only its last token's state is needed), the
+ * others compute every token (each one's state is pooled). Its pooling
+ * starts over. False when it must wait. */
+static bool admit_embed(kvlm_sched *s, unit *u, bool any_active, int promised) {
+    int n = u->n_hist, lookup = u->r->pooling == KVLM_POOLING_LAST ? n : 0;
+    if (!s->encoder) {
+        kvlm_prefix_probe pr;
+        kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, n, &pr);
+        if (any_active && pr.blocks_needed > pr.blocks_available - promised) {
+            if (!release_drafts(s, pr.blocks_needed - (pr.blocks_available - promised))) return false;
+            kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, n, &pr);
+            if (pr.blocks_needed > pr.blocks_available - promised) return false;
+        }
+    }
+    if (u->pool.dim == 0 && embed_pool_init(&u->pool, u->r->pooling, kvlm_model_config(s->model)->dim, n)) {
+        finish(s, u, KVLM_FINISH_ERROR, "out of memory");
+        return true;
+    }
+    embed_pool_reset(&u->pool);
+    u->enc_done = false;
+    u->seq = free_slot(s);
+    s->slot_used[u->seq] = true;
+    int matched = s->encoder ? 0 : kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, lookup);
+    if (!u->admitted) {
+        u->admitted = true;
+        u->cached = matched;
+        s->prompt_tokens += (uint64_t)n;
+        s->cached_tokens += (uint64_t)matched;
+    }
+    return true;
+}
+
 /* FCFS admission of waiting completions while slots and blocks last. */
 static void admit(kvlm_sched *s) {
     int n_free = 0, promised = 0;
@@ -477,7 +637,7 @@ static void admit(kvlm_sched *s) {
             unit *u = &r->u[i];
             if (u->seq < 0 || follower(u)) continue;
             any_active = true;
-            promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
+            if (!s->encoder) promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
         }
     for (req *r = s->live; r; r = r->next)
         for (int i = 0; i < r->n; i++) {
@@ -488,27 +648,32 @@ static void admit(kvlm_sched *s) {
             if (u->swap) {
                 if (!swap_in(s, u, any_active, promised)) return;
                 if (u->done) continue;
+            } else if (r->embed) {
+                if (!admit_embed(s, u, any_active, promised)) return;
+                if (u->done) continue;
             } else {
                 /* ask first (no side effects), attach only what is admitted */
+                int lookup = fresh(r) ? 0 : hold(s, u->n_hist);
                 kvlm_prefix_probe pr;
-                kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, hold(s, u->n_hist), &pr);
                 if (any_active && pr.blocks_needed > pr.blocks_available - promised) {
                     if (!release_drafts(s, pr.blocks_needed - (pr.blocks_available - promised))) return;
-                    kvlm_seq_probe_prefix(s->ctx, u->hist, hold(s, u->n_hist), hold(s, u->n_hist), &pr);
+                    kvlm_seq_probe_prefix(s->ctx, u->hist, lookup, hold(s, u->n_hist), &pr);
                     if (pr.blocks_needed > pr.blocks_available - promised) return;
                 }
                 u->seq = free_slot(s);
                 s->slot_used[u->seq] = true;
-                int matched = kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, hold(s, u->n_hist));
+                int matched = lookup ? kvlm_seq_reuse_prefix(s->ctx, u->seq, u->hist, lookup) : 0;
                 if (!r->admitted) {
                     r->admitted = true;
+                    r->queue_time = util_now_s() - r->t_submit;
                     r->cached = matched;
                     s->prompt_tokens += (uint64_t)r->n_prompt;
                     s->cached_tokens += (uint64_t)matched;
                 }
             }
             any_active = true;
-            promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
+            if (!s->encoder) promised += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist));
             n_free -= need_slots;
             if (!r->forked)
                 for (int k = 1; k < r->n; k++)
@@ -572,7 +737,7 @@ static int draft_spare(kvlm_sched *s) {
         for (int i = 0; i < r->n; i++) {
             unit *u = &r->u[i];
             if (!u->done && u->seq >= 0 && !follower(u))
-                need += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist + s->spec_k));
+                need += kvlm_seq_blocks_needed(s->ctx, u->seq, hold(s, u->n_hist + (u->r->embed ? 0 : s->spec_k)));
         }
     return pool_room(s) - need;
 }
@@ -586,7 +751,7 @@ static void draft_propose(kvlm_sched *s) {
         for (int i = 0; i < r->n; i++) {
             unit *u = &r->u[i];
             u->n_prop = 0;
-            if (u->done || u->seq < 0 || follower(u) || u->n_hist - fed(s, u) != 1) continue;
+            if (u->done || u->seq < 0 || follower(u) || u->r->embed || u->n_hist - fed(s, u) != 1) continue;
             int K = spec_room(s, u);
             if (K <= 0) continue;
             /* sampling: drafts drawn from the draft's distribution, kept with min(1, p/q) */
@@ -620,26 +785,38 @@ static int build_batch(kvlm_sched *s) {
                 if (u->seq < 0 || follower(u)) continue;
                 int past = fed(s, u), left = u->n_hist - past;
                 if (left <= 0 || (pass == 0) != (left == 1)) continue;
-                int take = left < budget ? left : budget;
+                /* an encoder's input goes whole or waits: alone when it is longer than the step's budget */
+                if (s->encoder && left > budget && n > 0) continue;
+                int take = left < budget || s->encoder ? left : budget;
                 if (take > s->max_feed) take = s->max_feed; /* a batch may not outgrow the KV budget */
+                /* prompt logprobs: logits for the prompt's tokens too, in chunks that bound their rows */
+                bool plp = u->index == 0 && u->r->p.prompt_logprobs && u->r->plp_next < u->r->n_prompt;
+                if (plp && take > 64 && take < left) take = 64;
+                bool emb = r->embed;
                 for (int t = 0; t < take; t++) {
+                    int next = past + t + 1; /* the position this token's logits predict */
                     s->tok[n] = u->hist[past + t];
                     s->seqv[n] = u->seq;
-                    s->want[n] = t == left - 1;
+                    s->plp_pos[n] = plp && next < u->r->n_prompt && next >= u->r->plp_next ? next : 0;
+                    /* an embedding input: the states its pooling takes, never logits */
+                    s->want[n] = emb ? (embed_pool_wants(&u->pool, past + t) ? KVLM_OUTPUT_EMBD : 0)
+                                     : t == left - 1 || s->plp_pos[n];
+                    s->hpos[n] = past + t;
                     s->who[n] = u;
                     n++;
                 }
                 budget -= take;
-                u->n_draft = pass == 0 ? spec_drafts(s, u, budget) : 0;
+                u->n_draft = pass == 0 && !emb ? spec_drafts(s, u, budget) : 0;
                 for (int t = 0; t < u->n_draft; t++) {
                     s->tok[n] = u->draft[t];
                     s->seqv[n] = u->seq;
+                    s->plp_pos[n] = 0;
                     s->want[n] = 1;
                     s->who[n] = u;
                     n++;
                 }
                 budget -= u->n_draft;
-                if (budget == 0) return n;
+                if (budget <= 0) return n;
             }
     return n;
 }
@@ -652,6 +829,8 @@ static void logprobs(kvlm_sched *s, const float *logits, kvlm_sched_event *ev, i
     for (int v = 0; v < s->vocab; v++) sum += exp((double)(logits[v] - mx));
     float lse = mx + (float)log(sum);
     ev->logprob = logits[ev->token] - lse;
+    ev->rank = 1;
+    for (int v = 0; v < s->vocab; v++) ev->rank += logits[v] > logits[ev->token];
     ev->n_top = 0;
     for (int v = 0; v < s->vocab; v++) {
         float l = logits[v] - lse;
@@ -683,12 +862,23 @@ static void emit(kvlm_sched *s, unit *u, int32_t token, const float *logits) {
     u->hist[u->n_hist++] = ev.token;
     u->n_gen++;
     s->generated++;
-    if (!u->r->cb(u->r->user, &ev)) finish(s, u, KVLM_FINISH_STOP, NULL);
+    if (!u->r->cb(u->r->user, &ev) || kvlm_sampler_is_stop(u->smp, ev.token)) finish(s, u, KVLM_FINISH_STOP, NULL);
     else if (u->n_gen >= u->r->p.max_tokens || (!s->evicts && u->n_hist > s->budget))
         finish(s, u, KVLM_FINISH_LENGTH, NULL);
 }
 
 static void sample(kvlm_sched *s, unit *u, const float *logits) { emit(s, u, kvlm_sampler_sample(u->smp, logits), logits); }
+
+/* prompt_logprobs: prompt position pos's log-probability from the logits after the token before it. */
+static void prompt_logprob(kvlm_sched *s, unit *u, int pos, const float *logits) {
+    kvlm_sched_event ev = event_for(u);
+    ev.prompt_token = true;
+    ev.pos = pos;
+    ev.token = u->hist[pos];
+    logprobs(s, logits, &ev, u->r->p.prompt_top_logprobs);
+    u->r->plp_next = pos + 1;
+    u->r->cb(u->r->user, &ev);
+}
 
 /* A unit whose token came with drafts: rows li .. li + n_draft hold the
  * target's logits after each; the drafts it agrees with are kept (the rule
@@ -720,7 +910,9 @@ static void verify(kvlm_sched *s, unit *u, int li) {
     else sample(s, u, kvlm_get_logits(s->ctx, li + nd));
 }
 
-static void publish(kvlm_sched *s) {
+/* The live requests and the running and waiting counts, published (at
+ * admission, before the step's forward pass, and after it). */
+static void publish_requests(kvlm_sched *s) {
     int running = 0, waiting = 0, n = 0;
     for (req *r = s->live; r; r = r->next) n++;
     if (n > s->cap_work_req) {
@@ -744,19 +936,17 @@ static void publish(kvlm_sched *s) {
             kvlm_seq_kv_info(s->ctx, u->seq, &b, &sh);
             q->blocks += b;
             q->shared_blocks += sh;
-            int st = u->n_hist - fed(s, u) <= 1 ? 2 : 1;
+            int done = fed(s, u), st = u->n_hist - done <= 1 ? 2 : 1;
+            if (st == 1 && u->n_hist - done > q->prefill_total - q->prefill_done) { /* the one furthest from done */
+                q->prefill_done = done;
+                q->prefill_total = u->n_hist;
+            }
             if (st > q->state) q->state = st;
         }
+        if (q->state != 1) q->prefill_done = q->prefill_total = 0;
         if (q->state) running++;
         else waiting++;
     }
-    double now = util_now_s();
-    if (now - s->mark_t >= 1.0) {
-        s->tps = s->mark_t > 0 ? ((double)s->generated - s->mark_gen) / (now - s->mark_t) : 0;
-        s->mark_t = now;
-        s->mark_gen = (double)s->generated;
-    }
-    s->last_step_t = now;
     pthread_mutex_lock(&s->mu);
     s->work_req = s->snap_req;
     s->snap_req = info;
@@ -766,6 +956,19 @@ static void publish(kvlm_sched *s) {
     s->n_snap_req = k;
     s->snap.running = running;
     s->snap.waiting = waiting;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void publish(kvlm_sched *s) {
+    publish_requests(s);
+    double now = util_now_s();
+    if (now - s->mark_t >= 1.0) {
+        s->tps = s->mark_t > 0 ? ((double)s->generated - s->mark_gen) / (now - s->mark_t) : 0;
+        s->mark_t = now;
+        s->mark_gen = (double)s->generated;
+    }
+    s->last_step_t = now;
+    pthread_mutex_lock(&s->mu);
     s->snap.preemptions = s->preemptions;
     s->snap.swaps_out = s->swaps_out;
     s->snap.swaps_in = s->swaps_in;
@@ -778,6 +981,8 @@ static void publish(kvlm_sched *s) {
     s->snap.cached_tokens = s->cached_tokens;
     s->snap.generated_tokens = s->generated;
     s->snap.spec_drafted = s->spec_drafted;
+    s->snap.embeddings = s->embeddings;
+    s->snap.embedding_tokens = s->embedding_tokens;
     s->snap.spec_accepted = s->spec_accepted;
     if (s->drafter)
         spec_drafter_counts(s->drafter, &s->snap.spec_draft_steps, &s->snap.spec_draft_failures,
@@ -864,6 +1069,8 @@ static bool spec_undo(kvlm_sched *s, int n) {
 int kvlm_sched_step(kvlm_sched *s) {
     pthread_mutex_lock(&s->mu);
     if (s->incoming) {
+        /* counted waiting at once (they leave the incoming list, which kvlm_sched_stats_get counts) */
+        for (req *r = s->incoming; r; r = r->next) s->snap.waiting++;
         if (s->live_tail) s->live_tail->next = s->incoming;
         else s->live = s->incoming;
         s->live_tail = s->incoming_tail;
@@ -876,6 +1083,7 @@ int kvlm_sched_step(kvlm_sched *s) {
             for (int i = 0; i < r->n; i++) finish(s, &r->u[i], KVLM_FINISH_CANCELLED, NULL);
     reap(s);
     admit(s);
+    publish_requests(s); /* requests admitted now count as running during their prefill */
     s->spec_skip = false;
     if (s->drafter) draft_propose(s);
     int n = 0;
@@ -918,9 +1126,22 @@ int kvlm_sched_step(kvlm_sched *s) {
         break;
     }
     if (n > 0) s->steps++;
-    for (int i = 0, li = 0; i < n; i++) {
-        if (!s->want[i]) continue;
+    bool any_embed = false;
+    for (int i = 0, li = 0, ei = 0; i < n; i++) {
         unit *u = s->who[i];
+        if (u->r->embed) { /* a state its pooling takes; the input ends below once all are in */
+            if (s->want[i] == KVLM_OUTPUT_EMBD && !u->done) embed_pool_add(&u->pool, s->hpos[i], kvlm_get_embeddings(s->ctx, ei));
+            ei += s->want[i] == KVLM_OUTPUT_EMBD;
+            if (s->encoder) u->enc_done = true;
+            any_embed = true;
+            continue;
+        }
+        if (!s->want[i]) continue;
+        if (s->plp_pos[i]) {
+            const float *row = kvlm_get_logits(s->ctx, li++);
+            if (!u->done) prompt_logprob(s, u, s->plp_pos[i], row);
+            continue;
+        }
         if (u->n_draft) { /* its token and drafts: rows li .. li + n_draft */
             verify(s, u, li);
             int k = i + 1;
@@ -946,6 +1167,11 @@ int kvlm_sched_step(kvlm_sched *s) {
         sample(s, u, logits);
     }
     if (s->drafter) draft_sync(s);
+    for (int i = 0; any_embed && i < n; i++) { /* the inputs that are through: their vectors */
+        unit *u = s->who[i];
+        if (u->r->embed && !u->done && u->seq >= 0 && fed(s, u) >= u->n_hist && embed_pool_done(&u->pool))
+            finish_embed(s, u);
+    }
     reap(s);
     kvlm_ctx_kv_events_flush(s->ctx); /* this step's KV events form one batch */
     take_blocks(s);

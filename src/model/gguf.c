@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "model/dtype.h"
 #include "util/error.h"
+#include "util/file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvlm reads and writes little-endian GGUF files on little-endian hosts only"
@@ -454,7 +455,9 @@ static gguf_file *open_impl(const uint8_t *buf, size_t size, const char *name, v
     return &g->pub;
 }
 
-gguf_file *gguf_open(const char *path, kvlm_error *err) {
+gguf_file *gguf_open(const char *path, kvlm_error *err) { return gguf_open_flags(path, 0, err); }
+
+gguf_file *gguf_open_flags(const char *path, int map_flags, kvlm_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         util_err_set(err, KVLM_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -478,11 +481,12 @@ gguf_file *gguf_open(const char *path, kvlm_error *err) {
         return NULL;
     }
     size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = util_map_file(fd, size, map_flags, path);
     int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED) {
-        util_err_set(err, KVLM_EIO, "%s: cannot map the file: %s", path, strerror(map_errno));
+        util_err_set(err, KVLM_EIO, "%s: cannot %s the file: %s", path, map_flags & UTIL_MAP_READ ? "read" : "map",
+                     strerror(map_errno));
         return NULL;
     }
     return open_impl(map, size, path, map, err);
@@ -986,6 +990,11 @@ static int w_build_header(gguf_writer *w, bbuf *h, uint64_t *align_out, uint64_t
 }
 
 int gguf_writer_write(gguf_writer *w, const char *path, kvlm_error *err) {
+    return gguf_writer_write_progress(w, path, NULL, NULL, 0, 1, err);
+}
+
+int gguf_writer_write_progress(gguf_writer *w, const char *path, kvlm_progress_callback cb, void *user, float lo,
+                               float hi, kvlm_error *err) {
     if (!w || !path) return util_err_set(err, KVLM_EINVAL, "gguf_writer_write: no writer or path");
     bbuf h = {0};
     uint64_t a, total;
@@ -1001,10 +1010,18 @@ int gguf_writer_write(gguf_writer *w, const char *path, kvlm_error *err) {
         return util_err_set(err, KVLM_EIO, "cannot create %s: %s", tmp, strerror(errno));
     }
     static const uint8_t zeros[4096];
-    bool ok = fwrite(h.p, 1, h.n, fp) == h.n;
+    bool ok = fwrite(h.p, 1, h.n, fp) == h.n, canceled = false;
     free(h.p);
+    uint64_t done = 0, all = 0;
+    for (size_t i = 0; i < w->n_t; i++) all += w->t[i].nbytes;
     for (size_t i = 0; ok && i < w->n_t; i++) {
         const wtensor *t = &w->t[i];
+        if (cb && !cb(lo + (hi - lo) * (float)((double)done / (double)(all ? all : 1)), user)) {
+            ok = false;
+            canceled = true;
+            break;
+        }
+        done += t->nbytes;
         ok = fwrite(t->data, 1, t->nbytes, fp) == t->nbytes;
         size_t pad = (size_t)((a - t->nbytes % a) % a);
         while (ok && pad) {
@@ -1018,6 +1035,7 @@ int gguf_writer_write(gguf_writer *w, const char *path, kvlm_error *err) {
     if (ok && rename(tmp, path) != 0) { ok = false; save_errno = errno; }
     if (!ok) {
         unlink(tmp);
+        if (canceled) return util_err_set(err, KVLM_ECANCELED, "%s: writing canceled by the progress callback", path);
         return util_err_set(err, KVLM_EIO, "cannot write %s: %s", path, strerror(save_errno));
     }
     (void)total; /* the file is streamed; only the memory image needs it */

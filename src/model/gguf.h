@@ -61,6 +61,8 @@ typedef struct {
 
 /* Opens and validates; NULL with err filled on any problem. */
 gguf_file *gguf_open(const char *path, kvlm_error *err);
+/* Same, the file held as util_map_file's flags say (UTIL_MAP_READ, UTIL_MAP_LOCK). */
+gguf_file *gguf_open_flags(const char *path, int map_flags, kvlm_error *err);
 /* Same, over a caller-owned buffer (not copied, must outlive the result). */
 gguf_file *gguf_open_buffer(const void *buf, size_t size, kvlm_error *err);
 void gguf_close(gguf_file *f);
@@ -122,6 +124,10 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, int type, int n_dim
                            const int64_t *ne, const void *data, kvlm_error *err);
 /* Writes version 3, alignment from "general.alignment" (default 32). */
 int gguf_writer_write(gguf_writer *w, const char *path, kvlm_error *err);
+/* Same, calling cb (when not NULL) with lo..hi as the tensors' bytes are
+ * written; its false removes the file and returns KVLM_ECANCELED. */
+int gguf_writer_write_progress(gguf_writer *w, const char *path, kvlm_progress_callback cb, void *user, float lo,
+                               float hi, kvlm_error *err);
 /* Same, into a malloc'ed buffer (*out, *size; caller frees). */
 int gguf_writer_write_mem(gguf_writer *w, void **out, size_t *size, kvlm_error *err);
 #endif

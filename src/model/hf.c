@@ -926,7 +926,7 @@ int model_hf_load(struct kvlm_model *m, const char *dir, bool vocab_only, kvlm_e
     json_decref(cfg);
     if (rc) return rc;
     if (mm) snprintf(m->hf->family, sizeof m->hf->family, "%s", mm_type);
-    if (!(m->hf->st = st_set_open_dir(dir, err))) return err ? err->code : KVLM_EFORMAT;
+    if (!(m->hf->st = st_set_open_dir(dir, m->map_flags, err))) return err ? err->code : KVLM_EFORMAT;
     if (mm) { /* where the language model's tensors are */
         if (st_set_find(m->hf->st, "language_model.model.embed_tokens.weight"))
             m->hf->lm_model = "language_model.model.", m->hf->lm_head = "language_model.lm_head.weight";

@@ -13,6 +13,7 @@
 #include "model/dtype.h"
 #include "model/hf.h"
 #include "util/error.h"
+#include "util/file.h"
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
@@ -476,10 +477,12 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
     else if (!strcmp(arch, "gemma2")) c->arch = KVLM_ARCH_GEMMA2;
     else if (!strcmp(arch, "gemma3")) c->arch = KVLM_ARCH_GEMMA3;
     else if (!strcmp(arch, "gpt-oss")) c->arch = KVLM_ARCH_GPTOSS;
+    else if (!strcmp(arch, "bert")) c->arch = KVLM_ARCH_BERT, c->encoder = true;
+    else if (!strcmp(arch, "nomic-bert")) c->arch = KVLM_ARCH_NOMIC_BERT, c->encoder = true;
     else
         return util_err_set(err, KVLM_EUNSUPPORTED,
                             "%s: architecture '%s' is not supported (supported: llama, smollm3, granite, granitemoe, olmo2, qwen2, "
-                            "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss)",
+                            "qwen2moe, qwen3, qwen3moe, phi3, deepseek2, gemma2, gemma3, gpt-oss, bert, nomic-bert)",
                             m->path, arch);
     int64_t v;
     bool found;
@@ -496,6 +499,13 @@ static int load_gguf_weights(struct kvlm_model *m, kvlm_error *err) {
                                 req[i].key, (long long)v);
         *req[i].dst = (int)v;
     }
+    /* embedding models (llama.cpp's key): how hidden states pool into a vector */
+    if ((hrc = hp_int(m, arch, "pooling_type", &v, &found, err))) return hrc;
+    if (found && (v < KVLM_POOLING_NONE || v > KVLM_POOLING_RANK))
+        return util_err_set(err, KVLM_EFORMAT, "%s: key %s.pooling_type = %lld is not a pooling type (0 none, 1 mean, "
+                            "2 cls, 3 last, 4 rank)", m->path, arch, (long long)v);
+    if (found) c->pooling = (int)v;
+    if (c->encoder) return model_bert_load(m, err);
     c->n_kv_heads = c->n_heads;
     if ((hrc = hp_int(m, arch, "attention.head_count_kv", &v, &found, err))) return hrc;
     if (found) c->n_kv_heads = v < 0 || v > (1 << 20) ? -1 : (int)v;
@@ -690,6 +700,8 @@ const char *model_arch_name(kvlm_arch arch) {
     case KVLM_ARCH_GEMMA2: return "gemma2";
     case KVLM_ARCH_GEMMA3: return "gemma3";
     case KVLM_ARCH_DEEPSEEK2: return "deepseek2";
+    case KVLM_ARCH_BERT: return "bert";
+    case KVLM_ARCH_NOMIC_BERT: return "nomic-bert";
     default: return "llama";
     }
 }
@@ -715,9 +727,12 @@ static int load_llama2c(struct kvlm_model *m, const char *tokenizer_path, bool v
         close(fd);
         return util_err_set(err, KVLM_EFORMAT, "%s: %zu bytes is too short for a GGUF or llama2.c model", m->path, size);
     }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = util_map_file(fd, size, m->map_flags, m->path);
+    int map_errno = errno;
     close(fd);
-    if (map == MAP_FAILED) return util_err_set(err, KVLM_EIO, "%s: mmap: %s", m->path, strerror(errno));
+    if (map == MAP_FAILED)
+        return util_err_set(err, KVLM_EIO, "%s: %s: %s", m->path, m->map_flags & UTIL_MAP_READ ? "read" : "mmap",
+                            strerror(map_errno));
     m->map = map;
     m->map_size = size;
     int32_t h[7];
@@ -797,7 +812,10 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     if (!params) params = &defaults;
     bool vocab_only = params->vocab_only;
     memset(m, 0, sizeof *m);
-    m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = -1;
+    m->cfg.pooling = -1; /* none in the file (kvlm_model_pooling) */
+    m->map_flags = (params->no_mmap ? UTIL_MAP_READ : 0) | (params->mlock ? UTIL_MAP_LOCK : 0);
+    m->vocab.bos = m->vocab.eos = m->vocab.unk = m->vocab.pad = m->vocab.eot = m->vocab.sep = -1;
+    m->vocab.fim_pre = m->vocab.fim_suf = m->vocab.fim_mid = -1;
     snprintf(m->path, sizeof m->path, "%s", path);
     int rc;
     if (model_hf_is_dir(path)) {
@@ -812,7 +830,7 @@ int model_load(struct kvlm_model *m, const char *path, const kvlm_model_params *
     size_t got = fread(magic, 1, 4, fp);
     fclose(fp);
     if (got == 4 && !memcmp(magic, "GGUF", 4)) {
-        m->gguf = gguf_open(path, err);
+        m->gguf = gguf_open_flags(path, m->map_flags, err);
         if (!m->gguf) return err ? err->code : KVLM_EFORMAT;
         if (params->metadata_only) return KVLM_OK;
         if (gguf_find(m->gguf, "tokenizer.ggml.model")) {
@@ -929,6 +947,9 @@ int model_set_rope_freqs(struct kvlm_model *m, kvlm_error *err) {
 
 /* ---- for the other architectures' loaders (model_deepseek2.c) -------------- */
 
+int model_check_blocks(const struct kvlm_model *m, int n_layers, kvlm_error *err) {
+    return check_blocks(m, m->arch_name, n_layers, err);
+}
 int model_hp_int(const struct kvlm_model *m, const char *key, int64_t *out, bool *found, kvlm_error *err) {
     return hp_int(m, m->arch_name, key, out, found, err);
 }

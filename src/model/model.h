@@ -43,6 +43,10 @@ typedef struct {
     /* gemma2/3: norms of the attention and FFN outputs (before the residual
      * add); gemma3: per-head norms of q and k (before RoPE). Absent: NULL data. */
     model_tensor post_attn_norm, post_ffn_norm, q_norm, k_norm;
+    /* bert, nomic-bert (model_bert.c): the LayerNorms after attention
+     * (attn_output_norm) and after the FFN (layer_output_norm), weights and
+     * biases; bert's FFN biases (up: hidden_dim, down: dim) */
+    model_tensor attn_out_norm, attn_out_norm_b, out_norm, out_norm_b, b_up, b_down;
     int window;         /* sliding window of this layer's attention, 0: global */
     float rope_base;    /* this layer's RoPE base */
 } model_layer;
@@ -52,6 +56,10 @@ struct tok_tokenizer;
 struct kvlm_model {
     kvlm_config cfg;
     model_tensor tok_embd, output_norm, output;
+    /* bert, nomic-bert: token type embeddings (row 0 is added), bert's
+     * absolute position embeddings (n_ctx_train rows), the LayerNorm of the
+     * embeddings (weight, bias) */
+    model_tensor type_embd, pos_embd, embd_norm, embd_norm_b;
     model_tensor rope_freqs;      /* Llama 3.1's RoPE factors (rope_dim/2, f32), or none; cfg.rope_freqs points at them */
     float *rope_freqs_own;        /* their storage when computed (a Hugging Face config), else NULL */
     float *rope_freqs_eff;        /* with cfg.rope_linear: those (or 1) times it, what cfg.rope_freqs points at */
@@ -67,6 +75,7 @@ struct kvlm_model {
     gguf_file *gguf;
     void *map;
     size_t map_size;
+    int map_flags;      /* util_map_file's: UTIL_MAP_READ (--no-mmap), UTIL_MAP_LOCK (--mlock) */
     size_t weight_bytes;
     void *packed_buf;   /* owned by the engine: every matmul tensor's copy, packed or its rows as they are */
     size_t packed_bytes;
@@ -156,6 +165,12 @@ void model_unload(struct kvlm_model *m);
 /* deepseek2's hyper-parameters past the common ones and its layers
  * (model_deepseek2.c); called by model_load with m->layers allocated. */
 int model_deepseek2_layers(struct kvlm_model *m, kvlm_error *err);
+/* bert and nomic-bert (model_bert.c): hyper-parameters past the common ones
+ * and every tensor, laid out as llama.cpp's converter writes them; called by
+ * model_load once the architecture, width, layers, FFN width and heads are read. */
+int model_bert_load(struct kvlm_model *m, kvlm_error *err);
+/* The blocks the tensors name (blk.N.*) must be exactly 0..n_layers-1. */
+int model_check_blocks(const struct kvlm_model *m, int n_layers, kvlm_error *err);
 /* model.c's key and tensor readers, for the architecture loaders: a key of
  * the file's architecture ("attention.kv_lora_rank"), a tensor of n_in x
  * n_out (n_out 0: 1-D) checked against the file. */
@@ -173,5 +188,6 @@ int model_take_tensor(const struct kvlm_model *m, model_tensor *t, const char *n
 /* Synthetic random-weight models (kvlm_synth_params in kvlm.h). */
 int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err);
 /* Writes m as GGUF v3; type = -1 keeps each tensor's type. */
-int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err);
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_progress_callback cb, void *user,
+                    kvlm_error *err);
 #endif

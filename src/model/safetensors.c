@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/error.h"
+#include "util/file.h"
 
 /* The format's own cap on the header (the Rust reader refuses more). */
 #define ST_MAX_HEADER (100u << 20)
@@ -184,7 +185,7 @@ st_file *st_open_buffer(const void *buf, size_t size, const char *name, kvlm_err
     return f;
 }
 
-st_file *st_open(const char *path, kvlm_error *err) {
+st_file *st_open(const char *path, int map_flags, kvlm_error *err) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         util_err_set(err, KVLM_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -197,10 +198,11 @@ st_file *st_open(const char *path, kvlm_error *err) {
         return NULL;
     }
     size_t size = (size_t)st.st_size;
-    void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    void *map = size ? util_map_file(fd, size, map_flags, path) : NULL;
+    int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED) {
-        util_err_set(err, KVLM_EIO, "%s: mmap: %s", path, strerror(errno));
+        util_err_set(err, KVLM_EIO, "%s: %s: %s", path, map_flags & UTIL_MAP_READ ? "read" : "mmap", strerror(map_errno));
         return NULL;
     }
     st_file *f = st_open_buffer(map ? map : "", size, path, err);
@@ -248,11 +250,11 @@ const st_tensor *st_set_find(const st_set *s, const char *name) {
     return hit ? *hit : NULL;
 }
 
-static int add_file(st_set *s, const char *path, kvlm_error *err) {
+static int add_file(st_set *s, const char *path, int map_flags, kvlm_error *err) {
     st_file **nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *nf);
     if (!nf) return util_err_set(err, KVLM_ENOMEM, "out of memory");
     s->files = nf;
-    st_file *f = st_open(path, err);
+    st_file *f = st_open(path, map_flags, err);
     if (!f) return err ? err->code : KVLM_EFORMAT;
     for (int i = 0; i < f->n_tensors; i++) f->tensors[i].file = s->n_files;
     s->files[s->n_files++] = f;
@@ -264,7 +266,7 @@ static bool safe_shard_name(const char *n) {
     return *n && !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..") && strlen(n) < 512;
 }
 
-static int open_index(st_set *s, const char *dir, const char *ipath, kvlm_error *err) {
+static int open_index(st_set *s, const char *dir, const char *ipath, int map_flags, kvlm_error *err) {
     json_error_t je;
     json_t *root = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
     if (!root) return util_err_set(err, KVLM_EFORMAT, "%s: not valid JSON (line %d: %s)", ipath, je.line, je.text);
@@ -294,7 +296,7 @@ static int open_index(st_set *s, const char *dir, const char *ipath, kvlm_error 
                               strerror(errno));
             goto done;
         }
-        if ((rc = add_file(s, path, err))) goto done;
+        if ((rc = add_file(s, path, map_flags, err))) goto done;
     }
     /* Every tensor the index names must be in the shard it names. */
     json_object_foreach(wm, key, val) {
@@ -311,19 +313,19 @@ done:
     return rc;
 }
 
-st_set *st_set_open_dir(const char *dir, kvlm_error *err) {
+st_set *st_set_open_dir(const char *dir, int map_flags, kvlm_error *err) {
     st_set *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     char path[4096];
     int rc;
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) == 0) rc = open_index(s, dir, path, err);
+    if (access(path, F_OK) == 0) rc = open_index(s, dir, path, map_flags, err);
     else {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (access(path, F_OK) != 0)
             rc = util_err_set(err, KVLM_EIO, "%s: no model.safetensors or model.safetensors.index.json "
                               "(a Hugging Face model directory holds one of them)", dir);
-        else rc = add_file(s, path, err);
+        else rc = add_file(s, path, map_flags, err);
     }
     if (!rc && s->n_files == 0) rc = util_err_set(err, KVLM_EFORMAT, "%s: the index names no shards", dir);
     for (int i = 0; i < s->n_files && !rc; i++) {

@@ -43,7 +43,7 @@ size_t st_dtype_size(st_dtype t);
  * tensor: a known dtype, a shape, data_offsets inside the data section,
  * shape x dtype size = byte length, no two tensors overlapping). NULL with
  * err (naming the file and what is wrong) on any problem. */
-st_file *st_open(const char *path, kvlm_error *err);
+st_file *st_open(const char *path, int map_flags, kvlm_error *err); /* map_flags: util_map_file's */
 /* Same over a caller-owned buffer (kept, not copied); name is for messages. */
 st_file *st_open_buffer(const void *buf, size_t size, const char *name, kvlm_error *err);
 void st_close(st_file *f);
@@ -59,7 +59,7 @@ typedef struct {
     int n_index;
     size_t total_bytes;         /* tensor bytes of all files */
 } st_set;
-st_set *st_set_open_dir(const char *dir, kvlm_error *err);
+st_set *st_set_open_dir(const char *dir, int map_flags, kvlm_error *err);
 void st_set_close(st_set *s);
 const st_tensor *st_set_find(const st_set *s, const char *name);
 #endif

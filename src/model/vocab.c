@@ -20,6 +20,14 @@
 #define KEY_UNK "tokenizer.ggml.unknown_token_id"
 #define KEY_PAD "tokenizer.ggml.padding_token_id"
 #define KEY_EOT "tokenizer.ggml.eot_token_id"
+/* fill-in-the-middle (llama.cpp's keys; the older prefix/suffix/middle ones read too) */
+#define KEY_FIM_PRE "tokenizer.ggml.fim_pre_token_id"
+#define KEY_FIM_SUF "tokenizer.ggml.fim_suf_token_id"
+#define KEY_FIM_MID "tokenizer.ggml.fim_mid_token_id"
+#define KEY_SEP "tokenizer.ggml.seperator_token_id" /* sic: GGUF's spelling */
+#define KEY_CLS "tokenizer.ggml.cls_token_id"
+#define KEY_LOWER "tokenizer.ggml.normalizer.lowercase"
+#define KEY_STRIP "tokenizer.ggml.normalizer.strip_accents"
 #define KEY_ADD_BOS "tokenizer.ggml.add_bos_token"
 #define KEY_ADD_EOS "tokenizer.ggml.add_eos_token"
 #define KEY_ADD_SPACE "tokenizer.ggml.add_space_prefix"
@@ -33,7 +41,8 @@
 
 static void vocab_reset(model_vocab *v) {
     memset(v, 0, sizeof *v);
-    v->bos = v->eos = v->unk = v->pad = v->eot = -1;
+    v->bos = v->eos = v->unk = v->pad = v->eot = v->sep = -1;
+    v->fim_pre = v->fim_suf = v->fim_mid = -1;
 }
 
 void vocab_free(model_vocab *v) {
@@ -201,16 +210,32 @@ static int load_gguf(const gguf_file *f, model_vocab *v, kvlm_error *err) {
         }
     }
 
-    bool llama = strcmp(v->model, "llama") == 0;
+    bool llama = strcmp(v->model, "llama") == 0, wpm = strcmp(v->model, "bert") == 0;
     int nt = v->n_tokens;
     /* SentencePiece (llama) vocabularies default to <unk>=0, <s>=1, </s>=2
-     * with BOS and a leading space; byte-level BPE (gpt2) to neither. */
-    if ((rc = get_id(f, KEY_BOS, nt, llama ? 1 : -1, &v->bos, err)) ||
+     * with BOS and a leading space; byte-level BPE (gpt2) to neither;
+     * WordPiece (bert) to BERT's [UNK] 100, [CLS] 101 (as BOS), [SEP] 102 and
+     * [PAD] 0, as llama.cpp does. llama.cpp's converter writes [CLS] as
+     * cls_token_id (BERT's tokenizers name no BOS): taken when BOS is absent. */
+    int32_t cls = -1;
+    if ((rc = get_id(f, KEY_CLS, nt, wpm ? 101 : -1, &cls, err)) ||
+        (rc = get_id(f, KEY_BOS, nt, llama ? 1 : cls, &v->bos, err)) ||
         (rc = get_id(f, KEY_EOS, nt, llama ? 2 : -1, &v->eos, err)) ||
-        (rc = get_id(f, KEY_UNK, nt, llama ? 0 : -1, &v->unk, err)) ||
-        (rc = get_id(f, KEY_PAD, nt, -1, &v->pad, err)) || (rc = get_id(f, KEY_EOT, nt, -1, &v->eot, err)))
+        (rc = get_id(f, KEY_UNK, nt, llama ? 0 : wpm ? 100 : -1, &v->unk, err)) ||
+        (rc = get_id(f, KEY_SEP, nt, wpm ? 102 : -1, &v->sep, err)) ||
+        (rc = get_id(f, KEY_PAD, nt, wpm ? 0 : -1, &v->pad, err)) || (rc = get_id(f, KEY_EOT, nt, -1, &v->eot, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.prefix_token_id", nt, -1, &v->fim_pre, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.suffix_token_id", nt, -1, &v->fim_suf, err)) ||
+        (rc = get_id(f, "tokenizer.ggml.middle_token_id", nt, -1, &v->fim_mid, err)) ||
+        (gguf_find(f, KEY_FIM_PRE) && (rc = get_id(f, KEY_FIM_PRE, nt, -1, &v->fim_pre, err))) ||
+        (gguf_find(f, KEY_FIM_SUF) && (rc = get_id(f, KEY_FIM_SUF, nt, -1, &v->fim_suf, err))) ||
+        (gguf_find(f, KEY_FIM_MID) && (rc = get_id(f, KEY_FIM_MID, nt, -1, &v->fim_mid, err))))
         return rc;
-    v->add_bos = llama;
+    v->wpm_lower = true;
+    if ((rc = get_flag(f, KEY_LOWER, &v->wpm_lower, err))) return rc;
+    v->wpm_strip_accents = v->wpm_lower;
+    if ((rc = get_flag(f, KEY_STRIP, &v->wpm_strip_accents, err))) return rc;
+    v->add_bos = llama || wpm;
     v->add_eos = false;
     v->add_space_prefix = llama;
     v->add_bos_key = gguf_find(f, KEY_ADD_BOS) != NULL;
@@ -384,13 +409,19 @@ void vocab_to_gguf(const model_vocab *v, gguf_writer *w) {
     if (v->types) gguf_writer_set_arr_i32(w, KEY_TYPES, v->types, (uint64_t)v->n_tokens);
     if (v->n_merges > 0) gguf_writer_set_arr_str(w, KEY_MERGES, (const char *const *)v->merges, (uint64_t)v->n_merges);
     const struct { const char *key; int32_t id; } ids[] = {
-        {KEY_BOS, v->bos}, {KEY_EOS, v->eos}, {KEY_UNK, v->unk}, {KEY_PAD, v->pad}, {KEY_EOT, v->eot}};
+        {KEY_BOS, v->bos}, {KEY_EOS, v->eos}, {KEY_UNK, v->unk}, {KEY_PAD, v->pad}, {KEY_EOT, v->eot},
+        {KEY_FIM_PRE, v->fim_pre}, {KEY_FIM_SUF, v->fim_suf}, {KEY_FIM_MID, v->fim_mid}, {KEY_SEP, v->sep}};
     bool llama = strcmp(v->model, "llama") == 0;
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         if (ids[i].id >= 0) gguf_writer_set_u32(w, ids[i].key, (uint32_t)ids[i].id);
         /* an absent BOS/EOS/UNK of a llama vocabulary would read back as the
          * default 1/2/0: say "none" explicitly */
         else if (llama && i < 3) gguf_writer_set_u32(w, ids[i].key, UINT32_MAX);
+    }
+    if (!strcmp(v->model, "bert")) { /* as llama.cpp's converter: [CLS] named as such too; the normalizer's flags */
+        if (v->bos >= 0) gguf_writer_set_u32(w, KEY_CLS, (uint32_t)v->bos);
+        gguf_writer_set_bool(w, KEY_LOWER, v->wpm_lower);
+        if (v->wpm_strip_accents != v->wpm_lower) gguf_writer_set_bool(w, KEY_STRIP, v->wpm_strip_accents);
     }
     gguf_writer_set_bool(w, KEY_ADD_BOS, v->add_bos);
     gguf_writer_set_bool(w, KEY_ADD_EOS, v->add_eos);

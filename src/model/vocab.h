@@ -15,7 +15,7 @@ enum {
 };
 
 typedef struct model_vocab {
-    char model[32];      /* tokenizer.ggml.model: "llama" (SPM), "gpt2" (byte-level BPE), "none" */
+    char model[32];      /* tokenizer.ggml.model: "llama" (SPM), "gpt2" (byte-level BPE), "bert" (WordPiece), "none" */
     char pre[32];        /* tokenizer.ggml.pre: "default", "llama-bpe", "qwen2", "gpt-2", ... ("" if absent) */
     int n_tokens;
     char **tokens;       /* NUL-terminated strings (SPM spaces as U+2581) */
@@ -25,6 +25,14 @@ typedef struct model_vocab {
     int n_merges;
     char **merges;       /* "a b" pairs, rank = index */
     int32_t bos, eos, unk, pad, eot; /* -1 if none */
+    int32_t fim_pre, fim_suf, fim_mid; /* fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id); -1 if none */
+    /* WordPiece ("bert"): [SEP], added after the text where BOS ([CLS]) is
+     * added first (-1: none); [CLS] is bos. The normalizer's flags:
+     * lowercase (tokenizer.ggml.normalizer.lowercase, default true) and
+     * accents stripped (tokenizer.ggml.normalizer.strip_accents, default:
+     * as lowercase, BERT's rule) */
+    int32_t sep;
+    bool wpm_lower, wpm_strip_accents;
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: prepend a space to the text (default true) */
     char *chat_template;   /* NULL if none */

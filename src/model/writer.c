@@ -81,7 +81,7 @@ static bool interleave_rows(named_tensor *out, const model_tensor *t, int head_d
  * if out of memory. */
 static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) {
     int n = 0;
-    bool phi3 = m->cfg.arch == KVLM_ARCH_PHI3;
+    bool phi3 = m->cfg.arch == KVLM_ARCH_PHI3, nomic = m->cfg.arch == KVLM_ARCH_NOMIC_BERT;
     /* a llama with NeoX RoPE is a Hugging Face directory's: GGUF's llama is interleaved */
     bool interleave = model_llama_rows(m->cfg.arch) && m->cfg.rope_neox;
 #define ADD(fmt, l, tensor)                                                  \
@@ -96,6 +96,10 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         if (!fuse_rows(&out[n++], parts, (int)(sizeof parts / sizeof parts[0]))) return -1;     \
     }
     ADD("token_embd.weight%.0d", 0, m->tok_embd);
+    ADD("token_types.weight%.0d", 0, m->type_embd);     /* bert, nomic-bert */
+    ADD("position_embd.weight%.0d", 0, m->pos_embd);
+    ADD("token_embd_norm.weight%.0d", 0, m->embd_norm);
+    ADD("token_embd_norm.bias%.0d", 0, m->embd_norm_b);
     ADD("output_norm.weight%.0d", 0, m->output_norm);
     ADD("rope_freqs.weight%.0d", 0, m->rope_freqs);
     ADD("rope_factors_long.weight%.0d", 0, m->rope_long);
@@ -104,7 +108,7 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const model_layer *L = &m->layers[l];
         ADD("blk.%d.attn_norm.weight", l, L->attn_norm);
-        if (phi3) {
+        if (phi3 || nomic) {
             ADD_FUSED("blk.%d.attn_qkv.weight", l, &L->wq, &L->wk, &L->wv);
         } else if (interleave) {
             const model_tensor *qk[2] = {&L->wq, &L->wk};
@@ -166,6 +170,12 @@ static int list_tensors(const struct kvlm_model *m, named_tensor *out, int cap) 
         ADD("blk.%d.post_ffw_norm.weight", l, L->post_ffn_norm);
         ADD("blk.%d.attn_q_norm.weight", l, L->q_norm);
         ADD("blk.%d.attn_k_norm.weight", l, L->k_norm);
+        ADD("blk.%d.attn_output_norm.weight", l, L->attn_out_norm); /* bert, nomic-bert */
+        ADD("blk.%d.attn_output_norm.bias", l, L->attn_out_norm_b);
+        ADD("blk.%d.layer_output_norm.weight", l, L->out_norm);
+        ADD("blk.%d.layer_output_norm.bias", l, L->out_norm_b);
+        ADD("blk.%d.ffn_up.bias", l, L->b_up);
+        ADD("blk.%d.ffn_down.bias", l, L->b_down);
     }
 #undef ADD
 #undef ADD_FUSED
@@ -250,7 +260,12 @@ static void write_hparams(gguf_writer *w, const kvlm_config *c, const char *name
         if (c->expert_shared_ff > 0)
             gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)c->expert_shared_ff);
     }
-    gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
+    if (c->pooling >= 0) gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)c->pooling);
+    if (c->encoder) { /* llama.cpp's converter's keys: a LayerNorm's epsilon, not causal */
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_epsilon"), c->norm_eps);
+        gguf_writer_set_bool(w, KEY("attention.causal"), false);
+    } else
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->norm_eps);
     gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_base);
     gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)c->rope_dim);
     /* llama.cpp's keys; gemma's defaults hold when absent, so write them always */
@@ -345,19 +360,48 @@ static void *convert_rows(util_pool *pool, const model_tensor *src, int dst_type
     return j.out;
 }
 
+/* Where a long write is, for a kvlm_progress_callback: fractions of one
+ * part of the work (lo..hi of the whole). */
+typedef struct {
+    kvlm_progress_callback cb;
+    void *user;
+    float lo, hi;
+} wprogress;
+
+/* false: the callback said stop */
+static bool wprogress_at(const wprogress *p, double frac) {
+    return !p || !p->cb || p->cb(p->lo + (p->hi - p->lo) * (float)frac, p->user);
+}
+
+/* The type tensor i is written as. */
+static int dst_type(const named_tensor *nt, int type) {
+    const model_tensor *t = &nt->t;
+    bool is_1d = t->n_out == 1; /* norms and biases stay f32 (gpt-oss's experts' biases are 2-D) */
+    size_t nl = strlen(nt->name);
+    bool keep = is_1d || type < 0 || (nl > 5 && !strcmp(nt->name + nl - 5, ".bias"));
+    return keep ? t->type : fit_type(type, t->n_in);
+}
+
 /* Adds every tensor, converting 2-D weights to `type` (-1: keep). Converted
- * data is malloc'd into owned[i]; the writer reads it at write time. */
+ * data is malloc'd into owned[i]; the writer reads it at write time. The
+ * conversion is reported to prog by weights converted. */
 static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool random_codes, void **owned,
-                         kvlm_error *err) {
+                         const wprogress *prog, kvlm_error *err) {
+    double all = 0, done = 0;
+    for (int i = 0; i < n; i++)
+        if (dst_type(&ts[i], type) != ts[i].t.type) all += (double)ts[i].t.n_in * (double)ts[i].t.n_out;
     util_pool *pool = util_pool_create(0); /* NULL: converted on this thread */
     for (int i = 0; i < n; i++) {
         model_tensor *t = &ts[i].t;
-        bool is_1d = t->n_out == 1; /* norms and biases stay f32 (gpt-oss's experts' biases are 2-D) */
-        size_t nl = strlen(ts[i].name);
-        bool keep = is_1d || type < 0 || (nl > 5 && !strcmp(ts[i].name + nl - 5, ".bias"));
-        int dst = keep ? t->type : fit_type(type, t->n_in);
+        bool is_1d = t->n_out == 1;
+        int dst = dst_type(&ts[i], type);
         const void *data = t->data;
         if (dst != t->type) {
+            if (!wprogress_at(prog, all > 0 ? done / all : 0)) {
+                util_pool_free(pool);
+                return util_err_set(err, KVLM_ECANCELED, "converting canceled by the progress callback");
+            }
+            done += (double)t->n_in * (double)t->n_out;
             data = owned[i] = convert_rows(pool, t, dst, random_codes && dt_is_iq(dst));
             if (!data) {
                 util_pool_free(pool);
@@ -378,8 +422,12 @@ static int write_tensors(gguf_writer *w, named_tensor *ts, int n, int type, bool
     return KVLM_OK;
 }
 
-/* random_codes: synth's codebook-type weights are random codes (convert_rows). */
-static int save_gguf(const struct kvlm_model *m, const char *path, int type, bool random_codes, kvlm_error *err) {
+/* random_codes: synth's codebook-type weights are random codes (convert_rows).
+ * prog: its part of the work (NULL: no progress); of it, converting takes
+ * 80% when any tensor changes type (quantizing is most of the time), writing
+ * the rest. */
+static int save_gguf(const struct kvlm_model *m, const char *path, int type, bool random_codes, const wprogress *prog,
+                     kvlm_error *err) {
     if (type >= 0 && (!dt_info(type) || type == DT_Q8_K))
         return util_err_set(err, KVLM_EINVAL, "cannot convert to type id %d", type);
     /* No GGUF key holds the attention scale: a reader derives it (llama.cpp's
@@ -407,9 +455,20 @@ static int save_gguf(const struct kvlm_model *m, const char *path, int type, boo
     write_hparams(w, &m->cfg, base ? base + 1 : m->path,
                   m->cfg.arch == KVLM_ARCH_DEEPSEEK2 && m->cfg.n_layers > 0 && m->layers[0].wk_b.data);
     vocab_to_gguf(&m->vocab, w);
+    if (m->type_embd.data) /* the converter's: token_types.weight's rows */
+        gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", (uint32_t)m->type_embd.n_out);
     int n = list_tensors(m, ts, cap);
-    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory") : write_tensors(w, ts, n, type, random_codes, owned, err);
-    if (!rc) rc = gguf_writer_write(w, path, err);
+    wprogress conv = {0}, wr = {0};
+    if (prog && n > 0) {
+        bool converts = false;
+        for (int i = 0; i < n && !converts; i++) converts = dst_type(&ts[i], type) != ts[i].t.type;
+        float mid = converts ? prog->lo + 0.8f * (prog->hi - prog->lo) : prog->lo;
+        conv = (wprogress){prog->cb, prog->user, prog->lo, mid};
+        wr = (wprogress){prog->cb, prog->user, mid, prog->hi};
+    }
+    rc = n < 0 ? util_err_set(err, KVLM_ENOMEM, "out of memory")
+               : write_tensors(w, ts, n, type, random_codes, owned, prog ? &conv : NULL, err);
+    if (!rc) rc = gguf_writer_write_progress(w, path, wr.cb, wr.user, wr.lo, wr.hi, err);
 done:
     if (owned)
         for (int i = 0; i < cap; i++) free(owned[i]);
@@ -421,8 +480,16 @@ done:
     return rc;
 }
 
-int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_error *err) {
-    return save_gguf(m, path, type, false, err);
+int model_save_gguf(const struct kvlm_model *m, const char *path, int type, kvlm_progress_callback cb, void *user,
+                    kvlm_error *err) {
+    wprogress p = {cb, user, 0, 1};
+    if (!wprogress_at(&p, 0)) return util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    int rc = save_gguf(m, path, type, false, cb ? &p : NULL, err);
+    if (!rc && !wprogress_at(&p, 1)) { /* written: a late "no" leaves no file either */
+        remove(path);
+        rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    }
+    return rc;
 }
 
 /* ---- synthetic models ---------------------------------------------------- */
@@ -447,7 +514,8 @@ static int synth_vocab(model_vocab *v, int n) {
     v->scores = calloc((size_t)n, sizeof *v->scores);
     v->types = calloc((size_t)n, sizeof *v->types);
     if (!v->tokens || !v->lens || !v->scores || !v->types) return -1;
-    v->unk = 0; v->bos = 1; v->eos = 2; v->pad = v->eot = -1;
+    v->unk = 0; v->bos = 1; v->eos = 2; v->pad = v->eot = v->sep = -1;
+    v->fim_pre = v->fim_suf = v->fim_mid = -1;
     v->add_bos = true; v->add_space_prefix = true;
     int nbytes = n >= 3 + 256 + 16 ? 256 : 0;
     for (int i = 0; i < n; i++) {
@@ -474,6 +542,53 @@ static int synth_vocab(model_vocab *v, int n) {
     return 0;
 }
 
+/* A WordPiece vocabulary as llama.cpp's converter writes BERT's: [PAD] 0,
+ * [unusedK] 1..99, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then each
+ * letter and digit as a word's start ("\u2581a") and as a continuation ("a",
+ * BERT's "##a"), punctuation and two CJK characters as words, then letter
+ * pieces of two and more letters in both forms, until n (at least 128). */
+static int synth_wpm_vocab(model_vocab *v, int n) {
+    memset(v, 0, sizeof *v);
+    snprintf(v->model, sizeof v->model, "bert");
+    snprintf(v->pre, sizeof v->pre, "default");
+    v->n_tokens = n;
+    v->tokens = calloc((size_t)n, sizeof *v->tokens);
+    v->lens = calloc((size_t)n, sizeof *v->lens);
+    v->scores = calloc((size_t)n, sizeof *v->scores);
+    v->types = calloc((size_t)n, sizeof *v->types);
+    if (!v->tokens || !v->lens || !v->scores || !v->types) return -1;
+    v->pad = 0; v->unk = 100; v->bos = 101; v->sep = 102; v->eos = v->eot = -1;
+    v->add_bos = true;
+    v->wpm_lower = v->wpm_strip_accents = true;
+    static const char *const singles = "abcdefghijklmnopqrstuvwxyz0123456789";
+    static const char *const puncts[] = {".", ",", "!", "?", ";", ":", "'", "\"", "(", ")", "-", "$", "/",
+                                         "\xe4\xb8\xad", "\xe6\x96\x87"}; /* the last two: CJK */
+    int n_single = (int)strlen(singles), n_punct = (int)(sizeof puncts / sizeof puncts[0]);
+    for (int i = 0; i < n; i++) {
+        char buf[64];
+        int type = VOCAB_T_NORMAL, k = i - 104;
+        if (i == 0) snprintf(buf, sizeof buf, "[PAD]");
+        else if (i < 100) snprintf(buf, sizeof buf, "[unused%d]", i - 1);
+        else if (i < 104) snprintf(buf, sizeof buf, "%s", i == 100 ? "[UNK]" : i == 101 ? "[CLS]" : i == 102 ? "[SEP]" : "[MASK]");
+        else if (k < 2 * n_single)
+            snprintf(buf, sizeof buf, "%s%c", k & 1 ? "" : "\xe2\x96\x81", singles[k / 2]);
+        else if (k < 2 * n_single + n_punct)
+            snprintf(buf, sizeof buf, "\xe2\x96\x81%s", puncts[k - 2 * n_single]);
+        else {
+            int x = (k - 2 * n_single - n_punct) / 2 + 27, pos = 0; /* 27: "aa" first */
+            if (!((k - 2 * n_single - n_punct) & 1)) pos = snprintf(buf, sizeof buf, "\xe2\x96\x81");
+            for (; x > 0 && pos < 60; x = (x - 1) / 26) buf[pos++] = (char)('a' + (x - 1) % 26);
+            buf[pos] = 0;
+        }
+        if (i == 0 || (i >= 100 && i < 104)) type = VOCAB_T_CONTROL;
+        v->tokens[i] = strdup(buf);
+        if (!v->tokens[i]) return -1;
+        v->lens[i] = (uint32_t)strlen(buf);
+        v->types[i] = type;
+    }
+    return 0;
+}
+
 int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *err) {
     kvlm_config c = {0};
     c.arch = p->arch;
@@ -492,6 +607,20 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         c.embed_mult = 12.0f, c.residual_mult = 0.22f, c.logit_div = 8.0f,
         c.attn_scale = c.head_dim > 0 ? 1.0f / (float)c.head_dim : 1.0f;
     c.norm_eps = 1e-5f;
+    c.pooling = p->pooling_plus1 > 0 ? p->pooling_plus1 - 1 : -1;
+    bool enc = c.arch == KVLM_ARCH_BERT || c.arch == KVLM_ARCH_NOMIC_BERT;
+    if (enc) { /* BERT's LayerNorm epsilon; mean pooling unless asked otherwise (nomic-embed-text's) */
+        c.encoder = true;
+        c.norm_eps = 1e-12f;
+        if (c.pooling < 0) c.pooling = KVLM_POOLING_MEAN;
+        c.rope_neox = true;
+        if (c.n_kv_heads != c.n_heads || c.head_dim * c.n_heads != c.dim || c.vocab_size < 128 ||
+            p->n_expert > 0 || p->sliding_window > 0 || p->tied_output)
+            return util_err_set(err, KVLM_EINVAL, "%s: heads of dim / heads each (no other head dimension, no "
+                                "KV heads of their own), a vocabulary of at least 128, no experts, window or tied "
+                                "output", model_arch_name(c.arch));
+    }
+    if (c.pooling > KVLM_POOLING_RANK) return util_err_set(err, KVLM_EINVAL, "unknown pooling %d", c.pooling);
     bool gemma = c.arch == KVLM_ARCH_GEMMA2 || c.arch == KVLM_ARCH_GEMMA3;
     c.sliding_window = p->sliding_window > 0 ? p->sliding_window : gemma ? 16 : 0;
     if (c.arch == KVLM_ARCH_GPTOSS && !p->sliding_window) c.sliding_window = 16;
@@ -571,7 +700,15 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     m.cfg = c;
     snprintf(m.path, sizeof m.path, "synthetic-%s-d%d-l%d", model_arch_name(c.arch), c.dim, c.n_layers);
     int rc = KVLM_OK;
-    if (synth_vocab(&m.vocab, c.vocab_size)) { vocab_free(&m.vocab); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }
+    /* progress: the random weights 0..0.3, converting and writing them the rest */
+    const wprogress prog_all = {p->progress_callback, p->progress_callback_user_data, 0, 1},
+                    gen = {p->progress_callback, p->progress_callback_user_data, 0, 0.3f},
+                    prog = {p->progress_callback, p->progress_callback_user_data, 0.3f, 1};
+    if (!wprogress_at(&prog_all, 0)) return util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    if ((enc ? synth_wpm_vocab(&m.vocab, c.vocab_size) : synth_vocab(&m.vocab, c.vocab_size))) {
+        vocab_free(&m.vocab);
+        return util_err_set(err, KVLM_ENOMEM, "out of memory");
+    }
     m.layers = calloc((size_t)c.n_layers, sizeof *m.layers);
     int64_t q_dim = (int64_t)c.n_heads * c.head_dim, kv_dim = (int64_t)c.n_kv_heads * c.head_dim;
     /* Every tensor gets f32 random data here; model_save_gguf quantizes. */
@@ -591,9 +728,46 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         (t).data = b; (t).type = DT_F32; (t).n_in = (nin); (t).n_out = (nout);                   \
     } while (0)
     MAKE(m.tok_embd, c.dim, c.vocab_size, 2);
-    MAKE(m.output_norm, c.dim, 1, 1);
-    if (p->tied_output) m.output = m.tok_embd;
-    else MAKE(m.output, c.dim, c.vocab_size, 0);
+    if (enc) { /* no output norm or classifier: type and (bert) position embeddings, their LayerNorm */
+        MAKE(m.type_embd, c.dim, 2, 2);
+        if (c.arch == KVLM_ARCH_BERT) MAKE(m.pos_embd, c.dim, c.n_ctx_train, 2);
+        MAKE(m.embd_norm, c.dim, 1, 1);
+        MAKE(m.embd_norm_b, c.dim, 1, 2);
+    } else {
+        MAKE(m.output_norm, c.dim, 1, 1);
+        if (p->tied_output) m.output = m.tok_embd;
+        else MAKE(m.output, c.dim, c.vocab_size, 0);
+    }
+    for (int l = 0; l < c.n_layers && enc; l++) {
+        model_layer *L = &m.layers[l];
+        if (c.arch == KVLM_ARCH_NOMIC_BERT) { /* one buffer, as the file stores it */
+            model_tensor fused = {0};
+            MAKE(fused, c.dim, 3 * (int64_t)c.dim, 0);
+            L->wq = model_tensor_rows(&fused, 0, c.dim);
+            L->wk = model_tensor_rows(&fused, c.dim, c.dim);
+            L->wv = model_tensor_rows(&fused, 2 * (int64_t)c.dim, c.dim);
+        } else {
+            MAKE(L->wq, c.dim, c.dim, 0);
+            MAKE(L->wk, c.dim, c.dim, 0);
+            MAKE(L->wv, c.dim, c.dim, 0);
+            MAKE(L->bq, c.dim, 1, 2);
+            MAKE(L->bk, c.dim, 1, 2);
+            MAKE(L->bv, c.dim, 1, 2);
+            MAKE(L->bo, c.dim, 1, 2);
+        }
+        MAKE(L->wo, c.dim, c.dim, 0);
+        MAKE(L->attn_out_norm, c.dim, 1, 1);
+        MAKE(L->attn_out_norm_b, c.dim, 1, 2);
+        if (c.arch == KVLM_ARCH_NOMIC_BERT) MAKE(L->w_gate, c.dim, c.hidden_dim, 0);
+        else {
+            MAKE(L->b_up, c.hidden_dim, 1, 2);
+            MAKE(L->b_down, c.dim, 1, 2);
+        }
+        MAKE(L->w_up, c.dim, c.hidden_dim, 0);
+        MAKE(L->w_down, c.hidden_dim, c.dim, 0);
+        MAKE(L->out_norm, c.dim, 1, 1);
+        MAKE(L->out_norm_b, c.dim, 1, 2);
+    }
     if (p->yarn_factor > 1 && c.arch != KVLM_ARCH_DEEPSEEK2) { /* Qwen2.5's kind: the context stretched by the factor */
         if (!model_yarn_arch(c.arch)) {
             rc = util_err_set(err, KVLM_EINVAL, "YaRN is for llama, smollm3, qwen2, qwen3, olmo2 and deepseek2");
@@ -647,6 +821,10 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         m.rope_freqs = (model_tensor){.data = f, .type = DT_F32, .n_in = c.rope_dim / 2, .n_out = 1};
     }
     for (int l = 0; l < c.n_layers && c.arch == KVLM_ARCH_DEEPSEEK2; l++) {
+        if (!wprogress_at(&gen, (double)l / c.n_layers)) {
+            rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+            goto done;
+        }
         model_layer *L = &m.layers[l];
         int64_t nope = c.head_dim - c.rope_dim, H = c.n_heads;
         MAKE(L->attn_norm, c.dim, 1, 1);
@@ -679,7 +857,11 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
         }
     }
     const bool olmo2 = c.arch == KVLM_ARCH_OLMO2;
-    for (int l = 0; l < c.n_layers && c.arch != KVLM_ARCH_DEEPSEEK2; l++) {
+    for (int l = 0; l < c.n_layers && c.arch != KVLM_ARCH_DEEPSEEK2 && !enc; l++) {
+        if (!wprogress_at(&gen, (double)l / c.n_layers)) {
+            rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+            goto done;
+        }
         model_layer *L = &m.layers[l];
         if (!olmo2) MAKE(L->attn_norm, c.dim, 1, 1); /* olmo2: no norm before attention or FFN */
         if (c.arch == KVLM_ARCH_PHI3) {
@@ -757,7 +939,11 @@ int model_synth_write(const kvlm_synth_params *p, const char *path, kvlm_error *
     }
     /* the codebook types get random codes: quantizing a billion random
      * weights to them would take hours, and the codes cost what real ones do */
-    rc = save_gguf(&m, path, p->type, true, err);
+    rc = save_gguf(&m, path, p->type, true, &prog, err);
+    if (!rc && !wprogress_at(&prog_all, 1)) {
+        remove(path);
+        rc = util_err_set(err, KVLM_ECANCELED, "%s: canceled by the progress callback", path);
+    }
 done:
     for (int i = 0; i < n_alloc; i++) free(bufs[i]);
     free(bufs);

@@ -15,11 +15,13 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
+#include "server/log.h"
+#include "server/metrics.h"
 #include "server/server.h"
 #include "tok/utf8.h"
 #include "util/timing.h"
 
-enum { MAX_STOP = 4 };
+enum { MAX_STOP = 4, MAX_PROMPTS = 128 };
 
 typedef struct {
     kvlm_detok dt;
@@ -27,10 +29,29 @@ typedef struct {
     size_t len, cap, sent; /* the text (a stream's from off on); the part already streamed */
     size_t off;            /* a stream's text before this was sent and dropped */
     int finish, n_tokens;
+    double t_last;         /* its last token's time (inter-token latency) */
     bool stopped, started;
     json_t *lp;            /* chat-style logprob entries of every token */
     size_t lp_sent;
+    int32_t *ids;          /* a chat answer's token ids, for s->answers */
+    int n_ids, cap_ids;
+    bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
+    size_t search_from;    /* stop strings are looked for from here on (after an echoed prompt, or min_tokens) */
+    int32_t last_token;
+    json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
+    int sub;               /* its prompt (j->subs) */
 } choice;
+
+/* One prompt of a request (an array prompt has several), one scheduler
+ * request: its choices are j->ch[base, base + n). */
+typedef struct srv_sub {
+    struct srv_job *j;
+    uint64_t id;
+    int base, n_prompt, prompt_tokens, cached_tokens;
+    double queue;          /* its queue time (scheduler events) */
+    char *echo;            /* completions' echo: the prompt's text */
+    json_t *plp;           /* vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}, ...] */
+} srv_sub;
 
 typedef struct srv_job {
     pthread_mutex_t mu;
@@ -51,8 +72,29 @@ typedef struct srv_job {
     size_t max_stop;
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
-    double t_submit, t_first, t_last;
+    /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
+    bool record;
+    srv_prompt_key prompt_key;
+    int32_t prompt_last;
+    int reused, reused_tokens; /* its assistant messages taken as their generated ids */
+    double t_submit, t_first, t_last, t_end;
     int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
+    /* vLLM's, llama-server's and OpenAI's other fields (parse_compat) */
+    srv_sub *subs;         /* its prompts */
+    int n_subs, n_per;     /* prompts, and choices per prompt (n) */
+    bool echo, include_stop, continuous_usage, skip_special, fim;
+    int min_tokens, max_tokens;
+    int prompt_lp;         /* prompt_logprobs: alternatives per prompt token; -1: none */
+    int32_t *stop_ids;     /* stop_token_ids, for rp->sampling and stop_reason */
+    int n_stop_ids;
+    char *stage_names;     /* samplers / dry breakers: strings the sampling params point into, until submitted */
+    const char **breakers;
+    int n_breakers;
+    char *echo_text;       /* chat echo: the last assistant message's text */
+    /* the request log */
+    bool log_me;           /* submitted: the job writes the request's line when it goes */
+    unsigned status;       /* what was sent: 200, or an error's status (0: nothing, the client went away) */
+    char client[64];
     kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF) */
     float *bias;
     char *out;             /* SSE bytes not yet written */
@@ -67,15 +109,27 @@ typedef struct srv_job {
     bool ka_body;          /* a whole answer kept alive: its 200 is chunked, whitespace before the JSON */
     bool body_out;         /* ... and the JSON (or the error) is queued after it */
     struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
+    srv_embed *emb;        /* POST /v1/embeddings: its inputs and vectors (server/embeddings.c); NULL: a completion */
 } srv_job;
+
+static void log_job(srv_job *j);
 
 static void job_release(srv_job *j) {
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
     if (left) return;
+    if (j->log_me) log_job(j);
+    for (int i = 0; j->subs && i < j->n_subs; i++) json_decref(j->subs[i].plp), free(j->subs[i].echo);
+    for (int i = 0; j->ch && i < j->n; i++) json_decref(j->ch[i].stop_reason);
+    free(j->subs);
+    free(j->stop_ids);
+    free(j->stage_names);
+    free(j->breakers);
+    free(j->echo_text);
     for (int i = 0; j->ch && i < j->n; i++) {
         free(j->ch[i].text);
+        free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
     }
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
@@ -85,6 +139,7 @@ static void job_release(srv_job *j) {
     free(j->bias_ids);
     kvlm_grammar_free(j->grammar);
     free(j->bias);
+    srv_embed_free(j->emb);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -155,6 +210,10 @@ static json_t *lp_render(const srv_job *j, const choice *c, size_t from, size_t 
             json_t *a = json_array_get(alts, k);
             json_object_set(top, json_string_value(json_object_get(a, "token")), json_object_get(a, "logprob"));
         }
+        if (json_is_null(alts)) { /* an echoed prompt's first token: nothing before it */
+            json_decref(top);
+            top = json_null();
+        }
         json_array_append_new(tops, top);
         json_array_append_new(offs, json_integer((json_int_t)text_off));
         text_off += strlen(json_string_value(json_object_get(e, "token")));
@@ -164,16 +223,21 @@ static json_t *lp_render(const srv_job *j, const choice *c, size_t from, size_t 
 }
 
 static json_t *envelope(const srv_job *j, const char *object) {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", j->idstr, "object", object, "created", (json_int_t)j->created,
-                          "model", j->srv->model_id);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", j->idstr, "object", object, "created",
+                          (json_int_t)j->created, "model", j->srv->model_id, "system_fingerprint", j->srv->fingerprint);
     if (j->chat) json_object_set_new(o, "chat_template", json_string(j->family));
     return o;
 }
 
 static json_t *usage(const srv_job *j) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->prompt_tokens, "completion_tokens",
-                     j->completion_tokens, "total_tokens", j->prompt_tokens + j->completion_tokens,
-                     "prompt_tokens_details", "cached_tokens", j->cached_tokens);
+    int prompt = j->prompt_tokens, cached = j->cached_tokens;
+    for (int i = 0; j->subs && i < j->n_subs; i++) { /* each prompt's, as OpenAI sums an array's */
+        prompt = (i ? prompt : 0) + j->subs[i].prompt_tokens;
+        cached = (i ? cached : 0) + j->subs[i].cached_tokens;
+    }
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt, "completion_tokens",
+                     j->completion_tokens, "total_tokens", prompt + j->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static void sse(srv_job *j, json_t *o) {
@@ -190,11 +254,26 @@ static void sse(srv_job *j, json_t *o) {
 /* Bytes at the end of the text that could begin a stop string. */
 static size_t holdback(const srv_job *j, const choice *c) {
     for (size_t k = j->max_stop > 1 ? j->max_stop - 1 : 0; k > 0; k--) {
-        if (k > c->len) continue;
+        if (k > c->len - c->search_from) continue;
         for (int s = 0; s < j->n_stop; s++)
             if (strlen(j->stop[s]) > k && !memcmp(c->text + c->len - k, j->stop[s], k)) return k;
     }
     return 0;
+}
+
+static json_t *usage(const srv_job *j);
+
+/* What a stream's chunk carries beyond OpenAI's: vLLM's stop_reason (at the
+ * end), prompt_logprobs (completions: the first chunk of a choice) and
+ * usage in every chunk (stream_options.continuous_usage_stats). */
+static void stream_extras(const srv_job *j, const choice *c, json_t *o, json_t *ch, bool final) {
+    if (final) json_object_set(ch, "stop_reason", c->stop_reason ? c->stop_reason : json_null());
+    if (!c->started && j->prompt_lp >= 0 && j->subs && j->subs[c->sub].plp) {
+        json_t *plp = j->subs[c->sub].plp;
+        if (j->chat) json_object_set(o, "prompt_logprobs", plp);
+        else json_object_set(ch, "prompt_logprobs", plp);
+    }
+    if (j->continuous_usage) json_object_set_new(o, "usage", usage(j));
 }
 
 /* Streams what of choice c is safe to send (everything when it ended). */
@@ -216,6 +295,7 @@ static void emit(srv_job *j, choice *c, bool final) {
     json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
     const char *fin = final ? finish_name(c->finish) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
+    stream_extras(j, c, o, ch, final);
     json_object_set_new(o, "choices", json_pack("[o]", ch));
     sse(j, o);
     c->started = true;
@@ -274,20 +354,52 @@ static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
     return e;
 }
 
+/* A chat answer's token, for s->answers. */
+static bool keep_id(choice *c, int32_t t) {
+    if (c->n_ids >= SRV_ANSWER_MAX_IDS) return false;
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *ids = realloc(c->ids, (size_t)cap * sizeof *ids);
+        if (!ids) return false;
+        c->ids = ids;
+        c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = t;
+    return true;
+}
+static void prompt_event(srv_job *j, srv_sub *sub, const kvlm_sched_event *ev);
+static void request_done(srv_job *j);
+
 /* The scheduler's callback (engine thread). */
 static bool on_event(void *user, const kvlm_sched_event *ev) {
-    srv_job *j = user;
+    srv_sub *sub = user;
+    srv_job *j = sub->j;
     pthread_mutex_lock(&j->mu);
-    choice *c = &j->ch[ev->index];
+    choice *c = &j->ch[sub->base + ev->index];
     char piece[256];
     bool go_on = true, last = false;
-    j->prompt_tokens = ev->prompt_tokens;
-    j->cached_tokens = ev->cached_tokens;
+    sub->prompt_tokens = ev->prompt_tokens;
+    sub->cached_tokens = ev->cached_tokens;
+    sub->queue = ev->queue_time;
+    if (ev->prompt_token) { /* prompt_logprobs, or echo with logprobs: before any token of the text */
+        prompt_event(j, sub, ev);
+        pthread_mutex_unlock(&j->mu);
+        return true;
+    }
     if (ev->finish) {
         int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
         if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
         c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
-        if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
+        if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
+            for (int i = 0; i < j->n_stop_ids; i++)
+                if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
+        if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, !j->skip_special, c->ids, c->n_ids,
+                               c->text, c->len, c->off);
+        free(c->ids);
+        c->ids = NULL;
+        if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
+        else if (c->finish > 0 && c->finish < 6) __atomic_fetch_add(&j->srv->finished[c->finish], 1, __ATOMIC_RELAXED);
         if (ev->finish == KVLM_FINISH_ERROR && !j->error[0])
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "the engine failed");
         if (ev->finish != KVLM_FINISH_CANCELLED) emit(j, c, true);
@@ -310,6 +422,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
                 srv_observe(j->srv, -1, (j->t_last - j->t_first) / (j->completion_tokens - 1));
+            request_done(j);
         }
     } else {
         double now = util_now_s();
@@ -317,23 +430,37 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             j->t_first = now;
             srv_observe(j->srv, now - j->t_submit, -1);
         }
+        if (c->n_tokens) srv_metrics_itl(j->srv, now - c->t_last);
+        c->t_last = now;
         j->t_last = now;
         j->completion_tokens++;
         c->n_tokens++;
+        c->last_token = ev->token;
         int n = kvlm_detok_push(&c->dt, ev->token, piece, sizeof piece);
         if (j->logprobs >= 0) json_array_append_new(c->lp, lp_entry(j->srv->model, ev));
+        if (j->record && !c->ids_off && !keep_id(c, ev->token)) {
+            free(c->ids);
+            c->ids = NULL;
+            c->n_ids = 0;
+            c->ids_off = true;
+        }
         if (!c->stopped) {
             size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
             append(&c->text, &c->len, &c->cap, piece, (size_t)n);
+            if (c->n_tokens <= j->min_tokens) c->search_from = c->len; /* vLLM: stop strings count from min_tokens on */
+            if (from < c->search_from) from = c->search_from;
             size_t best = c->len;
-            for (int s = 0; s < j->n_stop; s++) {
+            int which = -1;
+            for (int s = 0; s < j->n_stop && c->len > from; s++) {
                 char *p = memmem(c->text + from, c->len - from, j->stop[s], strlen(j->stop[s]));
-                if (p && (size_t)(p - c->text) < best) best = (size_t)(p - c->text);
+                if (p && (size_t)(p - c->text) < best) best = (size_t)(p - c->text), which = s;
             }
             if (best < c->len) {
+                if (j->include_stop) best += strlen(j->stop[which]); /* vLLM's include_stop_str_in_output */
                 c->len = best;
                 c->text[best] = 0;
                 c->stopped = true;
+                c->stop_reason = json_string(j->stop[which]);
                 go_on = false;
             }
         }
@@ -406,8 +533,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
     const kvlm_model *m = s->model;
     char *text = NULL;
     kvlm_error err = {0};
+    json_t *msgs = NULL;
     if (j->chat) {
-        json_t *msgs = json_object_get(body, "messages");
+        msgs = json_object_get(body, "messages");
         if (!msgs) { fail(e, 400, "messages", "missing_required_parameter", "'messages' is required"); return NULL; }
         if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
             fail(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
@@ -463,12 +591,21 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
         }
         text = strdup(json_string_value(p));
     }
-    if (!text) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
     bool bos = kvlm_add_bos(m);
-    int n = kvlm_tokenize(m, text, strlen(text), bos, j->chat, NULL, 0, &err);
-    int32_t *t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
-    if (t) kvlm_tokenize(m, text, strlen(text), bos, j->chat, t, n, &err);
+    int n = -1;
+    int32_t *t = NULL;
+    if (!text) err.code = KVLM_ENOMEM;
+    else if (j->chat) /* the answers this server generated, taken as their ids (server/answers.c) */
+        t = srv_answers_tokenize_json(s->answers, m, text, strlen(text), bos, msgs, &n, &j->reused, &j->reused_tokens,
+                                      &err);
+    else {
+        n = kvlm_tokenize(m, text, strlen(text), bos, false, NULL, 0, &err);
+        t = n > 0 ? malloc((size_t)n * sizeof *t) : NULL;
+        if (t) kvlm_tokenize(m, text, strlen(text), bos, false, t, n, &err);
+    }
     free(text);
+    if (err.code == KVLM_ENOMEM) { free(t); fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    if (!t && j->chat) n = -1;
     if (n < 0) { fail(e, 400, j->chat ? "messages" : "prompt", "invalid_value", "%s", err.msg); return NULL; }
     if (n == 0) { fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token"); return NULL; }
     if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
@@ -497,7 +634,20 @@ static bool is_off(const char *key, json_t *v) {
     return false;
 }
 
-static bool check_fields(json_t *body, bool chat, perr *e) {
+/* What vLLM's, llama-server's and OpenAI's clients send beyond the fields above (parse_compat). */
+static const char *const k_compat_fields[] = {
+    /* vLLM's */
+    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
+    "include_stop_str_in_output", "prompt_logprobs",
+    /* llama-server's */
+    "n_predict", "cache_prompt", "repeat_penalty", "repeat_last_n", "typical_p", "dry_multiplier", "dry_base",
+    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
+    "samplers",
+    /* OpenAI's */
+    "max_completion_tokens", "echo", "suffix", "metadata", NULL};
+static bool field_unknown(kvlm_server *s, const char *name, const char *param, perr *e);
+
+static bool check_fields(kvlm_server *s, json_t *body, bool chat, perr *e) {
     static const char *both[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
                                  "presence_penalty", "user", "logit_bias", "response_format", "grammar", NULL};
@@ -505,19 +655,22 @@ static bool check_fields(json_t *body, bool chat, perr *e) {
                                       "add_generation_prompt", "continue_final_message", "documents", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
-    static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "suffix", "echo", "best_of", "modalities", "audio",
+    static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "best_of", "modalities", "audio",
                                         "prediction", "reasoning_effort", "web_search_options", "store",
-                                        "metadata", "parallel_tool_calls", "service_tier", NULL};
+                                        "parallel_tool_calls", "service_tier", NULL};
     const char *key;
     json_t *v;
     json_object_foreach(body, key, v) {
         bool known = false;
         for (const char *const *k = both; *k && !known; k++) known = !strcmp(*k, key);
         for (const char *const *k = chat ? chat_only : text_only; *k && !known; k++) known = !strcmp(*k, key);
+        for (const char *const *k = k_compat_fields; *k && !known; k++) known = !strcmp(*k, key);
         if (known) continue;
         for (const char *const *k = unsupported; *k && !known; k++) known = !strcmp(*k, key);
-        if (!known)
-            return fail(e, 400, key, "unknown_parameter", "Unrecognized request argument supplied: '%s'", key);
+        if (!known) {
+            if (!field_unknown(s, key, key, e)) return false;
+            continue;
+        }
         if (!is_off(key, v))
             return fail(e, 400, key, "unsupported_parameter", "'%s' is not supported by this server (only %s)", key,
                         !strcmp(key, "tools") || !strcmp(key, "functions")     ? "an empty list"
@@ -535,8 +688,10 @@ static bool check_fields(json_t *body, bool chat, perr *e) {
     return true;
 }
 
+static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e);
+
 static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e) {
-    if (!check_fields(body, j->chat, e)) return false;
+    if (!check_fields(s, body, j->chat, e)) return false;
     json_t *model = json_object_get(body, "model");
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return fail(e, 400, "model", "invalid_type", "'model' must be a string");
@@ -693,19 +848,30 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     rp->logprobs = (int)lp;
     j->n = (int)n;
     j->logprobs = (int)lp;
-    return true;
+    return parse_compat(s, body, j, rp, e);
 }
 
-/* A parsed body (a JSON value) checked and turned into parameters and prompt tokens. */
+static int32_t *completion_prompts(kvlm_server *s, json_t *body, srv_job *j, int *n_out, perr *e);
+
+/* A parsed body (a JSON value) checked and turned into parameters and prompt
+ * tokens (several prompts' one after another, their lengths in j->subs). */
 static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, int32_t **toks,
                           int *n_toks, perr *e) {
     if (!json_is_object(body)) return fail(e, 400, NULL, "invalid_type", "the request body must be a JSON object");
-    if (!parse(s, body, j, rp, e) || !(*toks = prompt_tokens(s, body, j, n_toks, e))) return false;
+    if (!parse(s, body, j, rp, e)) return false;
+    if (j->chat) { /* one prompt */
+        if (!(*toks = prompt_tokens(s, body, j, n_toks, e))) return false;
+        if (!(j->subs = calloc(1, sizeof *j->subs))) return fail(e, 500, NULL, NULL, "out of memory");
+        j->n_subs = 1;
+        j->subs[0].n_prompt = *n_toks;
+    } else if (!(*toks = completion_prompts(s, body, j, n_toks, e))) return false; /* one or several */
     int budget = kvlm_ctx_kv_budget(s->ctx); /* under eviction a longer prompt goes through in pieces */
-    if (*n_toks > budget && !kvlm_ctx_kv_evict(s->ctx))
-        return fail(e, 400, j->chat ? "messages" : "prompt", "context_length_exceeded",
-                    "the prompt is %d tokens; %s holds %d", *n_toks,
-                    budget < kvlm_ctx_n_ctx(s->ctx) ? "the KV budget" : "this model's context", budget);
+    for (int i = 0; i < j->n_subs; i++)
+        if (j->subs[i].n_prompt > budget && !kvlm_ctx_kv_evict(s->ctx))
+            return fail(e, 400, j->chat ? "messages" : "prompt", "context_length_exceeded",
+                        "the prompt%s is %d tokens; %s holds %d", j->n_subs > 1 ? " (one of them)" : "",
+                        j->subs[i].n_prompt, budget < kvlm_ctx_n_ctx(s->ctx) ? "the KV budget" : "this model's context",
+                        budget);
     return true;
 }
 
@@ -777,8 +943,9 @@ static json_t *small_body(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn
     json_object_foreach(body, key, v) {
         bool known = !strcmp(key, "model");
         for (const char *const *f = fields; *f && !known; f++) known = !strcmp(*f, key);
-        if (!known) {
-            *ret = srv_error(c, s, 400, key, "unknown_parameter", "unknown parameter '%s'", key);
+        perr e = {0};
+        if (!known && !field_unknown(s, key, key, &e)) { /* ignored and logged once, or a 400 under --strict-params */
+            *ret = srv_error(c, s, 400, key, e.code, "%s", e.msg);
             json_decref(body);
             return NULL;
         }
@@ -905,7 +1072,9 @@ static bool client_alive(int fd) {
 static void cancel(srv_job *j) {
     kvlm_server *s = j->srv;
     pthread_mutex_lock(&s->mu);
-    if (s->sched) kvlm_sched_cancel(s->sched, j->id);
+    if (s->sched && j->subs)
+        for (int i = 0; i < j->n_subs; i++)
+            if (j->subs[i].id) kvlm_sched_cancel(s->sched, j->subs[i].id);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -926,7 +1095,8 @@ static void watch(kvlm_server *s, srv_conn *cn, srv_job *j) {
     pthread_mutex_unlock(&s->watch_mu);
     cn->watched = j;
     struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = j->id};
-    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev)) fprintf(stderr, "kvlm serve: cannot watch request %llu for a hang-up: %s\n", (unsigned long long)j->id, strerror(errno));
+    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev))
+        kvlm_log(KVLM_LOG_WARN, "cannot watch request %s for a hang-up: %s", j->idstr, strerror(errno));
 }
 
 static void unwatch(kvlm_server *s, srv_conn *cn) {
@@ -1026,17 +1196,15 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
         j->suspended = false;
         MHD_resume_connection(j->conn);
     }
+    j->refs++; /* held until its prompts are cancelled below: the list's may go once watch_mu is let go */
     pthread_mutex_unlock(&j->mu);
     if (watch_on) {
         struct epoll_event ev = {.events = rearm | EPOLLONESHOT, .data.u64 = id};
         if (epoll_ctl(s->watch_fd, EPOLL_CTL_MOD, j->fd, &ev)) gone = true;
     }
     pthread_mutex_unlock(&s->watch_mu);
-    if (gone) {
-        pthread_mutex_lock(&s->mu);
-        if (s->sched) kvlm_sched_cancel(s->sched, id);
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (gone) cancel(j); /* every prompt of it */
+    job_release(j);
 }
 
 /* Keep-alive bytes, so that a balancer in front (HAProxy's "timeout server")
@@ -1174,7 +1342,18 @@ static void stream_done(void *cls) {
     job_release(j);
 }
 
+/* A whole answer's choice beyond OpenAI's fields: vLLM's stop_reason and
+ * prompt_logprobs (chat: once, beside the choices). */
+static void answer_extras(const srv_job *j, const choice *c, json_t *o, json_t *ch) {
+    json_object_set(ch, "stop_reason", c->stop_reason ? c->stop_reason : json_null());
+    if (j->prompt_lp >= 0 && j->subs && j->subs[c->sub].plp) {
+        if (!j->chat) json_object_set(ch, "prompt_logprobs", j->subs[c->sub].plp);
+        else if (!json_object_get(o, "prompt_logprobs")) json_object_set(o, "prompt_logprobs", j->subs[c->sub].plp);
+    }
+}
+
 static json_t *whole_answer(srv_job *j) {
+    if (j->emb) return srv_embed_answer(j->emb, j->srv->model_id);
     json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -1183,11 +1362,432 @@ static json_t *whole_answer(srv_job *j) {
                              : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
         json_object_set_new(ch, "logprobs", lp_render(j, c, 0, json_array_size(c->lp), 0));
         json_object_set_new(ch, "finish_reason", json_string(finish_name(c->finish)));
+        answer_extras(j, c, o, ch);
         json_array_append_new(choices, ch);
     }
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", usage(j));
     return o;
+}
+
+/* ---- vLLM's, llama-server's and OpenAI's other fields; array prompts; the request's log line ---- */
+
+/* A field this server does not use: a 400 under --strict-params, else ignored (logged once per name). */
+static bool field_unknown(kvlm_server *s, const char *name, const char *param, perr *e) {
+    if (s->p.strict_params)
+        return fail(e, 400, param, "unknown_parameter", "Unrecognized request argument supplied: '%s'", name);
+    srv_field_ignored(s, name);
+    return true;
+}
+
+/* An optional integer field within [lo, hi]; *set: whether it was given. */
+static bool get_int(json_t *body, const char *key, double lo, double hi, int *out, bool *set, perr *e) {
+    double v = 0;
+    json_t *x = json_object_get(body, key);
+    if (set) *set = x && !json_is_null(x);
+    if (!get_num(body, key, -9e18, 9e18, true, &v, e)) return false;
+    if (!x || json_is_null(x)) return true;
+    if (!(v >= lo && v <= hi)) return fail(e, 400, key, "invalid_value", "'%s' must be between %.0f and %.0f", key, lo, hi);
+    *out = (int)v;
+    return true;
+}
+
+static bool get_float(json_t *body, const char *key, float *out, perr *e) {
+    double v = *out;
+    if (!get_num(body, key, -HUGE_VAL, HUGE_VAL, false, &v, e)) return false;
+    *out = to_float(v);
+    return true;
+}
+
+static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params *rp, perr *e) {
+    kvlm_sampler_params *sp = &rp->sampling;
+    int n_ctx = kvlm_ctx_n_ctx(s->ctx), most = kvlm_ctx_kv_evict(s->ctx) ? 1 << 30 : n_ctx;
+    rp->prompt_logprobs = rp->no_prefix_reuse = false; /* the caller's rp may be uninitialised */
+    rp->prompt_top_logprobs = 0;
+    json_t *so = json_object_get(body, "stream_options");
+    if (json_is_object(so)) { /* nested keys: vLLM's continuous_usage_stats; others as unknown fields */
+        const char *key;
+        json_t *v;
+        json_object_foreach(so, key, v) {
+            if (!strcmp(key, "include_usage")) continue;
+            if (!strcmp(key, "continuous_usage_stats")) {
+                if (!get_bool(so, key, &j->continuous_usage, e)) return false;
+                continue;
+            }
+            char name[160];
+            snprintf(name, sizeof name, "stream_options.%.128s", key);
+            if (!field_unknown(s, name, "stream_options", e)) return false;
+        }
+    }
+    /* max_tokens by other names: OpenAI's max_completion_tokens (completions too, as vLLM), llama-server's n_predict */
+    bool set;
+    int v = 0;
+    if (!j->chat) {
+        if (!get_int(body, "max_completion_tokens", 1, 1e18, &v, &set, e)) return false;
+        if (set) rp->max_tokens = v > most ? most : v;
+    }
+    if (!get_int(body, "n_predict", -1, 1e18, &v, &set, e)) return false;
+    if (set) { /* llama-server's: over max_tokens when both are given */
+        if (v == 0) return fail(e, 400, "n_predict", "invalid_value", "'n_predict' must be -1 (to the end of the text) or at least 1");
+        rp->max_tokens = v < 0 || v > most ? most : v;
+    }
+    j->max_tokens = rp->max_tokens;
+    /* llama-server's seed -1: a random one */
+    json_t *seed = json_object_get(body, "seed");
+    if (json_is_integer(seed) && json_integer_value(seed) == -1) {
+        static uint64_t counter;
+        sp->seed = (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    }
+    /* sampling: llama-server's and vLLM's fields; ranges by kvlm_sampler_params_check below */
+    sp->repeat_penalty = 1.0f;
+    if (!get_float(body, "repetition_penalty", &sp->repetition_penalty, e) ||
+        !get_float(body, "repeat_penalty", &sp->repeat_penalty, e) || !get_float(body, "typical_p", &sp->typical_p, e) ||
+        !get_float(body, "dry_multiplier", &sp->dry_multiplier, e) || !get_float(body, "dry_base", &sp->dry_base, e) ||
+        !get_float(body, "xtc_probability", &sp->xtc_probability, e) ||
+        !get_float(body, "xtc_threshold", &sp->xtc_threshold, e))
+        return false;
+    if (sp->dry_base < 1.0f) sp->dry_base = 1.75f; /* llama-server's: below 1, its default */
+    int rln = sp->repeat_last_n, dpl = sp->dry_penalty_last_n, dal = sp->dry_allowed_length;
+    if (!get_int(body, "repeat_last_n", -1, 1e9, &rln, NULL, e) ||
+        !get_int(body, "dry_penalty_last_n", -1, 1e9, &dpl, NULL, e) ||
+        !get_int(body, "dry_allowed_length", 0, 65536, &dal, NULL, e) ||
+        !get_int(body, "min_tokens", 0, 1e9, &j->min_tokens, NULL, e))
+        return false;
+    sp->repeat_last_n = rln < 0 ? (n_ctx < 65536 ? n_ctx : 65536) : rln; /* -1: the context */
+    sp->dry_penalty_last_n = dpl < 0 ? n_ctx : dpl;
+    sp->dry_allowed_length = dal;
+    if (j->min_tokens > rp->max_tokens)
+        return fail(e, 400, "min_tokens", "invalid_value", "'min_tokens' (%d) must be at most max_tokens (%d)",
+                    j->min_tokens, rp->max_tokens);
+    sp->min_tokens = j->min_tokens;
+    bool cache_prompt = true;
+    j->skip_special = true;
+    if (!get_bool(body, "ignore_eos", &sp->ignore_eos, e) || !get_bool(body, "cache_prompt", &cache_prompt, e) ||
+        !get_bool(body, "skip_special_tokens", &j->skip_special, e) ||
+        !get_bool(body, "include_stop_str_in_output", &j->include_stop, e) || !get_bool(body, "echo", &j->echo, e))
+        return false;
+    rp->no_prefix_reuse = !cache_prompt;
+    json_t *ids = json_object_get(body, "stop_token_ids");
+    if (ids && !json_is_null(ids)) {
+        enum { MAX_STOP_IDS = 256 };
+        if (!json_is_array(ids) || json_array_size(ids) > MAX_STOP_IDS)
+            return fail(e, 400, "stop_token_ids", "invalid_type", "'stop_token_ids' must be an array of at most %d token ids",
+                        MAX_STOP_IDS);
+        if (!(j->stop_ids = malloc((json_array_size(ids) + 1) * sizeof *j->stop_ids)))
+            return fail(e, 500, NULL, NULL, "out of memory");
+        for (size_t i = 0; i < json_array_size(ids); i++) {
+            json_t *x = json_array_get(ids, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= kvlm_vocab_size(s->model))
+                return fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must hold token ids below %d",
+                            kvlm_vocab_size(s->model));
+            j->stop_ids[j->n_stop_ids++] = (int32_t)json_integer_value(x);
+        }
+        sp->stop_ids = j->stop_ids;
+        sp->n_stop_ids = j->n_stop_ids;
+    }
+    j->prompt_lp = -1;
+    if (!get_int(body, "prompt_logprobs", 0, KVLM_MAX_LOGPROBS, &j->prompt_lp, NULL, e)) return false;
+    if (j->prompt_lp >= 0 || (j->echo && !j->chat && j->logprobs >= 0)) { /* echo shows the prompt's logprobs too */
+        rp->prompt_logprobs = true;
+        rp->prompt_top_logprobs = j->prompt_lp > j->logprobs ? j->prompt_lp : j->logprobs > 0 ? j->logprobs : 0;
+    }
+    json_t *br = json_object_get(body, "dry_sequence_breakers");
+    if (br && !json_is_null(br)) {
+        enum { MAX_BREAKERS = 64 };
+        bool ok = json_is_array(br) && json_array_size(br) > 0 && json_array_size(br) <= MAX_BREAKERS;
+        for (size_t i = 0; ok && i < json_array_size(br); i++) ok = json_is_string(json_array_get(br, i));
+        if (!ok)
+            return fail(e, 400, "dry_sequence_breakers", "invalid_type",
+                        "'dry_sequence_breakers' must be a non-empty array of at most %d strings", MAX_BREAKERS);
+        if (!(j->breakers = malloc(json_array_size(br) * sizeof *j->breakers))) return fail(e, 500, NULL, NULL, "out of memory");
+        for (size_t i = 0; i < json_array_size(br); i++) j->breakers[i] = json_string_value(json_array_get(br, i));
+        j->n_breakers = (int)json_array_size(br); /* they point into the body, which outlives the submission */
+        sp->dry_sequence_breakers = j->breakers;
+        sp->n_dry_sequence_breakers = j->n_breakers;
+    }
+    json_t *smp = json_object_get(body, "samplers"); /* llama-server's: names, or letters in one string */
+    if (smp && !json_is_null(smp)) {
+        bool ok = json_is_string(smp) || json_is_array(smp);
+        int n = json_is_string(smp) ? (int)json_string_length(smp) : (int)json_array_size(smp);
+        if (ok && n > KVLM_MAX_STAGES)
+            return fail(e, 400, "samplers", "invalid_value", "'samplers' names at most %d stages", KVLM_MAX_STAGES);
+        for (int i = 0; ok && i < n; i++) {
+            json_t *x = json_is_array(smp) ? json_array_get(smp, (size_t)i) : NULL;
+            int st = x ? (json_is_string(x) ? kvlm_sampler_stage_from_name(json_string_value(x)) : 0)
+                       : kvlm_sampler_stage_from_char(json_string_value(smp)[i]);
+            if (!st)
+                return fail(e, 400, "samplers", "invalid_value", "'samplers' entry %d is not a stage (penalties, dry, top_k, "
+                            "typ_p, top_p, min_p, xtc, temperature; or their letters e d k y p m x t)", i);
+            sp->stages[sp->n_stages++] = st;
+        }
+        if (!ok) return fail(e, 400, "samplers", "invalid_type", "'samplers' must be an array of names or a string of letters");
+    }
+    kvlm_error se = {0};
+    int which, f = kvlm_sampler_params_check(sp, kvlm_vocab_size(s->model), &which, &se);
+    if (f) {
+        static const char *const names[] = {
+            [KVLM_SAMPLER_REPEAT_PENALTY] = "repeat_penalty", [KVLM_SAMPLER_REPEAT_LAST_N] = "repeat_last_n",
+            [KVLM_SAMPLER_REPETITION_PENALTY] = "repetition_penalty", [KVLM_SAMPLER_TYPICAL_P] = "typical_p",
+            [KVLM_SAMPLER_DRY_MULTIPLIER] = "dry_multiplier", [KVLM_SAMPLER_DRY_BASE] = "dry_base",
+            [KVLM_SAMPLER_DRY_ALLOWED_LENGTH] = "dry_allowed_length", [KVLM_SAMPLER_DRY_PENALTY_LAST_N] = "dry_penalty_last_n",
+            [KVLM_SAMPLER_XTC_PROBABILITY] = "xtc_probability", [KVLM_SAMPLER_XTC_THRESHOLD] = "xtc_threshold",
+            [KVLM_SAMPLER_MIN_TOKENS] = "min_tokens", [KVLM_SAMPLER_STAGES] = "samplers",
+            [KVLM_SAMPLER_STOP_ID] = "stop_token_ids"};
+        const char *name = f < (int)(sizeof names / sizeof names[0]) && names[f] ? names[f] : "sampling";
+        return fail(e, 400, name, "invalid_value", "'%s' %s", name, se.msg);
+    }
+    json_t *md = json_object_get(body, "metadata"); /* OpenAI's: kept by nothing here, checked for shape */
+    if (md && !json_is_null(md) && !json_is_object(md))
+        return fail(e, 400, "metadata", "invalid_type", "'metadata' must be an object");
+    json_t *sfx = json_object_get(body, "suffix");
+    if (sfx && !json_is_null(sfx)) {
+        if (!json_is_string(sfx)) return fail(e, 400, "suffix", "invalid_type", "'suffix' must be a string");
+        if (json_string_length(sfx)) {
+            if (j->chat) return fail(e, 400, "suffix", "invalid_value", "'suffix' is for /v1/completions");
+            for (int k = KVLM_FIM_PRE; k <= KVLM_FIM_MID; k++)
+                if (kvlm_token_fim(s->model, k) < 0)
+                    return fail(e, 400, "suffix", "unsupported_value", "'suffix' needs a model with fill-in-the-middle "
+                                "tokens (GGUF tokenizer.ggml.fim_pre_token_id, fim_suf_token_id, fim_mid_token_id, or "
+                                "tokens such as <|fim_prefix|>); %s has none", s->model_id);
+            j->fim = true;
+        }
+    }
+    if (j->echo && j->chat) { /* vLLM's: the last message, when it is the assistant's, begins the answer */
+        json_t *msgs = json_object_get(body, "messages"), *last = json_array_get(msgs, json_array_size(msgs) - 1);
+        json_t *role = json_object_get(last, "role"), *content = json_object_get(last, "content");
+        if (json_is_string(role) && !strcmp(json_string_value(role), "assistant") && json_is_string(content) &&
+            !(j->echo_text = strdup(json_string_value(content))))
+            return fail(e, 500, NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
+/* Text as a prompt's tokens (BOS where the model adds one; special: special tokens recognised), or NULL (e filled). */
+static int32_t *tokenize_text(kvlm_server *s, const char *text, size_t len, bool bos, bool special, int *n_out, perr *e) {
+    kvlm_error err = {0};
+    int n = kvlm_tokenize(s->model, text, len, bos, special, NULL, 0, &err);
+    if (n < 0) { fail(e, 400, "prompt", "invalid_value", "%s", err.msg); return NULL; }
+    int32_t *t = malloc((size_t)(n ? n : 1) * sizeof *t);
+    if (!t) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    kvlm_tokenize(s->model, text, len, bos, special, t, n, &err);
+    *n_out = n;
+    return t;
+}
+
+/* One completions prompt: text, or token ids; with a suffix, the
+ * fill-in-the-middle prompt [BOS] PRE text SUF suffix MID (llama.cpp's
+ * order). Appended to *all; its echo text kept in sb. */
+static bool one_prompt(kvlm_server *s, json_t *p, json_t *sfx, srv_job *j, srv_sub *sb, int32_t **all, int *n_all,
+                       int *cap, perr *e) {
+    const kvlm_model *m = s->model;
+    int32_t *t = NULL;
+    int n = 0;
+    if (json_is_string(p) && j->fim) {
+        int np = 0, ns = 0;
+        int32_t *pre = tokenize_text(s, json_string_value(p), json_string_length(p), false, false, &np, e);
+        int32_t *suf = pre ? tokenize_text(s, json_string_value(sfx), json_string_length(sfx), false, false, &ns, e) : NULL;
+        if (suf && (t = malloc((size_t)(np + ns + 4) * sizeof *t))) {
+            if (kvlm_add_bos(m) && kvlm_token_bos(m) >= 0) t[n++] = kvlm_token_bos(m);
+            t[n++] = kvlm_token_fim(m, KVLM_FIM_PRE);
+            memcpy(t + n, pre, (size_t)np * sizeof *t), n += np;
+            t[n++] = kvlm_token_fim(m, KVLM_FIM_SUF);
+            memcpy(t + n, suf, (size_t)ns * sizeof *t), n += ns;
+            t[n++] = kvlm_token_fim(m, KVLM_FIM_MID);
+        } else if (suf) fail(e, 500, NULL, NULL, "out of memory");
+        free(pre);
+        free(suf);
+        if (!t) return false;
+    } else if (json_is_string(p)) {
+        if (!(t = tokenize_text(s, json_string_value(p), json_string_length(p), kvlm_add_bos(m), false, &n, e))) return false;
+        if (!n) {
+            free(t);
+            return fail(e, 400, "prompt", "invalid_value", "the prompt is empty and the model has no BOS token");
+        }
+    } else if (json_is_array(p) && json_array_size(p) > 0 && !j->fim) {
+        n = (int)json_array_size(p);
+        if (!(t = malloc((size_t)n * sizeof *t))) return fail(e, 500, NULL, NULL, "out of memory");
+        for (int i = 0; i < n; i++) {
+            json_t *x = json_array_get(p, (size_t)i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= kvlm_vocab_size(m)) {
+                free(t);
+                return fail(e, 400, "prompt", "invalid_value", "'prompt' token ids must be below %d", kvlm_vocab_size(m));
+            }
+            t[i] = (int32_t)json_integer_value(x);
+        }
+    } else {
+        return fail(e, 400, "prompt", "invalid_type", j->fim ? "with 'suffix', 'prompt' must be a string or an array of strings"
+                    : "'prompt' must be a string, token ids, or an array of strings or of token id arrays");
+    }
+    if (j->echo) { /* the prompt's text, as the answer begins with it */
+        if (json_is_string(p) && !j->fim) sb->echo = strdup(json_string_value(p));
+        else if (json_is_string(p)) sb->echo = strdup(json_string_value(p));
+        else {
+            kvlm_detok dt;
+            kvlm_detok_init(&dt, m);
+            char *b = NULL, piece[256];
+            size_t len = 0, bcap = 0;
+            append(&b, &len, &bcap, "", 0);
+            for (int i = 0; i < n; i++) {
+                int k = kvlm_detok_push(&dt, t[i], piece, sizeof piece);
+                append(&b, &len, &bcap, piece, (size_t)(k > 0 ? k : 0));
+            }
+            sb->echo = b;
+        }
+    }
+    if (*n_all + n > *cap) {
+        int nc = (*n_all + n) * 2;
+        int32_t *a = realloc(*all, (size_t)nc * sizeof *a);
+        if (!a) { free(t); return fail(e, 500, NULL, NULL, "out of memory"); }
+        *all = a;
+        *cap = nc;
+    }
+    memcpy(*all + *n_all, t, (size_t)n * sizeof *t);
+    *n_all += n;
+    sb->n_prompt = n;
+    free(t);
+    return true;
+}
+
+/* Completions' prompt: a string, token ids, or an array of strings or of
+ * token id arrays (up to MAX_PROMPTS: each gets n choices). */
+static int32_t *completion_prompts(kvlm_server *s, json_t *body, srv_job *j, int *n_out, perr *e) {
+    json_t *p = json_object_get(body, "prompt"), *sfx = json_object_get(body, "suffix");
+    if (!p) { fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required"); return NULL; }
+    size_t n = 1;
+    bool list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
+    if (list) {
+        n = json_array_size(p);
+        if (n > MAX_PROMPTS) {
+            fail(e, 400, "prompt", "invalid_value", "'prompt' holds %zu prompts; at most %d are taken", n, MAX_PROMPTS);
+            return NULL;
+        }
+    }
+    if (!(j->subs = calloc(n, sizeof *j->subs))) { fail(e, 500, NULL, NULL, "out of memory"); return NULL; }
+    j->n_subs = (int)n;
+    int32_t *all = NULL;
+    int n_all = 0, cap = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!one_prompt(s, list ? json_array_get(p, i) : p, sfx, j, &j->subs[i], &all, &n_all, &cap, e)) {
+            free(all);
+            return NULL;
+        }
+    *n_out = n_all;
+    return all;
+}
+
+/* A choice before its first token: its prompt's last token (the text
+ * continues it), what it echoes, and with echo and logprobs the prompt's
+ * first token's entry (it has no logprob). */
+static void choice_init(kvlm_server *s, srv_job *j, choice *c, int sub, const int32_t *toks, int n) {
+    kvlm_detok_init(&c->dt, s->model);
+    c->dt.prev = toks[n - 1];
+    c->dt.special = !j->skip_special;
+    c->lp = json_array();
+    c->sub = sub;
+    append(&c->text, &c->len, &c->cap, "", 0);
+    const char *echo = j->echo ? (j->chat ? j->echo_text : j->subs[sub].echo) : NULL;
+    if (echo) append(&c->text, &c->len, &c->cap, echo, strlen(echo));
+    c->search_from = c->len;
+    if (j->echo && !j->chat && j->logprobs >= 0) {
+        kvlm_sched_event ev = {.token = toks[0]};
+        json_t *e = lp_entry(s->model, &ev);
+        json_object_set_new(e, "logprob", json_null());
+        json_object_set_new(e, "top_logprobs", json_null());
+        json_array_append_new(c->lp, e);
+    }
+}
+
+/* Submits each prompt, holding the job's lock (their events wait until the
+ * ids are set); returns how many were. */
+static int submit_prompts(kvlm_server *s, srv_job *j, kvlm_request_params *rp, const int32_t *toks, kvlm_error *err) {
+    int done = 0;
+    pthread_mutex_lock(&j->mu);
+    rp->n = j->n_per;
+    for (int i = 0, off = 0; i < j->n_subs; off += j->subs[i++].n_prompt) {
+        pthread_mutex_lock(&s->mu);
+        uint64_t id = s->sched ? kvlm_sched_submit(s->sched, toks + off, j->subs[i].n_prompt, rp, on_event, &j->subs[i], err)
+                               : 0;
+        if (!s->sched) snprintf(err->msg, sizeof err->msg, "the server is shutting down");
+        pthread_mutex_unlock(&s->mu);
+        if (!id) break;
+        j->subs[i].id = id;
+        srv_ids_put(s, id, j->idstr);
+        if (!done++) {
+            j->id = id;
+            j->refs++; /* the engine's, until every choice has ended */
+        }
+    }
+    if (done && done < j->n_subs) j->n_ended += (j->n_subs - done) * j->n_per; /* never to end: counted now */
+    j->log_me = done > 0;
+    pthread_mutex_unlock(&j->mu);
+    return done;
+}
+
+/* A prompt token's log-probability (under j->mu): vLLM's prompt_logprobs
+ * entry, and with echo and logprobs an entry of each of the prompt's choices. */
+static void prompt_event(srv_job *j, srv_sub *sub, const kvlm_sched_event *ev) {
+    const kvlm_model *m = j->srv->model;
+    if (j->prompt_lp >= 0 && sub->plp) {
+        json_t *o = json_object();
+        char key[16], text[256];
+        int tn = kvlm_token_to_text(m, ev->token, text, sizeof text);
+        snprintf(key, sizeof key, "%d", ev->token);
+        json_object_set_new(o, key, json_pack("{s:f, s:i, s:o}", "logprob", (double)ev->logprob, "rank", ev->rank,
+                                              "decoded_token", jstr(text, tn > 0 ? (size_t)tn : 0)));
+        for (int k = 0; k < ev->n_top && k < j->prompt_lp; k++) {
+            snprintf(key, sizeof key, "%d", ev->top_tokens[k]);
+            if (json_object_get(o, key)) continue;
+            tn = kvlm_token_to_text(m, ev->top_tokens[k], text, sizeof text);
+            json_object_set_new(o, key, json_pack("{s:f, s:i, s:o}", "logprob", (double)ev->top_logprobs[k], "rank", k + 1,
+                                                  "decoded_token", jstr(text, tn > 0 ? (size_t)tn : 0)));
+        }
+        json_array_append_new(sub->plp, o);
+    }
+    if (j->echo && !j->chat && j->logprobs >= 0) {
+        kvlm_sched_event e = *ev;
+        if (e.n_top > j->logprobs) e.n_top = j->logprobs;
+        for (int k = sub->base; k < sub->base + j->n_per; k++) json_array_append_new(j->ch[k].lp, lp_entry(m, &e));
+    }
+}
+
+/* The request's last choice ended (engine thread, under j->mu): its figures for /metrics. */
+static void request_done(srv_job *j) {
+    kvlm_server *s = j->srv;
+    double now = util_now_s(), queue = j->subs ? j->subs[0].queue : 0, admit = j->t_submit + queue;
+    int prompt = 0, most = 0;
+    for (int i = 0; i < j->n_subs; i++) prompt += j->subs[i].prompt_tokens;
+    for (int i = 0; i < j->n; i++) most = j->ch[i].n_tokens > most ? j->ch[i].n_tokens : most;
+    srv_req_obs o = {.e2e = now - j->t_submit, .queue = queue, .ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1,
+                     .prefill = j->t_first > 0 ? j->t_first - admit : -1,
+                     .decode = j->t_first > 0 ? j->t_last - j->t_first : -1,
+                     .inference = (j->t_first > 0 ? j->t_last : now) - admit,
+                     .tpot = most >= 2 ? (j->t_last - j->t_first) / (most - 1) : -1, .prompt_tokens = prompt,
+                     .generation_tokens = j->completion_tokens, .max_generation_tokens = most, .n = j->n_per,
+                     .max_tokens = j->max_tokens};
+    if (queue <= 0 && j->t_first <= 0) o.queue = o.inference = o.prefill = -1; /* never admitted */
+    srv_metrics_request(s, &o);
+    j->t_end = now;
+    for (int i = 0; i < j->n_subs; i++)
+        if (j->subs[i].id) srv_ids_drop(s, j->subs[i].id);
+}
+
+/* The request's line in the log, when the job goes (its answer sent). */
+static void log_job(srv_job *j) {
+    int prompt = 0, cached = 0;
+    for (int i = 0; i < j->n_subs; i++) prompt += j->subs[i].prompt_tokens, cached += j->subs[i].cached_tokens;
+    int f = j->n ? j->ch[0].finish : 0, most = 0;
+    for (int i = 0; i < j->n; i++) most = j->ch[i].n_tokens > most ? j->ch[i].n_tokens : most;
+    double end = j->t_end > 0 ? j->t_end : util_now_s();
+    srv_reqlog r = {.id = j->idstr, .sched_id = j->id, .method = "POST",
+                    .endpoint = j->chat ? "/v1/chat/completions" : "/v1/completions", .client = j->client,
+                    .status = j->status, .prompt_tokens = prompt, .cached_tokens = cached,
+                    .generated_tokens = j->completion_tokens, .n = j->n, .e2e = end - j->t_submit,
+                    .ttft = j->t_first > 0 ? j->t_first - j->t_submit : -1,
+                    .tpot = most >= 2 ? (j->t_last - j->t_first) / (most - 1) : -1, /* the longest choice's pace */
+                    .queue = j->subs && j->subs[0].queue > 0 ? j->subs[0].queue : -1,
+                    .finish = f == KVLM_FINISH_CANCELLED ? "cancelled" : finish_name(f),
+                    .error = j->error[0] ? j->error : NULL};
+    srv_log_request(j->srv, &r);
 }
 
 enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn, bool chat) {
@@ -1209,35 +1809,46 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     j->family = "plain";
     kvlm_request_params rp;
     if (!check_request(s, body, j, &rp, &toks, &n_toks, &e)) goto bad;
+    j->n_per = j->n;
+    j->n = j->n_subs * j->n_per; /* prompt i's choice k is choice i * n + k, as OpenAI numbers them */
     if (!(j->ch = calloc((size_t)j->n, sizeof *j->ch))) { fail(&e, 500, NULL, NULL, "out of memory"); goto bad; }
-    for (int i = 0; i < j->n; i++) {
-        kvlm_detok_init(&j->ch[i].dt, s->model);
-        j->ch[i].dt.prev = toks[n_toks - 1]; /* the text continues the prompt's */
-        j->ch[i].lp = json_array();
-        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+    if (chat && s->answers && j->n_subs == 1 && !j->echo) { /* its answers are kept with the prompt they follow
+                                                            * (server/answers.c) */
+        j->record = true;
+        j->prompt_key = srv_answers_prompt_key(s->answers, toks, n_toks);
+        j->prompt_last = toks[n_toks - 1];
+    }
+    for (int i = 0, off = 0; i < j->n_subs; off += j->subs[i++].n_prompt) {
+        srv_sub *sb = &j->subs[i];
+        sb->j = j;
+        sb->base = i * j->n_per;
+        if (j->prompt_lp >= 0) sb->plp = json_pack("[n]"); /* the first token has no logprob */
+        for (int k = sb->base; k < sb->base + j->n_per; k++)
+            choice_init(s, j, &j->ch[k], i, toks + off, sb->n_prompt);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     j->sock = srv_conn_sock(c);
     j->http11 = cn->http11;
-    /* Submit holding the job's lock: its events wait until the id is set. */
+    snprintf(j->client, sizeof j->client, "%s", cn->client);
+    srv_random_id(chat ? "chatcmpl-" : "cmpl-", j->idstr, sizeof j->idstr);
+    /* Submit holding the job's lock: its events wait until the ids are set. */
     kvlm_error err = {0};
-    pthread_mutex_lock(&j->mu);
-    pthread_mutex_lock(&s->mu);
-    j->id = s->sched ? kvlm_sched_submit(s->sched, toks, n_toks, &rp, on_event, j, &err) : 0;
-    if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
-    pthread_mutex_unlock(&s->mu);
-    if (j->id) j->refs++;
-    snprintf(j->idstr, sizeof j->idstr, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
-    pthread_mutex_unlock(&j->mu);
-    if (!j->id) {
+    int submitted = submit_prompts(s, j, &rp, toks, &err);
+    if (submitted < j->n_subs) {
         fail(&e, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503,
              err.code == KVLM_EINVAL ? "n" : "prompt", err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s",
              err.msg);
+        if (submitted) { /* the others' choices end as cancelled; the job answers nothing */
+            cancel(j);
+            j->log_me = false;
+        }
         goto bad;
     }
+    cn->job_logs = true;
     free(toks);
     json_decref(body);
+    srv_answers_count(s->answers, j->reused, j->reused_tokens);
     watch(s, cn, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
@@ -1245,6 +1856,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         srv_cors(c, r);
+        j->status = 200;
         ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;
@@ -1281,6 +1893,7 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
         if (!r) { cancel(j); job_release(j); return MHD_NO; }
         MHD_add_response_header(r, "Content-Type", "application/json");
         srv_cors(c, r);
+        j->status = 200;
         ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;
@@ -1288,11 +1901,88 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
     unwatch(s, cn); /* no probe may be written from here on */
     bool cancelled = false; /* by a hang-up (no one to answer) or by the server stopping */
     for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-    if (j->raw) ret = MHD_NO; /* answered by the watcher (a half-closed client) */
+    if (j->raw) ret = MHD_NO, j->status = 200; /* answered by the watcher (a half-closed client) */
     else if (cancelled && !client_alive(j->fd)) ret = MHD_NO;
-    else if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error);
-    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
-    else ret = srv_json(c, 200, whole_answer(j));
+    else if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error), j->status = 500;
+    else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down"), j->status = 503;
+    else ret = srv_json(c, 200, whole_answer(j)), j->status = 200;
     job_release(j);
     return ret;
+}
+
+/* ---- POST /v1/embeddings: a job as a completion's whole answer is (server/embeddings.c's request and answer) */
+
+enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn) {
+    if (!s->p.embeddings) { /* llama-server's rule and status */
+        srv_body_release(s, cn);
+        return srv_error(c, s, 501, NULL, "not_supported",
+                         "This server does not support embeddings. Start it with `--embeddings`");
+    }
+    enum MHD_Result ret;
+    json_t *body = load_body(s, c, cn, &ret);
+    if (!body) return ret;
+    srv_embed_err x;
+    srv_embed *emb = srv_embed_parse(s, body, &x);
+    if (!emb) {
+        ret = srv_error(c, s, x.status, x.param, x.code, "%s", x.msg);
+        json_decref(body);
+        return ret;
+    }
+    json_decref(body);
+    srv_job *j = calloc(1, sizeof *j);
+    if (j) j->ch = calloc((size_t)srv_embed_n(emb), sizeof *j->ch);
+    if (j) j->subs = calloc(1, sizeof *j->subs); /* one submission: every input is a choice of it */
+    if (!j || !j->ch || !j->subs) {
+        if (j) free(j->ch), free(j->subs), free(j);
+        srv_embed_free(emb);
+        return srv_error(c, s, 500, NULL, NULL, "out of memory");
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 1;
+    j->srv = s;
+    j->conn = c;
+    j->emb = emb;
+    j->n = j->n_per = srv_embed_n(emb);
+    j->n_subs = 1;
+    j->subs[0].j = j;
+    j->logprobs = -1;
+    j->created = (long)time(NULL);
+    j->t_submit = j->t_out = util_now_s();
+    j->family = "plain";
+    for (int i = 0; i < j->n; i++) { /* the finish path flushes each choice's (empty) text */
+        kvlm_detok_init(&j->ch[i].dt, s->model);
+        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->sock = srv_conn_sock(c);
+    j->http11 = cn->http11;
+    kvlm_error err = {0};
+    pthread_mutex_lock(&j->mu); /* its events wait until the id is set */
+    pthread_mutex_lock(&s->mu);
+    j->id = s->sched ? kvlm_sched_submit_embed(s->sched, srv_embed_tokens(emb), srv_embed_lens(emb), j->n,
+                                               srv_embed_params(emb), on_event, &j->subs[0], &err)
+                     : 0;
+    if (!s->sched) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    j->subs[0].id = j->id;
+    if (j->id) j->refs++;
+    snprintf(j->idstr, sizeof j->idstr, "embd-%llu", (unsigned long long)j->id);
+    pthread_mutex_unlock(&j->mu);
+    if (!j->id) {
+        ret = srv_error(c, s, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503, "input",
+                        err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s", err.msg);
+        job_release(j);
+        return ret;
+    }
+    watch(s, cn, j);
+    cn->job = j;
+    pthread_mutex_lock(&j->mu);
+    bool complete = j->complete;
+    if (!complete) { /* answered when the engine resumes the connection (srv_answer) */
+        j->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return complete ? srv_answer(s, c, cn) : MHD_YES;
 }

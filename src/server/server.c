@@ -24,6 +24,8 @@
 #include <unistd.h>
 #include "model/model.h"
 #include "server/kv_events.h"
+#include "server/log.h"
+#include "server/metrics.h"
 #include "util/error.h"
 #include "util/file.h"
 #include "util/log.h"
@@ -33,8 +35,6 @@
 extern const unsigned char server_web_page[];
 extern const size_t server_web_page_len;
 
-static const double k_ttft_le[SRV_TTFT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-static const double k_tpot_le[SRV_TPOT_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5};
 
 srv_sock *srv_conn_sock(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -100,6 +100,8 @@ static enum MHD_Result send_text_mode(struct MHD_Connection *c, unsigned status,
         srv_unsent_add(k->srv, k, -(long)len, false);
         return MHD_NO;
     }
+    srv_sock *ks = srv_conn_sock(c);
+    if (ks) ks->status = status, ks->error[0] = '\0'; /* for the request log (srv_error then says why) */
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)data, persistent ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
     enum MHD_Result ret = MHD_NO;
@@ -116,6 +118,10 @@ static enum MHD_Result send_text_mode(struct MHD_Connection *c, unsigned status,
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const void *data,
                                  size_t len) {
+    return send_text_mode(c, status, type, data, len, false);
+}
+
+enum MHD_Result srv_text(struct MHD_Connection *c, unsigned status, const char *type, const char *data, size_t len) {
     return send_text_mode(c, status, type, data, len, false);
 }
 
@@ -183,114 +189,20 @@ enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned sta
     pthread_mutex_unlock(&s->mu);
     json_t *e = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type", type, "param",
                           param ? json_string(param) : json_null(), "code", code ? json_string(code) : json_null());
-    return srv_json(c, status, e);
-}
-
-void srv_observe(kvlm_server *s, double ttft, double tpot) {
-    pthread_mutex_lock(&s->mu);
-    if (ttft >= 0) {
-        for (int i = 0; i < SRV_TTFT_BUCKETS; i++) s->ttft_counts[i] += ttft <= k_ttft_le[i];
-        s->ttft_n++;
-        s->ttft_sum += ttft;
-    }
-    if (tpot >= 0) {
-        for (int i = 0; i < SRV_TPOT_BUCKETS; i++) s->tpot_counts[i] += tpot <= k_tpot_le[i];
-        s->tpot_n++;
-        s->tpot_sum += tpot;
-    }
-    pthread_mutex_unlock(&s->mu);
+    enum MHD_Result r = srv_json(c, status, e);
+    srv_sock *k = srv_conn_sock(c);
+    if (k) snprintf(k->error, sizeof k->error, "%.190s", msg); /* for the request log */
+    return r;
 }
 
 /* ---- GET endpoints ------------------------------------------------------------ */
-
-static bool get_stats(kvlm_server *s, kvlm_sched_stats *st) {
-    pthread_mutex_lock(&s->mu);
-    bool ok = s->sched != NULL;
-    if (ok) kvlm_sched_stats_get(s->sched, st);
-    pthread_mutex_unlock(&s->mu);
-    return ok;
-}
 
 static double hit_rate(const kvlm_kv_stats *kv) {
     uint64_t n = kv->prefix_hits + kv->prefix_misses;
     return n ? (double)kv->prefix_hits / (double)n : 0.0;
 }
 
-typedef struct { char *s; size_t len, cap; } tbuf;
-static void tput(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tput(tbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || !b->s) return;
-    if (b->len + (size_t)n + 1 > b->cap) {
-        size_t cap = (b->len + (size_t)n + 1) * 2;
-        char *p = realloc(b->s, cap);
-        if (!p) { free(b->s); b->s = NULL; return; }
-        b->s = p;
-        b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-static void metric(tbuf *b, const char *name, const char *type, const char *help, double v) {
-    tput(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
-}
-
-static void histogram(tbuf *b, const char *name, const char *help, const double *le, const uint64_t *counts, int n,
-                      uint64_t total, double sum) {
-    tput(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int i = 0; i < n; i++) tput(b, "%s_bucket{le=\"%g\"} %llu\n", name, le[i], (unsigned long long)counts[i]);
-    tput(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)total, name, sum,
-         name, (unsigned long long)total);
-}
-
-/* One metric per KV tier, labelled tier="host|disk|redis". */
-#define TIER_FIELDS(X) \
-    X(blocks, "gauge", "Blocks held by the KV tier") \
-    X(bytes, "gauge", "Bytes held by the KV tier") \
-    X(hits_total, "counter", "Blocks found in the KV tier on a prefix miss in the pool") \
-    X(misses_total, "counter", "Blocks looked for in the KV tier and not found") \
-    X(writes_total, "counter", "Blocks written to the KV tier") \
-    X(dropped_writes_total, "counter", "Block writes dropped (queue full, tier down or full)") \
-    X(corrupt_total, "counter", "Blocks read from the KV tier that failed their checks (recomputed)") \
-    X(forged_total, "counter", "Blocks read from the KV tier whose signature failed (--kv-key; recomputed)") \
-    X(errors_total, "counter", "I/O or connection errors of the KV tier") \
-    X(promoted_total, "counter", "Blocks brought back from the KV tier into the pool") \
-    X(demoted_total, "counter", "Cached blocks sent down to the KV tier before the pool reused them") \
-    X(read_seconds_total, "counter", "Summed latency of the KV tier's batched reads") \
-    X(reads_total, "counter", "Batched reads of the KV tier")
-
-static double tier_field(const kvlm_kv_tier_stats *t, const char *f) {
-    if (!strcmp(f, "blocks")) return (double)t->blocks;
-    if (!strcmp(f, "bytes")) return (double)t->bytes;
-    if (!strcmp(f, "hits_total")) return (double)t->hits;
-    if (!strcmp(f, "misses_total")) return (double)t->misses;
-    if (!strcmp(f, "writes_total")) return (double)t->writes;
-    if (!strcmp(f, "dropped_writes_total")) return (double)t->dropped_writes;
-    if (!strcmp(f, "corrupt_total")) return (double)t->corrupt;
-    if (!strcmp(f, "forged_total")) return (double)t->forged;
-    if (!strcmp(f, "errors_total")) return (double)t->errors;
-    if (!strcmp(f, "promoted_total")) return (double)t->promoted;
-    if (!strcmp(f, "demoted_total")) return (double)t->demoted;
-    if (!strcmp(f, "read_seconds_total")) return t->read_seconds;
-    return (double)t->reads;
-}
-
-static void tier_metrics(tbuf *b, const kvlm_sched_stats *st) {
-    if (st->n_tiers <= 0) return;
-#define TIER_METRIC(f, type, help)                                                                        \
-    tput(b, "# HELP kvlm_kv_tier_" #f " " help "\n# TYPE kvlm_kv_tier_" #f " " type "\n");                \
-    for (int i = 0; i < st->n_tiers; i++)                                                                 \
-        tput(b, "kvlm_kv_tier_" #f "{tier=\"%s\"} %.17g\n", st->tiers[i].name, tier_field(&st->tiers[i], #f));
-    TIER_FIELDS(TIER_METRIC)
-#undef TIER_METRIC
-}
-
+/* One metric per KV tier in /metrics (metrics.c); here their JSON for /kvlm/status. */
 static json_t *tiers_json(const kvlm_sched_stats *st) {
     json_t *a = json_array();
     for (int i = 0; i < st->n_tiers; i++) {
@@ -298,172 +210,13 @@ static json_t *tiers_json(const kvlm_sched_stats *st) {
         json_t *o = json_object();
         json_object_set_new(o, "name", json_string(t->name));
         json_object_set_new(o, "up", json_boolean(t->up));
-#define TIER_JSON(f, type, help) json_object_set_new(o, #f, json_real(tier_field(t, #f)));
+#define TIER_JSON(f, type, help) json_object_set_new(o, #f, json_real(srv_tier_field(t, #f)));
         TIER_FIELDS(TIER_JSON)
 #undef TIER_JSON
         json_object_set_new(o, "read_ms_mean", json_real(t->reads ? 1e3 * t->read_seconds / (double)t->reads : 0.0));
         json_array_append_new(a, o);
     }
     return a;
-}
-
-/* A Prometheus label value: backslash, quote and newline escaped. */
-static void label_value(char *out, size_t cap, const char *v) {
-    size_t k = 0;
-    for (; *v && k + 3 < cap; v++) {
-        if (*v == '\\' || *v == '"') out[k++] = '\\';
-        if (*v == '\n') { out[k++] = '\\'; out[k++] = 'n'; continue; }
-        out[k++] = *v;
-    }
-    out[k] = '\0';
-}
-
-/* The vLLM-named series that routers and dashboards built for vLLM read
- * (llm-d's endpoint picker, the production-stack router): same names, types,
- * units and labels as vLLM v1 (model_name, engine). */
-static void vllm_metrics(kvlm_server *s, tbuf *b, const kvlm_sched_stats *st) {
-    char model[600], lab[700];
-    label_value(model, sizeof model, s->model_id);
-    snprintf(lab, sizeof lab, "{engine=\"0\",model_name=\"%s\"}", model);
-    const kvlm_kv_stats *kv = &st->kv;
-#define VLLM(name, type, help, v) \
-    tput(b, "# HELP " name " " help "\n# TYPE " name " " type "\n" name "%s %.17g\n", lab, (double)(v))
-    VLLM("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", st->running);
-    VLLM("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", st->waiting);
-    VLLM("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-         kv->n_blocks ? (double)kv->used / kv->n_blocks : 0.0);
-    VLLM("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
-         st->prompt_tokens);
-    VLLM("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-         st->cached_tokens);
-#undef VLLM
-    const char *kt = kvlm_cache_type_name(kv->type_k), *vt = kvlm_cache_type_name(kv->type_v);
-    tput(b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-            "# TYPE vllm:cache_config_info gauge\n"
-            "vllm:cache_config_info{block_size=\"%d\",cache_dtype=\"%s\",cache_dtype_v=\"%s\",engine=\"0\","
-            "model_name=\"%s\",num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%d\",prefix_caching_hash_algo=\"xxh3_128\"} 1\n",
-         kv->block_size, kt ? kt : "?", vt ? vt : "?", model, (unsigned long long)kv->swap_slots, kv->n_blocks);
-}
-
-static enum MHD_Result get_metrics(kvlm_server *s, struct MHD_Connection *c) {
-    kvlm_sched_stats st;
-    if (!get_stats(s, &st)) return srv_error(c, s, 503, NULL, NULL, "the server is shutting down");
-    tbuf b = {malloc(4096), 0, 4096};
-    const kvlm_kv_stats *kv = &st.kv;
-    metric(&b, "kvlm_kv_blocks_total", "gauge", "KV cache blocks in the pool", kv->n_blocks);
-    metric(&b, "kvlm_kv_blocks_used", "gauge", "KV cache blocks held by sequences", kv->used);
-    metric(&b, "kvlm_kv_blocks_cached", "gauge", "KV cache blocks kept only for prefix reuse (evictable)", kv->cached);
-    metric(&b, "kvlm_kv_blocks_free", "gauge", "KV cache blocks free", kv->free);
-    metric(&b, "kvlm_kv_blocks_shared", "gauge", "KV cache blocks held by more than one sequence", kv->shared);
-    metric(&b, "kvlm_kv_block_bytes", "gauge", "Bytes of one KV cache block", (double)kv->block_bytes);
-    metric(&b, "kvlm_kv_bytes_used", "gauge", "Bytes of the KV cache blocks held by sequences",
-           (double)kv->used * (double)kv->block_bytes);
-    metric(&b, "kvlm_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix index",
-           (double)kv->prefix_hits);
-    metric(&b, "kvlm_prefix_cache_misses_total", "counter", "Prompt blocks not found in the prefix index",
-           (double)kv->prefix_misses);
-    metric(&b, "kvlm_prefix_cache_hit_rate", "gauge", "Prefix index hits over lookups (per block)", hit_rate(kv));
-    tier_metrics(&b, &st);
-    if (s->events) {
-        srv_kv_events_stats es;
-        srv_kv_events_stats_get(s->events, &es);
-        metric(&b, "kvlm_kv_events_total", "counter", "KV events published (--kv-events)", (double)es.events);
-        metric(&b, "kvlm_kv_event_batches_total", "counter", "KV event batches published (one per engine step with "
-               "changes)", (double)es.batches);
-        metric(&b, "kvlm_kv_events_dropped_total", "counter", "KV events dropped: the publisher's queue was full",
-               (double)es.dropped_events);
-        metric(&b, "kvlm_kv_events_queued", "gauge", "KV events waiting to be published", (double)es.queued);
-        metric(&b, "kvlm_kv_events_pub_bytes", "gauge", "Bytes the PUB socket's queues hold for subscribers (a payload "
-               "once, its frames per subscriber)", (double)es.pub_bytes);
-        metric(&b, "kvlm_kv_events_subscribers", "gauge", "Connections to the KV-events PUB socket", (double)es.subscribers);
-        metric(&b, "kvlm_kv_events_subscribers_refused_total", "counter",
-               "Connections to the PUB socket closed at once: it had its most subscribers", (double)es.subscribers_refused);
-        metric(&b, "kvlm_kv_events_subscribers_cut_total", "counter",
-               "Subscribers disconnected at the PUB socket's byte cap (the one with the most unsent)",
-               (double)es.subscribers_cut);
-        if (s->p.kv_events_replay) {
-            metric(&b, "kvlm_kv_event_replays_total", "counter", "Replay requests answered (--kv-events-replay)",
-                   (double)es.replays);
-            metric(&b, "kvlm_kv_event_batches_replayed_total", "counter", "KV event batches resent by replays",
-                   (double)es.replayed);
-            metric(&b, "kvlm_kv_event_batches_buffered", "gauge", "KV event batches kept for replay",
-                   (double)es.buffered);
-            metric(&b, "kvlm_kv_event_replay_bytes", "gauge", "Bytes of replay messages in the replay socket's queues "
-                   "(all peers)", (double)es.replay_bytes);
-            metric(&b, "kvlm_kv_event_replay_peers", "gauge", "Connections to the replay socket", (double)es.replay_peers);
-            metric(&b, "kvlm_kv_event_replays_active", "gauge", "Replays in progress", (double)es.replays_active);
-            metric(&b, "kvlm_kv_event_replays_dropped_total", "counter", "Replays (or requests waiting behind one) "
-                   "abandoned: a peer gone, stalled, or the oldest at a cap", (double)es.replays_dropped);
-            metric(&b, "kvlm_kv_event_replay_peers_refused_total", "counter",
-                   "Connections to the replay socket closed at once: it had its most peers", (double)es.replay_peers_refused);
-            metric(&b, "kvlm_kv_event_replay_peers_cut_total", "counter", "Replay peers disconnected: messages queued "
-                   "and nothing taken for the stall time, or the oldest at the byte cap", (double)es.replay_peers_cut);
-        }
-    }
-    vllm_metrics(s, &b, &st);
-    metric(&b, "kvlm_requests_running", "gauge", "Requests holding KV blocks", st.running);
-    metric(&b, "kvlm_requests_waiting", "gauge", "Requests queued or preempted", st.waiting);
-    metric(&b, "kvlm_requests_total", "counter", "Requests finished", (double)st.requests_done);
-    static const char *const reasons[6] = {NULL, "stop", "length", "cancelled", "error", "kv_cache_full"};
-    tput(&b, "# HELP kvlm_completions_finished_total Completions (choices) ended, by finish reason\n"
-             "# TYPE kvlm_completions_finished_total counter\n");
-    for (int i = 1; i < 6; i++)
-        tput(&b, "kvlm_completions_finished_total{reason=\"%s\"} %llu\n", reasons[i],
-             (unsigned long long)__atomic_load_n(&s->finished[i], __ATOMIC_RELAXED));
-    metric(&b, "kvlm_preemptions_total", "counter", "Sequences preempted for lack of KV blocks", (double)st.preemptions);
-    metric(&b, "kvlm_swaps_out_total", "counter", "Preemptions by swap: sequences moved to the swap space",
-           (double)st.swaps_out);
-    metric(&b, "kvlm_swaps_in_total", "counter", "Sequences brought back from the swap space", (double)st.swaps_in);
-    metric(&b, "kvlm_recomputes_total", "counter", "Preemptions by recompute", (double)st.recomputes);
-    metric(&b, "kvlm_swap_bytes_total", "counter", "Bytes moved to and from the swap space", (double)st.swap_bytes);
-    metric(&b, "kvlm_swap_blocks", "gauge", "Blocks the swap space holds", (double)st.kv.swap_slots);
-    metric(&b, "kvlm_swap_blocks_used", "gauge", "Blocks swapped-out sequences hold", (double)st.kv.swap_used);
-    metric(&b, "kvlm_prompt_tokens_total", "counter", "Prompt tokens admitted", (double)st.prompt_tokens);
-    metric(&b, "kvlm_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix index or a KV tier",
-           (double)st.cached_tokens);
-    metric(&b, "kvlm_generated_tokens_total", "counter", "Tokens generated", (double)st.generated_tokens);
-    metric(&b, "kvlm_spec_draft_tokens_total", "counter", "Speculative draft tokens checked", (double)st.spec_drafted);
-    metric(&b, "kvlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens kept", (double)st.spec_accepted);
-    metric(&b, "kvlm_spec_draft_model_steps_total", "counter", "Engine steps in which the draft model proposed",
-           (double)st.spec_draft_steps);
-    metric(&b, "kvlm_spec_draft_model_failures_total", "counter",
-           "Draft-model decodes that failed (pool full, error); their steps went on with fewer drafts",
-           (double)st.spec_draft_failures);
-    metric(&b, "kvlm_spec_draft_model_released_total", "counter",
-           "Draft-model sequences dropped to give the model's sequences room in the shared KV pool",
-           (double)st.spec_draft_released);
-    metric(&b, "kvlm_spec_draft_model_windows_total", "counter",
-           "Draft-model sequences started afresh on the text's last half context (the text outgrew the draft's)",
-           (double)st.spec_draft_windows);
-    metric(&b, "kvlm_spec_draft_model_waits_total", "counter",
-           "Sequence-steps without draft-model drafts: what the draft would hold did not fit beside the model's next "
-           "step in the shared KV pool",
-           (double)st.spec_draft_waits);
-    metric(&b, "kvlm_engine_steps_total", "counter", "Engine steps (forward passes)", (double)st.steps);
-    metric(&b, "kvlm_tokens_per_second", "gauge", "Tokens generated per second, recently", st.tokens_per_second);
-    pthread_mutex_lock(&s->socks_mu);
-    size_t unsent_now = s->unsent - s->unsent_cut;
-    uint64_t cut_now = s->answers_cut;
-    pthread_mutex_unlock(&s->socks_mu);
-    metric(&b, "kvlm_http_unsent_bytes", "gauge", "Answer bytes made and not yet handed to the kernel (--max-unsent)",
-           (double)unsent_now);
-    metric(&b, "kvlm_http_answers_cut_total", "counter",
-           "Connections reset for --max-unsent (the one holding most), or a stream past its own cap", (double)cut_now);
-    pthread_mutex_lock(&s->mu);
-    metric(&b, "kvlm_http_errors_total", "counter", "Requests answered with an error", (double)s->http_errors);
-    metric(&b, "kvlm_http_body_bytes", "gauge", "Bytes taken by request bodies being received (--max-body-total)",
-           (double)s->body_bytes);
-    metric(&b, "kvlm_http_bodies_refused_total", "counter", "Requests refused (503) for --max-body-total",
-           (double)s->bodies_refused);
-    histogram(&b, "kvlm_time_to_first_token_seconds", "Time from a request's arrival to its first token", k_ttft_le,
-              s->ttft_counts, SRV_TTFT_BUCKETS, s->ttft_n, s->ttft_sum);
-    histogram(&b, "kvlm_time_per_output_token_seconds", "Mean time between a request's tokens after the first",
-              k_tpot_le, s->tpot_counts, SRV_TPOT_BUCKETS, s->tpot_n, s->tpot_sum);
-    pthread_mutex_unlock(&s->mu);
-    if (!b.s) return MHD_NO;
-    enum MHD_Result r = send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s, b.len);
-    free(b.s);
-    return r;
 }
 
 static void hex_keys(json_t *a, const uint8_t (*keys)[16], int n) {
@@ -529,13 +282,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
     json_t *reqs = json_array();
     static const char *states[] = {"waiting", "prefill", "running"};
     for (int i = 0; i < n; i++) {
-        char id[32];
-        snprintf(id, sizeof id, "cmpl-%llu", (unsigned long long)info[i].id);
-        json_array_append_new(reqs, json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i}", "id", id, "state",
-                                              states[info[i].state], "prompt_tokens", info[i].prompt_tokens,
-                                              "generated", info[i].generated, "blocks", info[i].blocks,
-                                              "shared_blocks", info[i].shared_blocks, "cached_tokens",
-                                              info[i].cached_tokens));
+        char id[64]; /* the id its answer carries (one of a request's prompts: the request's) */
+        if (!srv_ids_get(s, info[i].id, id, sizeof id)) snprintf(id, sizeof id, "req-%llu", (unsigned long long)info[i].id);
+        json_t *r = json_pack("{s:s, s:I, s:s, s:i, s:i, s:i, s:i, s:i}", "id", id, "sched_id", (json_int_t)info[i].id,
+                              "state", states[info[i].state], "prompt_tokens", info[i].prompt_tokens, "generated",
+                              info[i].generated, "blocks", info[i].blocks, "shared_blocks", info[i].shared_blocks,
+                              "cached_tokens", info[i].cached_tokens);
+        if (r && info[i].state == 1) /* a prefill's progress: tokens in the cache of those it computes toward */
+            json_object_set_new(r, "prefill", json_pack("{s:i, s:i}", "done", info[i].prefill_done, "total",
+                                                        info[i].prefill_total));
+        json_array_append_new(reqs, r);
     }
     json_t *j = json_pack(
         "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:f, s:i, s:i, s:I, s:f, s:I, s:I, s:o, s:o, "
@@ -556,6 +312,16 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
         json_object_set_new(j, "swap_blocks", json_integer((json_int_t)kv->swap_slots));
         json_object_set_new(j, "swap_blocks_used", json_integer((json_int_t)kv->swap_used));
     }
+    if (j && s->answers) {
+        srv_answers_stats as;
+        srv_answers_stats_get(s->answers, &as);
+        json_object_set_new(j, "chat_answers",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "kept", (json_int_t)as.entries,
+                                      "bytes", (json_int_t)as.bytes, "cap_bytes", (json_int_t)as.cap, "recorded",
+                                      (json_int_t)as.recorded, "unmatched", (json_int_t)as.unmatched, "evicted",
+                                      (json_int_t)as.evicted, "reused", (json_int_t)as.reused, "reused_tokens",
+                                      (json_int_t)as.reused_tokens));
+    }
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "blocks");
     if (j && want && (!strcmp(want, "1") || !strcmp(want, "true"))) {
         json_t *blocks = cached_blocks_json(s, kv->n_blocks);
@@ -569,12 +335,23 @@ static enum MHD_Result get_status(kvlm_server *s, struct MHD_Connection *c) {
     return srv_json(c, 200, j);
 }
 
-static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
+static json_t *model_json(kvlm_server *s) {
     const kvlm_config *cfg = kvlm_model_config(s->model);
-    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i}}]}", "object", "list", "data", "id",
-                          s->model_id, "object", "model", "created", (json_int_t)s->started, "owned_by", "kvlm",
-                          "meta", "n_ctx", kvlm_ctx_n_ctx(s->ctx), "n_vocab", cfg->vocab_size);
-    return srv_json(c, 200, j);
+    /* max_model_len: vLLM's; meta: llama-server's */
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:i, s:{s:i, s:i}}", "id", s->model_id, "object", "model", "created",
+                     (json_int_t)s->started, "owned_by", "kvlm", "root", s->model_id, "max_model_len",
+                     kvlm_ctx_n_ctx(s->ctx), "meta", "n_ctx", kvlm_ctx_n_ctx(s->ctx), "n_vocab", cfg->vocab_size);
+}
+
+static enum MHD_Result get_models(kvlm_server *s, struct MHD_Connection *c) {
+    return srv_json(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(s)));
+}
+
+/* GET /v1/models/{id} (the SDKs' models.retrieve): the model, or OpenAI's 404 for another id. */
+static enum MHD_Result get_model(kvlm_server *s, struct MHD_Connection *c, const char *id) {
+    if (strcmp(id, s->model_id))
+        return srv_error(c, s, 404, "model", "model_not_found", "The model '%s' does not exist", id);
+    return srv_json(c, 200, model_json(s));
 }
 
 /* ---- requests ------------------------------------------------------------------ */
@@ -633,6 +410,8 @@ static enum MHD_Result preflight(kvlm_server *s, struct MHD_Connection *c) {
     MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
     MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
     MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    srv_sock *k = srv_conn_sock(c);
+    if (k) k->status = 204;
     enum MHD_Result ret = MHD_queue_response(c, 204, r);
     MHD_destroy_response(r);
     return ret;
@@ -660,6 +439,8 @@ static enum MHD_Result refuse_and_close(struct MHD_Connection *c, kvlm_server *s
     if (!r) { free(body); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", "application/json");
     MHD_add_response_header(r, "Connection", "close");
+    srv_sock *k = srv_conn_sock(c);
+    if (k) k->status = 400;
     enum MHD_Result ret = MHD_queue_response(c, 400, r);
     MHD_destroy_response(r);
     return ret;
@@ -702,9 +483,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool post = !strcmp(method, "POST");
     bool completions = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
     bool tokenize = !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
+    bool embeddings = !strcmp(url, "/v1/embeddings");
     if (!cn) { /* the headers are in: the body (if any) has body_timeout_s to follow */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+        cn->t_start = util_now_s();
+        snprintf(cn->method, sizeof cn->method, "%s", method);
+        snprintf(cn->url, sizeof cn->url, "%s", url);
+        srv_client_address(c, cn->client, sizeof cn->client);
         *con_cls = cn;
         pthread_mutex_lock(&s->mu);
         s->active++;
@@ -734,7 +520,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             if (cl) cn->expect = (size_t)strtoull(cl, NULL, 10) + 1; /* its buffer grows to this, no more */
             const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-            if ((completions || tokenize) && !is_json_type(ct)) {
+            if ((completions || tokenize || embeddings) && !is_json_type(ct)) {
                 cn->answered = true;
                 return srv_error(c, s, 415, NULL, "unsupported_media_type",
                                  "the request body must be JSON with 'Content-Type: application/json' (got %s)",
@@ -782,7 +568,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
      * from when it is made (srv_sock_answer_due). A previous answer still in the
      * kernel's queue (pipelined requests) keeps its own until then. */
     srv_sock *k = srv_conn_sock(c);
-    if (k && !completions) srv_sock_answer_due(k);
+    if (k && !completions && !embeddings) srv_sock_answer_due(k);
     else if (k) {
         pthread_mutex_lock(&s->socks_mu);
         if (k->send_due > 0 && !unsent(k->fd)) k->send_due = 0;
@@ -791,7 +577,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (completions) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        if (kvlm_model_is_encoder(s->model)) {
+            srv_body_release(s, cn);
+            return srv_error(c, s, 501, NULL, "not_supported", "This server's model is an encoder: it gives embeddings "
+                             "only (POST /v1/embeddings)");
+        }
         return srv_completions(s, c, cn, !strcmp(url, "/v1/chat/completions"));
+    }
+    if (embeddings) {
+        if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
+        return srv_embeddings(s, c, cn);
     }
     if (tokenize) {
         if (!post) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes POST", url);
@@ -800,6 +595,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct { const char *url; int kind; } gets[] = {
         {"/", 0}, {"/index.html", 0}, {"/health", 1}, {"/v1/models", 2}, {"/metrics", 3}, {"/kvlm/status", 4},
     };
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        if (!get) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes GET", url);
+        return get_model(s, c, url + 11);
+    }
     for (size_t i = 0; i < sizeof gets / sizeof gets[0]; i++) {
         if (strcmp(url, gets[i].url)) continue;
         if (!get) return srv_error(c, s, 405, NULL, "method_not_allowed", "%s takes GET", url);
@@ -807,7 +606,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         case 0: return send_text_mode(c, 200, "text/html; charset=utf-8", server_web_page, server_web_page_len, true);
         case 1: return send_text(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
         case 2: return get_models(s, c);
-        case 3: return get_metrics(s, c);
+        case 3: return srv_get_metrics(s, c);
         default: return get_status(s, c);
         }
     }
@@ -826,6 +625,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         k->whole = 0;
     }
     if (!cn) return;
+    if (!cn->job_logs && strcmp(cn->method, "OPTIONS")) { /* a completion's job logs its own line */
+        srv_reqlog rl = {.method = cn->method, .endpoint = cn->url, .client = cn->client,
+                         .status = k && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? k->status : 0,
+                         .prompt_tokens = -1, .cached_tokens = -1, .generated_tokens = -1,
+                         .ttft = -1, .tpot = -1, .queue = -1, .e2e = util_now_s() - cn->t_start,
+                         .error = k && k->error[0] && k->status >= 400 ? k->error : NULL};
+        srv_log_request(s, &rl);
+    }
     srv_body_release(s, cn);
     srv_conn_done(s, cn);
     pthread_mutex_lock(&s->mu);
@@ -951,6 +758,7 @@ static void *watcher_main(void *arg) {
             sweep_deadlines(s);
             trim_after_frees(s, util_now_s());
             srv_keepalive(s);
+            srv_log_tick(s);
             next_sweep = util_now_s() + 0.25;
         }
         for (int i = 0; i < n; i++) {
@@ -1079,13 +887,34 @@ static unsigned conn_limit(int want) {
 
 static void stop_threads(kvlm_server *s, kvlm_sched *sched) {
     uint64_t one = 1;
-    if (write(s->stop_fd, &one, sizeof one) != sizeof one) perror("kvlm serve: stopping the watcher");
+    if (write(s->stop_fd, &one, sizeof one) != sizeof one)
+        kvlm_log(KVLM_LOG_ERROR, "stopping the watcher: %s", strerror(errno));
     pthread_join(s->watcher, NULL);
     kvlm_sched_stop(sched);
     pthread_join(s->engine, NULL);
 }
 
+/* OpenAI's system_fingerprint ("fp_" and 10 hex digits): changes when what
+ * shapes answers does (the model file, its id, the context, the cache types,
+ * the template), so a client can tell answers of one configuration apart. */
+static void srv_fingerprint(kvlm_server *s) {
+    uint64_t h = 1469598103934665603ull;
+    char buf[1024];
+    kvlm_kv_stats kv;
+    kvlm_kv_stats_get(s->ctx, &kv);
+    int n = snprintf(buf, sizeof buf, "%s|%s|%zu|%d|%d|%d|%d|%s", s->model->path, s->model_id,
+                     kvlm_model_weight_bytes(s->model), kvlm_ctx_n_ctx(s->ctx), kv.type_k, kv.type_v, kv.block_size,
+                     s->p.chat_template ? s->p.chat_template : "");
+    for (int i = 0; i < n && i < (int)sizeof buf; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull; /* FNV-1a */
+    snprintf(s->fingerprint, sizeof s->fingerprint, "fp_%010llx", (unsigned long long)(h & 0xffffffffffull));
+}
+
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err) {
+    if (kvlm_model_is_encoder(kvlm_ctx_model(ctx)) && !p->embeddings) {
+        util_err_set(err, KVLM_EINVAL, "the model is an encoder (bert, nomic-bert): it gives embeddings only; start the "
+                     "server with --embeddings");
+        return NULL;
+    }
     kvlm_server *s = calloc(1, sizeof *s);
     if (!s) { util_err_set(err, KVLM_ENOMEM, "out of memory"); return NULL; }
     s->ctx = ctx;
@@ -1105,14 +934,27 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
     else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
     s->started = (double)time(NULL);
+    if (s->p.log_interval_s == 0) s->p.log_interval_s = 10;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->socks_mu, NULL);
     pthread_mutex_init(&s->watch_mu, NULL);
     if (take_config(s, p, err)) goto fail;
+    if (!(s->metrics = srv_metrics_new(kvlm_ctx_n_ctx(ctx))) || !(s->logs = srv_logs_new())) {
+        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        goto fail;
+    }
+    srv_fingerprint(s);
     if (s->p.max_body_total < s->p.max_body + 1) {
         util_err_set(err, KVLM_EINVAL, "--max-body-total %zu is below --max-body %zu: no body of that size could be taken",
                      s->p.max_body_total, s->p.max_body);
         goto fail;
+    }
+    if (s->p.answer_ids_mem >= 0) {
+        size_t cap = s->p.answer_ids_mem ? (size_t)s->p.answer_ids_mem : (size_t)16 << 20;
+        if (!(s->answers = srv_answers_create(cap, s->model, s->model_id))) {
+            util_err_set(err, KVLM_ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     if (!(s->chat = s->p.chat)) {
         /* a template named by the caller must work; the model's own may be
@@ -1238,7 +1080,10 @@ fail:
     }
     if (s->watch_fd >= 0) close(s->watch_fd);
     if (s->stop_fd >= 0) close(s->stop_fd);
+    srv_answers_free(s->answers);
     free_config(s);
+    srv_metrics_free(s->metrics);
+    srv_logs_free(s->logs);
     pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);
@@ -1275,7 +1120,10 @@ void kvlm_server_stop(kvlm_server *s) {
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     close(s->watch_fd);
     close(s->stop_fd);
+    srv_answers_free(s->answers); /* the engine and HTTP threads, which use it, are gone */
     free_config(s);
+    srv_metrics_free(s->metrics);
+    srv_logs_free(s->logs);
     pthread_mutex_destroy(&s->socks_mu);
     pthread_mutex_destroy(&s->watch_mu);
     pthread_mutex_destroy(&s->mu);

@@ -7,8 +7,10 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include "kvlm.h"
+#include "server/answers.h"
 
-enum { SRV_TTFT_BUCKETS = 12, SRV_TPOT_BUCKETS = 11 };
+typedef struct srv_metrics srv_metrics; /* metrics.c */
+typedef struct srv_logs srv_logs;       /* log.c */
 /* The stack of the HTTP thread, which parses every request: sized for the
  * parsers' nesting limits (tests/test_limits measures them at their limits). */
 enum { SRV_HTTP_STACK = 8 << 20 };
@@ -30,8 +32,10 @@ struct kvlm_server {
     int port;
     double started;
     pthread_mutex_t mu;         /* guards sched's lifetime and the figures below */
-    uint64_t ttft_counts[SRV_TTFT_BUCKETS], tpot_counts[SRV_TPOT_BUCKETS], ttft_n, tpot_n, http_errors;
-    double ttft_sum, tpot_sum;
+    uint64_t http_errors;
+    srv_metrics *metrics;       /* histograms of requests (metrics.c) */
+    srv_logs *logs;             /* request logs, ignored fields, public ids (log.c) */
+    char fingerprint[32];       /* system_fingerprint: this model and configuration */
     uint64_t finished[6];       /* choices ended, by KVLM_FINISH_* (atomic adds) */
     int active;                 /* requests between their first byte and their answer's last (under mu) */
     int watch_fd;               /* epoll set of the sockets whose requests a hang-up cancels */
@@ -60,6 +64,7 @@ struct kvlm_server {
     const kvlm_chat *chat;      /* renders chat requests (NULL: none could be made: chat_error says why) */
     kvlm_chat *own_chat;        /* the one the server made (freed with it) */
     char chat_error[512];
+    srv_answers *answers;       /* the ids of recent chat answers (NULL: not kept) */
 };
 
 /* One TCP connection (MHD's socket context), from accept to close: whether it
@@ -76,6 +81,8 @@ typedef struct srv_sock {
     /* answer bytes it holds unsent (its stream's backlog, or its whole answer), counted in srv->unsent */
     size_t held, whole;
     bool cutoff;                /* reset for the server's cap on them: its bytes are written off */
+    unsigned status;            /* the HTTP status of the answer last queued (the request log) */
+    char error[200];            /* ... and its error message, if it was one */
 } srv_sock;
 
 /* One HTTP request as it arrives. */
@@ -88,6 +95,10 @@ typedef struct srv_conn {
     struct srv_job *job;      /* a whole answer the engine is making (the connection suspended) */
     struct srv_job *watched;  /* its job in the server's hang-up watch (NULL: none) */
     bool http11;              /* the request is HTTP/1.1 (an interim 1xx response may be sent) */
+    /* the request log: what the line says; a completion's job writes its own (job_logs) */
+    char client[64], method[8], url[160];
+    double t_start;
+    bool job_logs;
 } srv_conn;
 
 /* c's entry in the list (NULL: untracked). */
@@ -116,6 +127,8 @@ void srv_body_release(kvlm_server *s, srv_conn *cn);
 enum MHD_Result srv_error(struct MHD_Connection *c, kvlm_server *s, unsigned status, const char *param,
                           const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 enum MHD_Result srv_json(struct MHD_Connection *c, unsigned status, json_t *j); /* steals j */
+/* An answer of len bytes (copied), counted as the connection's unsent answer until handed over. */
+enum MHD_Result srv_text(struct MHD_Connection *c, unsigned status, const char *type, const char *data, size_t len);
 /* Adds the CORS headers the request's Origin earns (none unless it is allowed). */
 void srv_cors(struct MHD_Connection *c, struct MHD_Response *r);
 void srv_observe(kvlm_server *s, double ttft, double tpot); /* < 0: not observed */
@@ -130,6 +143,27 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
  * /detokenize: {"tokens": [...]} -> {"prompt": TEXT, "content": TEXT}. */
 enum MHD_Result srv_tokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* POST /v1/embeddings (docs/embeddings.md), body complete: a job of openai.c
+ * (submitted, waited for and answered as a completion's whole answer) whose
+ * request and answer are server/embeddings.c's. 501 unless started with
+ * embeddings. */
+enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
+/* server/embeddings.c: one request's inputs (tokenized), parameters and vectors. */
+typedef struct srv_embed srv_embed;
+typedef struct { unsigned status; const char *param, *code; char msg[512]; } srv_embed_err;
+/* The body checked (known fields, model, input shapes, encoding_format,
+ * dimensions) and its inputs tokenized; NULL with x filled (param may name a
+ * key of body: answer before freeing it). */
+srv_embed *srv_embed_parse(kvlm_server *s, json_t *body, srv_embed_err *x);
+int srv_embed_n(const srv_embed *e);
+const int32_t *const *srv_embed_tokens(const srv_embed *e);
+const int *srv_embed_lens(const srv_embed *e);
+const kvlm_embed_params *srv_embed_params(const srv_embed *e);
+/* An input's final event (engine thread, under its job's lock): its vector and tokens kept. */
+void srv_embed_event(srv_embed *e, const kvlm_sched_event *ev);
+/* OpenAI's answer: {object: "list", data: [...], model, usage}. */
+json_t *srv_embed_answer(const srv_embed *e, const char *model_id);
+void srv_embed_free(srv_embed *e);
 /* The whole answer of cn->job, once the engine has resumed the connection. */
 enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *cn);
 /* For the fuzzing harness (fuzz/fuzz_openai.c): a request body through

@@ -287,6 +287,7 @@ void kvlm_chat_free(kvlm_chat *c) {
 
 const char *kvlm_chat_describe(const kvlm_chat *c) { return c->desc; }
 const char *kvlm_chat_family(const kvlm_chat *c) { return c->family ? c->family : "jinja"; }
+const char *kvlm_chat_family_names(void) { return tok_chat_names(); }
 
 static int bad(kvlm_error *err, const char *fmt, ...) {
     va_list ap;

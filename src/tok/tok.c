@@ -47,6 +47,13 @@ static size_t decode_token(const tok_tokenizer *t, int32_t id, char *out) {
     const char *s = v->tokens[id];
     size_t n = v->lens[id], o = 0;
     int32_t type = tok_type(v, id);
+    if (t->kind == TOK_KIND_WPM) { /* a word's start has U+2581 for its space; a continuation joins on */
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0) { out[o++] = ' '; i += 3; }
+            else out[o++] = s[i++];
+        }
+        return o;
+    }
     if (t->kind == TOK_KIND_SPM) {
         int b;
         /* Byte tokens; llama2.c vocabularies may leave them typed normal. */
@@ -129,9 +136,11 @@ tok_tokenizer *tok_create(const model_vocab *v, kvlm_error *err) {
     int kind;
     if (!strcmp(v->model, "llama")) kind = TOK_KIND_SPM;
     else if (!strcmp(v->model, "gpt2")) kind = TOK_KIND_BPE;
+    else if (!strcmp(v->model, "bert")) kind = TOK_KIND_WPM;
     else {
         util_err_set(err, KVLM_EUNSUPPORTED,
-                     "tokenizer model \"%s\" (tokenizer.ggml.model) is not supported; supported: llama (SentencePiece), gpt2 (byte-level BPE)",
+                     "tokenizer model \"%s\" (tokenizer.ggml.model) is not supported; supported: llama (SentencePiece), "
+                     "gpt2 (byte-level BPE), bert (WordPiece)",
                      v->model);
         return NULL;
     }
@@ -305,16 +314,23 @@ static int bpe_chunk(void *ctx, const char *chunk, size_t n) {
 
 /* Ordinary text between special tokens. Every such stretch starts the text
  * or follows a special token, and llama.cpp gives each one the SentencePiece
- * space prefix. */
-static int encode_text(const tok_tokenizer *t, const char *text, size_t len, tok_scratch *s, tok_out *o,
+ * space prefix; one that continues text already encoded (cont: the tokens of
+ * a span before it, tok_encode_cont) gets none. */
+static int encode_text(const tok_tokenizer *t, const char *text, size_t len, bool cont, tok_scratch *s, tok_out *o,
                        kvlm_error *err) {
-    if (t->kind == TOK_KIND_SPM) return tok_spm_encode(t, text, len, t->v->add_space_prefix, s, o, err);
+    if (t->kind == TOK_KIND_SPM) return tok_spm_encode(t, text, len, t->v->add_space_prefix && !cont, s, o, err);
+    if (t->kind == TOK_KIND_WPM) return tok_wpm_encode(t, text, len, s, o, err);
     chunk_ctx c = {t, s, o, err};
     return tok_pretok_split(t->pre, text, len, bpe_chunk, &c, err) ? -1 : 0;
 }
 
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                int32_t *out, int max, kvlm_error *err) {
+    return tok_encode_cont(t, text, len, add_bos, parse_special, false, out, max, err);
+}
+
+int tok_encode_cont(const tok_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                    bool cont, int32_t *out, int max, kvlm_error *err) {
     if (!t || (!text && len)) return util_err_set(err, KVLM_EINVAL, "tok_encode: no tokenizer or text"), -1;
     if (len > TOK_MAX_TEXT)
         return util_err_set(err, KVLM_ERANGE, "tok_encode: text of %zu bytes is too long (limit %zu)", len,
@@ -330,13 +346,16 @@ int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bo
         size_t m = (t->spec_first[(uint8_t)text[i]] & need) ? match_special(t, text + i, len - i, parse_special, &id) : 0;
         if (!m) { i++; continue; }
         if (i > raw) {
-            if ((rc = encode_text(t, text + raw, i - raw, &s, &o, err))) goto done;
+            if ((rc = encode_text(t, text + raw, i - raw, cont && raw == 0, &s, &o, err))) goto done;
         }
         tok_out_push(&o, id);
         i += m;
         raw = i;
     }
-    if (len > raw) rc = encode_text(t, text + raw, len - raw, &s, &o, err);
+    if (len > raw) rc = encode_text(t, text + raw, len - raw, cont && raw == 0, &s, &o, err);
+    /* BERT's inputs end with [SEP] where they begin with [CLS] */
+    if (!rc && add_bos && t->kind == TOK_KIND_WPM && t->v->sep >= 0 && t->v->sep < t->v->n_tokens)
+        tok_out_push(&o, t->v->sep);
 done:
     tok_scratch_free(&s);
     if (rc) return -1;

@@ -23,6 +23,11 @@ void tok_free(tok_tokenizer *t);
  * that token; otherwise such text is tokenized as ordinary characters. */
 int tok_encode(const tok_tokenizer *t, const char *text, size_t len, bool add_bos,
                bool parse_special, int32_t *out, int max, kvlm_error *err);
+/* The same, for text that continues text already encoded (cont: it follows
+ * tokens given by other means, kvlm_tokenize_spans): its first stretch gets
+ * no SentencePiece space prefix, as it would get none inside the whole text. */
+int tok_encode_cont(const tok_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                    bool cont, int32_t *out, int max, kvlm_error *err);
 /* The bytes of one token as text: '▁' -> ' ' (SPM), "<0x0A>" -> byte 0x0A,
  * byte-level BPE symbols -> their bytes; control tokens -> "" (unless
  * show_special). Returns the byte count (truncated to cap), or -1 for a bad id.

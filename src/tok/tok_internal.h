@@ -55,7 +55,7 @@ static inline void tok_out_push(tok_out *o, int32_t id) {
     o->n++;
 }
 
-enum { TOK_KIND_SPM, TOK_KIND_BPE };
+enum { TOK_KIND_SPM, TOK_KIND_BPE, TOK_KIND_WPM };
 enum { TOK_F_EOG = 1, TOK_F_SPECIAL = 2 /* control/unknown: hidden unless asked */ };
 
 struct tok_tokenizer {
@@ -93,6 +93,9 @@ int tok_spm_encode(const struct tok_tokenizer *t, const char *text, size_t len, 
                    tok_scratch *s, tok_out *o, kvlm_error *err);
 int tok_bpe_encode(const struct tok_tokenizer *t, const char *text, size_t len, tok_scratch *s,
                    tok_out *o, kvlm_error *err);
+/* WordPiece (tok/wpm.c): normalised, split into words, each into pieces. */
+int tok_wpm_encode(const struct tok_tokenizer *t, const char *text, size_t len, tok_scratch *s, tok_out *o,
+                   kvlm_error *err);
 /* Builds the BPE tables (merges, byte characters); 0 or -1 with err. */
 int tok_bpe_init(struct tok_tokenizer *t, kvlm_error *err);
 void tok_bpe_free(struct tok_tokenizer *t);

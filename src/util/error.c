@@ -51,6 +51,7 @@ const char *kvlm_status_name(int code) {
     case KVLM_ERANGE: return "out of range";
     case KVLM_EUNSUPPORTED: return "unsupported";
     case KVLM_EFULL: return "cache full";
+    case KVLM_ECANCELED: return "canceled";
     default: return "unknown error";
     }
 }

@@ -1,4 +1,5 @@
-/* util/log: leveled logging to stderr (KVLM_LOG=debug|info|warn|error|off). */
+/* util/log: leveled logging through kvlm_log (a callback set by kvlm_log_set,
+ * else stderr; the level from kvlm_log_set_level, else KVLM_LOG=debug|info|warn|error|off). */
 #ifndef KVLM_UTIL_LOG_H
 #define KVLM_UTIL_LOG_H
 enum { UTIL_LOG_DEBUG, UTIL_LOG_INFO, UTIL_LOG_WARN, UTIL_LOG_ERROR, UTIL_LOG_OFF };

@@ -67,6 +67,21 @@ await check('models.list names the model file', async () => {
   eq(models[0].object, 'model', 'object');
 });
 
+await check('models.retrieve: the model, and NotFoundError for another id', async () => {
+  const m = await client.models.retrieve(MODEL_ID);
+  eq([m.id, m.object], [MODEL_ID, 'model'], 'retrieved');
+  let err = null;
+  try { await client.models.retrieve('gpt-4'); } catch (e) { err = e; }
+  ok(err instanceof OpenAI.NotFoundError && err.code === 'model_not_found', `another id: ${err}`);
+});
+
+await check('ids are cmpl- and chatcmpl- with 32 random hex digits, with a system_fingerprint', async () => {
+  const a = await client.completions.create({ model: MODEL_ID, prompt: P1, max_tokens: 1 });
+  const b = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 1 });
+  ok(/^cmpl-[0-9a-f]{32}$/.test(a.id) && /^chatcmpl-[0-9a-f]{32}$/.test(b.id), `ids ${a.id} ${b.id}`);
+  ok(/^fp_[0-9a-f]{10}$/.test(a.system_fingerprint) && a.system_fingerprint === b.system_fingerprint, 'fingerprint');
+});
+
 await check('completion, greedy, stopped by length', async () => {
   const r = await client.completions.create({ model: MODEL_ID, prompt: P2, max_tokens: 16, temperature: 0 });
   eq(r.object, 'text_completion', 'object');
