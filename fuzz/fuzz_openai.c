@@ -1,18 +1,28 @@
 /* fuzz/fuzz_openai: the OpenAI request parser: a request body through the
  * server's checks (UTF-8, JSON, every parameter, prompt or chat messages,
  * chat template rendered and tokenized, context length) without submitting
- * it. The first input byte picks the endpoint and a forced chat template
- * (or none: the model's); the rest is the body. The model: stories260K from
+ * it. The first input byte picks the endpoint and a chat format (the
+ * model's own, a built-in family, a Jinja template, or none that could be
+ * made); the rest is the body. The model: stories260K from
  * $KVLM_MODELS, or a small synthetic one when it is absent. */
 #include "fuzz_common.h"
 #include "kvlm.h"
 #include "server/server.h"
 
 static kvlm_server srv;
-static const char *templates[16] = {NULL,    "chatml",  "llama2",     "llama3",           "zephyr", "plain",
-                                    NULL,    "nonsense", "phi3",      "phi4",             "gemma",  "granite",
-                                    "mistral-v7", "mistral-v7-tekken", NULL, "plain"};
-/* each template's kvlm_chat, as kvlm serve makes it (NULL: it cannot be made; chat_errors says why) */
+/* the formats the first byte picks: a name (NULL: the model's own), or a Jinja template's text */
+static const struct { const char *name, *jinja; } k_formats[16] = {
+    {NULL, NULL}, {"chatml", NULL}, {"llama2", NULL}, {"llama3", NULL}, {"zephyr", NULL}, {"plain", NULL},
+    {NULL, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"},
+    {"nonsense", NULL}, {"phi3", NULL}, {"phi4", NULL}, {"gemma", NULL}, {"granite", NULL}, {"mistral-v7", NULL},
+    {"mistral-v7-tekken", NULL},
+    {NULL, "{%- if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{% if m.role == 'tool' %}"
+           "[{{ m.tool_call_id }}] {{ m.content }}{% elif m.tool_calls %}{% for c in m.tool_calls %}"
+           "{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}{% else %}{{ m.role }}: "
+           "{{ m.content | trim }}\n{% endif %}{% if m.role == 'user' and m.content | length > 100000 %}"
+           "{{ raise_exception('too long') }}{% endif %}{% endfor %}{{ 'assistant:' if add_generation_prompt }}"},
+    {"plain", NULL}};
 static kvlm_chat *chats[16];
 static char chat_errors[16][512];
 
@@ -37,19 +47,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     srv.model = m;
     snprintf(srv.model_id, sizeof srv.model_id, "stories260K");
     for (int i = 0; i < 16; i++) {
-        kvlm_chat_params p = {.template_name = templates[i]};
-        kvlm_error ce = {0};
-        if (!(chats[i] = kvlm_chat_create(m, &p, &ce))) snprintf(chat_errors[i], sizeof chat_errors[i], "%s", ce.msg);
+        kvlm_chat_params p = {.template_name = k_formats[i].name, .template_text = k_formats[i].jinja};
+        kvlm_error cerr = {0};
+        if (!(chats[i] = kvlm_chat_create(m, &p, &cerr))) snprintf(chat_errors[i], sizeof chat_errors[i], "%s", cerr.msg);
     }
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int t = (data[0] >> 1) & 15;
-    srv.p.chat_template = templates[t];
-    srv.chat = chats[t];
-    snprintf(srv.chat_error, sizeof srv.chat_error, "%s", chat_errors[t]);
+    int f = (data[0] >> 1) & 15;
+    srv.chat = chats[f]; /* NULL ("nonsense"): chat requests are refused with why */
+    snprintf(srv.chat_error, sizeof srv.chat_error, "%s", chat_errors[f]);
     bool chat = data[0] & 1;
     kvlm_request_params rp;
     int n_tokens = -1;

@@ -282,7 +282,8 @@ while True:
     got = [complete(sport, q) for q in prompts]
     err = log()
     check(got == ref and len(lines(err, "down:")) == 1 and len(lines(err, "reachable again after")) == 1 and
-          re.search(r"down: .*\n.*reachable again after [0-9.]+ s \(\d+ reads missed, \d+ writes dropped\)", err),
+          re.search(r"down: [^\n]*\n(?:[^\n]*\n)*?[^\n]*reachable again after [0-9.]+ s \(\d+ reads missed, "
+                    r"\d+ writes dropped\)", err),  # (the server's request lines in between)
           "killed then restarted: one line when it went down, one when it came back, with its cost", err)
 
     # hung (SIGSTOP, long enough for the stats poll to see it), then SIGCONT

@@ -67,9 +67,23 @@ def answer_text(out):
     try: return json.loads(out[i + 4:])["choices"][0]["text"]
     except Exception: return None
 
+def dechunk(out):
+    """The body of a chunked answer (an event may span chunks: a slow reader's writes join and split them)."""
+    i = out.find(b"\r\n\r\n", out.find(b"HTTP/1.1 200"))
+    if i < 0: return None
+    body, i = b"", i + 4
+    while True:
+        j = out.find(b"\r\n", i)
+        if j < 0: return None
+        size = int(out[i:j].split(b";")[0], 16)
+        if size == 0: return body
+        body += out[j + 2:j + 2 + size]
+        i = j + 2 + size + 2
+
 def stream_text(out):
-    parts = [json.loads(l[6:])["choices"][0]["text"] for l in out.split(b"\n") if l.startswith(b"data: {")]
-    return "".join(parts) if out.rstrip().endswith(b"0") and b"data: [DONE]" in out else None
+    body = dechunk(out)
+    if body is None or b"data: [DONE]" not in body: return None
+    return "".join(json.loads(l[6:])["choices"][0]["text"] for l in body.split(b"\n") if l.startswith(b"data: {"))
 
 long_body = json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}).encode()
 ref = answer_text(raw(head + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(long_body) + long_body))

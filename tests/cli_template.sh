@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cli_template: `kvlm template` against Python's jinja2 rendering as Hugging Face
 # transformers does (tests/helpers/template_oracle.py): every real template of
-# ../shared/chat-templates x 18 conversations (system or not, multi-turn, tools
+# ../shared/chat-templates x 21 conversations (system or not, multi-turn, tools
 # with JSON-schema parameters, tool calls with object and string arguments, tool
 # results, reasoning_content, add_generation_prompt and enable_thinking both
 # ways, non-ASCII, empty content, content as parts), byte-identical or failing

@@ -171,7 +171,7 @@ jv jinja_getitem(jstate *st, int line, jv obj, jv key) {
                     : obj.t == JV_RANGE ? jv_range_len(obj.u.r) : (int64_t)obj.u.l->n;
         if (i < 0) i += len;
         if (i < 0 || i >= len) return jv_undef;
-        if (obj.t == JV_RANGE) return jv_int(obj.u.r->start + i * obj.u.r->step);
+        if (obj.t == JV_RANGE) return jv_int(jv_range_at(obj.u.r, (uint64_t)i));
         if (obj.t != JV_STR) return obj.u.l->v[i];
         size_t a = u8_offset(obj.u.s.p, obj.u.s.n, (size_t)i), b = a;
         u8_next(obj.u.s.p, obj.u.s.n, &b);
@@ -187,7 +187,7 @@ jv jinja_getitem(jstate *st, int line, jv obj, jv key) {
 
 static bool is_num(const jv *v) { return v->t == JV_INT || v->t == JV_FLOAT || v->t == JV_BOOL; }
 static double num_f(const jv *v) { return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b; }
-static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : (int64_t)v->u.b; }
+static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : v->t == JV_BOOL ? (int64_t)v->u.b : 0; }
 
 static jv concat_str(jstate *st, jv a, jv b) {
     /* Markup + str escapes the str, and the result is Markup */
@@ -339,7 +339,7 @@ bool jinja_in(jstate *st, int line, jv x, jv seq) {
         int64_t n = jv_range_len(r);
         jr_steps(st, line, (long)(n / 64));
         for (int64_t i = 0; i < n; i++) {
-            jv y = jv_int(r->start + i * r->step);
+            jv y = jv_int(jv_range_at(r, (uint64_t)i));
             if (jv_eq(st, &x, &y, 0)) return true;
         }
         return false;
@@ -359,6 +359,9 @@ bool jinja_in(jstate *st, int line, jv x, jv seq) {
 }
 
 /* ---- printf-style formatting (str % args) ---- */
+
+/* a width's or precision's digits, saturating (past 10^9 is refused anyway) */
+static int64_t digit_acc(int64_t v, char c) { return v > 1000000000 ? v : v * 10 + (c - '0'); }
 
 static void pad(jstate *st, jbuf *b, const char *p, size_t n, int64_t width, bool left, char fill) {
     size_t cps = u8_count(p, n);
@@ -416,7 +419,7 @@ static jv printf_format(jstate *st, int line, jv fmt, jv args) {
             if (width < 0) { left = true; width = -width; }
             i++;
         } else {
-            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) width = (width < 0 ? 0 : width) * 10 + (p[i] - '0');
+            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) width = digit_acc(width < 0 ? 0 : width, p[i]);
         }
         if (i < n && p[i] == '.') {
             i++;
@@ -426,7 +429,7 @@ static jv printf_format(jstate *st, int line, jv fmt, jv args) {
                 prec = as_int(st, line, &pos->v[next++], "* precision");
                 i++;
             } else {
-                for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = prec * 10 + (p[i] - '0');
+                for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) prec = digit_acc(prec, p[i]);
             }
         }
         if (width > 100000 || prec > 100000) jr_fail(st, line, "format width or precision too large");
@@ -534,11 +537,11 @@ static jv format_value(jstate *st, int line, jv v, const char *spec, size_t sn) 
     if (i < sn && strchr("+- ", spec[i])) sign = spec[i++];
     if (i < sn && spec[i] == '#') { alt = true; i++; }
     if (i < sn && spec[i] == '0') { zero = true; i++; }
-    for (; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) width = (width < 0 ? 0 : width) * 10 + (spec[i] - '0');
+    for (; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) width = digit_acc(width < 0 ? 0 : width, spec[i]);
     if (i < sn && (spec[i] == ',' || spec[i] == '_')) group = spec[i++];
     if (i < sn && spec[i] == '.') {
         prec = 0;
-        for (i++; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) prec = prec * 10 + (spec[i] - '0');
+        for (i++; i < sn && spec[i] >= '0' && spec[i] <= '9'; i++) prec = digit_acc(prec, spec[i]);
     }
     if (i < sn) type = spec[i++];
     if (i != sn || width > 100000 || prec > 100000 || group || alt)
@@ -1110,20 +1113,37 @@ jv jinja_call_func(jstate *st, int line, int id, const jargs *a) {
         return v;
     }
     case JF_RAISE: {
-        jv msg = a->npos ? soft_str(st, line, &a->pos[0]) : jv_strn("", 0);
+        BIND("raise_exception()", "message");
+        if (!given(&p[0])) jr_fail(st, line, "raise_exception() missing 1 required positional argument: 'message'");
+        jv msg = soft_str(st, line, &p[0]);
+        if (!msg.u.s.n) jr_fail(st, line, "the template raised an exception without a message");
         jr_fail_raw(st, KVLM_EINVAL, msg.u.s.p, msg.u.s.n);
     }
     case JF_STRFTIME: {
         BIND("strftime_now()", "format");
         const jv *f = as_str(st, line, &p[0], "strftime_now()");
-        char *fmt = jr_alloc(st, f->u.s.n + 2);
-        memcpy(fmt, f->u.s.p, f->u.s.n);
-        fmt[f->u.s.n] = 0;
-        if (strlen(fmt) != f->u.s.n) jr_fail(st, line, "embedded null character");
+        /* datetime.now() is naive: Python writes %z and %Z as nothing and %f as its microseconds */
+        char *fmt = jr_alloc(st, f->u.s.n * 3 + 2);
+        size_t k = 0;
+        for (size_t i = 0; i < f->u.s.n; i++) {
+            char c = f->u.s.p[i];
+            if (!c) jr_fail(st, line, "embedded null character");
+            if (c == '%' && i + 1 < f->u.s.n) {
+                char d = f->u.s.p[i + 1];
+                if (d == 'z' || d == 'Z') { i++; continue; }
+                if (d == 'f') { memcpy(fmt + k, "000000", 6); k += 6; i++; continue; }
+                fmt[k++] = c;
+                fmt[k++] = d;
+                i++;
+                continue;
+            }
+            fmt[k++] = c;
+        }
+        fmt[k] = 0;
         struct tm tm;
         time_t t = st->now;
         if (!localtime_r(&t, &tm)) jr_fail(st, line, "strftime_now: the time is out of range");
-        size_t cap = f->u.s.n * 16 + 64;
+        size_t cap = k * 16 + 64;
         char *out = jr_alloc(st, cap);
         size_t len = fmt[0] ? strftime(out, cap, fmt, &tm) : 0;
         return jv_strn(out, len);
@@ -1550,8 +1570,8 @@ static jv select_reject(jstate *st, int line, jv in, const jargs *a, bool attr, 
     if (attr && a->npos < 1) jr_fail(st, line, "Missing parameter for attribute name");
     const jv *tname = a->npos > off ? as_str(st, line, &a->pos[off], "select") : NULL;
     int tid = tname ? jinja_test_find(tname->u.s.p, tname->u.s.n) : -1;
-    jargs rest = *a;
-    rest.pos += off + 1;
+    jargs rest = *a; /* the test's own arguments: those after its name */
+    rest.pos = a->npos > off + 1 ? a->pos + off + 1 : NULL;
     rest.npos = a->npos > off + 1 ? a->npos - off - 1 : 0;
     for (size_t i = 0; i < items->n; i++) {
         jv x = attr ? attr_path(st, line, items->v[i], &a->pos[0], NULL) : items->v[i];

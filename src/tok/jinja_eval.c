@@ -245,7 +245,7 @@ static jv call_macro(jstate *st, int line, const jmacro *m, const jargs *a) {
 
 static jv loop_item(const jloop *lp, size_t i) {
     if (lp->items) return lp->items->v[i];
-    return jv_int(lp->r->start + (int64_t)i * lp->r->step);
+    return jv_int(jv_range_at(lp->r, i));
 }
 
 jv jinja_loop_attr(jstate *st, int line, jloop *lp, const char *name, size_t n) {
@@ -404,9 +404,9 @@ static jv do_slice(jstate *st, jframe *f, const jnode *n, jv obj) {
     if (obj.t == JV_STR) return py_str_slice(st, obj, start, stop, step);
     if (obj.t == JV_RANGE) {
         jrange *r = jr_alloc(st, sizeof *r);
-        r->start = obj.u.r->start + start * obj.u.r->step;
-        r->stop = obj.u.r->start + stop * obj.u.r->step;
-        r->step = obj.u.r->step * step;
+        r->start = jv_range_at(obj.u.r, (uint64_t)start);
+        r->stop = jv_range_at(obj.u.r, (uint64_t)stop);
+        if (__builtin_mul_overflow(obj.u.r->step, step, &r->step)) jr_fail(st, n->line, "integer overflow");
         jv v = {.t = JV_RANGE};
         v.u.r = r;
         return v;
@@ -454,109 +454,119 @@ static jv apply_chain(jstate *st, jframe *f, const jnode *n, jv in) {
     return eval_filter(st, f, n, x);
 }
 
+/* The cases of eval with locals of their own, kept out of its frame: a
+ * chain of nested expressions recurses through eval, whose frame stays small. */
+#define COLD __attribute__((noinline))
+
+static COLD jv eval_getitem(jstate *st, jframe *f, const jnode *n) {
+    jv obj = eval(st, f, n->a);
+    if (n->b->k == JN_SLICE) return do_slice(st, f, n, obj);
+    return jinja_getitem(st, n->line, obj, eval(st, f, n->b));
+}
+
+static COLD jv eval_call(jstate *st, jframe *f, const jnode *n) {
+    jv fn = eval(st, f, n->a);
+    jargs a;
+    eval_args(st, f, n, &a, 0);
+    return jinja_call_value(st, n->line, fn, &a);
+}
+
+static COLD jv eval_test(jstate *st, jframe *f, const jnode *n) {
+    jv in = eval(st, f, n->a);
+    jargs a;
+    eval_args(st, f, n, &a, 0);
+    jr_step(st, n->line);
+    return jv_bool(jinja_call_test(st, n->line, n->fid, n->name, n->name_n, in, &a));
+}
+
+static COLD jv eval_unary(jstate *st, jframe *f, const jnode *n) {
+    jv x = eval(st, f, n->a);
+    if (x.t == JV_BOOL) x = jv_int(x.u.b);
+    if (x.t == JV_INT) {
+        if (n->k == JN_NEG && x.u.i == INT64_MIN) jr_fail(st, n->line, "integer overflow");
+        return n->k == JN_NEG ? jv_int(-x.u.i) : x;
+    }
+    if (x.t == JV_FLOAT) return n->k == JN_NEG ? jv_float(-x.u.f) : x;
+    if (x.t == JV_UNDEF) jr_fail_undef(st, n->line, &x);
+    jr_fail(st, n->line, "bad operand type for unary %c: '%s'", n->k == JN_NEG ? '-' : '+', jv_type_name(&x));
+}
+
+static COLD jv eval_binop(jstate *st, jframe *f, const jnode *n) {
+    jv a = eval(st, f, n->a);
+    jv b = eval(st, f, n->b);
+    return jinja_binop(st, n->line, n->op, a, b);
+}
+
+static COLD jv eval_concat(jstate *st, jframe *f, const jnode *n) {
+    jbuf b = {0};
+    for (int i = 0; i < n->nv; i++) {
+        jv x = eval(st, f, n->v[i]);
+        jb_str(st, &b, &x, n->line);
+    }
+    return jv_strn(b.p ? b.p : "", b.n);
+}
+
+static COLD jv eval_compare(jstate *st, jframe *f, const jnode *n) {
+    jv left = eval(st, f, n->a);
+    for (int i = 0; i < n->nv; i++) {
+        jv right = eval(st, f, n->v[i]->a);
+        if (!compare(st, n->v[i]->line, n->v[i]->op, left, right)) return jv_bool(false);
+        left = right;
+    }
+    return jv_bool(true);
+}
+
+static COLD jv eval_collection(jstate *st, jframe *f, const jnode *n) {
+    if (n->k != JN_DICT) {
+        jlist *l = jl_new(st, (size_t)n->nv);
+        for (int i = 0; i < n->nv; i++) l->v[l->n++] = eval(st, f, n->v[i]);
+        return n->k == JN_LIST ? jv_list(l) : jv_tuple(l);
+    }
+    jdict *d = jd_new(st, (size_t)n->nv);
+    for (int i = 0; i < n->nv; i++) {
+        jv k = eval(st, f, n->v[i]);
+        jv v = eval(st, f, n->w[i]);
+        if (!jv_hashable(&k)) jr_fail(st, n->v[i]->line, "unhashable type: '%s'", jv_type_name(&k));
+        jd_set(st, d, k, v);
+    }
+    return jv_dict(d);
+}
+
+static COLD jv eval_getattr(jstate *st, jframe *f, const jnode *n) {
+    return jinja_getattr(st, n->line, eval(st, f, n->a), n->name, n->name_n);
+}
+
+static COLD jv eval_filter_node(jstate *st, jframe *f, const jnode *n) { return eval_filter(st, f, n, eval(st, f, n->a)); }
+
+static COLD jv eval_logic(jstate *st, jframe *f, const jnode *n) {
+    jv a = eval(st, f, n->a);
+    switch (n->k) {
+    case JN_NOT: return jv_bool(!jv_truthy(&a));
+    case JN_AND: return jv_truthy(&a) ? eval(st, f, n->b) : a;
+    case JN_OR: return jv_truthy(&a) ? a : eval(st, f, n->b);
+    default: /* JN_CONDEXPR: a is the condition */
+        if (jv_truthy(&a)) return eval(st, f, n->b);
+        return n->c ? eval(st, f, n->c) : jv_undef;
+    }
+}
+
 static jv eval(jstate *st, jframe *f, const jnode *n) {
     enter(st, n->line);
     jv r;
     switch (n->k) {
     case JN_CONST: r = n->cv; break;
     case JN_NAME: r = lookup(st, f, n->name, n->name_n); break;
-    case JN_GETATTR: r = jinja_getattr(st, n->line, eval(st, f, n->a), n->name, n->name_n); break;
-    case JN_GETITEM: {
-        jv obj = eval(st, f, n->a);
-        if (n->b->k == JN_SLICE) r = do_slice(st, f, n, obj);
-        else r = jinja_getitem(st, n->line, obj, eval(st, f, n->b));
-        break;
-    }
-    case JN_CALL: {
-        jv fn = eval(st, f, n->a);
-        jargs a;
-        eval_args(st, f, n, &a, 0);
-        r = jinja_call_value(st, n->line, fn, &a);
-        break;
-    }
-    case JN_FILTER: r = eval_filter(st, f, n, eval(st, f, n->a)); break;
-    case JN_TEST: {
-        jv in = eval(st, f, n->a);
-        jargs a;
-        eval_args(st, f, n, &a, 0);
-        jr_step(st, n->line);
-        r = jv_bool(jinja_call_test(st, n->line, n->fid, n->name, n->name_n, in, &a));
-        break;
-    }
-    case JN_NOT: r = jv_bool(!jv_truthy((jv[]){eval(st, f, n->a)})); break;
-    case JN_NEG:
-    case JN_POS: {
-        jv x = eval(st, f, n->a);
-        if (x.t == JV_BOOL) x = jv_int(x.u.b);
-        if (x.t == JV_INT) {
-            if (n->k == JN_NEG && x.u.i == INT64_MIN) jr_fail(st, n->line, "integer overflow");
-            r = n->k == JN_NEG ? jv_int(-x.u.i) : x;
-        } else if (x.t == JV_FLOAT) {
-            r = n->k == JN_NEG ? jv_float(-x.u.f) : x;
-        } else if (x.t == JV_UNDEF) {
-            jr_fail_undef(st, n->line, &x);
-        } else {
-            jr_fail(st, n->line, "bad operand type for unary %c: '%s'", n->k == JN_NEG ? '-' : '+', jv_type_name(&x));
-        }
-        break;
-    }
-    case JN_BINOP: {
-        jv a = eval(st, f, n->a);
-        jv b = eval(st, f, n->b);
-        r = jinja_binop(st, n->line, n->op, a, b);
-        break;
-    }
-    case JN_CONCAT: {
-        jbuf b = {0};
-        for (int i = 0; i < n->nv; i++) {
-            jv x = eval(st, f, n->v[i]);
-            jb_str(st, &b, &x, n->line);
-        }
-        r = jv_strn(b.p ? b.p : "", b.n);
-        break;
-    }
-    case JN_COMPARE: {
-        jv left = eval(st, f, n->a);
-        r = jv_bool(true);
-        for (int i = 0; i < n->nv; i++) {
-            jv right = eval(st, f, n->v[i]->a);
-            if (!compare(st, n->v[i]->line, n->v[i]->op, left, right)) { r = jv_bool(false); break; }
-            left = right;
-        }
-        break;
-    }
-    case JN_AND: {
-        jv a = eval(st, f, n->a);
-        r = jv_truthy(&a) ? eval(st, f, n->b) : a;
-        break;
-    }
-    case JN_OR: {
-        jv a = eval(st, f, n->a);
-        r = jv_truthy(&a) ? a : eval(st, f, n->b);
-        break;
-    }
-    case JN_CONDEXPR:
-        if (jv_truthy((jv[]){eval(st, f, n->a)})) r = eval(st, f, n->b);
-        else r = n->c ? eval(st, f, n->c) : jv_undef;
-        break;
-    case JN_LIST:
-    case JN_TUPLE: {
-        jlist *l = jl_new(st, (size_t)n->nv);
-        for (int i = 0; i < n->nv; i++) l->v[l->n++] = eval(st, f, n->v[i]);
-        r = n->k == JN_LIST ? jv_list(l) : jv_tuple(l);
-        break;
-    }
-    case JN_DICT: {
-        jdict *d = jd_new(st, (size_t)n->nv);
-        for (int i = 0; i < n->nv; i++) {
-            jv k = eval(st, f, n->v[i]);
-            jv v = eval(st, f, n->w[i]);
-            if (!jv_hashable(&k)) jr_fail(st, n->v[i]->line, "unhashable type: '%s'", jv_type_name(&k));
-            jd_set(st, d, k, v);
-        }
-        r = jv_dict(d);
-        break;
-    }
+    case JN_GETATTR: r = eval_getattr(st, f, n); break;
+    case JN_GETITEM: r = eval_getitem(st, f, n); break;
+    case JN_CALL: r = eval_call(st, f, n); break;
+    case JN_FILTER: r = eval_filter_node(st, f, n); break;
+    case JN_TEST: r = eval_test(st, f, n); break;
+    case JN_NEG: case JN_POS: r = eval_unary(st, f, n); break;
+    case JN_BINOP: r = eval_binop(st, f, n); break;
+    case JN_CONCAT: r = eval_concat(st, f, n); break;
+    case JN_COMPARE: r = eval_compare(st, f, n); break;
+    case JN_NOT: case JN_AND: case JN_OR: case JN_CONDEXPR: r = eval_logic(st, f, n); break;
+    case JN_LIST: case JN_TUPLE: case JN_DICT: r = eval_collection(st, f, n); break;
     default: jr_fail(st, n->line, "internal error: node %d is not an expression", n->k);
     }
     st->depth--;

@@ -116,7 +116,6 @@ enum { /* jnode.fl */
     JNF_VARARGS = 2,     /* macro body reads varargs */
     JNF_KWARGS = 4,      /* ... kwargs */
     JNF_CALLER = 8,      /* ... caller */
-    JNF_NEGATE = 16,     /* compare operand list: unused */
 };
 
 typedef struct jnode jnode;
@@ -245,6 +244,11 @@ void py_float_repr(double x, char *buf, size_t cap); /* Python's repr(float) */
 jlist *jv_iter(jstate *st, jv *v, int line);
 int64_t jv_len(jstate *st, const jv *v, int line);
 int64_t jv_range_len(const jrange *r);
+/* item i of a range (i < its length): computed in unsigned arithmetic, which
+ * wraps where the partial product would overflow but the item fits */
+static inline int64_t jv_range_at(const jrange *r, uint64_t i) {
+    return (int64_t)((uint64_t)r->start + i * (uint64_t)r->step);
+}
 
 /* UTF-8 and Python's str semantics (jinja_str.c) */
 size_t u8_count(const char *p, size_t n);              /* code points */

@@ -414,6 +414,7 @@ jv py_str_slice(jstate *st, jv s, int64_t start, int64_t stop, int64_t step) {
         size_t a = off[i], b = off[i + 1];
         memcpy(o + k, p + a, b - a);
         k += b - a;
+        if ((step > 0 && i > INT64_MAX - step) || (step < 0 && i < INT64_MIN - step)) break;
     }
     return mk_str(st, o, k, &s);
 }

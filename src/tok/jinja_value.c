@@ -26,13 +26,15 @@ jv jv_str_dup(jstate *st, const char *p, size_t n) {
 
 jv jv_cstr(const char *s) { return jv_strn(s, strlen(s)); }
 
+/* Lists and dicts always have room for one (never a NULL array: memcpy and
+ * pointer arithmetic on an empty one stay defined). */
 jlist *jl_new(jstate *st, size_t cap) {
     jlist *l = jr_alloc(st, sizeof *l);
     memset(l, 0, sizeof *l);
-    if (cap) {
-        l->v = jr_alloc(st, cap * sizeof *l->v);
-        l->cap = cap;
-    }
+    if (!cap) cap = 1;
+    if (cap > st->max_output) jr_fail(st, 0, "a list of %zu items is past the size limit", cap);
+    l->v = jr_alloc(st, cap * sizeof *l->v);
+    l->cap = cap;
     return l;
 }
 
@@ -54,11 +56,10 @@ jv jv_dict(jdict *d) { jv v = {.t = JV_DICT}; v.u.d = d; return v; }
 jdict *jd_new(jstate *st, size_t cap) {
     jdict *d = jr_alloc(st, sizeof *d);
     memset(d, 0, sizeof *d);
-    if (cap) {
-        d->k = jr_alloc(st, cap * sizeof *d->k);
-        d->v = jr_alloc(st, cap * sizeof *d->v);
-        d->cap = cap;
-    }
+    if (!cap) cap = 1;
+    d->k = jr_alloc(st, cap * sizeof *d->k);
+    d->v = jr_alloc(st, cap * sizeof *d->v);
+    d->cap = cap;
     return d;
 }
 
@@ -169,7 +170,7 @@ const char *jv_type_name(const jv *v) {
 
 static bool is_num(const jv *v) { return v->t == JV_INT || v->t == JV_FLOAT || v->t == JV_BOOL; }
 static double num_f(const jv *v) { return v->t == JV_FLOAT ? v->u.f : v->t == JV_INT ? (double)v->u.i : (double)v->u.b; }
-static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : (int64_t)v->u.b; }
+static int64_t num_i(const jv *v) { return v->t == JV_INT ? v->u.i : v->t == JV_BOOL ? (int64_t)v->u.b : 0; }
 
 static void check_depth(jstate *st, int depth) {
     if (depth > JINJA_MAX_VALUE_NEST) jr_fail(st, 0, "a value nests deeper than %d levels", JINJA_MAX_VALUE_NEST);
@@ -388,7 +389,7 @@ void jb_repr(jstate *st, jbuf *b, const jv *v, int depth, int line) {
         jb_puts(st, b, "'>");
         return;
     case JV_LOOP:
-        snprintf(t, sizeof t, "<LoopContext %zu/%zu>", v->u.lp->i + 1, v->u.lp->items->n);
+        snprintf(t, sizeof t, "<LoopContext %zu/%zu>", v->u.lp->i + 1, v->u.lp->n);
         jb_puts(st, b, t);
         return;
     case JV_METHOD:
@@ -584,7 +585,7 @@ jlist *jv_iter(jstate *st, jv *v, int line) {
     case JV_RANGE: {
         int64_t n = jv_range_len(v->u.r);
         jlist *r = jl_new(st, (size_t)n);
-        for (int64_t i = 0; i < n; i++) r->v[i] = jv_int(v->u.r->start + i * v->u.r->step);
+        for (int64_t i = 0; i < n; i++) r->v[i] = jv_int(jv_range_at(v->u.r, (uint64_t)i));
         r->n = (size_t)n;
         return r;
     }

@@ -112,6 +112,9 @@ SNIPPETS = [
     ("{{ d }}|{{ d.items() }}|{{ d.keys() }}|{{ d.values() }}|{{ d|items|list }}", V),
     ("{{ range(3) }}|{{ range(1, 10, 3)|list }}|{{ range(5)[1:3] }}|{{ range(3)|length }}", {}),
     ("{{ range(200000) }}", {}),
+    ("{{ range(0, 10, 3)[::-1]|list }}|{{ range(10)[2:8:2]|list }}|{{ range(10)[-3:] }}|{{ 'abc'[::9223372036854775807] }}"
+     "|{{ 'abc'[::-9223372036854775807] }}|{{ [1, 2, 3][::-9223372036854775807] }}|{{ 5 in range(0, 10, 5) }}"
+     "|{{ range(-9000000000000000000, 9000000000000000000, 1000000000000000000)|list|length }}", {}),
     ("{{ 0.1 + 0.2 }} {{ 1e308 * 10 }} {{ -1e308 * 10 }} {{ 1 / 3 }} {{ 2 / 3 }} {{ 100000000000000000.0 }}", {}),
     ("{{ 9007199254740993 }} {{ 9223372036854775807 }} {{ -9223372036854775807 - 1 }}", {}),
     ("{{ (xs|map('string'))|list }}", V),
@@ -171,6 +174,7 @@ SNIPPETS = [
     ("{{ raise_exception('custom error: ' ~ n) }}", V),
     ("before{% if n %}{{ raise_exception('stop') }}{% endif %}", V),
     ("{{ strftime_now('%Y-%m-%d %H:%M:%S %b %a %j %d') }}", {}),
+    ("{{ strftime_now('%z|%Z|%f|%%|%-d|%e|%c|%x|%X|%p|%U|%G|%V|%u|%s|%B %A %y %I %M') }}", {}),
     ("{% if strftime_now is defined %}yes{% endif %}", {}),
     # ---- tests ----
     ("{{ n is odd }}{{ n is even }}{{ 9 is divisibleby 3 }}{{ n is divisibleby(2) }}{{ 2.0 is even }}", V),

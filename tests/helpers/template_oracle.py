@@ -172,6 +172,17 @@ def cases():
                             {"role": "tool", "tool_call_id": "abc123457", "name": "get_weather", "content": "25 C"}],
         tools=[WEATHER, SEARCH, CALC], enable_thinking=True)
     add("gen_prompt_false_user_last", [u("Just this.")], add_generation_prompt=False)
+    add("documents_and_no_param_tool", [sys_msg, u("Summarise the documents, then ping.")],
+        documents=[{"title": "Doc A", "text": "Alpha \u00e9t\u00e9."}, {"title": "Doc B", "text": "Beta 2.0"}],
+        tools=[{"type": "function", "function": {"name": "ping", "description": "No arguments.",
+                                                 "parameters": {"type": "object", "properties": {}}}}])
+    add("empty_args_tool_call", [u("ping"),
+                                 {"role": "assistant", "content": None,
+                                  "tool_calls": [call(8, "ping", {})]},
+                                 {"role": "tool", "tool_call_id": "abc123458", "name": "ping", "content": ""}],
+        tools=[{"type": "function", "function": {"name": "ping", "description": "No arguments.",
+                                                 "parameters": {"type": "object", "properties": {}}}}])
+    add("system_only", [sys_msg])
     return out
 
 
