@@ -847,6 +847,35 @@ kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *
 kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, const char *root, kvlm_error *err);
 /* The GBNF text g was compiled from (a schema's translation), owned by g. */
 const char *kvlm_grammar_gbnf(const kvlm_grammar *g);
+/* A lazy grammar's trigger (llama.cpp's grammar_lazy, docs/tool-calls.md):
+ * the text is free until one of the words appears in it; from there on, the
+ * word included, it follows the grammar, whose start rule must begin with
+ * the word (else KVLM_EINVAL). A word split across tokens counts, and so
+ * does one in the middle of a token (the token's bytes after it must then
+ * suit the grammar, or the token is not drawn). at_start: the word counts
+ * only at the start of the text, after blanks alone (Llama 3's "{"). */
+typedef struct kvlm_grammar_trigger {
+    const char *word;
+    bool at_start;
+} kvlm_grammar_trigger;
+#define KVLM_GRAMMAR_MAX_TRIGGERS 64
+#define KVLM_GRAMMAR_MAX_TRIGGER_LEN 64
+typedef struct kvlm_grammar_opts {
+    const char *root;                     /* the start rule (NULL: "root") */
+    const kvlm_grammar_trigger *triggers; /* n_triggers > 0: a lazy grammar */
+    int n_triggers;
+    /* special tokens' texts (<tool_call>, [TOOL_CALLS], <|channel|>) may be
+     * drawn where the grammar writes them; else those tokens are never
+     * drawn under the grammar (JSON mode and schemas: off) */
+    bool special;
+} kvlm_grammar_opts;
+/* kvlm_grammar_from_gbnf with options (opts NULL: none); KVLM_EINVAL for a
+ * trigger that is empty, longer than KVLM_GRAMMAR_MAX_TRIGGER_LEN bytes or
+ * not how the grammar begins, or more than KVLM_GRAMMAR_MAX_TRIGGERS. */
+kvlm_grammar *kvlm_grammar_compile(const kvlm_model *model, const char *gbnf, const kvlm_grammar_opts *opts,
+                                   kvlm_error *err);
+/* Whether g waits for a trigger (a lazy grammar). */
+bool kvlm_grammar_is_lazy(const kvlm_grammar *g);
 /* A JSON schema's text as GBNF (malloc'd; free it): OpenAI's response_format
  * json_schema. Supported: type (and lists of types), properties in their
  * order with required, additionalProperties (false beside properties; a
@@ -1161,6 +1190,71 @@ const char *kvlm_chat_family_names(void);
  * message, or what failed and where). */
 int kvlm_chat_render(const kvlm_chat *chat, const char *request_json, char **prompt, size_t *len, kvlm_error *err);
 
+/* ---- tool calls and reasoning in a chat model's answers (docs/tool-calls.md) ---- */
+/* The syntax kvlm_chat reads answers with: a tool-call parser's name
+ * ("hermes", "qwen3-coder", "llama3", "mistral", "deepseek-r1", "gpt-oss",
+ * "kimi-k2", ...), picked from the template's markers as llama.cpp and vLLM
+ * pick it ("generic" for a template without any: a bare JSON call), or the
+ * one kvlm_chat_params.tool_parser named (an unknown name: kvlm_chat_create
+ * fails with KVLM_EINVAL listing kvlm_chat_tool_parsers()). */
+const char *kvlm_chat_tool_parser(const kvlm_chat *chat);
+/* The names tool_parser takes ("generic, hermes, qwen3-coder, ..."); vLLM's
+ * (--tool-call-parser qwen3_coder, llama3_json, openai, ...) are taken too. */
+const char *kvlm_chat_tool_parsers(void);
+/* A request's tools and tool_choice as OpenAI defines them (JSON texts; NULL:
+ * absent): tools an array of {"type": "function", "function": {"name" (1 to
+ * 64 of a-z, A-Z, 0-9, _, - and ., each once), "description"?,
+ * "parameters"?: a JSON schema object}}; tool_choice "none", "auto",
+ * "required" or {"type": "function", "function": {"name": one of the
+ * tools}} ("required" and a named function need tools). KVLM_EINVAL with a
+ * message naming the member at fault, *which (if not NULL) "tools" or
+ * "tool_choice". */
+int kvlm_chat_tools_check(const char *tools_json, const char *tool_choice_json, const char **which, kvlm_error *err);
+/* The grammar that holds an answer's tool calls, for the sampler, for a
+ * request rendered into prompt (its end says whether the template opened
+ * the reasoning): tool_choice "required" or a named function: the answer is
+ * the reasoning the family writes, then calls (one unless parallel) of those
+ * tools, each one's arguments valid to its parameters' schema; "auto" (or
+ * NULL) with tools: a lazy grammar, the text free until a call begins, the
+ * call held from its first word on; "none", or no tools: *grammar NULL.
+ * KVLM_EUNSUPPORTED for required or a named function in a syntax no grammar
+ * here writes (gemma4, pythonic, lfm2: their calls are read all the same;
+ * auto gives NULL there); KVLM_EINVAL for tools kvlm_chat_tools_check
+ * refuses or a schema kvlm cannot hold to (the schema's message, naming the
+ * tool). */
+int kvlm_chat_tool_grammar(const kvlm_chat *chat, const char *prompt, size_t prompt_len, const char *tools_json,
+                           const char *tool_choice_json, bool parallel, kvlm_grammar **grammar, kvlm_error *err);
+
+/* Reads an answer as it is generated: its reasoning (reasoning_content), its
+ * content and its tool calls, as OpenAI's (and vLLM's) chat.completion
+ * message and chat.completion.chunk deltas give them. */
+typedef struct kvlm_chat_reader kvlm_chat_reader;
+/* prompt: the rendered prompt (only its end is kept: whether it opened the
+ * reasoning). tools_json: the request's tools (NULL, or a tool_choice of
+ * "none": no calls are read, reasoning only). id_seed: the calls' ids
+ * ("call_" and 24 alphanumerics; 9 alphanumerics for Mistral's) are a
+ * function of it and the call's index (ids the format writes itself, as
+ * Kimi's functions.name:0, are kept): make it random per request. */
+kvlm_chat_reader *kvlm_chat_reader_new(const kvlm_chat *chat, const char *prompt, size_t prompt_len,
+                                       const char *tools_json, uint64_t id_seed, kvlm_error *err);
+/* Appends generated text (tokens' texts with special tokens' texts:
+ * kvlm_detok with special true). *delta: NULL when nothing new can be shown
+ * yet, else a JSON object's text (malloc'd): {"content"?,
+ * "reasoning_content"?, "tool_calls"?: [{"index", "id", "type", "function":
+ * {"name", "arguments"}} for a call's first piece, {"index", "function":
+ * {"arguments"}} for more of its arguments]}. What was shown is never taken
+ * back: a marker's beginning, and arguments that may still change, wait. */
+int kvlm_chat_reader_push(kvlm_chat_reader *r, const char *text, size_t len, char **delta, kvlm_error *err);
+/* The text ended, with text[0, len) (may be empty): *delta what is new
+ * since the last push (or NULL); *message (if not NULL) the whole answer
+ * {"role": "assistant", "content" (null when there are calls and nothing
+ * else), "reasoning_content"?, "tool_calls"?} (a call malformed or cut by
+ * the end stays in content, as written). Returns the number of calls, or a
+ * negative KVLM_E* code (err filled). */
+int kvlm_chat_reader_end(kvlm_chat_reader *r, const char *text, size_t len, char **delta, char **message,
+                         kvlm_error *err);
+void kvlm_chat_reader_free(kvlm_chat_reader *r);
+
 /* ---- Jinja templates ------------------------------------------------------ */
 /* A model's own chat template (Hugging Face Jinja), rendered as transformers
  * renders it: Jinja2's ImmutableSandboxedEnvironment with trim_blocks and
@@ -1400,6 +1494,10 @@ typedef struct kvlm_server_params {
      * family or one of the model's named templates; NULL: the model's own). */
     const kvlm_chat *chat;
     const char *chat_template;
+    /* ... and how it reads answers (kvlm_chat_params): a tool-call parser's
+     * name (NULL: the template's), KVLM_REASONING_* */
+    const char *tool_parser;
+    int reasoning_format;
     int batch_tokens, max_seqs; /* kvlm_sched_params */
     size_t max_body;           /* largest request body; 0: 1 MiB */
     int timeout_s;             /* idle or stalled connections are closed after this; 0: 30 */

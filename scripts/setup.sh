@@ -14,7 +14,7 @@ PKGS+=(python3-xxhash)
 PKGS+=(python3-jsonschema)
 # tests/cli_serve_compat.sh lints /metrics with promtool (skipped without it).
 PKGS+=(prometheus)
-# tests/cli_template.sh renders every chat template with Python's jinja2 as transformers does.
+# tests/cli_template.sh and cli_toolcall_roundtrip.sh render every chat template with Python's jinja2 as transformers does.
 PKGS+=(python3-jinja2)
 # kvlm chat's line editing and history (libedit; without it chat reads plain lines), and
 # tmux, which drives kvlm chat at a terminal in tests/cli_chat_tty.sh.

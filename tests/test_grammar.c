@@ -15,6 +15,8 @@
 #include <string.h>
 #include "helpers/testutil.h"
 #include "engine/grammar.h"
+#include "model/model.h"
+#include "tok/tok.h"
 
 static kvlm_grammar *gbnf(const char *text) {
     kvlm_error err = {0};
@@ -692,8 +694,196 @@ static void test_sampler(void **state) {
     kvlm_model_free(m);
 }
 
+/* ---- lazy grammars ---- */
+
+static kvlm_grammar *lazy(const kvlm_model *m, const char *text, const char *const *words, const bool *at_start, int n) {
+    kvlm_grammar_trigger tr[8];
+    for (int i = 0; i < n; i++) tr[i] = (kvlm_grammar_trigger){words[i], at_start ? at_start[i] : false};
+    kvlm_grammar_opts o = {.triggers = tr, .n_triggers = n, .special = true};
+    kvlm_error err = {0};
+    kvlm_grammar *g = kvlm_grammar_compile(m, text, &o, &err);
+    if (!g) fail_msg("'%s': %s", text, err.msg);
+    return g;
+}
+
+/* The reference a lazy matcher is held to, written apart from it: the first
+ * trigger in the whole text (an at_start one only after blanks), and a plain
+ * matcher of the same grammar over the text from there. 1: taken, complete;
+ * 0: taken; -1: refused. */
+static int lazy_ref(const kvlm_grammar *plain, const char *text, size_t n, const char *const *words,
+                    const bool *at_start, int nw) {
+    size_t best = n + 1;
+    for (int w = 0; w < nw; w++) {
+        size_t l = strlen(words[w]);
+        for (size_t p = 0; p + l <= n && p < best; p++) {
+            if (memcmp(text + p, words[w], l)) continue;
+            bool ok = true;
+            for (size_t k = 0; at_start && at_start[w] && k < p; k++) ok &= strchr(" \n\t\r", text[k]) != NULL;
+            if (ok) best = p;
+            break;
+        }
+    }
+    if (best > n) return 1; /* free text */
+    gm *r = gm_new(plain);
+    bool ok = gm_feed(r, text + best, (int)(n - best));
+    int res = ok ? (gm_done(r) ? 1 : 0) : -1;
+    gm_free(r);
+    return res;
+}
+
+static void test_lazy(void **state) {
+    (void)state;
+    const char *gr = "root ::= \"<call>\" [a-z]+ \"</call>\"";
+    const char *w1[] = {"<call>"};
+    kvlm_grammar *g = lazy(NULL, gr, w1, NULL, 1), *plain = gbnf(gr);
+    assert_true(kvlm_grammar_is_lazy(g));
+    assert_false(kvlm_grammar_is_lazy(plain));
+    static const char *const texts[] = {"hello world", "hello <call>abc</call>", "hello <cal", "<call>ab1", "x <call></call>",
+                                        "<<call>abc</call>", "a <call>b</call> c", "<call", "<call>a</call><call>"};
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        size_t n = strlen(texts[i]);
+        int want = lazy_ref(plain, texts[i], n, w1, NULL, 1);
+        for (int piece = 1; piece <= 3; piece++) { /* the word cut across pieces */
+            gm *m = gm_new(g);
+            bool ok = true;
+            for (size_t at = 0; at < n && ok; at += (size_t)piece)
+                ok = gm_feed(m, texts[i] + at, (int)(n - at < (size_t)piece ? n - at : (size_t)piece));
+            int got = ok ? (gm_done(m) ? 1 : 0) : -1;
+            if (got != want) fail_msg("'%s' in pieces of %d: %d, expected %d", texts[i], piece, got, want);
+            gm_free(m);
+        }
+    }
+    kvlm_grammar_free(g);
+    kvlm_grammar_free(plain);
+    /* at_start: "{" counts only after blanks */
+    const char *gj = "root ::= \"{\" [a-z]* \"}\"";
+    const char *w2[] = {"{"};
+    bool st[] = {true};
+    g = lazy(NULL, gj, w2, st, 1);
+    plain = gbnf(gj);
+    static const char *const t2[] = {"  {ab}", "{ab", "a {1", "{1", " \n{}"};
+    for (size_t i = 0; i < sizeof t2 / sizeof *t2; i++) {
+        gm *m = gm_new(g);
+        bool ok = gm_feed(m, t2[i], (int)strlen(t2[i]));
+        int got = ok ? (gm_done(m) ? 1 : 0) : -1, want = lazy_ref(plain, t2[i], strlen(t2[i]), w2, st, 1);
+        if (got != want) fail_msg("'%s': %d, expected %d", t2[i], got, want);
+        gm_free(m);
+    }
+    kvlm_grammar_free(g);
+    kvlm_grammar_free(plain);
+    /* refused: a word the grammar does not start with, an empty one */
+    kvlm_error err = {0};
+    kvlm_grammar_trigger bad[] = {{"<cell>", false}};
+    kvlm_grammar_opts o = {.triggers = bad, .n_triggers = 1};
+    assert_null(kvlm_grammar_compile(NULL, gr, &o, &err));
+    assert_non_null(strstr(err.msg, "'<cell>' is not how its text can begin"));
+    bad[0].word = "";
+    assert_null(kvlm_grammar_compile(NULL, gr, &o, &err));
+    assert_non_null(strstr(err.msg, "trigger 0 has 0 bytes"));
+}
+
+/* On stories260K's tokens: waiting for "and" (a word inside many tokens:
+ * " and", "hand", "andy"), a token is allowed exactly when the reference
+ * takes the text so far and then its text; the sampler draws by it. */
+static void test_lazy_mask(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_error err = {0};
+    kvlm_model *m = kvlm_model_load(path, NULL, &err);
+    assert_non_null(m);
+    int nv = kvlm_vocab_size(m);
+    const char *gr = "root ::= \"and\" ( \" \" [a-z]+ )? \".\"";
+    const char *words[] = {"and"};
+    kvlm_grammar *g = lazy(m, gr, words, NULL, 1), *plain = kvlm_grammar_from_gbnf(m, gr, NULL, &err);
+    bool *allowed = malloc((size_t)nv);
+    static const char *const pre[] = {"", "Once upon a time", "The dog h", "a", "an", "The boy an", "The c", "and th"};
+    int refused = 0;
+    for (size_t p = 0; p < sizeof pre / sizeof *pre; p++) {
+        gm *s = gm_new(g);
+        size_t pl = strlen(pre[p]);
+        assert_true(gm_feed(s, pre[p], (int)pl));
+        int n = gm_allowed(s, allowed), count = 0;
+        for (int t = 0; t < nv; t++) {
+            char buf[300], text[400];
+            int k = kvlm_token_to_text(m, t, buf, sizeof buf);
+            if (!k) k = tok_token_to_bytes(m->tok, t, true, buf, sizeof buf); /* a special token's text (the grammar allows them) */
+            bool want;
+            if (kvlm_token_is_eog(m, t)) want = gm_done(s);
+            else if (k <= 0) want = true; /* free text: a token without text too */
+            else {
+                memcpy(text, pre[p], pl);
+                memcpy(text + pl, buf, (size_t)k);
+                want = lazy_ref(plain, text, pl + (size_t)k, words, NULL, 1) >= 0;
+            }
+            if (allowed[t] != want) fail_msg("after '%s', token %d ('%.*s'): allowed %d", pre[p], t, k, buf, allowed[t]);
+            count += want;
+            refused += !want;
+        }
+        assert_int_equal(n, count);
+        gm_free(s);
+    }
+    print_message("  %d tokens refused over %zu prefixes (a trigger with text after it the grammar refuses)\n", refused,
+                  sizeof pre / sizeof *pre);
+    assert_true(refused > 0);
+    /* the sampler: whatever it draws, the text is the reference's */
+    float *logits = malloc((size_t)nv * sizeof *logits);
+    uint64_t rs = 11;
+    int fired = 0;
+    for (int run = 0; run < 30; run++) {
+        kvlm_sampler_params sp = kvlm_sampler_default_params();
+        sp.temperature = 1.0f;
+        sp.top_k = 0, sp.top_p = 1, sp.min_p = 0;
+        sp.seed = (uint64_t)run;
+        sp.grammar = g;
+        kvlm_sampler *smp = kvlm_sampler_create(&sp, nv);
+        char text[2048];
+        size_t len = 0;
+        for (int step = 0; step < 120; step++) {
+            tu_fill_random(logits, (size_t)nv, &rs, 3.0f);
+            /* lean on "and" so that it comes */
+            int32_t ids[4];
+            int ni = kvlm_tokenize(m, " and", 4, false, false, ids, 4, &err);
+            if (ni == 1) logits[ids[0]] += 3.0f;
+            int32_t t = kvlm_sampler_sample(smp, logits);
+            if (kvlm_token_is_eog(m, t)) break;
+            char buf[300];
+            int k = kvlm_token_to_text(m, t, buf, sizeof buf);
+            if (!k) k = tok_token_to_bytes(m->tok, t, true, buf, sizeof buf); /* the grammar reads special tokens' texts */
+            if (k > 0 && len + (size_t)k < sizeof text) memcpy(text + len, buf, (size_t)k), len += (size_t)k;
+            int r = lazy_ref(plain, text, len, words, NULL, 1);
+            if (r < 0) fail_msg("run %d: '%.*s' left the language", run, (int)len, text);
+        }
+        fired += memmem(text, len, "and", 3) != NULL;
+        kvlm_sampler_free(smp);
+    }
+    print_message("  %d of 30 draws met the trigger\n", fired);
+    assert_true(fired > 0);
+    kvlm_grammar_free(g);
+    kvlm_grammar_free(plain);
+    /* special tokens: drawn where a grammar that allows them writes their text */
+    kvlm_grammar_opts o = {.special = true};
+    g = kvlm_grammar_compile(m, "root ::= \"<s>\" \"a\"", &o, &err);
+    plain = kvlm_grammar_from_gbnf(m, "root ::= \"<s>\" \"a\"", NULL, &err);
+    gm *s1 = gm_new(g), *s2 = gm_new(plain);
+    gm_allowed(s1, allowed);
+    assert_true(allowed[kvlm_token_bos(m)]);
+    gm_allowed(s2, allowed);
+    assert_false(allowed[kvlm_token_bos(m)]);
+    assert_true(gm_feed_token(s1, kvlm_token_bos(m)));
+    assert_false(gm_feed_token(s2, kvlm_token_bos(m)));
+    gm_free(s1);
+    gm_free(s2);
+    kvlm_grammar_free(g);
+    kvlm_grammar_free(plain);
+    free(logits);
+    free(allowed);
+    kvlm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lazy), cmocka_unit_test(test_lazy_mask),
         cmocka_unit_test(test_json_object), cmocka_unit_test(test_gbnf),  cmocka_unit_test(test_gbnf_errors),
         cmocka_unit_test(test_schema),      cmocka_unit_test(test_mask),  cmocka_unit_test(test_sampler),
     };

@@ -141,8 +141,18 @@ int cli_parse_size(const char *s, size_t *out);
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
 /* The chat format (docs/chat-templates.md): --chat-template-file FILE (a
  * Jinja template), --chat-template NAME (a built-in family or one of the
- * model's named templates), else the model's own. NULL after cli_fail. */
-kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file);
+ * model's named templates), else the model's own; answers read with the
+ * tool-call parser named (NULL: the template's) and KVLM_REASONING_*
+ * (docs/tool-calls.md). NULL after cli_fail. */
+kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file, const char *parser,
+                    int reasoning);
+/* --reasoning-format auto|none (deepseek: auto, as llama-server's); -1 after cli_fail. */
+int cli_reasoning_format(const char *cmd, const char *s);
+#define CLI_TOOLS_USAGE \
+    "      --tool-call-parser P  how tool calls are read and held in answers (docs/tool-calls.md): hermes,\n" \
+    "                          qwen3-coder, llama3, mistral, deepseek-r1, gpt-oss, ... (vLLM's names too);\n" \
+    "                          default: picked from the chat template\n" \
+    "      --reasoning-format F  auto (default: reasoning in reasoning_content) or none (left in content)\n"
 /* (its %s: kvlm_chat_family_names(), the families' one list, tok/chat.c's) */
 #define CLI_CHAT_USAGE \
     "      --chat-template T   a built-in family or one of the model's named templates (tool_use);\n" \

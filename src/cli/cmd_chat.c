@@ -412,7 +412,7 @@ int cmd_chat(int argc, char **argv) {
         kvlm_model_describe(model, desc, sizeof desc);
         fprintf(stderr, "kvlm chat: %s: %s\n", model_path, desc);
     }
-    if (!(chat = cli_chat("chat", model, tmpl, tmpl_file))) goto done;
+    if (!(chat = cli_chat("chat", model, tmpl, tmpl_file, NULL, KVLM_REASONING_AUTO))) goto done;
     ctx = kvlm_ctx_create(model, &cp, &err);
     if (!ctx) { cli_fail("chat", "%s", err.msg); goto done; }
     bool gfailed;

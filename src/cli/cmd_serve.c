@@ -111,6 +111,7 @@ static void serve_usage(FILE *f) {
             "      --port N            port (default 8080; 0 = any free port)\n"
             "      --alias NAME        the model id clients use (default: the file name without extension)\n"
             CLI_CHAT_USAGE
+            CLI_TOOLS_USAGE
             "      --max-seqs N        sequences decoded at once (default 16)\n"
             "  -np, --parallel N       llama-server's slots: N sequences at once, each holding -c / N tokens\n"
             "      --batch-tokens N    most tokens per engine step, decode + prefill chunks (default 512;\n"
@@ -181,7 +182,7 @@ static void serve_usage(FILE *f) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *tmpl_file = NULL, *tok_path = NULL, *kv_mem = NULL, *evict = NULL, *max_body = NULL, *max_body_total = NULL,
-               *max_unsent = NULL, *answer_mem = NULL;
+               *max_unsent = NULL, *answer_mem = NULL, *reasoning = NULL;
     const char *key_file = NULL, *origin = NULL, *spec_name = NULL, *draft_path = NULL, *log_format = NULL,
                *log_level = NULL;
     float log_interval = 10;
@@ -204,6 +205,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--alias", &sp.model_id, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &sp.chat_template, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template-file", &tmpl_file, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--tool-call-parser", &sp.tool_parser, &bad)) {}
+        else if (cli_opt_str(argc, argv, &i, NULL, "--reasoning-format", &reasoning, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--max-seqs", &cp.n_seq_max, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--batch-tokens", &sp.batch_tokens, &bad)) {}
@@ -341,6 +344,7 @@ int cmd_serve(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 128 << 10);
 #endif
     cp.n_batch = sp.batch_tokens > 0 ? sp.batch_tokens : 512; /* one step = one pass */
+    if ((sp.reasoning_format = cli_reasoning_format("serve", reasoning)) < 0) return 2;
     sp.max_seqs = cp.n_seq_max;
 
     /* Signals are taken by sigwait below; threads started from here inherit the mask. */
@@ -361,7 +365,8 @@ int cmd_serve(int argc, char **argv) {
     if (!model) { cli_fail("serve", "%s", err.msg); goto done; }
     /* named here, the template must work; the model's own is the server's
      * to make (one it cannot render fails only chat requests) */
-    if ((sp.chat_template || tmpl_file) && !(sp.chat = chat = cli_chat("serve", model, sp.chat_template, tmpl_file)))
+    if ((sp.chat_template || tmpl_file) &&
+        !(sp.chat = chat = cli_chat("serve", model, sp.chat_template, tmpl_file, sp.tool_parser, sp.reasoning_format)))
         goto done;
     bool draft_shared = false;
     /* its cache in the model's pool when the shapes allow: one memory

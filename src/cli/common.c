@@ -499,11 +499,20 @@ kvlm_model *cli_load_draft(const char *cmd, const char *path, const kvlm_model *
     return dm;
 }
 
-kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file) {
+int cli_reasoning_format(const char *cmd, const char *s) {
+    if (!s || !strcmp(s, "auto") || !strcmp(s, "deepseek")) return KVLM_REASONING_AUTO;
+    if (!strcmp(s, "none")) return KVLM_REASONING_NONE;
+    cli_fail(cmd, "--reasoning-format '%s': use auto or none", s);
+    return -1;
+}
+
+kvlm_chat *cli_chat(const char *cmd, const kvlm_model *model, const char *name, const char *file, const char *parser,
+                    int reasoning) {
     if (name && file) { cli_fail(cmd, "--chat-template and --chat-template-file: give one"); return NULL; }
     char *text = NULL;
     if (file && !(text = cli_read_file(cmd, file, NULL))) return NULL;
-    kvlm_chat_params p = {.template_name = name, .template_text = text, .template_origin = file};
+    kvlm_chat_params p = {.template_name = name, .template_text = text, .template_origin = file,
+                          .tool_parser = parser, .reasoning_format = reasoning};
     kvlm_error err = {0};
     kvlm_chat *c = kvlm_chat_create(model, &p, &err);
     free(text);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/model.h"
+#include "tok/tok.h"
 #include "tok/utf8.h"
 #include "util/error.h"
 
@@ -26,6 +27,12 @@ struct kvlm_grammar {
     int32_t *rule_alt;  /* rule r: alternatives [rule_alt[r], rule_alt[r + 1]) */
     int n_rules, root;
     char *gbnf;         /* the text it was compiled from */
+    bool special;       /* special tokens' texts (<tool_call>, [TOOL_CALLS]) may be written */
+    /* lazy: the text is free until one of these words appears in it */
+    int n_trig, trig_max;
+    char **trig;
+    bool *trig_start;   /* counts only at the text's start (blanks before it) */
+    int32_t **trig_fail; /* each word's KMP failure table */
 };
 
 const kvlm_model *gm_model(const kvlm_grammar *g) { return g->model; }
@@ -37,6 +44,10 @@ void kvlm_grammar_free(kvlm_grammar *g) {
     free(g->alt);
     free(g->rule_alt);
     free(g->gbnf);
+    for (int i = 0; i < g->n_trig; i++) free(g->trig[i]), free(g->trig_fail[i]);
+    free(g->trig);
+    free(g->trig_start);
+    free(g->trig_fail);
     free(g);
 }
 
@@ -693,6 +704,61 @@ kvlm_grammar *kvlm_grammar_from_gbnf(const kvlm_model *model, const char *gbnf, 
     return g;
 }
 
+kvlm_grammar *kvlm_grammar_compile(const kvlm_model *model, const char *gbnf, const kvlm_grammar_opts *o,
+                                   kvlm_error *err) {
+    kvlm_grammar_opts none = {0};
+    if (!o) o = &none;
+    if (o->n_triggers < 0 || o->n_triggers > KVLM_GRAMMAR_MAX_TRIGGERS || (o->n_triggers && !o->triggers)) {
+        util_err_set(err, KVLM_EINVAL, "grammar: %d triggers (0 to %d)", o->n_triggers, KVLM_GRAMMAR_MAX_TRIGGERS);
+        return NULL;
+    }
+    kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, o->root, err);
+    if (!g) return NULL;
+    g->special = o->special;
+    if (!o->n_triggers) return g;
+    g->trig = calloc((size_t)o->n_triggers, sizeof *g->trig);
+    g->trig_start = calloc((size_t)o->n_triggers, sizeof *g->trig_start);
+    g->trig_fail = calloc((size_t)o->n_triggers, sizeof *g->trig_fail);
+    if (!g->trig || !g->trig_start || !g->trig_fail) goto oom;
+    for (int i = 0; i < o->n_triggers; i++) {
+        const char *w = o->triggers[i].word;
+        size_t n = w ? strlen(w) : 0;
+        if (!n || n > KVLM_GRAMMAR_MAX_TRIGGER_LEN) {
+            util_err_set(err, KVLM_EINVAL, "grammar: trigger %d has %zu bytes (1 to %d)", i, n, KVLM_GRAMMAR_MAX_TRIGGER_LEN);
+            kvlm_grammar_free(g);
+            return NULL;
+        }
+        g->n_trig = i + 1;
+        if (!(g->trig[i] = strdup(w)) || !(g->trig_fail[i] = malloc((n + 1) * sizeof(int32_t)))) goto oom;
+        g->trig_start[i] = o->triggers[i].at_start;
+        if ((int)n > g->trig_max) g->trig_max = (int)n;
+        int32_t *f = g->trig_fail[i]; /* f[k]: the longest proper border of w[0, k) */
+        f[0] = -1;
+        if (n) f[1] = 0;
+        for (size_t k = 1; k < n; k++) {
+            int32_t b = f[k];
+            while (b >= 0 && w[b] != w[k]) b = f[b];
+            f[k + 1] = b + 1;
+        }
+        /* the grammar starts with its words: a word it cannot take would end every text it starts */
+        gm *m = matcher_new(g, o->root && *o->root ? o->root : "root", NULL);
+        bool ok = m && gm_feed(m, w, (int)n);
+        gm_free(m);
+        if (!ok) {
+            util_err_set(err, KVLM_EINVAL, "grammar: the trigger '%.80s' is not how its text can begin", w);
+            kvlm_grammar_free(g);
+            return NULL;
+        }
+    }
+    return g;
+oom:
+    util_err_set(err, KVLM_ENOMEM, "grammar: out of memory");
+    kvlm_grammar_free(g);
+    return NULL;
+}
+
+bool kvlm_grammar_is_lazy(const kvlm_grammar *g) { return g && g->n_trig > 0; }
+
 kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *text, kvlm_error *err) {
     if (kind == KVLM_GRAMMAR_GBNF) return kvlm_grammar_from_gbnf(model, text, "root", err);
     if (kind != KVLM_GRAMMAR_JSON_SCHEMA && kind != KVLM_GRAMMAR_JSON_OBJECT) {
@@ -758,6 +824,14 @@ struct gm {
     struct { int32_t state; int n; uint64_t *bits; } mc[MASK_CACHE];
     int mc_next;
     const struct gm_vocab *v; /* the model's token texts, once looked up */
+    int32_t root;          /* the start state */
+    /* lazy: waiting for a trigger word; the text's last bytes (less than the
+     * longest word), whether a non-blank came before them */
+    bool waiting, nonblank;
+    char pend[KVLM_GRAMMAR_MAX_TRIGGER_LEN];
+    int n_pend;
+    /* the tokens that complete word w from its KMP state q: hits[w][q] */
+    struct { int32_t *tok; int n; bool made; } *hits;
 };
 
 static uint32_t hash2(uint32_t a, uint32_t b) {
@@ -1044,7 +1118,8 @@ static gm *matcher_new(const kvlm_grammar *cg, const char *root, kvlm_error *why
     for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) contin(m, g->alt[a], 0);
     expand(m);
     bool many = m->too_many, visits = m->too_many_visits, empty = !m->n_out;
-    m->cur = state(m, 0, 0, 0);
+    m->cur = m->root = state(m, 0, 0, 0);
+    m->waiting = g->n_trig > 0;
     if (m->cur < 0) { /* a grammar that matches nothing at all */
         if (!why) {}
         else if (m->too_large)
@@ -1080,16 +1155,95 @@ void gm_free(gm *m) {
     free(m->work);
     free(m->out);
     for (int i = 0; i < MASK_CACHE; i++) free(m->mc[i].bits);
+    if (m->hits)
+        for (int w = 0; w < m->g->n_trig; w++)
+            for (int q = 0; q < m->g->trig_max; q++) free(m->hits[w * m->g->trig_max + q].tok);
+    free(m->hits);
     kvlm_grammar_free(m->g);
     free(m);
 }
 
 bool gm_done(const gm *m) {
+    if (m->waiting) return true; /* free text may end anywhere */
     const gstate *s = &m->st[m->cur];
     return !s->need && s->n && m->ids[s->off] == 0; /* sorted: the empty stack, id 0, comes first */
 }
 
+/* ---- lazy grammars: free text until a trigger word ---- */
+
+static bool blank(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+/* The KMP state of word w after text b[0, n): how much of w its end holds. */
+static int kmp_state(const kvlm_grammar *g, int w, const char *b, int n) {
+    const char *t = g->trig[w];
+    const int32_t *f = g->trig_fail[w];
+    int q = 0, len = (int)strlen(t);
+    for (int i = 0; i < n; i++) {
+        while (q >= 0 && (q == len || t[q] != b[i])) q = f[q];
+        q++;
+    }
+    return q == len ? f[q] : q;
+}
+
+/* Where the first trigger in b[0, n) that ends past b[from - 1] starts (its
+ * word in *which), or -1. A word at_start counts only after blanks alone. */
+static int first_trigger(const gm *m, const char *b, int n, int from, int *which) {
+    const kvlm_grammar *g = m->g;
+    int best = -1;
+    for (int w = 0; w < g->n_trig; w++) {
+        int len = (int)strlen(g->trig[w]);
+        for (int p = from - len + 1 < 0 ? 0 : from - len + 1; p + len <= n; p++) {
+            if (best >= 0 && p >= best) break;
+            if (memcmp(b + p, g->trig[w], (size_t)len)) continue;
+            if (g->trig_start[w]) {
+                bool ok = !m->nonblank;
+                for (int k = 0; k < p && ok; k++) ok = blank(b[k]);
+                if (!ok) continue;
+            }
+            best = p;
+            *which = w;
+            break;
+        }
+    }
+    return best;
+}
+
+/* Free text goes on (bytes b): a trigger in it starts the grammar there,
+ * with its word; false when the grammar cannot take what follows it. */
+static bool lazy_feed(gm *m, const char *bytes, int n) {
+    char buf[KVLM_GRAMMAR_MAX_TRIGGER_LEN + 4096];
+    int have = m->n_pend;
+    memcpy(buf, m->pend, (size_t)have);
+    for (int i = 0; i < n;) { /* in pieces: a long text only keeps its tail */
+        int k = n - i < 4096 ? n - i : 4096, which = -1;
+        memcpy(buf + have, bytes + i, (size_t)k);
+        int at = first_trigger(m, buf, have + k, have, &which);
+        if (at >= 0) {
+            m->waiting = false;
+            int32_t s = m->root;
+            for (int j = at; j < have + k && s >= 0; j++) s = step(m, s, (unsigned char)buf[j]);
+            for (int j = i + k; j < n && s >= 0; j++) s = step(m, s, (unsigned char)bytes[j]);
+            if (s < 0) {
+                m->failed = true; /* nothing is allowed after (only an end) */
+                return false;
+            }
+            m->cur = s;
+            return true;
+        }
+        int keep = m->g->trig_max - 1, all = have + k;
+        if (keep > all) keep = all;
+        for (int j = 0; j < all - keep; j++) m->nonblank |= !blank(buf[j]);
+        memmove(buf, buf + all - keep, (size_t)keep);
+        have = keep;
+        i += k;
+    }
+    memcpy(m->pend, buf, (size_t)have);
+    m->n_pend = have;
+    return true;
+}
+
 bool gm_feed(gm *m, const char *bytes, int n) {
+    if (m->waiting) return lazy_feed(m, bytes, n);
     int32_t s = m->cur;
     for (int i = 0; i < n && s >= 0; i++) s = step(m, s, (unsigned char)bytes[i]);
     if (s < 0) return false;
@@ -1106,6 +1260,7 @@ struct gm_vocab {
     uint32_t *off;   /* token t's bytes: text[off[t], off[t + 1]) */
     char *text;
     bool *eog;
+    bool *special;   /* a special token (its text written only by grammars that allow them) */
     /* in the tokens' byte order (what the mask walks, read in sequence): */
     int32_t *order;  /* token ids */
     uint16_t *lcp;   /* bytes order[k] shares with order[k - 1] */
@@ -1131,6 +1286,7 @@ void gm_vocab_free(gm_vocab *v) {
     free(v->off);
     free(v->text);
     free(v->eog);
+    free(v->special);
     free(v->order);
     free(v->lcp);
     free(v->len);
@@ -1151,16 +1307,22 @@ static const gm_vocab *vocab_of(const kvlm_model *cm) {
             v->off = malloc(((size_t)n + 1) * sizeof *v->off);
             v->text = malloc(cap);
             v->eog = malloc((size_t)n * sizeof *v->eog);
+            v->special = malloc((size_t)n * sizeof *v->special);
             v->order = malloc((size_t)n * sizeof *v->order);
             v->lcp = malloc((size_t)n * sizeof *v->lcp);
             v->len = malloc((size_t)n * sizeof *v->len);
             v->soff = malloc((size_t)n * sizeof *v->soff);
             v->next1 = malloc((size_t)n * sizeof *v->next1);
         }
-        bool ok = v && v->off && v->text && v->eog && v->order && v->lcp && v->len && v->soff && v->next1;
+        bool ok = v && v->off && v->text && v->eog && v->special && v->order && v->lcp && v->len && v->soff && v->next1;
         for (int t = 0; ok && t < n; t++) {
             char buf[TOKEN_MAX + 1];
             int k = kvlm_token_to_text(cm, t, buf, sizeof buf);
+            v->special[t] = false;
+            if (!k && !kvlm_token_is_eog(cm, t) && cm->tok) { /* a special token: its text, for the grammars that write it */
+                k = tok_token_to_bytes(cm->tok, t, true, buf, sizeof buf);
+                v->special[t] = k > 0;
+            }
             if (k < 0 || k > TOKEN_MAX) k = 0; /* (never allowed: not eog, no bytes) */
             if (len + (size_t)k > cap) {
                 char *p = realloc(v->text, cap = 2 * (len + (size_t)k));
@@ -1206,13 +1368,77 @@ bool gm_feed_token(gm *m, int32_t t) {
     const gm_vocab *v = vocab(m);
     if (!v || t < 0 || t >= v->n) return false;
     if (v->eog[t]) return gm_done(m);
+    if (v->special[t] && !m->g->special && !m->waiting) return false;
     int k = (int)(v->off[t + 1] - v->off[t]);
+    if (m->waiting && !k) return true;
     return k > 0 && gm_feed(m, v->text + v->off[t], k);
+}
+
+/* The tokens that complete word w from its KMP state q, and where: scanned
+ * once per (w, q) a matcher meets (the state after most texts is 0). */
+static bool hits_of(gm *m, const gm_vocab *v, int w, int q) {
+    const kvlm_grammar *g = m->g;
+    if (!m->hits && !(m->hits = calloc((size_t)g->n_trig * (size_t)g->trig_max, sizeof *m->hits))) return false;
+    __typeof__(m->hits) h = &m->hits[w * g->trig_max + q];
+    if (h->made) return true;
+    const char *t = g->trig[w];
+    const int32_t *f = g->trig_fail[w];
+    int len = (int)strlen(t), cap = 0;
+    for (int tok = 0; tok < v->n; tok++) {
+        const char *b = v->text + v->off[tok];
+        int n = (int)(v->off[tok + 1] - v->off[tok]), s = q;
+        for (int i = 0; i < n; i++) {
+            while (s >= 0 && (s == len || t[s] != b[i])) s = f[s];
+            if (++s == len) break;
+        }
+        if (s != len) continue;
+        if (h->n == cap) {
+            int32_t *x = realloc(h->tok, (size_t)(cap = cap ? cap * 2 : 16) * sizeof *x);
+            if (!x) return false;
+            h->tok = x;
+        }
+        h->tok[h->n++] = tok;
+    }
+    h->made = true;
+    return true;
+}
+
+/* Waiting for a trigger: every token, but one that completes a trigger with
+ * text after it that the grammar cannot take. */
+static int lazy_allowed(gm *m, const gm_vocab *v, bool *allowed) {
+    int n = v->n;
+    for (int t = 0; t < v->n; t++) allowed[t] = true;
+    for (int w = 0; w < m->g->n_trig; w++) {
+        int q = kmp_state(m->g, w, m->pend, m->n_pend);
+        if (!hits_of(m, v, w, q)) {
+            m->failed = true;
+            return 0;
+        }
+        const __typeof__(*m->hits) *h = &m->hits[w * m->g->trig_max + q];
+        for (int k = 0; k < h->n; k++) {
+            int32_t t = h->tok[k];
+            if (!allowed[t]) continue;
+            char buf[KVLM_GRAMMAR_MAX_TRIGGER_LEN + TOKEN_MAX];
+            int tl = (int)(v->off[t + 1] - v->off[t]), which = -1;
+            memcpy(buf, m->pend, (size_t)m->n_pend);
+            memcpy(buf + m->n_pend, v->text + v->off[t], (size_t)tl);
+            int at = first_trigger(m, buf, m->n_pend + tl, m->n_pend, &which);
+            if (at < 0) continue; /* (an at_start word past the start) */
+            int32_t s = m->root;
+            for (int j = at; j < m->n_pend + tl && s >= 0; j++) s = step(m, s, (unsigned char)buf[j]);
+            if (s < 0) {
+                allowed[t] = false;
+                n--;
+            }
+        }
+    }
+    return n;
 }
 
 int gm_allowed(gm *m, bool *allowed) {
     const gm_vocab *v = vocab(m);
     if (!v) return 0;
+    if (m->waiting && !m->failed) return lazy_allowed(m, v, allowed);
     /* Tokens in byte order: st[0, valid] are the states along the last token
      * stepped; the next one shares lcp bytes with the one before it, so only
      * its later bytes are stepped. A dead state ends the path (at st[valid]);
@@ -1236,7 +1462,7 @@ int gm_allowed(gm *m, bool *allowed) {
             if (done) allowed[v->order[k]] = true, n++;
             continue;
         }
-        if (!len || st[valid] == DEAD) continue;
+        if (!len || st[valid] == DEAD || (v->special[v->order[k]] && !m->g->special)) continue;
         const unsigned char *b = (const unsigned char *)v->text + v->soff[k];
         while (valid < len) {
             const gstate *s = &m->st[st[valid]];

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
+#include "engine/json_schema.h"
 #include "tok/utf8.h"
 #include "util/error.h"
 
@@ -1079,6 +1080,38 @@ static bool gen(conv *c, json_t *s, const char *hint, const char *path, int dept
     return ok && !c->failed && !c->out.oom;
 }
 
+/* JSON's pieces (RFC 8259) the rules made use, once; blanks between tokens
+ * held as llama.cpp holds them: nothing, a space, or a newline and up to 20
+ * spaces or tabs. */
+static void shared_rules(conv *c) {
+    unsigned n = c->need;
+    if (n & R_VALUE) n |= R_WS | R_STRING | R_NUMBER;
+    if (n & R_NUMBER) n |= R_INTEGER;
+    sb_add(&c->out, "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
+    if (n & R_STRING) {
+        sb_add(&c->out, "string ::= \"\\\"\" char* \"\\\"\"\n");
+        sb_add(&c->out, "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n");
+    }
+    /* digits held as llama.cpp holds them (16 before and after the point), so a
+     * weak model cannot run on in one number until max_tokens */
+    if (n & R_INTEGER) sb_add(&c->out, "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
+    if (n & R_NUMBER) sb_add(&c->out, "number ::= integer frac\n");
+    if (n & R_NUMBER) sb_add(&c->out, "frac ::= ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n");
+    if (n & R_VALUE) {
+        sb_add(&c->out, "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n");
+        sb_add(&c->out, "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n");
+        sb_add(&c->out, "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n");
+    }
+    if (n & R_DATE)
+        sb_add(&c->out, "date ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )\n");
+    if (n & R_TIME)
+        sb_add(&c->out, "time ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? "
+                        "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )\n");
+    if (n & R_UUID)
+        sb_add(&c->out, "uuid ::= [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
+                        "[0-9a-fA-F]{12}\n");
+}
+
 char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
     json_error_t je;
     json_t *root = json_loads(schema ? schema : "", JSON_DECODE_ANY, &je);
@@ -1090,35 +1123,8 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
     char top[48];
     bool ok = gen(&c, root, "", "", 0, top, sizeof top);
     if (ok) {
-        /* JSON's pieces (RFC 8259); blanks between tokens held as llama.cpp holds them:
-         * nothing, a space, or a newline and up to 20 spaces or tabs */
-        unsigned n = c.need;
-        if (n & R_VALUE) n |= R_WS | R_STRING | R_NUMBER;
-        if (n & R_NUMBER) n |= R_INTEGER;
         sb_add(&c.out, "root ::= ws %s\n", top);
-        sb_add(&c.out, "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
-        if (n & R_STRING) {
-            sb_add(&c.out, "string ::= \"\\\"\" char* \"\\\"\"\n");
-            sb_add(&c.out, "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n");
-        }
-        /* digits held as llama.cpp holds them (16 before and after the point), so a
-         * weak model cannot run on in one number until max_tokens */
-        if (n & R_INTEGER) sb_add(&c.out, "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n");
-        if (n & R_NUMBER) sb_add(&c.out, "number ::= integer frac\n");
-        if (n & R_NUMBER) sb_add(&c.out, "frac ::= ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n");
-        if (n & R_VALUE) {
-            sb_add(&c.out, "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n");
-            sb_add(&c.out, "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n");
-            sb_add(&c.out, "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n");
-        }
-        if (n & R_DATE)
-            sb_add(&c.out, "date ::= [0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )\n");
-        if (n & R_TIME)
-            sb_add(&c.out, "time ::= ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? "
-                           "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )\n");
-        if (n & R_UUID)
-            sb_add(&c.out, "uuid ::= [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
-                           "[0-9a-fA-F]{12}\n");
+        shared_rules(&c);
         if (c.out.oom) {
             util_err_set(err, KVLM_ENOMEM, "json_schema: out of memory");
             ok = false;
@@ -1128,6 +1134,35 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ptr);
     free(c.refs);
     json_decref(root);
+    if (!ok) {
+        free(c.out.s);
+        return NULL;
+    }
+    return c.out.s;
+}
+
+char *eng_json_schemas_gbnf(const eng_schema_item *items, int n, kvlm_error *err) {
+    conv c = {.err = err};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        for (int k = 0; k < c.n_refs; k++) free(c.refs[k].ptr);
+        c.n_refs = 0; /* each schema's $refs point into its own document */
+        c.root = items[i].doc;
+        c.nest = 0;
+        char top[48];
+        if ((ok = gen(&c, items[i].schema, items[i].hint ? items[i].hint : "", items[i].path ? items[i].path : "", 0,
+                      top, sizeof top)))
+            sb_add(&c.out, "%s ::= %s\n", items[i].name, top);
+        else if (items[i].what) util_err_prefix(err, "%s", items[i].what);
+    }
+    if (ok) shared_rules(&c);
+    if (ok && c.out.oom) {
+        util_err_set(err, KVLM_ENOMEM, "json_schema: out of memory");
+        ok = false;
+    } else if (!ok && c.out.oom && !c.failed)
+        util_err_set(err, KVLM_ENOMEM, "json_schema: out of memory");
+    for (int k = 0; k < c.n_refs; k++) free(c.refs[k].ptr);
+    free(c.refs);
     if (!ok) {
         free(c.out.s);
         return NULL;

@@ -40,6 +40,10 @@ typedef struct {
     int32_t last_token;
     json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
     int sub;               /* its prompt (j->subs) */
+    kvlm_chat_reader *rd;  /* a chat answer read as it grows: reasoning, content, tool calls (docs/tool-calls.md) */
+    size_t fed;            /* text given to rd */
+    json_t *message;       /* rd's whole answer, once it ended */
+    int n_calls;
 } choice;
 
 /* One prompt of a request (an array prompt has several), one scheduler
@@ -95,7 +99,12 @@ typedef struct srv_job {
     bool log_me;           /* submitted: the job writes the request's line when it goes */
     unsigned status;       /* what was sent: 200, or an error's status (0: nothing, the client went away) */
     char client[64];
-    kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF) */
+    kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF), or the tool calls' */
+    char *tools_json, *choice_json; /* the request's tools and tool_choice (NULL: none) */
+    bool parallel;         /* parallel_tool_calls */
+    uint64_t id_seed;      /* the calls' ids come from it (the request's seed, or a random one) */
+    bool calls;            /* tools given and tool_choice not "none": calls are read */
+    char ptail[257];       /* the rendered prompt's end (whether it opened the reasoning) */
     float *bias;
     char *out;             /* SSE bytes not yet written */
     size_t out_len, out_cap, out_off;
@@ -131,7 +140,11 @@ static void job_release(srv_job *j) {
         free(j->ch[i].text);
         free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
+        kvlm_chat_reader_free(j->ch[i].rd);
+        json_decref(j->ch[i].message);
     }
+    free(j->tools_json);
+    free(j->choice_json);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->ch);
     free(j->out);
@@ -276,24 +289,63 @@ static void stream_extras(const srv_job *j, const choice *c, json_t *o, json_t *
     if (j->continuous_usage) json_object_set_new(o, "usage", usage(j));
 }
 
+/* What the reader shows of c's text up to end, as a chunk's delta (an
+ * object, maybe empty); at the end, its whole answer too (c->message). */
+static json_t *read_answer(srv_job *j, choice *c, size_t end, bool final) {
+    char *d = NULL, *msg = NULL;
+    kvlm_error err = {0};
+    int rc = 0;
+    if (final && !c->message) {
+        rc = kvlm_chat_reader_end(c->rd, c->text + c->fed, end - c->fed, &d, &msg, &err);
+        if (rc >= 0) {
+            c->n_calls = rc;
+            c->message = msg ? json_loads(msg, 0, NULL) : NULL;
+        }
+    } else if (!final && end > c->fed) rc = -kvlm_chat_reader_push(c->rd, c->text + c->fed, end - c->fed, &d, &err);
+    if (rc < 0 && !j->error[0]) snprintf(j->error, sizeof j->error, "reading the answer: %.400s", err.msg);
+    c->fed = end;
+    json_t *delta = d ? json_loads(d, 0, NULL) : NULL;
+    free(d);
+    free(msg);
+    return delta ? delta : json_object();
+}
+
+/* The finish_reason of an ended choice: "tool_calls" when it stopped after calls. */
+static const char *choice_finish(const choice *c) {
+    return c->n_calls > 0 && c->finish == KVLM_FINISH_STOP ? "tool_calls" : finish_name(c->finish);
+}
+
 /* Streams what of choice c is safe to send (everything when it ended). */
 static void emit(srv_job *j, choice *c, bool final) {
-    if (!j->stream) return;
+    if (!j->stream) {
+        if (final && c->rd) json_decref(read_answer(j, c, c->len, true));
+        return;
+    }
     size_t end = final || c->stopped ? c->len : c->len - holdback(j, c);
     size_t n_lp = j->logprobs >= 0 ? json_array_size(c->lp) : 0;
-    if (end <= c->sent && n_lp == c->lp_sent && !final && c->started) return;
+    json_t *rdelta = c->rd ? read_answer(j, c, end, final) : NULL;
+    if (rdelta ? !json_object_size(rdelta) && n_lp == c->lp_sent && !final && c->started
+               : end <= c->sent && n_lp == c->lp_sent && !final && c->started) {
+        json_decref(rdelta);
+        c->sent = end > c->sent ? end : c->sent;
+        return;
+    }
     int idx = (int)(c - j->ch);
     json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch;
     json_t *text = jstr(c->text + c->sent, end > c->sent ? end - c->sent : 0);
     if (j->chat) {
         json_t *delta = json_object();
         if (!c->started) json_object_set_new(delta, "role", json_string("assistant"));
-        if (end > c->sent || !final) json_object_set_new(delta, "content", text);
+        if (rdelta) {
+            json_decref(text);
+            json_object_update(delta, rdelta);
+            json_decref(rdelta);
+        } else if (end > c->sent || !final) json_object_set_new(delta, "content", text);
         else json_decref(text);
         ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
     } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
     json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
-    const char *fin = final ? finish_name(c->finish) : NULL;
+    const char *fin = final ? choice_finish(c) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
     stream_extras(j, c, o, ch, final);
     json_object_set_new(o, "choices", json_pack("[o]", ch));
@@ -308,11 +360,13 @@ static void emit(srv_job *j, choice *c, bool final) {
         c->lp_sent = 0;
     }
     size_t tail = c->len > j->max_stop ? c->len - j->max_stop : 0, drop = c->sent < tail ? c->sent : tail;
+    if (c->rd && drop > c->fed) drop = c->fed;
     if (drop >= 4096) {
         memmove(c->text, c->text + drop, c->len - drop + 1);
         c->len -= drop;
         c->sent -= drop;
         c->off += drop;
+        if (c->rd) c->fed -= drop;
     }
 }
 
@@ -394,7 +448,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
         if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
-            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, !j->skip_special, c->ids, c->n_ids,
+            srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, c->dt.special, c->ids, c->n_ids,
                                c->text, c->len, c->off);
         free(c->ids);
         c->ids = NULL;
@@ -564,6 +618,9 @@ static int32_t *prompt_tokens(kvlm_server *s, json_t *body, srv_job *j, int *n_o
             return NULL;
         }
         j->family = kvlm_chat_family(s->chat);
+        size_t tl = strlen(text), k = tl < sizeof j->ptail - 1 ? tl : sizeof j->ptail - 1;
+        memcpy(j->ptail, text + tl - k, k);
+        j->ptail[k] = 0;
     } else {
         json_t *p = json_object_get(body, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
@@ -652,7 +709,8 @@ static bool check_fields(kvlm_server *s, json_t *body, bool chat, perr *e) {
                                  "stream", "stream_options", "logprobs", "stop", "frequency_penalty",
                                  "presence_penalty", "user", "logit_bias", "response_format", "grammar", NULL};
     static const char *chat_only[] = {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs",
-                                      "add_generation_prompt", "continue_final_message", "documents", NULL};
+                                      "add_generation_prompt", "continue_final_message", "documents", "tools",
+                                      "tool_choice", "parallel_tool_calls", NULL};
     static const char *text_only[] = {"prompt", NULL};
     /* OpenAI's, not implemented here: accepted only when they ask for nothing */
     static const char *unsupported[] = {"tools", "tool_choice", "functions", "function_call", "best_of", "modalities", "audio",
@@ -837,10 +895,31 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
             return fail(e, ge.code == KVLM_ENOMEM ? 500 : 400, field, "invalid_value", "'%s': %s", field, ge.msg);
     }
     rp->sampling.grammar = j->grammar;
+    if (j->chat) { /* tools: checked here; their grammar needs the rendered prompt (check_request) */
+        json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
+        json_t *ptc = json_object_get(body, "parallel_tool_calls");
+        if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc))
+            return fail(e, 400, "parallel_tool_calls", "invalid_type", "'parallel_tool_calls' must be true or false");
+        j->parallel = !json_is_false(ptc);
+        if (tools && !json_is_null(tools)) j->tools_json = json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (tc && !json_is_null(tc)) j->choice_json = json_dumps(tc, JSON_COMPACT | JSON_ENCODE_ANY);
+        if ((tools && !json_is_null(tools) && !j->tools_json) || (tc && !json_is_null(tc) && !j->choice_json))
+            return fail(e, 500, NULL, NULL, "out of memory");
+        const char *which = "tools";
+        kvlm_error te = {0};
+        if (kvlm_chat_tools_check(j->tools_json, j->choice_json, &which, &te))
+            return fail(e, 400, which, "invalid_value", "%s", te.msg);
+        j->calls = json_array_size(tools) > 0 && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none"));
+        if (json_array_size(tools) && s->chat && strcmp(kvlm_chat_family(s->chat), "jinja"))
+            return fail(e, 400, "tools", "unsupported_parameter", "'tools' needs a Jinja chat template (this server "
+                        "renders chat with the built-in %s family): give --chat-template-file", kvlm_chat_family(s->chat));
+    }
     static uint64_t counter;
     json_t *sv = json_object_get(body, "seed");
     rp->sampling.seed = sv && !json_is_null(sv) ? (uint64_t)(int64_t)seed
                         : (uint64_t)time(NULL) * 2654435761u + __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+    j->id_seed = rp->sampling.seed * 0xbf58476d1ce4e5b9ull + (uint64_t)(uintptr_t)j;
+    if (sv && !json_is_null(sv)) j->id_seed = rp->sampling.seed * 0xbf58476d1ce4e5b9ull; /* the same answer, the same ids */
     /* under eviction a completion may run past the context */
     int most = kvlm_ctx_kv_evict(s->ctx) ? 1 << 30 : n_ctx;
     rp->max_tokens = max_tokens > most ? most : (int)max_tokens;
@@ -861,6 +940,22 @@ static bool check_request(kvlm_server *s, json_t *body, srv_job *j, kvlm_request
     if (!parse(s, body, j, rp, e)) return false;
     if (j->chat) { /* one prompt */
         if (!(*toks = prompt_tokens(s, body, j, n_toks, e))) return false;
+        if (j->calls && s->chat) { /* the calls' grammar (lazy for tool_choice auto) */
+            kvlm_grammar *g = NULL;
+            kvlm_error ge = {0};
+            int rc = kvlm_chat_tool_grammar(s->chat, j->ptail, strlen(j->ptail), j->tools_json, j->choice_json,
+                                            j->parallel, &g, &ge);
+            if (rc)
+                return fail(e, rc == KVLM_ENOMEM ? 500 : 400, rc == KVLM_EUNSUPPORTED ? "tool_choice" : "tools",
+                            rc == KVLM_ENOMEM ? NULL : "invalid_value", "%s", ge.msg);
+            if (g && j->grammar) { /* response_format (or grammar) holds the whole answer */
+                bool lazy = kvlm_grammar_is_lazy(g);
+                kvlm_grammar_free(g);
+                if (!lazy)
+                    return fail(e, 400, "tool_choice", "invalid_value", "a tool_choice that forces calls cannot be "
+                                "given with 'response_format' or 'grammar'");
+            } else if (g) rp->sampling.grammar = j->grammar = g;
+        }
         if (!(j->subs = calloc(1, sizeof *j->subs))) return fail(e, 500, NULL, NULL, "out of memory");
         j->n_subs = 1;
         j->subs[0].n_prompt = *n_toks;
@@ -1357,11 +1452,12 @@ static json_t *whole_answer(srv_job *j) {
     json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
-        json_t *ch = j->chat ? json_pack("{s:i, s:{s:s, s:o}}", "index", i, "message", "role", "assistant", "content",
-                                         jstr(c->text, c->len))
-                             : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
+        json_t *ch = c->message ? json_pack("{s:i, s:O}", "index", i, "message", c->message)
+                     : j->chat  ? json_pack("{s:i, s:{s:s, s:o}}", "index", i, "message", "role", "assistant", "content",
+                                           jstr(c->text, c->len))
+                                : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
         json_object_set_new(ch, "logprobs", lp_render(j, c, 0, json_array_size(c->lp), 0));
-        json_object_set_new(ch, "finish_reason", json_string(finish_name(c->finish)));
+        json_object_set_new(ch, "finish_reason", json_string(choice_finish(c)));
         answer_extras(j, c, o, ch);
         json_array_append_new(choices, ch);
     }
@@ -1682,6 +1778,14 @@ static void choice_init(kvlm_server *s, srv_job *j, choice *c, int sub, const in
     kvlm_detok_init(&c->dt, s->model);
     c->dt.prev = toks[n - 1];
     c->dt.special = !j->skip_special;
+    if (j->chat && s->chat && !strcmp(j->family, "jinja") && !j->echo) {
+        /* the answer read as the template's family writes it: reasoning, content, calls
+         * (special tokens' texts are part of what is read) */
+        kvlm_error err = {0};
+        uint64_t seed = j->id_seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(c - j->ch + 1));
+        c->rd = kvlm_chat_reader_new(s->chat, j->ptail, strlen(j->ptail), j->calls ? j->tools_json : NULL, seed, &err);
+        if (c->rd) c->dt.special = true;
+    }
     c->lp = json_array();
     c->sub = sub;
     append(&c->text, &c->len, &c->cap, "", 0);

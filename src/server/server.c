@@ -959,10 +959,11 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (!(s->chat = s->p.chat)) {
         /* a template named by the caller must work; the model's own may be
          * one kvlm cannot render: then only chat requests fail, saying why */
-        kvlm_chat_params cp = {.template_name = s->p.chat_template};
+        kvlm_chat_params cp = {.template_name = s->p.chat_template, .tool_parser = s->p.tool_parser,
+                               .reasoning_format = s->p.reasoning_format};
         kvlm_error cerr = {0};
         if (!(s->chat = s->own_chat = kvlm_chat_create(s->model, &cp, &cerr))) {
-            if (s->p.chat_template) {
+            if (s->p.chat_template || (s->p.tool_parser && cerr.code == KVLM_EINVAL && strstr(cerr.msg, "tool-call parser"))) {
                 util_err_set(err, cerr.code, "%s", cerr.msg);
                 goto fail;
             }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <jansson.h>
 #include "model/model.h"
+#include "tok/chat_parse.h"
 #include "tok/jinja.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -170,7 +171,11 @@ struct kvlm_chat {
     char *bos, *eos;         /* token texts given to the template */
     bool parts;              /* the template reads a message's content as a list of parts */
     bool developer;          /* the template names the developer role */
+    tok_chat_syntax *syntax; /* how answers are read: tool calls, reasoning (tok/chat_parse) */
 };
+
+const tok_chat_syntax *tok_chat_syntax_of(const kvlm_chat *c) { return c->syntax; }
+const kvlm_model *tok_chat_model(const kvlm_chat *c) { return c->model; }
 
 static const char *named_template(const kvlm_model *m, const char *name) {
     for (int i = 0; i < m->vocab.n_named_templates; i++)
@@ -268,6 +273,9 @@ kvlm_chat *kvlm_chat_create(const kvlm_model *m, const kvlm_chat_params *p, kvlm
         c->family = "plain";
         snprintf(c->desc, sizeof c->desc, "plain");
     }
+    /* calls come in answers to requests with tools: read as the template that renders those writes them */
+    const char *src = c->tool_use ? c->tool_use_source : c->source;
+    if (!(c->syntax = tok_chat_syntax_new(src, p->tool_parser, p->reasoning_format, err))) goto fail;
     return c;
 fail:
     kvlm_chat_free(c);
@@ -282,6 +290,7 @@ void kvlm_chat_free(kvlm_chat *c) {
     free(c->tool_use_source);
     free(c->bos);
     free(c->eos);
+    tok_chat_syntax_free(c->syntax);
     free(c);
 }
 

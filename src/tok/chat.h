@@ -11,4 +11,8 @@ const char *tok_chat_family(const char *tmpl);
 const char *tok_chat_names(void);
 /* Renders with a family name from tok_chat_family; NULL on out of memory. */
 char *tok_chat_render(const char *family, const char *const *roles, const char *const *contents, int n);
+/* kvlm_chat's answer syntax (tool calls, reasoning) and model. */
+struct tok_chat_syntax;
+const struct tok_chat_syntax *tok_chat_syntax_of(const kvlm_chat *c);
+const kvlm_model *tok_chat_model(const kvlm_chat *c);
 #endif
