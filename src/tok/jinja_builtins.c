@@ -307,8 +307,8 @@ jv jinja_binop(jstate *st, int line, int op, jv a, jv b) {
         if (a.t == JV_STR && b.t == JV_STR) return concat_str(st, a, b);
         if (a.t == b.t && (a.t == JV_LIST || a.t == JV_TUPLE) && !((a.fl | b.fl) & (JVF_GEN | JVF_VIEW))) {
             jlist *l = jl_new(st, a.u.l->n + b.u.l->n);
-            memcpy(l->v, a.u.l->v, a.u.l->n * sizeof *l->v);
-            memcpy(l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof *l->v);
+            if (a.u.l->n) memcpy(l->v, a.u.l->v, a.u.l->n * sizeof *l->v); /* (an empty list's array may be NULL) */
+            if (b.u.l->n) memcpy(l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof *l->v);
             l->n = a.u.l->n + b.u.l->n;
             return a.t == JV_LIST ? jv_list(l) : jv_tuple(l);
         }
