@@ -996,11 +996,10 @@ static const char *const k_ends[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "
                                      "<|END_OF_TURN_TOKEN|>", "<|end|>", "<|return|>", "<|call|>", "<turn|>",
                                      "<|im_end|>", "<end_of_turn>", "<|end_of_text|>", NULL};
 
-/* The length of a cut text's last piece without what may be a marker's
- * beginning (partial), and without a whole end marker at its very end. */
-static size_t tail_cut(const tc_parser *p, const char *s, size_t n, bool at_end) {
-    if (!at_end) return n;
-    for (int rep = 0; rep < 4; rep++) { /* whole end markers */
+/* n without the whole end-of-turn markers (and the space between them) at
+ * its very end. */
+static size_t strip_ends(const char *s, size_t n) {
+    for (int rep = 0; rep < 4; rep++) {
         size_t m = n;
         while (m && tc_ws(s[m - 1])) m--;
         bool cut = false;
@@ -1014,13 +1013,33 @@ static size_t tail_cut(const tc_parser *p, const char *s, size_t n, bool at_end)
         }
         if (!cut) break;
     }
-    if (!p->partial) return n;
+    return n;
+}
+
+/* Where a cut text's last piece may be a marker's beginning, or n. */
+static size_t marker_start(const tc_parser *p, const char *s, size_t n) {
     for (size_t st = n > 64 ? n - 64 : 0; st < n; st++) {
         size_t have = n - st;
         for (int k = 0; k_ends[k]; k++)
             if (strlen(k_ends[k]) > have && !memcmp(s + st, k_ends[k], have)) return st;
         for (int k = 0; p->s->f->markers[k]; k++)
             if (strlen(p->s->f->markers[k]) > have && !memcmp(s + st, p->s->f->markers[k], have)) return st;
+    }
+    return n;
+}
+
+/* The length of a cut text's last piece without what may be a marker's
+ * beginning (partial), and without a whole end marker at its very end
+ * (partial: also one before such a beginning, "<|end|> <|", which the
+ * whole text may yet strip). */
+static size_t tail_cut(const tc_parser *p, const char *s, size_t n, bool at_end) {
+    if (!at_end) return n;
+    n = strip_ends(s, n);
+    if (!p->partial) return n;
+    for (int rep = 0; rep < 8; rep++) {
+        size_t st = marker_start(p, s, n);
+        if (st == n) break;
+        n = strip_ends(s, st);
     }
     /* a cut UTF-8 sequence waits for its end */
     for (size_t st = n > 4 ? n - 4 : 0; st < n; st++)
