@@ -73,6 +73,11 @@ static int upload_w(engine_cuda *e, cu_weight *w, const model_tensor *t, kvlm_er
 }
 
 engine_cuda *engine_cuda_create(const kvlm_model *m, int n_batch, int max_blocks, int n_seq_max, kvlm_error *err) {
+    const char *why = cu_unavailable();
+    if (why) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: the CUDA backend could not be loaded: %s", why);
+        return NULL;
+    }
     if (cu_device_count() <= 0) {
         util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: no CUDA GPU is visible (driver missing or no device)");
         return NULL;

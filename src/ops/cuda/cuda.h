@@ -18,7 +18,10 @@ extern "C" {
 
 typedef struct cu_dev cu_dev;
 
-/* GPUs the driver sees (0: none, or no driver). */
+/* Why the module (libkvlm-cuda.so, ops/cuda_load.c) cannot be loaded, or
+ * NULL when it is: host side only. */
+const char *cu_unavailable(void);
+/* GPUs the driver sees (0: none, no driver, or no module). */
 int cu_device_count(void);
 cu_dev *cu_open(int device, kvlm_error *err);
 void cu_close(cu_dev *d);
