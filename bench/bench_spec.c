@@ -37,7 +37,7 @@ static run_result generate(kvlm_ctx *c, kvlm_ctx *draft, int mode, int K, const 
     kvlm_spec *x = NULL;
     double t0 = util_now_s();
     if (mode) {
-        kvlm_spec_params pp = {mode, K, 0, 0, draft, 0};
+        kvlm_spec_params pp = {mode, K, 0, 0, draft, 0, 0};
         if (!(x = kvlm_spec_create(c, 0, prompt, n, &pp, &err))) die("spec", &err);
     }
     int g = 0;

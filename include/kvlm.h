@@ -1051,6 +1051,9 @@ typedef struct kvlm_spec_params {
     kvlm_ctx *draft_ctx; /* draft: the draft model's context (same sequence id; not owned) */
     float p_min;         /* draft: a step's drafts end before a token the draft model gives less than
                             this probability (its likeliest; 0: never; llama.cpp's --draft-p-min) */
+    int n_min;           /* fewer drafts than this are not checked (a plain step instead), and a step
+                            drafts at least this many where it drafts; 0: any; above n_draft: n_draft
+                            (llama.cpp's --draft-min) */
 } kvlm_spec_params;
 typedef struct kvlm_spec kvlm_spec;
 typedef struct kvlm_spec_stats {
@@ -1330,6 +1333,10 @@ typedef struct kvlm_sched_params {
      * model gives less than this probability (its likeliest; 0: never;
      * llama.cpp's --draft-p-min) */
     float spec_p_min;
+    /* Fewer drafts than this are not checked (the sequence decodes its token
+     * alone), and a step drafts at least this many where it drafts (0: any;
+     * above spec_n_draft: spec_n_draft; llama.cpp's --draft-min) */
+    int spec_n_min;
 } kvlm_sched_params;
 
 typedef struct kvlm_request_params {
@@ -1556,6 +1563,7 @@ typedef struct kvlm_server_params {
      * them and its earlier turns come from the prefix cache (docs/serving.md, "Conversations and the prefix
      * cache"): bytes, an LRU; 0: 16 MiB; < 0: none kept. */
     int64_t answer_ids_mem;
+    int spec_n_min;              /* kvlm_sched_params: fewer drafts than this are not checked */
 } kvlm_server_params;
 kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_error *err);
 int kvlm_server_port(const kvlm_server *s);

@@ -137,7 +137,27 @@ for line, want in [("llama-server -m model.gguf --port 8080", "context 2048, 16 
     listening, health, completion, err = serve(line)
     check(health == 200 and completion and want in err,
           "%s  ->  serves (/health 200, a completion; '%s')" % (line, want), (listening, err))
-unsupported("llama-server -m model.gguf --embedding --pooling cls -ub 8192", "--embedding")
+unsupported("llama-server -m model.gguf --embedding --pooling cls -ub 8192", "--pooling")
+# llama-server's --embedding is kvlm serve's --embeddings: POST /v1/embeddings answers
+argv = kvlm_argv("llama-server -m model.gguf --embedding")
+port = int(argv[argv.index("--port") + 1])
+p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+vec = None
+try:
+    if "listening on" in p.stdout.readline():
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/embeddings" % port,
+                                     data=json.dumps({"input": "Once upon a time"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            vec = json.loads(r.read())["data"][0]["embedding"]
+finally:
+    p.send_signal(signal.SIGTERM)
+    try:
+        _, err = p.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+check(vec and len(vec) > 8, "llama-server -m model.gguf --embedding  ->  POST /v1/embeddings answers", err[-300:])
 unsupported("llama-server -m model.gguf --reranking", "--reranking")
 unsupported("llama-server -m model.gguf --grammar-file grammar.gbnf", "--grammar-file")
 if quick:
@@ -216,6 +236,9 @@ check(rc == 1 and "-n -3" in err, "-n -3 refused", err)
 rc, out, err = out_of(["--spec", "lookup", "--draft", "16", "--temp", "0"])
 check(rc == 0 and out == greedy_ref and "spec lookup" in err,
       "--draft 16 is a draft count, not a file (lookup decoding, the greedy text)", (out, greedy_ref, err))
+rc, out, err = out_of(["--spec", "lookup", "--draft-max", "8", "--draft-min", "5", "--temp", "0"])
+check(rc == 0 and out == greedy_ref and "spec lookup" in err, "--draft-max 8 --draft-min 5: the greedy text",
+      (out, greedy_ref, err))
 rc, out, err = out_of(["-s", "-1"])
 check(rc == 0 and len(out) > 20, "-s -1: a random seed", err)
 rc, out, err = out_of(["--temp", "-1", "--top-p", "5"])

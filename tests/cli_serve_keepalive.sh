@@ -215,7 +215,7 @@ try:
     # ---- --keepalive-interval 0: nothing before the answer
     p, port = start(0)
     t0 = time.time()
-    a = send(port, longb)
+    a = send(port, dict(longb, max_tokens=N * 4)) # past 2 K even when the machine got faster than measured
     time.sleep(0.05)
     b = send(port, dict(short, stream=True))
     res = {}

@@ -186,6 +186,58 @@ static void test_draft_equals_alone(void **state) {
     kvlm_model_free(m);
 }
 
+/* spec_n_min (llama.cpp's --draft-min) with a draft model whose drafts end
+ * early (p_min): one request, so a step's drafts are its own; a step checks
+ * none or at least n_min; the text is greedy's alone. n_min 0 shows short
+ * steps (the check can fail). */
+static int draft_min_steps(const kvlm_model *m, int n_min, int *bad, int *shorts) {
+    kvlm_ctx *ctx = make_ctx(m, 4, 0, 0), *dctx = make_ctx(m, 4, 0, 0);
+    kvlm_sched_params sp = {.spec_mode = KVLM_SPEC_DRAFT, .spec_n_draft = 4, .draft_ctx = dctx, .spec_p_min = 0.6f,
+                            .spec_n_min = n_min};
+    kvlm_error err = {0};
+    kvlm_sched *s = kvlm_sched_create(ctx, &sp, &err);
+    if (!s) fail_msg("sched: %s", err.msg);
+    int32_t prompt[64];
+    int n = make_prompt(m, 3, prompt, 64), max_tokens = MAXGEN;
+    result res = {0};
+    kvlm_request_params p = tu_greedy_params(max_tokens);
+    assert_true(kvlm_sched_submit(s, prompt, n, &p, tu_sched_collect, &res, &err) > 0);
+    *bad = *shorts = 0;
+    kvlm_sched_stats a, b;
+    kvlm_sched_stats_get(s, &a);
+    int steps = 0;
+    while (kvlm_sched_step(s) > 0) {
+        assert_true(++steps < 10000);
+        kvlm_sched_stats_get(s, &b);
+        int d = (int)(b.spec_drafted - a.spec_drafted);
+        if (d > 0 && d < 3) (*shorts)++;
+        if (n_min && d > 0 && d < n_min) (*bad)++;
+        a = b;
+    }
+    int32_t want[MAXGEN];
+    int n_want = greedy_alone(m, prompt, n, max_tokens, want);
+    tu_sched_expect_alone(&res, 1, want, n_want, max_tokens);
+    kvlm_sched_free(s);
+    kvlm_ctx_free(dctx);
+    kvlm_ctx_free(ctx);
+    return steps;
+}
+
+static void test_draft_min(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path);
+    int bad0, shorts0, bad3, shorts3;
+    int s0 = draft_min_steps(m, 0, &bad0, &shorts0), s3 = draft_min_steps(m, 3, &bad3, &shorts3);
+    printf("  draft p_min 0.6, K = 4: steps checking 1..2 drafts: %d of %d with n_min 0, %d of %d with n_min 3\n",
+           shorts0, s0, shorts3, s3);
+    assert_true(shorts0 > 0);
+    assert_int_equal(shorts3, 0);
+    assert_int_equal(bad3, 0);
+    kvlm_model_free(m);
+}
+
 /* A q4_0 copy drafting: the same outputs. */
 static void test_draft_q4_0_copy(void **state) {
     (void)state;
@@ -987,6 +1039,7 @@ static void test_draft_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_draft_equals_alone),
+        cmocka_unit_test(test_draft_min),
         cmocka_unit_test(test_draft_q4_0_copy),
         cmocka_unit_test(test_draft_cancel_and_sample),
         cmocka_unit_test(test_draft_shared_pool),

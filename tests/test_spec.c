@@ -283,7 +283,7 @@ static int spec_greedy(kvlm_ctx *c, kvlm_ctx *draft, const int32_t *prompt, int 
     kvlm_sampler_params sp = kvlm_sampler_default_params();
     sp.temperature = 0;
     kvlm_sampler *s = kvlm_sampler_create(&sp, kvlm_vocab_size(m));
-    kvlm_spec_params pp = {draft ? KVLM_SPEC_DRAFT : KVLM_SPEC_LOOKUP, K, 0, 0, draft, 0};
+    kvlm_spec_params pp = {draft ? KVLM_SPEC_DRAFT : KVLM_SPEC_LOOKUP, K, 0, 0, draft, 0, 0};
     kvlm_error err = {0};
     kvlm_spec *x = kvlm_spec_create(c, 0, prompt, n, &pp, &err);
     if (!x) fail_msg("spec: %s", err.msg);
@@ -385,6 +385,69 @@ static void test_greedy_real(void **state) {
     if (!ran) skip();
 }
 
+/* n_min (llama.cpp's --draft-min): a step checks no drafts or at least
+ * n_min of them, and the text is the plain one. Lookup drafts over a story
+ * vary in length, so n_min 0 shows steps of 1..4 drafts (the check can fail). */
+static int draft_min_run(const kvlm_model *m, const int32_t *prompt, int n, int n_min, int *short_steps,
+                         int32_t *out, int n_gen) {
+    kvlm_ctx_params p = kvlm_ctx_default_params();
+    p.n_ctx = 512;
+    kvlm_ctx *c = mkctx(m, &p);
+    decode(c, 0, prompt, n, false);
+    kvlm_sampler_params sp = kvlm_sampler_default_params();
+    sp.temperature = 0;
+    kvlm_sampler *s = kvlm_sampler_create(&sp, kvlm_vocab_size(m));
+    kvlm_spec_params pp = {KVLM_SPEC_LOOKUP, 8, 0, 0, NULL, 0, n_min};
+    kvlm_error err = {0};
+    kvlm_spec *x = kvlm_spec_create(c, 0, prompt, n, &pp, &err);
+    if (!x) fail_msg("spec: %s", err.msg);
+    int g = 0;
+    int32_t buf[9];
+    *short_steps = 0;
+    while (g < n_gen) {
+        kvlm_spec_stats a, b;
+        kvlm_spec_stats_get(x, &a);
+        int k = kvlm_spec_next(x, s, buf, 9, &err);
+        if (k < 0) fail_msg("spec step: %s", err.msg);
+        kvlm_spec_stats_get(x, &b);
+        int d = (int)(b.drafted - a.drafted);
+        if (d > 0 && d < 5) (*short_steps)++;
+        if (n_min && d) assert_true(d >= n_min);
+        for (int i = 0; i < k && g < n_gen; i++) out[g++] = buf[i];
+        if (kvlm_token_is_eog(m, buf[k - 1])) break;
+    }
+    kvlm_spec_free(x);
+    kvlm_sampler_free(s);
+    kvlm_ctx_free(c);
+    return g;
+}
+
+static void test_draft_min(void **state) {
+    (void)state;
+    const char *path = tu_model_path("stories260K.gguf");
+    TU_REQUIRE(path);
+    kvlm_model *m = load(path);
+    int32_t prompt[256], a[200], b[200];
+    int n = tokenize(m, k_story, prompt, 256), shorts0, shorts5;
+    int na = draft_min_run(m, prompt, n, 0, &shorts0, a, 160);
+    int nb = draft_min_run(m, prompt, n, 5, &shorts5, b, 160);
+    printf("  lookup, K = 8: steps checking 1..4 drafts: %d with n_min 0, %d with n_min 5\n", shorts0, shorts5);
+    assert_true(shorts0 > 0);
+    assert_int_equal(shorts5, 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    /* refused: a negative floor */
+    kvlm_ctx_params p = kvlm_ctx_default_params();
+    kvlm_ctx *c = mkctx(m, &p);
+    decode(c, 0, prompt, n, false);
+    kvlm_spec_params pp = {KVLM_SPEC_LOOKUP, 8, 0, 0, NULL, 0, -1};
+    kvlm_error err = {0};
+    assert_null(kvlm_spec_create(c, 0, prompt, n, &pp, &err));
+    assert_non_null(strstr(err.msg, "n_min"));
+    kvlm_ctx_free(c);
+    kvlm_model_free(m);
+}
+
 static void test_greedy_synth(void **state) {
     (void)state;
     kvlm_model *m = load(synth(64, 2, 4, 2, 96, "q8_0", 21));
@@ -475,7 +538,7 @@ static void test_draft_model(void **state) {
     /* another vocabulary is refused, by name */
     kvlm_model *om = load(synth(64, 2, 4, 2, 97, "f32", 31));
     kvlm_ctx *oc = mkctx(om, &p);
-    kvlm_spec_params pp = {KVLM_SPEC_DRAFT, 4, 0, 0, oc, 0};
+    kvlm_spec_params pp = {KVLM_SPEC_DRAFT, 4, 0, 0, oc, 0, 0};
     assert_null(kvlm_spec_create(c, 0, prompt, 20, &pp, &err));
     assert_non_null(strstr(err.msg, "vocabulary"));
     printf("  refused: %s\n", err.msg);
@@ -592,7 +655,7 @@ static void test_sampling_distribution(void **state) {
                 }
             } else {
                 kvlm_spec_params pp = {mode == 1 ? KVLM_SPEC_LOOKUP : KVLM_SPEC_DRAFT, 3, 0, 0, mode >= 2 ? dc : NULL,
-                                       mode == 3 ? SPEC_P_MIN : 0};
+                                       mode == 3 ? SPEC_P_MIN : 0, 0};
                 kvlm_spec *x = kvlm_spec_create(c, 0, prompt, n, &pp, &err);
                 if (!x) fail_msg("spec: %s", err.msg);
                 int32_t buf[8];
@@ -700,6 +763,7 @@ int main(void) {
         cmocka_unit_test(test_rollback_edges),
         cmocka_unit_test(test_greedy_synth),
         cmocka_unit_test(test_greedy_real),
+        cmocka_unit_test(test_draft_min),
         cmocka_unit_test(test_h2o_exact),
         cmocka_unit_test(test_draft_model),
         cmocka_unit_test(test_soft_rule),

@@ -79,6 +79,8 @@ static void run_usage(FILE *f) {
             "                          --draft-max, and --draft K with a number)\n"
             "      --draft-p-min P     draft: a step's drafts end before a token the draft model gives less\n"
             "                          than probability P (default 0: never; llama.cpp's --draft-p-min)\n"
+            "      --draft-min N       fewer drafts than N are not checked: the token decodes alone (default 0;\n"
+            "                          above --draft-n: --draft-n; llama.cpp's --draft-min, --draft-n-min)\n"
             "      --spec-ngram N      lookup: longest n-gram matched (default 3; then down to 1)\n"
             CLI_LLAMA_USAGE
             "  -h, --help              this help\n");
@@ -87,7 +89,7 @@ static void run_usage(FILE *f) {
 int cmd_run(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *kv_mem = NULL,
                *evict = NULL, *session = NULL, *spec_name = NULL, *draft_path = NULL, *chat_template = NULL;
-    int n_predict = 256, draft_n = 0, spec_ngram = 0;
+    int n_predict = 256, draft_n = 0, draft_min = 0, spec_ngram = 0;
     float draft_p_min = 0;
     bool special = false, no_bos = false, seed_set = false;
     cli_grammar_opts gopt = {0};
@@ -114,6 +116,8 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--chat-template", &chat_template, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_draft(argc, argv, &i, &draft_path, &draft_n, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-min", &draft_min, &bad) ||
+                 cli_opt_int(argc, argv, &i, NULL, "--draft-n-min", &draft_min, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &draft_p_min, &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--spec-ngram", &spec_ngram, &bad)) {}
         else if (cli_opt_ctx(argc, argv, &i, &cp, &kv_mem, &evict, &bad)) {}
@@ -160,6 +164,8 @@ int cmd_run(int argc, char **argv) {
     if (spec_mode == KVLM_SPEC_DRAFT && !draft_path) return cli_fail("run", "--spec draft needs --draft MODEL");
     if (draft_path && spec_mode != KVLM_SPEC_DRAFT) return cli_fail("run", "--draft goes with --spec draft");
     if (draft_n < 0 || draft_n > 64) return cli_fail("run", "--draft-n %d: expected 1..64", draft_n);
+    if (draft_min < 0) return cli_fail("run", "--draft-min %d: expected 0 or more", draft_min);
+    if (draft_min > 0 && !spec_mode) return cli_fail("run", "--draft-min goes with --spec or --draft");
     if (!(draft_p_min >= 0 && draft_p_min < 1)) return cli_fail("run", "--draft-p-min %g: expected 0 <= P < 1", draft_p_min);
     if (draft_p_min > 0 && spec_mode != KVLM_SPEC_DRAFT) return cli_fail("run", "--draft-p-min goes with --draft");
     if (spec_ngram < 0 || spec_ngram > 16) return cli_fail("run", "--spec-ngram %d: expected 1..16", spec_ngram);
@@ -264,7 +270,7 @@ int cmd_run(int argc, char **argv) {
     int n_gen = 0, n_decoded = 0;
     const char *stop = NULL;
     if (spec_mode) {
-        kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL, draft_p_min};
+        kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL, draft_p_min, draft_min};
         if (draft_path) {
             kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
             if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;

@@ -168,6 +168,8 @@ static void serve_usage(FILE *f) {
             "      --draft-n K         most drafts per request and step (default 8 lookup, 4 draft; at most 16)\n"
             "      --draft-p-min P     a request's drafts end before a token the draft model gives less than\n"
             "                          probability P (default 0: never; llama.cpp's --draft-p-min)\n"
+            "      --draft-min N       fewer drafts than N are not checked: the request's token decodes alone\n"
+            "                          (default 0; above --draft-n: --draft-n; llama.cpp's --draft-min)\n"
             "\nLogs (docs/serving.md, \"Logs\"): one line per request, a throughput line every 10 s while busy,\n"
             "preemptions and KV tier events, on stderr:\n"
             "      --log-format F      text (default) or json (one object a line)\n"
@@ -244,6 +246,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, "--spec", &spec_name, &bad)) {}
         else if (cli_opt_float(argc, argv, &i, NULL, "--draft-p-min", &sp.spec_p_min, &bad)) {}
         else if (cli_opt_draft(argc, argv, &i, &draft_path, &sp.spec_n_draft, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, NULL, "--draft-min", &sp.spec_n_min, &bad) ||
+                 cli_opt_int(argc, argv, &i, NULL, "--draft-n-min", &sp.spec_n_min, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--log-format", &log_format, &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, "--log-level", &log_level, &bad)) {}
         else if (cli_is(argv[i], "-v", "--verbose")) log_level = "debug";
@@ -298,6 +302,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (sp.spec_n_draft < 0 || sp.spec_n_draft > 16) { cli_fail("serve", "--draft-n must be in 1..16"); goto out; }
+    if (sp.spec_n_min < 0 || (sp.spec_n_min > 0 && !sp.spec_mode && !draft_path)) {
+        cli_fail("serve", "--draft-min %d: expected 0 or more, with --spec lookup or --draft", sp.spec_n_min);
+        goto out;
+    }
     if (!(sp.spec_p_min >= 0 && sp.spec_p_min < 1) || (sp.spec_p_min > 0 && !draft_path)) {
         cli_fail("serve", "--draft-p-min %g: expected 0 <= P < 1, with --draft", sp.spec_p_min);
         goto out;

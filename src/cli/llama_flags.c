@@ -34,6 +34,7 @@ static const struct { const char *alias, *name, *cmds; } k_alias[] = {
     {"--prompt-cache", "--session", "run"},
     {"-a", "--alias", "serve"},
     {"-to", "--timeout", "serve"},
+    {"--embedding", "--embeddings", "serve"},
     /* llama-server's logical batch (-b) and physical one (-ub) are both one
      * engine step here: its most tokens */
     {"-b", "--batch-tokens", "serve"},
@@ -129,10 +130,9 @@ static const struct { const char *flag, *why; } k_why[] = {
     {"--threads-batch", "kvlm uses -t threads for prefill and decode alike"},
     {"--grammar-file", "kvlm run and chat take it; a request's response_format gives one to kvlm serve"},
     {"--grammar", "kvlm run and chat take it; a request's response_format gives one to kvlm serve"},
-    {"--embedding", "kvlm serves generation only"},
-    {"--embeddings", "kvlm serves generation only"},
-    {"--reranking", "kvlm serves generation only"},
-    {"--rerank", "kvlm serves generation only"},
+    {"--pooling", "kvlm pools as the model file says ({arch}.pooling_type; kvlm convert --pooling writes it)"},
+    {"--reranking", "kvlm serves generation and embeddings, no reranking"},
+    {"--rerank", "kvlm serves generation and embeddings, no reranking"},
 };
 
 bool cli_llama_unsupported(const char *cmd, const char *arg) {

@@ -99,6 +99,7 @@ struct kvlm_sched {
     int n_host_snap, cap_host_snap, cap_host_work;
     /* speculative decoding (prompt lookup): drafts per decode token; 0: off */
     int spec_k;
+    int spec_n_min;    /* fewer drafts are not checked; k_cur stays at or above it */
     bool spec_q4kc;        /* q4_kc keys: drafts stop short of the filling block's last slot */
     bool spec_skip;        /* this step: no drafts (the pool had no room for them) */
     int32_t *spec_ids;
@@ -168,6 +169,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         }
         s->spec_k = params->spec_n_draft > 0 ? params->spec_n_draft : draft ? 4 : 8;
         if (s->spec_k > SCHED_MAX_DRAFT) s->spec_k = SCHED_MAX_DRAFT;
+        s->spec_n_min = params->spec_n_min < 0 ? 0 : params->spec_n_min < s->spec_k ? params->spec_n_min : s->spec_k;
         s->spec_q4kc = st.type_k == KVLM_CACHE_Q4_KC;
         s->spec_ids = malloc((size_t)s->vocab * sizeof(int32_t));
         s->spec_probs = malloc((size_t)s->vocab * sizeof(float));
@@ -721,8 +723,9 @@ static int spec_drafts(kvlm_sched *s, unit *u, int budget_left) {
     if (!s->spec_k || s->spec_skip) return 0;
     int K = spec_room(s, u);
     if (K > budget_left) K = budget_left;
-    if (K <= 0) return 0;
+    if (K <= 0 || K < s->spec_n_min) return 0;
     int nd = s->drafter ? (u->n_prop < K ? u->n_prop : K) : spec_lookup(u->hist, u->n_hist, 3, 1, K, u->draft);
+    if (nd < s->spec_n_min) return 0; /* too few to be worth a check (llama.cpp's --draft-min) */
     kvlm_error err;
     if (nd && kvlm_seq_spec_begin(s->ctx, u->seq, &err)) nd = 0;
     return nd;
@@ -753,7 +756,7 @@ static void draft_propose(kvlm_sched *s) {
             u->n_prop = 0;
             if (u->done || u->seq < 0 || follower(u) || u->r->embed || u->n_hist - fed(s, u) != 1) continue;
             int K = spec_room(s, u);
-            if (K <= 0) continue;
+            if (K <= 0 || K < s->spec_n_min) continue;
             /* sampling: drafts drawn from the draft's distribution, kept with min(1, p/q) */
             u->soft = !sampler_greedy(u->smp) &&
                       (u->q || (u->q = malloc((size_t)s->spec_k * (size_t)s->vocab * sizeof(float))));
@@ -899,7 +902,7 @@ static void verify(kvlm_sched *s, unit *u, int li) {
     s->spec_drafted += (uint64_t)nd;
     s->spec_accepted += (uint64_t)j;
     int k = u->k_cur ? u->k_cur : s->spec_k;
-    if (j == 0) u->k_cur = k > 1 ? k / 2 : 1;
+    if (j == 0) u->k_cur = k / 2 > s->spec_n_min ? k / 2 : s->spec_n_min > 1 ? s->spec_n_min : 1;
     else if (j == nd && nd == k) u->k_cur = k * 2 < s->spec_k ? k * 2 : s->spec_k;
     kvlm_error err = {0};
     int keep = kvlm_seq_n_past(s->ctx, u->seq) - (nd - j);

@@ -15,6 +15,7 @@ struct kvlm_spec {
     int seq, mode, K, ng_max, ng_min, vocab, block_size;
     int dseq;                  /* the draft context's id of seq (kvlm_ctx_seq_first: after the target's in a shared pool) */
     int k_cur;                 /* drafts this step: halved after a step that kept none, doubled after one that kept all */
+    int n_min;                 /* fewer drafts are not checked; k_cur stays at or above it */
     float p_min;               /* draft model: its drafts end before a token it is less sure of */
     bool q4kc;                 /* q4_kc keys: drafts stay short of the filling block's last slot */
     int32_t *hist;             /* the text so far: prompt and tokens given out */
@@ -92,10 +93,11 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
         return NULL;
     }
     if (spec_check_p_min(p->p_min, err)) return NULL;
-    if (p->n_draft < 0 || p->n_draft > 64 || p->ngram_max < 0 || p->ngram_min < 0 ||
+    if (p->n_draft < 0 || p->n_draft > 64 || p->n_min < 0 || p->ngram_max < 0 || p->ngram_min < 0 ||
         (p->ngram_max && p->ngram_min > p->ngram_max)) {
-        util_err_set(err, KVLM_EINVAL, "draft tokens must be in 1..64 and the n-gram sizes 1 <= min <= max "
-                     "(n_draft %d, ngram %d..%d)", p->n_draft, p->ngram_min, p->ngram_max);
+        util_err_set(err, KVLM_EINVAL, "draft tokens must be in 1..64 (at least n_min >= 0) and the n-gram sizes "
+                     "1 <= min <= max (n_draft %d, n_min %d, ngram %d..%d)", p->n_draft, p->n_min, p->ngram_min,
+                     p->ngram_max);
         return NULL;
     }
     if (p->mode == KVLM_SPEC_DRAFT) {
@@ -120,6 +122,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     sp->K = p->n_draft ? p->n_draft : p->mode == KVLM_SPEC_LOOKUP ? 8 : 4;
     sp->p_min = p->p_min;
     sp->k_cur = sp->K;
+    sp->n_min = p->n_min < sp->K ? p->n_min : sp->K;
     sp->ng_max = p->ngram_max ? p->ngram_max : 3;
     sp->ng_min = p->ngram_min ? p->ngram_min : 1;
     if (sp->ng_min > sp->ng_max) sp->ng_min = sp->ng_max;
@@ -377,9 +380,10 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     int K = sp->k_cur < room ? sp->k_cur : room, nd = 0;
     if (K > cap - 1) K = cap - 1;
     if (hist_push(sp, &x, 1)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
-    if (K > 0) {
+    if (K > 0 && K >= sp->n_min) {
         nd = sp->mode == KVLM_SPEC_LOOKUP ? draft_lookup(sp, K, sp->batch + 1) : draft_model(sp, smp, K, sp->batch + 1, err);
         if (nd < 0) { sp->n_hist--; return -1; }
+        if (nd < sp->n_min) nd = 0; /* too few to be worth a check (llama.cpp's --draft-min) */
     }
     sp->batch[0] = x;
     sp->st.steps++;
@@ -427,7 +431,7 @@ int kvlm_spec_next(kvlm_spec *sp, kvlm_sampler *smp, int32_t *out, int cap, kvlm
     /* the logits after the last kept token, for a caller that goes on plainly */
     memcpy(sp->logits, kvlm_get_logits(ctx, j), (size_t)sp->vocab * sizeof(float));
     if (hist_push(sp, sp->batch + 1, j)) return util_err_set(err, KVLM_ENOMEM, "out of memory"), -1;
-    if (j == 0) sp->k_cur = sp->k_cur > 1 ? sp->k_cur / 2 : 1;
+    if (j == 0) sp->k_cur = sp->k_cur / 2 > sp->n_min ? sp->k_cur / 2 : sp->n_min > 1 ? sp->n_min : 1;
     else if (j == nd && nd == sp->k_cur) sp->k_cur = sp->k_cur * 2 < sp->K ? sp->k_cur * 2 : sp->K;
     sp->st.drafted += (uint64_t)nd;
     sp->st.accepted += (uint64_t)j;

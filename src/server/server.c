@@ -1013,7 +1013,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     }
     kvlm_sched_params sp = {.batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs, .spec_mode = p->spec_mode,
                             .spec_n_draft = p->spec_n_draft, .draft_ctx = p->draft_ctx,
-                            .spec_p_min = p->spec_p_min};
+                            .spec_p_min = p->spec_p_min, .spec_n_min = p->spec_n_min};
     if (!(s->sched = kvlm_sched_create(ctx, &sp, err))) goto fail;
     if (pthread_create(&s->engine, NULL, engine_main, s->sched)) {
         util_err_set(err, KVLM_ENOMEM, "cannot start the engine thread");
