@@ -158,6 +158,20 @@ try {
   await page.reload();
   await page.waitForSelector('#conv-list li[data-id]');
   check('the deletion is kept', J(await convTitles()) === J(['Hello there']), J(await convTitles()));
+  const page2 = await browser.newPage();  // a second tab: its list follows what the first one keeps
+  page2.on('pageerror', (e) => errors.push('second tab: ' + e.message));
+  await page2.goto(URL + '/?poll=1000');
+  await page2.waitForSelector('#conv-list li[data-id]');
+  queue.push('An answer seen from the other tab.');
+  await page.click('#new-chat');
+  await page.fill('#chat-input', 'From the first tab');
+  await page.click('#send');
+  await waitDone(1);
+  const tabs = await page2.waitForFunction(() => document.querySelectorAll('#conv-list li[data-id]').length === 2, null,
+                                           { timeout: 5000 }).then(() => true, () => false);
+  const titles2 = await page2.$$eval('#conv-list li[data-id] .conv-open', (a) => a.map((x) => x.firstChild.textContent));
+  check('a second tab\'s list follows the first one\'s', tabs && J(titles2) === J(['From the first tab', 'Hello there']), J(titles2));
+  await page2.close();
 
   took('conversations done');
   // 6. The prefill bar: a long prompt (never sent before: nothing of it is cached) on the real server.
@@ -184,6 +198,25 @@ try {
   check('the prefill bar goes once the answer comes', await page.isHidden('#prefill'), 'still shown');
 
   took('prefill done');
+  // 7. The page as a build without the libraries makes it (-DKVLM_WEB_MARKDOWN=OFF: the source
+  // file, its placeholders empty): answers show as plain text, the payloads as text too.
+  await page.route(URL + '/', (route) => route.fulfill({ status: 200, contentType: 'text/html; charset=utf-8',
+    body: fs.readFileSync(new globalThis.URL('../../src/server/web/index.html', import.meta.url)) }));
+  await page.route('**/v1/chat/completions', (route) => route.fulfill({ status: 200,
+    headers: { 'Content-Type': 'text/event-stream' }, body: 'data: ' + J({ id: 'x', choices: [{ index: 0, delta: { content: MD } }] }) +
+    '\n\ndata: ' + J({ id: 'x', choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }) + '\n\ndata: [DONE]\n\n' }));
+  await page.goto(URL + '/');
+  await page.click('#new-chat');
+  await page.fill('#chat-input', 'Plain, please');
+  await page.click('#send');
+  await waitDone(1);
+  await page.waitForTimeout(100);
+  const plain = await page.evaluate(() => ({ text: document.querySelector('.msg.assistant .content').textContent,
+    elements: document.querySelector('.msg.assistant .content').childElementCount, pwned: window.__pwned }));
+  check('without the libraries an answer shows as plain text', plain.text === MD && plain.elements === 0 &&
+        plain.pwned === undefined && dialogs.length === 0, J(plain));
+  took('plain text done');
+
   check('the page made no request elsewhere', foreign.length === 0, J(foreign));
   check('no error in the page', errors.length === 0, errors.join(' | '));
 } finally {
