@@ -73,6 +73,8 @@ try {
   const queue = [];
   await page.route('**/v1/chat/completions', async (route) => {
     const text = queue.shift() ?? 'unexpected request';
+    if (typeof text === 'object') return route.fulfill({ status: text.status, contentType: 'application/json',
+                                                         body: J({ error: { message: text.message } }) });
     const pieces = text.match(/[\s\S]{1,7}/g) || [];
     const ev = (o) => 'data: ' + J(o) + '\n\n';
     const base = { id: 'chatcmpl-crafted', object: 'chat.completion.chunk', created: 0, model: 'crafted' };
@@ -137,6 +139,19 @@ try {
         J([await questions(), await answers()]));
 
   took('markdown, regenerate, edit done');
+  // Retry: a question whose answer failed stays, and is sent again.
+  queue.push({ status: 503, message: 'crafted failure' }, 'An answer at the second try.');
+  await page.click('.msg.assistant .regenerate');
+  await page.waitForSelector('.msg.error');
+  const err = await page.textContent('.msg.error .content');
+  check('a failed answer shows the error, the question stays with Retry', /crafted failure \(503\)/.test(err) &&
+        (await answers()).length === 0 && await page.isVisible('.msg.user .regenerate'), err);
+  errors.length = 0; /* the browser logs the 503 */
+  await page.click('.msg.user .regenerate');
+  await waitDone(1);
+  check('Retry sends the question again', J(bodies.at(-1).messages.at(-1)) === J({ role: 'user', content: 'An edited question' }) &&
+        J(await answers()) === J(['An answer at the second try.']) && !(await page.$('.msg.error')), J(await answers()));
+
   // 5. Conversations: kept in localStorage, they survive a reload, switch, and go when deleted.
   const before = await convTitles();
   check('the list holds both conversations, the newest first', J(before) === J(['An edited question', 'Hello there']), J(before));
@@ -145,7 +160,7 @@ try {
   const after = await convTitles();
   check('the conversations survive a reload', J(after) === J(before), J(after));
   check('the reloaded page shows the conversation it showed', J(await questions()) === J(['An edited question']) &&
-        J(await answers()) === J(['An answer to the edited question.']), J([await questions(), await answers()]));
+        J(await answers()) === J(['An answer at the second try.']), J([await questions(), await answers()]));
   check('the settings survive a reload', await page.inputValue('#system-prompt') === SYSTEM &&
         await page.inputValue('#top-k') === '20' && await page.inputValue('#seed') === '1234',
         J([await page.inputValue('#system-prompt'), await page.inputValue('#top-k'), await page.inputValue('#seed')]));
