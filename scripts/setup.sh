@@ -19,6 +19,9 @@ PKGS+=(python3-jinja2)
 # kvlm chat's line editing and history (libedit; without it chat reads plain lines), and
 # tmux, which drives kvlm chat at a terminal in tests/cli_chat_tty.sh.
 PKGS+=(libedit-dev tmux)
+# The web page (src/server/web/index.html) renders answers as markdown with marked and sanitises
+# the HTML with DOMPurify: CMake inlines their browser builds into the page (no network at build time).
+PKGS+=(libjs-marked node-marked node-dompurify)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
