@@ -4,11 +4,11 @@
 # chat box streams its answer in, and the KV cache view follows the request; then the
 # same with the server behind --api-key and the key given to the page as #key=KEY.
 set -uo pipefail
-# The server on one thread, the test alone on the machine (RUN_SERIAL in CMakeLists.txt),
-# and a model slow enough for a browser to watch: stories260K made its 1,500-token answer in
-# 0.18 s, and the page (a busy browser on 2 cores) often saw only its end. A random model of
-# 6 layers of 768 and a 32,000-token vocabulary (Q8_0) takes ~3 ms a token: a 600-token
-# answer lasts ~2 s (its greedy text, for this seed and question, runs the whole 600).
+# The server on one thread and a model slow enough for a browser to watch, with other tests
+# beside it: stories260K made its 1,500-token answer in 0.18 s, and the page (a busy browser
+# on 2 cores) often saw only its end. A random model of 6 layers of 768 and a 32,000-token
+# vocabulary (Q8_0) takes ~3 ms a token alone: a 600-token answer lasts 2 s or more (its
+# greedy text, for this seed and question, runs the whole 600).
 source "$(dirname "$0")/web/serve_lib.sh"
 CHROMIUM="${KVLM_CHROMIUM:-/usr/bin/chromium}"
 [ -x "$CHROMIUM" ] || skip "$CHROMIUM not found (bash scripts/setup.sh installs Debian's chromium)"

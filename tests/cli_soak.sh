@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cli_soak: `kvlm serve` under a bounded soak with faults (loopback only,
-# python3 stdlib and redis-server). For KVLM_SOAK_SECONDS (default 100; 30 in
+# python3 stdlib and redis-server). For KVLM_SOAK_SECONDS (default 60; 30 in
 # the sanitizer build; 1800 for the long local run) eight clients send mixed
 # requests, completions and chat, streamed and whole, with random hang-ups
 # (mid-stream, before a whole answer) and half-closes, while a ninth keeps
@@ -23,7 +23,7 @@ MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
 MODEL="$MODELS/stories260K.gguf"
 if [ ! -f "$MODEL" ]; then echo "SKIP: $MODEL not found (set KVLM_MODELS)"; exit 77; fi
 if ! command -v redis-server >/dev/null; then echo "SKIP: redis-server not found (scripts/setup.sh installs it)"; exit 77; fi
-if [ -n "${KVLM_TEST_QUICK:-}" ]; then SECS=${KVLM_SOAK_SECONDS:-30}; else SECS=${KVLM_SOAK_SECONDS:-100}; fi
+if [ -n "${KVLM_TEST_QUICK:-}" ]; then SECS=${KVLM_SOAK_SECONDS:-30}; else SECS=${KVLM_SOAK_SECONDS:-60}; fi
 exec timeout $((SECS + 180)) python3 - "$KVLM" "$MODEL" "$SECS" <<'PY'
 import hashlib, hmac, json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 

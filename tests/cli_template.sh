@@ -80,7 +80,7 @@ else
     fail "--now: '$a', env: '$b'"
 fi
 
-if "$bin" template --help | grep -q -- "--now EPOCH" && ! "$bin" template "$tmp/t.jinja" 2>/dev/null &&
+if "$bin" template --help | grep -- "--now EPOCH" >/dev/null && ! "$bin" template "$tmp/t.jinja" 2>/dev/null &&
    ! "$bin" template "$tmp/t.jinja" "$tmp/missing.json" 2>/dev/null; then
     pass "--help; a missing case is an error"
 else
