@@ -10,7 +10,7 @@ grammar of `tool_choice: auto`). Prints medians and the render's share of each.
   python3 bench/bench_chat_template.py [--kvlm build/kvlm] [--model FILE] [-n 30] [-t 2]
 
 Without --model it writes a random-weight model of the stories110M shape (12 layers of 768,
-Q8_0, a 32,000-token vocabulary) to /tmp/kvlm-bench/tmpl110m.gguf.
+Q8_0, a 32,000-token vocabulary) to /tmp/kvlm-bench/tmpl110m-8k.gguf.
 """
 import argparse, json, os, re, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 
@@ -25,10 +25,10 @@ a = ap.parse_args()
 model = a.model
 if not model:
     os.makedirs("/tmp/kvlm-bench", exist_ok=True)
-    model = "/tmp/kvlm-bench/tmpl110m.gguf"
+    model = "/tmp/kvlm-bench/tmpl110m-8k.gguf"
     if not os.path.exists(model):
         subprocess.run([a.kvlm, "synth", model, "--dim", "768", "--layers", "12", "--heads", "12", "--kv-heads", "12",
-                        "--hidden", "2048", "--vocab", "32000", "--ctx", "2048", "--type", "q8_0"], check=True,
+                        "--hidden", "2048", "--vocab", "32000", "--ctx", "8192", "--type", "q8_0"], check=True,
                        capture_output=True)
 
 tools = [{"type": "function", "function": {"name": n, "description": d, "parameters": {
@@ -41,9 +41,9 @@ def messages(tag):
     return [
         {"role": "system", "content": "You are a helpful assistant who plans days out. %s" % tag},
         {"role": "user", "content": "What is the weather in Paris tomorrow?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1a2b3c4d5", "type": "function", "function": {
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "a1b2c3d4e", "type": "function", "function": {
             "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})}}]},
-        {"role": "tool", "tool_call_id": "call_1a2b3c4d5", "name": "get_weather", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+        {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "get_weather", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
         {"role": "assistant", "content": "Tomorrow in Paris: 21 °C and a clear sky."},
         {"role": "user", "content": "Then find me a restaurant near the Seine for four people at eight."},
         {"role": "assistant", "content": "Shall I book one with a terrace, or inside?"},
@@ -60,15 +60,18 @@ def post(port, body):
     r = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % port, json.dumps(body).encode(),
                                {"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    with urllib.request.urlopen(r, timeout=600) as f:
-        out = json.load(f)
+    try:
+        with urllib.request.urlopen(r, timeout=600) as f:
+            out = json.load(f)
+    except urllib.error.HTTPError as e:
+        sys.exit("bench_chat_template: %s: %s" % (e, e.read().decode()[:300]))
     return time.perf_counter() - t0, out
 
 print("%-34s %9s | %12s %12s %12s %12s | %s" % ("template", "render", "cold, tools", "warm, tools", "cold", "warm",
                                                 "render / warm with tools"))
 tmp = tempfile.mkdtemp()
 for name in ["Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct", "openai-gpt-oss-120b",
-             "mistralai-Mistral-Small-3.2-24B-Instruct-2506"]:
+             "Mistral-Small-3.2-24B-Instruct-2506"]:
     path = os.path.join(a.templates, name + ".jinja")
     if not os.path.exists(path):
         print("%-34s (not found)" % name)
