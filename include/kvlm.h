@@ -214,6 +214,8 @@ void kvlm_model_free(kvlm_model *model);
 const kvlm_config *kvlm_model_config(const kvlm_model *model);
 /* Bytes of weights (as stored). */
 size_t kvlm_model_weight_bytes(const kvlm_model *model);
+/* The path it was loaded from (a file or a directory), as given to kvlm_model_load. */
+const char *kvlm_model_path(const kvlm_model *model);
 /* A one-line description ("llama, 5 layers, dim 64, ... f32"). */
 void kvlm_model_describe(const kvlm_model *model, char *buf, size_t cap);
 

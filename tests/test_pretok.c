@@ -13,7 +13,7 @@
 #include "tok/pretok.h"
 #include "tok/tok.h"
 #include "tok/tok_internal.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 
 /* ---- splits ------------------------------------------------------------------------------ */
 
@@ -320,7 +320,7 @@ static void build_vocab(model_vocab *v, const char *pre, bool raw) {
     } else {
         for (int b = 0; b < 256; b++) {
             char u[4];
-            int n = tok_utf8_encode(tok_bpe_byte_cp((uint8_t)b), u);
+            int n = util_utf8_encode(tok_bpe_byte_cp((uint8_t)b), u);
             vocab_add(v, &cap, u, (size_t)n, VOCAB_T_NORMAL);
         }
     }
@@ -334,7 +334,7 @@ static void build_vocab(model_vocab *v, const char *pre, bool raw) {
                 size_t o = 0;
                 for (const char *c = src[k]; *c; c++) {
                     if (raw) dst[k][o++] = *c;
-                    else o += (size_t)tok_utf8_encode(tok_bpe_byte_cp((uint8_t)*c), dst[k] + o);
+                    else o += (size_t)util_utf8_encode(tok_bpe_byte_cp((uint8_t)*c), dst[k] + o);
                 }
                 dst[k][o] = 0;
             }
@@ -395,7 +395,7 @@ static size_t random_text(char *buf, size_t cap, uint64_t *st) {
         } else {
             cp = pool[(*st >> 33) % (sizeof pool / sizeof pool[0])];
         }
-        o += (size_t)tok_utf8_encode(cp, buf + o);
+        o += (size_t)util_utf8_encode(cp, buf + o);
     }
     return o;
 }

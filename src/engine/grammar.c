@@ -7,7 +7,7 @@
 #include <string.h>
 #include "model/model.h"
 #include "tok/tok.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 /* ---- the compiled grammar ---- */
@@ -230,7 +230,7 @@ static bool push_class(parser *ps, seq *s, uint32_t *r, int n, bool negate) {
 /* One UTF-8 code point from *pp (advanced); -1 if malformed. */
 static long utf8_next(const char **pp) {
     uint32_t cp;
-    int n = tok_utf8_decode((const uint8_t *)*pp, strnlen(*pp, 4), &cp);
+    int n = util_utf8_decode((const uint8_t *)*pp, strnlen(*pp, 4), &cp);
     if (!n) return -1;
     *pp += n;
     return cp;

@@ -17,7 +17,7 @@
 #include <string.h>
 #include "kvlm.h"
 #include "engine/json_schema.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 typedef struct { char *s; size_t n, cap; bool oom; } sbuf;
@@ -322,7 +322,7 @@ static bool rx_fail(rx *r, const char *what) {
 /* One code point of the pattern (UTF-8), or -1. */
 static long rx_utf8(rx *r) {
     uint32_t cp;
-    int n = tok_utf8_decode((const uint8_t *)r->p, strnlen(r->p, 4), &cp);
+    int n = util_utf8_decode((const uint8_t *)r->p, strnlen(r->p, 4), &cp);
     if (!n) return -1;
     r->p += n;
     return cp;

@@ -178,6 +178,7 @@ void kvlm_model_free(kvlm_model *m) {
 
 const kvlm_config *kvlm_model_config(const kvlm_model *m) { return &m->cfg; }
 size_t kvlm_model_weight_bytes(const kvlm_model *m) { return m->weight_bytes; }
+const char *kvlm_model_path(const kvlm_model *m) { return m->path; }
 
 void kvlm_model_describe(const kvlm_model *m, char *buf, size_t cap) {
     const kvlm_config *c = &m->cfg;

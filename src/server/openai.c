@@ -18,7 +18,7 @@
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/server.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/timing.h"
 
 enum { MAX_STOP = 4, MAX_PROMPTS = 128 };
@@ -179,7 +179,7 @@ static json_t *jstr(const char *s, size_t n) {
     size_t len = 0, cap = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        int k = util_utf8_decode((const uint8_t *)s + i, n - i, &cp);
         if (k > 0) append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
         else append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
     }
@@ -191,7 +191,7 @@ static json_t *jstr(const char *s, size_t n) {
 static bool utf8_valid(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        int k = util_utf8_decode((const uint8_t *)s + i, n - i, &cp);
         if (k <= 0) return false;
         i += (size_t)k;
     }

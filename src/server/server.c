@@ -22,7 +22,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#include "model/model.h"
 #include "server/kv_events.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -902,7 +901,7 @@ static void srv_fingerprint(kvlm_server *s) {
     char buf[1024];
     kvlm_kv_stats kv;
     kvlm_kv_stats_get(s->ctx, &kv);
-    int n = snprintf(buf, sizeof buf, "%s|%s|%zu|%d|%d|%d|%d|%s", s->model->path, s->model_id,
+    int n = snprintf(buf, sizeof buf, "%s|%s|%zu|%d|%d|%d|%d|%s", kvlm_model_path(s->model), s->model_id,
                      kvlm_model_weight_bytes(s->model), kvlm_ctx_n_ctx(s->ctx), kv.type_k, kv.type_v, kv.block_size,
                      s->p.chat_template ? s->p.chat_template : "");
     for (int i = 0; i < n && i < (int)sizeof buf; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull; /* FNV-1a */
@@ -932,7 +931,7 @@ kvlm_server *kvlm_server_start(kvlm_ctx *ctx, const kvlm_server_params *p, kvlm_
     if (s->p.keepalive_s == 0) s->p.keepalive_s = 2;
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.model_id) snprintf(s->model_id, sizeof s->model_id, "%s", s->p.model_id);
-    else model_id_from_path(s->model->path, s->model_id, sizeof s->model_id);
+    else model_id_from_path(kvlm_model_path(s->model), s->model_id, sizeof s->model_id);
     s->started = (double)time(NULL);
     if (s->p.log_interval_s == 0) s->p.log_interval_s = 10;
     pthread_mutex_init(&s->mu, NULL);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tok/tok_internal.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -35,7 +35,7 @@ int tok_bpe_init(struct tok_tokenizer *t, kvlm_error *err) {
     const model_vocab *v = t->v;
     for (unsigned b = 0; b < 256; b++) {
         char u[4];
-        int n = tok_utf8_encode(tok_bpe_byte_cp((uint8_t)b), u);
+        int n = util_utf8_encode(tok_bpe_byte_cp((uint8_t)b), u);
         memcpy(t->byte_utf8[b], u, 2); /* every such code point is < U+0800 */
         t->byte_utf8_len[b] = (uint8_t)n;
         t->byte_sym[b] = tok_strmap_get(&t->map, u, (size_t)n);
@@ -134,7 +134,7 @@ static int raw_encode(const struct tok_tokenizer *t, const char *text, size_t le
     int32_t ns = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = tok_utf8_decode((const uint8_t *)b + i, n - i, &cp);
+        int l = util_utf8_decode((const uint8_t *)b + i, n - i, &cp);
         if (l <= 0) l = 1; /* a stray byte is a symbol of its own */
         s->sym[ns] = (tok_sym){.start = (uint32_t)i, .n = (uint32_t)l, .prev = ns - 1, .next = ns + 1,
                                .id = tok_strmap_get(&t->map, b + i, (size_t)l)};

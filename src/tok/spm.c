@@ -5,7 +5,7 @@
  * not a token falls back to its <0xHH> byte tokens. */
 #include <string.h>
 #include "tok/tok_internal.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 /* Queues sym[l] + sym[r] if their text is a token. */
@@ -73,7 +73,7 @@ int tok_spm_encode(const struct tok_tokenizer *t, const char *text, size_t len, 
     bool prev_space = false;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = tok_utf8_decode((const uint8_t *)s->buf + i, n - i, &cp);
+        int l = util_utf8_decode((const uint8_t *)s->buf + i, n - i, &cp);
         if (l == 0) l = 1;
         bool space = l == 3 && memcmp(s->buf + i, SPACE, 3) == 0;
         if (ns > 0 && t->spm_split && space && !prev_space) {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tok/tok_internal.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 /* Longest text tok_encode accepts, so every count fits in an int: a byte
@@ -87,7 +87,7 @@ static size_t decode_token(const tok_tokenizer *t, int32_t id, char *out) {
     }
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = tok_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        int l = util_utf8_decode((const uint8_t *)s + i, n - i, &cp);
         int b = l > 0 ? tok_bpe_cp_byte(cp) : -1;
         if (b >= 0) out[o++] = (char)b;
         else {

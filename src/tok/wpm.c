@@ -14,7 +14,7 @@
 #include <unictype.h>
 #include <uninorm.h>
 #include "tok/tok_internal.h"
-#include "tok/utf8.h"
+#include "util/utf8.h"
 #include "util/error.h"
 
 /* Hugging Face's max_input_chars_per_word */
@@ -70,7 +70,7 @@ static bool word_pieces(const struct tok_tokenizer *t, const uint32_t *w, size_t
     size_t len = 3;
     for (size_t i = 0; i < n; i++) {
         off[i] = (uint32_t)len;
-        len += (size_t)tok_utf8_encode(w[i], b + len);
+        len += (size_t)util_utf8_encode(w[i], b + len);
     }
     off[n] = (uint32_t)len;
     int64_t mark = o->n;
@@ -102,7 +102,7 @@ int tok_wpm_encode(const struct tok_tokenizer *t, const char *text, size_t len, 
     /* clean the text (invalid UTF-8 is U+FFFD, which is dropped) and split CJK apart */
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        int k = tok_utf8_decode((const uint8_t *)text + i, len - i, &cp);
+        int k = util_utf8_decode((const uint8_t *)text + i, len - i, &cp);
         if (k <= 0) { cp = 0xFFFD; k = 1; }
         i += (size_t)k;
         if (cp == 0 || cp == 0xFFFD || is_control(cp)) continue;

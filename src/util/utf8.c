@@ -1,7 +1,7 @@
-/* tok/utf8: strict UTF-8 decoding and encoding (see utf8.h). */
-#include "tok/utf8.h"
+/* util/utf8: strict UTF-8 decoding and encoding (see utf8.h). */
+#include "util/utf8.h"
 
-int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
+int util_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
     uint8_t c = s[0];
     if (c < 0x80) { *cp = c; return 1; }
     int len;
@@ -21,7 +21,7 @@ int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
     return len;
 }
 
-int tok_utf8_encode(uint32_t cp, char *out) {
+int util_utf8_encode(uint32_t cp, char *out) {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
     if (cp < 0x800) {
         out[0] = (char)(0xC0 | (cp >> 6));
