@@ -8,6 +8,7 @@ import ctypes
 import itertools
 import os
 import random
+import signal
 import threading
 import weakref
 from ctypes import POINTER, byref, c_float, c_int, c_int32, c_void_p
@@ -374,6 +375,9 @@ class Engine:
         lib = self._lib
         req = Request(self, max(1, s.n), s.stop, s.logprobs is not None, special)
         req.grammar = grammar_handle
+        if tokens:  # the text continues the prompt's (no leading space dropped from the first piece)
+            for c in req.completions:
+                c.detok.d.prev = int(tokens[-1])
         rp = L.kvlm_request_params()
         sp = lib.kvlm_sampler_default_params()
         sp.temperature = s.temperature
@@ -445,7 +449,7 @@ class Engine:
         with self._lock:
             self.check_open()
             _REQS[key] = req
-            rid = lib.kvlm_sched_submit_embed(self.sched, ptrs, lens, len(inputs), byref(ep), self._cb,
+            rid = lib.kvlm_sched_submit_embed(self.sched, ptrs, lens, len(inputs), byref(ep), _CB,
                                               c_void_p(key), byref(err))
             if not rid:
                 del _REQS[key]
@@ -460,10 +464,24 @@ class Engine:
             req.grammar = 0
 
     def step(self) -> None:
-        """One scheduler step (the GIL is released while it computes)."""
+        """One scheduler step (the GIL is released while it computes). A
+        Ctrl-C during the step is raised after it as KeyboardInterrupt:
+        Python would run its handler inside the token callback, where an
+        exception cannot propagate."""
         with self._lock:
             self.check_open()
-            self._lib.kvlm_sched_step(self.sched)
+            if threading.current_thread() is not threading.main_thread() or \
+                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                self._lib.kvlm_sched_step(self.sched)
+                return
+            hit = []
+            old = signal.signal(signal.SIGINT, lambda *_: hit.append(1))
+            try:
+                self._lib.kvlm_sched_step(self.sched)
+            finally:
+                signal.signal(signal.SIGINT, old)
+            if hit:
+                raise KeyboardInterrupt
 
     def finish(self, req: Request) -> None:
         """Forgets a request that ended; raises what its callback met."""
