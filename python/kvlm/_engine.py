@@ -268,7 +268,8 @@ class Engine:
                  n_batch: int = 0, cache_type_k: Optional[str] = None, cache_type_v: Optional[str] = None,
                  device: int = L.DEVICE_CPU, kv_disk: Optional[str] = None, kv_redis: Optional[str] = None,
                  kv_mem: int = 0, use_mmap: bool = True, use_mlock: bool = False, verbose: bool = False,
-                 batch_tokens: int = 0, chat_format: Optional[str] = None) -> None:
+                 batch_tokens: int = 0, chat_format: Optional[str] = None,
+                 chat_template: Optional[str] = None) -> None:
         self._verbose = verbose
         L.verbose_acquire(verbose)
         self._closed = False
@@ -308,6 +309,7 @@ class Engine:
             if not self.sched:
                 raise_err(err)
             self._chat_format = chat_format
+            self._chat_template = chat_template
         except BaseException:
             self._release()
             raise
@@ -349,8 +351,9 @@ class Engine:
     def chat_handle(self) -> int:
         if not self.chat:
             p = L.kvlm_chat_params()
-            keep = self._chat_format.encode() if self._chat_format else None
-            p.template_name = keep
+            keep = [self._chat_format.encode() if self._chat_format else None,
+                    self._chat_template.encode() if self._chat_template else None]
+            p.template_name, p.template_text = keep
             err = L.kvlm_error()
             h = self._lib.kvlm_chat_create(self.model.handle, byref(p), byref(err))
             if not h:

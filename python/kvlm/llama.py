@@ -38,7 +38,10 @@ class Llama:
     offloads all layers or none), ``cache_type_k``/``cache_type_v`` the KV
     cache's element types ("f16", "q8_0", ...), ``kv_disk``/``kv_redis`` KV
     tiers (docs/kv-tiers.md), ``seed`` the default sampling seed, ``verbose``
-    whether the library may write its log to stderr. Close it with
+    whether the library may write its log to stderr; ``chat_format`` a
+    built-in chat family ("chatml", "llama3", ...) or one of the model's
+    named templates, ``chat_template`` a Jinja template's text used instead
+    of the model's own. Close it with
     ``close()`` or ``with``; the garbage collector frees it otherwise.
     """
 
@@ -46,7 +49,7 @@ class Llama:
                  n_gpu_layers: int = 0, seed: int = -1, cache_type_k: Optional[str] = None,
                  cache_type_v: Optional[str] = None, kv_disk: Optional[str] = None, kv_redis: Optional[str] = None,
                  use_mmap: bool = True, use_mlock: bool = False, chat_format: Optional[str] = None,
-                 verbose: bool = False, **kwargs: Any) -> None:
+                 chat_template: Optional[str] = None, verbose: bool = False, **kwargs: Any) -> None:
         self.model_path = str(model_path)
         self.verbose = verbose
         self._seed = None if seed is None or seed < 0 else int(seed)
@@ -54,7 +57,7 @@ class Llama:
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               device=L.DEVICE_CUDA if n_gpu_layers else L.DEVICE_CPU, kv_disk=kv_disk,
                               kv_redis=kv_redis, use_mmap=use_mmap, use_mlock=use_mlock, verbose=verbose,
-                              chat_format=chat_format)
+                              chat_format=chat_format, chat_template=chat_template)
 
     # ---- life -----------------------------------------------------------------
     def close(self) -> None:

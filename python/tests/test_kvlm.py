@@ -320,3 +320,36 @@ def test_server(m260k):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_chat_tools_and_json(m260k):
+    from conftest import MODELS
+    tpl = MODELS.parent / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    if not tpl.exists():
+        pytest.skip(f"{tpl} not found")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    with kvlm.Llama(m260k, n_ctx=2048, n_threads=1, chat_template=tpl.read_text()) as llm:
+        r = llm.create_chat_completion(messages=msgs, tools=tools, tool_choice="required", max_tokens=80,
+                                       temperature=0)
+        ch = r["choices"][0]
+        assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+        call = ch["message"]["tool_calls"][0]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"]["name"] == "get_weather"
+        args = json.loads(call["function"]["arguments"])
+        assert isinstance(args["city"], str) and len(args["city"]) <= 8
+        chunks = list(llm.create_chat_completion(messages=msgs, tools=tools, tool_choice="required",
+                                                 max_tokens=80, temperature=0, stream=True))
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        streamed = "".join(tc["function"].get("arguments", "") for d in deltas for tc in d.get("tool_calls", []))
+        assert streamed == call["function"]["arguments"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        with pytest.raises(kvlm.InvalidArgumentError):
+            llm.create_chat_completion(messages=msgs, tools=[{"type": "function"}], max_tokens=4)
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        j = llm.create_chat_completion(messages=[{"role": "user", "content": "x"}], max_tokens=60, temperature=0,
+                                       response_format={"type": "json_object", "schema": schema})
+        assert j["choices"][0]["finish_reason"] == "stop"
+        assert isinstance(json.loads(j["choices"][0]["message"]["content"])["a"], int)
