@@ -144,7 +144,7 @@ class Sampling:
 
     def __init__(self, *, temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 seed: Optional[int] = None, max_tokens: int = 16, n: int = 1, logprobs: Optional[int] = None,
+                 repetition_penalty: float = 1.0, seed: Optional[int] = None, max_tokens: int = 16, n: int = 1, logprobs: Optional[int] = None,
                  grammar: Optional[Tuple[int, str]] = None, stop: Sequence[str] = (),
                  stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, min_tokens: int = 0) -> None:
         self.temperature = temperature
@@ -154,6 +154,7 @@ class Sampling:
         self.repeat_penalty = repeat_penalty
         self.frequency_penalty = frequency_penalty
         self.presence_penalty = presence_penalty
+        self.repetition_penalty = repetition_penalty
         self.seed = seed
         self.max_tokens = max_tokens
         self.n = n
@@ -253,6 +254,7 @@ class Request:
         self.embeddings: Dict[int, List[float]] = {}
         self.exc: Optional[BaseException] = None
         self.grammar = 0
+        self.engine_id = 0
 
     @property
     def done(self) -> bool:
@@ -314,6 +316,7 @@ class Engine:
             self._release()
             raise
         self.n_ctx: int = lib.kvlm_ctx_n_ctx(self.ctx)
+        self.n_eval = 0
         self._lock = threading.RLock()
         self._arm()
 
@@ -371,12 +374,38 @@ class Engine:
             raise_err(err)
         return int(g)
 
+    def eval_reset(self) -> None:
+        """Ends the sequence eval() fed, if any, before the scheduler uses the context."""
+        if self.n_eval:
+            with self._lock:
+                self._lib.kvlm_seq_free(self.ctx, 0)
+                self.n_eval = 0
+
+    def eval(self, tokens: Sequence[int]) -> Any:
+        """Feeds tokens to sequence 0 directly (kvlm_decode), outside the
+        scheduler; returns the pointer to the logits after the last one."""
+        self.check_open()
+        with self._lock:
+            if any(r for r in _REQS.values() if r.engine_id == id(self) and not r.done):
+                raise KvlmError("eval() while a completion of this object is running")
+            toks = (c_int32 * max(1, len(tokens)))(*tokens)
+            b = L.kvlm_batch()
+            b.n_tokens = len(tokens)
+            b.tokens = ctypes.cast(toks, POINTER(c_int32))
+            err = L.kvlm_error()
+            if self._lib.kvlm_decode(self.ctx, byref(b), byref(err)):
+                raise_err(err)
+            self.n_eval += len(tokens)
+            return self._lib.kvlm_get_logits(self.ctx, -1)
+
     def submit(self, tokens: Sequence[int], s: Sampling, *, special: bool = False,
                grammar_handle: int = 0) -> Request:
         """Queues a completion request (the grammar handle, if any, is owned by the request)."""
         self.check_open()
+        self.eval_reset()
         lib = self._lib
         req = Request(self, max(1, s.n), s.stop, s.logprobs is not None, special)
+        req.engine_id = id(self)
         req.grammar = grammar_handle
         if tokens:  # the text continues the prompt's (no leading space dropped from the first piece)
             for c in req.completions:
@@ -390,6 +419,7 @@ class Engine:
         sp.repeat_penalty = s.repeat_penalty
         sp.frequency_penalty = s.frequency_penalty
         sp.presence_penalty = s.presence_penalty
+        sp.repetition_penalty = s.repetition_penalty
         sp.seed = s.seed if s.seed is not None else random.getrandbits(63)
         sp.ignore_eos = s.ignore_eos
         sp.min_tokens = s.min_tokens
@@ -404,7 +434,7 @@ class Engine:
         code = lib.kvlm_sampler_params_check(byref(sp), self.model.n_vocab, byref(idx), byref(err))
         if code:
             bad = {1: "temperature", 2: "top_k", 3: "top_p", 4: "min_p", 5: "repeat_penalty", 7: "frequency_penalty",
-                   8: "presence_penalty", 20: "min_tokens", 22: "stop_token_ids"}
+                   8: "presence_penalty", 11: "repetition_penalty", 20: "min_tokens", 22: "stop_token_ids"}
             field = bad.get(code, "a sampling value")
             self._free_grammar(req)
             raise InvalidArgumentError(f"{field} {err.msg.decode('utf-8', 'replace')}", L.EINVAL)
@@ -439,7 +469,9 @@ class Engine:
     def submit_embed(self, inputs: List[List[int]], pooling: int = -1, normalize: bool = True) -> Request:
         self.check_open()
         lib = self._lib
+        self.eval_reset()
         req = Request(self, len(inputs), [], False, False)
+        req.engine_id = id(self)
         ep = lib.kvlm_embed_default_params()
         if pooling >= 0:
             ep.pooling = pooling

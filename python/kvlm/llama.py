@@ -109,6 +109,38 @@ class Llama:
         out = b"".join(d.push(int(t)) for t in tokens)
         return out + d.flush()
 
+    # ---- the low-level loop ------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Tokens fed by eval() since the last reset() (or completion)."""
+        return self._engine.n_eval
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Runs ``tokens`` through the model after those eval() fed before
+        (kvlm_decode on the context's sequence 0, outside the scheduler); the
+        logits after the last one are then ``logits()``. A completion, chat or
+        embedding call starts afresh (reset() first)."""
+        self._last_logits = self._engine.eval([int(t) for t in tokens])
+
+    def logits(self) -> Any:
+        """The logits after the last token eval() fed: a NumPy float32 array
+        over the library's own buffer, no copy, valid until the next call on
+        this object (a list of floats without NumPy)."""
+        ptr = getattr(self, "_last_logits", None)
+        if not ptr or not self._engine.n_eval:
+            raise InvalidArgumentError("no logits: eval() some tokens first", L.EINVAL)
+        n = self._engine.model.n_vocab
+        try:
+            import numpy
+        except ImportError:
+            return ptr[:n]
+        return numpy.ctypeslib.as_array(ptr, shape=(n,))
+
+    def reset(self) -> None:
+        """Forgets what eval() fed (its KV blocks stay cached for prefix reuse)."""
+        self._engine.eval_reset()
+        self._last_logits = None
+
     # ---- completions -----------------------------------------------------------
     def _sampling(self, max_tokens: Optional[int], temperature: float, top_p: float, top_k: int, min_p: float,
                   repeat_penalty: float, frequency_penalty: float, presence_penalty: float, stop: Any,

@@ -117,10 +117,9 @@ class LLM:
     def _sampling(self, p: SamplingParams) -> Sampling:
         stop = [p.stop] if isinstance(p.stop, str) else list(p.stop or [])
         max_tokens = p.max_tokens if p.max_tokens is not None else self._engine.n_ctx
-        # vLLM's repetition_penalty is llama.cpp's repeat_penalty over the whole text, near enough here
         return Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
                         repeat_penalty=1.0, frequency_penalty=p.frequency_penalty,
-                        presence_penalty=p.presence_penalty,
+                        presence_penalty=p.presence_penalty, repetition_penalty=p.repetition_penalty,
                         seed=p.seed if p.seed is not None else self._seed, max_tokens=max_tokens, n=p.n,
                         logprobs=p.logprobs, stop=stop, stop_token_ids=p.stop_token_ids or [],
                         ignore_eos=p.ignore_eos, min_tokens=p.min_tokens)

@@ -353,3 +353,28 @@ def test_chat_tools_and_json(m260k):
                                        response_format={"type": "json_object", "schema": schema})
         assert j["choices"][0]["finish_reason"] == "stop"
         assert isinstance(json.loads(j["choices"][0]["message"]["content"])["a"], int)
+
+
+def test_eval_logits(m260k):
+    np = pytest.importorskip("numpy")
+    with kvlm.Llama(m260k, n_threads=1) as llm:
+        want = llm("Once upon a time", max_tokens=12, temperature=0)
+        toks = llm.tokenize(b"Once upon a time")
+        llm.eval(toks)
+        out = []
+        for _ in range(12):
+            logits = llm.logits()
+            assert logits.dtype == np.float32 and logits.shape == (llm.n_vocab(),) and not logits.flags.owndata
+            out.append(int(np.argmax(logits)))
+            llm.eval([out[-1]])
+        assert llm.n_tokens == len(toks) + 12
+        assert out == llm.tokenize(want["choices"][0]["text"].encode(), add_bos=False) or \
+            llm.detokenize(out, prev_tokens=toks).decode() == want["choices"][0]["text"]
+        # a completion after eval starts afresh, the same text
+        assert llm("Once upon a time", max_tokens=12, temperature=0)["choices"][0]["text"] == want["choices"][0]["text"]
+        assert llm.n_tokens == 0 and llm.kv_stats()["used"] == 0
+        with pytest.raises(kvlm.InvalidArgumentError):
+            llm.logits()
+        llm.eval(toks)
+        llm.reset()
+        assert llm.n_tokens == 0 and llm.kv_stats()["used"] == 0
