@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from .errors import (CancelledError, InvalidArgumentError, KvlmError, KvlmIOError, KvlmMemoryError, KvMemoryError,
                      ModelFormatError, ModelNotFoundError, UnsupportedError)
-from .llama import Llama, LlamaGrammar
+from .llama import Llama, LlamaGrammar, LlamaState
 from .llm import LLM, CompletionOutput, RequestOutput, SamplingParams, EmbeddingRequestOutput
 
-__all__ = ["Llama", "LlamaGrammar", "LLM", "SamplingParams", "RequestOutput", "CompletionOutput",
+__all__ = ["Llama", "LlamaGrammar", "LlamaState", "LLM", "SamplingParams", "RequestOutput", "CompletionOutput",
            "EmbeddingRequestOutput", "KvlmError", "KvlmIOError", "ModelNotFoundError", "ModelFormatError",
            "InvalidArgumentError", "KvlmMemoryError", "KvMemoryError", "UnsupportedError", "CancelledError",
            "version", "library_path"]

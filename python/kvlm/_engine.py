@@ -317,6 +317,7 @@ class Engine:
             raise
         self.n_ctx: int = lib.kvlm_ctx_n_ctx(self.ctx)
         self.n_eval = 0
+        self.eval_tokens: List[int] = []
         self._lock = threading.RLock()
         self._arm()
 
@@ -380,6 +381,7 @@ class Engine:
             with self._lock:
                 self._lib.kvlm_seq_free(self.ctx, 0)
                 self.n_eval = 0
+                self.eval_tokens = []
 
     def eval(self, tokens: Sequence[int]) -> Any:
         """Feeds tokens to sequence 0 directly (kvlm_decode), outside the
@@ -396,6 +398,7 @@ class Engine:
             if self._lib.kvlm_decode(self.ctx, byref(b), byref(err)):
                 raise_err(err)
             self.n_eval += len(tokens)
+            self.eval_tokens.extend(int(t) for t in tokens)
             return self._lib.kvlm_get_logits(self.ctx, -1)
 
     def submit(self, tokens: Sequence[int], s: Sampling, *, special: bool = False,

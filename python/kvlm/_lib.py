@@ -170,6 +170,8 @@ _PROTOS = [
     ("kvlm_get_logits", POINTER(c_float), [c_void_p, c_int]),
     ("kvlm_ctx_reset", None, [c_void_p]),
     ("kvlm_seq_free", None, [c_void_p, c_int]),
+    ("kvlm_session_save", c_int, [c_void_p, c_int, c_char_p, POINTER(kvlm_error)]),
+    ("kvlm_session_load", c_int, [c_void_p, c_int, POINTER(c_int32), c_int, c_char_p, POINTER(kvlm_error)]),
     ("kvlm_seq_n_past", c_int, [c_void_p, c_int]),
     ("kvlm_kv_stats_get", None, [c_void_p, POINTER(kvlm_kv_stats)]),
     ("kvlm_kv_tier_stats_get", c_int, [c_void_p, POINTER(kvlm_kv_tier_stats), c_int]),

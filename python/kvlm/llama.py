@@ -29,6 +29,16 @@ class LlamaGrammar:
         return cls(grammar)
 
 
+class LlamaState:
+    """What save_state() gives: the tokens eval() fed and the session file's
+    bytes (their full KV blocks, in kvlm's checked session format)."""
+
+    def __init__(self, input_ids: List[int], data: bytes) -> None:
+        self.input_ids = input_ids
+        self.data = data
+        self.n_tokens = len(input_ids)
+
+
 class Llama:
     """A model ready to complete text, as llama_cpp.Llama is.
 
@@ -135,6 +145,49 @@ class Llama:
         except ImportError:
             return ptr[:n]
         return numpy.ctypeslib.as_array(ptr, shape=(n,))
+
+    def save_state(self) -> LlamaState:
+        """The state eval() built (kvlm_session_save through a temporary
+        file): load_state() brings it back, in this object or another one of
+        the same model and cache type."""
+        import os
+        import tempfile
+        eng = self._engine
+        eng.check_open()
+        with tempfile.TemporaryDirectory(prefix="kvlm-state-") as d:
+            path = os.path.join(d, "state")
+            err = L.kvlm_error()
+            with eng._lock:
+                if eng._lib.kvlm_session_save(eng.ctx, 0, path.encode(), byref(err)):
+                    raise_err(err)
+            with open(path, "rb") as f:
+                return LlamaState(list(eng.eval_tokens), f.read())
+
+    def load_state(self, state: LlamaState) -> None:
+        """Restores a save_state(): the saved full KV blocks are attached
+        (kvlm_session_load) and the tokens after them computed, so logits()
+        is again the logits after the last token."""
+        import os
+        import tempfile
+        eng = self._engine
+        eng.check_open()
+        self.reset()
+        toks = list(state.input_ids)
+        if not toks:
+            return
+        with tempfile.TemporaryDirectory(prefix="kvlm-state-") as d:
+            path = os.path.join(d, "state")
+            with open(path, "wb") as f:
+                f.write(state.data)
+            arr = (ctypes.c_int32 * len(toks))(*toks)
+            err = L.kvlm_error()
+            with eng._lock:
+                n = eng._lib.kvlm_session_load(eng.ctx, 0, arr, len(toks), path.encode(), byref(err))
+                if n < 0:
+                    raise_err(err)
+                eng.n_eval = n
+                eng.eval_tokens = toks[:n]
+        self.eval(toks[n:])
 
     def reset(self) -> None:
         """Forgets what eval() fed (its KV blocks stay cached for prefix reuse)."""

@@ -378,3 +378,22 @@ def test_eval_logits(m260k):
         llm.eval(toks)
         llm.reset()
         assert llm.n_tokens == 0 and llm.kv_stats()["used"] == 0
+
+
+def test_save_load_state(m260k):
+    np = pytest.importorskip("numpy")
+    llm_prompt = b"Once upon a time there was a little girl named Lily. She loved to play outside"
+    with kvlm.Llama(m260k, n_threads=1) as a, kvlm.Llama(m260k, n_threads=1) as b:
+        toks = a.tokenize(llm_prompt)
+        assert len(toks) > 16  # at least one full block saved
+        a.eval(toks)
+        want = np.array(a.logits())
+        st = a.save_state()
+        assert st.n_tokens == len(toks) and len(st.data) > 0
+        a.reset()
+        for obj in (a, b):
+            obj.load_state(st)
+            assert obj.n_tokens == len(toks)
+            assert np.allclose(obj.logits(), want, atol=1e-5)
+        # b computed only the tokens after the saved full blocks
+        assert b.kv_stats()["tokens_computed"] <= len(toks) - 16
