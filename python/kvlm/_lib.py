@@ -146,6 +146,7 @@ _PROTOS = [
     ("kvlm_log_set", None, [log_fn, c_void_p]),
     ("kvlm_log_set_level", None, [c_int]),
     ("kvlm_log_get_level", c_int, []),
+    ("kvlm_log", None, None),  # variadic: (int level, const char *fmt, ...)
     ("kvlm_model_load", c_void_p, [c_char_p, POINTER(kvlm_model_params), POINTER(kvlm_error)]),
     ("kvlm_model_free", None, [c_void_p]),
     ("kvlm_model_describe", None, [c_void_p, c_char_p, c_size_t]),
@@ -257,7 +258,8 @@ def lib() -> ctypes.CDLL:
         for name, res, args in _PROTOS:
             fn = getattr(handle, name)
             fn.restype = res
-            fn.argtypes = args
+            if args is not None:
+                fn.argtypes = args
         handle.kvlm_free_c = ctypes.CDLL(None).free  # for what the library malloc'd
         handle.kvlm_free_c.argtypes = [c_void_p]
         handle.kvlm_free_c.restype = None

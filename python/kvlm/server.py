@@ -4,6 +4,7 @@ Ctrl-C (or SIGTERM). docs/serving.md describes the endpoints."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -73,6 +74,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--quiet", action="store_true", help="no log on stderr")
     a = ap.parse_args(argv)
+    if not a.quiet and "KVLM_LOG" not in os.environ:
+        L.lib().kvlm_log_set_level(L.LOG_INFO)  # a line per request, as kvlm serve logs
     try:
         srv = Server(a.model, host=a.host, port=a.port, n_ctx=a.ctx_size, n_threads=a.threads,
                      parallel=a.parallel, model_id=a.alias, api_key=a.api_key, chat_template=a.chat_template,

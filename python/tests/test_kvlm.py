@@ -397,3 +397,17 @@ def test_save_load_state(m260k):
             assert np.allclose(obj.logits(), want, atol=1e-5)
         # b computed only the tokens after the saved full blocks
         assert b.kv_stats()["tokens_computed"] <= len(toks) - 16
+
+
+def test_verbose_log(m260k, capfd):
+    from ctypes import c_char_p, c_int
+    from kvlm import _lib as L
+    lib = L.lib()
+
+    def say(text):
+        lib.kvlm_log(c_int(L.LOG_ERROR), c_char_p(b"%s"), c_char_p(text.encode()))
+    with kvlm.Llama(m260k, n_threads=1, verbose=True):
+        say("while verbose")
+    say("after close")
+    out, err = capfd.readouterr()
+    assert out == "" and err == "kvlm error: while verbose\n"
