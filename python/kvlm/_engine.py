@@ -57,6 +57,11 @@ def _on_event(user: Optional[int], evp: Any) -> bool:
                 req.embeddings[int(ev.index)] = ev.embedding[:ev.n_embd]
             c.on_finish(ev)
             req.n_done += 1
+            if req.done and req.orphan:  # cancelled from inside a step: nobody waits for it
+                _REQS.pop(user or 0, None)
+                if req.grammar:
+                    L.lib().kvlm_grammar_free(req.grammar)
+                    req.grammar = 0
             return True
         return c.on_token(ev)
     except BaseException as e:  # raised again by the caller: never into C
@@ -255,6 +260,7 @@ class Request:
         self.exc: Optional[BaseException] = None
         self.grammar = 0
         self.engine_id = 0
+        self.orphan = False
 
     @property
     def done(self) -> bool:
@@ -318,6 +324,7 @@ class Engine:
         self.n_ctx: int = lib.kvlm_ctx_n_ctx(self.ctx)
         self.n_eval = 0
         self.eval_tokens: List[int] = []
+        self._stepping = 0  # the thread inside kvlm_sched_step, if any
         self._lock = threading.RLock()
         self._arm()
 
@@ -508,16 +515,20 @@ class Engine:
         exception cannot propagate."""
         with self._lock:
             self.check_open()
-            if threading.current_thread() is not threading.main_thread() or \
-                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-                self._lib.kvlm_sched_step(self.sched)
-                return
-            hit = []
-            old = signal.signal(signal.SIGINT, lambda *_: hit.append(1))
+            self._stepping = threading.get_ident()
             try:
-                self._lib.kvlm_sched_step(self.sched)
+                if threading.current_thread() is not threading.main_thread() or \
+                        signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                    self._lib.kvlm_sched_step(self.sched)
+                    return
+                hit = []
+                old = signal.signal(signal.SIGINT, lambda *_: hit.append(1))
+                try:
+                    self._lib.kvlm_sched_step(self.sched)
+                finally:
+                    signal.signal(signal.SIGINT, old)
             finally:
-                signal.signal(signal.SIGINT, old)
+                self._stepping = 0
             if hit:
                 raise KeyboardInterrupt
 
@@ -538,6 +549,12 @@ class Engine:
         """Ends a request early (an exception or an abandoned stream) and
         steps until the scheduler has let it go, so the object stays usable."""
         if self._closed or req.done:
+            return
+        if self._stepping == threading.get_ident():
+            # called from within a step (a stream collected by the garbage collector during a token
+            # callback): no step may run here; the request ends at the next one
+            req.orphan = True
+            self._lib.kvlm_sched_cancel(self.sched, req.id)
             return
         with self._lock:
             self._lib.kvlm_sched_cancel(self.sched, req.id)

@@ -252,13 +252,15 @@ class Llama:
             prompt_text = self.detokenize(tokens).decode("utf-8", "replace")
         s = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                            presence_penalty, stop, seed, logprobs, len(tokens))
-        g = self._grammar(grammar)
-        req = eng.submit(tokens, s, grammar_handle=g)
         cid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
         name = model or self.model_path
-        if stream:
-            return self._stream_completion(req, cid, created, name, prompt_text if echo else "", logprobs)
+        if stream:  # submitted when first iterated (as llama-cpp-python's streams), so never left running
+            def stream_completion() -> Iterator[Dict[str, Any]]:
+                req = eng.submit(tokens, s, grammar_handle=self._grammar(grammar))
+                yield from self._stream_completion(req, cid, created, name, prompt_text if echo else "", logprobs)
+            return stream_completion()
+        req = eng.submit(tokens, s, grammar_handle=self._grammar(grammar))
         eng.run([req])
         c = req.completions[0]
         off = len(prompt_text) if echo else 0
@@ -335,37 +337,47 @@ class Llama:
         prompt = ctypes.string_at(out.value, n.value)
         lib.kvlm_free_c(out.value)
         tokens = eng.model.tokenize(prompt, bool(lib.kvlm_add_bos(eng.model.handle)), True)
-        # the grammar: tool calls, or the response format
-        g = c_void_p()
-        if tools_json and tool_choice != "none":
-            if lib.kvlm_chat_tool_grammar(chat, prompt, len(prompt), tools_json, choice_json, True, byref(g),
-                                          byref(err)):
-                raise_err(err)
-        gh = int(g.value or 0)
-        if not gh and response_format and response_format.get("type") in ("json_object", "json_schema"):
-            schema = response_format.get("schema")
-            if response_format.get("type") == "json_schema":
-                schema = (response_format.get("json_schema") or {}).get("schema")
-            gh = eng.grammar(L.GRAMMAR_JSON_SCHEMA, json.dumps(schema)) if schema is not None else \
-                eng.grammar(L.GRAMMAR_JSON_OBJECT, "")
         s = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                            presence_penalty, stop, seed, (top_logprobs or 0) if logprobs else None, len(tokens))
-        reader = lib.kvlm_chat_reader_new(chat, prompt, len(prompt), tools_json if tool_choice != "none" else None,
-                                          random.getrandbits(63), byref(err))
-        if not reader:
-            if gh:
-                lib.kvlm_grammar_free(gh)
-            raise_err(err)
-        try:
-            req = eng.submit(tokens, s, special=True, grammar_handle=gh)
-        except BaseException:
-            lib.kvlm_chat_reader_free(reader)
-            raise
+
+        def start() -> Any:
+            # the C objects of the request (its grammar, the answer's reader, the request itself): made when
+            # the answer is wanted, so that a stream never iterated holds none
+            # the grammar: tool calls, or the response format
+            g = c_void_p()
+            if tools_json and tool_choice != "none":
+                if lib.kvlm_chat_tool_grammar(chat, prompt, len(prompt), tools_json, choice_json, True, byref(g),
+                                              byref(err)):
+                    raise_err(err)
+            gh = int(g.value or 0)
+            if not gh and response_format and response_format.get("type") in ("json_object", "json_schema"):
+                schema = response_format.get("schema")
+                if response_format.get("type") == "json_schema":
+                    schema = (response_format.get("json_schema") or {}).get("schema")
+                gh = eng.grammar(L.GRAMMAR_JSON_SCHEMA, json.dumps(schema)) if schema is not None else \
+                    eng.grammar(L.GRAMMAR_JSON_OBJECT, "")
+            reader = lib.kvlm_chat_reader_new(chat, prompt, len(prompt), tools_json if tool_choice != "none" else None,
+                                              random.getrandbits(63), byref(err))
+            if not reader:
+                if gh:
+                    lib.kvlm_grammar_free(gh)
+                raise_err(err)
+            try:
+                req = eng.submit(tokens, s, special=True, grammar_handle=gh)
+            except BaseException:
+                lib.kvlm_chat_reader_free(reader)
+                raise
+            return req, reader
+
         cid = "chatcmpl-" + uuid.uuid4().hex
         created = int(time.time())
         name = model or self.model_path
         if stream:
-            return self._stream_chat(req, reader, cid, created, name)
+            def stream_chat() -> Iterator[Dict[str, Any]]:
+                req, reader = start()
+                yield from self._stream_chat(req, reader, cid, created, name)
+            return stream_chat()
+        req, reader = start()
         try:
             eng.run([req])
             c = req.completions[0]

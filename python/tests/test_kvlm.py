@@ -411,3 +411,20 @@ def test_verbose_log(m260k, capfd):
     say("after close")
     out, err = capfd.readouterr()
     assert out == "" and err == "kvlm error: while verbose\n"
+
+
+def test_streams_dropped(m260k):
+    import gc
+    with kvlm.Llama(m260k, n_threads=1) as llm:
+        want = llm("Once upon a time", max_tokens=20, temperature=0)["choices"][0]["text"]
+        llm("The cat", max_tokens=200, stream=True)  # never iterated: nothing submitted
+        for _ in range(5):
+            it = llm("The cat", max_tokens=200, temperature=0, stream=True)
+            next(it)
+            del it  # dropped mid-stream: the collector closes it, its request cancelled
+        gc.collect()
+        assert llm("Once upon a time", max_tokens=20, temperature=0)["choices"][0]["text"] == want
+        st = llm.kv_stats()
+        assert st["used"] == 0
+    from kvlm import _engine
+    assert not _engine._REQS
