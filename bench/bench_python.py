@@ -8,7 +8,6 @@ and the scheduler's per-step callback cost. One thread each, the best of
 usage: /usr/bin/python3 bench/bench_python.py [--kvlm build/kvlm] [--model M.gguf] [--tokens 256] [--rounds 3]
 """
 import argparse
-import os
 import re
 import subprocess
 import sys

@@ -11,8 +11,8 @@ import random
 import signal
 import threading
 import weakref
-from ctypes import POINTER, byref, c_float, c_int, c_int32, c_void_p
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from ctypes import POINTER, byref, c_int, c_int32, c_void_p
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _lib as L
 from .errors import InvalidArgumentError, KvMemoryError, KvlmError, ModelNotFoundError, from_code, raise_err

@@ -9,7 +9,7 @@ import os
 import subprocess
 import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_float, c_int,
-                    c_int8, c_int32, c_int64, c_size_t, c_uint8, c_uint64, c_void_p)
+                    c_int8, c_int32, c_int64, c_size_t, c_uint64, c_void_p)
 from pathlib import Path
 from typing import List, Optional
 

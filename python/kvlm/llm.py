@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 from ctypes import byref, c_size_t, c_void_p
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _lib as L
