@@ -275,7 +275,7 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_threads: Optional[int] = None, n_seq_max: int = 1,
                  n_batch: int = 0, cache_type_k: Optional[str] = None, cache_type_v: Optional[str] = None,
                  device: int = L.DEVICE_CPU, kv_disk: Optional[str] = None, kv_redis: Optional[str] = None,
-                 kv_mem: int = 0, use_mmap: bool = True, use_mlock: bool = False, verbose: bool = False,
+                 kv_mem: int = 0, kv_blocks: int = 0, use_mmap: bool = True, use_mlock: bool = False, verbose: bool = False,
                  batch_tokens: int = 0, chat_format: Optional[str] = None,
                  chat_template: Optional[str] = None) -> None:
         self._verbose = verbose
@@ -295,6 +295,7 @@ class Engine:
             p.n_seq_max = int(n_seq_max)
             p.n_batch = int(n_batch)
             p.kv_mem = int(kv_mem)
+            p.kv_blocks = int(kv_blocks)
             p.device = int(device)
             for field, name in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
                 if name is not None:

@@ -47,7 +47,8 @@ class Llama:
     ``n_gpu_layers`` > 0 (or -1) puts the model on the CUDA device (kvlm
     offloads all layers or none), ``cache_type_k``/``cache_type_v`` the KV
     cache's element types ("f16", "q8_0", ...), ``kv_disk``/``kv_redis`` KV
-    tiers (docs/kv-tiers.md), ``seed`` the default sampling seed, ``verbose``
+    tiers (docs/kv-tiers.md), ``kv_mem`` the KV pool's bytes (0: room for
+    one full context), ``seed`` the default sampling seed, ``verbose``
     whether the library may write its log to stderr; ``chat_format`` a
     built-in chat family ("chatml", "llama3", ...) or one of the model's
     named templates, ``chat_template`` a Jinja template's text used instead
@@ -58,7 +59,7 @@ class Llama:
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_threads: Optional[int] = None, n_batch: int = 512,
                  n_gpu_layers: int = 0, seed: int = -1, cache_type_k: Optional[str] = None,
                  cache_type_v: Optional[str] = None, kv_disk: Optional[str] = None, kv_redis: Optional[str] = None,
-                 use_mmap: bool = True, use_mlock: bool = False, chat_format: Optional[str] = None,
+                 kv_mem: int = 0, use_mmap: bool = True, use_mlock: bool = False, chat_format: Optional[str] = None,
                  chat_template: Optional[str] = None, verbose: bool = False, **kwargs: Any) -> None:
         self.model_path = str(model_path)
         self.verbose = verbose
@@ -66,7 +67,7 @@ class Llama:
         self._engine = Engine(self.model_path, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=1, n_batch=n_batch,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               device=L.DEVICE_CUDA if n_gpu_layers else L.DEVICE_CPU, kv_disk=kv_disk,
-                              kv_redis=kv_redis, use_mmap=use_mmap, use_mlock=use_mlock, verbose=verbose,
+                              kv_redis=kv_redis, kv_mem=kv_mem, use_mmap=use_mmap, use_mlock=use_mlock, verbose=verbose,
                               chat_format=chat_format, chat_template=chat_template)
 
     # ---- life -----------------------------------------------------------------

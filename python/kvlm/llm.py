@@ -86,17 +86,20 @@ class LLM:
     ``max_model_len`` is the context (0/None: the model's), ``max_num_seqs``
     how many sequences run at once (the KV pool is sized for them),
     ``kv_cache_dtype`` the KV cache's element type ("auto": f16),
+    ``kv_cache_memory_bytes`` the KV pool's size (None: room for every
+    sequence's full context),
     ``device`` "cpu" or "cuda"."""
 
     def __init__(self, model: str, *, tokenizer: Optional[str] = None, max_model_len: Optional[int] = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 0, kv_cache_dtype: str = "auto",
+                 kv_cache_memory_bytes: Optional[int] = None,
                  device: str = "cpu", seed: Optional[int] = None, n_threads: Optional[int] = None,
                  verbose: bool = False, **kwargs: Any) -> None:
         self.model = str(model)
         self._seed = seed
         dt = None if kv_cache_dtype in (None, "auto") else kv_cache_dtype
         self._engine = Engine(self.model, n_ctx=int(max_model_len or 0), n_threads=n_threads,
-                              n_seq_max=max(1, int(max_num_seqs)), cache_type_k=dt, cache_type_v=dt,
+                              n_seq_max=max(1, int(max_num_seqs)), kv_mem=int(kv_cache_memory_bytes or 0), cache_type_k=dt, cache_type_v=dt,
                               device=L.DEVICE_CUDA if device == "cuda" else L.DEVICE_CPU, verbose=verbose,
                               batch_tokens=max_num_batched_tokens)
         self._next_id = 0

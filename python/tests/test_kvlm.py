@@ -249,6 +249,16 @@ def test_errors(m260k, tmp_path):
         assert llm("Once", max_tokens=4, temperature=0)["choices"][0]["text"]  # still usable
     with pytest.raises(kvlm.InvalidArgumentError):
         kvlm.Llama(m260k, cache_type_k="f7")
+    # out of KV memory: a pool of 2 blocks (32 tokens)
+    with kvlm.Llama(m260k, n_threads=1, kv_mem=2 * 16 * 4096) as small:
+        blocks = small.kv_stats()["n_blocks"]
+        with pytest.raises(kvlm.KvMemoryError):
+            small.eval(list(range(1, 16 * blocks + 8)))
+        small.reset()
+        with pytest.raises(kvlm.InvalidArgumentError):  # a prompt the pool cannot hold (KVLM_ERANGE)
+            small(list(range(1, 16 * blocks + 8)), max_tokens=2)
+        # a completion that outgrows the pool ends as "length"
+        assert small("Once", max_tokens=200, temperature=0)["choices"][0]["finish_reason"] in ("length", "stop")
     llm = kvlm.Llama(m260k, n_threads=1)
     llm.close()
     llm.close()
