@@ -7,9 +7,11 @@
 # verbose, Ctrl-C mid-generation, the C structures' layout against the
 # compiler, the llama-cpp-python and vLLM example scripts, python -m
 # kvlm.server. Debian's python3-pytest, hence /usr/bin/python3.
-# Skipped in a sanitizer build: loading an ASan libkvlm.so into python needs
-# the sanitizer runtime preloaded into the interpreter, whose own leaks would
-# then be reported (the Release build runs it).
+# In a sanitizer build the interpreter gets the sanitizer runtimes libkvlm.so
+# links (read from ldd) preloaded, so that the library's memory errors and UB
+# under Python's calls are caught; leak detection is off there (LeakSanitizer
+# would report the interpreter's own allocations: the C tests check the
+# library's leaks) and the RSS test is skipped (ASan's quarantine grows RSS).
 set -uo pipefail
 KVLM="${KVLM_BIN:?KVLM_BIN must point at the kvlm binary}"
 MODELS="${KVLM_MODELS:-${KVLM_MODELS_DEFAULT:-../shared/models}}"
@@ -22,8 +24,15 @@ if ! "$PY" -c 'import pytest' 2>/dev/null; then
 fi
 if [ ! -f "$lib" ]; then echo "SKIP: $lib not built (-DKVLM_SHARED=ON, target kvlm_shared)"; exit 77; fi
 deps=$(ldd "$lib" 2>/dev/null || true) # (read whole: grep -q would cut ldd short, SIGPIPE failing the pipe)
+preload=""
+while read -r name arrow path _; do
+  case "$name" in libasan.so*|libubsan.so*) [ "$arrow" = "=>" ] && [ -f "$path" ] && preload="$preload${preload:+:}$path" ;; esac
+done <<< "$deps"
 case "$deps" in
-  *libasan*) echo "SKIP: $lib is a sanitizer build (python would need the ASan runtime preloaded)"; exit 77 ;;
+  *libasan*)
+    if [ -z "$preload" ]; then echo "SKIP: $lib is a sanitizer build whose runtime ldd does not name"; exit 77; fi
+    export LD_PRELOAD="$preload" KVLM_PY_SANITIZER=1
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" ;;
 esac
 MODELS=$(cd "$MODELS" && pwd)
 export KVLM_LIBRARY="$lib" KVLM_MODELS="$MODELS" KVLM_BIN="$KVLM" PYTHONDONTWRITEBYTECODE=1
