@@ -160,6 +160,7 @@ class Sampling:
         self.frequency_penalty = frequency_penalty
         self.presence_penalty = presence_penalty
         self.repetition_penalty = repetition_penalty
+        self.typical_p = 1.0
         self.seed = seed
         self.max_tokens = max_tokens
         self.n = n
@@ -431,6 +432,7 @@ class Engine:
         sp.frequency_penalty = s.frequency_penalty
         sp.presence_penalty = s.presence_penalty
         sp.repetition_penalty = s.repetition_penalty
+        sp.typical_p = s.typical_p
         sp.seed = s.seed if s.seed is not None else random.getrandbits(63)
         sp.ignore_eos = s.ignore_eos
         sp.min_tokens = s.min_tokens
@@ -445,7 +447,7 @@ class Engine:
         code = lib.kvlm_sampler_params_check(byref(sp), self.model.n_vocab, byref(idx), byref(err))
         if code:
             bad = {1: "temperature", 2: "top_k", 3: "top_p", 4: "min_p", 5: "repeat_penalty", 7: "frequency_penalty",
-                   8: "presence_penalty", 11: "repetition_penalty", 20: "min_tokens", 22: "stop_token_ids"}
+                   8: "presence_penalty", 11: "repetition_penalty", 12: "typical_p", 19: "min_tokens", 21: "stop_token_ids"}
             field = bad.get(code, "a sampling value")
             self._free_grammar(req)
             raise InvalidArgumentError(f"{field} {err.msg.decode('utf-8', 'replace')}", L.EINVAL)

@@ -230,17 +230,20 @@ class Llama:
 
     def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                           max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          min_p: float = 0.05, echo: bool = False, stop: Optional[Union[str, List[str]]] = None,
+                          min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
+                          echo: bool = False, stop: Optional[Union[str, List[str]]] = None,
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
                           top_k: int = 40, stream: bool = False, seed: Optional[int] = None,
-                          logprobs: Optional[int] = None, grammar: Optional[Union[str, LlamaGrammar]] = None,
-                          model: Optional[str] = None, **kwargs: Any) -> Any:
+                          model: Optional[str] = None, grammar: Optional[Union[str, LlamaGrammar]] = None,
+                          **kwargs: Any) -> Any:
         """Completes ``prompt`` (text, or token ids). Returns an OpenAI
         ``text_completion`` dict (id, object, created, model, choices [text,
         index, logprobs, finish_reason], usage), or with ``stream=True`` an
         iterator of such chunks, one per piece of text. ``logprobs``: the
         chosen tokens' log-probabilities and that many alternatives;
-        ``grammar``: GBNF text (or a LlamaGrammar) the text is held to."""
+        ``grammar``: GBNF text (or a LlamaGrammar) the text is held to. The
+        parameters come in llama-cpp-python's order; those kvlm has no use
+        for (mirostat, tfs_z, logits_processor, ...) are accepted and ignored."""
         if suffix is not None:
             raise InvalidArgumentError("suffix is not supported (kvlm has no fill-in-the-middle here)", L.EINVAL)
         eng = self._engine
@@ -253,6 +256,7 @@ class Llama:
             prompt_text = self.detokenize(tokens).decode("utf-8", "replace")
         s = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                            presence_penalty, stop, seed, logprobs, len(tokens))
+        s.typical_p = typical_p
         cid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
         name = model or self.model_path
