@@ -438,3 +438,22 @@ def test_streams_dropped(m260k):
         assert st["used"] == 0
     from kvlm import _engine
     assert not _engine._REQS
+
+
+def test_pip_install(tmp_path):
+    import shutil
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("no pip for this interpreter (python3-pip)")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "python", src, ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+                        "--disable-pip-version-check", "--target", str(target), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (target / "kvlm" / "py.typed").exists()
+    env = dict(os.environ, PYTHONPATH=str(target))
+    r = subprocess.run([sys.executable, "-c", "import kvlm; print(kvlm.__file__); print(kvlm.version())"],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(target)) and r.stdout.splitlines()[1].startswith("0.")
