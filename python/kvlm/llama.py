@@ -286,12 +286,14 @@ class Llama:
             while True:
                 if not req.done:
                     eng.step()
+                # the state as of now: another stream's steps may end this request while this one is suspended
+                done = req.done
                 piece = c.new_text()
-                if piece or req.done:
+                if piece or done:
                     yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                            "choices": [{"text": piece, "index": 0, "logprobs": None,
-                                        "finish_reason": c.finish if req.done else None}]}
-                if req.done:
+                                        "finish_reason": c.finish if done else None}]}
+                if done:
                     break
         finally:
             if not req.done:
@@ -423,12 +425,13 @@ class Llama:
             while True:
                 if not req.done:
                     eng.step()
+                done = req.done  # (as in _stream_completion)
                 # the reader sees everything (it holds back markers itself); stop strings were cut already
-                text = c.text[pushed:] if req.done else c.new_text()
+                text = c.text[pushed:] if done else c.new_text()
                 pushed += len(text)
                 raw = text.encode("utf-8")
                 delta = c_void_p()
-                if req.done:
+                if done:
                     n_calls = lib.kvlm_chat_reader_end(reader, raw, len(raw), byref(delta), None, byref(err))
                     if n_calls < 0:
                         raise_err(err)
@@ -437,7 +440,7 @@ class Llama:
                 d = L.take_string(delta.value)
                 if d:
                     yield chunk(json.loads(d), None)
-                if req.done:
+                if done:
                     yield chunk({}, "tool_calls" if n_calls > 0 else c.finish)
                     break
         finally:

@@ -194,6 +194,38 @@ def test_threads(m260k):
     for t in ts:
         t.join(120)
     assert not errors and got == want
+    # one object from several threads, and streams of one object interleaved
+    with kvlm.Llama(m260k, n_threads=1) as llm:
+        got = [None] * 4
+
+        def shared(i):
+            for _ in range(2):
+                got[i] = llm(prompts[i], max_tokens=40, temperature=0)["choices"][0]["text"]
+        ts = [threading.Thread(target=shared, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert got == want[:4]
+        a = llm(prompts[0], max_tokens=40, temperature=0, stream=True)
+        b = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=40, temperature=0,
+                                       stream=True)
+        c = llm(prompts[1], max_tokens=40, temperature=0, stream=True)
+        ta, tb, tc = [], [], []
+        for x, y, z in zip(a, b, c):
+            ta.append(x)
+            tb.append(y)
+            tc.append(z)
+        ta += list(a)
+        tb += list(b)
+        tc += list(c)
+        assert "".join(x["choices"][0]["text"] for x in ta) == want[0]
+        assert "".join(x["choices"][0]["text"] for x in tc) == want[1]
+        assert ta[-1]["choices"][0]["finish_reason"] and tc[-1]["choices"][0]["finish_reason"]
+        whole = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=40, temperature=0)
+        assert "".join(x["choices"][0]["delta"].get("content") or "" for x in tb) == \
+            whole["choices"][0]["message"]["content"]
+        assert llm.kv_stats()["used"] == 0
 
 
 def rss_kib():
