@@ -48,6 +48,9 @@ def _on_event(user: Optional[int], evp: Any) -> bool:
     try:
         ev = evp.contents
         if ev.prompt_token:
+            d = {int(ev.top_tokens[i]): float(ev.top_logprobs[i]) for i in range(ev.n_top)}
+            d[int(ev.token)] = float(ev.logprob)
+            req.prompt_logprobs[int(ev.pos)] = d
             return True
         req.prompt_tokens = int(ev.prompt_tokens)
         req.cached_tokens = int(ev.cached_tokens)
@@ -151,7 +154,8 @@ class Sampling:
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, seed: Optional[int] = None, max_tokens: int = 16, n: int = 1, logprobs: Optional[int] = None,
                  grammar: Optional[Tuple[int, str]] = None, stop: Sequence[str] = (),
-                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, min_tokens: int = 0) -> None:
+                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, min_tokens: int = 0,
+                 prompt_logprobs: Optional[int] = None) -> None:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
@@ -170,6 +174,7 @@ class Sampling:
         self.stop_token_ids = list(stop_token_ids)
         self.ignore_eos = ignore_eos
         self.min_tokens = min_tokens
+        self.prompt_logprobs = prompt_logprobs
 
 
 class Completion:
@@ -262,6 +267,7 @@ class Request:
         self.grammar = 0
         self.engine_id = 0
         self.orphan = False
+        self.prompt_logprobs: Dict[int, Dict[int, float]] = {}
 
     @property
     def done(self) -> bool:
@@ -464,6 +470,12 @@ class Engine:
         rp.max_tokens = int(s.max_tokens)
         rp.n = int(s.n)
         rp.logprobs = -1 if s.logprobs is None else int(s.logprobs)
+        if s.prompt_logprobs is not None:
+            if not 0 <= s.prompt_logprobs <= L.MAX_LOGPROBS:
+                self._free_grammar(req)
+                raise InvalidArgumentError(f"prompt_logprobs must be between 0 and {L.MAX_LOGPROBS}", L.EINVAL)
+            rp.prompt_logprobs = True
+            rp.prompt_top_logprobs = int(s.prompt_logprobs)
         toks = (c_int32 * max(1, len(tokens)))(*tokens)
         key = next(_KEYS)
         with self._lock:

@@ -20,7 +20,9 @@ class SamplingParams:
     ``temperature`` (0: greedy), ``top_p``, ``top_k`` (-1: off), ``min_p``,
     ``max_tokens``, ``stop`` strings, ``stop_token_ids``, ``seed`` (completion
     i draws with seed + i), ``logprobs`` (the chosen token's and that many
-    alternatives'), penalties, ``ignore_eos``, ``min_tokens``."""
+    alternatives'), ``prompt_logprobs`` (each prompt token's given the ones
+    before it, and that many alternatives), penalties, ``ignore_eos``,
+    ``min_tokens``."""
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -31,6 +33,7 @@ class SamplingParams:
     stop_token_ids: Optional[List[int]] = None
     seed: Optional[int] = None
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -64,6 +67,7 @@ class RequestOutput:
     outputs: List[CompletionOutput]
     finished: bool = True
     num_cached_tokens: int = 0
+    prompt_logprobs: Optional[List[Optional[Dict[int, float]]]] = None
 
 
 @dataclass
@@ -125,7 +129,7 @@ class LLM:
                         presence_penalty=p.presence_penalty, repetition_penalty=p.repetition_penalty,
                         seed=p.seed if p.seed is not None else self._seed, max_tokens=max_tokens, n=p.n,
                         logprobs=p.logprobs, stop=stop, stop_token_ids=p.stop_token_ids or [],
-                        ignore_eos=p.ignore_eos, min_tokens=p.min_tokens)
+                        ignore_eos=p.ignore_eos, min_tokens=p.min_tokens, prompt_logprobs=p.prompt_logprobs)
 
     def _tokens(self, prompt: Any) -> tuple:
         eng = self._engine
@@ -179,8 +183,11 @@ class LLM:
                         cum += e["logprob"]
                 comps.append(CompletionOutput(index=c.index, text=c.text, token_ids=list(c.token_ids),
                                               cumulative_logprob=cum, logprobs=lps, finish_reason=c.finish))
+            plp = None
+            if sp.prompt_logprobs is not None:
+                plp = [None] + [req.prompt_logprobs.get(i) for i in range(1, len(toks))]
             out.append(RequestOutput(request_id=str(self._next_id), prompt=text, prompt_token_ids=list(toks),
-                                     outputs=comps, num_cached_tokens=req.cached_tokens))
+                                     outputs=comps, num_cached_tokens=req.cached_tokens, prompt_logprobs=plp))
             self._next_id += 1
         return out
 

@@ -489,3 +489,23 @@ def test_pip_install(tmp_path):
                        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].startswith(str(target)) and r.stdout.splitlines()[1].startswith("0.")
+
+
+def test_prompt_logprobs(m260k):
+    np = pytest.importorskip("numpy")
+    with kvlm.LLM(m260k, n_threads=1) as llm:
+        o = llm.generate("Once upon a time there was",
+                         kvlm.SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2))[0]
+    t = o.prompt_token_ids
+    assert o.prompt_logprobs[0] is None and len(o.prompt_logprobs) == len(t)
+    # against a log-softmax, in float64, of the logits eval() gives after each prefix
+    with kvlm.Llama(m260k, n_threads=1) as one:
+        for pos in range(1, len(t)):
+            one.reset()
+            one.eval(t[:pos])
+            x = one.logits().astype(np.float64)
+            ls = x - x.max() - np.log(np.exp(x - x.max()).sum())
+            d = o.prompt_logprobs[pos]
+            assert t[pos] in d and 2 <= len(d) <= 3
+            for tok, lp in d.items():
+                assert abs(ls[tok] - lp) < 1e-4
