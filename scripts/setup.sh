@@ -22,6 +22,9 @@ PKGS+=(libedit-dev tmux)
 # The web page (src/server/web/index.html) renders answers as markdown with marked and sanitises
 # the HTML with DOMPurify: CMake inlines their browser builds into the page (no network at build time).
 PKGS+=(libjs-marked node-marked node-dompurify)
+# The Python package (python/): its build backend (pip install --no-build-isolation ./python)
+# and tests/cli_python.sh's pytest.
+PKGS+=(python3-setuptools python3-pytest python3-pip)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
