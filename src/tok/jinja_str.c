@@ -10,6 +10,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include "tok/jinja_internal.h"
+#include "util/utf8.h"
 
 /* ---- UTF-8 ---- */
 
@@ -30,41 +31,12 @@ uint32_t u8_next(const char *p, size_t n, size_t *i) {
            (s[k + 3] & 0x3f);
 }
 
-int u8_put(uint32_t c, char *o) {
-    if (c < 0x80) { o[0] = (char)c; return 1; }
-    if (c < 0x800) { o[0] = (char)(0xc0 | (c >> 6)); o[1] = (char)(0x80 | (c & 0x3f)); return 2; }
-    if (c < 0x10000) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
+int u8_put(uint32_t c, char *o) { return util_utf8_encode(c, o); }
 
 bool u8_valid(const char *p, size_t n, size_t *bad) {
-    const unsigned char *s = (const unsigned char *)p;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        uint32_t cp, min;
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xc2 && c < 0xe0) k = 1, cp = c & 0x1f, min = 0x80;
-        else if (c >= 0xe0 && c < 0xf0) k = 2, cp = c & 0x0f, min = 0x800;
-        else if (c >= 0xf0 && c < 0xf5) k = 3, cp = c & 0x07, min = 0x10000;
-        else { *bad = i; return false; }
-        if (i + k >= n) { *bad = i; return false; }
-        for (size_t j = 1; j <= k; j++) {
-            if (i + j >= n || (s[i + j] & 0xc0) != 0x80) { *bad = i; return false; }
-            cp = (cp << 6) | (s[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) { *bad = i; return false; }
-        i += k + 1;
-    }
+    uint32_t cp;
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = (size_t)util_utf8_decode((const uint8_t *)p + i, n - i, &cp))) { *bad = i; return false; }
     return true;
 }
 
