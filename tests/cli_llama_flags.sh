@@ -78,8 +78,16 @@ def run(line, stdin=""):
     p = subprocess.run(kvlm_argv(line), input=stdin, capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
-def serve(line):
-    """Starts the server; (its start lines on stderr, /health status, a completion's text); stopped."""
+def post(port, path, body):
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+def serve(line, ask=lambda port: post(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8,
+                                                                   "temperature": 0})["choices"][0]["text"]):
+    """Starts the server; (its start lines on stderr, /health status, what ask(port) got: a completion's
+    text by default); stopped."""
     argv = kvlm_argv(line)
     port = int(argv[argv.index("--port") + 1])
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,11 +97,7 @@ def serve(line):
         if "listening on" in listening:
             with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=30) as r:
                 health = r.status
-            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode()
-            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=60) as r:
-                completion = json.loads(r.read())["choices"][0]["text"]
+            completion = ask(port)
     finally:
         p.send_signal(signal.SIGTERM)
         try:
@@ -139,24 +143,8 @@ for line, want in [("llama-server -m model.gguf --port 8080", "context 2048, 16 
           "%s  ->  serves (/health 200, a completion; '%s')" % (line, want), (listening, err))
 unsupported("llama-server -m model.gguf --embedding --pooling cls -ub 8192", "--pooling")
 # llama-server's --embedding is kvlm serve's --embeddings: POST /v1/embeddings answers
-argv = kvlm_argv("llama-server -m model.gguf --embedding")
-port = int(argv[argv.index("--port") + 1])
-p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-vec = None
-try:
-    if "listening on" in p.stdout.readline():
-        req = urllib.request.Request("http://127.0.0.1:%d/v1/embeddings" % port,
-                                     data=json.dumps({"input": "Once upon a time"}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            vec = json.loads(r.read())["data"][0]["embedding"]
-finally:
-    p.send_signal(signal.SIGTERM)
-    try:
-        _, err = p.communicate(timeout=40)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        _, err = p.communicate()
+_, _, vec, err = serve("llama-server -m model.gguf --embedding",
+                       lambda port: post(port, "/v1/embeddings", {"input": "Once upon a time"})["data"][0]["embedding"])
 check(vec and len(vec) > 8, "llama-server -m model.gguf --embedding  ->  POST /v1/embeddings answers", err[-300:])
 unsupported("llama-server -m model.gguf --reranking", "--reranking")
 unsupported("llama-server -m model.gguf --grammar-file grammar.gbnf", "--grammar-file")
