@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """tests/helpers/layers.py SRC_DIR: the layer rules of ../shared/DESIGN.md (and the README's source
 tree), checked on every #include of src/: each layer includes only its own headers, those of the
-layers above it (util, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
+layers above it (util, dtype, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
 the server and the command go through include/kvlm.h (besides their own headers, only util/'s);
 every folder of src/ is one of the layers; JSON (jansson) is read and written only where requests,
-templates and file formats are (model, tok, server, cli), never in util, ops, kv or the engine. Prints each violation (file:line, the rule) and exits 1
+templates and file formats are (model, tok, server, cli), never in util, dtype, ops, kv or the engine. Prints each violation (file:line, the rule) and exits 1
 if there is one. --self-test plants one violation of each rule in a copy and checks that each is
 found (so the check can fail)."""
 import os, re, shutil, sys, tempfile
 
-LAYERS = ["util", "model", "tok", "ops", "kv", "engine", "server", "cli"]
+LAYERS = ["util", "dtype", "model", "tok", "ops", "kv", "engine", "server", "cli"]
 THROUGH_API = {"server", "cli"}  # only kvlm.h, their own headers and util/
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM = re.compile(r'^\s*#\s*include\s+<([^>]+)>')
@@ -66,7 +66,8 @@ def self_test(src):
               ("cli/main.c", '#include "model/model.h"', "goes through include/kvlm.h"),
               ("tok/bpe.c", '#include "nowhere.h"', "neither beside it"),
               ("newlayer/x.c", "", "no layer"),
-              ("engine/sched.c", "#include <jansson.h>", "does not parse JSON")]
+              ("engine/sched.c", "#include <jansson.h>", "does not parse JSON"),
+              ("dtype/tq.c", '#include "model/model.h"', "below dtype/")]
     bad = 0
     for target, line, want in plants:
         tmp = tempfile.mkdtemp()
