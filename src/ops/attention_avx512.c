@@ -468,9 +468,8 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     /* the next tile's rows, prefetched into L2 while this one is scored: the
      * hardware prefetcher follows a page, not the jump to the next scattered
      * block. (With prefetcht0, f32 blocks that fill a page were better left
-     * to the hardware; into L2, f32 at 4,096 keys took 40% fewer cycles with
-     * them: 510 -> 310 Mcycles in bench_attn, 1 thread. A tile further
-     * ahead took more cycles for f16 and q8_0.) */
+     * to the hardware; into L2 they pay for f32 too. A tile further ahead
+     * took more cycles for f16 and q8_0.) */
     int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
     if (!a->blocks) nn = 0;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);
