@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli_layers: the layer rules (../shared/DESIGN.md, the README's source tree) held on every
+# tests/cli_layers: the layer rules (docs/architecture.md, ../shared/DESIGN.md) held on every
 # #include of src/ by tests/helpers/layers.py: a layer includes only its own headers, those of the
 # layers above it and include/kvlm.h; server/ and cli/ go through include/kvlm.h (and util/); every
 # folder of src/ is a layer; only model/, tok/, server/ and cli/ include jansson (the engine, the KV
