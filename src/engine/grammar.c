@@ -774,6 +774,10 @@ kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *
     return g;
 }
 
+kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err) {
+    return kvlm_grammar_build(model, KVLM_GRAMMAR_JSON_SCHEMA, schema, err);
+}
+
 kvlm_grammar *eng_tool_grammar_compile(const kvlm_model *model, const tok_tool_gbnf *t, kvlm_error *err) {
     kvlm_grammar_opts o = {.triggers = t->triggers, .n_triggers = t->n_triggers, .special = true};
     kvlm_grammar *g = kvlm_grammar_compile(model, t->gbnf, &o, err);

@@ -1169,7 +1169,3 @@ char *tok_json_schemas_gbnf(const tok_schema_item *items, int n, kvlm_error *err
     }
     return c.out.s;
 }
-
-kvlm_grammar *kvlm_grammar_from_json_schema(const kvlm_model *model, const char *schema, kvlm_error *err) {
-    return kvlm_grammar_build(model, KVLM_GRAMMAR_JSON_SCHEMA, schema, err);
-}
