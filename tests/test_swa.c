@@ -3,7 +3,7 @@
  * prefill and token-by-token decode over several windows, cache == recompute,
  * paged == contiguous, the local layers' old blocks going back to the pool,
  * prefix reuse, fork / copy-on-write, swap and the scheduler over SWA
- * sequences. */
+ * sequences; kvlm plan's local cap against the pool the context reserves. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -633,6 +633,51 @@ static void test_refused(void **state) {
     assert_non_null(strstr(err.msg, "sliding window"));
 }
 
+/* kvlm plan's cap of the local layers is the engine's pool: for each shape
+ * and step, the blocks the created context's windowed store reserves per
+ * sequence are the planner's local_cap_tokens in blocks plus the one spare
+ * for a copy-on-write (twice over for a second, local store: live and
+ * cached; an all-local store takes no more than a full context). */
+static void test_plan_matches_pool(void **state) {
+    (void)state;
+    static const struct { int bs, n_batch, n_ctx, n_seq; } cfg[] = {
+        {BS, 8, 256, 1}, {16, 1, 256, 3}, {BS, 64, 64, 2}, {16, 0, 100, 1}, {8, 0, 1024, 2},
+    };
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        const kvlm_config *c = kvlm_model_config(m);
+        for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+            kvlm_error err = {0};
+            kvlm_ctx_params cp = kvlm_ctx_default_params();
+            cp.n_ctx = cfg[k].n_ctx;
+            cp.block_size = cfg[k].bs;
+            cp.n_seq_max = cfg[k].n_seq;
+            cp.n_batch = cfg[k].n_batch;
+            cp.n_threads = 1;
+            kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+            if (!ctx) fail_msg("%s: context: %s", SHAPES[i].name, err.msg);
+            kvlm_plan_params pp = {.n_ctx = cfg[k].n_ctx, .n_seq = cfg[k].n_seq, .block_size = cfg[k].bs,
+                                   .n_batch = cfg[k].n_batch};
+            kvlm_plan pl;
+            kvlm_plan_memory(m, &pp, &pl);
+            assert_int_equal(pl.window, WINDOW);
+            assert_int_equal(pl.n_batch, engine_ctx_n_batch(ctx));
+            int bs = cfg[k].bs, all = (cfg[k].n_ctx + bs - 1) / bs;
+            int per_seq = (pl.local_cap_tokens + bs - 1) / bs + 1;
+            kv_store *s = engine_kv_store(ctx), *l = kv_store_local(s);
+            if (c->n_local_layers < c->n_layers) {
+                assert_non_null(l);
+                assert_int_equal(kv_store_params_of(l)->n_blocks, 2 * per_seq * cfg[k].n_seq);
+            } else {
+                assert_null(l);
+                assert_int_equal(kv_store_params_of(s)->n_blocks, (per_seq < all ? per_seq : all) * cfg[k].n_seq);
+            }
+            kvlm_ctx_free(ctx);
+        }
+        kvlm_model_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference),
@@ -645,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_sched),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_plan_matches_pool),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

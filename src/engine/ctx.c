@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "kv/planner.h"
 #include "kv/store.h"
 #include "kv/tier_host.h"
 #include "model/model.h"
@@ -62,11 +63,9 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     if (c->sliding_window <= 0 || c->n_local_layers <= 0 || ctx->p.no_kv_cache) return w;
     w.window = c->sliding_window;
     w.n_local = c->n_local_layers;
-    int bs = kp->block_size, all = (ctx->p.n_ctx + bs - 1) / bs;
-    /* kv_store_blocks_held's bound: the window, one step and two partial
-     * blocks; one more for a copy-on-write of a shared last block */
-    w.per_seq = (w.window + ctx->n_batch + 2 * bs - 3) / bs + 1;
-    if (w.per_seq > all + 1) w.per_seq = all + 1;
+    /* kv_store_blocks_held's bound (kv/planner, which kvlm plan shows); one
+     * more for a copy-on-write of a shared last block */
+    w.per_seq = kv_plan_window_blocks(w.window, ctx->n_batch, kp->block_size, ctx->p.n_ctx) + 1;
     if (w.n_local < c->n_layers) {
         w.local = *kp;
         w.local.n_layers = w.n_local;
