@@ -10,6 +10,7 @@
 #include <string.h>
 #include "engine/engine.h"
 #include "helpers/testutil.h"
+#include "kv/blockfmt.h"
 #include "kv/paged.h"
 #include "kv/store.h"
 #include "kvlm.h"
@@ -678,6 +679,36 @@ static void test_plan_matches_pool(void **state) {
     }
 }
 
+/* The local layers' pool names its blocks by the model's fingerprint and
+ * layer group 1: its keys of a sequence's tokens are not the global pool's,
+ * and the global pool's are a plain (group 0) pool's of the same model. */
+static void test_layer_group_keys(void **state) {
+    (void)state;
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        kvlm_ctx *ctx = make_ctx(m, BS, 1, 0, false);
+        kv_store *s = engine_kv_store(ctx), *l = kv_store_local(s);
+        if (l) {
+            const kv_blockfmt *g = kv_get_blockfmt(kv_store_pool(s)), *lf = kv_get_blockfmt(kv_store_pool(l));
+            assert_int_equal(g->layer_group, KV_LAYER_GROUP_ALL);
+            assert_int_equal(lf->layer_group, KV_LAYER_GROUP_LOCAL);
+            assert_memory_equal(g->model.b, lf->model.b, 16);
+            int32_t t[BS];
+            tokens(t, BS, 40);
+            kv_key kg, kl;
+            kv_block_key(g, NULL, t, &kg);
+            kv_block_key(lf, NULL, t, &kl);
+            assert_memory_not_equal(kg.b, kl.b, 16);
+            kv_blockfmt plain = *lf; /* group 0 with the local pool's types: the global key */
+            plain.layer_group = KV_LAYER_GROUP_ALL;
+            kv_block_key(&plain, NULL, t, &kl);
+            assert_memory_equal(kg.b, kl.b, 16);
+        }
+        kvlm_ctx_free(ctx);
+        kvlm_model_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference),
@@ -691,6 +722,7 @@ int main(void) {
         cmocka_unit_test(test_sched),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_plan_matches_pool),
+        cmocka_unit_test(test_layer_group_keys),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -69,7 +69,7 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
     if (w.n_local < c->n_layers) {
         w.local = *kp;
         w.local.n_layers = w.n_local;
-        w.local.model.b[15] ^= 0x5a; /* other bytes than the global layers' blocks of the same tokens */
+        w.local.layer_group = KV_LAYER_GROUP_LOCAL; /* other keys than the global layers' blocks of the same tokens */
         /* every sequence's window twice over (a draft context's too, unless
          * it is a guest, all of whose layers are in the global store): live,
          * and cached for prefix reuse */
