@@ -106,7 +106,7 @@ static int draft_blocks_per_seq(const kvlm_ctx *ctx, const kv_params *kp, int pe
     if (!d || !d->layers) return per_seq;
     kv_guest g = draft_guest(&d->cfg, &ctx->p);
     bool guest = draft_is_guest(&ctx->model->cfg, &d->cfg, &ctx->p);
-    if (!guest && ctx->budget == ctx->p.n_ctx) return per_seq; /* the model's (a sliding window's, too) */
+    if (!guest && ctx->evict.budget == ctx->p.n_ctx) return per_seq; /* the model's (a sliding window's, too) */
     int bs = guest ? kv_guest_block_size(kp, &g) : kp->block_size;
     return bs > 0 ? (ctx->p.n_ctx + bs - 1) / bs : per_seq;
 }
@@ -131,12 +131,12 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
     }
     /* block keys name the model by its fingerprint (kv/blockfmt.h) */
     kv_model_fingerprint(ctx->model, ctx->rope_freqs, &kp.model);
-    kp.storage = ctx->cuda ? engine_cuda_storage(ctx->cuda) : NULL;
+    kp.storage = ctx->be.cuda ? engine_cuda_storage(ctx->be.cuda) : NULL;
     swa_split win = swa_plan(ctx, &kp);
     if (win.window > 0 && win.n_local < c->n_layers) kp.n_layers = c->n_layers - win.n_local;
     size_t block_bytes = kv_params_block_bytes(&kp);
     /* a sequence holds at most budget tokens; evicting may copy one shared block */
-    int per_seq = (ctx->budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
+    int per_seq = (ctx->evict.budget + kp.block_size - 1) / kp.block_size + (ctx->p.kv_evict ? 1 : 0);
     if (win.window > 0 && win.n_local == c->n_layers && win.per_seq < per_seq) per_seq = win.per_seq;
     size_t local_bytes = win.local.n_layers ? kv_params_block_bytes(&win.local) * (size_t)win.local.n_blocks : 0;
     if (ctx->p.kv_blocks > 0) kp.n_blocks = ctx->p.kv_blocks;
@@ -155,7 +155,7 @@ static int make_cache(kvlm_ctx *ctx, kvlm_error *err) {
      * allocation the machine cannot back (a file claiming a huge context) */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double want = (double)kp.n_blocks * (double)block_bytes, have = pages > 0 && page > 0 ? (double)pages * page : 0;
-    if (!ctx->cuda && have > 0 && want > have)
+    if (!ctx->be.cuda && have > 0 && want > have)
         return util_err_set(err, KVLM_ENOMEM,
                             "a KV pool of %d blocks (%.1f GiB, a context of %d tokens%s x %d sequences) is more than "
                             "this machine's %.1f GiB of memory: ask for a smaller context (n_ctx, -c) or pool (--kv-mem)",
@@ -255,7 +255,7 @@ static int swa_refuse(const kvlm_ctx *ctx, kvlm_error *err) {
     if (ctx->p.device == KVLM_DEVICE_CUDA)
         return util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: %s%s runs on the CPU only", model_arch_name(c->arch),
                             c->sliding_window > 0 ? " with a sliding window" : "");
-    if (ctx->p.kv_evict != KVLM_EVICT_NONE || ctx->budget < ctx->p.n_ctx)
+    if (ctx->p.kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < ctx->p.n_ctx)
         return util_err_set(err, KVLM_EUNSUPPORTED, "eviction policies (--kv-evict, --kv-budget) compact a sequence's "
                             "positions; a model with sliding-window layers (window %d) masks by position instead: "
                             "run it without them", c->sliding_window);
@@ -309,7 +309,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         p->block_size = p->n_ctx < DEFAULT_BLOCK_SIZE ? p->n_ctx : DEFAULT_BLOCK_SIZE;
         p->no_prefix_cache = p->no_kv_swap = true;
     }
-    ctx->budget = p->kv_budget > 0 ? p->kv_budget : p->n_ctx;
+    ctx->evict.budget = p->kv_budget > 0 ? p->kv_budget : p->n_ctx;
     ctx->rope_freqs = model_rope_freqs(&model->cfg, p->n_ctx);
     if (p->kv_budget < 0 || p->kv_budget > p->n_ctx) {
         util_err_set(err, KVLM_EINVAL, "a KV budget of %d tokens must be within the context of %d (raise n_ctx)",
@@ -320,23 +320,23 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         util_err_set(err, KVLM_EINVAL, "unknown eviction policy %d (none, window, sinks, h2o)", p->kv_evict);
         goto fail;
     }
-    ctx->ev.policy = p->kv_evict;
-    ctx->ev.sinks = p->kv_sinks > 0 ? p->kv_sinks : 4;
-    ctx->ev.h2o_recent = p->h2o_recent;
-    ctx->ev.h2o_heavy = p->h2o_heavy > 0 ? p->h2o_heavy : 0.5f;
-    if (p->kv_evict && (p->no_kv_cache || p->kv_sinks < 0 || p->h2o_recent < 0 || p->h2o_recent >= ctx->budget ||
-                        !(ctx->ev.h2o_heavy <= 1) ||
-                        (p->kv_evict == KVLM_EVICT_SINKS && ctx->ev.sinks >= ctx->budget))) {
+    ctx->evict.ev.policy = p->kv_evict;
+    ctx->evict.ev.sinks = p->kv_sinks > 0 ? p->kv_sinks : 4;
+    ctx->evict.ev.h2o_recent = p->h2o_recent;
+    ctx->evict.ev.h2o_heavy = p->h2o_heavy > 0 ? p->h2o_heavy : 0.5f;
+    if (p->kv_evict && (p->no_kv_cache || p->kv_sinks < 0 || p->h2o_recent < 0 || p->h2o_recent >= ctx->evict.budget ||
+                        !(ctx->evict.ev.h2o_heavy <= 1) ||
+                        (p->kv_evict == KVLM_EVICT_SINKS && ctx->evict.ev.sinks >= ctx->evict.budget))) {
         util_err_set(err, KVLM_EINVAL, "eviction needs the KV cache, sinks and h2o_recent below the budget of %d "
-                     "tokens and h2o_heavy in 0..1 (sinks %d, h2o_recent %d, h2o_heavy %g)", ctx->budget,
-                     ctx->ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
+                     "tokens and h2o_heavy in 0..1 (sinks %d, h2o_recent %d, h2o_heavy %g)", ctx->evict.budget,
+                     ctx->evict.ev.sinks, p->h2o_recent, (double)p->h2o_heavy);
         goto fail;
     }
     /* latent rows: eviction re-rotates their RoPE part with plain RoPE (not
      * YaRN's angles), and h2o would need the latent kernel's weights */
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
         (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || p->cache_type_k == KVLM_CACHE_Q4_KC ||
-         (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx)))) {
+         (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < p->n_ctx)))) {
         util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU, without q4_kc keys, and "
                                              "evicts by window or sinks only (not h2o; not with YaRN)");
         goto fail;
@@ -357,7 +357,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (p->device == KVLM_DEVICE_CUDA) {
-        if (p->cache_type_k == KVLM_CACHE_Q4_KC || p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx) {
+        if (p->cache_type_k == KVLM_CACHE_Q4_KC || p->kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < p->n_ctx) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: q4_kc keys and eviction (--kv-evict, --kv-budget) "
                                                  "run on the CPU only");
             goto fail;
@@ -387,7 +387,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
                                                  "LongRoPE) runs on the CPU only");
             goto fail;
         }
-        if (!(ctx->cuda = engine_cuda_create(model, ctx->n_batch, (p->n_ctx + p->block_size - 1) / p->block_size,
+        if (!(ctx->be.cuda = engine_cuda_create(model, ctx->n_batch, (p->n_ctx + p->block_size - 1) / p->block_size,
                                              p->n_seq_max, err)))
             goto fail;
     }
@@ -405,7 +405,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kv_store_set_root(ctx->kv, s, &root);
     } else if (make_cache(ctx, err)) goto fail;
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
-        !(ctx->mla = engine_mla_create(model, ctx->n_batch, p->n_ctx, p->block_size, util_pool_size(ctx->pool), err)))
+        !(ctx->be.mla = engine_mla_create(model, ctx->n_batch, p->n_ctx, p->block_size, util_pool_size(ctx->pool), err)))
         goto fail;
     size_t T = (size_t)ctx->n_batch, q_dim = (size_t)c->n_heads * c->head_dim,
            kv_dim = (size_t)c->n_kv_heads * c->head_dim;
@@ -413,59 +413,59 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     const kv_params *ckp = kv_store_params_of(ctx->kv);
     if ((size_t)ckp->n_kv_heads * ckp->head_dim > kv_dim) kv_dim = (size_t)ckp->n_kv_heads * ckp->head_dim;
     size_t wide = q_dim > (size_t)c->dim ? q_dim : (size_t)c->dim;
-    ctx->x = malloc(T * c->dim * sizeof(float));
-    ctx->xb = malloc(T * wide * sizeof(float));
-    ctx->q = malloc(T * q_dim * sizeof(float));
-    ctx->k = malloc(T * kv_dim * sizeof(float));
-    ctx->v = malloc(T * kv_dim * sizeof(float));
-    ctx->att = malloc(T * q_dim * sizeof(float));
-    ctx->hb = malloc(T * c->hidden_dim * sizeof(float));
-    ctx->hb2 = malloc(T * c->hidden_dim * sizeof(float));
-    ctx->out_rows = malloc(T * c->dim * sizeof(float));
-    ctx->mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
-    ctx->attn_work = malloc(op_backend_cpu()->attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
+    ctx->rs.x = malloc(T * c->dim * sizeof(float));
+    ctx->rs.xb = malloc(T * wide * sizeof(float));
+    ctx->rs.q = malloc(T * q_dim * sizeof(float));
+    ctx->rs.k = malloc(T * kv_dim * sizeof(float));
+    ctx->rs.v = malloc(T * kv_dim * sizeof(float));
+    ctx->rs.att = malloc(T * q_dim * sizeof(float));
+    ctx->rs.hb = malloc(T * c->hidden_dim * sizeof(float));
+    ctx->rs.hb2 = malloc(T * c->hidden_dim * sizeof(float));
+    ctx->rs.out_rows = malloc(T * c->dim * sizeof(float));
+    ctx->rs.mm_work = malloc(max_mm_work(model, ctx->n_batch) + 64);
+    ctx->rs.attn_work = malloc(op_backend_cpu()->attention_work_size(util_pool_size(ctx->pool), c->head_dim) + 64);
     /* a step's attention runs ATT_RUNS sequences per pass of the threads */
-    ctx->att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
-    ctx->block_ptrs = malloc((size_t)ctx->att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
+    ctx->rs.att_runs = p->n_seq_max < ATT_RUNS ? p->n_seq_max : ATT_RUNS;
+    ctx->rs.block_ptrs = malloc((size_t)ctx->rs.att_runs * ((size_t)p->n_ctx / p->block_size + 2) * sizeof(float *));
     size_t half = c->rope_dim / 2 > 0 ? (size_t)c->rope_dim / 2 : 1;
-    ctx->rope_cs = malloc(T * half * sizeof(float));
-    ctx->rope_sn = malloc(T * half * sizeof(float));
+    ctx->rs.rope_cs = malloc(T * half * sizeof(float));
+    ctx->rs.rope_sn = malloc(T * half * sizeof(float));
     /* the local layers' own RoPE: gemma3's base, and plain where the scaling turns the global layers only */
     bool plain_local = model_scaling_global_only(c) && ctx->rope_freqs;
     if (c->rope_base_local > 0 && (c->rope_base_local != c->rope_base || plain_local) &&
-        (!(ctx->rope_cs_local = malloc(T * half * sizeof(float))) || !(ctx->rope_sn_local = malloc(T * half * sizeof(float))))) {
+        (!(ctx->rs.rope_cs_local = malloc(T * half * sizeof(float))) || !(ctx->rs.rope_sn_local = malloc(T * half * sizeof(float))))) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
-    ctx->out_tok = malloc(T * sizeof(int));
-    ctx->emb_row = malloc(T * sizeof(int));
-    ctx->tok_next = malloc(T * sizeof(int));
-    ctx->grp_first = malloc(T * sizeof(int));
-    ctx->seq_at = malloc((size_t)ctx->seq_end * sizeof(int));
-    for (int s = 0; ctx->seq_at && s < ctx->seq_end; s++) ctx->seq_at[s] = -1;
-    ctx->n_evicted = calloc((size_t)ctx->seq_end, sizeof(long));
-    ctx->keep = malloc((size_t)ctx->budget * sizeof(int32_t));
+    ctx->rs.out_tok = malloc(T * sizeof(int));
+    ctx->rs.emb_row = malloc(T * sizeof(int));
+    ctx->rs.tok_next = malloc(T * sizeof(int));
+    ctx->rs.grp_first = malloc(T * sizeof(int));
+    ctx->rs.seq_at = malloc((size_t)ctx->seq_end * sizeof(int));
+    for (int s = 0; ctx->rs.seq_at && s < ctx->seq_end; s++) ctx->rs.seq_at[s] = -1;
+    ctx->evict.n_evicted = calloc((size_t)ctx->seq_end, sizeof(long));
+    ctx->evict.keep = malloc((size_t)ctx->evict.budget * sizeof(int32_t));
     if (p->kv_evict == KVLM_EVICT_H2O) {
-        ctx->h2o = calloc((size_t)ctx->seq_end * ctx->budget, sizeof(float));
+        ctx->evict.h2o = calloc((size_t)ctx->seq_end * ctx->evict.budget, sizeof(float));
         /* scores of up to 32 query tokens over the budget's keys; longer
          * prefill pieces go 32 tokens at a time */
         int n_tok = ctx->n_batch < 32 ? ctx->n_batch : 32;
-        ctx->h2o_work_floats = op_attention_score_floats(n_tok, c->n_heads, ctx->budget);
-        ctx->h2o_work = malloc(ctx->h2o_work_floats * sizeof(float));
+        ctx->evict.h2o_work_floats = op_attention_score_floats(n_tok, c->n_heads, ctx->evict.budget);
+        ctx->evict.h2o_work = malloc(ctx->evict.h2o_work_floats * sizeof(float));
     }
-    if (!ctx->n_evicted || !ctx->keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->h2o || !ctx->h2o_work)) ||
-        !ctx->x || !ctx->xb || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->hb || !ctx->hb2 || !ctx->out_rows ||
-        !ctx->mm_work || !ctx->attn_work || !ctx->block_ptrs || !ctx->rope_cs || !ctx->rope_sn || !ctx->out_tok ||
-        !ctx->tok_next || !ctx->grp_first || !ctx->seq_at || !ctx->emb_row) {
+    if (!ctx->evict.n_evicted || !ctx->evict.keep || (p->kv_evict == KVLM_EVICT_H2O && (!ctx->evict.h2o || !ctx->evict.h2o_work)) ||
+        !ctx->rs.x || !ctx->rs.xb || !ctx->rs.q || !ctx->rs.k || !ctx->rs.v || !ctx->rs.att || !ctx->rs.hb || !ctx->rs.hb2 || !ctx->rs.out_rows ||
+        !ctx->rs.mm_work || !ctx->rs.attn_work || !ctx->rs.block_ptrs || !ctx->rs.rope_cs || !ctx->rs.rope_sn || !ctx->rs.out_tok ||
+        !ctx->rs.tok_next || !ctx->rs.grp_first || !ctx->rs.seq_at || !ctx->rs.emb_row) {
         util_err_set(err, KVLM_ENOMEM, "out of memory for the context's scratch buffers");
         goto fail;
     }
-    if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2 && !(ctx->moe = engine_moe_create(model, ctx->n_batch, err)))
+    if (c->n_expert > 0 && c->arch != KVLM_ARCH_DEEPSEEK2 && !(ctx->be.moe = engine_moe_create(model, ctx->n_batch, err)))
         goto fail;
     if (c->encoder) {
-        engine_enc_scratch es = {ctx->x, ctx->xb, ctx->q, ctx->k, ctx->v, ctx->att, ctx->hb, ctx->hb2,
-                                 ctx->rope_cs, ctx->rope_sn, ctx->mm_work};
-        if (!(ctx->enc = engine_enc_create(model, ctx->n_batch, util_pool_size(ctx->pool), &es, err))) goto fail;
+        engine_enc_scratch es = {ctx->rs.x, ctx->rs.xb, ctx->rs.q, ctx->rs.k, ctx->rs.v, ctx->rs.att, ctx->rs.hb, ctx->rs.hb2,
+                                 ctx->rs.rope_cs, ctx->rs.rope_sn, ctx->rs.mm_work};
+        if (!(ctx->be.enc = engine_enc_create(model, ctx->n_batch, util_pool_size(ctx->pool), &es, err))) goto fail;
     }
     return ctx;
 fail:
@@ -562,21 +562,21 @@ void kvlm_ctx_free(kvlm_ctx *ctx) {
         ctx->host->hosts = false;
     }
     else kv_store_free(ctx->kv); /* before the device its blocks live on */
-    engine_cuda_free(ctx->cuda);
-    free(ctx->x); free(ctx->xb); free(ctx->q); free(ctx->k); free(ctx->v); free(ctx->att);
-    free(ctx->hb); free(ctx->hb2); free(ctx->out_rows); free(ctx->mm_work); free(ctx->attn_work);
-    free(ctx->block_ptrs); free(ctx->tok_seq); free(ctx->tok_pos); free(ctx->logits);
-    free(ctx->h2o); free(ctx->h2o_work); free(ctx->keep); free(ctx->n_evicted);
-    free(ctx->rope_cs); free(ctx->rope_sn); free(ctx->out_tok); free(ctx->tok_next); free(ctx->grp_first);
-    free(ctx->seq_at);
+    engine_cuda_free(ctx->be.cuda);
+    free(ctx->rs.x); free(ctx->rs.xb); free(ctx->rs.q); free(ctx->rs.k); free(ctx->rs.v); free(ctx->rs.att);
+    free(ctx->rs.hb); free(ctx->rs.hb2); free(ctx->rs.out_rows); free(ctx->rs.mm_work); free(ctx->rs.attn_work);
+    free(ctx->rs.block_ptrs); free(ctx->rs.tok_seq); free(ctx->rs.tok_pos); free(ctx->rs.logits);
+    free(ctx->evict.h2o); free(ctx->evict.h2o_work); free(ctx->evict.keep); free(ctx->evict.n_evicted);
+    free(ctx->rs.rope_cs); free(ctx->rs.rope_sn); free(ctx->rs.out_tok); free(ctx->rs.tok_next); free(ctx->rs.grp_first);
+    free(ctx->rs.seq_at);
     free(ctx->blocks_tmp);
-    engine_mla_free(ctx->mla);
-    engine_moe_free(ctx->moe);
-    engine_enc_free(ctx->enc);
-    free(ctx->embd); free(ctx->emb_row);
-    free(ctx->rope_cs_local); free(ctx->rope_sn_local);
-    for (int s = 0; ctx->spec && s < ctx->seq_end; s++) free(ctx->spec[s].rows);
-    free(ctx->spec);
+    engine_mla_free(ctx->be.mla);
+    engine_moe_free(ctx->be.moe);
+    engine_enc_free(ctx->be.enc);
+    free(ctx->rs.embd); free(ctx->rs.emb_row);
+    free(ctx->rs.rope_cs_local); free(ctx->rs.rope_sn_local);
+    for (int s = 0; ctx->spec.seq && s < ctx->seq_end; s++) free(ctx->spec.seq[s].rows);
+    free(ctx->spec.seq);
     free(ctx);
 }
 
@@ -587,24 +587,24 @@ int kvlm_seq_n_past(const kvlm_ctx *ctx, int seq) {
     return seq_ok(ctx, seq) ? kv_store_seq_len(ctx->kv, seq) : 0;
 }
 int kvlm_ctx_n_past(const kvlm_ctx *ctx) { return kvlm_seq_n_past(ctx, ctx->seq_lo); }
-int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->budget; }
-int kvlm_ctx_kv_evict(const kvlm_ctx *ctx) { return ctx->ev.policy; }
+int kvlm_ctx_kv_budget(const kvlm_ctx *ctx) { return ctx->evict.budget; }
+int kvlm_ctx_kv_evict(const kvlm_ctx *ctx) { return ctx->evict.ev.policy; }
 int kvlm_ctx_kv_max_feed(const kvlm_ctx *ctx) {
-    return ctx->budget - (ctx->ev.policy == KVLM_EVICT_SINKS ? ctx->ev.sinks : 0);
+    return ctx->evict.budget - (ctx->evict.ev.policy == KVLM_EVICT_SINKS ? ctx->evict.ev.sinks : 0);
 }
 long kvlm_seq_n_evicted(const kvlm_ctx *ctx, int seq) {
-    return seq_ok(ctx, seq) ? ctx->n_evicted[seq] : 0;
+    return seq_ok(ctx, seq) ? ctx->evict.n_evicted[seq] : 0;
 }
 
 int kvlm_ctx_device(const kvlm_ctx *ctx) { return ctx->p.device; }
 
 /* ---- engine.h hooks ------------------------------------------------------------ */
 
-void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->naive_attention = naive; }
+void engine_set_naive_attention(kvlm_ctx *ctx, bool naive) { ctx->be.naive_attention = naive; }
 int engine_ctx_n_batch(const kvlm_ctx *ctx) { return ctx->n_batch; }
 const char *engine_kv_check(const kvlm_ctx *ctx) { return kv_check(kv_store_pool(ctx->kv)); }
-void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec_h2o_direct = !defer; }
-double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->attn_seconds; }
+void engine_set_spec_h2o_defer(kvlm_ctx *ctx, bool defer) { ctx->spec.h2o_direct = !defer; }
+double engine_attention_seconds(const kvlm_ctx *ctx) { return ctx->stats.attn_seconds; }
 struct kv_store *engine_kv_store(kvlm_ctx *ctx) { return ctx->kv; }
 kvlm_ctx *engine_ctx_host(const kvlm_ctx *ctx) { return ctx->host; }
-double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->evict_seconds; }
+double engine_evict_seconds(const kvlm_ctx *ctx) { return ctx->stats.evict_seconds; }

@@ -12,9 +12,9 @@
 void kvlm_seq_free(kvlm_ctx *ctx, int seq) {
     if (!seq_ok(ctx, seq)) return;
     kv_store_release(ctx->kv, seq);
-    ctx->n_evicted[seq] = 0;
-    if (ctx->h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->budget * sizeof(float));
-    if (ctx->spec) { ctx->spec[seq].on = false; ctx->spec[seq].from = -1; }
+    ctx->evict.n_evicted[seq] = 0;
+    if (ctx->evict.h2o) memset(h2o_scores(ctx, seq), 0, (size_t)ctx->evict.budget * sizeof(float));
+    if (ctx->spec.seq) { ctx->spec.seq[seq].on = false; ctx->spec.seq[seq].from = -1; }
 }
 
 /* ---- swap ---- */
@@ -37,14 +37,14 @@ int kvlm_seq_swap_out(kvlm_ctx *ctx, int seq, kvlm_swap **out, kvlm_error *err) 
     *out = NULL;
     if (!seq_ok(ctx, seq)) return bad_seq(ctx, err);
     kvlm_swap *h = calloc(1, sizeof *h);
-    if (!h || (ctx->h2o && !(h->h2o = malloc((size_t)ctx->budget * sizeof(float))))) {
+    if (!h || (ctx->evict.h2o && !(h->h2o = malloc((size_t)ctx->evict.budget * sizeof(float))))) {
         free(h);
         return util_err_set(err, KVLM_ENOMEM, "out of memory");
     }
     int rc = kv_store_swap_out(ctx->kv, seq, &h->kv, err);
     if (rc) { free(h->h2o); free(h); return rc; }
-    h->n_evicted = ctx->n_evicted[seq];
-    if (h->h2o) memcpy(h->h2o, h2o_scores(ctx, seq), (size_t)ctx->budget * sizeof(float));
+    h->n_evicted = ctx->evict.n_evicted[seq];
+    if (h->h2o) memcpy(h->h2o, h2o_scores(ctx, seq), (size_t)ctx->evict.budget * sizeof(float));
     kvlm_seq_free(ctx, seq); /* the store released it: this clears the rest */
     *out = h;
     return KVLM_OK;
@@ -59,8 +59,8 @@ int kvlm_seq_swap_in(kvlm_ctx *ctx, int seq, kvlm_swap *h, kvlm_error *err) {
         free(h);
     }
     if (rc) return rc;
-    ctx->n_evicted[seq] = h->n_evicted;
-    if (h->h2o) memcpy(h2o_scores(ctx, seq), h->h2o, (size_t)ctx->budget * sizeof(float));
+    ctx->evict.n_evicted[seq] = h->n_evicted;
+    if (h->h2o) memcpy(h2o_scores(ctx, seq), h->h2o, (size_t)ctx->evict.budget * sizeof(float));
     free(h->h2o);
     free(h);
     return KVLM_OK;
@@ -78,23 +78,23 @@ int kvlm_swap_blocks(const kvlm_swap *h) { return h ? kv_swap_blocks(h->kv) : 0;
 void kvlm_ctx_preempt_rates(kvlm_ctx *ctx, double *copy_bytes_per_s, double *tokens_per_s) {
     if (copy_bytes_per_s) *copy_bytes_per_s = kv_store_copy_rate(ctx->kv);
     if (tokens_per_s)
-        *tokens_per_s = ctx->compute_seconds > 0 ? (double)ctx->tokens_computed / ctx->compute_seconds : 0;
+        *tokens_per_s = ctx->stats.compute_seconds > 0 ? (double)ctx->stats.tokens_computed / ctx->stats.compute_seconds : 0;
 }
 
 void kvlm_ctx_reset(kvlm_ctx *ctx) {
     for (int s = ctx->seq_lo; s < ctx->seq_end; s++) kvlm_seq_free(ctx, s);
-    ctx->n_logits = 0;
+    ctx->rs.n_logits = 0;
 }
 
 int kvlm_seq_fork(kvlm_ctx *ctx, int src, int dst, kvlm_error *err) {
     if (!seq_ok(ctx, src) || !seq_ok(ctx, dst)) return bad_seq(ctx, err);
-    if (ctx->spec && (ctx->spec[src].on || ctx->spec[dst].on) && src != dst)
+    if (ctx->spec.seq && (ctx->spec.seq[src].on || ctx->spec.seq[dst].on) && src != dst)
         return util_err_set(err, KVLM_EINVAL, "sequence %d holds unverified tokens: trim it before forking",
-                            ctx->spec[src].on ? src : dst);
+                            ctx->spec.seq[src].on ? src : dst);
     int rc = kv_store_fork(ctx->kv, src, dst, err);
     if (rc || src == dst) return rc;
-    ctx->n_evicted[dst] = ctx->n_evicted[src];
-    if (ctx->h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->budget * sizeof(float));
+    ctx->evict.n_evicted[dst] = ctx->evict.n_evicted[src];
+    if (ctx->evict.h2o) memcpy(h2o_scores(ctx, dst), h2o_scores(ctx, src), (size_t)ctx->evict.budget * sizeof(float));
     return KVLM_OK;
 }
 
@@ -165,7 +165,7 @@ static bool swa_cache(const kvlm_ctx *ctx) {
 int kvlm_session_save(kvlm_ctx *ctx, int seq, const char *path, kvlm_error *err) {
     if (!seq_ok(ctx, seq) || !path)
         return util_err_set(err, KVLM_EINVAL, "bad sequence or session path");
-    if (ctx->n_evicted[seq])
+    if (ctx->evict.n_evicted[seq])
         return util_err_set(err, KVLM_EINVAL, "sequence %d evicted tokens: its cache no longer matches its text", seq);
     if (swa_cache(ctx))
         return util_err_set(err, KVLM_EUNSUPPORTED, "sessions of a sliding-window model are not supported (its cache "
@@ -282,7 +282,7 @@ void kvlm_kv_stats_get(const kvlm_ctx *ctx, kvlm_kv_stats *st) {
     st->evictions = s.evictions;
     st->block_bytes = kv_store_block_bytes(ctx->kv);
     st->bytes_per_token = bytes_per_token(ctx);
-    st->tokens_computed = ctx->tokens_computed;
+    st->tokens_computed = ctx->stats.tokens_computed;
     st->type_k = ctx->host ? ctx->p.cache_type_k : kv_store_params_of(ctx->kv)->k_type; /* a draft's own */
     st->type_v = ctx->host ? ctx->p.cache_type_v : kv_store_params_of(ctx->kv)->v_type;
     st->stage_bytes = kv_store_stage_bytes(ctx->kv);
