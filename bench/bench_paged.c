@@ -29,7 +29,7 @@ typedef struct { int prompt, output, done; } request;
 static void memory_and_capacity(void) {
     const int n_ctx = 2048, bs = 16, n_req = 1000, slots = 64;
     /* Shape of stories110M's cache does not matter for ratios; use 1 layer/head. */
-    kv_params p = {1, 1, 4, bs, slots * n_ctx / bs, slots, n_ctx, 1, false, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {1, 1, 4, bs, slots * n_ctx / bs, slots, n_ctx, 1, false, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     kvlm_error err = {0};
     kv_cache *c = kv_create(&p, &err);
     if (!c) { fprintf(stderr, "%s\n", err.msg); exit(1); }

@@ -181,7 +181,7 @@ static void run_pass(const bench_shape *s, kvlm_model *m, double *t_disk, double
 
 /* What signing costs one block of `bytes` payload: seal + check, checksum against HMAC-SHA-256. */
 static void seal_cost(size_t bytes) {
-    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_F16, 16, 1, 1, 64, bytes, false, NULL};
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_F16, 16, 1, 1, 64, bytes, false, NULL, 0};
     int32_t toks[16] = {0};
     kv_key key;
     const char *secret = "bench_tiers: a per-deployment secret";

@@ -10,7 +10,7 @@ enum { FZ_NL = 2, FZ_NH = 2, FZ_HD = 4, FZ_BS = 4 };
 
 static inline kv_store *fuzz_store(void) {
     kv_store_params sp = {0};
-    kv_params p = {FZ_NL, FZ_NH, FZ_HD, FZ_BS, 16, 1, 64, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {FZ_NL, FZ_NH, FZ_HD, FZ_BS, 16, 1, 64, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     sp.pool = p;
     kvlm_error err = {0};
     kv_store *s = kv_store_create(&sp, &err);

@@ -794,6 +794,8 @@ typedef struct kvlm_plan_params {
     double elem_bytes;  /* bytes per cached element, K and V averaged; 0: 4 (f32)
                            (kvlm_cache_type_elem_bytes gives it for a type) */
     uint64_t host_bytes, disk_bytes, redis_bytes; /* KV tiers' sizes (0: none) */
+    int n_batch;        /* tokens one step adds at most (kvlm_ctx_params.n_batch); 0: the context's
+                           default, n_ctx up to 512 (a sliding window's cap counts them) */
 } kvlm_plan_params;
 typedef struct kvlm_plan {
     int n_ctx, n_seq, block_size, avg_tokens, blocks_per_seq;
@@ -810,9 +812,12 @@ typedef struct kvlm_plan {
      * would take: layers x heads x (key length + value length) x elem_bytes */
     size_t mha_bytes_per_token;
     /* Sliding window (docs/sliding-window.md; 0: none): the local layers hold
-     * at most local_cap_tokens tokens of a sequence (its window in whole
-     * blocks, plus the block filling), the global ones all of them. */
-    int window, n_local_layers, local_cap_tokens;
+     * at most local_cap_tokens tokens of a sequence (in whole blocks: its
+     * window and one step of n_batch tokens, reserved before the blocks
+     * before the window are released; the blocks the engine's pool keeps per
+     * sequence, less its one spare for a copy-on-write), the global ones all
+     * of them. */
+    int window, n_local_layers, local_cap_tokens, n_batch;
     size_t bytes_per_token_local, bytes_per_token_global; /* the two parts of bytes_per_token */
     size_t bytes_per_seq_window;   /* a sequence of n_ctx tokens as the windowed cache holds it */
     long fit_window_full;          /* sequences of n_ctx that fit kv_mem so */

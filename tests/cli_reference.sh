@@ -359,7 +359,8 @@ fi
 ref=$ref_llama
 model="$tmp/gemma3-w8-f32.gguf"
 if [ -f "$model" ]; then
-    plan=$("$bin" plan -m "$model" --ctx 128 --block-size 4 2>&1 || true)
+    # steps of one token (-ub 1): the pool's cap is the window in blocks plus the one filling
+    plan=$("$bin" plan -m "$model" --ctx 128 --block-size 4 -ub 1 2>&1 || true)
     if grep -q "^  gemma3: 6 layers" <<< "$plan" &&
        grep -q "^sliding window: *8 tokens on 5 of 6 layers: their cache holds at most 12 tokens" <<< "$plan" &&
        grep -q "^  KV per token: *128 bytes global + 640 bytes local" <<< "$plan"; then

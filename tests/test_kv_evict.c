@@ -53,7 +53,7 @@ static void test_policies(void **state) {
 /* ---- the paged cache ---- */
 
 static kv_cache *make_cache(int n_blocks, int bs, int max_seqs, int k_type) {
-    kv_params p = {2, 2, 8, bs, n_blocks, max_seqs, 4096, 99, true, k_type, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {2, 2, 8, bs, n_blocks, max_seqs, 4096, 99, true, k_type, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     kvlm_error err = {0};
     kv_cache *c = kv_create(&p, &err);
     if (!c) fail_msg("kv_create: %s", err.msg);

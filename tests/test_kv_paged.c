@@ -9,7 +9,7 @@
 #include "kv/paged.h"
 
 static kv_cache *make(int n_blocks, int bs, int max_seqs, bool prefix) {
-    kv_params p = {2, 2, 4, bs, n_blocks, max_seqs, 4096, 1234, prefix, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {2, 2, 4, bs, n_blocks, max_seqs, 4096, 1234, prefix, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     kvlm_error err = {0};
     kv_cache *c = kv_create(&p, &err);
     assert_non_null(c);
@@ -120,7 +120,7 @@ static void test_prefix_reuse(void **state) {
     assert_null(kv_check(c));
     /* A different salt (another model or element type) never matches. */
     kv_free(c);
-    kv_params p = {2, 2, 4, 4, 32, 4, 4096, 999, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {2, 2, 4, 4, 32, 4, 4096, 999, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     c = kv_create(&p, &err);
     assert_int_equal(kv_seq_match_prefix(c, 0, a, 13), 0);
     kv_free(c);

@@ -21,7 +21,7 @@ static void le32(uint8_t *p, uint32_t v) {
 
 /* The key as docs/kv-tiers.md spells it, built here independently. */
 static void spec_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tokens, kv_key *out) {
-    uint8_t buf[48 + 4 * 64];
+    uint8_t buf[48 + 4 * 64 + 4];
     le32(buf, 1);
     memcpy(buf + 4, f->model.b, 16);
     le32(buf + 20, (uint32_t)f->k_type);
@@ -30,14 +30,19 @@ static void spec_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *
     memset(buf + 32, 0, 16);
     if (parent) memcpy(buf + 32, parent->b, 16);
     for (int i = 0; i < f->block_size; i++) le32(buf + 48 + 4 * i, (uint32_t)tokens[i]);
-    XXH128_hash_t h = XXH3_128bits(buf, 48 + 4 * (size_t)f->block_size);
+    size_t n = 48 + 4 * (size_t)f->block_size;
+    if (f->layer_group) { /* only a pool of another layer group than 0 hashes it */
+        le32(buf + n, (uint32_t)f->layer_group);
+        n += 4;
+    }
+    XXH128_hash_t h = XXH3_128bits(buf, n);
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h);
     memcpy(out->b, c.digest, 16);
 }
 
 static kv_blockfmt small_fmt(void) {
-    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000, false, NULL};
+    kv_blockfmt f = {{{0}}, KVLM_CACHE_F16, KVLM_CACHE_Q8_0, 16, 2, 2, 32, 1000, false, NULL, 0};
     for (int i = 0; i < 16; i++) f.model.b[i] = (uint8_t)(i * 7 + 1);
     return f;
 }
@@ -64,6 +69,13 @@ static void test_key_spec(void **state) {
     g = f;
     g.v_type = KVLM_CACHE_F16;
     kv_block_key(&g, NULL, t, &o);
+    assert_memory_not_equal(o.b, k1.b, 16);
+    /* the local layers' pool (layer group 1): its own keys, group 0's as they were */
+    g = f;
+    g.layer_group = KV_LAYER_GROUP_LOCAL;
+    kv_block_key(&g, NULL, t, &o);
+    spec_key(&g, NULL, t, &s2);
+    assert_memory_equal(o.b, s2.b, 16);
     assert_memory_not_equal(o.b, k1.b, 16);
     t[15]++;
     kv_block_key(&f, NULL, t, &o);
@@ -357,7 +369,7 @@ static int g_roles = KV_TIER_DEMOTE; /* make_store: the tiers' roles */
 static kv_store *make_store(int n_blocks, int bs, int max_seqs, kv_tier **tiers, int n_tiers) {
     kv_store_params sp = {0};
     sp.swap_bytes = g_swap_bytes;
-    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params p = {NL, NH, HD, bs, n_blocks, max_seqs, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     sp.pool = p;
     for (int t = 0; t < n_tiers; t++) {
         sp.tiers[t] = tiers[t];
@@ -432,7 +444,7 @@ static void test_forged_tier(void **state) {
         f->forge = true;
         f->forge_auth = signed_ ? guess : NULL;
         kv_store_params sp = {0};
-        kv_params p = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+        kv_params p = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
         sp.pool = p;
         sp.tiers[0] = &f->base;
         sp.roles[0] = KV_TIER_DEMOTE;
@@ -516,7 +528,7 @@ static void on_tier_event(void *user, int what, const kv_key *key, const kv_key 
 static void test_host_tier_events(void **state) {
     (void)state;
     kvlm_error err = {0};
-    kv_params probe = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL};
+    kv_params probe = {NL, NH, HD, 4, 5, 2, 4096, 1234, true, KVLM_CACHE_F32, KVLM_CACHE_F32, NULL, {{0}}, false, NULL, 0};
     kv_cache *pc = kv_create(&probe, &err);
     assert_non_null(pc);
     size_t blob = kv_blockfmt_bytes(kv_get_blockfmt(pc));

@@ -3,13 +3,14 @@
  * prefill and token-by-token decode over several windows, cache == recompute,
  * paged == contiguous, the local layers' old blocks going back to the pool,
  * prefix reuse, fork / copy-on-write, swap and the scheduler over SWA
- * sequences. */
+ * sequences; kvlm plan's local cap against the pool the context reserves. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/engine.h"
 #include "helpers/testutil.h"
+#include "kv/blockfmt.h"
 #include "kv/paged.h"
 #include "kv/store.h"
 #include "kvlm.h"
@@ -633,6 +634,81 @@ static void test_refused(void **state) {
     assert_non_null(strstr(err.msg, "sliding window"));
 }
 
+/* kvlm plan's cap of the local layers is the engine's pool: for each shape
+ * and step, the blocks the created context's windowed store reserves per
+ * sequence are the planner's local_cap_tokens in blocks plus the one spare
+ * for a copy-on-write (twice over for a second, local store: live and
+ * cached; an all-local store takes no more than a full context). */
+static void test_plan_matches_pool(void **state) {
+    (void)state;
+    static const struct { int bs, n_batch, n_ctx, n_seq; } cfg[] = {
+        {BS, 8, 256, 1}, {16, 1, 256, 3}, {BS, 64, 64, 2}, {16, 0, 100, 1}, {8, 0, 1024, 2},
+    };
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        const kvlm_config *c = kvlm_model_config(m);
+        for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+            kvlm_error err = {0};
+            kvlm_ctx_params cp = kvlm_ctx_default_params();
+            cp.n_ctx = cfg[k].n_ctx;
+            cp.block_size = cfg[k].bs;
+            cp.n_seq_max = cfg[k].n_seq;
+            cp.n_batch = cfg[k].n_batch;
+            cp.n_threads = 1;
+            kvlm_ctx *ctx = kvlm_ctx_create(m, &cp, &err);
+            if (!ctx) fail_msg("%s: context: %s", SHAPES[i].name, err.msg);
+            kvlm_plan_params pp = {.n_ctx = cfg[k].n_ctx, .n_seq = cfg[k].n_seq, .block_size = cfg[k].bs,
+                                   .n_batch = cfg[k].n_batch};
+            kvlm_plan pl;
+            kvlm_plan_memory(m, &pp, &pl);
+            assert_int_equal(pl.window, WINDOW);
+            assert_int_equal(pl.n_batch, engine_ctx_n_batch(ctx));
+            int bs = cfg[k].bs, all = (cfg[k].n_ctx + bs - 1) / bs;
+            int per_seq = (pl.local_cap_tokens + bs - 1) / bs + 1;
+            kv_store *s = engine_kv_store(ctx), *l = kv_store_local(s);
+            if (c->n_local_layers < c->n_layers) {
+                assert_non_null(l);
+                assert_int_equal(kv_store_params_of(l)->n_blocks, 2 * per_seq * cfg[k].n_seq);
+            } else {
+                assert_null(l);
+                assert_int_equal(kv_store_params_of(s)->n_blocks, (per_seq < all ? per_seq : all) * cfg[k].n_seq);
+            }
+            kvlm_ctx_free(ctx);
+        }
+        kvlm_model_free(m);
+    }
+}
+
+/* The local layers' pool names its blocks by the model's fingerprint and
+ * layer group 1: its keys of a sequence's tokens are not the global pool's,
+ * and the global pool's are a plain (group 0) pool's of the same model. */
+static void test_layer_group_keys(void **state) {
+    (void)state;
+    for (int i = 0; i < N_SHAPES; i++) {
+        kvlm_model *m = load(i);
+        kvlm_ctx *ctx = make_ctx(m, BS, 1, 0, false);
+        kv_store *s = engine_kv_store(ctx), *l = kv_store_local(s);
+        if (l) {
+            const kv_blockfmt *g = kv_get_blockfmt(kv_store_pool(s)), *lf = kv_get_blockfmt(kv_store_pool(l));
+            assert_int_equal(g->layer_group, KV_LAYER_GROUP_ALL);
+            assert_int_equal(lf->layer_group, KV_LAYER_GROUP_LOCAL);
+            assert_memory_equal(g->model.b, lf->model.b, 16);
+            int32_t t[BS];
+            tokens(t, BS, 40);
+            kv_key kg, kl;
+            kv_block_key(g, NULL, t, &kg);
+            kv_block_key(lf, NULL, t, &kl);
+            assert_memory_not_equal(kg.b, kl.b, 16);
+            kv_blockfmt plain = *lf; /* group 0 with the local pool's types: the global key */
+            plain.layer_group = KV_LAYER_GROUP_ALL;
+            kv_block_key(&plain, NULL, t, &kl);
+            assert_memory_equal(kg.b, kl.b, 16);
+        }
+        kvlm_ctx_free(ctx);
+        kvlm_model_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference),
@@ -645,6 +721,8 @@ int main(void) {
         cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_sched),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_plan_matches_pool),
+        cmocka_unit_test(test_layer_group_keys),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

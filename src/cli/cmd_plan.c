@@ -20,7 +20,7 @@ int cmd_plan(int argc, char **argv) {
         bool bad = false;
         if (cli_is(argv[i], "-h", "--help")) {
             printf("usage: kvlm plan -m MODEL [--ctx N] [--batch B] [--kv-mem SIZE] [--block-size S] [--avg-tokens A]\n"
-                   "                 [--cache-type-k T] [--cache-type-v T]\n"
+                   "                 [--cache-type-k T] [--cache-type-v T] [--ubatch-size U]\n"
                    "                 [--kv-host-size SIZE] [--kv-disk-size SIZE] [--kv-redis-size SIZE]\n\n"
                    "Prints KV cache bytes per token, per sequence and for B sequences of N tokens\n"
                    "(2 x layers x KV heads x head dim x bytes per element x tokens x batch), next to the\n"
@@ -29,6 +29,8 @@ int cmd_plan(int argc, char **argv) {
                    "default 16), at full context and at an average of A tokens (default N/2), and how\n"
                    "many cached tokens the pool and each KV tier of the given size hold (a tier stores\n"
                    "a block with a small header: docs/kv-tiers.md; for Redis, its maxmemory).\n"
+                   "A sliding window's layers hold at most the window and one step of U tokens\n"
+                   "(run's -ub, serve's --batch-tokens; default N up to 512).\n"
                    "SIZE: bytes, or with a unit: 512MiB, 2GiB, 1.5GB.\n");
             return 0;
         } else if (cli_opt_str(argc, argv, &i, "-m", "--model", &model_path, &bad)) {}
@@ -41,13 +43,14 @@ int cmd_plan(int argc, char **argv) {
         else if (cli_opt_str(argc, argv, &i, NULL, tier_opt[1], &tier_mem[1], &bad)) {}
         else if (cli_opt_str(argc, argv, &i, NULL, tier_opt[2], &tier_mem[2], &bad)) {}
         else if (cli_opt_int(argc, argv, &i, NULL, "--avg-tokens", &pp.avg_tokens, &bad)) {}
+        else if (cli_opt_int(argc, argv, &i, "-ub", "--ubatch-size", &pp.n_batch, &bad)) {}
         else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-k", false, &tk, &bad)) {}
         else if (cli_opt_cache_type(argc, argv, &i, "--cache-type-v", true, &tv, &bad)) {}
         else return cli_fail("plan", "unknown option '%s'", argv[i]);
         if (bad) return 1;
     }
     if (!model_path) return cli_fail("plan", "no model given (-m FILE)");
-    if (pp.n_ctx < 0 || pp.n_seq < 0 || pp.block_size < 0 || pp.avg_tokens < 0)
+    if (pp.n_ctx < 0 || pp.n_seq < 0 || pp.block_size < 0 || pp.avg_tokens < 0 || pp.n_batch < 0)
         return cli_fail("plan", "sizes must be positive");
     if (mem && cli_parse_size(mem, &pp.kv_mem)) return cli_fail("plan", "bad size '%s' (e.g. 512MiB, 2GiB)", mem);
     uint64_t *tier_bytes[3] = {&pp.host_bytes, &pp.disk_bytes, &pp.redis_bytes};
@@ -98,7 +101,8 @@ int cmd_plan(int argc, char **argv) {
         char g[32], h[32];
         mib(a, sizeof a, p.bytes_per_seq_window);
         printf("sliding window:       %d tokens on %d of %d layers: their cache holds at most %d tokens of a "
-               "sequence\n", p.window, p.n_local_layers, c->n_layers, p.local_cap_tokens);
+               "sequence (the window and a step of %d token%s)\n", p.window, p.n_local_layers, c->n_layers,
+               p.local_cap_tokens, p.n_batch, p.n_batch == 1 ? "" : "s");
         printf("  KV per token:       %zu bytes global + %zu bytes local (up to %d tokens)\n",
                p.bytes_per_token_global, p.bytes_per_token_local, p.local_cap_tokens);
         mib(g, sizeof g, p.bytes_per_seq);

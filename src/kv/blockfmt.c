@@ -107,6 +107,10 @@ void kv_block_key(const kv_blockfmt *f, const kv_key *parent, const int32_t *tok
         for (; n < 64 && i < f->block_size; n++, i++) put32(buf + 4 * n, (uint32_t)tokens[i]);
         XXH3_128bits_update(&st, buf, (size_t)n * 4);
     }
+    if (f->layer_group) {
+        put32(buf, (uint32_t)f->layer_group);
+        XXH3_128bits_update(&st, buf, 4);
+    }
     if (f->auth) XXH3_128bits_update(&st, f->auth->id, sizeof f->auth->id);
     key_from_hash(XXH3_128bits_digest(&st), out);
 }

@@ -9,6 +9,9 @@
  *   u32 block size (tokens)
  *   16  parent block's key (16 zero bytes for a sequence's first block)
  *   block size x i32 token ids
+ *   (a pool of a layer group other than 0 only) u32 the layer group
+ *       (kv_params.layer_group: 1, gemma's local layers, whose pool is
+ *       apart from the global layers'; group 0's keys are as before it)
  *   (signed deployments only) 16  the signing key's id
  * The 16 key bytes are XXH3-128's canonical (big-endian) form.
  *
@@ -76,6 +79,7 @@ typedef struct {
     size_t payload_bytes; /* one block's bytes (kv_block_bytes) */
     bool v_in_k;          /* a latent (MLA) cache: no V regions; header flags bit 0 */
     const kv_blockauth *auth; /* NULL: sealed with XXH3-64; else signed with this key (flags bit 1) */
+    int layer_group;      /* kv_params.layer_group: in the key when not 0 (not in the stored header) */
 } kv_blockfmt;
 
 /* The key of a full block of f->block_size tokens after parent (NULL: the first). */

@@ -103,6 +103,7 @@ static void layout_init(kv_layout *L, const kv_params *p, const kv_key *model, s
     L->v_bytes = p->v_in_k ? 0 : region_bytes(p->v_type, p);
     memset(&L->fmt, 0, sizeof L->fmt);
     L->fmt.model = *model;
+    L->fmt.layer_group = p->layer_group;
     L->fmt.k_type = p->k_type;
     L->fmt.v_type = p->v_type;
     L->fmt.block_size = p->block_size;

@@ -35,6 +35,10 @@ typedef struct {
 } kv_storage;
 extern const kv_storage kv_storage_host;
 
+/* kv_params.layer_group: all the model's layers, or its global ones when
+ * the local (sliding-window) layers have a pool of their own. */
+enum { KV_LAYER_GROUP_ALL = 0, KV_LAYER_GROUP_LOCAL = 1 };
+
 typedef struct {
     int n_layers, n_kv_heads, head_dim;
     int block_size;       /* tokens per block */
@@ -51,6 +55,10 @@ typedef struct {
      * kv_block_k, v_type must equal k_type, a per-token type). */
     bool v_in_k;
     const kv_blockauth *auth; /* stored blocks are signed with this key (kv/blockfmt.h); NULL: checksummed only */
+    /* Which of the model's layers the pool holds (KV_LAYER_GROUP_*), part of
+     * every block key but group 0's: two pools of one model (gemma's global
+     * and local layers) never give the same tokens' blocks one key. */
+    int layer_group;
 } kv_params;
 
 kv_cache *kv_create(const kv_params *p, kvlm_error *err);

@@ -4,6 +4,11 @@
 #include "kv/planner.h"
 #include "kv/blockfmt.h"
 
+int kv_plan_window_blocks(int window, int step, int block_size, int n_ctx) {
+    int held = (window + step + 2 * block_size - 3) / block_size, all = (n_ctx + block_size - 1) / block_size;
+    return held < all ? held : all;
+}
+
 void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *p, kvlm_plan *o) {
     int bs = p->block_size > 0 ? p->block_size : 16;
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
@@ -48,7 +53,10 @@ void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *
     o->n_local_layers = n_local;
     o->bytes_per_token_local = (size_t)(2.0 * n_local * c->n_kv_heads * c->head_dim * elem + 0.5);
     o->bytes_per_token_global = o->bytes_per_token - o->bytes_per_token_local;
-    int cap = n_local ? ((c->sliding_window - 1 + bs - 1) / bs + 1) * bs : n_ctx;
+    /* the engine's pool: the window and one step of n_batch tokens (kvlm_ctx_create's default: n_ctx up to 512) */
+    int step = p->n_batch > 0 ? p->n_batch : (n_ctx < 512 ? n_ctx : 512);
+    o->n_batch = step;
+    int cap = n_local ? kv_plan_window_blocks(c->sliding_window, step, bs, n_ctx) * bs : n_ctx;
     o->local_cap_tokens = cap < n_ctx ? cap : n_ctx;
     o->bytes_per_seq_window = o->bytes_per_token_global * (size_t)n_ctx +
                               o->bytes_per_token_local * (size_t)o->local_cap_tokens;
