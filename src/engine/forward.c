@@ -118,24 +118,6 @@ kvlm_ctx_params kvlm_ctx_default_params(void) {
     return p;
 }
 
-static const struct { const char *name; int id; } k_cache_types[] = {
-    {"f32", KVLM_CACHE_F32}, {"f16", KVLM_CACHE_F16}, {"bf16", KVLM_CACHE_BF16},
-    {"q8_0", KVLM_CACHE_Q8_0}, {"q4_0", KVLM_CACHE_Q4_0}, {"q4_kc", KVLM_CACHE_Q4_KC},
-};
-
-int kvlm_cache_type_from_name(const char *name) {
-    if (!name) return -1;
-    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
-        if (!strcmp(name, k_cache_types[i].name)) return k_cache_types[i].id;
-    return -1;
-}
-
-const char *kvlm_cache_type_name(int type) {
-    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
-        if (type == k_cache_types[i].id) return k_cache_types[i].name;
-    return NULL;
-}
-
 static const char *const k_evict_names[] = {"none", "window", "sinks", "h2o"};
 
 int kvlm_evict_from_name(const char *name) {
