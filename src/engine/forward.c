@@ -214,11 +214,12 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
 }
 
 /* A draft model's cache d in the pool of a context with params tp: its
- * shape, in the pool's element types but for q4_kc keys, which become q8_0
- * (its drafts are taken back across blocks, which q4_kc's staging cannot). */
+ * shape, in the pool's element types but for keys whose table row names
+ * another draft type (q4_kc's: q8_0; its drafts are taken back across
+ * blocks, which q4_kc's staging cannot). */
 static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
     kv_guest g = {d->n_layers, d->n_kv_heads, d->head_dim, tp->cache_type_k, tp->cache_type_v};
-    if (g.k_type == KVLM_CACHE_Q4_KC) g.k_type = KVLM_CACHE_Q8_0;
+    g.k_type = op_kv_draft_type(g.k_type);
     return g;
 }
 
@@ -227,7 +228,7 @@ static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
  * guest's sequences keep all theirs, all its layers in the global store). */
 static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp) {
     bool windowed = t->sliding_window > 0 && t->n_local_layers > 0;
-    return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC || (windowed && !same_windows(t, d));
+    return !same_cache_shape(t, d) || op_kv_draft_type(tp->cache_type_k) != tp->cache_type_k || (windowed && !same_windows(t, d));
 }
 
 /* The blocks a draft sequence holds at most (n_seq_draft): per_seq, the
@@ -422,9 +423,9 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (!op_kv_type_valid(p->cache_type_v, true)) {
-        if (p->cache_type_v == KVLM_CACHE_Q4_KC)
-            util_err_set(err, KVLM_EINVAL, "q4_kc quantizes keys per channel; it is not a type for values "
-                                           "(use q4_0 or q8_0 for values)");
+        if (op_kv_type_valid(p->cache_type_v, false))
+            util_err_set(err, KVLM_EINVAL, "%s quantizes keys per channel; it is not a type for values "
+                                           "(use q4_0 or q8_0 for values)", op_kv_type_name(p->cache_type_v));
         else util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for values", p->cache_type_v);
         goto fail;
     }
@@ -468,7 +469,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     /* latent rows: eviction re-rotates their RoPE part with plain RoPE (not
      * YaRN's angles), and h2o would need the latent kernel's weights */
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
-        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || p->cache_type_k == KVLM_CACHE_Q4_KC ||
+        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || op_kv_per_block(p->cache_type_k) ||
          (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx)))) {
         util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU, without q4_kc keys, and "
                                              "evicts by window or sinks only (not h2o; not with YaRN)");
@@ -490,7 +491,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (p->device == KVLM_DEVICE_CUDA) {
-        if (p->cache_type_k == KVLM_CACHE_Q4_KC || p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx) {
+        if (!op_kv_traits_of(p->cache_type_k)->cuda || p->kv_evict != KVLM_EVICT_NONE || ctx->budget < p->n_ctx) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: q4_kc keys and eviction (--kv-evict, --kv-budget) "
                                                  "run on the CPU only");
             goto fail;
@@ -1208,7 +1209,7 @@ static void qkv_worker(void *p, int ith, int nth) {
     kvlm_ctx *ctx = j->ctx;
     const kvlm_config *c = &ctx->model->cfg;
     int QD = c->n_heads * c->head_dim, half = c->rope_dim / 2, H = c->n_kv_heads;
-    bool kc = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC; /* the context's: a draft's guest keys are per-token */
+    bool kc = op_kv_in_order(ctx->p.cache_type_k); /* the context's: a draft's guest keys are per-token */
     for (int u; (u = next_unit(j)) >= 0;) {
         if (u < j->T) {
             float *q = ctx->q + (size_t)u * QD;
@@ -1278,7 +1279,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     for (int t = 0; emb && t < T; t++)
         if (emb[t] && !want[t]) ctx->out_tok[n_out++] = t;
     kv_store_rows_written(ctx->kv, seq, pos, T);
-    int n_groups = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
+    int n_groups = op_kv_in_order(ctx->p.cache_type_k) ? group_by_seq(ctx, seq, T) : 0;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         j.L = L;
