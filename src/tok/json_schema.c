@@ -1,13 +1,13 @@
-/* engine/json_schema: a JSON schema (OpenAI's response_format json_schema,
+/* tok/json_schema: a JSON schema (OpenAI's response_format json_schema,
  * llama.cpp's --json-schema) as a GBNF grammar for engine/grammar. Each
  * schema becomes a rule; objects keep their properties in the schema's order
  * (required ones always there, optional ones maybe), and take no other keys
  * unless the schema has no properties (as llama.cpp does). Keywords that
  * constrain values in ways a grammar here does not express (uniqueItems,
- * multipleOf, lookaround in a pattern, ...) are refused by name, never
- * ignored; annotations (title, description, default, examples, and formats
- * other than date, time, date-time and uuid) are ignored, as JSON Schema
- * itself treats them. */
+ * not, lookaround in a pattern, a multipleOf other than a power of ten or a
+ * small whole number, ...) are refused by name, never ignored; annotations
+ * (title, description, default, examples, and formats other than date, time,
+ * date-time and uuid) are ignored, as JSON Schema itself treats them. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
-#include "engine/json_schema.h"
+#include "tok/json_schema.h"
 #include "util/utf8.h"
 #include "util/error.h"
 
@@ -1141,7 +1141,7 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
     return c.out.s;
 }
 
-char *eng_json_schemas_gbnf(const eng_schema_item *items, int n, kvlm_error *err) {
+char *tok_json_schemas_gbnf(const tok_schema_item *items, int n, kvlm_error *err) {
     conv c = {.err = err};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
