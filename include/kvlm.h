@@ -491,6 +491,16 @@ enum {
 int kvlm_cache_type_from_name(const char *name);
 /* Name of a cache type id, or NULL if it is none. */
 const char *kvlm_cache_type_name(int type);
+/* The cache type ids, in the table's order, into ids (up to cap of them);
+ * returns how many there are. */
+int kvlm_cache_types(int *ids, int cap);
+/* Whether a cache type can hold values (all but q4_kc, which is for keys). */
+bool kvlm_cache_type_for_values(int type);
+/* The key type a draft model's cache keeps beside a model whose keys are of
+ * this type (itself, but q8_0 for q4_kc: a draft's rows are taken back across
+ * blocks); -1 if type is none. kvlm_ctx_create_draft applies it; give it to a
+ * draft context of its own too. */
+int kvlm_cache_type_draft(int type);
 /* Bytes one cached element takes, exactly, for a head dimension and block
  * size (e.g. q8_0 at head_dim 64: 34/32; at head_dim 8: 10/8); 0 if the type
  * is unknown. */

@@ -10,6 +10,7 @@
 #include "helpers/testutil.h"
 #include "kvlm.h"
 #include "dtype/dtype.h"
+#include "ops/attention_internal.h"
 #include "ops/kvtype.h"
 #include "ops/ops_internal.h"
 
@@ -48,6 +49,129 @@ static void test_names_and_sizes(void **state) {
     assert_true(kvlm_cache_type_elem_bytes(KVLM_CACHE_Q4_KC, 8, 16) == 12.0 / 16);
     assert_true(kvlm_cache_type_elem_bytes(KVLM_CACHE_Q4_KC, 64, 64) == 36.0 / 64);
     assert_true(kvlm_cache_type_elem_bytes(KVLM_CACHE_F16, 8, 16) == 2.0);
+}
+
+/* ---- the table: every row, so a new row is tested by being added ------------ */
+/* Each row against its own facts: its name both ways and in kvlm_cache_types'
+ * list; a draft type that takes rows back; per-token rows: every SIMD level's
+ * quantizer (up to this CPU's) gives the reference's bits, every level's
+ * dequantizer of rows the reference's floats, and the round trip stays within
+ * half a code step of the group's largest |x| (plus the f16 scale's rounding)
+ * or, for float types, within the mantissa's rounding; per-block rows: within
+ * half a step of each channel's range (plus f16 rounding of scale and min). */
+static void test_table_rows(void **state) {
+    (void)state;
+    int n = 0, ids[32];
+    const op_kv_traits *rows = op_kv_traits_all(&n);
+    assert_true(n > 0 && n <= 32);
+    assert_int_equal(kvlm_cache_types(ids, 32), n);
+    const int hds[] = {6, 8, 16, 32, 64, 80, 128}, bss[] = {1, 7, 16, 64};
+    for (int r = 0; r < n; r++) {
+        const op_kv_traits *t = &rows[r];
+        assert_non_null(t->name);
+        assert_ptr_equal(op_kv_traits_of(t->id), t);
+        assert_int_equal(ids[r], t->id);
+        assert_int_equal(kvlm_cache_type_from_name(t->name), t->id);
+        assert_string_equal(kvlm_cache_type_name(t->id), t->name);
+        assert_true(t->keys); /* every type holds keys; values are the choice */
+        assert_int_equal(kvlm_cache_type_for_values(t->id), t->values);
+        /* a draft's rows are taken back: its type must allow it, and hold
+         * the same side */
+        assert_int_equal(kvlm_cache_type_draft(t->id), t->draft);
+        assert_non_null(op_kv_traits_of(t->draft));
+        assert_false(op_kv_in_order(t->draft));
+        assert_true(op_kv_traits_of(t->draft)->keys);
+        if (t->in_order) assert_int_not_equal(t->draft, t->id);
+        for (int l = 0; l < OP_SIMD_LEVELS; l++) { /* what the attention driver relies on */
+            const op_kv_kernels *k = op_kv_kernels_at(t->id, l);
+            if (!k) continue;
+            assert_true(k->hd_multiple > 0);
+            assert_non_null(k->scores);
+            if (t->values) assert_non_null(k->pv);
+        }
+        for (int hi = 0; hi < 7; hi++) {
+            int hd = hds[hi];
+            float *x = rand_floats((size_t)64 * hd, 3.0f), *y = malloc(sizeof(float) * 64 * hd),
+                  *y2 = malloc(sizeof(float) * 64 * hd);
+            uint8_t *ref = malloc((size_t)64 * hd * 4 + 64), *buf = malloc((size_t)64 * hd * 4 + 64);
+            assert_true(y && y2 && ref && buf);
+            if (t->per_block) {
+                assert_int_equal(op_kv_row_bytes(t->id, hd), 0);
+                assert_non_null(t->quantize_block);
+                assert_non_null(t->dequantize_block);
+                for (int bi = 0; bi < 4; bi++) {
+                    int bs = bss[bi];
+                    uint16_t *h16 = malloc(sizeof(uint16_t) * bs * hd);
+                    for (int i = 0; i < bs * hd; i++) h16[i] = dt_f32_to_f16(x[i] + (float)(i % hd % 5) - 2.0f);
+                    size_t rb = op_kv_region_bytes(t->id, hd, bs);
+                    assert_true(rb > 0 && rb <= (size_t)64 * hd * 4 + 64);
+                    t->quantize_block(h16, buf, hd, bs, bs);
+                    t->dequantize_block(buf, y, hd, bs, 0, bs);
+                    double steps = (double)((1 << t->bits) - 1);
+                    for (int c = 0; c < hd; c++) {
+                        float lo = INFINITY, hi2 = -INFINITY;
+                        for (int k = 0; k < bs; k++) {
+                            lo = fminf(lo, dt_f16_to_f32(h16[(size_t)k * hd + c]));
+                            hi2 = fmaxf(hi2, dt_f16_to_f32(h16[(size_t)k * hd + c]));
+                        }
+                        double rg = hi2 - lo, bound = rg / steps / 2 * (1 + ldexp(1, -9)) + (fabs(lo) + rg) * ldexp(1, -10);
+                        for (int k = 0; k < bs; k++) {
+                            double e = fabs((double)dt_f16_to_f32(h16[(size_t)k * hd + c]) - y[(size_t)k * hd + c]);
+                            if (e > bound) fail_msg("%s hd %d bs %d channel %d token %d: error %g > %g", t->name, hd, bs, c, k, e, bound);
+                        }
+                    }
+                    free(h16);
+                }
+            } else {
+                size_t rb = op_kv_row_bytes(t->id, hd);
+                int g = op_kv_group(t->id, hd);
+                assert_true(rb > 0 && rb <= (size_t)hd * 4);
+                assert_int_equal(op_kv_region_bytes(t->id, hd, 16), 16 * rb);
+                assert_int_equal(hd % g, 0);
+                assert_non_null(t->quantize[OP_SIMD_SCALAR]);
+                assert_non_null(t->dequantize);
+                for (int k = 0; k < 64; k++) t->quantize[OP_SIMD_SCALAR](x + (size_t)k * hd, ref + k * rb, hd);
+                for (int k = 0; k < 64; k++) t->dequantize(ref + k * rb, y + (size_t)k * hd, hd);
+                for (int level = 0; level <= op_cpu_simd_level(); level++) {
+                    op_set_simd_level(level);
+                    for (int k = 0; k < 64; k++) op_kv_quantize_row(t->id, x + (size_t)k * hd, buf + k * rb, hd);
+                    if (memcmp(buf, ref, 64 * rb)) fail_msg("%s hd %d: level %d's quantizer is not the reference's", t->name, hd, level);
+                    const op_kv_kernels *k = op_kv_kernels_at(t->id, level);
+                    if (k && k->deq_rows) {
+                        k->deq_rows(t->id, ref, y2, 64, hd);
+                        if (memcmp(y, y2, sizeof(float) * 64 * hd))
+                            fail_msg("%s hd %d: level %d's dequantizer is not the reference's", t->name, hd, level);
+                    }
+                }
+                op_set_simd_level(-1);
+                for (int i = 0; i < 64 * hd; i++) {
+                    float amax = 0;
+                    for (int j = i / g * g; j < i / g * g + g; j++) amax = fmaxf(amax, fabsf(x[j]));
+                    double e = fabs((double)x[i] - y[i]);
+                    double bound = t->grouped ? amax * (ldexp(1, 1 - t->bits) + ldexp(1, -10))
+                                   : t->bits >= 32 ? 0 : ldexp(fabs(x[i]), 8 - t->bits);
+                    if (e > bound) fail_msg("%s hd %d elem %d: |%g - %g| > %g", t->name, hd, i, x[i], y[i], bound);
+                }
+            }
+            free(x);
+            free(y);
+            free(y2);
+            free(ref);
+            free(buf);
+        }
+    }
+    /* every name the CLI documents (docs/cli.md's --cache-type-k/-v) has a row,
+     * keys and values as documented */
+    const char *documented[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_kc"};
+    for (int i = 0; i < 6; i++) {
+        const op_kv_traits *t = op_kv_traits_of(kvlm_cache_type_from_name(documented[i]));
+        assert_non_null(t);
+        assert_true(t->keys);
+        assert_int_equal(t->values, strcmp(documented[i], "q4_kc") != 0);
+    }
+    assert_null(op_kv_traits_of(-1));
+    assert_null(op_kv_traits_of(3));
+    assert_int_equal(kvlm_cache_type_draft(3), -1);
 }
 
 /* ---- quantizers ---------------------------------------------------------------- */
@@ -836,6 +960,7 @@ static void test_fork_and_prefix(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_sizes),
+        cmocka_unit_test(test_table_rows),
         cmocka_unit_test(test_roundtrip_bounds),
         cmocka_unit_test(test_f16_write),
         cmocka_unit_test(test_attention_typed),

@@ -272,8 +272,8 @@ int cmd_run(int argc, char **argv) {
     if (spec_mode) {
         kvlm_spec_params spp = {spec_mode, draft_n, spec_ngram, 0, NULL, draft_p_min, draft_min};
         if (draft_path) {
-            kvlm_ctx_params dcp = cp; /* the target's, but q4_kc keys (drafts are taken back across blocks) */
-            if (dcp.cache_type_k == KVLM_CACHE_Q4_KC) dcp.cache_type_k = KVLM_CACHE_F16;
+            kvlm_ctx_params dcp = cp; /* the target's, but keys a draft keeps in another type (q4_kc's) */
+            dcp.cache_type_k = kvlm_cache_type_draft(cp.cache_type_k);
             dctx = draft_shared ? kvlm_ctx_create_draft(dmodel, ctx, &dcp, &err) : kvlm_ctx_create(dmodel, &dcp, &err);
             if (!dctx) {
                 fputc('\n', stdout);

@@ -399,7 +399,7 @@ int cmd_serve(int argc, char **argv) {
         int k = sp.spec_n_draft ? sp.spec_n_draft : 4;
         dcp.kv_blocks = st.n_blocks + cp.n_seq_max * ((k - 1 + st.block_size - 1) / st.block_size + 1);
         dcp.no_prefix_cache = cp.no_prefix_cache;
-        dcp.cache_type_k = cp.cache_type_k == KVLM_CACHE_Q4_KC ? KVLM_CACHE_F16 : cp.cache_type_k;
+        dcp.cache_type_k = kvlm_cache_type_draft(cp.cache_type_k);
         dcp.cache_type_v = cp.cache_type_v;
         dcp.device = cp.device;
         dcp.no_kv_swap = true;

@@ -46,12 +46,17 @@ bool cli_opt_cache_type(int argc, char **argv, int *i, const char *l, bool value
     if (*bad) return true;
     int t = kvlm_cache_type_from_name(v);
     if (t < 0) {
-        fprintf(stderr, "kvlm: option %s: unknown cache type '%s' (f32, f16, bf16, q8_0, q4_0%s)\n", l, v,
-                values ? "" : ", q4_kc");
+        char names[256] = "";
+        int ids[32], n = kvlm_cache_types(ids, 32);
+        for (int k = 0, len = 0; k < n && k < 32 && len < (int)sizeof names; k++) /* the table's, for this side */
+            if (!values || kvlm_cache_type_for_values(ids[k]))
+                len += snprintf(names + len, sizeof names - (size_t)len, "%s%s", len ? ", " : "",
+                                kvlm_cache_type_name(ids[k]));
+        fprintf(stderr, "kvlm: option %s: unknown cache type '%s' (%s)\n", l, v, names);
         *bad = true;
-    } else if (values && t == KVLM_CACHE_Q4_KC) {
-        fprintf(stderr, "kvlm: option %s: q4_kc quantizes keys per channel and is for keys only "
-                        "(--cache-type-k); use q4_0 or q8_0 for values\n", l);
+    } else if (values && !kvlm_cache_type_for_values(t)) {
+        fprintf(stderr, "kvlm: option %s: %s quantizes keys per channel and is for keys only "
+                        "(--cache-type-k); use q4_0 or q8_0 for values\n", l, v);
         *bad = true;
     } else *out = t;
     return true;

@@ -1,5 +1,6 @@
 /* engine/ctx: creating a kvlm_ctx (checks, pool sizing, the KV store and its
- * tiers, scratch), a draft context in its target's pool, freeing, getters. */
+ * tiers, scratch), a draft context in its target's pool, freeing, getters;
+ * the public names of eviction policies and devices. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,43 @@
 #include "engine/forward_enc.h"
 #include "engine/forward_mla.h"
 #include "engine/moe.h"
+
+kvlm_ctx_params kvlm_ctx_default_params(void) {
+    kvlm_ctx_params p = {0};
+    p.cache_type_k = p.cache_type_v = KVLM_CACHE_F16; /* as llama.cpp: half of f32's bytes, its perplexity */
+    return p;
+}
+
+static const char *const k_evict_names[] = {"none", "window", "sinks", "h2o"};
+
+int kvlm_evict_from_name(const char *name) {
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, k_evict_names[i])) return i;
+    return -1;
+}
+
+const char *kvlm_evict_name(int policy) { return policy >= 0 && policy < 4 ? k_evict_names[policy] : NULL; }
+
+static const char *const k_device_names[] = {"cpu", "cuda"};
+
+int kvlm_device_from_name(const char *name) {
+    for (int i = 0; name && i < 2; i++)
+        if (!strcmp(name, k_device_names[i])) return i;
+    return -1;
+}
+
+const char *kvlm_device_name(int device) { return device >= 0 && device < 2 ? k_device_names[device] : NULL; }
+
+void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap) {
+    if (ctx->be.cuda) engine_cuda_describe(ctx->be.cuda, buf, cap);
+    else snprintf(buf, cap, "cpu: %s, %d threads", op_cpu_has_avx2() ? "AVX2" : "scalar", util_pool_size(ctx->pool));
+}
+
+double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
+    if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
+    if (block_size <= 0) block_size = DEFAULT_BLOCK_SIZE;
+    return (double)op_kv_region_bytes(type, head_dim, block_size) / ((double)head_dim * block_size);
+}
 
 static size_t max_mm_work(const kvlm_model *m, int T) {
     const kvlm_config *c = &m->cfg;
@@ -81,11 +119,12 @@ static swa_split swa_plan(const kvlm_ctx *ctx, const kv_params *kp) {
 }
 
 /* A draft model's cache d in the pool of a context with params tp: its
- * shape, in the pool's element types but for q4_kc keys, which become q8_0
- * (its drafts are taken back across blocks, which q4_kc's staging cannot). */
+ * shape, in the pool's element types but for keys whose table row names
+ * another draft type (q4_kc's: q8_0; its drafts are taken back across
+ * blocks, which q4_kc's staging cannot). */
 static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
     kv_guest g = {d->n_layers, d->n_kv_heads, d->head_dim, tp->cache_type_k, tp->cache_type_v};
-    if (g.k_type == KVLM_CACHE_Q4_KC) g.k_type = KVLM_CACHE_Q8_0;
+    g.k_type = op_kv_draft_type(g.k_type);
     return g;
 }
 
@@ -94,7 +133,7 @@ static kv_guest draft_guest(const kvlm_config *d, const kvlm_ctx_params *tp) {
  * guest's sequences keep all theirs, all its layers in the global store). */
 static bool draft_is_guest(const kvlm_config *t, const kvlm_config *d, const kvlm_ctx_params *tp) {
     bool windowed = t->sliding_window > 0 && t->n_local_layers > 0;
-    return !same_cache_shape(t, d) || tp->cache_type_k == KVLM_CACHE_Q4_KC || (windowed && !same_windows(t, d));
+    return !same_cache_shape(t, d) || op_kv_draft_type(tp->cache_type_k) != tp->cache_type_k || (windowed && !same_windows(t, d));
 }
 
 /* The blocks a draft sequence holds at most (n_seq_draft): per_seq, the
@@ -289,9 +328,9 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (!op_kv_type_valid(p->cache_type_v, true)) {
-        if (p->cache_type_v == KVLM_CACHE_Q4_KC)
-            util_err_set(err, KVLM_EINVAL, "q4_kc quantizes keys per channel; it is not a type for values "
-                                           "(use q4_0 or q8_0 for values)");
+        if (op_kv_type_valid(p->cache_type_v, false))
+            util_err_set(err, KVLM_EINVAL, "%s quantizes keys per channel; it is not a type for values "
+                                           "(use q4_0 or q8_0 for values)", op_kv_type_name(p->cache_type_v));
         else util_err_set(err, KVLM_EINVAL, "unknown KV cache type id %d for values", p->cache_type_v);
         goto fail;
     }
@@ -335,7 +374,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
     /* latent rows: eviction re-rotates their RoPE part with plain RoPE (not
      * YaRN's angles), and h2o would need the latent kernel's weights */
     if (c->arch == KVLM_ARCH_DEEPSEEK2 &&
-        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || p->cache_type_k == KVLM_CACHE_Q4_KC ||
+        (p->device != KVLM_DEVICE_CPU || p->kv_evict == KVLM_EVICT_H2O || op_kv_per_block(p->cache_type_k) ||
          (c->yarn_factor > 0 && (p->kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < p->n_ctx)))) {
         util_err_set(err, KVLM_EUNSUPPORTED, "deepseek2 (latent attention) runs on the CPU, without q4_kc keys, and "
                                              "evicts by window or sinks only (not h2o; not with YaRN)");
@@ -357,7 +396,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (p->device == KVLM_DEVICE_CUDA) {
-        if (p->cache_type_k == KVLM_CACHE_Q4_KC || p->kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < p->n_ctx) {
+        if (!op_kv_traits_of(p->cache_type_k)->cuda || p->kv_evict != KVLM_EVICT_NONE || ctx->evict.budget < p->n_ctx) {
             util_err_set(err, KVLM_EUNSUPPORTED, "--device cuda: q4_kc keys and eviction (--kv-evict, --kv-budget) "
                                                  "run on the CPU only");
             goto fail;

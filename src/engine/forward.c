@@ -1,7 +1,7 @@
 /* engine/forward: the forward pass: a batch of tokens of one or many sequences
  * through every layer, each weight matrix read once for all of them
  * (matrix-matrix), keys and values written into each sequence's blocks,
- * logits on request; and the public names of cache types, policies, devices. */
+ * logits on request. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,61 +20,6 @@
 #include "engine/forward.h"
 #include "engine/forward_cuda.h"
 #include "engine/forward_mla.h"
-
-kvlm_ctx_params kvlm_ctx_default_params(void) {
-    kvlm_ctx_params p = {0};
-    p.cache_type_k = p.cache_type_v = KVLM_CACHE_F16; /* as llama.cpp: half of f32's bytes, its perplexity */
-    return p;
-}
-
-static const struct { const char *name; int id; } k_cache_types[] = {
-    {"f32", KVLM_CACHE_F32}, {"f16", KVLM_CACHE_F16}, {"bf16", KVLM_CACHE_BF16},
-    {"q8_0", KVLM_CACHE_Q8_0}, {"q4_0", KVLM_CACHE_Q4_0}, {"q4_kc", KVLM_CACHE_Q4_KC},
-};
-
-int kvlm_cache_type_from_name(const char *name) {
-    if (!name) return -1;
-    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
-        if (!strcmp(name, k_cache_types[i].name)) return k_cache_types[i].id;
-    return -1;
-}
-
-const char *kvlm_cache_type_name(int type) {
-    for (size_t i = 0; i < sizeof k_cache_types / sizeof k_cache_types[0]; i++)
-        if (type == k_cache_types[i].id) return k_cache_types[i].name;
-    return NULL;
-}
-
-static const char *const k_evict_names[] = {"none", "window", "sinks", "h2o"};
-
-int kvlm_evict_from_name(const char *name) {
-    for (int i = 0; name && i < 4; i++)
-        if (!strcmp(name, k_evict_names[i])) return i;
-    return -1;
-}
-
-const char *kvlm_evict_name(int policy) { return policy >= 0 && policy < 4 ? k_evict_names[policy] : NULL; }
-
-static const char *const k_device_names[] = {"cpu", "cuda"};
-
-int kvlm_device_from_name(const char *name) {
-    for (int i = 0; name && i < 2; i++)
-        if (!strcmp(name, k_device_names[i])) return i;
-    return -1;
-}
-
-const char *kvlm_device_name(int device) { return device >= 0 && device < 2 ? k_device_names[device] : NULL; }
-
-void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap) {
-    if (ctx->be.cuda) engine_cuda_describe(ctx->be.cuda, buf, cap);
-    else snprintf(buf, cap, "cpu: %s, %d threads", op_cpu_has_avx2() ? "AVX2" : "scalar", util_pool_size(ctx->pool));
-}
-
-double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {
-    if (!op_kv_type_valid(type, false) || head_dim <= 0) return 0;
-    if (block_size <= 0) block_size = DEFAULT_BLOCK_SIZE;
-    return (double)op_kv_region_bytes(type, head_dim, block_size) / ((double)head_dim * block_size);
-}
 
 /* ---- the forward pass --------------------------------------------------------- */
 
@@ -263,7 +208,7 @@ static void qkv_worker(void *p, int ith, int nth) {
     kvlm_ctx *ctx = j->ctx;
     const kvlm_config *c = &ctx->model->cfg;
     int QD = c->n_heads * c->head_dim, half = c->rope_dim / 2, H = c->n_kv_heads;
-    bool kc = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC; /* the context's: a draft's guest keys are per-token */
+    bool kc = op_kv_in_order(ctx->p.cache_type_k); /* the context's: a draft's guest keys are per-token */
     for (int u; (u = next_unit(j)) >= 0;) {
         if (u < j->T) {
             float *q = ctx->rs.q + (size_t)u * QD;
@@ -333,7 +278,7 @@ static void forward_chunk(kvlm_ctx *ctx, const int32_t *tokens, const int32_t *s
     for (int t = 0; emb && t < T; t++)
         if (emb[t] && !want[t]) ctx->rs.out_tok[n_out++] = t;
     kv_store_rows_written(ctx->kv, seq, pos, T);
-    int n_groups = ctx->p.cache_type_k == KVLM_CACHE_Q4_KC ? group_by_seq(ctx, seq, T) : 0;
+    int n_groups = op_kv_in_order(ctx->p.cache_type_k) ? group_by_seq(ctx, seq, T) : 0;
     for (int l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
         j.L = L;

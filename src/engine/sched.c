@@ -12,6 +12,7 @@
 #include "engine/spec.h"
 #include "engine/sampler.h"
 #include "engine/spec_draft.h"
+#include "ops/kvtype.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -170,7 +171,7 @@ kvlm_sched *kvlm_sched_create(kvlm_ctx *ctx, const kvlm_sched_params *params, kv
         s->spec_k = params->spec_n_draft > 0 ? params->spec_n_draft : draft ? 4 : 8;
         if (s->spec_k > SCHED_MAX_DRAFT) s->spec_k = SCHED_MAX_DRAFT;
         s->spec_n_min = params->spec_n_min < 0 ? 0 : params->spec_n_min < s->spec_k ? params->spec_n_min : s->spec_k;
-        s->spec_q4kc = st.type_k == KVLM_CACHE_Q4_KC;
+        s->spec_q4kc = op_kv_in_order(st.type_k);
         s->spec_ids = malloc((size_t)s->vocab * sizeof(int32_t));
         s->spec_probs = malloc((size_t)s->vocab * sizeof(float));
         if (!s->spec_ids || !s->spec_probs || (draft && (!s->dreq || !s->dunit))) {

@@ -8,6 +8,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "kvlm.h"
+#include "ops/kvtype.h"
 #include "util/error.h"
 
 struct kvlm_spec {
@@ -130,7 +131,7 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     kvlm_kv_stats ks;
     kvlm_kv_stats_get(ctx, &ks);
     sp->block_size = ks.block_size > 0 ? ks.block_size : 1;
-    sp->q4kc = ks.type_k == KVLM_CACHE_Q4_KC;
+    sp->q4kc = op_kv_in_order(ks.type_k);
     const float *l = kvlm_get_logits(ctx, -1);
     sp->logits = malloc((size_t)sp->vocab * sizeof(float));
     sp->batch = malloc((size_t)(sp->K + 1) * sizeof(int32_t));
@@ -148,9 +149,9 @@ kvlm_spec *kvlm_spec_create(kvlm_ctx *ctx, int seq, const int32_t *prompt, int n
     if (sp->draft) { /* the draft model reads the prompt (what its cache reuses of it first) */
         kvlm_kv_stats ds;
         kvlm_kv_stats_get(sp->draft, &ds);
-        if (ds.type_k == KVLM_CACHE_Q4_KC) {
-            util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache cannot have q4_kc keys (its drafts are taken "
-                         "back across blocks)");
+        if (op_kv_in_order(ds.type_k)) {
+            util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache cannot have %s keys (its drafts are taken "
+                         "back across blocks)", op_kv_type_name(ds.type_k));
             goto fail;
         }
         kvlm_seq_free(sp->draft, sp->dseq);

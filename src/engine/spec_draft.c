@@ -6,6 +6,7 @@
 #include <string.h>
 #include "engine/engine.h"
 #include "engine/spec.h"
+#include "ops/kvtype.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -52,9 +53,9 @@ spec_drafter *spec_drafter_create(kvlm_ctx *target, kvlm_ctx *draft, float p_min
     }
     kvlm_kv_stats ds;
     kvlm_kv_stats_get(draft, &ds);
-    if (ds.type_k == KVLM_CACHE_Q4_KC) {
-        util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache cannot have q4_kc keys (its drafts are taken "
-                     "back across blocks)");
+    if (op_kv_in_order(ds.type_k)) {
+        util_err_set(err, KVLM_EUNSUPPORTED, "the draft model's cache cannot have %s keys (its drafts are taken "
+                     "back across blocks)", op_kv_type_name(ds.type_k));
         return NULL;
     }
     if (kvlm_ctx_n_seq_max(draft) < kvlm_ctx_n_seq_max(target)) {

@@ -125,7 +125,7 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
         util_err_set(err, KVLM_EINVAL, "bad KV cache element types (keys %d, values %d)", p->k_type, p->v_type);
         return NULL;
     }
-    if (p->v_in_k && (p->v_type != p->k_type || p->k_type == KVLM_CACHE_Q4_KC)) {
+    if (p->v_in_k && (p->v_type != p->k_type || op_kv_per_block(p->k_type))) {
         util_err_set(err, KVLM_EINVAL, "a latent cache (values inside keys) needs one per-token element type");
         return NULL;
     }
@@ -145,7 +145,7 @@ kv_cache *kv_create(const kv_params *p, kvlm_error *err) {
     /* one block more: the null block (kv_null_block), which sliding-window
      * sequences hold in place of blocks before their window */
     c->data = c->p.storage->alloc(c->p.storage->user, (nb + 1) * c->block_bytes);
-    if (p->k_type == KVLM_CACHE_Q4_KC) {
+    if (op_kv_per_block(p->k_type)) { /* q4_kc: the filling block's keys in f16 */
         c->stage_per_seq = (size_t)p->n_layers * p->n_kv_heads * p->block_size * p->head_dim;
         c->stage = calloc((size_t)p->max_seqs * c->stage_per_seq, sizeof(uint16_t));
     }
@@ -705,7 +705,7 @@ int kv_seq_compact(kv_cache *c, int seq, const int32_t *keep, int n_keep, kv_rek
                                              "copies, %d blocks are free", seq, copies, available(c));
     size_t krow = op_kv_row_bytes(c->p.k_type, hd), vrow = op_kv_row_bytes(c->p.v_type, hd);
     int n_rows = c->p.n_layers * c->p.n_kv_heads;
-    bool kc = c->p.k_type == KVLM_CACHE_Q4_KC;
+    bool kc = op_kv_per_block(c->p.k_type);
     float *rows = malloc((size_t)n_rows * hd * sizeof(float));
     uint16_t *kc_tmp = kc ? malloc((size_t)n_rows * bs * hd * sizeof(uint16_t)) : NULL;
     if (!rows || (kc && !kc_tmp)) { free(rows); return util_err_set(err, KVLM_ENOMEM, "out of memory"); }

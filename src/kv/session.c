@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kvlm.h"
+#include "ops/kvtype.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -92,7 +93,7 @@ static FILE *open_regular(const char *path, const char **what) {
 }
 
 static const char *type_name(int t) {
-    const char *n = kvlm_cache_type_name(t);
+    const char *n = op_kv_type_name(t);
     return n ? n : "?";
 }
 

@@ -561,12 +561,13 @@ int kv_store_rollback(kv_store *s, int seq, int n_keep, kvlm_error *err) {
         return util_err_set(err, KVLM_EINVAL, "sequence %d: the sliding window gave back its first %d tokens' blocks; "
                             "kept to %d tokens, it would need them again (start it over)", seq,
                             kv_seq_dropped(w->c, seq) * w->p.block_size, n_keep);
-    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC && seq < s->guest_lo;
+    bool kc = op_kv_in_order(s->p.k_type) && seq < s->guest_lo;
     /* q4_kc: a block cut back to partial needs its f16 keys, which the
      * staging keeps only until the next block's first row overwrites them */
     if (kc && n_keep % bs && n_keep < len && len > (n_keep / bs + 1) * bs)
-        return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d: q4_kc keys cannot be taken back across a block "
-                            "boundary (from %d to %d tokens, blocks of %d)", seq, len, n_keep, bs);
+        return util_err_set(err, KVLM_EUNSUPPORTED, "sequence %d: %s keys cannot be taken back across a block "
+                            "boundary (from %d to %d tokens, blocks of %d)", seq, op_kv_type_name(s->p.k_type), len,
+                            n_keep, bs);
     kv_seq_trim(s->c, seq, n_keep);
     if (kc && n_keep < len) s->stage_block[seq] = n_keep % bs ? n_keep / bs : -1;
     kv_seq_unhold(s->c, seq);
@@ -612,7 +613,7 @@ int kv_store_compact(kv_store *s, int seq, const int32_t *keep, int n_keep, kv_r
     if (rc) return rc;
     /* q4_kc: a partial last block's keys now sit in the staging */
     int bs = s->p.block_size;
-    s->stage_block[seq] = s->p.k_type == KVLM_CACHE_Q4_KC && n_keep % bs ? n_keep / bs : -1;
+    s->stage_block[seq] = op_kv_per_block(s->p.k_type) && n_keep % bs ? n_keep / bs : -1;
     return KVLM_OK;
 }
 
@@ -635,17 +636,18 @@ void kv_store_write_row(kv_store *s, int layer, int seq, int pos, int head, cons
     size_t k_row = g ? s->gk_row : s->k_row, v_row = g ? s->gv_row : s->v_row;
     int kt = g ? s->gk_type : s->p.k_type, vt = g ? s->gv_type : s->p.v_type;
     int32_t b = kv_seq_blocks(s->c, seq, NULL)[pos / bs];
-    if (kt == KVLM_CACHE_Q4_KC) {
+    const op_kv_traits *kt_row = op_kv_traits_of(kt);
+    if (kt_row->per_block) { /* q4_kc: staged in f16, the block quantized when full */
         uint16_t *st = kv_seq_stage(s->c, seq, layer, head);
         for (int i = 0; i < HD; i++) st[(size_t)slot * HD + i] = dt_f32_to_f16(k[i]);
-        if (slot == bs - 1) op_kv_quantize_kc(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
+        if (slot == bs - 1) kt_row->quantize_block(st, kv_block_k(s->c, b, layer, head), HD, bs, bs);
     } else op_kv_quantize_row(kt, k, kv_block_k(s->c, b, layer, head) + slot * k_row, HD);
     if (!s->p.v_in_k) op_kv_quantize_row(vt, v, kv_block_v(s->c, b, layer, head) + slot * v_row, HD);
 }
 
 void kv_store_rows_written(kv_store *s, const int32_t *seq, const int32_t *pos, int T) {
     int bs = s->p.block_size;
-    bool kc = s->p.k_type == KVLM_CACHE_Q4_KC;
+    bool kc = op_kv_per_block(s->p.k_type);
     for (int t = 0; t < T; t++) /* a guest's keys are per-token */
         s->stage_block[seq[t]] = kc && seq[t] < s->guest_lo && pos[t] % bs != bs - 1 ? pos[t] / bs : -1;
     if (s->local) kv_store_rows_written(s->local, seq, pos, T);

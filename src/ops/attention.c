@@ -46,10 +46,11 @@ static void load_tile(const op_attn_args *a, bool is_key, int h, int p0, int n, 
         len = run_from(a, p, n - x);
         const uint8_t *region = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes + (is_key ? 0 : a->v_bytes);
         float *dst = y + (size_t)x * hd;
-        if (type != KVLM_CACHE_Q4_KC) deq(type, region + (size_t)slot * op_kv_row_bytes(type, hd), dst, len, hd);
+        const op_kv_traits *t = op_kv_traits_of(type);
+        if (!t->per_block) deq(type, region + (size_t)slot * op_kv_row_bytes(type, hd), dst, len, hd);
         else if (b == a->stage_block)
             f16(a->k_stage + ((size_t)h * bs + slot) * hd, dst, (size_t)len * hd);
-        else op_kv_dequantize_kc(region, dst, hd, bs, slot, len);
+        else t->dequantize_block(region, dst, hd, bs, slot, len);
     }
 }
 
@@ -383,7 +384,7 @@ static void run_task(const att_job *j, int task, uint8_t *scr) {
     float *Kt = (float *)((uint8_t *)L + round64(sizeof(float) * ATT_RMAX));
     float *Vt = (float *)((uint8_t *)Kt + round64(sizeof(float) * ATT_BK * (size_t)hd));
     float *QS = (float *)((uint8_t *)Vt + round64(sizeof(float) * ATT_BK * (size_t)hd));
-    const bool kc = typed && a->k_type == KVLM_CACHE_Q4_KC;
+    const bool kc = typed && op_kv_per_block(a->k_type); /* q4_kc */
     const op_att_kernels *K = j->K;
     deq_rows_fn deq = K->deq_rows;
     deq_f16_fn f16 = K->f16_to_f32;

@@ -10,16 +10,17 @@
 #include <immintrin.h> /* outside the target regions: each intrinsic keeps its own target */
 
 /* Prefetches the K and V rows of KV head h at positions p0..p0+n-1 (the
- * whole K region of a q4_kc block). */
+ * whole K region of a per-block type's block: q4_kc's). */
 static void prefetch_rows(const op_attn_args *a, int h, int p0, int n) {
     const int hd = a->head_dim;
     const size_t krb = op_kv_row_bytes(a->k_type, hd), vrb = op_kv_row_bytes(a->v_type, hd);
+    const bool kblock = op_kv_per_block(a->k_type);
     for (int x = 0, len; x < n; x += len) {
         int p = p0 + x, slot = p % a->block_size;
         len = run_from(a, p, n - x);
         const uint8_t *region = (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes;
-        const uint8_t *k = a->k_type == KVLM_CACHE_Q4_KC ? region : region + slot * krb;
-        size_t kn = a->k_type == KVLM_CACHE_Q4_KC ? op_kv_region_bytes(a->k_type, hd, a->block_size) : len * krb;
+        const uint8_t *k = kblock ? region : region + slot * krb;
+        size_t kn = kblock ? op_kv_region_bytes(a->k_type, hd, a->block_size) : len * krb;
         const uint8_t *v = region + a->v_bytes + slot * vrb;
         /* into L2 (prefetcht1): see pf_rows in attention_avx512.c */
         for (size_t i = 0; i < kn; i += 64) __builtin_prefetch(k + i, 0, 2);
@@ -115,21 +116,28 @@ static void f16_to_f32_avx2(const uint16_t *x, float *y, size_t n) {
     for (; i < n; i++) y[i] = dt_f16_to_f32(x[i]);
 }
 
-static void deq_rows_avx2(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+/* Each type's rows (op_kv_kernels.deq_rows). */
+static void f16_deq_rows(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+    (void)type;
+    f16_to_f32_avx2((const uint16_t *)src, y, (size_t)n_rows * hd);
+}
+
+static void bf16_deq_rows(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+    (void)type;
+    size_t n = (size_t)n_rows * hd, i = 0;
+    const uint16_t *x = (const uint16_t *)src;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++) y[i] = dt_bf16_to_f32(x[i]);
+}
+
+/* q8_0 and q4_0 */
+static void q_deq_rows(int type, const uint8_t *src, float *y, int n_rows, int hd) {
     size_t rb = op_kv_row_bytes(type, hd);
     int g = op_kv_group(type, hd);
-    if (type == KVLM_CACHE_F16) { f16_to_f32_avx2((const uint16_t *)src, y, (size_t)n_rows * hd); return; }
-    if (type == KVLM_CACHE_BF16) {
-        size_t n = (size_t)n_rows * hd, i = 0;
-        const uint16_t *x = (const uint16_t *)src;
-        for (; i + 8 <= n; i += 8) {
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
-            _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-        }
-        for (; i < n; i++) y[i] = dt_bf16_to_f32(x[i]);
-        return;
-    }
-    if ((type != KVLM_CACHE_Q8_0 && type != KVLM_CACHE_Q4_0) || g % 16 != 0) {
+    if (g % 16 != 0) {
         op_att_deq_rows_scalar(type, src, y, n_rows, hd);
         return;
     }
@@ -160,6 +168,11 @@ static void deq_rows_avx2(int type, const uint8_t *src, float *y, int n_rows, in
             }
         }
     }
+}
+
+static void deq_rows_avx2(int type, const uint8_t *src, float *y, int n_rows, int hd) {
+    const op_kv_kernels *k = op_kv_kernels_at(type, OP_SIMD_AVX2);
+    (k && k->deq_rows ? k->deq_rows : op_att_deq_rows_scalar)(type, src, y, n_rows, hd);
 }
 
 /* kc_scores_scalar with the same sums in another order: 16 tokens at a time
@@ -633,15 +646,100 @@ static inline __attribute__((always_inline)) void half_pv2(float *oa, float *ob,
     }
 }
 
+/* ---- each type's fused kernels (op_kv_kernels: kvtype.c's table names them) ---- */
+/* The row of KV head h at position p (within one cache block): keys at
+ * off 0, values at a->v_bytes; rb: the type's row bytes (0: the region). */
+static inline const uint8_t *kv_row(const op_attn_args *a, int h, int p, size_t off, size_t rb) {
+    return (const uint8_t *)a->blocks[p / a->block_size] + (size_t)h * a->head_bytes + off +
+           (size_t)(p % a->block_size) * rb;
+}
+#define SCORES_ARGS                                                                                          \
+    const op_attn_args *a, int h, int p, int n, float *s, const float *qr, const int8_t *qc, const float *qd, \
+        float *qs
+#define SCORES2_ARGS                                                                                           \
+    const op_attn_args *a, int h, int p, int n, float *sa, float *sb, const float *qa, const float *qb,         \
+        const int8_t *ca, const int8_t *cb, const float *da, const float *db
+#define PV_ARGS const op_attn_args *a, int h, int p, int n, float *o, const float *pj
+#define PV2_ARGS const op_attn_args *a, int h, int p, int n, float *o, const float *pj, float *o2, const float *pj2
+#define KROW(rb) kv_row(a, h, p, 0, rb)
+#define VROW(rb) kv_row(a, h, p, a->v_bytes, rb)
+
+static void f32_scores(SCORES_ARGS) {
+    (void)qc, (void)qd, (void)qs;
+    scores_avx2(s, qr, (const float *)KROW(op_kv_row_bytes(a->k_type, a->head_dim)), n, a->head_dim, a->scale);
+}
+static void f32_pv(PV_ARGS) { pv_avx2(o, pj, (const float *)VROW(op_kv_row_bytes(a->v_type, a->head_dim)), n, a->head_dim); }
+
+/* f16 and bf16 (bf) rows */
+#define HALF_KERNELS(nm, bf)                                                                                       \
+    static void nm##_scores(SCORES_ARGS) {                                                                         \
+        (void)qc, (void)qd, (void)qs;                                                                              \
+        const uint16_t *row = (const uint16_t *)KROW(op_kv_row_bytes(a->k_type, a->head_dim));                  \
+        half_scores(s, qr, row, n, a->head_dim, a->scale, bf);                                                     \
+    }                                                                                                              \
+    static void nm##_scores2(SCORES2_ARGS) {                                                                       \
+        (void)ca, (void)cb, (void)da, (void)db;                                                                    \
+        const uint16_t *row = (const uint16_t *)KROW(op_kv_row_bytes(a->k_type, a->head_dim));                  \
+        half_scores2(sa, sb, qa, qb, row, n, a->head_dim, a->scale, bf);                                           \
+    }                                                                                                              \
+    static void nm##_pv(PV_ARGS) {                                                                                 \
+        half_pv(o, pj, (const uint16_t *)VROW(op_kv_row_bytes(a->v_type, a->head_dim)), n, a->head_dim, bf);     \
+    }                                                                                                              \
+    static void nm##_pv2(PV2_ARGS) {                                                                               \
+        const uint16_t *row = (const uint16_t *)VROW(op_kv_row_bytes(a->v_type, a->head_dim));                  \
+        half_pv2(o, o2, pj, pj2, row, n, a->head_dim, bf);                                                         \
+    }
+HALF_KERNELS(f16, false)
+HALF_KERNELS(bf16, true)
+
+/* q8_0 and q4_0 (q4) rows: keys against the query's int8 codes */
+#define QUANT_KERNELS(nm, q4)                                                                                      \
+    static void nm##_scores(SCORES_ARGS) {                                                                         \
+        (void)qr, (void)qs;                                                                                        \
+        const size_t rb = op_kv_row_bytes(a->k_type, a->head_dim);                                                \
+        qkey_scores(s, qc, qd, KROW(rb), rb, n, a->head_dim, a->scale, q4);                                        \
+    }                                                                                                              \
+    static void nm##_scores2(SCORES2_ARGS) {                                                                       \
+        (void)qa, (void)qb;                                                                                        \
+        const size_t rb = op_kv_row_bytes(a->k_type, a->head_dim);                                                \
+        qkey_scores2(sa, sb, ca, da, cb, db, KROW(rb), rb, n, a->head_dim, a->scale, q4);                          \
+    }                                                                                                              \
+    static void nm##_pv(PV_ARGS) {                                                                                 \
+        const size_t rb = op_kv_row_bytes(a->v_type, a->head_dim);                                                \
+        qval_pv(o, pj, VROW(rb), rb, n, a->head_dim, q4);                                                          \
+    }                                                                                                              \
+    static void nm##_pv2(PV2_ARGS) {                                                                               \
+        const size_t rb = op_kv_row_bytes(a->v_type, a->head_dim);                                                \
+        qval_pv2(o, o2, pj, pj2, VROW(rb), rb, n, a->head_dim, q4);                                                \
+    }
+QUANT_KERNELS(q8_0, false)
+QUANT_KERNELS(q4_0, true)
+
+/* q4_kc keys: the filling block's from the f16 staging, the others from
+ * their codes */
+static void q4_kc_scores(SCORES_ARGS) {
+    (void)qc, (void)qd;
+    const int hd = a->head_dim, bs = a->block_size, slot = p % bs;
+    if (p / bs == a->stage_block)
+        half_scores(s, qr, a->k_stage + ((size_t)h * bs + slot) * hd, n, hd, a->scale, false);
+    else kc_scores_avx2(s, qr, KROW(0), hd, bs, slot, n, a->scale, qs);
+}
+
+/* hd_multiple: the head dims the kernels take; NULL pairs run the single-row kernel twice */
+const op_kv_kernels op_kv_f32_avx2 = {1, f32_scores, NULL, f32_pv, NULL, NULL};
+const op_kv_kernels op_kv_f16_avx2 = {8, f16_scores, f16_scores2, f16_pv, f16_pv2, f16_deq_rows};
+const op_kv_kernels op_kv_bf16_avx2 = {8, bf16_scores, bf16_scores2, bf16_pv, bf16_pv2, bf16_deq_rows};
+const op_kv_kernels op_kv_q8_0_avx2 = {32, q8_0_scores, q8_0_scores2, q8_0_pv, q8_0_pv2, q_deq_rows};
+const op_kv_kernels op_kv_q4_0_avx2 = {32, q4_0_scores, q4_0_scores2, q4_0_pv, q4_0_pv2, q_deq_rows};
+const op_kv_kernels op_kv_q4_kc_avx2 = {8, q4_kc_scores, NULL, NULL, NULL, NULL};
+
+/* The AVX2 kernels of a cache type (NULL: none). */
+static const op_kv_kernels *kv_kernels(int type) { return op_kv_kernels_at(type, OP_SIMD_AVX2); }
+
 /* Whether the fused kernels take these types at this head dim. */
 static bool fused_ok(const op_attn_args *a) {
-    const int hd = a->head_dim;
-    const int t[2] = {a->k_type, a->v_type};
-    for (int i = 0; i < 2; i++) {
-        if ((t[i] == KVLM_CACHE_F16 || t[i] == KVLM_CACHE_BF16 || t[i] == KVLM_CACHE_Q4_KC) && hd % 8) return false;
-        if (int_keys(t[i]) && hd % 32) return false;
-    }
-    return true;
+    const op_kv_kernels *k = kv_kernels(a->k_type), *v = kv_kernels(a->v_type);
+    return k && v && v->pv && a->head_dim % k->hd_multiple == 0 && a->head_dim % v->hd_multiple == 0;
 }
 
 /* Scores of the n keys from position p on (within one cache block) of KV
@@ -649,75 +747,35 @@ static bool fused_ok(const op_attn_args *a) {
  * keys; qs: q4_kc's scratch. */
 static void fused_scores(const op_attn_args *a, int h, int p, int n, float *s, const float *qr, const int8_t *qc,
                          const float *qd, float *qs) {
-    const int hd = a->head_dim, bs = a->block_size, b = p / bs, slot = p % bs;
-    const uint8_t *region = (const uint8_t *)a->blocks[b] + (size_t)h * a->head_bytes;
-    const size_t rb = op_kv_row_bytes(a->k_type, hd);
-    const uint8_t *row = region + (size_t)slot * rb;
-    switch (a->k_type) {
-    case KVLM_CACHE_F32: scores_avx2(s, qr, (const float *)row, n, hd, a->scale); break;
-    case KVLM_CACHE_F16: half_scores(s, qr, (const uint16_t *)row, n, hd, a->scale, false); break;
-    case KVLM_CACHE_BF16: half_scores(s, qr, (const uint16_t *)row, n, hd, a->scale, true); break;
-    case KVLM_CACHE_Q8_0: qkey_scores(s, qc, qd, row, rb, n, hd, a->scale, false); break;
-    case KVLM_CACHE_Q4_0: qkey_scores(s, qc, qd, row, rb, n, hd, a->scale, true); break;
-    case KVLM_CACHE_Q4_KC:
-        if (b == a->stage_block)
-            half_scores(s, qr, a->k_stage + ((size_t)h * bs + slot) * hd, n, hd, a->scale, false);
-        else kc_scores_avx2(s, qr, region, hd, bs, slot, n, a->scale, qs);
-        break;
-    default: break;
-    }
+    kv_kernels(a->k_type)->scores(a, h, p, n, s, qr, qc, qd, qs);
 }
 
 /* fused_scores for two rows (sa, qa) and (sb, qb) sharing each key */
 static void fused_scores2(const op_attn_args *a, int h, int p, int n, float *sa, float *sb, const float *qa,
                           const float *qb, const int8_t *ca, const int8_t *cb, const float *da, const float *db,
                           float *qs) {
-    const int hd = a->head_dim, bs = a->block_size;
-    const size_t rb = op_kv_row_bytes(a->k_type, hd);
-    const uint8_t *row = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + (size_t)(p % bs) * rb;
-    switch (a->k_type) {
-    case KVLM_CACHE_F16: half_scores2(sa, sb, qa, qb, (const uint16_t *)row, n, hd, a->scale, false); break;
-    case KVLM_CACHE_BF16: half_scores2(sa, sb, qa, qb, (const uint16_t *)row, n, hd, a->scale, true); break;
-    case KVLM_CACHE_Q8_0: qkey_scores2(sa, sb, ca, da, cb, db, row, rb, n, hd, a->scale, false); break;
-    case KVLM_CACHE_Q4_0: qkey_scores2(sa, sb, ca, da, cb, db, row, rb, n, hd, a->scale, true); break;
-    default:
-        fused_scores(a, h, p, n, sa, qa, ca, da, qs);
-        fused_scores(a, h, p, n, sb, qb, cb, db, qs);
-        break;
+    const op_kv_kernels *k = kv_kernels(a->k_type);
+    if (k->scores2) {
+        k->scores2(a, h, p, n, sa, sb, qa, qb, ca, cb, da, db);
+        return;
     }
+    k->scores(a, h, p, n, sa, qa, ca, da, qs);
+    k->scores(a, h, p, n, sb, qb, cb, db, qs);
 }
 
 /* o += sum_j p[j] v_j over the n values from position p on (one cache block). */
 static void fused_pv(const op_attn_args *a, int h, int p, int n, float *o, const float *pj) {
-    const int hd = a->head_dim, bs = a->block_size;
-    const size_t rb = op_kv_row_bytes(a->v_type, hd);
-    const uint8_t *row = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + a->v_bytes +
-                         (size_t)(p % bs) * rb;
-    switch (a->v_type) {
-    case KVLM_CACHE_F32: pv_avx2(o, pj, (const float *)row, n, hd); break;
-    case KVLM_CACHE_F16: half_pv(o, pj, (const uint16_t *)row, n, hd, false); break;
-    case KVLM_CACHE_BF16: half_pv(o, pj, (const uint16_t *)row, n, hd, true); break;
-    case KVLM_CACHE_Q8_0: qval_pv(o, pj, row, rb, n, hd, false); break;
-    case KVLM_CACHE_Q4_0: qval_pv(o, pj, row, rb, n, hd, true); break;
-    default: break;
-    }
+    kv_kernels(a->v_type)->pv(a, h, p, n, o, pj);
 }
 /* fused_pv for two rows (o, p) and (o2, p2) at once */
 static void fused_pv2(const op_attn_args *a, int h, int p, int n, float *o, const float *pj, float *o2, const float *pj2) {
-    const int hd = a->head_dim, bs = a->block_size;
-    const size_t rb = op_kv_row_bytes(a->v_type, hd);
-    const uint8_t *row = (const uint8_t *)a->blocks[p / bs] + (size_t)h * a->head_bytes + a->v_bytes +
-                         (size_t)(p % bs) * rb;
-    switch (a->v_type) {
-    case KVLM_CACHE_F16: half_pv2(o, o2, pj, pj2, (const uint16_t *)row, n, hd, false); break;
-    case KVLM_CACHE_BF16: half_pv2(o, o2, pj, pj2, (const uint16_t *)row, n, hd, true); break;
-    case KVLM_CACHE_Q8_0: qval_pv2(o, o2, pj, pj2, row, rb, n, hd, false); break;
-    case KVLM_CACHE_Q4_0: qval_pv2(o, o2, pj, pj2, row, rb, n, hd, true); break;
-    default:
-        fused_pv(a, h, p, n, o, pj);
-        fused_pv(a, h, p, n, o2, pj2);
-        break;
+    const op_kv_kernels *v = kv_kernels(a->v_type);
+    if (v->pv2) {
+        v->pv2(a, h, p, n, o, pj, o2, pj2);
+        return;
     }
+    v->pv(a, h, p, n, o, pj);
+    v->pv(a, h, p, n, o2, pj2);
 }
 
 /* One key block (positions kb..kb+n-1) for the R rows of an item, read

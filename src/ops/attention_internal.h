@@ -45,11 +45,31 @@ static inline bool is_typed(const op_attn_args *a) {
 }
 /* Keys meeting the query as int8 codes (attention.c, "the query seen by
  * q8_0 / q4_0 keys"). */
-static inline bool int_keys(int k_type) { return k_type == KVLM_CACHE_Q8_0 || k_type == KVLM_CACHE_Q4_0; }
+static inline bool int_keys(int k_type) { return op_kv_int_query(k_type); }
 
 /* n rows of a typed cache (hd elements each) into floats; f16 into f32. */
 typedef void (*deq_rows_fn)(int type, const uint8_t *src, float *y, int n_rows, int hd);
 typedef void (*deq_f16_fn)(const uint16_t *x, float *y, size_t n);
+
+/* ---- the kernels of one KV type at one SIMD level (ops/kvtype.c's table) ---------
+ * The decode kernels that read a type's rows straight from a cache block
+ * (the AVX2 fused block): scores of the n keys from position p on of KV head
+ * h (qr: the f32 query; qc / qd: its int8 codes and scales for grouped keys;
+ * qs: hd floats of scratch), o += sum p[j] v_j over its values, and the same
+ * for two query rows at once (NULL: the one-row kernel twice); deq_rows: the
+ * prefill tiles' dequantizer (NULL: the scalar one). */
+struct op_kv_kernels {
+    int hd_multiple; /* the head dims the kernels take: multiples of this */
+    void (*scores)(const op_attn_args *a, int h, int p, int n, float *s, const float *qr, const int8_t *qc,
+                   const float *qd, float *qs);
+    void (*scores2)(const op_attn_args *a, int h, int p, int n, float *sa, float *sb, const float *qa,
+                    const float *qb, const int8_t *ca, const int8_t *cb, const float *da, const float *db);
+    void (*pv)(const op_attn_args *a, int h, int p, int n, float *o, const float *pj); /* NULL: keys only */
+    void (*pv2)(const op_attn_args *a, int h, int p, int n, float *o, const float *pj, float *o2, const float *pj2);
+    deq_rows_fn deq_rows;
+};
+extern const op_kv_kernels op_kv_f32_avx2, op_kv_f16_avx2, op_kv_bf16_avx2, op_kv_q8_0_avx2, op_kv_q4_0_avx2,
+    op_kv_q4_kc_avx2;
 
 /* ---- the kernels of one SIMD level ------------------------------------------------
  * Each level's file fills the fields it has; NULL takes the level below's
