@@ -827,10 +827,11 @@ typedef struct kvlm_plan {
      * before the window are released; the blocks the engine's pool keeps per
      * sequence, less its one spare for a copy-on-write), the global ones all
      * of them. */
-    int window, n_local_layers, local_cap_tokens, n_batch;
+    int window, n_local_layers, local_cap_tokens;
     size_t bytes_per_token_local, bytes_per_token_global; /* the two parts of bytes_per_token */
     size_t bytes_per_seq_window;   /* a sequence of n_ctx tokens as the windowed cache holds it */
     long fit_window_full;          /* sequences of n_ctx that fit kv_mem so */
+    int n_batch;                   /* the step local_cap_tokens counts (kvlm_plan_params.n_batch) */
 } kvlm_plan;
 void kvlm_plan_memory(const kvlm_model *model, const kvlm_plan_params *params, kvlm_plan *out);
 

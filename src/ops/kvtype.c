@@ -18,8 +18,8 @@
  * nearest even, through subnormals and overflow), but for NaNs, whose
  * payload the instruction keeps: false for a row with one (the caller
  * converts it again, in scalar). The scalar conversion branches on the
- * rounding of each element, which random data mispredicts: a decode step's
- * f16 writes took 8% of the server's time. */
+ * rounding of each element, which random data mispredicts (a visible share of
+ * a decode step's time in the server). */
 static bool f16_row_f16c(const float *x, dt_f16 *y, int n) {
     __m256 nan = _mm256_setzero_ps();
     int i = 0;
