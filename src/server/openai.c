@@ -15,28 +15,26 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
+#include "server/completion_text.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/server.h"
 #include "util/utf8.h"
 #include "util/timing.h"
 
-enum { MAX_STOP = 4, MAX_PROMPTS = 128 };
+enum { MAX_PROMPTS = 128 };
 
 typedef struct {
     kvlm_detok dt;
-    char *text;
-    size_t len, cap, sent; /* the text (a stream's from off on); the part already streamed */
-    size_t off;            /* a stream's text before this was sent and dropped */
+    srv_ctext t;            /* its text, what was streamed and what may be (server/completion_text) */
     int finish, n_tokens;
     double t_last;         /* its last token's time (inter-token latency) */
-    bool stopped, started;
+    bool started;
     json_t *lp;            /* chat-style logprob entries of every token */
     size_t lp_sent;
     int32_t *ids;          /* a chat answer's token ids, for s->answers */
     int n_ids, cap_ids;
     bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
-    size_t search_from;    /* stop strings are looked for from here on (after an echoed prompt, or min_tokens) */
     int32_t last_token;
     json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
     int sub;               /* its prompt (j->subs) */
@@ -71,9 +69,7 @@ typedef struct srv_job {
     const char *family;
     int n, n_ended, logprobs, fd;
     choice *ch;
-    char *stop[MAX_STOP];
-    int n_stop;
-    size_t max_stop;
+    srv_stops stops;       /* and include_stop_str_in_output */
     char error[512];
     int prompt_tokens, cached_tokens, completion_tokens;
     /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
@@ -86,7 +82,7 @@ typedef struct srv_job {
     /* vLLM's, llama-server's and OpenAI's other fields (parse_compat) */
     srv_sub *subs;         /* its prompts */
     int n_subs, n_per;     /* prompts, and choices per prompt (n) */
-    bool echo, include_stop, continuous_usage, skip_special, fim;
+    bool echo, continuous_usage, skip_special, fim;
     int min_tokens, max_tokens;
     int prompt_lp;         /* prompt_logprobs: alternatives per prompt token; -1: none */
     int32_t *stop_ids;     /* stop_token_ids, for rp->sampling and stop_reason */
@@ -137,7 +133,7 @@ static void job_release(srv_job *j) {
     free(j->breakers);
     free(j->echo_text);
     for (int i = 0; j->ch && i < j->n; i++) {
-        free(j->ch[i].text);
+        srv_ctext_free(&j->ch[i].t);
         free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
         kvlm_chat_reader_free(j->ch[i].rd);
@@ -145,7 +141,7 @@ static void job_release(srv_job *j) {
     }
     free(j->tools_json);
     free(j->choice_json);
-    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    srv_stops_free(&j->stops);
     free(j->ch);
     free(j->out);
     free(j->raw);
@@ -157,20 +153,6 @@ static void job_release(srv_job *j) {
     free(j);
 }
 
-static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = (*len + n + 1) * 2;
-        char *b = realloc(*buf, c);
-        if (!b) return false;
-        *buf = b;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = 0;
-    return true;
-}
-
 /* Valid UTF-8 copy of bytes (invalid ones become U+FFFD), as a JSON string. */
 static json_t *jstr(const char *s, size_t n) {
     json_t *j = json_stringn(s, n);
@@ -180,8 +162,8 @@ static json_t *jstr(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int k = util_utf8_decode((const uint8_t *)s + i, n - i, &cp);
-        if (k > 0) append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
-        else append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
+        if (k > 0) srv_append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
+        else srv_append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
     }
     j = json_stringn(b ? b : "", len);
     free(b);
@@ -257,21 +239,11 @@ static void sse(srv_job *j, json_t *o) {
     char *s = j->cut ? NULL : json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s) return;
-    append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
-    append(&j->out, &j->out_len, &j->out_cap, s, strlen(s));
-    append(&j->out, &j->out_len, &j->out_cap, "\n\n", 2);
+    srv_append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
+    srv_append(&j->out, &j->out_len, &j->out_cap, s, strlen(s));
+    srv_append(&j->out, &j->out_len, &j->out_cap, "\n\n", 2);
     free(s);
     j->t_out = util_now_s();
-}
-
-/* Bytes at the end of the text that could begin a stop string. */
-static size_t holdback(const srv_job *j, const choice *c) {
-    for (size_t k = j->max_stop > 1 ? j->max_stop - 1 : 0; k > 0; k--) {
-        if (k > c->len - c->search_from) continue;
-        for (int s = 0; s < j->n_stop; s++)
-            if (strlen(j->stop[s]) > k && !memcmp(c->text + c->len - k, j->stop[s], k)) return k;
-    }
-    return 0;
 }
 
 static json_t *usage(const srv_job *j);
@@ -296,12 +268,12 @@ static json_t *read_answer(srv_job *j, choice *c, size_t end, bool final) {
     kvlm_error err = {0};
     int rc = 0;
     if (final && !c->message) {
-        rc = kvlm_chat_reader_end(c->rd, c->text + c->fed, end - c->fed, &d, &msg, &err);
+        rc = kvlm_chat_reader_end(c->rd, c->t.text + c->fed, end - c->fed, &d, &msg, &err);
         if (rc >= 0) {
             c->n_calls = rc;
             c->message = msg ? json_loads(msg, 0, NULL) : NULL;
         }
-    } else if (!final && end > c->fed) rc = -kvlm_chat_reader_push(c->rd, c->text + c->fed, end - c->fed, &d, &err);
+    } else if (!final && end > c->fed) rc = -kvlm_chat_reader_push(c->rd, c->t.text + c->fed, end - c->fed, &d, &err);
     if (rc < 0 && !j->error[0]) snprintf(j->error, sizeof j->error, "reading the answer: %.400s", err.msg);
     c->fed = end;
     json_t *delta = d ? json_loads(d, 0, NULL) : NULL;
@@ -318,21 +290,21 @@ static const char *choice_finish(const choice *c) {
 /* Streams what of choice c is safe to send (everything when it ended). */
 static void emit(srv_job *j, choice *c, bool final) {
     if (!j->stream) {
-        if (final && c->rd) json_decref(read_answer(j, c, c->len, true));
+        if (final && c->rd) json_decref(read_answer(j, c, c->t.len, true));
         return;
     }
-    size_t end = final || c->stopped ? c->len : c->len - holdback(j, c);
+    size_t end = srv_ctext_ready(&c->t, &j->stops, final);
     size_t n_lp = j->logprobs >= 0 ? json_array_size(c->lp) : 0;
     json_t *rdelta = c->rd ? read_answer(j, c, end, final) : NULL;
     if (rdelta ? !json_object_size(rdelta) && n_lp == c->lp_sent && !final && c->started
-               : end <= c->sent && n_lp == c->lp_sent && !final && c->started) {
+               : end <= c->t.sent && n_lp == c->lp_sent && !final && c->started) {
         json_decref(rdelta);
-        c->sent = end > c->sent ? end : c->sent;
+        c->t.sent = end > c->t.sent ? end : c->t.sent;
         return;
     }
     int idx = (int)(c - j->ch);
     json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch;
-    json_t *text = jstr(c->text + c->sent, end > c->sent ? end - c->sent : 0);
+    json_t *text = jstr(c->t.text + c->t.sent, end > c->t.sent ? end - c->t.sent : 0);
     if (j->chat) {
         json_t *delta = json_object();
         if (!c->started) json_object_set_new(delta, "role", json_string("assistant"));
@@ -340,18 +312,18 @@ static void emit(srv_job *j, choice *c, bool final) {
             json_decref(text);
             json_object_update(delta, rdelta);
             json_decref(rdelta);
-        } else if (end > c->sent || !final) json_object_set_new(delta, "content", text);
+        } else if (end > c->t.sent || !final) json_object_set_new(delta, "content", text);
         else json_decref(text);
         ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
     } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
-    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
+    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->t.off + c->t.sent));
     const char *fin = final ? choice_finish(c) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
     stream_extras(j, c, o, ch, final);
     json_object_set_new(o, "choices", json_pack("[o]", ch));
     sse(j, o);
     c->started = true;
-    c->sent = end > c->sent ? end : c->sent;
+    c->t.sent = end > c->t.sent ? end : c->t.sent;
     c->lp_sent = n_lp;
     /* a stream keeps what is not sent and what a stop string may still begin
      * in, not the whole text: under eviction a stream has no end */
@@ -359,15 +331,8 @@ static void emit(srv_job *j, choice *c, bool final) {
         json_array_clear(c->lp);
         c->lp_sent = 0;
     }
-    size_t tail = c->len > j->max_stop ? c->len - j->max_stop : 0, drop = c->sent < tail ? c->sent : tail;
-    if (c->rd && drop > c->fed) drop = c->fed;
-    if (drop >= 4096) {
-        memmove(c->text, c->text + drop, c->len - drop + 1);
-        c->len -= drop;
-        c->sent -= drop;
-        c->off += drop;
-        if (c->rd) c->fed -= drop;
-    }
+    size_t drop = srv_ctext_compact(&c->t, &j->stops, c->rd ? c->fed : SIZE_MAX);
+    if (c->rd) c->fed -= drop;
 }
 
 static void cancel(srv_job *j);
@@ -442,14 +407,14 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
     }
     if (ev->finish) {
         int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
-        if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
-        c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
+        srv_ctext_end(&c->t, piece, (size_t)n);
+        c->finish = c->t.stopped ? KVLM_FINISH_STOP : ev->finish;
         if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
         if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
             srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, c->dt.special, c->ids, c->n_ids,
-                               c->text, c->len, c->off);
+                               c->t.text, c->t.len, c->t.off);
         free(c->ids);
         c->ids = NULL;
         if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
@@ -471,7 +436,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
                 json_object_set_new(o, "usage", usage(j));
                 sse(j, o);
             }
-            if (j->stream && !j->cut) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
+            if (j->stream && !j->cut) srv_append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
             j->complete = true;
             if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
@@ -498,25 +463,11 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             c->n_ids = 0;
             c->ids_off = true;
         }
-        if (!c->stopped) {
-            size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
-            append(&c->text, &c->len, &c->cap, piece, (size_t)n);
-            if (c->n_tokens <= j->min_tokens) c->search_from = c->len; /* vLLM: stop strings count from min_tokens on */
-            if (from < c->search_from) from = c->search_from;
-            size_t best = c->len;
-            int which = -1;
-            for (int s = 0; s < j->n_stop && c->len > from; s++) {
-                char *p = memmem(c->text + from, c->len - from, j->stop[s], strlen(j->stop[s]));
-                if (p && (size_t)(p - c->text) < best) best = (size_t)(p - c->text), which = s;
-            }
-            if (best < c->len) {
-                if (j->include_stop) best += strlen(j->stop[which]); /* vLLM's include_stop_str_in_output */
-                c->len = best;
-                c->text[best] = 0;
-                c->stopped = true;
-                c->stop_reason = json_string(j->stop[which]);
-                go_on = false;
-            }
+        /* vLLM: stop strings count from min_tokens on */
+        int which = srv_ctext_push(&c->t, &j->stops, piece, (size_t)n, c->n_tokens <= j->min_tokens);
+        if (which >= 0) {
+            c->stop_reason = json_string(j->stops.s[which]);
+            go_on = false;
         }
         emit(j, c, false);
     }
@@ -791,19 +742,17 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     json_t *stop = json_object_get(body, "stop");
     if (stop && !json_is_null(stop)) {
         json_t *one = json_is_string(stop) ? json_pack("[O]", stop) : json_incref(stop);
-        bool ok = json_is_array(one) && json_array_size(one) <= MAX_STOP;
-        for (size_t i = 0; ok && i < json_array_size(one); i++) {
+        bool ok = json_is_array(one) && json_array_size(one) <= SRV_MAX_STOP, oom = false;
+        for (size_t i = 0; ok && !oom && i < json_array_size(one); i++) {
             json_t *v = json_array_get(one, i);
             ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < 256;
-            if (ok) {
-                j->stop[j->n_stop++] = strdup(json_string_value(v));
-                if (json_string_length(v) > j->max_stop) j->max_stop = json_string_length(v);
-            }
+            oom = ok && !srv_stops_add(&j->stops, json_string_value(v), json_string_length(v));
         }
         json_decref(one);
+        if (oom) return fail(e, 500, NULL, NULL, "out of memory");
         if (!ok)
             return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of up to %d non-empty strings",
-                        MAX_STOP);
+                        SRV_MAX_STOP);
     }
     json_t *lb = json_object_get(body, "logit_bias");
     int n_bias = 0;
@@ -1140,13 +1089,13 @@ enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_con
     kvlm_detok_init(&dt, s->model);
     char *text = NULL, buf[256];
     size_t len = 0, cap = 0;
-    append(&text, &len, &cap, "", 0);
+    srv_append(&text, &len, &cap, "", 0);
     for (size_t i = 0; i < json_array_size(ids); i++) {
         int k = kvlm_detok_push(&dt, (int32_t)json_integer_value(json_array_get(ids, i)), buf, sizeof buf);
-        append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+        srv_append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
     }
     int k = kvlm_detok_flush(&dt, buf, sizeof buf);
-    append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+    srv_append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
     json_decref(body);
     if (!text) return srv_error(c, s, 500, NULL, NULL, "out of memory");
     /* vLLM answers "prompt", llama.cpp "content" */
@@ -1273,8 +1222,8 @@ void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
         gone = false; /* complete: nothing left to cancel */
     } else if (!gone && !j->complete) {
         if (j->stream || j->ka_body) { /* a comment line (whitespace before a kept-alive JSON): MHD writes it */
-            watch_on = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3)
-                                 : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
+            watch_on = j->stream ? srv_append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3)
+                                 : srv_append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
             if (watch_on && j->suspended) {
                 j->suspended = false;
                 MHD_resume_connection(j->conn);
@@ -1321,8 +1270,8 @@ void srv_keepalive(kvlm_server *s) {
     for (srv_job *j = s->watched; j; j = j->wnext) {
         pthread_mutex_lock(&j->mu);
         if (!j->complete && !j->half_closed && !j->cut && j->out_len == j->out_off && now - j->t_out >= k) {
-            bool ok = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ": keep-alive\n\n", 14)
-                                : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
+            bool ok = j->stream ? srv_append(&j->out, &j->out_len, &j->out_cap, ": keep-alive\n\n", 14)
+                                : srv_append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
             if (ok) {
                 j->ka_body |= !j->stream;
                 j->t_out = now;
@@ -1383,7 +1332,7 @@ static bool ka_body_out(srv_job *j) {
     }
     j->body_out = true;
     if (!body) return true;
-    append(&j->out, &j->out_len, &j->out_cap, body, n);
+    srv_append(&j->out, &j->out_len, &j->out_cap, body, n);
     free(body);
     long delta = (long)j->out_cap - (long)j->counted; /* as stream_account counts a stream's buffer */
     j->counted = j->out_cap;
@@ -1454,8 +1403,8 @@ static json_t *whole_answer(srv_job *j) {
         choice *c = &j->ch[i];
         json_t *ch = c->message ? json_pack("{s:i, s:O}", "index", i, "message", c->message)
                      : j->chat  ? json_pack("{s:i, s:{s:s, s:o}}", "index", i, "message", "role", "assistant", "content",
-                                           jstr(c->text, c->len))
-                                : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
+                                           jstr(c->t.text, c->t.len))
+                                : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->t.text, c->t.len));
         json_object_set_new(ch, "logprobs", lp_render(j, c, 0, json_array_size(c->lp), 0));
         json_object_set_new(ch, "finish_reason", json_string(choice_finish(c)));
         answer_extras(j, c, o, ch);
@@ -1560,7 +1509,7 @@ static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_
     j->skip_special = true;
     if (!get_bool(body, "ignore_eos", &sp->ignore_eos, e) || !get_bool(body, "cache_prompt", &cache_prompt, e) ||
         !get_bool(body, "skip_special_tokens", &j->skip_special, e) ||
-        !get_bool(body, "include_stop_str_in_output", &j->include_stop, e) || !get_bool(body, "echo", &j->echo, e))
+        !get_bool(body, "include_stop_str_in_output", &j->stops.include, e) || !get_bool(body, "echo", &j->echo, e))
         return false;
     rp->no_prefix_reuse = !cache_prompt;
     json_t *ids = json_object_get(body, "stop_token_ids");
@@ -1722,10 +1671,10 @@ static bool one_prompt(kvlm_server *s, json_t *p, json_t *sfx, srv_job *j, srv_s
             kvlm_detok_init(&dt, m);
             char *b = NULL, piece[256];
             size_t len = 0, bcap = 0;
-            append(&b, &len, &bcap, "", 0);
+            srv_append(&b, &len, &bcap, "", 0);
             for (int i = 0; i < n; i++) {
                 int k = kvlm_detok_push(&dt, t[i], piece, sizeof piece);
-                append(&b, &len, &bcap, piece, (size_t)(k > 0 ? k : 0));
+                srv_append(&b, &len, &bcap, piece, (size_t)(k > 0 ? k : 0));
             }
             sb->echo = b;
         }
@@ -1788,10 +1737,8 @@ static void choice_init(kvlm_server *s, srv_job *j, choice *c, int sub, const in
     }
     c->lp = json_array();
     c->sub = sub;
-    append(&c->text, &c->len, &c->cap, "", 0);
     const char *echo = j->echo ? (j->chat ? j->echo_text : j->subs[sub].echo) : NULL;
-    if (echo) append(&c->text, &c->len, &c->cap, echo, strlen(echo));
-    c->search_from = c->len;
+    srv_ctext_start(&c->t, echo, echo ? strlen(echo) : 0);
     if (j->echo && !j->chat && j->logprobs >= 0) {
         kvlm_sched_event ev = {.token = toks[0]};
         json_t *e = lp_entry(s->model, &ev);
@@ -2055,7 +2002,7 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     j->family = "plain";
     for (int i = 0; i < j->n; i++) { /* the finish path flushes each choice's (empty) text */
         kvlm_detok_init(&j->ch[i].dt, s->model);
-        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+        srv_ctext_start(&j->ch[i].t, NULL, 0);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
