@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli_layers: the layer rules (../shared/DESIGN.md, the README's source tree) held on every
-# #include of src/ by tests/helpers/layers.py: a layer includes only its own headers, those of the
-# layers above it and include/kvlm.h; server/ and cli/ go through include/kvlm.h (and util/); every
-# folder of src/ is a layer. Then the check is shown to fail: one violation of each rule planted in a
+# #include of src/ ("x.h", or <layer/x.h>) by tests/helpers/layers.py: a layer includes only its own
+# headers, those of the layers above it and include/kvlm.h; server/ and cli/ go through
+# include/kvlm.h (and util/); every folder of src/ is a layer. Then the check is shown to fail: one violation of each rule planted in a
 # copy of src/ is found. (Rules it cannot see in includes, engine/ parsing JSON, are not checked.)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

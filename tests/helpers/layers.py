@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tests/helpers/layers.py SRC_DIR: the layer rules of ../shared/DESIGN.md (and the README's source
-tree), checked on every #include of src/: each layer includes only its own headers, those of the
+tree), checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file): each layer includes only its own headers, those of the
 layers above it (util, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
 the server and the command go through include/kvlm.h (besides their own headers, only util/'s);
 every folder of src/ is one of the layers. Prints each violation (file:line, the rule) and exits 1
@@ -11,6 +11,8 @@ import os, re, shutil, sys, tempfile
 LAYERS = ["util", "model", "tok", "ops", "kv", "engine", "server", "cli"]
 THROUGH_API = {"server", "cli"}  # only kvlm.h, their own headers and util/
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# <layer/x.h> finds the same file (src/ is on the include path): checked as "layer/x.h" is
+ANGLED = re.compile(r'^\s*#\s*include\s+<((%s)/[^>]+)>' % "|".join(LAYERS))
 
 
 def violations(src):
@@ -31,11 +33,11 @@ def violations(src):
                 rel = os.path.relpath(fp, src)
                 with open(fp, encoding="utf-8", errors="replace") as fh:
                     for no, line in enumerate(fh, 1):
-                        m = INCLUDE.match(line)
+                        m = INCLUDE.match(line) or ANGLED.match(line)
                         if not m:
                             continue
                         inc = m.group(1)
-                        where = "src/%s:%d: #include \"%s\"" % (rel, no, inc)
+                        where = "src/%s:%d: %s" % (rel, no, line.strip())
                         if inc == "kvlm.h":
                             continue
                         if "/" not in inc:  # beside the file, or generated into the build (the web page)
@@ -57,6 +59,7 @@ def self_test(src):
               ("model/gguf.c", '#include "tok/tok.h"', "below model/"),
               ("server/server.c", '#include "kv/store.h"', "goes through include/kvlm.h"),
               ("cli/main.c", '#include "model/model.h"', "goes through include/kvlm.h"),
+              ("server/openai.c", '#include <engine/engine.h>', "goes through include/kvlm.h"),
               ("tok/bpe.c", '#include "nowhere.h"', "neither beside it"),
               ("newlayer/x.c", "", "no layer")]
     bad = 0
