@@ -11,7 +11,7 @@
 #include "bench_common.h"
 #include "engine/engine.h"
 #include "kvlm.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "util/pool.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/ops.h"
 #include "ops/ops_internal.h"
 #include "util/pool.h"

@@ -13,9 +13,19 @@
 #include "engine/grammar.h"
 #include "model/model.h"
 #include "tok/tok.h"
-#include "engine/tool_grammar.h"
+#include "tok/tool_grammar.h"
 #include "tok/chat_parse.h"
 #include "tok/chat_parse_impl.h"
+
+/* A tool-call grammar as the server makes it: tok/tool_grammar's text, compiled (engine/grammar). */
+static kvlm_grammar *tool_grammar(const kvlm_model *m, const tok_chat_syntax *s, const char *tail, const json_t *tools,
+                                      const char *only, bool lazy, bool parallel, kvlm_error *err) {
+    tok_tool_gbnf t;
+    kvlm_grammar *g = NULL;
+    if (!tok_tool_gbnf_make(s, tail, tools, only, lazy, parallel, &t, err)) g = eng_tool_grammar_compile(m, &t, err);
+    tok_tool_gbnf_free(&t);
+    return g;
+}
 
 /* ---- streaming: the deltas of every prefix's parse, added up ---- */
 
@@ -750,7 +760,7 @@ static void test_tool_grammar(void **state) {
         const char *tail = !strcmp(fams[f], "functionary-v3.2") ? ">>>" : !strcmp(fams[f], "gpt-oss") ? "<|start|>assistant" : "";
         for (int mode = 0; mode < 3; mode++) { /* required, required of one named, auto */
             bool lazy = mode == 2, parallel = mode == 0;
-            kvlm_grammar *g = eng_tool_grammar(m, s, tail, tools, mode == 1 ? "ping" : NULL, lazy, parallel, &err);
+            kvlm_grammar *g = tool_grammar(m, s, tail, tools, mode == 1 ? "ping" : NULL, lazy, parallel, &err);
             if (!g) fail_msg("%s: %s", fams[f], err.msg);
             /* a required call comes after the reasoning the family writes (Apriel's always opens its
              * answer): given here, so that a uniform draw does not wander in it */
@@ -823,7 +833,7 @@ static void test_tool_grammar(void **state) {
     };
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
         tok_chat_syntax *s = syntax_of(texts[i].parser, TOK_REASONING_AUTO);
-        kvlm_grammar *g = eng_tool_grammar(m, s, texts[i].tail, tools, NULL, false, true, &err);
+        kvlm_grammar *g = tool_grammar(m, s, texts[i].tail, tools, NULL, false, true, &err);
         assert_non_null(g);
         gm *st = gm_new(g);
         bool ok = gm_feed(st, texts[i].text, (int)strlen(texts[i].text));
@@ -835,7 +845,7 @@ static void test_tool_grammar(void **state) {
     }
     /* the families without a grammar say so */
     tok_chat_syntax *s = tok_chat_syntax_new(NULL, "gemma4", TOK_REASONING_AUTO, &err);
-    assert_null(eng_tool_grammar(m, s, "", tools, NULL, false, true, &err));
+    assert_null(tool_grammar(m, s, "", tools, NULL, false, true, &err));
     assert_int_equal(err.code, KVLM_EUNSUPPORTED);
     tok_chat_syntax_free(s);
     /* refused tools */
@@ -851,11 +861,11 @@ static void test_tool_grammar(void **state) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         json_t *t = json_loads(bad[i][0], 0, NULL);
-        assert_null(eng_tool_grammar(m, s, "", t, NULL, false, true, &err));
+        assert_null(tool_grammar(m, s, "", t, NULL, false, true, &err));
         if (!strstr(err.msg, bad[i][1])) fail_msg("%s: '%s', want '%s'", bad[i][0], err.msg, bad[i][1]);
         json_decref(t);
     }
-    assert_null(eng_tool_grammar(m, s, "", tools, "nope", false, true, &err));
+    assert_null(tool_grammar(m, s, "", tools, "nope", false, true, &err));
     assert_non_null(strstr(err.msg, "no tool is named 'nope'"));
     tok_chat_syntax_free(s);
     json_decref(tools);

@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "helpers/testutil.h"
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 
 static float bits_f32(uint32_t b) {
     float f;
@@ -458,7 +458,7 @@ static void test_iq_grids(void **state) {
     }
 }
 
-/* ggml's dequantizers' loops, written out here independently of model/iq.h's
+/* ggml's dequantizers' loops, written out here independently of dtype/iq.h's
  * unpacking: d and the odd scales as ggml forms them (d · (0.5 + s) · 0.25
  * and so on), signs through a kmask, IQ1 as dl · (g ± 1/8). */
 static float iq_sign(unsigned signs, int j) { return (signs >> j) & 1 ? -1.0f : 1.0f; }

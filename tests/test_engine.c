@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include "helpers/testutil.h"
 #include "kvlm.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/gguf.h"
 
 static const char *GOLDEN =

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "helpers/testutil.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/gguf.h"
 #include "kvlm.h"
 

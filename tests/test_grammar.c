@@ -1,4 +1,4 @@
-/* tests/test_grammar: engine/grammar and engine/json_schema. The JSON mode's
+/* tests/test_grammar: engine/grammar and tok/json_schema. The JSON mode's
  * grammar against documents that are JSON objects and texts that are not
  * (RFC 8259: numbers, escapes, literals, nesting, UTF-8 in strings), fed
  * whole, byte by byte and in random pieces (the same answer whatever the

@@ -9,7 +9,7 @@
 #include <string.h>
 #include "helpers/testutil.h"
 #include "kvlm.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/kvtype.h"
 #include "ops/ops_internal.h"
 

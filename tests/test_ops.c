@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 #include "ops/ops.h"
 #include "ops/backend.h"
 #include "ops/ops_internal.h"

@@ -13,7 +13,7 @@
 #include "kv/session.h"
 #include "kv/store.h"
 #include "kv/tier_host.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/kvtype.h"

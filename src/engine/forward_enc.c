@@ -14,7 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "ops/backend.h"
 #include "ops/ops.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/moe.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
 #include "util/error.h"

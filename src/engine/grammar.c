@@ -7,6 +7,8 @@
 #include <string.h>
 #include "model/model.h"
 #include "tok/tok.h"
+#include "tok/tool_grammar.h"
+#include "tok/chat.h"
 #include "util/utf8.h"
 #include "util/error.h"
 
@@ -770,6 +772,24 @@ kvlm_grammar *kvlm_grammar_build(const kvlm_model *model, int kind, const char *
     kvlm_grammar *g = kvlm_grammar_from_gbnf(model, gbnf, "root", err);
     free(gbnf);
     return g;
+}
+
+kvlm_grammar *eng_tool_grammar_compile(const kvlm_model *model, const tok_tool_gbnf *t, kvlm_error *err) {
+    kvlm_grammar_opts o = {.triggers = t->triggers, .n_triggers = t->n_triggers, .special = true};
+    kvlm_grammar *g = kvlm_grammar_compile(model, t->gbnf, &o, err);
+    if (!g) util_err_prefix(err, "the %s tool-call grammar", t->syntax);
+    return g;
+}
+
+int kvlm_chat_tool_grammar(const kvlm_chat *chat, const char *prompt, size_t prompt_len, const char *tools_json,
+                           const char *tool_choice_json, bool parallel, kvlm_grammar **grammar, kvlm_error *err) {
+    *grammar = NULL;
+    tok_tool_gbnf t;
+    int rc = tok_chat_tool_gbnf(chat, prompt, prompt_len, tools_json, tool_choice_json, parallel, &t, err);
+    if (!rc && t.gbnf && !(*grammar = eng_tool_grammar_compile(tok_chat_model(chat), &t, err)))
+        rc = err && err->code ? err->code : KVLM_EINVAL;
+    tok_tool_gbnf_free(&t);
+    return rc;
 }
 
 /* ---- the matcher ---- */

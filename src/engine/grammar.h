@@ -1,6 +1,6 @@
 /* engine/grammar: holding generated text to a context-free grammar (structured
  * output). Grammars are written in llama.cpp's GBNF; JSON schemas, and the
- * JSON mode, become one (engine/json_schema). The grammar is compiled to
+ * JSON mode, become one (tok/json_schema). The grammar is compiled to
  * rules of alternatives of sequences of character classes (over Unicode code
  * points) and rule references; a matcher follows the text by a set of parse
  * stacks (hash-consed, so equal stacks are one id), and caches each (stack
@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "kvlm.h"
+#include "tok/tool_grammar.h"
 
 /* One generation's place in a grammar (it holds a reference on it). */
 typedef struct gm gm;
@@ -36,4 +37,7 @@ const kvlm_model *gm_model(const kvlm_grammar *g);
  * with the model). */
 typedef struct gm_vocab gm_vocab;
 void gm_vocab_free(gm_vocab *v);
+
+/* A request's tool-call grammar (tok/tool_grammar's text) compiled for model's tokens. */
+kvlm_grammar *eng_tool_grammar_compile(const kvlm_model *model, const tok_tool_gbnf *t, kvlm_error *err);
 #endif

@@ -7,7 +7,7 @@
 #include <unistd.h>
 #include "engine/grammar.h"
 #include "kv/planner.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "model/hf.h"
 #include "ops/ops.h"

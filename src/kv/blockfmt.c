@@ -12,7 +12,7 @@
 /* XXH3_state_t on the stack: its layout is that of the installed libxxhash */
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "util/error.h"
 

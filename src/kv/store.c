@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kv/tier_host.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/kvtype.h"
 #include "util/error.h"
 #include "util/log.h"

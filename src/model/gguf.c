@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "util/error.h"
 #include "util/file.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/log.h"

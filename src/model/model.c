@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/hf.h"
 #include "util/error.h"
 #include "util/file.h"

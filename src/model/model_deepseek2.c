@@ -3,7 +3,7 @@
  * mixture-of-experts feed-forward (3-D expert tensors as stacked rows). */
 #include <stdio.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "model/model.h"
 #include "util/error.h"
 

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 #include "model/model.h"
 #include "util/pool.h"
 #include "util/error.h"

@@ -21,7 +21,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/attention_internal.h"
 
 /* Flash-decoding: with fewer items than this (a few KV heads decoding; twice

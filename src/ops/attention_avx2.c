@@ -3,7 +3,7 @@
  * decode kernels that convert typed key/value rows in registers (fused). */
 #include <math.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/attention_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)

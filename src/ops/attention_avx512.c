@@ -4,7 +4,7 @@
  * rest of this level is the AVX2 kernels'. */
 #include <math.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/attention_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -3,7 +3,7 @@
  * CPU has and the one the SIMD kernels are tested against. */
 #include <math.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/attention_internal.h"
 
 /* ---- typed caches: rows dequantized with the reference dequantizers ---------- */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "util/error.h"
 
 #define CU_MODULE "libkvlm-cuda.so"

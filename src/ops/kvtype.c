@@ -4,7 +4,7 @@
 #include "ops/kvtype.h"
 #include <math.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/ops_internal.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -5,7 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/type_traits.h"
 #include "util/mem.h"
 #include "util/timing.h"

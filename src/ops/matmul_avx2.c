@@ -2,9 +2,9 @@
  * register tile of RM weight rows x RN tokens so that every weight vector
  * loaded (and unpacked) serves RN tokens, and every activation vector RM rows. */
 #include <string.h>
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -653,7 +653,7 @@ AI void mxfp4_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size
     nl4_tile(1, RN, n, w, x, xs, y, ys);
 }
 
-/* ---- TQ1_0, TQ2_0 x Q8_K (model/tq.h) -----------------------------------------
+/* ---- TQ1_0, TQ2_0 x Q8_K (dtype/tq.h) -----------------------------------------
  * Per block 8 vectors of 32 codes 0..2, one maddubs each per token, summed in
  * 16 bits (at most 8 x 2 x 2 x 127); the activations' sum (the bsums) taken
  * off once per block, then d · dx. TQ2_0: the 2-bit fields of 32 bytes.
@@ -734,7 +734,7 @@ AI void tq2_tile(const int RN, int n, const uint8_t *w, const uint8_t *x, size_t
     tq_tile(0, RN, n, w, x, xs, y, ys);
 }
 
-/* ---- IQ4_XS and the codebook types x Q8_K (model/iq.h) -------------------------
+/* ---- IQ4_XS and the codebook types x Q8_K (dtype/iq.h) -------------------------
  * Per 32-weight sub-block: the 4 points as one vector of unsigned bytes from
  * table loads (IQ3: 8 half-points), their signs as ±1 bytes applied to the
  * activations, one maddubs per token; the pairs times the odd scales (low

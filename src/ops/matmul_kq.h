@@ -3,7 +3,7 @@
 #ifndef KVLM_OPS_MATMUL_KQ_H
 #define KVLM_OPS_MATMUL_KQ_H
 #include <stdint.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 
 /* The 8 scales and 8 mins (6 bits each) of a Q4_K block: entries 0..3 in the
  * low 6 bits of bytes 0..3 (scales) and 4..7 (mins); entries 4..7 take their

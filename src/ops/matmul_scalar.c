@@ -2,9 +2,9 @@
  * fallback on CPUs without AVX2 and the baseline the SIMD kernels are tested
  * against (same quantized activations, integer dot products per block). */
 #include <math.h>
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 
@@ -161,7 +161,7 @@ static float dot_q6_K(int n, const uint8_t *w, const uint8_t *x) {
 }
 
 /* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS -------------------------------------------------
- * The 2-bit field of element e in Q2_K's and Q3_K's qs (model/dtype.h). */
+ * The 2-bit field of element e in Q2_K's and Q3_K's qs (dtype/dtype.h). */
 static inline int q2_field(const uint8_t *qs, int e) {
     return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
 }
@@ -229,7 +229,7 @@ static inline float dot_nl4(const int MX, int n, const uint8_t *w, const uint8_t
 static float dot_iq4_nl(int n, const uint8_t *w, const uint8_t *x) { return dot_nl4(0, n, w, x); }
 static float dot_mxfp4(int n, const uint8_t *w, const uint8_t *x) { return dot_nl4(1, n, w, x); }
 
-/* The ternary types (model/tq.h): the codes 0..2 against the activations,
+/* The ternary types (dtype/tq.h): the codes 0..2 against the activations,
  * less the activations' sum (the bsums), times d · dx. */
 static inline float dot_tq(int type, int n, const uint8_t *w, const uint8_t *x) {
     const block_q8_K *xb = (const block_q8_K *)x;
@@ -270,7 +270,7 @@ static float dot_iq4_xs(int n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
-/* The codebook types (model/iq.h): per 32-weight sub-block the integers w
+/* The codebook types (dtype/iq.h): per 32-weight sub-block the integers w
  * against the activations, per 16 times the odd scale; the block's sum times
  * d · dx / div. */
 static inline float dot_iq(int type, int n, const uint8_t *w, const uint8_t *x) {

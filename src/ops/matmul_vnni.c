@@ -3,8 +3,8 @@
  * (OP_*_R16) with 512-bit vpdpbusd, and the ternary types unpacked. Other types, and unpacked
  * ones, use the AVX2 kernels. */
 #include <string.h>
-#include "model/dtype.h"
-#include "model/tq.h"
+#include "dtype/dtype.h"
+#include "dtype/tq.h"
 #include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -56,7 +56,7 @@ enum { OP_Q2K_R16_BYTES = 32 + 32 + 256 + 1024, OP_Q3K_R16_BYTES = 32 + 256 + 10
  *                           offset term, so kernels can keep nibbles unsigned
  *   32 zero bytes           so 8-wide loads of d and dc past the last block
  *                           read zeros
- * Q8_K rows (for Q4_K and Q6_K) are arrays of block_q8_K (model/dtype.h) with
+ * Q8_K rows (for Q4_K and Q6_K) are arrays of block_q8_K (dtype/dtype.h) with
  * d = amax / 127 and bsums = sums of 16 quants.
  * Both quantizers round to nearest even and are bit-identical in their scalar
  * and SIMD versions, so the fast matmul can be checked against a reference

@@ -1,7 +1,7 @@
 /* ops/pack: the packed 16-row weight layouts of the CPU backend (ops.h):
  * their sizes, and the packers the type table (type_traits.c) names. */
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/matmul_kq.h"
 #include "ops/type_traits.h"
 

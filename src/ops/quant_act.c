@@ -2,7 +2,7 @@
  * rows that the integer matmul kernels consume (scalar and AVX2, bit-identical). */
 #include <math.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 #include "ops/type_traits.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,7 +1,7 @@
 /* ops/type_traits: the per-weight-type table of the CPU kernels (what
  * type_traits.h describes) and the per-activation-format one. */
 #include "ops/type_traits.h"
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define AVX2(f) f

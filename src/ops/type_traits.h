@@ -2,7 +2,7 @@
  * weight type (GGUF types and this CPU backend's packed ones): the rows it
  * stores, the activation format, its packed form and packer, its tile kernel
  * per SIMD level. A new weight type is one row here plus its kernels. The
- * file-format facts (block size and bytes) stay in model/dtype.c's dt_info. */
+ * file-format facts (block size and bytes) stay in dtype/dtype.c's dt_info. */
 #ifndef KVLM_OPS_TYPE_TRAITS_H
 #define KVLM_OPS_TYPE_TRAITS_H
 #include <stddef.h>

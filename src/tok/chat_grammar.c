@@ -1,7 +1,7 @@
 /* tok/chat_grammar: each family's calls as GBNF (tool_choice required or a
  * named function: the whole answer; auto: a lazy grammar from a call's
  * first word on), the arguments held to the tools' schemas through rules
- * the caller makes from them (engine/tool_grammar). */
+ * the caller makes from them (tok/tool_grammar). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

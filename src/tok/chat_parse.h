@@ -84,7 +84,7 @@ int tok_chat_tool_choice(const json_t *tools, const json_t *choice, const char *
 /* ---- grammars (tok/chat_grammar.c) ---- */
 /* A tool as a grammar sees it: the GBNF rules of its arguments object and
  * of each property's value (JSON), made by the caller from its schema
- * (engine/tool_grammar). */
+ * (tok/tool_grammar). */
 typedef struct tok_chat_gbnf_tool {
     const char *name;
     const char *args_rule;

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """tests/helpers/layers.py SRC_DIR: the layer rules of ../shared/DESIGN.md (and the README's source
-tree), checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file): each layer includes only its own headers, those of the
-layers above it (util, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
+tree), checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file):
+each layer includes only its own headers, those of the
+layers above it (util, dtype, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
 the server and the command go through include/kvlm.h (besides their own headers, only util/'s);
-every folder of src/ is one of the layers. Prints each violation (file:line, the rule) and exits 1
+every folder of src/ is one of the layers; JSON (jansson) is read and written only where requests,
+templates and file formats are (model, tok, server, cli), never in util, dtype, ops, kv or the engine. Prints each violation (file:line, the rule) and exits 1
 if there is one. --self-test plants one violation of each rule in a copy and checks that each is
 found (so the check can fail)."""
 import os, re, shutil, sys, tempfile
 
-LAYERS = ["util", "model", "tok", "ops", "kv", "engine", "server", "cli"]
+LAYERS = ["util", "dtype", "model", "tok", "ops", "kv", "engine", "server", "cli"]
 THROUGH_API = {"server", "cli"}  # only kvlm.h, their own headers and util/
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SYSTEM = re.compile(r'^\s*#\s*include\s+<([^>]+)>')
+JSON_LAYERS = {"model", "tok", "server", "cli"}  # the others take what a request or file said already read
 # <layer/x.h> finds the same file (src/ is on the include path): checked as "layer/x.h" is
 ANGLED = re.compile(r'^\s*#\s*include\s+<((%s)/[^>]+)>' % "|".join(LAYERS))
 
@@ -33,6 +37,10 @@ def violations(src):
                 rel = os.path.relpath(fp, src)
                 with open(fp, encoding="utf-8", errors="replace") as fh:
                     for no, line in enumerate(fh, 1):
+                        sm = SYSTEM.match(line)
+                        if sm and sm.group(1) == "jansson.h" and top not in JSON_LAYERS:
+                            out.append("src/%s:%d: #include <jansson.h>: %s/ does not parse JSON (model, tok, server "
+                                       "and cli do)" % (rel, no, top))
                         m = INCLUDE.match(line) or ANGLED.match(line)
                         if not m:
                             continue
@@ -61,7 +69,9 @@ def self_test(src):
               ("cli/main.c", '#include "model/model.h"', "goes through include/kvlm.h"),
               ("server/openai.c", '#include <engine/engine.h>', "goes through include/kvlm.h"),
               ("tok/bpe.c", '#include "nowhere.h"', "neither beside it"),
-              ("newlayer/x.c", "", "no layer")]
+              ("newlayer/x.c", "", "no layer"),
+              ("engine/sched.c", "#include <jansson.h>", "does not parse JSON"),
+              ("dtype/tq.c", '#include "model/model.h"', "below dtype/")]
     bad = 0
     for target, line, want in plants:
         tmp = tempfile.mkdtemp()

@@ -11,7 +11,7 @@
 #include <utility>
 #include "ops/cuda/cuda.h"
 
-/* GGUF type ids (model/dtype.h, whose C11 header C++ cannot include) */
+/* GGUF type ids (dtype/dtype.h, whose C11 header C++ cannot include) */
 enum { CT_F32 = 0, CT_F16 = 1, CT_Q4_0 = 2, CT_Q8_0 = 8, CT_Q4_K = 12, CT_Q6_K = 14, CT_BF16 = 30 };
 
 #define TC_SLOTS 16

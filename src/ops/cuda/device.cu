@@ -9,7 +9,7 @@
 #include "ops/cuda/cuda_internal.cuh"
 
 extern "C" {
-/* model/dtype.h's (C) scalar dequantizer and row size */
+/* dtype/dtype.h's (C) scalar dequantizer and row size */
 void dt_dequantize_row(int type, const void *src, float *dst, int64_t n);
 size_t dt_row_size(int type, int64_t n);
 }

@@ -1,6 +1,6 @@
 /* ops/cuda/module: libkvlm-cuda.so's side of its loading (ops/cuda_load.c):
  * the two host functions of libkvlm its weight upload uses (a row's size and
- * its dequantization, model/dtype), handed over by cu_module_init when the
+ * its dequantization, dtype/dtype), handed over by cu_module_init when the
  * module is loaded, so the module links nothing of libkvlm. */
 #include <stddef.h>
 #include <stdint.h>

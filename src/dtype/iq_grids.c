@@ -1,10 +1,10 @@
-/* model/iq_grids: the lattice codebooks of ggml's IQ weight types, the points
+/* dtype/iq_grids: the lattice codebooks of ggml's IQ weight types, the points
  * of its tables iq2xxs_grid, iq2xs_grid, iq2s_grid, iq3xxs_grid, iq3s_grid
  * and iq1s_grid in their order, stored compactly: a point's coordinate j is
  * the index of its level in bits 2j..2j+1 (IQ2: levels 8, 25, 43; IQ1: -1, 0,
  * 1) or 3j..3j+2 (IQ3_XXS: 4, 12, 20, 28, 36, 44, 52, 62; IQ3_S: 1, 3, ...,
  * 15). iq.c expands them at load; test_dtype checks their count and order. */
-#include "model/iq.h"
+#include "dtype/iq.h"
 
 const uint16_t dt_iq_points_iq2xxs[256] = {
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0020, 0x0022, 0x0028, 0x002a, 0x0041,

@@ -1,14 +1,15 @@
-/* engine/tool_grammar: the grammar that holds tool calls to a family's
+/* tok/tool_grammar: the GBNF text that holds tool calls to a family's
  * syntax (tok/chat_grammar) and each tool's arguments to its parameters'
- * JSON schema (engine/json_schema): the whole answer for tool_choice
- * required or a named function, a lazy grammar from a call's first word on
- * for auto (docs/tool-calls.md). */
-#include "engine/tool_grammar.h"
+ * JSON schema (tok/json_schema): the whole answer for tool_choice required
+ * or a named function, a lazy grammar from a call's first word on for auto
+ * (docs/tool-calls.md). engine/grammar compiles it (kvlm_chat_tool_grammar). */
+#include "tok/tool_grammar.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "engine/json_schema.h"
+#include <jansson.h>
 #include "tok/chat.h"
+#include "tok/json_schema.h"
 #include "util/error.h"
 
 static const json_t *fn_of(const json_t *t) {
@@ -16,15 +17,17 @@ static const json_t *fn_of(const json_t *t) {
     return json_is_object(f) ? f : t;
 }
 
-kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s, const char *prompt_tail,
-                               const json_t *tools, const char *only, bool lazy, bool parallel, kvlm_error *err) {
-    if (tok_chat_tools_check(tools, err)) return NULL;
+int tok_tool_gbnf_make(const tok_chat_syntax *s, const char *prompt_tail, const json_t *tools, const char *only,
+                       bool lazy, bool parallel, tok_tool_gbnf *out, kvlm_error *err) {
+    *out = (tok_tool_gbnf){0};
+    out->syntax = tok_chat_syntax_name(s);
+    if (tok_chat_tools_check(tools, err)) return err && err->code ? err->code : KVLM_EINVAL;
     size_t nt = json_array_size(tools), n_items = 1, n_props = 0;
     for (size_t i = 0; i < nt; i++) {
         const json_t *pr = json_object_get(json_object_get(fn_of(json_array_get(tools, i)), "parameters"), "properties");
         n_props += json_is_object(pr) ? json_object_size(pr) : 0;
     }
-    eng_schema_item *items = calloc(nt + n_props + 1, sizeof *items);
+    tok_schema_item *items = calloc(nt + n_props + 1, sizeof *items);
     tok_chat_gbnf_tool *gt = calloc(nt ? nt : 1, sizeof *gt);
     char (*names)[32] = calloc(nt + n_props + 1, sizeof *names);
     const char **pnames = calloc(n_props + 1, sizeof *pnames), **prules = calloc(n_props + 1, sizeof *prules);
@@ -33,15 +36,15 @@ kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s
     char (*whats)[96] = calloc(nt + 1, sizeof *whats);
     char (*paths)[160] = calloc(n_props + 1, sizeof *paths);
     json_t *object = json_pack("{s:s}", "type", "object"), *any = json_true();
-    kvlm_grammar *g = NULL;
+    int rc = KVLM_OK;
     char *family = NULL, *json_rules = NULL;
     kvlm_grammar_trigger *trig = NULL;
     int n_trig = 0, n_gt = 0;
     if (!items || !gt || !names || !pnames || !prules || !pschemas || !preq || !whats || !paths || !object) {
-        util_err_set(err, KVLM_ENOMEM, "out of memory");
+        rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
         goto done;
     }
-    items[0] = (eng_schema_item){any, any, "tc_any", NULL, NULL, NULL};
+    items[0] = (tok_schema_item){any, any, "tc_any", NULL, NULL, NULL};
     size_t pk = 0;
     for (size_t i = 0; i < nt; i++) {
         const json_t *f = fn_of(json_array_get(tools, i));
@@ -52,7 +55,7 @@ kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s
         int t = n_gt++;
         snprintf(names[n_items], sizeof names[n_items], "tc_args%d", t);
         snprintf(whats[t], sizeof whats[t], "tools[%zu] ('%.40s') parameters", i, name);
-        items[n_items] = (eng_schema_item){params, params, names[n_items], name, NULL, whats[t]};
+        items[n_items] = (tok_schema_item){params, params, names[n_items], name, NULL, whats[t]};
         gt[t].name = name;
         gt[t].args_rule = names[n_items++];
         gt[t].prop_names = pnames + pk;
@@ -65,7 +68,7 @@ kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s
         json_object_foreach((json_t *)props, key, ps) {
             snprintf(names[n_items], sizeof names[n_items], "tc_p%d_%d", t, gt[t].n_props);
             snprintf(paths[pk], sizeof paths[pk], "/properties/%.140s", key);
-            items[n_items] = (eng_schema_item){params, ps, names[n_items], key, paths[pk], whats[t]};
+            items[n_items] = (tok_schema_item){params, ps, names[n_items], key, paths[pk], whats[t]};
             pnames[pk] = key;
             pschemas[pk] = ps;
             prules[pk] = names[n_items++];
@@ -77,23 +80,27 @@ kvlm_grammar *eng_tool_grammar(const kvlm_model *model, const tok_chat_syntax *s
         }
     }
     if (!n_gt) {
-        util_err_set(err, KVLM_EINVAL, "no tool is named '%.64s'", only ? only : "");
+        rc = util_err_set(err, KVLM_EINVAL, "no tool is named '%.64s'", only ? only : "");
         goto done;
     }
-    if (!(family = tok_chat_syntax_gbnf(s, gt, n_gt, parallel, lazy, prompt_tail, &trig, &n_trig, err))) goto done;
-    if (!(json_rules = eng_json_schemas_gbnf(items, (int)n_items, err))) goto done;
+    if (!(family = tok_chat_syntax_gbnf(s, gt, n_gt, parallel, lazy, prompt_tail, &trig, &n_trig, err)) ||
+        !(json_rules = tok_json_schemas_gbnf(items, (int)n_items, err))) {
+        rc = err && err->code ? err->code : KVLM_EINVAL;
+        goto done;
+    }
     size_t lf = strlen(family), lj = strlen(json_rules);
-    char *all = malloc(lf + lj + 1);
-    if (!all) {
-        util_err_set(err, KVLM_ENOMEM, "out of memory");
+    if (!(out->gbnf = malloc(lf + lj + 1))) {
+        rc = util_err_set(err, KVLM_ENOMEM, "out of memory");
         goto done;
     }
-    memcpy(all, family, lf);
-    memcpy(all + lf, json_rules, lj + 1);
-    kvlm_grammar_opts o = {.triggers = trig, .n_triggers = lazy ? n_trig : 0, .special = true};
-    g = kvlm_grammar_compile(model, all, &o, err);
-    if (!g) util_err_prefix(err, "the %s tool-call grammar", tok_chat_syntax_name(s));
-    free(all);
+    memcpy(out->gbnf, family, lf);
+    memcpy(out->gbnf + lf, json_rules, lj + 1);
+    if (lazy) { /* the words that wake it: the caller's now */
+        out->triggers = trig;
+        out->n_triggers = n_trig;
+        trig = NULL;
+        n_trig = 0;
+    }
 done:
     tok_chat_triggers_free(trig, n_trig);
     free(family);
@@ -109,12 +116,19 @@ done:
     free(paths);
     json_decref(object);
     json_decref(any);
-    return g;
+    return rc;
 }
 
-int kvlm_chat_tool_grammar(const kvlm_chat *chat, const char *prompt, size_t prompt_len, const char *tools_json,
-                           const char *tool_choice_json, bool parallel, kvlm_grammar **grammar, kvlm_error *err) {
-    *grammar = NULL;
+void tok_tool_gbnf_free(tok_tool_gbnf *t) {
+    if (!t) return;
+    free(t->gbnf);
+    tok_chat_triggers_free(t->triggers, t->n_triggers);
+    *t = (tok_tool_gbnf){0};
+}
+
+int tok_chat_tool_gbnf(const kvlm_chat *chat, const char *prompt, size_t prompt_len, const char *tools_json,
+                       const char *tool_choice_json, bool parallel, tok_tool_gbnf *out, kvlm_error *err) {
+    *out = (tok_tool_gbnf){0};
     json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     json_t *choice = tool_choice_json ? json_loads(tool_choice_json, JSON_DECODE_ANY, NULL) : NULL;
     int rc = KVLM_OK;
@@ -131,9 +145,9 @@ int kvlm_chat_tool_grammar(const kvlm_chat *chat, const char *prompt, size_t pro
             if (prompt && k) memcpy(tail, prompt + prompt_len - k, k);
             tail[k] = 0;
             kvlm_error ge = {0};
-            *grammar = eng_tool_grammar(tok_chat_model(chat), tok_chat_syntax_of(chat), tail, tools,
-                                        mode == TOK_CHOICE_NAMED ? name : NULL, mode == TOK_CHOICE_AUTO, parallel, &ge);
-            if (!*grammar && !(ge.code == KVLM_EUNSUPPORTED && mode == TOK_CHOICE_AUTO)) {
+            int grc = tok_tool_gbnf_make(tok_chat_syntax_of(chat), tail, tools, mode == TOK_CHOICE_NAMED ? name : NULL,
+                                         mode == TOK_CHOICE_AUTO, parallel, out, &ge);
+            if (grc && !(ge.code == KVLM_EUNSUPPORTED && mode == TOK_CHOICE_AUTO)) {
                 if (err) *err = ge;
                 rc = ge.code ? ge.code : KVLM_EINVAL;
             }

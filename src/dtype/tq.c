@@ -1,5 +1,5 @@
-/* model/tq: the ternary types' dequantizer and quantizer (model/tq.h). */
-#include "model/tq.h"
+/* dtype/tq: the ternary types' dequantizer and quantizer (dtype/tq.h). */
+#include "dtype/tq.h"
 #include <math.h>
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
-/* model/iq: ggml's codebook weight types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
- * IQ3_S, IQ1_S and IQ1_M (block layouts in model/dtype.h). Each group of 8
+/* dtype/iq: ggml's codebook weight types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+ * IQ3_S, IQ1_S and IQ1_M (block layouts in dtype/dtype.h). Each group of 8
  * weights (IQ3: each half of one) is a point of a fixed lattice codebook,
  * looked up by index, with a sign per weight (IQ2, IQ3) or a shift of ±1/8
  * (IQ1), times an odd scale ls per 16 or 32 weights and the block's f16 d.
@@ -9,11 +9,11 @@
  *     weight j = d · ls[j / 16] · w[j] / dt_iq_div(type)
  * (IQ1: w = 8·g ± 1 for the ternary point coordinate g), which the
  * dequantizer and the scalar kernels share, and the quantizers. */
-#ifndef KVLM_MODEL_IQ_H
-#define KVLM_MODEL_IQ_H
+#ifndef KVLM_DTYPE_IQ_H
+#define KVLM_DTYPE_IQ_H
 #include <stdint.h>
 #include <string.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 
 /* The codebooks as ggml's tables hold them: byte j of an entry is coordinate
  * j. IQ2 points: 8 magnitudes of 8, 25 or 43; IQ3_XXS: 4 magnitudes of 4, 12,

@@ -1,8 +1,8 @@
-/* model/dtype: the tensor element types of GGUF (ids as in the file format),
+/* dtype/dtype: the tensor element types of GGUF (ids as in the file format),
  * their block layouts, half-precision conversions, and the scalar reference
  * quantizers/dequantizers that every fast kernel is tested against. */
-#ifndef KVLM_MODEL_DTYPE_H
-#define KVLM_MODEL_DTYPE_H
+#ifndef KVLM_DTYPE_DTYPE_H
+#define KVLM_DTYPE_DTYPE_H
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -110,11 +110,11 @@ typedef struct {
     uint8_t scales_l[QK_K / 64];
     uint8_t qs[QK_K / 2];
 } block_iq4_xs;                     /* 136 bytes */
-/* The codebook types (model/iq.h): each group of 8 weights is a point of a
+/* The codebook types (dtype/iq.h): each group of 8 weights is a point of a
  * fixed lattice codebook, looked up by index, times a sign pattern (IQ2, IQ3)
  * or plus a shift of +-1/8 (IQ1), times a 3- or 4-bit scale per 16 or 32
  * weights and the block's f16 d. Bit fields of sub-block ib (32 weights) in
- * model/iq.h; the layouts are ggml's, byte for byte. */
+ * dtype/iq.h; the layouts are ggml's, byte for byte. */
 /* 2.0625 bits: per sub-block two u32 (qs[4ib..]), the first 4 byte-wide point
  * indices, the second 4 x 7-bit sign indices and a 4-bit scale on top */
 typedef struct { dt_f16 d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;                          /* 66 bytes */
@@ -146,7 +146,7 @@ _Static_assert(sizeof(block_iq3_xxs) == 98 && sizeof(block_iq3_s) == 110, "iq3 l
 _Static_assert(sizeof(block_iq1_s) == 50 && sizeof(block_iq1_m) == 56, "iq1 layouts");
 /* The 16 non-uniform levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
 extern const int8_t dt_kvalues_iq4nl[16];
-/* The ternary types (model/tq.h): weight = d (code - 1), code 0..2.
+/* The ternary types (dtype/tq.h): weight = d (code - 1), code 0..2.
  * TQ1_0, 1.6875 bits: five codes per byte of qs as the base-3 fraction
  * (c0 c1 c2 c3 c4)_3 / 243 rounded up to 8 bits (code n of byte m of qs[0..31]
  * is element 32n + m, of qs[32..47] element 160 + 16n + m), four per byte of

@@ -1,15 +1,15 @@
-/* model/tq: ggml's ternary weight types TQ1_0 and TQ2_0, the format of
+/* dtype/tq: ggml's ternary weight types TQ1_0 and TQ2_0, the format of
  * ternary-trained models (BitNet b1.58, TriLM): every weight of a 256-weight
  * block is d · {-1, 0, +1}, with one f16 d per block (layouts in
- * model/dtype.h).
+ * dtype/dtype.h).
  *
  * Here: the unpacking of a block into its 256 codes 0..2 (weight = d (code -
  * 1)) in element order, which the dequantizer and the scalar kernels share,
  * and the quantizer (tq.c). */
-#ifndef KVLM_MODEL_TQ_H
-#define KVLM_MODEL_TQ_H
+#ifndef KVLM_DTYPE_TQ_H
+#define KVLM_DTYPE_TQ_H
 #include <stdint.h>
-#include "model/dtype.h"
+#include "dtype/dtype.h"
 
 static inline int dt_is_tq(int type) { return type == DT_TQ1_0 || type == DT_TQ2_0; }
 

@@ -1,10 +1,10 @@
-/* model/dtype: type traits and the scalar reference quantizers/dequantizers for
+/* dtype/dtype: type traits and the scalar reference quantizers/dequantizers for
  * F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
  * IQ4_NL, IQ4_XS, MXFP4 and Q8_K (block layouts as in GGUF); the codebook
- * types (IQ2_*, IQ3_*, IQ1_*) in model/iq.c, the ternary ones in model/tq.c. */
-#include "model/dtype.h"
-#include "model/iq.h"
-#include "model/tq.h"
+ * types (IQ2_*, IQ3_*, IQ1_*) in dtype/iq.c, the ternary ones in dtype/tq.c. */
+#include "dtype/dtype.h"
+#include "dtype/iq.h"
+#include "dtype/tq.h"
 #include <math.h>
 #include <strings.h>
 

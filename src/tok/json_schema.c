@@ -1,4 +1,4 @@
-/* engine/json_schema: a JSON schema (OpenAI's response_format json_schema,
+/* tok/json_schema: a JSON schema (OpenAI's response_format json_schema,
  * llama.cpp's --json-schema) as a GBNF grammar for engine/grammar. Each
  * schema becomes a rule; objects keep their properties in the schema's order
  * (required ones always there, optional ones maybe), and take no other keys
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvlm.h"
-#include "engine/json_schema.h"
+#include "tok/json_schema.h"
 #include "util/utf8.h"
 #include "util/error.h"
 
@@ -1141,7 +1141,7 @@ char *kvlm_json_schema_to_gbnf(const char *schema, kvlm_error *err) {
     return c.out.s;
 }
 
-char *eng_json_schemas_gbnf(const eng_schema_item *items, int n, kvlm_error *err) {
+char *tok_json_schemas_gbnf(const tok_schema_item *items, int n, kvlm_error *err) {
     conv c = {.err = err};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {

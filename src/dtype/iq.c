@@ -1,6 +1,6 @@
-/* model/iq: the IQ types' codebooks expanded from iq_grids.c, their
- * reference dequantizer, and their quantizers (model/iq.h). */
-#include "model/iq.h"
+/* dtype/iq: the IQ types' codebooks expanded from iq_grids.c, their
+ * reference dequantizer, and their quantizers (dtype/iq.h). */
+#include "dtype/iq.h"
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
