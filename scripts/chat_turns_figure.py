@@ -27,7 +27,7 @@ for p, (label, path) in enumerate(series):
         svg.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (px(t), H - PAD + 36, t))
     svg.append('<text x="%d" y="%d" text-anchor="middle">turn</text>' % (x0 + (W + PAD) // 2, H + 34))
     for key, colour, dash, name in (("kept", "#2563eb", "", "answers' ids kept"),
-                                    ("none", "#9ca3af", ' stroke-dasharray="5,3"', "re-tokenized (before)")):
+                                    ("none", "#9ca3af", ' stroke-dasharray="5,3"', "re-tokenized (--answer-ids-mem 0)")):
         pts = [(px(int(r["turn"])), py(int(r["cached_" + key]) / int(r["prompt_" + key]))) for r in rows]
         svg.append('<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>' %
                    (colour, dash, " ".join("%.1f,%.1f" % q for q in pts)))
@@ -39,7 +39,7 @@ for p, (label, path) in enumerate(series):
     table.append((label, rows))
 svg.append("</svg>")
 open(out, "w").write("\n".join(svg) + "\n")
-print("| turn | " + " | ".join("%s: kept | %s: before" % (l, l) for l, _ in table) + " |")
+print("| turn | " + " | ".join("%s: kept | %s: without" % (l, l) for l, _ in table) + " |")
 print("| --- |" + " --- | --- |" * len(table))
 for k in range(len(table[0][1])):
     cells = []

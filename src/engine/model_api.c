@@ -46,8 +46,8 @@ static size_t copy_bytes(const model_tensor *t) {
 /* Copies the matmul weights, once, into one buffer on transparent huge pages
  * (util_big_alloc): repacked into this CPU's fastest layout where the type
  * has one (op_pack_type), else their rows as they are (f32, f16, bf16: read
- * in place from the file's 4 KiB pages, a stories110M-shape F16 decode ran
- * 8-10% slower, BF16 11-18%, bench_decode; docs/weights.md). Every later
+ * in place from the file's 4 KiB pages, every page is a TLB miss;
+ * docs/weights.md). Every later
  * step reads the copy. The file's pages of an untied tensor are then dropped
  * from memory (they are clean pages of a read-only mapping, read back from
  * the file if anything asks), so the copy does not double the resident

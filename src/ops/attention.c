@@ -317,8 +317,8 @@ const op_att_kernels *op_att_kernels_at(int level) {
  * they cross, asked into L2. The prefetcher then streams each page on its
  * own, without the L1 miss buffers that the next tile's line-by-line
  * prefetch (prefetch_rows, pf_rows) holds. Asked two tiles ahead, on top of
- * that prefetch: bench_attn at 4,096 keys on the Intel VM, f16 64.7-66.1% ->
- * 66.8-69.7% of the bound, q8_0 47.1-48.5% -> 53.4-54.6% (docs/attention.md). */
+ * that prefetch, it brings f16 and q8_0 caches closer to the bandwidth bound
+ * on the Intel VM (bench/results/attention.md). */
 enum { KICK_TILES = 2, KICK_LINES = 2 };
 static void kick_blocks(const op_attn_args *a, int h, int p, int n) {
     if (!a->blocks || !a->head_bytes) return;

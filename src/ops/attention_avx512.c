@@ -256,9 +256,8 @@ static inline __attribute__((always_inline)) __m512 vf_sum16(const __m512 *v) {
  * buffers until its line arrives from DRAM, and with a tile of prefetches in
  * flight the core stalled on them (a third of the scoring loop's cycles on
  * the instruction after the prefetch, perf); the L2 tracks many more misses,
- * and the tile's loads then hit it. Attention at 4,096 keys took about half
- * the cycles (bench_attn, docs/attention.md). kp or vp NULL: the other's
- * rows alone. */
+ * and the tile's loads then hit it (docs/attention.md). kp or vp NULL: the
+ * other's rows alone. */
 static inline __attribute__((always_inline)) void pf_rows(const uint8_t *const *kp, const uint8_t *const *vp, int n,
                                                           int lo, int hi, size_t krb, size_t vrb) {
     for (int x = lo; x < hi && x < n; x++) {
@@ -317,8 +316,9 @@ static inline __attribute__((always_inline)) void vf_scores(float *sa, float *sb
  * the next tile's value rows, asked into L2 two keys at a time as this
  * tile's are summed. The scores ask for the next tile's keys, so the
  * misses in flight are spread over the whole tile rather than bunched in
- * its first half: 5-10% less time for f16 at 4k and 16k keys (bench_attn;
- * q8_0 values were slower so, docs/attention.md). */
+ * its first half, so memory is not idle at the tile's end (q8_0 values
+ * were slower so and keep both requests in the scoring loop;
+ * docs/attention.md). */
 static inline __attribute__((always_inline)) void vf_pv(float *oa, float *ob, const float *pa, const float *pb,
                                                         const uint8_t *const *vp, int n, int hd, int type, bool two,
                                                         const uint8_t *const *vpn, int nn, size_t vrb) {
@@ -468,9 +468,8 @@ static void vnni_tile(const op_attn_args *a, int h, int kb, int n, int R, const 
     /* the next tile's rows, prefetched into L2 while this one is scored: the
      * hardware prefetcher follows a page, not the jump to the next scattered
      * block. (With prefetcht0, f32 blocks that fill a page were better left
-     * to the hardware; into L2, f32 at 4,096 keys took 40% fewer cycles with
-     * them: 510 -> 310 Mcycles in bench_attn, 1 thread. A tile further
-     * ahead took more cycles for f16 and q8_0.) */
+     * to the hardware; into L2 they pay for f32 too. A tile further ahead
+     * took more cycles for f16 and q8_0.) */
     int nn = k_end - kb - n < ATT_BK ? k_end - kb - n : ATT_BK;
     if (!a->blocks) nn = 0;
     row_ptrs(a, h, kb, n, krb, vrb, kp, vp);

@@ -1,6 +1,8 @@
-/* ops/backend: the table of entry points the forward pass calls its kernels
- * through, one instance per backend: the CPU at each SIMD level now, a GPU
- * next. Every entry means what its op_ function in ops.h / kvtype.h means. */
+/* ops/backend: the table of entry points the CPU forward passes call their
+ * kernels through, one instance per SIMD level (scalar, AVX2, AVX-512). The
+ * GPU does not go through it: engine/forward_cuda runs the whole pass on the
+ * device through ops/cuda. Every entry means what its op_ function in ops.h /
+ * kvtype.h means. */
 #ifndef KVLM_OPS_BACKEND_H
 #define KVLM_OPS_BACKEND_H
 #include <stddef.h>

@@ -245,9 +245,9 @@ double op_measure_read_bandwidth(util_pool *pool, size_t bytes) {
     if (n == 0) return 0;
     bw_job j;
     memset(&j, 0, sizeof j);
-    /* on huge pages, as the weights and the KV pool are (util/mem): on the
-     * development VM a 4 KiB-page buffer read 7% slower once the pool was
-     * on huge pages, which would flatter every share of this bound */
+    /* on huge pages, as the weights and the KV pool are (util/mem): a
+     * 4 KiB-page buffer reads slower than the huge-page data it bounds,
+     * which would flatter every share of this bound */
     j.buf = util_big_alloc(n * sizeof(float), false);
     if (!j.buf) return 0;
     j.n = n;

@@ -27,18 +27,15 @@
  * (op_q8a_xc, exact /16 for Q4_0). Per (row, token) the block's integer dot is
  * exact and meets its scale in one FMA per block in column order, as in the
  * scalar kernels, so every path gives the same bits. A tile takes up to 16
- * tokens (16 float accumulators and the 8 chunk registers): at T = 16 each
- * group then comes from L3 or memory once, not twice, and 5632 x 2048 from
- * memory went from 47 to 39 us per token. */
+ * tokens (16 float accumulators and the 8 chunk registers), so that at
+ * T = 16 each group comes from L3 or memory once, not twice. */
 #define R16_C 16
 /* A chunk of groups is one contiguous run of weights, which the tiles read
  * faster than the hardware prefetcher brings it from L3 or memory: software
- * prefetch asks for the run R16_PF bytes ahead into L1 (batched, this takes
- * 5632 x 2048 at T = 16 from 62 to 49 us per token) and also R16_PF_FAR
+ * prefetch asks for the run R16_PF bytes ahead into L1 and also R16_PF_FAR
  * bytes ahead into L2, which keeps more lines in flight than the L1 fill
- * buffers allow: decode from memory went from 94% to 100% of the read
- * bandwidth for Q8_0 and from 80% to 95% for Q4_0, and T = 2 / 4 / 8 from
- * 225 / 126 / 67 to 208 / 109 / 62 us per token. */
+ * buffers allow, so decode from memory runs at the read bandwidth
+ * (bench/results/matmul.md). */
 #define R16_PF 4096
 #define R16_PF_FAR 16384
 
@@ -364,9 +361,8 @@ R16_TILE(op_mm_iq4_xs_r16_vnni, r16x_tab)
 /* ---- OP_Q2_K_R16, OP_Q3_K_R16 ------------------------------------------------------
  * Per 32-column unit (h, j) 8 chunks of 2-bit fields shifted down by 2j
  * (Q3_K: +4 under the unit's 64-bit hmask mask, codes 0..7; one masked
- * vpaddb where rebuilding the bit from hmask bytes took a shift and a
- * vpternlogd, and the L2-resident tile went from 4.25 to 3.97 us; for one
- * token units j = 1, 2 skip the shift, 3.97 to 3.86 us): 4 vpdpbusd per
+ * vpaddb, cheaper than rebuilding the bit from hmask bytes with a shift and
+ * a vpternlogd; for one token units j = 1, 2 skip the shift): 4 vpdpbusd per
  * 16-column sub-block (Q3_K from -4 x its bsum), times the rows' scales
  * (vpmulld) into the integer sum; Q2_K's mins meet the bsums through
  * vpdpwssd (two mins per dword); then q4k_step's / q6k_step's float steps. */
@@ -432,9 +428,9 @@ AI void q23k_r16_tile(const int Q3, const int RN, int n, const uint8_t *g, const
         __m512i sumi[R16_C];
 #pragma GCC unroll 16
         for (int c = 0; c < RN; c++) sumi[c] = _mm512_setzero_si512();
-        /* unrolled, the shifts are immediates (one token: 4.65 -> 4.25 us for
-         * an L2-resident tile); from 9 tokens on the unrolled body no longer
-         * fits the op cache (16 tokens: 28 -> 31 us), so it stays a loop */
+        /* unrolled, the shifts are immediates, which is faster; from 9 tokens
+         * on the unrolled body no longer fits the op cache and is slower than
+         * the loop, so there it stays a loop */
         if (RN <= 8) {
 #pragma GCC unroll 8
             for (int unit = 0; unit < 8; unit++) q23k_r16_unit(Q3, RN, unit, blk, x, xs, b, sumi);

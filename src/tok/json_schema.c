@@ -4,10 +4,10 @@
  * (required ones always there, optional ones maybe), and take no other keys
  * unless the schema has no properties (as llama.cpp does). Keywords that
  * constrain values in ways a grammar here does not express (uniqueItems,
- * multipleOf, lookaround in a pattern, ...) are refused by name, never
- * ignored; annotations (title, description, default, examples, and formats
- * other than date, time, date-time and uuid) are ignored, as JSON Schema
- * itself treats them. */
+ * not, lookaround in a pattern, a multipleOf other than a power of ten or a
+ * small whole number, ...) are refused by name, never ignored; annotations
+ * (title, description, default, examples, and formats other than date, time,
+ * date-time and uuid) are ignored, as JSON Schema itself treats them. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>

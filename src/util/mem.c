@@ -5,15 +5,12 @@
  *   MB of them per token.
  * - Filled as the work goes (the KV pool): every page faulted in when it is
  *   made (populate). Otherwise each block a step touches for the first time
- *   costs the step ~150 page faults in its critical path (kvlm serve at 16
- *   streams: about 5% of tokens/s). Attention reads a 4 KiB region per
- *   block, layer and head, each on a page of its own with 4 KiB pages: at
- *   16,384 tokens of an f16 cache (604 MB) a step walked the page tables
- *   for nearly every one. On huge pages, bench_decode_ctx (stories110M,
- *   Q8_0, 2 threads, Intel VM) took 6-14% less attention time per token at
- *   4k and 16k, f16 and q8_0 (docs/attention.md). The kernel may have to
- *   compact memory to find them: making a 1 GiB pool took 0.13-2.7 s here
- *   (4 KiB pages: 0.26 s). Where it has none, 4 KiB pages as before. */
+ *   costs the step ~150 page faults in its critical path. Attention reads a
+ *   4 KiB region per block, layer and head, each on a page of its own with
+ *   4 KiB pages: at long contexts a step would walk the page tables for
+ *   nearly every one (docs/attention.md). The kernel may have to compact
+ *   memory to find huge pages, which makes creating a pool slower; where it
+ *   has none, the buffer is on 4 KiB pages. */
 #include "util/mem.h"
 #include <stdint.h>
 #include <sys/mman.h>

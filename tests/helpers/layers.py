@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""tests/helpers/layers.py SRC_DIR: the layer rules of ../shared/DESIGN.md (and the README's source
-tree), checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file):
-each layer includes only its own headers, those of the
+"""tests/helpers/layers.py SRC_DIR: the layer rules of docs/architecture.md (and ../shared/DESIGN.md),
+checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file): each
+layer includes only its own headers, those of the
 layers above it (util, dtype, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
 the server and the command go through include/kvlm.h (besides their own headers, only util/'s);
 every folder of src/ is one of the layers; JSON (jansson) is read and written only where requests,

@@ -922,8 +922,8 @@ static void launch_mma(cu_dev *d, float *out, float *part, const float *q, const
     int T = b->T, hd = kv->head_dim, nkv = kv->n_kv_heads, run = b->run > 1 ? b->run : 1;
     /* a block's rows: G heads of R tokens (a run of one sequence: a prompt's
      * chunk) in 8 or 16 (4 warps over the same rows each taking a quarter of
-     * the keys: on the H100 a 512-token prompt's attention ran 1.4x faster
-     * so than with 4 warps over 4 times the rows, each with all the keys) */
+     * the keys: faster for a prompt's attention than 4 warps over 4 times the
+     * rows, each with all the keys) */
     int R = 1;
     if (run > 1 && (G & (G - 1)) == 0 && G < 16) R = 16 / G < run ? 16 / G : run;
     bool r16 = R * G > 8;

@@ -224,8 +224,7 @@ struct mv_jobs {
 /* This block's job, and the first of the R rows of this warp's row group;
  * then the wait for the kernel before (programmatic launch). Prefetching
  * the block's rows into L2 before the wait (they depend on no kernel) was
- * measured on an H200 and dropped: TinyLlama-shape decode 0.92x (f16),
- * 0.96x (q8_0), 1.01x (q4_K) of the same launch without it. */
+ * measured on an H200 and dropped: decode was slower with it, or no faster. */
 __device__ __forceinline__ int mv_job(const mv_jobs &J, int S, int R, int &row0, int &part) {
     int j = 0;
     while (j + 1 < MV_JOBS && (int)blockIdx.x >= J.first_block[j + 1]) j++;
@@ -717,7 +716,7 @@ static void matvec(cu_dev *d, float *const *ys, const float *x, const cu_weight 
 /* A thread per 32-element group: its group dequantized once, written as
  * four 16-byte pieces (the L2 merges a warp's pieces into whole sectors).
  * Four threads a group, each dequantizing the whole group for its quarter,
- * left TinyLlama's Q8_0 / Q4_K prefill 1.4-1.5x slower (H100). */
+ * made Q8_0 / Q4_K prefill markedly slower. */
 template <int TYPE>
 __global__ void k_dequant_grouped(__half *out, cu_wview w, int n_out) {
     size_t ng = (size_t)w.n_in / 32, grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
