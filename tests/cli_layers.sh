@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # tests/cli_layers: the layer rules (docs/architecture.md, ../shared/DESIGN.md) held on every
-# #include of src/ by tests/helpers/layers.py: a layer includes only its own headers, those of the
-# layers above it and include/kvlm.h; server/ and cli/ go through include/kvlm.h (and util/); every
-# folder of src/ is a layer; only model/, tok/, server/ and cli/ include jansson (the engine, the KV
-# store, the kernels and util/ parse no JSON). Then the check is shown to fail: one violation of each
-# rule planted in a copy of src/ is found. And the build's split: examples/generate.c, linked against
-# the core library alone (libkvlm-core.a: no server/), needs no HTTP, ZeroMQ or msgpack library and
-# writes what `kvlm run --temp 0` writes.
+# #include of src/ ("x.h", or <layer/x.h>) by tests/helpers/layers.py: a layer includes only its own
+# headers, those of the layers above it and include/kvlm.h; server/ and cli/ go through
+# include/kvlm.h (and util/); every folder of src/ is a layer; only model/, tok/, server/ and cli/
+# include jansson (the engine, the KV store, the kernels and util/ parse no JSON). Then the check is
+# shown to fail: one violation of each rule planted in a copy of src/ is found. And the build's split:
+# examples/generate.c, linked against the core library alone (libkvlm-core.a: no server/), needs no
+# HTTP, ZeroMQ or msgpack library and writes what `kvlm run --temp 0` writes.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }

@@ -1,6 +1,8 @@
 /* kv/tier_redis: the Redis tier: KV blocks shared by every engine process
- * that points at one Redis server (or a Redis Cluster), over kv/redis_conn
- * (TCP or TLS, AUTH, bounded replies) and hiredis's reply parser.
+ * that points at one Redis server (or a Redis Cluster: kv/redis_cluster
+ * routes each block to the node tier of its master, made here), over
+ * kv/redis_conn (TCP or TLS, AUTH, bounded replies) and hiredis's reply
+ * parser; and the tier's URL, parsed for both.
  *
  * Layout: one string per block, key "kvlm:blk:<32 hex digits>" (kv_key_hex),
  * value the block's bytes, SET without expiry. Eviction is Redis's own: run
@@ -59,7 +61,9 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <time.h>
+#include "kv/redis_cluster.h"
 #include "kv/redis_conn.h"
+#include "kv/tier_redis.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/timing.h"
@@ -75,8 +79,6 @@
  * bytes (so a slow server never holds a huge batch in flight). */
 #define KV_REDIS_BATCH_CMDS 64
 #define KV_REDIS_BATCH_BYTES ((size_t)16 << 20)
-/* Reader connections: parallel get/contains callers beyond this wait. */
-#define KV_REDIS_READERS 4
 /* At most one connection attempt per connection this often. */
 #define KV_REDIS_RETRY_MS 500
 /* The writer's deadline for one round trip (at least the tier's timeout). A
@@ -99,9 +101,6 @@
  * and none has been refused for this long. */
 #define KV_REDIS_QUIET_MS 1000
 
-#define KEY_PREFIX "kvlm:blk:"
-#define KEY_LEN (sizeof KEY_PREFIX - 1 + 32)
-
 enum { OP_SET, OP_DEL };
 
 /* A queued command, formatted by hiredis at put (the one copy of the
@@ -115,95 +114,21 @@ typedef struct qnode {
     size_t cmd_len; /* what the queue's byte bound counts */
 } qnode;
 
-typedef struct {
-    rconn *c;        /* NULL: down */
-    bool busy;       /* taken by a caller, or by the writer reconnecting it */
-    double next_try; /* earliest next connection attempt */
-} reader;
-
-/* What every connection of a tier presents: AUTH and TLS (shared by a
- * cluster's nodes; owned by the tier that opened it). */
-typedef struct {
-    char *user, *password; /* NULL: none */
-    rconn_tls *tls;        /* NULL: plain TCP */
-} redis_auth;
-
-/* An error-reply fault: one direction of commands answered with errors. */
-enum { REF_WRITES, REF_READS, REF_MODE, REF_N };
-typedef struct {
-    bool on;
-    double since, last;
-    uint64_t count; /* refused while it lasts */
-    uint64_t ok_at; /* the tier's ok[dir] at the last refusal */
-} refusal;
-
-typedef struct {
-    kv_tier base;
-    char host[256];
-    char peer[300]; /* HOST:PORT, as logs name it */
-    int port, db;
-    int timeout_ms;
-    bool proxy; /* a twemproxy in front (?proxy=1): it has no DBSIZE, INFO or SELECT */
-    const redis_auth *auth;
-    redis_auth *own_auth; /* a single server's, freed with it */
-
-    /* queue: q_mu guards it, the writer's state and the flush sequence */
-    pthread_mutex_t q_mu;
-    pthread_cond_t q_cv;    /* work for the writer, or stop */
-    pthread_cond_t done_cv; /* done_seq moved */
-    qnode *head, *tail;     /* head..: queued; the first `inflight` are being written */
-    int inflight;
-    size_t q_count, q_bytes; /* includes the in-flight batch */
-    uint64_t next_seq, done_seq;
-    bool stop;
-    pthread_t thread;
-    bool thread_started;
-
-    rconn *w; /* the writer's connection; only the writer thread (or open/close) touches it */
-    double w_next_try, next_poll;
-
-    /* readers: r_mu guards the slots' c and busy (a slot's connection is used
-     * without the lock by whoever marked it busy) */
-    pthread_mutex_t r_mu;
-    pthread_cond_t r_cv; /* a slot was released */
-    reader readers[KV_REDIS_READERS];
-    unsigned r_next;
-
-    /* a node of a cluster tier: set when the server answers a write with a
-     * redirection (MOVED, ASK) or CLUSTERDOWN, so the cluster re-reads its
-     * slot map; NULL for a single server */
-    _Atomic bool *refresh;
-
-    _Atomic uint64_t blocks, bytes;
-
-    /* faults (f_mu): the connection's (0 or an rconn_status) since f_since,
-     * and the error-reply ones; `missed` counts reads that could not ask
-     * the server (no connection, or it broke), ok[] commands that succeeded */
-    pthread_mutex_t f_mu;
-    int f_kind;
-    unsigned f_told; /* the kinds told while it lasts (bits by rconn_status) */
-    double f_since;
-    uint64_t f_missed0, f_dropped0;
-    refusal ref[REF_N];
-    _Atomic uint64_t missed, ok[REF_N];
-    _Atomic bool f_on; /* f_kind != 0, read without the lock */
-} redis_tier;
-
 /* ---- small helpers ---- */
 
-static void key_name(const kv_key *k, char out[KEY_LEN + 1]) {
+void redis_key_name(const kv_key *k, char out[KEY_LEN + 1]) {
     memcpy(out, KEY_PREFIX, sizeof KEY_PREFIX - 1);
     kv_key_hex(k, out + sizeof KEY_PREFIX - 1);
 }
 
-static void abs_deadline(struct timespec *ts, double deadline) {
+void redis_abs_deadline(struct timespec *ts, double deadline) {
     /* condvars here run on CLOCK_MONOTONIC, the clock util_now_s reads */
     ts->tv_sec = (time_t)deadline;
     ts->tv_nsec = (long)((deadline - (double)ts->tv_sec) * 1e9);
     if (ts->tv_nsec >= 1000000000L) { ts->tv_sec++; ts->tv_nsec -= 1000000000L; }
 }
 
-static void cond_init_mono(pthread_cond_t *cv) {
+void redis_cond_init_mono(pthread_cond_t *cv) {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
@@ -211,13 +136,8 @@ static void cond_init_mono(pthread_cond_t *cv) {
     pthread_condattr_destroy(&a);
 }
 
-/* SIGPIPE blocked around a caller's socket I/O; one it raised is consumed. */
-typedef struct {
-    sigset_t old;
-    bool was_pending;
-} pipe_guard;
 
-static void pipe_block(pipe_guard *g) {
+void redis_pipe_block(redis_pipe_guard *g) {
     sigset_t s, pend;
     sigemptyset(&s);
     sigaddset(&s, SIGPIPE);
@@ -227,7 +147,7 @@ static void pipe_block(pipe_guard *g) {
     pthread_sigmask(SIG_BLOCK, &s, &g->old);
 }
 
-static void pipe_restore(pipe_guard *g) {
+void redis_pipe_restore(redis_pipe_guard *g) {
     sigset_t s, pend;
     sigemptyset(&s);
     sigaddset(&s, SIGPIPE);
@@ -281,7 +201,7 @@ static void fault_note(redis_tier *t, rconn_status st, const char *msg) {
 /* A connection answered PING (data: a command of data succeeded). A reply
  * refused (a server that answers PING but not reads sanely) ends only with
  * data, or it would start again at every reconnect. */
-static void fault_end(redis_tier *t, bool data) {
+void redis_fault_end(redis_tier *t, bool data) {
     if (!atomic_load(&t->f_on)) return;
     pthread_mutex_lock(&t->f_mu);
     if (t->f_kind == RCONN_PROTOCOL && !data) {
@@ -308,11 +228,11 @@ static int refusal_dir(const redis_tier *t, const char *e, int dir) {
     return redirect || !strncmp(e, "CROSSSLOT", 9) || !strncmp(e, "CLUSTERDOWN", 11) ? REF_MODE : dir;
 }
 
-static void refusal_note(redis_tier *t, int dir, const char *e) {
+void redis_refusal_note(redis_tier *t, int dir, const char *e) {
     if ((dir = refusal_dir(t, e, dir)) < 0) return;
     double now = util_now_s();
     pthread_mutex_lock(&t->f_mu);
-    refusal *r = &t->ref[dir];
+    redis_refusal *r = &t->ref[dir];
     bool start = !r->on;
     if (start) {
         r->on = true;
@@ -331,7 +251,7 @@ static void refusal_note(redis_tier *t, int dir, const char *e) {
         LOG_WARN("redis tier %s: refusing %s: %.160s", t->peer, dir == REF_WRITES ? "writes" : "reads", e);
 }
 
-static void note_ok(redis_tier *t, int dir) {
+void redis_note_ok(redis_tier *t, int dir) {
     atomic_fetch_add_explicit(&t->ok[dir], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&t->ok[REF_MODE], 1, memory_order_relaxed);
 }
@@ -342,7 +262,7 @@ static void refusals_check(redis_tier *t) {
     static const char *what[REF_N] = {"accepting writes again", "answering reads again", "no more cluster redirections"};
     for (int d = 0; d < REF_N; d++) {
         pthread_mutex_lock(&t->f_mu);
-        refusal *r = &t->ref[d];
+        redis_refusal *r = &t->ref[d];
         bool end = r->on && now - r->last >= KV_REDIS_QUIET_MS / 1000.0 && atomic_load(&t->ok[d]) > r->ok_at;
         double dt = now - r->since;
         uint64_t n = r->count;
@@ -365,7 +285,7 @@ static rconn *rconnect(redis_tier *t, bool for_reader) {
     rconn_status st;
     char msg[256];
     rconn *c = rconn_open(&p, util_now_s() + t->timeout_ms / 1000.0, &st, msg, sizeof msg);
-    if (c) fault_end(t, false);
+    if (c) redis_fault_end(t, false);
     else fault_note(t, st, msg);
     return c;
 }
@@ -374,7 +294,7 @@ static rconn *rconnect(redis_tier *t, bool for_reader) {
 
 /* Takes a connected reader slot, waiting for a busy one until deadline.
  * -1: none is connected (*down set), or none came free in time. */
-static int reader_take(redis_tier *t, double deadline, bool *down) {
+int redis_reader_take(redis_tier *t, double deadline, bool *down) {
     pthread_mutex_lock(&t->r_mu);
     int got = -1;
     bool any_up = false;
@@ -382,14 +302,14 @@ static int reader_take(redis_tier *t, double deadline, bool *down) {
         any_up = false;
         for (int k = 0; k < KV_REDIS_READERS; k++) {
             int i = (int)((t->r_next + (unsigned)k) % KV_REDIS_READERS);
-            reader *r = &t->readers[i];
+            redis_reader *r = &t->readers[i];
             if (!r->c) continue;
             any_up = true;
             if (!r->busy) { got = i; break; }
         }
         if (got >= 0 || !any_up) break;
         struct timespec ts;
-        abs_deadline(&ts, deadline);
+        redis_abs_deadline(&ts, deadline);
         if (pthread_cond_timedwait(&t->r_cv, &t->r_mu, &ts) == ETIMEDOUT) break;
     }
     if (got >= 0) {
@@ -407,18 +327,18 @@ static int reader_take(redis_tier *t, double deadline, bool *down) {
  * breaks when its server is gone, hung or reset, and its siblings are then
  * in the same state: left open, each would cost its next caller a timeout
  * of its own before it broke too (a hung node: 4 batches of 200 ms, not 1). */
-static void reader_give(redis_tier *t, int i, bool broken) {
+void redis_reader_give(redis_tier *t, int i, bool broken) {
     if (broken) {
         const char *msg;
         rconn_status st = rconn_error(t->readers[i].c, &msg);
         fault_note(t, st ? st : RCONN_PROTOCOL, st ? msg : "a reply not of the shape asked for");
     }
     pthread_mutex_lock(&t->r_mu);
-    reader *r = &t->readers[i];
+    redis_reader *r = &t->readers[i];
     if (broken) {
         const double retry = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
         for (int k = 0; k < KV_REDIS_READERS; k++) {
-            reader *o = &t->readers[k];
+            redis_reader *o = &t->readers[k];
             if (!o->c || (k != i && o->busy)) continue;
             rconn_free(o->c);
             o->c = NULL;
@@ -448,7 +368,7 @@ static bool key_argv_make(key_argv *a, const char *cmd, int n, const kv_key *key
     a->argv[0] = cmd;
     a->lens[0] = strlen(cmd);
     for (int i = 0; i < n; i++) {
-        key_name(&keys[i], a->names[i]);
+        redis_key_name(&keys[i], a->names[i]);
         a->argv[i + 1] = a->names[i];
         a->lens[i + 1] = KEY_LEN;
     }
@@ -456,7 +376,7 @@ static bool key_argv_make(key_argv *a, const char *cmd, int n, const kv_key *key
 }
 
 /* Copies an error reply's text (printable bytes only). */
-static void copy_err(char *out, size_t cap, const char *str, size_t len) {
+void redis_copy_err(char *out, size_t cap, const char *str, size_t len) {
     size_t m = 0;
     for (size_t i = 0; i < len && m + 1 < cap; i++) out[m++] = str[i] >= 32 && str[i] < 127 ? str[i] : '?';
     out[m] = 0;
@@ -465,7 +385,7 @@ static void copy_err(char *out, size_t cap, const char *str, size_t len) {
 /* The limits of a read of blocks of at most cap bytes: one at a time is
  * buffered; a longer one (up to the largest block a put writes) is read past
  * as a miss; anything longer is refused. */
-static rconn_limits block_limits(size_t cap) {
+rconn_limits redis_block_limits(size_t cap) {
     rconn_limits l = {cap > 4096 ? cap : 4096, KV_REDIS_MAX_BLOCK, 0, 0, 0};
     return l;
 }
@@ -488,7 +408,7 @@ typedef struct {
 
 static void *sink_string(const redisReadTask *task, char *str, size_t len) {
     mget_sink *s = task->privdata;
-    if (!task->parent && task->type == REDIS_REPLY_ERROR) copy_err(s->err, sizeof s->err, str, len);
+    if (!task->parent && task->type == REDIS_REPLY_ERROR) redis_copy_err(s->err, sizeof s->err, str, len);
     else if (!task->parent || task->type != REDIS_REPLY_STRING || task->idx < 0 || task->idx >= s->n) s->bad = true;
     else if (len > 0 && len <= s->cap) {
         memcpy(s->bufs[task->idx], str, len);
@@ -514,8 +434,8 @@ static void *sink_nil(const redisReadTask *task) {
     if (!task->parent) s->bad = true; /* an element's nil is a miss */
     return s;
 }
-static void sink_free(void *obj) { (void)obj; }
-static redisReplyObjectFunctions sink_fns = {sink_string, sink_array, sink_integer, sink_nil, sink_free};
+void redis_sink_free(void *obj) { (void)obj; }
+static redisReplyObjectFunctions sink_fns = {sink_string, sink_array, sink_integer, sink_nil, redis_sink_free};
 
 static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
     redis_tier *t = (redis_tier *)base;
@@ -525,28 +445,28 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
     int lead = 0, found = 0;
     key_argv a;
     bool down;
-    int slot = reader_take(t, deadline, &down);
+    int slot = redis_reader_take(t, deadline, &down);
     if (slot < 0 && down) atomic_fetch_add(&t->missed, 1);
     if (slot >= 0) {
         rconn *c = t->readers[slot].c;
         bool ok = key_argv_make(&a, "MGET", n, keys);
         if (!ok) {
-            reader_give(t, slot, false);
+            redis_reader_give(t, slot, false);
         } else {
-            pipe_guard g;
-            pipe_block(&g);
+            redis_pipe_guard g;
+            redis_pipe_block(&g);
             mget_sink sink = {n, bufs, cap, lens, false, {0}};
-            rconn_limits lim = block_limits(cap);
+            rconn_limits lim = redis_block_limits(cap);
             rconn_set_limits(c, &lim);
             rconn_set_sink(c, &sink_fns, &sink);
             ok = rconn_append(c, n + 1, a.argv, a.lens) && rconn_send(c, deadline) &&
                  rconn_recv(c, deadline) == (void *)&sink && !sink.bad;
             rconn_clear_sink(c);
-            pipe_restore(&g);
+            redis_pipe_restore(&g);
             bool refused = ok && sink.err[0];
             if (ok && !refused) {
-                note_ok(t, REF_READS);
-                fault_end(t, true);
+                redis_note_ok(t, REF_READS);
+                redis_fault_end(t, true);
                 bool gap = false;
                 for (int i = 0; i < n; i++) {
                     if (lens[i]) {
@@ -561,8 +481,8 @@ static int redis_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs
             }
             free(a.argv);
             if (!ok) atomic_fetch_add(&t->missed, 1);
-            reader_give(t, slot, !ok);
-            if (refused) refusal_note(t, REF_READS, sink.err);
+            redis_reader_give(t, slot, !ok);
+            if (refused) redis_refusal_note(t, REF_READS, sink.err);
         }
     }
     kv_tier_note_read(base, found, n, t0);
@@ -573,16 +493,16 @@ static int redis_contains(kv_tier *base, int n, const kv_key *keys) {
     redis_tier *t = (redis_tier *)base;
     if (n <= 0) return 0;
     double deadline = util_now_s() + t->timeout_ms / 1000.0;
-    int slot = reader_take(t, deadline, NULL);
+    int slot = redis_reader_take(t, deadline, NULL);
     if (slot < 0) return 0;
     rconn *c = t->readers[slot].c;
-    pipe_guard g;
-    pipe_block(&g);
+    redis_pipe_guard g;
+    redis_pipe_block(&g);
     rconn_set_limits(c, &rconn_small);
     bool ok = true;
     for (int i = 0; ok && i < n; i++) {
         char name[KEY_LEN + 1];
-        key_name(&keys[i], name);
+        redis_key_name(&keys[i], name);
         const char *argv[2] = {"EXISTS", name};
         size_t alen[2] = {6, KEY_LEN};
         ok = rconn_append(c, 2, argv, alen);
@@ -595,14 +515,14 @@ static int redis_contains(kv_tier *base, int n, const kv_key *keys) {
     for (int i = 0; ok && i < n; i++) {
         redisReply *r = rconn_recv(c, deadline);
         ok = r && (r->type == REDIS_REPLY_INTEGER || r->type == REDIS_REPLY_ERROR);
-        if (ok && r->type == REDIS_REPLY_ERROR && !err[0]) copy_err(err, sizeof err, r->str, r->len);
+        if (ok && r->type == REDIS_REPLY_ERROR && !err[0]) redis_copy_err(err, sizeof err, r->str, r->len);
         if (ok && r->type == REDIS_REPLY_INTEGER && r->integer == 1 && !gap) lead++;
         else gap = true;
         if (r) freeReplyObject(r);
     }
-    pipe_restore(&g);
-    reader_give(t, slot, !ok);
-    if (ok && err[0]) refusal_note(t, REF_READS, err);
+    redis_pipe_restore(&g);
+    redis_reader_give(t, slot, !ok);
+    if (ok && err[0]) redis_refusal_note(t, REF_READS, err);
     return ok ? lead : 0;
 }
 
@@ -616,7 +536,7 @@ static void qnode_free(qnode *q) {
 /* A node holding the command argv formats to; NULL if out of memory. */
 static qnode *qnode_make(int op, const kv_key *key, const void *data, size_t len) {
     char name[KEY_LEN + 1];
-    key_name(key, name);
+    redis_key_name(key, name);
     const char *argv[3] = {op == OP_SET ? "SET" : "DEL", name, data};
     size_t lens[3] = {3, KEY_LEN, len};
     qnode *q = malloc(sizeof *q);
@@ -652,7 +572,7 @@ static bool enqueue(redis_tier *t, qnode *q) {
     return true;
 }
 
-static bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t len) {
+bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t len) {
     redis_tier *t = (redis_tier *)base;
     qnode *q = NULL;
     /* down: drop without copying; the writer drops what was queued before */
@@ -663,7 +583,7 @@ static bool redis_put(kv_tier *base, const kv_key *key, const void *data, size_t
     return false;
 }
 
-static void redis_drop(kv_tier *base, const kv_key *key) {
+void redis_drop(kv_tier *base, const kv_key *key) {
     redis_tier *t = (redis_tier *)base;
     if (!atomic_load(&t->base.n.up)) return; /* nothing to do that would reach it */
     qnode *q = qnode_make(OP_DEL, key, NULL, 0);
@@ -688,7 +608,7 @@ static void dequeue_n(redis_tier *t, int n, bool dropped) {
     if (!t->head) t->done_seq = t->next_seq;
     pthread_cond_broadcast(&t->done_cv);
 }
-static void redis_flush(kv_tier *base) {
+void redis_flush(kv_tier *base) {
     redis_tier *t = (redis_tier *)base;
     pthread_mutex_lock(&t->q_mu);
     uint64_t want = t->next_seq, last = t->done_seq;
@@ -722,7 +642,7 @@ static void redis_flush(kv_tier *base) {
             break;
         }
         struct timespec ts;
-        abs_deadline(&ts, now + 0.05);
+        redis_abs_deadline(&ts, now + 0.05);
         pthread_cond_timedwait(&t->done_cv, &t->q_mu, &ts);
     }
     pthread_mutex_unlock(&t->q_mu);
@@ -733,7 +653,7 @@ static void redis_flush(kv_tier *base) {
 static void set_up(redis_tier *t) { atomic_store(&t->base.n.up, t->w != NULL); }
 
 /* The writer's connection broke: closed, and the idle readers with it (as
- * reader_give does: they are in the same state; left open to a server that
+ * redis_reader_give does: they are in the same state; left open to a server that
  * was restarted, each would cost a caller a failed round trip later). */
 static void writer_break(redis_tier *t) {
     const char *msg;
@@ -744,7 +664,7 @@ static void writer_break(redis_tier *t) {
     t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
     pthread_mutex_lock(&t->r_mu);
     for (int k = 0; k < KV_REDIS_READERS; k++) {
-        reader *o = &t->readers[k];
+        redis_reader *o = &t->readers[k];
         if (!o->c || o->busy) continue;
         rconn_free(o->c);
         o->c = NULL;
@@ -805,13 +725,13 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
             if (r->type == REDIS_REPLY_STATUS) {
                 atomic_fetch_add(&t->base.n.writes, 1);
                 atomic_fetch_add(&t->base.n.write_bytes, q->len);
-                note_ok(t, REF_WRITES);
+                redis_note_ok(t, REF_WRITES);
             } else { /* e.g. OOM under maxmemory with noeviction */
                 atomic_fetch_add(&t->base.n.dropped, 1);
                 atomic_fetch_add(&t->base.n.errors, 1);
                 if (r->type == REDIS_REPLY_ERROR && r->str) {
-                    copy_err(err, sizeof err, r->str, r->len);
-                    refusal_note(t, REF_WRITES, err);
+                    redis_copy_err(err, sizeof err, r->str, r->len);
+                    redis_refusal_note(t, REF_WRITES, err);
                     if (t->refresh && (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4) ||
                                        !strncmp(r->str, "CLUSTERDOWN", 11)))
                         atomic_store(t->refresh, true);
@@ -825,7 +745,7 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
             if (batch[done]->op == OP_SET) atomic_fetch_add(&t->base.n.dropped, 1);
         writer_break(t);
     } else {
-        fault_end(t, true);
+        redis_fault_end(t, true);
     }
 }
 
@@ -834,7 +754,7 @@ static void writer_batch(redis_tier *t, qnode *const *batch, int n) {
 static void readers_reconnect(redis_tier *t) {
     for (int i = 0; i < KV_REDIS_READERS; i++) {
         pthread_mutex_lock(&t->r_mu);
-        reader *r = &t->readers[i];
+        redis_reader *r = &t->readers[i];
         bool go = !r->c && !r->busy && util_now_s() >= r->next_try;
         if (go) r->busy = true;
         pthread_mutex_unlock(&t->r_mu);
@@ -855,7 +775,7 @@ static void readers_reconnect(redis_tier *t) {
 
 /* Starts a thread that takes no signals (and so no SIGPIPE from a server
  * that went away); the pthread_create status. */
-static int start_unsignalled(pthread_t *th, void *(*fn)(void *), void *arg) {
+int redis_start_unsignalled(pthread_t *th, void *(*fn)(void *), void *arg) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -871,7 +791,7 @@ static void *writer_main(void *arg) {
         if (t->stop && !t->head) break;
         if (!t->head) {
             struct timespec ts;
-            abs_deadline(&ts, util_now_s() + 0.1); /* reconnects and the stats poll */
+            redis_abs_deadline(&ts, util_now_s() + 0.1); /* reconnects and the stats poll */
             pthread_cond_timedwait(&t->q_cv, &t->q_mu, &ts);
         }
         bool stopping = t->stop;
@@ -928,7 +848,7 @@ static void redis_stats(kv_tier *base, kv_tier_stats *out) {
     /* the counters come from the base; evicted stays 0: Redis evicts on its own and does not say which */
 }
 
-static void auth_free(redis_auth *a) {
+void redis_auth_free(redis_auth *a) {
     if (!a) return;
     if (a->password) {
         memset(a->password, 0, strlen(a->password));
@@ -953,11 +873,11 @@ static void tier_free(redis_tier *t) {
     pthread_mutex_destroy(&t->r_mu);
     pthread_cond_destroy(&t->r_cv);
     pthread_mutex_destroy(&t->f_mu);
-    auth_free(t->own_auth);
+    redis_auth_free(t->own_auth);
     free(t);
 }
 
-static void redis_close(kv_tier *base) {
+void redis_close(kv_tier *base) {
     redis_tier *t = (redis_tier *)base;
     redis_flush(base);
     pthread_mutex_lock(&t->q_mu);
@@ -990,21 +910,6 @@ static const kv_tier_ops redis_ops = {
  * user whose password comes from kv_redis_opts. Messages show the URL
  * redacted. */
 
-#define KV_CLUSTER_MAX_SEEDS 16
-
-typedef struct {
-    char host[256];
-    int port;
-} hostport;
-
-typedef struct {
-    bool tls, cluster, proxy;
-    int db;
-    char *user, *password; /* decoded, malloc'd; NULL: none */
-    int n_hosts;
-    hostport hosts[KV_CLUSTER_MAX_SEEDS];
-    char shown[300]; /* the URL redacted, for messages */
-} redis_url;
 
 static const char *const k_want = "expected redis[s]://[USER:PASSWORD@]HOST:PORT[/DB] or "
                                   "redis[s]-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]";
@@ -1023,7 +928,7 @@ static bool parse_uint(const char *s, size_t n, long *out) {
 
 /* HOST:PORT at h, HOST a name or IPv4 address (letters, digits, '.', '-')
  * or [IPv6]; the port ends at any of `stops` or the string's end (*end). */
-static bool parse_hostport(const redis_url *u, const char *h, const char *stops, hostport *hp, const char **end,
+static bool parse_hostport(const redis_url *u, const char *h, const char *stops, redis_hostport *hp, const char **end,
                            kvlm_error *err) {
     const char *he, *p, *url = u->shown;
     if (*h == '[') {
@@ -1176,7 +1081,7 @@ fail:
 }
 
 /* One server's tier (a single server, or one node of a cluster). */
-static redis_tier *node_open(const char *host, int port, int db, int timeout_ms, const redis_auth *auth,
+redis_tier *redis_node_open(const char *host, int port, int db, int timeout_ms, const redis_auth *auth,
                              _Atomic bool *refresh, bool proxy, kvlm_error *err) {
     redis_tier *t = calloc(1, sizeof *t);
     if (!t) { util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory"); return NULL; }
@@ -1192,15 +1097,15 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
     pthread_mutex_init(&t->q_mu, NULL);
     pthread_mutex_init(&t->r_mu, NULL);
     pthread_mutex_init(&t->f_mu, NULL);
-    cond_init_mono(&t->q_cv);
-    cond_init_mono(&t->done_cv);
-    cond_init_mono(&t->r_cv);
+    redis_cond_init_mono(&t->q_cv);
+    redis_cond_init_mono(&t->done_cv);
+    redis_cond_init_mono(&t->r_cv);
 
     /* One try now, so a tier opened beside a running server takes puts at
      * once; a server that is not there is not an error (the writer thread
      * keeps trying), but it is said, once. */
-    pipe_guard g;
-    pipe_block(&g);
+    redis_pipe_guard g;
+    redis_pipe_block(&g);
     t->w = rconnect(t, false);
     if (t->w) {
         t->readers[0].c = rconnect(t, true);
@@ -1209,10 +1114,10 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
         t->w_next_try = util_now_s() + KV_REDIS_RETRY_MS / 1000.0;
         for (int i = 0; i < KV_REDIS_READERS; i++) t->readers[i].next_try = t->w_next_try;
     }
-    pipe_restore(&g);
+    redis_pipe_restore(&g);
     set_up(t);
 
-    int rc = start_unsignalled(&t->thread, writer_main, t);
+    int rc = redis_start_unsignalled(&t->thread, writer_main, t);
     if (rc != 0) {
         tier_free(t);
         util_err_set(err, KVLM_ENOMEM, "redis tier: cannot start its writer thread (%s)", strerror(rc));
@@ -1220,634 +1125,6 @@ static redis_tier *node_open(const char *host, int port, int db, int timeout_ms,
     }
     t->thread_started = true;
     return t;
-}
-
-/* ---- Redis Cluster: the tier over several nodes ----
- *
- * redis-cluster://HOST:PORT[,HOST:PORT...]: seed nodes; the rest of the
- * cluster is discovered from CLUSTER SLOTS. hiredis 0.14 knows nothing of
- * clusters, so this does what a cluster client does:
- * - a block's key "kvlm:blk:<hex>" goes to slot CRC16(key) mod 16384 (no
- *   hash tag: the blocks of one prompt spread over every node);
- * - the slot map (slot -> master) comes from CLUSTER SLOTS, asked of any
- *   node that answers, at open, every KV_CLUSTER_MAP_MS, and at once after
- *   a redirection or CLUSTERDOWN;
- * - every master is a node tier of its own (the single-server code above:
- *   its writer thread and queue for puts, its reader connections, its
- *   reconnects, its faults), so a dead node costs only its own blocks: its
- *   puts drop and its gets miss at once (no connection: no wait), other
- *   nodes serve; every node gets the same AUTH and TLS;
- * - a get of n blocks is one pipeline of GETs per node (keys of one MGET
- *   must share a slot), all sent before any is read, under one deadline;
- *   MOVED (the slot changed master) and ASK (being migrated) are followed
- *   once (ASK with ASKING first) on a node already known, and refresh the
- *   map; an unknown target is a miss until the map has it;
- * - writes answered MOVED/ASK are dropped (counted) and refresh the map.
- * Only database 0 exists in a cluster. Run the nodes with
- * cluster-require-full-coverage no, or a single dead master stops every
- * node from serving any slot (docs/cluster.md). Until a first map is read
- * (no seed answers, or answers as no cluster) the tier is down, said once
- * when it starts and once when a map comes. */
-
-#define KV_CLUSTER_SLOTS 16384
-#define KV_CLUSTER_MAX_NODES 64
-#define KV_CLUSTER_NO_NODE 0xff
-/* Slot map re-read this often (the answer is a few hundred bytes). */
-#define KV_CLUSTER_MAP_MS 1000
-
-typedef struct {
-    kv_tier base;
-    int timeout_ms;
-    int n_seeds;
-    hostport seeds[KV_CLUSTER_MAX_SEEDS];
-    redis_auth *auth; /* every node's */
-    /* append-only (by open and the mapper thread); a node is closed only at close */
-    _Atomic(redis_tier *) nodes[KV_CLUSTER_MAX_NODES];
-    _Atomic int n_nodes;
-    _Atomic uint8_t slot_node[KV_CLUSTER_SLOTS]; /* index into nodes, or KV_CLUSTER_NO_NODE */
-    _Atomic bool refresh, mapped;
-    uint8_t map_scratch[KV_CLUSTER_SLOTS]; /* the map being read */
-
-    pthread_mutex_t m_mu;
-    pthread_cond_t m_cv;
-    bool stop;
-    pthread_t thread;
-    bool thread_started;
-
-    /* no map yet: the fault, logged when it starts (map thread or open) and
-     * when a map comes; missed: gets that had no map */
-    bool f_on;
-    double f_since;
-    uint64_t f_missed0, f_dropped0;
-    _Atomic uint64_t missed;
-} cluster_tier;
-
-/* CRC16-CCITT (XMODEM), Redis Cluster's key hash. */
-static uint16_t crc16(const char *buf, size_t len) {
-    uint16_t crc = 0;
-    for (size_t i = 0; i < len; i++) {
-        crc ^= (uint16_t)((unsigned char)buf[i] << 8);
-        for (int b = 0; b < 8; b++) crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
-    }
-    return crc;
-}
-
-/* Redis's key slot: a {hash tag} if the key has a non-empty one. */
-static int key_slot(const char *key, size_t len) {
-    size_t s, e;
-    for (s = 0; s < len && key[s] != '{'; s++) {}
-    if (s < len) {
-        for (e = s + 1; e < len && key[e] != '}'; e++) {}
-        if (e < len && e != s + 1) return crc16(key + s + 1, e - s - 1) & (KV_CLUSTER_SLOTS - 1);
-    }
-    return crc16(key, len) & (KV_CLUSTER_SLOTS - 1);
-}
-
-/* The node index serving a block, or -1 (no map yet, or slot unassigned). */
-static int cluster_node_of(cluster_tier *t, const char name[KEY_LEN + 1]) {
-    int n = atomic_load(&t->slot_node[key_slot(name, KEY_LEN)]);
-    return n == KV_CLUSTER_NO_NODE ? -1 : n;
-}
-
-static int cluster_find_node(cluster_tier *t, const char *host, int port) {
-    int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n; i++) {
-        redis_tier *nd = atomic_load(&t->nodes[i]);
-        if (nd->port == port && !strcmp(nd->host, host)) return i;
-    }
-    return -1;
-}
-
-/* Finds or opens the node (mapper thread and open only). -1: no room. */
-static int cluster_node_add(cluster_tier *t, const char *host, int port) {
-    int i = cluster_find_node(t, host, port);
-    if (i >= 0) return i;
-    int n = atomic_load(&t->n_nodes);
-    if (n >= KV_CLUSTER_MAX_NODES) return -1;
-    kvlm_error err = {0};
-    redis_tier *nd = node_open(host, port, 0, t->timeout_ms, t->auth, &t->refresh, false, &err);
-    if (!nd) return -1;
-    atomic_store(&t->nodes[n], nd);
-    atomic_store(&t->n_nodes, n + 1);
-    return n;
-}
-
-/* Reads CLUSTER SLOTS from one node and installs the map; false with why
- * (msg: "HOST:PORT: ...") when it cannot. */
-static bool cluster_map_from(cluster_tier *t, const char *host, int port, char *msg, size_t cap) {
-    rconn_params p = {host, port, 0, t->auth->user, t->auth->password, t->auth->tls, 0};
-    rconn_status st;
-    char why[256];
-    const char *fmt = strchr(host, ':') ? "[%s]:%d: %s%s" : "%s:%d: %s%s";
-    double deadline = util_now_s() + t->timeout_ms / 1000.0;
-    rconn *c = rconn_open(&p, deadline, &st, why, sizeof why);
-    if (!c) {
-        snprintf(msg, cap, fmt, host, port, st == RCONN_DOWN ? "down: " : st == RCONN_HUNG ? "not answering: " : "", why);
-        return false;
-    }
-    redisReply *r = NULL;
-    rconn_set_limits(c, &rconn_slots);
-    if (rconn_appendv(c, "CLUSTER", "SLOTS", (char *)NULL) && rconn_send(c, deadline)) r = rconn_recv(c, deadline);
-    bool ok = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0;
-    if (!r) {
-        const char *m;
-        rconn_status e = rconn_error(c, &m);
-        snprintf(msg, cap, fmt, host, port, e == RCONN_HUNG ? "not answering: " : "", m);
-    } else if (r->type == REDIS_REPLY_ERROR) {
-        char e[160];
-        copy_err(e, sizeof e, r->str, r->len);
-        snprintf(msg, cap, strchr(host, ':') ? "[%s]:%d: not a cluster node: CLUSTER SLOTS answered '%s' (use redis://)"
-                                             : "%s:%d: not a cluster node: CLUSTER SLOTS answered '%s' (use redis://)",
-                 host, port, e);
-    } else if (!ok) {
-        snprintf(msg, cap, fmt, host, port, "", r->type == REDIS_REPLY_ARRAY ? "the cluster has no slots assigned"
-                                                                          : "CLUSTER SLOTS answered something else than a map");
-    }
-    uint8_t *map = t->map_scratch; /* the mapper thread's (open runs before it starts) */
-    memset(map, KV_CLUSTER_NO_NODE, KV_CLUSTER_SLOTS);
-    for (size_t i = 0; ok && i < r->elements; i++) {
-        redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->type != REDIS_REPLY_INTEGER ||
-            e->element[1]->type != REDIS_REPLY_INTEGER || e->element[2]->type != REDIS_REPLY_ARRAY ||
-            e->element[2]->elements < 2 || e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-            ok = false;
-            snprintf(msg, cap, fmt, host, port, "", "CLUSTER SLOTS answered a map not of the shape expected");
-            break;
-        }
-        long long lo = e->element[0]->integer, hi = e->element[1]->integer;
-        const char *mh = e->element[2]->element[0]->str;
-        long long mp = e->element[2]->element[1]->integer;
-        if (lo < 0 || hi >= KV_CLUSTER_SLOTS || lo > hi || mp < 1 || mp > 65535) {
-            ok = false;
-            snprintf(msg, cap, fmt, host, port, "", "CLUSTER SLOTS answered a slot or port out of range");
-            break;
-        }
-        /* "" or "?": the node does not know its own address; it is the one asked */
-        if (!*mh || !strcmp(mh, "?")) mh = host;
-        if (strlen(mh) >= sizeof ((hostport *)0)->host) continue;
-        int nd = cluster_node_add(t, mh, (int)mp);
-        if (nd < 0) continue; /* no room: its slots miss */
-        for (long long s = lo; s <= hi; s++) map[s] = (uint8_t)nd;
-    }
-    if (r) freeReplyObject(r);
-    rconn_free(c);
-    if (!ok) return false;
-    for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_store_explicit(&t->slot_node[s], map[s], memory_order_relaxed);
-    atomic_store(&t->mapped, true);
-    return true;
-}
-
-/* Asks the known nodes that are up, then the seeds, until one answers; a
- * tier without a map yet logs why when that starts and when it ends. */
-static bool cluster_refresh(cluster_tier *t) {
-    char why[1024] = "", one[400];
-    size_t wl = 0;
-    bool ok = false;
-    int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n && !ok; i++) {
-        redis_tier *nd = atomic_load(&t->nodes[i]);
-        if (atomic_load(&nd->base.n.up)) ok = cluster_map_from(t, nd->host, nd->port, one, sizeof one);
-    }
-    for (int i = 0; i < t->n_seeds && !ok; i++) {
-        ok = cluster_map_from(t, t->seeds[i].host, t->seeds[i].port, one, sizeof one);
-        if (!ok && wl < sizeof why - 1) wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s", wl ? "; " : "", one);
-    }
-    if (ok) {
-        if (t->f_on) {
-            t->f_on = false;
-            LOG_WARN("redis tier: cluster slot map read after %.1f s (%llu reads missed, %llu writes dropped)",
-                     util_now_s() - t->f_since, (unsigned long long)(atomic_load(&t->missed) - t->f_missed0),
-                     (unsigned long long)(atomic_load(&t->base.n.dropped) - t->f_dropped0));
-        }
-        return true;
-    }
-    atomic_fetch_add(&t->base.n.errors, 1);
-    if (!atomic_load(&t->mapped) && !t->f_on) { /* once mapped, the nodes tell their own faults */
-        t->f_on = true;
-        t->f_since = util_now_s();
-        t->f_missed0 = atomic_load(&t->missed);
-        t->f_dropped0 = atomic_load(&t->base.n.dropped);
-        LOG_WARN("redis tier %s (no cluster slot map: reads miss and writes drop until a seed answers)", why);
-    }
-    return false;
-}
-
-static void *mapper_main(void *arg) {
-    cluster_tier *t = arg;
-    double next = util_now_s() + KV_CLUSTER_MAP_MS / 1000.0;
-    pthread_mutex_lock(&t->m_mu);
-    while (!t->stop) {
-        struct timespec ts;
-        abs_deadline(&ts, util_now_s() + 0.05);
-        pthread_cond_timedwait(&t->m_cv, &t->m_mu, &ts);
-        if (t->stop) break;
-        double now = util_now_s();
-        if (now < next && !atomic_load(&t->refresh)) continue;
-        pthread_mutex_unlock(&t->m_mu);
-        atomic_store(&t->refresh, false);
-        cluster_refresh(t);
-        next = util_now_s() + KV_CLUSTER_MAP_MS / 1000.0;
-        pthread_mutex_lock(&t->m_mu);
-    }
-    pthread_mutex_unlock(&t->m_mu);
-    return NULL;
-}
-
-/* Replies of a pipeline of GETs or EXISTS parsed straight into the caller's
- * buffers (as mget_sink does for MGET): one top-level reply at a time, the
- * caller sets `cur` before each and reads `kind` after. An array is never
- * an answer to either: refused at its header. */
-enum { RK_NONE, RK_STR, RK_NIL, RK_INT, RK_ERR, RK_STATUS, RK_OTHER };
-typedef struct {
-    void *const *bufs; /* NULL: EXISTS */
-    size_t cap;
-    size_t *lens;
-    int cur, kind;
-    long long ival;
-    char err[160];
-} pipe_sink;
-
-static void *psink_string(const redisReadTask *task, char *str, size_t len) {
-    pipe_sink *s = task->privdata;
-    if (task->parent) s->kind = RK_OTHER;
-    else if (task->type == REDIS_REPLY_STRING) {
-        s->kind = RK_STR;
-        if (s->bufs && len > 0 && len <= s->cap) {
-            memcpy(s->bufs[s->cur], str, len);
-            s->lens[s->cur] = len;
-        }
-    } else if (task->type == REDIS_REPLY_ERROR) {
-        s->kind = RK_ERR;
-        copy_err(s->err, sizeof s->err, str, len);
-    } else {
-        s->kind = RK_STATUS;
-    }
-    return s;
-}
-static void *psink_array(const redisReadTask *task, int elements) {
-    (void)elements;
-    ((pipe_sink *)task->privdata)->kind = RK_OTHER;
-    return NULL;
-}
-static void *psink_integer(const redisReadTask *task, long long v) {
-    pipe_sink *s = task->privdata;
-    if (task->parent) s->kind = RK_OTHER;
-    else { s->kind = RK_INT; s->ival = v; }
-    return s;
-}
-static void *psink_nil(const redisReadTask *task) {
-    pipe_sink *s = task->privdata;
-    s->kind = task->parent ? RK_OTHER : RK_NIL;
-    return s;
-}
-static redisReplyObjectFunctions psink_fns = {psink_string, psink_array, psink_integer, psink_nil, sink_free};
-
-/* Reads one reply of a pipeline into the sink (false: connection broken). */
-static bool psink_recv(rconn *c, pipe_sink *s, int cur, double deadline) {
-    rconn_set_sink(c, &psink_fns, s);
-    s->cur = cur;
-    s->kind = RK_NONE;
-    bool ok = rconn_recv(c, deadline) == (void *)s && s->kind != RK_OTHER && s->kind != RK_NONE;
-    rconn_clear_sink(c);
-    return ok;
-}
-
-/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the target node's index if known
- * (*ask set for ASK); -1 otherwise. Either way the map gets re-read. */
-static int redirect_target(cluster_tier *t, const char *e, bool *ask) {
-    *ask = !strncmp(e, "ASK ", 4);
-    if (!*ask && strncmp(e, "MOVED ", 6) != 0) return -1;
-    atomic_store(&t->refresh, true);
-    const char *a = strchr(e, ' ');
-    a = a ? strchr(a + 1, ' ') : NULL;
-    const char *colon = a ? strrchr(a, ':') : NULL;
-    if (!colon || colon - a - 1 <= 0 || colon - a - 1 >= 256) return -1;
-    char host[256];
-    memcpy(host, a + 1, (size_t)(colon - a - 1));
-    host[colon - a - 1] = 0;
-    long port = strtol(colon + 1, NULL, 10);
-    return cluster_find_node(t, host, (int)port);
-}
-
-/* Parses one reply already read into the sink, no I/O: 1 one parsed, 0 not
- * whole yet, -1 a protocol error, a refused reply or an unexpected shape. */
-static int psink_try(rconn *c, pipe_sink *s, int cur) {
-    rconn_set_sink(c, &psink_fns, s);
-    s->cur = cur;
-    s->kind = RK_NONE;
-    void *r = NULL;
-    int st = rconn_parse(c, &r);
-    if (st == 1 && (r != (void *)s || s->kind == RK_OTHER || s->kind == RK_NONE)) st = -1;
-    rconn_clear_sink(c);
-    return st;
-}
-
-/* A node's pipeline is over: its reader goes back, closed if broken (its
- * unread replies would reach the next caller); its blocks not read miss. */
-static void leg_end(cluster_tier *t, int nd, int slot, bool broken) {
-    redis_tier *r = atomic_load(&t->nodes[nd]);
-    if (broken) atomic_fetch_add(&r->missed, 1);
-    reader_give(r, slot, broken);
-}
-
-/* GET (bufs != NULL) or EXISTS of n blocks over the cluster: lens[i] > 0
- * for a block found (EXISTS: 1). One pipeline per node, sent to every node
- * before any reply is read; one deadline for all. */
-static void cluster_fetch(cluster_tier *t, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens,
-                          double deadline) {
-    const char *cmd = bufs ? "GET" : "EXISTS";
-    int *node = malloc(sizeof *node * (size_t)n * 2);
-    char(*names)[KEY_LEN + 1] = malloc(sizeof *names * (size_t)n);
-    if (!node || !names) { free(node); free(names); return; }
-    int *redir = node + n; /* per key: -1, or the node a redirection named (+ KV_CLUSTER_MAX_NODES for ASK) */
-    struct { int node, slot; bool broken; } legs[KV_CLUSTER_MAX_NODES];
-    int n_legs = 0;
-    rconn_limits lim = bufs ? block_limits(cap) : rconn_small;
-    pipe_guard g;
-    pipe_block(&g);
-    bool unmapped = false;
-    for (int i = 0; i < n; i++) {
-        key_name(&keys[i], names[i]);
-        node[i] = cluster_node_of(t, names[i]);
-        redir[i] = -1;
-        unmapped |= node[i] < 0;
-    }
-    if (unmapped && bufs) atomic_fetch_add(&t->missed, 1);
-    /* send: one pipeline per node, nodes in index order (callers that wait
-     * for a busy reader while holding others' all take them in one order) */
-    int n_nodes = atomic_load(&t->n_nodes);
-    for (int nd = 0; nd < n_nodes; nd++) {
-        int i = 0;
-        while (i < n && node[i] != nd) i++;
-        if (i == n) continue;
-        redis_tier *r = atomic_load(&t->nodes[nd]);
-        bool down;
-        int slot = reader_take(r, deadline, &down);
-        if (slot < 0) { /* down (or every reader busy until the deadline): its blocks miss */
-            if (down && bufs) atomic_fetch_add(&r->missed, 1);
-            for (int j = i; j < n; j++)
-                if (node[j] == nd) node[j] = -1;
-            continue;
-        }
-        rconn *c = r->readers[slot].c;
-        rconn_set_limits(c, &lim);
-        bool ok = true;
-        for (int j = i; ok && j < n; j++) {
-            if (node[j] != nd) continue;
-            const char *argv[2] = {cmd, names[j]};
-            size_t alen[2] = {strlen(cmd), KEY_LEN};
-            ok = rconn_append(c, 2, argv, alen);
-        }
-        ok = ok && rconn_send(c, deadline);
-        legs[n_legs].node = nd;
-        legs[n_legs].slot = slot;
-        legs[n_legs].broken = !ok;
-        n_legs++;
-    }
-    /* receive from every node at once (poll): a node that hangs costs its
-     * own blocks at the deadline, not the others' */
-    struct pollfd pfd[KV_CLUSTER_MAX_NODES];
-    int next[KV_CLUSTER_MAX_NODES], open_legs = 0;
-    for (int l = 0; l < n_legs; l++) {
-        next[l] = 0;
-        if (!legs[l].broken) open_legs++;
-        else leg_end(t, legs[l].node, legs[l].slot, true);
-    }
-    while (open_legs > 0) {
-        int np = 0, map_[KV_CLUSTER_MAX_NODES];
-        bool ready = false; /* a TLS leg holds decrypted bytes: read them before waiting */
-        for (int l = 0; l < n_legs; l++) {
-            if (legs[l].broken || next[l] > n) continue; /* ended */
-            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
-            rconn *c = r->readers[legs[l].slot].c;
-            /* parse what has arrived */
-            for (;;) {
-                while (next[l] < n && node[next[l]] != legs[l].node) next[l]++;
-                if (next[l] == n) break;
-                int j = next[l];
-                pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
-                int got = psink_try(c, &s, j);
-                if (got == 0) break;
-                if (got < 0) { legs[l].broken = true; break; }
-                if (s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
-                else if (s.kind == RK_ERR) {
-                    bool ask;
-                    int to = redirect_target(t, s.err, &ask);
-                    if (to >= 0) redir[j] = to + (ask ? KV_CLUSTER_MAX_NODES : 0);
-                    else {
-                        if (!strncmp(s.err, "CLUSTERDOWN", 11)) atomic_store(&t->refresh, true);
-                        refusal_note(r, REF_READS, s.err);
-                    }
-                } else if (bufs) {
-                    note_ok(r, REF_READS);
-                    fault_end(r, true);
-                }
-                next[l]++;
-            }
-            if (legs[l].broken || next[l] == n) {
-                leg_end(t, legs[l].node, legs[l].slot, legs[l].broken);
-                next[l] = n + 1;
-                open_legs--;
-                continue;
-            }
-            ready |= rconn_buffered(c);
-            pfd[np] = (struct pollfd){.fd = rconn_fd(c), .events = rconn_events(c)};
-            map_[np++] = l;
-        }
-        if (np == 0) break;
-        double left = deadline - util_now_s();
-        int pr = 0;
-        if (left > 0 || ready) {
-            pr = poll(pfd, (nfds_t)np, ready || left <= 0 ? 0 : (int)(left * 1000) + 1);
-            if (pr < 0 && errno == EINTR) continue;
-        }
-        bool expired = left <= 0 || pr < 0 || (pr == 0 && !ready); /* the deadline passed (or poll failed) */
-        for (int k = 0; k < np; k++) {
-            int l = map_[k];
-            redis_tier *r = atomic_load(&t->nodes[legs[l].node]);
-            rconn *c = r->readers[legs[l].slot].c;
-            bool end = expired;
-            if (end) rconn_set_error(c, RCONN_HUNG, "waiting for a reply timed out");
-            else if (pfd[k].revents || rconn_buffered(c)) end = rconn_read_some(c) < 0;
-            if (end) {
-                legs[l].broken = true;
-                leg_end(t, legs[l].node, legs[l].slot, true);
-                next[l] = n + 1;
-                open_legs--;
-            }
-        }
-    }
-    /* redirections: once each, one round trip per block (they are rare: a
-     * slot moved since the map was read) */
-    for (int j = 0; j < n; j++) {
-        if (redir[j] < 0 || lens[j]) continue;
-        bool ask = redir[j] >= KV_CLUSTER_MAX_NODES;
-        redis_tier *r = atomic_load(&t->nodes[redir[j] % KV_CLUSTER_MAX_NODES]);
-        int slot = reader_take(r, deadline, NULL);
-        if (slot < 0) continue;
-        rconn *c = r->readers[slot].c;
-        rconn_set_limits(c, &lim);
-        const char *argv[2] = {cmd, names[j]};
-        size_t alen[2] = {strlen(cmd), KEY_LEN};
-        pipe_sink s = {bufs, cap, lens, 0, 0, 0, {0}};
-        bool ok = (!ask || rconn_appendv(c, "ASKING", (char *)NULL)) && rconn_append(c, 2, argv, alen) &&
-                  rconn_send(c, deadline) && (!ask || psink_recv(c, &s, j, deadline)) && psink_recv(c, &s, j, deadline);
-        if (ok && s.kind == RK_INT && !bufs) lens[j] = s.ival == 1;
-        if (!ok) lens[j] = 0;
-        reader_give(r, slot, !ok);
-    }
-    pipe_restore(&g);
-    free(node);
-    free(names);
-}
-static int leading(int n, const size_t *lens, int *found) {
-    int lead = 0;
-    bool gap = false;
-    *found = 0;
-    for (int i = 0; i < n; i++) {
-        if (lens[i]) {
-            (*found)++;
-            if (!gap) lead++;
-        } else {
-            gap = true;
-        }
-    }
-    return lead;
-}
-
-static int cluster_get(kv_tier *base, int n, const kv_key *keys, void *const *bufs, size_t cap, size_t *lens) {
-    cluster_tier *t = (cluster_tier *)base;
-    if (n <= 0) return 0;
-    double t0 = util_now_s();
-    for (int i = 0; i < n; i++) lens[i] = 0;
-    cluster_fetch(t, n, keys, bufs, cap, lens, t0 + t->timeout_ms / 1000.0);
-    int found, lead = leading(n, lens, &found);
-    kv_tier_note_read(base, found, n, t0);
-    return lead;
-}
-
-static int cluster_contains(kv_tier *base, int n, const kv_key *keys) {
-    cluster_tier *t = (cluster_tier *)base;
-    if (n <= 0) return 0;
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    if (!lens) return 0;
-    cluster_fetch(t, n, keys, NULL, 0, lens, util_now_s() + t->timeout_ms / 1000.0);
-    int found, lead = leading(n, lens, &found);
-    free(lens);
-    return lead;
-}
-
-static redis_tier *cluster_route(cluster_tier *t, const kv_key *key) {
-    char name[KEY_LEN + 1];
-    key_name(key, name);
-    int nd = cluster_node_of(t, name);
-    return nd < 0 ? NULL : atomic_load(&t->nodes[nd]);
-}
-
-static bool cluster_put(kv_tier *base, const kv_key *key, const void *data, size_t len) {
-    cluster_tier *t = (cluster_tier *)base;
-    redis_tier *r = cluster_route(t, key);
-    if (r) return redis_put(&r->base, key, data, len); /* the node counts a drop */
-    atomic_fetch_add(&t->base.n.dropped, 1);
-    return false;
-}
-
-static void cluster_drop(kv_tier *base, const kv_key *key) {
-    redis_tier *r = cluster_route((cluster_tier *)base, key);
-    if (r) redis_drop(&r->base, key);
-}
-
-static void cluster_flush(kv_tier *base) {
-    cluster_tier *t = (cluster_tier *)base;
-    int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n; i++) redis_flush(&atomic_load(&t->nodes[i])->base);
-}
-
-/* Sums of the nodes' figures (blocks: keys over every master; bytes: their
- * used_memory); up while the map is known and at least one node answers. */
-/* Its own counters (reads, hits, misses, what it dropped before a node had
- * it) are in out already; the nodes' sizes, writes and errors add to them. */
-static void cluster_stats(kv_tier *base, kv_tier_stats *out) {
-    cluster_tier *t = (cluster_tier *)base;
-    bool any_up = false;
-    int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n; i++) {
-        kv_tier_stats s;
-        kv_tier_stats_get(&atomic_load(&t->nodes[i])->base, &s);
-        out->blocks += s.blocks;
-        out->bytes += s.bytes;
-        out->writes += s.writes;
-        out->write_bytes += s.write_bytes;
-        out->dropped_writes += s.dropped_writes;
-        out->errors += s.errors;
-        any_up |= s.up;
-    }
-    out->up = any_up && atomic_load(&t->mapped);
-}
-
-static void cluster_free(cluster_tier *t) {
-    int n = atomic_load(&t->n_nodes);
-    for (int i = 0; i < n; i++) redis_close(&atomic_load(&t->nodes[i])->base);
-    auth_free(t->auth);
-    pthread_mutex_destroy(&t->m_mu);
-    pthread_cond_destroy(&t->m_cv);
-    free(t);
-}
-
-static void cluster_close(kv_tier *base) {
-    cluster_tier *t = (cluster_tier *)base;
-    pthread_mutex_lock(&t->m_mu);
-    t->stop = true;
-    pthread_cond_broadcast(&t->m_cv);
-    pthread_mutex_unlock(&t->m_mu);
-    if (t->thread_started) pthread_join(t->thread, NULL);
-    cluster_free(t); /* each node flushes as it closes */
-}
-
-static const kv_tier_ops cluster_ops = {
-    .name = "redis",
-    .put = cluster_put,
-    .get = cluster_get,
-    .contains = cluster_contains,
-    .drop = cluster_drop,
-    .flush = cluster_flush,
-    .stats = cluster_stats,
-    .close = cluster_close,
-};
-
-
-static kv_tier *cluster_open(const redis_url *u, int timeout_ms, redis_auth *auth, kvlm_error *err) {
-    cluster_tier *t = calloc(1, sizeof *t);
-    if (!t) {
-        auth_free(auth);
-        util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
-        return NULL;
-    }
-    t->base.ops = &cluster_ops;
-    t->timeout_ms = timeout_ms;
-    t->auth = auth;
-    t->n_seeds = u->n_hosts;
-    memcpy(t->seeds, u->hosts, sizeof t->seeds);
-    for (int s = 0; s < KV_CLUSTER_SLOTS; s++) atomic_init(&t->slot_node[s], KV_CLUSTER_NO_NODE);
-    pthread_mutex_init(&t->m_mu, NULL);
-    cond_init_mono(&t->m_cv);
-    /* One map now (each seed at most one timeout), so puts route at once; a
-     * cluster that is not there is not an error (the mapper keeps asking),
-     * but it is said, once. */
-    pipe_guard g;
-    pipe_block(&g);
-    cluster_refresh(t);
-    pipe_restore(&g);
-
-    int rc = start_unsignalled(&t->thread, mapper_main, t);
-    if (rc != 0) {
-        cluster_free(t);
-        util_err_set(err, KVLM_ENOMEM, "redis tier: cannot start its slot-map thread (%s)", strerror(rc));
-        return NULL;
-    }
-    t->thread_started = true;
-    return &t->base;
 }
 
 kv_tier *kv_tier_redis_open(const char *url, const kv_redis_opts *o, kvlm_error *err) {
@@ -1893,17 +1170,17 @@ kv_tier *kv_tier_redis_open(const char *url, const kv_redis_opts *o, kvlm_error 
     u.user = u.password = NULL; /* auth's now */
     if (o->password && !auth->password) {
         util_err_set(err, KVLM_ENOMEM, "redis tier: out of memory");
-        auth_free(auth);
+        redis_auth_free(auth);
         return NULL;
     }
     if (u.tls && !(auth->tls = rconn_tls_new(o->tls_ca, o->tls_cert, o->tls_key, err))) {
-        auth_free(auth);
+        redis_auth_free(auth);
         return NULL;
     }
-    if (u.cluster) return cluster_open(&u, timeout_ms, auth, err);
-    redis_tier *t = node_open(u.hosts[0].host, u.hosts[0].port, u.db, timeout_ms, auth, NULL, u.proxy, err);
+    if (u.cluster) return redis_cluster_open(&u, timeout_ms, auth, err);
+    redis_tier *t = redis_node_open(u.hosts[0].host, u.hosts[0].port, u.db, timeout_ms, auth, NULL, u.proxy, err);
     if (!t) {
-        auth_free(auth);
+        redis_auth_free(auth);
         return NULL;
     }
     t->own_auth = auth;

@@ -1,129 +1,31 @@
-/* server/openai: POST /v1/completions and /v1/chat/completions: the request
- * checked field by field (OpenAI-style 4xx errors), prompt or chat template
- * tokenized, submitted to the scheduler, and the answer returned whole or
- * streamed as server-sent events; stop strings are found in the text (what
- * could begin one is held back), logprobs, usage, cancel on hang-up, and
- * keep-alive bytes for silent requests (srv_keepalive).
- * One HTTP thread serves every connection: a connection waiting for tokens
- * is suspended and the engine resumes it when there are some. */
-#include <errno.h>
+/* server/openai: POST /v1/completions and /v1/chat/completions (and the job
+ * of /v1/embeddings): the request checked field by field (OpenAI-style 4xx
+ * errors), prompt or chat template tokenized, submitted to the scheduler,
+ * and the engine's events turned into the answer's JSON, whole or as
+ * server-sent events' chunks: logprobs, usage, the chat reader's deltas.
+ * What of the text may be sent (stop strings, holdback) is
+ * server/completion_text's; the bytes on the socket (SSE, hang-ups,
+ * keep-alive) server/transport's. One HTTP thread serves every connection:
+ * a connection waiting for tokens is suspended and the engine resumes it
+ * when there are some. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
 #include <time.h>
+#include "server/job.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/server.h"
 #include "util/utf8.h"
 #include "util/timing.h"
 
-enum { MAX_STOP = 4, MAX_PROMPTS = 128 };
-
-typedef struct {
-    kvlm_detok dt;
-    char *text;
-    size_t len, cap, sent; /* the text (a stream's from off on); the part already streamed */
-    size_t off;            /* a stream's text before this was sent and dropped */
-    int finish, n_tokens;
-    double t_last;         /* its last token's time (inter-token latency) */
-    bool stopped, started;
-    json_t *lp;            /* chat-style logprob entries of every token */
-    size_t lp_sent;
-    int32_t *ids;          /* a chat answer's token ids, for s->answers */
-    int n_ids, cap_ids;
-    bool ids_off;          /* not kept: past SRV_ANSWER_MAX_IDS, or no memory */
-    size_t search_from;    /* stop strings are looked for from here on (after an echoed prompt, or min_tokens) */
-    int32_t last_token;
-    json_t *stop_reason;   /* vLLM's: the stop string or stop token id that ended it (NULL: none) */
-    int sub;               /* its prompt (j->subs) */
-    kvlm_chat_reader *rd;  /* a chat answer read as it grows: reasoning, content, tool calls (docs/tool-calls.md) */
-    size_t fed;            /* text given to rd */
-    json_t *message;       /* rd's whole answer, once it ended */
-    int n_calls;
-} choice;
-
-/* One prompt of a request (an array prompt has several), one scheduler
- * request: its choices are j->ch[base, base + n). */
-typedef struct srv_sub {
-    struct srv_job *j;
-    uint64_t id;
-    int base, n_prompt, prompt_tokens, cached_tokens;
-    double queue;          /* its queue time (scheduler events) */
-    char *echo;            /* completions' echo: the prompt's text */
-    json_t *plp;           /* vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}, ...] */
-} srv_sub;
-
-typedef struct srv_job {
-    pthread_mutex_t mu;
-    int refs;              /* the connection's (or its streamed response's) and the engine's */
-    kvlm_server *srv;
-    struct MHD_Connection *conn;
-    srv_sock *sock;        /* conn's entry in the server's list, while conn is this job's (under mu) */
-    bool suspended;        /* conn waits for the engine (under mu) */
-    uint64_t id;
-    char idstr[48];
-    long created;
-    bool chat, stream, include_usage, complete;
-    const char *family;
-    int n, n_ended, logprobs, fd;
-    choice *ch;
-    char *stop[MAX_STOP];
-    int n_stop;
-    size_t max_stop;
-    char error[512];
-    int prompt_tokens, cached_tokens, completion_tokens;
-    /* a chat request's answers are recorded (s->answers) with the key of its prompt and its last token */
-    bool record;
-    srv_prompt_key prompt_key;
-    int32_t prompt_last;
-    int reused, reused_tokens; /* its assistant messages taken as their generated ids */
-    double t_submit, t_first, t_last, t_end;
-    int32_t *bias_ids;     /* logit_bias, for rp->sampling until submitted */
-    /* vLLM's, llama-server's and OpenAI's other fields (parse_compat) */
-    srv_sub *subs;         /* its prompts */
-    int n_subs, n_per;     /* prompts, and choices per prompt (n) */
-    bool echo, include_stop, continuous_usage, skip_special, fim;
-    int min_tokens, max_tokens;
-    int prompt_lp;         /* prompt_logprobs: alternatives per prompt token; -1: none */
-    int32_t *stop_ids;     /* stop_token_ids, for rp->sampling and stop_reason */
-    int n_stop_ids;
-    char *stage_names;     /* samplers / dry breakers: strings the sampling params point into, until submitted */
-    const char **breakers;
-    int n_breakers;
-    char *echo_text;       /* chat echo: the last assistant message's text */
-    /* the request log */
-    bool log_me;           /* submitted: the job writes the request's line when it goes */
-    unsigned status;       /* what was sent: 200, or an error's status (0: nothing, the client went away) */
-    char client[64];
-    kvlm_grammar *grammar; /* response_format json_object or json_schema, or grammar (GBNF), or the tool calls' */
-    char *tools_json, *choice_json; /* the request's tools and tool_choice (NULL: none) */
-    bool parallel;         /* parallel_tool_calls */
-    uint64_t id_seed;      /* the calls' ids come from it (the request's seed, or a random one) */
-    bool calls;            /* tools given and tool_choice not "none": calls are read */
-    char ptail[257];       /* the rendered prompt's end (whether it opened the reasoning) */
-    float *bias;
-    char *out;             /* SSE bytes not yet written */
-    size_t out_len, out_cap, out_off;
-    size_t counted;        /* out's bytes counted as the connection's unsent answer (srv_unsent_add) */
-    bool cut;              /* the stream was reset for that cap: nothing more is written */
-    bool http11;           /* an interim 1xx response may be sent */
-    bool half_closed;      /* whole answer, the client's sending side ended: the watcher writes it */
-    char *raw;             /* ... the answer it writes (HTTP head and JSON body), raw_off sent */
-    size_t raw_len, raw_off;
-    double t_out;          /* when bytes for the client were last queued (the keep-alive clock) */
-    bool ka_body;          /* a whole answer kept alive: its 200 is chunked, whitespace before the JSON */
-    bool body_out;         /* ... and the JSON (or the error) is queued after it */
-    struct srv_job *wprev, *wnext; /* in the server's watched list (under srv->watch_mu) */
-    srv_embed *emb;        /* POST /v1/embeddings: its inputs and vectors (server/embeddings.c); NULL: a completion */
-} srv_job;
+enum { MAX_PROMPTS = 128 };
 
 static void log_job(srv_job *j);
 
-static void job_release(srv_job *j) {
+void srv_job_release(srv_job *j) {
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
@@ -137,7 +39,7 @@ static void job_release(srv_job *j) {
     free(j->breakers);
     free(j->echo_text);
     for (int i = 0; j->ch && i < j->n; i++) {
-        free(j->ch[i].text);
+        srv_ctext_free(&j->ch[i].t);
         free(j->ch[i].ids);
         json_decref(j->ch[i].lp);
         kvlm_chat_reader_free(j->ch[i].rd);
@@ -145,7 +47,7 @@ static void job_release(srv_job *j) {
     }
     free(j->tools_json);
     free(j->choice_json);
-    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    srv_stops_free(&j->stops);
     free(j->ch);
     free(j->out);
     free(j->raw);
@@ -157,20 +59,6 @@ static void job_release(srv_job *j) {
     free(j);
 }
 
-static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = (*len + n + 1) * 2;
-        char *b = realloc(*buf, c);
-        if (!b) return false;
-        *buf = b;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = 0;
-    return true;
-}
-
 /* Valid UTF-8 copy of bytes (invalid ones become U+FFFD), as a JSON string. */
 static json_t *jstr(const char *s, size_t n) {
     json_t *j = json_stringn(s, n);
@@ -180,8 +68,8 @@ static json_t *jstr(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int k = util_utf8_decode((const uint8_t *)s + i, n - i, &cp);
-        if (k > 0) append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
-        else append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
+        if (k > 0) srv_append(&b, &len, &cap, s + i, (size_t)k), i += (size_t)k;
+        else srv_append(&b, &len, &cap, "\xEF\xBF\xBD", 3), i++;
     }
     j = json_stringn(b ? b : "", len);
     free(b);
@@ -206,7 +94,7 @@ static const char *finish_name(int f) {
 }
 
 /* Completions-style logprobs from the chat-style entries [from, to). */
-static json_t *lp_render(const srv_job *j, const choice *c, size_t from, size_t to, size_t text_off) {
+static json_t *lp_render(const srv_job *j, const srv_choice *c, size_t from, size_t to, size_t text_off) {
     if (j->logprobs < 0) return json_null();
     if (j->chat) {
         json_t *a = json_array();
@@ -253,33 +141,13 @@ static json_t *usage(const srv_job *j) {
                      "prompt_tokens_details", "cached_tokens", cached);
 }
 
-static void sse(srv_job *j, json_t *o) {
-    char *s = j->cut ? NULL : json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    if (!s) return;
-    append(&j->out, &j->out_len, &j->out_cap, "data: ", 6);
-    append(&j->out, &j->out_len, &j->out_cap, s, strlen(s));
-    append(&j->out, &j->out_len, &j->out_cap, "\n\n", 2);
-    free(s);
-    j->t_out = util_now_s();
-}
-
-/* Bytes at the end of the text that could begin a stop string. */
-static size_t holdback(const srv_job *j, const choice *c) {
-    for (size_t k = j->max_stop > 1 ? j->max_stop - 1 : 0; k > 0; k--) {
-        if (k > c->len - c->search_from) continue;
-        for (int s = 0; s < j->n_stop; s++)
-            if (strlen(j->stop[s]) > k && !memcmp(c->text + c->len - k, j->stop[s], k)) return k;
-    }
-    return 0;
-}
 
 static json_t *usage(const srv_job *j);
 
 /* What a stream's chunk carries beyond OpenAI's: vLLM's stop_reason (at the
  * end), prompt_logprobs (completions: the first chunk of a choice) and
  * usage in every chunk (stream_options.continuous_usage_stats). */
-static void stream_extras(const srv_job *j, const choice *c, json_t *o, json_t *ch, bool final) {
+static void stream_extras(const srv_job *j, const srv_choice *c, json_t *o, json_t *ch, bool final) {
     if (final) json_object_set(ch, "stop_reason", c->stop_reason ? c->stop_reason : json_null());
     if (!c->started && j->prompt_lp >= 0 && j->subs && j->subs[c->sub].plp) {
         json_t *plp = j->subs[c->sub].plp;
@@ -291,17 +159,17 @@ static void stream_extras(const srv_job *j, const choice *c, json_t *o, json_t *
 
 /* What the reader shows of c's text up to end, as a chunk's delta (an
  * object, maybe empty); at the end, its whole answer too (c->message). */
-static json_t *read_answer(srv_job *j, choice *c, size_t end, bool final) {
+static json_t *read_answer(srv_job *j, srv_choice *c, size_t end, bool final) {
     char *d = NULL, *msg = NULL;
     kvlm_error err = {0};
     int rc = 0;
     if (final && !c->message) {
-        rc = kvlm_chat_reader_end(c->rd, c->text + c->fed, end - c->fed, &d, &msg, &err);
+        rc = kvlm_chat_reader_end(c->rd, c->t.text + c->fed, end - c->fed, &d, &msg, &err);
         if (rc >= 0) {
             c->n_calls = rc;
             c->message = msg ? json_loads(msg, 0, NULL) : NULL;
         }
-    } else if (!final && end > c->fed) rc = -kvlm_chat_reader_push(c->rd, c->text + c->fed, end - c->fed, &d, &err);
+    } else if (!final && end > c->fed) rc = -kvlm_chat_reader_push(c->rd, c->t.text + c->fed, end - c->fed, &d, &err);
     if (rc < 0 && !j->error[0]) snprintf(j->error, sizeof j->error, "reading the answer: %.400s", err.msg);
     c->fed = end;
     json_t *delta = d ? json_loads(d, 0, NULL) : NULL;
@@ -311,28 +179,28 @@ static json_t *read_answer(srv_job *j, choice *c, size_t end, bool final) {
 }
 
 /* The finish_reason of an ended choice: "tool_calls" when it stopped after calls. */
-static const char *choice_finish(const choice *c) {
+static const char *choice_finish(const srv_choice *c) {
     return c->n_calls > 0 && c->finish == KVLM_FINISH_STOP ? "tool_calls" : finish_name(c->finish);
 }
 
 /* Streams what of choice c is safe to send (everything when it ended). */
-static void emit(srv_job *j, choice *c, bool final) {
+static void emit(srv_job *j, srv_choice *c, bool final) {
     if (!j->stream) {
-        if (final && c->rd) json_decref(read_answer(j, c, c->len, true));
+        if (final && c->rd) json_decref(read_answer(j, c, c->t.len, true));
         return;
     }
-    size_t end = final || c->stopped ? c->len : c->len - holdback(j, c);
+    size_t end = srv_ctext_ready(&c->t, &j->stops, final);
     size_t n_lp = j->logprobs >= 0 ? json_array_size(c->lp) : 0;
     json_t *rdelta = c->rd ? read_answer(j, c, end, final) : NULL;
     if (rdelta ? !json_object_size(rdelta) && n_lp == c->lp_sent && !final && c->started
-               : end <= c->sent && n_lp == c->lp_sent && !final && c->started) {
+               : end <= c->t.sent && n_lp == c->lp_sent && !final && c->started) {
         json_decref(rdelta);
-        c->sent = end > c->sent ? end : c->sent;
+        c->t.sent = end > c->t.sent ? end : c->t.sent;
         return;
     }
     int idx = (int)(c - j->ch);
     json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion"), *ch;
-    json_t *text = jstr(c->text + c->sent, end > c->sent ? end - c->sent : 0);
+    json_t *text = jstr(c->t.text + c->t.sent, end > c->t.sent ? end - c->t.sent : 0);
     if (j->chat) {
         json_t *delta = json_object();
         if (!c->started) json_object_set_new(delta, "role", json_string("assistant"));
@@ -340,18 +208,18 @@ static void emit(srv_job *j, choice *c, bool final) {
             json_decref(text);
             json_object_update(delta, rdelta);
             json_decref(rdelta);
-        } else if (end > c->sent || !final) json_object_set_new(delta, "content", text);
+        } else if (end > c->t.sent || !final) json_object_set_new(delta, "content", text);
         else json_decref(text);
         ch = json_pack("{s:i, s:o}", "index", idx, "delta", delta);
     } else ch = json_pack("{s:i, s:o}", "index", idx, "text", text);
-    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->off + c->sent));
+    json_object_set_new(ch, "logprobs", lp_render(j, c, c->lp_sent, n_lp, c->t.off + c->t.sent));
     const char *fin = final ? choice_finish(c) : NULL;
     json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
     stream_extras(j, c, o, ch, final);
     json_object_set_new(o, "choices", json_pack("[o]", ch));
-    sse(j, o);
+    srv_sse(j, o);
     c->started = true;
-    c->sent = end > c->sent ? end : c->sent;
+    c->t.sent = end > c->t.sent ? end : c->t.sent;
     c->lp_sent = n_lp;
     /* a stream keeps what is not sent and what a stop string may still begin
      * in, not the whole text: under eviction a stream has no end */
@@ -359,35 +227,10 @@ static void emit(srv_job *j, choice *c, bool final) {
         json_array_clear(c->lp);
         c->lp_sent = 0;
     }
-    size_t tail = c->len > j->max_stop ? c->len - j->max_stop : 0, drop = c->sent < tail ? c->sent : tail;
-    if (c->rd && drop > c->fed) drop = c->fed;
-    if (drop >= 4096) {
-        memmove(c->text, c->text + drop, c->len - drop + 1);
-        c->len -= drop;
-        c->sent -= drop;
-        c->off += drop;
-        if (c->rd) c->fed -= drop;
-    }
+    size_t drop = srv_ctext_compact(&c->t, &j->stops, c->rd ? c->fed : SIZE_MAX);
+    if (c->rd) c->fed -= drop;
 }
 
-static void cancel(srv_job *j);
-
-/* A stream's buffer counted as its connection's unsent answer; one reset
- * for the server's cap (it held the most, or its own cap) is dropped and
- * its request cancelled. Engine thread, j->mu held. */
-static void stream_account(srv_job *j) {
-    if (j->cut || j->out_cap == j->counted) return;
-    long delta = (long)j->out_cap - (long)j->counted;
-    j->counted = j->out_cap;
-    if (srv_unsent_add(j->srv, j->sock, delta, true)) return;
-    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
-    j->counted = 0;
-    j->cut = true;
-    free(j->out);
-    j->out = NULL;
-    j->out_len = j->out_off = j->out_cap = 0;
-    cancel(j); /* its choices end as cancelled at the next step */
-}
 
 static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
     char buf[256];
@@ -409,7 +252,7 @@ static json_t *lp_entry(const kvlm_model *m, const kvlm_sched_event *ev) {
 }
 
 /* A chat answer's token, for s->answers. */
-static bool keep_id(choice *c, int32_t t) {
+static bool keep_id(srv_choice *c, int32_t t) {
     if (c->n_ids >= SRV_ANSWER_MAX_IDS) return false;
     if (c->n_ids == c->cap_ids) {
         int cap = c->cap_ids ? 2 * c->cap_ids : 64;
@@ -429,7 +272,7 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
     srv_sub *sub = user;
     srv_job *j = sub->j;
     pthread_mutex_lock(&j->mu);
-    choice *c = &j->ch[sub->base + ev->index];
+    srv_choice *c = &j->ch[sub->base + ev->index];
     char piece[256];
     bool go_on = true, last = false;
     sub->prompt_tokens = ev->prompt_tokens;
@@ -442,14 +285,14 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
     }
     if (ev->finish) {
         int n = kvlm_detok_flush(&c->dt, piece, sizeof piece);
-        if (!c->stopped) append(&c->text, &c->len, &c->cap, piece, (size_t)n);
-        c->finish = c->stopped ? KVLM_FINISH_STOP : ev->finish;
+        srv_ctext_end(&c->t, piece, (size_t)n);
+        c->finish = c->t.stopped ? KVLM_FINISH_STOP : ev->finish;
         if (ev->finish == KVLM_FINISH_STOP && !c->stop_reason && c->n_tokens) /* a stop token id (not an end token) */
             for (int i = 0; i < j->n_stop_ids; i++)
                 if (j->stop_ids[i] == c->last_token) c->stop_reason = json_integer(c->last_token);
         if (j->record && !c->ids_off && c->finish != KVLM_FINISH_CANCELLED && c->finish != KVLM_FINISH_ERROR)
             srv_answers_record(j->srv->answers, j->prompt_key, j->prompt_last, c->dt.special, c->ids, c->n_ids,
-                               c->text, c->len, c->off);
+                               c->t.text, c->t.len, c->t.off);
         free(c->ids);
         c->ids = NULL;
         if (j->emb) srv_embed_event(j->emb, ev); /* an input's vector (finished choices count completions only) */
@@ -462,16 +305,16 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             bool cancelled = false; /* by a hang-up (no one reads this) or by the server stopping */
             for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
             if (j->stream && (j->error[0] || cancelled))
-                sse(j, json_pack("{s:{s:s, s:s}}", "error", "message",
+                srv_sse(j, json_pack("{s:{s:s, s:s}}", "error", "message",
                                  j->error[0] ? j->error : "the request was cancelled: the server is stopping", "type",
                                  "server_error"));
             if (j->stream && j->include_usage) {
                 json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(o, "choices", json_array());
                 json_object_set_new(o, "usage", usage(j));
-                sse(j, o);
+                srv_sse(j, o);
             }
-            if (j->stream && !j->cut) append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
+            if (j->stream && !j->cut) srv_append(&j->out, &j->out_len, &j->out_cap, "data: [DONE]\n\n", 14);
             j->complete = true;
             if (j->sock) srv_sock_answer_due(j->sock);
             if (j->completion_tokens >= 2 && j->n == 1)
@@ -498,47 +341,17 @@ static bool on_event(void *user, const kvlm_sched_event *ev) {
             c->n_ids = 0;
             c->ids_off = true;
         }
-        if (!c->stopped) {
-            size_t from = c->len > j->max_stop ? c->len - j->max_stop : 0;
-            append(&c->text, &c->len, &c->cap, piece, (size_t)n);
-            if (c->n_tokens <= j->min_tokens) c->search_from = c->len; /* vLLM: stop strings count from min_tokens on */
-            if (from < c->search_from) from = c->search_from;
-            size_t best = c->len;
-            int which = -1;
-            for (int s = 0; s < j->n_stop && c->len > from; s++) {
-                char *p = memmem(c->text + from, c->len - from, j->stop[s], strlen(j->stop[s]));
-                if (p && (size_t)(p - c->text) < best) best = (size_t)(p - c->text), which = s;
-            }
-            if (best < c->len) {
-                if (j->include_stop) best += strlen(j->stop[which]); /* vLLM's include_stop_str_in_output */
-                c->len = best;
-                c->text[best] = 0;
-                c->stopped = true;
-                c->stop_reason = json_string(j->stop[which]);
-                go_on = false;
-            }
+        /* vLLM: stop strings count from min_tokens on */
+        int which = srv_ctext_push(&c->t, &j->stops, piece, (size_t)n, c->n_tokens <= j->min_tokens);
+        if (which >= 0) {
+            c->stop_reason = json_string(j->stops.s[which]);
+            go_on = false;
         }
         emit(j, c, false);
     }
-    if (j->stream) stream_account(j);
-    if (j->complete && !j->stream && !j->ka_body && !j->half_closed && !j->srv->tls_key && j->fd >= 0 &&
-        !j->error[0]) {
-        /* the client may have half-closed since: its hang-up event may not have been handled yet */
-        char b;
-        if (recv(j->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) j->half_closed = true;
-    }
-    if (j->complete && j->half_closed) {
-        /* libmicrohttpd would read the end of the client's stream on resuming and close
-         * the connection unanswered: the watcher writes the answer, then resumes */
-        struct epoll_event we = {.events = EPOLLOUT | EPOLLONESHOT, .data.u64 = j->id};
-        if (epoll_ctl(j->srv->watch_fd, EPOLL_CTL_MOD, j->fd, &we)) j->half_closed = false;
-    }
-    if (j->suspended && !j->half_closed && (j->complete || (j->stream && j->out_len > j->out_off))) {
-        j->suspended = false;
-        MHD_resume_connection(j->conn);
-    }
+    srv_job_deliver(j);
     pthread_mutex_unlock(&j->mu);
-    if (last) job_release(j); /* the engine's reference */
+    if (last) srv_job_release(j); /* the engine's reference */
     return go_on;
 }
 
@@ -791,19 +604,17 @@ static bool parse(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_params 
     json_t *stop = json_object_get(body, "stop");
     if (stop && !json_is_null(stop)) {
         json_t *one = json_is_string(stop) ? json_pack("[O]", stop) : json_incref(stop);
-        bool ok = json_is_array(one) && json_array_size(one) <= MAX_STOP;
-        for (size_t i = 0; ok && i < json_array_size(one); i++) {
+        bool ok = json_is_array(one) && json_array_size(one) <= SRV_MAX_STOP, oom = false;
+        for (size_t i = 0; ok && !oom && i < json_array_size(one); i++) {
             json_t *v = json_array_get(one, i);
             ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < 256;
-            if (ok) {
-                j->stop[j->n_stop++] = strdup(json_string_value(v));
-                if (json_string_length(v) > j->max_stop) j->max_stop = json_string_length(v);
-            }
+            oom = ok && !srv_stops_add(&j->stops, json_string_value(v), json_string_length(v));
         }
         json_decref(one);
+        if (oom) return fail(e, 500, NULL, NULL, "out of memory");
         if (!ok)
             return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of up to %d non-empty strings",
-                        MAX_STOP);
+                        SRV_MAX_STOP);
     }
     json_t *lb = json_object_get(body, "logit_bias");
     int n_bias = 0;
@@ -999,7 +810,7 @@ int srv_parse_request(kvlm_server *s, const char *body, size_t len, bool chat, k
     if (gbnf && j->grammar) *gbnf = strdup(kvlm_grammar_gbnf(j->grammar));
     free(toks);
     json_decref(js);
-    job_release(j);
+    srv_job_release(j);
     return status;
 }
 
@@ -1140,13 +951,13 @@ enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_con
     kvlm_detok_init(&dt, s->model);
     char *text = NULL, buf[256];
     size_t len = 0, cap = 0;
-    append(&text, &len, &cap, "", 0);
+    srv_append(&text, &len, &cap, "", 0);
     for (size_t i = 0; i < json_array_size(ids); i++) {
         int k = kvlm_detok_push(&dt, (int32_t)json_integer_value(json_array_get(ids, i)), buf, sizeof buf);
-        append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+        srv_append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
     }
     int k = kvlm_detok_flush(&dt, buf, sizeof buf);
-    append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
+    srv_append(&text, &len, &cap, buf, (size_t)(k > 0 ? k : 0));
     json_decref(body);
     if (!text) return srv_error(c, s, 500, NULL, NULL, "out of memory");
     /* vLLM answers "prompt", llama.cpp "content" */
@@ -1157,14 +968,7 @@ enum MHD_Result srv_detokenize(kvlm_server *s, struct MHD_Connection *c, srv_con
 
 /* ---- answering --------------------------------------------------------------------- */
 
-static bool client_alive(int fd) {
-    if (fd < 0) return true;
-    char b;
-    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
-}
-
-static void cancel(srv_job *j) {
+void srv_job_cancel(srv_job *j) {
     kvlm_server *s = j->srv;
     pthread_mutex_lock(&s->mu);
     if (s->sched && j->subs)
@@ -1173,273 +977,21 @@ static void cancel(srv_job *j) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The connection is suspended while its job waits for the engine, and MHD
- * does not watch a suspended socket: the server's watcher thread waits for
- * the client's hang-up on its own epoll set (srv_hangup). The list holds a
- * reference to each watched job. */
-static void watch(kvlm_server *s, srv_conn *cn, srv_job *j) {
-    if (j->fd < 0) return;
-    pthread_mutex_lock(&j->mu);
-    j->refs++;
-    pthread_mutex_unlock(&j->mu);
-    pthread_mutex_lock(&s->watch_mu);
-    j->wprev = NULL;
-    j->wnext = s->watched;
-    if (s->watched) s->watched->wprev = j;
-    s->watched = j;
-    pthread_mutex_unlock(&s->watch_mu);
-    cn->watched = j;
-    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = j->id};
-    if (epoll_ctl(s->watch_fd, EPOLL_CTL_ADD, j->fd, &ev))
-        kvlm_log(KVLM_LOG_WARN, "cannot watch request %s for a hang-up: %s", j->idstr, strerror(errno));
-}
 
-static void unwatch(kvlm_server *s, srv_conn *cn) {
-    srv_job *j = cn->watched;
-    if (!j) return;
-    cn->watched = NULL;
-    pthread_mutex_lock(&s->watch_mu);
-    epoll_ctl(s->watch_fd, EPOLL_CTL_DEL, j->fd, NULL);
-    if (j->wprev) j->wprev->wnext = j->wnext;
-    else s->watched = j->wnext;
-    if (j->wnext) j->wnext->wprev = j->wprev;
-    pthread_mutex_unlock(&s->watch_mu);
-    job_release(j);
-}
 
-/* The end of a client's sending side is not the end of the client: one may
- * shut down its writing half after a whole request and still read the answer
- * (nc -N, scripts using shutdown(SHUT_WR)). The socket cannot tell that from
- * a close without sending something, so the client is probed with bytes that
- * change nothing for a reader: an interim "102 Processing" before a whole
- * answer (HTTP/1.1 allows any number of 1xx responses before the final one),
- * an SSE comment line in a stream. A closed socket answers the probe with a
- * reset (EPOLLHUP / EPOLLERR, or a failed send): the request is cancelled. A
- * half-closed one reads on and gets its answer. An HTTP/1.0 client may not
- * be sent a 1xx: its request runs on (bounded by max_tokens) and is answered;
- * a hang-up shows only when the answer cannot be written. Over TLS nothing
- * can be slipped into the stream, and the end of the sending side counts as
- * a hang-up (TLS clients close, they do not half-close). */
-static json_t *whole_answer(srv_job *j);
 
-/* The whole answer of a half-closed request as raw HTTP (under j->mu). */
-static bool raw_answer(srv_job *j) {
-    json_t *o = whole_answer(j);
-    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (!body) return false;
-    size_t n = strlen(body);
-    char head[192];
-    int h = snprintf(head, sizeof head,
-                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", n);
-    j->raw = malloc((size_t)h + n);
-    if (j->raw) {
-        memcpy(j->raw, head, (size_t)h);
-        memcpy(j->raw + h, body, n);
-        j->raw_len = (size_t)h + n;
-    }
-    free(body);
-    return j->raw != NULL;
-}
 
-void srv_hangup(kvlm_server *s, uint64_t id, uint32_t events) {
-    static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
-    bool gone = events & (EPOLLHUP | EPOLLERR), resume = false;
-    uint32_t rearm = 0; /* events to watch next (EPOLLHUP and EPOLLERR always are) */
-    bool watch_on = false;
-    pthread_mutex_lock(&s->watch_mu);
-    srv_job *j = s->watched;
-    while (j && j->id != id) j = j->wnext;
-    if (!j) { /* unwatched since (answered) */
-        pthread_mutex_unlock(&s->watch_mu);
-        return;
-    }
-    pthread_mutex_lock(&j->mu);
-    if (j->complete && j->half_closed) {
-        /* a half-closed client's whole answer: written here, then the connection resumes
-         * (libmicrohttpd reads the end of the stream and closes it) */
-        bool cancelled = j->error[0] != '\0';
-        for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-        resume = true;
-        if (!gone && !cancelled && (j->raw || raw_answer(j))) {
-            ssize_t w = send(j->fd, j->raw + j->raw_off, j->raw_len - j->raw_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (w > 0) j->raw_off += (size_t)w;
-            if (j->raw_off < j->raw_len && (w > 0 || errno == EAGAIN || errno == EWOULDBLOCK)) {
-                resume = false;
-                watch_on = true;
-                rearm = EPOLLOUT;
-            }
-        }
-        gone = false; /* complete: nothing left to cancel */
-    } else if (!gone && !j->complete) {
-        if (j->stream || j->ka_body) { /* a comment line (whitespace before a kept-alive JSON): MHD writes it */
-            watch_on = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ":\n\n", 3)
-                                 : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
-            if (watch_on && j->suspended) {
-                j->suspended = false;
-                MHD_resume_connection(j->conn);
-            }
-        } else if (!s->tls_key) {
-            /* listed, so srv_answer has not begun: nothing of the answer is written */
-            watch_on = !j->http11 ||
-                       send(j->fd, probe, sizeof probe - 1, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)(sizeof probe - 1);
-            j->half_closed = watch_on;
-        }
-        gone = !watch_on;
-    }
-    if (resume && j->suspended) {
-        j->suspended = false;
-        MHD_resume_connection(j->conn);
-    }
-    j->refs++; /* held until its prompts are cancelled below: the list's may go once watch_mu is let go */
-    pthread_mutex_unlock(&j->mu);
-    if (watch_on) {
-        struct epoll_event ev = {.events = rearm | EPOLLONESHOT, .data.u64 = id};
-        if (epoll_ctl(s->watch_fd, EPOLL_CTL_MOD, j->fd, &ev)) gone = true;
-    }
-    pthread_mutex_unlock(&s->watch_mu);
-    if (gone) cancel(j); /* every prompt of it */
-    job_release(j);
-}
 
-/* Keep-alive bytes, so that a balancer in front (HAProxy's "timeout server")
- * can tell a hung server from a request that is slow to answer: a request
- * silent for keepalive_s seconds (queued, in prefill, between tokens, held
- * back by a stop string) gets, in a stream, an SSE comment line (which the
- * OpenAI SDKs and EventSource skip); before a whole answer, a newline: its 200
- * is then begun as a chunked response whose JSON follows the whitespace
- * (JSON parsers skip leading whitespace). A whole answer ready within the
- * interval is sent as before, with a Content-Length, and a balancer may still
- * send it again elsewhere while nothing of it has been received. The bytes
- * come from this thread, not the engine's, so a long engine step does not
- * hold them back. A half-closed client's whole answer is written by the
- * watcher (srv_hangup) and is not kept alive. */
-void srv_keepalive(kvlm_server *s) {
-    double k = s->p.keepalive_s, now = util_now_s();
-    if (k <= 0) return;
-    pthread_mutex_lock(&s->watch_mu);
-    for (srv_job *j = s->watched; j; j = j->wnext) {
-        pthread_mutex_lock(&j->mu);
-        if (!j->complete && !j->half_closed && !j->cut && j->out_len == j->out_off && now - j->t_out >= k) {
-            bool ok = j->stream ? append(&j->out, &j->out_len, &j->out_cap, ": keep-alive\n\n", 14)
-                                : append(&j->out, &j->out_len, &j->out_cap, "\n", 1);
-            if (ok) {
-                j->ka_body |= !j->stream;
-                j->t_out = now;
-                if (j->suspended) { /* the stream's reader, or srv_answer to begin the chunked 200 */
-                    j->suspended = false;
-                    MHD_resume_connection(j->conn);
-                }
-            }
-        }
-        pthread_mutex_unlock(&j->mu);
-    }
-    pthread_mutex_unlock(&s->watch_mu);
-}
 
-void srv_conn_done(kvlm_server *s, srv_conn *cn) {
-    unwatch(s, cn);
-    if (cn->job) { /* never answered (the daemon stopping) */
-        pthread_mutex_lock(&cn->job->mu);
-        cn->job->sock = NULL;
-        pthread_mutex_unlock(&cn->job->mu);
-        cancel(cn->job);
-        job_release(cn->job);
-        cn->job = NULL;
-    }
-}
 
-static json_t *ka_error(kvlm_server *s, const char *code, const char *msg) {
-    pthread_mutex_lock(&s->mu);
-    s->http_errors++;
-    pthread_mutex_unlock(&s->mu);
-    return json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", msg, "type", "server_error", "param", "code",
-                     code ? json_string(code) : json_null());
-}
 
-/* A kept-alive whole answer's last bytes (under j->mu, once complete): its
- * JSON, or, since its 200 has gone out, the error that srv_answer would have
- * sent with a 500 or 503, in the same shape. Counted as the connection's
- * unsent answer, as a whole answer is (send_text_mode); false: the
- * connection was reset for the server's cap. */
-static bool ka_body_out(srv_job *j) {
-    kvlm_server *s = j->srv;
-    bool cancelled = false;
-    for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
-    json_t *o = j->error[0] || cancelled ? ka_error(s, NULL, j->error[0] ? j->error : "the server is shutting down")
-                                         : whole_answer(j);
-    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    size_t n = body ? strlen(body) : 0;
-    if (n > s->p.max_unsent) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "the answer is %zu bytes, more than the server holds for unsent answers (%zu)", n,
-                 s->p.max_unsent);
-        free(body);
-        o = ka_error(s, "answer_too_large", msg);
-        body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-        json_decref(o);
-        n = body ? strlen(body) : 0;
-    }
-    j->body_out = true;
-    if (!body) return true;
-    append(&j->out, &j->out_len, &j->out_cap, body, n);
-    free(body);
-    long delta = (long)j->out_cap - (long)j->counted; /* as stream_account counts a stream's buffer */
-    j->counted = j->out_cap;
-    if (srv_unsent_add(s, j->sock, delta, false)) return true;
-    srv_unsent_add(s, j->sock, -(long)j->counted, false); /* reset: it held the most */
-    j->counted = 0;
-    free(j->out);
-    j->out = NULL;
-    j->out_len = j->out_off = j->out_cap = 0;
-    return false;
-}
 
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
-    (void)pos;
-    srv_job *j = cls;
-    pthread_mutex_lock(&j->mu);
-    ssize_t n = 0; /* nothing yet: suspended until the engine has some */
-    if (j->complete && j->ka_body && !j->body_out && j->out_len == j->out_off && !ka_body_out(j))
-        n = MHD_CONTENT_READER_END_WITH_ERROR;
-    else if (j->out_len > j->out_off) {
-        size_t k = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
-        memcpy(buf, j->out + j->out_off, k);
-        j->out_off += k;
-        if (j->out_off == j->out_len) { /* drained: the buffer goes, and its count */
-            free(j->out);
-            j->out = NULL;
-            j->out_off = j->out_len = j->out_cap = 0;
-            srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
-            j->counted = 0;
-        }
-        n = (ssize_t)k;
-    } else if (j->complete) {
-        n = MHD_CONTENT_READER_END_OF_STREAM;
-    } else {
-        j->suspended = true;
-        MHD_suspend_connection(j->conn);
-    }
-    pthread_mutex_unlock(&j->mu);
-    return n;
-}
 
-static void stream_done(void *cls) {
-    srv_job *j = cls;
-    pthread_mutex_lock(&j->mu);
-    bool complete = j->complete;
-    srv_unsent_add(j->srv, j->sock, -(long)j->counted, true);
-    j->counted = 0;
-    j->sock = NULL; /* the connection may take its next request */
-    pthread_mutex_unlock(&j->mu);
-    if (!complete) cancel(j); /* the client went away: free its blocks */
-    job_release(j);
-}
+
 
 /* A whole answer's choice beyond OpenAI's fields: vLLM's stop_reason and
  * prompt_logprobs (chat: once, beside the choices). */
-static void answer_extras(const srv_job *j, const choice *c, json_t *o, json_t *ch) {
+static void answer_extras(const srv_job *j, const srv_choice *c, json_t *o, json_t *ch) {
     json_object_set(ch, "stop_reason", c->stop_reason ? c->stop_reason : json_null());
     if (j->prompt_lp >= 0 && j->subs && j->subs[c->sub].plp) {
         if (!j->chat) json_object_set(ch, "prompt_logprobs", j->subs[c->sub].plp);
@@ -1447,15 +999,15 @@ static void answer_extras(const srv_job *j, const choice *c, json_t *o, json_t *
     }
 }
 
-static json_t *whole_answer(srv_job *j) {
+json_t *srv_job_answer(srv_job *j) {
     if (j->emb) return srv_embed_answer(j->emb, j->srv->model_id);
     json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion"), *choices = json_array();
     for (int i = 0; i < j->n; i++) {
-        choice *c = &j->ch[i];
+        srv_choice *c = &j->ch[i];
         json_t *ch = c->message ? json_pack("{s:i, s:O}", "index", i, "message", c->message)
                      : j->chat  ? json_pack("{s:i, s:{s:s, s:o}}", "index", i, "message", "role", "assistant", "content",
-                                           jstr(c->text, c->len))
-                                : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->text, c->len));
+                                           jstr(c->t.text, c->t.len))
+                                : json_pack("{s:i, s:o}", "index", i, "text", jstr(c->t.text, c->t.len));
         json_object_set_new(ch, "logprobs", lp_render(j, c, 0, json_array_size(c->lp), 0));
         json_object_set_new(ch, "finish_reason", json_string(choice_finish(c)));
         answer_extras(j, c, o, ch);
@@ -1560,7 +1112,7 @@ static bool parse_compat(kvlm_server *s, json_t *body, srv_job *j, kvlm_request_
     j->skip_special = true;
     if (!get_bool(body, "ignore_eos", &sp->ignore_eos, e) || !get_bool(body, "cache_prompt", &cache_prompt, e) ||
         !get_bool(body, "skip_special_tokens", &j->skip_special, e) ||
-        !get_bool(body, "include_stop_str_in_output", &j->include_stop, e) || !get_bool(body, "echo", &j->echo, e))
+        !get_bool(body, "include_stop_str_in_output", &j->stops.include, e) || !get_bool(body, "echo", &j->echo, e))
         return false;
     rp->no_prefix_reuse = !cache_prompt;
     json_t *ids = json_object_get(body, "stop_token_ids");
@@ -1722,10 +1274,10 @@ static bool one_prompt(kvlm_server *s, json_t *p, json_t *sfx, srv_job *j, srv_s
             kvlm_detok_init(&dt, m);
             char *b = NULL, piece[256];
             size_t len = 0, bcap = 0;
-            append(&b, &len, &bcap, "", 0);
+            srv_append(&b, &len, &bcap, "", 0);
             for (int i = 0; i < n; i++) {
                 int k = kvlm_detok_push(&dt, t[i], piece, sizeof piece);
-                append(&b, &len, &bcap, piece, (size_t)(k > 0 ? k : 0));
+                srv_append(&b, &len, &bcap, piece, (size_t)(k > 0 ? k : 0));
             }
             sb->echo = b;
         }
@@ -1774,7 +1326,7 @@ static int32_t *completion_prompts(kvlm_server *s, json_t *body, srv_job *j, int
 /* A choice before its first token: its prompt's last token (the text
  * continues it), what it echoes, and with echo and logprobs the prompt's
  * first token's entry (it has no logprob). */
-static void choice_init(kvlm_server *s, srv_job *j, choice *c, int sub, const int32_t *toks, int n) {
+static void choice_init(kvlm_server *s, srv_job *j, srv_choice *c, int sub, const int32_t *toks, int n) {
     kvlm_detok_init(&c->dt, s->model);
     c->dt.prev = toks[n - 1];
     c->dt.special = !j->skip_special;
@@ -1788,10 +1340,8 @@ static void choice_init(kvlm_server *s, srv_job *j, choice *c, int sub, const in
     }
     c->lp = json_array();
     c->sub = sub;
-    append(&c->text, &c->len, &c->cap, "", 0);
     const char *echo = j->echo ? (j->chat ? j->echo_text : j->subs[sub].echo) : NULL;
-    if (echo) append(&c->text, &c->len, &c->cap, echo, strlen(echo));
-    c->search_from = c->len;
+    srv_ctext_start(&c->t, echo, echo ? strlen(echo) : 0);
     if (j->echo && !j->chat && j->logprobs >= 0) {
         kvlm_sched_event ev = {.token = toks[0]};
         json_t *e = lp_entry(s->model, &ev);
@@ -1944,7 +1494,7 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
              err.code == KVLM_EINVAL ? "n" : "prompt", err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s",
              err.msg);
         if (submitted) { /* the others' choices end as cancelled; the job answers nothing */
-            cancel(j);
+            srv_job_cancel(j);
             j->log_me = false;
         }
         goto bad;
@@ -1953,10 +1503,10 @@ enum MHD_Result srv_completions(kvlm_server *s, struct MHD_Connection *c, srv_co
     free(toks);
     json_decref(body);
     srv_answers_count(s->answers, j->reused, j->reused_tokens);
-    watch(s, cn, j);
+    srv_watch(s, cn, j);
     if (j->stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
-        if (!r) { cancel(j); job_release(j); return MHD_NO; }
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, srv_stream_reader, j, srv_stream_done);
+        if (!r) { srv_job_cancel(j); srv_job_release(j); return MHD_NO; }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         srv_cors(c, r);
@@ -1979,7 +1529,7 @@ bad:
     /* e.param may name a key of the body: answer before freeing it */
     ret = srv_error(c, s, e.status, e.param, e.code, "%s", e.msg);
     json_decref(body);
-    job_release(j);
+    srv_job_release(j);
     return ret;
 }
 
@@ -1993,8 +1543,8 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
     pthread_mutex_unlock(&j->mu);
     if (ka) { /* silent past the keep-alive interval: a chunked 200 whose body begins with whitespace, still
                * watched (hang-ups, more keep-alive bytes) as a stream is; the job's reference goes to it */
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, j, stream_done);
-        if (!r) { cancel(j); job_release(j); return MHD_NO; }
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, srv_stream_reader, j, srv_stream_done);
+        if (!r) { srv_job_cancel(j); srv_job_release(j); return MHD_NO; }
         MHD_add_response_header(r, "Content-Type", "application/json");
         srv_cors(c, r);
         j->status = 200;
@@ -2002,15 +1552,15 @@ enum MHD_Result srv_answer(kvlm_server *s, struct MHD_Connection *c, srv_conn *c
         MHD_destroy_response(r);
         return ret;
     }
-    unwatch(s, cn); /* no probe may be written from here on */
+    srv_unwatch(s, cn); /* no probe may be written from here on */
     bool cancelled = false; /* by a hang-up (no one to answer) or by the server stopping */
     for (int i = 0; i < j->n; i++) cancelled |= j->ch[i].finish == KVLM_FINISH_CANCELLED;
     if (j->raw) ret = MHD_NO, j->status = 200; /* answered by the watcher (a half-closed client) */
-    else if (cancelled && !client_alive(j->fd)) ret = MHD_NO;
+    else if (cancelled && !srv_client_alive(j->fd)) ret = MHD_NO;
     else if (j->error[0]) ret = srv_error(c, s, 500, NULL, NULL, "%s", j->error), j->status = 500;
     else if (cancelled) ret = srv_error(c, s, 503, NULL, NULL, "the server is shutting down"), j->status = 503;
-    else ret = srv_json(c, 200, whole_answer(j)), j->status = 200;
-    job_release(j);
+    else ret = srv_json(c, 200, srv_job_answer(j)), j->status = 200;
+    srv_job_release(j);
     return ret;
 }
 
@@ -2055,7 +1605,7 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     j->family = "plain";
     for (int i = 0; i < j->n; i++) { /* the finish path flushes each choice's (empty) text */
         kvlm_detok_init(&j->ch[i].dt, s->model);
-        append(&j->ch[i].text, &j->ch[i].len, &j->ch[i].cap, "", 0);
+        srv_ctext_start(&j->ch[i].t, NULL, 0);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
@@ -2076,10 +1626,10 @@ enum MHD_Result srv_embeddings(kvlm_server *s, struct MHD_Connection *c, srv_con
     if (!j->id) {
         ret = srv_error(c, s, err.code == KVLM_EINVAL || err.code == KVLM_ERANGE ? 400 : 503, "input",
                         err.code == KVLM_ERANGE ? "context_length_exceeded" : NULL, "%s", err.msg);
-        job_release(j);
+        srv_job_release(j);
         return ret;
     }
-    watch(s, cn, j);
+    srv_watch(s, cn, j);
     cn->job = j;
     pthread_mutex_lock(&j->mu);
     bool complete = j->complete;

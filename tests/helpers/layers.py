@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """tests/helpers/layers.py SRC_DIR: the layer rules of docs/architecture.md (and ../shared/DESIGN.md),
-checked on every #include of src/: each layer includes only its own headers, those of the
+checked on every #include of src/ ("layer/x.h", or <layer/x.h>, which finds the same file): each
+layer includes only its own headers, those of the
 layers above it (util, dtype, model, tok, ops, kv, engine, server, cli: in that order) and include/kvlm.h;
 the server and the command go through include/kvlm.h (besides their own headers, only util/'s);
 every folder of src/ is one of the layers; JSON (jansson) is read and written only where requests,
@@ -14,6 +15,8 @@ THROUGH_API = {"server", "cli"}  # only kvlm.h, their own headers and util/
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SYSTEM = re.compile(r'^\s*#\s*include\s+<([^>]+)>')
 JSON_LAYERS = {"model", "tok", "server", "cli"}  # the others take what a request or file said already read
+# <layer/x.h> finds the same file (src/ is on the include path): checked as "layer/x.h" is
+ANGLED = re.compile(r'^\s*#\s*include\s+<((%s)/[^>]+)>' % "|".join(LAYERS))
 
 
 def violations(src):
@@ -38,11 +41,11 @@ def violations(src):
                         if sm and sm.group(1) == "jansson.h" and top not in JSON_LAYERS:
                             out.append("src/%s:%d: #include <jansson.h>: %s/ does not parse JSON (model, tok, server "
                                        "and cli do)" % (rel, no, top))
-                        m = INCLUDE.match(line)
+                        m = INCLUDE.match(line) or ANGLED.match(line)
                         if not m:
                             continue
                         inc = m.group(1)
-                        where = "src/%s:%d: #include \"%s\"" % (rel, no, inc)
+                        where = "src/%s:%d: %s" % (rel, no, line.strip())
                         if inc == "kvlm.h":
                             continue
                         if "/" not in inc:  # beside the file, or generated into the build (the web page)
@@ -64,6 +67,7 @@ def self_test(src):
               ("model/gguf.c", '#include "tok/tok.h"', "below model/"),
               ("server/server.c", '#include "kv/store.h"', "goes through include/kvlm.h"),
               ("cli/main.c", '#include "model/model.h"', "goes through include/kvlm.h"),
+              ("server/openai.c", '#include <engine/engine.h>', "goes through include/kvlm.h"),
               ("tok/bpe.c", '#include "nowhere.h"', "neither beside it"),
               ("newlayer/x.c", "", "no layer"),
               ("engine/sched.c", "#include <jansson.h>", "does not parse JSON"),
