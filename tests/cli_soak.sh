@@ -63,7 +63,7 @@ t0 = time.time()
 while not redis_up() and time.time() - t0 < 10: time.sleep(0.05)
 
 keyfile = os.path.join(tmp, "kv.key")
-with open(keyfile, "w") as f: f.write("soak-secret-%d\n" % os.getpid())
+with open(keyfile, "w") as f: f.write("soak-secret-%010d\n" % os.getpid())  # 22 bytes whatever the pid (16 at least)
 os.chmod(keyfile, 0o600)
 # a pool of 48 blocks of 16 tokens for up to 8 sequences of up to ~200 tokens: preemption
 args = [kvlm, "serve", "-m", model, "--port", "0", "-c", "512", "-t", "1", "--max-seqs", "8", "--kv-key", keyfile,
