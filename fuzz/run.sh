@@ -23,7 +23,7 @@ fi
 t0=$(date +%s)
 mkdir -p "$bdir"
 if [ ! -f "$bdir/CMakeCache.txt" ]; then
-  CC=clang cmake -S "$src" -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVLM_FUZZ=ON -DKVLM_TESTS=OFF -DKVLM_REDIS=OFF \
+  CC=clang cmake -S "$src" -B "$bdir" -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS=-O1 -DKVLM_FUZZ=ON -DKVLM_TESTS=OFF -DKVLM_REDIS=OFF \
     -DKVLM_CUDA=OFF >"$bdir/configure.log" 2>&1 || { cat "$bdir/configure.log"; exit 1; }
 fi
 targets=()
