@@ -36,7 +36,7 @@ import bench_serve  # noqa: E402 (its client drives any OpenAI-compatible server
 SHAPES = {
     "stories110M": {"dim": 768, "layers": 12, "heads": 12, "kv-heads": 12, "hidden": 2048, "vocab": 32000},
     "tinyllama": {"dim": 2048, "layers": 22, "heads": 32, "kv-heads": 4, "hidden": 5632, "vocab": 32000},
-    "tiny": {"dim": 64, "layers": 2, "heads": 4, "kv-heads": 2, "hidden": 192, "vocab": 512},  # smoke tests
+    "tiny": {"dim": 256, "layers": 2, "heads": 4, "kv-heads": 2, "hidden": 512, "vocab": 512},  # smoke tests (q4_k too)
 }
 ENGINES = ("llama.cpp", "ik_llama.cpp", "kvlm")
 CACHE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
@@ -369,6 +369,8 @@ class Bench:
                             opts[m.group(1)] = m.group(2)
             except OSError:
                 pass
+            if opts.get("GGML_NATIVE") == "ON":   # -march=native: the other switches are not used
+                opts = {"GGML_NATIVE": "ON"}
             peers.append(f"{p}: " + " ".join(f"{k}={v}" for k, v in opts.items()))
         return [f"CPU: {cpu}, {os.cpu_count()} cores; ISA flags: {' '.join(isa)}",
                 f"pinned ISA: {self.a.isa}" + (" (kvlm: KVLM_SIMD=avx2; peers: GGML_NATIVE=OFF, AVX2 only)"
