@@ -9,8 +9,8 @@
 #   --isa avx2    AVX2 on both sides: kvlm with KVLM_SIMD=avx2, the peers built with --avx2-only
 #                 (GGML_NATIVE=OFF, AVX2/FMA/F16C only), so AVX2 is measured on an AVX-512 machine too
 #   the rest goes to bench/peers.py (--shapes, --types, --runs, --parts, --depths, --streams, --budget,
-#   ...: /usr/bin/python3 bench/peers.py --help). kvlm: $KVLM_BIN, else build/kvlm. Set KVLM_PEERS_SRC to the folder of build.sh if it
-#   is not ../shared/peers.
+#   ...: /usr/bin/python3 bench/peers.py --help). kvlm: $KVLM_BIN, else build/kvlm. KVLM_PEERS_SRC: the
+#   folder of build.sh, if not ../shared/peers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 peers=${KVLM_PEERS_DIR:-} isa=native args=()
@@ -20,7 +20,7 @@ while (($#)); do
     --peers=*) peers=${1#*=}; shift ;;
     --isa) isa=${2:?--isa native|avx2}; shift 2 ;;
     --isa=*) isa=${1#*=}; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exec /usr/bin/python3 "$root/bench/peers.py" --help ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exec /usr/bin/python3 "$root/bench/peers.py" --help ;;
     *) args+=("$1"); shift ;;
   esac
 done
