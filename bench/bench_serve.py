@@ -47,8 +47,8 @@ class Stream:
     """One request on a non-blocking socket: the HTTP/1.1 response read as it arrives (chunked or not),
     server-sent events counted as they complete."""
 
-    def __init__(self, host, port, i, max_tokens, stream):
-        req = {"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    def __init__(self, host, port, i, max_tokens, stream, extra=None):
+        req = {"prompt": prompt_for(i), "max_tokens": max_tokens, "temperature": 0, "stream": stream, **(extra or {})}
         if stream:
             req["stream_options"] = {"include_usage": True}
         body = json.dumps(req).encode()
@@ -139,10 +139,11 @@ class Stream:
         return n, self.first - self.t0, (self.last - self.first) / (n - 1) if n > 1 else None
 
 
-def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id, stream=True):
+def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id, stream=True, extra=None):
     """conc requests in flight at a time, n_requests in all, none started after the deadline; one thread
     drives every connection (an event loop, as vLLM's and SGLang's load generators do), so the client
-    takes as little of the cores it shares with the server as it can. Returns the level's figures."""
+    takes as little of the cores it shares with the server as it can. extra: more request fields (any
+    OpenAI-compatible server: bench/peers.py points it at llama-server). Returns the level's figures."""
     sel = selectors.DefaultSelector()
     res = {"tokens": 0, "ttft": [], "tpot": [], "done": 0}
     t0 = time.perf_counter()
@@ -151,7 +152,7 @@ def run_level(host, port, conc, n_requests, max_tokens, seconds, first_id, strea
 
     def start():
         nonlocal started
-        s = Stream(host, port, first_id + started, max_tokens, stream)
+        s = Stream(host, port, first_id + started, max_tokens, stream, extra)
         started += 1
         sel.register(s.sock, selectors.EVENT_WRITE, s)
 

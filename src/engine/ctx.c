@@ -51,7 +51,7 @@ const char *kvlm_device_name(int device) { return device >= 0 && device < 2 ? k_
 
 void kvlm_ctx_describe_device(const kvlm_ctx *ctx, char *buf, size_t cap) {
     if (ctx->be.cuda) engine_cuda_describe(ctx->be.cuda, buf, cap);
-    else snprintf(buf, cap, "cpu: %s, %d threads", op_cpu_has_avx2() ? "AVX2" : "scalar", util_pool_size(ctx->pool));
+    else snprintf(buf, cap, "cpu: %s, %d threads", op_simd_name(), util_pool_size(ctx->pool));
 }
 
 double kvlm_cache_type_elem_bytes(int type, int head_dim, int block_size) {

@@ -151,6 +151,8 @@ void op_pack(int wtype, const void *src, void *dst, int n_in, int n_out);
 double op_measure_read_bandwidth(util_pool *pool, size_t bytes);
 /* Whether the running CPU has the fast paths (AVX2 + FMA + F16C). */
 bool op_cpu_has_avx2(void);
+/* The level the kernels use now, by name: "scalar", "AVX2", "AVX-512 VNNI". */
+const char *op_simd_name(void);
 /* Tests set this to force the scalar paths (0) or auto (1). */
 void op_set_simd(bool enabled);
 

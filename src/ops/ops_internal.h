@@ -13,7 +13,8 @@ enum { OP_SIMD_SCALAR = 0, OP_SIMD_AVX2 = 1, OP_SIMD_VNNI = 2, OP_SIMD_LEVELS };
 /* The level the kernels use now: the CPU's best, capped by op_set_simd and by
  * op_set_simd_level. */
 int op_simd_level(void);
-/* Best level the CPU supports (VNNI = AVX512 F, BW, VL and VNNI on top of AVX2). */
+/* Best level the CPU supports (VNNI = AVX512 F, BW, VL and VNNI on top of AVX2),
+ * capped by the environment's KVLM_SIMD=scalar|avx2|avx512 (docs/benchmarks.md). */
 int op_cpu_simd_level(void);
 /* Caps the level (tests use it to compare the AVX2 and VNNI paths);
  * a negative value removes the cap. */
