@@ -84,7 +84,8 @@ class Bench:
         self.show(kind, cmd)
         try:
             p = subprocess.run(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               timeout=timeout or self.a.timeout, start_new_session=True)
+                               timeout=timeout or self.a.timeout, start_new_session=True,
+                               cwd=self.a.models)   # ik_llama.cpp's tools write llama.log where they run
         except subprocess.TimeoutExpired:
             raise Skip(f"{kind}: no answer within {timeout or self.a.timeout} s")
         if p.returncode:
@@ -222,7 +223,7 @@ class Bench:
                    "-ctk", "f16", "-ctv", "f16"] + self.peer_fa(engine)
         self.show(f"{engine} server", cmd)
         srv = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, cwd=self.a.models)
         self.servers.append(srv)
         tail = []   # its output, read by a thread so that its pipe never fills
         threading.Thread(target=lambda: [tail.append(x) for x in srv.stdout], daemon=True).start()
@@ -417,6 +418,8 @@ def main():
         setattr(a, name, [x for x in getattr(a, name).split(",") if x])
     a.depths = [int(x) for x in a.depths.split(",") if x]
     a.depth_runs = a.depth_runs or a.runs
+    a.kvlm = os.path.abspath(a.kvlm) if os.sep in a.kvlm else a.kvlm   # the tools run in --models
+    os.makedirs(a.models, exist_ok=True)
     bad = [s for s in a.shapes if s not in SHAPES] + [e for e in a.engines if e not in ENGINES]
     if bad:
         sys.exit(f"peers.py: unknown shape or engine: {', '.join(bad)} (shapes: {', '.join(SHAPES)})")
