@@ -388,7 +388,7 @@ static kvlm_ctx *ctx_create(const kvlm_model *model, const kvlm_ctx_params *para
         goto fail;
     }
     if (swa_refuse(ctx, err)) goto fail;
-    ctx->n_batch = p->n_batch > 0 ? p->n_batch : (p->n_ctx < 512 ? p->n_ctx : 512);
+    ctx->n_batch = kv_plan_step(p->n_batch, p->n_ctx);
     ctx->pool = util_pool_create(p->n_threads);
     if (!ctx->pool) { util_err_set(err, KVLM_ENOMEM, "cannot create the thread pool"); goto fail; }
     if (!kvlm_device_name(p->device)) {

@@ -9,6 +9,8 @@ int kv_plan_window_blocks(int window, int step, int block_size, int n_ctx) {
     return held < all ? held : all;
 }
 
+int kv_plan_step(int n_batch, int n_ctx) { return n_batch > 0 ? n_batch : n_ctx < 512 ? n_ctx : 512; }
+
 void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *p, kvlm_plan *o) {
     int bs = p->block_size > 0 ? p->block_size : 16;
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
@@ -53,8 +55,8 @@ void kv_plan(const kvlm_config *c, size_t weight_bytes, const kvlm_plan_params *
     o->n_local_layers = n_local;
     o->bytes_per_token_local = (size_t)(2.0 * n_local * c->n_kv_heads * c->head_dim * elem + 0.5);
     o->bytes_per_token_global = o->bytes_per_token - o->bytes_per_token_local;
-    /* the engine's pool: the window and one step of n_batch tokens (kvlm_ctx_create's default: n_ctx up to 512) */
-    int step = p->n_batch > 0 ? p->n_batch : (n_ctx < 512 ? n_ctx : 512);
+    /* the engine's pool: the window and one step of n_batch tokens */
+    int step = kv_plan_step(p->n_batch, n_ctx);
     o->n_batch = step;
     int cap = n_local ? kv_plan_window_blocks(c->sliding_window, step, bs, n_ctx) * bs : n_ctx;
     o->local_cap_tokens = cap < n_ctx ? cap : n_ctx;

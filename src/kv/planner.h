@@ -14,4 +14,6 @@ void kv_plan(const kvlm_config *cfg, size_t weight_bytes, const kvlm_plan_params
  * pools are sized from it (one block more: a copy-on-write of a shared last
  * block), and kvlm plan's local_cap_tokens is it in tokens. */
 int kv_plan_window_blocks(int window, int step, int block_size, int n_ctx);
+/* The tokens one step adds at most: n_batch, or (0) a context's default, n_ctx up to 512. */
+int kv_plan_step(int n_batch, int n_ctx);
 #endif
